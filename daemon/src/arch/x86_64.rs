@@ -1,0 +1,169 @@
+//! x86-64 debug registers: DR7/DR6 layout, legal lengths, alignment and
+//! address limits (Intel SDM Vol. 3B §18.2 "Debug Registers").
+
+use super::SpecError;
+use crate::model::{Access, WatchLen};
+
+/// Architecture name as reported to clients.
+pub const ARCH: &str = "x86_64";
+
+/// Hardware breakpoint slots per thread: DR0–DR3 (SDM §18.2.1).
+pub const SLOTS: usize = 4;
+
+/// Legal watch lengths in bytes (SDM §18.2.5, LENn encodings 00/01/11/10).
+pub const LENGTHS: [u32; 4] = [1, 2, 4, 8];
+
+/// First address the kernel refuses for a user breakpoint: `TASK_SIZE_MAX`
+/// (`(1 << 47) - PAGE_SIZE`) with 4-level paging; the last user page is a
+/// guard page (kernel-facts §1: `0x7ffffffff000` → EINVAL).
+pub const USER_ADDR_LIMIT: u64 = 0x7fff_ffff_f000;
+
+/// Lowest canonical kernel-half address (48-bit virtual addresses).
+const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
+
+/// DR7 fields for one slot (SDM Figure 18-1).
+pub mod dr7 {
+    /// Local enable bit of slot `n`: bit `2n`.
+    pub const fn local_enable(n: usize) -> u64 {
+        1 << (2 * n)
+    }
+    /// Shift of the RW field of slot `n`: bits `16 + 4n ..= 17 + 4n`.
+    pub const fn rw_shift(n: usize) -> u32 {
+        16 + 4 * n as u32
+    }
+    /// Shift of the LEN field of slot `n`: bits `18 + 4n ..= 19 + 4n`.
+    pub const fn len_shift(n: usize) -> u32 {
+        18 + 4 * n as u32
+    }
+    /// RW = 00: instruction execution.
+    pub const RW_EXEC: u64 = 0b00;
+    /// RW = 01: data writes.
+    pub const RW_WRITE: u64 = 0b01;
+    /// RW = 11: data reads or writes (there is no read-only encoding).
+    pub const RW_READ_WRITE: u64 = 0b11;
+    /// LEN encodings: 1 → 00, 2 → 01, 8 → 10, 4 → 11.
+    pub const fn len_bits(len: u32) -> u64 {
+        match len {
+            1 => 0b00,
+            2 => 0b01,
+            8 => 0b10,
+            _ => 0b11,
+        }
+    }
+}
+
+/// DR6 (SDM §18.2.3): bits 0–3 tell which slot's condition was met.
+pub mod dr6 {
+    /// Mask of the B0–B3 "breakpoint condition detected" bits.
+    pub const HIT_MASK: u64 = 0b1111;
+}
+
+/// The DR7 bits that program one slot (enable + RW + LEN), to be OR-ed into
+/// the whole register the caller keeps (never read back from the thread:
+/// kernel-facts §3).
+pub fn dr7_slot_bits(slot: usize, len: WatchLen, access: Access) -> u64 {
+    debug_assert!(slot < SLOTS);
+    let rw = match access {
+        Access::Exec => dr7::RW_EXEC,
+        Access::Write => dr7::RW_WRITE,
+        Access::ReadWrite => dr7::RW_READ_WRITE,
+    };
+    dr7::local_enable(slot)
+        | (rw << dr7::rw_shift(slot))
+        | (dr7::len_bits(len.bytes()) << dr7::len_shift(slot))
+}
+
+/// Validates a request; see [`super::validate`].
+pub fn validate(addr: u64, len: u32, access: Access) -> Result<WatchLen, SpecError> {
+    let wl = WatchLen::new(len).ok_or(SpecError::BadLength(len))?;
+    if access == Access::Exec && len != 1 {
+        return Err(SpecError::ExecLength(len));
+    }
+    if addr >= KERNEL_HALF {
+        return Err(SpecError::NotUserAddress {
+            addr,
+            why: "it is in the kernel half of the address space",
+        });
+    }
+    if addr >= 1 << 47 {
+        return Err(SpecError::NotUserAddress {
+            addr,
+            why: "it is non-canonical (bits 47..63 must all be equal)",
+        });
+    }
+    if addr >= USER_ADDR_LIMIT || addr + u64::from(len) > USER_ADDR_LIMIT {
+        return Err(SpecError::NotUserAddress {
+            addr,
+            why: "user addresses end at 0x7ffffffff000",
+        });
+    }
+    if addr % u64::from(len) != 0 {
+        return Err(SpecError::Misaligned { addr, len });
+    }
+    Ok(wl)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(addr: u64, len: u32, access: Access, expected: Result<(), &str>) {
+        let got = validate(addr, len, access)
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        match (got, expected) {
+            (Ok(()), Ok(())) => {}
+            (Err(e), Err(want)) => {
+                assert!(e.contains(want), "{addr:#x}/{len}: {e:?} lacks {want:?}")
+            }
+            (got, want) => panic!("{addr:#x}/{len}/{access:?}: got {got:?}, want {want:?}"),
+        }
+    }
+
+    #[test]
+    fn validation_table() {
+        check(0x1000, 8, Access::Write, Ok(()));
+        check(0x1004, 4, Access::ReadWrite, Ok(()));
+        check(0x1001, 1, Access::Exec, Ok(()));
+        check(0, 8, Access::Write, Ok(()));
+        check(0x1001, 8, Access::Write, Err("not aligned"));
+        check(0x1002, 4, Access::Write, Err("not aligned"));
+        check(0x1001, 2, Access::Write, Err("not aligned"));
+        check(0x1000, 3, Access::Write, Err("length 3"));
+        check(0x1000, 16, Access::Write, Err("length 16"));
+        check(0x1000, 0, Access::Write, Err("length 0"));
+        check(
+            0x1000,
+            4,
+            Access::Exec,
+            Err("exec watchpoint must have length 1"),
+        );
+        check(0xffff_ffff_8100_0000, 8, Access::Write, Err("kernel half"));
+        check(
+            0x0000_8000_0000_0000,
+            8,
+            Access::Write,
+            Err("non-canonical"),
+        );
+        check(0x7fff_ffff_f000, 8, Access::Write, Err("end at"));
+        check(0x7fff_ffff_eff8, 8, Access::Write, Ok(()));
+    }
+
+    #[test]
+    fn dr7_matches_measured_encoding() {
+        // kernel-facts §1: slot 0, write, 8 bytes = 0x90001.
+        assert_eq!(
+            dr7_slot_bits(0, WatchLen::new(8).unwrap(), Access::Write),
+            0x90001
+        );
+        // Slot 3, rw, 4 bytes: L3 (bit 6) | RW=11 at 28 | LEN=11 at 30.
+        assert_eq!(
+            dr7_slot_bits(3, WatchLen::new(4).unwrap(), Access::ReadWrite),
+            (1 << 6) | (0b11 << 28) | (0b11 << 30)
+        );
+        assert_eq!(
+            dr7_slot_bits(1, WatchLen::new(1).unwrap(), Access::Exec),
+            1 << 2
+        );
+    }
+}

@@ -1,0 +1,620 @@
+//! perf_event_open backend: hardware-breakpoint events per (thread, CPU),
+//! thread-tracking dummy events, and one sample ring per CPU.
+//!
+//! Layout (see ARCHITECTURE.md, "Coverage of new threads"):
+//! - per CPU `c`, one *collector*: a dummy software event `(pid=-1, cpu=c)`
+//!   owning a mmapped ring. Every other event of ours on CPU `c` redirects its
+//!   output there with `PERF_EVENT_IOC_SET_OUTPUT`, so the daemon reads
+//!   `#cpus` rings, not one per thread.
+//! - per tracked thread, per CPU, a *tracker*: a dummy event with `task=1`,
+//!   `inherit=1`, `inherit_thread=1`, which produces `PERF_RECORD_FORK/EXIT`
+//!   for the thread and, through kernel inheritance, for every thread it
+//!   creates later.
+//! - per armed (watchpoint, thread), per CPU, a breakpoint event; process-wide
+//!   ones are `inherit=1, inherit_thread=1`, so the kernel copies them into a
+//!   new thread inside `clone()`, before it runs any instruction.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use nix::errno::Errno;
+use perf_event_open_sys as sys;
+use sys::bindings as b;
+
+use crate::model::{Access, Tid, WatchLen};
+
+/// Sample fields of every event (they share rings, so they must agree).
+const SAMPLE_TYPE: u64 = (b::PERF_SAMPLE_IDENTIFIER
+    | b::PERF_SAMPLE_IP
+    | b::PERF_SAMPLE_TID
+    | b::PERF_SAMPLE_TIME
+    | b::PERF_SAMPLE_ADDR
+    | b::PERF_SAMPLE_CPU) as u64;
+
+/// Data pages per CPU ring (power of two). 512 × 4 KiB = 2 MiB per CPU,
+/// about 37,000 hit records of 56 bytes.
+const RING_DATA_PAGES: usize = 512;
+
+/// A decoded record from a ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record {
+    /// A breakpoint fired.
+    Sample {
+        /// Primary event id (the event we opened, also for inherited copies).
+        id: u64,
+        /// Instruction pointer after the access.
+        ip: u64,
+        /// Process.
+        pid: i32,
+        /// Thread.
+        tid: i32,
+        /// CLOCK_MONOTONIC nanoseconds.
+        time: u64,
+        /// Configured breakpoint address.
+        addr: u64,
+        /// CPU.
+        cpu: u32,
+    },
+    /// A task was created (thread or process).
+    Fork {
+        /// Process of the new task.
+        pid: i32,
+        /// Process of the creator.
+        ppid: i32,
+        /// New task.
+        tid: i32,
+        /// Creating thread.
+        ptid: i32,
+        /// CLOCK_MONOTONIC nanoseconds, emitted after inheritance.
+        time: u64,
+    },
+    /// A task exited.
+    Exit {
+        /// Process.
+        pid: i32,
+        /// Thread.
+        tid: i32,
+        /// CLOCK_MONOTONIC nanoseconds.
+        time: u64,
+    },
+    /// The kernel dropped records: ring full.
+    Lost {
+        /// How many.
+        count: u64,
+    },
+}
+
+/// A kernel refusal from a perf syscall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PerfError {
+    /// Which call.
+    pub op: &'static str,
+    /// The errno.
+    pub errno: Errno,
+}
+
+/// One breakpoint on one thread: an event per CPU.
+#[derive(Debug)]
+pub struct ThreadEvents {
+    /// The events, one per online CPU.
+    pub fds: Vec<OwnedFd>,
+    /// Their perf ids (what samples carry), same order.
+    pub ids: Vec<u64>,
+}
+
+struct Ring {
+    cpu: u32,
+    collector: OwnedFd,
+    base: *mut u8,
+    len: usize,
+    data_off: usize,
+    data_size: usize,
+}
+
+// SAFETY: the mapping is owned by the Ring and only accessed under the
+// backend's ring mutex.
+unsafe impl Send for Ring {}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: base/len come from a successful mmap of this ring.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// The perf backend: collectors, rings, and event constructors.
+pub struct PerfBackend {
+    cpus: Vec<u32>,
+    /// Collector fds by CPU index (owned by `rings`; immutable after new).
+    collectors: Vec<RawFd>,
+    rings: Mutex<Vec<Ring>>,
+    scratch: Mutex<Vec<u8>>,
+    open_fds: AtomicU64,
+    lost: AtomicU64,
+}
+
+impl std::fmt::Debug for PerfBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PerfBackend")
+            .field("cpus", &self.cpus)
+            .finish()
+    }
+}
+
+fn base_attr() -> b::perf_event_attr {
+    let mut a = b::perf_event_attr {
+        size: std::mem::size_of::<b::perf_event_attr>() as u32,
+        ..Default::default()
+    };
+    a.sample_type = SAMPLE_TYPE;
+    a.set_sample_id_all(1);
+    a.set_exclude_kernel(1);
+    a.set_exclude_hv(1);
+    a.set_use_clockid(1);
+    a.clockid = libc::CLOCK_MONOTONIC;
+    a
+}
+
+fn open(
+    attr: &mut b::perf_event_attr,
+    pid: i32,
+    cpu: i32,
+    op: &'static str,
+) -> Result<OwnedFd, PerfError> {
+    // SAFETY: attr is a fully initialised perf_event_attr of the right size.
+    let fd = unsafe {
+        sys::perf_event_open(
+            attr,
+            pid,
+            cpu,
+            -1,
+            libc::c_ulong::from(b::PERF_FLAG_FD_CLOEXEC),
+        )
+    };
+    if fd < 0 {
+        return Err(PerfError {
+            op,
+            errno: Errno::last(),
+        });
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn ioctl_result(r: libc::c_int, op: &'static str) -> Result<(), PerfError> {
+    if r < 0 {
+        Err(PerfError {
+            op,
+            errno: Errno::last(),
+        })
+    } else {
+        Ok(())
+    }
+}
+
+/// The online CPUs, from `/sys/devices/system/cpu/online` ("0-3,6").
+pub fn online_cpus() -> Vec<u32> {
+    let s =
+        std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_else(|_| "0".into());
+    let mut v = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.parse::<u32>()) {
+                    v.extend(a..=b);
+                }
+            }
+            None => v.extend(part.parse::<u32>().ok()),
+        }
+    }
+    if v.is_empty() {
+        v.push(0);
+    }
+    v
+}
+
+impl PerfBackend {
+    /// Opens one collector ring per online CPU. Needs CAP_PERFMON (or root).
+    pub fn new() -> Result<Self, PerfError> {
+        let cpus = online_cpus();
+        let page = page_size();
+        let mut rings = Vec::with_capacity(cpus.len());
+        for &cpu in &cpus {
+            let mut a = base_attr();
+            a.type_ = b::PERF_TYPE_SOFTWARE;
+            a.config = u64::from(b::PERF_COUNT_SW_DUMMY);
+            // Wake the reader when a quarter of the ring is full; the drain
+            // loop also polls on a short timeout for latency.
+            a.set_watermark(1);
+            a.__bindgen_anon_2.wakeup_watermark = (RING_DATA_PAGES * page / 4) as u32;
+            let collector = open(&mut a, -1, cpu as i32, "perf_event_open(collector)")?;
+            let len = (RING_DATA_PAGES + 1) * page;
+            // SAFETY: mapping a perf ring of 1 + 2^n pages on our own fd.
+            let base = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    collector.as_raw_fd(),
+                    0,
+                )
+            };
+            if base == libc::MAP_FAILED {
+                return Err(PerfError {
+                    op: "mmap(collector ring)",
+                    errno: Errno::last(),
+                });
+            }
+            let meta = base as *const b::perf_event_mmap_page;
+            // SAFETY: the first page is the metadata page.
+            let (data_off, data_size) = unsafe {
+                let off = std::ptr::read_volatile(&(*meta).data_offset) as usize;
+                let size = std::ptr::read_volatile(&(*meta).data_size) as usize;
+                if size == 0 {
+                    (page, RING_DATA_PAGES * page)
+                } else {
+                    (off, size)
+                }
+            };
+            rings.push(Ring {
+                cpu,
+                collector,
+                base: base.cast(),
+                len,
+                data_off,
+                data_size,
+            });
+        }
+        let collectors = rings.iter().map(|r| r.collector.as_raw_fd()).collect();
+        Ok(PerfBackend {
+            cpus,
+            collectors,
+            rings: Mutex::new(rings),
+            scratch: Mutex::new(Vec::with_capacity(4096)),
+            open_fds: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+        })
+    }
+
+    /// Online CPUs this backend opens events on.
+    pub fn cpus(&self) -> &[u32] {
+        &self.cpus
+    }
+
+    /// Raw fds of the collectors, for polling.
+    pub fn collector_fds(&self) -> Vec<RawFd> {
+        self.collectors.clone()
+    }
+
+    /// Perf fds currently open for events (collectors excluded).
+    pub fn open_fds(&self) -> u64 {
+        self.open_fds.load(Ordering::Relaxed)
+    }
+
+    /// Records the kernel dropped because a ring was full.
+    pub fn lost(&self) -> u64 {
+        self.lost.load(Ordering::Relaxed)
+    }
+
+    /// Accounts for event fds being closed by the caller.
+    pub fn forget_fds(&self, n: usize) {
+        self.open_fds.fetch_sub(n as u64, Ordering::Relaxed);
+    }
+
+    fn attach_to_rings(&self, fds: &[OwnedFd]) -> Result<(), PerfError> {
+        for (fd, &collector) in fds.iter().zip(self.collectors.iter()) {
+            // SAFETY: both fds are perf events of ours on the same CPU; the
+            // collector lives as long as the backend.
+            let r = unsafe { sys::ioctls::SET_OUTPUT(fd.as_raw_fd(), collector) };
+            ioctl_result(r, "PERF_EVENT_IOC_SET_OUTPUT")?;
+        }
+        Ok(())
+    }
+
+    /// Opens the thread-tracking events on `tid` (one per CPU).
+    pub fn open_tracker(&self, tid: Tid) -> Result<Vec<OwnedFd>, PerfError> {
+        let mut fds = Vec::with_capacity(self.cpus.len());
+        for &cpu in &self.cpus {
+            let mut a = base_attr();
+            a.type_ = b::PERF_TYPE_SOFTWARE;
+            a.config = u64::from(b::PERF_COUNT_SW_DUMMY);
+            a.set_task(1);
+            a.set_inherit(1);
+            a.set_inherit_thread(1);
+            fds.push(open(&mut a, tid, cpu as i32, "perf_event_open(tracker)")?);
+        }
+        self.attach_to_rings(&fds)?;
+        self.open_fds.fetch_add(fds.len() as u64, Ordering::Relaxed);
+        Ok(fds)
+    }
+
+    /// Opens a breakpoint on `tid` (one event per CPU). `inherit`: copied by
+    /// the kernel into threads `tid` creates later (never into child
+    /// processes), and dropped at exec.
+    pub fn open_breakpoint(
+        &self,
+        tid: Tid,
+        addr: u64,
+        len: WatchLen,
+        access: Access,
+        inherit: bool,
+        id_sink: &dyn Fn(u64),
+    ) -> Result<ThreadEvents, PerfError> {
+        let mut fds = Vec::with_capacity(self.cpus.len());
+        let mut ids = Vec::with_capacity(self.cpus.len());
+        for &cpu in &self.cpus {
+            let mut a = breakpoint_attr(addr, len, access);
+            a.__bindgen_anon_1.sample_period = 1;
+            a.set_remove_on_exec(1);
+            if inherit {
+                a.set_inherit(1);
+                a.set_inherit_thread(1);
+            }
+            let fd = open(&mut a, tid, cpu as i32, "perf_event_open(breakpoint)")?;
+            let mut id = 0u64;
+            // SAFETY: fd is a perf event; id is a valid out pointer.
+            ioctl_result(
+                unsafe { sys::ioctls::ID(fd.as_raw_fd(), &mut id) },
+                "PERF_EVENT_IOC_ID",
+            )?;
+            id_sink(id);
+            ids.push(id);
+            fds.push(fd);
+        }
+        self.attach_to_rings(&fds)?;
+        self.open_fds.fetch_add(fds.len() as u64, Ordering::Relaxed);
+        Ok(ThreadEvents { fds, ids })
+    }
+
+    /// Asks the kernel how many breakpoint slots `tid` has free, by opening
+    /// disabled counting breakpoints until ENOSPC (disabled events count,
+    /// kernel-facts §5) and closing them again.
+    pub fn probe_free_slots(&self, tid: Tid, max: usize) -> Result<usize, PerfError> {
+        let mut held = Vec::with_capacity(max);
+        for _ in 0..max {
+            let mut a = breakpoint_attr(0x1000, WatchLen::new(1).unwrap(), Access::Write);
+            a.set_disabled(1);
+            match open(&mut a, tid, -1, "perf_event_open(probe)") {
+                Ok(fd) => held.push(fd),
+                Err(e) if e.errno == Errno::ENOSPC => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(held.len())
+    }
+
+    /// Reads every complete record from every ring and hands it to `sink`.
+    /// Returns the number of records. Serialised: concurrent callers wait.
+    pub fn drain(&self, sink: &mut dyn FnMut(Record)) -> usize {
+        let rings = self.rings.lock().unwrap();
+        let mut scratch = self.scratch.lock().unwrap();
+        let mut n = 0;
+        for ring in rings.iter() {
+            n += drain_ring(ring, &mut scratch, &mut |r| {
+                if let Record::Lost { count } = r {
+                    self.lost.fetch_add(count, Ordering::Relaxed);
+                }
+                sink(r)
+            });
+        }
+        n
+    }
+
+    /// CPU of each ring, in ring order.
+    pub fn ring_cpus(&self) -> Vec<u32> {
+        self.rings.lock().unwrap().iter().map(|r| r.cpu).collect()
+    }
+}
+
+fn breakpoint_attr(addr: u64, len: WatchLen, access: Access) -> b::perf_event_attr {
+    let mut a = base_attr();
+    a.type_ = b::PERF_TYPE_BREAKPOINT;
+    a.bp_type = match access {
+        Access::Write => b::HW_BREAKPOINT_W,
+        Access::ReadWrite => b::HW_BREAKPOINT_RW,
+        Access::Exec => b::HW_BREAKPOINT_X,
+    };
+    a.__bindgen_anon_3.bp_addr = addr;
+    a.__bindgen_anon_4.bp_len = match access {
+        // The kernel wants sizeof(long) for exec breakpoints on x86.
+        Access::Exec => std::mem::size_of::<libc::c_long>() as u64,
+        _ => u64::from(len.bytes()),
+    };
+    a
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 { p as usize } else { 4096 }
+}
+
+fn drain_ring(ring: &Ring, scratch: &mut Vec<u8>, sink: &mut dyn FnMut(Record)) -> usize {
+    let meta = ring.base as *mut b::perf_event_mmap_page;
+    // SAFETY: the metadata page is mapped; data_head is written by the kernel,
+    // read with acquire ordering as perf_event_open(2) requires.
+    let head = unsafe {
+        let h = std::ptr::read_volatile(&(*meta).data_head);
+        std::sync::atomic::fence(Ordering::Acquire);
+        h
+    };
+    // SAFETY: data_tail is ours to read and write.
+    let mut tail = unsafe { std::ptr::read_volatile(&(*meta).data_tail) };
+    let data = unsafe { ring.base.add(ring.data_off) };
+    let size = ring.data_size as u64;
+    let mut n = 0;
+    while tail + 8 <= head {
+        let mut hdr = [0u8; 8];
+        copy_wrapped(data, size, tail, &mut hdr);
+        let ty = u32::from_ne_bytes(hdr[0..4].try_into().unwrap());
+        let rsize = u64::from(u16::from_ne_bytes(hdr[6..8].try_into().unwrap()));
+        if rsize < 8 || tail + rsize > head {
+            break;
+        }
+        scratch.clear();
+        scratch.resize(rsize as usize, 0);
+        copy_wrapped(data, size, tail, scratch);
+        if let Some(r) = parse_record(ty, &scratch[8..]) {
+            sink(r);
+        }
+        n += 1;
+        tail += rsize;
+    }
+    // SAFETY: publish the new tail after we are done reading (release).
+    unsafe {
+        std::sync::atomic::fence(Ordering::Release);
+        std::ptr::write_volatile(&mut (*meta).data_tail, tail);
+    }
+    n
+}
+
+fn copy_wrapped(data: *const u8, size: u64, pos: u64, out: &mut [u8]) {
+    let start = (pos % size) as usize;
+    let first = out.len().min(size as usize - start);
+    // SAFETY: both ranges lie inside the mapped data area.
+    unsafe {
+        std::ptr::copy_nonoverlapping(data.add(start), out.as_mut_ptr(), first);
+        if first < out.len() {
+            std::ptr::copy_nonoverlapping(data, out.as_mut_ptr().add(first), out.len() - first);
+        }
+    }
+}
+
+struct Cursor<'a>(&'a [u8]);
+
+impl Cursor<'_> {
+    fn u64(&mut self) -> Option<u64> {
+        let (h, t) = self.0.split_at_checked(8)?;
+        self.0 = t;
+        Some(u64::from_ne_bytes(h.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        let (h, t) = self.0.split_at_checked(4)?;
+        self.0 = t;
+        Some(u32::from_ne_bytes(h.try_into().ok()?))
+    }
+}
+
+/// Decodes a record body (after the 8-byte header) for our `SAMPLE_TYPE`.
+pub fn parse_record(ty: u32, body: &[u8]) -> Option<Record> {
+    let mut c = Cursor(body);
+    match ty {
+        b::PERF_RECORD_SAMPLE => {
+            // Order fixed by the ABI: IDENTIFIER, IP, TID, TIME, ADDR, CPU.
+            let id = c.u64()?;
+            let ip = c.u64()?;
+            let pid = c.u32()? as i32;
+            let tid = c.u32()? as i32;
+            let time = c.u64()?;
+            let addr = c.u64()?;
+            let cpu = c.u32()?;
+            Some(Record::Sample {
+                id,
+                ip,
+                pid,
+                tid,
+                time,
+                addr,
+                cpu,
+            })
+        }
+        b::PERF_RECORD_FORK | b::PERF_RECORD_EXIT => {
+            let pid = c.u32()? as i32;
+            let ppid = c.u32()? as i32;
+            let tid = c.u32()? as i32;
+            let ptid = c.u32()? as i32;
+            let time = c.u64()?;
+            if ty == b::PERF_RECORD_FORK {
+                Some(Record::Fork {
+                    pid,
+                    ppid,
+                    tid,
+                    ptid,
+                    time,
+                })
+            } else {
+                Some(Record::Exit { pid, tid, time })
+            }
+        }
+        b::PERF_RECORD_LOST => {
+            let _id = c.u64()?;
+            let count = c.u64()?;
+            Some(Record::Lost { count })
+        }
+        _ => None,
+    }
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds (the clock of every record).
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// CLOCK_REALTIME now, in nanoseconds since the Unix epoch.
+pub fn realtime_ns() -> u64 {
+    clock_ns(libc::CLOCK_REALTIME)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out pointer.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(words: &[u64]) -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_ne_bytes()).collect()
+    }
+
+    #[test]
+    fn parses_sample_in_abi_order() {
+        let pidtid = (7u64 << 32) | 5; // pid 5, tid 7 (little-endian u32 pair)
+        let body = bytes(&[42, 0x401000, pidtid, 1234, 0x5000, 1]);
+        assert_eq!(
+            parse_record(b::PERF_RECORD_SAMPLE, &body),
+            Some(Record::Sample {
+                id: 42,
+                ip: 0x401000,
+                pid: 5,
+                tid: 7,
+                time: 1234,
+                addr: 0x5000,
+                cpu: 1
+            })
+        );
+    }
+
+    #[test]
+    fn parses_fork_and_exit() {
+        let body = bytes(&[(5u64 << 32) | 5, (5u64 << 32) | 9, 777]);
+        assert_eq!(
+            parse_record(b::PERF_RECORD_FORK, &body),
+            Some(Record::Fork {
+                pid: 5,
+                ppid: 5,
+                tid: 9,
+                ptid: 5,
+                time: 777
+            })
+        );
+        assert!(matches!(
+            parse_record(b::PERF_RECORD_EXIT, &body),
+            Some(Record::Exit { tid: 9, .. })
+        ));
+        assert_eq!(parse_record(b::PERF_RECORD_SAMPLE, &body[..8]), None);
+    }
+
+    #[test]
+    fn cpu_list_parses() {
+        assert!(!online_cpus().is_empty());
+    }
+}

@@ -1,0 +1,1038 @@
+//! The daemon's state and operations, independent of gRPC: attach, arm,
+//! disarm, track threads, turn kernel records into events.
+//!
+//! Concurrency: all state is in concurrent maps (`DashMap`); the only
+//! per-process lock (`Process::op`) serialises arm/disarm passes of one
+//! process and is held only on blocking threads, never across `.await`.
+//! Blocking syscalls run on tokio's blocking pool (see `rpc`) or on the drain
+//! and reconcile threads owned here.
+
+use std::collections::{BTreeSet, HashSet};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+use nix::errno::Errno;
+
+use crate::arch;
+use crate::backend::Availability;
+use crate::backend::perf::{self, PerfBackend, PerfError, Record, ThreadEvents};
+use crate::error::{SlotConflict, WpdError};
+use crate::events::{EventBus, EventKind, HitEvent};
+use crate::ledger::{Inheritance, Ledger, classify};
+use crate::model::{BackendKind, Pid, Scope, Tid, WatchId, WatchSpec};
+use crate::procfs;
+
+/// An attached process.
+#[derive(Debug)]
+pub struct Process {
+    /// Process id.
+    pub pid: Pid,
+    /// Backend programming it.
+    pub backend: BackendKind,
+    /// When it was attached (Unix ns).
+    pub attached_at_ns: u64,
+    /// Command name at attach time.
+    pub comm: String,
+    /// Thread-tracking events; kept until detach because threads created by
+    /// a tracked thread carry kernel copies that die with the original.
+    trackers: Mutex<Vec<OwnedFd>>,
+    /// Ids of its watchpoints.
+    watches: Mutex<BTreeSet<u64>>,
+    /// Serialises arm/disarm passes of this process (blocking threads only).
+    op: Mutex<()>,
+    /// Set once detached or exited.
+    gone: AtomicBool,
+    /// Task watching the pidfd for process exit.
+    exit_watch: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+/// A watchpoint.
+#[derive(Debug)]
+pub struct Watch {
+    /// Id.
+    pub id: WatchId,
+    /// What was asked for.
+    pub spec: WatchSpec,
+    /// Covers every thread, including future ones.
+    pub process_wide: bool,
+    /// When it was set (Unix ns).
+    pub created_at_ns: u64,
+    /// Hits delivered.
+    pub hits: AtomicU64,
+    /// Events we opened explicitly, by thread. Kept until the watchpoint is
+    /// removed: closing one also removes its inherited copies.
+    events: Mutex<Vec<(Tid, ThreadEvents)>>,
+}
+
+/// A watchpoint as listed.
+#[derive(Debug, Clone)]
+pub struct WatchView {
+    /// Id.
+    pub id: WatchId,
+    /// Spec.
+    pub spec: WatchSpec,
+    /// Process-wide.
+    pub process_wide: bool,
+    /// Threads it is armed on now.
+    pub armed_threads: u32,
+    /// Hits so far.
+    pub hits: u64,
+    /// Creation time.
+    pub created_at_ns: u64,
+    /// Backend.
+    pub backend: BackendKind,
+}
+
+/// A process as listed.
+#[derive(Debug, Clone)]
+pub struct ProcessView {
+    /// Process id.
+    pub pid: Pid,
+    /// Backend.
+    pub backend: BackendKind,
+    /// Tracked threads.
+    pub threads: u32,
+    /// Watchpoints.
+    pub watchpoints: u32,
+    /// Command name.
+    pub comm: String,
+    /// Attach time.
+    pub attached_at_ns: u64,
+}
+
+/// One slot as listed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotView {
+    /// Free.
+    Free,
+    /// Ours.
+    Ours(WatchId),
+    /// Someone else's.
+    Foreign,
+    /// Being armed or not yet known to be inherited.
+    Pending(WatchId),
+}
+
+/// One thread as listed.
+#[derive(Debug, Clone)]
+pub struct ThreadView {
+    /// Thread id.
+    pub tid: Tid,
+    /// Creator, if seen.
+    pub parent: Tid,
+    /// Slots.
+    pub slots: Vec<SlotView>,
+    /// Name.
+    pub name: String,
+}
+
+/// Daemon counters.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    /// Attached processes.
+    pub processes: u32,
+    /// Tracked threads.
+    pub threads: u64,
+    /// Watchpoints.
+    pub watchpoints: u32,
+    /// Hits delivered.
+    pub hits: u64,
+    /// Kernel ring losses.
+    pub kernel_lost: u64,
+    /// Open perf fds.
+    pub perf_fds: u64,
+    /// Subscribers.
+    pub subscribers: u32,
+    /// Subscriber losses.
+    pub subscriber_dropped: u64,
+    /// Ledger hold (p50, p99, max) ns.
+    pub ledger_hold: (u64, u64, u64),
+    /// Uptime.
+    pub uptime: Duration,
+}
+
+/// The daemon core.
+pub struct Core {
+    /// Slot accounting.
+    pub ledger: Ledger,
+    /// Event fan-out.
+    pub bus: EventBus,
+    procs: DashMap<Pid, Arc<Process>>,
+    watches: DashMap<u64, Arc<Watch>>,
+    /// perf event id → watchpoint id (samples carry the event id).
+    event_ids: DashMap<u64, u64>,
+    perf: Result<PerfBackend, String>,
+    next_id: AtomicU64,
+    hits: AtomicU64,
+    started: Instant,
+    /// CLOCK_REALTIME − CLOCK_MONOTONIC, to date kernel records.
+    clock_offset: u64,
+    stop: AtomicBool,
+    reconcile_tx: Mutex<Option<mpsc::Sender<Pid>>>,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("procs", &self.procs.len())
+            .finish()
+    }
+}
+
+fn perf_err(e: PerfError) -> WpdError {
+    WpdError::kernel(e.op, e.errno)
+}
+
+impl Core {
+    /// Builds the core and starts its drain and reconcile threads.
+    pub fn start() -> Arc<Core> {
+        let perf = PerfBackend::new().map_err(|e| {
+            format!(
+                "{} failed ({}): the perf backend needs CAP_PERFMON or root for its per-CPU rings (perf_event_paranoid={})",
+                e.op,
+                e.errno.desc(),
+                std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap_or_default().trim()
+            )
+        });
+        if let Err(e) = &perf {
+            tracing::warn!("{e}");
+        }
+        let core = Arc::new(Core {
+            ledger: Ledger::new(),
+            bus: EventBus::default(),
+            procs: DashMap::new(),
+            watches: DashMap::new(),
+            event_ids: DashMap::new(),
+            perf,
+            next_id: AtomicU64::new(1),
+            hits: AtomicU64::new(0),
+            started: Instant::now(),
+            clock_offset: perf::realtime_ns().saturating_sub(perf::monotonic_ns()),
+            stop: AtomicBool::new(false),
+            reconcile_tx: Mutex::new(None),
+        });
+        if core.perf.is_ok() {
+            let c = core.clone();
+            std::thread::Builder::new()
+                .name("wpd-drain".into())
+                .spawn(move || c.drain_loop())
+                .expect("spawn drain");
+            let (tx, rx) = mpsc::channel::<Pid>();
+            *core.reconcile_tx.lock().unwrap() = Some(tx);
+            let c = core.clone();
+            std::thread::Builder::new()
+                .name("wpd-reconcile".into())
+                .spawn(move || c.reconcile_loop(rx))
+                .expect("spawn reconcile");
+        }
+        core
+    }
+
+    fn perf(&self) -> Result<&PerfBackend, WpdError> {
+        self.perf
+            .as_ref()
+            .map_err(|reason| WpdError::BackendUnavailable {
+                backend: BackendKind::Perf,
+                reason: reason.clone(),
+            })
+    }
+
+    /// Which backends work here.
+    pub fn backends(&self) -> Vec<Availability> {
+        vec![
+            Availability {
+                kind: BackendKind::Perf,
+                usable: self.perf.is_ok(),
+                reason: self.perf.as_ref().err().cloned().unwrap_or_default(),
+            },
+            Availability {
+                kind: BackendKind::Ptrace,
+                usable: false,
+                reason: "the ptrace backend is not part of this build yet".into(),
+            },
+        ]
+    }
+
+    /// Online CPUs.
+    pub fn cpus(&self) -> usize {
+        self.perf
+            .as_ref()
+            .map(|p| p.cpus().len())
+            .unwrap_or_else(|_| perf::online_cpus().len())
+    }
+
+    // ---------------------------------------------------------------- attach
+
+    fn check_backend(&self, asked: Option<BackendKind>) -> Result<BackendKind, WpdError> {
+        match asked.unwrap_or(BackendKind::Perf) {
+            BackendKind::Perf => {
+                self.perf()?;
+                Ok(BackendKind::Perf)
+            }
+            BackendKind::Ptrace => Err(WpdError::BackendUnavailable {
+                backend: BackendKind::Ptrace,
+                reason: "the ptrace backend is not part of this build yet; use perf".into(),
+            }),
+        }
+    }
+
+    /// Attaches `pid` (idempotent). Returns the process and whether this call
+    /// attached it. Blocking.
+    pub fn attach(
+        self: &Arc<Self>,
+        pid: Pid,
+        backend: Option<BackendKind>,
+    ) -> Result<(Arc<Process>, bool), WpdError> {
+        if let Some(p) = self.procs.get(&pid).map(|p| p.clone()) {
+            if let Some(asked) = backend
+                && asked != p.backend
+            {
+                return Err(WpdError::BackendMismatch {
+                    pid,
+                    attached: p.backend,
+                    asked,
+                });
+            }
+            return Ok((p, false));
+        }
+        let backend = self.check_backend(backend)?;
+        procfs::check_process(pid)?;
+        let proc = Arc::new(Process {
+            pid,
+            backend,
+            attached_at_ns: perf::realtime_ns(),
+            comm: procfs::comm(pid, pid).unwrap_or_default(),
+            trackers: Mutex::new(Vec::new()),
+            watches: Mutex::new(BTreeSet::new()),
+            op: Mutex::new(()),
+            gone: AtomicBool::new(false),
+            exit_watch: Mutex::new(None),
+        });
+        match self.procs.entry(pid) {
+            dashmap::Entry::Occupied(o) => return Ok((o.get().clone(), false)),
+            dashmap::Entry::Vacant(v) => {
+                v.insert(proc.clone());
+            }
+        }
+        let _op = proc.op.lock().unwrap();
+        if let Err(e) = self.track_all_threads(&proc) {
+            drop(_op);
+            self.forget_process(&proc);
+            return Err(e);
+        }
+        drop(_op);
+        self.watch_exit(&proc);
+        tracing::info!(pid, threads = self.ledger.thread_count(pid), "attached");
+        Ok((proc, true))
+    }
+
+    /// Opens trackers on every thread, rescanning until no thread is new:
+    /// a thread created by a tracked thread is tracked by inheritance, one
+    /// created by a not-yet-tracked thread shows up in the next scan.
+    fn track_all_threads(&self, proc: &Process) -> Result<(), WpdError> {
+        let perf = self.perf()?;
+        let mut tracked: HashSet<Tid> = HashSet::new();
+        loop {
+            let tids = procfs::tasks(proc.pid).map_err(|_| WpdError::NoSuchProcess(proc.pid))?;
+            let mut new = 0;
+            for tid in tids {
+                if !tracked.insert(tid) {
+                    continue;
+                }
+                new += 1;
+                match perf.open_tracker(tid) {
+                    Ok(fds) => {
+                        proc.trackers.lock().unwrap().extend(fds);
+                        self.ledger.add_thread(proc.pid, tid);
+                    }
+                    Err(e) if e.errno == Errno::ESRCH => {}
+                    Err(e) if matches!(e.errno, Errno::EACCES | Errno::EPERM) => {
+                        return Err(WpdError::PermissionDenied {
+                            pid: proc.pid,
+                            detail: format!("{} refused: {}", e.op, e.errno.desc()),
+                        });
+                    }
+                    Err(e) => return Err(perf_err(e)),
+                }
+            }
+            if new == 0 {
+                break;
+            }
+        }
+        if self.ledger.thread_count(proc.pid) == 0 {
+            return Err(WpdError::NoSuchProcess(proc.pid));
+        }
+        Ok(())
+    }
+
+    fn watch_exit(self: &Arc<Self>, proc: &Arc<Process>) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let Some(pidfd) = procfs::pidfd_open(proc.pid) else {
+            return;
+        };
+        let core = Arc::downgrade(self);
+        let pid = proc.pid;
+        let task = handle.spawn(async move {
+            // SAFETY: the AsyncFd owns the pidfd; nothing else closes it.
+            let Ok(afd) = (unsafe { tokio::io::unix::AsyncFd::register(pidfd) }) else {
+                return;
+            };
+            if afd.readable().await.is_ok()
+                && let Some(core) = core.upgrade()
+            {
+                let _ = tokio::task::spawn_blocking(move || core.process_exited(pid)).await;
+            }
+        });
+        *proc.exit_watch.lock().unwrap() = Some(task.abort_handle());
+    }
+
+    fn process_exited(&self, pid: Pid) {
+        let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
+            return;
+        };
+        let ids = self.release_process(&proc, "process exited");
+        self.bus.publish(EventKind::ProcessExited {
+            pid,
+            watchpoints: ids,
+        });
+        tracing::info!(pid, "process exited");
+    }
+
+    /// Detaches `pid`: every watchpoint removed, every event closed. Blocking.
+    pub fn detach(&self, pid: Pid) -> Result<(usize, usize), WpdError> {
+        let proc = self
+            .procs
+            .get(&pid)
+            .map(|p| p.clone())
+            .ok_or(WpdError::NotAttached(pid))?;
+        let threads = self.ledger.thread_count(pid);
+        if let Some(t) = proc.exit_watch.lock().unwrap().take() {
+            t.abort();
+        }
+        let ids = self.release_process(&proc, "detached");
+        tracing::info!(pid, watchpoints = ids.len(), "detached");
+        Ok((ids.len(), threads))
+    }
+
+    /// Removes all watchpoints and trackers of a process and forgets it.
+    fn release_process(&self, proc: &Arc<Process>, reason: &'static str) -> Vec<WatchId> {
+        let _op = proc.op.lock().unwrap();
+        proc.gone.store(true, Ordering::SeqCst);
+        let ids: Vec<u64> = proc.watches.lock().unwrap().iter().copied().collect();
+        let mut removed = Vec::new();
+        for id in ids {
+            if let Some(w) = self.take_watch(proc, id) {
+                self.bus.publish(EventKind::WatchpointRemoved {
+                    id: w.id,
+                    pid: proc.pid,
+                    reason,
+                });
+                removed.push(w.id);
+            }
+        }
+        drop(_op);
+        self.forget_process(proc);
+        removed
+    }
+
+    fn forget_process(&self, proc: &Arc<Process>) {
+        proc.gone.store(true, Ordering::SeqCst);
+        let fds = std::mem::take(&mut *proc.trackers.lock().unwrap());
+        if let Ok(p) = self.perf() {
+            p.forget_fds(fds.len());
+        }
+        drop(fds);
+        self.ledger.remove_process(proc.pid);
+        self.procs.remove_if(&proc.pid, |_, p| Arc::ptr_eq(p, proc));
+    }
+
+    /// Detaches everything (shutdown). Every target keeps running.
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let pids: Vec<Pid> = self.procs.iter().map(|p| *p.key()).collect();
+        for pid in pids {
+            let _ = self.detach(pid);
+        }
+    }
+
+    // ------------------------------------------------------------------ arm
+
+    /// Sets a watchpoint; returns it and the time taken. Blocking.
+    pub fn set_watchpoint(
+        self: &Arc<Self>,
+        spec: WatchSpec,
+    ) -> Result<(WatchView, Duration), WpdError> {
+        let t_start = Instant::now();
+        arch::validate(spec.addr, spec.len.bytes(), spec.access)?;
+        let (proc, _) = self.attach(spec.pid, spec.backend)?;
+        if let Some(asked) = spec.backend
+            && asked != proc.backend
+        {
+            return Err(WpdError::BackendMismatch {
+                pid: spec.pid,
+                attached: proc.backend,
+                asked,
+            });
+        }
+        let perf = self.perf()?;
+        let _op = proc.op.lock().unwrap();
+        if proc.gone.load(Ordering::SeqCst) {
+            return Err(WpdError::ProcessExited(spec.pid));
+        }
+        // Make every FORK/EXIT already emitted visible in the ledger.
+        self.drain_now();
+        let pid = spec.pid;
+        let process_wide = spec.scope == Scope::Process;
+        let tids: Vec<Tid> = match &spec.scope {
+            Scope::Process => self.ledger.tids(pid),
+            Scope::Threads(tids) => {
+                for &tid in tids {
+                    if !procfs::is_thread_of(pid, tid) {
+                        return Err(WpdError::NoSuchThread { pid, tid });
+                    }
+                    self.ledger.add_thread(pid, tid);
+                }
+                tids.clone()
+            }
+        };
+        let id = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let res = self
+            .ledger
+            .reserve_all(&tids, id, process_wide)
+            .map_err(|conflicts| WpdError::OutOfSlots { pid, conflicts })?;
+
+        let mut opened: Vec<(Tid, ThreadEvents)> = Vec::with_capacity(res.len());
+        let mut times = Vec::with_capacity(res.len());
+        let mut ok = Vec::with_capacity(res.len());
+        let mut gone = Vec::new();
+        let mut full = Vec::new();
+        let mut fatal = None;
+        let registered = Mutex::new(Vec::new());
+        let sink = |eid: u64| {
+            self.event_ids.insert(eid, id.0);
+            registered.lock().unwrap().push(eid);
+        };
+        for r in &res {
+            let t0 = perf::monotonic_ns();
+            match perf.open_breakpoint(r.tid, spec.addr, spec.len, spec.access, process_wide, &sink)
+            {
+                Ok(ev) => {
+                    times.push((t0, perf::monotonic_ns()));
+                    opened.push((r.tid, ev));
+                    ok.push(*r);
+                }
+                Err(e) if e.errno == Errno::ESRCH => gone.push(*r),
+                Err(e) if e.errno == Errno::ENOSPC => {
+                    self.ledger.mark_foreign(*r);
+                    full.push(r.tid);
+                }
+                Err(e) => {
+                    fatal = Some(e);
+                    break;
+                }
+            }
+        }
+        if !full.is_empty() || fatal.is_some() {
+            let n: usize = opened.iter().map(|(_, e)| e.fds.len()).sum();
+            drop(opened);
+            perf.forget_fds(n);
+            for eid in registered.lock().unwrap().iter() {
+                self.event_ids.remove(eid);
+            }
+            self.ledger.rollback(&ok);
+            self.ledger.rollback(&gone);
+            self.ledger
+                .rollback(&res[ok.len() + gone.len() + full.len()..]);
+            if let Some(e) = fatal {
+                if matches!(e.errno, Errno::EACCES | Errno::EPERM) {
+                    return Err(WpdError::PermissionDenied {
+                        pid,
+                        detail: format!("{} refused: {}", e.op, e.errno.desc()),
+                    });
+                }
+                return Err(perf_err(e));
+            }
+            let conflicts = full
+                .into_iter()
+                .map(|tid| SlotConflict {
+                    tid,
+                    holders: self
+                        .ledger
+                        .get(tid)
+                        .map(|r| holders_of(&r))
+                        .unwrap_or_default(),
+                })
+                .collect();
+            return Err(WpdError::OutOfSlots { pid, conflicts });
+        }
+        self.ledger.rollback(&gone);
+        self.ledger.commit(&ok, process_wide.then_some(&times[..]));
+        let watch = Arc::new(Watch {
+            id,
+            spec: spec.clone(),
+            process_wide,
+            created_at_ns: perf::realtime_ns(),
+            hits: AtomicU64::new(0),
+            events: Mutex::new(opened),
+        });
+        self.watches.insert(id.0, watch.clone());
+        proc.watches.lock().unwrap().insert(id.0);
+        if process_wide {
+            self.reconcile_locked(&proc);
+        }
+        drop(_op);
+        Ok((self.view(&watch), t_start.elapsed()))
+    }
+
+    /// Makes every thread of `proc` carry every process-wide watchpoint:
+    /// threads created while a watchpoint was being armed on their creator
+    /// may or may not have inherited it (see `ledger::classify`); decide from
+    /// timestamps where possible, else ask the kernel, and arm the ones that
+    /// did not inherit. Caller holds `proc.op`.
+    fn reconcile_locked(&self, proc: &Process) {
+        let Ok(perf) = self.perf() else { return };
+        let wide: Vec<Arc<Watch>> = proc
+            .watches
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|id| self.watches.get(id).map(|w| w.clone()))
+            .filter(|w| w.process_wide)
+            .collect();
+        if wide.is_empty() {
+            return;
+        }
+        for _round in 0..8 {
+            self.drain_now();
+            let mut changed = false;
+            for tid in self.ledger.tids(proc.pid) {
+                for w in &wide {
+                    let Some(row) = self.ledger.get(tid) else {
+                        break;
+                    };
+                    let slot = row.slot_of(w.id);
+                    let uncertain = slot.is_some_and(|s| row.uncertain & (1 << s) != 0);
+                    if slot.is_some() && !uncertain {
+                        continue;
+                    }
+                    if uncertain {
+                        let verdict = self.inheritance_verdict(perf, &row, w.id, tid);
+                        self.ledger.resolve_uncertain(tid, w.id, verdict, row.born);
+                        if verdict {
+                            continue;
+                        }
+                    }
+                    changed = true;
+                    self.arm_one(perf, proc, w, tid);
+                }
+            }
+            if !changed {
+                return;
+            }
+        }
+    }
+
+    /// Did `tid` inherit `id` from its creator? Timestamps first, then a
+    /// kernel probe of free slots.
+    fn inheritance_verdict(
+        &self,
+        perf: &PerfBackend,
+        row: &crate::ledger::ThreadSlots,
+        id: WatchId,
+        tid: Tid,
+    ) -> bool {
+        if let Some(parent) = self.ledger.get(row.parent)
+            && let Some(s) = parent.slot_of(id)
+            && parent.ours & (1 << s) != 0
+        {
+            match classify(row.born, parent.absent_before[s], parent.certain_from[s]) {
+                Inheritance::Inherited => return true,
+                Inheritance::Missing => return false,
+                Inheritance::Unknown => {}
+            }
+        }
+        let known = row.ours.count_ones() as usize;
+        match perf.probe_free_slots(tid, arch::current::SLOTS) {
+            // As many free slots as if it had none of the uncertain ones.
+            Ok(free) => free + known < arch::current::SLOTS,
+            Err(_) => true,
+        }
+    }
+
+    fn arm_one(&self, perf: &PerfBackend, proc: &Process, w: &Watch, tid: Tid) {
+        let Ok(res) = self.ledger.reserve_all(&[tid], w.id, true) else {
+            tracing::warn!(
+                pid = proc.pid,
+                tid,
+                id = w.id.0,
+                "new thread has no free slot for a process-wide watchpoint"
+            );
+            return;
+        };
+        let sink = |eid: u64| {
+            self.event_ids.insert(eid, w.id.0);
+        };
+        let t0 = perf::monotonic_ns();
+        match perf.open_breakpoint(tid, w.spec.addr, w.spec.len, w.spec.access, true, &sink) {
+            Ok(ev) => {
+                let t1 = perf::monotonic_ns();
+                self.ledger.commit(&res, Some(&[(t0, t1)]));
+                w.events.lock().unwrap().push((tid, ev));
+            }
+            Err(e) if e.errno == Errno::ENOSPC => {
+                self.ledger.mark_foreign(res[0]);
+                tracing::warn!(
+                    pid = proc.pid,
+                    tid,
+                    id = w.id.0,
+                    "kernel refused a slot (ENOSPC) on a new thread"
+                );
+            }
+            Err(_) => self.ledger.rollback(&res),
+        }
+    }
+
+    fn reconcile_loop(self: Arc<Self>, rx: mpsc::Receiver<Pid>) {
+        while let Ok(pid) = rx.recv() {
+            let mut pids = BTreeSet::from([pid]);
+            while let Ok(p) = rx.try_recv() {
+                pids.insert(p);
+            }
+            for pid in pids {
+                if let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) {
+                    let _op = proc.op.lock().unwrap();
+                    if !proc.gone.load(Ordering::SeqCst) {
+                        self.reconcile_locked(&proc);
+                    }
+                }
+            }
+        }
+    }
+
+    // --------------------------------------------------------------- disarm
+
+    fn take_watch(&self, proc: &Process, id: u64) -> Option<Arc<Watch>> {
+        let (_, w) = self.watches.remove(&id)?;
+        proc.watches.lock().unwrap().remove(&id);
+        let events = std::mem::take(&mut *w.events.lock().unwrap());
+        let mut n = 0;
+        for (_, ev) in &events {
+            n += ev.fds.len();
+            for eid in &ev.ids {
+                self.event_ids.remove(eid);
+            }
+        }
+        drop(events);
+        if let Ok(p) = self.perf() {
+            p.forget_fds(n);
+        }
+        for tid in self.ledger.tids(proc.pid) {
+            self.ledger.release(tid, w.id);
+        }
+        Some(w)
+    }
+
+    /// Removes a watchpoint. Blocking.
+    pub fn remove_watchpoint(&self, id: u64) -> Result<WatchView, WpdError> {
+        let pid = self
+            .watches
+            .get(&id)
+            .map(|w| w.spec.pid)
+            .ok_or(WpdError::NoSuchWatchpoint(id))?;
+        let proc = self
+            .procs
+            .get(&pid)
+            .map(|p| p.clone())
+            .ok_or(WpdError::NoSuchWatchpoint(id))?;
+        let _op = proc.op.lock().unwrap();
+        let view = self
+            .watches
+            .get(&id)
+            .map(|w| self.view(&w))
+            .ok_or(WpdError::NoSuchWatchpoint(id))?;
+        let w = self
+            .take_watch(&proc, id)
+            .ok_or(WpdError::NoSuchWatchpoint(id))?;
+        self.bus.publish(EventKind::WatchpointRemoved {
+            id: w.id,
+            pid,
+            reason: "removed",
+        });
+        Ok(WatchView {
+            hits: w.hits.load(Ordering::Relaxed),
+            armed_threads: 0,
+            ..view
+        })
+    }
+
+    // ---------------------------------------------------------------- views
+
+    fn view(&self, w: &Watch) -> WatchView {
+        WatchView {
+            id: w.id,
+            spec: w.spec.clone(),
+            process_wide: w.process_wide,
+            armed_threads: self.ledger.armed_count(w.spec.pid, w.id) as u32,
+            hits: w.hits.load(Ordering::Relaxed),
+            created_at_ns: w.created_at_ns,
+            backend: BackendKind::Perf,
+        }
+    }
+
+    /// Watchpoints (and processes), optionally of one pid, by id.
+    pub fn list(&self, pid: Option<Pid>) -> (Vec<WatchView>, Vec<ProcessView>) {
+        let mut ws: Vec<WatchView> = self
+            .watches
+            .iter()
+            .filter(|w| pid.is_none_or(|p| w.spec.pid == p))
+            .map(|w| self.view(&w))
+            .collect();
+        ws.sort_by_key(|w| w.id);
+        let mut ps: Vec<ProcessView> = self
+            .procs
+            .iter()
+            .filter(|p| pid.is_none_or(|x| p.pid == x))
+            .map(|p| ProcessView {
+                pid: p.pid,
+                backend: p.backend,
+                threads: self.ledger.thread_count(p.pid) as u32,
+                watchpoints: p.watches.lock().unwrap().len() as u32,
+                comm: p.comm.clone(),
+                attached_at_ns: p.attached_at_ns,
+            })
+            .collect();
+        ps.sort_by_key(|p| p.pid);
+        (ws, ps)
+    }
+
+    /// A process as listed.
+    pub fn process_view(&self, pid: Pid) -> Option<ProcessView> {
+        self.list(Some(pid)).1.into_iter().next()
+    }
+
+    /// Threads of an attached process. `probe`: ask the kernel. Blocking.
+    pub fn threads(
+        &self,
+        pid: Pid,
+        only: &[Tid],
+        probe: bool,
+    ) -> Result<Vec<ThreadView>, WpdError> {
+        if !self.procs.contains_key(&pid) {
+            return Err(WpdError::NotAttached(pid));
+        }
+        self.drain_now();
+        let mut tids = self.ledger.tids(pid);
+        if !only.is_empty() {
+            for &t in only {
+                if !tids.contains(&t) {
+                    return Err(WpdError::NoSuchThread { pid, tid: t });
+                }
+            }
+            tids = only.to_vec();
+        }
+        tids.sort_unstable();
+        let mut out = Vec::with_capacity(tids.len());
+        for tid in tids {
+            if probe
+                && let Ok(perf) = self.perf()
+                && let Ok(free) = perf.probe_free_slots(tid, arch::current::SLOTS)
+            {
+                self.ledger.set_probed(tid, free);
+            }
+            let Some(row) = self.ledger.get(tid) else {
+                continue;
+            };
+            let slots = (0..arch::current::SLOTS)
+                .map(|s| {
+                    let bit = 1 << s;
+                    if row.ours & bit != 0 {
+                        SlotView::Ours(WatchId(row.holder[s]))
+                    } else if (row.pending | row.uncertain) & bit != 0 {
+                        SlotView::Pending(WatchId(row.holder[s]))
+                    } else if row.foreign & bit != 0 {
+                        SlotView::Foreign
+                    } else {
+                        SlotView::Free
+                    }
+                })
+                .collect();
+            out.push(ThreadView {
+                tid,
+                parent: row.parent,
+                slots,
+                name: procfs::comm(pid, tid).unwrap_or_default(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            processes: self.procs.len() as u32,
+            threads: self.ledger.total_threads() as u64,
+            watchpoints: self.watches.len() as u32,
+            hits: self.hits.load(Ordering::Relaxed),
+            kernel_lost: self.perf.as_ref().map(|p| p.lost()).unwrap_or(0),
+            perf_fds: self.perf.as_ref().map(|p| p.open_fds()).unwrap_or(0),
+            subscribers: self.bus.subscribers() as u32,
+            subscriber_dropped: self.bus.dropped(),
+            ledger_hold: self.ledger.hold_summary(),
+            uptime: self.started.elapsed(),
+        }
+    }
+
+    // ---------------------------------------------------------------- drain
+
+    /// Processes every record already in the rings.
+    pub fn drain_now(&self) {
+        if let Ok(perf) = self.perf() {
+            perf.drain(&mut |r| self.on_record(r));
+        }
+    }
+
+    fn drain_loop(self: Arc<Self>) {
+        let Ok(perf) = self.perf() else { return };
+        let mut fds: Vec<libc::pollfd> = perf
+            .collector_fds()
+            .into_iter()
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        while !self.stop.load(Ordering::Relaxed) {
+            // SAFETY: fds is a valid pollfd array.
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 2) };
+            self.drain_now();
+        }
+    }
+
+    fn on_record(&self, r: Record) {
+        match r {
+            Record::Sample {
+                id,
+                ip,
+                pid,
+                tid,
+                time,
+                addr,
+                cpu,
+            } => {
+                let Some(wid) = self.event_ids.get(&id).map(|v| *v) else {
+                    return;
+                };
+                let Some(w) = self.watches.get(&wid).map(|w| w.clone()) else {
+                    return;
+                };
+                w.hits.fetch_add(1, Ordering::Relaxed);
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                let len = w.spec.len.bytes();
+                let value = procfs::read_memory(pid, addr, len as usize);
+                let value_read_ns = perf::realtime_ns();
+                self.bus.publish(EventKind::Hit(HitEvent {
+                    id: w.id,
+                    pid,
+                    tid,
+                    ip,
+                    addr,
+                    len,
+                    access: w.spec.access,
+                    value,
+                    time_ns: time + self.clock_offset,
+                    value_read_ns,
+                    cpu,
+                }));
+            }
+            Record::Fork {
+                pid,
+                ppid,
+                tid,
+                ptid,
+                time,
+            } => {
+                if pid != ppid || !self.procs.contains_key(&pid) {
+                    return; // a new process (fork) is left alone
+                }
+                if let Some(row) = self.ledger.on_fork(pid, ptid, tid, time) {
+                    let watchpoints = (0..arch::current::SLOTS)
+                        .filter(|s| row.ours & (1 << s) != 0)
+                        .map(|s| WatchId(row.holder[s]))
+                        .collect();
+                    self.bus.publish(EventKind::ThreadStarted {
+                        pid,
+                        tid,
+                        parent: ptid,
+                        watchpoints,
+                    });
+                    let needs = row.uncertain != 0 || self.missing_wide(pid, &row);
+                    if needs && let Some(tx) = self.reconcile_tx.lock().unwrap().as_ref() {
+                        let _ = tx.send(pid);
+                    }
+                }
+            }
+            Record::Exit { pid, tid, .. } => {
+                if let Some(row) = self.ledger.get(tid)
+                    && row.pid == pid
+                {
+                    self.ledger.remove_thread(tid);
+                    self.bus.publish(EventKind::ThreadExited { pid, tid });
+                }
+            }
+            Record::Lost { count } => {
+                tracing::warn!(count, "kernel dropped records: ring full");
+            }
+        }
+    }
+
+    fn missing_wide(&self, pid: Pid, row: &crate::ledger::ThreadSlots) -> bool {
+        let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
+            return false;
+        };
+        let ids: Vec<u64> = proc.watches.lock().unwrap().iter().copied().collect();
+        ids.into_iter().any(|id| {
+            self.watches.get(&id).is_some_and(|w| w.process_wide)
+                && row.slot_of(WatchId(id)).is_none()
+        })
+    }
+
+    /// Raw fd of a tracker, for tests.
+    #[doc(hidden)]
+    pub fn tracker_count(&self, pid: Pid) -> usize {
+        self.procs
+            .get(&pid)
+            .map(|p| {
+                p.trackers
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|f| f.as_raw_fd() >= 0)
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+}
+
+fn holders_of(r: &crate::ledger::ThreadSlots) -> Vec<crate::error::Holder> {
+    use crate::error::Holder;
+    (0..arch::current::SLOTS)
+        .filter_map(|s| {
+            let bit = 1 << s;
+            if r.ours & bit != 0 {
+                Some(Holder::Ours(WatchId(r.holder[s])))
+            } else if r.foreign & bit != 0 {
+                Some(Holder::Foreign)
+            } else if (r.pending | r.uncertain) & bit != 0 {
+                Some(Holder::Pending(WatchId(r.holder[s])))
+            } else {
+                None
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,143 @@
+//! Typed domain errors. The RPC layer maps each to one gRPC status
+//! (`rpc::status`), exhaustively.
+
+use crate::arch::SpecError;
+use crate::model::{BackendKind, Pid, Tid, WatchId};
+
+/// Who holds a slot that a request needed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    /// One of our watchpoints.
+    Ours(WatchId),
+    /// Someone else: the kernel refused the slot (ENOSPC).
+    Foreign,
+    /// One of our requests, in flight.
+    Pending(WatchId),
+}
+
+/// A thread that had no free slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotConflict {
+    /// The thread.
+    pub tid: Tid,
+    /// Who holds its slots.
+    pub holders: Vec<Holder>,
+}
+
+/// Everything that can go wrong in the daemon, as a client should see it.
+#[derive(Debug, thiserror::Error)]
+pub enum WpdError {
+    /// The watch spec is impossible on this architecture.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// A request field is missing or malformed.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// No such process.
+    #[error("no process with pid {0}")]
+    NoSuchProcess(Pid),
+    /// The process exists but is not attached.
+    #[error("process {0} is not attached")]
+    NotAttached(Pid),
+    /// The thread does not exist or belongs to another process.
+    #[error("thread {tid} is not a thread of process {pid}")]
+    NoSuchThread {
+        /// Process asked for.
+        pid: Pid,
+        /// Thread asked for.
+        tid: Tid,
+    },
+    /// Unknown watchpoint id.
+    #[error("no watchpoint with id {0}")]
+    NoSuchWatchpoint(u64),
+    /// Some threads have no free debug-register slot; nothing was armed.
+    #[error("{}", out_of_slots_message(*pid, conflicts))]
+    OutOfSlots {
+        /// Process.
+        pid: Pid,
+        /// Threads without a free slot (sorted by tid).
+        conflicts: Vec<SlotConflict>,
+    },
+    /// The caller may not act on this process.
+    #[error("permission denied for process {pid}: {detail}")]
+    PermissionDenied {
+        /// Process.
+        pid: Pid,
+        /// What refused.
+        detail: String,
+    },
+    /// The backend cannot be used here.
+    #[error("backend {backend} is not available: {reason}")]
+    BackendUnavailable {
+        /// Backend asked for.
+        backend: BackendKind,
+        /// Why not.
+        reason: String,
+    },
+    /// The process is attached with another backend.
+    #[error("process {pid} is attached with backend {attached}, not {asked}: detach first")]
+    BackendMismatch {
+        /// Process.
+        pid: Pid,
+        /// Backend in use.
+        attached: BackendKind,
+        /// Backend asked for.
+        asked: BackendKind,
+    },
+    /// The process exited while the request ran; nothing stays armed.
+    #[error("process {0} exited during the request")]
+    ProcessExited(Pid),
+    /// An unexpected kernel error.
+    #[error("{op} failed: {err}")]
+    Kernel {
+        /// What the daemon was doing.
+        op: String,
+        /// The errno.
+        err: nix::errno::Errno,
+    },
+}
+
+fn out_of_slots_message(pid: Pid, conflicts: &[SlotConflict]) -> String {
+    const SHOWN: usize = 8;
+    let mut s = format!(
+        "out of debug-register slots in process {pid}: {} thread{} cannot take another watchpoint (nothing was armed):",
+        conflicts.len(),
+        if conflicts.len() == 1 { "" } else { "s" }
+    );
+    for c in conflicts.iter().take(SHOWN) {
+        let mut ours = Vec::new();
+        let mut foreign = 0;
+        let mut pending = Vec::new();
+        for h in &c.holders {
+            match h {
+                Holder::Ours(id) => ours.push(id.to_string()),
+                Holder::Pending(id) => pending.push(id.to_string()),
+                Holder::Foreign => foreign += 1,
+            }
+        }
+        let mut parts = Vec::new();
+        if !ours.is_empty() {
+            parts.push(format!("watchpoints {}", ours.join(",")));
+        }
+        if !pending.is_empty() {
+            parts.push(format!("requests in flight {}", pending.join(",")));
+        }
+        if foreign > 0 {
+            parts.push(format!(
+                "{foreign} held by another owner (debugger or perf)"
+            ));
+        }
+        s.push_str(&format!(" tid {} [{}];", c.tid, parts.join(", ")));
+    }
+    if conflicts.len() > SHOWN {
+        s.push_str(&format!(" and {} more threads", conflicts.len() - SHOWN));
+    }
+    s.trim_end_matches(';').to_string()
+}
+
+impl WpdError {
+    /// A kernel error during `op`.
+    pub fn kernel(op: impl Into<String>, err: nix::errno::Errno) -> Self {
+        WpdError::Kernel { op: op.into(), err }
+    }
+}

@@ -1,0 +1,620 @@
+//! The slot ledger: concurrent hashed accounting of every tracked thread's
+//! debug-register slots.
+//!
+//! Locking rules:
+//! 1. Per-thread state lives in `threads`, a sharded `DashMap` keyed by tid:
+//!    lookup is O(1) average and only the tid's shard is locked.
+//! 2. `procs` maps a pid to the set of its tids, so process-wide operations
+//!    visit only that process's threads. It is locked per pid shard, and never
+//!    while a `threads` guard is held (always `procs` first, released, then
+//!    `threads`), so there is no lock-order cycle.
+//! 3. No guard is held across a syscall or an `.await`: callers reserve,
+//!    do the syscall, then commit or roll back.
+//! 4. Every guard's hold time is recorded in `hold` (a lock-free histogram).
+//!
+//! Slots are a 4-bit occupancy bitmap per thread; a free slot is
+//! `!(ours | pending | foreign) & ALL`, found with `trailing_zeros`.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use dashmap::DashMap;
+
+use crate::arch::current::SLOTS;
+use crate::error::{Holder, SlotConflict};
+use crate::model::{Pid, Tid, WatchId};
+
+const ALL: u8 = (1 << SLOTS) - 1;
+
+/// One thread's slots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadSlots {
+    /// Process the thread belongs to.
+    pub pid: Pid,
+    /// Thread that created it while we watched (0: found by scanning).
+    pub parent: Tid,
+    /// Slots holding one of our committed watchpoints.
+    pub ours: u8,
+    /// Slots reserved by a request whose syscall is in flight.
+    pub pending: u8,
+    /// Slots the kernel refused us: someone else holds them.
+    pub foreign: u8,
+    /// Slots whose watchpoint the kernel copies into threads this one creates.
+    pub inheritable: u8,
+    /// Watchpoint in each slot (meaningful where `ours | pending` is set).
+    pub holder: [u64; SLOTS],
+    /// CLOCK_MONOTONIC ns from which a slot's breakpoint is certainly
+    /// inherited by new threads (per slot; see `Ledger::on_fork`).
+    pub certain_from: [u64; SLOTS],
+    /// CLOCK_MONOTONIC ns before which a new thread certainly did not inherit.
+    pub absent_before: [u64; SLOTS],
+    /// Slots whose inheritance into this thread is not known yet.
+    pub uncertain: u8,
+    /// CLOCK_MONOTONIC ns of the FORK record that announced it (0: scanned).
+    pub born: u64,
+}
+
+impl ThreadSlots {
+    fn new(pid: Pid, parent: Tid) -> Self {
+        ThreadSlots {
+            pid,
+            parent,
+            ours: 0,
+            pending: 0,
+            foreign: 0,
+            inheritable: 0,
+            holder: [0; SLOTS],
+            certain_from: [0; SLOTS],
+            absent_before: [0; SLOTS],
+            uncertain: 0,
+            born: 0,
+        }
+    }
+
+    /// The slot holding watchpoint `id`, committed or pending.
+    pub fn slot_of(&self, id: WatchId) -> Option<usize> {
+        (0..SLOTS).find(|&s| {
+            (self.ours | self.pending | self.uncertain) & (1 << s) != 0 && self.holder[s] == id.0
+        })
+    }
+
+    fn holders(&self) -> Vec<Holder> {
+        (0..SLOTS)
+            .filter_map(|s| {
+                let bit = 1 << s;
+                if self.ours & bit != 0 {
+                    Some(Holder::Ours(WatchId(self.holder[s])))
+                } else if self.pending & bit != 0 {
+                    Some(Holder::Pending(WatchId(self.holder[s])))
+                } else if self.foreign & bit != 0 {
+                    Some(Holder::Foreign)
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+}
+
+/// A reservation: slot `slot` of `tid`, pending until commit or rollback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation {
+    /// Thread.
+    pub tid: Tid,
+    /// Slot index.
+    pub slot: u8,
+}
+
+/// How a new thread relates to one of its creator's inheritable watchpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inheritance {
+    /// Certainly copied by the kernel.
+    Inherited,
+    /// Certainly not copied: it must be armed explicitly.
+    Missing,
+    /// Cannot tell from the timestamps: ask the kernel.
+    Unknown,
+}
+
+/// Lock hold-time histogram: bucket `i` counts holds of `[2^i, 2^(i+1))` ns.
+#[derive(Debug)]
+pub struct HoldHistogram {
+    buckets: [AtomicU64; 40],
+    max: AtomicU64,
+}
+
+impl Default for HoldHistogram {
+    fn default() -> Self {
+        HoldHistogram {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            max: AtomicU64::new(0),
+        }
+    }
+}
+
+impl HoldHistogram {
+    fn record(&self, ns: u64) {
+        let b = (63 - ns.max(1).leading_zeros()) as usize;
+        self.buckets[b.min(39)].fetch_add(1, Ordering::Relaxed);
+        self.max.fetch_max(ns, Ordering::Relaxed);
+    }
+
+    /// (p50, p99, max) in ns; percentiles are bucket upper bounds.
+    pub fn summary(&self) -> (u64, u64, u64) {
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        let pct = |q: f64| {
+            if total == 0 {
+                return 0;
+            }
+            let want = ((total as f64) * q).ceil() as u64;
+            let mut acc = 0;
+            for (i, c) in counts.iter().enumerate() {
+                acc += c;
+                if acc >= want {
+                    return 1u64 << (i + 1);
+                }
+            }
+            0
+        };
+        (pct(0.5), pct(0.99), self.max.load(Ordering::Relaxed))
+    }
+}
+
+/// The ledger.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    threads: DashMap<Tid, ThreadSlots>,
+    procs: DashMap<Pid, HashSet<Tid>>,
+    hold: HoldHistogram,
+}
+
+/// Times a guard's critical section.
+struct Timed<'a>(&'a HoldHistogram, Instant);
+
+impl Drop for Timed<'_> {
+    fn drop(&mut self) {
+        self.0.record(self.1.elapsed().as_nanos() as u64);
+    }
+}
+
+impl Ledger {
+    /// An empty ledger.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn timed(&self) -> Timed<'_> {
+        Timed(&self.hold, Instant::now())
+    }
+
+    /// Lock hold-time summary (p50, p99, max), ns.
+    pub fn hold_summary(&self) -> (u64, u64, u64) {
+        self.hold.summary()
+    }
+
+    /// Starts tracking `tid` of `pid` with no slots known. Returns false if
+    /// it was already tracked (nothing changes then).
+    pub fn add_thread(&self, pid: Pid, tid: Tid) -> bool {
+        let inserted = {
+            let _t = self.timed();
+            match self.threads.entry(tid) {
+                dashmap::Entry::Occupied(_) => false,
+                dashmap::Entry::Vacant(v) => {
+                    v.insert(ThreadSlots::new(pid, 0));
+                    true
+                }
+            }
+        };
+        if inserted {
+            let _t = self.timed();
+            self.procs.entry(pid).or_default().insert(tid);
+        }
+        inserted
+    }
+
+    /// A thread was created at `time` by `parent`: it starts with the
+    /// parent's inheritable watchpoints, classified by time against when each
+    /// was armed on the parent. Returns the new row, or None if `tid` was
+    /// already tracked or the parent is unknown.
+    pub fn on_fork(&self, pid: Pid, parent: Tid, tid: Tid, time: u64) -> Option<ThreadSlots> {
+        let parent_row = {
+            let _t = self.timed();
+            self.threads.get(&parent).map(|r| r.clone())
+        };
+        let mut row = ThreadSlots::new(pid, parent);
+        row.born = time;
+        if let Some(p) = parent_row {
+            for s in 0..SLOTS {
+                let bit = 1 << s;
+                if (p.inheritable & (p.ours | p.pending | p.uncertain)) & bit == 0 {
+                    continue;
+                }
+                row.holder[s] = p.holder[s];
+                if p.ours & bit == 0 {
+                    // Being armed on the parent right now, or itself unknown.
+                    row.uncertain |= bit;
+                    continue;
+                }
+                match classify(time, p.absent_before[s], p.certain_from[s]) {
+                    Inheritance::Inherited => {
+                        row.ours |= bit;
+                        row.inheritable |= bit;
+                        row.certain_from[s] = time;
+                        row.absent_before[s] = time;
+                    }
+                    Inheritance::Missing => {}
+                    _ => row.uncertain |= bit,
+                }
+            }
+        }
+        let inserted = {
+            let _t = self.timed();
+            match self.threads.entry(tid) {
+                dashmap::Entry::Occupied(_) => false,
+                dashmap::Entry::Vacant(v) => {
+                    v.insert(row.clone());
+                    true
+                }
+            }
+        };
+        if !inserted {
+            return None;
+        }
+        let _t = self.timed();
+        self.procs.entry(pid).or_default().insert(tid);
+        Some(row)
+    }
+
+    /// Forgets a thread (it exited). Returns its last row.
+    pub fn remove_thread(&self, tid: Tid) -> Option<ThreadSlots> {
+        let row = {
+            let _t = self.timed();
+            self.threads.remove(&tid).map(|(_, r)| r)
+        }?;
+        let _t = self.timed();
+        if let Some(mut set) = self.procs.get_mut(&row.pid) {
+            set.remove(&tid);
+        }
+        Some(row)
+    }
+
+    /// Forgets a whole process. Returns how many threads it had.
+    pub fn remove_process(&self, pid: Pid) -> usize {
+        let tids = {
+            let _t = self.timed();
+            self.procs.remove(&pid).map(|(_, s)| s).unwrap_or_default()
+        };
+        for tid in &tids {
+            let _t = self.timed();
+            self.threads.remove_if(tid, |_, r| r.pid == pid);
+        }
+        tids.len()
+    }
+
+    /// Tids of a process (unordered snapshot).
+    pub fn tids(&self, pid: Pid) -> Vec<Tid> {
+        let _t = self.timed();
+        self.procs
+            .get(&pid)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Number of tracked threads of a process.
+    pub fn thread_count(&self, pid: Pid) -> usize {
+        let _t = self.timed();
+        self.procs.get(&pid).map(|s| s.len()).unwrap_or(0)
+    }
+
+    /// Total tracked threads.
+    pub fn total_threads(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// A copy of one thread's row.
+    pub fn get(&self, tid: Tid) -> Option<ThreadSlots> {
+        let _t = self.timed();
+        self.threads.get(&tid).map(|r| r.clone())
+    }
+
+    /// Reserves one slot for `id` on every thread in `tids`, all or nothing.
+    /// Threads no longer tracked are skipped (they exited). On failure
+    /// nothing stays reserved and the conflicts name every full thread.
+    pub fn reserve_all(
+        &self,
+        tids: &[Tid],
+        id: WatchId,
+        inheritable: bool,
+    ) -> Result<Vec<Reservation>, Vec<SlotConflict>> {
+        let mut got = Vec::with_capacity(tids.len());
+        let mut conflicts = Vec::new();
+        for &tid in tids {
+            let _t = self.timed();
+            let Some(mut row) = self.threads.get_mut(&tid) else {
+                continue;
+            };
+            let busy = row.ours | row.pending | row.uncertain;
+            let mut free = !(busy | row.foreign) & ALL;
+            if free == 0 {
+                // Slots marked foreign may have been freed since: the kernel
+                // decides (reserve → syscall → commit or roll back).
+                free = row.foreign & !busy & ALL;
+            }
+            if free == 0 {
+                conflicts.push(SlotConflict {
+                    tid,
+                    holders: row.holders(),
+                });
+                continue;
+            }
+            let slot = free.trailing_zeros() as u8;
+            row.pending |= 1 << slot;
+            row.holder[slot as usize] = id.0;
+            if inheritable {
+                row.inheritable |= 1 << slot;
+            }
+            got.push(Reservation { tid, slot });
+        }
+        if conflicts.is_empty() {
+            Ok(got)
+        } else {
+            self.rollback(&got);
+            conflicts.sort_by_key(|c| c.tid);
+            Err(conflicts)
+        }
+    }
+
+    /// Turns reservations into committed slots. `times[i]` is the
+    /// (syscall start, syscall end) of reservation `i`, when the watchpoint is
+    /// inheritable.
+    pub fn commit(&self, res: &[Reservation], inheritable: Option<&[(u64, u64)]>) {
+        for (i, r) in res.iter().enumerate() {
+            let _t = self.timed();
+            if let Some(mut row) = self.threads.get_mut(&r.tid) {
+                let bit = 1 << r.slot;
+                row.pending &= !bit;
+                row.foreign &= !bit;
+                row.ours |= bit;
+                if let Some(times) = inheritable {
+                    let (start, end) = times[i];
+                    row.absent_before[r.slot as usize] = start;
+                    row.certain_from[r.slot as usize] = end.saturating_add(INHERIT_MARGIN_NS);
+                }
+            }
+        }
+    }
+
+    /// Drops reservations.
+    pub fn rollback(&self, res: &[Reservation]) {
+        for r in res {
+            let _t = self.timed();
+            if let Some(mut row) = self.threads.get_mut(&r.tid) {
+                let bit = 1 << r.slot;
+                if row.pending & bit != 0 {
+                    row.pending &= !bit;
+                    row.inheritable &= !bit;
+                    row.holder[r.slot as usize] = 0;
+                }
+            }
+        }
+    }
+
+    /// The kernel said ENOSPC for `r`: its slot is held by someone else.
+    pub fn mark_foreign(&self, r: Reservation) {
+        let _t = self.timed();
+        if let Some(mut row) = self.threads.get_mut(&r.tid) {
+            let bit = 1 << r.slot;
+            row.pending &= !bit;
+            row.inheritable &= !bit;
+            row.foreign |= bit;
+            row.holder[r.slot as usize] = 0;
+        }
+    }
+
+    /// Records what a kernel probe found: `free` slots really free on `tid`.
+    /// Slots beyond ours and pending that the kernel refused become foreign.
+    pub fn set_probed(&self, tid: Tid, free: usize) {
+        let _t = self.timed();
+        if let Some(mut row) = self.threads.get_mut(&tid) {
+            let busy = row.ours | row.pending | row.uncertain;
+            let unowned: Vec<u8> = (0..SLOTS as u8).filter(|s| busy & (1 << s) == 0).collect();
+            let foreign_n = unowned.len().saturating_sub(free);
+            row.foreign = 0;
+            // Foreign slots are counted, not located: mark the highest ones.
+            for s in unowned.iter().rev().take(foreign_n) {
+                row.foreign |= 1 << s;
+            }
+        }
+    }
+
+    /// Resolves an uncertain inheritance of `id` on `tid`.
+    pub fn resolve_uncertain(&self, tid: Tid, id: WatchId, inherited: bool, time: u64) {
+        let _t = self.timed();
+        if let Some(mut row) = self.threads.get_mut(&tid) {
+            for s in 0..SLOTS {
+                let bit = 1 << s;
+                if row.uncertain & bit != 0 && row.holder[s] == id.0 {
+                    row.uncertain &= !bit;
+                    if inherited {
+                        row.ours |= bit;
+                        row.inheritable |= bit;
+                        row.certain_from[s] = time;
+                        row.absent_before[s] = time;
+                    } else {
+                        row.holder[s] = 0;
+                        row.inheritable &= !bit;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Frees the slot of `id` on `tid` (watchpoint removed).
+    pub fn release(&self, tid: Tid, id: WatchId) {
+        let _t = self.timed();
+        if let Some(mut row) = self.threads.get_mut(&tid) {
+            for s in 0..SLOTS {
+                let bit = 1 << s;
+                if (row.ours | row.pending | row.uncertain) & bit != 0 && row.holder[s] == id.0 {
+                    row.ours &= !bit;
+                    row.pending &= !bit;
+                    row.uncertain &= !bit;
+                    row.inheritable &= !bit;
+                    row.holder[s] = 0;
+                }
+            }
+        }
+    }
+
+    /// Threads of `pid` on which `id` is committed.
+    pub fn armed_count(&self, pid: Pid, id: WatchId) -> usize {
+        self.tids(pid)
+            .into_iter()
+            .filter(|&t| self.get(t).is_some_and(|r| r.ours & mask_of(&r, id) != 0))
+            .count()
+    }
+}
+
+fn mask_of(r: &ThreadSlots, id: WatchId) -> u8 {
+    (0..SLOTS)
+        .filter(|&s| r.holder[s] == id.0)
+        .fold(0, |m, s| m | (1 << s))
+}
+
+/// How long after a breakpoint's perf_event_open returned a new thread's
+/// FORK record may still belong to a clone that had already passed the
+/// inheritance step (the tail of `copy_process`). Inside the window the
+/// daemon asks the kernel instead of guessing.
+pub const INHERIT_MARGIN_NS: u64 = 20_000_000;
+
+/// Classifies a fork at `time` against a breakpoint opened on the creator
+/// during `[absent_before, certain_from - margin]`.
+pub fn classify(time: u64, absent_before: u64, certain_from: u64) -> Inheritance {
+    if time < absent_before {
+        Inheritance::Missing
+    } else if time >= certain_from {
+        Inheritance::Inherited
+    } else {
+        Inheritance::Unknown
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger_with(pid: Pid, tids: &[Tid]) -> Ledger {
+        let l = Ledger::new();
+        for &t in tids {
+            assert!(l.add_thread(pid, t));
+        }
+        l
+    }
+
+    #[test]
+    fn four_slots_then_conflict_naming_holders() {
+        let l = ledger_with(1, &[1, 2]);
+        for id in 1..=4 {
+            let r = l.reserve_all(&[1, 2], WatchId(id), false).unwrap();
+            l.commit(&r, None);
+        }
+        let err = l.reserve_all(&[1, 2], WatchId(5), false).unwrap_err();
+        assert_eq!(err.len(), 2);
+        assert_eq!(err[0].tid, 1);
+        assert_eq!(
+            err[0].holders,
+            (1..=4)
+                .map(|i| Holder::Ours(WatchId(i)))
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn all_or_nothing_rolls_back() {
+        let l = ledger_with(1, &[1, 2]);
+        for id in 1..=4 {
+            let r = l.reserve_all(&[2], WatchId(id), false).unwrap();
+            l.commit(&r, None);
+        }
+        let before = l.get(1).unwrap();
+        assert!(l.reserve_all(&[1, 2], WatchId(9), false).is_err());
+        assert_eq!(l.get(1).unwrap(), before, "thread 1 must be unchanged");
+    }
+
+    #[test]
+    fn foreign_slot_is_skipped_then_retried_when_nothing_else() {
+        let l = ledger_with(1, &[1]);
+        let r = l.reserve_all(&[1], WatchId(1), false).unwrap();
+        l.mark_foreign(r[0]);
+        assert_eq!(l.get(1).unwrap().foreign, 1);
+        let r2 = l.reserve_all(&[1], WatchId(2), false).unwrap();
+        assert_eq!(r2[0].slot, 1, "free slots come before foreign ones");
+        l.commit(&r2, None);
+        for id in 3..=4 {
+            let r = l.reserve_all(&[1], WatchId(id), false).unwrap();
+            l.commit(&r, None);
+        }
+        // Only the foreign slot is left: the kernel gets to decide.
+        let r5 = l.reserve_all(&[1], WatchId(5), false).unwrap();
+        assert_eq!(r5[0].slot, 0);
+    }
+
+    #[test]
+    fn release_and_exit_free_everything() {
+        let l = ledger_with(7, &[7, 8]);
+        let r = l.reserve_all(&[7, 8], WatchId(1), false).unwrap();
+        l.commit(&r, None);
+        assert_eq!(l.armed_count(7, WatchId(1)), 2);
+        l.release(7, WatchId(1));
+        assert_eq!(l.get(7).unwrap().ours, 0);
+        l.remove_thread(8);
+        assert_eq!(l.tids(7), vec![7]);
+        assert_eq!(l.remove_process(7), 1);
+        assert_eq!(l.total_threads(), 0);
+    }
+
+    #[test]
+    fn fork_inherits_by_time() {
+        let l = ledger_with(1, &[1]);
+        let r = l.reserve_all(&[1], WatchId(3), true).unwrap();
+        l.commit(&r, Some(&[(1_000, 2_000)]));
+        let before = l.on_fork(1, 1, 10, 500).unwrap();
+        assert_eq!((before.ours, before.uncertain), (0, 0));
+        let during = l.on_fork(1, 1, 11, 1_500).unwrap();
+        assert_eq!((during.ours, during.uncertain), (0, 1));
+        let after = l.on_fork(1, 1, 12, 2_000 + INHERIT_MARGIN_NS).unwrap();
+        assert_eq!((after.ours, after.inheritable), (1, 1));
+        // A grandchild of an inheriting thread inherits whenever it is born.
+        let g = l.on_fork(1, 12, 13, 2_000 + INHERIT_MARGIN_NS + 1).unwrap();
+        assert_eq!(g.ours, 1);
+        assert!(
+            l.on_fork(1, 1, 12, 0).is_none(),
+            "duplicate fork is ignored"
+        );
+    }
+
+    #[test]
+    fn probe_marks_foreign() {
+        let l = ledger_with(1, &[1]);
+        let r = l.reserve_all(&[1], WatchId(1), false).unwrap();
+        l.commit(&r, None);
+        l.set_probed(1, 2);
+        let row = l.get(1).unwrap();
+        assert_eq!(row.ours, 0b0001);
+        assert_eq!(row.foreign, 0b1000);
+    }
+
+    #[test]
+    fn hold_histogram_reports() {
+        let l = ledger_with(1, &[1, 2, 3]);
+        let _ = l.tids(1);
+        let (p50, p99, max) = l.hold_summary();
+        assert!(p50 > 0 && p99 >= p50 && max > 0);
+    }
+}

@@ -1,0 +1,13 @@
+//! wpd: a hardware-watchpoint daemon. All logic lives in this library;
+//! `main.rs` only parses flags and calls [`server::run`].
+
+pub mod arch;
+pub mod backend;
+pub mod core;
+pub mod error;
+pub mod events;
+pub mod ledger;
+pub mod model;
+pub mod procfs;
+pub mod rpc;
+pub mod server;

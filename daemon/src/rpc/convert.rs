@@ -1,0 +1,295 @@
+//! Wire ⇄ domain conversions. Validation happens here, once: a domain value
+//! that exists is valid.
+
+use wpd_proto::v1 as pb;
+
+use crate::arch::{self, SpecError};
+use crate::core::{ProcessView, SlotView, ThreadView, WatchView};
+use crate::error::WpdError;
+use crate::events::{Event, EventKind};
+use crate::model::{Access, BackendKind, Pid, Scope, WatchLen, WatchSpec};
+
+/// A pid from the wire: must be positive.
+pub fn pid(p: i32) -> Result<Pid, WpdError> {
+    if p <= 0 {
+        return Err(WpdError::InvalidArgument(format!(
+            "pid must be a positive process id, got {p}"
+        )));
+    }
+    Ok(p)
+}
+
+/// A backend from the wire (`None` = daemon default).
+pub fn backend(b: i32) -> Result<Option<BackendKind>, WpdError> {
+    match pb::Backend::try_from(b) {
+        Ok(pb::Backend::Unspecified) => Ok(None),
+        Ok(pb::Backend::Perf) => Ok(Some(BackendKind::Perf)),
+        Ok(pb::Backend::Ptrace) => Ok(Some(BackendKind::Ptrace)),
+        Err(_) => Err(WpdError::InvalidArgument(format!(
+            "unknown backend value {b}"
+        ))),
+    }
+}
+
+/// Domain backend → wire.
+pub fn backend_to_pb(b: BackendKind) -> pb::Backend {
+    match b {
+        BackendKind::Perf => pb::Backend::Perf,
+        BackendKind::Ptrace => pb::Backend::Ptrace,
+    }
+}
+
+/// Domain access → wire.
+pub fn access_to_pb(a: Access) -> pb::Access {
+    match a {
+        Access::Write => pb::Access::Write,
+        Access::ReadWrite => pb::Access::ReadWrite,
+        Access::Exec => pb::Access::Exec,
+    }
+}
+
+impl TryFrom<pb::WatchpointSpec> for WatchSpec {
+    type Error = WpdError;
+
+    fn try_from(s: pb::WatchpointSpec) -> Result<Self, WpdError> {
+        let pid = pid(s.pid)?;
+        let access = match pb::Access::try_from(s.access) {
+            Ok(pb::Access::Write) => Access::Write,
+            Ok(pb::Access::ReadWrite) => Access::ReadWrite,
+            Ok(pb::Access::Exec) => Access::Exec,
+            Ok(pb::Access::Read) => return Err(SpecError::NoReadOnly(arch::current::ARCH).into()),
+            Ok(pb::Access::Unspecified) => return Err(SpecError::NoAccess.into()),
+            Err(_) => {
+                return Err(WpdError::InvalidArgument(format!(
+                    "unknown access value {}",
+                    s.access
+                )));
+            }
+        };
+        let len: WatchLen = arch::validate(s.address, s.length, access)?;
+        let scope = if s.tids.is_empty() {
+            Scope::Process
+        } else {
+            let mut t = s.tids.clone();
+            if let Some(bad) = t.iter().find(|&&t| t <= 0) {
+                return Err(WpdError::InvalidArgument(format!(
+                    "tid must be positive, got {bad}"
+                )));
+            }
+            t.sort_unstable();
+            t.dedup();
+            Scope::Threads(t)
+        };
+        Ok(WatchSpec {
+            pid,
+            scope,
+            addr: s.address,
+            len,
+            access,
+            backend: backend(s.backend)?,
+        })
+    }
+}
+
+/// Domain spec → wire.
+pub fn spec_to_pb(s: &WatchSpec) -> pb::WatchpointSpec {
+    pb::WatchpointSpec {
+        pid: s.pid,
+        tids: match &s.scope {
+            Scope::Process => vec![],
+            Scope::Threads(t) => t.clone(),
+        },
+        address: s.addr,
+        length: s.len.bytes(),
+        access: access_to_pb(s.access) as i32,
+        backend: s.backend.map(|b| backend_to_pb(b) as i32).unwrap_or(0),
+    }
+}
+
+impl From<&WatchView> for pb::Watchpoint {
+    fn from(w: &WatchView) -> Self {
+        pb::Watchpoint {
+            id: w.id.0,
+            spec: Some(spec_to_pb(&w.spec)),
+            process_wide: w.process_wide,
+            armed_threads: w.armed_threads,
+            hits: w.hits,
+            created_at_ns: w.created_at_ns,
+            backend: backend_to_pb(w.backend) as i32,
+        }
+    }
+}
+
+impl From<&ProcessView> for pb::ProcessInfo {
+    fn from(p: &ProcessView) -> Self {
+        pb::ProcessInfo {
+            pid: p.pid,
+            backend: backend_to_pb(p.backend) as i32,
+            threads: p.threads,
+            watchpoints: p.watchpoints,
+            comm: p.comm.clone(),
+            attached_at_ns: p.attached_at_ns,
+        }
+    }
+}
+
+impl From<&ThreadView> for pb::ThreadInfo {
+    fn from(t: &ThreadView) -> Self {
+        pb::ThreadInfo {
+            tid: t.tid,
+            slots: t
+                .slots
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let (state, id) = match s {
+                        SlotView::Free => (pb::SlotState::Free, 0),
+                        SlotView::Ours(id) => (pb::SlotState::Ours, id.0),
+                        SlotView::Foreign => (pb::SlotState::Foreign, 0),
+                        SlotView::Pending(id) => (pb::SlotState::Pending, id.0),
+                    };
+                    pb::SlotInfo {
+                        index: i as u32,
+                        state: state as i32,
+                        watchpoint_id: id,
+                    }
+                })
+                .collect(),
+            state: pb::ThreadState::Running as i32,
+            parent_tid: t.parent,
+            name: t.name.clone(),
+        }
+    }
+}
+
+/// Domain event → wire.
+pub fn event_to_pb(e: &Event) -> pb::StreamEventsResponse {
+    use pb::stream_events_response::Event as E;
+    let event = match &e.kind {
+        EventKind::Hit(h) => E::Hit(pb::Hit {
+            watchpoint_id: h.id.0,
+            pid: h.pid,
+            tid: h.tid,
+            ip: h.ip,
+            address: h.addr,
+            length: h.len,
+            access: access_to_pb(h.access) as i32,
+            value: h.value.as_ref().map(|v| v.clone()).unwrap_or_default(),
+            value_error: h.value.as_ref().err().cloned().unwrap_or_default(),
+            time_ns: h.time_ns,
+            value_read_at_ns: h.value_read_ns,
+            cpu: h.cpu,
+        }),
+        EventKind::ThreadStarted {
+            pid,
+            tid,
+            parent,
+            watchpoints,
+        } => E::ThreadStarted(pb::ThreadStarted {
+            pid: *pid,
+            tid: *tid,
+            parent_tid: *parent,
+            watchpoint_ids: watchpoints.iter().map(|w| w.0).collect(),
+        }),
+        EventKind::ThreadExited { pid, tid } => E::ThreadExited(pb::ThreadExited {
+            pid: *pid,
+            tid: *tid,
+        }),
+        EventKind::ProcessExited { pid, watchpoints } => E::ProcessExited(pb::ProcessExited {
+            pid: *pid,
+            watchpoint_ids: watchpoints.iter().map(|w| w.0).collect(),
+        }),
+        EventKind::WatchpointRemoved { id, pid, reason } => {
+            E::WatchpointRemoved(pb::WatchpointRemoved {
+                watchpoint_id: id.0,
+                pid: *pid,
+                reason: reason.to_string(),
+            })
+        }
+    };
+    pb::StreamEventsResponse {
+        seq: e.seq,
+        time_ns: e.time_ns,
+        event: Some(event),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(addr: u64, len: u32, access: pb::Access) -> pb::WatchpointSpec {
+        pb::WatchpointSpec {
+            pid: 1,
+            tids: vec![],
+            address: addr,
+            length: len,
+            access: access as i32,
+            backend: 0,
+        }
+    }
+
+    fn check(s: pb::WatchpointSpec, want: Result<(), &str>) {
+        let got = WatchSpec::try_from(s.clone())
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        match (got, want) {
+            (Ok(()), Ok(())) => {}
+            (Err(e), Err(w)) => assert!(e.contains(w), "{s:?}: {e:?} lacks {w:?}"),
+            (g, w) => panic!("{s:?}: got {g:?}, want {w:?}"),
+        }
+    }
+
+    #[test]
+    fn spec_validation_table() {
+        check(spec(0x1000, 8, pb::Access::Write), Ok(()));
+        check(
+            spec(0x1000, 8, pb::Access::Read),
+            Err("cannot watch reads only"),
+        );
+        check(
+            spec(0x1000, 8, pb::Access::Unspecified),
+            Err("access kind is required"),
+        );
+        check(spec(0x1004, 8, pb::Access::Write), Err("not aligned"));
+        check(spec(0x1000, 2, pb::Access::Exec), Err("length 1"));
+        check(
+            pb::WatchpointSpec {
+                pid: 0,
+                ..spec(0x1000, 8, pb::Access::Write)
+            },
+            Err("pid must be"),
+        );
+        check(
+            pb::WatchpointSpec {
+                tids: vec![3, -1],
+                ..spec(0x1000, 8, pb::Access::Write)
+            },
+            Err("tid must be"),
+        );
+        check(
+            pb::WatchpointSpec {
+                access: 99,
+                ..spec(0x1000, 8, pb::Access::Write)
+            },
+            Err("unknown access"),
+        );
+        check(
+            pb::WatchpointSpec {
+                backend: 7,
+                ..spec(0x1000, 8, pb::Access::Write)
+            },
+            Err("unknown backend"),
+        );
+    }
+
+    #[test]
+    fn threads_are_sorted_and_deduplicated() {
+        let s = WatchSpec::try_from(pb::WatchpointSpec {
+            tids: vec![5, 3, 5],
+            ..spec(0x1000, 8, pb::Access::Write)
+        })
+        .unwrap();
+        assert_eq!(s.scope, Scope::Threads(vec![3, 5]));
+    }
+}

@@ -1,0 +1,265 @@
+//! The gRPC layer: the only module that knows tonic. Handlers validate
+//! (`convert`), run the core operation on the blocking pool (it makes
+//! syscalls), and map errors (`status`).
+//!
+//! Architecture Invariant: no ptrace/perf syscall runs on a tokio worker;
+//! no lock is held across `.await`.
+
+pub mod convert;
+pub mod status;
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::sync::broadcast::error::RecvError;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+use wpd_proto::v1 as pb;
+use wpd_proto::v1::watchpoints_server::Watchpoints;
+
+use crate::arch;
+use crate::core::Core;
+use crate::error::WpdError;
+use crate::events::EventKind;
+use crate::model::{BackendKind, WatchId, WatchSpec};
+
+/// The service.
+#[derive(Debug, Clone)]
+pub struct Service {
+    core: Arc<Core>,
+}
+
+impl Service {
+    /// A service over `core`.
+    pub fn new(core: Arc<Core>) -> Self {
+        Service { core }
+    }
+}
+
+/// Runs a blocking core call off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, WpdError> + Send + 'static,
+) -> Result<T, Status> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(|e| status::to_status(&e)),
+        Err(e) => Err(Status::internal(format!("request task failed: {e}"))),
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::StreamEventsResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Watchpoints for Service {
+    async fn get_capabilities(
+        &self,
+        _req: Request<pb::GetCapabilitiesRequest>,
+    ) -> Result<Response<pb::GetCapabilitiesResponse>, Status> {
+        let backends = self
+            .core
+            .backends()
+            .into_iter()
+            .map(|a| pb::BackendInfo {
+                backend: convert::backend_to_pb(a.kind) as i32,
+                usable: a.usable,
+                reason: a.reason,
+                is_default: a.kind == BackendKind::Perf,
+            })
+            .collect();
+        let kernel = nix::sys::utsname::uname()
+            .map(|u| u.release().to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Ok(Response::new(pb::GetCapabilitiesResponse {
+            arch: arch::current::ARCH.into(),
+            slots_per_thread: arch::current::SLOTS as u32,
+            lengths: arch::current::LENGTHS.to_vec(),
+            access_kinds: vec![
+                pb::Access::Write as i32,
+                pb::Access::ReadWrite as i32,
+                pb::Access::Exec as i32,
+            ],
+            max_user_address: arch::current::USER_ADDR_LIMIT,
+            backends,
+            version: env!("CARGO_PKG_VERSION").into(),
+            cpus: self.core.cpus() as u32,
+            kernel,
+        }))
+    }
+
+    async fn attach(
+        &self,
+        req: Request<pb::AttachRequest>,
+    ) -> Result<Response<pb::AttachResponse>, Status> {
+        let r = req.into_inner();
+        let pid = convert::pid(r.pid).map_err(|e| status::to_status(&e))?;
+        let backend = convert::backend(r.backend).map_err(|e| status::to_status(&e))?;
+        let core = self.core.clone();
+        let (view, newly) = blocking(move || {
+            let (_, newly) = core.attach(pid, backend)?;
+            core.process_view(pid)
+                .map(|v| (v, newly))
+                .ok_or(WpdError::ProcessExited(pid))
+        })
+        .await?;
+        Ok(Response::new(pb::AttachResponse {
+            process: Some((&view).into()),
+            newly_attached: newly,
+        }))
+    }
+
+    async fn detach(
+        &self,
+        req: Request<pb::DetachRequest>,
+    ) -> Result<Response<pb::DetachResponse>, Status> {
+        let pid = convert::pid(req.into_inner().pid).map_err(|e| status::to_status(&e))?;
+        let core = self.core.clone();
+        let (w, t) = blocking(move || core.detach(pid)).await?;
+        Ok(Response::new(pb::DetachResponse {
+            watchpoints_removed: w as u32,
+            threads_released: t as u32,
+        }))
+    }
+
+    async fn set_watchpoint(
+        &self,
+        req: Request<pb::SetWatchpointRequest>,
+    ) -> Result<Response<pb::SetWatchpointResponse>, Status> {
+        let spec = req.into_inner().spec.ok_or_else(|| {
+            status::to_status(&WpdError::InvalidArgument("spec is required".into()))
+        })?;
+        let spec = WatchSpec::try_from(spec).map_err(|e| status::to_status(&e))?;
+        let core = self.core.clone();
+        let (view, took) = blocking(move || core.set_watchpoint(spec)).await?;
+        tracing::info!(
+            id = view.id.0,
+            pid = view.spec.pid,
+            armed = view.armed_threads,
+            ?took,
+            "watchpoint set"
+        );
+        Ok(Response::new(pb::SetWatchpointResponse {
+            watchpoint: Some((&view).into()),
+            arm_duration_ns: took.as_nanos() as u64,
+        }))
+    }
+
+    async fn remove_watchpoint(
+        &self,
+        req: Request<pb::RemoveWatchpointRequest>,
+    ) -> Result<Response<pb::RemoveWatchpointResponse>, Status> {
+        let id = req.into_inner().id;
+        let core = self.core.clone();
+        let view = blocking(move || core.remove_watchpoint(id)).await?;
+        Ok(Response::new(pb::RemoveWatchpointResponse {
+            watchpoint: Some((&view).into()),
+        }))
+    }
+
+    async fn list_watchpoints(
+        &self,
+        req: Request<pb::ListWatchpointsRequest>,
+    ) -> Result<Response<pb::ListWatchpointsResponse>, Status> {
+        let pid = req.into_inner().pid;
+        if pid < 0 {
+            return Err(status::to_status(&WpdError::InvalidArgument(format!(
+                "pid must be 0 (all) or positive, got {pid}"
+            ))));
+        }
+        let (ws, ps) = self.core.list((pid > 0).then_some(pid));
+        Ok(Response::new(pb::ListWatchpointsResponse {
+            watchpoints: ws.iter().map(Into::into).collect(),
+            processes: ps.iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn list_threads(
+        &self,
+        req: Request<pb::ListThreadsRequest>,
+    ) -> Result<Response<pb::ListThreadsResponse>, Status> {
+        let r = req.into_inner();
+        let pid = convert::pid(r.pid).map_err(|e| status::to_status(&e))?;
+        let core = self.core.clone();
+        let threads = blocking(move || core.threads(pid, &r.tids, r.probe)).await?;
+        Ok(Response::new(pb::ListThreadsResponse {
+            pid,
+            threads: threads.iter().map(Into::into).collect(),
+            slots_per_thread: arch::current::SLOTS as u32,
+        }))
+    }
+
+    type StreamEventsStream = EventStream;
+
+    async fn stream_events(
+        &self,
+        req: Request<pb::StreamEventsRequest>,
+    ) -> Result<Response<Self::StreamEventsStream>, Status> {
+        let r = req.into_inner();
+        if r.pid < 0 {
+            return Err(status::to_status(&WpdError::InvalidArgument(format!(
+                "pid must be 0 (all) or positive, got {}",
+                r.pid
+            ))));
+        }
+        let mut rx = self.core.bus.subscribe();
+        let core = self.core.clone();
+        let ids: Vec<WatchId> = r.watchpoint_ids.iter().map(|&i| WatchId(i)).collect();
+        let (tx, out) = tokio::sync::mpsc::channel::<Result<pb::StreamEventsResponse, Status>>(256);
+        tokio::spawn(async move {
+            loop {
+                let item = match rx.recv().await {
+                    Ok(ev) => {
+                        if r.pid != 0 && ev.kind.pid() != r.pid {
+                            continue;
+                        }
+                        match &ev.kind {
+                            EventKind::Hit(h) if !ids.is_empty() && !ids.contains(&h.id) => {
+                                continue;
+                            }
+                            EventKind::Hit(_) => {}
+                            _ if r.hits_only => continue,
+                            _ => {}
+                        }
+                        convert::event_to_pb(&ev)
+                    }
+                    Err(RecvError::Lagged(n)) => {
+                        core.bus.note_dropped(n);
+                        pb::StreamEventsResponse {
+                            seq: 0,
+                            time_ns: crate::backend::perf::realtime_ns(),
+                            event: Some(pb::stream_events_response::Event::Dropped(
+                                pb::EventsDropped { count: n },
+                            )),
+                        }
+                    }
+                    Err(RecvError::Closed) => break,
+                };
+                if tx.send(Ok(item)).await.is_err() {
+                    break; // client went away
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(out),
+        )))
+    }
+
+    async fn get_stats(
+        &self,
+        _req: Request<pb::GetStatsRequest>,
+    ) -> Result<Response<pb::GetStatsResponse>, Status> {
+        let s = self.core.stats();
+        Ok(Response::new(pb::GetStatsResponse {
+            processes: s.processes,
+            threads: s.threads,
+            watchpoints: s.watchpoints,
+            hits: s.hits,
+            kernel_lost: s.kernel_lost,
+            perf_fds: s.perf_fds,
+            subscribers: s.subscribers,
+            subscriber_dropped: s.subscriber_dropped,
+            ledger_hold_p50_ns: s.ledger_hold.0,
+            ledger_hold_p99_ns: s.ledger_hold.1,
+            ledger_hold_max_ns: s.ledger_hold.2,
+            uptime_s: s.uptime.as_secs(),
+        }))
+    }
+}

@@ -1,0 +1,186 @@
+//! The one mapping from domain errors to gRPC statuses.
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::error::{Holder, WpdError};
+
+/// Domain: the `ErrorInfo.domain` of every error detail.
+pub const DOMAIN: &str = "wpd.v1";
+
+/// Maps an error to its status: code, message, and an `ErrorInfo` detail
+/// with a machine-matchable reason.
+pub fn to_status(e: &WpdError) -> Status {
+    let (code, reason) = code_of(e);
+    let mut meta = std::collections::HashMap::new();
+    if let WpdError::OutOfSlots { pid, conflicts } = e {
+        meta.insert("pid".to_string(), pid.to_string());
+        meta.insert(
+            "tids".to_string(),
+            conflicts
+                .iter()
+                .map(|c| c.tid.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+        let foreign = conflicts
+            .iter()
+            .filter(|c| c.holders.contains(&Holder::Foreign))
+            .count();
+        meta.insert(
+            "threads_with_foreign_slots".to_string(),
+            foreign.to_string(),
+        );
+    }
+    let details = ErrorDetails::with_error_info(reason, DOMAIN, meta);
+    Status::with_error_details(code, e.to_string(), details)
+}
+
+/// Code and reason for each error; exhaustive on purpose.
+pub fn code_of(e: &WpdError) -> (Code, &'static str) {
+    match e {
+        WpdError::Spec(_) => (Code::InvalidArgument, "BAD_SPEC"),
+        WpdError::InvalidArgument(_) => (Code::InvalidArgument, "INVALID_ARGUMENT"),
+        WpdError::NoSuchProcess(_) => (Code::NotFound, "NO_SUCH_PROCESS"),
+        WpdError::NotAttached(_) => (Code::NotFound, "NOT_ATTACHED"),
+        WpdError::NoSuchThread { .. } => (Code::NotFound, "NO_SUCH_THREAD"),
+        WpdError::NoSuchWatchpoint(_) => (Code::NotFound, "NO_SUCH_WATCHPOINT"),
+        WpdError::OutOfSlots { .. } => (Code::ResourceExhausted, "OUT_OF_SLOTS"),
+        WpdError::PermissionDenied { .. } => (Code::PermissionDenied, "PERMISSION_DENIED"),
+        WpdError::BackendUnavailable { .. } => (Code::FailedPrecondition, "BACKEND_UNAVAILABLE"),
+        WpdError::BackendMismatch { .. } => (Code::FailedPrecondition, "BACKEND_MISMATCH"),
+        WpdError::ProcessExited(_) => (Code::NotFound, "PROCESS_EXITED"),
+        WpdError::Kernel { .. } => (Code::Internal, "KERNEL_ERROR"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::SpecError;
+    use crate::error::SlotConflict;
+    use crate::model::{BackendKind, WatchId};
+
+    fn check(e: WpdError, code: Code, reason: &str, msg: &str) {
+        let s = to_status(&e);
+        assert_eq!(s.code(), code, "{e:?}");
+        assert!(s.message().contains(msg), "{:?} lacks {msg:?}", s.message());
+        assert_eq!(s.get_details_error_info().unwrap().reason, reason);
+    }
+
+    #[test]
+    fn every_error_maps() {
+        check(
+            WpdError::Spec(SpecError::BadLength(3)),
+            Code::InvalidArgument,
+            "BAD_SPEC",
+            "length 3",
+        );
+        check(
+            WpdError::Spec(SpecError::NoReadOnly("x86_64")),
+            Code::InvalidArgument,
+            "BAD_SPEC",
+            "reads only",
+        );
+        check(
+            WpdError::InvalidArgument("x".into()),
+            Code::InvalidArgument,
+            "INVALID_ARGUMENT",
+            "x",
+        );
+        check(
+            WpdError::NoSuchProcess(5),
+            Code::NotFound,
+            "NO_SUCH_PROCESS",
+            "pid 5",
+        );
+        check(
+            WpdError::NotAttached(5),
+            Code::NotFound,
+            "NOT_ATTACHED",
+            "not attached",
+        );
+        check(
+            WpdError::NoSuchThread { pid: 1, tid: 2 },
+            Code::NotFound,
+            "NO_SUCH_THREAD",
+            "thread 2 is not a thread of process 1",
+        );
+        check(
+            WpdError::NoSuchWatchpoint(9),
+            Code::NotFound,
+            "NO_SUCH_WATCHPOINT",
+            "id 9",
+        );
+        check(
+            WpdError::OutOfSlots {
+                pid: 1,
+                conflicts: vec![SlotConflict {
+                    tid: 7,
+                    holders: vec![Holder::Ours(WatchId(3)), Holder::Foreign],
+                }],
+            },
+            Code::ResourceExhausted,
+            "OUT_OF_SLOTS",
+            "tid 7 [watchpoints #3, 1 held by another owner",
+        );
+        check(
+            WpdError::PermissionDenied {
+                pid: 1,
+                detail: "no".into(),
+            },
+            Code::PermissionDenied,
+            "PERMISSION_DENIED",
+            "no",
+        );
+        check(
+            WpdError::BackendUnavailable {
+                backend: BackendKind::Ptrace,
+                reason: "r".into(),
+            },
+            Code::FailedPrecondition,
+            "BACKEND_UNAVAILABLE",
+            "ptrace",
+        );
+        check(
+            WpdError::BackendMismatch {
+                pid: 1,
+                attached: BackendKind::Perf,
+                asked: BackendKind::Ptrace,
+            },
+            Code::FailedPrecondition,
+            "BACKEND_MISMATCH",
+            "detach first",
+        );
+        check(
+            WpdError::ProcessExited(3),
+            Code::NotFound,
+            "PROCESS_EXITED",
+            "exited",
+        );
+        check(
+            WpdError::kernel("open", nix::errno::Errno::EIO),
+            Code::Internal,
+            "KERNEL_ERROR",
+            "open failed",
+        );
+    }
+
+    #[test]
+    fn out_of_slots_names_tids_in_metadata() {
+        let s = to_status(&WpdError::OutOfSlots {
+            pid: 4,
+            conflicts: vec![
+                SlotConflict {
+                    tid: 4,
+                    holders: vec![],
+                },
+                SlotConflict {
+                    tid: 5,
+                    holders: vec![],
+                },
+            ],
+        });
+        assert_eq!(s.get_details_error_info().unwrap().metadata["tids"], "4,5");
+    }
+}

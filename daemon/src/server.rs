@@ -1,0 +1,171 @@
+//! Serving: listeners (Unix socket by default, loopback TCP on request),
+//! health and reflection services, graceful shutdown on SIGTERM/SIGINT.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::transport::Server;
+use wpd_proto::v1::watchpoints_server::WatchpointsServer;
+
+use crate::core::Core;
+use crate::rpc::Service;
+
+/// Where to listen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    /// A Unix domain socket path.
+    Unix(PathBuf),
+    /// A TCP address (loopback only until TLS and tokens exist).
+    Tcp(SocketAddr),
+}
+
+impl std::str::FromStr for Listen {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(p) = s.strip_prefix("unix:") {
+            if p.is_empty() {
+                return Err("unix: needs a path, e.g. unix:/run/wpd/wpd.sock".into());
+            }
+            Ok(Listen::Unix(p.into()))
+        } else if let Some(a) = s.strip_prefix("tcp://") {
+            let addr: SocketAddr = a
+                .parse()
+                .map_err(|e| format!("bad tcp address {a:?}: {e}"))?;
+            if !addr.ip().is_loopback() {
+                return Err(format!(
+                    "refusing to listen on {addr}: only loopback addresses are allowed until TLS and token authentication are configured"
+                ));
+            }
+            Ok(Listen::Tcp(addr))
+        } else if s.starts_with('/') {
+            Ok(Listen::Unix(s.into()))
+        } else {
+            Err(format!(
+                "listen address {s:?} must be unix:PATH or tcp://127.0.0.1:PORT"
+            ))
+        }
+    }
+}
+
+/// Mode of the Unix socket: owner (root) only, until per-caller
+/// authorization exists.
+pub const SOCKET_MODE: u32 = 0o600;
+
+fn raise_fd_limit() {
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(1 << 20);
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        // Root may raise the hard limit; everyone may raise soft to hard.
+        if setrlimit(Resource::RLIMIT_NOFILE, nr_open, nr_open).is_err() && soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
+    }
+}
+
+fn prepare_socket(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
+    if let Some(dir) = path.parent()
+        && !dir.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            bail!("another daemon is already listening on {}", path.display());
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing stale socket {}", path.display()))?;
+    }
+    let l = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))?;
+    Ok(l)
+}
+
+/// Runs the daemon until SIGTERM/SIGINT, then detaches from every process.
+pub async fn run(listen: Listen) -> anyhow::Result<()> {
+    raise_fd_limit();
+    let core = Core::start();
+    let (health, health_svc) = tonic_health::server::health_reporter();
+    health.set_serving::<WatchpointsServer<Service>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(wpd_proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building reflection service")?;
+    let svc = WatchpointsServer::new(Service::new(core.clone()))
+        .max_decoding_message_size(16 << 20)
+        .max_encoding_message_size(64 << 20);
+    let router = Server::builder()
+        .add_service(health_svc)
+        .add_service(reflection)
+        .add_service(svc);
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        }
+    };
+    let result = match &listen {
+        Listen::Unix(path) => {
+            let l = prepare_socket(path)?;
+            eprintln!("wpd: listening on unix:{}", path.display());
+            let r = router
+                .serve_with_incoming_shutdown(UnixListenerStream::new(l), shutdown)
+                .await;
+            let _ = std::fs::remove_file(path);
+            r
+        }
+        Listen::Tcp(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr}"))?;
+            eprintln!("wpd: listening on tcp://{}", l.local_addr()?);
+            router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(l), shutdown)
+                .await
+        }
+    };
+    let c: Arc<Core> = core.clone();
+    tokio::task::spawn_blocking(move || c.shutdown()).await?;
+    eprintln!("wpd: stopped; every target was detached");
+    result.context("serving")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_parsing() {
+        assert_eq!(
+            "unix:/tmp/x.sock".parse::<Listen>(),
+            Ok(Listen::Unix("/tmp/x.sock".into()))
+        );
+        assert_eq!(
+            "/tmp/y".parse::<Listen>(),
+            Ok(Listen::Unix("/tmp/y".into()))
+        );
+        assert!(matches!(
+            "tcp://127.0.0.1:5000".parse::<Listen>(),
+            Ok(Listen::Tcp(_))
+        ));
+        assert!(
+            "tcp://0.0.0.0:5000"
+                .parse::<Listen>()
+                .unwrap_err()
+                .contains("only loopback")
+        );
+        assert!("tcp://nonsense".parse::<Listen>().is_err());
+        assert!("unix:".parse::<Listen>().is_err());
+        assert!("foo".parse::<Listen>().is_err());
+    }
+}
