@@ -97,7 +97,7 @@ pub fn validate(addr: u64, len: u32, access: Access) -> Result<WatchLen, SpecErr
             why: "user addresses end at 0x7ffffffff000",
         });
     }
-    if addr % u64::from(len) != 0 {
+    if !addr.is_multiple_of(u64::from(len)) {
         return Err(SpecError::Misaligned { addr, len });
     }
     Ok(wl)

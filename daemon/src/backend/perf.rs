@@ -78,6 +78,13 @@ pub enum Record {
         /// CLOCK_MONOTONIC nanoseconds.
         time: u64,
     },
+    /// A process called exec (its breakpoints are gone: `remove_on_exec`).
+    Exec {
+        /// Process.
+        pid: i32,
+        /// Thread that called exec (now the leader).
+        tid: i32,
+    },
     /// The kernel dropped records: ring full.
     Lost {
         /// How many.
@@ -321,6 +328,8 @@ impl PerfBackend {
             a.type_ = b::PERF_TYPE_SOFTWARE;
             a.config = u64::from(b::PERF_COUNT_SW_DUMMY);
             a.set_task(1);
+            a.set_comm(1);
+            a.set_comm_exec(1);
             a.set_inherit(1);
             a.set_inherit_thread(1);
             fds.push(open(&mut a, tid, cpu as i32, "perf_event_open(tracker)")?);
@@ -449,6 +458,7 @@ fn drain_ring(ring: &Ring, scratch: &mut Vec<u8>, sink: &mut dyn FnMut(Record)) 
         let mut hdr = [0u8; 8];
         copy_wrapped(data, size, tail, &mut hdr);
         let ty = u32::from_ne_bytes(hdr[0..4].try_into().unwrap());
+        let misc = u16::from_ne_bytes(hdr[4..6].try_into().unwrap());
         let rsize = u64::from(u16::from_ne_bytes(hdr[6..8].try_into().unwrap()));
         if rsize < 8 || tail + rsize > head {
             break;
@@ -456,7 +466,7 @@ fn drain_ring(ring: &Ring, scratch: &mut Vec<u8>, sink: &mut dyn FnMut(Record)) 
         scratch.clear();
         scratch.resize(rsize as usize, 0);
         copy_wrapped(data, size, tail, scratch);
-        if let Some(r) = parse_record(ty, &scratch[8..]) {
+        if let Some(r) = parse_record(ty, misc, &scratch[8..]) {
             sink(r);
         }
         n += 1;
@@ -498,7 +508,7 @@ impl Cursor<'_> {
 }
 
 /// Decodes a record body (after the 8-byte header) for our `SAMPLE_TYPE`.
-pub fn parse_record(ty: u32, body: &[u8]) -> Option<Record> {
+pub fn parse_record(ty: u32, misc: u16, body: &[u8]) -> Option<Record> {
     let mut c = Cursor(body);
     match ty {
         b::PERF_RECORD_SAMPLE => {
@@ -537,6 +547,11 @@ pub fn parse_record(ty: u32, body: &[u8]) -> Option<Record> {
             } else {
                 Some(Record::Exit { pid, tid, time })
             }
+        }
+        b::PERF_RECORD_COMM if u32::from(misc) & b::PERF_RECORD_MISC_COMM_EXEC != 0 => {
+            let pid = c.u32()? as i32;
+            let tid = c.u32()? as i32;
+            Some(Record::Exec { pid, tid })
         }
         b::PERF_RECORD_LOST => {
             let _id = c.u64()?;
@@ -580,7 +595,7 @@ mod tests {
         let pidtid = (7u64 << 32) | 5; // pid 5, tid 7 (little-endian u32 pair)
         let body = bytes(&[42, 0x401000, pidtid, 1234, 0x5000, 1]);
         assert_eq!(
-            parse_record(b::PERF_RECORD_SAMPLE, &body),
+            parse_record(b::PERF_RECORD_SAMPLE, 0, &body),
             Some(Record::Sample {
                 id: 42,
                 ip: 0x401000,
@@ -597,7 +612,7 @@ mod tests {
     fn parses_fork_and_exit() {
         let body = bytes(&[(5u64 << 32) | 5, (5u64 << 32) | 9, 777]);
         assert_eq!(
-            parse_record(b::PERF_RECORD_FORK, &body),
+            parse_record(b::PERF_RECORD_FORK, 0, &body),
             Some(Record::Fork {
                 pid: 5,
                 ppid: 5,
@@ -607,10 +622,21 @@ mod tests {
             })
         );
         assert!(matches!(
-            parse_record(b::PERF_RECORD_EXIT, &body),
+            parse_record(b::PERF_RECORD_EXIT, 0, &body),
             Some(Record::Exit { tid: 9, .. })
         ));
-        assert_eq!(parse_record(b::PERF_RECORD_SAMPLE, &body[..8]), None);
+        assert_eq!(parse_record(b::PERF_RECORD_SAMPLE, 0, &body[..8]), None);
+    }
+
+    #[test]
+    fn comm_is_exec_only_with_the_exec_flag() {
+        let body = bytes(&[(5u64 << 32) | 5, u64::from_ne_bytes(*b"sh\0\0\0\0\0\0")]);
+        let exec = b::PERF_RECORD_MISC_COMM_EXEC as u16;
+        assert_eq!(
+            parse_record(b::PERF_RECORD_COMM, exec, &body),
+            Some(Record::Exec { pid: 5, tid: 5 })
+        );
+        assert_eq!(parse_record(b::PERF_RECORD_COMM, 0, &body), None);
     }
 
     #[test]

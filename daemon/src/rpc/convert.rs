@@ -174,7 +174,7 @@ pub fn event_to_pb(e: &Event) -> pb::StreamEventsResponse {
             address: h.addr,
             length: h.len,
             access: access_to_pb(h.access) as i32,
-            value: h.value.as_ref().map(|v| v.clone()).unwrap_or_default(),
+            value: h.value.clone().unwrap_or_default(),
             value_error: h.value.as_ref().err().cloned().unwrap_or_default(),
             time_ns: h.time_ns,
             value_read_at_ns: h.value_read_ns,

@@ -1,0 +1,136 @@
+//! `wpctl caps`: what the host and daemon support (GetCapabilities).
+
+use serde_json::json;
+use wpd_proto::v1::{GetCapabilitiesRequest, GetCapabilitiesResponse};
+
+use crate::cmd::Ctx;
+use crate::error::Error;
+use crate::output::{self, Table};
+
+/// Runs `wpctl caps`.
+pub async fn run(ctx: &Ctx) -> Result<(), Error> {
+    let caps = ctx
+        .unary(GetCapabilitiesRequest {}, |mut c, r| async move {
+            c.get_capabilities(r).await
+        })
+        .await?;
+    if ctx.json {
+        output::emit_json(&to_json(&caps))
+    } else {
+        output::emit(&to_text(&caps))
+    }
+}
+
+fn to_json(c: &GetCapabilitiesResponse) -> serde_json::Value {
+    json!({
+        "arch": c.arch,
+        "slots_per_thread": c.slots_per_thread,
+        "lengths": c.lengths,
+        "access_kinds": c.access_kinds.iter().map(|&a| output::access_name(a)).collect::<Vec<_>>(),
+        "max_user_address": output::hex(c.max_user_address),
+        "backends": c.backends.iter().map(|b| json!({
+            "backend": output::backend_name(b.backend),
+            "usable": b.usable,
+            "reason": b.reason,
+            "default": b.is_default,
+        })).collect::<Vec<_>>(),
+        "cpus": c.cpus,
+        "kernel": c.kernel,
+        "version": c.version,
+    })
+}
+
+fn to_text(c: &GetCapabilitiesResponse) -> String {
+    let join = |v: Vec<String>| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
+    let mut text = output::key_values(&[
+        ("arch", c.arch.clone()),
+        ("slots", format!("{} per thread", c.slots_per_thread)),
+        (
+            "lengths",
+            join(c.lengths.iter().map(u32::to_string).collect()),
+        ),
+        (
+            "access",
+            join(
+                c.access_kinds
+                    .iter()
+                    .map(|&a| output::access_name(a))
+                    .collect(),
+            ),
+        ),
+        ("max address", output::hex(c.max_user_address)),
+        ("cpus", c.cpus.to_string()),
+        ("kernel", c.kernel.clone()),
+        ("version", c.version.clone()),
+    ]);
+    text.push_str("\nbackends:\n");
+    let mut table = Table::new(["  BACKEND", "USABLE", "DEFAULT", "REASON"]);
+    for b in &c.backends {
+        table.row(vec![
+            format!("  {}", output::backend_name(b.backend)),
+            if b.usable { "yes" } else { "no" }.into(),
+            if b.is_default { "yes" } else { "" }.into(),
+            if b.reason.is_empty() {
+                "-".into()
+            } else {
+                b.reason.clone()
+            },
+        ]);
+    }
+    text.push_str(&table.render());
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wpd_proto::v1::{Access, Backend, BackendInfo};
+
+    #[test]
+    fn renders_text_and_json() {
+        let caps = GetCapabilitiesResponse {
+            arch: "x86_64".into(),
+            slots_per_thread: 4,
+            lengths: vec![1, 2, 4, 8],
+            access_kinds: vec![
+                Access::Write as i32,
+                Access::ReadWrite as i32,
+                Access::Exec as i32,
+            ],
+            max_user_address: 0x7fff_ffff_f000,
+            backends: vec![
+                BackendInfo {
+                    backend: Backend::Perf as i32,
+                    usable: true,
+                    reason: String::new(),
+                    is_default: true,
+                },
+                BackendInfo {
+                    backend: Backend::Ptrace as i32,
+                    usable: false,
+                    reason: "ptrace_scope is 3".into(),
+                    is_default: false,
+                },
+            ],
+            version: "0.1.0".into(),
+            cpus: 8,
+            kernel: "6.8.0".into(),
+        };
+        let text = to_text(&caps);
+        assert!(text.contains("slots:       4 per thread\n"), "{text}");
+        assert!(text.contains("access:      write, rw, exec\n"), "{text}");
+        assert!(text.contains("  ptrace   no      "), "{text}");
+        assert!(text.contains("ptrace_scope is 3"), "{text}");
+        let v = to_json(&caps);
+        assert_eq!(v["access_kinds"], json!(["write", "rw", "exec"]));
+        assert_eq!(v["max_user_address"], "0x7ffffffff000");
+        assert_eq!(v["backends"][0]["backend"], "perf");
+        assert_eq!(v["backends"][0]["default"], true);
+    }
+}

@@ -1,0 +1,246 @@
+//! `wpctl events`: follow hits and lifecycle events, one line (or JSON object) each (StreamEvents).
+
+use serde_json::{Value, json};
+use wpd_proto::v1::stream_events_response::Event;
+use wpd_proto::v1::{Hit, StreamEventsRequest, StreamEventsResponse};
+
+use crate::EventsArgs;
+use crate::cmd::Ctx;
+use crate::error::Error;
+use crate::output::{self, clock, hex, id_list};
+
+/// Runs `wpctl events`: prints until the server ends the stream (exit 0),
+/// `--count` events were printed (exit 0), or the stream fails.
+pub async fn run(ctx: &Ctx, args: &EventsArgs) -> Result<(), Error> {
+    let request = StreamEventsRequest {
+        pid: args.pid.unwrap_or(0),
+        watchpoint_ids: args.ids.clone(),
+        hits_only: args.hits_only,
+    };
+    let mut client = ctx.connect().await?;
+    let endpoint = &ctx.endpoint.text;
+    // Only opening the stream is bounded by --timeout; the stream itself is not.
+    let mut stream = match tokio::time::timeout(ctx.timeout, client.stream_events(request)).await {
+        Ok(Ok(response)) => response.into_inner(),
+        Ok(Err(status)) => return Err(Error::from_status(endpoint, status)),
+        Err(_) => {
+            return Err(Error::Timeout {
+                endpoint: endpoint.clone(),
+                secs: ctx.timeout.as_secs_f64(),
+            });
+        }
+    };
+    let mut printed = 0u64;
+    while args.count.is_none_or(|n| printed < n) {
+        let Some(ev) = stream
+            .message()
+            .await
+            .map_err(|status| Error::from_status(endpoint, status))?
+        else {
+            break;
+        };
+        if ctx.json {
+            output::emit_json_line(&to_json(&ev))?;
+        } else {
+            output::emit(&to_text(&ev))?;
+        }
+        printed += 1;
+    }
+    Ok(())
+}
+
+/// The value read at the hit: hex bytes in memory order and, for 1 to 8
+/// bytes, the little-endian unsigned integer: `value=2a00000000000000 le=42`.
+fn value_text(hit: &Hit) -> String {
+    if !hit.value_error.is_empty() {
+        return format!("value=? ({})", hit.value_error);
+    }
+    if hit.value.is_empty() {
+        return "value=?".into();
+    }
+    match output::le_value(&hit.value) {
+        Some(v) => format!("value={} le={v}", output::hex_bytes(&hit.value)),
+        None => format!("value={}", output::hex_bytes(&hit.value)),
+    }
+}
+
+/// One line per event, e.g.
+/// `13:04:05.123456Z hit wp=7 pid=123 tid=124 ip=0x55d0c09f1234 addr=0x55d0c0a01040 value=2a00000000000000 le=42`.
+fn to_text(ev: &StreamEventsResponse) -> String {
+    let t = clock(ev.time_ns);
+    match &ev.event {
+        Some(Event::Hit(h)) => format!(
+            "{} hit wp={} pid={} tid={} ip={} addr={} {}",
+            clock(if h.time_ns != 0 {
+                h.time_ns
+            } else {
+                ev.time_ns
+            }),
+            h.watchpoint_id,
+            h.pid,
+            h.tid,
+            hex(h.ip),
+            hex(h.address),
+            value_text(h)
+        ),
+        Some(Event::ThreadStarted(e)) => format!(
+            "{t} thread-start pid={} tid={} parent={} inherited={}",
+            e.pid,
+            e.tid,
+            e.parent_tid,
+            id_list(&e.watchpoint_ids)
+        ),
+        Some(Event::ThreadExited(e)) => format!("{t} thread-exit pid={} tid={}", e.pid, e.tid),
+        Some(Event::ProcessExited(e)) => format!(
+            "{t} process-exit pid={} removed={}",
+            e.pid,
+            id_list(&e.watchpoint_ids)
+        ),
+        Some(Event::WatchpointRemoved(e)) => {
+            let reason = if e.reason.is_empty() {
+                "removed"
+            } else {
+                &e.reason
+            };
+            format!(
+                "{t} wp-removed wp={} pid={} ({reason})",
+                e.watchpoint_id, e.pid
+            )
+        }
+        Some(Event::Dropped(d)) => format!(
+            "!! {} dropped (subscriber too slow)",
+            output::plural(d.count, "event")
+        ),
+        None => format!("{t} unknown-event seq={}", ev.seq),
+    }
+}
+
+/// One JSON object per event, with `seq`, `time_ns` and `type`.
+fn to_json(ev: &StreamEventsResponse) -> Value {
+    let mut v = match &ev.event {
+        Some(Event::Hit(h)) => json!({
+            "type": "hit",
+            "watchpoint_id": h.watchpoint_id,
+            "pid": h.pid,
+            "tid": h.tid,
+            "ip": hex(h.ip),
+            "address": hex(h.address),
+            "length": h.length,
+            "access": output::access_name(h.access),
+            "value": if h.value.is_empty() { Value::Null } else { json!(output::hex_bytes(&h.value)) },
+            "value_le": output::le_value(&h.value),
+            "value_error": if h.value_error.is_empty() { Value::Null } else { json!(h.value_error) },
+            "hit_time_ns": h.time_ns,
+            "value_read_at_ns": h.value_read_at_ns,
+            "cpu": h.cpu,
+        }),
+        Some(Event::ThreadStarted(e)) => json!({
+            "type": "thread_started",
+            "pid": e.pid,
+            "tid": e.tid,
+            "parent_tid": e.parent_tid,
+            "watchpoint_ids": e.watchpoint_ids,
+        }),
+        Some(Event::ThreadExited(e)) => json!({
+            "type": "thread_exited",
+            "pid": e.pid,
+            "tid": e.tid,
+        }),
+        Some(Event::ProcessExited(e)) => json!({
+            "type": "process_exited",
+            "pid": e.pid,
+            "watchpoint_ids": e.watchpoint_ids,
+        }),
+        Some(Event::WatchpointRemoved(e)) => json!({
+            "type": "watchpoint_removed",
+            "watchpoint_id": e.watchpoint_id,
+            "pid": e.pid,
+            "reason": e.reason,
+        }),
+        Some(Event::Dropped(d)) => json!({
+            "type": "dropped",
+            "count": d.count,
+        }),
+        None => json!({ "type": "unknown" }),
+    };
+    v["seq"] = json!(ev.seq);
+    v["time_ns"] = json!(ev.time_ns);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wpd_proto::v1::{Access, EventsDropped, ThreadStarted, WatchpointRemoved};
+
+    fn ev(event: Event) -> StreamEventsResponse {
+        StreamEventsResponse {
+            seq: 9,
+            time_ns: 1_700_000_000_123_456_789,
+            event: Some(event),
+        }
+    }
+
+    fn hit(value: Vec<u8>, value_error: &str) -> Event {
+        Event::Hit(Hit {
+            watchpoint_id: 7,
+            pid: 123,
+            tid: 124,
+            ip: 0x55d0c09f1234,
+            address: 0x55d0c0a01040,
+            length: 8,
+            access: Access::Write as i32,
+            value,
+            value_error: value_error.into(),
+            time_ns: 1_700_000_000_000_001_000,
+            value_read_at_ns: 0,
+            cpu: 3,
+        })
+    }
+
+    #[test]
+    fn text_lines() {
+        assert_eq!(
+            to_text(&ev(hit(vec![42, 0, 0, 0, 0, 0, 0, 0], ""))),
+            "22:13:20.000001Z hit wp=7 pid=123 tid=124 ip=0x55d0c09f1234 \
+             addr=0x55d0c0a01040 value=2a00000000000000 le=42"
+        );
+        assert!(to_text(&ev(hit(vec![], "process exited"))).ends_with(" value=? (process exited)"));
+        assert_eq!(
+            to_text(&ev(Event::Dropped(EventsDropped { count: 12 }))),
+            "!! 12 events dropped (subscriber too slow)"
+        );
+        assert_eq!(
+            to_text(&ev(Event::ThreadStarted(ThreadStarted {
+                pid: 1,
+                tid: 2,
+                parent_tid: 1,
+                watchpoint_ids: vec![7, 8],
+            }))),
+            "22:13:20.123456Z thread-start pid=1 tid=2 parent=1 inherited=7,8"
+        );
+        assert_eq!(
+            to_text(&ev(Event::WatchpointRemoved(WatchpointRemoved {
+                watchpoint_id: 7,
+                pid: 1,
+                reason: "process exited".into(),
+            }))),
+            "22:13:20.123456Z wp-removed wp=7 pid=1 (process exited)"
+        );
+    }
+
+    #[test]
+    fn json_lines() {
+        let v = to_json(&ev(hit(vec![1, 1], "")));
+        assert_eq!(v["type"], "hit");
+        assert_eq!(v["ip"], "0x55d0c09f1234");
+        assert_eq!(v["value"], "0101");
+        assert_eq!(v["value_le"], 257);
+        assert!(v["value_error"].is_null());
+        assert_eq!(v["seq"], 9);
+        let v = to_json(&ev(hit(vec![], "gone")));
+        assert!(v["value"].is_null() && v["value_le"].is_null());
+        assert_eq!(v["value_error"], "gone");
+        assert!(!serde_json::to_string(&v).unwrap().contains('\n'));
+    }
+}

@@ -1,0 +1,143 @@
+//! `wpctl list`: the daemon's watchpoints and attached processes (ListWatchpoints).
+
+use serde_json::json;
+use wpd_proto::v1::{ListWatchpointsRequest, ListWatchpointsResponse};
+
+use crate::ListArgs;
+use crate::cmd::Ctx;
+use crate::error::Error;
+use crate::output::{self, Table, hex};
+
+/// Runs `wpctl list`.
+pub async fn run(ctx: &Ctx, args: &ListArgs) -> Result<(), Error> {
+    let request = ListWatchpointsRequest {
+        pid: args.pid.unwrap_or(0),
+    };
+    let resp = ctx
+        .unary(
+            request,
+            |mut c, r| async move { c.list_watchpoints(r).await },
+        )
+        .await?;
+    if ctx.json {
+        output::emit_json(&to_json(&resp))
+    } else {
+        output::emit(&to_text(&resp))
+    }
+}
+
+fn to_json(resp: &ListWatchpointsResponse) -> serde_json::Value {
+    json!({
+        "watchpoints": resp.watchpoints.iter().map(output::watchpoint_json).collect::<Vec<_>>(),
+        "processes": resp.processes.iter().map(output::process_json).collect::<Vec<_>>(),
+    })
+}
+
+/// Two tables: watchpoints (ID PID SCOPE ADDRESS LEN ACCESS THREADS HITS
+/// BACKEND), then attached processes (PID COMM BACKEND THREADS WATCHPOINTS
+/// ATTACHED).
+fn to_text(resp: &ListWatchpointsResponse) -> String {
+    let mut text = String::new();
+    if resp.watchpoints.is_empty() {
+        text.push_str("no watchpoints\n");
+    } else {
+        let mut t = Table::new([
+            "ID", "PID", "SCOPE", "ADDRESS", "LEN", "ACCESS", "THREADS", "HITS", "BACKEND",
+        ]);
+        for wp in &resp.watchpoints {
+            let spec = wp.spec.clone().unwrap_or_default();
+            t.row(vec![
+                wp.id.to_string(),
+                spec.pid.to_string(),
+                output::scope(wp),
+                hex(spec.address),
+                spec.length.to_string(),
+                output::access_name(spec.access),
+                wp.armed_threads.to_string(),
+                wp.hits.to_string(),
+                output::backend_name(wp.backend),
+            ]);
+        }
+        text.push_str(&t.render());
+    }
+    text.push('\n');
+    if resp.processes.is_empty() {
+        text.push_str("no attached processes\n");
+    } else {
+        let mut t = Table::new([
+            "PID",
+            "COMM",
+            "BACKEND",
+            "THREADS",
+            "WATCHPOINTS",
+            "ATTACHED",
+        ]);
+        for p in &resp.processes {
+            t.row(vec![
+                p.pid.to_string(),
+                if p.comm.is_empty() {
+                    "-".into()
+                } else {
+                    p.comm.clone()
+                },
+                output::backend_name(p.backend),
+                p.threads.to_string(),
+                p.watchpoints.to_string(),
+                output::ago(p.attached_at_ns),
+            ]);
+        }
+        text.push_str(&t.render());
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wpd_proto::v1::{Access, Backend, ProcessInfo, Watchpoint, WatchpointSpec};
+
+    #[test]
+    fn renders() {
+        let resp = ListWatchpointsResponse {
+            watchpoints: vec![Watchpoint {
+                id: 7,
+                spec: Some(WatchpointSpec {
+                    pid: 123,
+                    tids: vec![124, 125],
+                    address: 0x1040,
+                    length: 4,
+                    access: Access::ReadWrite as i32,
+                    backend: 0,
+                }),
+                process_wide: false,
+                armed_threads: 2,
+                hits: 42,
+                created_at_ns: 0,
+                backend: Backend::Ptrace as i32,
+            }],
+            processes: vec![ProcessInfo {
+                pid: 123,
+                backend: Backend::Ptrace as i32,
+                threads: 3,
+                watchpoints: 1,
+                comm: "demo".into(),
+                attached_at_ns: 0,
+            }],
+        };
+        assert_eq!(
+            to_text(&resp),
+            "ID  PID  SCOPE    ADDRESS  LEN  ACCESS  THREADS  HITS  BACKEND\n\
+             7   123  124,125  0x1040   4    rw      2        42    ptrace\n\
+             \n\
+             PID  COMM  BACKEND  THREADS  WATCHPOINTS  ATTACHED\n\
+             123  demo  ptrace   3        1            -\n"
+        );
+        let v = to_json(&resp);
+        assert_eq!(v["watchpoints"][0]["tids"], json!([124, 125]));
+        assert_eq!(v["processes"][0]["comm"], "demo");
+        assert_eq!(
+            to_text(&ListWatchpointsResponse::default()),
+            "no watchpoints\n\nno attached processes\n"
+        );
+    }
+}

@@ -1,0 +1,90 @@
+//! The subcommands (one module each) and `Ctx`, the connection and call helper they share.
+
+pub mod attach;
+pub mod caps;
+pub mod detach;
+pub mod events;
+pub mod list;
+pub mod stats;
+pub mod threads;
+pub mod unwatch;
+pub mod watch;
+
+use std::time::Duration;
+
+use tonic::transport::Channel;
+use wpd_proto::v1::watchpoints_client::WatchpointsClient;
+
+use crate::Endpoint;
+use crate::error::Error;
+
+/// A connected client.
+pub type Client = WatchpointsClient<Channel>;
+
+/// What every subcommand needs: where the daemon is, how to print, how long to wait.
+#[derive(Debug)]
+pub struct Ctx {
+    /// The daemon's endpoint.
+    pub endpoint: Endpoint,
+    /// `--json`.
+    pub json: bool,
+    /// `--timeout` for connecting and for each unary call.
+    pub timeout: Duration,
+}
+
+impl Ctx {
+    /// Connects to the daemon (bounded by `--timeout`).
+    pub async fn connect(&self) -> Result<Client, Error> {
+        let ep = &self.endpoint.text;
+        match tokio::time::timeout(
+            self.timeout,
+            wpd_proto::connect::client(&self.endpoint.target),
+        )
+        .await
+        {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(e)) => Err(Error::connect(ep, &e)),
+            Err(_) => Err(Error::Unreachable {
+                endpoint: ep.clone(),
+                detail: format!("no connection within {} s", self.timeout.as_secs_f64()),
+            }),
+        }
+    }
+
+    /// Connects and makes one unary call, e.g.
+    /// `ctx.unary(req, |mut c, r| async move { c.attach(r).await })`.
+    /// The call carries `--timeout` as its gRPC deadline and is abandoned
+    /// locally when it elapses.
+    pub async fn unary<Q, R, F, Fut>(&self, message: Q, call: F) -> Result<R, Error>
+    where
+        F: FnOnce(Client, tonic::Request<Q>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+    {
+        let client = self.connect().await?;
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(self.timeout);
+        let timeout = || Error::Timeout {
+            endpoint: self.endpoint.text.clone(),
+            secs: self.timeout.as_secs_f64(),
+        };
+        match tokio::time::timeout(self.timeout, call(client, request)).await {
+            Ok(Ok(response)) => Ok(response.into_inner()),
+            // tonic's channel enforces the deadline itself and reports it so.
+            Ok(Err(status)) if timed_out(&status) => Err(timeout()),
+            Ok(Err(status)) => Err(Error::from_status(&self.endpoint.text, status)),
+            Err(_) => Err(timeout()),
+        }
+    }
+}
+
+/// True when the client side gave up waiting (not a status sent by the daemon).
+fn timed_out(status: &tonic::Status) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(e) = cur {
+        if e.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}

@@ -1,0 +1,88 @@
+//! `wpctl stats`: daemon counters (GetStats).
+
+use serde_json::json;
+use wpd_proto::v1::{GetStatsRequest, GetStatsResponse};
+
+use crate::cmd::Ctx;
+use crate::error::Error;
+use crate::output;
+
+/// Runs `wpctl stats`.
+pub async fn run(ctx: &Ctx) -> Result<(), Error> {
+    let s = ctx
+        .unary(GetStatsRequest {}, |mut c, r| async move {
+            c.get_stats(r).await
+        })
+        .await?;
+    if ctx.json {
+        output::emit_json(&to_json(&s))
+    } else {
+        output::emit(&to_text(&s))
+    }
+}
+
+fn to_json(s: &GetStatsResponse) -> serde_json::Value {
+    json!({
+        "processes": s.processes,
+        "threads": s.threads,
+        "watchpoints": s.watchpoints,
+        "hits": s.hits,
+        "kernel_lost": s.kernel_lost,
+        "perf_fds": s.perf_fds,
+        "subscribers": s.subscribers,
+        "subscriber_dropped": s.subscriber_dropped,
+        "ledger_hold_p50_ns": s.ledger_hold_p50_ns,
+        "ledger_hold_p99_ns": s.ledger_hold_p99_ns,
+        "ledger_hold_max_ns": s.ledger_hold_max_ns,
+        "uptime_s": s.uptime_s,
+    })
+}
+
+fn to_text(s: &GetStatsResponse) -> String {
+    output::key_values(&[
+        ("processes", s.processes.to_string()),
+        ("threads", s.threads.to_string()),
+        ("watchpoints", s.watchpoints.to_string()),
+        ("hits", s.hits.to_string()),
+        ("kernel lost", s.kernel_lost.to_string()),
+        ("perf fds", s.perf_fds.to_string()),
+        ("subscribers", s.subscribers.to_string()),
+        ("subscriber dropped", s.subscriber_dropped.to_string()),
+        (
+            "ledger hold",
+            format!(
+                "p50 {}, p99 {}, max {}",
+                output::duration_ns(s.ledger_hold_p50_ns),
+                output::duration_ns(s.ledger_hold_p99_ns),
+                output::duration_ns(s.ledger_hold_max_ns)
+            ),
+        ),
+        ("uptime", output::duration_s(s.uptime_s)),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders() {
+        let s = GetStatsResponse {
+            processes: 1,
+            hits: 9,
+            ledger_hold_p50_ns: 800,
+            ledger_hold_p99_ns: 12_500,
+            ledger_hold_max_ns: 4_200_000,
+            uptime_s: 75,
+            ..Default::default()
+        };
+        let text = to_text(&s);
+        assert!(text.starts_with("processes:          1\n"), "{text}");
+        assert!(
+            text.contains("ledger hold:        p50 800 ns, p99 12.5 µs, max 4.2 ms\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("uptime:             1m15s\n"), "{text}");
+        assert_eq!(to_json(&s)["hits"], 9);
+    }
+}

@@ -1,0 +1,106 @@
+//! `wpctl watch`: set a hardware watchpoint (SetWatchpoint).
+
+use serde_json::json;
+use wpd_proto::v1::{Access, SetWatchpointRequest, SetWatchpointResponse, WatchpointSpec};
+
+use crate::cmd::Ctx;
+use crate::error::Error;
+use crate::{WatchArgs, backend_value, output};
+
+/// Runs `wpctl watch`.
+pub async fn run(ctx: &Ctx, args: &WatchArgs) -> Result<(), Error> {
+    let request = SetWatchpointRequest {
+        spec: Some(WatchpointSpec {
+            pid: args.pid,
+            tids: args.tids.clone(),
+            address: args.addr,
+            length: args.len,
+            access: Access::from(args.access) as i32,
+            backend: backend_value(args.backend),
+        }),
+    };
+    let resp = ctx
+        .unary(request, |mut c, r| async move { c.set_watchpoint(r).await })
+        .await?;
+    if ctx.json {
+        output::emit_json(&to_json(&resp))
+    } else {
+        output::emit(&to_text(&resp))
+    }
+}
+
+fn to_json(resp: &SetWatchpointResponse) -> serde_json::Value {
+    json!({
+        "watchpoint": resp.watchpoint.as_ref().map(output::watchpoint_json),
+        "arm_duration_ns": resp.arm_duration_ns,
+    })
+}
+
+/// `watchpoint 7: write 8 bytes at 0x55d0c0a01040 in pid 123, armed on 1001
+/// threads (process-wide, 4.2 ms)`; with `--tid`: `(tids 124,125, 0.3 ms)`.
+fn to_text(resp: &SetWatchpointResponse) -> String {
+    let wp = resp.watchpoint.clone().unwrap_or_default();
+    let scope = if wp.process_wide {
+        "process-wide".to_string()
+    } else {
+        format!("tids {}", output::scope(&wp))
+    };
+    format!(
+        "watchpoint {}: {}, armed on {} ({scope}, {})",
+        wp.id,
+        output::describe(&wp),
+        output::plural(wp.armed_threads, "thread"),
+        output::duration_ns(resp.arm_duration_ns),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wpd_proto::v1::{Backend, Watchpoint};
+
+    fn response(tids: Vec<i32>) -> SetWatchpointResponse {
+        SetWatchpointResponse {
+            watchpoint: Some(Watchpoint {
+                id: 7,
+                process_wide: tids.is_empty(),
+                armed_threads: if tids.is_empty() {
+                    1001
+                } else {
+                    tids.len() as u32
+                },
+                spec: Some(WatchpointSpec {
+                    pid: 123,
+                    tids,
+                    address: 0x55d0c0a01040,
+                    length: 8,
+                    access: Access::Write as i32,
+                    backend: 0,
+                }),
+                hits: 0,
+                created_at_ns: 5,
+                backend: Backend::Perf as i32,
+            }),
+            arm_duration_ns: 4_200_000,
+        }
+    }
+
+    #[test]
+    fn renders() {
+        assert_eq!(
+            to_text(&response(vec![])),
+            "watchpoint 7: write 8 bytes at 0x55d0c0a01040 in pid 123, \
+             armed on 1001 threads (process-wide, 4.2 ms)"
+        );
+        assert_eq!(
+            to_text(&response(vec![124, 125])),
+            "watchpoint 7: write 8 bytes at 0x55d0c0a01040 in pid 123, \
+             armed on 2 threads (tids 124,125, 4.2 ms)"
+        );
+        let v = to_json(&response(vec![]));
+        assert_eq!(v["watchpoint"]["address"], "0x55d0c0a01040");
+        assert_eq!(v["watchpoint"]["access"], "write");
+        assert_eq!(v["watchpoint"]["backend"], "perf");
+        assert_eq!(v["arm_duration_ns"], 4_200_000);
+    }
+}

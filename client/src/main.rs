@@ -1,0 +1,573 @@
+//! `wpctl`: the command-line client of `wpd` — clap definitions, dispatch, and error → exit code.
+//!
+//! All logic lives in the daemon: each subcommand parses its flags, makes one
+//! call, and prints the answer (plain text, or JSON with `--json`).
+
+mod cmd;
+mod error;
+mod output;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use wpd_proto::connect::Target;
+use wpd_proto::v1::{Access, Backend};
+
+use crate::cmd::Ctx;
+use crate::error::{EXIT_CODES_HELP, Error, Exit};
+
+/// Control the wpd hardware-watchpoint daemon.
+#[derive(Debug, Parser)]
+#[command(
+    name = "wpctl",
+    version,
+    after_help = EXIT_CODES_HELP,
+)]
+pub struct Cli {
+    /// Daemon endpoint: unix:PATH, an absolute socket path, or tcp://HOST:PORT
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "WPD_ENDPOINT",
+        hide_env_values = true,
+        value_name = "ENDPOINT",
+        default_value_t = Endpoint::default(),
+    )]
+    pub endpoint: Endpoint,
+
+    /// Print JSON on stdout (JSON Lines for `events`) and JSON errors on stderr
+    #[arg(long, global = true, help_heading = "Global options")]
+    pub json: bool,
+
+    /// Seconds to wait for the daemon to answer a call (not the event stream)
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "SECS",
+        default_value = "30",
+        value_parser = parse_timeout,
+    )]
+    pub timeout: Duration,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands, one rpc each.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show what this host and daemon can do (slots, lengths, access kinds, backends)
+    Caps,
+    /// Start tracking every thread of a process
+    Attach(AttachArgs),
+    /// Remove a process's watchpoints and stop tracking it (it keeps running)
+    Detach(DetachArgs),
+    /// Set a hardware watchpoint on a process (all threads, or chosen ones)
+    Watch(WatchArgs),
+    /// Remove a watchpoint and print its final hit count
+    Unwatch(UnwatchArgs),
+    /// List watchpoints and attached processes
+    List(ListArgs),
+    /// Show the debug-register slots of each thread of a process
+    Threads(ThreadsArgs),
+    /// Follow hits and thread/process lifecycle events, one line each
+    Events(EventsArgs),
+    /// Show daemon counters
+    Stats,
+}
+
+/// `wpctl attach`.
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// Process to attach to
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: i32,
+    /// How to program the debug registers (default: the daemon's default)
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendArg>,
+}
+
+/// `wpctl detach`.
+#[derive(Debug, Args)]
+pub struct DetachArgs {
+    /// Process to detach from
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: i32,
+}
+
+/// `wpctl watch`.
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// Target process (attached first if needed)
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: i32,
+    /// Arm only these threads (repeat or comma-separate); default: every thread, including future ones
+    #[arg(long = "tid", value_name = "TID", value_delimiter = ',', value_parser = pid_parser())]
+    pub tids: Vec<i32>,
+    /// Address to watch: hex with 0x prefix, or decimal; aligned to --len
+    #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
+    pub addr: u64,
+    /// Number of bytes to watch (exec: 1)
+    #[arg(long, value_name = "BYTES", default_value = "8",
+          value_parser = len_parser())]
+    pub len: u32,
+    /// Access that triggers the watchpoint
+    #[arg(long, value_enum, default_value_t = AccessArg::Write)]
+    pub access: AccessArg,
+    /// Backend to use if the process is not attached yet
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendArg>,
+}
+
+/// `wpctl unwatch`.
+#[derive(Debug, Args)]
+pub struct UnwatchArgs {
+    /// Watchpoint to remove
+    #[arg(
+        value_name = "ID",
+        required_unless_present = "id",
+        conflicts_with = "id"
+    )]
+    pub id_pos: Option<u64>,
+    /// Watchpoint to remove (same as the positional ID)
+    #[arg(long = "id", value_name = "ID")]
+    pub id: Option<u64>,
+}
+
+impl UnwatchArgs {
+    /// The id, given either way.
+    pub fn id(&self) -> u64 {
+        self.id
+            .or(self.id_pos)
+            .expect("clap requires --id or a positional ID")
+    }
+}
+
+/// `wpctl list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only this process
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: Option<i32>,
+}
+
+/// `wpctl threads`.
+#[derive(Debug, Args)]
+pub struct ThreadsArgs {
+    /// Attached process
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: i32,
+    /// Only these threads (repeat or comma-separate)
+    #[arg(long = "tid", value_name = "TID", value_delimiter = ',', value_parser = pid_parser())]
+    pub tids: Vec<i32>,
+    /// Ask the kernel which slots are really free (marks refused slots foreign)
+    #[arg(long)]
+    pub probe: bool,
+}
+
+/// `wpctl events`.
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Only events of this process
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: Option<i32>,
+    /// Only hits of these watchpoints (repeat or comma-separate); lifecycle events still show
+    #[arg(long = "id", value_name = "ID", value_delimiter = ',')]
+    pub ids: Vec<u64>,
+    /// Leave out lifecycle events; keep hits and drop notices
+    #[arg(long)]
+    pub hits_only: bool,
+    /// Exit after printing N events
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub count: Option<u64>,
+}
+
+/// `--access` values. `read` is passed through as ACCESS_READ so that the
+/// daemon can explain when the hardware cannot do it (it is never widened).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AccessArg {
+    /// Any store to the watched bytes
+    Write,
+    /// Any load or store
+    #[value(alias = "read-write", alias = "readwrite")]
+    Rw,
+    /// Instruction fetch at the address (--len 1)
+    #[value(alias = "execute")]
+    Exec,
+    /// Loads only (not supported by x86-64 hardware; the daemon refuses it there)
+    Read,
+}
+
+impl From<AccessArg> for Access {
+    fn from(a: AccessArg) -> Access {
+        match a {
+            AccessArg::Write => Access::Write,
+            AccessArg::Rw => Access::ReadWrite,
+            AccessArg::Exec => Access::Exec,
+            AccessArg::Read => Access::Read,
+        }
+    }
+}
+
+/// `--backend` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// perf_event_open hardware breakpoints; the target never stops
+    Perf,
+    /// PTRACE_POKEUSER of the debug registers
+    Ptrace,
+}
+
+/// Proto value of an optional `--backend` (unset: the daemon's default).
+pub fn backend_value(b: Option<BackendArg>) -> i32 {
+    let b = match b {
+        None => Backend::Unspecified,
+        Some(BackendArg::Perf) => Backend::Perf,
+        Some(BackendArg::Ptrace) => Backend::Ptrace,
+    };
+    b as i32
+}
+
+/// The daemon's address: the text as given (for messages) and its parse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// As given on the command line or in WPD_ENDPOINT.
+    pub text: String,
+    /// Where to connect.
+    pub target: Target,
+}
+
+impl Default for Endpoint {
+    fn default() -> Self {
+        let text = format!("unix:{}", wpd_proto::DEFAULT_SOCKET);
+        Endpoint {
+            target: Target::Unix(PathBuf::from(wpd_proto::DEFAULT_SOCKET)),
+            text,
+        }
+    }
+}
+
+impl FromStr for Endpoint {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        Ok(Endpoint {
+            target: s.parse()?,
+            text: s.to_string(),
+        })
+    }
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// `--len`: 1, 2, 4 or 8 (listed in `--help`).
+fn len_parser() -> impl clap::builder::TypedValueParser<Value = u32> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(["1", "2", "4", "8"])
+        .map(|s| s.parse::<u32>().expect("possible values are numbers"))
+}
+
+/// Process and thread ids: positive 32-bit integers.
+fn pid_parser() -> clap::builder::RangedI64ValueParser<i32> {
+    clap::value_parser!(i32).range(1..)
+}
+
+/// Parses an address: `0x`-prefixed hex or decimal, `_` allowed as a separator.
+pub fn parse_addr(s: &str) -> Result<u64, String> {
+    let t = s.trim().replace('_', "");
+    if t.is_empty() {
+        return Err("empty address".into());
+    }
+    if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        if h.is_empty() {
+            return Err("no hex digits after 0x".into());
+        }
+        return u64::from_str_radix(h, 16).map_err(|e| match e.kind() {
+            std::num::IntErrorKind::PosOverflow => "address does not fit in 64 bits".into(),
+            _ => format!("{h:?} is not a hex number"),
+        });
+    }
+    t.parse::<u64>().map_err(|e| match e.kind() {
+        std::num::IntErrorKind::PosOverflow => "address does not fit in 64 bits".into(),
+        _ if t.starts_with('-') => "address cannot be negative".into(),
+        _ if t.chars().all(|c| c.is_ascii_hexdigit()) => {
+            format!("{t:?} is not a decimal number (write hex with a 0x prefix: 0x{t})")
+        }
+        _ => format!("{t:?} is neither 0x-prefixed hex nor decimal"),
+    })
+}
+
+/// Parses `--timeout`: positive seconds, fractions allowed.
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if secs.is_nan() || secs <= 0.0 {
+        return Err("timeout must be more than 0 seconds".into());
+    }
+    Duration::try_from_secs_f64(secs).map_err(|e| e.to_string())
+}
+
+async fn dispatch(ctx: &Ctx, command: &Command) -> Result<(), Error> {
+    match command {
+        Command::Caps => cmd::caps::run(ctx).await,
+        Command::Attach(a) => cmd::attach::run(ctx, a).await,
+        Command::Detach(a) => cmd::detach::run(ctx, a).await,
+        Command::Watch(a) => cmd::watch::run(ctx, a).await,
+        Command::Unwatch(a) => cmd::unwatch::run(ctx, a).await,
+        Command::List(a) => cmd::list::run(ctx, a).await,
+        Command::Threads(a) => cmd::threads::run(ctx, a).await,
+        Command::Events(a) => cmd::events::run(ctx, a).await,
+        Command::Stats => cmd::stats::run(ctx).await,
+    }
+}
+
+/// Prints an error on stderr: `wpctl: <message>`, or `{"error": {...}}` with `--json`.
+fn report(err: &Error, json: bool) {
+    if err.is_quiet() {
+        return;
+    }
+    if json {
+        eprintln!("{}", err.to_json());
+    } else {
+        eprintln!("wpctl: {}", err.message());
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version print to stdout and succeed; anything else is a usage error.
+            let _ = e.print();
+            return if e.exit_code() == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(Exit::Usage as u8)
+            };
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("wpctl: cannot start the async runtime: {e}");
+            return ExitCode::from(Exit::Other as u8);
+        }
+    };
+    let ctx = Ctx {
+        endpoint: cli.endpoint.clone(),
+        json: cli.json,
+        timeout: cli.timeout,
+    };
+    match runtime.block_on(dispatch(&ctx, &cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            report(&err, cli.json);
+            ExitCode::from(err.exit() as u8)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("wpctl").chain(args.iter().copied()))
+    }
+
+    fn watch_args(args: &[&str]) -> Result<WatchArgs, clap::Error> {
+        let mut all = vec!["watch", "--pid", "1", "--addr", "0x10"];
+        all.extend_from_slice(args);
+        match parse(&all)?.command {
+            Command::Watch(w) => Ok(w),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn addresses() {
+        fn check(input: &str, expected: Result<u64, &str>) {
+            let got = parse_addr(input);
+            match expected {
+                Ok(v) => assert_eq!(got, Ok(v), "parse_addr({input:?})"),
+                Err(part) => {
+                    let msg = got.expect_err(input);
+                    assert!(msg.contains(part), "parse_addr({input:?}) = {msg:?}");
+                    assert!(!msg.contains('\n'));
+                }
+            }
+        }
+        check("0x55d0c0a01040", Ok(0x55d0c0a01040));
+        check("0X10", Ok(16));
+        check("0xDEADbeef", Ok(0xdead_beef));
+        check("4096", Ok(4096));
+        check("0", Ok(0));
+        check("0x7fff_ffff_f000", Ok(0x7fff_ffff_f000));
+        check("0xffffffffffffffff", Ok(u64::MAX));
+        check(" 0x10 ", Ok(16));
+        check("", Err("empty address"));
+        check("0x", Err("no hex digits"));
+        check("0xzz", Err("not a hex number"));
+        check("0x1ffffffffffffffff", Err("64 bits"));
+        check("18446744073709551616", Err("64 bits"));
+        check("-1", Err("negative"));
+        check("55d0c0a01040", Err("0x55d0c0a01040"));
+        check("abc", Err("0xabc"));
+        check("foo", Err("neither"));
+    }
+
+    #[test]
+    fn address_errors_are_usage_errors() {
+        let err = parse(&["watch", "--pid", "1", "--addr", "0xzz"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+        assert_eq!(err.exit_code(), Exit::Usage as i32);
+    }
+
+    #[test]
+    fn access_kinds() {
+        fn check(input: &str, expected: Access) {
+            let w = watch_args(&["--access", input]).unwrap();
+            assert_eq!(Access::from(w.access), expected, "--access {input}");
+        }
+        check("write", Access::Write);
+        check("rw", Access::ReadWrite);
+        check("read-write", Access::ReadWrite);
+        check("exec", Access::Exec);
+        // Not widened to rw: the daemon explains why it cannot be done.
+        check("read", Access::Read);
+        assert_eq!(Access::from(watch_args(&[]).unwrap().access), Access::Write);
+        assert!(watch_args(&["--access", "bogus"]).is_err());
+    }
+
+    #[test]
+    fn watch_defaults_and_lists() {
+        let w = watch_args(&["--tid", "5,6", "--tid", "7", "--backend", "ptrace"]).unwrap();
+        assert_eq!(w.len, 8);
+        assert_eq!(w.tids, vec![5, 6, 7]);
+        assert_eq!(backend_value(w.backend), Backend::Ptrace as i32);
+        assert_eq!(watch_args(&["--len", "2"]).unwrap().len, 2);
+        assert!(watch_args(&["--len", "3"]).is_err());
+        assert!(watch_args(&["--tid", "0"]).is_err());
+        assert_eq!(backend_value(None), Backend::Unspecified as i32);
+    }
+
+    #[test]
+    fn unwatch_takes_id_either_way() {
+        fn id(args: &[&str]) -> Result<u64, clap::Error> {
+            match parse(args)?.command {
+                Command::Unwatch(u) => Ok(u.id()),
+                other => panic!("parsed as {other:?}"),
+            }
+        }
+        assert_eq!(id(&["unwatch", "7"]).unwrap(), 7);
+        assert_eq!(id(&["unwatch", "--id", "8"]).unwrap(), 8);
+        assert!(id(&["unwatch"]).is_err());
+        assert!(id(&["unwatch", "7", "--id", "8"]).is_err());
+    }
+
+    #[test]
+    fn endpoints() {
+        fn check(input: &str, expected: Result<Target, &str>) {
+            let got = input.parse::<Endpoint>();
+            match expected {
+                Ok(t) => {
+                    let e = got.unwrap_or_else(|m| panic!("{input:?}: {m}"));
+                    assert_eq!(e.target, t, "{input:?}");
+                    assert_eq!(e.to_string(), input.trim());
+                }
+                Err(part) => {
+                    let msg = got.expect_err(input);
+                    assert!(msg.contains(part), "{input:?}: {msg}");
+                }
+            }
+        }
+        check(
+            "unix:/run/wpd/wpd.sock",
+            Ok(Target::Unix("/run/wpd/wpd.sock".into())),
+        );
+        check("unix:///tmp/w.sock", Ok(Target::Unix("/tmp/w.sock".into())));
+        check("/tmp/w.sock", Ok(Target::Unix("/tmp/w.sock".into())));
+        check(
+            "tcp://127.0.0.1:7000",
+            Ok(Target::Tcp("http://127.0.0.1:7000".into())),
+        );
+        check("tcp://localhost", Err("HOST:PORT"));
+        check("unix:", Err("empty"));
+        check("wpd.sock", Err("neither"));
+
+        let d = Endpoint::default();
+        assert_eq!(d.text, format!("unix:{}", wpd_proto::DEFAULT_SOCKET));
+        assert_eq!(d.target, Target::Unix(wpd_proto::DEFAULT_SOCKET.into()));
+    }
+
+    #[test]
+    fn global_flags_follow_the_subcommand() {
+        let cli = parse(&[
+            "caps",
+            "--json",
+            "--endpoint",
+            "tcp://h:1",
+            "--timeout",
+            "2.5",
+        ])
+        .unwrap();
+        assert!(cli.json);
+        assert_eq!(cli.endpoint.target, Target::Tcp("http://h:1".into()));
+        assert_eq!(cli.timeout, Duration::from_millis(2500));
+        assert!(parse(&["caps", "--timeout", "0"]).is_err());
+        assert!(parse(&["caps", "--endpoint", "nowhere"]).is_err());
+        if std::env::var_os("WPD_ENDPOINT").is_none() {
+            let cli = parse(&["stats"]).unwrap();
+            assert_eq!(cli.endpoint, Endpoint::default());
+            assert_eq!(cli.timeout, Duration::from_secs(30));
+            assert!(!cli.json);
+        }
+    }
+
+    /// `wpctl --help` matches tests/snapshots/help.txt; `UPDATE_SNAPSHOTS=1`
+    /// rewrites the file instead.
+    #[test]
+    fn help_snapshot() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/snapshots/help.txt");
+        // Trailing spaces (clap leaves some on blank lines) are dropped so
+        // that editors cannot break the comparison.
+        let help: String = Cli::command()
+            .render_long_help()
+            .to_string()
+            .lines()
+            .map(|l| l.trim_end().to_string() + "\n")
+            .collect();
+        if std::env::var_os("UPDATE_SNAPSHOTS").is_some_and(|v| v == "1") {
+            std::fs::create_dir_all(std::path::Path::new(path).parent().unwrap()).unwrap();
+            std::fs::write(path, &help).unwrap();
+            return;
+        }
+        let expected = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("{path}: {e} (run with UPDATE_SNAPSHOTS=1 to create it)"))
+            .replace("\r\n", "\n");
+        assert!(
+            help == expected,
+            "`wpctl --help` changed; rerun with UPDATE_SNAPSHOTS=1 to accept.\n--- expected\n{expected}\n--- got\n{help}"
+        );
+    }
+}

@@ -1,0 +1,324 @@
+//! Output helpers: writing to stdout (line-flushed, EPIPE-aware), plain
+//! tables, JSON documents, and formatting of enums, addresses and times.
+
+use std::io::{self, Write};
+
+use serde_json::{Value, json};
+use wpd_proto::v1::{Access, Backend, ProcessInfo, SlotState, ThreadState, Watchpoint};
+
+use crate::error::Error;
+
+/// Writes `text` (a newline is added if missing) to stdout and flushes.
+pub fn emit(text: &str) -> Result<(), Error> {
+    let mut out = io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    if !text.ends_with('\n') {
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Writes one pretty-printed JSON document to stdout.
+pub fn emit_json(value: &Value) -> Result<(), Error> {
+    emit(&serde_json::to_string_pretty(value).expect("JSON values always serialize"))
+}
+
+/// Writes one JSON value as a single line (JSON Lines) to stdout.
+pub fn emit_json_line(value: &Value) -> Result<(), Error> {
+    emit(&serde_json::to_string(value).expect("JSON values always serialize"))
+}
+
+/// A plain text table: left-aligned columns separated by two spaces.
+#[derive(Debug)]
+pub struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table with these column titles.
+    pub fn new<S: Into<String>>(header: impl IntoIterator<Item = S>) -> Self {
+        Table {
+            header: header.into_iter().map(Into::into).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds a row (missing cells are blank).
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// Renders the header and rows, each line ending in a newline, without
+    /// trailing spaces.
+    pub fn render(&self) -> String {
+        let ncols = self
+            .rows
+            .iter()
+            .map(Vec::len)
+            .chain([self.header.len()])
+            .max()
+            .unwrap_or(0);
+        let mut widths = vec![0; ncols];
+        for line in std::iter::once(&self.header).chain(&self.rows) {
+            for (w, cell) in widths.iter_mut().zip(line) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        let mut out = String::new();
+        for line in std::iter::once(&self.header).chain(&self.rows) {
+            let mut text = String::new();
+            for (i, w) in widths.iter().enumerate() {
+                let cell = line.get(i).map_or("", String::as_str);
+                if i > 0 {
+                    text.push_str("  ");
+                }
+                text.push_str(cell);
+                text.extend(std::iter::repeat_n(' ', w - cell.chars().count()));
+            }
+            out.push_str(text.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Renders `key: value` lines with the values aligned.
+pub fn key_values(pairs: &[(&str, String)]) -> String {
+    let width = pairs.iter().map(|(k, _)| k.len() + 1).max().unwrap_or(0);
+    let mut out = String::new();
+    for (k, v) in pairs {
+        out.push_str(format!("{:<width$} {v}", format!("{k}:")).trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `0x`-prefixed lowercase hex.
+pub fn hex(v: u64) -> String {
+    format!("{v:#x}")
+}
+
+/// Bytes as contiguous lowercase hex, in memory order (no prefix).
+pub fn hex_bytes(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bytes read as an unsigned little-endian integer (1 to 8 bytes).
+pub fn le_value(bytes: &[u8]) -> Option<u64> {
+    if bytes.is_empty() || bytes.len() > 8 {
+        return None;
+    }
+    let mut buf = [0u8; 8];
+    buf[..bytes.len()].copy_from_slice(bytes);
+    Some(u64::from_le_bytes(buf))
+}
+
+/// `n word` or `n words`.
+pub fn plural(n: impl Into<u64>, word: &str) -> String {
+    let n = n.into();
+    if n == 1 {
+        format!("1 {word}")
+    } else {
+        format!("{n} {word}s")
+    }
+}
+
+/// Access kind as used on the command line: write, rw, exec, read.
+pub fn access_name(v: i32) -> String {
+    match Access::try_from(v) {
+        Ok(Access::Write) => "write".into(),
+        Ok(Access::ReadWrite) => "rw".into(),
+        Ok(Access::Exec) => "exec".into(),
+        Ok(Access::Read) => "read".into(),
+        Ok(Access::Unspecified) => "unspecified".into(),
+        Err(_) => format!("unknown({v})"),
+    }
+}
+
+/// Backend name: perf, ptrace (or unspecified).
+pub fn backend_name(v: i32) -> String {
+    match Backend::try_from(v) {
+        Ok(Backend::Perf) => "perf".into(),
+        Ok(Backend::Ptrace) => "ptrace".into(),
+        Ok(Backend::Unspecified) => "unspecified".into(),
+        Err(_) => format!("unknown({v})"),
+    }
+}
+
+/// Slot state name: free, ours, foreign, pending (or unspecified).
+pub fn slot_state_name(v: i32) -> String {
+    match SlotState::try_from(v) {
+        Ok(SlotState::Free) => "free".into(),
+        Ok(SlotState::Ours) => "ours".into(),
+        Ok(SlotState::Foreign) => "foreign".into(),
+        Ok(SlotState::Pending) => "pending".into(),
+        Ok(SlotState::Unspecified) => "unspecified".into(),
+        Err(_) => format!("unknown({v})"),
+    }
+}
+
+/// Thread state name: running (or unspecified).
+pub fn thread_state_name(v: i32) -> String {
+    match ThreadState::try_from(v) {
+        Ok(ThreadState::Running) => "running".into(),
+        Ok(ThreadState::Unspecified) => "unspecified".into(),
+        Err(_) => format!("unknown({v})"),
+    }
+}
+
+/// A duration in nanoseconds, e.g. `850 ns`, `12.5 µs`, `4.2 ms`, `1.25 s`.
+pub fn duration_ns(ns: u64) -> String {
+    let f = ns as f64;
+    if ns < 1_000 {
+        format!("{ns} ns")
+    } else if ns < 1_000_000 {
+        format!("{:.1} µs", f / 1e3)
+    } else if ns < 1_000_000_000 {
+        format!("{:.1} ms", f / 1e6)
+    } else {
+        format!("{:.2} s", f / 1e9)
+    }
+}
+
+/// A whole-second duration, e.g. `42s`, `3m07s`, `2h05m`, `4d03h`.
+pub fn duration_s(s: u64) -> String {
+    let (d, h, m, s) = (s / 86_400, s / 3_600 % 24, s / 60 % 60, s % 60);
+    if d > 0 {
+        format!("{d}d{h:02}h")
+    } else if h > 0 {
+        format!("{h}h{m:02}m")
+    } else if m > 0 {
+        format!("{m}m{s:02}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// Time of day (UTC) of a Unix-epoch nanosecond timestamp, to the
+/// microsecond: `13:04:05.123456Z`. Zero (unknown) gives `-`.
+pub fn clock(ns: u64) -> String {
+    if ns == 0 {
+        return "-".into();
+    }
+    let secs = ns / 1_000_000_000;
+    let micros = ns % 1_000_000_000 / 1_000;
+    let day = secs % 86_400;
+    format!(
+        "{:02}:{:02}:{:02}.{micros:06}Z",
+        day / 3_600,
+        day / 60 % 60,
+        day % 60
+    )
+}
+
+/// How long ago a Unix-epoch nanosecond timestamp was, e.g. `3m07s ago`.
+pub fn ago(ns: u64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    if ns == 0 || now < ns {
+        return "-".into();
+    }
+    format!("{} ago", duration_s((now - ns) / 1_000_000_000))
+}
+
+/// A list of ids as `7,9,12` (or `-` when empty).
+pub fn id_list<T: std::fmt::Display>(ids: &[T]) -> String {
+    if ids.is_empty() {
+        return "-".into();
+    }
+    ids.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The scope of a watchpoint: `process` (every thread, including future
+/// ones) or its thread ids.
+pub fn scope(wp: &Watchpoint) -> String {
+    match &wp.spec {
+        _ if wp.process_wide => "process".into(),
+        Some(spec) if !spec.tids.is_empty() => id_list(&spec.tids),
+        _ => "-".into(),
+    }
+}
+
+/// `write 8 bytes at 0x55d0c0a01040 in pid 123`.
+pub fn describe(wp: &Watchpoint) -> String {
+    let spec = wp.spec.clone().unwrap_or_default();
+    format!(
+        "{} {} at {} in pid {}",
+        access_name(spec.access),
+        plural(spec.length, "byte"),
+        hex(spec.address),
+        spec.pid
+    )
+}
+
+/// A watchpoint as JSON.
+pub fn watchpoint_json(wp: &Watchpoint) -> Value {
+    let spec = wp.spec.clone().unwrap_or_default();
+    json!({
+        "id": wp.id,
+        "pid": spec.pid,
+        "tids": spec.tids,
+        "process_wide": wp.process_wide,
+        "address": hex(spec.address),
+        "length": spec.length,
+        "access": access_name(spec.access),
+        "backend": backend_name(wp.backend),
+        "armed_threads": wp.armed_threads,
+        "hits": wp.hits,
+        "created_at_ns": wp.created_at_ns,
+    })
+}
+
+/// An attached process as JSON.
+pub fn process_json(p: &ProcessInfo) -> Value {
+    json!({
+        "pid": p.pid,
+        "comm": p.comm,
+        "backend": backend_name(p.backend),
+        "threads": p.threads,
+        "watchpoints": p.watchpoints,
+        "attached_at_ns": p.attached_at_ns,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_and_trims() {
+        let mut t = Table::new(["ID", "NAME", "X"]);
+        t.row(vec!["7".into(), "long-name".into(), "".into()]);
+        t.row(vec!["1234".into(), "a".into(), "b".into()]);
+        assert_eq!(
+            t.render(),
+            "ID    NAME       X\n7     long-name\n1234  a          b\n"
+        );
+    }
+
+    #[test]
+    fn values_and_times() {
+        assert_eq!(hex(0x55d0c0a01040), "0x55d0c0a01040");
+        assert_eq!(hex_bytes(&[0x2a, 0, 0, 0]), "2a000000");
+        assert_eq!(le_value(&[0x2a, 0x01]), Some(0x012a));
+        assert_eq!(le_value(&[]), None);
+        assert_eq!(le_value(&[0xff; 8]), Some(u64::MAX));
+        assert_eq!(duration_ns(4_200_000), "4.2 ms");
+        assert_eq!(duration_ns(999), "999 ns");
+        assert_eq!(duration_s(3_725), "1h02m");
+        assert_eq!(clock(1_700_000_000_123_456_789), "22:13:20.123456Z");
+        assert_eq!(plural(1u32, "thread"), "1 thread");
+        assert_eq!(plural(1001u32, "thread"), "1001 threads");
+        assert_eq!(id_list::<u64>(&[]), "-");
+        assert_eq!(id_list(&[7u64, 9]), "7,9");
+        assert_eq!(access_name(Access::ReadWrite as i32), "rw");
+        assert_eq!(access_name(99), "unknown(99)");
+        assert_eq!(slot_state_name(SlotState::Foreign as i32), "foreign");
+    }
+}

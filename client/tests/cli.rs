@@ -1,0 +1,506 @@
+//! Runs the `wpctl` binary against a scripted in-process mock of the wpd gRPC service (and against no daemon at all), checking output formats and exit codes.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Code, Request, Response, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+use wpd_proto::v1::stream_events_response::Event;
+use wpd_proto::v1::watchpoints_server::{Watchpoints, WatchpointsServer};
+use wpd_proto::v1::*;
+
+/// A scripted daemon: fixed answers, and errors for particular inputs.
+struct Mock;
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<StreamEventsResponse, Status>> + Send>>;
+
+fn event(seq: u64, event: Event) -> StreamEventsResponse {
+    StreamEventsResponse {
+        seq,
+        time_ns: 1_700_000_000_000_000_000 + seq,
+        event: Some(event),
+    }
+}
+
+fn hit(seq: u64) -> StreamEventsResponse {
+    event(
+        seq,
+        Event::Hit(Hit {
+            watchpoint_id: 7,
+            pid: 123,
+            tid: 124,
+            ip: 0x401000,
+            address: 0x601040,
+            length: 4,
+            access: Access::Write as i32,
+            value: vec![0x2a, 0, 0, 0],
+            value_error: String::new(),
+            time_ns: 0,
+            value_read_at_ns: 0,
+            cpu: 0,
+        }),
+    )
+}
+
+fn watchpoint(id: u64, spec: WatchpointSpec, hits: u64) -> Watchpoint {
+    Watchpoint {
+        id,
+        process_wide: spec.tids.is_empty(),
+        armed_threads: if spec.tids.is_empty() {
+            3
+        } else {
+            spec.tids.len() as u32
+        },
+        spec: Some(spec),
+        hits,
+        created_at_ns: 1,
+        backend: Backend::Perf as i32,
+    }
+}
+
+#[tonic::async_trait]
+impl Watchpoints for Mock {
+    async fn get_capabilities(
+        &self,
+        _: Request<GetCapabilitiesRequest>,
+    ) -> Result<Response<GetCapabilitiesResponse>, Status> {
+        Ok(Response::new(GetCapabilitiesResponse {
+            arch: "x86_64".into(),
+            slots_per_thread: 4,
+            lengths: vec![1, 2, 4, 8],
+            access_kinds: vec![
+                Access::Write as i32,
+                Access::ReadWrite as i32,
+                Access::Exec as i32,
+            ],
+            max_user_address: 0x7fff_ffff_f000,
+            backends: vec![BackendInfo {
+                backend: Backend::Perf as i32,
+                usable: true,
+                reason: String::new(),
+                is_default: true,
+            }],
+            version: "9.9.9".into(),
+            cpus: 2,
+            kernel: "6.1.0-mock".into(),
+        }))
+    }
+
+    async fn attach(&self, r: Request<AttachRequest>) -> Result<Response<AttachResponse>, Status> {
+        let r = r.into_inner();
+        match r.pid {
+            123 => Ok(Response::new(AttachResponse {
+                process: Some(ProcessInfo {
+                    pid: 123,
+                    backend: if r.backend == Backend::Ptrace as i32 {
+                        Backend::Ptrace as i32
+                    } else {
+                        Backend::Perf as i32
+                    },
+                    threads: 1001,
+                    watchpoints: 0,
+                    comm: "target".into(),
+                    attached_at_ns: 1,
+                }),
+                newly_attached: true,
+            })),
+            999 => Err(Status::not_found("no process 999")),
+            _ => Err(Status::permission_denied("ptrace not permitted on pid 1")),
+        }
+    }
+
+    async fn detach(&self, r: Request<DetachRequest>) -> Result<Response<DetachResponse>, Status> {
+        match r.into_inner().pid {
+            123 => Ok(Response::new(DetachResponse {
+                watchpoints_removed: 1,
+                threads_released: 1001,
+            })),
+            pid => Err(Status::failed_precondition(format!(
+                "pid {pid} is not attached"
+            ))),
+        }
+    }
+
+    async fn set_watchpoint(
+        &self,
+        r: Request<SetWatchpointRequest>,
+    ) -> Result<Response<SetWatchpointResponse>, Status> {
+        let spec = r.into_inner().spec.unwrap_or_default();
+        if spec.access == Access::Read as i32 {
+            return Err(Status::invalid_argument(
+                "x86-64 has no read-only watchpoints; use --access rw",
+            ));
+        }
+        if spec.tids.contains(&666) {
+            let mut details = ErrorDetails::new();
+            details.set_error_info(
+                "OUT_OF_SLOTS",
+                "wpd.v1",
+                HashMap::from([("tids".to_string(), "666".to_string())]),
+            );
+            return Err(Status::with_error_details(
+                Code::ResourceExhausted,
+                "no free debug-register slot on tid 666 (slots: #1, #2, #3, foreign)",
+                details,
+            ));
+        }
+        Ok(Response::new(SetWatchpointResponse {
+            watchpoint: Some(watchpoint(7, spec, 0)),
+            arm_duration_ns: 4_200_000,
+        }))
+    }
+
+    async fn remove_watchpoint(
+        &self,
+        r: Request<RemoveWatchpointRequest>,
+    ) -> Result<Response<RemoveWatchpointResponse>, Status> {
+        match r.into_inner().id {
+            7 => Ok(Response::new(RemoveWatchpointResponse {
+                watchpoint: Some(watchpoint(
+                    7,
+                    WatchpointSpec {
+                        pid: 123,
+                        tids: vec![],
+                        address: 0x601040,
+                        length: 4,
+                        access: Access::Write as i32,
+                        backend: 0,
+                    },
+                    42,
+                )),
+            })),
+            id => Err(Status::not_found(format!("no watchpoint {id}"))),
+        }
+    }
+
+    async fn list_watchpoints(
+        &self,
+        _: Request<ListWatchpointsRequest>,
+    ) -> Result<Response<ListWatchpointsResponse>, Status> {
+        Ok(Response::new(ListWatchpointsResponse::default()))
+    }
+
+    async fn list_threads(
+        &self,
+        _: Request<ListThreadsRequest>,
+    ) -> Result<Response<ListThreadsResponse>, Status> {
+        Err(Status::unimplemented("not in the mock"))
+    }
+
+    type StreamEventsStream = EventStream;
+
+    /// pid 1: three events, then the stream ends. pid 2: a hit every 5 ms,
+    /// forever. Otherwise: a hit, a drop notice, a thread start, then silence.
+    async fn stream_events(
+        &self,
+        r: Request<StreamEventsRequest>,
+    ) -> Result<Response<EventStream>, Status> {
+        let first = vec![
+            Ok(hit(1)),
+            Ok(event(2, Event::Dropped(EventsDropped { count: 5 }))),
+            Ok(event(
+                3,
+                Event::ThreadStarted(ThreadStarted {
+                    pid: 123,
+                    tid: 125,
+                    parent_tid: 124,
+                    watchpoint_ids: vec![7],
+                }),
+            )),
+        ];
+        let stream: EventStream = match r.into_inner().pid {
+            1 => Box::pin(tokio_stream::iter(first)),
+            2 => {
+                let ticks = tokio_stream::wrappers::IntervalStream::new(tokio::time::interval(
+                    Duration::from_millis(5),
+                ));
+                let mut seq = 0;
+                Box::pin(ticks.map(move |_| {
+                    seq += 1;
+                    Ok(hit(seq))
+                }))
+            }
+            _ => Box::pin(tokio_stream::iter(first).chain(tokio_stream::pending())),
+        };
+        Ok(Response::new(stream))
+    }
+
+    async fn get_stats(
+        &self,
+        _: Request<GetStatsRequest>,
+    ) -> Result<Response<GetStatsResponse>, Status> {
+        Ok(Response::new(GetStatsResponse {
+            processes: 1,
+            hits: 42,
+            ..Default::default()
+        }))
+    }
+}
+
+/// A fresh temporary directory, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "wpctl-test-{}-{}-{tag}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.0.join("wpd.sock")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Starts the mock on a Unix socket; returns its endpoint (valid while the
+/// directory lives).
+async fn start_mock() -> (String, TempDir) {
+    let dir = TempDir::new("mock");
+    let path = dir.socket();
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(WatchpointsServer::new(Mock))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    (format!("unix:{}", path.display()), dir)
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+async fn wpctl(endpoint: &str, args: &[&str]) -> Run {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_wpctl"))
+        .args(args)
+        .env("WPD_ENDPOINT", endpoint)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(20), out)
+        .await
+        .expect("wpctl did not finish")
+        .unwrap();
+    Run {
+        code: out.status.code().expect("exited normally"),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+#[tokio::test]
+async fn no_daemon_is_a_transport_error_with_exit_3() {
+    let dir = TempDir::new("none");
+    let endpoint = format!("unix:{}", dir.socket().display());
+    let r = wpctl(&endpoint, &["caps"]).await;
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert!(r.stdout.is_empty());
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .starts_with(&format!("wpctl: cannot reach wpd at {endpoint}: ")),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.contains("`wpd`"), "{}", r.stderr);
+
+    let r = wpctl(&endpoint, &["caps", "--json"]).await;
+    assert_eq!(r.code, 3);
+    let v: serde_json::Value = serde_json::from_str(&r.stderr).unwrap();
+    assert_eq!(v["error"]["code"], "UNAVAILABLE");
+    assert_eq!(v["error"]["exit_code"], 3);
+
+    // `--access read` passes the parser (the daemon is the one to refuse it).
+    let r = wpctl(
+        &endpoint,
+        &["watch", "--pid", "1", "--addr", "4096", "--access", "read"],
+    )
+    .await;
+    assert_eq!(r.code, 3, "{}", r.stderr);
+}
+
+#[tokio::test]
+async fn usage_errors_exit_2() {
+    let r = wpctl(
+        "unix:/nonexistent",
+        &["watch", "--pid", "1", "--addr", "0xzz"],
+    )
+    .await;
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("is not a hex number"), "{}", r.stderr);
+    let r = wpctl("unix:/nonexistent", &["frobnicate"]).await;
+    assert_eq!(r.code, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unary_calls_print_and_map_errors() {
+    let (ep, _dir) = start_mock().await;
+
+    let r = wpctl(&ep, &["attach", "--pid", "123"]).await;
+    assert_eq!(
+        (r.code, r.stdout.as_str()),
+        (0, "attached pid 123 (perf): 1001 threads\n")
+    );
+
+    let r = wpctl(
+        &ep,
+        &["watch", "--pid", "123", "--addr", "0x601040", "--len", "4"],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout,
+        "watchpoint 7: write 4 bytes at 0x601040 in pid 123, armed on 3 threads (process-wide, 4.2 ms)\n"
+    );
+
+    let r = wpctl(
+        &ep,
+        &[
+            "watch", "--pid", "123", "--addr", "0x601040", "--access", "read",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 4);
+    assert_eq!(
+        r.stderr,
+        "wpctl: x86-64 has no read-only watchpoints; use --access rw\n"
+    );
+
+    let r = wpctl(
+        &ep,
+        &[
+            "watch", "--pid", "123", "--tid", "666", "--addr", "0x601040",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 6);
+    assert_eq!(
+        r.stderr,
+        "wpctl: no free debug-register slot on tid 666 (slots: #1, #2, #3, foreign)\n"
+    );
+    let r = wpctl(
+        &ep,
+        &[
+            "--json", "watch", "--pid", "123", "--tid", "666", "--addr", "0x601040",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 6);
+    assert!(r.stdout.is_empty());
+    let v: serde_json::Value = serde_json::from_str(&r.stderr).unwrap();
+    assert_eq!(v["error"]["code"], "RESOURCE_EXHAUSTED");
+    assert_eq!(v["error"]["reason"], "OUT_OF_SLOTS");
+    assert_eq!(v["error"]["metadata"]["tids"], "666");
+
+    let r = wpctl(&ep, &["unwatch", "7"]).await;
+    assert_eq!(
+        (r.code, r.stdout.as_str()),
+        (
+            0,
+            "removed watchpoint 7 (write 4 bytes at 0x601040 in pid 123): 42 hits\n"
+        )
+    );
+    let r = wpctl(&ep, &["unwatch", "--id", "8"]).await;
+    assert_eq!((r.code, r.stderr.as_str()), (5, "wpctl: no watchpoint 8\n"));
+
+    assert_eq!(wpctl(&ep, &["attach", "--pid", "999"]).await.code, 5);
+    assert_eq!(wpctl(&ep, &["attach", "--pid", "1"]).await.code, 7);
+    assert_eq!(wpctl(&ep, &["detach", "--pid", "5"]).await.code, 8);
+    assert_eq!(wpctl(&ep, &["threads", "--pid", "123"]).await.code, 8);
+
+    let r = wpctl(&ep, &["detach", "--pid", "123"]).await;
+    assert_eq!(
+        r.stdout,
+        "detached pid 123: removed 1 watchpoint, released 1001 threads\n"
+    );
+
+    let r = wpctl(&ep, &["caps", "--json"]).await;
+    assert_eq!(r.code, 0);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(
+        v["access_kinds"],
+        serde_json::json!(["write", "rw", "exec"])
+    );
+    assert_eq!(v["backends"][0]["backend"], "perf");
+
+    let r = wpctl(&ep, &["list"]).await;
+    assert_eq!(r.stdout, "no watchpoints\n\nno attached processes\n");
+    let r = wpctl(&ep, &["stats", "--json"]).await;
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["hits"], 42);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_stream_count_and_end() {
+    let (ep, _dir) = start_mock().await;
+
+    // The server ends the stream: exit 0 after all its events.
+    let r = wpctl(&ep, &["events", "--pid", "1"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let lines: Vec<_> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{}", r.stdout);
+    assert!(
+        lines[0]
+            .ends_with(" hit wp=7 pid=123 tid=124 ip=0x401000 addr=0x601040 value=2a000000 le=42"),
+        "{}",
+        lines[0]
+    );
+    assert_eq!(lines[1], "!! 5 events dropped (subscriber too slow)");
+    assert!(lines[2].ends_with(" thread-start pid=123 tid=125 parent=124 inherited=7"));
+
+    // --count stops a stream that would go on forever, counting the drop notice.
+    let r = wpctl(&ep, &["events", "--count", "2", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let lines: Vec<serde_json::Value> = r
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["type"], "hit");
+    assert_eq!(lines[0]["value"], "2a000000");
+    assert_eq!(lines[0]["value_le"], 42);
+    assert_eq!(lines[1]["type"], "dropped");
+    assert_eq!(lines[1]["count"], 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_exit_quietly_when_stdout_closes() {
+    let (ep, _dir) = start_mock().await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_wpctl"))
+        .args(["events", "--pid", "2"])
+        .env("WPD_ENDPOINT", &ep)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next_line().await.unwrap().expect("a first event");
+    assert!(first.contains(" hit wp=7 "), "{first}");
+    drop(lines); // Like `wpctl events | head -1`.
+    let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+        .await
+        .expect("wpctl kept running after its stdout closed")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
