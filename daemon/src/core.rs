@@ -487,6 +487,11 @@ impl Core {
         self.procs.remove_if(&proc.pid, |_, p| Arc::ptr_eq(p, proc));
     }
 
+    /// Ends every event stream (first step of shutdown).
+    pub fn close_streams(&self) {
+        self.bus.close();
+    }
+
     /// Detaches everything (shutdown). Every target keeps running.
     pub fn shutdown(&self) {
         self.stop.store(true, Ordering::SeqCst);
@@ -1030,8 +1035,10 @@ impl Core {
                     return; // a new process (fork) is left alone
                 }
                 if let Some(row) = self.ledger.on_fork(pid, ptid, tid, time) {
+                    // Certain and uncertain ones: the reconcile step arms any
+                    // uncertain one that was not inherited.
                     let watchpoints = (0..arch::current::SLOTS)
-                        .filter(|s| row.ours & (1 << s) != 0)
+                        .filter(|s| (row.ours | row.uncertain) & (1 << s) != 0)
                         .map(|s| WatchId(row.holder[s]))
                         .collect();
                     self.bus.publish(EventKind::ThreadStarted {
@@ -1060,6 +1067,7 @@ impl Core {
             }
             Record::Lost { count } => {
                 tracing::warn!(count, "kernel dropped records: ring full");
+                self.bus.publish(EventKind::RecordsLost { count });
             }
         }
     }

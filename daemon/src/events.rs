@@ -69,6 +69,12 @@ pub enum EventKind {
         /// Its watchpoints, now gone.
         watchpoints: Vec<WatchId>,
     },
+    /// A kernel ring overflowed: records (hits, thread events) were lost
+    /// before the daemon could read them.
+    RecordsLost {
+        /// How many.
+        count: u64,
+    },
     /// A watchpoint went away.
     WatchpointRemoved {
         /// Watchpoint.
@@ -85,6 +91,7 @@ impl EventKind {
     pub fn pid(&self) -> Pid {
         match self {
             EventKind::Hit(h) => h.pid,
+            EventKind::RecordsLost { .. } => 0,
             EventKind::ThreadStarted { pid, .. }
             | EventKind::ThreadExited { pid, .. }
             | EventKind::ProcessExited { pid, .. }
@@ -108,6 +115,7 @@ pub struct Event {
 #[derive(Debug)]
 pub struct EventBus {
     tx: broadcast::Sender<Arc<Event>>,
+    closed: tokio::sync::watch::Sender<bool>,
     seq: AtomicU64,
     dropped: AtomicU64,
 }
@@ -123,6 +131,7 @@ impl EventBus {
     pub fn new(capacity: usize) -> Self {
         EventBus {
             tx: broadcast::channel(capacity).0,
+            closed: tokio::sync::watch::channel(false).0,
             seq: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
         }
@@ -145,6 +154,16 @@ impl EventBus {
     /// A new subscriber, starting with the next event.
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
         self.tx.subscribe()
+    }
+
+    /// Tells every stream to end (daemon shutdown).
+    pub fn close(&self) {
+        self.closed.send_replace(true);
+    }
+
+    /// Resolves once `close` was called.
+    pub fn closed(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.closed.subscribe()
     }
 
     /// Current subscribers.

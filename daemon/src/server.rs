@@ -51,6 +51,9 @@ impl std::str::FromStr for Listen {
     }
 }
 
+/// How long open connections may take to finish after SIGTERM/SIGINT.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Mode of the Unix socket: owner (root) only, until per-caller
 /// authorization exists.
 pub const SOCKET_MODE: u32 = 0o600;
@@ -106,21 +109,31 @@ pub async fn run(listen: Listen) -> anyhow::Result<()> {
         .add_service(health_svc)
         .add_service(reflection)
         .add_service(svc);
-    let shutdown = async {
+    let stream_core = core.clone();
+    let shutdown = async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("SIGTERM handler");
         tokio::select! {
             _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
         }
+        // Open event streams would keep the graceful shutdown waiting.
+        stream_core.close_streams();
+    };
+    // A client that stops reading its stream would hold the graceful
+    // shutdown forever: after the signal, connections get a grace period.
+    let mut closed = core.bus.closed();
+    let deadline = async move {
+        let _ = closed.wait_for(|c| *c).await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+        tracing::warn!("connections still open after {SHUTDOWN_GRACE:?}: closing them");
     };
     let result = match &listen {
         Listen::Unix(path) => {
             let l = prepare_socket(path)?;
             eprintln!("wpd: listening on unix:{}", path.display());
-            let r = router
-                .serve_with_incoming_shutdown(UnixListenerStream::new(l), shutdown)
-                .await;
+            let serve = router.serve_with_incoming_shutdown(UnixListenerStream::new(l), shutdown);
+            let r = tokio::select! { r = serve => r, _ = deadline => Ok(()) };
             let _ = std::fs::remove_file(path);
             r
         }
@@ -129,9 +142,8 @@ pub async fn run(listen: Listen) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("binding {addr}"))?;
             eprintln!("wpd: listening on tcp://{}", l.local_addr()?);
-            router
-                .serve_with_incoming_shutdown(TcpListenerStream::new(l), shutdown)
-                .await
+            let serve = router.serve_with_incoming_shutdown(TcpListenerStream::new(l), shutdown);
+            tokio::select! { r = serve => r, _ = deadline => Ok(()) }
         }
     };
     let c: Arc<Core> = core.clone();

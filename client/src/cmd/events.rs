@@ -111,6 +111,10 @@ fn to_text(ev: &StreamEventsResponse) -> String {
             "!! {} dropped (subscriber too slow)",
             output::plural(d.count, "event")
         ),
+        Some(Event::RecordsLost(l)) => format!(
+            "!! {} lost in the kernel ring (daemon could not keep up with the hit rate)",
+            output::plural(l.count, "record")
+        ),
         None => format!("{t} unknown-event seq={}", ev.seq),
     }
 }
@@ -160,6 +164,10 @@ fn to_json(ev: &StreamEventsResponse) -> Value {
         Some(Event::Dropped(d)) => json!({
             "type": "dropped",
             "count": d.count,
+        }),
+        Some(Event::RecordsLost(l)) => json!({
+            "type": "records_lost",
+            "count": l.count,
         }),
         None => json!({ "type": "unknown" }),
     };

@@ -199,6 +199,7 @@ pub fn event_to_pb(e: &Event) -> pb::StreamEventsResponse {
             pid: *pid,
             watchpoint_ids: watchpoints.iter().map(|w| w.0).collect(),
         }),
+        EventKind::RecordsLost { count } => E::RecordsLost(pb::RecordsLost { count: *count }),
         EventKind::WatchpointRemoved { id, pid, reason } => {
             E::WatchpointRemoved(pb::WatchpointRemoved {
                 watchpoint_id: id.0,

@@ -203,11 +203,17 @@ impl Watchpoints for Service {
         let core = self.core.clone();
         let ids: Vec<WatchId> = r.watchpoint_ids.iter().map(|&i| WatchId(i)).collect();
         let (tx, out) = tokio::sync::mpsc::channel::<Result<pb::StreamEventsResponse, Status>>(256);
+        let mut closed = self.core.bus.closed();
         tokio::spawn(async move {
             loop {
-                let item = match rx.recv().await {
+                let got = tokio::select! {
+                    got = rx.recv() => got,
+                    _ = closed.wait_for(|c| *c) => break,
+                };
+                let item = match got {
                     Ok(ev) => {
-                        if r.pid != 0 && ev.kind.pid() != r.pid {
+                        let global = matches!(ev.kind, EventKind::RecordsLost { .. });
+                        if r.pid != 0 && ev.kind.pid() != r.pid && !global {
                             continue;
                         }
                         match &ev.kind {

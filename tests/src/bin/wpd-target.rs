@@ -1,0 +1,297 @@
+//! `wpd-target`: the multi-threaded sample process that wpd's end-to-end tests and demo watch.
+//!
+//! `wpd-target --threads N [--interval-us U] [--spin]` starts N worker threads that keep
+//! storing an increasing number into `VARS[0]`, prints one `READY ...` line with its pid and
+//! the addresses of the eight watched variables, then obeys one command per stdin line,
+//! answering each with exactly one stdout line:
+//!
+//! | command          | effect                                                        | reply                     |
+//! |------------------|---------------------------------------------------------------|---------------------------|
+//! | `spawn`          | new thread: first action is one store of 0xC0FFEE to `VARS[1]`, then it parks until quit | `SPAWNED tid=T` |
+//! | `spawn-worker`   | one more worker like the initial ones                         | `SPAWNED tid=T`           |
+//! | `write I V`      | the main thread stores V (decimal or 0x-hex) into `VARS[I]`  | `WROTE`                   |
+//! | `stop-workers`   | every worker (initial and spawned) exits and is joined        | `STOPPED remaining=K`     |
+//! | `ping`           | nothing                                                       | `PONG counter=C threads=K`|
+//! | `quit` / EOF     | exit 0                                                        | `BYE` (quit only)         |
+//!
+//! Invalid commands get `ERR <reason>`. The program deliberately installs no SIGTRAP handler:
+//! a stray debug trap (a broken daemon) must kill it so that the tests notice.
+
+use std::cell::UnsafeCell;
+use std::hint;
+use std::io::{self, BufRead, Write};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+/// One watched variable, alone on its 64-byte cache line.
+#[repr(C, align(64))]
+struct AlignedU64(UnsafeCell<u64>);
+
+// SAFETY: the cell is only accessed through volatile, naturally aligned 8-byte loads and
+// stores (`store`/`load` below). On x86-64 those are single `mov` instructions and therefore
+// single-copy atomic; a racing reader sees either the old or the new value. Volatile (rather
+// than an atomic) is used on purpose: every loop iteration must be exactly one plain store
+// instruction that the compiler may neither merge nor drop, because that is what the
+// hardware watchpoints observe.
+unsafe impl Sync for AlignedU64 {}
+
+impl AlignedU64 {
+    const fn new() -> Self {
+        AlignedU64(UnsafeCell::new(0))
+    }
+
+    fn addr(&self) -> usize {
+        self.0.get() as usize
+    }
+
+    #[inline(never)]
+    fn store(&self, value: u64) {
+        // SAFETY: valid, aligned pointer into a static; see the `Sync` impl.
+        unsafe { std::ptr::write_volatile(self.0.get(), value) }
+    }
+
+    fn load(&self) -> u64 {
+        // SAFETY: valid, aligned pointer into a static; see the `Sync` impl.
+        unsafe { std::ptr::read_volatile(self.0.get()) }
+    }
+}
+
+/// The watched variables. Workers store to `VARS[0]` only; `spawn` threads store to `VARS[1]`
+/// once; the rest are touched only by `write`.
+static VARS: [AlignedU64; 8] = [const { AlignedU64::new() }; 8];
+
+/// Source of the increasing numbers the workers store (kept off the watched lines).
+#[repr(C, align(64))]
+struct Counter(AtomicU64);
+static COUNTER: Counter = Counter(AtomicU64::new(0));
+
+/// Set while `stop-workers` asks every worker to leave its loop.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// Value the `spawn` threads store into `VARS[1]`.
+const SPAWN_MARK: u64 = 0xC0FFEE;
+
+/// Stack size of every thread we create (kept small so that thousands of threads are cheap).
+const STACK_SIZE: usize = 128 * 1024;
+
+#[derive(Clone, Copy)]
+struct Config {
+    threads: usize,
+    interval: Duration,
+    spin: bool,
+}
+
+const USAGE: &str = "usage: wpd-target --threads N [--interval-us U] [--spin]";
+
+fn parse_args() -> Result<Config, String> {
+    let mut cfg = Config {
+        threads: 4,
+        interval: Duration::from_micros(1000),
+        spin: false,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| {
+            args.next()
+                .ok_or_else(|| format!("{name} needs a value"))?
+                .parse::<u64>()
+                .map_err(|e| format!("{name}: {e}"))
+        };
+        match arg.as_str() {
+            "--threads" => cfg.threads = value("--threads")? as usize,
+            "--interval-us" => cfg.interval = Duration::from_micros(value("--interval-us")?),
+            "--spin" => cfg.spin = true,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(cfg)
+}
+
+fn gettid() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() }
+}
+
+fn task_count() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// The body of a worker: report the tid, then store increasing numbers into `VARS[0]`.
+fn worker(cfg: Config, tid_tx: mpsc::Sender<i32>) {
+    let _ = tid_tx.send(gettid());
+    drop(tid_tx);
+    while !STOP.load(Ordering::Relaxed) {
+        let n = COUNTER.0.fetch_add(1, Ordering::Relaxed) + 1;
+        VARS[0].store(n);
+        if cfg.spin {
+            for _ in 0..1000 {
+                hint::spin_loop();
+            }
+        } else {
+            thread::sleep(cfg.interval);
+        }
+    }
+}
+
+/// Starts one worker and returns its handle and tid (once the thread is running).
+fn start_worker(cfg: Config, index: usize) -> io::Result<(JoinHandle<()>, i32)> {
+    let (tx, rx) = mpsc::channel();
+    let handle = thread::Builder::new()
+        .name(format!("worker-{index}"))
+        .stack_size(STACK_SIZE)
+        .spawn(move || worker(cfg, tx))?;
+    let tid = rx
+        .recv()
+        .map_err(|_| io::Error::other("worker died before reporting its tid"))?;
+    Ok((handle, tid))
+}
+
+/// Starts a thread whose very first action is one store to `VARS[1]`; it then reports its tid
+/// and parks until the process exits.
+fn start_marker_thread() -> io::Result<i32> {
+    let (tx, rx) = mpsc::channel();
+    thread::Builder::new()
+        .name("spawned".into())
+        .stack_size(STACK_SIZE)
+        .spawn(move || {
+            VARS[1].store(SPAWN_MARK);
+            let _ = tx.send(gettid());
+            drop(tx);
+            loop {
+                thread::park();
+            }
+        })?;
+    rx.recv()
+        .map_err(|_| io::Error::other("spawned thread died before reporting its tid"))
+}
+
+struct State {
+    cfg: Config,
+    workers: Vec<JoinHandle<()>>,
+    next_index: usize,
+    /// Threads created by `spawn` (they never exit).
+    markers: usize,
+}
+
+impl State {
+    fn handle(&mut self, line: &str) -> Option<String> {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let reply = match words.as_slice() {
+            [] => return None,
+            ["spawn"] => match start_marker_thread() {
+                Ok(tid) => {
+                    self.markers += 1;
+                    format!("SPAWNED tid={tid}")
+                }
+                Err(e) => format!("ERR spawn: {e}"),
+            },
+            ["spawn-worker"] => match start_worker(self.cfg, self.next_index) {
+                Ok((handle, tid)) => {
+                    self.next_index += 1;
+                    self.workers.push(handle);
+                    format!("SPAWNED tid={tid}")
+                }
+                Err(e) => format!("ERR spawn-worker: {e}"),
+            },
+            ["write", index, value] => match (index.parse::<usize>(), parse_u64(value)) {
+                (Ok(i), Some(v)) if i < VARS.len() => {
+                    VARS[i].store(v);
+                    "WROTE".to_string()
+                }
+                _ => format!("ERR usage: write <0..{}> <value>", VARS.len() - 1),
+            },
+            ["stop-workers"] => {
+                STOP.store(true, Ordering::Relaxed);
+                for handle in self.workers.drain(..) {
+                    let _ = handle.join();
+                }
+                STOP.store(false, Ordering::Relaxed);
+                // A joined thread can linger in /proc for a moment after its joiner woke up.
+                let expected = 1 + self.markers;
+                let deadline = Instant::now() + Duration::from_secs(2);
+                while task_count() > expected && Instant::now() < deadline {
+                    thread::sleep(Duration::from_millis(1));
+                }
+                format!("STOPPED remaining={}", task_count())
+            }
+            ["ping"] => format!("PONG counter={} threads={}", VARS[0].load(), task_count()),
+            _ => format!("ERR unknown command {line:?}"),
+        };
+        Some(reply)
+    }
+}
+
+fn parse_u64(s: &str) -> Option<u64> {
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cfg = match parse_args() {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("wpd-target: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+
+    let mut state = State {
+        cfg,
+        workers: Vec::with_capacity(cfg.threads),
+        next_index: 0,
+        markers: 0,
+    };
+    for _ in 0..cfg.threads {
+        match start_worker(cfg, state.next_index) {
+            Ok((handle, _tid)) => {
+                state.next_index += 1;
+                state.workers.push(handle);
+            }
+            Err(e) => {
+                eprintln!("wpd-target: cannot start worker {}: {e}", state.next_index);
+                return ExitCode::from(1);
+            }
+        }
+    }
+
+    let addrs: Vec<String> = VARS.iter().map(|v| format!("{:#x}", v.addr())).collect();
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    let ready = writeln!(
+        out,
+        "READY pid={} threads={} vars={}",
+        std::process::id(),
+        cfg.threads,
+        addrs.join(",")
+    )
+    .and_then(|()| out.flush());
+    if ready.is_err() {
+        return ExitCode::from(1);
+    }
+
+    for line in io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        if line.trim() == "quit" {
+            let _ = writeln!(out, "BYE").and_then(|()| out.flush());
+            break;
+        }
+        if let Some(reply) = state.handle(line.trim())
+            && writeln!(out, "{reply}").and_then(|()| out.flush()).is_err()
+        {
+            break;
+        }
+    }
+    // Exit without joining: workers and parked threads die with the process.
+    std::process::exit(0)
+}

@@ -1,0 +1,1402 @@
+//! Harness for wpd's end-to-end tests and demo: finds the built binaries, runs `wpd` and
+//! `wpd-target` under guards that stop them on every path (including panics), and wraps the
+//! gRPC event stream, status checks and ledger snapshots the tests assert on.
+//!
+//! Guards ([`Daemon`], [`TargetProc`], [`ForeignBreakpoint`]) clean up in `Drop`. Children are
+//! also started in their own process group (a terminal Ctrl-C reaches only the test or demo,
+//! which then cleans up) and with `PR_SET_PDEATHSIG = SIGKILL`, so that they die even if the
+//! test process is killed outright. The death signal fires when the *thread* that started the
+//! child exits: create guards on a thread that outlives them (a test's body, `main`), never
+//! inside `spawn_blocking`.
+
+use std::collections::{HashSet, VecDeque};
+use std::fmt::Debug;
+use std::fs::{self, File};
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+use tonic::{Code, Status, Streaming};
+use wpd_proto::v1::watchpoints_client::WatchpointsClient;
+use wpd_proto::v1::{
+    Access, GetCapabilitiesRequest, Hit, ListThreadsRequest, ListThreadsResponse,
+    ListWatchpointsRequest, SetWatchpointRequest, SetWatchpointResponse, SlotState,
+    StreamEventsRequest, StreamEventsResponse, ThreadInfo, Watchpoint, WatchpointSpec,
+};
+
+pub use wpd_proto::connect::Target;
+pub use wpd_proto::v1::stream_events_response::Event;
+
+/// A connected gRPC client of the daemon.
+pub type Client = WatchpointsClient<Channel>;
+
+/// How long [`Daemon::start`] waits for the daemon to answer `GetCapabilities`.
+pub const DAEMON_READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long [`TargetProc::start`] waits for the `READY` line.
+pub const TARGET_READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long [`TargetProc::cmd`] waits for the reply line.
+pub const TARGET_CMD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a guard gives a child to exit after SIGTERM before it sends SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+/// Timeout of a single unary RPC made by the helpers here.
+pub const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Value the target's `spawn` threads store into `VARS[1]`.
+pub const SPAWN_MARK: u64 = 0xC0FFEE;
+
+// ---------------------------------------------------------------------------------------------
+// Binaries
+// ---------------------------------------------------------------------------------------------
+
+/// The directory holding the workspace's binaries: the running executable's directory, or its
+/// parent when the executable is a test in `target/<profile>/deps/`.
+pub fn bin_dir() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("cannot find the running executable")?;
+    let mut dir = exe
+        .parent()
+        .ok_or_else(|| anyhow!("{} has no parent directory", exe.display()))?
+        .to_path_buf();
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.pop();
+    }
+    Ok(dir)
+}
+
+/// The path of the workspace binary `name` (`wpd`, `wpctl`, `wpd-target`, ...).
+///
+/// `$<NAME>_BIN` (e.g. `WPD_BIN`, `WPD_TARGET_BIN`) overrides the lookup; otherwise the binary
+/// must sit in [`bin_dir`].
+pub fn find_bin(name: &str) -> Result<PathBuf> {
+    let var = format!("{}_BIN", name.to_uppercase().replace('-', "_"));
+    if let Some(path) = std::env::var_os(&var) {
+        let path = PathBuf::from(path);
+        ensure!(
+            path.is_file(),
+            "${var} points to {}, which is not a file",
+            path.display()
+        );
+        return Ok(path);
+    }
+    let dir = bin_dir()?;
+    let path = dir.join(name);
+    if path.is_file() {
+        return Ok(path);
+    }
+    let release = if dir.file_name().is_some_and(|n| n == "release") {
+        " --release"
+    } else {
+        ""
+    };
+    bail!(
+        "`{name}` not found at {}: run `cargo build{release} --workspace --bins` first \
+         (or set ${var} to the binary)",
+        path.display()
+    )
+}
+
+/// Like [`find_bin`], but panics with the explanation (for tests).
+pub fn bin_path(name: &str) -> PathBuf {
+    find_bin(name).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Privileges
+// ---------------------------------------------------------------------------------------------
+
+/// True when this process may run the end-to-end tests: it is root and the kernel grants a
+/// hardware breakpoint (checked once with a throw-away breakpoint on this thread).
+///
+/// Otherwise prints `SKIP <test>: <reason>` to stderr (uncaptured) and returns false; the test must return
+/// right away. With `WPD_TESTS_REQUIRE=1` in the environment it panics instead, so that CI
+/// cannot pass by skipping.
+pub fn require_root_perf() -> bool {
+    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
+    let result = PROBE.get_or_init(|| {
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        if euid != 0 {
+            return Err(format!(
+                "not root (euid {euid}); wpd needs root to watch other processes \
+                 (run e.g. `sudo -E cargo test -p wpd-tests`)"
+            ));
+        }
+        static PROBE_VAR: AtomicU32 = AtomicU32::new(0);
+        ForeignBreakpoint::open(0, PROBE_VAR.as_ptr() as u64, 4)
+            .map(drop)
+            .map_err(|e| format!("the kernel refuses hardware breakpoints here: {e:#}"))
+    });
+    match result {
+        Ok(()) => true,
+        Err(reason) => {
+            let name = std::thread::current()
+                .name()
+                .unwrap_or("<unnamed test>")
+                .to_string();
+            if std::env::var_os("WPD_TESTS_REQUIRE").is_some_and(|v| v == "1") {
+                panic!("{name}: cannot run ({reason}) and WPD_TESTS_REQUIRE=1");
+            }
+            // Written to the real stderr, past libtest's capture, so that a skip is visible
+            // even when the test "passes".
+            let _ = writeln!(std::io::stderr(), "SKIP {name}: {reason}");
+            false
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child process plumbing
+// ---------------------------------------------------------------------------------------------
+
+/// Makes a child its own process group leader and kills it when the spawning thread dies.
+fn guard_child(cmd: &mut Command) {
+    let parent = std::process::id() as libc::pid_t;
+    cmd.process_group(0);
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe calls.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("parent died before exec"));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Sends `sig` to a child that has not been reaped (so the pid cannot have been reused).
+fn signal_child(child: &mut Child, status: &mut Option<ExitStatus>, sig: libc::c_int) {
+    if status.is_some() {
+        return;
+    }
+    if let Ok(Some(st)) = child.try_wait() {
+        *status = Some(st);
+        return;
+    }
+    // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, sig);
+    }
+}
+
+/// Blocking: polls for the child's exit until `timeout`.
+fn wait_child_blocking(
+    child: &mut Child,
+    status: &mut Option<ExitStatus>,
+    timeout: Duration,
+) -> Option<ExitStatus> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if status.is_some() {
+            return *status;
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            *status = Some(st);
+            return *status;
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Async: polls for the child's exit until `timeout`.
+async fn wait_child(
+    child: &mut Child,
+    status: &mut Option<ExitStatus>,
+    timeout: Duration,
+) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if status.is_some() {
+            return *status;
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            *status = Some(st);
+            return *status;
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Blocking: SIGTERM (or SIGKILL right away if `term` is false), wait, then SIGKILL, wait.
+fn stop_child_blocking(child: &mut Child, status: &mut Option<ExitStatus>, term: bool) {
+    if term {
+        signal_child(child, status, libc::SIGTERM);
+        if wait_child_blocking(child, status, STOP_GRACE).is_some() {
+            return;
+        }
+        eprintln!(
+            "harness: pid {} ignored SIGTERM for {STOP_GRACE:?}; sending SIGKILL",
+            child.id()
+        );
+    }
+    signal_child(child, status, libc::SIGKILL);
+    if wait_child_blocking(child, status, STOP_GRACE).is_none() {
+        eprintln!(
+            "harness: pid {} did not exit after SIGKILL; leaving it",
+            child.id()
+        );
+    }
+}
+
+/// Describes an exit status, naming the signal when there was one.
+pub fn describe_status(st: &ExitStatus) -> String {
+    match (st.code(), st.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(sig)) => {
+            let name = match sig {
+                libc::SIGTRAP => "SIGTRAP",
+                libc::SIGKILL => "SIGKILL",
+                libc::SIGTERM => "SIGTERM",
+                libc::SIGSEGV => "SIGSEGV",
+                libc::SIGABRT => "SIGABRT",
+                libc::SIGINT => "SIGINT",
+                _ => "signal",
+            };
+            format!(
+                "killed by {name} ({sig}){}",
+                if st.core_dumped() {
+                    ", core dumped"
+                } else {
+                    ""
+                }
+            )
+        }
+        (None, None) => format!("{st}"),
+    }
+}
+
+/// Removes `<prefix>-<pid>-...` directories left behind by processes that no longer exist
+/// (a test run killed with SIGKILL cannot clean up after itself).
+fn remove_stale_temp_dirs(base: &Path, prefix: &str) {
+    let Ok(entries) = fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&format!("{prefix}-")))
+        else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// A fresh, empty directory under the system temp dir.
+fn unique_temp_dir(prefix: &str) -> Result<PathBuf> {
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    let base = std::env::temp_dir();
+    remove_stale_temp_dirs(&base, prefix);
+    for _ in 0..100 {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let dir = base.join(format!(
+            "{prefix}-{}-{}-{nanos:08x}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        match fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+        }
+    }
+    bail!("cannot create a unique directory in {}", base.display())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The daemon
+// ---------------------------------------------------------------------------------------------
+
+/// A running `wpd` on a private Unix socket. Dropping it sends SIGTERM, waits up to 5 s, then
+/// SIGKILLs, and removes its temp dir; if the thread is panicking it first prints the log.
+pub struct Daemon {
+    child: Child,
+    status: Option<ExitStatus>,
+    dir: PathBuf,
+    socket: PathBuf,
+    log_path: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `wpd --listen unix:<tmp>/wpd.sock` and waits until it answers `GetCapabilities`.
+    /// Panics if the `wpd` binary is missing.
+    pub async fn start() -> Result<Daemon> {
+        Self::start_with_args(&[]).await
+    }
+
+    /// Like [`Daemon::start`] with extra command-line arguments.
+    pub async fn start_with_args(extra: &[&str]) -> Result<Daemon> {
+        let bin = bin_path("wpd");
+        let dir = unique_temp_dir("wpd-e2e")?;
+        let socket = dir.join("wpd.sock");
+        let log_path = dir.join("wpd.log");
+        let spawned = (|| -> Result<Child> {
+            let log = File::create(&log_path)
+                .with_context(|| format!("creating {}", log_path.display()))?;
+            let mut cmd = Command::new(&bin);
+            cmd.arg("--listen")
+                .arg(format!("unix:{}", socket.display()))
+                .args(extra)
+                .env("NO_COLOR", "1")
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log);
+            guard_child(&mut cmd);
+            cmd.spawn()
+                .with_context(|| format!("cannot start {}", bin.display()))
+        })();
+        let child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                let _ = fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let mut daemon = Daemon {
+            child,
+            status: None,
+            dir,
+            socket,
+            log_path,
+        };
+        if let Err(e) = daemon.wait_ready().await {
+            return Err(e.context(format!(
+                "wpd did not become ready; its log:\n{}",
+                daemon.log_tail(16 * 1024)
+            )));
+        }
+        Ok(daemon)
+    }
+
+    async fn wait_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + DAEMON_READY_TIMEOUT;
+        let target = self.target();
+        let mut last_err = anyhow!("no attempt made");
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                self.status = Some(st);
+                bail!("wpd exited during startup ({})", describe_status(&st));
+            }
+            let attempt = tokio::time::timeout(Duration::from_secs(2), async {
+                let mut client = wpd_proto::connect::client(&target).await?;
+                client.get_capabilities(GetCapabilitiesRequest {}).await?;
+                anyhow::Ok(())
+            })
+            .await;
+            match attempt {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => last_err = e,
+                Err(_) => last_err = anyhow!("GetCapabilities timed out"),
+            }
+            if Instant::now() >= deadline {
+                return Err(last_err.context(format!(
+                    "wpd did not answer GetCapabilities within {DAEMON_READY_TIMEOUT:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `unix:<socket path>`, as `wpctl --endpoint` takes it.
+    pub fn endpoint(&self) -> String {
+        format!("unix:{}", self.socket.display())
+    }
+
+    /// The endpoint as a [`Target`].
+    pub fn target(&self) -> Target {
+        Target::Unix(self.socket.clone())
+    }
+
+    /// The socket path.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket
+    }
+
+    /// A new connection to the daemon.
+    pub async fn client(&self) -> Result<Client> {
+        wpd_proto::connect::client(&self.target())
+            .await
+            .with_context(|| format!("connecting to {}", self.endpoint()))
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Everything the daemon wrote to stdout and stderr so far.
+    pub fn log(&self) -> String {
+        fs::read(&self.log_path)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_else(|e| format!("<cannot read {}: {e}>", self.log_path.display()))
+    }
+
+    /// The last `max_bytes` of [`Daemon::log`].
+    pub fn log_tail(&self, max_bytes: usize) -> String {
+        let log = self.log();
+        if log.len() <= max_bytes {
+            return log;
+        }
+        let mut start = log.len() - max_bytes;
+        while !log.is_char_boundary(start) {
+            start += 1;
+        }
+        format!("[... {start} bytes omitted ...]\n{}", &log[start..])
+    }
+
+    /// Path of the log file.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// True while the daemon process runs.
+    pub fn is_running(&mut self) -> bool {
+        if self.status.is_some() {
+            return false;
+        }
+        match self.child.try_wait() {
+            Ok(Some(st)) => {
+                self.status = Some(st);
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// Sends SIGTERM and waits up to `timeout` for the exit status. On timeout the daemon is
+    /// left running (the guard SIGKILLs it later).
+    pub async fn terminate(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        signal_child(&mut self.child, &mut self.status, libc::SIGTERM);
+        wait_child(&mut self.child, &mut self.status, timeout)
+            .await
+            .ok_or_else(|| anyhow!("wpd did not exit within {timeout:?} of SIGTERM"))
+    }
+
+    /// Passes `result` through; when it is an error, prints the daemon log to stderr first
+    /// (libtest shows it with the failure).
+    pub fn finish<T>(&self, result: Result<T>) -> Result<T> {
+        if result.is_err() {
+            self.print_log("the test failed");
+        }
+        result
+    }
+
+    fn print_log(&self, why: &str) {
+        eprintln!(
+            "----- wpd log ({why}; wpd pid {}) -----\n{}\n----- end of wpd log -----",
+            self.pid(),
+            self.log_tail(64 * 1024)
+        );
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.print_log("panicking");
+        }
+        stop_child_blocking(&mut self.child, &mut self.status, true);
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The target
+// ---------------------------------------------------------------------------------------------
+
+/// A running `wpd-target`, driven through its stdin/stdout. Dropping it SIGKILLs and reaps it.
+pub struct TargetProc {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::UnboundedReceiver<String>,
+    status: Option<ExitStatus>,
+    /// Process id (= tid of the main thread).
+    pub pid: i32,
+    /// Addresses of `VARS[0..8]`.
+    pub vars: Vec<u64>,
+    /// Worker threads it started with.
+    pub threads: usize,
+}
+
+impl TargetProc {
+    /// Starts `wpd-target` (found by [`find_bin`]) with `args` and waits for `READY`.
+    pub async fn start(args: &[&str]) -> Result<TargetProc> {
+        let bin = find_bin("wpd-target")?;
+        Self::start_bin(&bin, args).await
+    }
+
+    /// Starts the given `wpd-target` binary with `args` and waits for `READY`.
+    pub async fn start_bin(bin: &Path, args: &[&str]) -> Result<TargetProc> {
+        let mut cmd = Command::new(bin);
+        cmd.args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        guard_child(&mut cmd);
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", bin.display()))?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let (tx, lines) = mpsc::unbounded_channel();
+        std::thread::Builder::new()
+            .name("wpd-target-stdout".into())
+            .spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            })
+            .context("cannot start the stdout reader thread")?;
+        let mut target = TargetProc {
+            child,
+            stdin,
+            lines,
+            status: None,
+            pid: 0,
+            vars: Vec::new(),
+            threads: 0,
+        };
+        let ready = target
+            .read_line(TARGET_READY_TIMEOUT)
+            .await
+            .context("waiting for wpd-target's READY line")?;
+        target.parse_ready(&ready)?;
+        Ok(target)
+    }
+
+    fn parse_ready(&mut self, line: &str) -> Result<()> {
+        ensure!(
+            line.starts_with("READY "),
+            "expected READY from wpd-target, got {line:?}"
+        );
+        let pid: i32 = field(line, "pid")?;
+        ensure!(
+            pid == self.child.id() as i32,
+            "READY says pid={pid}, but the child is {}",
+            self.child.id()
+        );
+        let vars = field_str(line, "vars")?
+            .split(',')
+            .map(|s| parse_hex(s).ok_or_else(|| anyhow!("bad address {s:?} in {line:?}")))
+            .collect::<Result<Vec<u64>>>()?;
+        ensure!(vars.len() == 8, "expected 8 vars in {line:?}");
+        self.pid = pid;
+        self.threads = field(line, "threads")?;
+        self.vars = vars;
+        Ok(())
+    }
+
+    async fn read_line(&mut self, timeout: Duration) -> Result<String> {
+        match tokio::time::timeout(timeout, self.lines.recv()).await {
+            Ok(Some(line)) => Ok(line),
+            Ok(None) => {
+                let st =
+                    wait_child(&mut self.child, &mut self.status, Duration::from_secs(2)).await;
+                bail!(
+                    "wpd-target closed its stdout ({})",
+                    st.map(|s| describe_status(&s))
+                        .unwrap_or_else(|| "still running".into())
+                )
+            }
+            Err(_) => bail!("no line from wpd-target within {timeout:?}"),
+        }
+    }
+
+    /// Sends one command line and returns the reply line (timeout 10 s). A reply starting with
+    /// `ERR` is an error.
+    pub async fn cmd(&mut self, command: &str) -> Result<String> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| anyhow!("wpd-target's stdin is closed"))?;
+        writeln!(stdin, "{command}")
+            .and_then(|()| stdin.flush())
+            .with_context(|| format!("sending {command:?} to wpd-target"))?;
+        let reply = self
+            .read_line(TARGET_CMD_TIMEOUT)
+            .await
+            .with_context(|| format!("waiting for the reply to {command:?}"))?;
+        ensure!(
+            !reply.starts_with("ERR"),
+            "wpd-target refused {command:?}: {reply}"
+        );
+        Ok(reply)
+    }
+
+    /// `spawn`: a new thread stores 0xC0FFEE into `VARS[1]` first thing; returns its tid.
+    pub async fn spawn_marker(&mut self) -> Result<i32> {
+        let reply = self.cmd("spawn").await?;
+        field(&reply, "tid")
+    }
+
+    /// `spawn-worker`: one more worker; returns its tid.
+    pub async fn spawn_worker(&mut self) -> Result<i32> {
+        let reply = self.cmd("spawn-worker").await?;
+        field(&reply, "tid")
+    }
+
+    /// `write i value` from the main thread.
+    pub async fn write(&mut self, index: usize, value: u64) -> Result<()> {
+        self.cmd(&format!("write {index} {value:#x}"))
+            .await
+            .map(drop)
+    }
+
+    /// `stop-workers`: returns the number of threads left.
+    pub async fn stop_workers(&mut self) -> Result<usize> {
+        let reply = self.cmd("stop-workers").await?;
+        field(&reply, "remaining")
+    }
+
+    /// `ping`: returns (`VARS[0]`, thread count).
+    pub async fn ping(&mut self) -> Result<(u64, usize)> {
+        let reply = self.cmd("ping").await?;
+        Ok((field(&reply, "counter")?, field(&reply, "threads")?))
+    }
+
+    /// Pings until `VARS[0]` is above `than` (workers still storing), or fails after `timeout`.
+    pub async fn wait_counter_above(&mut self, than: u64, timeout: Duration) -> Result<u64> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let (counter, _) = self.ping().await?;
+            if counter > than {
+                return Ok(counter);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "VARS[0] stayed at {counter} (not above {than}) for {timeout:?}: workers stuck?"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// `quit`, then waits (10 s) for the exit status.
+    pub async fn quit(&mut self) -> Result<ExitStatus> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| anyhow!("wpd-target's stdin is closed"))?;
+        writeln!(stdin, "quit")
+            .and_then(|()| stdin.flush())
+            .context("sending quit to wpd-target")?;
+        self.stdin = None;
+        let _ = self.read_line(TARGET_CMD_TIMEOUT).await; // BYE, or EOF
+        self.wait_exit(Duration::from_secs(10)).await
+    }
+
+    /// Waits up to `timeout` for the target to exit.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        wait_child(&mut self.child, &mut self.status, timeout)
+            .await
+            .ok_or_else(|| anyhow!("wpd-target {} did not exit within {timeout:?}", self.pid))
+    }
+
+    /// The thread ids in `/proc/<pid>/task`, sorted.
+    pub fn tids(&self) -> Result<Vec<i32>> {
+        let dir = format!("/proc/{}/task", self.pid);
+        let mut tids = fs::read_dir(&dir)
+            .with_context(|| format!("reading {dir}"))?
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect::<Vec<i32>>();
+        tids.sort_unstable();
+        Ok(tids)
+    }
+
+    /// The tids of the worker threads (every thread but the main one).
+    pub fn worker_tids(&self) -> Result<Vec<i32>> {
+        Ok(self
+            .tids()?
+            .into_iter()
+            .filter(|&t| t != self.pid)
+            .collect())
+    }
+
+    /// True while the process has neither exited nor been reaped.
+    pub fn is_alive(&mut self) -> bool {
+        if self.status.is_some() {
+            return false;
+        }
+        match self.child.try_wait() {
+            Ok(Some(st)) => {
+                self.status = Some(st);
+                false
+            }
+            Ok(None) => true,
+            Err(_) => false,
+        }
+    }
+
+    /// The exit status once it has exited (after [`TargetProc::is_alive`] or a wait saw it).
+    pub fn exit_status(&self) -> Option<ExitStatus> {
+        self.status
+    }
+
+    /// Fails unless the target still runs; names the signal that killed it otherwise.
+    pub fn ensure_alive(&mut self) -> Result<()> {
+        if self.is_alive() {
+            return Ok(());
+        }
+        let st = self.status.map(|s| describe_status(&s)).unwrap_or_default();
+        bail!("wpd-target {} is dead: {st}", self.pid)
+    }
+
+    /// `TracerPid` from `/proc/<pid>/status` (0 when nobody ptraces the main thread).
+    pub fn tracer_pid(&self) -> Result<i32> {
+        let path = format!("/proc/{}/status", self.pid);
+        let status = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("TracerPid:"))
+            .ok_or_else(|| anyhow!("no TracerPid in {path}"))?
+            .trim()
+            .parse()
+            .context("parsing TracerPid")
+    }
+}
+
+impl Drop for TargetProc {
+    fn drop(&mut self) {
+        self.stdin = None;
+        stop_child_blocking(&mut self.child, &mut self.status, false);
+    }
+}
+
+fn field_str<'a>(line: &'a str, key: &str) -> Result<&'a str> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        .ok_or_else(|| anyhow!("no {key}= in {line:?}"))
+}
+
+fn field<T: std::str::FromStr>(line: &str, key: &str) -> Result<T>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    field_str(line, key)?
+        .parse()
+        .with_context(|| format!("bad {key}= in {line:?}"))
+}
+
+fn parse_hex(s: &str) -> Option<u64> {
+    u64::from_str_radix(s.trim().strip_prefix("0x")?, 16).ok()
+}
+
+/// A pid that certainly does not exist: a child we started and reaped (`true`).
+pub fn dead_pid() -> Result<i32> {
+    let mut child = Command::new("true")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .context("running `true`")?;
+    let pid = child.id() as i32;
+    child.wait()?;
+    Ok(pid)
+}
+
+// ---------------------------------------------------------------------------------------------
+// A hardware breakpoint held by the test itself (a "foreign" slot owner)
+// ---------------------------------------------------------------------------------------------
+
+/// `struct perf_event_attr` as of PERF_ATTR_SIZE_VER7 (128 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct PerfEventAttr {
+    type_: u32,
+    size: u32,
+    config: u64,
+    sample_period: u64,
+    sample_type: u64,
+    read_format: u64,
+    /// Bit field: disabled (bit 0), ..., exclude_kernel (bit 5), exclude_hv (bit 6), ...
+    flags: u64,
+    wakeup_events: u32,
+    bp_type: u32,
+    bp_addr: u64,
+    bp_len: u64,
+    branch_sample_type: u64,
+    sample_regs_user: u64,
+    sample_stack_user: u32,
+    clockid: i32,
+    sample_regs_intr: u64,
+    aux_watermark: u32,
+    sample_max_stack: u16,
+    reserved_2: u16,
+    aux_sample_size: u32,
+    reserved_3: u32,
+    sig_data: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<PerfEventAttr>() == 128);
+
+const PERF_TYPE_BREAKPOINT: u32 = 5;
+const HW_BREAKPOINT_W: u32 = 2;
+const ATTR_EXCLUDE_KERNEL: u64 = 1 << 5;
+const ATTR_EXCLUDE_HV: u64 = 1 << 6;
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+
+/// An enabled, counting (never signalling) write breakpoint opened with `perf_event_open` by
+/// this process on another thread: it occupies one of that thread's debug-register slots, as
+/// a debugger would. Closed on drop.
+pub struct ForeignBreakpoint {
+    fd: OwnedFd,
+    /// Thread it is on.
+    pub tid: i32,
+}
+
+impl ForeignBreakpoint {
+    /// Opens a write breakpoint of `len` bytes at `addr` in thread `tid` (0: this thread).
+    pub fn open(tid: i32, addr: u64, len: u64) -> Result<ForeignBreakpoint> {
+        let attr = PerfEventAttr {
+            type_: PERF_TYPE_BREAKPOINT,
+            size: std::mem::size_of::<PerfEventAttr>() as u32,
+            flags: ATTR_EXCLUDE_KERNEL | ATTR_EXCLUDE_HV, // disabled = 0: armed at once
+            bp_type: HW_BREAKPOINT_W,
+            bp_addr: addr,
+            bp_len: len,
+            ..Default::default()
+        };
+        // SAFETY: `attr` is a valid perf_event_attr of the size it declares; the other
+        // arguments are plain integers.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_perf_event_open,
+                &attr as *const PerfEventAttr,
+                tid as libc::pid_t,
+                -1 as libc::c_int,
+                -1 as libc::c_int,
+                PERF_FLAG_FD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()).with_context(|| {
+                format!("perf_event_open(breakpoint W len {len} at {addr:#x}, tid {tid})")
+            });
+        }
+        // SAFETY: the kernel just returned this new descriptor; nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+        Ok(ForeignBreakpoint { fd, tid })
+    }
+
+    /// The perf file descriptor.
+    pub fn raw_fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RPC helpers
+// ---------------------------------------------------------------------------------------------
+
+/// A process-wide 8-byte write watchpoint spec.
+pub fn write_spec(pid: i32, address: u64) -> WatchpointSpec {
+    WatchpointSpec {
+        pid,
+        tids: Vec::new(),
+        address,
+        length: 8,
+        access: Access::Write as i32,
+        backend: 0,
+    }
+}
+
+/// `SetWatchpoint` that must succeed within [`RPC_TIMEOUT`].
+pub async fn set_watchpoint(
+    client: &mut Client,
+    spec: WatchpointSpec,
+) -> Result<SetWatchpointResponse> {
+    set_watchpoint_within(client, spec, RPC_TIMEOUT).await
+}
+
+/// `SetWatchpoint` that must succeed within `timeout`.
+pub async fn set_watchpoint_within(
+    client: &mut Client,
+    spec: WatchpointSpec,
+    timeout: Duration,
+) -> Result<SetWatchpointResponse> {
+    let what = format!("SetWatchpoint({spec:?})");
+    let resp = tokio::time::timeout(
+        timeout,
+        client.set_watchpoint(SetWatchpointRequest { spec: Some(spec) }),
+    )
+    .await
+    .map_err(|_| anyhow!("{what} timed out after {timeout:?}"))?
+    .map_err(|s| anyhow!("{what} failed: {}", status_line(&s)))?
+    .into_inner();
+    ensure!(
+        resp.watchpoint.is_some(),
+        "{what}: response has no watchpoint"
+    );
+    Ok(resp)
+}
+
+/// Runs an RPC future with [`RPC_TIMEOUT`], keeping the status as the error.
+pub async fn rpc<T>(
+    fut: impl Future<Output = Result<tonic::Response<T>, Status>>,
+) -> Result<Result<T, Status>> {
+    match tokio::time::timeout(RPC_TIMEOUT, fut).await {
+        Ok(r) => Ok(r.map(tonic::Response::into_inner)),
+        Err(_) => bail!("RPC timed out after {RPC_TIMEOUT:?}"),
+    }
+}
+
+/// Runs an RPC that must succeed.
+pub async fn rpc_ok<T>(
+    what: &str,
+    fut: impl Future<Output = Result<tonic::Response<T>, Status>>,
+) -> Result<T> {
+    rpc(fut)
+        .await
+        .with_context(|| what.to_string())?
+        .map_err(|s| anyhow!("{what} failed: {}", status_line(&s)))
+}
+
+/// `code: message` of a status.
+pub fn status_line(s: &Status) -> String {
+    format!("{:?}: {}", s.code(), s.message())
+}
+
+/// Checks that `result` is an error with `code` whose message is not empty and contains every
+/// one of `needles` (case-insensitive). Returns the status.
+pub fn expect_status<T: Debug>(
+    what: &str,
+    result: Result<T, Status>,
+    code: Code,
+    needles: &[&str],
+) -> Result<Status> {
+    let status = match result {
+        Ok(v) => bail!("{what}: expected {code:?}, but it succeeded: {v:?}"),
+        Err(s) => s,
+    };
+    ensure!(
+        status.code() == code,
+        "{what}: expected {code:?}, got {}",
+        status_line(&status)
+    );
+    let msg = status.message().to_lowercase();
+    ensure!(
+        !msg.trim().is_empty(),
+        "{what}: {code:?} with an empty message"
+    );
+    for needle in needles {
+        ensure!(
+            msg.contains(&needle.to_lowercase()),
+            "{what}: message {:?} does not mention {needle:?}",
+            status.message()
+        );
+    }
+    Ok(status)
+}
+
+/// Every decimal number in `text` (used to check that an error message names a tid).
+pub fn numbers_in(text: &str) -> Vec<i64> {
+    text.split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect()
+}
+
+/// The 8-byte little-endian value of a hit, if it has 8 bytes.
+pub fn hit_value_u64(hit: &Hit) -> Option<u64> {
+    Some(u64::from_le_bytes(hit.value.as_slice().try_into().ok()?))
+}
+
+/// Checks one hit of watchpoint `wp`: its id, pid, address, length and access, a tid among
+/// `tids` (when not empty), and a value of `length` bytes.
+pub fn check_hit(hit: &Hit, wp: &Watchpoint, tids: &HashSet<i32>) -> Result<()> {
+    let spec = wp
+        .spec
+        .as_ref()
+        .ok_or_else(|| anyhow!("watchpoint {} has no spec", wp.id))?;
+    let ok = hit.watchpoint_id == wp.id
+        && hit.pid == spec.pid
+        && hit.address == spec.address
+        && hit.length == spec.length
+        && hit.access == spec.access
+        && hit.value.len() == spec.length as usize
+        && (tids.is_empty() || tids.contains(&hit.tid));
+    ensure!(
+        ok,
+        "unexpected hit {hit:?}: expected watchpoint {} pid {} address {:#x} length {} access {:?},          a value of {} bytes and a tid among {tids:?}",
+        wp.id,
+        spec.pid,
+        spec.address,
+        spec.length,
+        spec.access(),
+        spec.length
+    );
+    Ok(())
+}
+
+/// Watchpoint ids in the OURS slots of a thread, in slot order.
+pub fn ours(thread: &ThreadInfo) -> Vec<u64> {
+    thread
+        .slots
+        .iter()
+        .filter(|s| s.state == SlotState::Ours as i32)
+        .map(|s| s.watchpoint_id)
+        .collect()
+}
+
+/// Number of slots of a thread in `state`.
+pub fn count_slots(thread: &ThreadInfo, state: SlotState) -> usize {
+    thread
+        .slots
+        .iter()
+        .filter(|s| s.state == state as i32)
+        .count()
+}
+
+/// What the daemon holds, without counters that move on their own (hit counts, times), so that
+/// two snapshots compare equal when no request changed anything.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// (id, spec, process_wide, armed_threads, backend) per watchpoint.
+    pub watchpoints: Vec<(u64, Option<WatchpointSpec>, bool, u32, i32)>,
+    /// (pid, backend, threads, watchpoints) per attached process.
+    pub processes: Vec<(i32, i32, u32, u32)>,
+    /// `ListThreads{pid}` of the given pid, `None` when it answers NotFound.
+    pub threads: Option<ListThreadsResponse>,
+}
+
+/// Fails when `after` differs from `before`, showing the differing lines of both.
+pub fn ensure_unchanged(what: &str, before: &Snapshot, after: &Snapshot) -> Result<()> {
+    if before == after {
+        return Ok(());
+    }
+    let b = format!("{before:#?}");
+    let a = format!("{after:#?}");
+    let (bl, al): (Vec<&str>, Vec<&str>) = (b.lines().collect(), a.lines().collect());
+    let mut diff = Vec::new();
+    let mut context = "";
+    for i in 0..bl.len().max(al.len()) {
+        let (x, y) = (bl.get(i).copied(), al.get(i).copied());
+        if let Some(line) = x.filter(|l| l.trim_start().starts_with("tid:")) {
+            context = line.trim();
+        }
+        if x != y {
+            diff.push(format!(
+                "  line {i} ({context}):\n    before {}\n    after  {}",
+                x.unwrap_or("<none>").trim(),
+                y.unwrap_or("<none>").trim()
+            ));
+        }
+        if diff.len() >= 12 {
+            diff.push("  ...".into());
+            break;
+        }
+    }
+    bail!(
+        "{what} changed the daemon's state (ListWatchpoints/ListThreads):\n{}",
+        diff.join("\n")
+    )
+}
+
+impl Snapshot {
+    /// The same snapshot with FOREIGN slots shown as FREE: for comparisons that allow the
+    /// daemon to learn, from a refusal, that the kernel gave a slot to someone else.
+    pub fn foreign_as_free(&self) -> Snapshot {
+        let mut s = self.clone();
+        for slot in s
+            .threads
+            .iter_mut()
+            .flat_map(|l| l.threads.iter_mut())
+            .flat_map(|t| t.slots.iter_mut())
+        {
+            if slot.state == SlotState::Foreign as i32 {
+                slot.state = SlotState::Free as i32;
+            }
+        }
+        s
+    }
+}
+
+/// Takes a [`Snapshot`] of all watchpoints and of `pid`'s threads.
+pub async fn snapshot(client: &mut Client, pid: i32) -> Result<Snapshot> {
+    let list = rpc_ok(
+        "ListWatchpoints",
+        client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+    )
+    .await?;
+    let mut watchpoints: Vec<_> = list
+        .watchpoints
+        .into_iter()
+        .map(|w| (w.id, w.spec, w.process_wide, w.armed_threads, w.backend))
+        .collect();
+    watchpoints.sort_by_key(|w| w.0);
+    let mut processes: Vec<_> = list
+        .processes
+        .into_iter()
+        .map(|p| (p.pid, p.backend, p.threads, p.watchpoints))
+        .collect();
+    processes.sort_unstable();
+    let threads = match rpc(client.list_threads(ListThreadsRequest {
+        pid,
+        tids: vec![],
+        probe: false,
+    }))
+    .await?
+    {
+        Ok(t) => Some(t),
+        Err(s) if s.code() == Code::NotFound => None,
+        Err(s) => bail!("ListThreads({pid}) failed: {}", status_line(&s)),
+    };
+    Ok(Snapshot {
+        watchpoints,
+        processes,
+        threads,
+    })
+}
+
+/// `ListThreads{pid}` that must succeed.
+pub async fn list_threads(
+    client: &mut Client,
+    pid: i32,
+    probe: bool,
+) -> Result<ListThreadsResponse> {
+    rpc_ok(
+        &format!("ListThreads(pid {pid}, probe {probe})"),
+        client.list_threads(ListThreadsRequest {
+            pid,
+            tids: vec![],
+            probe,
+        }),
+    )
+    .await
+}
+
+/// Polls `f` every 50 ms until it yields `Some`, or fails after `timeout` with the last
+/// observation.
+pub async fn poll_until<T>(
+    timeout: Duration,
+    what: &str,
+    mut f: impl AsyncFnMut() -> Result<Result<T, String>>,
+) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match f().await? {
+            Ok(v) => return Ok(v),
+            Err(last) => {
+                if Instant::now() >= deadline {
+                    bail!("timed out after {timeout:?} waiting for {what}; last seen: {last}");
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The event stream
+// ---------------------------------------------------------------------------------------------
+
+/// A `StreamEvents` subscription with timeouts and bookkeeping (counts, drops, recent events
+/// for error messages).
+pub struct EventStream {
+    stream: Streaming<StreamEventsResponse>,
+    /// Events received so far.
+    pub received: u64,
+    /// Hits received so far.
+    pub hits: u64,
+    /// Sum of `EventsDropped.count` received so far.
+    pub dropped: u64,
+    recent: VecDeque<String>,
+}
+
+impl EventStream {
+    /// Subscribes; once this returns the daemon has the subscription, so events caused after
+    /// it will be delivered.
+    pub async fn subscribe(client: &mut Client, req: StreamEventsRequest) -> Result<EventStream> {
+        let what = format!("StreamEvents({req:?})");
+        let stream = rpc_ok(&what, client.stream_events(req)).await?;
+        Ok(EventStream {
+            stream,
+            received: 0,
+            hits: 0,
+            dropped: 0,
+            recent: VecDeque::new(),
+        })
+    }
+
+    /// Subscribes to every event of `pid`.
+    pub async fn for_pid(client: &mut Client, pid: i32) -> Result<EventStream> {
+        Self::subscribe(
+            client,
+            StreamEventsRequest {
+                pid,
+                watchpoint_ids: vec![],
+                hits_only: false,
+            },
+        )
+        .await
+    }
+
+    /// The next event, or `None` once `deadline` has passed. Errors when the stream ends.
+    pub async fn next_before(&mut self, deadline: Instant) -> Result<Option<Event>> {
+        loop {
+            let msg = match tokio::time::timeout_at(deadline, self.stream.message()).await {
+                Err(_) => return Ok(None),
+                Ok(Ok(Some(msg))) => msg,
+                Ok(Ok(None)) => bail!("the event stream ended ({})", self.summary()),
+                Ok(Err(s)) => bail!(
+                    "the event stream failed: {} ({})",
+                    status_line(&s),
+                    self.summary()
+                ),
+            };
+            self.received += 1;
+            let Some(event) = msg.event else { continue };
+            match &event {
+                Event::Hit(_) => self.hits += 1,
+                Event::Dropped(d) => self.dropped += d.count,
+                _ => {}
+            }
+            if self.recent.len() == 8 {
+                self.recent.pop_front();
+            }
+            let mut text = format!("{event:?}");
+            text.truncate(300);
+            self.recent.push_back(text);
+            return Ok(Some(event));
+        }
+    }
+
+    /// Feeds every event to `f` until it returns `Some` (or an error); fails after `timeout`.
+    pub async fn wait_for<T>(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        mut f: impl FnMut(&Event) -> Result<Option<T>>,
+    ) -> Result<T> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let Some(event) = self.next_before(deadline).await? else {
+                bail!(
+                    "timed out after {timeout:?} waiting for {what} ({})",
+                    self.summary()
+                );
+            };
+            if let Some(v) = f(&event).with_context(|| format!("while waiting for {what}"))? {
+                return Ok(v);
+            }
+        }
+    }
+
+    /// The next `n` hits (other events are skipped); fails after `timeout`.
+    pub async fn collect_hits(&mut self, n: usize, timeout: Duration) -> Result<Vec<Hit>> {
+        let mut hits = Vec::with_capacity(n);
+        if n == 0 {
+            return Ok(hits);
+        }
+        self.wait_for(timeout, &format!("{n} hits"), |ev| {
+            if let Event::Hit(h) = ev {
+                hits.push(h.clone());
+            }
+            Ok((hits.len() >= n).then_some(()))
+        })
+        .await?;
+        Ok(hits)
+    }
+
+    /// Every event that arrives during `period`.
+    pub async fn drain_for(&mut self, period: Duration) -> Result<Vec<Event>> {
+        let deadline = Instant::now() + period;
+        let mut events = Vec::new();
+        while let Some(ev) = self.next_before(deadline).await? {
+            events.push(ev);
+        }
+        Ok(events)
+    }
+
+    /// Counts and the last few events, for error messages.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} events received ({} hits, {} reported dropped); last: [{}]",
+            self.received,
+            self.hits,
+            self.dropped,
+            self.recent.iter().cloned().collect::<Vec<_>>().join(", ")
+        )
+    }
+}
+
+/// Reads the next `n` hits of `stream` within `timeout`.
+pub async fn collect_hits(
+    stream: &mut EventStream,
+    n: usize,
+    timeout: Duration,
+) -> Result<Vec<Hit>> {
+    stream.collect_hits(n, timeout).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running wpctl
+// ---------------------------------------------------------------------------------------------
+
+/// What a finished command printed and how it exited.
+#[derive(Debug, Clone)]
+pub struct CmdOutput {
+    /// Exit code (`None` if killed by a signal).
+    pub code: Option<i32>,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+/// Runs `wpctl` with `args`; kills it and fails after `timeout`.
+pub async fn run_wpctl(args: &[&str], timeout: Duration) -> Result<CmdOutput> {
+    let bin = bin_path("wpctl");
+    let mut cmd = tokio::process::Command::new(&bin);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(timeout, cmd.output())
+        .await
+        .map_err(|_| {
+            anyhow!(
+                "`wpctl {}` did not finish within {timeout:?}",
+                args.join(" ")
+            )
+        })?
+        .with_context(|| format!("running {}", bin.display()))?;
+    Ok(CmdOutput {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}

@@ -1,0 +1,267 @@
+//! End-to-end tests of refused requests: every invalid WatchpointSpec from a table, and unknown
+//! ids and pids on the other RPCs. A refusal must carry the right code and change nothing.
+
+use anyhow::{Result, bail, ensure};
+use tonic::Code;
+use wpd_proto::v1::{
+    Access, DetachRequest, ListThreadsRequest, ListWatchpointsRequest, RemoveWatchpointRequest,
+    SetWatchpointRequest, WatchpointSpec,
+};
+use wpd_tests::{
+    Client, Daemon, Snapshot, TargetProc, dead_pid, ensure_unchanged, expect_status,
+    require_root_perf, rpc, rpc_ok, set_watchpoint, snapshot, write_spec,
+};
+
+/// One invalid request: how to spoil a valid spec, the expected code, and words (matched
+/// case-insensitively) the message must contain.
+struct Case {
+    name: String,
+    mutate: Box<dyn Fn(&mut WatchpointSpec)>,
+    code: Code,
+    needles: Vec<String>,
+}
+
+fn case(
+    name: impl Into<String>,
+    code: Code,
+    needles: &[&str],
+    mutate: impl Fn(&mut WatchpointSpec) + 'static,
+) -> Case {
+    Case {
+        name: name.into(),
+        mutate: Box::new(mutate),
+        code,
+        needles: needles.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+/// Applies the case to `base`, sends it, checks the refusal and that nothing changed.
+async fn check(
+    client: &mut Client,
+    base: &WatchpointSpec,
+    before: &Snapshot,
+    c: &Case,
+) -> Result<()> {
+    let mut spec = base.clone();
+    (c.mutate)(&mut spec);
+    let what = format!("{} ({spec:?})", c.name);
+    let result = rpc(client.set_watchpoint(SetWatchpointRequest { spec: Some(spec) })).await?;
+    let needles: Vec<&str> = c.needles.iter().map(String::as_str).collect();
+    expect_status(&what, result, c.code, &needles)?;
+    let after = snapshot(client, base.pid).await?;
+    ensure_unchanged(&what, before, &after)?;
+    Ok(())
+}
+
+/// k. Every invalid spec of the contract is refused with its code and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_watchpoint_specs_are_refused() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let target = TargetProc::start(&["--threads", "2"]).await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let pid = target.pid;
+            let addr = target.vars[2];
+            let worker = target.worker_tids()?[0];
+            let dead = dead_pid()?;
+            let stranger = std::process::id() as i32; // a live thread of another process
+
+            // Something to keep unchanged: the process attached with one watchpoint.
+            set_watchpoint(&mut client, write_spec(pid, target.vars[1])).await?;
+            let base = write_spec(pid, addr);
+            let before = snapshot(&mut client, pid).await?;
+
+            use Code::{InvalidArgument as Invalid, NotFound};
+            let mut cases = vec![
+                case("misaligned 8 at +1", Invalid, &["align"], move |s| {
+                    s.address = addr + 1
+                }),
+                case("misaligned 8 at +4", Invalid, &["align"], move |s| {
+                    s.address = addr + 4
+                }),
+                case("misaligned 4 at +2", Invalid, &["align"], move |s| {
+                    s.address = addr + 2;
+                    s.length = 4;
+                }),
+                case("misaligned 2 at +1", Invalid, &["align"], move |s| {
+                    s.address = addr + 1;
+                    s.length = 2;
+                }),
+                case("exec with length 8", Invalid, &[], |s| {
+                    s.access = Access::Exec as i32
+                }),
+                case("exec with length 4", Invalid, &[], |s| {
+                    s.access = Access::Exec as i32;
+                    s.length = 4;
+                }),
+                case("kernel address", Invalid, &[], |s| {
+                    s.address = 0xffff_ffff_8100_0000
+                }),
+                case("top of the kernel half", Invalid, &[], |s| {
+                    s.address = 0xffff_ffff_ffff_fff8
+                }),
+                case("lowest non-canonical", Invalid, &[], |s| {
+                    s.address = 0x0000_8000_0000_0000
+                }),
+                case("non-canonical", Invalid, &[], |s| {
+                    s.address = 0x00ff_0000_0000_0000
+                }),
+                case("start of the kernel half", Invalid, &[], |s| {
+                    s.address = 0xffff_8000_0000_0000
+                }),
+                case("0x7ffffffff000", Invalid, &[], |s| {
+                    s.address = 0x7fff_ffff_f000
+                }),
+                case("last user page", Invalid, &[], |s| {
+                    s.address = 0x7fff_ffff_fff8
+                }),
+                case("ACCESS_UNSPECIFIED", Invalid, &[], |s| {
+                    s.access = Access::Unspecified as i32
+                }),
+                case("ACCESS_READ", Invalid, &["x86", "read"], |s| {
+                    s.access = Access::Read as i32
+                }),
+                case("pid 0", Invalid, &[], |s| s.pid = 0),
+                case("pid -1", Invalid, &[], |s| s.pid = -1),
+                case("pid i32::MIN", Invalid, &[], |s| s.pid = i32::MIN),
+                case("pid that does not exist", NotFound, &[], move |s| {
+                    s.pid = dead
+                }),
+            ];
+            for len in [0, 3, 5, 16, 32] {
+                cases.push(case(format!("length {len}"), Invalid, &[], move |s| {
+                    s.length = len
+                }));
+            }
+            let (p, st, d, w) = (
+                pid.to_string(),
+                stranger.to_string(),
+                dead.to_string(),
+                worker,
+            );
+            cases.push(case(
+                "tid of another process",
+                NotFound,
+                &[&st, &p],
+                move |s| s.tids = vec![stranger],
+            ));
+            cases.push(case(
+                "tid that does not exist",
+                NotFound,
+                &[&d, &p],
+                move |s| s.tids = vec![dead],
+            ));
+            cases.push(case(
+                "a good tid and a foreign one",
+                NotFound,
+                &[&st, &p],
+                move |s| s.tids = vec![w, stranger],
+            ));
+
+            let mut failures = Vec::new();
+            for c in &cases {
+                if let Err(e) = check(&mut client, &base, &before, c).await {
+                    failures.push(format!("- {}: {e:#}", c.name));
+                }
+            }
+            if !failures.is_empty() {
+                bail!(
+                    "{} of {} invalid requests were not handled as specified:\n{}",
+                    failures.len(),
+                    cases.len(),
+                    failures.join("\n")
+                );
+            }
+
+            // Control: the unspoiled spec is accepted, so the refusals were about the spoils.
+            set_watchpoint(&mut client, base).await?;
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// RemoveWatchpoint of an id the daemon never issued is NotFound and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_an_unknown_id_is_not_found() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let target = TargetProc::start(&["--threads", "2"]).await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let id = set_watchpoint(&mut client, write_spec(target.pid, target.vars[1]))
+                .await?
+                .watchpoint
+                .unwrap_or_default()
+                .id;
+            let before = snapshot(&mut client, target.pid).await?;
+            for unknown in [id + 1000, 999_999, u64::MAX] {
+                let r =
+                    rpc(client.remove_watchpoint(RemoveWatchpointRequest { id: unknown })).await?;
+                expect_status(
+                    &format!("RemoveWatchpoint({unknown})"),
+                    r,
+                    Code::NotFound,
+                    &[],
+                )?;
+                let after = snapshot(&mut client, target.pid).await?;
+                ensure_unchanged(&format!("RemoveWatchpoint({unknown})"), &before, &after)?;
+            }
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// ListThreads and Detach of a process that is not attached are NotFound and attach nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unattached_pid_is_not_found() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let target = TargetProc::start(&["--threads", "2"]).await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let pid = target.pid;
+            let dead = dead_pid()?;
+            for p in [pid, dead] {
+                let r = rpc(client.list_threads(ListThreadsRequest {
+                    pid: p,
+                    tids: vec![],
+                    probe: false,
+                }))
+                .await?;
+                expect_status(&format!("ListThreads({p})"), r, Code::NotFound, &[])?;
+                let r = rpc(client.list_threads(ListThreadsRequest {
+                    pid: p,
+                    tids: vec![],
+                    probe: true,
+                }))
+                .await?;
+                expect_status(&format!("ListThreads({p}, probe)"), r, Code::NotFound, &[])?;
+                let r = rpc(client.detach(DetachRequest { pid: p })).await?;
+                expect_status(&format!("Detach({p})"), r, Code::NotFound, &[])?;
+            }
+            let list = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            ensure!(
+                list.watchpoints.is_empty() && list.processes.is_empty(),
+                "nothing should be attached: {list:?}"
+            );
+            Ok(())
+        }
+        .await,
+    )
+}

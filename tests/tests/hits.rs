@@ -1,0 +1,295 @@
+//! End-to-end tests of hit delivery: hits from many threads, a new thread's very first store,
+//! thread-scoped watchpoints, and silence after a watchpoint is removed.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use anyhow::{Result, bail, ensure};
+use tonic::Code;
+use wpd_proto::v1::{RemoveWatchpointRequest, SlotState, StreamEventsRequest, Watchpoint};
+use wpd_tests::{
+    Daemon, Event, EventStream, SPAWN_MARK, TargetProc, check_hit, count_slots, expect_status,
+    hit_value_u64, list_threads, ours, require_root_perf, rpc, rpc_ok, set_watchpoint, snapshot,
+    write_spec,
+};
+
+fn hits_only(pid: i32) -> StreamEventsRequest {
+    StreamEventsRequest {
+        pid,
+        watchpoint_ids: vec![],
+        hits_only: true,
+    }
+}
+
+/// a. A process-wide watchpoint on a variable 32 threads store to reports hits from at least
+/// 20 distinct threads, each hit well-formed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hits_come_from_many_distinct_threads() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let target = TargetProc::start(&["--threads", "32"]).await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let tids: HashSet<i32> = target.tids()?.into_iter().collect();
+            let mut events = EventStream::subscribe(&mut client, hits_only(target.pid)).await?;
+
+            let resp = set_watchpoint(&mut client, write_spec(target.pid, target.vars[0])).await?;
+            let wp = resp.watchpoint.unwrap_or_default();
+            ensure!(
+                wp.process_wide,
+                "empty tids must give a process-wide watchpoint: {wp:?}"
+            );
+            ensure!(
+                wp.armed_threads as usize == tids.len(),
+                "armed_threads = {}, but the target has {} threads",
+                wp.armed_threads,
+                tids.len()
+            );
+            ensure!(resp.arm_duration_ns > 0, "arm_duration_ns is 0");
+
+            let mut seen = HashSet::new();
+            let mut n = 0u64;
+            events
+                .wait_for(
+                    Duration::from_secs(20),
+                    "hits from 20 distinct threads",
+                    |ev| {
+                        if let Event::Hit(hit) = ev {
+                            check_hit(hit, &wp, &tids)?;
+                            n += 1;
+                            seen.insert(hit.tid);
+                        }
+                        Ok((seen.len() >= 20).then_some(()))
+                    },
+                )
+                .await?;
+            ensure!(
+                !seen.contains(&target.pid),
+                "the main thread never stores VARS[0]"
+            );
+            eprintln!("{n} hits from {} distinct threads", seen.len());
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// b. A thread created after a process-wide watchpoint was set is armed before it runs: its
+/// very first instruction-level store (to VARS[1], which nobody else writes) is reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_threads_first_store_is_caught() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--threads", "4"]).await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let mut events = EventStream::for_pid(&mut client, target.pid).await?;
+            let resp = set_watchpoint(&mut client, write_spec(target.pid, target.vars[1])).await?;
+            let wp = resp.watchpoint.unwrap_or_default();
+
+            let tid = target.spawn_marker().await?;
+            let no_tids = HashSet::new();
+            let (mut hits, mut started) = (0, false);
+            events
+                .wait_for(
+                    Duration::from_secs(10),
+                    &format!("the hit of new thread {tid} and its ThreadStarted"),
+                    |ev| {
+                        match ev {
+                            Event::Hit(h) if h.watchpoint_id == wp.id => {
+                                check_hit(h, &wp, &no_tids)?;
+                                ensure!(
+                                    h.tid == tid,
+                                    "hit on VARS[1] from tid {}, not from {tid}",
+                                    h.tid
+                                );
+                                ensure!(
+                                    hit_value_u64(h) == Some(SPAWN_MARK),
+                                    "value {:x?}, expected 0xC0FFEE",
+                                    h.value
+                                );
+                                hits += 1;
+                                ensure!(hits == 1, "the thread stored once, got hit #{hits}");
+                            }
+                            Event::ThreadStarted(t) if t.tid == tid => {
+                                ensure!(t.pid == target.pid, "ThreadStarted {t:?}: wrong pid");
+                                ensure!(
+                                    t.parent_tid == target.pid,
+                                    "ThreadStarted {t:?}: the main thread ({}) created it",
+                                    target.pid
+                                );
+                                ensure!(
+                                    t.watchpoint_ids.contains(&wp.id),
+                                    "ThreadStarted {t:?} does not list inherited watchpoint {}",
+                                    wp.id
+                                );
+                                started = true;
+                            }
+                            _ => {}
+                        }
+                        Ok((hits == 1 && started).then_some(()))
+                    },
+                )
+                .await?;
+
+            // Exactly one store happened: no second hit may follow.
+            for ev in events.drain_for(Duration::from_millis(300)).await? {
+                if let Event::Hit(h) = ev {
+                    ensure!(h.watchpoint_id != wp.id, "extra hit on VARS[1]: {h:?}");
+                }
+            }
+            target.ensure_alive()
+        }
+        .await,
+    )
+}
+
+/// c. A watchpoint limited to one worker thread reports hits from that thread only, is armed
+/// on one thread, and occupies a slot on that thread only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thread_scoped_watchpoint_hits_only_its_thread() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let target = TargetProc::start(&["--threads", "8"]).await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let worker = target.worker_tids()?[3];
+            let mut events = EventStream::subscribe(&mut client, hits_only(target.pid)).await?;
+            let mut spec = write_spec(target.pid, target.vars[0]);
+            spec.tids = vec![worker];
+            let wp = set_watchpoint(&mut client, spec)
+                .await?
+                .watchpoint
+                .unwrap_or_default();
+            ensure!(
+                !wp.process_wide,
+                "a watchpoint with tids is not process-wide: {wp:?}"
+            );
+            ensure!(
+                wp.armed_threads == 1,
+                "armed_threads = {}, expected 1",
+                wp.armed_threads
+            );
+
+            let only = HashSet::from([worker]);
+            let hits = events.collect_hits(50, Duration::from_secs(10)).await?;
+            for hit in &hits {
+                check_hit(hit, &wp, &only)?;
+            }
+
+            let threads = list_threads(&mut client, target.pid, false).await?;
+            let listed: HashSet<i32> = threads.threads.iter().map(|t| t.tid).collect();
+            let actual: HashSet<i32> = target.tids()?.into_iter().collect();
+            ensure!(
+                listed == actual,
+                "ListThreads lists {listed:?}, /proc has {actual:?}"
+            );
+            for t in &threads.threads {
+                ensure!(
+                    t.slots.len() == 4,
+                    "thread {} has {} slots",
+                    t.tid,
+                    t.slots.len()
+                );
+                let expected: Vec<u64> = if t.tid == worker { vec![wp.id] } else { vec![] };
+                ensure!(
+                    ours(t) == expected,
+                    "thread {}: OURS slots {:?}, expected {expected:?} ({t:?})",
+                    t.tid,
+                    ours(t)
+                );
+            }
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// f. After RemoveWatchpoint a WatchpointRemoved event arrives, and no hit of that watchpoint
+/// follows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removed_watchpoint_stops_hitting() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--threads", "4", "--interval-us", "2000"]).await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let mut events = EventStream::for_pid(&mut client, target.pid).await?;
+            let wp: Watchpoint =
+                set_watchpoint(&mut client, write_spec(target.pid, target.vars[0]))
+                    .await?
+                    .watchpoint
+                    .unwrap_or_default();
+            events
+                .wait_for(Duration::from_secs(10), "a first hit", |ev| {
+                    Ok(matches!(ev, Event::Hit(h) if h.watchpoint_id == wp.id).then_some(()))
+                })
+                .await?;
+
+            let removed = rpc_ok(
+                "RemoveWatchpoint",
+                client.remove_watchpoint(RemoveWatchpointRequest { id: wp.id }),
+            )
+            .await?
+            .watchpoint
+            .unwrap_or_default();
+            ensure!(removed.id == wp.id, "RemoveWatchpoint returned {removed:?}");
+            ensure!(
+                removed.hits >= 1,
+                "final hit count {} but we saw a hit",
+                removed.hits
+            );
+
+            // Hits still in flight before the WatchpointRemoved event are fine.
+            events
+                .wait_for(Duration::from_secs(10), "WatchpointRemoved", |ev| {
+                    Ok(match ev {
+                        Event::WatchpointRemoved(r) if r.watchpoint_id == wp.id => {
+                            ensure!(r.pid == target.pid, "WatchpointRemoved {r:?}: wrong pid");
+                            Some(())
+                        }
+                        _ => None,
+                    })
+                })
+                .await?;
+            for ev in events.drain_for(Duration::from_millis(500)).await? {
+                if let Event::Hit(h) = ev
+                    && h.watchpoint_id == wp.id
+                {
+                    bail!("hit after WatchpointRemoved: {h:?}");
+                }
+            }
+
+            // The process may stay attached (removing is not detaching); nothing stays armed.
+            let snap = snapshot(&mut client, target.pid).await?;
+            ensure!(
+                snap.watchpoints.is_empty(),
+                "still listed: {:?}",
+                snap.watchpoints
+            );
+            for t in snap.threads.iter().flat_map(|l| &l.threads) {
+                ensure!(count_slots(t, SlotState::Ours) == 0, "slot left: {t:?}");
+            }
+            let again =
+                rpc(client.remove_watchpoint(RemoveWatchpointRequest { id: wp.id })).await?;
+            expect_status("second RemoveWatchpoint", again, Code::NotFound, &[])?;
+
+            let (c, _) = target.ping().await?;
+            target.wait_counter_above(c, Duration::from_secs(5)).await?;
+            target.ensure_alive()
+        }
+        .await,
+    )
+}

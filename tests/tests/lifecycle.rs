@@ -1,0 +1,345 @@
+//! End-to-end tests of lifecycles: threads exiting, the process exiting, Detach, and the daemon
+//! itself stopping — the target must always survive the daemon.
+
+use std::collections::HashSet;
+use std::os::unix::process::ExitStatusExt;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use tonic::Code;
+use wpd_proto::v1::{DetachRequest, ListThreadsRequest, ListWatchpointsRequest, SlotState};
+use wpd_tests::{
+    Daemon, Event, EventStream, TargetProc, count_slots, describe_status, expect_status,
+    list_threads, ours, poll_until, require_root_perf, rpc, rpc_ok, set_watchpoint, write_spec,
+};
+
+/// Polls `TracerPid` of the target until it is 0 (nobody left ptrace-attached).
+async fn wait_untraced(target: &TargetProc) -> Result<()> {
+    poll_until(Duration::from_secs(5), "TracerPid 0", async || {
+        let tracer = target.tracer_pid()?;
+        Ok(if tracer == 0 {
+            Ok(())
+        } else {
+            Err(format!("TracerPid {tracer}"))
+        })
+    })
+    .await
+}
+
+/// g. When the workers exit, the daemon forgets their threads (ListThreads shows only the
+/// main thread, still armed) and reports each exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exited_threads_leave_the_ledger() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--threads", "16"]).await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let main = target.pid;
+            let workers: HashSet<i32> = target.worker_tids()?.into_iter().collect();
+            let mut events = EventStream::for_pid(&mut client, main).await?;
+            // VARS[1]: nobody stores there, so no hits crowd out the lifecycle events.
+            let wp = set_watchpoint(&mut client, write_spec(main, target.vars[1]))
+                .await?
+                .watchpoint
+                .unwrap_or_default();
+            ensure!(wp.armed_threads == 17, "armed_threads {}", wp.armed_threads);
+
+            let remaining = target.stop_workers().await?;
+            ensure!(remaining == 1, "target reports {remaining} threads left");
+
+            let main_thread = poll_until(
+                Duration::from_secs(10),
+                "ListThreads to show only the main thread",
+                async || {
+                    let list = list_threads(&mut client, main, false).await?;
+                    let tids: Vec<i32> = list.threads.iter().map(|t| t.tid).collect();
+                    Ok(if tids == [main] {
+                        Ok(list.threads[0].clone())
+                    } else {
+                        Err(format!("{tids:?}"))
+                    })
+                },
+            )
+            .await?;
+            ensure!(
+                ours(&main_thread) == [wp.id] && count_slots(&main_thread, SlotState::Ours) == 1,
+                "main thread should still hold watchpoint {}: {main_thread:?}",
+                wp.id
+            );
+
+            let mut exited = HashSet::new();
+            events
+                .wait_for(
+                    Duration::from_secs(10),
+                    "ThreadExited for all 16 workers",
+                    |ev| {
+                        if let Event::ThreadExited(t) = ev {
+                            ensure!(t.pid == main, "ThreadExited {t:?}: wrong pid");
+                            ensure!(
+                                workers.contains(&t.tid),
+                                "ThreadExited for unknown tid: {t:?}"
+                            );
+                            exited.insert(t.tid);
+                        }
+                        Ok((exited == workers).then_some(()))
+                    },
+                )
+                .await?;
+
+            let list = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: main }),
+            )
+            .await?;
+            let listed = list.watchpoints.iter().find(|w| w.id == wp.id);
+            ensure!(
+                listed.is_some_and(|w| w.armed_threads == 1),
+                "watchpoint should now be armed on the main thread only: {listed:?}"
+            );
+            target.ensure_alive()
+        }
+        .await,
+    )
+}
+
+/// h. When the target exits, ProcessExited names its watchpoints, which are gone, and the
+/// process is no longer known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_exit_removes_everything() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--threads", "4"]).await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let pid = target.pid;
+            let mut events = EventStream::for_pid(&mut client, pid).await?;
+            let ids = [
+                set_watchpoint(&mut client, write_spec(pid, target.vars[0])).await?,
+                set_watchpoint(&mut client, write_spec(pid, target.vars[1])).await?,
+            ]
+            .map(|r| r.watchpoint.unwrap_or_default().id);
+
+            let status = target.quit().await?;
+            ensure!(
+                status.code() == Some(0),
+                "the target should exit 0, but: {}",
+                describe_status(&status)
+            );
+
+            events
+                .wait_for(Duration::from_secs(10), "ProcessExited", |ev| {
+                    Ok(match ev {
+                        Event::ProcessExited(p) if p.pid == pid => {
+                            let got: HashSet<u64> = p.watchpoint_ids.iter().copied().collect();
+                            ensure!(
+                                got == HashSet::from(ids),
+                                "ProcessExited {p:?}, expected {ids:?}"
+                            );
+                            Some(())
+                        }
+                        _ => None,
+                    })
+                })
+                .await?;
+
+            let list = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            ensure!(
+                list.watchpoints.is_empty(),
+                "still listed: {:?}",
+                list.watchpoints
+            );
+            ensure!(
+                list.processes.iter().all(|p| p.pid != pid),
+                "process still listed: {:?}",
+                list.processes
+            );
+            let threads = rpc(client.list_threads(ListThreadsRequest {
+                pid,
+                tids: vec![],
+                probe: false,
+            }))
+            .await?;
+            expect_status(
+                "ListThreads of the exited pid",
+                threads,
+                Code::NotFound,
+                &[],
+            )?;
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// i. Detach removes every watchpoint and forgets the process, which keeps running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detach_leaves_the_target_running() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--threads", "8"]).await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let pid = target.pid;
+            set_watchpoint(&mut client, write_spec(pid, target.vars[0])).await?;
+            set_watchpoint(&mut client, write_spec(pid, target.vars[1])).await?;
+
+            let detached = rpc_ok("Detach", client.detach(DetachRequest { pid })).await?;
+            ensure!(detached.watchpoints_removed == 2, "Detach: {detached:?}");
+            ensure!(detached.threads_released == 9, "Detach: {detached:?}");
+
+            target.ensure_alive()?;
+            let (c0, threads) = target.ping().await?;
+            ensure!(threads == 9, "target has {threads} threads after detach");
+            target
+                .wait_counter_above(c0, Duration::from_secs(5))
+                .await?;
+
+            let list = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            ensure!(
+                list.watchpoints.is_empty(),
+                "still listed: {:?}",
+                list.watchpoints
+            );
+            let threads = rpc(client.list_threads(ListThreadsRequest {
+                pid,
+                tids: vec![],
+                probe: false,
+            }))
+            .await?;
+            expect_status("ListThreads after Detach", threads, Code::NotFound, &[])?;
+            let again = rpc(client.detach(DetachRequest { pid })).await?;
+            expect_status("second Detach", again, Code::NotFound, &[])?;
+
+            wait_untraced(&target).await?;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let (c1, _) = target.ping().await?;
+            target
+                .wait_counter_above(c1, Duration::from_secs(5))
+                .await?;
+            target.ensure_alive()
+        }
+        .await,
+    )
+}
+
+/// After the daemon is gone: the target runs on (workers still store, including to the
+/// formerly watched variables), nobody ptraces it, and no stray SIGTRAP killed it.
+async fn ensure_target_survived(target: &mut TargetProc) -> Result<()> {
+    let result = async {
+        target.ensure_alive()?;
+        let (c0, threads) = target.ping().await?;
+        ensure!(threads == 9, "target has {threads} threads");
+        target
+            .wait_counter_above(c0, Duration::from_secs(5))
+            .await?;
+        target.write(2, 7).await?;
+        wait_untraced(target).await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (c1, _) = target.ping().await?;
+        target
+            .wait_counter_above(c1, Duration::from_secs(5))
+            .await?;
+        target.ensure_alive()
+    }
+    .await;
+    if target.exit_status().and_then(|st| st.signal()) == Some(libc::SIGTRAP) {
+        eprintln!("the target died of SIGTRAP: a debug register was left armed");
+    }
+    result
+}
+
+/// j. SIGTERM makes the daemon exit 0 within 10 s with armed (firing) watchpoints; the target
+/// keeps running and is not hit by a stray SIGTRAP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_sigterm_leaves_the_target_running() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let mut daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--threads", "8"]).await?;
+    let result = async {
+        let mut client = daemon.client().await?;
+        let pid = target.pid;
+        let id = set_watchpoint(&mut client, write_spec(pid, target.vars[0]))
+            .await?
+            .watchpoint
+            .unwrap_or_default()
+            .id;
+        set_watchpoint(&mut client, write_spec(pid, target.vars[2])).await?;
+        poll_until(Duration::from_secs(10), "hits on VARS[0]", async || {
+            let list = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid }),
+            )
+            .await?;
+            let hits = list.watchpoints.iter().find(|w| w.id == id).map(|w| w.hits);
+            Ok(if hits.unwrap_or(0) > 0 {
+                Ok(())
+            } else {
+                Err(format!("hits {hits:?}"))
+            })
+        })
+        .await?;
+        drop(client);
+
+        let status = daemon.terminate(Duration::from_secs(10)).await?;
+        ensure!(
+            status.code() == Some(0),
+            "wpd should exit 0 on SIGTERM, but: {}",
+            describe_status(&status)
+        );
+        ensure_target_survived(&mut target).await
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// j'. The same with a client still subscribed to the event stream (e.g. `wpctl events`): the
+/// daemon must end the stream and still exit 0 within 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_sigterm_with_open_subscriber() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let mut daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--threads", "8"]).await?;
+    let result = async {
+        let mut client = daemon.client().await?;
+        let pid = target.pid;
+        let mut events = EventStream::for_pid(&mut client, pid).await?;
+        set_watchpoint(&mut client, write_spec(pid, target.vars[0])).await?;
+        events.collect_hits(10, Duration::from_secs(10)).await?;
+
+        let status = daemon
+            .terminate(Duration::from_secs(10))
+            .await
+            .context("with a StreamEvents subscriber connected")?;
+        ensure!(
+            status.code() == Some(0),
+            "wpd should exit 0 on SIGTERM, but: {}",
+            describe_status(&status)
+        );
+        drop(events);
+        ensure_target_survived(&mut target).await
+    }
+    .await;
+    daemon.finish(result)
+}

@@ -1,0 +1,217 @@
+//! End-to-end tests of debug-register slot accounting: capabilities, four slots per thread, a
+//! refused fifth watchpoint that changes nothing, and a slot held by someone else (foreign).
+
+use std::collections::HashSet;
+
+use anyhow::{Result, ensure};
+use tonic::Code;
+use wpd_proto::v1::{Access, GetCapabilitiesRequest, SetWatchpointRequest, SlotState};
+use wpd_tests::{
+    Client, Daemon, ForeignBreakpoint, TargetProc, count_slots, ensure_unchanged, expect_status,
+    list_threads, numbers_in, ours, require_root_perf, rpc, rpc_ok, set_watchpoint, snapshot,
+    write_spec,
+};
+
+/// Sets process-wide write watchpoints on `VARS[i]` for each `i` (variables no worker stores
+/// to) and returns their ids.
+async fn set_on_vars(client: &mut Client, target: &TargetProc, vars: &[usize]) -> Result<Vec<u64>> {
+    let mut ids = Vec::new();
+    for &i in vars {
+        let resp = set_watchpoint(client, write_spec(target.pid, target.vars[i])).await?;
+        ids.push(resp.watchpoint.unwrap_or_default().id);
+    }
+    Ok(ids)
+}
+
+/// The daemon reports what an x86-64 host offers: 4 slots, lengths 1/2/4/8, no read-only kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capabilities_describe_x86_64() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let caps = rpc_ok(
+                "GetCapabilities",
+                client.get_capabilities(GetCapabilitiesRequest {}),
+            )
+            .await?;
+            ensure!(caps.arch == "x86_64", "arch {:?}", caps.arch);
+            ensure!(
+                caps.slots_per_thread == 4,
+                "slots_per_thread {}",
+                caps.slots_per_thread
+            );
+            let mut lengths = caps.lengths.clone();
+            lengths.sort_unstable();
+            ensure!(lengths == [1, 2, 4, 8], "lengths {:?}", caps.lengths);
+            ensure!(
+                !caps.access_kinds.contains(&(Access::Read as i32)),
+                "x86-64 cannot watch loads only, yet access_kinds = {:?}",
+                caps.access_kinds
+            );
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// d. Four watchpoints fill every thread's four slots; a fifth (process-wide, or on one
+/// thread) is refused with RESOURCE_EXHAUSTED naming a tid, and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifth_watchpoint_is_refused_and_changes_nothing() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let target = TargetProc::start(&["--threads", "4"]).await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let tids: HashSet<i32> = target.tids()?.into_iter().collect();
+            let ids = set_on_vars(&mut client, &target, &[1, 2, 3, 4]).await?;
+            let id_set: HashSet<u64> = ids.iter().copied().collect();
+            ensure!(id_set.len() == 4, "ids not distinct: {ids:?}");
+
+            let threads = list_threads(&mut client, target.pid, false).await?;
+            ensure!(
+                threads.slots_per_thread == 4,
+                "slots_per_thread {}",
+                threads.slots_per_thread
+            );
+            let listed: HashSet<i32> = threads.threads.iter().map(|t| t.tid).collect();
+            ensure!(
+                listed == tids,
+                "ListThreads lists {listed:?}, /proc has {tids:?}"
+            );
+            for t in &threads.threads {
+                let held: HashSet<u64> = ours(t).into_iter().collect();
+                ensure!(
+                    t.slots.len() == 4 && count_slots(t, SlotState::Ours) == 4 && held == id_set,
+                    "thread {} should hold {ids:?} in 4 OURS slots: {t:?}",
+                    t.tid
+                );
+            }
+
+            let before = snapshot(&mut client, target.pid).await?;
+
+            let fifth = rpc(client.set_watchpoint(SetWatchpointRequest {
+                spec: Some(write_spec(target.pid, target.vars[5])),
+            }))
+            .await?;
+            let status = expect_status("process-wide 5th", fifth, Code::ResourceExhausted, &[])?;
+            ensure!(
+                numbers_in(status.message())
+                    .iter()
+                    .any(|&n| tids.contains(&(n as i32))),
+                "message {:?} names none of the target's tids {tids:?}",
+                status.message()
+            );
+            ensure_unchanged(
+                "the refused 5th watchpoint",
+                &before,
+                &snapshot(&mut client, target.pid).await?,
+            )?;
+
+            let worker = target.worker_tids()?[1];
+            let mut spec = write_spec(target.pid, target.vars[5]);
+            spec.tids = vec![worker];
+            let fifth =
+                rpc(client.set_watchpoint(SetWatchpointRequest { spec: Some(spec) })).await?;
+            let status = expect_status("5th on one thread", fifth, Code::ResourceExhausted, &[])?;
+            ensure!(
+                numbers_in(status.message()).contains(&(worker as i64)),
+                "message {:?} does not name tid {worker}",
+                status.message()
+            );
+            ensure_unchanged(
+                "the refused 5th watchpoint",
+                &before,
+                &snapshot(&mut client, target.pid).await?,
+            )?;
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// e. A breakpoint the test itself holds on the target's main thread takes one of its slots:
+/// three process-wide watchpoints fit, the fourth is refused naming the main thread and leaves
+/// nothing armed, and a probing ListThreads shows the foreign slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_slot_on_main_thread_limits_to_three() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let target = TargetProc::start(&["--threads", "4"]).await?;
+    let foreign = ForeignBreakpoint::open(target.pid, target.vars[7], 8)?;
+    let result = daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let main = target.pid;
+            let ids = set_on_vars(&mut client, &target, &[1, 2, 3]).await?;
+            let id_set: HashSet<u64> = ids.iter().copied().collect();
+            let before = snapshot(&mut client, main).await?;
+            ensure!(
+                before.watchpoints.len() == 3,
+                "listed: {:?}",
+                before.watchpoints
+            );
+
+            let fourth = rpc(client.set_watchpoint(SetWatchpointRequest {
+                spec: Some(write_spec(main, target.vars[4])),
+            }))
+            .await?;
+            let status = expect_status(
+                "4th with a foreign slot",
+                fourth,
+                Code::ResourceExhausted,
+                &[],
+            )?;
+            ensure!(
+                numbers_in(status.message()).contains(&(main as i64)),
+                "message {:?} does not name the main thread {main}",
+                status.message()
+            );
+            // The daemon may now mark the refused slot FOREIGN; nothing else may change.
+            let after = snapshot(&mut client, main).await?;
+            ensure_unchanged(
+                "the refused 4th watchpoint",
+                &before.foreign_as_free(),
+                &after.foreign_as_free(),
+            )?;
+
+            // All or nothing: no thread holds anything but the three.
+            for t in &list_threads(&mut client, main, false).await?.threads {
+                let held: HashSet<u64> = ours(t).into_iter().collect();
+                ensure!(
+                    held == id_set && count_slots(t, SlotState::Ours) == 3,
+                    "thread {} should hold exactly {ids:?}: {t:?}",
+                    t.tid
+                );
+                ensure!(
+                    count_slots(t, SlotState::Pending) == 0,
+                    "pending slot left: {t:?}"
+                );
+            }
+
+            let probed = list_threads(&mut client, main, true).await?;
+            for t in &probed.threads {
+                let expected_foreign = usize::from(t.tid == main);
+                ensure!(
+                    count_slots(t, SlotState::Foreign) == expected_foreign
+                        && count_slots(t, SlotState::Ours) == 3,
+                    "probed thread {}: expected {expected_foreign} FOREIGN and 3 OURS: {t:?}",
+                    t.tid
+                );
+            }
+            Ok(())
+        }
+        .await,
+    );
+    drop(foreign);
+    result
+}
