@@ -25,10 +25,11 @@ use wpd_tests::{
 };
 
 const USAGE: &str = "\
-usage: wpd-demo [--threads N] [--seconds S]
+usage: wpd-demo [--threads N] [--seconds S] [--interval-ms M]
 
-Starts wpd and wpd-target (N worker threads, default 1000), sets one process-wide
-write watchpoint, shows live hits for S seconds (default 3) and prints a summary.
+Starts wpd and wpd-target (N worker threads, default 1000, each storing to one
+variable every M ms, default 50), sets one process-wide write watchpoint, shows
+live hits for S seconds (default 3) and prints a summary.
 Must run as root. wpd and wpd-target must sit beside this executable
 (cargo build --release --workspace --bins).";
 
@@ -38,12 +39,14 @@ const LIVE_HIT_LINES: usize = 15;
 struct Args {
     threads: usize,
     seconds: u64,
+    interval_ms: u64,
 }
 
 fn parse_args() -> Result<Args> {
     let mut args = Args {
         threads: 1000,
         seconds: 3,
+        interval_ms: 50,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -54,6 +57,7 @@ fn parse_args() -> Result<Args> {
         match arg.as_str() {
             "--threads" => args.threads = value("--threads")? as usize,
             "--seconds" => args.seconds = value("--seconds")?,
+            "--interval-ms" => args.interval_ms = value("--interval-ms")?,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -176,14 +180,17 @@ async fn demo(args: &Args, client: &mut Client) -> Result<()> {
         &format!("starting wpd-target with {} worker threads", args.threads),
     );
     let threads = args.threads.to_string();
-    let mut target = TargetProc::start(&["--threads", &threads, "--interval-us", "2000"]).await?;
+    let interval_us = (args.interval_ms * 1000).to_string();
+    let mut target =
+        TargetProc::start(&["--threads", &threads, "--interval-us", &interval_us]).await?;
     let tids = target.tids()?;
     let workers: HashSet<i32> = tids.iter().copied().filter(|&t| t != target.pid).collect();
     println!(
-        "      pid {} · {} threads · each worker stores a counter into VARS[0] at {:#x} every 2 ms",
+        "      pid {} · {} threads · each worker stores a counter into VARS[0] at {:#x} every {} ms",
         target.pid,
         tids.len(),
-        target.vars[0]
+        target.vars[0],
+        args.interval_ms
     );
 
     step(3, "subscribing to the event stream");
