@@ -13,6 +13,9 @@ pub enum Holder {
     Foreign,
     /// One of our requests, in flight.
     Pending(WatchId),
+    /// Freed by us but still reserved by the kernel until exec or exit
+    /// (ptrace-created breakpoint).
+    Retained,
 }
 
 /// A thread that had no free slot.
@@ -84,6 +87,20 @@ pub enum WpdError {
         /// Backend asked for.
         asked: BackendKind,
     },
+    /// Another tracer (gdb, strace...) already traces a thread.
+    #[error(
+        "thread {tid} of process {pid} is already traced by process {tracer} ({comm}): detach it first, or use the perf backend"
+    )]
+    AlreadyTraced {
+        /// Process.
+        pid: Pid,
+        /// Thread.
+        tid: Tid,
+        /// Tracer's pid.
+        tracer: Pid,
+        /// Tracer's command name.
+        comm: String,
+    },
     /// The process exited while the request ran; nothing stays armed.
     #[error("process {0} exited during the request")]
     ProcessExited(Pid),
@@ -108,11 +125,13 @@ fn out_of_slots_message(pid: Pid, conflicts: &[SlotConflict]) -> String {
         let mut ours = Vec::new();
         let mut foreign = 0;
         let mut pending = Vec::new();
+        let mut retained = 0;
         for h in &c.holders {
             match h {
                 Holder::Ours(id) => ours.push(id.to_string()),
                 Holder::Pending(id) => pending.push(id.to_string()),
                 Holder::Foreign => foreign += 1,
+                Holder::Retained => retained += 1,
             }
         }
         let mut parts = Vec::new();
@@ -125,6 +144,11 @@ fn out_of_slots_message(pid: Pid, conflicts: &[SlotConflict]) -> String {
         if foreign > 0 {
             parts.push(format!(
                 "{foreign} held by another owner (debugger or perf)"
+            ));
+        }
+        if retained > 0 {
+            parts.push(format!(
+                "{retained} still reserved by the kernel for an earlier ptrace breakpoint (freed at exec or exit)"
             ));
         }
         s.push_str(&format!(" tid {} [{}];", c.tid, parts.join(", ")));

@@ -35,8 +35,14 @@ pub struct HitEvent {
     pub time_ns: u64,
     /// When the value was read (Unix ns).
     pub value_read_ns: u64,
-    /// CPU.
+    /// CPU (perf backend).
     pub cpu: u32,
+    /// The thread is held stopped.
+    pub stopped: bool,
+    /// Previous value, for only-on-change watchpoints.
+    pub old_value: Option<Vec<u8>>,
+    /// Backend that saw the hit.
+    pub backend: crate::model::BackendKind,
 }
 
 /// What happened.

@@ -23,7 +23,7 @@ use dashmap::DashMap;
 
 use crate::arch::current::SLOTS;
 use crate::error::{Holder, SlotConflict};
-use crate::model::{Pid, Tid, WatchId};
+use crate::model::{BackendKind, Pid, Tid, WatchId};
 
 const ALL: u8 = (1 << SLOTS) - 1;
 
@@ -53,6 +53,10 @@ pub struct ThreadSlots {
     pub uncertain: u8,
     /// CLOCK_MONOTONIC ns of the FORK record that announced it (0: scanned).
     pub born: u64,
+    /// Slots freed by us that the kernel still reserves until exec or exit
+    /// (a ptrace-created breakpoint, kernel-facts §2): reusable by ptrace,
+    /// unavailable to perf.
+    pub retained: u8,
 }
 
 impl ThreadSlots {
@@ -69,6 +73,7 @@ impl ThreadSlots {
             absent_before: [0; SLOTS],
             uncertain: 0,
             born: 0,
+            retained: 0,
         }
     }
 
@@ -89,6 +94,8 @@ impl ThreadSlots {
                     Some(Holder::Pending(WatchId(self.holder[s])))
                 } else if self.foreign & bit != 0 {
                     Some(Holder::Foreign)
+                } else if self.retained & bit != 0 {
+                    Some(Holder::Retained)
                 } else {
                     None
                 }
@@ -171,6 +178,9 @@ impl HoldHistogram {
 pub struct Ledger {
     threads: DashMap<Tid, ThreadSlots>,
     procs: DashMap<Pid, HashSet<Tid>>,
+    /// Retained slots of threads we no longer track (after a ptrace
+    /// detach), restored if the thread is tracked again.
+    retained: DashMap<Tid, (Pid, u8)>,
     hold: HoldHistogram,
 }
 
@@ -206,7 +216,13 @@ impl Ledger {
             match self.threads.entry(tid) {
                 dashmap::Entry::Occupied(_) => false,
                 dashmap::Entry::Vacant(v) => {
-                    v.insert(ThreadSlots::new(pid, 0));
+                    let mut row = ThreadSlots::new(pid, 0);
+                    if let Some((p, bits)) = self.retained.get(&tid).map(|r| *r)
+                        && p == pid
+                    {
+                        row.retained = bits;
+                    }
+                    v.insert(row);
                     true
                 }
             }
@@ -277,6 +293,7 @@ impl Ledger {
             let _t = self.timed();
             self.threads.remove(&tid).map(|(_, r)| r)
         }?;
+        self.retained.remove(&tid);
         let _t = self.timed();
         if let Some(mut set) = self.procs.get_mut(&row.pid) {
             set.remove(&tid);
@@ -292,7 +309,11 @@ impl Ledger {
         };
         for tid in &tids {
             let _t = self.timed();
-            self.threads.remove_if(tid, |_, r| r.pid == pid);
+            if let Some((_, row)) = self.threads.remove_if(tid, |_, r| r.pid == pid)
+                && row.retained != 0
+            {
+                self.retained.insert(*tid, (pid, row.retained));
+            }
         }
         tids.len()
     }
@@ -331,6 +352,7 @@ impl Ledger {
         tids: &[Tid],
         id: WatchId,
         inheritable: bool,
+        backend: BackendKind,
     ) -> Result<Vec<Reservation>, Vec<SlotConflict>> {
         let mut got = Vec::with_capacity(tids.len());
         let mut conflicts = Vec::new();
@@ -339,8 +361,22 @@ impl Ledger {
             let Some(mut row) = self.threads.get_mut(&tid) else {
                 continue;
             };
+            if row.slot_of(id).is_some() {
+                continue; // already has it (a thread born while arming)
+            }
             let busy = row.ours | row.pending | row.uncertain;
-            let mut free = !(busy | row.foreign) & ALL;
+            let mut free = match backend {
+                // Reuse what the kernel already holds for us first.
+                BackendKind::Ptrace => {
+                    let reuse = row.retained & !busy & !row.foreign & ALL;
+                    if reuse != 0 {
+                        reuse
+                    } else {
+                        !(busy | row.foreign) & ALL
+                    }
+                }
+                BackendKind::Perf => !(busy | row.foreign | row.retained) & ALL,
+            };
             if free == 0 {
                 // Slots marked foreign may have been freed since: the kernel
                 // decides (reserve → syscall → commit or roll back).
@@ -422,7 +458,7 @@ impl Ledger {
     pub fn set_probed(&self, tid: Tid, free: usize) {
         let _t = self.timed();
         if let Some(mut row) = self.threads.get_mut(&tid) {
-            let busy = row.ours | row.pending | row.uncertain;
+            let busy = row.ours | row.pending | row.uncertain | row.retained;
             let unowned: Vec<u8> = (0..SLOTS as u8).filter(|s| busy & (1 << s) == 0).collect();
             let foreign_n = unowned.len().saturating_sub(free);
             row.foreign = 0;
@@ -455,8 +491,9 @@ impl Ledger {
         }
     }
 
-    /// Frees the slot of `id` on `tid` (watchpoint removed).
-    pub fn release(&self, tid: Tid, id: WatchId) {
+    /// Frees the slot of `id` on `tid` (watchpoint removed). `retain`: the
+    /// kernel keeps the slot reserved (ptrace).
+    pub fn release(&self, tid: Tid, id: WatchId, retain: bool) {
         let _t = self.timed();
         if let Some(mut row) = self.threads.get_mut(&tid) {
             for s in 0..SLOTS {
@@ -467,9 +504,24 @@ impl Ledger {
                     row.uncertain &= !bit;
                     row.inheritable &= !bit;
                     row.holder[s] = 0;
+                    if retain {
+                        row.retained |= bit;
+                    }
                 }
             }
         }
+    }
+
+    /// Threads of `pid` holding `id` in some slot: (tid, slot).
+    pub fn slots_of(&self, pid: Pid, id: WatchId) -> Vec<(Tid, u8)> {
+        self.tids(pid)
+            .into_iter()
+            .filter_map(|t| {
+                self.get(t)
+                    .and_then(|r| r.slot_of(id))
+                    .map(|s| (t, s as u8))
+            })
+            .collect()
     }
 
     /// Threads of `pid` on which `id` is committed.
@@ -521,10 +573,14 @@ mod tests {
     fn four_slots_then_conflict_naming_holders() {
         let l = ledger_with(1, &[1, 2]);
         for id in 1..=4 {
-            let r = l.reserve_all(&[1, 2], WatchId(id), false).unwrap();
+            let r = l
+                .reserve_all(&[1, 2], WatchId(id), false, BackendKind::Perf)
+                .unwrap();
             l.commit(&r, None);
         }
-        let err = l.reserve_all(&[1, 2], WatchId(5), false).unwrap_err();
+        let err = l
+            .reserve_all(&[1, 2], WatchId(5), false, BackendKind::Perf)
+            .unwrap_err();
         assert_eq!(err.len(), 2);
         assert_eq!(err[0].tid, 1);
         assert_eq!(
@@ -539,39 +595,54 @@ mod tests {
     fn all_or_nothing_rolls_back() {
         let l = ledger_with(1, &[1, 2]);
         for id in 1..=4 {
-            let r = l.reserve_all(&[2], WatchId(id), false).unwrap();
+            let r = l
+                .reserve_all(&[2], WatchId(id), false, BackendKind::Perf)
+                .unwrap();
             l.commit(&r, None);
         }
         let before = l.get(1).unwrap();
-        assert!(l.reserve_all(&[1, 2], WatchId(9), false).is_err());
+        assert!(
+            l.reserve_all(&[1, 2], WatchId(9), false, BackendKind::Perf)
+                .is_err()
+        );
         assert_eq!(l.get(1).unwrap(), before, "thread 1 must be unchanged");
     }
 
     #[test]
     fn foreign_slot_is_skipped_then_retried_when_nothing_else() {
         let l = ledger_with(1, &[1]);
-        let r = l.reserve_all(&[1], WatchId(1), false).unwrap();
+        let r = l
+            .reserve_all(&[1], WatchId(1), false, BackendKind::Perf)
+            .unwrap();
         l.mark_foreign(r[0]);
         assert_eq!(l.get(1).unwrap().foreign, 1);
-        let r2 = l.reserve_all(&[1], WatchId(2), false).unwrap();
+        let r2 = l
+            .reserve_all(&[1], WatchId(2), false, BackendKind::Perf)
+            .unwrap();
         assert_eq!(r2[0].slot, 1, "free slots come before foreign ones");
         l.commit(&r2, None);
         for id in 3..=4 {
-            let r = l.reserve_all(&[1], WatchId(id), false).unwrap();
+            let r = l
+                .reserve_all(&[1], WatchId(id), false, BackendKind::Perf)
+                .unwrap();
             l.commit(&r, None);
         }
         // Only the foreign slot is left: the kernel gets to decide.
-        let r5 = l.reserve_all(&[1], WatchId(5), false).unwrap();
+        let r5 = l
+            .reserve_all(&[1], WatchId(5), false, BackendKind::Perf)
+            .unwrap();
         assert_eq!(r5[0].slot, 0);
     }
 
     #[test]
     fn release_and_exit_free_everything() {
         let l = ledger_with(7, &[7, 8]);
-        let r = l.reserve_all(&[7, 8], WatchId(1), false).unwrap();
+        let r = l
+            .reserve_all(&[7, 8], WatchId(1), false, BackendKind::Perf)
+            .unwrap();
         l.commit(&r, None);
         assert_eq!(l.armed_count(7, WatchId(1)), 2);
-        l.release(7, WatchId(1));
+        l.release(7, WatchId(1), false);
         assert_eq!(l.get(7).unwrap().ours, 0);
         l.remove_thread(8);
         assert_eq!(l.tids(7), vec![7]);
@@ -582,7 +653,9 @@ mod tests {
     #[test]
     fn fork_inherits_by_time() {
         let l = ledger_with(1, &[1]);
-        let r = l.reserve_all(&[1], WatchId(3), true).unwrap();
+        let r = l
+            .reserve_all(&[1], WatchId(3), true, BackendKind::Perf)
+            .unwrap();
         l.commit(&r, Some(&[(1_000, 2_000)]));
         let before = l.on_fork(1, 1, 10, 500).unwrap();
         assert_eq!((before.ours, before.uncertain), (0, 0));
@@ -600,9 +673,34 @@ mod tests {
     }
 
     #[test]
+    fn retained_slots_serve_ptrace_not_perf_and_survive_detach() {
+        let l = ledger_with(1, &[1]);
+        let r = l
+            .reserve_all(&[1], WatchId(1), false, BackendKind::Ptrace)
+            .unwrap();
+        l.commit(&r, None);
+        l.release(1, WatchId(1), true);
+        assert_eq!(l.get(1).unwrap().retained, 0b0001);
+        l.remove_process(1);
+        l.add_thread(1, 1);
+        assert_eq!(l.get(1).unwrap().retained, 0b0001, "kept across detach");
+        let p = l
+            .reserve_all(&[1], WatchId(2), false, BackendKind::Perf)
+            .unwrap();
+        assert_eq!(p[0].slot, 1, "perf cannot use a retained slot");
+        l.rollback(&p);
+        let t = l
+            .reserve_all(&[1], WatchId(3), false, BackendKind::Ptrace)
+            .unwrap();
+        assert_eq!(t[0].slot, 0, "ptrace reuses it first");
+    }
+
+    #[test]
     fn probe_marks_foreign() {
         let l = ledger_with(1, &[1]);
-        let r = l.reserve_all(&[1], WatchId(1), false).unwrap();
+        let r = l
+            .reserve_all(&[1], WatchId(1), false, BackendKind::Perf)
+            .unwrap();
         l.commit(&r, None);
         l.set_probed(1, 2);
         let row = l.get(1).unwrap();

@@ -17,8 +17,24 @@ struct Args {
     log: String,
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
+    // Before any thread exists: tracer threads learn about ptrace stops
+    // through a signalfd, so no thread may take SIGCHLD itself.
+    wpd::backend::ptrace::block_sigchld();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("wpd: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run())
+}
+
+async fn run() -> std::process::ExitCode {
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

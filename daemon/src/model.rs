@@ -81,6 +81,17 @@ pub enum Scope {
     Threads(Vec<Tid>),
 }
 
+/// What a hit does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum HitAction {
+    /// Report and continue.
+    Log,
+    /// Report and hold the hitting thread stopped.
+    Stop,
+    /// Report and stop every thread of the process.
+    StopAll,
+}
+
 /// A validated watch request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchSpec {
@@ -96,4 +107,8 @@ pub struct WatchSpec {
     pub access: Access,
     /// Backend wanted if the process is not attached yet.
     pub backend: Option<BackendKind>,
+    /// What a hit does.
+    pub action: HitAction,
+    /// Report only hits that changed the value.
+    pub only_on_change: bool,
 }

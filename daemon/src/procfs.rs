@@ -35,6 +35,11 @@ pub fn check_process(pid: Pid) -> Result<(), WpdError> {
     Ok(())
 }
 
+/// The process a thread belongs to.
+pub fn tgid_of(tid: Tid) -> Option<Pid> {
+    status_field(tid, "Tgid")?.parse().ok()
+}
+
 /// Thread ids of a process, from `/proc/PID/task`.
 pub fn tasks(pid: Pid) -> std::io::Result<Vec<Tid>> {
     let mut v = Vec::new();

@@ -94,6 +94,17 @@ fn prepare_socket(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
 /// Runs the daemon until SIGTERM/SIGINT, then detaches from every process.
 pub async fn run(listen: Listen) -> anyhow::Result<()> {
     raise_fd_limit();
+    // A previous daemon killed with ptrace registers armed left targets that
+    // die on their next hit: clear them before anything else.
+    let cleaned = std::thread::spawn(crate::core::recover_from_state_file)
+        .join()
+        .unwrap_or(0);
+    if cleaned > 0 {
+        tracing::warn!(
+            cleaned,
+            "cleared debug registers left armed by a previous daemon"
+        );
+    }
     let core = Core::start();
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<WatchpointsServer<Service>>().await;

@@ -58,6 +58,20 @@ pub mod dr6 {
     pub const HIT_MASK: u64 = 0b1111;
 }
 
+/// Offset of debug register `n` (0–7) in `struct user`, for
+/// PTRACE_PEEKUSER/POKEUSER (`arch/x86/kernel/ptrace.c`).
+pub fn debugreg_offset(n: usize) -> usize {
+    std::mem::offset_of!(libc::user, u_debugreg) + n * std::mem::size_of::<u64>()
+}
+
+/// Index of DR6 (status) and DR7 (control) in `u_debugreg`.
+pub const DR6: usize = 6;
+/// See [`DR6`].
+pub const DR7: usize = 7;
+
+/// `si_code` of a SIGTRAP caused by a hardware breakpoint (`TRAP_HWBKPT`).
+pub const TRAP_HWBKPT: i32 = 4;
+
 /// The DR7 bits that program one slot (enable + RW + LEN), to be OR-ed into
 /// the whole register the caller keeps (never read back from the thread:
 /// kernel-facts §3).
@@ -147,6 +161,16 @@ mod tests {
         );
         check(0x7fff_ffff_f000, 8, Access::Write, Err("end at"));
         check(0x7fff_ffff_eff8, 8, Access::Write, Ok(()));
+    }
+
+    #[test]
+    fn debugreg_offsets_follow_struct_user() {
+        assert_eq!(debugreg_offset(1) - debugreg_offset(0), 8);
+        assert_eq!(
+            debugreg_offset(0),
+            848,
+            "offsetof(struct user, u_debugreg) on x86-64"
+        );
     }
 
     #[test]

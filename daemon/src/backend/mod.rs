@@ -2,6 +2,7 @@
 //! far; `BackendKind::Ptrace` is refused with `BackendUnavailable`.
 
 pub mod perf;
+pub mod ptrace;
 
 use crate::model::BackendKind;
 

@@ -4,10 +4,10 @@
 use wpd_proto::v1 as pb;
 
 use crate::arch::{self, SpecError};
-use crate::core::{ProcessView, SlotView, ThreadView, WatchView};
+use crate::core::{ProcessView, RunState, SlotView, ThreadView, WatchView};
 use crate::error::WpdError;
 use crate::events::{Event, EventKind};
-use crate::model::{Access, BackendKind, Pid, Scope, WatchLen, WatchSpec};
+use crate::model::{Access, BackendKind, HitAction, Pid, Scope, WatchLen, WatchSpec};
 
 /// A pid from the wire: must be positive.
 pub fn pid(p: i32) -> Result<Pid, WpdError> {
@@ -87,6 +87,18 @@ impl TryFrom<pb::WatchpointSpec> for WatchSpec {
             len,
             access,
             backend: backend(s.backend)?,
+            action: match pb::HitAction::try_from(s.action) {
+                Ok(pb::HitAction::Unspecified | pb::HitAction::Log) => HitAction::Log,
+                Ok(pb::HitAction::Stop) => HitAction::Stop,
+                Ok(pb::HitAction::StopAll) => HitAction::StopAll,
+                Err(_) => {
+                    return Err(WpdError::InvalidArgument(format!(
+                        "unknown hit action value {}",
+                        s.action
+                    )));
+                }
+            },
+            only_on_change: s.only_on_change,
         })
     }
 }
@@ -103,6 +115,12 @@ pub fn spec_to_pb(s: &WatchSpec) -> pb::WatchpointSpec {
         length: s.len.bytes(),
         access: access_to_pb(s.access) as i32,
         backend: s.backend.map(|b| backend_to_pb(b) as i32).unwrap_or(0),
+        action: match s.action {
+            HitAction::Log => pb::HitAction::Log,
+            HitAction::Stop => pb::HitAction::Stop,
+            HitAction::StopAll => pb::HitAction::StopAll,
+        } as i32,
+        only_on_change: s.only_on_change,
     }
 }
 
@@ -147,6 +165,7 @@ impl From<&ThreadView> for pb::ThreadInfo {
                         SlotView::Ours(id) => (pb::SlotState::Ours, id.0),
                         SlotView::Foreign => (pb::SlotState::Foreign, 0),
                         SlotView::Pending(id) => (pb::SlotState::Pending, id.0),
+                        SlotView::Retained => (pb::SlotState::Retained, 0),
                     };
                     pb::SlotInfo {
                         index: i as u32,
@@ -155,7 +174,12 @@ impl From<&ThreadView> for pb::ThreadInfo {
                     }
                 })
                 .collect(),
-            state: pb::ThreadState::Running as i32,
+            state: match t.state {
+                RunState::Running => pb::ThreadState::Running,
+                RunState::StoppedAtHit => pb::ThreadState::StoppedAtHit,
+                RunState::StoppedByPeer => pb::ThreadState::StoppedByPeer,
+                RunState::JobStopped => pb::ThreadState::JobStopped,
+            } as i32,
             parent_tid: t.parent,
             name: t.name.clone(),
         }
@@ -179,6 +203,9 @@ pub fn event_to_pb(e: &Event) -> pb::StreamEventsResponse {
             time_ns: h.time_ns,
             value_read_at_ns: h.value_read_ns,
             cpu: h.cpu,
+            stopped: h.stopped,
+            old_value: h.old_value.clone().unwrap_or_default(),
+            backend: backend_to_pb(h.backend) as i32,
         }),
         EventKind::ThreadStarted {
             pid,

@@ -248,6 +248,17 @@ impl Watchpoints for Service {
         )))
     }
 
+    async fn resume(
+        &self,
+        req: Request<pb::ResumeRequest>,
+    ) -> Result<Response<pb::ResumeResponse>, Status> {
+        let r = req.into_inner();
+        let pid = convert::pid(r.pid).map_err(|e| status::to_status(&e))?;
+        let core = self.core.clone();
+        let resumed = blocking(move || core.resume(pid, &r.tids)).await?;
+        Ok(Response::new(pb::ResumeResponse { resumed }))
+    }
+
     async fn get_stats(
         &self,
         _req: Request<pb::GetStatsRequest>,

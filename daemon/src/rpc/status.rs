@@ -50,6 +50,7 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
         WpdError::BackendUnavailable { .. } => (Code::FailedPrecondition, "BACKEND_UNAVAILABLE"),
         WpdError::BackendMismatch { .. } => (Code::FailedPrecondition, "BACKEND_MISMATCH"),
         WpdError::ProcessExited(_) => (Code::NotFound, "PROCESS_EXITED"),
+        WpdError::AlreadyTraced { .. } => (Code::FailedPrecondition, "ALREADY_TRACED"),
         WpdError::Kernel { .. } => (Code::Internal, "KERNEL_ERROR"),
     }
 }

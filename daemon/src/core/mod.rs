@@ -7,23 +7,27 @@
 //! Blocking syscalls run on tokio's blocking pool (see `rpc`) or on the drain
 //! and reconcile threads owned here.
 
-use std::collections::{BTreeSet, HashSet};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::collections::BTreeSet;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
-use nix::errno::Errno;
 
 use crate::arch;
 use crate::backend::Availability;
-use crate::backend::perf::{self, PerfBackend, PerfError, Record, ThreadEvents};
+use crate::backend::perf::{self, PerfBackend, PerfError, ThreadEvents};
 use crate::error::{SlotConflict, WpdError};
-use crate::events::{EventBus, EventKind, HitEvent};
-use crate::ledger::{Inheritance, Ledger, classify};
-use crate::model::{BackendKind, Pid, Scope, Tid, WatchId, WatchSpec};
+use crate::events::{EventBus, EventKind};
+use crate::ledger::Ledger;
+use crate::model::{BackendKind, HitAction, Pid, Scope, Tid, WatchId, WatchSpec};
 use crate::procfs;
+
+mod perf_ops;
+mod ptrace_ops;
+
+pub use ptrace_ops::{recover_from_state_file, state_file};
 
 /// An attached process.
 #[derive(Debug)]
@@ -62,6 +66,10 @@ pub struct Watch {
     pub created_at_ns: u64,
     /// Hits delivered.
     pub hits: AtomicU64,
+    /// Last value seen, for only-on-change watchpoints.
+    last_value: Mutex<Option<Vec<u8>>>,
+    /// Backend holding it.
+    pub backend: BackendKind,
     /// Events we opened explicitly, by thread. Kept until the watchpoint is
     /// removed: closing one also removes its inherited copies.
     events: Mutex<Vec<(Tid, ThreadEvents)>>,
@@ -114,6 +122,21 @@ pub enum SlotView {
     Foreign,
     /// Being armed or not yet known to be inherited.
     Pending(WatchId),
+    /// Freed by us, still reserved by the kernel (ptrace residue).
+    Retained,
+}
+
+/// Run state of a listed thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    /// Running normally.
+    Running,
+    /// Held by us after its own hit.
+    StoppedAtHit,
+    /// Held by us after another thread's hit.
+    StoppedByPeer,
+    /// Job-control stopped.
+    JobStopped,
 }
 
 /// One thread as listed.
@@ -127,6 +150,8 @@ pub struct ThreadView {
     pub slots: Vec<SlotView>,
     /// Name.
     pub name: String,
+    /// Run state.
+    pub state: RunState,
 }
 
 /// Daemon counters.
@@ -172,6 +197,7 @@ pub struct Core {
     clock_offset: u64,
     stop: AtomicBool,
     reconcile_tx: Mutex<Option<mpsc::Sender<Job>>>,
+    ptrace: Result<crate::backend::ptrace::PtraceBackend, String>,
 }
 
 impl std::fmt::Debug for Core {
@@ -190,6 +216,8 @@ enum Job {
     Reconcile(Pid),
     /// The process called exec: its breakpoints are gone.
     Exec(Pid),
+    /// Rewrite the ptrace state file.
+    SaveState,
 }
 
 /// Runs the current thread at `SCHED_FIFO` priority 1 while alive: arming
@@ -235,7 +263,8 @@ impl Core {
         if let Err(e) = &perf {
             tracing::warn!("{e}");
         }
-        let core = Arc::new(Core {
+        let core = Arc::new_cyclic(|weak: &std::sync::Weak<Core>| Core {
+            ptrace: ptrace_ops::start_ptrace(weak.clone()),
             ledger: Ledger::new(),
             bus: EventBus::default(),
             procs: DashMap::new(),
@@ -255,14 +284,14 @@ impl Core {
                 .name("wpd-drain".into())
                 .spawn(move || c.drain_loop())
                 .expect("spawn drain");
-            let (tx, rx) = mpsc::channel::<Job>();
-            *core.reconcile_tx.lock().unwrap() = Some(tx);
-            let c = core.clone();
-            std::thread::Builder::new()
-                .name("wpd-reconcile".into())
-                .spawn(move || c.reconcile_loop(rx))
-                .expect("spawn reconcile");
         }
+        let (tx, rx) = mpsc::channel::<Job>();
+        *core.reconcile_tx.lock().unwrap() = Some(tx);
+        let c = core.clone();
+        std::thread::Builder::new()
+            .name("wpd-reconcile".into())
+            .spawn(move || c.reconcile_loop(rx))
+            .expect("spawn reconcile");
         core
     }
 
@@ -285,8 +314,8 @@ impl Core {
             },
             Availability {
                 kind: BackendKind::Ptrace,
-                usable: false,
-                reason: "the ptrace backend is not part of this build yet".into(),
+                usable: self.ptrace.is_ok(),
+                reason: self.ptrace.as_ref().err().cloned().unwrap_or_default(),
             },
         ]
     }
@@ -307,10 +336,10 @@ impl Core {
                 self.perf()?;
                 Ok(BackendKind::Perf)
             }
-            BackendKind::Ptrace => Err(WpdError::BackendUnavailable {
-                backend: BackendKind::Ptrace,
-                reason: "the ptrace backend is not part of this build yet; use perf".into(),
-            }),
+            BackendKind::Ptrace => {
+                self.ptrace()?;
+                Ok(BackendKind::Ptrace)
+            }
         }
     }
 
@@ -354,7 +383,11 @@ impl Core {
         }
         let _op = proc.op.lock().unwrap();
         let _rt = RealtimeGuard::enter();
-        if let Err(e) = self.track_all_threads(&proc) {
+        let tracked = match backend {
+            BackendKind::Perf => self.track_all_threads(&proc),
+            BackendKind::Ptrace => self.seize_all_threads(&proc),
+        };
+        if let Err(e) = tracked {
             drop(_op);
             self.forget_process(&proc);
             return Err(e);
@@ -363,45 +396,6 @@ impl Core {
         self.watch_exit(&proc);
         tracing::info!(pid, threads = self.ledger.thread_count(pid), "attached");
         Ok((proc, true))
-    }
-
-    /// Opens trackers on every thread, rescanning until no thread is new:
-    /// a thread created by a tracked thread is tracked by inheritance, one
-    /// created by a not-yet-tracked thread shows up in the next scan.
-    fn track_all_threads(&self, proc: &Process) -> Result<(), WpdError> {
-        let perf = self.perf()?;
-        let mut tracked: HashSet<Tid> = HashSet::new();
-        loop {
-            let tids = procfs::tasks(proc.pid).map_err(|_| WpdError::NoSuchProcess(proc.pid))?;
-            let mut new = 0;
-            for tid in tids {
-                if !tracked.insert(tid) {
-                    continue;
-                }
-                new += 1;
-                match perf.open_tracker(tid) {
-                    Ok(fds) => {
-                        proc.trackers.lock().unwrap().extend(fds);
-                        self.ledger.add_thread(proc.pid, tid);
-                    }
-                    Err(e) if e.errno == Errno::ESRCH => {}
-                    Err(e) if matches!(e.errno, Errno::EACCES | Errno::EPERM) => {
-                        return Err(WpdError::PermissionDenied {
-                            pid: proc.pid,
-                            detail: format!("{} refused: {}", e.op, e.errno.desc()),
-                        });
-                    }
-                    Err(e) => return Err(perf_err(e)),
-                }
-            }
-            if new == 0 {
-                break;
-            }
-        }
-        if self.ledger.thread_count(proc.pid) == 0 {
-            return Err(WpdError::NoSuchProcess(proc.pid));
-        }
-        Ok(())
     }
 
     fn watch_exit(self: &Arc<Self>, proc: &Arc<Process>) {
@@ -478,6 +472,12 @@ impl Core {
 
     fn forget_process(&self, proc: &Arc<Process>) {
         proc.gone.store(true, Ordering::SeqCst);
+        if proc.backend == BackendKind::Ptrace
+            && let Ok(p) = self.ptrace()
+        {
+            // DR7 = 0 on every thread, then PTRACE_DETACH.
+            p.detach(proc.pid);
+        }
         let fds = std::mem::take(&mut *proc.trackers.lock().unwrap());
         if let Ok(p) = self.perf() {
             p.forget_fds(fds.len());
@@ -485,6 +485,7 @@ impl Core {
         drop(fds);
         self.ledger.remove_process(proc.pid);
         self.procs.remove_if(&proc.pid, |_, p| Arc::ptr_eq(p, proc));
+        self.save_state();
     }
 
     /// Ends every event stream (first step of shutdown).
@@ -499,6 +500,7 @@ impl Core {
         for pid in pids {
             let _ = self.detach(pid);
         }
+        self.write_state_now();
     }
 
     // ------------------------------------------------------------------ arm
@@ -520,223 +522,88 @@ impl Core {
                 asked,
             });
         }
-        let perf = self.perf()?;
+        if proc.backend == BackendKind::Perf {
+            if spec.action != HitAction::Log {
+                return Err(WpdError::InvalidArgument(
+                    "stopping on a hit needs the ptrace backend (attach with backend ptrace); \
+                     the perf backend never stops the target"
+                        .into(),
+                ));
+            }
+            if spec.only_on_change {
+                return Err(WpdError::InvalidArgument(
+                    "only-on-change needs the ptrace backend, which compares values while the \
+                     thread is stopped; perf reads values too late to tell"
+                        .into(),
+                ));
+            }
+        }
         let _op = proc.op.lock().unwrap();
         let _rt = RealtimeGuard::enter();
         if proc.gone.load(Ordering::SeqCst) {
             return Err(WpdError::ProcessExited(spec.pid));
         }
-        // Make every FORK/EXIT already emitted visible in the ledger.
-        self.drain_now();
+        if proc.backend == BackendKind::Perf {
+            // Make every FORK/EXIT already emitted visible in the ledger.
+            self.drain_now();
+        }
         let pid = spec.pid;
         let process_wide = spec.scope == Scope::Process;
-        let tids: Vec<Tid> = match &spec.scope {
-            Scope::Process => self.ledger.tids(pid),
-            Scope::Threads(tids) => {
-                for &tid in tids {
-                    if !procfs::is_thread_of(pid, tid) {
-                        return Err(WpdError::NoSuchThread { pid, tid });
-                    }
-                    self.ledger.add_thread(pid, tid);
+        if let Scope::Threads(tids) = &spec.scope {
+            for &tid in tids {
+                if !procfs::is_thread_of(pid, tid) || self.ledger.get(tid).is_none() {
+                    return Err(WpdError::NoSuchThread { pid, tid });
                 }
-                tids.clone()
             }
-        };
+        }
         let id = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
-        let res = self
-            .ledger
-            .reserve_all(&tids, id, process_wide)
-            .map_err(|conflicts| WpdError::OutOfSlots { pid, conflicts })?;
-
-        let mut opened: Vec<(Tid, ThreadEvents)> = Vec::with_capacity(res.len());
-        let mut times = Vec::with_capacity(res.len());
-        let mut ok = Vec::with_capacity(res.len());
-        let mut gone = Vec::new();
-        let mut full = Vec::new();
-        let mut fatal = None;
-        let registered = Mutex::new(Vec::new());
-        let sink = |eid: u64| {
-            self.event_ids.insert(eid, id.0);
-            registered.lock().unwrap().push(eid);
-        };
-        for r in &res {
-            let t0 = perf::monotonic_ns();
-            match perf.open_breakpoint(r.tid, spec.addr, spec.len, spec.access, process_wide, &sink)
-            {
-                Ok(ev) => {
-                    times.push((t0, perf::monotonic_ns()));
-                    opened.push((r.tid, ev));
-                    ok.push(*r);
-                }
-                Err(e) if e.errno == Errno::ESRCH => gone.push(*r),
-                Err(e) if e.errno == Errno::ENOSPC => {
-                    self.ledger.mark_foreign(*r);
-                    full.push(r.tid);
-                }
-                Err(e) => {
-                    fatal = Some(e);
-                    break;
-                }
-            }
-        }
-        if !full.is_empty() || fatal.is_some() {
-            let n: usize = opened.iter().map(|(_, e)| e.fds.len()).sum();
-            drop(opened);
-            perf.forget_fds(n);
-            for eid in registered.lock().unwrap().iter() {
-                self.event_ids.remove(eid);
-            }
-            self.ledger.rollback(&ok);
-            self.ledger.rollback(&gone);
-            self.ledger
-                .rollback(&res[ok.len() + gone.len() + full.len()..]);
-            if let Some(e) = fatal {
-                if matches!(e.errno, Errno::EACCES | Errno::EPERM) {
-                    return Err(WpdError::PermissionDenied {
-                        pid,
-                        detail: format!("{} refused: {}", e.op, e.errno.desc()),
-                    });
-                }
-                return Err(perf_err(e));
-            }
-            let conflicts = full
-                .into_iter()
-                .map(|tid| SlotConflict {
-                    tid,
-                    holders: self
-                        .ledger
-                        .get(tid)
-                        .map(|r| holders_of(&r))
-                        .unwrap_or_default(),
-                })
-                .collect();
-            return Err(WpdError::OutOfSlots { pid, conflicts });
-        }
-        self.ledger.rollback(&gone);
-        self.ledger.commit(&ok, process_wide.then_some(&times[..]));
         let watch = Arc::new(Watch {
             id,
             spec: spec.clone(),
             process_wide,
             created_at_ns: perf::realtime_ns(),
             hits: AtomicU64::new(0),
-            events: Mutex::new(opened),
+            last_value: Mutex::new(None),
+            backend: proc.backend,
+            events: Mutex::new(Vec::new()),
         });
+        if spec.only_on_change {
+            *watch.last_value.lock().unwrap() =
+                procfs::read_memory(pid, spec.addr, spec.len.bytes() as usize).ok();
+        }
+        // Registered before the thread snapshot: a thread born from here on
+        // gets it at birth (ptrace: `thread_started`; perf: reconcile), and
+        // one already holding it is skipped by `reserve_all`.
         self.watches.insert(id.0, watch.clone());
         proc.watches.lock().unwrap().insert(id.0);
-        if process_wide {
-            self.reconcile_locked(&proc);
+        let tids: Vec<Tid> = match &spec.scope {
+            Scope::Process => self.ledger.tids(pid),
+            Scope::Threads(tids) => tids.clone(),
+        };
+        let armed = self
+            .ledger
+            .reserve_all(&tids, id, process_wide, proc.backend)
+            .map_err(|conflicts| WpdError::OutOfSlots { pid, conflicts })
+            .and_then(|res| match proc.backend {
+                BackendKind::Perf => self.arm_perf(&proc, &watch, &res),
+                BackendKind::Ptrace => self.arm_ptrace(&proc, &watch, &res),
+            });
+        if let Err(e) = armed {
+            self.watches.remove(&id.0);
+            proc.watches.lock().unwrap().remove(&id.0);
+            // Threads born meanwhile may have taken it: undo those too.
+            if proc.backend == BackendKind::Ptrace {
+                self.disarm_ptrace(&proc, &watch);
+            }
+            for (tid, _) in self.ledger.slots_of(pid, id) {
+                self.ledger
+                    .release(tid, id, proc.backend == BackendKind::Ptrace);
+            }
+            return Err(e);
         }
+        self.write_state_now();
         drop(_op);
         Ok((self.view(&watch), t_start.elapsed()))
-    }
-
-    /// Makes every thread of `proc` carry every process-wide watchpoint:
-    /// threads created while a watchpoint was being armed on their creator
-    /// may or may not have inherited it (see `ledger::classify`); decide from
-    /// timestamps where possible, else ask the kernel, and arm the ones that
-    /// did not inherit. Caller holds `proc.op`.
-    fn reconcile_locked(&self, proc: &Process) {
-        let Ok(perf) = self.perf() else { return };
-        let wide: Vec<Arc<Watch>> = proc
-            .watches
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|id| self.watches.get(id).map(|w| w.clone()))
-            .filter(|w| w.process_wide)
-            .collect();
-        if wide.is_empty() {
-            return;
-        }
-        for _round in 0..8 {
-            self.drain_now();
-            let mut changed = false;
-            for tid in self.ledger.tids(proc.pid) {
-                for w in &wide {
-                    let Some(row) = self.ledger.get(tid) else {
-                        break;
-                    };
-                    let slot = row.slot_of(w.id);
-                    let uncertain = slot.is_some_and(|s| row.uncertain & (1 << s) != 0);
-                    if slot.is_some() && !uncertain {
-                        continue;
-                    }
-                    if uncertain {
-                        let verdict = self.inheritance_verdict(perf, &row, w.id, tid);
-                        self.ledger.resolve_uncertain(tid, w.id, verdict, row.born);
-                        if verdict {
-                            continue;
-                        }
-                    }
-                    changed = true;
-                    self.arm_one(perf, proc, w, tid);
-                }
-            }
-            if !changed {
-                return;
-            }
-        }
-    }
-
-    /// Did `tid` inherit `id` from its creator? Timestamps first, then a
-    /// kernel probe of free slots.
-    fn inheritance_verdict(
-        &self,
-        perf: &PerfBackend,
-        row: &crate::ledger::ThreadSlots,
-        id: WatchId,
-        tid: Tid,
-    ) -> bool {
-        if let Some(parent) = self.ledger.get(row.parent)
-            && let Some(s) = parent.slot_of(id)
-            && parent.ours & (1 << s) != 0
-        {
-            match classify(row.born, parent.absent_before[s], parent.certain_from[s]) {
-                Inheritance::Inherited => return true,
-                Inheritance::Missing => return false,
-                Inheritance::Unknown => {}
-            }
-        }
-        let known = row.ours.count_ones() as usize;
-        match perf.probe_free_slots(tid, arch::current::SLOTS) {
-            // As many free slots as if it had none of the uncertain ones.
-            Ok(free) => free + known < arch::current::SLOTS,
-            Err(_) => true,
-        }
-    }
-
-    fn arm_one(&self, perf: &PerfBackend, proc: &Process, w: &Watch, tid: Tid) {
-        let Ok(res) = self.ledger.reserve_all(&[tid], w.id, true) else {
-            tracing::warn!(
-                pid = proc.pid,
-                tid,
-                id = w.id.0,
-                "new thread has no free slot for a process-wide watchpoint"
-            );
-            return;
-        };
-        let sink = |eid: u64| {
-            self.event_ids.insert(eid, w.id.0);
-        };
-        let t0 = perf::monotonic_ns();
-        match perf.open_breakpoint(tid, w.spec.addr, w.spec.len, w.spec.access, true, &sink) {
-            Ok(ev) => {
-                let t1 = perf::monotonic_ns();
-                self.ledger.commit(&res, Some(&[(t0, t1)]));
-                w.events.lock().unwrap().push((tid, ev));
-            }
-            Err(e) if e.errno == Errno::ENOSPC => {
-                self.ledger.mark_foreign(res[0]);
-                tracing::warn!(
-                    pid = proc.pid,
-                    tid,
-                    id = w.id.0,
-                    "kernel refused a slot (ENOSPC) on a new thread"
-                );
-            }
-            Err(_) => self.ledger.rollback(&res),
-        }
     }
 
     fn reconcile_loop(self: Arc<Self>, rx: mpsc::Receiver<Job>) {
@@ -746,7 +613,10 @@ impl Core {
                 jobs.insert(j);
             }
             for job in jobs {
-                let (Job::Reconcile(pid) | Job::Exec(pid)) = job;
+                let (Job::Reconcile(pid) | Job::Exec(pid)) = job else {
+                    self.write_state_now();
+                    continue;
+                };
                 let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
                     continue;
                 };
@@ -757,6 +627,7 @@ impl Core {
                 match job {
                     Job::Reconcile(_) => self.reconcile_locked(&proc),
                     Job::Exec(_) => self.exec_locked(&proc),
+                    Job::SaveState => {}
                 }
             }
         }
@@ -805,10 +676,31 @@ impl Core {
         if let Ok(p) = self.perf() {
             p.forget_fds(n);
         }
-        for tid in self.ledger.tids(proc.pid) {
-            self.ledger.release(tid, w.id);
+        let retain = proc.backend == BackendKind::Ptrace;
+        if retain {
+            self.disarm_ptrace(proc, &w);
         }
+        for tid in self.ledger.tids(proc.pid) {
+            self.ledger.release(tid, w.id, retain);
+        }
+        self.save_state();
         Some(w)
+    }
+
+    /// The error for threads the kernel refused (ENOSPC), naming holders.
+    fn out_of_slots(&self, pid: Pid, full: Vec<Tid>) -> WpdError {
+        let conflicts = full
+            .into_iter()
+            .map(|tid| SlotConflict {
+                tid,
+                holders: self
+                    .ledger
+                    .get(tid)
+                    .map(|r| holders_of(&r))
+                    .unwrap_or_default(),
+            })
+            .collect();
+        WpdError::OutOfSlots { pid, conflicts }
     }
 
     /// Removes a watchpoint. Blocking.
@@ -854,7 +746,7 @@ impl Core {
             armed_threads: self.ledger.armed_count(w.spec.pid, w.id) as u32,
             hits: w.hits.load(Ordering::Relaxed),
             created_at_ns: w.created_at_ns,
-            backend: BackendKind::Perf,
+            backend: w.backend,
         }
     }
 
@@ -911,6 +803,10 @@ impl Core {
         }
         tids.sort_unstable();
         let mut out = Vec::with_capacity(tids.len());
+        let states = match (self.procs.get(&pid).map(|p| p.backend), self.ptrace()) {
+            (Some(BackendKind::Ptrace), Ok(pt)) => pt.states(pid),
+            _ => Default::default(),
+        };
         for tid in tids {
             if probe
                 && let Ok(perf) = self.perf()
@@ -930,16 +826,26 @@ impl Core {
                         SlotView::Pending(WatchId(row.holder[s]))
                     } else if row.foreign & bit != 0 {
                         SlotView::Foreign
+                    } else if row.retained & bit != 0 {
+                        SlotView::Retained
                     } else {
                         SlotView::Free
                     }
                 })
                 .collect();
+            use crate::backend::ptrace::Held;
+            let state = match states.get(&tid) {
+                Some(st) if st.held == Held::Hit => RunState::StoppedAtHit,
+                Some(st) if st.held == Held::Peer => RunState::StoppedByPeer,
+                Some(st) if st.group_stopped => RunState::JobStopped,
+                _ => RunState::Running,
+            };
             out.push(ThreadView {
                 tid,
                 parent: row.parent,
                 slots,
                 name: procfs::comm(pid, tid).unwrap_or_default(),
+                state,
             });
         }
         Ok(out)
@@ -962,142 +868,6 @@ impl Core {
     }
 
     // ---------------------------------------------------------------- drain
-
-    /// Processes every record already in the rings.
-    pub fn drain_now(&self) {
-        if let Ok(perf) = self.perf() {
-            perf.drain(&mut |r| self.on_record(r));
-        }
-    }
-
-    fn drain_loop(self: Arc<Self>) {
-        let Ok(perf) = self.perf() else { return };
-        let mut fds: Vec<libc::pollfd> = perf
-            .collector_fds()
-            .into_iter()
-            .map(|fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
-        while !self.stop.load(Ordering::Relaxed) {
-            // SAFETY: fds is a valid pollfd array.
-            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 2) };
-            self.drain_now();
-        }
-    }
-
-    fn on_record(&self, r: Record) {
-        match r {
-            Record::Sample {
-                id,
-                ip,
-                pid,
-                tid,
-                time,
-                addr,
-                cpu,
-            } => {
-                let Some(wid) = self.event_ids.get(&id).map(|v| *v) else {
-                    return;
-                };
-                let Some(w) = self.watches.get(&wid).map(|w| w.clone()) else {
-                    return;
-                };
-                w.hits.fetch_add(1, Ordering::Relaxed);
-                self.hits.fetch_add(1, Ordering::Relaxed);
-                let len = w.spec.len.bytes();
-                let value = procfs::read_memory(pid, addr, len as usize);
-                let value_read_ns = perf::realtime_ns();
-                self.bus.publish(EventKind::Hit(HitEvent {
-                    id: w.id,
-                    pid,
-                    tid,
-                    ip,
-                    addr,
-                    len,
-                    access: w.spec.access,
-                    value,
-                    time_ns: time + self.clock_offset,
-                    value_read_ns,
-                    cpu,
-                }));
-            }
-            Record::Fork {
-                pid,
-                ppid,
-                tid,
-                ptid,
-                time,
-            } => {
-                if pid != ppid || !self.procs.contains_key(&pid) {
-                    return; // a new process (fork) is left alone
-                }
-                if let Some(row) = self.ledger.on_fork(pid, ptid, tid, time) {
-                    // Certain and uncertain ones: the reconcile step arms any
-                    // uncertain one that was not inherited.
-                    let watchpoints = (0..arch::current::SLOTS)
-                        .filter(|s| (row.ours | row.uncertain) & (1 << s) != 0)
-                        .map(|s| WatchId(row.holder[s]))
-                        .collect();
-                    self.bus.publish(EventKind::ThreadStarted {
-                        pid,
-                        tid,
-                        parent: ptid,
-                        watchpoints,
-                    });
-                    if row.uncertain != 0 || self.missing_wide(pid, &row) {
-                        self.schedule(Job::Reconcile(pid));
-                    }
-                }
-            }
-            Record::Exit { pid, tid, .. } => {
-                if let Some(row) = self.ledger.get(tid)
-                    && row.pid == pid
-                {
-                    self.ledger.remove_thread(tid);
-                    self.bus.publish(EventKind::ThreadExited { pid, tid });
-                }
-            }
-            Record::Exec { pid, .. } => {
-                if self.procs.contains_key(&pid) {
-                    self.schedule(Job::Exec(pid));
-                }
-            }
-            Record::Lost { count } => {
-                tracing::warn!(count, "kernel dropped records: ring full");
-                self.bus.publish(EventKind::RecordsLost { count });
-            }
-        }
-    }
-
-    fn missing_wide(&self, pid: Pid, row: &crate::ledger::ThreadSlots) -> bool {
-        let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
-            return false;
-        };
-        let ids: Vec<u64> = proc.watches.lock().unwrap().iter().copied().collect();
-        ids.into_iter().any(|id| {
-            self.watches.get(&id).is_some_and(|w| w.process_wide)
-                && row.slot_of(WatchId(id)).is_none()
-        })
-    }
-
-    /// Raw fd of a tracker, for tests.
-    #[doc(hidden)]
-    pub fn tracker_count(&self, pid: Pid) -> usize {
-        self.procs
-            .get(&pid)
-            .map(|p| {
-                p.trackers
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .filter(|f| f.as_raw_fd() >= 0)
-                    .count()
-            })
-            .unwrap_or(0)
-    }
 }
 
 fn holders_of(r: &crate::ledger::ThreadSlots) -> Vec<crate::error::Holder> {

@@ -1,0 +1,1063 @@
+//! ptrace backend: tracer threads that own tracees and program DR0–DR7
+//! with PTRACE_POKEUSER.
+//!
+//! Rules the kernel imposes (kernel-facts §1–3) and how they shape this file:
+//! - ptrace requests must come from the thread that attached: each tracee
+//!   belongs to one *shard*, a dedicated OS thread, for its whole life.
+//!   Threads created by a tracee (`PTRACE_O_TRACECLONE`) belong to the same
+//!   tracer thread as their creator.
+//! - A shard waits only on its own tracees (`__WNOTHREAD`), so no thread
+//!   scans thousands of tracees per `waitpid`.
+//! - Registers can be written only while a tracee is in a ptrace-stop:
+//!   changes are recorded as the tracee's *desired* state, the tracee is
+//!   interrupted, and the change is applied at its next stop. A batch over
+//!   many tracees interrupts them all first, then applies as stops arrive —
+//!   never interrupt-then-wait one at a time.
+//! - DR7 is never read back to decide what to write: the shard keeps the
+//!   whole register per tracee and always writes it whole. Every POKE is
+//!   checked; a slot whose address poke failed is left out of DR7.
+//! - Before detaching, DR7 is written 0: ptrace-set registers survive the
+//!   tracer, and a hit with no tracer kills the target with SIGTRAP.
+//!
+//! Wake-ups: SIGCHLD is blocked in every daemon thread; one thread reads it
+//! from a signalfd and rings every shard's eventfd. Commands ring it too.
+//! Shards also poll every 100 ms as a safety net.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
+
+use dashmap::DashMap;
+use nix::errno::Errno;
+use nix::sys::ptrace;
+use nix::sys::signal::Signal;
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid as NixPid;
+
+use crate::arch::current as arch;
+use crate::model::{Pid, Tid};
+
+/// One slot change on one tracee.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotProgram {
+    /// Tracee.
+    pub tid: Tid,
+    /// Debug-register index (0–3), chosen by the ledger.
+    pub slot: u8,
+    /// `Some((address, DR7 bits of this slot, watchpoint id))` to arm,
+    /// `None` to disarm.
+    pub arm: Option<(u64, u64, u64)>,
+}
+
+/// Outcome of one [`SlotProgram`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgramResult {
+    /// Applied.
+    Done,
+    /// The tracee no longer exists.
+    Gone,
+    /// The kernel refused: no free breakpoint slot (ENOSPC).
+    NoSpace,
+    /// The kernel refused for another reason.
+    Failed(Errno),
+}
+
+/// What the daemon decided about a hit (returned by [`TraceSink::hit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HitVerdict {
+    /// Record and continue.
+    Continue,
+    /// Keep the hitting thread stopped until resumed.
+    Hold,
+    /// Keep it stopped and stop every thread of the process.
+    HoldAll,
+}
+
+/// Why a tracee is stopped by us.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// Not held: running, or in a stop we are about to end.
+    No,
+    /// Stopped after its own hit.
+    Hit,
+    /// Stopped because another thread of its process hit.
+    Peer,
+}
+
+/// A tracee's state as listed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceeState {
+    /// Held by the daemon.
+    pub held: Held,
+    /// In a job-control stop (SIGSTOP & co.).
+    pub group_stopped: bool,
+}
+
+/// Callbacks from tracer threads into the daemon core. Called on the
+/// tracer thread: they must not block on tracer commands.
+pub trait TraceSink: Send + Sync {
+    /// A new thread appeared (auto-attached at clone, stopped before its
+    /// first instruction). Returns the slots to program before it runs.
+    fn thread_started(&self, pid: Pid, tid: Tid, parent: Tid) -> Vec<SlotProgram>;
+    /// Result of programming a new thread's slots.
+    fn thread_armed(&self, pid: Pid, tid: Tid, results: &[(SlotProgram, ProgramResult)]);
+    /// A tracee exited.
+    fn thread_exited(&self, pid: Pid, tid: Tid);
+    /// A hardware-breakpoint trap: `ids` are the watchpoints of the slots
+    /// DR6 names. The tracee is stopped while this runs.
+    fn hit(&self, pid: Pid, tid: Tid, ip: u64, ids: &[u64]) -> HitVerdict;
+    /// The process called exec: the kernel cleared the registers.
+    fn exec(&self, pid: Pid, tid: Tid);
+}
+
+enum Cmd {
+    Seize {
+        pid: Pid,
+        tids: Vec<Tid>,
+        reply: mpsc::Sender<Vec<(Tid, Result<(), Errno>)>>,
+    },
+    Program {
+        items: Vec<SlotProgram>,
+        reply: mpsc::Sender<Vec<(SlotProgram, ProgramResult)>>,
+    },
+    Resume {
+        pid: Pid,
+        tids: Vec<Tid>,
+        reply: mpsc::Sender<Vec<Tid>>,
+    },
+    HoldAll {
+        pid: Pid,
+        except: Tid,
+    },
+    Detach {
+        pid: Pid,
+        reply: mpsc::Sender<usize>,
+    },
+    States {
+        pid: Pid,
+        reply: mpsc::Sender<Vec<(Tid, TraceeState)>>,
+    },
+}
+
+struct Shard {
+    tx: mpsc::Sender<Cmd>,
+    wake: Arc<OwnedFd>,
+}
+
+/// The backend: shards and tracee ownership.
+pub struct PtraceBackend {
+    shards: Vec<Shard>,
+    /// Tracee → shard index (a tracee's requests must go to its tracer).
+    owner: Arc<DashMap<Tid, usize>>,
+    next: AtomicU64,
+}
+
+impl std::fmt::Debug for PtraceBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PtraceBackend")
+            .field("shards", &self.shards.len())
+            .finish()
+    }
+}
+
+fn ring(fd: &OwnedFd) {
+    let one: u64 = 1;
+    // SAFETY: writing 8 bytes to an eventfd we own.
+    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+}
+
+fn eventfd() -> OwnedFd {
+    // SAFETY: plain syscall; on failure we abort start-up below.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    assert!(fd >= 0, "eventfd: {}", Errno::last());
+    // SAFETY: fresh fd we own.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// Blocks SIGCHLD in the calling thread (and threads it creates later).
+/// `wpd`'s `main` calls this first thing, before any other thread exists.
+pub fn block_sigchld() {
+    let mut set = nix::sys::signal::SigSet::empty();
+    set.add(Signal::SIGCHLD);
+    let _ = set.thread_block();
+}
+
+static DOORBELLS: OnceLock<Mutex<Vec<Arc<OwnedFd>>>> = OnceLock::new();
+
+fn start_sigchld_thread() {
+    let mut set = nix::sys::signal::SigSet::empty();
+    set.add(Signal::SIGCHLD);
+    let _ = set.thread_block();
+    let Ok(sfd) = nix::sys::signalfd::SignalFd::new(&set) else {
+        return;
+    };
+    std::thread::Builder::new()
+        .name("wpd-sigchld".into())
+        .spawn(move || {
+            while let Ok(Some(_)) = sfd.read_signal() {
+                if let Some(bells) = DOORBELLS.get() {
+                    for b in bells.lock().unwrap().iter() {
+                        ring(b);
+                    }
+                }
+            }
+        })
+        .expect("spawn sigchld thread");
+}
+
+impl PtraceBackend {
+    /// Starts `shards` tracer threads delivering events to `sink`.
+    pub fn new(shards: usize, sink: std::sync::Weak<dyn TraceSink>) -> Self {
+        let first = DOORBELLS.get().is_none();
+        let bells = DOORBELLS.get_or_init(|| Mutex::new(Vec::new()));
+        if first {
+            start_sigchld_thread();
+        }
+        let owner = Arc::new(DashMap::new());
+        let mut v = Vec::with_capacity(shards);
+        for i in 0..shards.max(1) {
+            let (tx, rx) = mpsc::channel();
+            let wake = Arc::new(eventfd());
+            bells.lock().unwrap().push(wake.clone());
+            let mut tracer = Tracer {
+                index: i,
+                rx,
+                wake: wake.clone(),
+                tracees: HashMap::new(),
+                batches: HashMap::new(),
+                next_batch: 0,
+                sink: sink.clone(),
+                owner: owner.clone(),
+            };
+            std::thread::Builder::new()
+                .name(format!("wpd-tracer-{i}"))
+                .spawn(move || {
+                    // A tracer that dies leaves its tracees detached with
+                    // armed registers (kernel-facts §2): on a panic, clear
+                    // and detach them before the thread ends.
+                    let run =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tracer.run()));
+                    if run.is_err() {
+                        tracer.detach_everything();
+                    }
+                })
+                .expect("spawn tracer");
+            v.push(Shard { tx, wake });
+        }
+        PtraceBackend {
+            shards: v,
+            owner,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    fn send(&self, shard: usize, cmd: Cmd) {
+        let s = &self.shards[shard];
+        let _ = s.tx.send(cmd);
+        ring(&s.wake);
+    }
+
+    /// Seizes `tids` of `pid`, spread over the shards. Per-tid results.
+    pub fn seize(&self, pid: Pid, tids: &[Tid]) -> Vec<(Tid, Result<(), Errno>)> {
+        let n = self.shards.len();
+        let mut per: Vec<Vec<Tid>> = vec![Vec::new(); n];
+        for &t in tids {
+            let s = (self.next.fetch_add(1, Ordering::Relaxed) as usize) % n;
+            per[s].push(t);
+        }
+        let (tx, rx) = mpsc::channel();
+        let mut waiting = 0;
+        for (s, tids) in per.into_iter().enumerate() {
+            if !tids.is_empty() {
+                waiting += 1;
+                self.send(
+                    s,
+                    Cmd::Seize {
+                        pid,
+                        tids,
+                        reply: tx.clone(),
+                    },
+                );
+            }
+        }
+        (0..waiting)
+            .flat_map(|_| rx.recv().unwrap_or_default())
+            .collect()
+    }
+
+    /// Programs slots; waits until every change is applied (or failed).
+    pub fn program(&self, items: Vec<SlotProgram>) -> Vec<(SlotProgram, ProgramResult)> {
+        let mut per: HashMap<usize, Vec<SlotProgram>> = HashMap::new();
+        let mut out = Vec::new();
+        for it in items {
+            match self.owner.get(&it.tid).map(|s| *s) {
+                Some(s) => per.entry(s).or_default().push(it),
+                None => out.push((it, ProgramResult::Gone)),
+            }
+        }
+        let (tx, rx) = mpsc::channel();
+        let waiting = per.len();
+        for (s, items) in per {
+            self.send(
+                s,
+                Cmd::Program {
+                    items,
+                    reply: tx.clone(),
+                },
+            );
+        }
+        for _ in 0..waiting {
+            out.extend(rx.recv().unwrap_or_default());
+        }
+        out
+    }
+
+    /// Resumes held tracees of `pid` (all held ones when `tids` is empty).
+    pub fn resume(&self, pid: Pid, tids: &[Tid]) -> Vec<Tid> {
+        self.broadcast(|reply| Cmd::Resume {
+            pid,
+            tids: tids.to_vec(),
+            reply,
+        })
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
+    /// Stops every tracee of `pid` except `except` (peer stop after a hit).
+    pub fn hold_all(&self, pid: Pid, except: Tid) {
+        for s in 0..self.shards.len() {
+            self.send(s, Cmd::HoldAll { pid, except });
+        }
+    }
+
+    /// Detaches every tracee of `pid`, DR7 cleared first. Returns the count.
+    pub fn detach(&self, pid: Pid) -> usize {
+        self.broadcast(|reply| Cmd::Detach { pid, reply })
+            .into_iter()
+            .sum()
+    }
+
+    /// Held / job-control state of every tracee of `pid`.
+    pub fn states(&self, pid: Pid) -> HashMap<Tid, TraceeState> {
+        self.broadcast(|reply| Cmd::States { pid, reply })
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// Sends one command per shard and collects one reply from each.
+    fn broadcast<R: Send + 'static>(&self, mk: impl Fn(mpsc::Sender<R>) -> Cmd) -> Vec<R> {
+        let (tx, rx) = mpsc::channel();
+        for s in 0..self.shards.len() {
+            self.send(s, mk(tx.clone()));
+        }
+        (0..self.shards.len())
+            .filter_map(|_| rx.recv().ok())
+            .collect()
+    }
+
+    /// True if `tid` is one of our tracees.
+    pub fn traces(&self, tid: Tid) -> bool {
+        self.owner.contains_key(&tid)
+    }
+}
+
+struct Tracee {
+    pid: Pid,
+    /// Addresses we want in DR0–DR3.
+    addr: [u64; arch::SLOTS],
+    /// Watchpoint per slot (0: none), for DR6 → watchpoint.
+    ids: [u64; arch::SLOTS],
+    /// The DR7 we want.
+    dr7: u64,
+    /// Addresses and DR7 as last written successfully.
+    applied_addr: [u64; arch::SLOTS],
+    applied_dr7: u64,
+    /// Programs waiting for the next stop: (batch, item).
+    pending: Vec<(u64, SlotProgram)>,
+    /// PTRACE_INTERRUPT sent, stop not seen yet.
+    interrupting: bool,
+    /// Waiting for the first stop of an auto-attached new thread.
+    fresh: Option<Tid>,
+    held: Held,
+    group_stopped: bool,
+    /// Detach at the next stop.
+    detach: Option<mpsc::Sender<usize>>,
+    /// Slots we have ever armed on this tracee.
+    ever_armed: u8,
+    /// Hold at the next stop (peer stop).
+    hold_next: bool,
+}
+
+impl Tracee {
+    fn new(pid: Pid) -> Self {
+        Tracee {
+            pid,
+            addr: [0; arch::SLOTS],
+            ids: [0; arch::SLOTS],
+            dr7: 0,
+            applied_addr: [0; arch::SLOTS],
+            applied_dr7: 0,
+            pending: Vec::new(),
+            interrupting: false,
+            fresh: None,
+            held: Held::No,
+            group_stopped: false,
+            detach: None,
+            ever_armed: 0,
+            hold_next: false,
+        }
+    }
+}
+
+struct Batch {
+    remaining: usize,
+    results: Vec<(SlotProgram, ProgramResult)>,
+    reply: mpsc::Sender<Vec<(SlotProgram, ProgramResult)>>,
+}
+
+struct Tracer {
+    index: usize,
+    rx: mpsc::Receiver<Cmd>,
+    wake: Arc<OwnedFd>,
+    tracees: HashMap<Tid, Tracee>,
+    batches: HashMap<u64, Batch>,
+    next_batch: u64,
+    sink: std::sync::Weak<dyn TraceSink>,
+    owner: Arc<DashMap<Tid, usize>>,
+}
+
+fn npid(t: Tid) -> NixPid {
+    NixPid::from_raw(t)
+}
+
+fn seize_options() -> ptrace::Options {
+    ptrace::Options::PTRACE_O_TRACECLONE | ptrace::Options::PTRACE_O_TRACEEXEC
+}
+
+fn is_stop_signal(s: Signal) -> bool {
+    matches!(
+        s,
+        Signal::SIGSTOP | Signal::SIGTSTP | Signal::SIGTTIN | Signal::SIGTTOU
+    )
+}
+
+impl Tracer {
+    fn run(&mut self) {
+        loop {
+            loop {
+                match self.rx.try_recv() {
+                    Ok(cmd) => self.command(cmd),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        self.detach_everything();
+                        return;
+                    }
+                }
+            }
+            self.reap();
+            let mut pfd = libc::pollfd {
+                fd: self.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let timeout = if self.tracees.is_empty() { -1 } else { 100 };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut pfd, 1, timeout) };
+            let mut buf = 0u64;
+            // SAFETY: draining the eventfd counter into a local.
+            unsafe { libc::read(self.wake.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
+        }
+    }
+
+    fn detach_everything(&mut self) {
+        let tids: Vec<Tid> = self.tracees.keys().copied().collect();
+        for tid in tids {
+            self.request_detach(tid, None);
+        }
+        // Bounded: tracees that never stop again (killed) are dropped.
+        for _ in 0..200 {
+            if self.tracees.is_empty() {
+                break;
+            }
+            self.reap();
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    fn command(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Seize { pid, tids, reply } => {
+                let mut out = Vec::with_capacity(tids.len());
+                for tid in tids {
+                    let r = ptrace::seize(npid(tid), seize_options());
+                    if r.is_ok() {
+                        self.tracees.insert(tid, Tracee::new(pid));
+                        self.owner.insert(tid, self.index);
+                    }
+                    out.push((tid, r));
+                }
+                let _ = reply.send(out);
+            }
+            Cmd::Program { items, reply } => {
+                let id = self.next_batch;
+                self.next_batch += 1;
+                let mut batch = Batch {
+                    remaining: 0,
+                    results: Vec::new(),
+                    reply,
+                };
+                let mut touched = Vec::new();
+                for it in items {
+                    match self.tracees.get_mut(&it.tid) {
+                        Some(t) if t.detach.is_none() => {
+                            t.pending.push((id, it));
+                            batch.remaining += 1;
+                            touched.push(it.tid);
+                        }
+                        _ => batch.results.push((it, ProgramResult::Gone)),
+                    }
+                }
+                self.batches.insert(id, batch);
+                touched.sort_unstable();
+                touched.dedup();
+                // Interrupt all first; apply as the stops come in.
+                for tid in touched {
+                    self.kick(tid);
+                }
+                self.finish_batch_if_done(id);
+            }
+            Cmd::Resume { pid, tids, reply } => {
+                let mut resumed = Vec::new();
+                let all: Vec<Tid> = self
+                    .tracees
+                    .iter()
+                    .filter(|(t, tr)| {
+                        tr.pid == pid
+                            && tr.held != Held::No
+                            && (tids.is_empty() || tids.contains(t))
+                    })
+                    .map(|(t, _)| *t)
+                    .collect();
+                for tid in all {
+                    if let Some(t) = self.tracees.get_mut(&tid) {
+                        t.held = Held::No;
+                        t.hold_next = false;
+                    }
+                    self.restart(tid, None);
+                    resumed.push(tid);
+                }
+                let _ = reply.send(resumed);
+            }
+            Cmd::HoldAll { pid, except } => {
+                let tids: Vec<Tid> = self
+                    .tracees
+                    .iter()
+                    .filter(|(t, tr)| tr.pid == pid && **t != except && tr.held == Held::No)
+                    .map(|(t, _)| *t)
+                    .collect();
+                for tid in tids {
+                    if let Some(t) = self.tracees.get_mut(&tid) {
+                        t.hold_next = true;
+                    }
+                    self.kick(tid);
+                }
+            }
+            Cmd::Detach { pid, reply } => {
+                let tids: Vec<Tid> = self
+                    .tracees
+                    .iter()
+                    .filter(|(_, t)| t.pid == pid)
+                    .map(|(t, _)| *t)
+                    .collect();
+                if tids.is_empty() {
+                    let _ = reply.send(0);
+                    return;
+                }
+                // One reply per tracee; the caller sums them per shard below.
+                let (tx, rx) = mpsc::channel();
+                let n = tids.len();
+                for tid in tids {
+                    self.request_detach(tid, Some(tx.clone()));
+                }
+                // Collect asynchronously: forward the sum when all are done.
+                std::thread::spawn(move || {
+                    let done: usize = (0..n).filter_map(|_| rx.recv().ok()).sum();
+                    let _ = reply.send(done);
+                });
+            }
+            Cmd::States { pid, reply } => {
+                let v = self
+                    .tracees
+                    .iter()
+                    .filter(|(_, t)| t.pid == pid)
+                    .map(|(tid, t)| {
+                        (
+                            *tid,
+                            TraceeState {
+                                held: t.held,
+                                group_stopped: t.group_stopped,
+                            },
+                        )
+                    })
+                    .collect();
+                let _ = reply.send(v);
+            }
+        }
+    }
+
+    /// Makes sure `tid` reaches a stop soon: if it is held (in a stop we
+    /// keep) apply right away; else interrupt it.
+    fn kick(&mut self, tid: Tid) {
+        let Some(t) = self.tracees.get_mut(&tid) else {
+            return;
+        };
+        if t.held != Held::No {
+            // Already in a ptrace-stop we own: apply now, stay stopped.
+            self.apply(tid);
+            if self.tracees.get(&tid).is_some_and(|t| t.detach.is_some()) {
+                self.do_detach(tid);
+            }
+            return;
+        }
+        if !t.interrupting && t.fresh.is_none() {
+            t.interrupting = true;
+            if ptrace::interrupt(npid(tid)) == Err(Errno::ESRCH) {
+                // Exited (its exit is reaped later) or not stoppable.
+                self.forget(tid);
+            }
+        }
+    }
+
+    fn request_detach(&mut self, tid: Tid, done: Option<mpsc::Sender<usize>>) {
+        let Some(t) = self.tracees.get_mut(&tid) else {
+            if let Some(d) = done {
+                let _ = d.send(0);
+            }
+            return;
+        };
+        t.detach = Some(done.unwrap_or_else(|| mpsc::channel().0));
+        t.dr7 = 0;
+        t.ids = [0; arch::SLOTS];
+        self.kick(tid);
+    }
+
+    /// Writes the desired registers; resolves pending programs.
+    fn apply(&mut self, tid: Tid) {
+        let Some(t) = self.tracees.get_mut(&tid) else {
+            return;
+        };
+        let pending = std::mem::take(&mut t.pending);
+        let mut outcome: Vec<(u64, SlotProgram, ProgramResult)> = Vec::new();
+        for (batch, p) in pending {
+            let s = p.slot as usize;
+            let slot_mask = slot_dr7_mask(s);
+            match p.arm {
+                Some((addr, bits, id)) => {
+                    // Address first; a failed address poke must not be
+                    // followed by enabling the slot (it would arm the old one).
+                    let r = ptrace::write_user(
+                        npid(tid),
+                        arch::debugreg_offset(s) as _,
+                        addr as libc::c_long,
+                    );
+                    match r {
+                        Ok(()) => {
+                            t.addr[s] = addr;
+                            t.applied_addr[s] = addr;
+                            t.ids[s] = id;
+                            t.ever_armed |= 1 << s;
+                            t.dr7 = (t.dr7 & !slot_mask) | bits;
+                            outcome.push((batch, p, ProgramResult::Done));
+                        }
+                        Err(e) => outcome.push((batch, p, errno_result(e))),
+                    }
+                }
+                None => {
+                    t.dr7 &= !slot_mask;
+                    t.ids[s] = 0;
+                    outcome.push((batch, p, ProgramResult::Done));
+                }
+            }
+        }
+        if t.dr7 != t.applied_dr7 || t.detach.is_some() {
+            match ptrace::write_user(
+                npid(tid),
+                arch::debugreg_offset(arch::DR7) as _,
+                t.dr7 as libc::c_long,
+            ) {
+                Ok(()) => t.applied_dr7 = t.dr7,
+                Err(e) => {
+                    // The kernel rolled DR7 back: report every arm of this
+                    // round as failed and keep the last good register.
+                    t.dr7 = t.applied_dr7;
+                    for o in outcome.iter_mut() {
+                        if o.1.arm.is_some() && o.2 == ProgramResult::Done {
+                            o.2 = errno_result(e);
+                            t.ids[o.1.slot as usize] = 0;
+                        }
+                    }
+                }
+            }
+        }
+        for (batch, p, r) in outcome {
+            self.resolve(batch, p, r);
+        }
+    }
+
+    fn resolve(&mut self, batch: u64, p: SlotProgram, r: ProgramResult) {
+        if let Some(b) = self.batches.get_mut(&batch) {
+            b.results.push((p, r));
+            b.remaining = b.remaining.saturating_sub(1);
+        }
+        self.finish_batch_if_done(batch);
+    }
+
+    fn finish_batch_if_done(&mut self, batch: u64) {
+        if self.batches.get(&batch).is_some_and(|b| b.remaining == 0)
+            && let Some(b) = self.batches.remove(&batch)
+        {
+            let _ = b.reply.send(b.results);
+        }
+    }
+
+    /// Drops a tracee that vanished; fails its pending programs.
+    fn forget(&mut self, tid: Tid) {
+        if let Some(t) = self.tracees.remove(&tid) {
+            self.owner.remove(&tid);
+            for (batch, p) in t.pending {
+                self.resolve(batch, p, ProgramResult::Gone);
+            }
+            if let Some(d) = t.detach {
+                let _ = d.send(1);
+            }
+            if let Some(sink) = self.sink.upgrade() {
+                sink.thread_exited(t.pid, tid);
+            }
+        }
+    }
+
+    fn do_detach(&mut self, tid: Tid) {
+        let Some(t) = self.tracees.remove(&tid) else {
+            return;
+        };
+        self.owner.remove(&tid);
+        // DR7 = 0 was written by `apply` (it always writes when detaching).
+        let _ = ptrace::detach(npid(tid), None);
+        for (batch, p) in t.pending {
+            self.resolve(batch, p, ProgramResult::Gone);
+        }
+        if let Some(d) = t.detach {
+            let _ = d.send(1);
+        }
+    }
+
+    /// Ends the current stop: LISTEN if the process is job-control stopped
+    /// (so SIGCONT still works), else CONT with `sig` (delivered unchanged).
+    fn restart(&mut self, tid: Tid, sig: Option<Signal>) {
+        let group = self.tracees.get(&tid).is_some_and(|t| t.group_stopped);
+        let r = if group && sig.is_none() {
+            // SAFETY: PTRACE_LISTEN takes no addr/data.
+            let r = unsafe { libc::ptrace(libc::PTRACE_LISTEN, tid, 0, 0) };
+            if r < 0 { Err(Errno::last()) } else { Ok(()) }
+        } else {
+            ptrace::cont(npid(tid), sig)
+        };
+        if r == Err(Errno::ESRCH) {
+            // Killed while stopped; its exit will be reaped.
+        }
+    }
+
+    fn reap(&mut self) {
+        loop {
+            let flags = WaitPidFlag::__WALL | WaitPidFlag::__WNOTHREAD | WaitPidFlag::WNOHANG;
+            match waitpid(None::<NixPid>, Some(flags)) {
+                Ok(WaitStatus::StillAlive) | Err(_) => return,
+                Ok(st) => self.event(st),
+            }
+        }
+    }
+
+    fn event(&mut self, st: WaitStatus) {
+        match st {
+            WaitStatus::Exited(p, _) | WaitStatus::Signaled(p, _, _) => self.forget(p.as_raw()),
+            WaitStatus::PtraceEvent(p, sig, ev) => self.ptrace_event(p.as_raw(), sig, ev),
+            WaitStatus::Stopped(p, sig) => self.signal_stop(p.as_raw(), sig),
+            _ => {}
+        }
+    }
+
+    fn ptrace_event(&mut self, tid: Tid, sig: Signal, ev: i32) {
+        if let std::collections::hash_map::Entry::Vacant(v) = self.tracees.entry(tid) {
+            // An auto-attached new thread whose stop came before its
+            // parent's CLONE event: adopt it now (pid from /proc).
+            let pid = crate::procfs::tgid_of(tid).unwrap_or(tid);
+            let mut t = Tracee::new(pid);
+            t.fresh = Some(0);
+            v.insert(t);
+            self.owner.insert(tid, self.index);
+        }
+        match ev {
+            libc::PTRACE_EVENT_CLONE => {
+                let child = ptrace::getevent(npid(tid)).map(|c| c as Tid).unwrap_or(0);
+                let pid = self.tracees[&tid].pid;
+                let child_pid = crate::procfs::tgid_of(child).unwrap_or(pid);
+                if child > 0 && child_pid != pid {
+                    // A new process (clone without CLONE_THREAD): not ours
+                    // to watch. Let it go at its first stop.
+                    let mut c = Tracee::new(child_pid);
+                    c.detach = Some(mpsc::channel().0);
+                    self.tracees.entry(child).or_insert(c).fresh = None;
+                    self.owner.insert(child, self.index);
+                } else if child > 0 {
+                    match self.tracees.get_mut(&child) {
+                        // Its stop came first: it is waiting, parent known now.
+                        Some(c) if c.fresh == Some(0) => {
+                            c.fresh = Some(tid);
+                            self.arm_fresh(child);
+                        }
+                        Some(_) => {}
+                        None => {
+                            let mut c = Tracee::new(pid);
+                            c.fresh = Some(tid);
+                            self.tracees.insert(child, c);
+                            self.owner.insert(child, self.index);
+                        }
+                    }
+                }
+                self.after_stop(tid, None);
+            }
+            libc::PTRACE_EVENT_EXEC => {
+                let former = ptrace::getevent(npid(tid)).map(|c| c as Tid).unwrap_or(tid);
+                if former != tid
+                    && let Some(old) = self.tracees.remove(&former)
+                {
+                    self.owner.remove(&former);
+                    let mut t = old;
+                    t.pid = tid;
+                    self.tracees.insert(tid, t);
+                }
+                if let Some(t) = self.tracees.get_mut(&tid) {
+                    // exec cleared the registers (kernel-facts §3).
+                    t.addr = [0; arch::SLOTS];
+                    t.applied_addr = [0; arch::SLOTS];
+                    t.ids = [0; arch::SLOTS];
+                    t.dr7 = 0;
+                    t.applied_dr7 = 0;
+                }
+                let pid = self.tracees.get(&tid).map(|t| t.pid).unwrap_or(tid);
+                if let Some(sink) = self.sink.upgrade() {
+                    sink.exec(pid, tid);
+                }
+                self.after_stop(tid, None);
+            }
+            libc::PTRACE_EVENT_STOP => {
+                let group = is_stop_signal(sig);
+                let t = self.tracees.get_mut(&tid).expect("adopted above");
+                t.group_stopped = group;
+                t.interrupting = false;
+                if t.detach.is_some() {
+                    t.fresh = None;
+                }
+                if let Some(parent) = t.fresh {
+                    if parent == 0 {
+                        // Stop before the parent's CLONE event: wait for it
+                        // (it names the parent), unless we cannot tell.
+                        if group {
+                            self.after_stop(tid, None);
+                        }
+                        return;
+                    }
+                    self.arm_fresh(tid);
+                    return;
+                }
+                self.after_stop(tid, None);
+            }
+            _ => self.after_stop(tid, None),
+        }
+    }
+
+    /// First stop of a new thread with a known parent: arm it with the
+    /// process-wide watchpoints before it runs its first instruction.
+    fn arm_fresh(&mut self, tid: Tid) {
+        let Some(t) = self.tracees.get_mut(&tid) else {
+            return;
+        };
+        let parent = t.fresh.take().unwrap_or(0);
+        let pid = t.pid;
+        let Some(sink) = self.sink.upgrade() else {
+            self.after_stop(tid, None);
+            return;
+        };
+        let programs = sink.thread_started(pid, tid, parent);
+        let id = self.next_batch;
+        self.next_batch += 1;
+        let (tx, rx) = mpsc::channel();
+        self.batches.insert(
+            id,
+            Batch {
+                remaining: programs.len(),
+                results: Vec::new(),
+                reply: tx,
+            },
+        );
+        if let Some(t) = self.tracees.get_mut(&tid) {
+            t.pending.extend(programs.into_iter().map(|p| (id, p)));
+        }
+        self.apply(tid);
+        self.finish_batch_if_done(id);
+        if let Ok(results) = rx.try_recv() {
+            sink.thread_armed(pid, tid, &results);
+        }
+        self.after_stop(tid, None);
+    }
+
+    fn signal_stop(&mut self, tid: Tid, sig: Signal) {
+        if !self.tracees.contains_key(&tid) {
+            // Never leave a stopped thread behind, even one we lost track of.
+            let _ = ptrace::cont(npid(tid), sig);
+            return;
+        }
+        if sig == Signal::SIGTRAP && self.hw_trap(tid) {
+            return;
+        }
+        if sig == Signal::SIGCONT
+            && let Some(t) = self.tracees.get_mut(&tid)
+        {
+            t.group_stopped = false;
+        }
+        // A signal-delivery-stop: deliver the signal unchanged.
+        self.after_stop(tid, Some(sig));
+    }
+
+    /// Handles a SIGTRAP that is ours (TRAP_HWBKPT on a slot we armed).
+    /// Returns false when the trap is not ours (then it is delivered).
+    fn hw_trap(&mut self, tid: Tid) -> bool {
+        let Ok(info) = ptrace::getsiginfo(npid(tid)) else {
+            return false;
+        };
+        if info.si_code != arch::TRAP_HWBKPT {
+            return false;
+        }
+        let dr6 =
+            ptrace::read_user(npid(tid), arch::debugreg_offset(arch::DR6) as _).unwrap_or(0) as u64;
+        let t = &self.tracees[&tid];
+        let ids: Vec<u64> = (0..arch::SLOTS)
+            .filter(|&s| dr6 & (1 << s) != 0 && t.ids[s] != 0)
+            .map(|s| t.ids[s])
+            .collect();
+        if ids.is_empty() {
+            // No armed slot of ours fired. A slot we armed before and have
+            // just disarmed can still trap once (the hit raced the disarm):
+            // that trap is ours to swallow. Anything else is delivered.
+            if dr6 & arch::dr6::HIT_MASK & u64::from(t.ever_armed) != 0 {
+                self.after_stop(tid, None);
+                return true;
+            }
+            return false;
+        }
+        let ip = ptrace::getregs(npid(tid)).map(|r| r.rip).unwrap_or(0);
+        let pid = t.pid;
+        let verdict = self
+            .sink
+            .upgrade()
+            .map(|s| s.hit(pid, tid, ip, &ids))
+            .unwrap_or(HitVerdict::Continue);
+        match verdict {
+            HitVerdict::Continue => self.after_stop(tid, None),
+            HitVerdict::Hold | HitVerdict::HoldAll => {
+                if let Some(t) = self.tracees.get_mut(&tid) {
+                    t.held = Held::Hit;
+                }
+                // Apply anything pending; stay stopped.
+                self.apply(tid);
+            }
+        }
+        true
+    }
+
+    /// Common end of every stop: apply pending register changes, detach if
+    /// asked, hold if asked, else restart (delivering `sig`).
+    fn after_stop(&mut self, tid: Tid, sig: Option<Signal>) {
+        let Some(t) = self.tracees.get_mut(&tid) else {
+            return;
+        };
+        t.interrupting = false;
+        let detach = t.detach.is_some();
+        let hold = t.hold_next;
+        if !t.pending.is_empty() || detach {
+            self.apply(tid);
+        }
+        if detach {
+            let Some(t) = self.tracees.remove(&tid) else {
+                return;
+            };
+            self.owner.remove(&tid);
+            let _ = ptrace::detach(npid(tid), sig);
+            for (batch, p) in t.pending {
+                self.resolve(batch, p, ProgramResult::Gone);
+            }
+            if let Some(d) = t.detach {
+                let _ = d.send(1);
+            }
+            return;
+        }
+        if hold && sig.is_none() {
+            if let Some(t) = self.tracees.get_mut(&tid) {
+                t.hold_next = false;
+                t.held = Held::Peer;
+            }
+            return;
+        }
+        self.restart(tid, sig);
+    }
+}
+
+fn slot_dr7_mask(slot: usize) -> u64 {
+    arch::dr7::local_enable(slot)
+        | (arch::dr7::local_enable(slot) << 1)
+        | (0b1111u64 << arch::dr7::rw_shift(slot))
+}
+
+fn errno_result(e: Errno) -> ProgramResult {
+    match e {
+        Errno::ESRCH => ProgramResult::Gone,
+        Errno::ENOSPC => ProgramResult::NoSpace,
+        e => ProgramResult::Failed(e),
+    }
+}
+
+/// The tracer pid of `tid` from `/proc`, if another process traces it.
+pub fn tracer_of(tid: Tid) -> Option<Pid> {
+    let s = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let v: Pid = s
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))?
+        .trim()
+        .parse()
+        .ok()?;
+    (v != 0).then_some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_mask_covers_enable_rw_len() {
+        assert_eq!(slot_dr7_mask(0), 0b11 | (0b1111 << 16));
+        assert_eq!(slot_dr7_mask(3), (0b11 << 6) | (0b1111 << 28));
+    }
+
+    #[test]
+    fn errno_mapping() {
+        assert_eq!(errno_result(Errno::ENOSPC), ProgramResult::NoSpace);
+        assert_eq!(errno_result(Errno::ESRCH), ProgramResult::Gone);
+        assert_eq!(
+            errno_result(Errno::EINVAL),
+            ProgramResult::Failed(Errno::EINVAL)
+        );
+    }
+}

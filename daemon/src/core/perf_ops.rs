@@ -1,0 +1,368 @@
+//! perf backend operations of the core: tracking threads through
+//! FORK/EXIT records, arming with kernel inheritance, reconciling threads
+//! born while a watchpoint was being armed, and draining the rings.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use nix::errno::Errno;
+
+use std::sync::Mutex;
+
+use super::{Core, Job, Process, Watch, perf_err};
+use crate::arch;
+use crate::backend::perf::{self, PerfBackend, Record, ThreadEvents};
+use crate::error::WpdError;
+use crate::events::{EventKind, HitEvent};
+use crate::ledger::{Inheritance, Reservation, classify};
+use crate::model::{BackendKind, Pid, Tid, WatchId};
+use crate::procfs;
+
+impl Core {
+    /// Opens the breakpoint on every reserved thread (inheritable when
+    /// process-wide); all or nothing. Caller holds `proc.op`.
+    pub(super) fn arm_perf(
+        &self,
+        proc: &Process,
+        watch: &Watch,
+        res: &[Reservation],
+    ) -> Result<(), WpdError> {
+        let perf = self.perf()?;
+        let spec = &watch.spec;
+        let (pid, id, process_wide) = (proc.pid, watch.id, watch.process_wide);
+        let mut opened: Vec<(Tid, ThreadEvents)> = Vec::with_capacity(res.len());
+        let mut times = Vec::with_capacity(res.len());
+        let mut ok = Vec::with_capacity(res.len());
+        let mut gone = Vec::new();
+        let mut full = Vec::new();
+        let mut fatal = None;
+        let registered = Mutex::new(Vec::new());
+        let sink = |eid: u64| {
+            self.event_ids.insert(eid, id.0);
+            registered.lock().unwrap().push(eid);
+        };
+        for r in res {
+            let t0 = perf::monotonic_ns();
+            match perf.open_breakpoint(r.tid, spec.addr, spec.len, spec.access, process_wide, &sink)
+            {
+                Ok(ev) => {
+                    times.push((t0, perf::monotonic_ns()));
+                    opened.push((r.tid, ev));
+                    ok.push(*r);
+                }
+                Err(e) if e.errno == Errno::ESRCH => gone.push(*r),
+                Err(e) if e.errno == Errno::ENOSPC => {
+                    self.ledger.mark_foreign(*r);
+                    full.push(r.tid);
+                }
+                Err(e) => {
+                    fatal = Some(e);
+                    break;
+                }
+            }
+        }
+        if !full.is_empty() || fatal.is_some() {
+            let n: usize = opened.iter().map(|(_, e)| e.fds.len()).sum();
+            drop(opened);
+            perf.forget_fds(n);
+            for eid in registered.lock().unwrap().iter() {
+                self.event_ids.remove(eid);
+            }
+            self.ledger.rollback(&ok);
+            self.ledger.rollback(&gone);
+            self.ledger
+                .rollback(&res[ok.len() + gone.len() + full.len()..]);
+            if let Some(e) = fatal {
+                if matches!(e.errno, Errno::EACCES | Errno::EPERM) {
+                    return Err(WpdError::PermissionDenied {
+                        pid,
+                        detail: format!("{} refused: {}", e.op, e.errno.desc()),
+                    });
+                }
+                return Err(perf_err(e));
+            }
+            return Err(self.out_of_slots(pid, full));
+        }
+        self.ledger.rollback(&gone);
+        self.ledger.commit(&ok, process_wide.then_some(&times[..]));
+        *watch.events.lock().unwrap() = opened;
+        if process_wide {
+            self.reconcile_locked(proc);
+        }
+        Ok(())
+    }
+
+    /// Opens trackers on every thread, rescanning until no thread is new:
+    /// a thread created by a tracked thread is tracked by inheritance, one
+    /// created by a not-yet-tracked thread shows up in the next scan.
+    pub(super) fn track_all_threads(&self, proc: &Process) -> Result<(), WpdError> {
+        let perf = self.perf()?;
+        let mut tracked: HashSet<Tid> = HashSet::new();
+        loop {
+            let tids = procfs::tasks(proc.pid).map_err(|_| WpdError::NoSuchProcess(proc.pid))?;
+            let mut new = 0;
+            for tid in tids {
+                if !tracked.insert(tid) {
+                    continue;
+                }
+                new += 1;
+                match perf.open_tracker(tid) {
+                    Ok(fds) => {
+                        proc.trackers.lock().unwrap().extend(fds);
+                        self.ledger.add_thread(proc.pid, tid);
+                    }
+                    Err(e) if e.errno == Errno::ESRCH => {}
+                    Err(e) if matches!(e.errno, Errno::EACCES | Errno::EPERM) => {
+                        return Err(WpdError::PermissionDenied {
+                            pid: proc.pid,
+                            detail: format!("{} refused: {}", e.op, e.errno.desc()),
+                        });
+                    }
+                    Err(e) => return Err(perf_err(e)),
+                }
+            }
+            if new == 0 {
+                break;
+            }
+        }
+        if self.ledger.thread_count(proc.pid) == 0 {
+            return Err(WpdError::NoSuchProcess(proc.pid));
+        }
+        Ok(())
+    }
+
+    /// Makes every thread of `proc` carry every process-wide watchpoint:
+    /// threads created while a watchpoint was being armed on their creator
+    /// may or may not have inherited it (see `ledger::classify`); decide from
+    /// timestamps where possible, else ask the kernel, and arm the ones that
+    /// did not inherit. Caller holds `proc.op`.
+    pub(super) fn reconcile_locked(&self, proc: &Process) {
+        let Ok(perf) = self.perf() else { return };
+        let wide: Vec<Arc<Watch>> = proc
+            .watches
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|id| self.watches.get(id).map(|w| w.clone()))
+            .filter(|w| w.process_wide)
+            .collect();
+        if wide.is_empty() {
+            return;
+        }
+        for _round in 0..8 {
+            self.drain_now();
+            let mut changed = false;
+            for tid in self.ledger.tids(proc.pid) {
+                for w in &wide {
+                    let Some(row) = self.ledger.get(tid) else {
+                        break;
+                    };
+                    let slot = row.slot_of(w.id);
+                    let uncertain = slot.is_some_and(|s| row.uncertain & (1 << s) != 0);
+                    if slot.is_some() && !uncertain {
+                        continue;
+                    }
+                    if uncertain {
+                        let verdict = self.inheritance_verdict(perf, &row, w.id, tid);
+                        self.ledger.resolve_uncertain(tid, w.id, verdict, row.born);
+                        if verdict {
+                            continue;
+                        }
+                    }
+                    changed = true;
+                    self.arm_one(perf, proc, w, tid);
+                }
+            }
+            if !changed {
+                return;
+            }
+        }
+    }
+
+    /// Did `tid` inherit `id` from its creator? Timestamps first, then a
+    /// kernel probe of free slots.
+    pub(super) fn inheritance_verdict(
+        &self,
+        perf: &PerfBackend,
+        row: &crate::ledger::ThreadSlots,
+        id: WatchId,
+        tid: Tid,
+    ) -> bool {
+        if let Some(parent) = self.ledger.get(row.parent)
+            && let Some(s) = parent.slot_of(id)
+            && parent.ours & (1 << s) != 0
+        {
+            match classify(row.born, parent.absent_before[s], parent.certain_from[s]) {
+                Inheritance::Inherited => return true,
+                Inheritance::Missing => return false,
+                Inheritance::Unknown => {}
+            }
+        }
+        let known = row.ours.count_ones() as usize;
+        match perf.probe_free_slots(tid, arch::current::SLOTS) {
+            // As many free slots as if it had none of the uncertain ones.
+            Ok(free) => free + known < arch::current::SLOTS,
+            Err(_) => true,
+        }
+    }
+
+    pub(super) fn arm_one(&self, perf: &PerfBackend, proc: &Process, w: &Watch, tid: Tid) {
+        let Ok(res) = self
+            .ledger
+            .reserve_all(&[tid], w.id, true, BackendKind::Perf)
+        else {
+            tracing::warn!(
+                pid = proc.pid,
+                tid,
+                id = w.id.0,
+                "new thread has no free slot for a process-wide watchpoint"
+            );
+            return;
+        };
+        let sink = |eid: u64| {
+            self.event_ids.insert(eid, w.id.0);
+        };
+        let t0 = perf::monotonic_ns();
+        match perf.open_breakpoint(tid, w.spec.addr, w.spec.len, w.spec.access, true, &sink) {
+            Ok(ev) => {
+                let t1 = perf::monotonic_ns();
+                self.ledger.commit(&res, Some(&[(t0, t1)]));
+                w.events.lock().unwrap().push((tid, ev));
+            }
+            Err(e) if e.errno == Errno::ENOSPC => {
+                self.ledger.mark_foreign(res[0]);
+                tracing::warn!(
+                    pid = proc.pid,
+                    tid,
+                    id = w.id.0,
+                    "kernel refused a slot (ENOSPC) on a new thread"
+                );
+            }
+            Err(_) => self.ledger.rollback(&res),
+        }
+    }
+
+    /// Processes every record already in the rings.
+    pub fn drain_now(&self) {
+        if let Ok(perf) = self.perf() {
+            perf.drain(&mut |r| self.on_record(r));
+        }
+    }
+
+    pub(super) fn drain_loop(self: Arc<Self>) {
+        let Ok(perf) = self.perf() else { return };
+        let mut fds: Vec<libc::pollfd> = perf
+            .collector_fds()
+            .into_iter()
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        while !self.stop.load(Ordering::Relaxed) {
+            // SAFETY: fds is a valid pollfd array.
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 2) };
+            self.drain_now();
+        }
+    }
+
+    pub(super) fn on_record(&self, r: Record) {
+        match r {
+            Record::Sample {
+                id,
+                ip,
+                pid,
+                tid,
+                time,
+                addr,
+                cpu,
+            } => {
+                let Some(wid) = self.event_ids.get(&id).map(|v| *v) else {
+                    return;
+                };
+                let Some(w) = self.watches.get(&wid).map(|w| w.clone()) else {
+                    return;
+                };
+                w.hits.fetch_add(1, Ordering::Relaxed);
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                let len = w.spec.len.bytes();
+                let value = procfs::read_memory(pid, addr, len as usize);
+                let value_read_ns = perf::realtime_ns();
+                self.bus.publish(EventKind::Hit(HitEvent {
+                    id: w.id,
+                    pid,
+                    tid,
+                    ip,
+                    addr,
+                    len,
+                    access: w.spec.access,
+                    value,
+                    time_ns: time + self.clock_offset,
+                    value_read_ns,
+                    cpu,
+                    stopped: false,
+                    old_value: None,
+                    backend: BackendKind::Perf,
+                }));
+            }
+            Record::Fork {
+                pid,
+                ppid,
+                tid,
+                ptid,
+                time,
+            } => {
+                if pid != ppid || !self.procs.contains_key(&pid) {
+                    return; // a new process (fork) is left alone
+                }
+                if let Some(row) = self.ledger.on_fork(pid, ptid, tid, time) {
+                    // Certain and uncertain ones: the reconcile step arms any
+                    // uncertain one that was not inherited.
+                    let watchpoints = (0..arch::current::SLOTS)
+                        .filter(|s| (row.ours | row.uncertain) & (1 << s) != 0)
+                        .map(|s| WatchId(row.holder[s]))
+                        .collect();
+                    self.bus.publish(EventKind::ThreadStarted {
+                        pid,
+                        tid,
+                        parent: ptid,
+                        watchpoints,
+                    });
+                    if row.uncertain != 0 || self.missing_wide(pid, &row) {
+                        self.schedule(Job::Reconcile(pid));
+                    }
+                }
+            }
+            Record::Exit { pid, tid, .. } => {
+                if let Some(row) = self.ledger.get(tid)
+                    && row.pid == pid
+                {
+                    self.ledger.remove_thread(tid);
+                    self.bus.publish(EventKind::ThreadExited { pid, tid });
+                }
+            }
+            Record::Exec { pid, .. } => {
+                if self.procs.contains_key(&pid) {
+                    self.schedule(Job::Exec(pid));
+                }
+            }
+            Record::Lost { count } => {
+                tracing::warn!(count, "kernel dropped records: ring full");
+                self.bus.publish(EventKind::RecordsLost { count });
+            }
+        }
+    }
+
+    pub(super) fn missing_wide(&self, pid: Pid, row: &crate::ledger::ThreadSlots) -> bool {
+        let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
+            return false;
+        };
+        let ids: Vec<u64> = proc.watches.lock().unwrap().iter().copied().collect();
+        ids.into_iter().any(|id| {
+            self.watches.get(&id).is_some_and(|w| w.process_wide)
+                && row.slot_of(WatchId(id)).is_none()
+        })
+    }
+}

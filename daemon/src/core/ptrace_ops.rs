@@ -1,0 +1,439 @@
+//! ptrace backend operations of the core: seizing every thread, arming
+//! through the tracer shards, the callbacks tracers make (new thread, hit,
+//! exit, exec), Resume, and the state file that lets a restarted daemon
+//! clear registers a killed one left behind.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Weak;
+use std::sync::atomic::Ordering;
+
+use nix::errno::Errno;
+
+use super::{Core, Job, Process, RealtimeGuard, Watch};
+use crate::arch::current as arch;
+use crate::backend::perf;
+use crate::backend::ptrace::{
+    HitVerdict, ProgramResult, PtraceBackend, SlotProgram, TraceSink, tracer_of,
+};
+use crate::error::WpdError;
+use crate::events::{EventKind, HitEvent};
+use crate::ledger::Reservation;
+use crate::model::{BackendKind, HitAction, Pid, Tid, WatchId};
+use crate::procfs;
+
+/// Tracer threads. A handful: each waits only on its own tracees, and new
+/// threads join their creator's tracer.
+const SHARDS: usize = 4;
+
+/// Starts the ptrace backend, or says why it cannot work here.
+pub(super) fn start_ptrace(core: Weak<Core>) -> Result<PtraceBackend, String> {
+    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .unwrap_or(0);
+    if scope >= 3 {
+        return Err("kernel.yama.ptrace_scope=3 forbids every ptrace attach".into());
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 && scope >= 1 {
+        return Err(format!(
+            "not root and kernel.yama.ptrace_scope={scope}: attaching needs CAP_SYS_PTRACE"
+        ));
+    }
+    let sink: Weak<dyn TraceSink> = core;
+    Ok(PtraceBackend::new(SHARDS, sink))
+}
+
+/// Where the list of threads with ptrace-armed registers is kept.
+pub fn state_file() -> PathBuf {
+    std::env::var_os("WPD_STATE_FILE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/run/wpd/ptrace-armed"))
+}
+
+impl Core {
+    pub(super) fn ptrace(&self) -> Result<&PtraceBackend, WpdError> {
+        self.ptrace
+            .as_ref()
+            .map_err(|reason| WpdError::BackendUnavailable {
+                backend: BackendKind::Ptrace,
+                reason: reason.clone(),
+            })
+    }
+
+    /// Seizes every thread, rescanning until no thread is new (threads
+    /// created by a seized thread are attached by the kernel at clone).
+    pub(super) fn seize_all_threads(&self, proc: &Process) -> Result<(), WpdError> {
+        let pt = self.ptrace()?;
+        let me = std::process::id() as Pid;
+        let mut seen: HashSet<Tid> = HashSet::new();
+        let result = (|| {
+            loop {
+                let tids: Vec<Tid> = procfs::tasks(proc.pid)
+                    .map_err(|_| WpdError::NoSuchProcess(proc.pid))?
+                    .into_iter()
+                    .filter(|t| seen.insert(*t))
+                    .collect();
+                if tids.is_empty() {
+                    return Ok(());
+                }
+                for (tid, r) in pt.seize(proc.pid, &tids) {
+                    match r {
+                        Ok(()) => {
+                            self.ledger.add_thread(proc.pid, tid);
+                        }
+                        Err(Errno::ESRCH) => {}
+                        Err(Errno::EPERM) => match tracer_of(tid) {
+                            // Attached by the kernel at clone: ours already.
+                            Some(t) if t == me => {}
+                            Some(t) => {
+                                return Err(WpdError::AlreadyTraced {
+                                    pid: proc.pid,
+                                    tid,
+                                    tracer: t,
+                                    comm: procfs::comm(t, t).unwrap_or_default(),
+                                });
+                            }
+                            None => {
+                                return Err(WpdError::PermissionDenied {
+                                    pid: proc.pid,
+                                    detail: format!("PTRACE_SEIZE of thread {tid} refused"),
+                                });
+                            }
+                        },
+                        Err(e) => return Err(WpdError::kernel("PTRACE_SEIZE", e)),
+                    }
+                }
+            }
+        })();
+        if result.is_err() {
+            pt.detach(proc.pid);
+        } else if self.ledger.thread_count(proc.pid) == 0 {
+            return Err(WpdError::NoSuchProcess(proc.pid));
+        }
+        result
+    }
+
+    /// Programs the reserved slots through the tracers; all or nothing.
+    /// Caller holds `proc.op`; the watch is already registered, so threads
+    /// created meanwhile are armed by `thread_started`.
+    pub(super) fn arm_ptrace(
+        &self,
+        proc: &Process,
+        watch: &Watch,
+        res: &[Reservation],
+    ) -> Result<(), WpdError> {
+        let pt = self.ptrace()?;
+        let _rt = RealtimeGuard::enter();
+        let spec = &watch.spec;
+        let items: Vec<SlotProgram> = res
+            .iter()
+            .map(|r| SlotProgram {
+                tid: r.tid,
+                slot: r.slot,
+                arm: Some((
+                    spec.addr,
+                    arch::dr7_slot_bits(r.slot as usize, spec.len, spec.access),
+                    watch.id.0,
+                )),
+            })
+            .collect();
+        let results = pt.program(items);
+        let mut ok = Vec::new();
+        let mut gone = Vec::new();
+        let mut full = Vec::new();
+        let mut failed = None;
+        for (p, r) in &results {
+            let res = Reservation {
+                tid: p.tid,
+                slot: p.slot,
+            };
+            match r {
+                ProgramResult::Done => ok.push(res),
+                ProgramResult::Gone => gone.push(res),
+                ProgramResult::NoSpace => {
+                    self.ledger.mark_foreign(res);
+                    full.push(p.tid);
+                }
+                ProgramResult::Failed(e) => {
+                    self.ledger.rollback(&[res]);
+                    failed = Some(*e);
+                }
+            }
+        }
+        self.ledger.rollback(&gone);
+        self.ledger.commit(&ok, None);
+        if full.is_empty() && failed.is_none() {
+            return Ok(());
+        }
+        // The caller undoes what was armed (also on threads born meanwhile).
+        if let Some(e) = failed {
+            return Err(WpdError::kernel("PTRACE_POKEUSER", e));
+        }
+        Err(self.out_of_slots(proc.pid, full))
+    }
+
+    /// Clears the watchpoint's slot on every thread that has it.
+    pub(super) fn disarm_ptrace(&self, proc: &Process, watch: &Watch) {
+        let Ok(pt) = self.ptrace() else { return };
+        let items: Vec<SlotProgram> = self
+            .ledger
+            .slots_of(proc.pid, watch.id)
+            .into_iter()
+            .map(|(tid, slot)| SlotProgram {
+                tid,
+                slot,
+                arm: None,
+            })
+            .collect();
+        if !items.is_empty() {
+            pt.program(items);
+        }
+    }
+
+    /// Resumes held threads of `pid` (all when `tids` is empty). Blocking.
+    pub fn resume(&self, pid: Pid, tids: &[Tid]) -> Result<Vec<Tid>, WpdError> {
+        let proc = self
+            .procs
+            .get(&pid)
+            .map(|p| p.clone())
+            .ok_or(WpdError::NotAttached(pid))?;
+        if proc.backend != BackendKind::Ptrace {
+            return Err(WpdError::InvalidArgument(format!(
+                "process {pid} uses the {} backend, which never stops threads: nothing to resume",
+                proc.backend
+            )));
+        }
+        for &t in tids {
+            if self.ledger.get(t).is_none_or(|r| r.pid != pid) {
+                return Err(WpdError::NoSuchThread { pid, tid: t });
+            }
+        }
+        Ok(self.ptrace()?.resume(pid, tids))
+    }
+
+    /// Asks the reconcile thread to rewrite the state file soon (used on
+    /// paths that must not do file I/O, like new threads on a tracer).
+    pub(super) fn save_state(&self) {
+        self.schedule(Job::SaveState);
+    }
+
+    /// Rewrites the state file: every thread of a ptrace process. A daemon
+    /// restarted after a SIGKILL reads it and clears their DR7.
+    pub(super) fn write_state_now(&self) {
+        let mut lines = String::new();
+        for p in self
+            .procs
+            .iter()
+            .filter(|p| p.backend == BackendKind::Ptrace)
+        {
+            for tid in self.ledger.tids(p.pid) {
+                lines.push_str(&format!("{} {}\n", p.pid, tid));
+            }
+        }
+        let path = state_file();
+        if lines.is_empty() {
+            let _ = std::fs::remove_file(&path);
+            return;
+        }
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let tmp = path.with_extension("tmp");
+        if std::fs::write(&tmp, lines).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+
+    fn hit_value(pid: Pid, w: &Watch) -> Result<Vec<u8>, String> {
+        procfs::read_memory(pid, w.spec.addr, w.spec.len.bytes() as usize)
+    }
+}
+
+/// Clears DR7 on threads listed in the state file of a daemon that died
+/// without cleaning up (SIGKILL, OOM kill). Runs before serving. Returns
+/// how many threads were cleaned.
+pub fn recover_from_state_file() -> usize {
+    use nix::sys::ptrace;
+    use nix::sys::signal::Signal;
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    let path = state_file();
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return 0;
+    };
+    let mut cleaned = 0;
+    for line in text.lines() {
+        let mut it = line
+            .split_whitespace()
+            .filter_map(|w| w.parse::<Pid>().ok());
+        let (Some(pid), Some(tid)) = (it.next(), it.next()) else {
+            continue;
+        };
+        if !procfs::is_thread_of(pid, tid) || tracer_of(tid).is_some() {
+            continue;
+        }
+        let p = nix::unistd::Pid::from_raw(tid);
+        if ptrace::seize(p, ptrace::Options::empty()).is_err() {
+            continue;
+        }
+        let _ = ptrace::interrupt(p);
+        // Wait for this tracee's stop. A signal that arrives first is passed
+        // on at detach, except the SIGTRAP of a hit on the stale registers,
+        // which would kill the target.
+        let deliver = match waitpid(p, Some(WaitPidFlag::__WALL)) {
+            Ok(WaitStatus::PtraceEvent(..)) => None,
+            Ok(WaitStatus::Stopped(_, Signal::SIGTRAP))
+                if ptrace::getsiginfo(p).is_ok_and(|i| i.si_code == arch::TRAP_HWBKPT) =>
+            {
+                None
+            }
+            Ok(WaitStatus::Stopped(_, sig)) => Some(sig),
+            _ => continue,
+        };
+        let _ = ptrace::write_user(p, arch::debugreg_offset(arch::DR7) as _, 0);
+        let _ = ptrace::detach(p, deliver);
+        cleaned += 1;
+    }
+    let _ = std::fs::remove_file(&path);
+    cleaned
+}
+
+impl TraceSink for Core {
+    fn thread_started(&self, pid: Pid, tid: Tid, parent: Tid) -> Vec<SlotProgram> {
+        let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
+            return Vec::new();
+        };
+        self.ledger.add_thread(pid, tid);
+        let ids: Vec<u64> = proc.watches.lock().unwrap().iter().copied().collect();
+        let mut out = Vec::new();
+        for id in ids {
+            let Some(w) = self.watches.get(&id).map(|w| w.clone()) else {
+                continue;
+            };
+            if !w.process_wide {
+                continue;
+            }
+            match self
+                .ledger
+                .reserve_all(&[tid], w.id, false, BackendKind::Ptrace)
+            {
+                Ok(res) => out.extend(res.iter().map(|r| SlotProgram {
+                    tid,
+                    slot: r.slot,
+                    arm: Some((
+                        w.spec.addr,
+                        arch::dr7_slot_bits(r.slot as usize, w.spec.len, w.spec.access),
+                        w.id.0,
+                    )),
+                })),
+                Err(_) => tracing::warn!(pid, tid, id, "new thread has no free slot"),
+            }
+        }
+        let _ = parent;
+        out
+    }
+
+    fn thread_armed(&self, pid: Pid, tid: Tid, results: &[(SlotProgram, ProgramResult)]) {
+        let mut armed = Vec::new();
+        for (p, r) in results {
+            let res = Reservation { tid, slot: p.slot };
+            match r {
+                ProgramResult::Done => {
+                    self.ledger.commit(&[res], None);
+                    if let Some((_, _, id)) = p.arm {
+                        armed.push(WatchId(id));
+                    }
+                }
+                ProgramResult::NoSpace => self.ledger.mark_foreign(res),
+                _ => self.ledger.rollback(&[res]),
+            }
+        }
+        let parent = self.ledger.get(tid).map(|r| r.parent).unwrap_or(0);
+        self.bus.publish(EventKind::ThreadStarted {
+            pid,
+            tid,
+            parent,
+            watchpoints: armed,
+        });
+        if self
+            .procs
+            .get(&pid)
+            .is_some_and(|p| p.backend == BackendKind::Ptrace)
+        {
+            self.save_state();
+        }
+    }
+
+    fn thread_exited(&self, pid: Pid, tid: Tid) {
+        if let Some(row) = self.ledger.get(tid)
+            && row.pid == pid
+        {
+            self.ledger.remove_thread(tid);
+            self.bus.publish(EventKind::ThreadExited { pid, tid });
+        }
+    }
+
+    fn hit(&self, pid: Pid, tid: Tid, ip: u64, ids: &[u64]) -> HitVerdict {
+        let mut verdict = HitVerdict::Continue;
+        for &id in ids {
+            let Some(w) = self.watches.get(&id).map(|w| w.clone()) else {
+                continue;
+            };
+            let value = Core::hit_value(pid, &w);
+            let mut old_value = None;
+            if w.spec.only_on_change {
+                let mut last = w.last_value.lock().unwrap();
+                if let Ok(v) = &value {
+                    if last.as_ref() == Some(v) {
+                        continue; // stored the same bytes: not a change
+                    }
+                    old_value = last.replace(v.clone());
+                }
+            }
+            let stopped = w.spec.action != HitAction::Log;
+            verdict = match (verdict, w.spec.action) {
+                (_, HitAction::StopAll) | (HitVerdict::HoldAll, _) => HitVerdict::HoldAll,
+                (_, HitAction::Stop) | (HitVerdict::Hold, _) => HitVerdict::Hold,
+                _ => HitVerdict::Continue,
+            };
+            w.hits.fetch_add(1, Ordering::Relaxed);
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            let now = perf::realtime_ns();
+            self.bus.publish(EventKind::Hit(HitEvent {
+                id: w.id,
+                pid,
+                tid,
+                ip,
+                addr: w.spec.addr,
+                len: w.spec.len.bytes(),
+                access: w.spec.access,
+                value,
+                time_ns: now,
+                value_read_ns: now,
+                cpu: 0,
+                stopped,
+                old_value,
+                backend: BackendKind::Ptrace,
+            }));
+        }
+        if verdict == HitVerdict::HoldAll
+            && let Ok(pt) = self.ptrace()
+        {
+            pt.hold_all(pid, tid);
+        }
+        verdict
+    }
+
+    fn exec(&self, pid: Pid, _tid: Tid) {
+        self.schedule(Job::Exec(pid));
+    }
+}
+
+impl Core {
+    /// Used by tests: the tracer that owns `tid`, if any.
+    #[doc(hidden)]
+    pub fn is_traced(&self, tid: Tid) -> bool {
+        self.ptrace.as_ref().is_ok_and(|p| p.traces(tid))
+    }
+}
