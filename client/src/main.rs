@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use wpd_proto::connect::Target;
-use wpd_proto::v1::{Access, Backend};
+use wpd_proto::v1::{Access, Backend, HitAction};
 
 use crate::cmd::Ctx;
 use crate::error::{EXIT_CODES_HELP, Error, Exit};
@@ -77,6 +77,8 @@ pub enum Command {
     Threads(ThreadsArgs),
     /// Follow hits and thread/process lifecycle events, one line each
     Events(EventsArgs),
+    /// Resume threads held stopped after a hit (watchpoints with --action stop or stop-all)
+    Resume(ResumeArgs),
     /// Show daemon counters
     Stats,
 }
@@ -122,6 +124,12 @@ pub struct WatchArgs {
     /// Backend to use if the process is not attached yet
     #[arg(long, value_enum)]
     pub backend: Option<BackendArg>,
+    /// What a hit does (stop and stop-all need the ptrace backend; `wpctl resume` continues)
+    #[arg(long, value_enum, default_value_t = ActionArg::Log)]
+    pub action: ActionArg,
+    /// Report a hit only when the watched bytes changed, with old and new value (ptrace backend)
+    #[arg(long)]
+    pub on_change: bool,
 }
 
 /// `wpctl unwatch`.
@@ -170,6 +178,17 @@ pub struct ThreadsArgs {
     pub probe: bool,
 }
 
+/// `wpctl resume`.
+#[derive(Debug, Args)]
+pub struct ResumeArgs {
+    /// Process whose held threads to resume
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: i32,
+    /// Only these threads (repeat or comma-separate); default: every held thread
+    #[arg(long = "tid", value_name = "TID", value_delimiter = ',', value_parser = pid_parser())]
+    pub tids: Vec<i32>,
+}
+
 /// `wpctl events`.
 #[derive(Debug, Args)]
 pub struct EventsArgs {
@@ -210,6 +229,27 @@ impl From<AccessArg> for Access {
             AccessArg::Rw => Access::ReadWrite,
             AccessArg::Exec => Access::Exec,
             AccessArg::Read => Access::Read,
+        }
+    }
+}
+
+/// `--action` values: what a hit does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ActionArg {
+    /// Report the hit; the thread keeps running
+    Log,
+    /// Report the hit and hold the hitting thread stopped until `wpctl resume`
+    Stop,
+    /// Report the hit and hold every thread of the process stopped until `wpctl resume`
+    StopAll,
+}
+
+impl From<ActionArg> for HitAction {
+    fn from(a: ActionArg) -> HitAction {
+        match a {
+            ActionArg::Log => HitAction::Log,
+            ActionArg::Stop => HitAction::Stop,
+            ActionArg::StopAll => HitAction::StopAll,
         }
     }
 }
@@ -328,6 +368,7 @@ async fn dispatch(ctx: &Ctx, command: &Command) -> Result<(), Error> {
         Command::List(a) => cmd::list::run(ctx, a).await,
         Command::Threads(a) => cmd::threads::run(ctx, a).await,
         Command::Events(a) => cmd::events::run(ctx, a).await,
+        Command::Resume(a) => cmd::resume::run(ctx, a).await,
         Command::Stats => cmd::stats::run(ctx).await,
     }
 }
@@ -469,6 +510,40 @@ mod tests {
         assert!(watch_args(&["--len", "3"]).is_err());
         assert!(watch_args(&["--tid", "0"]).is_err());
         assert_eq!(backend_value(None), Backend::Unspecified as i32);
+    }
+
+    #[test]
+    fn watch_actions() {
+        let w = watch_args(&[]).unwrap();
+        assert_eq!(HitAction::from(w.action), HitAction::Log);
+        assert!(!w.on_change);
+        let w = watch_args(&["--action", "stop", "--on-change"]).unwrap();
+        assert_eq!(HitAction::from(w.action), HitAction::Stop);
+        assert!(w.on_change);
+        let w = watch_args(&["--action", "stop-all", "--backend", "ptrace"]).unwrap();
+        assert_eq!(HitAction::from(w.action), HitAction::StopAll);
+        assert_eq!(backend_value(w.backend), Backend::Ptrace as i32);
+        assert!(watch_args(&["--action", "pause"]).is_err());
+        assert!(watch_args(&["--on-change", "yes"]).is_err());
+    }
+
+    #[test]
+    fn resume_args() {
+        fn resume(args: &[&str]) -> Result<ResumeArgs, clap::Error> {
+            let mut all = vec!["resume"];
+            all.extend_from_slice(args);
+            match parse(&all)?.command {
+                Command::Resume(r) => Ok(r),
+                other => panic!("parsed as {other:?}"),
+            }
+        }
+        let r = resume(&["--pid", "123"]).unwrap();
+        assert_eq!((r.pid, r.tids), (123, vec![]));
+        let r = resume(&["--pid", "123", "--tid", "124,125", "--tid", "126"]).unwrap();
+        assert_eq!(r.tids, vec![124, 125, 126]);
+        assert!(resume(&[]).is_err());
+        assert!(resume(&["--pid", "0"]).is_err());
+        assert!(resume(&["--pid", "1", "--tid", "-3"]).is_err());
     }
 
     #[test]

@@ -4,7 +4,9 @@
 use std::io::{self, Write};
 
 use serde_json::{Value, json};
-use wpd_proto::v1::{Access, Backend, ProcessInfo, SlotState, ThreadState, Watchpoint};
+use wpd_proto::v1::{
+    Access, Backend, HitAction, ProcessInfo, SlotState, ThreadState, Watchpoint, WatchpointSpec,
+};
 
 use crate::error::Error;
 
@@ -147,23 +149,63 @@ pub fn backend_name(v: i32) -> String {
     }
 }
 
-/// Slot state name: free, ours, foreign, pending (or unspecified).
+/// Hit action as used on the command line: log, stop, stop-all (unspecified
+/// means log).
+pub fn action_name(v: i32) -> String {
+    match HitAction::try_from(v) {
+        Ok(HitAction::Log | HitAction::Unspecified) => "log".into(),
+        Ok(HitAction::Stop) => "stop".into(),
+        Ok(HitAction::StopAll) => "stop-all".into(),
+        Err(_) => format!("unknown({v})"),
+    }
+}
+
+/// The ACTION column of `wpctl list`: the action name, with `+change` for
+/// only-on-change watchpoints (`log`, `stop+change`, `stop-all`).
+pub fn action_short(spec: &WatchpointSpec) -> String {
+    let name = action_name(spec.action);
+    if spec.only_on_change {
+        format!("{name}+change")
+    } else {
+        name
+    }
+}
+
+/// Slot state name: free, ours, foreign, pending, retained (or unspecified).
 pub fn slot_state_name(v: i32) -> String {
     match SlotState::try_from(v) {
         Ok(SlotState::Free) => "free".into(),
         Ok(SlotState::Ours) => "ours".into(),
         Ok(SlotState::Foreign) => "foreign".into(),
         Ok(SlotState::Pending) => "pending".into(),
+        Ok(SlotState::Retained) => "retained".into(),
         Ok(SlotState::Unspecified) => "unspecified".into(),
         Err(_) => format!("unknown({v})"),
     }
 }
 
-/// Thread state name: running (or unspecified).
+/// Thread state name for JSON: running, stopped_at_hit, stopped_by_peer,
+/// job_stopped (or unspecified).
 pub fn thread_state_name(v: i32) -> String {
     match ThreadState::try_from(v) {
         Ok(ThreadState::Running) => "running".into(),
+        Ok(ThreadState::StoppedAtHit) => "stopped_at_hit".into(),
+        Ok(ThreadState::StoppedByPeer) => "stopped_by_peer".into(),
+        Ok(ThreadState::JobStopped) => "job_stopped".into(),
         Ok(ThreadState::Unspecified) => "unspecified".into(),
+        Err(_) => format!("unknown({v})"),
+    }
+}
+
+/// Thread state for tables: running, stopped (hit), stopped (peer),
+/// job-stopped (`-` when not reported).
+pub fn thread_state_label(v: i32) -> String {
+    match ThreadState::try_from(v) {
+        Ok(ThreadState::Running) => "running".into(),
+        Ok(ThreadState::StoppedAtHit) => "stopped (hit)".into(),
+        Ok(ThreadState::StoppedByPeer) => "stopped (peer)".into(),
+        Ok(ThreadState::JobStopped) => "job-stopped".into(),
+        Ok(ThreadState::Unspecified) => "-".into(),
         Err(_) => format!("unknown({v})"),
     }
 }
@@ -268,6 +310,8 @@ pub fn watchpoint_json(wp: &Watchpoint) -> Value {
         "address": hex(spec.address),
         "length": spec.length,
         "access": access_name(spec.access),
+        "action": action_name(spec.action),
+        "only_on_change": spec.only_on_change,
         "backend": backend_name(wp.backend),
         "armed_threads": wp.armed_threads,
         "hits": wp.hits,
@@ -320,5 +364,39 @@ mod tests {
         assert_eq!(access_name(Access::ReadWrite as i32), "rw");
         assert_eq!(access_name(99), "unknown(99)");
         assert_eq!(slot_state_name(SlotState::Foreign as i32), "foreign");
+        assert_eq!(slot_state_name(SlotState::Retained as i32), "retained");
+    }
+
+    #[test]
+    fn actions_and_thread_states() {
+        assert_eq!(action_name(HitAction::Unspecified as i32), "log");
+        assert_eq!(action_name(HitAction::StopAll as i32), "stop-all");
+        assert_eq!(action_name(9), "unknown(9)");
+        let mut spec = WatchpointSpec {
+            action: HitAction::Stop as i32,
+            ..Default::default()
+        };
+        assert_eq!(action_short(&spec), "stop");
+        spec.only_on_change = true;
+        assert_eq!(action_short(&spec), "stop+change");
+        spec.action = HitAction::Unspecified as i32;
+        assert_eq!(action_short(&spec), "log+change");
+        assert_eq!(
+            thread_state_name(ThreadState::StoppedByPeer as i32),
+            "stopped_by_peer"
+        );
+        assert_eq!(
+            thread_state_name(ThreadState::JobStopped as i32),
+            "job_stopped"
+        );
+        assert_eq!(
+            thread_state_label(ThreadState::StoppedAtHit as i32),
+            "stopped (hit)"
+        );
+        assert_eq!(
+            thread_state_label(ThreadState::JobStopped as i32),
+            "job-stopped"
+        );
+        assert_eq!(thread_state_label(ThreadState::Unspecified as i32), "-");
     }
 }

@@ -44,8 +44,24 @@ fn hit(seq: u64) -> StreamEventsResponse {
             time_ns: 0,
             value_read_at_ns: 0,
             cpu: 0,
+            stopped: false,
+            old_value: vec![],
+            backend: Backend::Perf as i32,
         }),
     )
+}
+
+/// A hit of a `--action stop --on-change` watchpoint: old value 41, new 42,
+/// thread held stopped.
+fn stopping_hit(seq: u64) -> StreamEventsResponse {
+    let mut ev = hit(seq);
+    if let Some(Event::Hit(h)) = &mut ev.event {
+        h.watchpoint_id = 8;
+        h.old_value = vec![0x29, 0, 0, 0];
+        h.stopped = true;
+        h.backend = Backend::Ptrace as i32;
+    }
+    ev
 }
 
 fn watchpoint(id: u64, spec: WatchpointSpec, hits: u64) -> Watchpoint {
@@ -57,10 +73,14 @@ fn watchpoint(id: u64, spec: WatchpointSpec, hits: u64) -> Watchpoint {
         } else {
             spec.tids.len() as u32
         },
-        spec: Some(spec),
         hits,
         created_at_ns: 1,
-        backend: Backend::Perf as i32,
+        backend: if spec.backend == Backend::Ptrace as i32 {
+            Backend::Ptrace as i32
+        } else {
+            Backend::Perf as i32
+        },
+        spec: Some(spec),
     }
 }
 
@@ -137,6 +157,13 @@ impl Watchpoints for Mock {
                 "x86-64 has no read-only watchpoints; use --access rw",
             ));
         }
+        let stops =
+            spec.action == HitAction::Stop as i32 || spec.action == HitAction::StopAll as i32;
+        if (stops || spec.only_on_change) && spec.backend != Backend::Ptrace as i32 {
+            return Err(Status::failed_precondition(
+                "stop actions and only-on-change need the ptrace backend",
+            ));
+        }
         if spec.tids.contains(&666) {
             let mut details = ErrorDetails::new();
             details.set_error_info(
@@ -171,6 +198,8 @@ impl Watchpoints for Mock {
                         length: 4,
                         access: Access::Write as i32,
                         backend: 0,
+                        action: HitAction::Log as i32,
+                        only_on_change: false,
                     },
                     42,
                 )),
@@ -179,24 +208,82 @@ impl Watchpoints for Mock {
         }
     }
 
+    /// pid 123: one stop-all, only-on-change watchpoint. Otherwise: nothing.
     async fn list_watchpoints(
         &self,
-        _: Request<ListWatchpointsRequest>,
+        r: Request<ListWatchpointsRequest>,
     ) -> Result<Response<ListWatchpointsResponse>, Status> {
-        Ok(Response::new(ListWatchpointsResponse::default()))
+        if r.into_inner().pid != 123 {
+            return Ok(Response::new(ListWatchpointsResponse::default()));
+        }
+        Ok(Response::new(ListWatchpointsResponse {
+            watchpoints: vec![watchpoint(
+                8,
+                WatchpointSpec {
+                    pid: 123,
+                    tids: vec![],
+                    address: 0x601040,
+                    length: 4,
+                    access: Access::Write as i32,
+                    backend: Backend::Ptrace as i32,
+                    action: HitAction::StopAll as i32,
+                    only_on_change: true,
+                },
+                1,
+            )],
+            processes: vec![],
+        }))
     }
 
+    /// pid 124: a thread stopped at its hit, one stopped by it, one in a
+    /// job-control stop holding a retained slot. Otherwise: unimplemented.
     async fn list_threads(
         &self,
-        _: Request<ListThreadsRequest>,
+        r: Request<ListThreadsRequest>,
     ) -> Result<Response<ListThreadsResponse>, Status> {
-        Err(Status::unimplemented("not in the mock"))
+        if r.into_inner().pid != 124 {
+            return Err(Status::unimplemented("not in the mock"));
+        }
+        let slot = |index, state: SlotState, watchpoint_id| SlotInfo {
+            index,
+            state: state as i32,
+            watchpoint_id,
+        };
+        let thread = |tid, state: ThreadState, slots| ThreadInfo {
+            tid,
+            slots,
+            state: state as i32,
+            parent_tid: 0,
+            name: format!("t{tid}"),
+        };
+        Ok(Response::new(ListThreadsResponse {
+            pid: 124,
+            slots_per_thread: 2,
+            threads: vec![
+                thread(
+                    124,
+                    ThreadState::StoppedAtHit,
+                    vec![slot(0, SlotState::Ours, 8), slot(1, SlotState::Free, 0)],
+                ),
+                thread(
+                    125,
+                    ThreadState::StoppedByPeer,
+                    vec![slot(0, SlotState::Ours, 8), slot(1, SlotState::Free, 0)],
+                ),
+                thread(
+                    126,
+                    ThreadState::JobStopped,
+                    vec![slot(0, SlotState::Ours, 8), slot(1, SlotState::Retained, 0)],
+                ),
+            ],
+        }))
     }
 
     type StreamEventsStream = EventStream;
 
     /// pid 1: three events, then the stream ends. pid 2: a hit every 5 ms,
-    /// forever. Otherwise: a hit, a drop notice, a thread start, then silence.
+    /// forever. pid 3: one stopping only-on-change hit, then the end.
+    /// Otherwise: a hit, a drop notice, a thread start, then silence.
     async fn stream_events(
         &self,
         r: Request<StreamEventsRequest>,
@@ -216,6 +303,7 @@ impl Watchpoints for Mock {
         ];
         let stream: EventStream = match r.into_inner().pid {
             1 => Box::pin(tokio_stream::iter(first)),
+            3 => Box::pin(tokio_stream::iter(vec![Ok(stopping_hit(1))])),
             2 => {
                 let ticks = tokio_stream::wrappers::IntervalStream::new(tokio::time::interval(
                     Duration::from_millis(5),
@@ -229,6 +317,27 @@ impl Watchpoints for Mock {
             _ => Box::pin(tokio_stream::iter(first).chain(tokio_stream::pending())),
         };
         Ok(Response::new(stream))
+    }
+
+    /// pid 123 holds threads 124, 125 and 126 stopped (every call finds them
+    /// held again); pid 5 holds none; any other pid is not attached.
+    async fn resume(&self, r: Request<ResumeRequest>) -> Result<Response<ResumeResponse>, Status> {
+        let r = r.into_inner();
+        let held = match r.pid {
+            123 => vec![124, 125, 126],
+            5 => vec![],
+            pid => {
+                return Err(Status::failed_precondition(format!(
+                    "pid {pid} is not attached"
+                )));
+            }
+        };
+        let resumed = if r.tids.is_empty() {
+            held
+        } else {
+            held.into_iter().filter(|t| r.tids.contains(t)).collect()
+        };
+        Ok(Response::new(ResumeResponse { resumed }))
     }
 
     async fn get_stats(
@@ -443,9 +552,196 @@ async fn unary_calls_print_and_map_errors() {
 
     let r = wpctl(&ep, &["list"]).await;
     assert_eq!(r.stdout, "no watchpoints\n\nno attached processes\n");
+    let r = wpctl(&ep, &["list", "--pid", "123"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout,
+        "ID  PID  SCOPE    ADDRESS   LEN  ACCESS  ACTION           THREADS  HITS  BACKEND\n\
+         8   123  process  0x601040  4    write   stop-all+change  3        1     ptrace\n\
+         \n\
+         no attached processes\n"
+    );
     let r = wpctl(&ep, &["stats", "--json"]).await;
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(v["hits"], 42);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_actions_and_on_change() {
+    let (ep, _dir) = start_mock().await;
+    let watch = ["watch", "--pid", "123", "--addr", "0x601040", "--len", "4"];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        watch.iter().chain(extra).copied().collect()
+    };
+
+    let r = wpctl(
+        &ep,
+        &with(&["--backend", "ptrace", "--action", "stop", "--on-change"]),
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout,
+        "watchpoint 7: write 4 bytes at 0x601040 in pid 123, armed on 3 threads \
+         (process-wide, stop on hit, only on change, 4.2 ms)\n"
+    );
+
+    let r = wpctl(
+        &ep,
+        &with(&[
+            "--backend",
+            "ptrace",
+            "--action",
+            "stop-all",
+            "--tid",
+            "124",
+        ]),
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout,
+        "watchpoint 7: write 4 bytes at 0x601040 in pid 123, armed on 1 thread \
+         (tids 124, stop all threads on hit, 4.2 ms)\n"
+    );
+
+    // `--action log` is the default and adds nothing to the line.
+    let r = wpctl(&ep, &with(&["--action", "log"])).await;
+    assert_eq!(
+        r.stdout,
+        "watchpoint 7: write 4 bytes at 0x601040 in pid 123, armed on 3 threads (process-wide, 4.2 ms)\n"
+    );
+
+    let r = wpctl(
+        &ep,
+        &with(&[
+            "--json",
+            "--backend",
+            "ptrace",
+            "--action",
+            "stop-all",
+            "--on-change",
+        ]),
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["watchpoint"]["action"], "stop-all");
+    assert_eq!(v["watchpoint"]["only_on_change"], true);
+    assert_eq!(v["watchpoint"]["backend"], "ptrace");
+
+    // The flags reach the daemon, which refuses them without ptrace.
+    let r = wpctl(&ep, &with(&["--action", "stop"])).await;
+    assert_eq!(r.code, 8);
+    assert_eq!(
+        r.stderr,
+        "wpctl: stop actions and only-on-change need the ptrace backend\n"
+    );
+    assert_eq!(wpctl(&ep, &with(&["--on-change"])).await.code, 8);
+
+    let r = wpctl(&ep, &with(&["--action", "halt"])).await;
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("stop-all"), "{}", r.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_prints_resumed_threads() {
+    let (ep, _dir) = start_mock().await;
+
+    let r = wpctl(&ep, &["resume", "--pid", "123"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.stdout, "resumed 3 threads: 124,125,126\n");
+
+    let r = wpctl(&ep, &["resume", "--pid", "123", "--tid", "125"]).await;
+    assert_eq!((r.code, r.stdout.as_str()), (0, "resumed 1 thread: 125\n"));
+    let r = wpctl(
+        &ep,
+        &["resume", "--pid", "123", "--tid", "124,126", "--tid", "999"],
+    )
+    .await;
+    assert_eq!(r.stdout, "resumed 2 threads: 124,126\n");
+
+    // Nothing held is not an error.
+    let r = wpctl(&ep, &["resume", "--pid", "5"]).await;
+    assert_eq!(
+        (r.code, r.stdout.as_str(), r.stderr.as_str()),
+        (0, "no held threads in pid 5\n", "")
+    );
+    let r = wpctl(&ep, &["resume", "--pid", "123", "--tid", "7"]).await;
+    assert_eq!(
+        (r.code, r.stdout.as_str()),
+        (0, "no held threads in pid 123 among tids 7\n")
+    );
+
+    let r = wpctl(&ep, &["resume", "--pid", "123", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v, serde_json::json!({ "resumed": [124, 125, 126] }));
+    let r = wpctl(&ep, &["--json", "resume", "--pid", "5"]).await;
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v, serde_json::json!({ "resumed": [] }));
+
+    let r = wpctl(&ep, &["resume", "--pid", "77"]).await;
+    assert_eq!(
+        (r.code, r.stderr.as_str()),
+        (8, "wpctl: pid 77 is not attached\n")
+    );
+    assert_eq!(wpctl(&ep, &["resume"]).await.code, 2);
+    assert_eq!(
+        wpctl(&ep, &["resume", "--pid", "1", "--tid", "x"])
+            .await
+            .code,
+        2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn threads_show_states_and_retained_slots() {
+    let (ep, _dir) = start_mock().await;
+    let r = wpctl(&ep, &["threads", "--pid", "124"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout,
+        "TID  NAME  STATE           SLOT0  SLOT1\n\
+         124  t124  stopped (hit)   #8     -\n\
+         125  t125  stopped (peer)  #8     -\n\
+         126  t126  job-stopped     #8     retained\n\
+         \n\
+         pid 124: 3 threads, 2 stopped by wpd, 1 job-stopped; \
+         slots: 2 free, 3 ours, 0 foreign, 0 pending, 1 retained\n"
+    );
+    let r = wpctl(&ep, &["threads", "--pid", "124", "--json"]).await;
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let states: Vec<_> = v["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["stopped_at_hit", "stopped_by_peer", "job_stopped"]);
+    assert_eq!(v["threads"][2]["slots"][1]["state"], "retained");
+    assert_eq!(v["counts"]["retained"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_show_stopped_hits_and_old_values() {
+    let (ep, _dir) = start_mock().await;
+    let r = wpctl(&ep, &["events", "--pid", "3"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.ends_with(
+            " hit wp=8 pid=123 tid=124 ip=0x401000 addr=0x601040 \
+             old=29000000 → value=2a000000 le=42 STOPPED\n"
+        ),
+        "{}",
+        r.stdout
+    );
+    let r = wpctl(&ep, &["events", "--pid", "3", "--json"]).await;
+    let v: serde_json::Value = serde_json::from_str(r.stdout.trim_end()).unwrap();
+    assert_eq!(v["stopped"], true);
+    assert_eq!(v["old_value"], "29000000");
+    assert_eq!(v["value"], "2a000000");
+    assert_eq!(v["backend"], "ptrace");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -478,6 +774,9 @@ async fn events_stream_count_and_end() {
     assert_eq!(lines[0]["type"], "hit");
     assert_eq!(lines[0]["value"], "2a000000");
     assert_eq!(lines[0]["value_le"], 42);
+    assert_eq!(lines[0]["stopped"], false);
+    assert!(lines[0]["old_value"].is_null());
+    assert_eq!(lines[0]["backend"], "perf");
     assert_eq!(lines[1]["type"], "dropped");
     assert_eq!(lines[1]["count"], 5);
 }

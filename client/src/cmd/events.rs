@@ -64,8 +64,25 @@ fn value_text(hit: &Hit) -> String {
     }
 }
 
+/// The value part of a hit line: `value=… le=…`, preceded by `old=<hex> → `
+/// for only-on-change watchpoints and followed by ` STOPPED` when the thread
+/// is held stopped (see `wpctl resume`).
+fn hit_value_text(hit: &Hit) -> String {
+    let mut text = String::new();
+    if !hit.old_value.is_empty() {
+        text.push_str(&format!("old={} → ", output::hex_bytes(&hit.old_value)));
+    }
+    text.push_str(&value_text(hit));
+    if hit.stopped {
+        text.push_str(" STOPPED");
+    }
+    text
+}
+
 /// One line per event, e.g.
-/// `13:04:05.123456Z hit wp=7 pid=123 tid=124 ip=0x55d0c09f1234 addr=0x55d0c0a01040 value=2a00000000000000 le=42`.
+/// `13:04:05.123456Z hit wp=7 pid=123 tid=124 ip=0x55d0c09f1234 addr=0x55d0c0a01040 value=2a00000000000000 le=42`,
+/// or for a stopping only-on-change watchpoint
+/// `… addr=0x55d0c0a01040 old=2900000000000000 → value=2a00000000000000 le=42 STOPPED`.
 fn to_text(ev: &StreamEventsResponse) -> String {
     let t = clock(ev.time_ns);
     match &ev.event {
@@ -81,7 +98,7 @@ fn to_text(ev: &StreamEventsResponse) -> String {
             h.tid,
             hex(h.ip),
             hex(h.address),
-            value_text(h)
+            hit_value_text(h)
         ),
         Some(Event::ThreadStarted(e)) => format!(
             "{t} thread-start pid={} tid={} parent={} inherited={}",
@@ -137,6 +154,10 @@ fn to_json(ev: &StreamEventsResponse) -> Value {
             "hit_time_ns": h.time_ns,
             "value_read_at_ns": h.value_read_at_ns,
             "cpu": h.cpu,
+            "stopped": h.stopped,
+            "old_value": if h.old_value.is_empty() { Value::Null } else { json!(output::hex_bytes(&h.old_value)) },
+            "old_value_le": output::le_value(&h.old_value),
+            "backend": output::backend_name(h.backend),
         }),
         Some(Event::ThreadStarted(e)) => json!({
             "type": "thread_started",
@@ -179,7 +200,7 @@ fn to_json(ev: &StreamEventsResponse) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wpd_proto::v1::{Access, EventsDropped, ThreadStarted, WatchpointRemoved};
+    use wpd_proto::v1::{Access, Backend, EventsDropped, ThreadStarted, WatchpointRemoved};
 
     fn ev(event: Event) -> StreamEventsResponse {
         StreamEventsResponse {
@@ -203,7 +224,22 @@ mod tests {
             time_ns: 1_700_000_000_000_001_000,
             value_read_at_ns: 0,
             cpu: 3,
+            stopped: false,
+            old_value: vec![],
+            backend: Backend::Perf as i32,
         })
+    }
+
+    /// A hit of a `--action stop --on-change` watchpoint (ptrace backend).
+    fn stopping_hit() -> Event {
+        let Event::Hit(mut h) = hit(vec![42, 0, 0, 0, 0, 0, 0, 0], "") else {
+            unreachable!()
+        };
+        h.stopped = true;
+        h.old_value = vec![41, 0, 0, 0, 0, 0, 0, 0];
+        h.backend = Backend::Ptrace as i32;
+        h.cpu = 0;
+        Event::Hit(h)
     }
 
     #[test]
@@ -214,6 +250,11 @@ mod tests {
              addr=0x55d0c0a01040 value=2a00000000000000 le=42"
         );
         assert!(to_text(&ev(hit(vec![], "process exited"))).ends_with(" value=? (process exited)"));
+        assert_eq!(
+            to_text(&ev(stopping_hit())),
+            "22:13:20.000001Z hit wp=7 pid=123 tid=124 ip=0x55d0c09f1234 \
+             addr=0x55d0c0a01040 old=2900000000000000 → value=2a00000000000000 le=42 STOPPED"
+        );
         assert_eq!(
             to_text(&ev(Event::Dropped(EventsDropped { count: 12 }))),
             "!! 12 events dropped (subscriber too slow)"
@@ -246,6 +287,15 @@ mod tests {
         assert_eq!(v["value_le"], 257);
         assert!(v["value_error"].is_null());
         assert_eq!(v["seq"], 9);
+        assert_eq!(v["stopped"], false);
+        assert!(v["old_value"].is_null() && v["old_value_le"].is_null());
+        assert_eq!(v["backend"], "perf");
+        let v = to_json(&ev(stopping_hit()));
+        assert_eq!(v["stopped"], true);
+        assert_eq!(v["old_value"], "2900000000000000");
+        assert_eq!(v["old_value_le"], 41);
+        assert_eq!(v["value_le"], 42);
+        assert_eq!(v["backend"], "ptrace");
         let v = to_json(&ev(hit(vec![], "gone")));
         assert!(v["value"].is_null() && v["value_le"].is_null());
         assert_eq!(v["value_error"], "gone");

@@ -33,16 +33,18 @@ fn to_json(resp: &ListWatchpointsResponse) -> serde_json::Value {
     })
 }
 
-/// Two tables: watchpoints (ID PID SCOPE ADDRESS LEN ACCESS THREADS HITS
-/// BACKEND), then attached processes (PID COMM BACKEND THREADS WATCHPOINTS
-/// ATTACHED).
+/// Two tables: watchpoints (ID PID SCOPE ADDRESS LEN ACCESS ACTION THREADS
+/// HITS BACKEND; ACTION is log, stop or stop-all, with `+change` for
+/// only-on-change watchpoints), then attached processes (PID COMM BACKEND
+/// THREADS WATCHPOINTS ATTACHED).
 fn to_text(resp: &ListWatchpointsResponse) -> String {
     let mut text = String::new();
     if resp.watchpoints.is_empty() {
         text.push_str("no watchpoints\n");
     } else {
         let mut t = Table::new([
-            "ID", "PID", "SCOPE", "ADDRESS", "LEN", "ACCESS", "THREADS", "HITS", "BACKEND",
+            "ID", "PID", "SCOPE", "ADDRESS", "LEN", "ACCESS", "ACTION", "THREADS", "HITS",
+            "BACKEND",
         ]);
         for wp in &resp.watchpoints {
             let spec = wp.spec.clone().unwrap_or_default();
@@ -53,6 +55,7 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
                 hex(spec.address),
                 spec.length.to_string(),
                 output::access_name(spec.access),
+                output::action_short(&spec),
                 wp.armed_threads.to_string(),
                 wp.hits.to_string(),
                 output::backend_name(wp.backend),
@@ -94,27 +97,49 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wpd_proto::v1::{Access, Backend, ProcessInfo, Watchpoint, WatchpointSpec};
+    use wpd_proto::v1::{Access, Backend, HitAction, ProcessInfo, Watchpoint, WatchpointSpec};
 
     #[test]
     fn renders() {
         let resp = ListWatchpointsResponse {
-            watchpoints: vec![Watchpoint {
-                id: 7,
-                spec: Some(WatchpointSpec {
-                    pid: 123,
-                    tids: vec![124, 125],
-                    address: 0x1040,
-                    length: 4,
-                    access: Access::ReadWrite as i32,
-                    backend: 0,
-                }),
-                process_wide: false,
-                armed_threads: 2,
-                hits: 42,
-                created_at_ns: 0,
-                backend: Backend::Ptrace as i32,
-            }],
+            watchpoints: vec![
+                Watchpoint {
+                    id: 7,
+                    spec: Some(WatchpointSpec {
+                        pid: 123,
+                        tids: vec![124, 125],
+                        address: 0x1040,
+                        length: 4,
+                        access: Access::ReadWrite as i32,
+                        backend: 0,
+                        action: HitAction::Unspecified as i32,
+                        only_on_change: false,
+                    }),
+                    process_wide: false,
+                    armed_threads: 2,
+                    hits: 42,
+                    created_at_ns: 0,
+                    backend: Backend::Ptrace as i32,
+                },
+                Watchpoint {
+                    id: 8,
+                    spec: Some(WatchpointSpec {
+                        pid: 123,
+                        tids: vec![],
+                        address: 0x1048,
+                        length: 8,
+                        access: Access::Write as i32,
+                        backend: Backend::Ptrace as i32,
+                        action: HitAction::StopAll as i32,
+                        only_on_change: true,
+                    }),
+                    process_wide: true,
+                    armed_threads: 3,
+                    hits: 1,
+                    created_at_ns: 0,
+                    backend: Backend::Ptrace as i32,
+                },
+            ],
             processes: vec![ProcessInfo {
                 pid: 123,
                 backend: Backend::Ptrace as i32,
@@ -126,14 +151,18 @@ mod tests {
         };
         assert_eq!(
             to_text(&resp),
-            "ID  PID  SCOPE    ADDRESS  LEN  ACCESS  THREADS  HITS  BACKEND\n\
-             7   123  124,125  0x1040   4    rw      2        42    ptrace\n\
+            "ID  PID  SCOPE    ADDRESS  LEN  ACCESS  ACTION           THREADS  HITS  BACKEND\n\
+             7   123  124,125  0x1040   4    rw      log              2        42    ptrace\n\
+             8   123  process  0x1048   8    write   stop-all+change  3        1     ptrace\n\
              \n\
              PID  COMM  BACKEND  THREADS  WATCHPOINTS  ATTACHED\n\
              123  demo  ptrace   3        1            -\n"
         );
         let v = to_json(&resp);
         assert_eq!(v["watchpoints"][0]["tids"], json!([124, 125]));
+        assert_eq!(v["watchpoints"][0]["action"], "log");
+        assert_eq!(v["watchpoints"][1]["action"], "stop-all");
+        assert_eq!(v["watchpoints"][1]["only_on_change"], true);
         assert_eq!(v["processes"][0]["comm"], "demo");
         assert_eq!(
             to_text(&ListWatchpointsResponse::default()),

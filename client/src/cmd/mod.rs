@@ -5,6 +5,7 @@ pub mod caps;
 pub mod detach;
 pub mod events;
 pub mod list;
+pub mod resume;
 pub mod stats;
 pub mod threads;
 pub mod unwatch;

@@ -1,7 +1,9 @@
 //! `wpctl watch`: set a hardware watchpoint (SetWatchpoint).
 
 use serde_json::json;
-use wpd_proto::v1::{Access, SetWatchpointRequest, SetWatchpointResponse, WatchpointSpec};
+use wpd_proto::v1::{
+    Access, HitAction, SetWatchpointRequest, SetWatchpointResponse, WatchpointSpec,
+};
 
 use crate::cmd::Ctx;
 use crate::error::Error;
@@ -17,6 +19,8 @@ pub async fn run(ctx: &Ctx, args: &WatchArgs) -> Result<(), Error> {
             length: args.len,
             access: Access::from(args.access) as i32,
             backend: backend_value(args.backend),
+            action: HitAction::from(args.action) as i32,
+            only_on_change: args.on_change,
         }),
     };
     let resp = ctx
@@ -36,21 +40,39 @@ fn to_json(resp: &SetWatchpointResponse) -> serde_json::Value {
     })
 }
 
+/// What a hit does, for the confirmation line; nothing for log.
+fn action_phrase(action: i32) -> Option<String> {
+    match HitAction::try_from(action) {
+        Ok(HitAction::Log | HitAction::Unspecified) => None,
+        Ok(HitAction::Stop) => Some("stop on hit".into()),
+        Ok(HitAction::StopAll) => Some("stop all threads on hit".into()),
+        Err(_) => Some(format!("action {}", output::action_name(action))),
+    }
+}
+
 /// `watchpoint 7: write 8 bytes at 0x55d0c0a01040 in pid 123, armed on 1001
-/// threads (process-wide, 4.2 ms)`; with `--tid`: `(tids 124,125, 0.3 ms)`.
+/// threads (process-wide, 4.2 ms)`; with `--tid`: `(tids 124,125, 0.3 ms)`;
+/// with `--action stop --on-change`: `(process-wide, stop on hit, only on
+/// change, 4.2 ms)`.
 fn to_text(resp: &SetWatchpointResponse) -> String {
     let wp = resp.watchpoint.clone().unwrap_or_default();
-    let scope = if wp.process_wide {
+    let spec = wp.spec.clone().unwrap_or_default();
+    let mut notes = vec![if wp.process_wide {
         "process-wide".to_string()
     } else {
         format!("tids {}", output::scope(&wp))
-    };
+    }];
+    notes.extend(action_phrase(spec.action));
+    if spec.only_on_change {
+        notes.push("only on change".into());
+    }
+    notes.push(output::duration_ns(resp.arm_duration_ns));
     format!(
-        "watchpoint {}: {}, armed on {} ({scope}, {})",
+        "watchpoint {}: {}, armed on {} ({})",
         wp.id,
         output::describe(&wp),
         output::plural(wp.armed_threads, "thread"),
-        output::duration_ns(resp.arm_duration_ns),
+        notes.join(", "),
     )
 }
 
@@ -59,7 +81,7 @@ mod tests {
     use super::*;
     use wpd_proto::v1::{Backend, Watchpoint};
 
-    fn response(tids: Vec<i32>) -> SetWatchpointResponse {
+    fn response(tids: Vec<i32>, action: HitAction, only_on_change: bool) -> SetWatchpointResponse {
         SetWatchpointResponse {
             watchpoint: Some(Watchpoint {
                 id: 7,
@@ -76,10 +98,16 @@ mod tests {
                     length: 8,
                     access: Access::Write as i32,
                     backend: 0,
+                    action: action as i32,
+                    only_on_change,
                 }),
                 hits: 0,
                 created_at_ns: 5,
-                backend: Backend::Perf as i32,
+                backend: if action == HitAction::Log && !only_on_change {
+                    Backend::Perf as i32
+                } else {
+                    Backend::Ptrace as i32
+                },
             }),
             arm_duration_ns: 4_200_000,
         }
@@ -88,19 +116,44 @@ mod tests {
     #[test]
     fn renders() {
         assert_eq!(
-            to_text(&response(vec![])),
+            to_text(&response(vec![], HitAction::Log, false)),
             "watchpoint 7: write 8 bytes at 0x55d0c0a01040 in pid 123, \
              armed on 1001 threads (process-wide, 4.2 ms)"
         );
         assert_eq!(
-            to_text(&response(vec![124, 125])),
+            to_text(&response(vec![124, 125], HitAction::Unspecified, false)),
             "watchpoint 7: write 8 bytes at 0x55d0c0a01040 in pid 123, \
              armed on 2 threads (tids 124,125, 4.2 ms)"
         );
-        let v = to_json(&response(vec![]));
+        let v = to_json(&response(vec![], HitAction::Log, false));
         assert_eq!(v["watchpoint"]["address"], "0x55d0c0a01040");
         assert_eq!(v["watchpoint"]["access"], "write");
         assert_eq!(v["watchpoint"]["backend"], "perf");
+        assert_eq!(v["watchpoint"]["action"], "log");
+        assert_eq!(v["watchpoint"]["only_on_change"], false);
         assert_eq!(v["arm_duration_ns"], 4_200_000);
+    }
+
+    #[test]
+    fn renders_actions_and_on_change() {
+        assert_eq!(
+            to_text(&response(vec![], HitAction::Stop, true)),
+            "watchpoint 7: write 8 bytes at 0x55d0c0a01040 in pid 123, \
+             armed on 1001 threads (process-wide, stop on hit, only on change, 4.2 ms)"
+        );
+        assert_eq!(
+            to_text(&response(vec![124], HitAction::StopAll, false)),
+            "watchpoint 7: write 8 bytes at 0x55d0c0a01040 in pid 123, \
+             armed on 1 thread (tids 124, stop all threads on hit, 4.2 ms)"
+        );
+        assert_eq!(
+            to_text(&response(vec![], HitAction::Log, true)),
+            "watchpoint 7: write 8 bytes at 0x55d0c0a01040 in pid 123, \
+             armed on 1001 threads (process-wide, only on change, 4.2 ms)"
+        );
+        let v = to_json(&response(vec![], HitAction::StopAll, true));
+        assert_eq!(v["watchpoint"]["action"], "stop-all");
+        assert_eq!(v["watchpoint"]["only_on_change"], true);
+        assert_eq!(v["watchpoint"]["backend"], "ptrace");
     }
 }
