@@ -7,7 +7,8 @@
 //! "op" below is one such call (`Throughput::Elements(14 × T)` per round).
 //!
 //! The same workload runs against three implementations of [`Accounting`]:
-//! - `ledger`: `wpd::ledger::Ledger` (sharded `DashMap`, slot bitmaps);
+//! - `ledger`: `wpd::ledger::Ledger` (sharded `DashMap`, slot bitmaps),
+//!   driven as the perf backend drives it (`BackendKind::Perf`, no retain);
 //! - `ideal`: no accounting; workers only touch their per-thread local data,
 //!   which every variant also does (the floor);
 //! - `global_linear`: one `Mutex<Vec<_>>` scanned linearly on every lookup,
@@ -24,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
 use wpd::ledger::{Ledger, Reservation};
-use wpd::model::{Pid, Tid, WatchId};
+use wpd::model::{BackendKind, Pid, Tid, WatchId};
 
 /// Hardware slots reserved per thread per round.
 const SLOTS: usize = 4;
@@ -61,7 +62,7 @@ impl Accounting for Ledger {
     }
 
     fn reserve(&self, tid: Tid, id: WatchId) -> Self::Token {
-        match self.reserve_all(&[tid], id, false) {
+        match self.reserve_all(&[tid], id, false, BackendKind::Perf) {
             Ok(res) => res,
             Err(conflicts) => panic!("ledger refused a free slot: {conflicts:?}"),
         }
@@ -72,7 +73,7 @@ impl Accounting for Ledger {
     }
 
     fn release(&self, tid: Tid, id: WatchId) {
-        Ledger::release(self, tid, id);
+        Ledger::release(self, tid, id, false);
     }
 
     fn unregister(&self, tid: Tid) {
@@ -200,11 +201,17 @@ fn worker_locals(w: usize, workers: usize, threads: usize) -> (Pid, Vec<Local>) 
     (pid, locals)
 }
 
-/// One round of one worker.
-fn round<A: Accounting>(acc: &A, pid: Pid, w: usize, locals: &mut [Local]) {
+/// One round of one worker. `phase` is shared by all workers: every
+/// worker's threads are registered before anyone reserves, and stay
+/// registered until everyone has released, so the accounting holds all T
+/// threads while slots change hands (as in `perf bench breakpoint thread`,
+/// whose threads all live while breakpoints are set), whatever the
+/// scheduler does with W workers on fewer cores.
+fn round<A: Accounting>(acc: &A, phase: &Barrier, pid: Pid, w: usize, locals: &mut [Local]) {
     for l in locals.iter() {
         acc.register(pid, l.tid);
     }
+    phase.wait();
     for l in locals.iter_mut() {
         for s in 0..SLOTS {
             let id = WatchId(((w as u64) << 8) | (s as u64 + 1));
@@ -219,6 +226,7 @@ fn round<A: Accounting>(acc: &A, pid: Pid, w: usize, locals: &mut [Local]) {
             l.armed[s] = 0;
         }
     }
+    phase.wait();
     for l in locals.iter() {
         acc.unregister(l.tid);
     }
@@ -230,14 +238,15 @@ fn round<A: Accounting>(acc: &A, pid: Pid, w: usize, locals: &mut [Local]) {
 /// which runs from a start barrier to an end barrier shared by all workers.
 fn run<A: Accounting>(acc: &A, threads: usize, workers: usize, rounds: u64) -> Duration {
     let barrier = Barrier::new(workers + 1);
+    let phase = Barrier::new(workers);
     thread::scope(|s| {
         for w in 0..workers {
-            let barrier = &barrier;
+            let (barrier, phase) = (&barrier, &phase);
             s.spawn(move || {
                 let (pid, mut locals) = worker_locals(w, workers, threads);
                 barrier.wait();
                 for _ in 0..rounds {
-                    round(acc, pid, w, &mut locals);
+                    round(acc, phase, pid, w, &mut locals);
                 }
                 barrier.wait();
             });
@@ -280,8 +289,8 @@ fn criterion_groups(c: &mut Criterion) {
         let mut g = c.benchmark_group(format!("ledger_accounting/T={threads}"));
         g.sampling_mode(SamplingMode::Flat)
             .sample_size(10)
-            .warm_up_time(Duration::from_millis(300))
-            .measurement_time(Duration::from_millis(900))
+            .warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_millis(1500))
             .throughput(Throughput::Elements(OPS_PER_TID * threads as u64));
         for workers in WORKERS {
             bench_variant(&mut g, &ledger, threads, workers);
@@ -329,9 +338,9 @@ fn summary() {
     println!("## ledger accounting summary (ns per accounting call, median of {REPS} runs)");
     println!();
     println!(
-        "| T | W | ideal ns/op | ledger ns/op | global_linear ns/op | ledger/ideal | global_linear/ledger |"
+        "| T | W | ideal ns/op | ledger ns/op | global_linear ns/op | ledger − ideal ns/op | ledger/ideal | global_linear/ledger |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for threads in THREADS {
         for workers in WORKERS {
             let rl = calibrate(&ledger, threads, workers, target);
@@ -345,7 +354,8 @@ fn summary() {
             }
             let (l, i, g) = (median(l), median(i), median(g));
             println!(
-                "| {threads} | {workers} | {i:.2} | {l:.1} | {g:.1} | {:.1}× | {:.1}× |",
+                "| {threads} | {workers} | {i:.2} | {l:.1} | {g:.1} | {:.1} | {:.2}× | {:.1}× |",
+                l - i,
                 l / i,
                 g / l
             );

@@ -253,7 +253,7 @@ mod tests {
             address: addr,
             length: len,
             access: access as i32,
-            backend: 0,
+            ..Default::default()
         }
     }
 
@@ -309,6 +309,19 @@ mod tests {
             },
             Err("unknown backend"),
         );
+    }
+
+    #[test]
+    fn hit_actions_convert() {
+        let mut s = spec(0x1000, 8, pb::Access::Write);
+        assert_eq!(WatchSpec::try_from(s.clone()).unwrap().action, HitAction::Log);
+        s.action = pb::HitAction::StopAll as i32;
+        s.only_on_change = true;
+        let d = WatchSpec::try_from(s.clone()).unwrap();
+        assert_eq!((d.action, d.only_on_change), (HitAction::StopAll, true));
+        assert_eq!(spec_to_pb(&d).action, pb::HitAction::StopAll as i32);
+        s.action = 42;
+        check(s, Err("unknown hit action"));
     }
 
     #[test]
