@@ -4,7 +4,7 @@
 //! Locking rules:
 //! 1. Per-thread state lives in `threads`, a sharded `DashMap` keyed by tid:
 //!    lookup is O(1) average and only the tid's shard is locked.
-//! 2. `procs` maps a pid to the set of its tids, so process-wide operations
+//! 2. `procs` maps a pid to the (sharded) set of its tids, so process-wide operations
 //!    visit only that process's threads. It is locked per pid shard, and never
 //!    while a `threads` guard is held (always `procs` first, released, then
 //!    `threads`), so there is no lock-order cycle.
@@ -15,11 +15,10 @@
 //! Slots are a 4-bit occupancy bitmap per thread; a free slot is
 //! `!(ours | pending | foreign) & ALL`, found with `trailing_zeros`.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use dashmap::DashMap;
+use dashmap::{DashMap, DashSet};
 
 use crate::arch::current::SLOTS;
 use crate::error::{Holder, SlotConflict};
@@ -177,7 +176,7 @@ impl HoldHistogram {
 #[derive(Debug, Default)]
 pub struct Ledger {
     threads: DashMap<Tid, ThreadSlots>,
-    procs: DashMap<Pid, HashSet<Tid>>,
+    procs: DashMap<Pid, DashSet<Tid>>,
     /// Retained slots of threads we no longer track (after a ptrace
     /// detach), restored if the thread is tracked again.
     retained: DashMap<Tid, (Pid, u8)>,
@@ -185,11 +184,23 @@ pub struct Ledger {
 }
 
 /// Times a guard's critical section.
-struct Timed<'a>(&'a HoldHistogram, Instant);
+/// Times one critical section in every [`HOLD_SAMPLE`] (per OS thread):
+/// two clock reads cost about as much as the section itself, so timing all
+/// of them would double the ledger's cost. Sampling keeps the distribution.
+struct Timed<'a>(&'a HoldHistogram, Option<Instant>);
+
+/// One critical section in this many is timed.
+pub const HOLD_SAMPLE: u32 = 16;
+
+thread_local! {
+    static HOLD_TICK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
 
 impl Drop for Timed<'_> {
     fn drop(&mut self) {
-        self.0.record(self.1.elapsed().as_nanos() as u64);
+        if let Some(t) = self.1 {
+            self.0.record(t.elapsed().as_nanos() as u64);
+        }
     }
 }
 
@@ -200,7 +211,12 @@ impl Ledger {
     }
 
     fn timed(&self) -> Timed<'_> {
-        Timed(&self.hold, Instant::now())
+        let tick = HOLD_TICK.with(|c| {
+            let v = c.get().wrapping_add(1);
+            c.set(v);
+            v
+        });
+        Timed(&self.hold, tick.is_multiple_of(HOLD_SAMPLE).then(Instant::now))
     }
 
     /// Lock hold-time summary (p50, p99, max), ns.
@@ -228,8 +244,7 @@ impl Ledger {
             }
         };
         if inserted {
-            let _t = self.timed();
-            self.procs.entry(pid).or_default().insert(tid);
+            self.index_insert(pid, tid);
         }
         inserted
     }
@@ -282,8 +297,7 @@ impl Ledger {
         if !inserted {
             return None;
         }
-        let _t = self.timed();
-        self.procs.entry(pid).or_default().insert(tid);
+        self.index_insert(pid, tid);
         Some(row)
     }
 
@@ -295,10 +309,22 @@ impl Ledger {
         }?;
         self.retained.remove(&tid);
         let _t = self.timed();
-        if let Some(mut set) = self.procs.get_mut(&row.pid) {
+        if let Some(set) = self.procs.get(&row.pid) {
             set.remove(&tid);
         }
         Some(row)
+    }
+
+    /// Adds `tid` to its process's index. The pid's shard is only
+    /// read-locked (shared) unless the process is new; the set itself is
+    /// sharded, so threads of one process do not serialise here.
+    fn index_insert(&self, pid: Pid, tid: Tid) {
+        let _t = self.timed();
+        if let Some(set) = self.procs.get(&pid) {
+            set.insert(tid);
+            return;
+        }
+        self.procs.entry(pid).or_default().insert(tid);
     }
 
     /// Forgets a whole process. Returns how many threads it had.
@@ -307,6 +333,7 @@ impl Ledger {
             let _t = self.timed();
             self.procs.remove(&pid).map(|(_, s)| s).unwrap_or_default()
         };
+        let tids: Vec<Tid> = tids.iter().map(|t| *t).collect();
         for tid in &tids {
             let _t = self.timed();
             if let Some((_, row)) = self.threads.remove_if(tid, |_, r| r.pid == pid)
@@ -323,7 +350,7 @@ impl Ledger {
         let _t = self.timed();
         self.procs
             .get(&pid)
-            .map(|s| s.iter().copied().collect())
+            .map(|s| s.iter().map(|t| *t).collect())
             .unwrap_or_default()
     }
 
@@ -711,7 +738,9 @@ mod tests {
     #[test]
     fn hold_histogram_reports() {
         let l = ledger_with(1, &[1, 2, 3]);
-        let _ = l.tids(1);
+        for _ in 0..4 * HOLD_SAMPLE {
+            let _ = l.tids(1);
+        }
         let (p50, p99, max) = l.hold_summary();
         assert!(p50 > 0 && p99 >= p50 && max > 0);
     }
