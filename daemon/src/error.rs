@@ -89,15 +89,17 @@ pub enum WpdError {
     },
     /// Another tracer (gdb, strace...) already traces a thread.
     #[error(
-        "thread {tid} of process {pid} is already traced by process {tracer} ({comm}): detach it first, or use the perf backend"
+        "thread {tid} of process {pid} is already traced by process {tracer} ({comm}, thread {tracer_tid}): detach it first, or use the perf backend"
     )]
     AlreadyTraced {
         /// Process.
         pid: Pid,
         /// Thread.
         tid: Tid,
-        /// Tracer's pid.
+        /// Tracer's process id.
         tracer: Pid,
+        /// Tracer's thread (TracerPid in /proc).
+        tracer_tid: Tid,
         /// Tracer's command name.
         comm: String,
     },

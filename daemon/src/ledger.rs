@@ -216,7 +216,10 @@ impl Ledger {
             c.set(v);
             v
         });
-        Timed(&self.hold, tick.is_multiple_of(HOLD_SAMPLE).then(Instant::now))
+        Timed(
+            &self.hold,
+            tick.is_multiple_of(HOLD_SAMPLE).then(Instant::now),
+        )
     }
 
     /// Lock hold-time summary (p50, p99, max), ns.
@@ -247,6 +250,14 @@ impl Ledger {
             self.index_insert(pid, tid);
         }
         inserted
+    }
+
+    /// Records who created `tid` (ptrace learns it at clone).
+    pub fn set_parent(&self, tid: Tid, parent: Tid) {
+        let _t = self.timed();
+        if let Some(mut row) = self.threads.get_mut(&tid) {
+            row.parent = parent;
+        }
     }
 
     /// A thread was created at `time` by `parent`: it starts with the

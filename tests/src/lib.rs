@@ -2,7 +2,11 @@
 //! `wpd-target` under guards that stop them on every path (including panics), and wraps the
 //! gRPC event stream, status checks and ledger snapshots the tests assert on.
 //!
-//! Guards ([`Daemon`], [`TargetProc`], [`ForeignBreakpoint`]) clean up in `Drop`. Children are
+//! [`both_backends!`] runs one test body against the perf and the ptrace backend. Every daemon
+//! gets a private ptrace state file (`WPD_STATE_FILE`), never `/run/wpd`.
+//!
+//! Guards ([`Daemon`], [`TargetProc`], [`ForeignBreakpoint`], [`ForeignTracer`]) clean up in
+//! `Drop`. Children are
 //! also started in their own process group (a terminal Ctrl-C reaches only the test or demo,
 //! which then cleans up) and with `PR_SET_PDEATHSIG = SIGKILL`, so that they die even if the
 //! test process is killed outright. The death signal fires when the *thread* that started the
@@ -28,12 +32,14 @@ use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
 use wpd_proto::v1::watchpoints_client::WatchpointsClient;
 use wpd_proto::v1::{
-    Access, GetCapabilitiesRequest, Hit, ListThreadsRequest, ListThreadsResponse,
-    ListWatchpointsRequest, SetWatchpointRequest, SetWatchpointResponse, SlotState,
-    StreamEventsRequest, StreamEventsResponse, ThreadInfo, Watchpoint, WatchpointSpec,
+    Access, AttachRequest, AttachResponse, GetCapabilitiesRequest, Hit, ListThreadsRequest,
+    ListThreadsResponse, ListWatchpointsRequest, ResumeRequest, SetWatchpointRequest,
+    SetWatchpointResponse, SlotState, StreamEventsRequest, StreamEventsResponse, ThreadInfo,
+    ThreadState, Watchpoint, WatchpointSpec,
 };
 
 pub use wpd_proto::connect::Target;
+pub use wpd_proto::v1::Backend;
 pub use wpd_proto::v1::stream_events_response::Event;
 
 /// A connected gRPC client of the daemon.
@@ -136,20 +142,75 @@ pub fn require_root_perf() -> bool {
     });
     match result {
         Ok(()) => true,
-        Err(reason) => {
-            let name = std::thread::current()
-                .name()
-                .unwrap_or("<unnamed test>")
-                .to_string();
-            if std::env::var_os("WPD_TESTS_REQUIRE").is_some_and(|v| v == "1") {
-                panic!("{name}: cannot run ({reason}) and WPD_TESTS_REQUIRE=1");
-            }
-            // Written to the real stderr, past libtest's capture, so that a skip is visible
-            // even when the test "passes".
-            let _ = writeln!(std::io::stderr(), "SKIP {name}: {reason}");
-            false
+        Err(reason) => skip(reason),
+    }
+}
+
+/// [`require_root_perf`], plus, for [`Backend::Ptrace`], a kernel that lets root ptrace
+/// (`kernel.yama.ptrace_scope` below 3). Same skip rules.
+pub fn require_backend(backend: Backend) -> bool {
+    if !require_root_perf() {
+        return false;
+    }
+    if backend == Backend::Ptrace {
+        let scope = fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .unwrap_or(0);
+        if scope >= 3 {
+            return skip(&format!(
+                "kernel.yama.ptrace_scope={scope} forbids every ptrace attach"
+            ));
         }
     }
+    true
+}
+
+/// Prints `SKIP <test>: <reason>` and returns false, or panics under `WPD_TESTS_REQUIRE=1`.
+fn skip(reason: &str) -> bool {
+    let name = std::thread::current()
+        .name()
+        .unwrap_or("<unnamed test>")
+        .to_string();
+    if std::env::var_os("WPD_TESTS_REQUIRE").is_some_and(|v| v == "1") {
+        panic!("{name}: cannot run ({reason}) and WPD_TESTS_REQUIRE=1");
+    }
+    // Written to the real stderr, past libtest's capture, so that a skip is visible
+    // even when the test "passes".
+    let _ = writeln!(std::io::stderr(), "SKIP {name}: {reason}");
+    false
+}
+
+/// Runs a test body against both backends, without copying it: `both_backends!(name)` (or
+/// `both_backends!(name, body)`) turns `async fn body(backend: Backend) -> anyhow::Result<()>`
+/// into a module `name` with two tokio tests, `name::perf` and `name::ptrace`, each of which
+/// skips as [`require_backend`] says and otherwise runs `body(Backend::Perf | Backend::Ptrace)`.
+/// Attributes (e.g. a doc comment) before the name go on the module.
+#[macro_export]
+macro_rules! both_backends {
+    ($(#[$attr:meta])* $name:ident) => {
+        $crate::both_backends!($(#[$attr])* $name, $name);
+    };
+    ($(#[$attr:meta])* $name:ident, $body:ident) => {
+        $(#[$attr])*
+        mod $name {
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn perf() -> ::anyhow::Result<()> {
+                if !$crate::require_backend($crate::Backend::Perf) {
+                    return Ok(());
+                }
+                super::$body($crate::Backend::Perf).await
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn ptrace() -> ::anyhow::Result<()> {
+                if !$crate::require_backend($crate::Backend::Ptrace) {
+                    return Ok(());
+                }
+                super::$body($crate::Backend::Ptrace).await
+            }
+        }
+    };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -341,27 +402,42 @@ fn unique_temp_dir(prefix: &str) -> Result<PathBuf> {
 
 /// A running `wpd` on a private Unix socket. Dropping it sends SIGTERM, waits up to 5 s, then
 /// SIGKILLs, and removes its temp dir; if the thread is panicking it first prints the log.
+///
+/// Every daemon gets its own ptrace state file (`WPD_STATE_FILE`, by default inside its temp
+/// dir): tests never share `/run/wpd`, and a daemon never "recovers" threads of another test.
 pub struct Daemon {
     child: Child,
     status: Option<ExitStatus>,
     dir: PathBuf,
     socket: PathBuf,
     log_path: PathBuf,
+    state_file: PathBuf,
 }
 
 impl Daemon {
-    /// Starts `wpd --listen unix:<tmp>/wpd.sock` and waits until it answers `GetCapabilities`.
-    /// Panics if the `wpd` binary is missing.
+    /// Starts `wpd --listen unix:<tmp>/wpd.sock` with `WPD_STATE_FILE=<tmp>/ptrace-armed` and
+    /// waits until it answers `GetCapabilities`. Panics if the `wpd` binary is missing.
     pub async fn start() -> Result<Daemon> {
-        Self::start_with_args(&[]).await
+        Self::spawn(&[], None).await
     }
 
     /// Like [`Daemon::start`] with extra command-line arguments.
     pub async fn start_with_args(extra: &[&str]) -> Result<Daemon> {
+        Self::spawn(extra, None).await
+    }
+
+    /// Like [`Daemon::start`], but with the ptrace state file at `state_file` (e.g. the
+    /// [`Daemon::state_file`] of a daemon that was [killed](Daemon::kill), to test recovery).
+    pub async fn start_with_state_file(state_file: &Path) -> Result<Daemon> {
+        Self::spawn(&[], Some(state_file.to_path_buf())).await
+    }
+
+    async fn spawn(extra: &[&str], state_file: Option<PathBuf>) -> Result<Daemon> {
         let bin = bin_path("wpd");
         let dir = unique_temp_dir("wpd-e2e")?;
         let socket = dir.join("wpd.sock");
         let log_path = dir.join("wpd.log");
+        let state_file = state_file.unwrap_or_else(|| dir.join("ptrace-armed"));
         let spawned = (|| -> Result<Child> {
             let log = File::create(&log_path)
                 .with_context(|| format!("creating {}", log_path.display()))?;
@@ -370,6 +446,7 @@ impl Daemon {
                 .arg(format!("unix:{}", socket.display()))
                 .args(extra)
                 .env("NO_COLOR", "1")
+                .env("WPD_STATE_FILE", &state_file)
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log);
@@ -390,6 +467,7 @@ impl Daemon {
             dir,
             socket,
             log_path,
+            state_file,
         };
         if let Err(e) = daemon.wait_ready().await {
             return Err(e.context(format!(
@@ -504,6 +582,20 @@ impl Daemon {
             .ok_or_else(|| anyhow!("wpd did not exit within {timeout:?} of SIGTERM"))
     }
 
+    /// SIGKILLs the daemon (no cleanup of its own can run) and reaps it. The guard keeps its
+    /// temp dir — log and state file — until it is dropped.
+    pub async fn kill(&mut self) -> Result<ExitStatus> {
+        signal_child(&mut self.child, &mut self.status, libc::SIGKILL);
+        wait_child(&mut self.child, &mut self.status, STOP_GRACE)
+            .await
+            .ok_or_else(|| anyhow!("wpd did not exit within {STOP_GRACE:?} of SIGKILL"))
+    }
+
+    /// The ptrace state file this daemon was given (`WPD_STATE_FILE`).
+    pub fn state_file(&self) -> &Path {
+        &self.state_file
+    }
+
     /// Passes `result` through; when it is an error, prints the daemon log to stderr first
     /// (libtest shows it with the failure).
     pub fn finish<T>(&self, result: Result<T>) -> Result<T> {
@@ -513,7 +605,8 @@ impl Daemon {
         result
     }
 
-    fn print_log(&self, why: &str) {
+    /// Prints the daemon's log (its last 64 KiB) to stderr, headed by `why`.
+    pub fn print_log(&self, why: &str) {
         eprintln!(
             "----- wpd log ({why}; wpd pid {}) -----\n{}\n----- end of wpd log -----",
             self.pid(),
@@ -541,6 +634,9 @@ pub struct TargetProc {
     child: Child,
     stdin: Option<ChildStdin>,
     lines: mpsc::UnboundedReceiver<String>,
+    /// Commands sent whose reply line has not been read yet (a command whose reply timed out
+    /// still answers later, e.g. once a held thread is resumed; that line must be skipped).
+    owed: usize,
     status: Option<ExitStatus>,
     /// Process id (= tid of the main thread).
     pub pid: i32,
@@ -586,6 +682,7 @@ impl TargetProc {
             child,
             stdin,
             lines,
+            owed: 0,
             status: None,
             pid: 0,
             vars: Vec::new(),
@@ -622,8 +719,15 @@ impl TargetProc {
     }
 
     async fn read_line(&mut self, timeout: Duration) -> Result<String> {
-        match tokio::time::timeout(timeout, self.lines.recv()).await {
-            Ok(Some(line)) => Ok(line),
+        self.read_line_before(Instant::now() + timeout)
+            .await?
+            .ok_or_else(|| anyhow!("no line from wpd-target within {timeout:?}"))
+    }
+
+    /// The next stdout line, or `None` once `deadline` has passed.
+    async fn read_line_before(&mut self, deadline: Instant) -> Result<Option<String>> {
+        match tokio::time::timeout_at(deadline, self.lines.recv()).await {
+            Ok(Some(line)) => Ok(Some(line)),
             Ok(None) => {
                 let st =
                     wait_child(&mut self.child, &mut self.status, Duration::from_secs(2)).await;
@@ -633,13 +737,13 @@ impl TargetProc {
                         .unwrap_or_else(|| "still running".into())
                 )
             }
-            Err(_) => bail!("no line from wpd-target within {timeout:?}"),
+            Err(_) => Ok(None),
         }
     }
 
-    /// Sends one command line and returns the reply line (timeout 10 s). A reply starting with
-    /// `ERR` is an error.
-    pub async fn cmd(&mut self, command: &str) -> Result<String> {
+    /// Sends one command line without waiting for its reply (read by the next
+    /// [`TargetProc::cmd`] / [`TargetProc::cmd_within`], which skip it).
+    pub fn send(&mut self, command: &str) -> Result<()> {
         let stdin = self
             .stdin
             .as_mut()
@@ -647,15 +751,41 @@ impl TargetProc {
         writeln!(stdin, "{command}")
             .and_then(|()| stdin.flush())
             .with_context(|| format!("sending {command:?} to wpd-target"))?;
-        let reply = self
-            .read_line(TARGET_CMD_TIMEOUT)
-            .await
-            .with_context(|| format!("waiting for the reply to {command:?}"))?;
-        ensure!(
-            !reply.starts_with("ERR"),
-            "wpd-target refused {command:?}: {reply}"
-        );
-        Ok(reply)
+        self.owed += 1;
+        Ok(())
+    }
+
+    /// Sends one command and waits up to `timeout` for its reply: `None` when it did not come
+    /// (the late reply is skipped by later commands). A reply starting with `ERR` is an error.
+    pub async fn cmd_within(&mut self, command: &str, timeout: Duration) -> Result<Option<String>> {
+        self.send(command)?;
+        let deadline = Instant::now() + timeout;
+        while self.owed > 0 {
+            let Some(line) = self
+                .read_line_before(deadline)
+                .await
+                .with_context(|| format!("waiting for the reply to {command:?}"))?
+            else {
+                return Ok(None);
+            };
+            self.owed -= 1;
+            if self.owed == 0 {
+                ensure!(
+                    !line.starts_with("ERR"),
+                    "wpd-target refused {command:?}: {line}"
+                );
+                return Ok(Some(line));
+            }
+        }
+        unreachable!("send() owes at least one reply")
+    }
+
+    /// Sends one command line and returns the reply line (timeout 10 s). A reply starting with
+    /// `ERR` is an error.
+    pub async fn cmd(&mut self, command: &str) -> Result<String> {
+        self.cmd_within(command, TARGET_CMD_TIMEOUT)
+            .await?
+            .ok_or_else(|| anyhow!("no reply to {command:?} within {TARGET_CMD_TIMEOUT:?}"))
     }
 
     /// `spawn`: a new thread stores 0xC0FFEE into `VARS[1]` first thing; returns its tid.
@@ -775,18 +905,109 @@ impl TargetProc {
         bail!("wpd-target {} is dead: {st}", self.pid)
     }
 
+    /// `usr1count`: how many SIGUSR1 the target's handler has run.
+    pub async fn usr1_count(&mut self) -> Result<u64> {
+        let reply = self.cmd("usr1count").await?;
+        reply
+            .strip_prefix("USR1 ")
+            .and_then(|n| n.trim().parse().ok())
+            .ok_or_else(|| anyhow!("expected `USR1 <n>`, got {reply:?}"))
+    }
+
+    /// Sends signal `sig` to the process (not reaped yet, so the pid is still ours).
+    pub fn signal(&mut self, sig: libc::c_int) -> Result<()> {
+        self.ensure_alive()?;
+        // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
+        if unsafe { libc::kill(self.pid, sig) } != 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("kill({}, {sig})", self.pid));
+        }
+        Ok(())
+    }
+
+    /// `VARS[index]` read from outside through `/proc/<pid>/mem` (works while every thread of
+    /// the target is stopped).
+    pub fn read_var(&self, index: usize) -> Result<u64> {
+        use std::os::unix::fs::FileExt;
+        let addr = *self
+            .vars
+            .get(index)
+            .ok_or_else(|| anyhow!("no VARS[{index}]"))?;
+        let path = format!("/proc/{}/mem", self.pid);
+        let mut buf = [0u8; 8];
+        File::open(&path)
+            .and_then(|f| f.read_exact_at(&mut buf, addr))
+            .with_context(|| format!("reading VARS[{index}] at {addr:#x} from {path}"))?;
+        Ok(u64::from_le_bytes(buf))
+    }
+
+    /// The state letter of every thread (field 3 of `/proc/<pid>/task/<tid>/stat`: `R`, `S`,
+    /// `T` stopped, `t` tracing stop...), by tid. Threads that vanish meanwhile are left out.
+    pub fn thread_run_states(&self) -> Result<Vec<(i32, char)>> {
+        let mut out = Vec::new();
+        for tid in self.tids()? {
+            let path = format!("/proc/{}/task/{tid}/stat", self.pid);
+            let Ok(stat) = fs::read_to_string(&path) else {
+                continue;
+            };
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .and_then(|w| w.chars().next())
+                .ok_or_else(|| anyhow!("cannot parse {path}: {stat:?}"))?;
+            out.push((tid, state));
+        }
+        Ok(out)
+    }
+
+    /// `TracerPid` of every thread (from `/proc/<pid>/task/<tid>/status`), by tid. Threads
+    /// that vanish meanwhile are left out.
+    pub fn thread_tracer_pids(&self) -> Result<Vec<(i32, i32)>> {
+        let mut out = Vec::new();
+        for tid in self.tids()? {
+            let path = format!("/proc/{}/task/{tid}/status", self.pid);
+            let Ok(status) = fs::read_to_string(&path) else {
+                continue;
+            };
+            out.push((tid, parse_tracer_pid(&status, &path)?));
+        }
+        Ok(out)
+    }
+
+    /// Polls until no thread of the target is ptrace-attached (every `TracerPid` is 0); fails
+    /// after `timeout` naming the threads still traced and by whom.
+    pub async fn wait_untraced(&self, timeout: Duration) -> Result<()> {
+        poll_until(timeout, "TracerPid 0 on every thread", async || {
+            let traced: Vec<(i32, i32)> = self
+                .thread_tracer_pids()?
+                .into_iter()
+                .filter(|&(_, tracer)| tracer != 0)
+                .collect();
+            Ok(if traced.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("(tid, TracerPid) {traced:?}"))
+            })
+        })
+        .await
+    }
+
     /// `TracerPid` from `/proc/<pid>/status` (0 when nobody ptraces the main thread).
     pub fn tracer_pid(&self) -> Result<i32> {
         let path = format!("/proc/{}/status", self.pid);
         let status = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("TracerPid:"))
-            .ok_or_else(|| anyhow!("no TracerPid in {path}"))?
-            .trim()
-            .parse()
-            .context("parsing TracerPid")
+        parse_tracer_pid(&status, &path)
     }
+}
+
+fn parse_tracer_pid(status: &str, path: &str) -> Result<i32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))
+        .ok_or_else(|| anyhow!("no TracerPid in {path}"))?
+        .trim()
+        .parse()
+        .with_context(|| format!("parsing TracerPid in {path}"))
 }
 
 impl Drop for TargetProc {
@@ -918,19 +1139,255 @@ impl ForeignBreakpoint {
 }
 
 // ---------------------------------------------------------------------------------------------
+// A ptrace attachment held by the test itself (another debugger)
+// ---------------------------------------------------------------------------------------------
+
+/// A `PTRACE_SEIZE` of one thread of another process, held by this (test) process as a
+/// debugger would hold it. ptrace requests must come from the thread that attached, so a
+/// dedicated thread seizes, passes on every stop unchanged (the tracee never stays stopped
+/// because of us) and, when asked or on drop, interrupts and detaches.
+pub struct ForeignTracer {
+    /// The traced thread.
+    pub tid: i32,
+    /// The tracing thread of this process: what the tracee's `TracerPid` shows (the kernel
+    /// reports the tracer *thread*, not its process).
+    pub tracer_tid: i32,
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
+/// How long [`ForeignTracer`] waits for its tracee's stop when detaching.
+const FOREIGN_DETACH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What `waitpid(tid, __WALL | WNOHANG)` said about a tracee.
+enum TraceeWait {
+    Nothing,
+    Gone,
+    /// Stopped: (stop signal, ptrace event or 0).
+    Stopped(libc::c_int, libc::c_int),
+}
+
+fn tracee_wait(tid: i32) -> Result<TraceeWait> {
+    let mut status = 0;
+    // SAFETY: `status` is a valid out-pointer.
+    let r = unsafe { libc::waitpid(tid, &mut status, libc::__WALL | libc::WNOHANG) };
+    if r == 0 {
+        return Ok(TraceeWait::Nothing);
+    }
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ECHILD) {
+            return Ok(TraceeWait::Gone);
+        }
+        return Err(e).with_context(|| format!("waitpid({tid})"));
+    }
+    if libc::WIFSTOPPED(status) {
+        Ok(TraceeWait::Stopped(libc::WSTOPSIG(status), status >> 16))
+    } else {
+        Ok(TraceeWait::Gone)
+    }
+}
+
+fn ptrace_req(req: libc::c_uint, tid: i32, data: usize) -> std::io::Result<()> {
+    // SAFETY: these requests (SEIZE, CONT, LISTEN, INTERRUPT, DETACH) take no pointer; `data`
+    // is an option mask or a signal number passed as the pointer-sized argument.
+    let r = unsafe {
+        libc::ptrace(
+            req,
+            tid as libc::pid_t,
+            std::ptr::null_mut::<libc::c_void>(),
+            data as *mut libc::c_void,
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+fn is_stop_signal(sig: libc::c_int) -> bool {
+    matches!(
+        sig,
+        libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
+    )
+}
+
+/// Ends a stop of our tracee: a signal-delivery-stop delivers its signal, a group-stop
+/// listens (so SIGCONT still works), anything else continues.
+fn pass_stop(tid: i32, sig: libc::c_int, event: libc::c_int) {
+    let _ = if event == 0 {
+        ptrace_req(libc::PTRACE_CONT, tid, sig as usize)
+    } else if event == libc::PTRACE_EVENT_STOP && is_stop_signal(sig) {
+        ptrace_req(libc::PTRACE_LISTEN, tid, 0)
+    } else {
+        ptrace_req(libc::PTRACE_CONT, tid, 0)
+    };
+}
+
+fn foreign_detach(tid: i32) -> Result<()> {
+    match ptrace_req(libc::PTRACE_INTERRUPT, tid, 0) {
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(()), // gone
+        r => r.with_context(|| format!("PTRACE_INTERRUPT of {tid}"))?,
+    }
+    let deadline = std::time::Instant::now() + FOREIGN_DETACH_TIMEOUT;
+    loop {
+        match tracee_wait(tid)? {
+            TraceeWait::Gone => return Ok(()),
+            TraceeWait::Stopped(sig, event) => {
+                // A signal-delivery-stop must not swallow the signal.
+                let deliver = if event == 0 { sig } else { 0 };
+                return ptrace_req(libc::PTRACE_DETACH, tid, deliver as usize)
+                    .with_context(|| format!("PTRACE_DETACH of {tid}"));
+            }
+            TraceeWait::Nothing => {}
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "thread {tid} did not stop within {FOREIGN_DETACH_TIMEOUT:?} of PTRACE_INTERRUPT"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+impl ForeignTracer {
+    /// Seizes thread `tid` (no options: it keeps running) from a new thread of this process.
+    pub fn seize(tid: i32) -> Result<ForeignTracer> {
+        use std::sync::mpsc::{RecvTimeoutError, channel};
+        let (ready_tx, ready_rx) = channel::<std::io::Result<i32>>();
+        let (stop_tx, stop_rx) = channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name(format!("foreign-tracer-{tid}"))
+            .spawn(move || -> Result<()> {
+                if let Err(e) = ptrace_req(libc::PTRACE_SEIZE, tid, 0) {
+                    let _ = ready_tx.send(Err(e));
+                    return Ok(());
+                }
+                // SAFETY: gettid has no preconditions.
+                let _ = ready_tx.send(Ok(unsafe { libc::gettid() }));
+                // Until asked to let go (or the guard is dropped).
+                while let Err(RecvTimeoutError::Timeout) =
+                    stop_rx.recv_timeout(Duration::from_millis(5))
+                {
+                    match tracee_wait(tid)? {
+                        TraceeWait::Gone => return Ok(()),
+                        TraceeWait::Stopped(sig, event) => pass_stop(tid, sig, event),
+                        TraceeWait::Nothing => {}
+                    }
+                }
+                foreign_detach(tid)
+            })
+            .context("cannot start the foreign tracer thread")?;
+        let mut tracer = ForeignTracer {
+            tid,
+            tracer_tid: 0,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        };
+        match ready_rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(Ok(tracer_tid)) => {
+                tracer.tracer_tid = tracer_tid;
+                Ok(tracer)
+            }
+            Ok(Err(e)) => {
+                tracer.stop = None;
+                Err(e).with_context(|| format!("PTRACE_SEIZE of thread {tid}"))
+            }
+            Err(_) => bail!("the foreign tracer thread did not report within 5 s"),
+        }
+    }
+
+    /// Detaches (interrupt, wait for the stop, detach) and reports how it went.
+    pub fn release(mut self) -> Result<()> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        drop(self.stop.take());
+        match self.thread.take().map(|t| t.join()) {
+            None => Ok(()),
+            Some(Ok(r)) => r,
+            Some(Err(_)) => bail!("the foreign tracer thread panicked"),
+        }
+    }
+}
+
+impl Drop for ForeignTracer {
+    fn drop(&mut self) {
+        if let Err(e) = self.finish() {
+            eprintln!(
+                "harness: releasing the ptrace of thread {}: {e:#}",
+                self.tid
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // RPC helpers
 // ---------------------------------------------------------------------------------------------
 
-/// A process-wide 8-byte write watchpoint spec.
-pub fn write_spec(pid: i32, address: u64) -> WatchpointSpec {
+/// A process-wide 8-byte write watchpoint spec on `backend` (which attaches the process with
+/// that backend if it is not attached yet; [`Backend::Unspecified`]: the daemon's default).
+pub fn write_spec(backend: Backend, pid: i32, address: u64) -> WatchpointSpec {
     WatchpointSpec {
         pid,
         tids: Vec::new(),
         address,
         length: 8,
         access: Access::Write as i32,
-        backend: 0,
+        backend: backend as i32,
+        ..Default::default()
     }
+}
+
+/// `Attach{pid, backend}` that must succeed; checks the process got that backend (unless
+/// [`Backend::Unspecified`]).
+pub async fn attach(client: &mut Client, pid: i32, backend: Backend) -> Result<AttachResponse> {
+    let what = format!("Attach(pid {pid}, {backend:?})");
+    let resp = rpc_ok(
+        &what,
+        client.attach(AttachRequest {
+            pid,
+            backend: backend as i32,
+        }),
+    )
+    .await?;
+    let process = resp
+        .process
+        .as_ref()
+        .ok_or_else(|| anyhow!("{what}: response has no process"))?;
+    ensure!(
+        backend == Backend::Unspecified || process.backend() == backend,
+        "{what}: the process is attached with {:?}",
+        process.backend()
+    );
+    Ok(resp)
+}
+
+/// `Resume{pid, tids}` that must succeed; returns the resumed tids, sorted.
+pub async fn resume(client: &mut Client, pid: i32, tids: &[i32]) -> Result<Vec<i32>> {
+    let mut resumed = rpc_ok(
+        &format!("Resume(pid {pid}, tids {tids:?})"),
+        client.resume(ResumeRequest {
+            pid,
+            tids: tids.to_vec(),
+        }),
+    )
+    .await?
+    .resumed;
+    resumed.sort_unstable();
+    Ok(resumed)
+}
+
+/// `(tid, state)` of every thread `ListThreads{pid}` lists.
+pub async fn thread_states(client: &mut Client, pid: i32) -> Result<Vec<(i32, ThreadState)>> {
+    Ok(list_threads(client, pid, false)
+        .await?
+        .threads
+        .iter()
+        .map(|t| (t.tid, t.state()))
+        .collect())
 }
 
 /// `SetWatchpoint` that must succeed within [`RPC_TIMEOUT`].
@@ -948,6 +1405,7 @@ pub async fn set_watchpoint_within(
     timeout: Duration,
 ) -> Result<SetWatchpointResponse> {
     let what = format!("SetWatchpoint({spec:?})");
+    let spec_backend = spec.backend();
     let resp = tokio::time::timeout(
         timeout,
         client.set_watchpoint(SetWatchpointRequest { spec: Some(spec) }),
@@ -956,9 +1414,14 @@ pub async fn set_watchpoint_within(
     .map_err(|_| anyhow!("{what} timed out after {timeout:?}"))?
     .map_err(|s| anyhow!("{what} failed: {}", status_line(&s)))?
     .into_inner();
+    let wp = resp
+        .watchpoint
+        .as_ref()
+        .ok_or_else(|| anyhow!("{what}: response has no watchpoint"))?;
     ensure!(
-        resp.watchpoint.is_some(),
-        "{what}: response has no watchpoint"
+        spec_backend == Backend::Unspecified || wp.backend() == spec_backend,
+        "{what}: asked for {spec_backend:?}, but the watchpoint is held by {:?}",
+        wp.backend()
     );
     Ok(resp)
 }
@@ -1046,15 +1509,18 @@ pub fn check_hit(hit: &Hit, wp: &Watchpoint, tids: &HashSet<i32>) -> Result<()> 
         && hit.length == spec.length
         && hit.access == spec.access
         && hit.value.len() == spec.length as usize
+        && hit.backend == wp.backend
         && (tids.is_empty() || tids.contains(&hit.tid));
     ensure!(
         ok,
-        "unexpected hit {hit:?}: expected watchpoint {} pid {} address {:#x} length {} access {:?},          a value of {} bytes and a tid among {tids:?}",
+        "unexpected hit {hit:?}: expected watchpoint {} pid {} address {:#x} length {} access \
+         {:?}, backend {:?}, a value of {} bytes and a tid among {tids:?}",
         wp.id,
         spec.pid,
         spec.address,
         spec.length,
         spec.access(),
+        wp.backend(),
         spec.length
     );
     Ok(())
@@ -1128,6 +1594,12 @@ impl Snapshot {
     /// The same snapshot with FOREIGN slots shown as FREE: for comparisons that allow the
     /// daemon to learn, from a refusal, that the kernel gave a slot to someone else.
     pub fn foreign_as_free(&self) -> Snapshot {
+        self.shown_as_free(&[SlotState::Foreign])
+    }
+
+    /// The same snapshot with slots in any of `states` shown as FREE (e.g. FOREIGN and
+    /// RETAINED: what the kernel holds after a refused ptrace arm that was rolled back).
+    pub fn shown_as_free(&self, states: &[SlotState]) -> Snapshot {
         let mut s = self.clone();
         for slot in s
             .threads
@@ -1135,7 +1607,7 @@ impl Snapshot {
             .flat_map(|l| l.threads.iter_mut())
             .flat_map(|t| t.slots.iter_mut())
         {
-            if slot.state == SlotState::Foreign as i32 {
+            if states.iter().any(|&st| slot.state == st as i32) {
                 slot.state = SlotState::Free as i32;
             }
         }

@@ -4,12 +4,12 @@
 use anyhow::{Result, bail, ensure};
 use tonic::Code;
 use wpd_proto::v1::{
-    Access, DetachRequest, ListThreadsRequest, ListWatchpointsRequest, RemoveWatchpointRequest,
-    SetWatchpointRequest, WatchpointSpec,
+    Access, DetachRequest, HitAction, ListThreadsRequest, ListWatchpointsRequest,
+    RemoveWatchpointRequest, ResumeRequest, SetWatchpointRequest, WatchpointSpec,
 };
 use wpd_tests::{
-    Client, Daemon, Snapshot, TargetProc, dead_pid, ensure_unchanged, expect_status,
-    require_root_perf, rpc, rpc_ok, set_watchpoint, snapshot, write_spec,
+    Backend, Client, Daemon, Snapshot, TargetProc, both_backends, dead_pid, ensure_unchanged,
+    expect_status, require_root_perf, rpc, rpc_ok, set_watchpoint, snapshot, write_spec,
 };
 
 /// One invalid request: how to spoil a valid spec, the expected code, and words (matched
@@ -53,12 +53,11 @@ async fn check(
     Ok(())
 }
 
-/// k. Every invalid spec of the contract is refused with its code and changes nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn invalid_watchpoint_specs_are_refused() -> Result<()> {
-    if !require_root_perf() {
-        return Ok(());
-    }
+both_backends!(invalid_watchpoint_specs_are_refused);
+
+/// k. Every invalid spec of the contract is refused with its code and changes nothing. With
+/// the perf backend, also what only ptrace can do: stopping on a hit, only-on-change.
+async fn invalid_watchpoint_specs_are_refused(backend: Backend) -> Result<()> {
     let daemon = Daemon::start().await?;
     let target = TargetProc::start(&["--threads", "2"]).await?;
     daemon.finish(
@@ -71,8 +70,8 @@ async fn invalid_watchpoint_specs_are_refused() -> Result<()> {
             let stranger = std::process::id() as i32; // a live thread of another process
 
             // Something to keep unchanged: the process attached with one watchpoint.
-            set_watchpoint(&mut client, write_spec(pid, target.vars[1])).await?;
-            let base = write_spec(pid, addr);
+            set_watchpoint(&mut client, write_spec(backend, pid, target.vars[1])).await?;
+            let base = write_spec(backend, pid, addr);
             let before = snapshot(&mut client, pid).await?;
 
             use Code::{InvalidArgument as Invalid, NotFound};
@@ -132,6 +131,25 @@ async fn invalid_watchpoint_specs_are_refused() -> Result<()> {
                     s.pid = dead
                 }),
             ];
+            cases.push(case("undefined hit action 99", Invalid, &[], |s| {
+                s.action = 99
+            }));
+            cases.push(case("undefined backend 7", Invalid, &[], |s| s.backend = 7));
+            if backend == Backend::Perf {
+                // perf breakpoints never stop the target and their values are read too late to
+                // tell a change: the daemon must refuse, and say which backend can.
+                for action in [HitAction::Stop, HitAction::StopAll] {
+                    cases.push(case(
+                        format!("{action:?} on perf"),
+                        Invalid,
+                        &["ptrace"],
+                        move |s| s.action = action as i32,
+                    ));
+                }
+                cases.push(case("only_on_change on perf", Invalid, &["ptrace"], |s| {
+                    s.only_on_change = true
+                }));
+            }
             for len in [0, 3, 5, 16, 32] {
                 cases.push(case(format!("length {len}"), Invalid, &[], move |s| {
                     s.length = len
@@ -185,18 +203,16 @@ async fn invalid_watchpoint_specs_are_refused() -> Result<()> {
     )
 }
 
+both_backends!(removing_an_unknown_id_is_not_found);
+
 /// RemoveWatchpoint of an id the daemon never issued is NotFound and changes nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn removing_an_unknown_id_is_not_found() -> Result<()> {
-    if !require_root_perf() {
-        return Ok(());
-    }
+async fn removing_an_unknown_id_is_not_found(backend: Backend) -> Result<()> {
     let daemon = Daemon::start().await?;
     let target = TargetProc::start(&["--threads", "2"]).await?;
     daemon.finish(
         async {
             let mut client = daemon.client().await?;
-            let id = set_watchpoint(&mut client, write_spec(target.pid, target.vars[1]))
+            let id = set_watchpoint(&mut client, write_spec(backend, target.pid, target.vars[1]))
                 .await?
                 .watchpoint
                 .unwrap_or_default()
@@ -220,7 +236,8 @@ async fn removing_an_unknown_id_is_not_found() -> Result<()> {
     )
 }
 
-/// ListThreads and Detach of a process that is not attached are NotFound and attach nothing.
+/// ListThreads, Detach and Resume of a process that is not attached are NotFound and attach
+/// nothing. (Not per backend: an unattached process has none.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unattached_pid_is_not_found() -> Result<()> {
     if !require_root_perf() {
@@ -250,6 +267,12 @@ async fn unattached_pid_is_not_found() -> Result<()> {
                 expect_status(&format!("ListThreads({p}, probe)"), r, Code::NotFound, &[])?;
                 let r = rpc(client.detach(DetachRequest { pid: p })).await?;
                 expect_status(&format!("Detach({p})"), r, Code::NotFound, &[])?;
+                let r = rpc(client.resume(ResumeRequest {
+                    pid: p,
+                    tids: vec![],
+                }))
+                .await?;
+                expect_status(&format!("Resume({p})"), r, Code::NotFound, &[])?;
             }
             let list = rpc_ok(
                 "ListWatchpoints",

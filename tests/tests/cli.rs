@@ -7,8 +7,8 @@ use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 use wpd_proto::v1::ListWatchpointsRequest;
 use wpd_tests::{
-    CmdOutput, Daemon, TargetProc, ensure_unchanged, numbers_in, require_root_perf, rpc_ok,
-    run_wpctl, set_watchpoint, snapshot, write_spec,
+    Backend, CmdOutput, Daemon, TargetProc, ensure_unchanged, numbers_in, require_root_perf,
+    rpc_ok, run_wpctl, set_watchpoint, snapshot, write_spec,
 };
 
 const WPCTL_TIMEOUT: Duration = Duration::from_secs(20);
@@ -148,7 +148,11 @@ async fn wpctl_events_stops_after_count() -> Result<()> {
         async {
             let mut client = daemon.client().await?;
             // The workers keep storing, so hits keep coming whenever wpctl subscribes.
-            set_watchpoint(&mut client, write_spec(target.pid, target.vars[0])).await?;
+            set_watchpoint(
+                &mut client,
+                write_spec(Backend::Unspecified, target.pid, target.vars[0]),
+            )
+            .await?;
             let pid = target.pid.to_string();
             let out = wpctl(&daemon, &["events", "--count", "3", "--pid", &pid]).await?;
             ensure_exit(&out, 0, "wpctl events --count 3")?;

@@ -8,9 +8,9 @@ use anyhow::{Result, bail, ensure};
 use tonic::Code;
 use wpd_proto::v1::{RemoveWatchpointRequest, SlotState, StreamEventsRequest, Watchpoint};
 use wpd_tests::{
-    Daemon, Event, EventStream, SPAWN_MARK, TargetProc, check_hit, count_slots, expect_status,
-    hit_value_u64, list_threads, ours, require_root_perf, rpc, rpc_ok, set_watchpoint, snapshot,
-    write_spec,
+    Backend, Daemon, Event, EventStream, SPAWN_MARK, TargetProc, both_backends, check_hit,
+    count_slots, expect_status, hit_value_u64, list_threads, ours, rpc, rpc_ok, set_watchpoint,
+    snapshot, write_spec,
 };
 
 fn hits_only(pid: i32) -> StreamEventsRequest {
@@ -21,13 +21,11 @@ fn hits_only(pid: i32) -> StreamEventsRequest {
     }
 }
 
+both_backends!(hits_come_from_many_distinct_threads);
+
 /// a. A process-wide watchpoint on a variable 32 threads store to reports hits from at least
 /// 20 distinct threads, each hit well-formed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hits_come_from_many_distinct_threads() -> Result<()> {
-    if !require_root_perf() {
-        return Ok(());
-    }
+async fn hits_come_from_many_distinct_threads(backend: Backend) -> Result<()> {
     let daemon = Daemon::start().await?;
     let target = TargetProc::start(&["--threads", "32"]).await?;
     daemon.finish(
@@ -36,7 +34,8 @@ async fn hits_come_from_many_distinct_threads() -> Result<()> {
             let tids: HashSet<i32> = target.tids()?.into_iter().collect();
             let mut events = EventStream::subscribe(&mut client, hits_only(target.pid)).await?;
 
-            let resp = set_watchpoint(&mut client, write_spec(target.pid, target.vars[0])).await?;
+            let resp = set_watchpoint(&mut client, write_spec(backend, target.pid, target.vars[0]))
+                .await?;
             let wp = resp.watchpoint.unwrap_or_default();
             ensure!(
                 wp.process_wide,
@@ -77,20 +76,19 @@ async fn hits_come_from_many_distinct_threads() -> Result<()> {
     )
 }
 
+both_backends!(new_threads_first_store_is_caught);
+
 /// b. A thread created after a process-wide watchpoint was set is armed before it runs: its
 /// very first instruction-level store (to VARS[1], which nobody else writes) is reported.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn new_threads_first_store_is_caught() -> Result<()> {
-    if !require_root_perf() {
-        return Ok(());
-    }
+async fn new_threads_first_store_is_caught(backend: Backend) -> Result<()> {
     let daemon = Daemon::start().await?;
     let mut target = TargetProc::start(&["--threads", "4"]).await?;
     daemon.finish(
         async {
             let mut client = daemon.client().await?;
             let mut events = EventStream::for_pid(&mut client, target.pid).await?;
-            let resp = set_watchpoint(&mut client, write_spec(target.pid, target.vars[1])).await?;
+            let resp = set_watchpoint(&mut client, write_spec(backend, target.pid, target.vars[1]))
+                .await?;
             let wp = resp.watchpoint.unwrap_or_default();
 
             let tid = target.spawn_marker().await?;
@@ -150,13 +148,11 @@ async fn new_threads_first_store_is_caught() -> Result<()> {
     )
 }
 
+both_backends!(thread_scoped_watchpoint_hits_only_its_thread);
+
 /// c. A watchpoint limited to one worker thread reports hits from that thread only, is armed
 /// on one thread, and occupies a slot on that thread only.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn thread_scoped_watchpoint_hits_only_its_thread() -> Result<()> {
-    if !require_root_perf() {
-        return Ok(());
-    }
+async fn thread_scoped_watchpoint_hits_only_its_thread(backend: Backend) -> Result<()> {
     let daemon = Daemon::start().await?;
     let target = TargetProc::start(&["--threads", "8"]).await?;
     daemon.finish(
@@ -164,7 +160,7 @@ async fn thread_scoped_watchpoint_hits_only_its_thread() -> Result<()> {
             let mut client = daemon.client().await?;
             let worker = target.worker_tids()?[3];
             let mut events = EventStream::subscribe(&mut client, hits_only(target.pid)).await?;
-            let mut spec = write_spec(target.pid, target.vars[0]);
+            let mut spec = write_spec(backend, target.pid, target.vars[0]);
             spec.tids = vec![worker];
             let wp = set_watchpoint(&mut client, spec)
                 .await?
@@ -214,13 +210,11 @@ async fn thread_scoped_watchpoint_hits_only_its_thread() -> Result<()> {
     )
 }
 
+both_backends!(removed_watchpoint_stops_hitting);
+
 /// f. After RemoveWatchpoint a WatchpointRemoved event arrives, and no hit of that watchpoint
 /// follows it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn removed_watchpoint_stops_hitting() -> Result<()> {
-    if !require_root_perf() {
-        return Ok(());
-    }
+async fn removed_watchpoint_stops_hitting(backend: Backend) -> Result<()> {
     let daemon = Daemon::start().await?;
     let mut target = TargetProc::start(&["--threads", "4", "--interval-us", "2000"]).await?;
     daemon.finish(
@@ -228,7 +222,7 @@ async fn removed_watchpoint_stops_hitting() -> Result<()> {
             let mut client = daemon.client().await?;
             let mut events = EventStream::for_pid(&mut client, target.pid).await?;
             let wp: Watchpoint =
-                set_watchpoint(&mut client, write_spec(target.pid, target.vars[0]))
+                set_watchpoint(&mut client, write_spec(backend, target.pid, target.vars[0]))
                     .await?
                     .watchpoint
                     .unwrap_or_default();

@@ -9,30 +9,18 @@ use anyhow::{Context, Result, ensure};
 use tonic::Code;
 use wpd_proto::v1::{DetachRequest, ListThreadsRequest, ListWatchpointsRequest, SlotState};
 use wpd_tests::{
-    Daemon, Event, EventStream, TargetProc, count_slots, describe_status, expect_status,
-    list_threads, ours, poll_until, require_root_perf, rpc, rpc_ok, set_watchpoint, write_spec,
+    Backend, Daemon, Event, EventStream, TargetProc, both_backends, count_slots, describe_status,
+    expect_status, list_threads, ours, poll_until, rpc, rpc_ok, set_watchpoint, write_spec,
 };
 
-/// Polls `TracerPid` of the target until it is 0 (nobody left ptrace-attached).
-async fn wait_untraced(target: &TargetProc) -> Result<()> {
-    poll_until(Duration::from_secs(5), "TracerPid 0", async || {
-        let tracer = target.tracer_pid()?;
-        Ok(if tracer == 0 {
-            Ok(())
-        } else {
-            Err(format!("TracerPid {tracer}"))
-        })
-    })
-    .await
-}
+/// How long a target may stay ptrace-attached after a detach or the daemon's exit.
+const UNTRACE_TIMEOUT: Duration = Duration::from_secs(5);
+
+both_backends!(exited_threads_leave_the_ledger);
 
 /// g. When the workers exit, the daemon forgets their threads (ListThreads shows only the
 /// main thread, still armed) and reports each exit.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exited_threads_leave_the_ledger() -> Result<()> {
-    if !require_root_perf() {
-        return Ok(());
-    }
+async fn exited_threads_leave_the_ledger(backend: Backend) -> Result<()> {
     let daemon = Daemon::start().await?;
     let mut target = TargetProc::start(&["--threads", "16"]).await?;
     daemon.finish(
@@ -42,7 +30,7 @@ async fn exited_threads_leave_the_ledger() -> Result<()> {
             let workers: HashSet<i32> = target.worker_tids()?.into_iter().collect();
             let mut events = EventStream::for_pid(&mut client, main).await?;
             // VARS[1]: nobody stores there, so no hits crowd out the lifecycle events.
-            let wp = set_watchpoint(&mut client, write_spec(main, target.vars[1]))
+            let wp = set_watchpoint(&mut client, write_spec(backend, main, target.vars[1]))
                 .await?
                 .watchpoint
                 .unwrap_or_default();
@@ -106,13 +94,11 @@ async fn exited_threads_leave_the_ledger() -> Result<()> {
     )
 }
 
+both_backends!(process_exit_removes_everything);
+
 /// h. When the target exits, ProcessExited names its watchpoints, which are gone, and the
 /// process is no longer known.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn process_exit_removes_everything() -> Result<()> {
-    if !require_root_perf() {
-        return Ok(());
-    }
+async fn process_exit_removes_everything(backend: Backend) -> Result<()> {
     let daemon = Daemon::start().await?;
     let mut target = TargetProc::start(&["--threads", "4"]).await?;
     daemon.finish(
@@ -121,8 +107,8 @@ async fn process_exit_removes_everything() -> Result<()> {
             let pid = target.pid;
             let mut events = EventStream::for_pid(&mut client, pid).await?;
             let ids = [
-                set_watchpoint(&mut client, write_spec(pid, target.vars[0])).await?,
-                set_watchpoint(&mut client, write_spec(pid, target.vars[1])).await?,
+                set_watchpoint(&mut client, write_spec(backend, pid, target.vars[0])).await?,
+                set_watchpoint(&mut client, write_spec(backend, pid, target.vars[1])).await?,
             ]
             .map(|r| r.watchpoint.unwrap_or_default().id);
 
@@ -182,20 +168,18 @@ async fn process_exit_removes_everything() -> Result<()> {
     )
 }
 
+both_backends!(detach_leaves_the_target_running);
+
 /// i. Detach removes every watchpoint and forgets the process, which keeps running.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn detach_leaves_the_target_running() -> Result<()> {
-    if !require_root_perf() {
-        return Ok(());
-    }
+async fn detach_leaves_the_target_running(backend: Backend) -> Result<()> {
     let daemon = Daemon::start().await?;
     let mut target = TargetProc::start(&["--threads", "8"]).await?;
     daemon.finish(
         async {
             let mut client = daemon.client().await?;
             let pid = target.pid;
-            set_watchpoint(&mut client, write_spec(pid, target.vars[0])).await?;
-            set_watchpoint(&mut client, write_spec(pid, target.vars[1])).await?;
+            set_watchpoint(&mut client, write_spec(backend, pid, target.vars[0])).await?;
+            set_watchpoint(&mut client, write_spec(backend, pid, target.vars[1])).await?;
 
             let detached = rpc_ok("Detach", client.detach(DetachRequest { pid })).await?;
             ensure!(detached.watchpoints_removed == 2, "Detach: {detached:?}");
@@ -228,7 +212,7 @@ async fn detach_leaves_the_target_running() -> Result<()> {
             let again = rpc(client.detach(DetachRequest { pid })).await?;
             expect_status("second Detach", again, Code::NotFound, &[])?;
 
-            wait_untraced(&target).await?;
+            target.wait_untraced(UNTRACE_TIMEOUT).await?;
             tokio::time::sleep(Duration::from_millis(300)).await;
             let (c1, _) = target.ping().await?;
             target
@@ -251,7 +235,7 @@ async fn ensure_target_survived(target: &mut TargetProc) -> Result<()> {
             .wait_counter_above(c0, Duration::from_secs(5))
             .await?;
         target.write(2, 7).await?;
-        wait_untraced(target).await?;
+        target.wait_untraced(UNTRACE_TIMEOUT).await?;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let (c1, _) = target.ping().await?;
         target
@@ -266,24 +250,22 @@ async fn ensure_target_survived(target: &mut TargetProc) -> Result<()> {
     result
 }
 
+both_backends!(daemon_sigterm_leaves_the_target_running);
+
 /// j. SIGTERM makes the daemon exit 0 within 10 s with armed (firing) watchpoints; the target
 /// keeps running and is not hit by a stray SIGTRAP.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn daemon_sigterm_leaves_the_target_running() -> Result<()> {
-    if !require_root_perf() {
-        return Ok(());
-    }
+async fn daemon_sigterm_leaves_the_target_running(backend: Backend) -> Result<()> {
     let mut daemon = Daemon::start().await?;
     let mut target = TargetProc::start(&["--threads", "8"]).await?;
     let result = async {
         let mut client = daemon.client().await?;
         let pid = target.pid;
-        let id = set_watchpoint(&mut client, write_spec(pid, target.vars[0]))
+        let id = set_watchpoint(&mut client, write_spec(backend, pid, target.vars[0]))
             .await?
             .watchpoint
             .unwrap_or_default()
             .id;
-        set_watchpoint(&mut client, write_spec(pid, target.vars[2])).await?;
+        set_watchpoint(&mut client, write_spec(backend, pid, target.vars[2])).await?;
         poll_until(Duration::from_secs(10), "hits on VARS[0]", async || {
             let list = rpc_ok(
                 "ListWatchpoints",
@@ -312,20 +294,18 @@ async fn daemon_sigterm_leaves_the_target_running() -> Result<()> {
     daemon.finish(result)
 }
 
+both_backends!(daemon_sigterm_with_open_subscriber);
+
 /// j'. The same with a client still subscribed to the event stream (e.g. `wpctl events`): the
 /// daemon must end the stream and still exit 0 within 10 s.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn daemon_sigterm_with_open_subscriber() -> Result<()> {
-    if !require_root_perf() {
-        return Ok(());
-    }
+async fn daemon_sigterm_with_open_subscriber(backend: Backend) -> Result<()> {
     let mut daemon = Daemon::start().await?;
     let mut target = TargetProc::start(&["--threads", "8"]).await?;
     let result = async {
         let mut client = daemon.client().await?;
         let pid = target.pid;
         let mut events = EventStream::for_pid(&mut client, pid).await?;
-        set_watchpoint(&mut client, write_spec(pid, target.vars[0])).await?;
+        set_watchpoint(&mut client, write_spec(backend, pid, target.vars[0])).await?;
         events.collect_hits(10, Duration::from_secs(10)).await?;
 
         let status = daemon

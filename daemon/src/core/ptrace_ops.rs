@@ -88,11 +88,14 @@ impl Core {
                             // Attached by the kernel at clone: ours already.
                             Some(t) if t == me => {}
                             Some(t) => {
+                                // TracerPid names the tracing *thread*.
+                                let tracer = procfs::tgid_of(t).unwrap_or(t);
                                 return Err(WpdError::AlreadyTraced {
                                     pid: proc.pid,
                                     tid,
-                                    tracer: t,
-                                    comm: procfs::comm(t, t).unwrap_or_default(),
+                                    tracer,
+                                    tracer_tid: t,
+                                    comm: procfs::comm(tracer, tracer).unwrap_or_default(),
                                 });
                             }
                             None => {
@@ -127,6 +130,29 @@ impl Core {
         let pt = self.ptrace()?;
         let _rt = RealtimeGuard::enter();
         let spec = &watch.spec;
+        // A successful address poke makes the kernel reserve a slot until the
+        // thread exits or execs, even if the request is then refused. So
+        // that a refused request leaves nothing behind, check that every
+        // thread has a free slot first (one disabled perf breakpoint, opened
+        // and closed), except where the slot is one the kernel already holds
+        // for us.
+        if let Ok(perf) = self.perf() {
+            let mut full = Vec::new();
+            for r in res {
+                let retained = self
+                    .ledger
+                    .get(r.tid)
+                    .is_some_and(|row| row.retained & (1 << r.slot) != 0);
+                if !retained && perf.probe_free_slots(r.tid, 1) == Ok(0) {
+                    self.ledger.mark_foreign(*r);
+                    full.push(r.tid);
+                }
+            }
+            if !full.is_empty() {
+                self.ledger.rollback(res);
+                return Err(self.out_of_slots(proc.pid, full));
+            }
+        }
         let items: Vec<SlotProgram> = res
             .iter()
             .map(|r| SlotProgram {
@@ -305,6 +331,7 @@ impl TraceSink for Core {
             return Vec::new();
         };
         self.ledger.add_thread(pid, tid);
+        self.ledger.set_parent(tid, parent);
         let ids: Vec<u64> = proc.watches.lock().unwrap().iter().copied().collect();
         let mut out = Vec::new();
         for id in ids {
@@ -330,7 +357,6 @@ impl TraceSink for Core {
                 Err(_) => tracing::warn!(pid, tid, id, "new thread has no free slot"),
             }
         }
-        let _ = parent;
         out
     }
 

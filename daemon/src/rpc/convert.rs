@@ -314,7 +314,10 @@ mod tests {
     #[test]
     fn hit_actions_convert() {
         let mut s = spec(0x1000, 8, pb::Access::Write);
-        assert_eq!(WatchSpec::try_from(s.clone()).unwrap().action, HitAction::Log);
+        assert_eq!(
+            WatchSpec::try_from(s.clone()).unwrap().action,
+            HitAction::Log
+        );
         s.action = pb::HitAction::StopAll as i32;
         s.only_on_change = true;
         let d = WatchSpec::try_from(s.clone()).unwrap();

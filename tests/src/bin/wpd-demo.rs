@@ -20,8 +20,8 @@ use wpd_proto::v1::{
     StreamEventsRequest,
 };
 use wpd_tests::{
-    Client, Daemon, Event, EventStream, TargetProc, describe_status, find_bin, hit_value_u64,
-    rpc_ok, set_watchpoint_within, write_spec,
+    Backend, Client, Daemon, Event, EventStream, TargetProc, describe_status, find_bin,
+    hit_value_u64, rpc_ok, set_watchpoint_within, write_spec,
 };
 
 const USAGE: &str = "\
@@ -210,7 +210,8 @@ async fn demo(args: &Args, client: &mut Client) -> Result<()> {
         "setting a process-wide 8-byte write watchpoint on VARS[0]",
     );
     let started = Instant::now();
-    let spec = write_spec(target.pid, target.vars[0]);
+    // The daemon's default backend (perf), as a plain `wpctl watch` would get.
+    let spec = write_spec(Backend::Unspecified, target.pid, target.vars[0]);
     let resp = set_watchpoint_within(client, spec, Duration::from_secs(120)).await?;
     let rpc_wall = started.elapsed();
     let wp = resp.watchpoint.unwrap_or_default();

@@ -12,10 +12,13 @@
 //! | `write I V`      | the main thread stores V (decimal or 0x-hex) into `VARS[I]`  | `WROTE`                   |
 //! | `stop-workers`   | every worker (initial and spawned) exits and is joined        | `STOPPED remaining=K`     |
 //! | `ping`           | nothing                                                       | `PONG counter=C threads=K`|
+//! | `usr1count`      | nothing                                                       | `USR1 N`                  |
 //! | `quit` / EOF     | exit 0                                                        | `BYE` (quit only)         |
 //!
-//! Invalid commands get `ERR <reason>`. The program deliberately installs no SIGTRAP handler:
-//! a stray debug trap (a broken daemon) must kill it so that the tests notice.
+//! `USR1 N` is the number of SIGUSR1 its handler has run (on whichever thread the kernel
+//! picked): a tracer that swallowed or duplicated signals would show. Invalid commands get
+//! `ERR <reason>`. The program deliberately installs no SIGTRAP handler: a stray debug trap
+//! (a broken daemon) must kill it so that the tests notice.
 
 use std::cell::UnsafeCell;
 use std::hint;
@@ -70,6 +73,30 @@ static COUNTER: Counter = Counter(AtomicU64::new(0));
 
 /// Set while `stop-workers` asks every worker to leave its loop.
 static STOP: AtomicBool = AtomicBool::new(false);
+
+/// SIGUSR1 deliveries counted by [`on_usr1`].
+static USR1_COUNT: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn on_usr1(_sig: libc::c_int) {
+    // Async-signal-safe: one atomic add.
+    USR1_COUNT.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Installs [`on_usr1`] for SIGUSR1 (`SA_RESTART`: stdin reads and sleeps carry on).
+fn install_usr1_handler() -> io::Result<()> {
+    // SAFETY: a zeroed sigaction is a valid starting point; the handler only touches an
+    // atomic, which is async-signal-safe.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_usr1 as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        if libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
 
 /// Value the `spawn` threads store into `VARS[1]`.
 const SPAWN_MARK: u64 = 0xC0FFEE;
@@ -224,6 +251,7 @@ impl State {
                 format!("STOPPED remaining={}", task_count())
             }
             ["ping"] => format!("PONG counter={} threads={}", VARS[0].load(), task_count()),
+            ["usr1count"] => format!("USR1 {}", USR1_COUNT.load(Ordering::SeqCst)),
             _ => format!("ERR unknown command {line:?}"),
         };
         Some(reply)
@@ -245,6 +273,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+
+    // Before any thread exists, so that every thread can run the handler.
+    if let Err(e) = install_usr1_handler() {
+        eprintln!("wpd-target: cannot install the SIGUSR1 handler: {e}");
+        return ExitCode::from(1);
+    }
 
     let mut state = State {
         cfg,
