@@ -1098,6 +1098,100 @@ pub struct ForeignBreakpoint {
     pub tid: i32,
 }
 
+/// The perf syscalls the daemon makes to arm one thread on one CPU, made
+/// directly (the "floor" of the benchmarks): a sampling, inheritable write
+/// breakpoint on `(tid, cpu)`, its id, and its output redirected to
+/// `collector` (a per-CPU ring owner from [`floor_collector`]).
+pub fn floor_perf_arm(tid: i32, addr: u64, cpu: i32, collector: &OwnedFd) -> Result<OwnedFd> {
+    const ATTR_INHERIT: u64 = 1 << 1;
+    const PERF_EVENT_IOC_ID: libc::c_ulong = 0x8008_2407;
+    const PERF_EVENT_IOC_SET_OUTPUT: libc::c_ulong = 0x2405;
+    let attr = PerfEventAttr {
+        type_: PERF_TYPE_BREAKPOINT,
+        size: std::mem::size_of::<PerfEventAttr>() as u32,
+        sample_period: 1,
+        flags: ATTR_EXCLUDE_KERNEL | ATTR_EXCLUDE_HV | ATTR_INHERIT,
+        bp_type: HW_BREAKPOINT_W,
+        bp_addr: addr,
+        bp_len: 8,
+        ..Default::default()
+    };
+    let fd = perf_open(&attr, tid, cpu)?;
+    let mut id = 0u64;
+    // SAFETY: plain ioctls on descriptors we own; `id` is a valid out pointer.
+    unsafe {
+        libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_ID, &mut id as *mut u64);
+        libc::ioctl(
+            fd.as_raw_fd(),
+            PERF_EVENT_IOC_SET_OUTPUT,
+            collector.as_raw_fd(),
+        );
+    }
+    Ok(fd)
+}
+
+/// The thread-tracking event the daemon opens per thread and CPU at attach
+/// (a dummy software event reporting FORK/EXIT/COMM, inherited by new
+/// threads), output redirected to `collector`.
+pub fn floor_perf_track(tid: i32, cpu: i32, collector: &OwnedFd) -> Result<OwnedFd> {
+    const PERF_TYPE_SOFTWARE: u32 = 1;
+    const PERF_COUNT_SW_DUMMY: u64 = 9;
+    const PERF_EVENT_IOC_SET_OUTPUT: libc::c_ulong = 0x2405;
+    // inherit | comm | task | sample_id_all | comm_exec | inherit_thread
+    let bits = (1 << 1) | (1 << 9) | (1 << 13) | (1 << 18) | (1 << 24) | (1u64 << 35);
+    let attr = PerfEventAttr {
+        type_: PERF_TYPE_SOFTWARE,
+        size: std::mem::size_of::<PerfEventAttr>() as u32,
+        config: PERF_COUNT_SW_DUMMY,
+        flags: ATTR_EXCLUDE_KERNEL | ATTR_EXCLUDE_HV | bits,
+        ..Default::default()
+    };
+    let fd = perf_open(&attr, tid, cpu)?;
+    // SAFETY: plain ioctl on descriptors we own.
+    unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            PERF_EVENT_IOC_SET_OUTPUT,
+            collector.as_raw_fd(),
+        )
+    };
+    Ok(fd)
+}
+
+/// A per-CPU dummy event that owns output for [`floor_perf_arm`].
+pub fn floor_collector(cpu: i32) -> Result<OwnedFd> {
+    const PERF_TYPE_SOFTWARE: u32 = 1;
+    const PERF_COUNT_SW_DUMMY: u64 = 9;
+    let attr = PerfEventAttr {
+        type_: PERF_TYPE_SOFTWARE,
+        size: std::mem::size_of::<PerfEventAttr>() as u32,
+        config: PERF_COUNT_SW_DUMMY,
+        flags: ATTR_EXCLUDE_KERNEL | ATTR_EXCLUDE_HV,
+        ..Default::default()
+    };
+    perf_open(&attr, -1, cpu)
+}
+
+fn perf_open(attr: &PerfEventAttr, pid: i32, cpu: i32) -> Result<OwnedFd> {
+    // SAFETY: `attr` is a valid perf_event_attr of the size it declares.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            attr as *const PerfEventAttr,
+            pid as libc::pid_t,
+            cpu as libc::c_int,
+            -1 as libc::c_int,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("perf_event_open(pid {pid}, cpu {cpu})"));
+    }
+    // SAFETY: the kernel just returned this new descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
 impl ForeignBreakpoint {
     /// Opens a write breakpoint of `len` bytes at `addr` in thread `tid` (0: this thread).
     pub fn open(tid: i32, addr: u64, len: u64) -> Result<ForeignBreakpoint> {

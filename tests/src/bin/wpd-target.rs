@@ -13,6 +13,7 @@
 //! | `stop-workers`   | every worker (initial and spawned) exits and is joined        | `STOPPED remaining=K`     |
 //! | `ping`           | nothing                                                       | `PONG counter=C threads=K`|
 //! | `usr1count`      | nothing                                                       | `USR1 N`                  |
+//! | `bench-writes I N` | the main thread stores to `VARS[I]` N times, timed          | `BENCH ns=T`              |
 //! | `quit` / EOF     | exit 0                                                        | `BYE` (quit only)         |
 //!
 //! `USR1 N` is the number of SIGUSR1 its handler has run (on whichever thread the kernel
@@ -252,6 +253,16 @@ impl State {
             }
             ["ping"] => format!("PONG counter={} threads={}", VARS[0].load(), task_count()),
             ["usr1count"] => format!("USR1 {}", USR1_COUNT.load(Ordering::SeqCst)),
+            ["bench-writes", index, n] => match (index.parse::<usize>(), n.parse::<u64>()) {
+                (Ok(i), Ok(n)) if i < VARS.len() => {
+                    let start = Instant::now();
+                    for k in 0..n {
+                        VARS[i].store(k);
+                    }
+                    format!("BENCH ns={}", start.elapsed().as_nanos())
+                }
+                _ => format!("ERR usage: bench-writes <0..{}> <count>", VARS.len() - 1),
+            },
             _ => format!("ERR unknown command {line:?}"),
         };
         Some(reply)
