@@ -696,6 +696,19 @@ impl TargetProc {
         Ok(target)
     }
 
+    /// Makes the target exec itself (`exec N`: a fresh image with N workers)
+    /// and waits for the new image's READY line; `vars` are updated.
+    pub async fn exec(&mut self, workers: usize) -> Result<()> {
+        ensure!(self.owed == 0, "replies still owed before exec");
+        self.send(&format!("exec {workers}"))?;
+        let line = self
+            .read_line(TARGET_READY_TIMEOUT)
+            .await
+            .context("waiting for READY after exec")?;
+        self.owed = 0;
+        self.parse_ready(&line)
+    }
+
     fn parse_ready(&mut self, line: &str) -> Result<()> {
         ensure!(
             line.starts_with("READY "),

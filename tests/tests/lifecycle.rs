@@ -168,6 +168,70 @@ async fn process_exit_removes_everything(backend: Backend) -> Result<()> {
     )
 }
 
+both_backends!(exec_removes_watchpoints_and_keeps_tracking);
+
+/// exec replaces the program image: a watchpoint on the old image's address
+/// must not fire in unrelated code (perf drops it with `remove_on_exec`, the
+/// kernel clears ptrace registers). The daemon reports each as removed with
+/// reason "exec", the process stays attached, and new watchpoints work.
+async fn exec_removes_watchpoints_and_keeps_tracking(backend: Backend) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--threads", "3"]).await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let pid = target.pid;
+            let mut events = EventStream::for_pid(&mut client, pid).await?;
+            let id = set_watchpoint(&mut client, write_spec(backend, pid, target.vars[0]))
+                .await?
+                .watchpoint
+                .unwrap_or_default()
+                .id;
+            target.exec(2).await?;
+            ensure!(target.pid == pid, "exec keeps the pid");
+            events
+                .wait_for(Duration::from_secs(10), "WatchpointRemoved(exec)", |ev| {
+                    Ok(match ev {
+                        Event::WatchpointRemoved(r) if r.watchpoint_id == id => {
+                            ensure!(r.reason == "exec", "removed for {:?}, not exec", r.reason);
+                            Some(())
+                        }
+                        _ => None,
+                    })
+                })
+                .await?;
+            let list = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid }),
+            )
+            .await?;
+            ensure!(
+                list.watchpoints.is_empty(),
+                "still listed: {:?}",
+                list.watchpoints
+            );
+            ensure!(
+                list.processes.iter().any(|p| p.pid == pid),
+                "the process should stay attached: {:?}",
+                list.processes
+            );
+            // The new image is watched again like any process.
+            let resp =
+                set_watchpoint(&mut client, write_spec(backend, pid, target.vars[0])).await?;
+            let new_id = resp.watchpoint.unwrap_or_default().id;
+            let hits = events.collect_hits(3, Duration::from_secs(10)).await?;
+            ensure!(
+                hits.iter().all(|h| h.watchpoint_id == new_id),
+                "hits after exec must come from the new watchpoint: {hits:?}"
+            );
+            let pong = target.cmd("ping").await?;
+            ensure!(pong.starts_with("PONG"), "target after exec: {pong}");
+            Ok(())
+        }
+        .await,
+    )
+}
+
 both_backends!(detach_leaves_the_target_running);
 
 /// i. Detach removes every watchpoint and forgets the process, which keeps running.

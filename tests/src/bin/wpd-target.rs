@@ -14,6 +14,7 @@
 //! | `ping`           | nothing                                                       | `PONG counter=C threads=K`|
 //! | `usr1count`      | nothing                                                       | `USR1 N`                  |
 //! | `bench-writes I N` | the main thread stores to `VARS[I]` N times, timed          | `BENCH ns=T`              |
+//! | `exec N`         | exec itself with N workers (same pid)                         | a new `READY ...` line    |
 //! | `quit` / EOF     | exit 0                                                        | `BYE` (quit only)         |
 //!
 //! `USR1 N` is the number of SIGUSR1 its handler has run (on whichever thread the kernel
@@ -253,6 +254,16 @@ impl State {
             }
             ["ping"] => format!("PONG counter={} threads={}", VARS[0].load(), task_count()),
             ["usr1count"] => format!("USR1 {}", USR1_COUNT.load(Ordering::SeqCst)),
+            ["exec", n] => match n.parse::<usize>() {
+                Ok(n) => {
+                    use std::os::unix::process::CommandExt;
+                    let err = std::process::Command::new("/proc/self/exe")
+                        .args(["--threads", &n.to_string()])
+                        .exec();
+                    format!("ERR exec: {err}")
+                }
+                Err(_) => "ERR usage: exec <workers>".to_string(),
+            },
             ["bench-writes", index, n] => match (index.parse::<usize>(), n.parse::<u64>()) {
                 (Ok(i), Ok(n)) if i < VARS.len() => {
                     let start = Instant::now();
