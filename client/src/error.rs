@@ -118,6 +118,8 @@ pub enum Error {
     },
     /// Writing the output failed (a closed pipe is handled quietly).
     Output(io::Error),
+    /// A local problem with what was given (e.g. an unreadable token file).
+    Local(String),
 }
 
 impl Error {
@@ -174,6 +176,7 @@ impl Error {
             Error::Status { status, .. } => exit_for_code(status.code()),
             Error::Output(e) if e.kind() == io::ErrorKind::BrokenPipe => Exit::Ok,
             Error::Output(_) => Exit::Other,
+            Error::Local(_) => Exit::Usage,
         }
     }
 
@@ -218,6 +221,7 @@ impl Error {
                 }
             }
             Error::Output(e) => format!("cannot write output: {e}"),
+            Error::Local(m) => m.clone(),
         }
     }
 
@@ -230,6 +234,7 @@ impl Error {
                 Error::Timeout { .. } => "DEADLINE_EXCEEDED",
                 Error::Status { status, .. } => code_name(status.code()),
                 Error::Output(_) => "INTERNAL",
+                Error::Local(_) => "INVALID_ARGUMENT",
             },
             "message": self.message(),
             "reason": Value::Null,
@@ -241,7 +246,7 @@ impl Error {
             | Error::Status { endpoint, .. } => {
                 err["endpoint"] = json!(endpoint);
             }
-            Error::Output(_) => {}
+            Error::Output(_) | Error::Local(_) => {}
         }
         if let Error::Status { status, .. } = self
             && let Some(info) = status.get_details_error_info()

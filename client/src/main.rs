@@ -54,6 +54,17 @@ pub struct Cli {
     )]
     pub timeout: Duration,
 
+    /// File holding the daemon's token, sent as `authorization: Bearer` (TCP
+    /// endpoints; the Unix socket identifies callers by their credentials)
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "WPD_TOKEN_FILE",
+        value_name = "FILE"
+    )]
+    pub token_file: Option<std::path::PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -408,10 +419,23 @@ fn main() -> ExitCode {
             return ExitCode::from(Exit::Other as u8);
         }
     };
+    let token = match &cli.token_file {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(t) => Some(t.trim().to_string()),
+            Err(e) => {
+                let err =
+                    error::Error::Local(format!("cannot read token file {}: {e}", path.display()));
+                report(&err, cli.json);
+                return ExitCode::from(err.exit() as u8);
+            }
+        },
+        None => None,
+    };
     let ctx = Ctx {
         endpoint: cli.endpoint.clone(),
         json: cli.json,
         timeout: cli.timeout,
+        token,
     };
     match runtime.block_on(dispatch(&ctx, &cli.command)) {
         Ok(()) => ExitCode::SUCCESS,

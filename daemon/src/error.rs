@@ -103,6 +103,16 @@ pub enum WpdError {
         /// Tracer's command name.
         comm: String,
     },
+    /// A per-caller or daemon-wide limit was reached.
+    #[error("limit reached: {what} (limit {limit}); {hint}")]
+    LimitReached {
+        /// Which limit.
+        what: &'static str,
+        /// Its value.
+        limit: usize,
+        /// What to do.
+        hint: &'static str,
+    },
     /// The process exited while the request ran; nothing stays armed.
     #[error("process {0} exited during the request")]
     ProcessExited(Pid),

@@ -2,6 +2,7 @@
 //! `main.rs` only parses flags and calls [`server::run`].
 
 pub mod arch;
+pub mod authz;
 pub mod backend;
 pub mod core;
 pub mod error;

@@ -15,6 +15,35 @@ struct Args {
     /// Log filter (tracing-subscriber syntax), e.g. info or wpd=debug.
     #[arg(long, env = "WPD_LOG", default_value = "info")]
     log: String,
+    /// File holding the token TCP callers must send (`authorization: Bearer
+    /// <token>`). Required with --listen tcp://; keep it mode 0600.
+    #[arg(long, env = "WPD_TOKEN_FILE")]
+    token_file: Option<std::path::PathBuf>,
+    /// Mode of the Unix socket, octal (default 660). Every call is authorized
+    /// against the caller's uid: 666 lets every user watch its own processes.
+    #[arg(long, value_parser = parse_mode)]
+    socket_mode: Option<u32>,
+    /// Group (numeric gid) owning the Unix socket.
+    #[arg(long)]
+    socket_gid: Option<u32>,
+    /// Watchpoints one caller (uid) may hold.
+    #[arg(long, default_value_t = wpd::core::Limits::default().watchpoints_per_caller)]
+    max_watchpoints_per_caller: usize,
+    /// Processes attached at once.
+    #[arg(long, default_value_t = wpd::core::Limits::default().processes)]
+    max_processes: usize,
+    /// Event subscribers at once.
+    #[arg(long, default_value_t = wpd::core::Limits::default().subscribers)]
+    max_subscribers: usize,
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    let m = u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .map_err(|e| format!("{s:?} is not an octal mode: {e}"))?;
+    if m > 0o777 {
+        return Err(format!("mode {s} is larger than 777"));
+    }
+    Ok(m)
 }
 
 fn main() -> std::process::ExitCode {
@@ -49,7 +78,31 @@ async fn run() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    match wpd::server::run(listen).await {
+    let token = match &args.token_file {
+        Some(p) => match std::fs::read_to_string(p) {
+            Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
+            Ok(_) => {
+                eprintln!("wpd: token file {} is empty", p.display());
+                return std::process::ExitCode::from(2);
+            }
+            Err(e) => {
+                eprintln!("wpd: cannot read token file {}: {e}", p.display());
+                return std::process::ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
+    let opts = wpd::server::Options {
+        token,
+        socket_mode: args.socket_mode,
+        socket_gid: args.socket_gid,
+        limits: wpd::core::Limits {
+            watchpoints_per_caller: args.max_watchpoints_per_caller,
+            processes: args.max_processes,
+            subscribers: args.max_subscribers,
+        },
+    };
+    match wpd::server::run(listen, opts).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("wpd: {e:#}");

@@ -54,9 +54,11 @@ impl std::str::FromStr for Listen {
 /// How long open connections may take to finish after SIGTERM/SIGINT.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Mode of the Unix socket: owner (root) only, until per-caller
-/// authorization exists.
-pub const SOCKET_MODE: u32 = 0o600;
+/// Default mode of the Unix socket: owner and group. Every call is
+/// authorized against the caller's credentials (`authz`), so a wider mode
+/// (`--socket-mode 0666`) lets users watch their own processes and nothing
+/// else; the default keeps the door closed to those not in the group.
+pub const SOCKET_MODE: u32 = 0o660;
 
 fn raise_fd_limit() {
     let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
@@ -72,7 +74,11 @@ fn raise_fd_limit() {
     }
 }
 
-fn prepare_socket(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
+fn prepare_socket(
+    path: &Path,
+    mode: u32,
+    gid: Option<u32>,
+) -> anyhow::Result<tokio::net::UnixListener> {
     if let Some(dir) = path.parent()
         && !dir.as_os_str().is_empty()
     {
@@ -87,12 +93,35 @@ fn prepare_socket(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
     }
     let l = tokio::net::UnixListener::bind(path)
         .with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))?;
+    if let Some(gid) = gid {
+        std::os::unix::fs::chown(path, None, Some(gid))
+            .with_context(|| format!("chown {}", path.display()))?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     Ok(l)
 }
 
+/// Daemon settings beyond the listen address.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Token required from TCP callers (`authorization: Bearer ...`).
+    pub token: Option<String>,
+    /// Mode of the Unix socket (default [`SOCKET_MODE`]).
+    pub socket_mode: Option<u32>,
+    /// Group owning the Unix socket (by gid).
+    pub socket_gid: Option<u32>,
+    /// Limits.
+    pub limits: crate::core::Limits,
+}
+
 /// Runs the daemon until SIGTERM/SIGINT, then detaches from every process.
-pub async fn run(listen: Listen) -> anyhow::Result<()> {
+pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
+    if matches!(listen, Listen::Tcp(_)) && opts.token.as_deref().is_none_or(str::is_empty) {
+        bail!(
+            "TCP needs a token: start with --token-file PATH (callers send `authorization: Bearer <token>`); \
+             the Unix socket identifies callers by their credentials instead"
+        );
+    }
     raise_fd_limit();
     // A previous daemon killed with ptrace registers armed left targets that
     // die on their next hit: clear them before anything else.
@@ -105,7 +134,7 @@ pub async fn run(listen: Listen) -> anyhow::Result<()> {
             "cleared debug registers left armed by a previous daemon"
         );
     }
-    let core = Core::start();
+    let core = Core::start_with(opts.limits);
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<WatchpointsServer<Service>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
@@ -113,7 +142,10 @@ pub async fn run(listen: Listen) -> anyhow::Result<()> {
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("building reflection service")?;
-    let svc = WatchpointsServer::new(Service::new(core.clone()))
+    let auth = crate::rpc::auth::AuthConfig {
+        token: opts.token.as_deref().map(Into::into),
+    };
+    let svc = WatchpointsServer::new(Service::new(core.clone(), auth))
         .max_decoding_message_size(16 << 20)
         .max_encoding_message_size(64 << 20);
     let router = Server::builder()
@@ -141,7 +173,11 @@ pub async fn run(listen: Listen) -> anyhow::Result<()> {
     };
     let result = match &listen {
         Listen::Unix(path) => {
-            let l = prepare_socket(path)?;
+            let l = prepare_socket(
+                path,
+                opts.socket_mode.unwrap_or(SOCKET_MODE),
+                opts.socket_gid,
+            )?;
             eprintln!("wpd: listening on unix:{}", path.display());
             let serve = router.serve_with_incoming_shutdown(UnixListenerStream::new(l), shutdown);
             let r = tokio::select! { r = serve => r, _ = deadline => Ok(()) };

@@ -653,9 +653,23 @@ impl TargetProc {
         Self::start_bin(&bin, args).await
     }
 
+    /// Like [`TargetProc::start`], running as user `uid` (group = uid).
+    pub async fn start_as(uid: u32, args: &[&str]) -> Result<TargetProc> {
+        let bin = find_bin("wpd-target")?;
+        Self::spawn_bin(&bin, args, Some(uid)).await
+    }
+
     /// Starts the given `wpd-target` binary with `args` and waits for `READY`.
     pub async fn start_bin(bin: &Path, args: &[&str]) -> Result<TargetProc> {
+        Self::spawn_bin(bin, args, None).await
+    }
+
+    async fn spawn_bin(bin: &Path, args: &[&str], uid: Option<u32>) -> Result<TargetProc> {
         let mut cmd = Command::new(bin);
+        if let Some(uid) = uid {
+            use std::os::unix::process::CommandExt as _;
+            cmd.uid(uid).gid(uid);
+        }
         cmd.args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -1957,8 +1971,16 @@ pub struct CmdOutput {
 
 /// Runs `wpctl` with `args`; kills it and fails after `timeout`.
 pub async fn run_wpctl(args: &[&str], timeout: Duration) -> Result<CmdOutput> {
+    run_wpctl_as(None, args, timeout).await
+}
+
+/// Like [`run_wpctl`], as user `uid` (group = uid) when given.
+pub async fn run_wpctl_as(uid: Option<u32>, args: &[&str], timeout: Duration) -> Result<CmdOutput> {
     let bin = bin_path("wpctl");
     let mut cmd = tokio::process::Command::new(&bin);
+    if let Some(uid) = uid {
+        cmd.uid(uid).gid(uid);
+    }
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

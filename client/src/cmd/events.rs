@@ -17,6 +17,7 @@ pub async fn run(ctx: &Ctx, args: &EventsArgs) -> Result<(), Error> {
         watchpoint_ids: args.ids.clone(),
         hits_only: args.hits_only,
     };
+    let request = ctx.request(request)?;
     let mut client = ctx.connect().await?;
     let endpoint = &ctx.endpoint.text;
     // Only opening the stream is bounded by --timeout; the stream itself is not.

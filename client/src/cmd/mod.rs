@@ -31,6 +31,8 @@ pub struct Ctx {
     pub json: bool,
     /// `--timeout` for connecting and for each unary call.
     pub timeout: Duration,
+    /// Bearer token (from `--token-file`), sent with every call.
+    pub token: Option<String>,
 }
 
 impl Ctx {
@@ -62,7 +64,7 @@ impl Ctx {
         Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
     {
         let client = self.connect().await?;
-        let mut request = tonic::Request::new(message);
+        let mut request = self.request(message)?;
         request.set_timeout(self.timeout);
         let timeout = || Error::Timeout {
             endpoint: self.endpoint.text.clone(),
@@ -75,6 +77,20 @@ impl Ctx {
             Ok(Err(status)) => Err(Error::from_status(&self.endpoint.text, status)),
             Err(_) => Err(timeout()),
         }
+    }
+}
+
+impl Ctx {
+    /// A request carrying the token, if any.
+    pub fn request<Q>(&self, message: Q) -> Result<tonic::Request<Q>, Error> {
+        let mut request = tonic::Request::new(message);
+        if let Some(token) = &self.token {
+            let value = format!("Bearer {token}").parse().map_err(|_| {
+                Error::Local("the token file holds characters not allowed in a header".into())
+            })?;
+            request.metadata_mut().insert("authorization", value);
+        }
+        Ok(request)
     }
 }
 

@@ -70,6 +70,8 @@ pub struct Watch {
     last_value: Mutex<Option<Vec<u8>>>,
     /// Backend holding it.
     pub backend: BackendKind,
+    /// uid of the caller that set it (for per-caller limits).
+    pub owner: u32,
     /// Events we opened explicitly, by thread. Kept until the watchpoint is
     /// removed: closing one also removes its inherited copies.
     events: Mutex<Vec<(Tid, ThreadEvents)>>,
@@ -179,8 +181,31 @@ pub struct Stats {
     pub uptime: Duration,
 }
 
+/// Resource limits (every one has a specific error when reached).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Watchpoints one caller (uid) may hold at once.
+    pub watchpoints_per_caller: usize,
+    /// Processes attached at once.
+    pub processes: usize,
+    /// Event subscribers at once.
+    pub subscribers: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            watchpoints_per_caller: 4096,
+            processes: 1024,
+            subscribers: 256,
+        }
+    }
+}
+
 /// The daemon core.
 pub struct Core {
+    /// Limits.
+    pub limits: Limits,
     /// Slot accounting.
     pub ledger: Ledger,
     /// Event fan-out.
@@ -250,8 +275,13 @@ fn perf_err(e: PerfError) -> WpdError {
 }
 
 impl Core {
-    /// Builds the core and starts its drain and reconcile threads.
+    /// Builds the core with default limits.
     pub fn start() -> Arc<Core> {
+        Self::start_with(Limits::default())
+    }
+
+    /// Builds the core and starts its drain and reconcile threads.
+    pub fn start_with(limits: Limits) -> Arc<Core> {
         let perf = PerfBackend::new().map_err(|e| {
             format!(
                 "{} failed ({}): the perf backend needs CAP_PERFMON or root for its per-CPU rings (perf_event_paranoid={})",
@@ -264,6 +294,7 @@ impl Core {
             tracing::warn!("{e}");
         }
         let core = Arc::new_cyclic(|weak: &std::sync::Weak<Core>| Core {
+            limits,
             ptrace: ptrace_ops::start_ptrace(weak.clone()),
             ledger: Ledger::new(),
             bus: EventBus::default(),
@@ -349,6 +380,7 @@ impl Core {
         self: &Arc<Self>,
         pid: Pid,
         backend: Option<BackendKind>,
+        _caller_uid: u32,
     ) -> Result<(Arc<Process>, bool), WpdError> {
         if let Some(p) = self.procs.get(&pid).map(|p| p.clone()) {
             if let Some(asked) = backend
@@ -364,6 +396,13 @@ impl Core {
         }
         let backend = self.check_backend(backend)?;
         procfs::check_process(pid)?;
+        if self.procs.len() >= self.limits.processes {
+            return Err(WpdError::LimitReached {
+                what: "attached processes",
+                limit: self.limits.processes,
+                hint: "detach a process first",
+            });
+        }
         let proc = Arc::new(Process {
             pid,
             backend,
@@ -488,6 +527,23 @@ impl Core {
         self.save_state();
     }
 
+    /// The process a watchpoint belongs to.
+    pub fn watch_pid(&self, id: u64) -> Option<Pid> {
+        self.watches.get(&id).map(|w| w.spec.pid)
+    }
+
+    /// Refuses a new subscriber over the limit.
+    pub fn check_subscriber_limit(&self) -> Result<(), WpdError> {
+        if self.bus.subscribers() >= self.limits.subscribers {
+            return Err(WpdError::LimitReached {
+                what: "event subscribers",
+                limit: self.limits.subscribers,
+                hint: "close another event stream first",
+            });
+        }
+        Ok(())
+    }
+
     /// Ends every event stream (first step of shutdown).
     pub fn close_streams(&self) {
         self.bus.close();
@@ -509,10 +565,19 @@ impl Core {
     pub fn set_watchpoint(
         self: &Arc<Self>,
         spec: WatchSpec,
+        owner: u32,
     ) -> Result<(WatchView, Duration), WpdError> {
         let t_start = Instant::now();
         arch::validate(spec.addr, spec.len.bytes(), spec.access)?;
-        let (proc, _) = self.attach(spec.pid, spec.backend)?;
+        let held = self.watches.iter().filter(|w| w.owner == owner).count();
+        if held >= self.limits.watchpoints_per_caller {
+            return Err(WpdError::LimitReached {
+                what: "watchpoints per caller",
+                limit: self.limits.watchpoints_per_caller,
+                hint: "remove some first",
+            });
+        }
+        let (proc, _) = self.attach(spec.pid, spec.backend, owner)?;
         if let Some(asked) = spec.backend
             && asked != proc.backend
         {
@@ -565,6 +630,7 @@ impl Core {
             hits: AtomicU64::new(0),
             last_value: Mutex::new(None),
             backend: proc.backend,
+            owner,
             events: Mutex::new(Vec::new()),
         });
         if spec.only_on_change {

@@ -5,6 +5,7 @@
 //! Architecture Invariant: no ptrace/perf syscall runs on a tokio worker;
 //! no lock is held across `.await`.
 
+pub mod auth;
 pub mod convert;
 pub mod status;
 
@@ -18,22 +19,36 @@ use wpd_proto::v1 as pb;
 use wpd_proto::v1::watchpoints_server::Watchpoints;
 
 use crate::arch;
+use crate::authz::{self, Caller};
 use crate::core::Core;
 use crate::error::WpdError;
 use crate::events::EventKind;
-use crate::model::{BackendKind, WatchId, WatchSpec};
+use crate::model::{BackendKind, Pid, WatchId, WatchSpec};
 
 /// The service.
 #[derive(Debug, Clone)]
 pub struct Service {
     core: Arc<Core>,
+    auth: Arc<auth::AuthConfig>,
 }
 
 impl Service {
     /// A service over `core`.
-    pub fn new(core: Arc<Core>) -> Self {
-        Service { core }
+    pub fn new(core: Arc<Core>, auth: auth::AuthConfig) -> Self {
+        Service {
+            core,
+            auth: Arc::new(auth),
+        }
     }
+
+    fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
+        auth::caller(&self.auth, req)
+    }
+}
+
+/// Checks that `caller` may act on `pid` (see `authz`).
+fn allow(caller: &Caller, pid: Pid) -> Result<(), Status> {
+    authz::check(caller, pid).map_err(|e| status::to_status(&e))
 }
 
 /// Runs a blocking core call off the async workers.
@@ -52,8 +67,9 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<pb::StreamEventsResponse, St
 impl Watchpoints for Service {
     async fn get_capabilities(
         &self,
-        _req: Request<pb::GetCapabilitiesRequest>,
+        req: Request<pb::GetCapabilitiesRequest>,
     ) -> Result<Response<pb::GetCapabilitiesResponse>, Status> {
+        self.caller(&req)?;
         let backends = self
             .core
             .backends()
@@ -89,12 +105,14 @@ impl Watchpoints for Service {
         &self,
         req: Request<pb::AttachRequest>,
     ) -> Result<Response<pb::AttachResponse>, Status> {
+        let caller = self.caller(&req)?;
         let r = req.into_inner();
         let pid = convert::pid(r.pid).map_err(|e| status::to_status(&e))?;
         let backend = convert::backend(r.backend).map_err(|e| status::to_status(&e))?;
+        allow(&caller, pid)?;
         let core = self.core.clone();
         let (view, newly) = blocking(move || {
-            let (_, newly) = core.attach(pid, backend)?;
+            let (_, newly) = core.attach(pid, backend, caller.uid)?;
             core.process_view(pid)
                 .map(|v| (v, newly))
                 .ok_or(WpdError::ProcessExited(pid))
@@ -110,7 +128,9 @@ impl Watchpoints for Service {
         &self,
         req: Request<pb::DetachRequest>,
     ) -> Result<Response<pb::DetachResponse>, Status> {
+        let caller = self.caller(&req)?;
         let pid = convert::pid(req.into_inner().pid).map_err(|e| status::to_status(&e))?;
+        allow(&caller, pid)?;
         let core = self.core.clone();
         let (w, t) = blocking(move || core.detach(pid)).await?;
         Ok(Response::new(pb::DetachResponse {
@@ -123,12 +143,14 @@ impl Watchpoints for Service {
         &self,
         req: Request<pb::SetWatchpointRequest>,
     ) -> Result<Response<pb::SetWatchpointResponse>, Status> {
+        let caller = self.caller(&req)?;
         let spec = req.into_inner().spec.ok_or_else(|| {
             status::to_status(&WpdError::InvalidArgument("spec is required".into()))
         })?;
         let spec = WatchSpec::try_from(spec).map_err(|e| status::to_status(&e))?;
+        allow(&caller, spec.pid)?;
         let core = self.core.clone();
-        let (view, took) = blocking(move || core.set_watchpoint(spec)).await?;
+        let (view, took) = blocking(move || core.set_watchpoint(spec, caller.uid)).await?;
         tracing::info!(
             id = view.id.0,
             pid = view.spec.pid,
@@ -146,7 +168,13 @@ impl Watchpoints for Service {
         &self,
         req: Request<pb::RemoveWatchpointRequest>,
     ) -> Result<Response<pb::RemoveWatchpointResponse>, Status> {
+        let caller = self.caller(&req)?;
         let id = req.into_inner().id;
+        let pid = self
+            .core
+            .watch_pid(id)
+            .ok_or_else(|| status::to_status(&WpdError::NoSuchWatchpoint(id)))?;
+        allow(&caller, pid)?;
         let core = self.core.clone();
         let view = blocking(move || core.remove_watchpoint(id)).await?;
         Ok(Response::new(pb::RemoveWatchpointResponse {
@@ -158,13 +186,22 @@ impl Watchpoints for Service {
         &self,
         req: Request<pb::ListWatchpointsRequest>,
     ) -> Result<Response<pb::ListWatchpointsResponse>, Status> {
+        let caller = self.caller(&req)?;
         let pid = req.into_inner().pid;
         if pid < 0 {
             return Err(status::to_status(&WpdError::InvalidArgument(format!(
                 "pid must be 0 (all) or positive, got {pid}"
             ))));
         }
-        let (ws, ps) = self.core.list((pid > 0).then_some(pid));
+        if pid > 0 {
+            allow(&caller, pid)?;
+        }
+        let (mut ws, mut ps) = self.core.list((pid > 0).then_some(pid));
+        // A caller sees only the processes it could trace itself.
+        if !caller.privileged {
+            ps.retain(|p| authz::check(&caller, p.pid).is_ok());
+            ws.retain(|w| ps.iter().any(|p| p.pid == w.spec.pid));
+        }
         Ok(Response::new(pb::ListWatchpointsResponse {
             watchpoints: ws.iter().map(Into::into).collect(),
             processes: ps.iter().map(Into::into).collect(),
@@ -175,8 +212,10 @@ impl Watchpoints for Service {
         &self,
         req: Request<pb::ListThreadsRequest>,
     ) -> Result<Response<pb::ListThreadsResponse>, Status> {
+        let caller = self.caller(&req)?;
         let r = req.into_inner();
         let pid = convert::pid(r.pid).map_err(|e| status::to_status(&e))?;
+        allow(&caller, pid)?;
         let core = self.core.clone();
         let threads = blocking(move || core.threads(pid, &r.tids, r.probe)).await?;
         Ok(Response::new(pb::ListThreadsResponse {
@@ -192,6 +231,7 @@ impl Watchpoints for Service {
         &self,
         req: Request<pb::StreamEventsRequest>,
     ) -> Result<Response<Self::StreamEventsStream>, Status> {
+        let caller = self.caller(&req)?;
         let r = req.into_inner();
         if r.pid < 0 {
             return Err(status::to_status(&WpdError::InvalidArgument(format!(
@@ -199,7 +239,16 @@ impl Watchpoints for Service {
                 r.pid
             ))));
         }
+        if r.pid > 0 {
+            allow(&caller, r.pid)?;
+        }
+        self.core
+            .check_subscriber_limit()
+            .map_err(|e| status::to_status(&e))?;
         let mut rx = self.core.bus.subscribe();
+        // Per-pid permission decisions of this subscriber (processes come
+        // and go; a decision is made once per pid).
+        let mut visible: std::collections::HashMap<Pid, bool> = std::collections::HashMap::new();
         let core = self.core.clone();
         let ids: Vec<WatchId> = r.watchpoint_ids.iter().map(|&i| WatchId(i)).collect();
         let (tx, out) = tokio::sync::mpsc::channel::<Result<pb::StreamEventsResponse, Status>>(256);
@@ -215,6 +264,15 @@ impl Watchpoints for Service {
                         let global = matches!(ev.kind, EventKind::RecordsLost { .. });
                         if r.pid != 0 && ev.kind.pid() != r.pid && !global {
                             continue;
+                        }
+                        if !global && !caller.privileged {
+                            let pid = ev.kind.pid();
+                            let ok = *visible
+                                .entry(pid)
+                                .or_insert_with(|| authz::check(&caller, pid).is_ok());
+                            if !ok {
+                                continue;
+                            }
                         }
                         match &ev.kind {
                             EventKind::Hit(h) if !ids.is_empty() && !ids.contains(&h.id) => {
@@ -252,8 +310,10 @@ impl Watchpoints for Service {
         &self,
         req: Request<pb::ResumeRequest>,
     ) -> Result<Response<pb::ResumeResponse>, Status> {
+        let caller = self.caller(&req)?;
         let r = req.into_inner();
         let pid = convert::pid(r.pid).map_err(|e| status::to_status(&e))?;
+        allow(&caller, pid)?;
         let core = self.core.clone();
         let resumed = blocking(move || core.resume(pid, &r.tids)).await?;
         Ok(Response::new(pb::ResumeResponse { resumed }))
@@ -261,8 +321,9 @@ impl Watchpoints for Service {
 
     async fn get_stats(
         &self,
-        _req: Request<pb::GetStatsRequest>,
+        req: Request<pb::GetStatsRequest>,
     ) -> Result<Response<pb::GetStatsResponse>, Status> {
+        self.caller(&req)?;
         let s = self.core.stats();
         Ok(Response::new(pb::GetStatsResponse {
             processes: s.processes,

@@ -51,6 +51,7 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
         WpdError::BackendMismatch { .. } => (Code::FailedPrecondition, "BACKEND_MISMATCH"),
         WpdError::ProcessExited(_) => (Code::NotFound, "PROCESS_EXITED"),
         WpdError::AlreadyTraced { .. } => (Code::FailedPrecondition, "ALREADY_TRACED"),
+        WpdError::LimitReached { .. } => (Code::ResourceExhausted, "LIMIT_REACHED"),
         WpdError::Kernel { .. } => (Code::Internal, "KERNEL_ERROR"),
     }
 }
@@ -164,6 +165,20 @@ mod tests {
             Code::Internal,
             "KERNEL_ERROR",
             "open failed",
+        );
+    }
+
+    #[test]
+    fn limits_map_to_resource_exhausted() {
+        check(
+            WpdError::LimitReached {
+                what: "watchpoints per caller",
+                limit: 8,
+                hint: "remove some",
+            },
+            Code::ResourceExhausted,
+            "LIMIT_REACHED",
+            "watchpoints per caller (limit 8)",
         );
     }
 

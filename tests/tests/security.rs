@@ -1,0 +1,243 @@
+//! Authorization: a caller may act on a process only where the kernel would
+//! let that caller ptrace it. Callers and targets run as unprivileged users
+//! (uids 65534 and 65533, started by the test); the daemon runs as root.
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use wpd_tests::{Daemon, TargetProc, require_root_perf, run_wpctl_as};
+
+const NOBODY: u32 = 65534;
+const OTHER: u32 = 65533;
+const T: Duration = Duration::from_secs(20);
+
+/// A daemon whose socket every user may connect to: authorization alone
+/// decides.
+async fn open_daemon() -> Result<Daemon> {
+    let d = Daemon::start_with_args(&["--socket-mode", "666"]).await?;
+    // The socket's directory must be reachable by the unprivileged users.
+    if let Some(dir) = std::path::Path::new(d.endpoint().trim_start_matches("unix:")).parent() {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(d)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_watch_their_own_processes_and_nothing_else() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let yama = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").unwrap_or_default();
+    if yama.trim().parse::<u32>().unwrap_or(0) >= 1 {
+        // With Yama scope ≥ 1 the kernel itself forbids an unprivileged user
+        // to trace a process it did not start: the owner case cannot pass.
+        eprintln!(
+            "SKIP: kernel.yama.ptrace_scope={} forbids the unprivileged owner case",
+            yama.trim()
+        );
+        return Ok(());
+    }
+    let daemon = open_daemon().await?;
+    let mine = TargetProc::start_as(NOBODY, &["--threads", "2"]).await?;
+    let roots = TargetProc::start(&["--threads", "2"]).await?;
+    let ep = daemon.endpoint();
+    let result = async {
+        let addr = format!("{:#x}", mine.vars[0]);
+        let pid = mine.pid.to_string();
+        // The owner may watch its own process.
+        let ok = run_wpctl_as(
+            Some(NOBODY),
+            &["--endpoint", &ep, "watch", "--pid", &pid, "--addr", &addr],
+            T,
+        )
+        .await?;
+        ensure!(ok.code == Some(0), "owner watch: {ok:?}");
+        // Another user may not: exit 7 (permission denied), one line naming the uid.
+        let other = run_wpctl_as(
+            Some(OTHER),
+            &["--endpoint", &ep, "watch", "--pid", &pid, "--addr", &addr],
+            T,
+        )
+        .await?;
+        ensure!(
+            other.code == Some(7),
+            "other user's watch must be denied: {other:?}"
+        );
+        ensure!(
+            other.stderr.contains("uid 65533"),
+            "message should say why: {other:?}"
+        );
+        ensure!(
+            other.stderr.trim().lines().count() == 1,
+            "one line: {other:?}"
+        );
+        // ... nor list it, see its threads or remove its watchpoint.
+        let list = run_wpctl_as(Some(OTHER), &["--endpoint", &ep, "--json", "list"], T).await?;
+        ensure!(list.code == Some(0), "{list:?}");
+        let v: serde_json::Value = serde_json::from_str(&list.stdout)?;
+        ensure!(
+            v["watchpoints"].as_array().is_some_and(|a| a.is_empty()),
+            "another user must not see the watchpoint: {}",
+            list.stdout
+        );
+        let threads = run_wpctl_as(
+            Some(OTHER),
+            &["--endpoint", &ep, "threads", "--pid", &pid],
+            T,
+        )
+        .await?;
+        ensure!(
+            threads.code == Some(7),
+            "threads of another user's process: {threads:?}"
+        );
+        let unwatch = run_wpctl_as(Some(OTHER), &["--endpoint", &ep, "unwatch", "1"], T).await?;
+        ensure!(
+            unwatch.code == Some(7),
+            "unwatch of another user's watchpoint: {unwatch:?}"
+        );
+        // An unprivileged user may not watch a root process.
+        let root_pid = roots.pid.to_string();
+        let root_addr = format!("{:#x}", roots.vars[0]);
+        let denied = run_wpctl_as(
+            Some(NOBODY),
+            &[
+                "--endpoint",
+                &ep,
+                "watch",
+                "--pid",
+                &root_pid,
+                "--addr",
+                &root_addr,
+            ],
+            T,
+        )
+        .await?;
+        ensure!(
+            denied.code == Some(7),
+            "watching a root process: {denied:?}"
+        );
+        // The owner still sees its own watchpoint, and only that.
+        let own = run_wpctl_as(Some(NOBODY), &["--endpoint", &ep, "--json", "list"], T).await?;
+        let v: serde_json::Value = serde_json::from_str(&own.stdout)?;
+        let ws = v["watchpoints"].as_array().cloned().unwrap_or_default();
+        ensure!(
+            ws.len() == 1,
+            "owner should see exactly its watchpoint: {}",
+            own.stdout
+        );
+        // Events: the other user's stream carries none of this process's hits.
+        let ev = run_wpctl_as(
+            Some(OTHER),
+            &["--endpoint", &ep, "events", "--count", "1", "--hits-only"],
+            Duration::from_secs(3),
+        )
+        .await;
+        ensure!(
+            ev.is_err(),
+            "another user must not receive the hits: {ev:?}"
+        );
+        let mine_ev = run_wpctl_as(
+            Some(NOBODY),
+            &["--endpoint", &ep, "events", "--count", "3", "--hits-only"],
+            T,
+        )
+        .await?;
+        ensure!(
+            mine_ev.code == Some(0) && mine_ev.stdout.lines().count() == 3,
+            "owner events: {mine_ev:?}"
+        );
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// TCP: refused without a token; with one, every call must carry it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_requires_a_token() -> Result<()> {
+    use std::process::Stdio;
+    let wpd = wpd_tests::find_bin("wpd")?;
+    let dir = std::env::temp_dir().join(format!("wpd-tcp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let token = dir.join("token");
+    std::fs::write(&token, "correct-horse-battery-staple\n")?;
+    let wrong = dir.join("wrong");
+    std::fs::write(&wrong, "correct-horse-battery-stapler\n")?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let listen = format!("tcp://127.0.0.1:{port}");
+    let state = dir.join("state");
+
+    // Without a token the daemon refuses to listen on TCP at all.
+    let no_token = tokio::process::Command::new(&wpd)
+        .args(["--listen", &listen])
+        .env("WPD_STATE_FILE", &state)
+        .stderr(Stdio::piped())
+        .output()
+        .await?;
+    let err = String::from_utf8_lossy(&no_token.stderr);
+    ensure!(
+        !no_token.status.success() && err.contains("token"),
+        "{no_token:?}"
+    );
+    // Nor on a non-loopback address (no TLS yet).
+    let wide = tokio::process::Command::new(&wpd)
+        .args(["--listen", "tcp://0.0.0.0:1", "--token-file"])
+        .arg(&token)
+        .stderr(Stdio::piped())
+        .output()
+        .await?;
+    ensure!(
+        String::from_utf8_lossy(&wide.stderr).contains("only loopback"),
+        "{wide:?}"
+    );
+
+    let mut daemon = tokio::process::Command::new(&wpd)
+        .args(["--listen", &listen, "--token-file"])
+        .arg(&token)
+        .env("WPD_STATE_FILE", &state)
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let ep = listen.clone();
+    let result = async {
+        // Wait for the daemon (the token is needed even for caps).
+        let token_arg = token.to_string_lossy().to_string();
+        let mut up = false;
+        for _ in 0..100 {
+            let r = run_wpctl_as(
+                None,
+                &["--endpoint", &ep, "--token-file", &token_arg, "caps"],
+                T,
+            )
+            .await?;
+            if r.code == Some(0) {
+                up = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        ensure!(up, "daemon on {ep} did not come up");
+        let none = run_wpctl_as(None, &["--endpoint", &ep, "caps"], T).await?;
+        ensure!(none.code == Some(7), "no token must be refused: {none:?}");
+        let wrong_arg = wrong.to_string_lossy().to_string();
+        let bad = run_wpctl_as(
+            None,
+            &["--endpoint", &ep, "--token-file", &wrong_arg, "list"],
+            T,
+        )
+        .await?;
+        ensure!(
+            bad.code == Some(7) && bad.stderr.contains("invalid token"),
+            "{bad:?}"
+        );
+        Ok(())
+    }
+    .await;
+    let _ = daemon.start_kill();
+    let _ = daemon.wait().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
