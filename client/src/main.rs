@@ -65,6 +65,16 @@ pub struct Cli {
     )]
     pub token_file: Option<std::path::PathBuf>,
 
+    /// PEM file of the CA that signed the daemon's certificate (https:// endpoints)
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "WPD_TLS_CA",
+        value_name = "FILE"
+    )]
+    pub tls_ca: Option<std::path::PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -431,11 +441,24 @@ fn main() -> ExitCode {
         },
         None => None,
     };
+    let tls_ca_pem = match &cli.tls_ca {
+        Some(path) => match std::fs::read(path) {
+            Ok(pem) => Some(pem),
+            Err(e) => {
+                let err =
+                    error::Error::Local(format!("cannot read CA file {}: {e}", path.display()));
+                report(&err, cli.json);
+                return ExitCode::from(err.exit() as u8);
+            }
+        },
+        None => None,
+    };
     let ctx = Ctx {
         endpoint: cli.endpoint.clone(),
         json: cli.json,
         timeout: cli.timeout,
         token,
+        connect: wpd_proto::connect::Options { tls_ca_pem },
     };
     match runtime.block_on(dispatch(&ctx, &cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
@@ -606,6 +629,7 @@ mod tests {
         );
         check("unix:///tmp/w.sock", Ok(Target::Unix("/tmp/w.sock".into())));
         check("/tmp/w.sock", Ok(Target::Unix("/tmp/w.sock".into())));
+        check("https://h:9", Ok(Target::Tls("https://h:9".into())));
         check(
             "tcp://127.0.0.1:7000",
             Ok(Target::Tcp("http://127.0.0.1:7000".into())),

@@ -23,6 +23,13 @@ struct Args {
     /// against the caller's uid: 666 lets every user watch its own processes.
     #[arg(long, value_parser = parse_mode)]
     socket_mode: Option<u32>,
+    /// PEM certificate chain for TLS on TCP (with --tls-key). Required to
+    /// listen on a non-loopback address.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
     /// Group (numeric gid) owning the Unix socket.
     #[arg(long)]
     socket_gid: Option<u32>,
@@ -92,7 +99,18 @@ async fn run() -> std::process::ExitCode {
         },
         None => None,
     };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => match (std::fs::read(c), std::fs::read(k)) {
+            (Ok(c), Ok(k)) => Some((c, k)),
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("wpd: cannot read the TLS certificate or key: {e}");
+                return std::process::ExitCode::from(2);
+            }
+        },
+        _ => None,
+    };
     let opts = wpd::server::Options {
+        tls,
         token,
         socket_mode: args.socket_mode,
         socket_gid: args.socket_gid,

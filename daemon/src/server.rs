@@ -35,11 +35,6 @@ impl std::str::FromStr for Listen {
             let addr: SocketAddr = a
                 .parse()
                 .map_err(|e| format!("bad tcp address {a:?}: {e}"))?;
-            if !addr.ip().is_loopback() {
-                return Err(format!(
-                    "refusing to listen on {addr}: only loopback addresses are allowed until TLS and token authentication are configured"
-                ));
-            }
             Ok(Listen::Tcp(addr))
         } else if s.starts_with('/') {
             Ok(Listen::Unix(s.into()))
@@ -112,15 +107,42 @@ pub struct Options {
     pub socket_gid: Option<u32>,
     /// Limits.
     pub limits: crate::core::Limits,
+    /// PEM certificate chain and key for TLS on TCP.
+    pub tls: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Refuses listener set-ups that would expose the daemon: TCP without a
+/// token, a non-loopback address without TLS, TLS on a Unix socket.
+pub fn check_listen(listen: &Listen, opts: &Options) -> Result<(), String> {
+    match listen {
+        Listen::Tcp(addr) => {
+            if opts.token.as_deref().is_none_or(str::is_empty) {
+                return Err(
+                    "TCP needs a token: start with --token-file PATH (callers send \
+                     `authorization: Bearer <token>`); the Unix socket identifies callers by their \
+                     credentials instead"
+                        .into(),
+                );
+            }
+            if !addr.ip().is_loopback() && opts.tls.is_none() {
+                return Err(format!(
+                    "refusing to listen on {addr} without TLS: only loopback addresses may be used \
+                     without --tls-cert/--tls-key (the token would travel in clear)"
+                ));
+            }
+            Ok(())
+        }
+        Listen::Unix(_) if opts.tls.is_some() => {
+            Err("--tls-cert/--tls-key apply to TCP listeners only".into())
+        }
+        Listen::Unix(_) => Ok(()),
+    }
 }
 
 /// Runs the daemon until SIGTERM/SIGINT, then detaches from every process.
 pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
-    if matches!(listen, Listen::Tcp(_)) && opts.token.as_deref().is_none_or(str::is_empty) {
-        bail!(
-            "TCP needs a token: start with --token-file PATH (callers send `authorization: Bearer <token>`); \
-             the Unix socket identifies callers by their credentials instead"
-        );
+    if let Err(e) = check_listen(&listen, &opts) {
+        bail!("{e}");
     }
     raise_fd_limit();
     // A previous daemon killed with ptrace registers armed left targets that
@@ -148,7 +170,14 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
     let svc = WatchpointsServer::new(Service::new(core.clone(), auth))
         .max_decoding_message_size(16 << 20)
         .max_encoding_message_size(64 << 20);
-    let router = Server::builder()
+    let mut builder = Server::builder();
+    if let Some((cert, key)) = &opts.tls {
+        let identity = tonic::transport::Identity::from_pem(cert, key);
+        builder = builder
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .context("TLS configuration")?;
+    }
+    let router = builder
         .add_service(health_svc)
         .add_service(reflection)
         .add_service(svc);
@@ -217,11 +246,33 @@ mod tests {
             "tcp://127.0.0.1:5000".parse::<Listen>(),
             Ok(Listen::Tcp(_))
         ));
+        let wide: Listen = "tcp://0.0.0.0:5000".parse().unwrap();
+        let local: Listen = "tcp://127.0.0.1:5000".parse().unwrap();
+        let token = Options {
+            token: Some("t".into()),
+            ..Default::default()
+        };
+        let tls = Options {
+            tls: Some((vec![], vec![])),
+            ..token.clone()
+        };
         assert!(
-            "tcp://0.0.0.0:5000"
-                .parse::<Listen>()
+            check_listen(&local, &Options::default())
                 .unwrap_err()
-                .contains("only loopback")
+                .contains("needs a token")
+        );
+        assert!(check_listen(&local, &token).is_ok());
+        assert!(
+            check_listen(&wide, &token)
+                .unwrap_err()
+                .contains("without TLS")
+        );
+        assert!(check_listen(&wide, &tls).is_ok());
+        let unix: Listen = "unix:/x".parse().unwrap();
+        assert!(
+            check_listen(&unix, &tls)
+                .unwrap_err()
+                .contains("TCP listeners only")
         );
         assert!("tcp://nonsense".parse::<Listen>().is_err());
         assert!("unix:".parse::<Listen>().is_err());

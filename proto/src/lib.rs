@@ -27,14 +27,23 @@ pub mod connect {
 
     use crate::v1::watchpoints_client::WatchpointsClient;
 
-    /// Where a daemon listens, parsed from `unix:PATH`, a bare path, or
-    /// `tcp://HOST:PORT` / `http://HOST:PORT`.
+    /// Where a daemon listens, parsed from `unix:PATH`, a bare path,
+    /// `tcp://HOST:PORT` / `http://HOST:PORT`, or `https://HOST:PORT` (TLS).
     #[derive(Debug, Clone, PartialEq, Eq)]
     pub enum Target {
         /// A Unix domain socket path.
         Unix(std::path::PathBuf),
         /// A TCP address, as an `http://host:port` URI.
         Tcp(String),
+        /// A TCP address with TLS, as an `https://host:port` URI.
+        Tls(String),
+    }
+
+    /// How to connect beyond the address.
+    #[derive(Debug, Clone, Default)]
+    pub struct Options {
+        /// PEM of the CA that signed the daemon's certificate (`https://`).
+        pub tls_ca_pem: Option<Vec<u8>>,
     }
 
     impl std::str::FromStr for Target {
@@ -46,6 +55,11 @@ pub mod connect {
                     return Err("empty unix socket path".into());
                 }
                 Ok(Target::Unix(p.into()))
+            } else if let Some(hp) = s.strip_prefix("https://") {
+                if hp.is_empty() || !hp.contains(':') {
+                    return Err(format!("https endpoint needs HOST:PORT, got {s:?}"));
+                }
+                Ok(Target::Tls(format!("https://{hp}")))
             } else if let Some(hp) = s
                 .strip_prefix("tcp://")
                 .or_else(|| s.strip_prefix("http://"))
@@ -66,7 +80,26 @@ pub mod connect {
 
     /// Opens a channel to the daemon. Fails fast (5 s) when nobody listens.
     pub async fn channel(target: &Target) -> Result<Channel, tonic::transport::Error> {
+        channel_with(target, &Options::default()).await
+    }
+
+    /// Like [`channel`], with TLS settings.
+    pub async fn channel_with(
+        target: &Target,
+        opts: &Options,
+    ) -> Result<Channel, tonic::transport::Error> {
         match target {
+            Target::Tls(uri) => {
+                let mut tls = tonic::transport::ClientTlsConfig::new();
+                if let Some(ca) = &opts.tls_ca_pem {
+                    tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(ca));
+                }
+                Endpoint::from_shared(uri.clone())?
+                    .tls_config(tls)?
+                    .connect_timeout(Duration::from_secs(5))
+                    .connect()
+                    .await
+            }
             Target::Tcp(uri) => {
                 Endpoint::from_shared(uri.clone())?
                     .connect_timeout(Duration::from_secs(5))
@@ -94,7 +127,15 @@ pub mod connect {
     pub async fn client(
         target: &Target,
     ) -> Result<WatchpointsClient<Channel>, tonic::transport::Error> {
-        Ok(WatchpointsClient::new(channel(target).await?)
+        client_with(target, &Options::default()).await
+    }
+
+    /// Like [`client`], with TLS settings.
+    pub async fn client_with(
+        target: &Target,
+        opts: &Options,
+    ) -> Result<WatchpointsClient<Channel>, tonic::transport::Error> {
+        Ok(WatchpointsClient::new(channel_with(target, opts).await?)
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20))
     }

@@ -190,7 +190,7 @@ async fn tcp_requires_a_token() -> Result<()> {
         .output()
         .await?;
     ensure!(
-        String::from_utf8_lossy(&wide.stderr).contains("only loopback"),
+        String::from_utf8_lossy(&wide.stderr).contains("without TLS"),
         "{wide:?}"
     );
 
@@ -232,6 +232,116 @@ async fn tcp_requires_a_token() -> Result<()> {
         ensure!(
             bad.code == Some(7) && bad.stderr.contains("invalid token"),
             "{bad:?}"
+        );
+        Ok(())
+    }
+    .await;
+    let _ = daemon.start_kill();
+    let _ = daemon.wait().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// TLS on TCP: a client that trusts the daemon's certificate and holds the
+/// token gets in; plaintext and untrusted clients do not. (Loopback only:
+/// tests never listen beyond this machine.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_token_on_tcp() -> Result<()> {
+    use std::process::Stdio;
+    let wpd = wpd_tests::find_bin("wpd")?;
+    let dir = std::env::temp_dir().join(format!("wpd-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let key = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])?;
+    let (cert_pem, key_pem) = (key.cert.pem(), key.signing_key.serialize_pem());
+    let other = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()])?;
+    let paths = [
+        ("cert.pem", cert_pem),
+        ("key.pem", key_pem),
+        ("other.pem", other.cert.pem()),
+        ("token", "tls-token\n".into()),
+    ];
+    for (name, text) in &paths {
+        std::fs::write(dir.join(name), text)?;
+    }
+    let p = |n: &str| dir.join(n).to_string_lossy().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut daemon = tokio::process::Command::new(&wpd)
+        .args(["--listen", &format!("tcp://127.0.0.1:{port}")])
+        .args([
+            "--token-file",
+            &p("token"),
+            "--tls-cert",
+            &p("cert.pem"),
+            "--tls-key",
+            &p("key.pem"),
+        ])
+        .env("WPD_STATE_FILE", dir.join("state"))
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let tls_ep = format!("https://127.0.0.1:{port}");
+    let plain_ep = format!("tcp://127.0.0.1:{port}");
+    let result = async {
+        let good = [
+            "--endpoint",
+            &tls_ep,
+            "--tls-ca",
+            &p("cert.pem"),
+            "--token-file",
+            &p("token"),
+            "caps",
+        ];
+        let mut up = false;
+        for _ in 0..100 {
+            if run_wpctl_as(None, &good, T).await?.code == Some(0) {
+                up = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        ensure!(
+            up,
+            "TLS daemon on {tls_ep} never answered a trusted client with the token"
+        );
+        let plain = run_wpctl_as(
+            None,
+            &["--endpoint", &plain_ep, "--token-file", &p("token"), "caps"],
+            T,
+        )
+        .await?;
+        ensure!(
+            plain.code != Some(0),
+            "plaintext must not work on a TLS listener: {plain:?}"
+        );
+        let untrusted = run_wpctl_as(
+            None,
+            &[
+                "--endpoint",
+                &tls_ep,
+                "--tls-ca",
+                &p("other.pem"),
+                "--token-file",
+                &p("token"),
+                "caps",
+            ],
+            T,
+        )
+        .await?;
+        ensure!(
+            untrusted.code == Some(3),
+            "an untrusted certificate must fail the connection: {untrusted:?}"
+        );
+        let no_token = run_wpctl_as(
+            None,
+            &["--endpoint", &tls_ep, "--tls-ca", &p("cert.pem"), "caps"],
+            T,
+        )
+        .await?;
+        ensure!(
+            no_token.code == Some(7),
+            "TLS does not replace the token: {no_token:?}"
         );
         Ok(())
     }

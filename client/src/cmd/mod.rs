@@ -33,6 +33,8 @@ pub struct Ctx {
     pub timeout: Duration,
     /// Bearer token (from `--token-file`), sent with every call.
     pub token: Option<String>,
+    /// TLS settings (`--tls-ca`).
+    pub connect: wpd_proto::connect::Options,
 }
 
 impl Ctx {
@@ -41,7 +43,7 @@ impl Ctx {
         let ep = &self.endpoint.text;
         match tokio::time::timeout(
             self.timeout,
-            wpd_proto::connect::client(&self.endpoint.target),
+            wpd_proto::connect::client_with(&self.endpoint.target, &self.connect),
         )
         .await
         {
