@@ -4,13 +4,15 @@
 //! Locking rules:
 //! 1. Per-thread state lives in `threads`, a sharded `DashMap` keyed by tid:
 //!    lookup is O(1) average and only the tid's shard is locked.
-//! 2. `procs` maps a pid to the (sharded) set of its tids, so process-wide operations
-//!    visit only that process's threads. It is locked per pid shard, and never
-//!    while a `threads` guard is held (always `procs` first, released, then
-//!    `threads`), so there is no lock-order cycle.
+//! 2. `procs` maps a pid to the (sharded) set of its tids, so process-wide
+//!    operations visit only that process's threads. Lock order: a `threads`
+//!    guard may be held while taking a `procs` guard (a row is indexed and
+//!    unindexed under its own guard, so readers see both or neither), never
+//!    the reverse, so there is no lock-order cycle.
 //! 3. No guard is held across a syscall or an `.await`: callers reserve,
 //!    do the syscall, then commit or roll back.
-//! 4. Every guard's hold time is recorded in `hold` (a lock-free histogram).
+//! 4. One guard in [`HOLD_SAMPLE`] has its hold time recorded in `hold` (a
+//!    lock-free histogram), per OS thread.
 //!
 //! Slots are a 4-bit occupancy bitmap per thread; a free slot is
 //! `!(ours | pending | foreign) & ALL`, found with `trailing_zeros`.
@@ -89,7 +91,7 @@ impl ThreadSlots {
                 let bit = 1 << s;
                 if self.ours & bit != 0 {
                     Some(Holder::Ours(WatchId(self.holder[s])))
-                } else if self.pending & bit != 0 {
+                } else if (self.pending | self.uncertain) & bit != 0 {
                     Some(Holder::Pending(WatchId(self.holder[s])))
                 } else if self.foreign & bit != 0 {
                     Some(Holder::Foreign)
@@ -110,6 +112,14 @@ pub struct Reservation {
     pub tid: Tid,
     /// Slot index.
     pub slot: u8,
+    /// Watchpoint it is for (a stale reservation of another id is ignored).
+    pub id: WatchId,
+}
+
+impl Reservation {
+    fn holds(&self, row: &ThreadSlots) -> bool {
+        row.pending & (1 << self.slot) != 0 && row.holder[self.slot as usize] == self.id.0
+    }
 }
 
 /// How a new thread relates to one of its creator's inheritable watchpoints.
@@ -230,26 +240,24 @@ impl Ledger {
     /// Starts tracking `tid` of `pid` with no slots known. Returns false if
     /// it was already tracked (nothing changes then).
     pub fn add_thread(&self, pid: Pid, tid: Tid) -> bool {
-        let inserted = {
-            let _t = self.timed();
-            match self.threads.entry(tid) {
-                dashmap::Entry::Occupied(_) => false,
-                dashmap::Entry::Vacant(v) => {
-                    let mut row = ThreadSlots::new(pid, 0);
-                    if let Some((p, bits)) = self.retained.get(&tid).map(|r| *r)
-                        && p == pid
-                    {
-                        row.retained = bits;
-                    }
-                    v.insert(row);
-                    true
+        let _t = self.timed();
+        match self.threads.entry(tid) {
+            dashmap::Entry::Occupied(_) => false,
+            dashmap::Entry::Vacant(v) => {
+                let mut row = ThreadSlots::new(pid, 0);
+                if let Some((p, bits)) = self.retained.get(&tid).map(|r| *r)
+                    && p == pid
+                {
+                    row.retained = bits;
                 }
+                // Indexed while the row's guard is held, so that a
+                // concurrent remove_thread sees both or neither.
+                let guard = v.insert(row);
+                self.index_insert(pid, tid);
+                drop(guard);
+                true
             }
-        };
-        if inserted {
-            self.index_insert(pid, tid);
         }
-        inserted
     }
 
     /// Records who created `tid` (ptrace learns it at clone).
@@ -277,21 +285,28 @@ impl Ledger {
                 if (p.inheritable & (p.ours | p.pending | p.uncertain)) & bit == 0 {
                     continue;
                 }
-                row.holder[s] = p.holder[s];
-                if p.ours & bit == 0 {
+                let verdict = if p.ours & bit == 0 {
                     // Being armed on the parent right now, or itself unknown.
-                    row.uncertain |= bit;
-                    continue;
-                }
-                match classify(time, p.absent_before[s], p.certain_from[s]) {
+                    Inheritance::Unknown
+                } else {
+                    classify(time, p.absent_before[s], p.certain_from[s])
+                };
+                match verdict {
                     Inheritance::Inherited => {
+                        row.holder[s] = p.holder[s];
                         row.ours |= bit;
                         row.inheritable |= bit;
                         row.certain_from[s] = time;
                         row.absent_before[s] = time;
                     }
                     Inheritance::Missing => {}
-                    _ => row.uncertain |= bit,
+                    Inheritance::Unknown => {
+                        // Inheritable too: if it did inherit, so do the
+                        // threads this one creates.
+                        row.holder[s] = p.holder[s];
+                        row.uncertain |= bit;
+                        row.inheritable |= bit;
+                    }
                 }
             }
         }
@@ -300,29 +315,32 @@ impl Ledger {
             match self.threads.entry(tid) {
                 dashmap::Entry::Occupied(_) => false,
                 dashmap::Entry::Vacant(v) => {
-                    v.insert(row.clone());
+                    let guard = v.insert(row.clone());
+                    self.index_insert(pid, tid);
+                    drop(guard);
                     true
                 }
             }
         };
-        if !inserted {
-            return None;
-        }
-        self.index_insert(pid, tid);
-        Some(row)
+        inserted.then_some(row)
     }
 
     /// Forgets a thread (it exited). Returns its last row.
     pub fn remove_thread(&self, tid: Tid) -> Option<ThreadSlots> {
         let row = {
             let _t = self.timed();
-            self.threads.remove(&tid).map(|(_, r)| r)
+            match self.threads.entry(tid) {
+                dashmap::Entry::Vacant(_) => None,
+                dashmap::Entry::Occupied(o) => {
+                    // Unindexed under the row's guard (see add_thread).
+                    if let Some(set) = self.procs.get(&o.get().pid) {
+                        set.remove(&tid);
+                    }
+                    Some(o.remove())
+                }
+            }
         }?;
         self.retained.remove(&tid);
-        let _t = self.timed();
-        if let Some(set) = self.procs.get(&row.pid) {
-            set.remove(&tid);
-        }
         Some(row)
     }
 
@@ -419,6 +437,9 @@ impl Ledger {
                 // Slots marked foreign may have been freed since: the kernel
                 // decides (reserve → syscall → commit or roll back).
                 free = row.foreign & !busy & ALL;
+                if backend == BackendKind::Perf {
+                    free &= !row.retained;
+                }
             }
             if free == 0 {
                 conflicts.push(SlotConflict {
@@ -433,7 +454,7 @@ impl Ledger {
             if inheritable {
                 row.inheritable |= 1 << slot;
             }
-            got.push(Reservation { tid, slot });
+            got.push(Reservation { tid, slot, id });
         }
         if conflicts.is_empty() {
             Ok(got)
@@ -450,7 +471,9 @@ impl Ledger {
     pub fn commit(&self, res: &[Reservation], inheritable: Option<&[(u64, u64)]>) {
         for (i, r) in res.iter().enumerate() {
             let _t = self.timed();
-            if let Some(mut row) = self.threads.get_mut(&r.tid) {
+            if let Some(mut row) = self.threads.get_mut(&r.tid)
+                && r.holds(&row)
+            {
                 let bit = 1 << r.slot;
                 row.pending &= !bit;
                 row.foreign &= !bit;
@@ -468,13 +491,13 @@ impl Ledger {
     pub fn rollback(&self, res: &[Reservation]) {
         for r in res {
             let _t = self.timed();
-            if let Some(mut row) = self.threads.get_mut(&r.tid) {
+            if let Some(mut row) = self.threads.get_mut(&r.tid)
+                && r.holds(&row)
+            {
                 let bit = 1 << r.slot;
-                if row.pending & bit != 0 {
-                    row.pending &= !bit;
-                    row.inheritable &= !bit;
-                    row.holder[r.slot as usize] = 0;
-                }
+                row.pending &= !bit;
+                row.inheritable &= !bit;
+                row.holder[r.slot as usize] = 0;
             }
         }
     }
@@ -482,7 +505,9 @@ impl Ledger {
     /// The kernel said ENOSPC for `r`: its slot is held by someone else.
     pub fn mark_foreign(&self, r: Reservation) {
         let _t = self.timed();
-        if let Some(mut row) = self.threads.get_mut(&r.tid) {
+        if let Some(mut row) = self.threads.get_mut(&r.tid)
+            && r.holds(&row)
+        {
             let bit = 1 << r.slot;
             row.pending &= !bit;
             row.inheritable &= !bit;

@@ -426,6 +426,15 @@ impl Core {
             BackendKind::Perf => self.track_all_threads(&proc),
             BackendKind::Ptrace => self.seize_all_threads(&proc),
         };
+        if tracked.is_ok() {
+            // A thread that exited between the scan and its tracking may
+            // have had its exit handled first: drop such rows.
+            for tid in self.ledger.tids(pid) {
+                if !procfs::is_thread_of(pid, tid) {
+                    self.ledger.remove_thread(tid);
+                }
+            }
+        }
         if let Err(e) = tracked {
             drop(_op);
             self.forget_process(&proc);

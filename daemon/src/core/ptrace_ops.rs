@@ -174,6 +174,7 @@ impl Core {
             let res = Reservation {
                 tid: p.tid,
                 slot: p.slot,
+                id: watch.id,
             };
             match r {
                 ProgramResult::Done => ok.push(res),
@@ -363,13 +364,16 @@ impl TraceSink for Core {
     fn thread_armed(&self, pid: Pid, tid: Tid, results: &[(SlotProgram, ProgramResult)]) {
         let mut armed = Vec::new();
         for (p, r) in results {
-            let res = Reservation { tid, slot: p.slot };
+            let Some((_, _, id)) = p.arm else { continue };
+            let res = Reservation {
+                tid,
+                slot: p.slot,
+                id: WatchId(id),
+            };
             match r {
                 ProgramResult::Done => {
                     self.ledger.commit(&[res], None);
-                    if let Some((_, _, id)) = p.arm {
-                        armed.push(WatchId(id));
-                    }
+                    armed.push(WatchId(id));
                 }
                 ProgramResult::NoSpace => self.ledger.mark_foreign(res),
                 _ => self.ledger.rollback(&[res]),

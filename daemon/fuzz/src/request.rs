@@ -1,0 +1,256 @@
+//! `decode_spec`: arbitrary bytes → a prost request → the daemon's wire →
+//! domain conversions (`wpd::rpc::convert`).
+//!
+//! Input layout: the first byte picks the request type ([`Kind::from_byte`],
+//! modulo 5), the rest is the protobuf encoding of that request.
+//!
+//! Oracle for `WatchpointSpec` → `WatchSpec`: an independent reference
+//! verdict written from the proto comments and the x86-64 rules (not from
+//! `arch::x86_64`), so over-rejection is caught as well as over-acceptance;
+//! when the conversion succeeds, every documented invariant of the domain
+//! value; and `spec_to_pb` round-trips through the wire back to an equal
+//! value. Every error goes through [`crate::status::check`].
+
+use std::fmt::Debug;
+
+use prost::Message;
+use wpd::model::{Access, BackendKind, HitAction, Scope, WatchSpec};
+use wpd::rpc::convert;
+use wpd_proto::v1 as pb;
+
+use crate::status;
+
+/// First byte after the end of user space on x86-64 with 4-level paging
+/// (`TASK_SIZE_MAX`). Written out here on purpose: the oracle must not take
+/// its limit from the code under test.
+pub const USER_END: u64 = 0x7fff_ffff_f000;
+
+/// Which request an input holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `SetWatchpointRequest` (the only one carrying a `WatchpointSpec`).
+    SetWatchpoint = 0,
+    /// `AttachRequest`.
+    Attach = 1,
+    /// `ListThreadsRequest`.
+    ListThreads = 2,
+    /// `ResumeRequest`.
+    Resume = 3,
+    /// `StreamEventsRequest`.
+    StreamEvents = 4,
+}
+
+impl Kind {
+    /// Every kind, in selector order.
+    pub const ALL: [Kind; 5] = [
+        Kind::SetWatchpoint,
+        Kind::Attach,
+        Kind::ListThreads,
+        Kind::Resume,
+        Kind::StreamEvents,
+    ];
+
+    /// The kind a selector byte picks (any byte is valid).
+    pub fn from_byte(b: u8) -> Kind {
+        Kind::ALL[usize::from(b) % Kind::ALL.len()]
+    }
+}
+
+/// Frames a request as a `decode_spec` input (selector byte + encoding).
+pub fn frame(kind: Kind, msg: &impl Message) -> Vec<u8> {
+    let mut v = vec![kind as u8];
+    msg.encode(&mut v).expect("a Vec grows as needed");
+    v
+}
+
+/// The `decode_spec` target: never panics unless a property is violated.
+pub fn check(data: &[u8]) {
+    let Some((&selector, body)) = data.split_first() else {
+        return;
+    };
+    match Kind::from_byte(selector) {
+        Kind::SetWatchpoint => set_watchpoint(body),
+        Kind::Attach => {
+            if let Some(r) = decode::<pb::AttachRequest>(body) {
+                check_pid(r.pid);
+                check_backend(r.backend);
+            }
+        }
+        Kind::ListThreads => {
+            if let Some(r) = decode::<pb::ListThreadsRequest>(body) {
+                check_pid(r.pid);
+            }
+        }
+        Kind::Resume => {
+            if let Some(r) = decode::<pb::ResumeRequest>(body) {
+                check_pid(r.pid);
+            }
+        }
+        Kind::StreamEvents => {
+            // Validated inline by the handler (pid ≥ 0); only the wire part here.
+            let _ = decode::<pb::StreamEventsRequest>(body);
+        }
+    }
+}
+
+/// Decodes `body`; on success also checks that prost's re-encoding has the
+/// announced length and decodes back to the same message.
+fn decode<M: Message + Default + PartialEq + Debug>(body: &[u8]) -> Option<M> {
+    let m = M::decode(body).ok()?;
+    let again = m.encode_to_vec();
+    assert_eq!(again.len(), m.encoded_len(), "encoded_len lies for {m:?}");
+    let m2 = M::decode(again.as_slice()).expect("prost's own encoding must decode");
+    assert_eq!(m, m2, "decode(encode(m)) != m");
+    Some(m)
+}
+
+fn check_pid(p: i32) {
+    match convert::pid(p) {
+        Ok(got) => {
+            assert!(p > 0, "pid {p} accepted");
+            assert_eq!(got, p);
+        }
+        Err(e) => {
+            assert!(p <= 0, "positive pid {p} refused: {e}");
+            status::check(&e);
+        }
+    }
+}
+
+fn check_backend(b: i32) {
+    match convert::backend(b) {
+        Ok(None) => assert_eq!(b, 0, "backend {b} read as unspecified"),
+        Ok(Some(k)) => assert_eq!(convert::backend_to_pb(k) as i32, b, "backend {b} → {k:?}"),
+        Err(e) => {
+            assert!(!(0..=2).contains(&b), "known backend {b} refused: {e}");
+            status::check(&e);
+        }
+    }
+}
+
+fn set_watchpoint(body: &[u8]) {
+    let Some(req) = decode::<pb::SetWatchpointRequest>(body) else {
+        return;
+    };
+    let Some(spec) = req.spec else {
+        // What the handler answers for a missing spec.
+        status::check(&wpd::error::WpdError::InvalidArgument(
+            "spec is required".into(),
+        ));
+        return;
+    };
+    let verdict = reference(&spec);
+    match WatchSpec::try_from(spec.clone()) {
+        Ok(ws) => {
+            if let Err(rule) = verdict {
+                panic!("accepted a spec that breaks {rule}: {spec:?} → {ws:?}");
+            }
+            check_valid(&spec, &ws);
+            round_trip(&ws);
+        }
+        Err(e) => {
+            if verdict.is_ok() {
+                panic!("refused a valid spec {spec:?}: {e}");
+            }
+            status::check(&e);
+        }
+    }
+}
+
+/// Reference verdict: which documented rule, if any, `s` breaks.
+pub fn reference(s: &pb::WatchpointSpec) -> Result<(), &'static str> {
+    if s.pid <= 0 {
+        return Err("pid > 0");
+    }
+    let exec = match s.access {
+        1 | 2 => false, // write, read-write
+        3 => true,      // exec
+        _ => return Err("access ∈ {write, rw, exec}"),
+    };
+    if !matches!(s.length, 1 | 2 | 4 | 8) {
+        return Err("length ∈ {1,2,4,8}");
+    }
+    if exec && s.length != 1 {
+        return Err("exec ⇒ length 1");
+    }
+    if !s.address.is_multiple_of(u64::from(s.length)) {
+        return Err("address aligned to length");
+    }
+    if u128::from(s.address) + u128::from(s.length) > u128::from(USER_END) {
+        return Err("address + length ≤ 0x7ffffffff000");
+    }
+    if s.tids.iter().any(|&t| t <= 0) {
+        return Err("tids > 0");
+    }
+    if !(0..=2).contains(&s.backend) {
+        return Err("backend known");
+    }
+    if !(0..=3).contains(&s.action) {
+        return Err("hit action known");
+    }
+    Ok(())
+}
+
+/// Invariants of an accepted spec, and agreement with the wire value.
+fn check_valid(s: &pb::WatchpointSpec, w: &WatchSpec) {
+    assert!(w.pid > 0 && w.pid == s.pid, "pid {} from {}", w.pid, s.pid);
+    assert_eq!(w.addr, s.address, "address changed");
+    let len = w.len.bytes();
+    assert!(matches!(len, 1 | 2 | 4 | 8), "length {len}");
+    assert_eq!(len, s.length, "length changed");
+    assert!(w.addr.is_multiple_of(u64::from(len)), "{:#x} misaligned", w.addr);
+    assert!(
+        u128::from(w.addr) + u128::from(len) <= u128::from(USER_END),
+        "{:#x}+{len} past user space",
+        w.addr
+    );
+    let want_access = match s.access {
+        1 => Access::Write,
+        2 => Access::ReadWrite,
+        _ => Access::Exec,
+    };
+    assert_eq!(w.access, want_access);
+    if w.access == Access::Exec {
+        assert_eq!(len, 1, "exec watchpoint of length {len}");
+    }
+    match &w.scope {
+        Scope::Process => assert!(s.tids.is_empty(), "tids {:?} became process-wide", s.tids),
+        Scope::Threads(t) => {
+            assert!(!t.is_empty(), "empty thread list");
+            assert!(t.iter().all(|&t| t > 0), "non-positive tid in {t:?}");
+            assert!(t.windows(2).all(|p| p[0] < p[1]), "not sorted/deduplicated: {t:?}");
+            let mut want = s.tids.clone();
+            want.sort_unstable();
+            want.dedup();
+            assert_eq!(*t, want, "thread set changed");
+        }
+    }
+    let want_backend = match s.backend {
+        0 => None,
+        1 => Some(BackendKind::Perf),
+        _ => Some(BackendKind::Ptrace),
+    };
+    assert_eq!(w.backend, want_backend);
+    let want_action = match s.action {
+        0 | 1 => HitAction::Log,
+        2 => HitAction::Stop,
+        _ => HitAction::StopAll,
+    };
+    assert_eq!(w.action, want_action);
+    assert_eq!(w.only_on_change, s.only_on_change);
+}
+
+/// domain → wire → bytes → wire → domain gives the same value.
+fn round_trip(w: &WatchSpec) {
+    let req = pb::SetWatchpointRequest {
+        spec: Some(convert::spec_to_pb(w)),
+    };
+    let bytes = req.encode_to_vec();
+    let back = pb::SetWatchpointRequest::decode(bytes.as_slice())
+        .expect("encoded request must decode")
+        .spec
+        .expect("spec survives encoding");
+    let w2 = WatchSpec::try_from(back.clone())
+        .unwrap_or_else(|e| panic!("spec_to_pb({w:?}) = {back:?} is refused: {e}"));
+    assert_eq!(&w2, w, "round trip changed the spec");
+}

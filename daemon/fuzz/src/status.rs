@@ -1,0 +1,344 @@
+//! `status_mapping`: every `WpdError` variant, with fuzzed fields, through
+//! `wpd::rpc::status::to_status`.
+//!
+//! Properties: no panic; the code is never OK and is the one `code_of`
+//! names; the message is the error's `Display`, is non-empty, and survives
+//! the trip through the `grpc-message` header (percent-encoded, visible
+//! ASCII only, so one header line whatever Unicode or control characters the
+//! fields hold); the `ErrorInfo` detail carries the reason and domain; for
+//! `OutOfSlots` the metadata names every thread.
+
+use arbitrary::Arbitrary;
+use tonic::codegen::http::HeaderMap;
+use tonic::{Code, Status};
+use tonic_types::StatusExt;
+use wpd::arch::SpecError;
+use wpd::error::{Holder, SlotConflict, WpdError};
+use wpd::model::{BackendKind, WatchId};
+use wpd::rpc::status::{DOMAIN, code_of, to_status};
+
+/// Texts for the `&'static str` fields (the fuzzer picks by index): the
+/// daemon's own kind of text plus awkward ones.
+pub const STATIC_TEXTS: &[&str] = &[
+    "",
+    "x86_64",
+    "it is in the kernel half of the address space",
+    "user addresses end at 0x7ffffffff000",
+    "watchpoints per caller",
+    "remove some",
+    "line one\nline two\r\n",
+    "tab\there, nul\0, del\x7f, esc\x1b[31m",
+    "üñíçødé ✓ 🦀 \u{202e}rtl\u{202c} \u{feff}",
+    "%2F%25 percent-encoded-looking",
+];
+
+/// A `&'static str` chosen by the fuzzer from [`STATIC_TEXTS`].
+#[derive(Debug, Clone, Copy, Arbitrary)]
+pub struct StaticText(pub u8);
+
+impl StaticText {
+    /// The chosen text.
+    pub fn get(self) -> &'static str {
+        STATIC_TEXTS[usize::from(self.0) % STATIC_TEXTS.len()]
+    }
+}
+
+/// A backend.
+#[derive(Debug, Clone, Copy, Arbitrary)]
+pub enum BackendInput {
+    /// perf.
+    Perf,
+    /// ptrace.
+    Ptrace,
+}
+
+impl From<BackendInput> for BackendKind {
+    fn from(b: BackendInput) -> Self {
+        match b {
+            BackendInput::Perf => BackendKind::Perf,
+            BackendInput::Ptrace => BackendKind::Ptrace,
+        }
+    }
+}
+
+/// A slot holder.
+#[derive(Debug, Clone, Arbitrary)]
+pub enum HolderInput {
+    /// One of ours.
+    Ours(u64),
+    /// Someone else.
+    Foreign,
+    /// In flight.
+    Pending(u64),
+    /// Kept by the kernel.
+    Retained,
+}
+
+/// A thread without a free slot.
+#[derive(Debug, Clone, Arbitrary)]
+pub struct ConflictInput {
+    /// Thread.
+    pub tid: i32,
+    /// Who holds its slots.
+    pub holders: Vec<HolderInput>,
+}
+
+/// An architecture refusal.
+#[derive(Debug, Clone, Arbitrary)]
+pub enum SpecInput {
+    /// Unsupported length.
+    BadLength(u32),
+    /// Misaligned address.
+    Misaligned {
+        /// Address.
+        addr: u64,
+        /// Length.
+        len: u32,
+    },
+    /// Exec with length ≠ 1.
+    ExecLength(u32),
+    /// Not a user address.
+    NotUserAddress {
+        /// Address.
+        addr: u64,
+        /// Which limit.
+        why: StaticText,
+    },
+    /// No read-only watchpoints.
+    NoReadOnly(StaticText),
+    /// Access missing.
+    NoAccess,
+}
+
+/// One `WpdError` of any variant, every field fuzzed.
+#[derive(Debug, Clone, Arbitrary)]
+pub enum ErrorInput {
+    /// `WpdError::Spec`.
+    Spec(SpecInput),
+    /// `WpdError::InvalidArgument`.
+    InvalidArgument(String),
+    /// `WpdError::NoSuchProcess`.
+    NoSuchProcess(i32),
+    /// `WpdError::NotAttached`.
+    NotAttached(i32),
+    /// `WpdError::NoSuchThread`.
+    NoSuchThread {
+        /// Process.
+        pid: i32,
+        /// Thread.
+        tid: i32,
+    },
+    /// `WpdError::NoSuchWatchpoint`.
+    NoSuchWatchpoint(u64),
+    /// `WpdError::OutOfSlots`.
+    OutOfSlots {
+        /// Process.
+        pid: i32,
+        /// Full threads.
+        conflicts: Vec<ConflictInput>,
+    },
+    /// `WpdError::PermissionDenied`.
+    PermissionDenied {
+        /// Process.
+        pid: i32,
+        /// What refused.
+        detail: String,
+    },
+    /// `WpdError::BackendUnavailable`.
+    BackendUnavailable {
+        /// Backend.
+        backend: BackendInput,
+        /// Why not.
+        reason: String,
+    },
+    /// `WpdError::BackendMismatch`.
+    BackendMismatch {
+        /// Process.
+        pid: i32,
+        /// In use.
+        attached: BackendInput,
+        /// Asked for.
+        asked: BackendInput,
+    },
+    /// `WpdError::AlreadyTraced`.
+    AlreadyTraced {
+        /// Process.
+        pid: i32,
+        /// Thread.
+        tid: i32,
+        /// Tracer process.
+        tracer: i32,
+        /// Tracer thread.
+        tracer_tid: i32,
+        /// Tracer name.
+        comm: String,
+    },
+    /// `WpdError::LimitReached`.
+    LimitReached {
+        /// Which limit.
+        what: StaticText,
+        /// Its value.
+        limit: usize,
+        /// What to do.
+        hint: StaticText,
+    },
+    /// `WpdError::ProcessExited`.
+    ProcessExited(i32),
+    /// `WpdError::Kernel` (any raw errno, known or not).
+    Kernel {
+        /// Operation.
+        op: String,
+        /// Raw errno.
+        errno: i32,
+    },
+}
+
+impl ErrorInput {
+    /// The error this input describes.
+    pub fn build(self) -> WpdError {
+        match self {
+            ErrorInput::Spec(s) => WpdError::Spec(match s {
+                SpecInput::BadLength(l) => SpecError::BadLength(l),
+                SpecInput::Misaligned { addr, len } => SpecError::Misaligned { addr, len },
+                SpecInput::ExecLength(l) => SpecError::ExecLength(l),
+                SpecInput::NotUserAddress { addr, why } => SpecError::NotUserAddress {
+                    addr,
+                    why: why.get(),
+                },
+                SpecInput::NoReadOnly(a) => SpecError::NoReadOnly(a.get()),
+                SpecInput::NoAccess => SpecError::NoAccess,
+            }),
+            ErrorInput::InvalidArgument(m) => WpdError::InvalidArgument(m),
+            ErrorInput::NoSuchProcess(p) => WpdError::NoSuchProcess(p),
+            ErrorInput::NotAttached(p) => WpdError::NotAttached(p),
+            ErrorInput::NoSuchThread { pid, tid } => WpdError::NoSuchThread { pid, tid },
+            ErrorInput::NoSuchWatchpoint(id) => WpdError::NoSuchWatchpoint(id),
+            ErrorInput::OutOfSlots { pid, conflicts } => WpdError::OutOfSlots {
+                pid,
+                conflicts: conflicts
+                    .into_iter()
+                    .map(|c| SlotConflict {
+                        tid: c.tid,
+                        holders: c
+                            .holders
+                            .into_iter()
+                            .map(|h| match h {
+                                HolderInput::Ours(id) => Holder::Ours(WatchId(id)),
+                                HolderInput::Foreign => Holder::Foreign,
+                                HolderInput::Pending(id) => Holder::Pending(WatchId(id)),
+                                HolderInput::Retained => Holder::Retained,
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+            },
+            ErrorInput::PermissionDenied { pid, detail } => {
+                WpdError::PermissionDenied { pid, detail }
+            }
+            ErrorInput::BackendUnavailable { backend, reason } => WpdError::BackendUnavailable {
+                backend: backend.into(),
+                reason,
+            },
+            ErrorInput::BackendMismatch {
+                pid,
+                attached,
+                asked,
+            } => WpdError::BackendMismatch {
+                pid,
+                attached: attached.into(),
+                asked: asked.into(),
+            },
+            ErrorInput::AlreadyTraced {
+                pid,
+                tid,
+                tracer,
+                tracer_tid,
+                comm,
+            } => WpdError::AlreadyTraced {
+                pid,
+                tid,
+                tracer,
+                tracer_tid,
+                comm,
+            },
+            ErrorInput::LimitReached { what, limit, hint } => WpdError::LimitReached {
+                what: what.get(),
+                limit,
+                hint: hint.get(),
+            },
+            ErrorInput::ProcessExited(p) => WpdError::ProcessExited(p),
+            ErrorInput::Kernel { op, errno } => WpdError::Kernel {
+                op,
+                err: nix::errno::Errno::from_raw(errno),
+            },
+        }
+    }
+}
+
+/// Name of a variant. Exhaustive with no wildcard on purpose: a new
+/// `WpdError` variant stops this crate from compiling until [`ErrorInput`]
+/// learns to build it.
+pub fn variant(e: &WpdError) -> &'static str {
+    match e {
+        WpdError::Spec(_) => "Spec",
+        WpdError::InvalidArgument(_) => "InvalidArgument",
+        WpdError::NoSuchProcess(_) => "NoSuchProcess",
+        WpdError::NotAttached(_) => "NotAttached",
+        WpdError::NoSuchThread { .. } => "NoSuchThread",
+        WpdError::NoSuchWatchpoint(_) => "NoSuchWatchpoint",
+        WpdError::OutOfSlots { .. } => "OutOfSlots",
+        WpdError::PermissionDenied { .. } => "PermissionDenied",
+        WpdError::BackendUnavailable { .. } => "BackendUnavailable",
+        WpdError::BackendMismatch { .. } => "BackendMismatch",
+        WpdError::AlreadyTraced { .. } => "AlreadyTraced",
+        WpdError::LimitReached { .. } => "LimitReached",
+        WpdError::ProcessExited(_) => "ProcessExited",
+        WpdError::Kernel { .. } => "Kernel",
+    }
+}
+
+/// The `status_mapping` target.
+pub fn check_input(input: ErrorInput) {
+    check(&input.build());
+}
+
+/// Checks the status of one error (also used by `decode_spec` for every
+/// conversion error it meets).
+pub fn check(e: &WpdError) -> Status {
+    let s = to_status(e);
+    let (code, reason) = code_of(e);
+    assert_ne!(s.code(), Code::Ok, "{} maps to OK", variant(e));
+    assert_eq!(s.code(), code, "to_status and code_of disagree on {e:?}");
+
+    let msg = s.message();
+    assert!(!msg.is_empty(), "empty status message for {e:?}");
+    assert_eq!(msg, e.to_string(), "message is not the error's Display");
+
+    // The wire: what tonic's server writes as trailers for this status.
+    let mut headers = HeaderMap::new();
+    if let Err(bad) = s.add_header(&mut headers) {
+        panic!("status of {e:?} cannot be sent: {bad:?}");
+    }
+    let line = headers
+        .get("grpc-message")
+        .expect("a non-empty message is sent as grpc-message");
+    assert!(
+        line.as_bytes().iter().all(|b| (0x20..0x7f).contains(b)),
+        "grpc-message is not one line of visible ASCII: {line:?}"
+    );
+    let back = Status::from_header_map(&headers).expect("grpc-status header present");
+    assert_eq!(back.code(), code, "code changed on the wire");
+    assert_eq!(back.message(), msg, "message changed on the wire");
+
+    let info = back
+        .get_details_error_info()
+        .unwrap_or_else(|| panic!("no ErrorInfo detail for {e:?}"));
+    assert_eq!(info.reason, reason);
+    assert_eq!(info.domain, DOMAIN);
+    if let WpdError::OutOfSlots { pid, conflicts } = e {
+        assert_eq!(info.metadata.get("pid"), Some(&pid.to_string()));
+        let tids: Vec<String> = conflicts.iter().map(|c| c.tid.to_string()).collect();
+        assert_eq!(info.metadata.get("tids"), Some(&tids.join(",")));
+    }
+    s
+}
