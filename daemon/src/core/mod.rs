@@ -663,6 +663,14 @@ impl Core {
                 BackendKind::Perf => self.arm_perf(&proc, &watch, &res),
                 BackendKind::Ptrace => self.arm_ptrace(&proc, &watch, &res),
             });
+        // The process may have exited while it was being armed.
+        let armed = armed.and_then(|()| {
+            if procfs::check_process(pid).is_err() && self.ledger.armed_count(pid, id) == 0 {
+                Err(WpdError::ProcessExited(pid))
+            } else {
+                Ok(())
+            }
+        });
         if let Err(e) = armed {
             self.watches.remove(&id.0);
             proc.watches.lock().unwrap().remove(&id.0);

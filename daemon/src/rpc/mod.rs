@@ -258,6 +258,9 @@ impl Watchpoints for Service {
                 let got = tokio::select! {
                     got = rx.recv() => got,
                     _ = closed.wait_for(|c| *c) => break,
+                    // A client that leaves a quiet (or filtered) stream is
+                    // noticed here, not only at the next matching event.
+                    () = tx.closed() => break,
                 };
                 let item = match got {
                     Ok(ev) => {

@@ -15,6 +15,8 @@
 //! | `usr1count`      | nothing                                                       | `USR1 N`                  |
 //! | `bench-writes I N` | the main thread stores to `VARS[I]` N times, timed          | `BENCH ns=T`              |
 //! | `exec N`         | exec itself with N workers (same pid)                         | a new `READY ...` line    |
+//! | `fork`           | fork a child process (only the main thread is copied) that stores 1..=50 into `VARS[0]` 2 ms apart, prints nothing and exits 0 | `FORKED pid=C` |
+//! | `wait-child C`   | waitpid for that child                                        | `CHILD pid=C code=N` or `CHILD pid=C signal=S` |
 //! | `quit` / EOF     | exit 0                                                        | `BYE` (quit only)         |
 //!
 //! `USR1 N` is the number of SIGUSR1 its handler has run (on whichever thread the kernel
@@ -203,6 +205,55 @@ fn start_marker_thread() -> io::Result<i32> {
         .map_err(|_| io::Error::other("spawned thread died before reporting its tid"))
 }
 
+/// Stores the child of `fork` makes into `VARS[0]` (it lives ~100 ms, so that the tests can
+/// look for it while it runs).
+const FORK_STORES: u64 = 50;
+/// Pause after each of those stores.
+const FORK_STORE_PAUSE_NS: libc::c_long = 2_000_000;
+
+/// Forks a child process whose only thread (a copy of the calling one) stores
+/// `1..=FORK_STORES` into `VARS[0]`, pausing between stores, then exits 0. The child runs
+/// only async-signal-safe code (volatile stores, `nanosleep`, `_exit`): the parent has other
+/// threads, whose locks may be held at the fork.
+fn fork_storer() -> io::Result<libc::pid_t> {
+    // SAFETY: fork has no preconditions; the child below calls only async-signal-safe code.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        let pause = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: FORK_STORE_PAUSE_NS,
+        };
+        for n in 1..=FORK_STORES {
+            VARS[0].store(n);
+            // SAFETY: valid timespec; a null remainder is allowed.
+            unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
+        }
+        // SAFETY: _exit ends the child without running the parent's atexit handlers.
+        unsafe { libc::_exit(0) }
+    }
+    Ok(pid)
+}
+
+/// `waitpid` for a child of `fork`; the reply names its exit code or signal.
+fn wait_child(pid: libc::pid_t) -> String {
+    let mut status = 0;
+    // SAFETY: `status` is a valid out-pointer.
+    let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+    if r < 0 {
+        return format!("ERR waitpid {pid}: {}", io::Error::last_os_error());
+    }
+    if libc::WIFEXITED(status) {
+        format!("CHILD pid={pid} code={}", libc::WEXITSTATUS(status))
+    } else if libc::WIFSIGNALED(status) {
+        format!("CHILD pid={pid} signal={}", libc::WTERMSIG(status))
+    } else {
+        format!("CHILD pid={pid} status={status:#x}")
+    }
+}
+
 struct State {
     cfg: Config,
     workers: Vec<JoinHandle<()>>,
@@ -252,6 +303,14 @@ impl State {
                 }
                 format!("STOPPED remaining={}", task_count())
             }
+            ["fork"] => match fork_storer() {
+                Ok(child) => format!("FORKED pid={child}"),
+                Err(e) => format!("ERR fork: {e}"),
+            },
+            ["wait-child", pid] => match pid.parse::<libc::pid_t>() {
+                Ok(pid) => wait_child(pid),
+                Err(_) => "ERR usage: wait-child <pid>".to_string(),
+            },
             ["ping"] => format!("PONG counter={} threads={}", VARS[0].load(), task_count()),
             ["usr1count"] => format!("USR1 {}", USR1_COUNT.load(Ordering::SeqCst)),
             ["exec", n] => match n.parse::<usize>() {
