@@ -20,8 +20,11 @@
 //!   tracer, and a hit with no tracer kills the target with SIGTRAP.
 //!
 //! Wake-ups: SIGCHLD is blocked in every daemon thread; one thread reads it
-//! from a signalfd and rings every shard's eventfd. Commands ring it too.
-//! Shards also poll every 100 ms as a safety net.
+//! from a signalfd and rings the eventfd of the shard that owns the stopped
+//! tracee (`ssi_pid`). SIGCHLDs merge (standard signals do not queue), so
+//! while they flow every shard is also rung at most once per millisecond,
+//! and once more when they stop. Commands ring their shard. Shards also poll
+//! every 100 ms as a last safety net.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -183,23 +186,73 @@ pub fn block_sigchld() {
     let _ = set.thread_block();
 }
 
-static DOORBELLS: OnceLock<Mutex<Vec<Arc<OwnedFd>>>> = OnceLock::new();
+/// Where SIGCHLD wake-ups go: every shard's eventfd, and which shard owns
+/// each tracee (so that a stop wakes only its own tracer).
+struct Router {
+    bells: Vec<Arc<OwnedFd>>,
+    owners: Vec<Arc<DashMap<Tid, usize>>>,
+}
+
+static ROUTER: OnceLock<Mutex<Router>> = OnceLock::new();
+
+/// Longest a stop whose SIGCHLD was merged with another one waits: standard
+/// signals do not queue, so a SIGCHLD names only one of the tracees that
+/// stopped meanwhile. While SIGCHLDs flow, every shard is rung at most this
+/// often; when they stop, once more.
+const CATCH_ALL: std::time::Duration = std::time::Duration::from_millis(1);
 
 fn start_sigchld_thread() {
     let mut set = nix::sys::signal::SigSet::empty();
     set.add(Signal::SIGCHLD);
     let _ = set.thread_block();
-    let Ok(sfd) = nix::sys::signalfd::SignalFd::new(&set) else {
+    let Ok(sfd) = nix::sys::signalfd::SignalFd::with_flags(
+        &set,
+        nix::sys::signalfd::SfdFlags::SFD_NONBLOCK | nix::sys::signalfd::SfdFlags::SFD_CLOEXEC,
+    ) else {
         return;
     };
     std::thread::Builder::new()
         .name("wpd-sigchld".into())
         .spawn(move || {
-            while let Ok(Some(_)) = sfd.read_signal() {
-                if let Some(bells) = DOORBELLS.get() {
-                    for b in bells.lock().unwrap().iter() {
+            let ring_all = || {
+                if let Some(r) = ROUTER.get() {
+                    for b in &r.lock().unwrap().bells {
                         ring(b);
                     }
+                }
+            };
+            let mut last_all = std::time::Instant::now();
+            let mut owed = false;
+            loop {
+                let mut pfd = libc::pollfd {
+                    fd: sfd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                let timeout = if owed { 1 } else { -1 };
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut pfd, 1, timeout) };
+                let mut got = false;
+                while let Ok(Some(info)) = sfd.read_signal() {
+                    got = true;
+                    let tid = info.ssi_pid as Tid;
+                    let routed = ROUTER.get().and_then(|r| {
+                        let r = r.lock().unwrap();
+                        let shard = r.owners.iter().find_map(|o| o.get(&tid).map(|s| *s))?;
+                        r.bells.get(shard).cloned()
+                    });
+                    match routed {
+                        Some(bell) => ring(&bell),
+                        None => ring_all(),
+                    }
+                }
+                if got {
+                    owed = true;
+                }
+                if owed && (!got || last_all.elapsed() >= CATCH_ALL) {
+                    ring_all();
+                    last_all = std::time::Instant::now();
+                    owed = got;
                 }
             }
         })
@@ -209,17 +262,31 @@ fn start_sigchld_thread() {
 impl PtraceBackend {
     /// Starts `shards` tracer threads delivering events to `sink`.
     pub fn new(shards: usize, sink: std::sync::Weak<dyn TraceSink>) -> Self {
-        let first = DOORBELLS.get().is_none();
-        let bells = DOORBELLS.get_or_init(|| Mutex::new(Vec::new()));
+        let first = ROUTER.get().is_none();
+        let router = ROUTER.get_or_init(|| {
+            Mutex::new(Router {
+                bells: Vec::new(),
+                owners: Vec::new(),
+            })
+        });
         if first {
             start_sigchld_thread();
         }
         let owner = Arc::new(DashMap::new());
+        // Shard indices are per backend; with one backend per process (the
+        // daemon) they match the bell order. Another backend (tests) falls
+        // back to ringing every shard.
+        {
+            let mut r = router.lock().unwrap();
+            if r.owners.is_empty() {
+                r.owners.push(owner.clone());
+            }
+        }
         let mut v = Vec::with_capacity(shards);
         for i in 0..shards.max(1) {
             let (tx, rx) = mpsc::channel();
             let wake = Arc::new(eventfd());
-            bells.lock().unwrap().push(wake.clone());
+            router.lock().unwrap().bells.push(wake.clone());
             let mut tracer = Tracer {
                 index: i,
                 rx,

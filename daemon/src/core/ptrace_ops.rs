@@ -22,8 +22,8 @@ use crate::ledger::Reservation;
 use crate::model::{BackendKind, HitAction, Pid, Tid, WatchId};
 use crate::procfs;
 
-/// Tracer threads. A handful: each waits only on its own tracees, and new
-/// threads join their creator's tracer.
+/// Tracer threads (`WPD_PTRACE_SHARDS` overrides). A handful: each waits
+/// only on its own tracees, and new threads join their creator's tracer.
 const SHARDS: usize = 4;
 
 /// Starts the ptrace backend, or says why it cannot work here.
@@ -42,7 +42,12 @@ pub(super) fn start_ptrace(core: Weak<Core>) -> Result<PtraceBackend, String> {
         ));
     }
     let sink: Weak<dyn TraceSink> = core;
-    Ok(PtraceBackend::new(SHARDS, sink))
+    let shards = std::env::var("WPD_PTRACE_SHARDS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| (1..=64).contains(&n))
+        .unwrap_or(SHARDS);
+    Ok(PtraceBackend::new(shards, sink))
 }
 
 /// Where the list of threads with ptrace-armed registers is kept.
