@@ -28,7 +28,10 @@ fn spec(pid: i32, address: u64, length: u32, access: pb::Access) -> pb::Watchpoi
 }
 
 fn set(s: pb::WatchpointSpec) -> Vec<u8> {
-    frame(Kind::SetWatchpoint, &pb::SetWatchpointRequest { spec: Some(s) })
+    frame(
+        Kind::SetWatchpoint,
+        &pb::SetWatchpointRequest { spec: Some(s) },
+    )
 }
 
 fn decode_spec_seeds() -> Vec<(&'static str, Vec<u8>)> {
@@ -53,12 +56,21 @@ fn decode_spec_seeds() -> Vec<(&'static str, Vec<u8>)> {
                 ..spec(7, 0x40_1001, 1, Exec)
             }),
         ),
-        ("set-last-user-qword", set(spec(1, 0x7fff_ffff_eff8, 8, Write))),
+        (
+            "set-last-user-qword",
+            set(spec(1, 0x7fff_ffff_eff8, 8, Write)),
+        ),
         ("set-address-zero", set(spec(1, 0, 2, Write))),
         // Refused.
         ("set-user-end", set(spec(1, 0x7fff_ffff_f000, 8, Write))),
-        ("set-straddles-end", set(spec(1, 0x7fff_ffff_effc, 8, Write))),
-        ("set-kernel-half", set(spec(1, 0xffff_ffff_8100_0000, 8, Write))),
+        (
+            "set-straddles-end",
+            set(spec(1, 0x7fff_ffff_effc, 8, Write)),
+        ),
+        (
+            "set-kernel-half",
+            set(spec(1, 0xffff_ffff_8100_0000, 8, Write)),
+        ),
         ("set-non-canonical", set(spec(1, 1 << 47, 8, Write))),
         ("set-max-address", set(spec(1, u64::MAX, 1, Write))),
         ("set-misaligned", set(spec(1, 0x1004, 8, Write))),
@@ -67,41 +79,106 @@ fn decode_spec_seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("set-exec-length2", set(spec(1, 0x1000, 2, Exec))),
         ("set-read-only", set(spec(1, 0x1000, 8, Read))),
         ("set-no-access", set(spec(1, 0x1000, 8, Unspecified))),
-        ("set-access-99", set(pb::WatchpointSpec { access: 99, ..w8.clone() })),
-        ("set-pid0", set(pb::WatchpointSpec { pid: 0, ..w8.clone() })),
-        ("set-pid-neg", set(pb::WatchpointSpec { pid: -1, ..w8.clone() })),
-        ("set-tid-neg", set(pb::WatchpointSpec { tids: vec![3, -1], ..w8.clone() })),
-        ("set-backend7", set(pb::WatchpointSpec { backend: 7, ..w8.clone() })),
-        ("set-action42", set(pb::WatchpointSpec { action: 42, ..w8.clone() })),
+        (
+            "set-access-99",
+            set(pb::WatchpointSpec {
+                access: 99,
+                ..w8.clone()
+            }),
+        ),
+        (
+            "set-pid0",
+            set(pb::WatchpointSpec {
+                pid: 0,
+                ..w8.clone()
+            }),
+        ),
+        (
+            "set-pid-neg",
+            set(pb::WatchpointSpec {
+                pid: -1,
+                ..w8.clone()
+            }),
+        ),
+        (
+            "set-tid-neg",
+            set(pb::WatchpointSpec {
+                tids: vec![3, -1],
+                ..w8.clone()
+            }),
+        ),
+        (
+            "set-backend7",
+            set(pb::WatchpointSpec {
+                backend: 7,
+                ..w8.clone()
+            }),
+        ),
+        (
+            "set-action42",
+            set(pb::WatchpointSpec {
+                action: 42,
+                ..w8.clone()
+            }),
+        ),
         (
             "set-no-spec",
-            frame(Kind::SetWatchpoint, &pb::SetWatchpointRequest { spec: None }),
+            frame(
+                Kind::SetWatchpoint,
+                &pb::SetWatchpointRequest { spec: None },
+            ),
         ),
         // Other requests.
         (
             "attach-ptrace",
-            frame(Kind::Attach, &pb::AttachRequest { pid: 99, backend: 2 }),
+            frame(
+                Kind::Attach,
+                &pb::AttachRequest {
+                    pid: 99,
+                    backend: 2,
+                },
+            ),
         ),
         (
             "attach-bad",
-            frame(Kind::Attach, &pb::AttachRequest { pid: i32::MIN, backend: -3 }),
+            frame(
+                Kind::Attach,
+                &pb::AttachRequest {
+                    pid: i32::MIN,
+                    backend: -3,
+                },
+            ),
         ),
         (
             "list-threads-probe",
             frame(
                 Kind::ListThreads,
-                &pb::ListThreadsRequest { pid: 12, tids: vec![12, 13, -4], probe: true },
+                &pb::ListThreadsRequest {
+                    pid: 12,
+                    tids: vec![12, 13, -4],
+                    probe: true,
+                },
             ),
         ),
         (
             "resume-some",
-            frame(Kind::Resume, &pb::ResumeRequest { pid: 5, tids: vec![6, 7] }),
+            frame(
+                Kind::Resume,
+                &pb::ResumeRequest {
+                    pid: 5,
+                    tids: vec![6, 7],
+                },
+            ),
         ),
         (
             "stream-events",
             frame(
                 Kind::StreamEvents,
-                &pb::StreamEventsRequest { pid: -1, watchpoint_ids: vec![1, u64::MAX], hits_only: true },
+                &pb::StreamEventsRequest {
+                    pid: -1,
+                    watchpoint_ids: vec![1, u64::MAX],
+                    hits_only: true,
+                },
             ),
         ),
     ];
@@ -114,7 +191,12 @@ fn decode_spec_seeds() -> Vec<(&'static str, Vec<u8>)> {
     twice.extend_from_slice(&[0x0a, 0x05, 0x18, 0x80, 0x40, 0x10, 0x03]);
     v.push(("set-spec-twice", twice));
     v.push(("set-bad-wire-type", vec![0, 0x0f, 0x01]));
-    v.push(("set-overlong-varint", vec![0, 0x0a, 0x0b, 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]));
+    v.push((
+        "set-overlong-varint",
+        vec![
+            0, 0x0a, 0x0b, 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
+        ],
+    ));
     v.push(("empty-after-selector", vec![3]));
     v
 }
@@ -125,10 +207,7 @@ fn status_payloads() -> Vec<(&'static str, Vec<u8>)> {
     let text = "pid ∞ — \u{202e}evil\u{202c}\n\r\t\0 100% 🦀".as_bytes();
     let mut awkward = vec![0xff; 8];
     awkward.extend_from_slice(text);
-    vec![
-        ("text", text.to_vec()),
-        ("ones", awkward),
-    ]
+    vec![("text", text.to_vec()), ("ones", awkward)]
 }
 
 /// One seed per `ErrorInput` variant and payload: the tag bytes are found by
@@ -212,10 +291,20 @@ fn main() {
         .into_iter()
         .map(|(n, b)| (n.to_string(), b))
         .collect();
-    write_dir(&root.join("decode_spec"), &reg.join("decode_spec"), &decode, request::check);
-    write_dir(&root.join("status_mapping"), &reg.join("status_mapping"), &status_seeds(), |b| {
-        if let Ok(i) = ErrorInput::arbitrary_take_rest(Unstructured::new(b)) {
-            status::check_input(i);
-        }
-    });
+    write_dir(
+        &root.join("decode_spec"),
+        &reg.join("decode_spec"),
+        &decode,
+        request::check,
+    );
+    write_dir(
+        &root.join("status_mapping"),
+        &reg.join("status_mapping"),
+        &status_seeds(),
+        |b| {
+            if let Ok(i) = ErrorInput::arbitrary_take_rest(Unstructured::new(b)) {
+                status::check_input(i);
+            }
+        },
+    );
 }

@@ -198,7 +198,11 @@ fn check_valid(s: &pb::WatchpointSpec, w: &WatchSpec) {
     let len = w.len.bytes();
     assert!(matches!(len, 1 | 2 | 4 | 8), "length {len}");
     assert_eq!(len, s.length, "length changed");
-    assert!(w.addr.is_multiple_of(u64::from(len)), "{:#x} misaligned", w.addr);
+    assert!(
+        w.addr.is_multiple_of(u64::from(len)),
+        "{:#x} misaligned",
+        w.addr
+    );
     assert!(
         u128::from(w.addr) + u128::from(len) <= u128::from(USER_END),
         "{:#x}+{len} past user space",
@@ -218,7 +222,10 @@ fn check_valid(s: &pb::WatchpointSpec, w: &WatchSpec) {
         Scope::Threads(t) => {
             assert!(!t.is_empty(), "empty thread list");
             assert!(t.iter().all(|&t| t > 0), "non-positive tid in {t:?}");
-            assert!(t.windows(2).all(|p| p[0] < p[1]), "not sorted/deduplicated: {t:?}");
+            assert!(
+                t.windows(2).all(|p| p[0] < p[1]),
+                "not sorted/deduplicated: {t:?}"
+            );
             let mut want = s.tids.clone();
             want.sort_unstable();
             want.dedup();

@@ -9,7 +9,9 @@ use arbitrary::{Arbitrary, Unstructured};
 use wpd_fuzz::status::ErrorInput;
 
 fn corpus(target: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus").join(target)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("corpus")
+        .join(target)
 }
 
 fn status_bytes(b: &[u8]) {

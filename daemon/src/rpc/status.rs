@@ -33,7 +33,13 @@ pub fn to_status(e: &WpdError) -> Status {
         );
     }
     let details = ErrorDetails::with_error_info(reason, DOMAIN, meta);
-    Status::with_error_details(code, e.to_string(), details)
+    // A status always says something: an error built from an empty text
+    // still names its reason.
+    let mut message = e.to_string();
+    if message.trim().is_empty() {
+        message = format!("{reason} (no detail given)");
+    }
+    Status::with_error_details(code, message, details)
 }
 
 /// Code and reason for each error; exhaustive on purpose.
@@ -166,6 +172,12 @@ mod tests {
             "KERNEL_ERROR",
             "open failed",
         );
+    }
+
+    #[test]
+    fn empty_texts_still_give_a_message() {
+        let s = to_status(&WpdError::InvalidArgument(String::new()));
+        assert_eq!(s.message(), "INVALID_ARGUMENT (no detail given)");
     }
 
     #[test]
