@@ -57,8 +57,12 @@ fn main() -> std::process::ExitCode {
     // Before any thread exists: tracer threads learn about ptrace stops
     // through a signalfd, so no thread may take SIGCHLD itself.
     wpd::backend::ptrace::block_sigchld();
+    // Requests run their syscalls on the blocking pool. Bounded: hundreds of
+    // concurrent clients queue instead of each getting a thread (a thread
+    // costs a stack and an allocator arena that outlive the burst).
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .max_blocking_threads(32)
         .build()
     {
         Ok(r) => r,

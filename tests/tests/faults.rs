@@ -36,11 +36,13 @@ use wpd_tests::{
     set_watchpoint, status_line, write_spec,
 };
 
-/// Resident memory the daemon may keep above its baseline once everything is released: 8 MiB,
+/// Resident memory the daemon may keep above its baseline once everything is released: 16 MiB,
 /// because the allocator keeps some freed memory cached (per-connection HTTP/2 buffers, malloc
 /// arenas of the blocking pool's threads, map capacity), so RSS never comes back exactly.
-/// File descriptors must come back exactly.
-const RSS_SLACK_KIB: u64 = 8 * 1024;
+/// Measured: 200 connections left +5 to +11 MiB depending on machine load, and repeated rounds
+/// level off (+8.2, +1.7, +0.5, +0.3 MiB): caching, not a leak. File descriptors must come
+/// back exactly.
+const RSS_SLACK_KIB: u64 = 16 * 1024;
 /// How long the daemon may take to release everything after a detach or an exit.
 const CLEAN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on an arming RPC that races a dying target.
