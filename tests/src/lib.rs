@@ -1185,6 +1185,23 @@ pub fn floor_perf_track(tid: i32, cpu: i32, collector: &OwnedFd) -> Result<Owned
     Ok(fd)
 }
 
+/// The kernel's own floor for thread churn (`perf bench breakpoint thread`): a counting write
+/// breakpoint of 8 bytes at `addr` on thread `tid`, all CPUs (`cpu = -1`), `inherit = 1`, so
+/// that the kernel copies it into every thread `tid` creates.
+pub fn floor_perf_inherit(tid: i32, addr: u64) -> Result<OwnedFd> {
+    const ATTR_INHERIT: u64 = 1 << 1;
+    let attr = PerfEventAttr {
+        type_: PERF_TYPE_BREAKPOINT,
+        size: std::mem::size_of::<PerfEventAttr>() as u32,
+        flags: ATTR_EXCLUDE_KERNEL | ATTR_EXCLUDE_HV | ATTR_INHERIT,
+        bp_type: HW_BREAKPOINT_W,
+        bp_addr: addr,
+        bp_len: 8,
+        ..Default::default()
+    };
+    perf_open(&attr, tid, -1)
+}
+
 /// A per-CPU dummy event that owns output for [`floor_perf_arm`].
 pub fn floor_collector(cpu: i32) -> Result<OwnedFd> {
     const PERF_TYPE_SOFTWARE: u32 = 1;

@@ -1,9 +1,62 @@
-//! Smoke test of the end-to-end benchmark binary: it runs, measures every
-//! row, and delivers every hit. It asserts no timing (machines are noisy).
+//! Smoke test of the end-to-end benchmark binary: it runs, prints every
+//! section with its rows, and delivers every hit of the hit-cost runs. It
+//! asserts no timing (machines are noisy).
 
 use std::process::Command;
 
 use wpd_tests::{find_bin, require_root_perf};
+
+/// Every section heading of `wpd-bench`, and rows each must contain.
+const SECTIONS: [(&str, &[&str]); 8] = [
+    (
+        "## mass-arm: one process-wide write watchpoint, idle target",
+        &[
+            "floor: perf breakpoint syscalls",
+            "wpd, perf backend",
+            "floor: ptrace syscalls",
+            "wpd, ptrace backend",
+        ],
+    ),
+    (
+        "## mass-arm: one process-wide write watchpoint, spinning target",
+        &[
+            "floor: perf breakpoint + thread-tracking syscalls",
+            "wpd, perf backend",
+            "wpd, ptrace backend",
+        ],
+    ),
+    (
+        "## hit cost: what one hit costs the writing thread",
+        &["| perf |", "| ptrace |"],
+    ),
+    (
+        "## thread churn:",
+        &[
+            "no watchpoint",
+            "floor: 4 kernel-inherited breakpoints",
+            "floor: wpd's perf event layout",
+            "wpd, 4 process-wide watchpoints, perf backend",
+            "wpd, 4 process-wide watchpoints, ptrace backend",
+        ],
+    ),
+    ("## hit throughput:", &["| perf | 1 |", "| ptrace | 1 |"]),
+    ("## daemon memory:", &["| perf | 50 |", "| ptrace | 50 |"]),
+    (
+        "## RPC latency:",
+        &[
+            "floor: gRPC round trip",
+            "wpd perf: SetWatchpoint, 1 thread",
+            "wpd perf: RemoveWatchpoint, 1 thread",
+            "wpd perf: ListThreads",
+            "wpd ptrace: SetWatchpoint, 1 thread",
+            "wpd ptrace: ListThreads",
+        ],
+    ),
+    (
+        "## ledger lock hold times under thread churn",
+        &["| 1 | perf |", "| 1 | ptrace |"],
+    ),
+];
 
 #[test]
 fn bench_smoke_runs_every_measurement() {
@@ -24,20 +77,31 @@ fn bench_smoke_runs_every_measurement() {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    for row in [
-        "floor: perf breakpoint syscalls",
-        "wpd, perf backend",
-        "floor: ptrace syscalls",
-        "wpd, ptrace backend",
-    ] {
-        assert!(stdout.contains(row), "missing row {row:?} in:\n{stdout}");
+    for (heading, rows) in SECTIONS {
+        let start = stdout
+            .find(heading)
+            .unwrap_or_else(|| panic!("missing section {heading:?} in:\n{stdout}"));
+        // The section runs to the next heading.
+        let body = &stdout[start + heading.len()..];
+        let body = &body[..body.find("\n## ").unwrap_or(body.len())];
+        for row in rows {
+            assert!(
+                body.contains(row),
+                "section {heading:?} has no row {row:?}:\n{body}"
+            );
+        }
+        assert!(
+            !body.contains("skipped"),
+            "section {heading:?} skipped a measurement at --smoke sizes:\n{body}"
+        );
     }
     // --smoke makes 2000 writes with perf and 100 with ptrace (a hit stops it).
+    let hit_cost = &stdout[stdout.find("## hit cost").expect("hit cost section")..];
     for (backend, all) in [
         ("| perf |", "| 2000 of 2000 |"),
         ("| ptrace |", "| 100 of 100 |"),
     ] {
-        let line = stdout
+        let line = hit_cost
             .lines()
             .find(|l| l.starts_with(backend))
             .unwrap_or_else(|| panic!("no hit-cost row {backend:?} in:\n{stdout}"));

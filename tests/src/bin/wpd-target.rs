@@ -1,9 +1,21 @@
 //! `wpd-target`: the multi-threaded sample process that wpd's end-to-end tests and demo watch.
 //!
-//! `wpd-target --threads N [--interval-us U] [--spin]` starts N worker threads that keep
-//! storing an increasing number into `VARS[0]`, prints one `READY ...` line with its pid and
-//! the addresses of the eight watched variables, then obeys one command per stdin line,
-//! answering each with exactly one stdout line:
+//! `wpd-target --threads N [--interval-us U] [--spin] [--sched-idle] [--churn]` starts N
+//! worker threads that keep storing an increasing number into `VARS[0]`, prints one
+//! `READY ...` line with its pid and the addresses of the eight watched variables, then obeys
+//! one command per stdin line, answering each with exactly one stdout line.
+//!
+//! `--sched-idle` (with `--spin`): each worker moves itself to `SCHED_IDLE` once it has
+//! reported its tid, so that every CPU stays busy with the target's threads while
+//! normal-priority processes (the daemon, a benchmark) still get CPU time. The workers start
+//! storing only once all of them exist (just before `READY`): thread creation slows down
+//! with every thread already spinning.
+//!
+//! `--churn`: the N workers are *creators* instead: after `churn-start`, each loops on
+//! "spawn a thread whose only action is one store to `VARS[0]`, join it" until quit or
+//! `stop-workers` (the thread churn of `perf bench breakpoint thread`). Until `churn-start`
+//! they wait (sleeping), so that their tids can be listed and watched first.
+//!
 //!
 //! | command          | effect                                                        | reply                     |
 //! |------------------|---------------------------------------------------------------|---------------------------|
@@ -14,6 +26,9 @@
 //! | `ping`           | nothing                                                       | `PONG counter=C threads=K`|
 //! | `usr1count`      | nothing                                                       | `USR1 N`                  |
 //! | `bench-writes I N` | the main thread stores to `VARS[I]` N times, timed          | `BENCH ns=T`              |
+//! | `hammer I T MS`  | T new threads store to `VARS[I]` in a tight loop for MS ms, then exit; joined | `HAMMER stores=S ns=T` |
+//! | `churn-start`    | (`--churn`) the creators start churning                       | `CHURNING creators=N`     |
+//! | `churn-stats`    | (`--churn`) threads created and joined since the previous `churn-stats` (or `churn-start`), and the ns elapsed; starts a new window | `CHURN n=C ns=T` |
 //! | `exec N`         | exec itself with N workers (same pid)                         | a new `READY ...` line    |
 //! | `fork`           | fork a child process (only the main thread is copied) that stores 1..=50 into `VARS[0]` 2 ms apart, prints nothing and exits 0 | `FORKED pid=C` |
 //! | `wait-child C`   | waitpid for that child                                        | `CHILD pid=C code=N` or `CHILD pid=C signal=S` |
@@ -29,7 +44,7 @@ use std::hint;
 use std::io::{self, BufRead, Write};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc;
+use std::sync::{Condvar, Mutex, mpsc};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -78,6 +93,29 @@ static COUNTER: Counter = Counter(AtomicU64::new(0));
 /// Set while `stop-workers` asks every worker to leave its loop.
 static STOP: AtomicBool = AtomicBool::new(false);
 
+/// `--sched-idle`: opened (true) once every worker exists.
+static GATE: (Mutex<bool>, Condvar) = (Mutex::new(false), Condvar::new());
+
+fn open_gate() {
+    *GATE.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    GATE.1.notify_all();
+}
+
+fn wait_gate() {
+    let mut open = GATE.0.lock().unwrap_or_else(|e| e.into_inner());
+    while !*open {
+        open = GATE.1.wait(open).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// Set by `churn-start`: the creators (`--churn`) begin.
+static CHURN_GO: AtomicBool = AtomicBool::new(false);
+
+/// Threads created and joined by the creators so far (`--churn`).
+#[repr(C, align(64))]
+struct Churned(AtomicU64);
+static CHURNED: Churned = Churned(AtomicU64::new(0));
+
 /// SIGUSR1 deliveries counted by [`on_usr1`].
 static USR1_COUNT: AtomicU64 = AtomicU64::new(0);
 
@@ -113,15 +151,20 @@ struct Config {
     threads: usize,
     interval: Duration,
     spin: bool,
+    sched_idle: bool,
+    churn: bool,
 }
 
-const USAGE: &str = "usage: wpd-target --threads N [--interval-us U] [--spin]";
+const USAGE: &str =
+    "usage: wpd-target --threads N [--interval-us U] [--spin] [--sched-idle] [--churn]";
 
 fn parse_args() -> Result<Config, String> {
     let mut cfg = Config {
         threads: 4,
         interval: Duration::from_micros(1000),
         spin: false,
+        sched_idle: false,
+        churn: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -135,6 +178,8 @@ fn parse_args() -> Result<Config, String> {
             "--threads" => cfg.threads = value("--threads")? as usize,
             "--interval-us" => cfg.interval = Duration::from_micros(value("--interval-us")?),
             "--spin" => cfg.spin = true,
+            "--sched-idle" => cfg.sched_idle = true,
+            "--churn" => cfg.churn = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -156,10 +201,23 @@ fn task_count() -> usize {
         .unwrap_or(0)
 }
 
-/// The body of a worker: report the tid, then store increasing numbers into `VARS[0]`.
+/// The body of a worker: report the tid, then store increasing numbers into `VARS[0]`
+/// (or, with `--churn`, create and join threads).
 fn worker(cfg: Config, tid_tx: mpsc::Sender<i32>) {
     let _ = tid_tx.send(gettid());
     drop(tid_tx);
+    if cfg.churn {
+        churner();
+        return;
+    }
+    if cfg.sched_idle {
+        // After the tid is sent: the main thread is not kept waiting behind
+        // the other idle-priority spinners.
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: valid sched_param; pid 0 is the calling thread.
+        unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+        wait_gate();
+    }
     while !STOP.load(Ordering::Relaxed) {
         let n = COUNTER.0.fetch_add(1, Ordering::Relaxed) + 1;
         VARS[0].store(n);
@@ -171,6 +229,57 @@ fn worker(cfg: Config, tid_tx: mpsc::Sender<i32>) {
             thread::sleep(cfg.interval);
         }
     }
+}
+
+/// The body of a `--churn` creator: wait for `churn-start`, then create and join threads
+/// until `STOP`.
+fn churner() {
+    while !CHURN_GO.load(Ordering::Relaxed) {
+        if STOP.load(Ordering::Relaxed) {
+            return;
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+    while !STOP.load(Ordering::Relaxed) {
+        let spawned = thread::Builder::new()
+            .stack_size(STACK_SIZE)
+            .spawn(|| VARS[0].store(1));
+        match spawned {
+            Ok(handle) => {
+                let _ = handle.join();
+                CHURNED.0.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                eprintln!("wpd-target: churn: cannot create a thread: {e}");
+                thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+/// `hammer`: `threads` new threads store to `VARS[index]` as fast as they can for
+/// `duration`; returns (stores made, ns elapsed).
+fn hammer(index: usize, threads: usize, duration: Duration) -> io::Result<(u64, u128)> {
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut handles = Vec::with_capacity(threads);
+    for _ in 0..threads {
+        handles.push(
+            thread::Builder::new()
+                .name("hammer".into())
+                .stack_size(STACK_SIZE)
+                .spawn(move || {
+                    let mut k = 0u64;
+                    while Instant::now() < deadline {
+                        VARS[index].store(k);
+                        k += 1;
+                    }
+                    k
+                })?,
+        );
+    }
+    let stores = handles.into_iter().map(|h| h.join().unwrap_or(0)).sum();
+    Ok((stores, start.elapsed().as_nanos()))
 }
 
 /// Starts one worker and returns its handle and tid (once the thread is running).
@@ -260,6 +369,8 @@ struct State {
     next_index: usize,
     /// Threads created by `spawn` (they never exit).
     markers: usize,
+    /// `--churn`: `CHURNED` and the time at the start of the current `churn-stats` window.
+    churn_mark: Option<(u64, Instant)>,
 }
 
 impl State {
@@ -333,6 +444,33 @@ impl State {
                 }
                 _ => format!("ERR usage: bench-writes <0..{}> <count>", VARS.len() - 1),
             },
+            ["hammer", index, threads, ms] => match (
+                index.parse::<usize>(),
+                threads.parse::<usize>(),
+                ms.parse::<u64>(),
+            ) {
+                (Ok(i), Ok(t), Ok(ms)) if i < VARS.len() && t > 0 => {
+                    match hammer(i, t, Duration::from_millis(ms)) {
+                        Ok((stores, ns)) => format!("HAMMER stores={stores} ns={ns}"),
+                        Err(e) => format!("ERR hammer: {e}"),
+                    }
+                }
+                _ => format!("ERR usage: hammer <0..{}> <threads> <ms>", VARS.len() - 1),
+            },
+            ["churn-start"] if self.cfg.churn => {
+                self.churn_mark = Some((CHURNED.0.load(Ordering::Relaxed), Instant::now()));
+                CHURN_GO.store(true, Ordering::Relaxed);
+                format!("CHURNING creators={}", self.workers.len())
+            }
+            ["churn-stats"] => match self.churn_mark {
+                Some((n0, t0)) => {
+                    let (n, now) = (CHURNED.0.load(Ordering::Relaxed), Instant::now());
+                    self.churn_mark = Some((n, now));
+                    format!("CHURN n={} ns={}", n - n0, (now - t0).as_nanos())
+                }
+                None => "ERR churn-stats: no churn-start (needs --churn)".to_string(),
+            },
+            ["churn-start"] => "ERR churn-start needs --churn".to_string(),
             _ => format!("ERR unknown command {line:?}"),
         };
         Some(reply)
@@ -366,6 +504,7 @@ fn main() -> ExitCode {
         workers: Vec::with_capacity(cfg.threads),
         next_index: 0,
         markers: 0,
+        churn_mark: None,
     };
     for _ in 0..cfg.threads {
         match start_worker(cfg, state.next_index) {
@@ -380,6 +519,7 @@ fn main() -> ExitCode {
         }
     }
 
+    open_gate();
     let addrs: Vec<String> = VARS.iter().map(|v| format!("{:#x}", v.addr())).collect();
     let stdout = io::stdout();
     let mut out = stdout.lock();
