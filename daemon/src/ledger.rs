@@ -577,9 +577,13 @@ impl Ledger {
 
     /// Threads of `pid` holding `id` in some slot: (tid, slot).
     pub fn slots_of(&self, pid: Pid, id: WatchId) -> Vec<(Tid, u8)> {
-        self.tids(pid)
-            .into_iter()
-            .filter_map(|t| {
+        self.slots_on(&self.tids(pid), id)
+    }
+
+    /// Those of `tids` holding `id` in some slot: (tid, slot).
+    pub fn slots_on(&self, tids: &[Tid], id: WatchId) -> Vec<(Tid, u8)> {
+        tids.iter()
+            .filter_map(|&t| {
                 self.get(t)
                     .and_then(|r| r.slot_of(id))
                     .map(|s| (t, s as u8))
@@ -589,9 +593,13 @@ impl Ledger {
 
     /// Threads of `pid` on which `id` is committed.
     pub fn armed_count(&self, pid: Pid, id: WatchId) -> usize {
-        self.tids(pid)
-            .into_iter()
-            .filter(|&t| self.get(t).is_some_and(|r| r.ours & mask_of(&r, id) != 0))
+        self.armed_on(&self.tids(pid), id)
+    }
+
+    /// How many of `tids` have `id` committed.
+    pub fn armed_on(&self, tids: &[Tid], id: WatchId) -> usize {
+        tids.iter()
+            .filter(|&&t| self.get(t).is_some_and(|r| r.ours & mask_of(&r, id) != 0))
             .count()
     }
 }

@@ -51,6 +51,16 @@ pub fn tasks(pid: Pid) -> std::io::Result<Vec<Tid>> {
     Ok(v)
 }
 
+/// When the process started, in clock ticks after boot (field 22 of
+/// `/proc/PID/stat`): with the pid, it names one process even after the pid
+/// is reused.
+pub fn start_time(pid: Pid) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses: skip past the last ')'.
+    let rest = &s[s.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
 /// True if `tid` is a live thread of `pid`.
 pub fn is_thread_of(pid: Pid, tid: Tid) -> bool {
     tid > 0 && std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists()

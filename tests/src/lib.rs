@@ -1461,6 +1461,54 @@ impl Drop for ForeignTracer {
     }
 }
 
+/// Byte offset of `u_debugreg[7]` (DR7) in the x86-64 `struct user` that `PTRACE_PEEKUSER`
+/// reads (`offsetof(struct user, u_debugreg)` = 848).
+const USER_DR7_OFFSET: usize = 848 + 7 * 8;
+
+/// Reads thread `tid`'s DR7 as the kernel holds it: seizes it from a new thread of this
+/// process, interrupts it, peeks DR7 and detaches (passing on a signal that arrived first).
+/// The thread must not be traced by anyone else.
+pub fn read_dr7(tid: i32) -> Result<u64> {
+    std::thread::spawn(move || -> Result<u64> {
+        ptrace_req(libc::PTRACE_SEIZE, tid, 0).with_context(|| format!("PTRACE_SEIZE of {tid}"))?;
+        ptrace_req(libc::PTRACE_INTERRUPT, tid, 0)
+            .with_context(|| format!("PTRACE_INTERRUPT of {tid}"))?;
+        let deadline = std::time::Instant::now() + FOREIGN_DETACH_TIMEOUT;
+        let deliver = loop {
+            match tracee_wait(tid)? {
+                TraceeWait::Gone => bail!("thread {tid} exited before DR7 could be read"),
+                TraceeWait::Stopped(sig, event) => break if event == 0 { sig } else { 0 },
+                TraceeWait::Nothing => {}
+            }
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "thread {tid} did not stop within {FOREIGN_DETACH_TIMEOUT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        // SAFETY: PEEKUSER reads a word of the stopped tracee's `struct user`; errno tells a
+        // failure from a word equal to -1.
+        let value = unsafe {
+            *libc::__errno_location() = 0;
+            libc::ptrace(
+                libc::PTRACE_PEEKUSER,
+                tid as libc::pid_t,
+                USER_DR7_OFFSET as *mut libc::c_void,
+                std::ptr::null_mut::<libc::c_void>(),
+            )
+        };
+        let err = std::io::Error::last_os_error();
+        let detached = ptrace_req(libc::PTRACE_DETACH, tid, deliver as usize);
+        if value == -1 && err.raw_os_error().is_some_and(|e| e != 0) {
+            return Err(err).with_context(|| format!("PTRACE_PEEKUSER(DR7) of {tid}"));
+        }
+        detached.with_context(|| format!("PTRACE_DETACH of {tid}"))?;
+        Ok(value as u64)
+    })
+    .join()
+    .map_err(|_| anyhow!("the DR7 reader thread panicked"))?
+}
+
 // ---------------------------------------------------------------------------------------------
 // RPC helpers
 // ---------------------------------------------------------------------------------------------

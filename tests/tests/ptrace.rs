@@ -16,7 +16,7 @@ use wpd_proto::v1::{
 use wpd_tests::{
     Backend, Client, Daemon, Event, EventStream, ForeignTracer, TargetProc, attach, check_hit,
     describe_status, expect_status, hit_value_u64, list_threads, numbers_in, ours, poll_until,
-    require_backend, resume, rpc, rpc_ok, set_watchpoint, thread_states, write_spec,
+    read_dr7, require_backend, resume, rpc, rpc_ok, set_watchpoint, thread_states, write_spec,
 };
 
 const PTRACE: Backend = Backend::Ptrace;
@@ -546,6 +546,23 @@ async fn restarted_daemon_clears_registers_a_killed_one_left() -> Result<()> {
             hit.tid == pid && hit_value_u64(&hit) == Some(0x51),
             "hit {hit:?}"
         );
+        // A thread born after the watchpoint was set: armed at its first stop, and never
+        // named in the state file, which lists processes, not threads.
+        let newborn = target.spawn_worker().await?;
+        let listed = rpc_ok(
+            "ListWatchpoints",
+            client.list_watchpoints(ListWatchpointsRequest { pid }),
+        )
+        .await?;
+        let armed = listed
+            .watchpoints
+            .iter()
+            .find(|w| w.id == wp.id)
+            .map(|w| w.armed_threads);
+        ensure!(
+            armed == Some(6),
+            "armed on {armed:?} threads after a sixth was born"
+        );
         drop(events);
         drop(client);
 
@@ -572,9 +589,21 @@ async fn restarted_daemon_clears_registers_a_killed_one_left() -> Result<()> {
             .ping()
             .await
             .context("ping between the kill and the restart")?;
+        let left = read_dr7(newborn)?;
+        ensure!(
+            left != 0,
+            "the killed daemon should have left DR7 armed on thread {newborn}, found 0"
+        );
 
         let daemon = second.insert(Daemon::start_with_state_file(first.state_file()).await?);
         daemon.client().await?; // it answers
+        for tid in target.tids()? {
+            let dr7 = read_dr7(tid)?;
+            ensure!(
+                dr7 == 0,
+                "after the restart thread {tid} still has DR7 {dr7:#x} (the newborn is {newborn})"
+            );
+        }
         let survived = async {
             target.write(3, 1).await?;
             let (c0, _) = target.ping().await?;

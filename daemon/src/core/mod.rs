@@ -40,6 +40,9 @@ pub struct Process {
     pub attached_at_ns: u64,
     /// Command name at attach time.
     pub comm: String,
+    /// Start time (`/proc/PID/stat` field 22), to tell the process from a
+    /// later one with the same pid (0 if unknown).
+    pub start_time: u64,
     /// Thread-tracking events; kept until detach because threads created by
     /// a tracked thread carry kernel copies that die with the original.
     trackers: Mutex<Vec<OwnedFd>>,
@@ -223,6 +226,8 @@ pub struct Core {
     stop: AtomicBool,
     reconcile_tx: Mutex<Option<mpsc::Sender<Job>>>,
     ptrace: Result<crate::backend::ptrace::PtraceBackend, String>,
+    /// What the ptrace state file holds now (rewritten only on change).
+    state_written: Mutex<String>,
 }
 
 impl std::fmt::Debug for Core {
@@ -308,6 +313,7 @@ impl Core {
             clock_offset: perf::realtime_ns().saturating_sub(perf::monotonic_ns()),
             stop: AtomicBool::new(false),
             reconcile_tx: Mutex::new(None),
+            state_written: Mutex::new(String::new()),
         });
         if core.perf.is_ok() {
             let c = core.clone();
@@ -408,6 +414,7 @@ impl Core {
             backend,
             attached_at_ns: perf::realtime_ns(),
             comm: procfs::comm(pid, pid).unwrap_or_default(),
+            start_time: procfs::start_time(pid).unwrap_or(0),
             trackers: Mutex::new(Vec::new()),
             watches: Mutex::new(BTreeSet::new()),
             op: Mutex::new(()),
@@ -665,7 +672,7 @@ impl Core {
             });
         // The process may have exited while it was being armed.
         let armed = armed.and_then(|()| {
-            if procfs::check_process(pid).is_err() && self.ledger.armed_count(pid, id) == 0 {
+            if procfs::check_process(pid).is_err() && self.ledger.armed_on(&tids, id) == 0 {
                 Err(WpdError::ProcessExited(pid))
             } else {
                 Ok(())
@@ -676,9 +683,9 @@ impl Core {
             proc.watches.lock().unwrap().remove(&id.0);
             // Threads born meanwhile may have taken it: undo those too.
             if proc.backend == BackendKind::Ptrace {
-                self.disarm_ptrace(&proc, &watch);
+                self.disarm_ptrace(&watch);
             }
-            for (tid, _) in self.ledger.slots_of(pid, id) {
+            for (tid, _) in self.ledger.slots_on(&self.watch_tids(&watch), id) {
                 self.ledger
                     .release(tid, id, proc.backend == BackendKind::Ptrace);
             }
@@ -761,13 +768,22 @@ impl Core {
         }
         let retain = proc.backend == BackendKind::Ptrace;
         if retain {
-            self.disarm_ptrace(proc, &w);
+            self.disarm_ptrace(&w);
         }
-        for tid in self.ledger.tids(proc.pid) {
+        for tid in self.watch_tids(&w) {
             self.ledger.release(tid, w.id, retain);
         }
-        self.save_state();
         Some(w)
+    }
+
+    /// Threads a watchpoint can hold a slot on: its own tids when it is
+    /// thread-scoped (O(scope), however many threads the process has),
+    /// every tracked thread when it is process-wide.
+    fn watch_tids(&self, w: &Watch) -> Vec<Tid> {
+        match &w.spec.scope {
+            Scope::Threads(tids) => tids.clone(),
+            Scope::Process => self.ledger.tids(w.spec.pid),
+        }
     }
 
     /// The error for threads the kernel refused (ENOSPC), naming holders.
@@ -826,7 +842,7 @@ impl Core {
             id: w.id,
             spec: w.spec.clone(),
             process_wide: w.process_wide,
-            armed_threads: self.ledger.armed_count(w.spec.pid, w.id) as u32,
+            armed_threads: self.ledger.armed_on(&self.watch_tids(w), w.id) as u32,
             hits: w.hits.load(Ordering::Relaxed),
             created_at_ns: w.created_at_ns,
             backend: w.backend,

@@ -207,11 +207,11 @@ impl Core {
     }
 
     /// Clears the watchpoint's slot on every thread that has it.
-    pub(super) fn disarm_ptrace(&self, proc: &Process, watch: &Watch) {
+    pub(super) fn disarm_ptrace(&self, watch: &Watch) {
         let Ok(pt) = self.ptrace() else { return };
         let items: Vec<SlotProgram> = self
             .ledger
-            .slots_of(proc.pid, watch.id)
+            .slots_on(&self.watch_tids(watch), watch.id)
             .into_iter()
             .map(|(tid, slot)| SlotProgram {
                 tid,
@@ -254,27 +254,35 @@ impl Core {
     /// Rewrites the state file: every thread of a ptrace process. A daemon
     /// restarted after a SIGKILL reads it and clears their DR7.
     pub(super) fn write_state_now(&self) {
-        let mut lines = String::new();
-        for p in self
+        let mut procs: Vec<(Pid, u64)> = self
             .procs
             .iter()
             .filter(|p| p.backend == BackendKind::Ptrace)
-        {
-            for tid in self.ledger.tids(p.pid) {
-                lines.push_str(&format!("{} {}\n", p.pid, tid));
-            }
+            .map(|p| (p.pid, p.start_time))
+            .collect();
+        procs.sort_unstable();
+        let mut lines = String::new();
+        for (pid, start) in procs {
+            lines.push_str(&format!("pid {pid} start {start}\n"));
+        }
+        // One line per process, not per thread: the file changes only on
+        // attach and detach, so arming and new threads never rewrite it.
+        let mut written = self.state_written.lock().unwrap();
+        if *written == lines {
+            return;
         }
         let path = state_file();
         if lines.is_empty() {
             let _ = std::fs::remove_file(&path);
+            written.clear();
             return;
         }
         if let Some(dir) = path.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
         let tmp = path.with_extension("tmp");
-        if std::fs::write(&tmp, lines).is_ok() {
-            let _ = std::fs::rename(&tmp, &path);
+        if std::fs::write(&tmp, &lines).is_ok() && std::fs::rename(&tmp, &path).is_ok() {
+            *written = lines;
         }
     }
 
@@ -283,52 +291,91 @@ impl Core {
     }
 }
 
-/// Clears DR7 on threads listed in the state file of a daemon that died
-/// without cleaning up (SIGKILL, OOM kill). Runs before serving. Returns
-/// how many threads were cleaned.
+/// What a state file line names: every thread of a process (`pid P start
+/// S`; S = 0 when unknown), or one thread (`P T`, the older format).
+#[derive(Debug, PartialEq, Eq)]
+enum StateLine {
+    Process { pid: Pid, start: u64 },
+    Thread { pid: Pid, tid: Tid },
+}
+
+fn parse_state_line(line: &str) -> Option<StateLine> {
+    let w: Vec<&str> = line.split_whitespace().collect();
+    match w.as_slice() {
+        ["pid", pid, "start", start] => Some(StateLine::Process {
+            pid: pid.parse().ok()?,
+            start: start.parse().ok()?,
+        }),
+        [pid, tid] => Some(StateLine::Thread {
+            pid: pid.parse().ok()?,
+            tid: tid.parse().ok()?,
+        }),
+        _ => None,
+    }
+}
+
+/// Clears DR7 on the threads of processes listed in the state file of a
+/// daemon that died without cleaning up (SIGKILL, OOM kill): all of their
+/// threads, including those born after the file was written. A process
+/// whose start time differs is a different process that reused the pid,
+/// and is left alone. Runs before serving. Returns how many threads were
+/// cleaned.
 pub fn recover_from_state_file() -> usize {
-    use nix::sys::ptrace;
-    use nix::sys::signal::Signal;
-    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
     let path = state_file();
     let Ok(text) = std::fs::read_to_string(&path) else {
         return 0;
     };
     let mut cleaned = 0;
     for line in text.lines() {
-        let mut it = line
-            .split_whitespace()
-            .filter_map(|w| w.parse::<Pid>().ok());
-        let (Some(pid), Some(tid)) = (it.next(), it.next()) else {
-            continue;
-        };
-        if !procfs::is_thread_of(pid, tid) || tracer_of(tid).is_some() {
-            continue;
-        }
-        let p = nix::unistd::Pid::from_raw(tid);
-        if ptrace::seize(p, ptrace::Options::empty()).is_err() {
-            continue;
-        }
-        let _ = ptrace::interrupt(p);
-        // Wait for this tracee's stop. A signal that arrives first is passed
-        // on at detach, except the SIGTRAP of a hit on the stale registers,
-        // which would kill the target.
-        let deliver = match waitpid(p, Some(WaitPidFlag::__WALL)) {
-            Ok(WaitStatus::PtraceEvent(..)) => None,
-            Ok(WaitStatus::Stopped(_, Signal::SIGTRAP))
-                if ptrace::getsiginfo(p).is_ok_and(|i| i.si_code == arch::TRAP_HWBKPT) =>
-            {
-                None
+        match parse_state_line(line) {
+            Some(StateLine::Process { pid, start }) => {
+                if start != 0 && procfs::start_time(pid) != Some(start) {
+                    continue;
+                }
+                for tid in procfs::tasks(pid).unwrap_or_default() {
+                    cleaned += usize::from(clear_stale_registers(pid, tid));
+                }
             }
-            Ok(WaitStatus::Stopped(_, sig)) => Some(sig),
-            _ => continue,
-        };
-        let _ = ptrace::write_user(p, arch::debugreg_offset(arch::DR7) as _, 0);
-        let _ = ptrace::detach(p, deliver);
-        cleaned += 1;
+            Some(StateLine::Thread { pid, tid }) => {
+                cleaned += usize::from(clear_stale_registers(pid, tid));
+            }
+            None => tracing::warn!(line, "unreadable line in the ptrace state file"),
+        }
     }
     let _ = std::fs::remove_file(&path);
     cleaned
+}
+
+/// Seizes one untraced thread, sets its DR7 to 0 and detaches. False if the
+/// thread is gone, traced by someone else, or could not be stopped.
+fn clear_stale_registers(pid: Pid, tid: Tid) -> bool {
+    use nix::sys::ptrace;
+    use nix::sys::signal::Signal;
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    if !procfs::is_thread_of(pid, tid) || tracer_of(tid).is_some() {
+        return false;
+    }
+    let p = nix::unistd::Pid::from_raw(tid);
+    if ptrace::seize(p, ptrace::Options::empty()).is_err() {
+        return false;
+    }
+    let _ = ptrace::interrupt(p);
+    // Wait for this tracee's stop. A signal that arrives first is passed on
+    // at detach, except the SIGTRAP of a hit on the stale registers, which
+    // would kill the target.
+    let deliver = match waitpid(p, Some(WaitPidFlag::__WALL)) {
+        Ok(WaitStatus::PtraceEvent(..)) => None,
+        Ok(WaitStatus::Stopped(_, Signal::SIGTRAP))
+            if ptrace::getsiginfo(p).is_ok_and(|i| i.si_code == arch::TRAP_HWBKPT) =>
+        {
+            None
+        }
+        Ok(WaitStatus::Stopped(_, sig)) => Some(sig),
+        _ => return false,
+    };
+    let _ = ptrace::write_user(p, arch::debugreg_offset(arch::DR7) as _, 0);
+    let _ = ptrace::detach(p, deliver);
+    true
 }
 
 impl TraceSink for Core {
@@ -391,13 +438,6 @@ impl TraceSink for Core {
             parent,
             watchpoints: armed,
         });
-        if self
-            .procs
-            .get(&pid)
-            .is_some_and(|p| p.backend == BackendKind::Ptrace)
-        {
-            self.save_state();
-        }
     }
 
     fn thread_exited(&self, pid: Pid, tid: Tid) {
@@ -470,5 +510,28 @@ impl Core {
     #[doc(hidden)]
     pub fn is_traced(&self, tid: Tid) -> bool {
         self.ptrace.as_ref().is_ok_and(|p| p.traces(tid))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{StateLine, parse_state_line};
+
+    #[test]
+    fn state_lines_of_both_formats_parse() {
+        assert_eq!(
+            parse_state_line("pid 12 start 3456"),
+            Some(StateLine::Process {
+                pid: 12,
+                start: 3456
+            })
+        );
+        assert_eq!(
+            parse_state_line("12 13"),
+            Some(StateLine::Thread { pid: 12, tid: 13 })
+        );
+        assert_eq!(parse_state_line("pid 12"), None);
+        assert_eq!(parse_state_line("pid x start 1"), None);
+        assert_eq!(parse_state_line(""), None);
     }
 }
