@@ -246,7 +246,8 @@ impl Core {
     /// Processes every record already in the rings.
     pub fn drain_now(&self) {
         if let Ok(perf) = self.perf() {
-            perf.drain(&mut |r| self.on_record(r));
+            let mut values = ValueCache::default();
+            perf.drain(&mut |r| self.on_record(r, &mut values));
         }
     }
 
@@ -268,7 +269,7 @@ impl Core {
         }
     }
 
-    pub(super) fn on_record(&self, r: Record) {
+    pub(super) fn on_record(&self, r: Record, values: &mut ValueCache) {
         match r {
             Record::Sample {
                 id,
@@ -288,8 +289,7 @@ impl Core {
                 w.hits.fetch_add(1, Ordering::Relaxed);
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 let len = w.spec.len.bytes();
-                let value = procfs::read_memory(pid, addr, len as usize);
-                let value_read_ns = perf::realtime_ns();
+                let (value, value_read_ns) = values.read(pid, addr, len);
                 self.bus.publish(EventKind::Hit(HitEvent {
                     id: w.id,
                     pid,
@@ -364,5 +364,35 @@ impl Core {
             self.watches.get(&id).is_some_and(|w| w.process_wide)
                 && row.slot_of(WatchId(id)).is_none()
         })
+    }
+}
+
+/// Values read during one drain pass, by (pid, address, length). The perf
+/// backend reads a hit's value after the fact, when the daemon handles the
+/// record (`value_read_ns` says when), so every hit on the same bytes in one
+/// pass would read the same memory within microseconds: one
+/// `process_vm_readv` serves them all. At high hit rates that read is the
+/// largest part of the daemon's work per hit.
+#[derive(Default)]
+pub(super) struct ValueCache {
+    read: Vec<((Pid, u64, u32), Result<Vec<u8>, String>, u64)>,
+}
+
+impl ValueCache {
+    /// Distinct (pid, address, length) kept per pass; a pass over more
+    /// watched ranges than this reads the others every time.
+    const CAP: usize = 64;
+
+    fn read(&mut self, pid: Pid, addr: u64, len: u32) -> (Result<Vec<u8>, String>, u64) {
+        let key = (pid, addr, len);
+        if let Some((_, v, ns)) = self.read.iter().find(|(k, _, _)| *k == key) {
+            return (v.clone(), *ns);
+        }
+        let v = procfs::read_memory(pid, addr, len as usize);
+        let ns = perf::realtime_ns();
+        if self.read.len() < Self::CAP {
+            self.read.push((key, v.clone(), ns));
+        }
+        (v, ns)
     }
 }

@@ -31,7 +31,7 @@
 //! Timings are medians over `--reps` runs unless a table says otherwise.
 //! Nothing here asserts a time.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::os::fd::OwnedFd;
 use std::process::{ExitCode, Stdio};
@@ -468,6 +468,35 @@ fn proc_cpu_us(pid: i32) -> Result<f64> {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     Ok(ticks * 1e6 / hz)
+}
+
+/// CPU time (user + system, µs) of a process's live threads, summed by
+/// role: the thread name with any `-N` suffix removed (`wpd-tracer-0` →
+/// `wpd-tracer`). Threads that already exited are not counted.
+fn thread_cpu_us_by_role(pid: i32) -> Result<BTreeMap<String, f64>> {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let path = e?.path().join("stat");
+        let Ok(stat) = std::fs::read_to_string(&path) else {
+            continue; // exited meanwhile
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = &stat[open + 1..close];
+        let role = match comm.rsplit_once('-') {
+            Some((head, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => head,
+            _ => comm,
+        };
+        let f: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        if f.len() > 13 {
+            let ticks = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+            *out.entry(role.to_string()).or_insert(0.0) += ticks * 1e6 / hz;
+        }
+    }
+    Ok(out)
 }
 
 /// Resident memory of a process: VmRSS and the part of it that is perf
@@ -1244,6 +1273,8 @@ struct ThroughputRun {
     daemon_cpu_us: f64,
     daemon_idle_cpu_us: f64,
     bench_cpu_us: f64,
+    /// Daemon CPU over the hits, by thread role (µs).
+    daemon_cpu_by_role: BTreeMap<String, f64>,
 }
 
 async fn throughput_once(
@@ -1323,6 +1354,7 @@ async fn throughput_once(
     let daemon_idle_cpu_us = proc_cpu_us(dpid)? - c0;
     let s0 = stats(&mut client).await?;
     let (c1, b1) = (proc_cpu_us(dpid)?, proc_cpu_us(std::process::id() as i32)?);
+    let roles1 = thread_cpu_us_by_role(dpid)?;
     let (stores, secs) = hammer(&mut target).await?;
     let hammer_end = sub_start.elapsed();
     // Wait until everything arrived, or nothing moved for 2 s.
@@ -1346,6 +1378,11 @@ async fn throughput_once(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (c2, b2) = (proc_cpu_us(dpid)?, proc_cpu_us(std::process::id() as i32)?);
+    let mut daemon_cpu_by_role = thread_cpu_us_by_role(dpid)?;
+    for (role, us) in daemon_cpu_by_role.iter_mut() {
+        *us -= roles1.get(role).copied().unwrap_or(0.0);
+    }
+    daemon_cpu_by_role.retain(|_, us| *us > 0.0);
     let s1 = stats(&mut client).await?;
     let daemon_hits = wp_hits(&mut client, target.pid).await?;
     let _ = stop_tx.send(());
@@ -1368,6 +1405,7 @@ async fn throughput_once(
         daemon_cpu_us: c2 - c1,
         daemon_idle_cpu_us,
         bench_cpu_us: b2 - b1,
+        daemon_cpu_by_role,
     })
 }
 
@@ -1383,9 +1421,9 @@ async fn section_throughput(args: &Args) -> Result<()> {
         args.window.as_millis()
     );
     println!(
-        "| backend | writers | stores/s, no watchpoint | stores (= hits made) | hits counted by wpd | hits received by subscriber | lost: EventsDropped / RecordsLost (stream); subscriber_dropped / kernel_lost (GetStats) | hits/s received | last hit after the writers stopped (ms) | daemon CPU µs per hit | daemon CPU over the same time, no hits (ms) | subscriber (bench) CPU µs per hit |"
+        "| backend | writers | stores/s, no watchpoint | stores (= hits made) | hits counted by wpd | hits received by subscriber | lost: EventsDropped / RecordsLost (stream); subscriber_dropped / kernel_lost (GetStats) | hits/s received | last hit after the writers stopped (ms) | daemon CPU µs per hit | daemon CPU over the same time, no hits (ms) | subscriber (bench) CPU µs per hit | daemon CPU µs per hit by thread |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|");
     for backend in [Backend::Perf, Backend::Ptrace] {
         for &w in &writer_counts {
             // One run per configuration (a run is the window); the median
@@ -1405,8 +1443,14 @@ async fn section_throughput(args: &Args) -> Result<()> {
                     format!("{:.2}", cpu / r.daemon_hits as f64)
                 }
             };
+            let by_role = r
+                .daemon_cpu_by_role
+                .iter()
+                .map(|(role, us)| format!("{role} {}", per_hit(*us)))
+                .collect::<Vec<_>>()
+                .join(", ");
             println!(
-                "| {} | {} | {:.0} | {} | {} | {} | {} / {} / {} / {} | {:.0} | {:.1} | {} | {:.0} | {} |",
+                "| {} | {} | {:.0} | {} | {} | {} | {} / {} / {} / {} | {:.0} | {:.1} | {} | {:.0} | {} | {} |",
                 backend_name(backend),
                 r.writers,
                 r.base_rate,
@@ -1422,6 +1466,11 @@ async fn section_throughput(args: &Args) -> Result<()> {
                 per_hit(r.daemon_cpu_us),
                 r.daemon_idle_cpu_us / 1e3,
                 per_hit(r.bench_cpu_us),
+                if by_role.is_empty() {
+                    "–".to_string()
+                } else {
+                    by_role
+                },
             );
             flush();
         }
