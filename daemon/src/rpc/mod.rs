@@ -12,7 +12,7 @@ pub mod status;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use tokio::sync::broadcast::error::RecvError;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use wpd_proto::v1 as pb;
@@ -22,7 +22,7 @@ use crate::arch;
 use crate::authz::{self, Caller};
 use crate::core::Core;
 use crate::error::WpdError;
-use crate::events::EventKind;
+use crate::events::{Event, EventKind};
 use crate::model::{BackendKind, Pid, WatchId, WatchSpec};
 
 /// The service.
@@ -245,68 +245,17 @@ impl Watchpoints for Service {
         self.core
             .check_subscriber_limit()
             .map_err(|e| status::to_status(&e))?;
-        let mut rx = self.core.bus.subscribe();
-        // Per-pid permission decisions of this subscriber (processes come
-        // and go; a decision is made once per pid).
-        let mut visible: std::collections::HashMap<Pid, bool> = std::collections::HashMap::new();
-        let core = self.core.clone();
-        let ids: Vec<WatchId> = r.watchpoint_ids.iter().map(|&i| WatchId(i)).collect();
-        let (tx, out) = tokio::sync::mpsc::channel::<Result<pb::StreamEventsResponse, Status>>(256);
-        let mut closed = self.core.bus.closed();
-        tokio::spawn(async move {
-            loop {
-                let got = tokio::select! {
-                    got = rx.recv() => got,
-                    _ = closed.wait_for(|c| *c) => break,
-                    // A client that leaves a quiet (or filtered) stream is
-                    // noticed here, not only at the next matching event.
-                    () = tx.closed() => break,
-                };
-                let item = match got {
-                    Ok(ev) => {
-                        let global = matches!(ev.kind, EventKind::RecordsLost { .. });
-                        if r.pid != 0 && ev.kind.pid() != r.pid && !global {
-                            continue;
-                        }
-                        if !global && !caller.privileged {
-                            let pid = ev.kind.pid();
-                            let ok = *visible
-                                .entry(pid)
-                                .or_insert_with(|| authz::check(&caller, pid).is_ok());
-                            if !ok {
-                                continue;
-                            }
-                        }
-                        match &ev.kind {
-                            EventKind::Hit(h) if !ids.is_empty() && !ids.contains(&h.id) => {
-                                continue;
-                            }
-                            EventKind::Hit(_) => {}
-                            _ if r.hits_only => continue,
-                            _ => {}
-                        }
-                        convert::event_to_pb(&ev)
-                    }
-                    Err(RecvError::Lagged(n)) => {
-                        core.bus.note_dropped(n);
-                        pb::StreamEventsResponse {
-                            seq: 0,
-                            time_ns: crate::backend::perf::realtime_ns(),
-                            event: Some(pb::stream_events_response::Event::Dropped(
-                                pb::EventsDropped { count: n },
-                            )),
-                        }
-                    }
-                    Err(RecvError::Closed) => break,
-                };
-                if tx.send(Ok(item)).await.is_err() {
-                    break; // client went away
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(out),
-        )))
+        let feed = EventFeed {
+            events: tokio_stream::wrappers::BroadcastStream::new(self.core.bus.subscribe()),
+            shutdown: tokio_stream::wrappers::WatchStream::new(self.core.bus.closed()),
+            core: self.core.clone(),
+            caller,
+            pid: r.pid,
+            ids: r.watchpoint_ids.iter().map(|&i| WatchId(i)).collect(),
+            hits_only: r.hits_only,
+            visible: std::collections::HashMap::new(),
+        };
+        Ok(Response::new(Box::pin(feed)))
     }
 
     async fn resume(
@@ -342,5 +291,94 @@ impl Watchpoints for Service {
             ledger_hold_max_ns: s.ledger_hold.2,
             uptime_s: s.uptime.as_secs(),
         }))
+    }
+}
+
+/// One subscriber's event stream, polled by tonic itself: the event bus
+/// wakes the connection's task directly, with no task or channel in
+/// between, and events that are already queued go out together (tonic
+/// encodes every ready message into one HTTP/2 write). It ends at daemon
+/// shutdown; tonic drops it when the client goes away.
+struct EventFeed {
+    events: tokio_stream::wrappers::BroadcastStream<Arc<Event>>,
+    shutdown: tokio_stream::wrappers::WatchStream<bool>,
+    core: Arc<Core>,
+    caller: Caller,
+    /// Only this process (0: all).
+    pid: Pid,
+    /// Only hits of these watchpoints (empty: all).
+    ids: Vec<WatchId>,
+    hits_only: bool,
+    /// Per-pid permission decisions of this subscriber (processes come and
+    /// go; a decision is made once per pid).
+    visible: std::collections::HashMap<Pid, bool>,
+}
+
+impl EventFeed {
+    /// The message for `ev`, or None if this subscriber does not get it.
+    fn pass(&mut self, ev: &Event) -> Option<pb::StreamEventsResponse> {
+        let global = matches!(ev.kind, EventKind::RecordsLost { .. });
+        if self.pid != 0 && ev.kind.pid() != self.pid && !global {
+            return None;
+        }
+        if !global && !self.caller.privileged {
+            let pid = ev.kind.pid();
+            let caller = &self.caller;
+            let ok = *self
+                .visible
+                .entry(pid)
+                .or_insert_with(|| authz::check(caller, pid).is_ok());
+            if !ok {
+                return None;
+            }
+        }
+        match &ev.kind {
+            EventKind::Hit(h) if !self.ids.is_empty() && !self.ids.contains(&h.id) => None,
+            EventKind::Hit(_) => Some(convert::event_to_pb(ev)),
+            _ if self.hits_only => None,
+            _ => Some(convert::event_to_pb(ev)),
+        }
+    }
+}
+
+impl Stream for EventFeed {
+    type Item = Result<pb::StreamEventsResponse, Status>;
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        // The first poll yields the current value; later ones, changes.
+        while let Poll::Ready(closed) = Pin::new(&mut this.shutdown).poll_next(cx) {
+            if closed != Some(false) {
+                return Poll::Ready(None);
+            }
+        }
+        loop {
+            let got = match Pin::new(&mut this.events).poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Ready(Some(got)) => got,
+            };
+            match got {
+                Ok(ev) => {
+                    if let Some(item) = this.pass(&ev) {
+                        return Poll::Ready(Some(Ok(item)));
+                    }
+                }
+                Err(BroadcastStreamRecvError::Lagged(n)) => {
+                    this.core.bus.note_dropped(n);
+                    return Poll::Ready(Some(Ok(pb::StreamEventsResponse {
+                        seq: 0,
+                        time_ns: crate::backend::perf::realtime_ns(),
+                        event: Some(pb::stream_events_response::Event::Dropped(
+                            pb::EventsDropped { count: n },
+                        )),
+                    })));
+                }
+            }
+        }
     }
 }
