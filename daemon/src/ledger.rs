@@ -374,6 +374,26 @@ impl Ledger {
         tids.len()
     }
 
+    /// Drops the retained-slot records of threads that no longer exist
+    /// (`alive(pid, tid)` is false): the kernel freed those slots with the
+    /// thread. Returns how many were dropped.
+    pub fn prune_retained(&self, alive: impl Fn(Pid, Tid) -> bool) -> usize {
+        // Checked outside the shard locks (`alive` may make syscalls).
+        let all: Vec<(Tid, Pid)> = self.retained.iter().map(|e| (*e.key(), e.0)).collect();
+        all.into_iter()
+            .filter(|&(tid, pid)| !alive(pid, tid))
+            .filter(|&(tid, pid)| self.retained.remove_if(&tid, |_, r| r.0 == pid).is_some())
+            .count()
+    }
+
+    /// Gives back the tables' spare capacity (after a large process went
+    /// away). Takes every shard's lock in turn: not for hot paths.
+    pub fn shrink_to_fit(&self) {
+        self.threads.shrink_to_fit();
+        self.procs.shrink_to_fit();
+        self.retained.shrink_to_fit();
+    }
+
     /// Tids of a process (unordered snapshot).
     pub fn tids(&self, pid: Pid) -> Vec<Tid> {
         let _t = self.timed();
@@ -764,6 +784,25 @@ mod tests {
             .reserve_all(&[1], WatchId(3), false, BackendKind::Ptrace)
             .unwrap();
         assert_eq!(t[0].slot, 0, "ptrace reuses it first");
+    }
+
+    #[test]
+    fn retained_slots_of_dead_threads_are_pruned() {
+        let l = ledger_with(1, &[1, 2]);
+        for tid in [1, 2] {
+            let r = l
+                .reserve_all(&[tid], WatchId(tid as u64), false, BackendKind::Ptrace)
+                .unwrap();
+            l.commit(&r, None);
+            l.release(tid, WatchId(tid as u64), true);
+        }
+        l.remove_process(1);
+        assert_eq!(l.prune_retained(|_, tid| tid == 2), 1, "thread 1 died");
+        assert_eq!(l.prune_retained(|_, tid| tid == 2), 0);
+        l.add_thread(1, 2);
+        assert_eq!(l.get(2).unwrap().retained, 0b0001, "the live one is kept");
+        l.add_thread(1, 1);
+        assert_eq!(l.get(1).unwrap().retained, 0, "the dead one is forgotten");
     }
 
     #[test]

@@ -11,4 +11,5 @@ pub mod ledger;
 pub mod model;
 pub mod procfs;
 pub mod rpc;
+pub mod sched;
 pub mod server;

@@ -42,6 +42,11 @@ struct Args {
     /// Event subscribers at once.
     #[arg(long, default_value_t = wpd::core::Limits::default().subscribers)]
     max_subscribers: usize,
+    /// Scheduling of the daemon's threads: realtime (SCHED_FIFO priority 1,
+    /// needs CAP_SYS_NICE; the daemon keeps up with targets that load every
+    /// CPU) or normal (only arm passes are raised while they run).
+    #[arg(long, value_enum, env = "WPD_PRIORITY", default_value = "realtime")]
+    priority: wpd::sched::Priority,
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {
@@ -57,12 +62,18 @@ fn main() -> std::process::ExitCode {
     // Before any thread exists: tracer threads learn about ptrace stops
     // through a signalfd, so no thread may take SIGCHLD itself.
     wpd::backend::ptrace::block_sigchld();
+    let args = Args::parse();
+    // Before any thread exists too: every daemon thread starts with it.
+    wpd::sched::set_priority(args.priority);
     // Requests run their syscalls on the blocking pool. Bounded: hundreds of
     // concurrent clients queue instead of each getting a thread (a thread
     // costs a stack and an allocator arena that outlive the burst).
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(32)
+        .on_thread_start(|| {
+            wpd::sched::thread_started();
+        })
         .build()
     {
         Ok(r) => r,
@@ -71,11 +82,10 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run())
+    runtime.block_on(run(args))
 }
 
-async fn run() -> std::process::ExitCode {
-    let args = Args::parse();
+async fn run(args: Args) -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_new(&args.log).unwrap_or_else(|_| "info".into()),

@@ -287,3 +287,54 @@ async fn removed_watchpoint_stops_hitting(backend: Backend) -> Result<()> {
         .await,
     )
 }
+
+both_backends!(attach_while_threads_are_being_created);
+
+/// Attach, arm and detach three times while two threads of the target create and join
+/// threads non-stop (each new thread stores once to `VARS[0]`). Threads born during the scan
+/// are attached by the kernel at clone (ptrace) or tracked through their FORK record (perf):
+/// neither may make Attach fail, and the process-wide watchpoint must catch the first store of
+/// threads born after it was set.
+async fn attach_while_threads_are_being_created(backend: Backend) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--churn", "--threads", "2"]).await?;
+    daemon.finish(
+        async {
+            target.cmd("churn-start").await?;
+            let mut client = daemon.client().await?;
+            for round in 1..=3 {
+                let mut events = EventStream::subscribe(&mut client, hits_only(target.pid)).await?;
+                let wp =
+                    set_watchpoint(&mut client, write_spec(backend, target.pid, target.vars[0]))
+                        .await
+                        .map_err(|e| {
+                            anyhow::anyhow!("round {round}: attach + set while churning: {e:#}")
+                        })?
+                        .watchpoint
+                        .unwrap_or_default();
+                let mut tids = HashSet::new();
+                events
+                    .wait_for(
+                        Duration::from_secs(10),
+                        &format!("round {round}: hits from 20 distinct new threads"),
+                        |ev| {
+                            if let Event::Hit(h) = ev
+                                && h.watchpoint_id == wp.id
+                            {
+                                tids.insert(h.tid);
+                            }
+                            Ok((tids.len() >= 20).then_some(()))
+                        },
+                    )
+                    .await?;
+                rpc_ok(
+                    "Detach",
+                    client.detach(wpd_proto::v1::DetachRequest { pid: target.pid }),
+                )
+                .await?;
+            }
+            target.ensure_alive()
+        }
+        .await,
+    )
+}

@@ -214,6 +214,7 @@ fn start_sigchld_thread() {
     std::thread::Builder::new()
         .name("wpd-sigchld".into())
         .spawn(move || {
+            crate::sched::thread_started();
             let ring_all = || {
                 if let Some(r) = ROUTER.get() {
                     for b in &r.lock().unwrap().bells {
@@ -300,6 +301,7 @@ impl PtraceBackend {
             std::thread::Builder::new()
                 .name(format!("wpd-tracer-{i}"))
                 .spawn(move || {
+                    crate::sched::thread_started();
                     // A tracer that dies leaves its tracees detached with
                     // armed registers (kernel-facts §2): on a panic, clear
                     // and detach them before the thread ends.
@@ -425,6 +427,12 @@ impl PtraceBackend {
             .collect()
     }
 
+    /// Gives back the tracee map's spare capacity (after a large process
+    /// went away).
+    pub fn shrink(&self) {
+        self.owner.shrink_to_fit();
+    }
+
     /// True if `tid` is one of our tracees.
     pub fn traces(&self, tid: Tid) -> bool {
         self.owner.contains_key(&tid)
@@ -525,6 +533,12 @@ impl Tracer {
                 }
             }
             self.reap();
+            // After a large process exits or is detached, give the memory
+            // of its tracees back (the daemon's RSS returns to its
+            // baseline); cheap to check, rare to act.
+            if self.tracees.capacity() > 4 * self.tracees.len() + 256 {
+                self.tracees.shrink_to_fit();
+            }
             let mut pfd = libc::pollfd {
                 fd: self.wake.as_raw_fd(),
                 events: libc::POLLIN,

@@ -23,6 +23,7 @@ use crate::events::{EventBus, EventKind};
 use crate::ledger::Ledger;
 use crate::model::{BackendKind, HitAction, Pid, Scope, Tid, WatchId, WatchSpec};
 use crate::procfs;
+use crate::sched::Boost;
 
 mod perf_ops;
 mod ptrace_ops;
@@ -55,6 +56,10 @@ pub struct Process {
     /// Task watching the pidfd for process exit.
     exit_watch: Mutex<Option<tokio::task::AbortHandle>>,
 }
+
+/// A process with at least this many threads going away triggers
+/// [`Core::compact`].
+const COMPACT_AFTER_THREADS: usize = 256;
 
 /// A watchpoint.
 #[derive(Debug)]
@@ -250,31 +255,6 @@ enum Job {
     SaveState,
 }
 
-/// Runs the current thread at `SCHED_FIFO` priority 1 while alive: arming
-/// thousands of threads of a busy target otherwise waits behind the target's
-/// own threads for CPU (kernel-facts §6: 221 ms vs ~12 µs per thread). The
-/// work done under it is bounded (one arm pass). Without CAP_SYS_NICE it is
-/// a no-op.
-struct RealtimeGuard(bool);
-
-impl RealtimeGuard {
-    fn enter() -> Self {
-        let param = libc::sched_param { sched_priority: 1 };
-        // SAFETY: changes only the calling thread's policy.
-        RealtimeGuard(unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0)
-    }
-}
-
-impl Drop for RealtimeGuard {
-    fn drop(&mut self) {
-        if self.0 {
-            let param = libc::sched_param { sched_priority: 0 };
-            // SAFETY: as above.
-            unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) };
-        }
-    }
-}
-
 fn perf_err(e: PerfError) -> WpdError {
     WpdError::kernel(e.op, e.errno)
 }
@@ -319,7 +299,10 @@ impl Core {
             let c = core.clone();
             std::thread::Builder::new()
                 .name("wpd-drain".into())
-                .spawn(move || c.drain_loop())
+                .spawn(move || {
+                    crate::sched::thread_started();
+                    c.drain_loop()
+                })
                 .expect("spawn drain");
         }
         let (tx, rx) = mpsc::channel::<Job>();
@@ -327,7 +310,10 @@ impl Core {
         let c = core.clone();
         std::thread::Builder::new()
             .name("wpd-reconcile".into())
-            .spawn(move || c.reconcile_loop(rx))
+            .spawn(move || {
+                crate::sched::thread_started();
+                c.reconcile_loop(rx)
+            })
             .expect("spawn reconcile");
         core
     }
@@ -428,7 +414,7 @@ impl Core {
             }
         }
         let _op = proc.op.lock().unwrap();
-        let _rt = RealtimeGuard::enter();
+        let _rt = Boost::enter();
         let tracked = match backend {
             BackendKind::Perf => self.track_all_threads(&proc),
             BackendKind::Ptrace => self.seize_all_threads(&proc),
@@ -538,9 +524,36 @@ impl Core {
             p.forget_fds(fds.len());
         }
         drop(fds);
-        self.ledger.remove_process(proc.pid);
+        let threads = self.ledger.remove_process(proc.pid);
         self.procs.remove_if(&proc.pid, |_, p| Arc::ptr_eq(p, proc));
         self.save_state();
+        // Slots the kernel kept for us on threads that are gone now.
+        self.ledger
+            .prune_retained(|pid, tid| procfs::is_thread_of(pid, tid));
+        if threads >= COMPACT_AFTER_THREADS {
+            self.compact();
+        }
+    }
+
+    /// Returns memory to the system after a large process went away:
+    /// shrinks the tables, and asks
+    /// the allocator to release free heap (glibc keeps it otherwise, and the
+    /// daemon's RSS would stay at its high-water mark). Blocking threads only.
+    fn compact(&self) {
+        let t0 = Instant::now();
+        self.ledger.shrink_to_fit();
+        self.procs.shrink_to_fit();
+        self.watches.shrink_to_fit();
+        self.event_ids.shrink_to_fit();
+        if let Ok(p) = self.ptrace() {
+            p.shrink();
+        }
+        // SAFETY: malloc_trim only releases free memory of glibc's heap.
+        #[cfg(target_env = "gnu")]
+        unsafe {
+            libc::malloc_trim(0);
+        }
+        tracing::debug!(took_us = t0.elapsed().as_micros() as u64, "compacted");
     }
 
     /// The process a watchpoint belongs to.
@@ -620,7 +633,7 @@ impl Core {
             }
         }
         let _op = proc.op.lock().unwrap();
-        let _rt = RealtimeGuard::enter();
+        let _rt = Boost::enter();
         if proc.gone.load(Ordering::SeqCst) {
             return Err(WpdError::ProcessExited(spec.pid));
         }

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use nix::errno::Errno;
 
-use super::{Core, Job, Process, RealtimeGuard, Watch};
+use super::{Core, Job, Process, Watch};
 use crate::arch::current as arch;
 use crate::backend::perf;
 use crate::backend::ptrace::{
@@ -21,6 +21,7 @@ use crate::events::{EventKind, HitEvent};
 use crate::ledger::Reservation;
 use crate::model::{BackendKind, HitAction, Pid, Tid, WatchId};
 use crate::procfs;
+use crate::sched::Boost;
 
 /// Tracer threads (`WPD_PTRACE_SHARDS` overrides). A handful: each waits
 /// only on its own tracees, and new threads join their creator's tracer.
@@ -91,7 +92,8 @@ impl Core {
                         Err(Errno::ESRCH) => {}
                         Err(Errno::EPERM) => match tracer_of(tid) {
                             // Attached by the kernel at clone: ours already.
-                            Some(t) if t == me => {}
+                            // TracerPid names the tracer *thread* (a shard).
+                            Some(t) if t == me || procfs::tgid_of(t) == Some(me) => {}
                             Some(t) => {
                                 // TracerPid names the tracing *thread*.
                                 let tracer = procfs::tgid_of(t).unwrap_or(t);
@@ -133,7 +135,7 @@ impl Core {
         res: &[Reservation],
     ) -> Result<(), WpdError> {
         let pt = self.ptrace()?;
-        let _rt = RealtimeGuard::enter();
+        let _rt = Boost::enter();
         let spec = &watch.spec;
         // A successful address poke makes the kernel reserve a slot until the
         // thread exits or execs, even if the request is then refused. So

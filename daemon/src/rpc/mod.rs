@@ -12,8 +12,8 @@ pub mod status;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_stream::Stream;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tonic::{Request, Response, Status};
 use wpd_proto::v1 as pb;
 use wpd_proto::v1::watchpoints_server::Watchpoints;

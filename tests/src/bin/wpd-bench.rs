@@ -700,6 +700,29 @@ async fn section_arm(args: &Args, cpus: &[i32], load: Load) -> Result<()> {
     Ok(())
 }
 
+/// Runs the calling thread at `SCHED_FIFO` priority 1 while alive, as wpd
+/// runs its threads (`--priority realtime`, the default): the floors get
+/// the same scheduling as the daemon they are compared with.
+struct Fifo(bool);
+
+impl Fifo {
+    fn enter() -> Fifo {
+        let p = libc::sched_param { sched_priority: 1 };
+        // SAFETY: changes only the calling thread's policy.
+        Fifo(unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } == 0)
+    }
+}
+
+impl Drop for Fifo {
+    fn drop(&mut self) {
+        if self.0 {
+            let p = libc::sched_param { sched_priority: 0 };
+            // SAFETY: as above.
+            unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &p) };
+        }
+    }
+}
+
 /// The perf syscalls of a process-wide arm, in a bare loop; `tracked`: also
 /// the thread-tracking events wpd opens at attach.
 async fn floor_perf(n: usize, load: Load, cpus: &[i32], tracked: bool) -> Result<f64> {
@@ -710,6 +733,7 @@ async fn floor_perf(n: usize, load: Load, cpus: &[i32], tracked: bool) -> Result
         .iter()
         .map(|&c| floor_collector(c))
         .collect::<Result<_>>()?;
+    let fifo = Fifo::enter();
     let t0 = Instant::now();
     let mut fds = Vec::with_capacity(tids.len() * cpus.len() * 2);
     for &tid in &tids {
@@ -721,6 +745,7 @@ async fn floor_perf(n: usize, load: Load, cpus: &[i32], tracked: bool) -> Result
         }
     }
     let t = ms(t0.elapsed());
+    drop(fifo);
     drop(fds);
     Ok(t)
 }
@@ -742,6 +767,7 @@ const DR7: usize = 848 + 7 * 8;
 const DR7_W8_SLOT0: u64 = 0x90001;
 
 fn ptrace_floor_blocking(tids: &[i32], addr: u64) -> Result<f64> {
+    let _fifo = Fifo::enter();
     let t0 = Instant::now();
     for &t in tids {
         // SAFETY: plain ptrace requests on threads of a process we started.
