@@ -528,8 +528,7 @@ impl Core {
         self.procs.remove_if(&proc.pid, |_, p| Arc::ptr_eq(p, proc));
         self.save_state();
         // Slots the kernel kept for us on threads that are gone now.
-        self.ledger
-            .prune_retained(|pid, tid| procfs::is_thread_of(pid, tid));
+        self.ledger.prune_retained(procfs::is_thread_of);
         if threads >= COMPACT_AFTER_THREADS {
             self.compact();
         }

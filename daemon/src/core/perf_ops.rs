@@ -375,8 +375,11 @@ impl Core {
 /// largest part of the daemon's work per hit.
 #[derive(Default)]
 pub(super) struct ValueCache {
-    read: Vec<((Pid, u64, u32), Result<Vec<u8>, String>, u64)>,
+    read: Vec<ReadValue>,
 }
+
+/// (pid, address, length), what reading it gave, and when (Unix ns).
+type ReadValue = ((Pid, u64, u32), Result<Vec<u8>, String>, u64);
 
 impl ValueCache {
     /// Distinct (pid, address, length) kept per pass; a pass over more
