@@ -17,6 +17,12 @@
 //! After the criterion groups, a separate interleaved timing pass prints a
 //! Markdown table of ns/op and ratios for every (T, W) to stdout. Set
 //! `WPD_LEDGER_SUMMARY=0` to skip it.
+//!
+//! A second table compares `ledger` and `ideal` the way the kernel's
+//! "within 5 % of no accounting" did: with the real work of each
+//! reservation included. There every commit also opens a disabled write
+//! breakpoint on every CPU for the calling thread and closes them (the
+//! perf backend's syscalls for one thread and one watchpoint).
 
 use std::hint::black_box;
 use std::sync::{Barrier, Mutex};
@@ -106,6 +112,126 @@ impl Accounting for Ideal {
 
     fn unregister(&self, tid: Tid) {
         black_box(tid);
+    }
+}
+
+/// `A` plus the kernel's work for each committed reservation: one disabled
+/// write breakpoint per CPU opened on the calling thread, then closed.
+struct WithKernel<'a, A> {
+    inner: &'a A,
+    cpus: Vec<i32>,
+}
+
+/// What the breakpoints watch (never written).
+static WATCHED: u64 = 0;
+
+fn kernel_work(cpus: &[i32]) {
+    use perf_event_open_sys as sys;
+    let mut attr = sys::bindings::perf_event_attr {
+        type_: sys::bindings::PERF_TYPE_BREAKPOINT,
+        size: std::mem::size_of::<sys::bindings::perf_event_attr>() as u32,
+        bp_type: sys::bindings::HW_BREAKPOINT_W,
+        ..Default::default()
+    };
+    attr.__bindgen_anon_3.bp_addr = &WATCHED as *const u64 as u64;
+    attr.__bindgen_anon_4.bp_len = sys::bindings::HW_BREAKPOINT_LEN_8 as u64;
+    attr.set_disabled(1);
+    attr.set_exclude_kernel(1);
+    attr.set_exclude_hv(1);
+    let mut fds = [-1; 64];
+    for (i, &cpu) in cpus.iter().enumerate().take(fds.len()) {
+        // SAFETY: a valid attr; pid 0 is the calling thread.
+        fds[i] = unsafe {
+            sys::perf_event_open(
+                &mut attr,
+                0,
+                cpu,
+                -1,
+                sys::bindings::PERF_FLAG_FD_CLOEXEC as _,
+            )
+        };
+        assert!(
+            fds[i] >= 0,
+            "perf_event_open(breakpoint, cpu {cpu}): {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    for fd in fds.into_iter().filter(|&fd| fd >= 0) {
+        // SAFETY: closing an fd opened above.
+        unsafe { libc::close(fd) };
+    }
+}
+
+impl<A: Accounting> Accounting for WithKernel<'_, A> {
+    type Token = A::Token;
+    const NAME: &'static str = A::NAME;
+
+    fn register(&self, pid: Pid, tid: Tid) {
+        self.inner.register(pid, tid);
+    }
+
+    fn reserve(&self, tid: Tid, id: WatchId) -> Self::Token {
+        self.inner.reserve(tid, id)
+    }
+
+    fn commit(&self, token: &Self::Token) {
+        self.inner.commit(token);
+        kernel_work(&self.cpus);
+    }
+
+    fn release(&self, tid: Tid, id: WatchId) {
+        self.inner.release(tid, id);
+    }
+
+    fn unregister(&self, tid: Tid) {
+        self.inner.unregister(tid);
+    }
+}
+
+/// Online CPUs (as the perf backend opens one event per CPU).
+fn online_cpus() -> Vec<i32> {
+    let n = thread::available_parallelism().map_or(1, |n| n.get());
+    (0..n as i32).collect()
+}
+
+/// The second summary table: `ledger` against `ideal`, each with the
+/// kernel's work per reservation ([`WithKernel`]).
+fn summary_with_kernel() {
+    const REPS: usize = 5;
+    let target = Duration::from_millis(100);
+    let ledger = Ledger::new();
+    let cpus = online_cpus();
+    let with_ledger = WithKernel {
+        inner: &ledger,
+        cpus: cpus.clone(),
+    };
+    let with_ideal = WithKernel {
+        inner: &Ideal,
+        cpus: cpus.clone(),
+    };
+    println!();
+    println!(
+        "## with the kernel's work per reservation ({} breakpoint opens + closes), median of {REPS} runs",
+        cpus.len()
+    );
+    println!();
+    println!("| T | W | ideal + kernel ns/op | ledger + kernel ns/op | ledger/ideal |");
+    println!("|---:|---:|---:|---:|---:|");
+    for threads in [100, 1_000] {
+        for workers in [1, 2, 8] {
+            let rl = calibrate(&with_ledger, threads, workers, target);
+            let ri = calibrate(&with_ideal, threads, workers, target);
+            let (mut l, mut i) = (Vec::new(), Vec::new());
+            for _ in 0..REPS {
+                l.push(ns_per_op(&with_ledger, threads, workers, rl));
+                i.push(ns_per_op(&with_ideal, threads, workers, ri));
+            }
+            let (l, i) = (median(l), median(i));
+            println!(
+                "| {threads} | {workers} | {i:.1} | {l:.1} | {:.3}× |",
+                l / i
+            );
+        }
     }
 }
 
@@ -379,5 +505,6 @@ fn main() {
     let wanted = std::env::var("WPD_LEDGER_SUMMARY").map_or(true, |v| v != "0");
     if bench_mode && wanted {
         summary();
+        summary_with_kernel();
     }
 }
