@@ -386,6 +386,12 @@ impl Ledger {
             .count()
     }
 
+    /// True if the thread table holds far more room than threads (a large
+    /// process went away): worth a [`Ledger::shrink_to_fit`].
+    pub fn mostly_empty(&self) -> bool {
+        self.threads.capacity() > 4 * self.threads.len() + 1024
+    }
+
     /// Gives back the tables' spare capacity (after a large process went
     /// away). Takes every shard's lock in turn: not for hot paths.
     pub fn shrink_to_fit(&self) {

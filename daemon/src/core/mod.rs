@@ -57,10 +57,6 @@ pub struct Process {
     exit_watch: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
-/// A process with at least this many threads going away triggers
-/// [`Core::compact`].
-const COMPACT_AFTER_THREADS: usize = 256;
-
 /// A watchpoint.
 #[derive(Debug)]
 pub struct Watch {
@@ -524,14 +520,19 @@ impl Core {
             p.forget_fds(fds.len());
         }
         drop(fds);
-        let threads = self.ledger.remove_process(proc.pid);
-        self.procs.remove_if(&proc.pid, |_, p| Arc::ptr_eq(p, proc));
-        self.save_state();
+        self.ledger.remove_process(proc.pid);
         // Slots the kernel kept for us on threads that are gone now.
         self.ledger.prune_retained(procfs::is_thread_of);
-        if threads >= COMPACT_AFTER_THREADS {
+        // Most of an exited process's threads left the ledger one by one
+        // (exit records or exit stops) before this point: judge by the
+        // table's spare room, not by what was left to remove. Done before
+        // the process disappears from listings, so that a client that saw
+        // it go also sees the memory returned.
+        if self.ledger.mostly_empty() {
             self.compact();
         }
+        self.procs.remove_if(&proc.pid, |_, p| Arc::ptr_eq(p, proc));
+        self.save_state();
     }
 
     /// Returns memory to the system after a large process went away:
