@@ -1363,21 +1363,18 @@ fn pass_stop(tid: i32, sig: libc::c_int, event: libc::c_int) {
     };
 }
 
-fn foreign_detach(tid: i32) -> Result<()> {
+/// Interrupts our tracee `tid` and waits for its stop. `Some(signal to pass on at detach)`
+/// (0 for none: a signal-delivery-stop must not swallow its signal), or `None` if it is gone.
+fn interrupt_and_wait(tid: i32) -> Result<Option<libc::c_int>> {
     match ptrace_req(libc::PTRACE_INTERRUPT, tid, 0) {
-        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(()), // gone
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(None), // gone
         r => r.with_context(|| format!("PTRACE_INTERRUPT of {tid}"))?,
     }
     let deadline = std::time::Instant::now() + FOREIGN_DETACH_TIMEOUT;
     loop {
         match tracee_wait(tid)? {
-            TraceeWait::Gone => return Ok(()),
-            TraceeWait::Stopped(sig, event) => {
-                // A signal-delivery-stop must not swallow the signal.
-                let deliver = if event == 0 { sig } else { 0 };
-                return ptrace_req(libc::PTRACE_DETACH, tid, deliver as usize)
-                    .with_context(|| format!("PTRACE_DETACH of {tid}"));
-            }
+            TraceeWait::Gone => return Ok(None),
+            TraceeWait::Stopped(sig, event) => return Ok(Some(if event == 0 { sig } else { 0 })),
             TraceeWait::Nothing => {}
         }
         ensure!(
@@ -1385,6 +1382,14 @@ fn foreign_detach(tid: i32) -> Result<()> {
             "thread {tid} did not stop within {FOREIGN_DETACH_TIMEOUT:?} of PTRACE_INTERRUPT"
         );
         std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn foreign_detach(tid: i32) -> Result<()> {
+    match interrupt_and_wait(tid)? {
+        None => Ok(()),
+        Some(deliver) => ptrace_req(libc::PTRACE_DETACH, tid, deliver as usize)
+            .with_context(|| format!("PTRACE_DETACH of {tid}")),
     }
 }
 
@@ -1471,20 +1476,8 @@ const USER_DR7_OFFSET: usize = 848 + 7 * 8;
 pub fn read_dr7(tid: i32) -> Result<u64> {
     std::thread::spawn(move || -> Result<u64> {
         ptrace_req(libc::PTRACE_SEIZE, tid, 0).with_context(|| format!("PTRACE_SEIZE of {tid}"))?;
-        ptrace_req(libc::PTRACE_INTERRUPT, tid, 0)
-            .with_context(|| format!("PTRACE_INTERRUPT of {tid}"))?;
-        let deadline = std::time::Instant::now() + FOREIGN_DETACH_TIMEOUT;
-        let deliver = loop {
-            match tracee_wait(tid)? {
-                TraceeWait::Gone => bail!("thread {tid} exited before DR7 could be read"),
-                TraceeWait::Stopped(sig, event) => break if event == 0 { sig } else { 0 },
-                TraceeWait::Nothing => {}
-            }
-            ensure!(
-                std::time::Instant::now() < deadline,
-                "thread {tid} did not stop within {FOREIGN_DETACH_TIMEOUT:?}"
-            );
-            std::thread::sleep(Duration::from_millis(1));
+        let Some(deliver) = interrupt_and_wait(tid)? else {
+            bail!("thread {tid} exited before DR7 could be read");
         };
         // SAFETY: PEEKUSER reads a word of the stopped tracee's `struct user`; errno tells a
         // failure from a word equal to -1.

@@ -452,49 +452,45 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| "unknown CPU".into())
 }
 
+/// The name and the CPU time (user + system, µs) in one `/proc/.../stat`
+/// text; clock-tick resolution.
+fn stat_name_cpu_us(stat: &str) -> Option<(&str, f64)> {
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    // Fields after the comm: state is field 3, utime 14, stime 15.
+    let f: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some((&stat[open + 1..close], ticks * 1e6 / hz))
+}
+
 /// CPU time (user + system) a process has used so far, all its threads
 /// (dead ones included), in µs; clock-tick resolution (`/proc/PID/stat`).
 fn proc_cpu_us(pid: i32) -> Result<f64> {
     let path = format!("/proc/{pid}/stat");
     let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .with_context(|| format!("bad {path}"))?;
-    // Fields after the comm: state is field 3, utime 14, stime 15.
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    ensure!(f.len() > 13, "short {path}");
-    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Ok(ticks * 1e6 / hz)
+    stat_name_cpu_us(&stat)
+        .map(|(_, us)| us)
+        .with_context(|| format!("bad {path}"))
 }
 
 /// CPU time (user + system, µs) of a process's live threads, summed by
 /// role: the thread name with any `-N` suffix removed (`wpd-tracer-0` →
 /// `wpd-tracer`). Threads that already exited are not counted.
 fn thread_cpu_us_by_role(pid: i32) -> Result<BTreeMap<String, f64>> {
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let mut out = BTreeMap::new();
     for e in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-        let path = e?.path().join("stat");
-        let Ok(stat) = std::fs::read_to_string(&path) else {
+        let Ok(stat) = std::fs::read_to_string(e?.path().join("stat")) else {
             continue; // exited meanwhile
         };
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+        let Some((comm, us)) = stat_name_cpu_us(&stat) else {
             continue;
         };
-        let comm = &stat[open + 1..close];
         let role = match comm.rsplit_once('-') {
             Some((head, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => head,
             _ => comm,
         };
-        let f: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-        if f.len() > 13 {
-            let ticks = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
-            *out.entry(role.to_string()).or_insert(0.0) += ticks * 1e6 / hz;
-        }
+        *out.entry(role.to_string()).or_insert(0.0) += us;
     }
     Ok(out)
 }
