@@ -178,6 +178,19 @@ fn eventfd() -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
+/// True if SIGTRAP is pending for thread `tid` (its own pending set,
+/// where a hardware breakpoint's trap is queued).
+fn sigtrap_pending(tid: Tid) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigPnd:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (libc::SIGTRAP - 1)) != 0)
+}
+
 /// Blocks SIGCHLD in the calling thread (and threads it creates later).
 /// `wpd`'s `main` calls this first thing, before any other thread exists.
 pub fn block_sigchld() {
@@ -893,19 +906,39 @@ impl Tracer {
                     self.tracees.entry(child).or_insert(c).fresh = None;
                     self.owner.insert(child, self.index);
                 } else if child > 0 {
-                    match self.tracees.get_mut(&child) {
-                        // Its stop came first: it is waiting, parent known now.
-                        Some(c) if c.fresh == Some(0) => {
-                            c.fresh = Some(tid);
-                            self.arm_fresh(child);
+                    // A thread created by one being detached was not among
+                    // the tracees the detach named: it goes too, unarmed
+                    // (armed and left traced, its next hit would kill the
+                    // target once the process is no longer ours).
+                    let detaching = self.tracees[&tid].detach.is_some();
+                    let waiting = match self.tracees.get_mut(&child) {
+                        Some(c) => {
+                            let waiting = c.fresh == Some(0);
+                            if detaching {
+                                c.fresh = None;
+                                c.detach.get_or_insert_with(|| mpsc::channel().0);
+                            } else if waiting {
+                                c.fresh = Some(tid);
+                            }
+                            waiting
                         }
-                        Some(_) => {}
                         None => {
                             let mut c = Tracee::new(pid);
-                            c.fresh = Some(tid);
+                            if detaching {
+                                c.detach = Some(mpsc::channel().0);
+                            } else {
+                                c.fresh = Some(tid);
+                            }
                             self.tracees.insert(child, c);
                             self.owner.insert(child, self.index);
+                            false
                         }
+                    };
+                    // Its stop came first: it is waiting, parent known now.
+                    if waiting && detaching {
+                        self.after_stop(child, None);
+                    } else if waiting {
+                        self.arm_fresh(child);
                     }
                 }
                 self.after_stop(tid, None);
@@ -1072,6 +1105,15 @@ impl Tracer {
             self.apply(tid);
         }
         if detach {
+            // A hit's SIGTRAP can be queued behind this stop (an interrupt
+            // is reported before pending signals). Detached now, the thread
+            // would receive it untraced and die. Let it report the signal
+            // first: `hw_trap` swallows it (the slot was ours) and detaches
+            // there.
+            if sig.is_none() && self.tracees[&tid].ever_armed != 0 && sigtrap_pending(tid) {
+                self.restart(tid, None);
+                return;
+            }
             let Some(t) = self.tracees.remove(&tid) else {
                 return;
             };
