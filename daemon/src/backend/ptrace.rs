@@ -6,8 +6,10 @@
 //!   belongs to one *shard*, a dedicated OS thread, for its whole life.
 //!   Threads created by a tracee (`PTRACE_O_TRACECLONE`) belong to the same
 //!   tracer thread as their creator.
-//! - A shard waits only on its own tracees (`__WNOTHREAD`), so no thread
-//!   scans thousands of tracees per `waitpid`.
+//! - A shard waits only on its own tracees (`__WNOTHREAD`), and on a
+//!   named one when it can: `waitpid(-1)` walks every tracee of the shard
+//!   (O(tracees) per call, the largest cost of arming 1,000 threads), while
+//!   `waitpid(tid)` looks the tracee up directly.
 //! - Registers can be written only while a tracee is in a ptrace-stop:
 //!   changes are recorded as the tracee's *desired* state, the tracee is
 //!   interrupted, and the change is applied at its next stop. A batch over
@@ -20,15 +22,20 @@
 //!   tracer, and a hit with no tracer kills the target with SIGTRAP.
 //!
 //! Wake-ups: SIGCHLD is blocked in every daemon thread; one thread reads it
-//! from a signalfd and rings the eventfd of the shard that owns the stopped
-//! tracee (`ssi_pid`). SIGCHLDs merge (standard signals do not queue), so
-//! while they flow every shard is also rung at most once per millisecond,
-//! and once more when they stop. Commands ring their shard. Shards also poll
-//! every 100 ms as a last safety net.
+//! from a signalfd, hands the stopped tracee (`ssi_pid`) to the shard that
+//! owns it and rings that shard's eventfd; the shard waits for that tid
+//! alone. A tracee the router cannot place (a thread just created) makes
+//! every shard scan all its tracees at once. SIGCHLDs merge (standard
+//! signals do not queue): while they flow, every shard is asked for a full
+//! scan at most once per millisecond and does one at most every
+//! `FULL_SCAN_EVERY`; when they stop, the router asks the kernel whether
+//! any event is left uncollected (`waitid(WNOWAIT)` over every tracer
+//! thread's tracees) and only then asks once more. Commands ring their
+//! shard. Shards also scan every 100 ms as a last safety net.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, mpsc};
 
 use dashmap::DashMap;
@@ -145,7 +152,53 @@ enum Cmd {
 
 struct Shard {
     tx: mpsc::Sender<Cmd>,
-    wake: Arc<OwnedFd>,
+    bell: Arc<Bell>,
+}
+
+/// How a shard is woken: its eventfd, the tracees the SIGCHLD router saw
+/// stop or exit, and whether a full wait scan is owed: now (`scan`: a
+/// tracee the router could not place, such as a thread just created), or
+/// soon (`sweep`: some SIGCHLD may have merged).
+struct Bell {
+    fd: OwnedFd,
+    stopped: Mutex<Vec<Tid>>,
+    scan: AtomicBool,
+    sweep: AtomicBool,
+}
+
+impl Bell {
+    fn new() -> Self {
+        Bell {
+            fd: eventfd(),
+            stopped: Mutex::new(Vec::new()),
+            scan: AtomicBool::new(true),
+            sweep: AtomicBool::new(false),
+        }
+    }
+
+    fn ring(&self) {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes to an eventfd we own.
+        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// `tid` (one of this shard's tracees) has an event to collect.
+    fn stopped(&self, tid: Tid) {
+        self.stopped.lock().unwrap().push(tid);
+        self.ring();
+    }
+
+    /// A tracee the router could not place has an event.
+    fn scan(&self) {
+        self.scan.store(true, Ordering::Release);
+        self.ring();
+    }
+
+    /// Some tracee of this shard may have an event whose SIGCHLD merged.
+    fn sweep(&self) {
+        self.sweep.store(true, Ordering::Release);
+        self.ring();
+    }
 }
 
 /// The backend: shards and tracee ownership.
@@ -162,12 +215,6 @@ impl std::fmt::Debug for PtraceBackend {
             .field("shards", &self.shards.len())
             .finish()
     }
-}
-
-fn ring(fd: &OwnedFd) {
-    let one: u64 = 1;
-    // SAFETY: writing 8 bytes to an eventfd we own.
-    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
 }
 
 fn eventfd() -> OwnedFd {
@@ -191,6 +238,23 @@ fn sigtrap_pending(tid: Tid) -> bool {
         .is_some_and(|mask| mask & (1 << (libc::SIGTRAP - 1)) != 0)
 }
 
+/// True if any tracee of any tracer thread of the daemon has a stop or an
+/// exit nobody collected yet. `WNOWAIT` leaves it to its tracer; without
+/// `__WNOTHREAD` the kernel looks at every thread's tracees.
+fn uncollected_event() -> bool {
+    // SAFETY: zeroed siginfo is a valid out-parameter for waitid.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let flags = libc::WEXITED | libc::WSTOPPED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL;
+    // SAFETY: P_ALL with a valid siginfo pointer.
+    let r = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, flags) };
+    // SAFETY: si_pid is valid for the CLD_* codes waitid fills in; 0 when
+    // nothing was found.
+    r == 0 && unsafe { info.si_pid() } != 0
+}
+
+/// Least time between two full wait scans of one shard.
+const FULL_SCAN_EVERY: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// Blocks SIGCHLD in the calling thread (and threads it creates later).
 /// `wpd`'s `main` calls this first thing, before any other thread exists.
 pub fn block_sigchld() {
@@ -199,10 +263,10 @@ pub fn block_sigchld() {
     let _ = set.thread_block();
 }
 
-/// Where SIGCHLD wake-ups go: every shard's eventfd, and which shard owns
+/// Where SIGCHLD wake-ups go: every shard's bell, and which shard owns
 /// each tracee (so that a stop wakes only its own tracer).
 struct Router {
-    bells: Vec<Arc<OwnedFd>>,
+    bells: Vec<Arc<Bell>>,
     owners: Vec<Arc<DashMap<Tid, usize>>>,
 }
 
@@ -210,8 +274,8 @@ static ROUTER: OnceLock<Mutex<Router>> = OnceLock::new();
 
 /// Longest a stop whose SIGCHLD was merged with another one waits: standard
 /// signals do not queue, so a SIGCHLD names only one of the tracees that
-/// stopped meanwhile. While SIGCHLDs flow, every shard is rung at most this
-/// often; when they stop, once more.
+/// stopped meanwhile. While SIGCHLDs flow, uncollected events are looked
+/// for at most this often; when they stop, once more.
 const CATCH_ALL: std::time::Duration = std::time::Duration::from_millis(1);
 
 fn start_sigchld_thread() {
@@ -228,10 +292,14 @@ fn start_sigchld_thread() {
         .name("wpd-sigchld".into())
         .spawn(move || {
             crate::sched::thread_started();
-            let ring_all = || {
+            let scan_all = |urgent: bool| {
                 if let Some(r) = ROUTER.get() {
                     for b in &r.lock().unwrap().bells {
-                        ring(b);
+                        if urgent {
+                            b.scan();
+                        } else {
+                            b.sweep();
+                        }
                     }
                 }
             };
@@ -256,15 +324,22 @@ fn start_sigchld_thread() {
                         r.bells.get(shard).cloned()
                     });
                     match routed {
-                        Some(bell) => ring(&bell),
-                        None => ring_all(),
+                        Some(bell) => bell.stopped(tid),
+                        None => scan_all(true),
                     }
                 }
                 if got {
                     owed = true;
                 }
                 if owed && (!got || last_all.elapsed() >= CATCH_ALL) {
-                    ring_all();
+                    // When the flow stops, wake every shard only if some
+                    // event is still uncollected (one whose SIGCHLD merged,
+                    // or one a shard has not reached yet): an isolated hit
+                    // costs no wake-up of the other shards. While it flows
+                    // there always are some; do not look.
+                    if got || uncollected_event() {
+                        scan_all(false);
+                    }
                     last_all = std::time::Instant::now();
                     owed = got;
                 }
@@ -299,12 +374,12 @@ impl PtraceBackend {
         let mut v = Vec::with_capacity(shards);
         for i in 0..shards.max(1) {
             let (tx, rx) = mpsc::channel();
-            let wake = Arc::new(eventfd());
-            router.lock().unwrap().bells.push(wake.clone());
+            let bell = Arc::new(Bell::new());
+            router.lock().unwrap().bells.push(bell.clone());
             let mut tracer = Tracer {
                 index: i,
                 rx,
-                wake: wake.clone(),
+                bell: bell.clone(),
                 tracees: HashMap::new(),
                 batches: HashMap::new(),
                 next_batch: 0,
@@ -325,7 +400,7 @@ impl PtraceBackend {
                     }
                 })
                 .expect("spawn tracer");
-            v.push(Shard { tx, wake });
+            v.push(Shard { tx, bell });
         }
         PtraceBackend {
             shards: v,
@@ -337,7 +412,7 @@ impl PtraceBackend {
     fn send(&self, shard: usize, cmd: Cmd) {
         let s = &self.shards[shard];
         let _ = s.tx.send(cmd);
-        ring(&s.wake);
+        s.bell.ring();
     }
 
     /// Seizes `tids` of `pid`, spread over the shards. Per-tid results.
@@ -509,7 +584,7 @@ struct Batch {
 struct Tracer {
     index: usize,
     rx: mpsc::Receiver<Cmd>,
-    wake: Arc<OwnedFd>,
+    bell: Arc<Bell>,
     tracees: HashMap<Tid, Tracee>,
     batches: HashMap<u64, Batch>,
     next_batch: u64,
@@ -534,6 +609,7 @@ fn is_stop_signal(s: Signal) -> bool {
 
 impl Tracer {
     fn run(&mut self) {
+        let mut last_full = std::time::Instant::now();
         loop {
             loop {
                 match self.rx.try_recv() {
@@ -545,7 +621,26 @@ impl Tracer {
                     }
                 }
             }
-            self.reap();
+            self.reap_stopped();
+            let mut timeout = if self.tracees.is_empty() { -1 } else { 100 };
+            if self.bell.scan.swap(false, Ordering::AcqRel) {
+                self.reap();
+                last_full = std::time::Instant::now();
+                self.bell.sweep.store(false, Ordering::Release);
+            }
+            if self.bell.sweep.load(Ordering::Acquire) {
+                // A full scan walks every tracee of the shard, and each
+                // event it finds costs another walk: while stops flow, at
+                // most one per FULL_SCAN_EVERY (named stops do not wait).
+                let since = last_full.elapsed();
+                if since >= FULL_SCAN_EVERY {
+                    self.bell.sweep.store(false, Ordering::Release);
+                    self.reap();
+                    last_full = std::time::Instant::now();
+                } else {
+                    timeout = (FULL_SCAN_EVERY - since).as_millis().max(1) as i32;
+                }
+            }
             // After a large process exits or is detached, give the memory
             // of its tracees back (the daemon's RSS returns to its
             // baseline); cheap to check, rare to act.
@@ -553,16 +648,18 @@ impl Tracer {
                 self.tracees.shrink_to_fit();
             }
             let mut pfd = libc::pollfd {
-                fd: self.wake.as_raw_fd(),
+                fd: self.bell.fd.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             };
-            let timeout = if self.tracees.is_empty() { -1 } else { 100 };
             // SAFETY: one valid pollfd.
-            unsafe { libc::poll(&mut pfd, 1, timeout) };
+            if unsafe { libc::poll(&mut pfd, 1, timeout) } == 0 {
+                // Quiet for 100 ms, or a deferred scan is due.
+                self.bell.sweep.store(true, Ordering::Release);
+            }
             let mut buf = 0u64;
             // SAFETY: draining the eventfd counter into a local.
-            unsafe { libc::read(self.wake.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
+            unsafe { libc::read(self.bell.fd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
         }
     }
 
@@ -864,6 +961,21 @@ impl Tracer {
         }
     }
 
+    /// Collects the events of the tracees the router named, each with a
+    /// `waitpid` on that tid alone (the kernel finds it without walking
+    /// the shard's other tracees).
+    fn reap_stopped(&mut self) {
+        let tids = std::mem::take(&mut *self.bell.stopped.lock().unwrap());
+        for tid in tids {
+            let flags = WaitPidFlag::__WALL | WaitPidFlag::__WNOTHREAD | WaitPidFlag::WNOHANG;
+            match waitpid(npid(tid), Some(flags)) {
+                Ok(WaitStatus::StillAlive) | Err(_) => {}
+                Ok(st) => self.event(st),
+            }
+        }
+    }
+
+    /// Collects every pending event of this shard's tracees.
     fn reap(&mut self) {
         loop {
             let flags = WaitPidFlag::__WALL | WaitPidFlag::__WNOTHREAD | WaitPidFlag::WNOHANG;
@@ -931,6 +1043,16 @@ impl Tracer {
                             }
                             self.tracees.insert(child, c);
                             self.owner.insert(child, self.index);
+                            // Its first stop may already be there, its
+                            // SIGCHLD routed nowhere (the router did not
+                            // know it yet): collect it by name.
+                            let flags = WaitPidFlag::__WALL
+                                | WaitPidFlag::__WNOTHREAD
+                                | WaitPidFlag::WNOHANG;
+                            match waitpid(npid(child), Some(flags)) {
+                                Ok(WaitStatus::StillAlive) | Err(_) => {}
+                                Ok(st) => self.event(st),
+                            }
                             false
                         }
                     };

@@ -418,8 +418,12 @@ impl Core {
         if tracked.is_ok() {
             // A thread that exited between the scan and its tracking may
             // have had its exit handled first: drop such rows.
+            // One listing, not a path lookup per thread.
+            let alive: std::collections::HashSet<Tid> = procfs::tasks(pid)
+                .map(|v| v.into_iter().collect())
+                .unwrap_or_default();
             for tid in self.ledger.tids(pid) {
-                if !procfs::is_thread_of(pid, tid) {
+                if !alive.contains(&tid) {
                     self.ledger.remove_thread(tid);
                 }
             }
