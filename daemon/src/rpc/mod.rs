@@ -254,6 +254,9 @@ impl Watchpoints for Service {
             ids: r.watchpoint_ids.iter().map(|&i| WatchId(i)).collect(),
             hits_only: r.hits_only,
             visible: std::collections::HashMap::new(),
+            stash: None,
+            dry: true,
+            pacer: Pacer::default(),
         };
         Ok(Response::new(Box::pin(feed)))
     }
@@ -294,10 +297,18 @@ impl Watchpoints for Service {
     }
 }
 
+/// Least time between two wake-ups of a subscriber's stream while events
+/// keep coming. An event after a quiet spell goes out at once; the next
+/// ones within this time wait for its end and go out together. Each
+/// wake-up costs the daemon tens of µs (worker unpark, HTTP/2 write), as
+/// much as the work of a ptrace hit itself.
+const PACE: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// One subscriber's event stream, polled by tonic itself: the event bus
 /// wakes the connection's task directly, with no task or channel in
 /// between, and events that are already queued go out together (tonic
-/// encodes every ready message into one HTTP/2 write). It ends at daemon
+/// encodes every ready message into one HTTP/2 write). While events keep
+/// coming, the stream wakes at most once per [`PACE`]. It ends at daemon
 /// shutdown; tonic drops it when the client goes away.
 struct EventFeed {
     events: tokio_stream::wrappers::BroadcastStream<Arc<Event>>,
@@ -312,6 +323,55 @@ struct EventFeed {
     /// Per-pid permission decisions of this subscriber (processes come and
     /// go; a decision is made once per pid).
     visible: std::collections::HashMap<Pid, bool>,
+    /// An event taken from the bus and held until the pacer lets it go.
+    stash: Option<Result<Arc<Event>, BroadcastStreamRecvError>>,
+    /// The bus had nothing left at the last poll.
+    dry: bool,
+    pacer: Pacer,
+}
+
+/// Spaces a stream's wake-ups at least [`PACE`] apart while events keep
+/// coming; the first wake-up after a quiet spell is not delayed.
+#[derive(Default)]
+struct Pacer {
+    /// When the stream last woke up to a new event (or will, when `wait`
+    /// ends).
+    woke_at: Option<tokio::time::Instant>,
+    wait: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Pacer {
+    /// The stream woke up to a new event after running dry: Ready to
+    /// deliver it now, Pending until the pace ends (`cx` is woken then).
+    fn woken(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let now = tokio::time::Instant::now();
+        match self.woke_at {
+            Some(prev) if now < prev + PACE => {
+                self.woke_at = Some(prev + PACE);
+                let mut wait = Box::pin(tokio::time::sleep_until(prev + PACE));
+                if wait.as_mut().poll(cx).is_pending() {
+                    self.wait = Some(wait);
+                    return std::task::Poll::Pending;
+                }
+                std::task::Poll::Ready(())
+            }
+            _ => {
+                self.woke_at = Some(now);
+                std::task::Poll::Ready(())
+            }
+        }
+    }
+
+    /// Pending while a wait started by [`Pacer::woken`] runs.
+    fn poll_wait(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if let Some(wait) = self.wait.as_mut() {
+            if wait.as_mut().poll(cx).is_pending() {
+                return std::task::Poll::Pending;
+            }
+            self.wait = None;
+        }
+        std::task::Poll::Ready(())
+    }
 }
 
 impl EventFeed {
@@ -356,12 +416,33 @@ impl Stream for EventFeed {
                 return Poll::Ready(None);
             }
         }
+        if this.pacer.poll_wait(cx).is_pending() {
+            return Poll::Pending;
+        }
         loop {
-            let got = match Pin::new(&mut this.events).poll_next(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(None) => return Poll::Ready(None),
-                Poll::Ready(Some(got)) => got,
-            };
+            let got =
+                match this.stash.take() {
+                    Some(got) => got,
+                    // Outside tokio's cooperative budget: a Pending here must
+                    // mean "nothing left", not "budget spent", or a backlog
+                    // would be paced every 128 events.
+                    None => match std::pin::pin!(tokio::task::unconstrained(std::future::poll_fn(
+                        |cx| Pin::new(&mut this.events).poll_next(cx)
+                    )))
+                    .poll(cx)
+                    {
+                        Poll::Pending => {
+                            this.dry = true;
+                            return Poll::Pending;
+                        }
+                        Poll::Ready(None) => return Poll::Ready(None),
+                        Poll::Ready(Some(got)) => got,
+                    },
+                };
+            if std::mem::take(&mut this.dry) && this.pacer.woken(cx).is_pending() {
+                this.stash = Some(got);
+                return Poll::Pending;
+            }
             match got {
                 Ok(ev) => {
                     if let Some(item) = this.pass(&ev) {
@@ -380,5 +461,43 @@ impl Stream for EventFeed {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PACE, Pacer};
+    use std::task::Context;
+
+    #[tokio::test(start_paused = true)]
+    async fn pacer_lets_a_wake_up_after_quiet_through_and_spaces_the_next_ones() {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut p = Pacer::default();
+        assert!(p.woken(&mut cx).is_ready(), "first wake-up goes at once");
+        assert!(p.poll_wait(&mut cx).is_ready());
+
+        assert!(
+            p.woken(&mut cx).is_pending(),
+            "a second one within PACE waits"
+        );
+        assert!(p.poll_wait(&mut cx).is_pending());
+        tokio::time::advance(PACE / 2).await;
+        assert!(p.poll_wait(&mut cx).is_pending(), "still within the pace");
+        tokio::time::advance(PACE / 2).await;
+        assert!(
+            p.poll_wait(&mut cx).is_ready(),
+            "released when the pace ends"
+        );
+
+        tokio::time::advance(PACE / 4).await;
+        assert!(
+            p.woken(&mut cx).is_pending(),
+            "the released batch counts as a wake-up: the next one waits again"
+        );
+        tokio::time::advance(PACE).await;
+        assert!(p.poll_wait(&mut cx).is_ready());
+
+        tokio::time::advance(PACE * 5).await;
+        assert!(p.woken(&mut cx).is_ready(), "after a quiet spell, at once");
     }
 }
