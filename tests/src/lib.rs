@@ -1202,6 +1202,34 @@ pub fn floor_perf_inherit(tid: i32, addr: u64) -> Result<OwnedFd> {
     perf_open(&attr, tid, -1)
 }
 
+/// The free-slot check wpd's ptrace backend makes on a thread before arming
+/// it: one disabled 1-byte write breakpoint opened on `tid` and closed
+/// (disabled breakpoints hold a slot, so the open fails with ENOSPC on a
+/// full thread). Returns whether the thread had a free slot.
+pub fn floor_probe_slot(tid: i32) -> Result<bool> {
+    const ATTR_DISABLED: u64 = 1;
+    let attr = PerfEventAttr {
+        type_: PERF_TYPE_BREAKPOINT,
+        size: std::mem::size_of::<PerfEventAttr>() as u32,
+        flags: ATTR_DISABLED | ATTR_EXCLUDE_KERNEL | ATTR_EXCLUDE_HV,
+        bp_type: HW_BREAKPOINT_W,
+        bp_addr: 0x1000,
+        bp_len: 1,
+        ..Default::default()
+    };
+    match perf_open(&attr, tid, -1) {
+        Ok(_fd) => Ok(true),
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .and_then(|e| e.raw_os_error())
+                == Some(libc::ENOSPC) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// A per-CPU dummy event that owns output for [`floor_perf_arm`].
 pub fn floor_collector(cpu: i32) -> Result<OwnedFd> {
     const PERF_TYPE_SOFTWARE: u32 = 1;

@@ -14,6 +14,7 @@ const SECTIONS: [(&str, &[&str]); 8] = [
             "floor: perf breakpoint syscalls",
             "wpd, perf backend",
             "floor: ptrace syscalls",
+            "floor: free-slot check + ptrace syscalls",
             "wpd, ptrace backend",
         ],
     ),

@@ -46,7 +46,7 @@ use wpd_proto::v1::{
 };
 use wpd_tests::{
     Backend, Client, Daemon, Event, TargetProc, attach, floor_collector, floor_perf_arm,
-    floor_perf_inherit, floor_perf_track, set_watchpoint_within, write_spec,
+    floor_perf_inherit, floor_perf_track, floor_probe_slot, set_watchpoint_within, write_spec,
 };
 
 const USAGE: &str = "usage: wpd-bench [--threads N[,N...]] [--spin-threads N[,N...]] [--reps R] \
@@ -662,13 +662,19 @@ async fn section_arm(args: &Args, cpus: &[i32], load: Load) -> Result<()> {
                 wpd_perf = Some(t);
             }
         }
-        let floor_ptrace = spread(rep(args.reps, || floor_ptrace(n, load)).await?);
-        row("floor: ptrace syscalls, no daemon", floor_ptrace, None);
+        let floor_bare = spread(rep(args.reps, || floor_ptrace(n, load, false)).await?);
+        row("floor: ptrace syscalls, no daemon", floor_bare, None);
+        let floor_probe = spread(rep(args.reps, || floor_ptrace(n, load, true)).await?);
+        row(
+            "floor: free-slot check + ptrace syscalls, no daemon",
+            floor_probe,
+            None,
+        );
         let wpd_ptrace = spread(rep(args.reps, || wpd_arm(n, load, Backend::Ptrace)).await?);
         row(
             "wpd, ptrace backend (attach + arm)",
             wpd_ptrace,
-            Some(floor_ptrace.med),
+            Some(floor_probe.med),
         );
         if args.peers && load == Load::Idle {
             match peers(n, Peer::Gdb, args).await? {
@@ -748,11 +754,12 @@ async fn floor_perf(n: usize, load: Load, cpus: &[i32], tracked: bool) -> Result
 
 /// The ptrace syscalls of a process-wide arm (seize, interrupt all, reap,
 /// two pokes, continue), in a bare loop on one thread.
-async fn floor_ptrace(n: usize, load: Load) -> Result<f64> {
+async fn floor_ptrace(n: usize, load: Load, probe: bool) -> Result<f64> {
     let target = target(n, load).await?;
     let tids = target.tids()?;
     let addr = target.vars[QUIET_VAR];
-    let t = tokio::task::spawn_blocking(move || ptrace_floor_blocking(&tids, addr)).await??;
+    let t =
+        tokio::task::spawn_blocking(move || ptrace_floor_blocking(&tids, addr, probe)).await??;
     drop(target);
     Ok(t)
 }
@@ -762,17 +769,25 @@ const DR7: usize = 848 + 7 * 8;
 /// DR7: slot 0 enabled (L0), write, 8 bytes.
 const DR7_W8_SLOT0: u64 = 0x90001;
 
-fn ptrace_floor_blocking(tids: &[i32], addr: u64) -> Result<f64> {
+/// `probe`: check every thread's free slot first, as wpd does before it
+/// changes anything (see `floor_probe_slot`).
+fn ptrace_floor_blocking(tids: &[i32], addr: u64, probe: bool) -> Result<f64> {
     let _fifo = Fifo::enter();
     let t0 = Instant::now();
     for &t in tids {
-        // SAFETY: plain ptrace requests on threads of a process we started.
-        unsafe {
-            if libc::ptrace(libc::PTRACE_SEIZE, t, 0, 0) != 0 {
-                bail!("PTRACE_SEIZE {t}: {}", std::io::Error::last_os_error());
-            }
-            libc::ptrace(libc::PTRACE_INTERRUPT, t, 0, 0);
+        // SAFETY: plain ptrace request on a thread of a process we started.
+        if unsafe { libc::ptrace(libc::PTRACE_SEIZE, t, 0, 0) } != 0 {
+            bail!("PTRACE_SEIZE {t}: {}", std::io::Error::last_os_error());
         }
+    }
+    if probe {
+        for &t in tids {
+            ensure!(floor_probe_slot(t)?, "thread {t} has no free slot");
+        }
+    }
+    for &t in tids {
+        // SAFETY: as above.
+        unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, t, 0, 0) };
     }
     for &t in tids {
         let mut status = 0;
