@@ -93,6 +93,8 @@ pub enum Held {
     Hit,
     /// Stopped because another thread of its process hit.
     Peer,
+    /// Parked by [`PtraceBackend::park`] until [`PtraceBackend::unpark`].
+    Parked,
 }
 
 /// A tracee's state as listed.
@@ -147,6 +149,13 @@ enum Cmd {
     States {
         pid: Pid,
         reply: mpsc::Sender<Vec<(Tid, TraceeState)>>,
+    },
+    Park {
+        tids: Vec<Tid>,
+        reply: mpsc::Sender<Vec<Tid>>,
+    },
+    Unpark {
+        tids: Vec<Tid>,
     },
 }
 
@@ -251,6 +260,9 @@ fn uncollected_event() -> bool {
     // nothing was found.
     r == 0 && unsafe { info.si_pid() } != 0
 }
+
+/// Longest a tracee stays parked if nobody unparks it.
+const PARK_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Least time between two full wait scans of one shard.
 const FULL_SCAN_EVERY: std::time::Duration = std::time::Duration::from_millis(2);
@@ -383,6 +395,8 @@ impl PtraceBackend {
                 tracees: HashMap::new(),
                 batches: HashMap::new(),
                 next_batch: 0,
+                parks: HashMap::new(),
+                parked: std::collections::VecDeque::new(),
                 sink: sink.clone(),
                 owner: owner.clone(),
             };
@@ -470,6 +484,46 @@ impl PtraceBackend {
         out
     }
 
+    /// Stops `tids` and keeps them stopped until [`PtraceBackend::unpark`]
+    /// (or `PARK_MAX`); returns those that are stopped (parked, or already
+    /// held by a hit). Programs sent meanwhile apply at once and leave them
+    /// stopped.
+    pub fn park(&self, tids: &[Tid]) -> Vec<Tid> {
+        let mut per: HashMap<usize, Vec<Tid>> = HashMap::new();
+        for &t in tids {
+            if let Some(s) = self.owner.get(&t).map(|s| *s) {
+                per.entry(s).or_default().push(t);
+            }
+        }
+        let (tx, rx) = mpsc::channel();
+        let waiting = per.len();
+        for (s, tids) in per {
+            self.send(
+                s,
+                Cmd::Park {
+                    tids,
+                    reply: tx.clone(),
+                },
+            );
+        }
+        (0..waiting)
+            .flat_map(|_| rx.recv().unwrap_or_default())
+            .collect()
+    }
+
+    /// Restarts the tracees of `tids` that are still parked.
+    pub fn unpark(&self, tids: &[Tid]) {
+        let mut per: HashMap<usize, Vec<Tid>> = HashMap::new();
+        for &t in tids {
+            if let Some(s) = self.owner.get(&t).map(|s| *s) {
+                per.entry(s).or_default().push(t);
+            }
+        }
+        for (s, tids) in per {
+            self.send(s, Cmd::Unpark { tids });
+        }
+    }
+
     /// Resumes held tracees of `pid` (all held ones when `tids` is empty).
     pub fn resume(&self, pid: Pid, tids: &[Tid]) -> Vec<Tid> {
         self.broadcast(|reply| Cmd::Resume {
@@ -552,6 +606,8 @@ struct Tracee {
     ever_armed: u8,
     /// Hold at the next stop (peer stop).
     hold_next: bool,
+    /// Park at the next stop, for this park request.
+    park_next: Option<u64>,
 }
 
 impl Tracee {
@@ -571,6 +627,7 @@ impl Tracee {
             detach: None,
             ever_armed: 0,
             hold_next: false,
+            park_next: None,
         }
     }
 }
@@ -581,6 +638,13 @@ struct Batch {
     reply: mpsc::Sender<Vec<(SlotProgram, ProgramResult)>>,
 }
 
+/// A park request waiting for its tracees to stop.
+struct ParkWait {
+    remaining: usize,
+    stopped: Vec<Tid>,
+    reply: mpsc::Sender<Vec<Tid>>,
+}
+
 struct Tracer {
     index: usize,
     rx: mpsc::Receiver<Cmd>,
@@ -588,6 +652,10 @@ struct Tracer {
     tracees: HashMap<Tid, Tracee>,
     batches: HashMap<u64, Batch>,
     next_batch: u64,
+    parks: HashMap<u64, ParkWait>,
+    /// Parked tracees, oldest first, released after `PARK_MAX` whatever
+    /// happens to the request that parked them.
+    parked: std::collections::VecDeque<(std::time::Instant, Tid)>,
     sink: std::sync::Weak<dyn TraceSink>,
     owner: Arc<DashMap<Tid, usize>>,
 }
@@ -623,6 +691,9 @@ impl Tracer {
             }
             self.reap_stopped();
             let mut timeout = if self.tracees.is_empty() { -1 } else { 100 };
+            if let Some(left) = self.release_stale_parks() {
+                timeout = timeout.min(left.as_millis() as i32 + 1);
+            }
             if self.bell.scan.swap(false, Ordering::AcqRel) {
                 self.reap();
                 last_full = std::time::Instant::now();
@@ -743,6 +814,11 @@ impl Tracer {
                 let _ = reply.send(resumed);
             }
             Cmd::HoldAll { pid, except } => {
+                for (t, tr) in self.tracees.iter_mut() {
+                    if tr.pid == pid && *t != except && tr.held == Held::Parked {
+                        tr.held = Held::Peer;
+                    }
+                }
                 let tids: Vec<Tid> = self
                     .tracees
                     .iter()
@@ -778,6 +854,38 @@ impl Tracer {
                     let done: usize = (0..n).filter_map(|_| rx.recv().ok()).sum();
                     let _ = reply.send(done);
                 });
+            }
+            Cmd::Park { tids, reply } => {
+                let id = self.next_batch;
+                self.next_batch += 1;
+                let mut wait = ParkWait {
+                    remaining: 0,
+                    stopped: Vec::new(),
+                    reply,
+                };
+                let mut kick = Vec::new();
+                for tid in tids {
+                    match self.tracees.get_mut(&tid) {
+                        Some(t) if t.detach.is_some() => {}
+                        Some(t) if t.held != Held::No => wait.stopped.push(tid),
+                        Some(t) => {
+                            t.park_next = Some(id);
+                            wait.remaining += 1;
+                            kick.push(tid);
+                        }
+                        None => {}
+                    }
+                }
+                self.parks.insert(id, wait);
+                for tid in kick {
+                    self.kick(tid);
+                }
+                self.finish_park_if_done(id);
+            }
+            Cmd::Unpark { tids } => {
+                for tid in tids {
+                    self.unpark_one(tid);
+                }
             }
             Cmd::States { pid, reply } => {
                 let v = self
@@ -914,9 +1022,52 @@ impl Tracer {
         }
     }
 
+    /// One tracee of park request `id` stopped (`Some`) or vanished.
+    fn park_progress(&mut self, id: u64, stopped: Option<Tid>) {
+        if let Some(w) = self.parks.get_mut(&id) {
+            w.remaining = w.remaining.saturating_sub(1);
+            w.stopped.extend(stopped);
+        }
+        self.finish_park_if_done(id);
+    }
+
+    fn finish_park_if_done(&mut self, id: u64) {
+        if self.parks.get(&id).is_some_and(|w| w.remaining == 0)
+            && let Some(w) = self.parks.remove(&id)
+        {
+            let _ = w.reply.send(w.stopped);
+        }
+    }
+
+    fn unpark_one(&mut self, tid: Tid) {
+        if let Some(t) = self.tracees.get_mut(&tid)
+            && t.held == Held::Parked
+        {
+            t.held = Held::No;
+            self.restart(tid, None);
+        }
+    }
+
+    /// Restarts tracees parked for longer than `PARK_MAX` (their request
+    /// never came back); the time until the next one is due.
+    fn release_stale_parks(&mut self) -> Option<std::time::Duration> {
+        while let Some(&(at, tid)) = self.parked.front() {
+            let age = at.elapsed();
+            if age < PARK_MAX {
+                return Some(PARK_MAX - age);
+            }
+            self.parked.pop_front();
+            self.unpark_one(tid);
+        }
+        None
+    }
+
     /// Drops a tracee that vanished; fails its pending programs.
     fn forget(&mut self, tid: Tid) {
         if let Some(t) = self.tracees.remove(&tid) {
+            if let Some(id) = t.park_next {
+                self.park_progress(id, None);
+            }
             self.owner.remove(&tid);
             for (batch, p) in t.pending {
                 self.resolve(batch, p, ProgramResult::Gone);
@@ -934,6 +1085,9 @@ impl Tracer {
         let Some(t) = self.tracees.remove(&tid) else {
             return;
         };
+        if let Some(id) = t.park_next {
+            self.park_progress(id, None);
+        }
         self.owner.remove(&tid);
         // DR7 = 0 was written by `apply` (it always writes when detaching).
         let _ = ptrace::detach(npid(tid), None);
@@ -1253,7 +1407,19 @@ impl Tracer {
             if let Some(t) = self.tracees.get_mut(&tid) {
                 t.hold_next = false;
                 t.held = Held::Peer;
+                if let Some(id) = t.park_next.take() {
+                    self.park_progress(id, Some(tid));
+                }
             }
+            return;
+        }
+        if sig.is_none()
+            && let Some(t) = self.tracees.get_mut(&tid)
+            && let Some(id) = t.park_next.take()
+        {
+            t.held = Held::Parked;
+            self.parked.push_back((std::time::Instant::now(), tid));
+            self.park_progress(id, Some(tid));
             return;
         }
         self.restart(tid, sig);

@@ -420,9 +420,20 @@ async fn target(n: usize, load: Load) -> Result<TargetProc> {
     let workers = (n - 1).to_string();
     match load {
         Load::Idle => TargetProc::start(&["--threads", &workers, "--interval-us", "1000000"]).await,
-        Load::Spin => TargetProc::start(&["--threads", &workers, "--spin", "--sched-idle"]).await,
+        Load::Spin => {
+            let t = TargetProc::start(&["--threads", &workers, "--spin", "--sched-idle"]).await?;
+            // Let every spinner run for a while first: right after READY
+            // they have just left the gate and the scheduler's queue is
+            // in another state than it is for a busy process. Both the
+            // floors and wpd then meet the same steady state.
+            tokio::time::sleep(SPIN_SETTLE).await;
+            Ok(t)
+        }
     }
 }
+
+/// How long a spinning target runs before a measurement starts.
+const SPIN_SETTLE: Duration = Duration::from_millis(500);
 
 fn wpd_cpus() -> Vec<i32> {
     let s =
@@ -769,8 +780,8 @@ const DR7: usize = 848 + 7 * 8;
 /// DR7: slot 0 enabled (L0), write, 8 bytes.
 const DR7_W8_SLOT0: u64 = 0x90001;
 
-/// `probe`: check every thread's free slot first, as wpd does before it
-/// changes anything (see `floor_probe_slot`).
+/// `probe`: stop every thread and check its free slot before writing any
+/// register, as wpd does (see `floor_probe_slot`).
 fn ptrace_floor_blocking(tids: &[i32], addr: u64, probe: bool) -> Result<f64> {
     let _fifo = Fifo::enter();
     let t0 = Instant::now();
@@ -780,20 +791,29 @@ fn ptrace_floor_blocking(tids: &[i32], addr: u64, probe: bool) -> Result<f64> {
             bail!("PTRACE_SEIZE {t}: {}", std::io::Error::last_os_error());
         }
     }
+    for &t in tids {
+        // SAFETY: as above.
+        unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, t, 0, 0) };
+    }
     if probe {
+        // wpd's order: every thread stopped, every free slot checked, then
+        // the registers written.
+        for &t in tids {
+            let mut status = 0;
+            // SAFETY: waiting for our own tracee.
+            unsafe { libc::waitpid(t, &mut status, libc::__WALL) };
+        }
         for &t in tids {
             ensure!(floor_probe_slot(t)?, "thread {t} has no free slot");
         }
     }
     for &t in tids {
-        // SAFETY: as above.
-        unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, t, 0, 0) };
-    }
-    for &t in tids {
         let mut status = 0;
-        // SAFETY: waiting for our own tracee.
+        // SAFETY: waiting for (if not yet) and programming our own tracee.
         unsafe {
-            libc::waitpid(t, &mut status, libc::__WALL);
+            if !probe {
+                libc::waitpid(t, &mut status, libc::__WALL);
+            }
             libc::ptrace(libc::PTRACE_POKEUSER, t, DR0, addr);
             libc::ptrace(libc::PTRACE_POKEUSER, t, DR7, DR7_W8_SLOT0);
             libc::ptrace(libc::PTRACE_CONT, t, 0, 0);
