@@ -8,8 +8,8 @@ use tonic::Code;
 use wpd_proto::v1::{Access, GetCapabilitiesRequest, SetWatchpointRequest, SlotState};
 use wpd_tests::{
     Backend, Client, Daemon, ForeignBreakpoint, TargetProc, both_backends, count_slots,
-    ensure_unchanged, expect_status, list_threads, numbers_in, ours, require_root_perf, rpc,
-    rpc_ok, set_watchpoint, snapshot, write_spec,
+    ensure_unchanged, expect_status, list_threads, numbers_in, ours, poll_until, require_root_perf,
+    rpc, rpc_ok, set_watchpoint, snapshot, write_spec,
 };
 
 /// Sets process-wide write watchpoints on `VARS[i]` for each `i` (variables no worker stores
@@ -218,6 +218,28 @@ async fn foreign_slot_on_main_thread_limits_to_three(backend: Backend) -> Result
                     "pending slot left: {t:?}"
                 );
             }
+
+            // The threads stopped for the free-slot check run again (ptrace): none is left
+            // in a tracing stop ('t') and the workers keep storing.
+            let moving_from = target.read_var(0)?;
+            poll_until(
+                std::time::Duration::from_secs(10),
+                "every thread out of tracing stop and VARS[0] moving after the refusal",
+                async || {
+                    let stopped: Vec<(i32, char)> = target
+                        .thread_run_states()?
+                        .into_iter()
+                        .filter(|&(_, st)| st == 't')
+                        .collect();
+                    let v = target.read_var(0)?;
+                    Ok(if stopped.is_empty() && v > moving_from {
+                        Ok(())
+                    } else {
+                        Err(format!("in tracing stop: {stopped:?}; VARS[0] {v}"))
+                    })
+                },
+            )
+            .await?;
 
             let probed = list_threads(&mut client, main, true).await?;
             for t in &probed.threads {

@@ -15,6 +15,10 @@
 //!   interrupted, and the change is applied at its next stop. A batch over
 //!   many tracees interrupts them all first, then applies as stops arrive —
 //!   never interrupt-then-wait one at a time.
+//! - A process-wide arm first *parks* its threads (interrupted, kept
+//!   stopped), so that the core checks every thread's free slot before any
+//!   address is written, on stopped threads, then programs them at that
+//!   same stop and unparks them.
 //! - DR7 is never read back to decide what to write: the shard keeps the
 //!   whole register per tracee and always writes it whole. Every POKE is
 //!   checked; a slot whose address poke failed is left out of DR7.
@@ -261,8 +265,9 @@ fn uncollected_event() -> bool {
     r == 0 && unsafe { info.si_pid() } != 0
 }
 
-/// Longest a tracee stays parked if nobody unparks it.
-const PARK_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+/// Longest a tracee stays parked if nobody unparks it (a safety net: the
+/// core unparks on every way out of an arm, panics included).
+const PARK_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Least time between two full wait scans of one shard.
 const FULL_SCAN_EVERY: std::time::Duration = std::time::Duration::from_millis(2);
