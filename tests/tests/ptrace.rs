@@ -78,6 +78,15 @@ async fn ensure_still(target: &TargetProc, var: usize, why: &str) -> Result<u64>
     Ok(v1)
 }
 
+/// The target's threads and their scheduler states, for a failure message
+/// when the target stopped making progress ('t': in a tracing stop).
+fn stuck_report(target: &TargetProc) -> String {
+    match target.thread_run_states() {
+        Ok(states) => format!("thread states (tid, /proc state): {states:?}"),
+        Err(e) => format!("thread states unreadable: {e:#}"),
+    }
+}
+
 /// Polls `VARS[var]` (read from outside) until it is above `than`.
 async fn wait_var_above(target: &TargetProc, var: usize, than: u64, why: &str) -> Result<u64> {
     poll_until(
@@ -269,7 +278,9 @@ async fn stop_all_holds_every_thread_until_resume() -> Result<()> {
             );
             // The watchpoint is still armed: the next store holds everything again, but only
             // after it happened.
-            wait_var_above(&target, 0, stopped_at, "after Resume").await?;
+            wait_var_above(&target, 0, stopped_at, "after Resume")
+                .await
+                .with_context(|| stuck_report(&target))?;
 
             let removed = rpc_ok(
                 "RemoveWatchpoint while threads may be held",
@@ -286,7 +297,10 @@ async fn stop_all_holds_every_thread_until_resume() -> Result<()> {
             })
             .await?;
             let (c, _) = target.ping().await?;
-            target.wait_counter_above(c, Duration::from_secs(5)).await?;
+            target
+                .wait_counter_above(c, Duration::from_secs(5))
+                .await
+                .with_context(|| stuck_report(&target))?;
             target.ensure_alive()
         }
         .await,
