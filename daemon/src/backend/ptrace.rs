@@ -669,6 +669,11 @@ fn npid(t: Tid) -> NixPid {
     NixPid::from_raw(t)
 }
 
+/// A shard's waits: any tracee kind, only its own, never blocking.
+fn reap_flags() -> WaitPidFlag {
+    WaitPidFlag::__WALL | WaitPidFlag::__WNOTHREAD | WaitPidFlag::WNOHANG
+}
+
 fn seize_options() -> ptrace::Options {
     ptrace::Options::PTRACE_O_TRACECLONE | ptrace::Options::PTRACE_O_TRACEEXEC
 }
@@ -1120,25 +1125,28 @@ impl Tracer {
         }
     }
 
-    /// Collects the events of the tracees the router named, each with a
-    /// `waitpid` on that tid alone (the kernel finds it without walking
-    /// the shard's other tracees).
+    /// Collects the events of the tracees the router named.
     fn reap_stopped(&mut self) {
         let tids = std::mem::take(&mut *self.bell.stopped.lock().unwrap());
         for tid in tids {
-            let flags = WaitPidFlag::__WALL | WaitPidFlag::__WNOTHREAD | WaitPidFlag::WNOHANG;
-            match waitpid(npid(tid), Some(flags)) {
-                Ok(WaitStatus::StillAlive) | Err(_) => {}
-                Ok(st) => self.event(st),
-            }
+            self.collect(tid);
+        }
+    }
+
+    /// Collects `tid`'s pending event, if any, with a `waitpid` on that tid
+    /// alone (the kernel finds it without walking the shard's other
+    /// tracees).
+    fn collect(&mut self, tid: Tid) {
+        match waitpid(npid(tid), Some(reap_flags())) {
+            Ok(WaitStatus::StillAlive) | Err(_) => {}
+            Ok(st) => self.event(st),
         }
     }
 
     /// Collects every pending event of this shard's tracees.
     fn reap(&mut self) {
         loop {
-            let flags = WaitPidFlag::__WALL | WaitPidFlag::__WNOTHREAD | WaitPidFlag::WNOHANG;
-            match waitpid(None::<NixPid>, Some(flags)) {
+            match waitpid(None::<NixPid>, Some(reap_flags())) {
                 Ok(WaitStatus::StillAlive) | Err(_) => return,
                 Ok(st) => self.event(st),
             }
@@ -1205,13 +1213,7 @@ impl Tracer {
                             // Its first stop may already be there, its
                             // SIGCHLD routed nowhere (the router did not
                             // know it yet): collect it by name.
-                            let flags = WaitPidFlag::__WALL
-                                | WaitPidFlag::__WNOTHREAD
-                                | WaitPidFlag::WNOHANG;
-                            match waitpid(npid(child), Some(flags)) {
-                                Ok(WaitStatus::StillAlive) | Err(_) => {}
-                                Ok(st) => self.event(st),
-                            }
+                            self.collect(child);
                             false
                         }
                     };
