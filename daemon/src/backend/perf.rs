@@ -130,6 +130,10 @@ impl Drop for Ring {
     }
 }
 
+/// Event fds the fd table holds from the start (a 1,000-thread process
+/// with trackers and 4 watchpoints on 2 CPUs needs 10,000).
+const STARTUP_FD_ROOM: usize = 16 * 1024;
+
 /// The perf backend: collectors, rings, and event constructors.
 pub struct PerfBackend {
     cpus: Vec<u32>,
@@ -139,6 +143,9 @@ pub struct PerfBackend {
     scratch: Mutex<Vec<u8>>,
     open_fds: AtomicU64,
     lost: AtomicU64,
+    /// Highest fd number the process's fd table is known to hold (it never
+    /// shrinks); see [`PerfBackend::reserve_fds`].
+    fd_room: AtomicU64,
 }
 
 impl std::fmt::Debug for PerfBackend {
@@ -275,14 +282,19 @@ impl PerfBackend {
             });
         }
         let collectors = rings.iter().map(|r| r.collector.as_raw_fd()).collect();
-        Ok(PerfBackend {
+        let backend = PerfBackend {
             cpus,
             collectors,
             rings: Mutex::new(rings),
             scratch: Mutex::new(Vec::with_capacity(4096)),
             open_fds: AtomicU64::new(0),
             lost: AtomicU64::new(0),
-        })
+            fd_room: AtomicU64::new(0),
+        };
+        // Grown once now, the table spares the first attaches their growth
+        // and its RCU wait (128 KiB of kernel memory).
+        backend.reserve_fds(STARTUP_FD_ROOM);
+        Ok(backend)
     }
 
     /// Online CPUs this backend opens events on.
@@ -303,6 +315,40 @@ impl PerfBackend {
     /// Records the kernel dropped because a ring was full.
     pub fn lost(&self) -> u64 {
         self.lost.load(Ordering::Relaxed)
+    }
+
+    /// Grows the daemon's fd table at once so that `more` event fds fit
+    /// beside those open now. The kernel grows the table on demand by
+    /// doubling, and every growth waits for an RCU grace period
+    /// (`expand_files` → `synchronize_rcu`): 10-18 ms each on busy CPUs,
+    /// five or six of them while attaching 1,000 threads on 2 CPUs, which
+    /// was most of that attach's time (`perf record -e sched:sched_switch
+    /// -g`). One growth instead, by duplicating a descriptor to the highest
+    /// number needed and closing it. Best effort, within `RLIMIT_NOFILE`.
+    pub fn reserve_fds(&self, more: usize) {
+        // Fds are allocated lowest-first: the next ones follow the event fds
+        // and collectors already open, plus the daemon's own (sockets,
+        // eventfds, files), generously counted.
+        let mut want = self.open_fds() + self.collectors.len() as u64 + 256 + more as u64;
+        if let Ok((soft, _)) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        {
+            want = want.min(soft.saturating_sub(1));
+        }
+        if want <= self.fd_room.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(&src) = self.collectors.first() else {
+            return;
+        };
+        // SAFETY: duplicates our own collector fd to the lowest free number
+        // >= `want`; the copy is closed at once.
+        let fd = unsafe { libc::fcntl(src, libc::F_DUPFD_CLOEXEC, want as libc::c_int) };
+        if fd >= 0 {
+            // SAFETY: `fd` was just created here and is not shared.
+            unsafe { libc::close(fd) };
+            self.fd_room.fetch_max(fd as u64, Ordering::Relaxed);
+        }
     }
 
     /// Accounts for event fds being closed by the caller.

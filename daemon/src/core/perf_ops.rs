@@ -37,6 +37,7 @@ impl Core {
         let mut gone = Vec::new();
         let mut full = Vec::new();
         let mut fatal = None;
+        perf.reserve_fds(res.len() * perf.cpus().len());
         let registered = Mutex::new(Vec::new());
         let sink = |eid: u64| {
             self.event_ids.insert(eid, id.0);
@@ -101,6 +102,8 @@ impl Core {
         let mut tracked: HashSet<Tid> = HashSet::new();
         loop {
             let tids = procfs::tasks(proc.pid).map_err(|_| WpdError::NoSuchProcess(proc.pid))?;
+            // Room for the trackers and a first watchpoint's breakpoints.
+            perf.reserve_fds(2 * tids.len() * perf.cpus().len());
             let mut new = 0;
             for tid in tids {
                 if !tracked.insert(tid) {

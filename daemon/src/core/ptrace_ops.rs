@@ -155,9 +155,11 @@ impl Core {
         // running threads, these breakpoints made the threads' next stops
         // slow to come (1,000 busy threads on 2 CPUs took 2.5-4.5 s to arm
         // instead of 50-70 ms without the check), and parked they are
-        // programmed at once, with no second stop.
+        // programmed at once, with no second stop. Many threads are parked
+        // even without the check: all stopped before any restarts (see
+        // `PtraceBackend::detach`).
         let tids: Vec<Tid> = res.iter().map(|r| r.tid).collect();
-        let _parked = self.perf().is_ok().then(|| {
+        let _parked = (self.perf().is_ok() || tids.len() > 1).then(|| {
             pt.park(&tids);
             Unpark(pt, &tids)
         });
@@ -239,9 +241,18 @@ impl Core {
                 arm: None,
             })
             .collect();
-        if !items.is_empty() {
-            pt.program(items);
+        if items.is_empty() {
+            return;
         }
+        // Stopped all first, then cleared, then restarted: cleared at their
+        // own stops one by one, busy threads would each wait for the CPU
+        // behind those already restarted (see `PtraceBackend::detach`).
+        let tids: Vec<Tid> = items.iter().map(|p| p.tid).collect();
+        let _parked = (tids.len() > 1).then(|| {
+            pt.park(&tids);
+            Unpark(pt, &tids)
+        });
+        pt.program(items);
     }
 
     /// Resumes held threads of `pid` (all when `tids` is empty). Blocking.
