@@ -9,8 +9,8 @@ use tonic::Code;
 use wpd_proto::v1::{RemoveWatchpointRequest, SlotState, StreamEventsRequest, Watchpoint};
 use wpd_tests::{
     Backend, Daemon, Event, EventStream, SPAWN_MARK, TargetProc, both_backends, check_hit,
-    count_slots, expect_status, hit_value_u64, list_threads, ours, rpc, rpc_ok, set_watchpoint,
-    snapshot, write_spec,
+    count_slots, expect_status, hit_value_u64, list_threads, ours, poll_until, rpc, rpc_ok,
+    set_watchpoint, snapshot, write_spec,
 };
 
 fn hits_only(pid: i32) -> StreamEventsRequest {
@@ -333,6 +333,66 @@ async fn attach_while_threads_are_being_created(backend: Backend) -> Result<()> 
                 )
                 .await?;
             }
+            target.ensure_alive()
+        }
+        .await,
+    )
+}
+
+both_backends!(churned_threads_leave_no_rows);
+
+/// Two threads of the target create and join threads non-stop (each lives microseconds, often
+/// on another CPU than its creator) while a process-wide watchpoint is set. Once the target is
+/// stopped (SIGSTOP), ListThreads must list exactly the threads in `/proc`: every thread that
+/// came and went was forgotten, whichever of its FORK and EXIT records the daemon read first
+/// (perf: they sit in different CPUs' rings). Then the target must run on.
+async fn churned_threads_leave_no_rows(backend: Backend) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--churn", "--threads", "2"]).await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            set_watchpoint(&mut client, write_spec(backend, target.pid, target.vars[0])).await?;
+            target.cmd("churn-start").await?;
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            target.signal(libc::SIGSTOP)?;
+            let pid = target.pid;
+            let result = poll_until(
+                Duration::from_secs(10),
+                "ListThreads to list the threads of /proc",
+                async || {
+                    let live = target.tids()?;
+                    let mut listed: Vec<i32> = list_threads(&mut client, pid, false)
+                        .await?
+                        .threads
+                        .iter()
+                        .map(|t| t.tid)
+                        .collect();
+                    listed.sort_unstable();
+                    Ok(if listed == live {
+                        Ok(())
+                    } else {
+                        let stale = listed.iter().filter(|t| !live.contains(t)).count();
+                        Err(format!(
+                            "{} listed ({stale} no longer in /proc), {} in /proc: {:?}",
+                            listed.len(),
+                            live.len(),
+                            &live[..live.len().min(8)]
+                        ))
+                    })
+                },
+            )
+            .await;
+            target.signal(libc::SIGCONT)?;
+            result?;
+            // Churning again: threads created after SIGCONT.
+            target.cmd("churn-stats").await?;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let reply = target.cmd("churn-stats").await?;
+            ensure!(
+                !reply.contains(" n=0 ") && reply.starts_with("CHURN n="),
+                "the target did not create threads after SIGCONT: {reply}"
+            );
             target.ensure_alive()
         }
         .await,

@@ -229,6 +229,8 @@ pub struct Core {
     ptrace: Result<crate::backend::ptrace::PtraceBackend, String>,
     /// What the ptrace state file holds now (rewritten only on change).
     state_written: Mutex<String>,
+    /// Threads whose EXIT record was read before their FORK record.
+    early_exits: Mutex<perf_ops::EarlyExits>,
 }
 
 impl std::fmt::Debug for Core {
@@ -290,6 +292,7 @@ impl Core {
             stop: AtomicBool::new(false),
             reconcile_tx: Mutex::new(None),
             state_written: Mutex::new(String::new()),
+            early_exits: Mutex::new(perf_ops::EarlyExits::default()),
         });
         if core.perf.is_ok() {
             let c = core.clone();
