@@ -62,6 +62,17 @@ fn main() -> std::process::ExitCode {
     // Before any thread exists: tracer threads learn about ptrace stops
     // through a signalfd, so no thread may take SIGCHLD itself.
     wpd::backend::ptrace::block_sigchld();
+    // One allocator arena for every thread: glibc otherwise gives busy
+    // threads (tracers, blocking-pool threads) arenas of their own, which
+    // `malloc_trim` cannot empty. Measured (`wpd-bench --only memory`): after
+    // a 10,000-thread process exits, RSS stayed +2.4 MiB above the baseline
+    // and +6.4 MiB after a second one; +0.7 and +1.2 MiB with one arena.
+    // The daemon's threads allocate little on their hot paths.
+    #[cfg(target_env = "gnu")]
+    // SAFETY: sets an allocator tunable before any thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
     let args = Args::parse();
     // Before any thread exists too: every daemon thread starts with it.
     wpd::sched::set_priority(args.priority);
