@@ -25,20 +25,24 @@
 //! - Before detaching, DR7 is written 0: ptrace-set registers survive the
 //!   tracer, and a hit with no tracer kills the target with SIGTRAP.
 //!
-//! Wake-ups: SIGCHLD is blocked in every daemon thread; one thread reads it
-//! from a signalfd, hands the stopped tracee (`ssi_pid`) to the shard that
-//! owns it and rings that shard's eventfd; the shard waits for that tid
-//! alone. A tracee the router cannot place (a thread just created) makes
-//! every shard scan all its tracees at once. SIGCHLDs merge (standard
-//! signals do not queue): while they flow, every shard is asked for a full
-//! scan at most once per millisecond and does one at most every
-//! `FULL_SCAN_EVERY`; when they stop, the router asks the kernel whether
-//! any event is left uncollected (`waitid(WNOWAIT)` over every tracer
-//! thread's tracees) and only then asks once more. Commands ring their
-//! shard. Shards also scan every 100 ms as a last safety net.
+//! Wake-ups: SIGCHLD is blocked in every daemon thread except a tracer
+//! waiting in `ppoll`, whose mask lets it through. The kernel sends a
+//! tracee's SIGCHLD to its own tracer thread when that thread can take it
+//! (it waits), else to any tracer that waits; a handler records the tid the
+//! signal names, and that tracer collects it (`waitpid(tid)`) or hands it
+//! to the owner's bell. A stop thus costs one wake-up, of the tracer that
+//! acts on it (a router thread in between cost 13-14 µs of CPU per hit
+//! more). A tracee no shard owns yet (a thread just created) makes every
+//! shard scan all its tracees at once. SIGCHLDs merge (standard signals do
+//! not queue): while they flow, every shard is asked for a full scan at
+//! most once per millisecond and does one at most every `FULL_SCAN_EVERY`;
+//! when they stop, the kernel is asked whether any event is left
+//! uncollected (`waitid(WNOWAIT)` over every tracer thread's tracees) and
+//! only then once more. Commands ring their shard's eventfd. Shards also
+//! scan every 100 ms as a last safety net.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, mpsc};
 
@@ -168,10 +172,10 @@ struct Shard {
     bell: Arc<Bell>,
 }
 
-/// How a shard is woken: its eventfd, the tracees the SIGCHLD router saw
-/// stop or exit, and whether a full wait scan is owed: now (`scan`: a
-/// tracee the router could not place, such as a thread just created), or
-/// soon (`sweep`: some SIGCHLD may have merged).
+/// How a shard is woken: its eventfd, the tracees whose SIGCHLD another
+/// tracer took, and whether a full wait scan is owed: now (`scan`: a
+/// tracee no shard owned yet, such as a thread just created), or soon
+/// (`sweep`: some SIGCHLD may have merged).
 struct Bell {
     fd: OwnedFd,
     stopped: Mutex<Vec<Tid>>,
@@ -201,7 +205,7 @@ impl Bell {
         self.ring();
     }
 
-    /// A tracee the router could not place has an event.
+    /// A tracee no shard owned has an event.
     fn scan(&self) {
         self.scan.store(true, Ordering::Release);
         self.ring();
@@ -273,7 +277,8 @@ const PARK_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 const FULL_SCAN_EVERY: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Blocks SIGCHLD in the calling thread (and threads it creates later).
-/// `wpd`'s `main` calls this first thing, before any other thread exists.
+/// `wpd`'s `main` calls this first thing, before any other thread exists:
+/// only tracers waiting in `ppoll` may take it.
 pub fn block_sigchld() {
     let mut set = nix::sys::signal::SigSet::empty();
     set.add(Signal::SIGCHLD);
@@ -295,74 +300,113 @@ static ROUTER: OnceLock<Mutex<Router>> = OnceLock::new();
 /// for at most this often; when they stop, once more.
 const CATCH_ALL: std::time::Duration = std::time::Duration::from_millis(1);
 
-fn start_sigchld_thread() {
-    let mut set = nix::sys::signal::SigSet::empty();
-    set.add(Signal::SIGCHLD);
-    let _ = set.thread_block();
-    let Ok(sfd) = nix::sys::signalfd::SignalFd::with_flags(
-        &set,
-        nix::sys::signalfd::SfdFlags::SFD_NONBLOCK | nix::sys::signalfd::SfdFlags::SFD_CLOEXEC,
-    ) else {
+thread_local! {
+    /// The tracee the last SIGCHLD taken by this thread named (0: none).
+    static NAMED: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+    /// This thread is a tracer (it waits for SIGCHLD in `ppoll`).
+    static IS_TRACER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Eventfd every tracer polls besides its own bell: rung when a thread that
+/// is not a tracer took a SIGCHLD (none does in the daemon, where every
+/// other thread blocks it), so that the event is still looked for.
+static STRAY_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// Merged-SIGCHLD bookkeeping shared by the tracers: a catch-all is owed
+/// since some SIGCHLD came, and when the last one was asked for (ms since
+/// `EPOCH`).
+static OWED: AtomicBool = AtomicBool::new(false);
+static LAST_ALL_MS: AtomicU64 = AtomicU64::new(0);
+static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
+
+fn now_ms() -> u64 {
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+}
+
+/// SIGCHLD handler: the kernel prefers the tracer of the stopped tracee
+/// when it waits in `ppoll` (the only place a tracer unblocks SIGCHLD), or
+/// else any tracer that does; the handler only records the tracee's tid
+/// for that thread, which acts on it when `ppoll` returns.
+extern "C" fn on_sigchld(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+    let tid = unsafe { (*info).si_pid() };
+    if IS_TRACER.with(|t| t.get()) {
+        NAMED.with(|n| n.set(tid));
         return;
-    };
-    std::thread::Builder::new()
-        .name("wpd-sigchld".into())
-        .spawn(move || {
-            crate::sched::thread_started();
-            let scan_all = |urgent: bool| {
-                if let Some(r) = ROUTER.get() {
-                    for b in &r.lock().unwrap().bells {
-                        if urgent {
-                            b.scan();
-                        } else {
-                            b.sweep();
-                        }
-                    }
-                }
-            };
-            let mut last_all = std::time::Instant::now();
-            let mut owed = false;
-            loop {
-                let mut pfd = libc::pollfd {
-                    fd: sfd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                let timeout = if owed { 1 } else { -1 };
-                // SAFETY: one valid pollfd.
-                unsafe { libc::poll(&mut pfd, 1, timeout) };
-                let mut got = false;
-                while let Ok(Some(info)) = sfd.read_signal() {
-                    got = true;
-                    let tid = info.ssi_pid as Tid;
-                    let routed = ROUTER.get().and_then(|r| {
-                        let r = r.lock().unwrap();
-                        let shard = r.owners.iter().find_map(|o| o.get(&tid).map(|s| *s))?;
-                        r.bells.get(shard).cloned()
-                    });
-                    match routed {
-                        Some(bell) => bell.stopped(tid),
-                        None => scan_all(true),
-                    }
-                }
-                if got {
-                    owed = true;
-                }
-                if owed && (!got || last_all.elapsed() >= CATCH_ALL) {
-                    // When the flow stops, wake every shard only if some
-                    // event is still uncollected (one whose SIGCHLD merged,
-                    // or one a shard has not reached yet): an isolated hit
-                    // costs no wake-up of the other shards. While it flows
-                    // there always are some; do not look.
-                    if got || uncollected_event() {
-                        scan_all(false);
-                    }
-                    last_all = std::time::Instant::now();
-                    owed = got;
-                }
+    }
+    let fd = STRAY_FD.load(Ordering::Relaxed);
+    if fd >= 0 {
+        // SAFETY: errno is saved and restored around write(2), which is
+        // async-signal-safe; the eventfd lives as long as the process.
+        unsafe {
+            let errno = *libc::__errno_location();
+            let one: u64 = 1;
+            libc::write(fd, (&one as *const u64).cast(), 8);
+            *libc::__errno_location() = errno;
+        }
+    }
+}
+
+fn install_sigchld_handler() {
+    STRAY_FD.store(eventfd().into_raw_fd(), Ordering::Relaxed);
+    // SAFETY: installs a handler that is async-signal-safe (see above).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigchld as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGCHLD, &sa, std::ptr::null_mut());
+    }
+}
+
+/// Asks every shard for a full scan: `urgent` (a tracee nobody owns yet,
+/// such as a thread just created) now, else soon (merged SIGCHLDs).
+fn scan_all(urgent: bool) {
+    if let Some(r) = ROUTER.get() {
+        for b in &r.lock().unwrap().bells {
+            if urgent {
+                b.scan();
+            } else {
+                b.sweep();
             }
-        })
-        .expect("spawn sigchld thread");
+        }
+    }
+}
+
+/// The owner's bell of `tid`, if any shard owns it.
+fn bell_of(tid: Tid) -> Option<Arc<Bell>> {
+    let r = ROUTER.get()?.lock().unwrap();
+    let shard = r.owners.iter().find_map(|o| o.get(&tid).map(|s| *s))?;
+    r.bells.get(shard).cloned()
+}
+
+/// A SIGCHLD came: while they flow, ask every shard for a catch-all at most
+/// once per `CATCH_ALL`.
+fn sigchld_seen() {
+    OWED.store(true, Ordering::Release);
+    let now = now_ms();
+    let last = LAST_ALL_MS.load(Ordering::Acquire);
+    if now.saturating_sub(last) >= CATCH_ALL.as_millis() as u64
+        && LAST_ALL_MS
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    {
+        scan_all(false);
+    }
+}
+
+/// SIGCHLDs stopped coming: ask for one more catch-all, only if some event
+/// is still uncollected (an isolated hit costs no wake-up of other shards).
+fn sigchld_quiet() {
+    if OWED.swap(false, Ordering::AcqRel) {
+        LAST_ALL_MS.store(now_ms(), Ordering::Release);
+        if uncollected_event() {
+            scan_all(false);
+        }
+    }
 }
 
 impl PtraceBackend {
@@ -376,7 +420,7 @@ impl PtraceBackend {
             })
         });
         if first {
-            start_sigchld_thread();
+            install_sigchld_handler();
         }
         let owner = Arc::new(DashMap::new());
         // Shard indices are per backend; with one backend per process (the
@@ -409,6 +453,7 @@ impl PtraceBackend {
                 .name(format!("wpd-tracer-{i}"))
                 .spawn(move || {
                     crate::sched::thread_started();
+                    IS_TRACER.with(|t| t.set(true));
                     // A tracer that dies leaves its tracees detached with
                     // armed registers (kernel-facts §2): on a panic, clear
                     // and detach them before the thread ends.
@@ -698,6 +743,17 @@ fn is_stop_signal(s: Signal) -> bool {
 impl Tracer {
     fn run(&mut self) {
         let mut last_full = std::time::Instant::now();
+        // The thread's signal mask with SIGCHLD let through: installed only
+        // for the time of `ppoll`, so the handler runs nowhere else.
+        // SAFETY: reading this thread's mask into a zeroed sigset.
+        let wait_mask = unsafe {
+            let mut m: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_SETMASK, std::ptr::null(), &mut m);
+            libc::sigdelset(&mut m, libc::SIGCHLD);
+            m
+        };
+        let stray = STRAY_FD.load(Ordering::Relaxed);
+        let mut sigchld_at = std::time::Instant::now();
         loop {
             loop {
                 match self.rx.try_recv() {
@@ -738,15 +794,56 @@ impl Tracer {
             if self.tracees.capacity() > 4 * self.tracees.len() + 256 {
                 self.tracees.shrink_to_fit();
             }
-            let mut pfd = libc::pollfd {
-                fd: self.bell.fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
+            if OWED.load(Ordering::Acquire) {
+                // Once SIGCHLDs stop for CATCH_ALL, look for merged ones.
+                let left = CATCH_ALL.saturating_sub(sigchld_at.elapsed());
+                if left.is_zero() {
+                    sigchld_quiet();
+                } else {
+                    timeout = timeout.min(left.as_millis().max(1) as i32);
+                }
+            }
+            let mut pfds = [
+                libc::pollfd {
+                    fd: self.bell.fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: stray,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            let ts = libc::timespec {
+                tv_sec: (timeout / 1000) as libc::time_t,
+                tv_nsec: ((timeout % 1000) as libc::c_long) * 1_000_000,
             };
-            // SAFETY: one valid pollfd.
-            if unsafe { libc::poll(&mut pfd, 1, timeout) } == 0 {
+            let ts_ptr = if timeout < 0 {
+                std::ptr::null()
+            } else {
+                &ts as *const libc::timespec
+            };
+            // SAFETY: valid pollfds (the stray fd may be -1: ignored), a
+            // valid timespec or null, and a valid mask.
+            let r = unsafe { libc::ppoll(pfds.as_mut_ptr(), 2, ts_ptr, &wait_mask) };
+            if r == 0 && !OWED.load(Ordering::Acquire) {
                 // Quiet for 100 ms, or a deferred scan is due.
                 self.bell.sweep.store(true, Ordering::Release);
+            }
+            let named = NAMED.with(|n| n.replace(0));
+            if named != 0 {
+                sigchld_at = std::time::Instant::now();
+                sigchld_seen();
+                self.on_named(named);
+            }
+            if pfds[1].revents & libc::POLLIN != 0 {
+                let mut buf = 0u64;
+                // SAFETY: draining the eventfd counter into a local.
+                let n = unsafe { libc::read(stray, (&mut buf as *mut u64).cast(), 8) };
+                if n == 8 {
+                    scan_all(true);
+                }
             }
             let mut buf = 0u64;
             // SAFETY: draining the eventfd counter into a local.
@@ -1151,7 +1248,21 @@ impl Tracer {
         }
     }
 
-    /// Collects the events of the tracees the router named.
+    /// A SIGCHLD this thread took named `tid`: collect it if it is ours,
+    /// else hand it to its tracer; a tid nobody owns yet (a thread just
+    /// created, whose creator's clone event is not handled yet) makes
+    /// every shard scan.
+    fn on_named(&mut self, tid: Tid) {
+        if self.tracees.contains_key(&tid) {
+            self.collect(tid);
+        } else if let Some(bell) = bell_of(tid) {
+            bell.stopped(tid);
+        } else {
+            scan_all(true);
+        }
+    }
+
+    /// Collects the events of the tracees other tracers named.
     fn reap_stopped(&mut self) {
         let tids = std::mem::take(&mut *self.bell.stopped.lock().unwrap());
         for tid in tids {
@@ -1237,8 +1348,8 @@ impl Tracer {
                             self.tracees.insert(child, c);
                             self.owner.insert(child, self.index);
                             // Its first stop may already be there, its
-                            // SIGCHLD routed nowhere (the router did not
-                            // know it yet): collect it by name.
+                            // SIGCHLD handed to nobody (no shard owned it
+                            // yet): collect it by name.
                             self.collect(child);
                             false
                         }
