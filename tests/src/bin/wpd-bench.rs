@@ -1050,6 +1050,11 @@ enum Churn {
     /// wpd's event layout opened by the bench on each creator, no daemon:
     /// per CPU a thread-tracking event and 4 breakpoints, all inherited.
     Layout,
+    /// A bare ptrace tracer in the bench (one thread, no daemon): the
+    /// creators seized with `PTRACE_O_TRACECLONE`, each new thread's 4
+    /// addresses and DR7 poked at its first stop: what the ptrace backend
+    /// cannot avoid.
+    PtraceTracer,
     /// 4 process-wide wpd watchpoints.
     Wpd(Backend),
 }
@@ -1060,6 +1065,9 @@ impl Churn {
             Churn::Bare => "no watchpoint",
             Churn::KernelInherit => "floor: 4 kernel-inherited breakpoints (inherit=1, cpu=-1)",
             Churn::Layout => "floor: wpd's perf event layout, inherited, no daemon",
+            Churn::PtraceTracer => {
+                "floor: bare ptrace tracer (clone stops, 4 addresses + DR7 poked per thread), no daemon"
+            }
             Churn::Wpd(Backend::Ptrace) => "wpd, 4 process-wide watchpoints, ptrace backend",
             Churn::Wpd(_) => "wpd, 4 process-wide watchpoints, perf backend",
         }
@@ -1098,6 +1106,7 @@ async fn churn_once(k: usize, cfg: Churn, window: Duration, cpus: &[i32]) -> Res
     let watch: Vec<u64> = target.vars[4..8].to_vec();
     let mut fds: Vec<OwnedFd> = Vec::new();
     let mut wpd: Option<(Daemon, Client, GetStatsResponse)> = None;
+    let mut tracer: Option<std::thread::JoinHandle<Result<()>>> = None;
     match cfg {
         Churn::Bare => {}
         Churn::KernelInherit => {
@@ -1121,6 +1130,9 @@ async fn churn_once(k: usize, cfg: Churn, window: Duration, cpus: &[i32]) -> Res
                 }
             }
             fds.extend(collectors);
+        }
+        Churn::PtraceTracer => {
+            tracer = Some(bare_tracer(creators.clone(), watch.clone())?);
         }
         Churn::Wpd(backend) => {
             let daemon = Daemon::start().await?;
@@ -1165,9 +1177,88 @@ async fn churn_once(k: usize, cfg: Churn, window: Duration, cpus: &[i32]) -> Res
         run.lost = after.kernel_lost - before.kernel_lost;
         drop(target);
         drop(daemon);
+    } else if let Some(t) = tracer {
+        // Killed, every tracee ends, and the tracer with them.
+        drop(target);
+        t.join()
+            .map_err(|_| anyhow::anyhow!("the bare tracer panicked"))??;
     }
     drop(fds);
     Ok(run)
+}
+
+/// DR7 with slots 0-3 enabled (L0-L3), each a write watch of 8 bytes.
+const DR7_W8_SLOTS0_3: u64 = 0x9999_0055;
+
+/// Starts the bare ptrace tracer of [`Churn::PtraceTracer`] on `creators`:
+/// a thread that seizes them (new threads are attached by the kernel) and
+/// programs DR0-DR3 = `addrs` and DR7 on every new thread at its first
+/// stop; other stops are resumed at once, signals passed on. It ends when
+/// every tracee has gone (the target is killed after the window).
+fn bare_tracer(creators: Vec<i32>, addrs: Vec<u64>) -> Result<std::thread::JoinHandle<Result<()>>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = std::thread::spawn(move || -> Result<()> {
+        realtime_thread();
+        let seized = (|| {
+            for &t in &creators {
+                // SAFETY: plain ptrace request on a thread of a process we started.
+                let r = unsafe {
+                    libc::ptrace(
+                        libc::PTRACE_SEIZE,
+                        t,
+                        0,
+                        libc::PTRACE_O_TRACECLONE as libc::c_long,
+                    )
+                };
+                ensure!(r == 0, "PTRACE_SEIZE {t}: {}", std::io::Error::last_os_error());
+            }
+            Ok(())
+        })();
+        let ok = seized.is_ok();
+        let _ = tx.send(seized);
+        if !ok {
+            return Ok(());
+        }
+        let mut armed: std::collections::HashSet<i32> = creators.iter().copied().collect();
+        loop {
+            let mut status = 0;
+            // SAFETY: waiting for our own tracees.
+            let t = unsafe { libc::waitpid(-1, &mut status, libc::__WALL) };
+            if t < 0 {
+                if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                return Ok(()); // ECHILD: every tracee is gone
+            }
+            if !libc::WIFSTOPPED(status) {
+                armed.remove(&t);
+                continue;
+            }
+            let sig = libc::WSTOPSIG(status);
+            let event = status >> 16;
+            let deliver = if event != 0 {
+                if event == libc::PTRACE_EVENT_STOP && armed.insert(t) {
+                    // A new thread's first stop: its registers.
+                    for (i, &a) in addrs.iter().take(4).enumerate() {
+                        // SAFETY: poking our own stopped tracee's user area.
+                        unsafe { libc::ptrace(libc::PTRACE_POKEUSER, t, DR0 + 8 * i, a) };
+                    }
+                    // SAFETY: as above.
+                    unsafe { libc::ptrace(libc::PTRACE_POKEUSER, t, DR7, DR7_W8_SLOTS0_3) };
+                }
+                0
+            } else if sig == libc::SIGTRAP {
+                0
+            } else {
+                sig
+            };
+            // SAFETY: restarting our own stopped tracee.
+            unsafe { libc::ptrace(libc::PTRACE_CONT, t, 0, deliver as libc::c_long) };
+        }
+    });
+    rx.recv()
+        .map_err(|_| anyhow::anyhow!("the bare tracer ended before seizing"))??;
+    Ok(h)
 }
 
 fn field<T: std::str::FromStr>(line: &str, key: &str) -> Result<T>
@@ -1190,6 +1281,7 @@ async fn section_churn(args: &Args, cpus: &[i32]) -> Result<()> {
             Churn::KernelInherit,
             Churn::Layout,
             Churn::Wpd(Backend::Perf),
+            Churn::PtraceTracer,
             Churn::Wpd(Backend::Ptrace),
         ];
     }
@@ -1225,6 +1317,7 @@ async fn section_churn(args: &Args, cpus: &[i32]) -> Result<()> {
                 .collect();
             let bare = med[0];
             let floor = med[1];
+            let tracer_floor = cfgs.iter().position(|&c| c == Churn::PtraceTracer);
             for (i, &cfg) in cfgs.iter().enumerate() {
                 let runs = &results[ki][i];
                 let ops = median(runs.iter().map(|r| r.ops as f64).collect());
@@ -1241,10 +1334,14 @@ async fn section_churn(args: &Args, cpus: &[i32]) -> Result<()> {
                     } else {
                         format!("{:+.1}", med[i] - bare)
                     },
-                    if cfg == Churn::Bare || cfg == Churn::KernelInherit {
-                        "–".to_string()
-                    } else {
-                        format!("{:.2}×", med[i] / floor)
+                    match (cfg, tracer_floor) {
+                        (Churn::Bare | Churn::KernelInherit, _) => "–".to_string(),
+                        (Churn::Wpd(Backend::Ptrace), Some(t)) => format!(
+                            "{:.2}× ({:.2}× the bare ptrace tracer)",
+                            med[i] / floor,
+                            med[i] / med[t]
+                        ),
+                        _ => format!("{:.2}×", med[i] / floor),
                     }
                 );
             }
