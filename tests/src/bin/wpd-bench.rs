@@ -1210,7 +1210,11 @@ fn bare_tracer(creators: Vec<i32>, addrs: Vec<u64>) -> Result<std::thread::JoinH
                         libc::PTRACE_O_TRACECLONE as libc::c_long,
                     )
                 };
-                ensure!(r == 0, "PTRACE_SEIZE {t}: {}", std::io::Error::last_os_error());
+                ensure!(
+                    r == 0,
+                    "PTRACE_SEIZE {t}: {}",
+                    std::io::Error::last_os_error()
+                );
             }
             Ok(())
         })();
@@ -1222,8 +1226,10 @@ fn bare_tracer(creators: Vec<i32>, addrs: Vec<u64>) -> Result<std::thread::JoinH
         let mut armed: std::collections::HashSet<i32> = creators.iter().copied().collect();
         loop {
             let mut status = 0;
-            // SAFETY: waiting for our own tracees.
-            let t = unsafe { libc::waitpid(-1, &mut status, libc::__WALL) };
+            // SAFETY: waiting for our own tracees. `__WNOTHREAD`: only this
+            // thread's, never the bench's children (targets, daemons),
+            // whose exits belong to their handles.
+            let t = unsafe { libc::waitpid(-1, &mut status, libc::__WALL | libc::__WNOTHREAD) };
             if t < 0 {
                 if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                     continue;
