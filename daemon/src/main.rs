@@ -59,8 +59,8 @@ fn parse_mode(s: &str) -> Result<u32, String> {
 }
 
 fn main() -> std::process::ExitCode {
-    // Before any thread exists: tracer threads learn about ptrace stops
-    // through a signalfd, so no thread may take SIGCHLD itself.
+    // Before any thread exists: SIGCHLD (ptrace stops) may be taken only by
+    // a tracer thread waiting in `ppoll`, which unblocks it there.
     wpd::backend::ptrace::block_sigchld();
     // One allocator arena for every thread: glibc otherwise gives busy
     // threads (tracers, blocking-pool threads) arenas of their own, which
