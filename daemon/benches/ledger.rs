@@ -60,7 +60,7 @@ trait Accounting: Sync {
 }
 
 impl Accounting for Ledger {
-    type Token = Vec<Reservation>;
+    type Token = Reservation;
     const NAME: &'static str = "ledger";
 
     fn register(&self, pid: Pid, tid: Tid) {
@@ -68,14 +68,15 @@ impl Accounting for Ledger {
     }
 
     fn reserve(&self, tid: Tid, id: WatchId) -> Self::Token {
-        match self.reserve_all(&[tid], id, false, BackendKind::Perf) {
-            Ok(res) => res,
-            Err(conflicts) => panic!("ledger refused a free slot: {conflicts:?}"),
+        match self.reserve_one(tid, id, false, BackendKind::Perf) {
+            Ok(Some(r)) => r,
+            Ok(None) => panic!("tid {tid} is not tracked or already holds {id:?}"),
+            Err(conflict) => panic!("ledger refused a free slot: {conflict:?}"),
         }
     }
 
     fn commit(&self, token: &Self::Token) {
-        Ledger::commit(self, token, None);
+        Ledger::commit(self, std::slice::from_ref(token), None);
     }
 
     fn release(&self, tid: Tid, id: WatchId) {

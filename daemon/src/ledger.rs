@@ -195,6 +195,9 @@ pub struct Ledger {
     /// Retained slots of threads we no longer track (after a ptrace
     /// detach), restored if the thread is tracked again.
     retained: DashMap<Tid, (Pid, u8), Hash>,
+    /// Entries in `retained`: usually none, and then the thread add and
+    /// remove paths skip its lookups.
+    retained_n: std::sync::atomic::AtomicUsize,
     hold: HoldHistogram,
 }
 
@@ -250,7 +253,8 @@ impl Ledger {
             dashmap::Entry::Occupied(_) => false,
             dashmap::Entry::Vacant(v) => {
                 let mut row = ThreadSlots::new(pid, 0);
-                if let Some((p, bits)) = self.retained.get(&tid).map(|r| *r)
+                if self.retained_n.load(Ordering::Acquire) > 0
+                    && let Some((p, bits)) = self.retained.get(&tid).map(|r| *r)
                     && p == pid
                 {
                     row.retained = bits;
@@ -345,7 +349,9 @@ impl Ledger {
                 }
             }
         }?;
-        self.retained.remove(&tid);
+        if self.retained_n.load(Ordering::Acquire) > 0 && self.retained.remove(&tid).is_some() {
+            self.retained_n.fetch_sub(1, Ordering::AcqRel);
+        }
         Some(row)
     }
 
@@ -372,8 +378,9 @@ impl Ledger {
             let _t = self.timed();
             if let Some((_, row)) = self.threads.remove_if(tid, |_, r| r.pid == pid)
                 && row.retained != 0
+                && self.retained.insert(*tid, (pid, row.retained)).is_none()
             {
-                self.retained.insert(*tid, (pid, row.retained));
+                self.retained_n.fetch_add(1, Ordering::AcqRel);
             }
         }
         tids.len()
@@ -384,11 +391,17 @@ impl Ledger {
     /// thread. Returns how many were dropped.
     pub fn prune_retained(&self, alive: impl Fn(Pid, Tid) -> bool) -> usize {
         // Checked outside the shard locks (`alive` may make syscalls).
+        if self.retained_n.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
         let all: Vec<(Tid, Pid)> = self.retained.iter().map(|e| (*e.key(), e.0)).collect();
-        all.into_iter()
+        let dropped = all
+            .into_iter()
             .filter(|&(tid, pid)| !alive(pid, tid))
             .filter(|&(tid, pid)| self.retained.remove_if(&tid, |_, r| r.0 == pid).is_some())
-            .count()
+            .count();
+        self.retained_n.fetch_sub(dropped, Ordering::AcqRel);
+        dropped
     }
 
     /// True if the thread table holds far more room than threads (a large
@@ -444,48 +457,11 @@ impl Ledger {
         let mut got = Vec::with_capacity(tids.len());
         let mut conflicts = Vec::new();
         for &tid in tids {
-            let _t = self.timed();
-            let Some(mut row) = self.threads.get_mut(&tid) else {
-                continue;
-            };
-            if row.slot_of(id).is_some() {
-                continue; // already has it (a thread born while arming)
+            match self.reserve_one(tid, id, inheritable, backend) {
+                Ok(Some(r)) => got.push(r),
+                Ok(None) => {}
+                Err(c) => conflicts.push(c),
             }
-            let busy = row.ours | row.pending | row.uncertain;
-            let mut free = match backend {
-                // Reuse what the kernel already holds for us first.
-                BackendKind::Ptrace => {
-                    let reuse = row.retained & !busy & !row.foreign & ALL;
-                    if reuse != 0 {
-                        reuse
-                    } else {
-                        !(busy | row.foreign) & ALL
-                    }
-                }
-                BackendKind::Perf => !(busy | row.foreign | row.retained) & ALL,
-            };
-            if free == 0 {
-                // Slots marked foreign may have been freed since: the kernel
-                // decides (reserve → syscall → commit or roll back).
-                free = row.foreign & !busy & ALL;
-                if backend == BackendKind::Perf {
-                    free &= !row.retained;
-                }
-            }
-            if free == 0 {
-                conflicts.push(SlotConflict {
-                    tid,
-                    holders: row.holders(),
-                });
-                continue;
-            }
-            let slot = free.trailing_zeros() as u8;
-            row.pending |= 1 << slot;
-            row.holder[slot as usize] = id.0;
-            if inheritable {
-                row.inheritable |= 1 << slot;
-            }
-            got.push(Reservation { tid, slot, id });
         }
         if conflicts.is_empty() {
             Ok(got)
@@ -494,6 +470,60 @@ impl Ledger {
             conflicts.sort_by_key(|c| c.tid);
             Err(conflicts)
         }
+    }
+
+    /// Reserves one slot for `id` on `tid`: `None` if the thread is not
+    /// tracked (it exited) or already has `id` (a thread born while
+    /// arming), the conflict if every slot is taken. No allocation on
+    /// success.
+    pub fn reserve_one(
+        &self,
+        tid: Tid,
+        id: WatchId,
+        inheritable: bool,
+        backend: BackendKind,
+    ) -> Result<Option<Reservation>, SlotConflict> {
+        let _t = self.timed();
+        let Some(mut row) = self.threads.get_mut(&tid) else {
+            return Ok(None);
+        };
+        if row.slot_of(id).is_some() {
+            return Ok(None);
+        }
+        let busy = row.ours | row.pending | row.uncertain;
+        let mut free = match backend {
+            // Reuse what the kernel already holds for us first.
+            BackendKind::Ptrace => {
+                let reuse = row.retained & !busy & !row.foreign & ALL;
+                if reuse != 0 {
+                    reuse
+                } else {
+                    !(busy | row.foreign) & ALL
+                }
+            }
+            BackendKind::Perf => !(busy | row.foreign | row.retained) & ALL,
+        };
+        if free == 0 {
+            // Slots marked foreign may have been freed since: the kernel
+            // decides (reserve → syscall → commit or roll back).
+            free = row.foreign & !busy & ALL;
+            if backend == BackendKind::Perf {
+                free &= !row.retained;
+            }
+        }
+        if free == 0 {
+            return Err(SlotConflict {
+                tid,
+                holders: row.holders(),
+            });
+        }
+        let slot = free.trailing_zeros() as u8;
+        row.pending |= 1 << slot;
+        row.holder[slot as usize] = id.0;
+        if inheritable {
+            row.inheritable |= 1 << slot;
+        }
+        Ok(Some(Reservation { tid, slot, id }))
     }
 
     /// Turns reservations into committed slots. `times[i]` is the
@@ -795,6 +825,34 @@ mod tests {
             .reserve_all(&[1], WatchId(3), false, BackendKind::Ptrace)
             .unwrap();
         assert_eq!(t[0].slot, 0, "ptrace reuses it first");
+    }
+
+    #[test]
+    fn reserve_one_skips_untracked_and_repeated_and_names_holders_when_full() {
+        let l = Ledger::new();
+        assert_eq!(
+            l.reserve_one(1, WatchId(1), false, BackendKind::Perf),
+            Ok(None)
+        );
+        l.add_thread(10, 1);
+        for id in 1..=4 {
+            let r = l
+                .reserve_one(1, WatchId(id), false, BackendKind::Perf)
+                .unwrap()
+                .unwrap();
+            assert_eq!(r.slot as u64, id - 1);
+            assert_eq!(
+                l.reserve_one(1, WatchId(id), false, BackendKind::Perf),
+                Ok(None),
+                "a second reservation of the same watchpoint"
+            );
+            l.commit(&[r], None);
+        }
+        let full = l
+            .reserve_one(1, WatchId(5), false, BackendKind::Perf)
+            .unwrap_err();
+        assert_eq!(full.tid, 1);
+        assert_eq!(full.holders.len(), 4);
     }
 
     #[test]

@@ -211,18 +211,21 @@ impl Core {
     }
 
     pub(super) fn arm_one(&self, perf: &PerfBackend, proc: &Process, w: &Watch, tid: Tid) {
-        let Ok(res) = self
-            .ledger
-            .reserve_all(&[tid], w.id, true, BackendKind::Perf)
-        else {
-            tracing::warn!(
-                pid = proc.pid,
-                tid,
-                id = w.id.0,
-                "new thread has no free slot for a process-wide watchpoint"
-            );
-            return;
+        let res = match self.ledger.reserve_one(tid, w.id, true, BackendKind::Perf) {
+            Ok(Some(r)) => r,
+            // Gone, or it has the watchpoint already.
+            Ok(None) => return,
+            Err(_) => {
+                tracing::warn!(
+                    pid = proc.pid,
+                    tid,
+                    id = w.id.0,
+                    "new thread has no free slot for a process-wide watchpoint"
+                );
+                return;
+            }
         };
+        let res = [res];
         let sink = |eid: u64| {
             self.event_ids.insert(eid, w.id.0);
         };

@@ -427,9 +427,9 @@ impl TraceSink for Core {
             }
             match self
                 .ledger
-                .reserve_all(&[tid], w.id, false, BackendKind::Ptrace)
+                .reserve_one(tid, w.id, false, BackendKind::Ptrace)
             {
-                Ok(res) => out.extend(res.iter().map(|r| SlotProgram {
+                Ok(Some(r)) => out.push(SlotProgram {
                     tid,
                     slot: r.slot,
                     arm: Some((
@@ -437,7 +437,8 @@ impl TraceSink for Core {
                         arch::dr7_slot_bits(r.slot as usize, w.spec.len, w.spec.access),
                         w.id.0,
                     )),
-                })),
+                }),
+                Ok(None) => {}
                 Err(_) => tracing::warn!(pid, tid, id, "new thread has no free slot"),
             }
         }
