@@ -330,12 +330,16 @@ impl PerfBackend {
         // and collectors already open, plus the daemon's own (sockets,
         // eventfds, files), generously counted.
         let mut want = self.open_fds() + self.collectors.len() as u64 + 256 + more as u64;
+        let room = self.fd_room.load(Ordering::Relaxed);
+        if want <= room {
+            return; // the common case: no syscall
+        }
         if let Ok((soft, _)) =
             nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
         {
             want = want.min(soft.saturating_sub(1));
         }
-        if want <= self.fd_room.load(Ordering::Relaxed) {
+        if want <= room {
             return;
         }
         let Some(&src) = self.collectors.first() else {

@@ -30,6 +30,14 @@ const SHARDS: usize = 4;
 /// Restarts parked threads when dropped (every way out of an arm).
 struct Unpark<'a>(&'a PtraceBackend, &'a [Tid]);
 
+impl<'a> Unpark<'a> {
+    /// Parks `tids` until the guard drops.
+    fn park(pt: &'a PtraceBackend, tids: &'a [Tid]) -> Self {
+        pt.park(tids);
+        Unpark(pt, tids)
+    }
+}
+
 impl Drop for Unpark<'_> {
     fn drop(&mut self) {
         self.0.unpark(self.1);
@@ -159,10 +167,7 @@ impl Core {
         // even without the check: all stopped before any restarts (see
         // `PtraceBackend::detach`).
         let tids: Vec<Tid> = res.iter().map(|r| r.tid).collect();
-        let _parked = (self.perf().is_ok() || tids.len() > 1).then(|| {
-            pt.park(&tids);
-            Unpark(pt, &tids)
-        });
+        let _parked = (self.perf().is_ok() || tids.len() > 1).then(|| Unpark::park(pt, &tids));
         if let Ok(perf) = self.perf() {
             let mut full = Vec::new();
             for r in res {
@@ -248,10 +253,7 @@ impl Core {
         // own stops one by one, busy threads would each wait for the CPU
         // behind those already restarted (see `PtraceBackend::detach`).
         let tids: Vec<Tid> = items.iter().map(|p| p.tid).collect();
-        let _parked = (tids.len() > 1).then(|| {
-            pt.park(&tids);
-            Unpark(pt, &tids)
-        });
+        let _parked = (tids.len() > 1).then(|| Unpark::park(pt, &tids));
         pt.program(items);
     }
 
