@@ -158,6 +158,7 @@ async fn fifth_watchpoint_is_refused_and_changes_nothing(backend: Backend) -> Re
 }
 
 both_backends!(foreign_slot_on_main_thread_limits_to_three);
+both_backends!(foreign_slot_on_the_last_of_300_threads_refuses_them_all);
 
 /// e. A breakpoint the test itself holds on the target's main thread takes one of its slots:
 /// three process-wide watchpoints fit, the fourth is refused naming the main thread and leaves
@@ -251,6 +252,71 @@ async fn foreign_slot_on_main_thread_limits_to_three(backend: Backend) -> Result
                     t.tid
                 );
             }
+            Ok(())
+        }
+        .await,
+    );
+    drop(foreign);
+    result
+}
+
+/// f. The same on a target large enough that the daemon arms it from several threads at once
+/// (one per CPU, each on a contiguous range of tids): the kernel refuses a slot only on the
+/// last thread, after the other ranges have been armed; the whole watchpoint is refused naming
+/// that thread, and every other thread is left with exactly the three it had.
+async fn foreign_slot_on_the_last_of_300_threads_refuses_them_all(backend: Backend) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let target = TargetProc::start(&["--threads", "300"]).await?;
+    let last = target.tids()?.into_iter().max().unwrap_or(target.pid);
+    let foreign = ForeignBreakpoint::open(last, target.vars[7], 8)?;
+    let result = daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let main = target.pid;
+            let ids = set_on_vars(&mut client, backend, &target, &[1, 2, 3]).await?;
+            let id_set: HashSet<u64> = ids.iter().copied().collect();
+            let fourth = rpc(client.set_watchpoint(SetWatchpointRequest {
+                spec: Some(write_spec(backend, main, target.vars[4])),
+            }))
+            .await?;
+            let status = expect_status(
+                "4th with a foreign slot",
+                fourth,
+                Code::ResourceExhausted,
+                &[],
+            )?;
+            ensure!(
+                numbers_in(status.message()).contains(&(last as i64)),
+                "message {:?} does not name the last thread {last}",
+                status.message()
+            );
+            let threads = list_threads(&mut client, main, false).await?.threads;
+            ensure!(threads.len() == 301, "{} threads listed", threads.len());
+            for t in &threads {
+                let held: HashSet<u64> = ours(t).into_iter().collect();
+                ensure!(
+                    held == id_set
+                        && count_slots(t, SlotState::Ours) == 3
+                        && count_slots(t, SlotState::Pending) == 0,
+                    "thread {} should hold exactly {ids:?}: {t:?}",
+                    t.tid
+                );
+            }
+            // The kernel agrees, thread by thread (a probing listing counts its free slots).
+            for t in &list_threads(&mut client, main, true).await?.threads {
+                let expected_foreign = usize::from(t.tid == last);
+                ensure!(
+                    count_slots(t, SlotState::Foreign) == expected_foreign
+                        && count_slots(t, SlotState::Ours) == 3,
+                    "probed thread {}: expected {expected_foreign} FOREIGN and 3 OURS: {t:?}",
+                    t.tid
+                );
+            }
+            // The slots the refused pass had taken are free again: a watchpoint on the main
+            // thread alone fits.
+            let mut one = write_spec(backend, main, target.vars[5]);
+            one.tids = vec![main];
+            set_watchpoint(&mut client, one).await?;
             Ok(())
         }
         .await,

@@ -679,7 +679,13 @@ impl Core {
         self.watches.insert(id.0, watch.clone());
         proc.watches.lock().unwrap().insert(id.0);
         let tids: Vec<Tid> = match &spec.scope {
-            Scope::Process => self.ledger.tids(pid),
+            // In tid order: a perf arm pass cuts it into contiguous ranges,
+            // one per CPU (`perf_ops::fan_out`).
+            Scope::Process => {
+                let mut tids = self.ledger.tids(pid);
+                tids.sort_unstable();
+                tids
+            }
             Scope::Threads(tids) => tids.clone(),
         };
         let armed = self

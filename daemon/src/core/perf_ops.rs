@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::errno::Errno;
 
@@ -12,11 +12,78 @@ use std::sync::Mutex;
 
 use super::{Core, Job, Process, Watch, perf_err};
 use crate::arch;
-use crate::backend::perf::{self, PerfBackend, Record, ThreadEvents};
+use crate::backend::perf::{self, PerfBackend, PerfError, Record, ThreadEvents};
 use crate::error::WpdError;
 use crate::events::{EventKind, HitEvent};
 use crate::ledger::{Inheritance, Reservation, classify};
 use crate::model::{BackendKind, Pid, Tid, WatchId};
+
+/// Fewest items per extra thread in [`fan_out`]: below this the thread's
+/// start (tens of µs) costs more than the opens it takes over.
+const FAN_OUT_MIN: usize = 64;
+
+/// Runs `f` over `items` cut into contiguous chunks, one per CPU we may run
+/// on (at most `cpus`), each on its own thread, the first on the caller's;
+/// results in chunk order. Spreading perf_event_open over the CPUs does more
+/// than divide the work: each open interrupts the CPU its target thread last
+/// ran on (`perf_install_in_context`), and an IPI to a CPU busy with another
+/// opener costs a fraction of one that has to wake an idle (virtual) CPU.
+/// Threads started by a real-time thread inherit its policy.
+fn fan_out<T: Sync, R: Send>(items: &[T], cpus: usize, f: impl Fn(&[T]) -> R + Sync) -> Vec<R> {
+    let allowed = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = cpus.min(allowed).min(items.len() / FAN_OUT_MIN).max(1);
+    if workers == 1 {
+        return vec![f(items)];
+    }
+    let size = items.len().div_ceil(workers);
+    let f = &f;
+    std::thread::scope(|s| {
+        let mut chunks = items.chunks(size);
+        let first = chunks.next().unwrap_or(&[]);
+        // A chunk whose thread could not start runs on the caller's.
+        let rest: Vec<_> = chunks
+            .map(|c| {
+                std::thread::Builder::new()
+                    .name("wpd-open".into())
+                    .spawn_scoped(s, move || f(c))
+                    .map_err(|_| c)
+            })
+            .collect();
+        let mut out = vec![f(first)];
+        for h in rest {
+            out.push(match h {
+                Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                Err(c) => f(c),
+            });
+        }
+        out
+    })
+}
+
+/// What one [`fan_out`] worker of an arm pass did with its reservations.
+struct ArmChunk {
+    opened: Vec<(Tid, ThreadEvents)>,
+    times: Vec<(u64, u64)>,
+    ok: Vec<Reservation>,
+    gone: Vec<Reservation>,
+    full: Vec<Tid>,
+    untried: Vec<Reservation>,
+    fatal: Option<PerfError>,
+}
+
+impl ArmChunk {
+    fn with_capacity(n: usize) -> Self {
+        ArmChunk {
+            opened: Vec::with_capacity(n),
+            times: Vec::with_capacity(n),
+            ok: Vec::with_capacity(n),
+            gone: Vec::new(),
+            full: Vec::new(),
+            untried: Vec::new(),
+            fatal: None,
+        }
+    }
+}
 use crate::procfs;
 
 impl Core {
@@ -31,38 +98,68 @@ impl Core {
         let perf = self.perf()?;
         let spec = &watch.spec;
         let (pid, id, process_wide) = (proc.pid, watch.id, watch.process_wide);
-        let mut opened: Vec<(Tid, ThreadEvents)> = Vec::with_capacity(res.len());
-        let mut times = Vec::with_capacity(res.len());
-        let mut ok = Vec::with_capacity(res.len());
-        let mut gone = Vec::new();
-        let mut full = Vec::new();
-        let mut fatal = None;
         perf.reserve_fds(res.len() * perf.cpus().len());
         let registered = Mutex::new(Vec::new());
         let sink = |eid: u64| {
             self.event_ids.insert(eid, id.0);
             registered.lock().unwrap().push(eid);
         };
-        for r in res {
-            let t0 = perf::monotonic_ns();
-            match perf.open_breakpoint(r.tid, spec.addr, spec.len, spec.access, process_wide, &sink)
-            {
-                Ok(ev) => {
-                    times.push((t0, perf::monotonic_ns()));
-                    opened.push((r.tid, ev));
-                    ok.push(*r);
-                }
-                Err(e) if e.errno == Errno::ESRCH => gone.push(*r),
-                Err(e) if e.errno == Errno::ENOSPC => {
-                    self.ledger.mark_foreign(*r);
-                    full.push(r.tid);
-                }
-                Err(e) => {
-                    fatal = Some(e);
+        let stop = AtomicBool::new(false);
+        let chunks = fan_out(res, perf.cpus().len(), |chunk| {
+            let mut c = ArmChunk::with_capacity(chunk.len());
+            for (i, r) in chunk.iter().enumerate() {
+                if stop.load(Ordering::Relaxed) {
+                    c.untried.extend_from_slice(&chunk[i..]);
                     break;
                 }
+                let t0 = perf::monotonic_ns();
+                match perf.open_breakpoint(
+                    r.tid,
+                    spec.addr,
+                    spec.len,
+                    spec.access,
+                    process_wide,
+                    &sink,
+                ) {
+                    Ok(ev) => {
+                        c.times.push((t0, perf::monotonic_ns()));
+                        c.opened.push((r.tid, ev));
+                        c.ok.push(*r);
+                    }
+                    Err(e) if e.errno == Errno::ESRCH => c.gone.push(*r),
+                    Err(e) if e.errno == Errno::ENOSPC => {
+                        self.ledger.mark_foreign(*r);
+                        c.full.push(r.tid);
+                    }
+                    Err(e) => {
+                        stop.store(true, Ordering::Relaxed);
+                        c.fatal = Some(e);
+                        c.untried.extend_from_slice(&chunk[i + 1..]);
+                        break;
+                    }
+                }
             }
+            c
+        });
+        let mut all = ArmChunk::with_capacity(res.len());
+        for c in chunks {
+            all.opened.extend(c.opened);
+            all.times.extend(c.times);
+            all.ok.extend(c.ok);
+            all.gone.extend(c.gone);
+            all.full.extend(c.full);
+            all.untried.extend(c.untried);
+            all.fatal = all.fatal.or(c.fatal);
         }
+        let ArmChunk {
+            opened,
+            times,
+            ok,
+            gone,
+            full,
+            untried,
+            fatal,
+        } = all;
         if !full.is_empty() || fatal.is_some() {
             let n: usize = opened.iter().map(|(_, e)| e.fds.len()).sum();
             drop(opened);
@@ -72,8 +169,7 @@ impl Core {
             }
             self.ledger.rollback(&ok);
             self.ledger.rollback(&gone);
-            self.ledger
-                .rollback(&res[ok.len() + gone.len() + full.len()..]);
+            self.ledger.rollback(&untried);
             if let Some(e) = fatal {
                 if matches!(e.errno, Errno::EACCES | Errno::EPERM) {
                     return Err(WpdError::PermissionDenied {
@@ -101,32 +197,48 @@ impl Core {
         let perf = self.perf()?;
         let mut tracked: HashSet<Tid> = HashSet::new();
         loop {
-            let tids = procfs::tasks(proc.pid).map_err(|_| WpdError::NoSuchProcess(proc.pid))?;
+            let mut tids =
+                procfs::tasks(proc.pid).map_err(|_| WpdError::NoSuchProcess(proc.pid))?;
             // Room for the trackers and a first watchpoint's breakpoints.
             perf.reserve_fds(2 * tids.len() * perf.cpus().len());
-            let mut new = 0;
-            for tid in tids {
-                if !tracked.insert(tid) {
-                    continue;
-                }
-                new += 1;
-                match perf.open_tracker(tid) {
-                    Ok(fds) => {
-                        proc.trackers.lock().unwrap().extend(fds);
-                        self.ledger.add_thread(proc.pid, tid);
-                    }
-                    Err(e) if e.errno == Errno::ESRCH => {}
-                    Err(e) if matches!(e.errno, Errno::EACCES | Errno::EPERM) => {
-                        return Err(WpdError::PermissionDenied {
-                            pid: proc.pid,
-                            detail: format!("{} refused: {}", e.op, e.errno.desc()),
-                        });
-                    }
-                    Err(e) => return Err(perf_err(e)),
-                }
-            }
-            if new == 0 {
+            tids.retain(|&t| tracked.insert(t));
+            if tids.is_empty() {
                 break;
+            }
+            let chunks = fan_out(&tids, perf.cpus().len(), |chunk| {
+                let mut fds = Vec::with_capacity(chunk.len() * perf.cpus().len());
+                for &tid in chunk {
+                    match perf.open_tracker(tid) {
+                        Ok(f) => {
+                            fds.extend(f);
+                            self.ledger.add_thread(proc.pid, tid);
+                        }
+                        Err(e) if e.errno == Errno::ESRCH => {}
+                        Err(e) => return Err((fds, e)),
+                    }
+                }
+                Ok(fds)
+            });
+            let mut failed = None;
+            for c in chunks {
+                let fds = match c {
+                    Ok(fds) => fds,
+                    Err((fds, e)) => {
+                        failed = failed.or(Some(e));
+                        fds
+                    }
+                };
+                proc.trackers.lock().unwrap().extend(fds);
+            }
+            match failed {
+                None => {}
+                Some(e) if matches!(e.errno, Errno::EACCES | Errno::EPERM) => {
+                    return Err(WpdError::PermissionDenied {
+                        pid: proc.pid,
+                        detail: format!("{} refused: {}", e.op, e.errno.desc()),
+                    });
+                }
+                Some(e) => return Err(perf_err(e)),
             }
         }
         if self.ledger.thread_count(proc.pid) == 0 {

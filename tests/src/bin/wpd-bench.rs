@@ -660,7 +660,7 @@ async fn section_arm(args: &Args, cpus: &[i32], load: Load) -> Result<()> {
         match perf_fds_skip(n, cpus.len(), 1) {
             Some(why) => skip("floor: perf breakpoint syscalls", &why),
             None => {
-                let t = spread(rep(args.reps, || floor_perf(n, load, cpus, false)).await?);
+                let t = spread(rep(args.reps, || floor_perf(n, load, cpus, false, false)).await?);
                 row("floor: perf breakpoint syscalls, no daemon", t, None);
             }
         }
@@ -670,14 +670,26 @@ async fn section_arm(args: &Args, cpus: &[i32], load: Load) -> Result<()> {
                 skip("wpd, perf backend", &why);
             }
             None => {
-                let floor = spread(rep(args.reps, || floor_perf(n, load, cpus, true)).await?);
+                let floor =
+                    spread(rep(args.reps, || floor_perf(n, load, cpus, true, false)).await?);
                 row(
                     "floor: perf breakpoint + thread-tracking syscalls",
                     floor,
                     None,
                 );
+                let per_cpu =
+                    spread(rep(args.reps, || floor_perf(n, load, cpus, true, true)).await?);
+                row(
+                    "floor: the same, one opener thread per CPU, no daemon",
+                    per_cpu,
+                    Some(floor.med),
+                );
                 let t = spread(rep(args.reps, || wpd_arm(n, load, Backend::Perf)).await?);
                 row("wpd, perf backend (attach + arm)", t, Some(floor.med));
+                println!(
+                    "| {n} | wpd perf is {:.2}× the per-CPU openers (medians) |  |  |  |  |",
+                    t.med / per_cpu.med
+                );
                 wpd_perf = Some(t);
             }
         }
@@ -738,8 +750,16 @@ fn realtime_thread() -> bool {
 }
 
 /// The perf syscalls of a process-wide arm, in a bare loop; `tracked`: also
-/// the thread-tracking events wpd opens at attach.
-async fn floor_perf(n: usize, load: Load, cpus: &[i32], tracked: bool) -> Result<f64> {
+/// the thread-tracking events wpd opens at attach. `per_cpu`: the threads
+/// cut into one contiguous range per CPU, each range opened by its own
+/// thread (as wpd's arm passes do); otherwise one loop on one thread.
+async fn floor_perf(
+    n: usize,
+    load: Load,
+    cpus: &[i32],
+    tracked: bool,
+    per_cpu: bool,
+) -> Result<f64> {
     let target = target(n, load).await?;
     let tids = target.tids()?;
     let addr = target.vars[QUIET_VAR];
@@ -747,16 +767,42 @@ async fn floor_perf(n: usize, load: Load, cpus: &[i32], tracked: bool) -> Result
         .iter()
         .map(|&c| floor_collector(c))
         .collect::<Result<_>>()?;
-    let t0 = Instant::now();
-    let mut fds = Vec::with_capacity(tids.len() * cpus.len() * 2);
-    for &tid in &tids {
-        for (i, &cpu) in cpus.iter().enumerate() {
-            if tracked {
-                fds.push(floor_perf_track(tid, cpu, &collectors[i])?);
+    let open_range = |tids: &[i32]| -> Result<Vec<OwnedFd>> {
+        let mut fds = Vec::with_capacity(tids.len() * cpus.len() * 2);
+        for &tid in tids {
+            for (i, &cpu) in cpus.iter().enumerate() {
+                if tracked {
+                    fds.push(floor_perf_track(tid, cpu, &collectors[i])?);
+                }
+                fds.push(floor_perf_arm(tid, addr, cpu, &collectors[i])?);
             }
-            fds.push(floor_perf_arm(tid, addr, cpu, &collectors[i])?);
         }
-    }
+        Ok(fds)
+    };
+    let t0 = Instant::now();
+    let fds = if per_cpu {
+        let size = tids.len().div_ceil(cpus.len().max(1));
+        std::thread::scope(|s| {
+            let handles: Vec<_> = tids
+                .chunks(size)
+                .map(|range| {
+                    s.spawn(|| {
+                        realtime_thread();
+                        open_range(range)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .map_err(|_| anyhow::anyhow!("an opener panicked"))?
+                })
+                .collect::<Result<Vec<_>>>()
+        })?
+    } else {
+        vec![open_range(&tids)?]
+    };
     let t = ms(t0.elapsed());
     drop(fds);
     Ok(t)
