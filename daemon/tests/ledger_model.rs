@@ -477,8 +477,8 @@ fn decode(tid: Tid, r: &ThreadSlots) -> Result<Thread, TestCaseError> {
             foreign: r.foreign & bit != 0,
             retained: r.retained & bit != 0,
             inheritable: r.inheritable & bit != 0,
-            absent_before: r.absent_before[s],
-            certain_from: r.certain_from[s],
+            absent_before: r.window(s).absent_before,
+            certain_from: r.window(s).certain_from,
         }
     });
     Ok(Thread {

@@ -308,7 +308,8 @@ impl Core {
             && let Some(s) = parent.slot_of(id)
             && parent.ours & (1 << s) != 0
         {
-            match classify(row.born, parent.absent_before[s], parent.certain_from[s]) {
+            let w = parent.window(s);
+            match classify(row.born, w.absent_before, w.certain_from) {
                 Inheritance::Inherited => return true,
                 Inheritance::Missing => return false,
                 Inheritance::Unknown => {}
