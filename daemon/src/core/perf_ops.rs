@@ -617,7 +617,34 @@ impl ValueCache {
 
 #[cfg(test)]
 mod tests {
-    use super::EarlyExits;
+    use super::{EarlyExits, FAN_OUT_MIN, fan_out};
+
+    #[test]
+    fn fan_out_covers_every_item_once_in_order() {
+        for n in [
+            0,
+            1,
+            FAN_OUT_MIN,
+            2 * FAN_OUT_MIN - 1,
+            2 * FAN_OUT_MIN,
+            1_000,
+        ] {
+            let items: Vec<usize> = (0..n).collect();
+            for cpus in 1..=4 {
+                let threads = std::sync::Mutex::new(std::collections::HashSet::new());
+                let chunks = fan_out(&items, cpus, |c| {
+                    threads.lock().unwrap().insert(std::thread::current().id());
+                    c.to_vec()
+                });
+                let flat: Vec<usize> = chunks.iter().flatten().copied().collect();
+                assert_eq!(flat, items, "n {n} cpus {cpus}");
+                let allowed = std::thread::available_parallelism().map_or(1, |p| p.get());
+                let expect = cpus.min(allowed).min(n / FAN_OUT_MIN).max(1);
+                assert_eq!(chunks.len(), expect, "n {n} cpus {cpus}");
+                assert_eq!(threads.lock().unwrap().len(), expect, "n {n} cpus {cpus}");
+            }
+        }
+    }
 
     #[test]
     fn early_exit_matches_only_its_own_fork() {
