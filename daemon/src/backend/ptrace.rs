@@ -849,9 +849,13 @@ impl Tracer {
                     scan_all(true);
                 }
             }
-            let mut buf = 0u64;
-            // SAFETY: draining the eventfd counter into a local.
-            unsafe { libc::read(self.bell.fd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
+            // Drained only when rung: a stop that woke us through SIGCHLD
+            // (the common case, one per hit) costs no read.
+            if pfds[0].revents & libc::POLLIN != 0 {
+                let mut buf = 0u64;
+                // SAFETY: draining the eventfd counter into a local.
+                unsafe { libc::read(self.bell.fd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
+            }
         }
     }
 
