@@ -29,7 +29,11 @@ const FAN_OUT_MIN: usize = 64;
 /// ran on (`perf_install_in_context`), and an IPI to a CPU busy with another
 /// opener costs a fraction of one that has to wake an idle (virtual) CPU.
 /// Threads started by a real-time thread inherit its policy.
-fn fan_out<T: Sync, R: Send>(items: &[T], cpus: usize, f: impl Fn(&[T]) -> R + Sync) -> Vec<R> {
+pub(super) fn fan_out<T: Sync, R: Send>(
+    items: &[T],
+    cpus: usize,
+    f: impl Fn(&[T]) -> R + Sync,
+) -> Vec<R> {
     let allowed = std::thread::available_parallelism().map_or(1, |n| n.get());
     let workers = cpus.min(allowed).min(items.len() / FAN_OUT_MIN).max(1);
     if workers == 1 {

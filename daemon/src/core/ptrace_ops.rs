@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 
 use nix::errno::Errno;
 
+use super::perf_ops::fan_out;
 use super::{Core, Job, Process, Watch};
 use crate::arch::current as arch;
 use crate::backend::perf;
@@ -169,16 +170,25 @@ impl Core {
         let tids: Vec<Tid> = res.iter().map(|r| r.tid).collect();
         let _parked = (self.perf().is_ok() || tids.len() > 1).then(|| Unpark::park(pt, &tids));
         if let Ok(perf) = self.perf() {
+            // Like a perf arm pass, from one thread per CPU: each open and
+            // close interrupts the CPU the thread last ran on.
+            let refused = fan_out(res, perf.cpus().len(), |chunk| {
+                chunk
+                    .iter()
+                    .filter(|r| {
+                        let retained = self
+                            .ledger
+                            .get(r.tid)
+                            .is_some_and(|row| row.retained & (1 << r.slot) != 0);
+                        !retained && perf.probe_free_slots(r.tid, 1) == Ok(0)
+                    })
+                    .copied()
+                    .collect::<Vec<Reservation>>()
+            });
             let mut full = Vec::new();
-            for r in res {
-                let retained = self
-                    .ledger
-                    .get(r.tid)
-                    .is_some_and(|row| row.retained & (1 << r.slot) != 0);
-                if !retained && perf.probe_free_slots(r.tid, 1) == Ok(0) {
-                    self.ledger.mark_foreign(*r);
-                    full.push(r.tid);
-                }
+            for r in refused.into_iter().flatten() {
+                self.ledger.mark_foreign(r);
+                full.push(r.tid);
             }
             if !full.is_empty() {
                 self.ledger.rollback(res);
