@@ -28,6 +28,71 @@ async fn set_on_vars(
     Ok(ids)
 }
 
+/// Sets a 4th process-wide watchpoint (on `VARS[4]`) that must be refused with
+/// RESOURCE_EXHAUSTED naming `full`, the thread whose slot someone else holds.
+async fn fourth_is_refused_naming(
+    client: &mut Client,
+    backend: Backend,
+    target: &TargetProc,
+    full: i32,
+) -> Result<()> {
+    let fourth = rpc(client.set_watchpoint(SetWatchpointRequest {
+        spec: Some(write_spec(backend, target.pid, target.vars[4])),
+    }))
+    .await?;
+    let status = expect_status(
+        "4th with a foreign slot",
+        fourth,
+        Code::ResourceExhausted,
+        &[],
+    )?;
+    ensure!(
+        numbers_in(status.message()).contains(&(full as i64)),
+        "message {:?} does not name thread {full}",
+        status.message()
+    );
+    Ok(())
+}
+
+/// All or nothing: every thread of `pid` holds exactly `ids`, in OURS slots, with nothing
+/// pending. Returns how many threads were listed.
+async fn every_thread_holds_exactly(client: &mut Client, pid: i32, ids: &[u64]) -> Result<usize> {
+    let id_set: HashSet<u64> = ids.iter().copied().collect();
+    let threads = list_threads(client, pid, false).await?.threads;
+    for t in &threads {
+        let held: HashSet<u64> = ours(t).into_iter().collect();
+        ensure!(
+            held == id_set && count_slots(t, SlotState::Ours) == ids.len(),
+            "thread {} should hold exactly {ids:?}: {t:?}",
+            t.tid
+        );
+        ensure!(
+            count_slots(t, SlotState::Pending) == 0,
+            "pending slot left: {t:?}"
+        );
+    }
+    Ok(threads.len())
+}
+
+/// The kernel agrees, thread by thread (a probing listing counts free slots): 3 OURS on
+/// every thread of `pid`, and one FOREIGN on `foreign_on` only.
+async fn probed_three_ours_one_foreign_on(
+    client: &mut Client,
+    pid: i32,
+    foreign_on: i32,
+) -> Result<()> {
+    for t in &list_threads(client, pid, true).await?.threads {
+        let expected_foreign = usize::from(t.tid == foreign_on);
+        ensure!(
+            count_slots(t, SlotState::Foreign) == expected_foreign
+                && count_slots(t, SlotState::Ours) == 3,
+            "probed thread {}: expected {expected_foreign} FOREIGN and 3 OURS: {t:?}",
+            t.tid
+        );
+    }
+    Ok(())
+}
+
 /// The daemon reports what an x86-64 host offers: 4 slots, lengths 1/2/4/8, no read-only kind,
 /// and both backends usable, perf the default. (Not per backend: capabilities are the
 /// daemon's, whatever backend a process will use.)
@@ -172,7 +237,6 @@ async fn foreign_slot_on_main_thread_limits_to_three(backend: Backend) -> Result
             let mut client = daemon.client().await?;
             let main = target.pid;
             let ids = set_on_vars(&mut client, backend, &target, &[1, 2, 3]).await?;
-            let id_set: HashSet<u64> = ids.iter().copied().collect();
             let before = snapshot(&mut client, main).await?;
             ensure!(
                 before.watchpoints.len() == 3,
@@ -180,21 +244,7 @@ async fn foreign_slot_on_main_thread_limits_to_three(backend: Backend) -> Result
                 before.watchpoints
             );
 
-            let fourth = rpc(client.set_watchpoint(SetWatchpointRequest {
-                spec: Some(write_spec(backend, main, target.vars[4])),
-            }))
-            .await?;
-            let status = expect_status(
-                "4th with a foreign slot",
-                fourth,
-                Code::ResourceExhausted,
-                &[],
-            )?;
-            ensure!(
-                numbers_in(status.message()).contains(&(main as i64)),
-                "message {:?} does not name the main thread {main}",
-                status.message()
-            );
+            fourth_is_refused_naming(&mut client, backend, &target, main).await?;
             // The daemon may now mark the refused slot FOREIGN; nothing else may change. With
             // ptrace this includes RETAINED: the daemon checks every thread for a free slot
             // before writing any address, so a refused request leaves no kernel-held slot.
@@ -207,18 +257,7 @@ async fn foreign_slot_on_main_thread_limits_to_three(backend: Backend) -> Result
             )?;
 
             // All or nothing: no thread holds anything but the three.
-            for t in &list_threads(&mut client, main, false).await?.threads {
-                let held: HashSet<u64> = ours(t).into_iter().collect();
-                ensure!(
-                    held == id_set && count_slots(t, SlotState::Ours) == 3,
-                    "thread {} should hold exactly {ids:?}: {t:?}",
-                    t.tid
-                );
-                ensure!(
-                    count_slots(t, SlotState::Pending) == 0,
-                    "pending slot left: {t:?}"
-                );
-            }
+            every_thread_holds_exactly(&mut client, main, &ids).await?;
 
             // The threads stopped for the free-slot check run again (ptrace): none is left
             // in a tracing stop ('t') and the workers keep storing.
@@ -242,17 +281,7 @@ async fn foreign_slot_on_main_thread_limits_to_three(backend: Backend) -> Result
             )
             .await?;
 
-            let probed = list_threads(&mut client, main, true).await?;
-            for t in &probed.threads {
-                let expected_foreign = usize::from(t.tid == main);
-                ensure!(
-                    count_slots(t, SlotState::Foreign) == expected_foreign
-                        && count_slots(t, SlotState::Ours) == 3,
-                    "probed thread {}: expected {expected_foreign} FOREIGN and 3 OURS: {t:?}",
-                    t.tid
-                );
-            }
-            Ok(())
+            probed_three_ours_one_foreign_on(&mut client, main, main).await
         }
         .await,
     );
@@ -274,44 +303,10 @@ async fn foreign_slot_on_the_last_of_300_threads_refuses_them_all(backend: Backe
             let mut client = daemon.client().await?;
             let main = target.pid;
             let ids = set_on_vars(&mut client, backend, &target, &[1, 2, 3]).await?;
-            let id_set: HashSet<u64> = ids.iter().copied().collect();
-            let fourth = rpc(client.set_watchpoint(SetWatchpointRequest {
-                spec: Some(write_spec(backend, main, target.vars[4])),
-            }))
-            .await?;
-            let status = expect_status(
-                "4th with a foreign slot",
-                fourth,
-                Code::ResourceExhausted,
-                &[],
-            )?;
-            ensure!(
-                numbers_in(status.message()).contains(&(last as i64)),
-                "message {:?} does not name the last thread {last}",
-                status.message()
-            );
-            let threads = list_threads(&mut client, main, false).await?.threads;
-            ensure!(threads.len() == 301, "{} threads listed", threads.len());
-            for t in &threads {
-                let held: HashSet<u64> = ours(t).into_iter().collect();
-                ensure!(
-                    held == id_set
-                        && count_slots(t, SlotState::Ours) == 3
-                        && count_slots(t, SlotState::Pending) == 0,
-                    "thread {} should hold exactly {ids:?}: {t:?}",
-                    t.tid
-                );
-            }
-            // The kernel agrees, thread by thread (a probing listing counts its free slots).
-            for t in &list_threads(&mut client, main, true).await?.threads {
-                let expected_foreign = usize::from(t.tid == last);
-                ensure!(
-                    count_slots(t, SlotState::Foreign) == expected_foreign
-                        && count_slots(t, SlotState::Ours) == 3,
-                    "probed thread {}: expected {expected_foreign} FOREIGN and 3 OURS: {t:?}",
-                    t.tid
-                );
-            }
+            fourth_is_refused_naming(&mut client, backend, &target, last).await?;
+            let listed = every_thread_holds_exactly(&mut client, main, &ids).await?;
+            ensure!(listed == 301, "{listed} threads listed");
+            probed_three_ours_one_foreign_on(&mut client, main, last).await?;
             // The slots the refused pass had taken are free again: a watchpoint on the main
             // thread alone fits.
             let mut one = write_spec(backend, main, target.vars[5]);
