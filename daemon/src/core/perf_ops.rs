@@ -34,9 +34,14 @@ pub(super) fn fan_out<T: Sync, R: Send>(
     cpus: usize,
     f: impl Fn(&[T]) -> R + Sync,
 ) -> Vec<R> {
+    let most = cpus.min(items.len() / FAN_OUT_MIN);
+    if most < 2 {
+        // Most passes (one thread, a few): no affinity or cgroup lookups.
+        return vec![f(items)];
+    }
     let allowed = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let workers = cpus.min(allowed).min(items.len() / FAN_OUT_MIN).max(1);
-    if workers == 1 {
+    let workers = most.min(allowed);
+    if workers < 2 {
         return vec![f(items)];
     }
     let size = items.len().div_ceil(workers);
