@@ -445,7 +445,7 @@ impl PtraceBackend {
                 batches: HashMap::new(),
                 next_batch: 0,
                 parks: HashMap::new(),
-                parked: std::collections::VecDeque::new(),
+                parked: ParkQueue::default(),
                 sink: sink.clone(),
                 owner: owner.clone(),
             };
@@ -709,6 +709,51 @@ struct ParkWait {
     reply: mpsc::Sender<Vec<Tid>>,
 }
 
+/// Parked tracees, oldest first: (when, tracee, its `park_gen` then).
+/// An entry whose park is over (the tracee was unparked, is gone, or was
+/// parked again since: a later entry stands for that) is dropped without
+/// effect as it reaches the front, so a thread parked by one request is
+/// never released early by an older one's timeout, and the queue empties
+/// once the parks it records are over.
+#[derive(Debug, Default)]
+struct ParkQueue(std::collections::VecDeque<(std::time::Instant, Tid, u32)>);
+
+impl ParkQueue {
+    /// The oldest tracee whose park, still `current(tid, park_gen)`, has
+    /// lasted `max` at `now`, taken off the queue; entries of parks that are
+    /// over are dropped on the way.
+    fn pop_due(
+        &mut self,
+        now: std::time::Instant,
+        max: std::time::Duration,
+        current: impl Fn(Tid, u32) -> bool,
+    ) -> Option<Tid> {
+        while let Some(&(at, tid, generation)) = self.0.front() {
+            if current(tid, generation) {
+                if now.saturating_duration_since(at) < max {
+                    return None;
+                }
+                self.0.pop_front();
+                return Some(tid);
+            }
+            self.0.pop_front();
+        }
+        None
+    }
+
+    /// How long after `now` the front entry is due (after [`Self::pop_due`]
+    /// returned `None`: the front is a current park or the queue is empty).
+    fn next_due(
+        &self,
+        now: std::time::Instant,
+        max: std::time::Duration,
+    ) -> Option<std::time::Duration> {
+        self.0
+            .front()
+            .map(|&(at, _, _)| max.saturating_sub(now.saturating_duration_since(at)))
+    }
+}
+
 struct Tracer {
     index: usize,
     rx: mpsc::Receiver<Cmd>,
@@ -717,11 +762,9 @@ struct Tracer {
     batches: HashMap<u64, Batch>,
     next_batch: u64,
     parks: HashMap<u64, ParkWait>,
-    /// Parked tracees, oldest first, released after `PARK_MAX` whatever
-    /// happens to the request that parked them: (when, tracee, its
-    /// `park_gen` then). Entries of tracees since unparked, gone or parked
-    /// again are dropped as they reach the front.
-    parked: std::collections::VecDeque<(std::time::Instant, Tid, u32)>,
+    /// Parked tracees, released after `PARK_MAX` whatever happens to the
+    /// request that parked them.
+    parked: ParkQueue,
     sink: std::sync::Weak<dyn TraceSink>,
     owner: Arc<DashMap<Tid, usize>>,
 }
@@ -1190,27 +1233,21 @@ impl Tracer {
     }
 
     /// Restarts tracees parked for longer than `PARK_MAX` (their request
-    /// never came back); the time until the next one is due. An entry
-    /// whose park is over (unparked, gone, or parked again since: a later
-    /// entry stands for that) is dropped without effect, so a thread parked
-    /// by one request is never released early by an older one's timeout,
-    /// and the queue empties once the parks it records are over.
+    /// never came back); the time until the next one is due.
     fn release_stale_parks(&mut self) -> Option<std::time::Duration> {
-        while let Some(&(at, tid, generation)) = self.parked.front() {
-            let current = self
-                .tracees
-                .get(&tid)
-                .is_some_and(|t| t.held == Held::Parked && t.park_gen == generation);
-            if current {
-                let age = at.elapsed();
-                if age < PARK_MAX {
-                    return Some(PARK_MAX - age);
-                }
-                self.unpark_one(tid);
+        let now = std::time::Instant::now();
+        loop {
+            let tracees = &self.tracees;
+            let due = self.parked.pop_due(now, PARK_MAX, |tid, generation| {
+                tracees
+                    .get(&tid)
+                    .is_some_and(|t| t.held == Held::Parked && t.park_gen == generation)
+            });
+            match due {
+                Some(tid) => self.unpark_one(tid),
+                None => return self.parked.next_due(now, PARK_MAX),
             }
-            self.parked.pop_front();
         }
-        None
     }
 
     /// Drops a tracee that vanished; fails its pending programs.
@@ -1504,8 +1541,8 @@ impl Tracer {
         if spare(self.tracees.capacity(), self.tracees.len()) {
             self.tracees.shrink_to_fit();
         }
-        if spare(self.parked.capacity(), self.parked.len()) {
-            self.parked.shrink_to_fit();
+        if spare(self.parked.0.capacity(), self.parked.0.len()) {
+            self.parked.0.shrink_to_fit();
         }
         if spare(self.batches.capacity(), self.batches.len()) {
             self.batches.shrink_to_fit();
@@ -1611,6 +1648,7 @@ impl Tracer {
             t.held = Held::Parked;
             t.park_gen = t.park_gen.wrapping_add(1);
             self.parked
+                .0
                 .push_back((std::time::Instant::now(), tid, t.park_gen));
             self.park_progress(id, Some(tid));
             return;
@@ -1653,6 +1691,68 @@ mod tests {
     fn slot_mask_covers_enable_rw_len() {
         assert_eq!(slot_dr7_mask(0), 0b11 | (0b1111 << 16));
         assert_eq!(slot_dr7_mask(3), (0b11 << 6) | (0b1111 << 28));
+    }
+
+    #[test]
+    fn a_reparked_thread_outlives_the_older_parks_timeout() {
+        use std::collections::HashMap;
+        use std::time::{Duration, Instant};
+        let max = Duration::from_secs(30);
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut q = ParkQueue::default();
+        // Current park generation of each parked tracee (absent: not parked).
+        let mut parked: HashMap<Tid, u32> = HashMap::new();
+        // 7 parked at 0 s, unparked, parked again at 20 s; 8 parked at 5 s;
+        // 9 parked at 10 s, then gone.
+        q.0.push_back((t0, 7, 1));
+        q.0.push_back((t0 + s(5), 8, 1));
+        q.0.push_back((t0 + s(10), 9, 1));
+        q.0.push_back((t0 + s(20), 7, 2));
+        parked.insert(7, 2);
+        parked.insert(8, 1);
+        let current = |p: &HashMap<Tid, u32>| {
+            let p = p.clone();
+            move |tid, generation| p.get(&tid) == Some(&generation)
+        };
+
+        // At 31 s, 7's first park is over: only 8 (parked at 5 s) is due at
+        // 35 s, so nothing is released and the wait is 4 s.
+        let now = t0 + s(31);
+        assert_eq!(q.pop_due(now, max, current(&parked)), None);
+        assert_eq!(q.next_due(now, max), Some(s(4)));
+        assert_eq!(q.0.len(), 3, "7's stale entry is dropped");
+
+        // At 36 s: 8 is released; 9 is gone; 7's second park is due at 50 s.
+        let now = t0 + s(36);
+        assert_eq!(q.pop_due(now, max, current(&parked)), Some(8));
+        parked.remove(&8);
+        assert_eq!(q.pop_due(now, max, current(&parked)), None);
+        assert_eq!(q.next_due(now, max), Some(s(14)));
+        assert_eq!(q.0.len(), 1);
+
+        // At 50 s, 7 is released and the queue is empty.
+        let now = t0 + s(50);
+        assert_eq!(q.pop_due(now, max, current(&parked)), Some(7));
+        parked.remove(&7);
+        assert_eq!(q.pop_due(now, max, current(&parked)), None);
+        assert_eq!(q.next_due(now, max), None);
+        assert!(q.0.is_empty());
+    }
+
+    #[test]
+    fn park_queue_drops_finished_parks_without_releasing_anything() {
+        use std::time::{Duration, Instant};
+        let t0 = Instant::now();
+        let mut q = ParkQueue::default();
+        for tid in 1..=16_384 {
+            q.0.push_back((t0, tid, 1));
+        }
+        // Every park was ended by its request: none is current.
+        let later = t0 + Duration::from_secs(60);
+        assert_eq!(q.pop_due(later, PARK_MAX, |_, _| false), None);
+        assert!(q.0.is_empty());
+        assert_eq!(q.next_due(later, PARK_MAX), None);
     }
 
     #[test]
