@@ -28,11 +28,11 @@ use crate::model::{BackendKind, Pid, Tid, WatchId};
 
 const ALL: u8 = (1 << SLOTS) - 1;
 
-/// One thread's slots: 64 bytes, so that the rows of 10,000 threads fit in a
-/// core's L2 cache. In declaration order (`repr(C)`), the fields every
-/// reserve, commit and release reads come first (48 bytes); the
-/// inheritance windows, which only perf process-wide watchpoints have, live
-/// out of line.
+/// One thread's slots: 56 bytes, so that with its tid key a row is one
+/// 64-byte cache line and the rows of 10,000 threads fit in a core's L2
+/// cache. In declaration order (`repr(C)`), the fields every reserve,
+/// commit and release reads come first (48 bytes); what only perf's thread
+/// creation records set (birth time, inheritance windows) lives out of line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[repr(C)]
 pub struct ThreadSlots {
@@ -56,14 +56,22 @@ pub struct ThreadSlots {
     pub parent: Tid,
     /// Watchpoint in each slot (meaningful where `ours | pending` is set).
     pub holder: [u64; SLOTS],
-    /// CLOCK_MONOTONIC ns of the FORK record that announced it (0: scanned).
-    pub born: u64,
-    /// Per slot, when threads this one creates inherit its breakpoint
-    /// (see [`InheritWindow`]); `None` while every window is zero.
-    windows: Option<Box<[InheritWindow; SLOTS]>>,
+    /// Birth time and inheritance windows; `None` while all are zero.
+    lineage: Option<Box<Lineage>>,
 }
 
-const _: () = assert!(std::mem::size_of::<ThreadSlots>() == 64);
+const _: () = assert!(std::mem::size_of::<ThreadSlots>() == 56);
+const _: () = assert!(std::mem::size_of::<(Tid, ThreadSlots)>() == 64);
+
+/// The part of a row only perf's thread-creation records set.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Lineage {
+    /// CLOCK_MONOTONIC ns of the FORK record that announced the thread.
+    born: u64,
+    /// Per slot, when threads this one creates inherit its breakpoint
+    /// (see [`InheritWindow`]).
+    windows: [InheritWindow; SLOTS],
+}
 
 /// When a slot's inheritable breakpoint reaches the threads its holder
 /// creates (CLOCK_MONOTONIC ns; see `Ledger::on_fork` and [`classify`]).
@@ -78,11 +86,26 @@ pub struct InheritWindow {
 impl ThreadSlots {
     /// Slot `s`'s inheritance window (zero if never set).
     pub fn window(&self, s: usize) -> InheritWindow {
-        self.windows.as_ref().map(|w| w[s]).unwrap_or_default()
+        self.lineage
+            .as_ref()
+            .map(|l| l.windows[s])
+            .unwrap_or_default()
     }
 
     fn set_window(&mut self, s: usize, w: InheritWindow) {
-        self.windows.get_or_insert_with(Default::default)[s] = w;
+        self.lineage.get_or_insert_with(Default::default).windows[s] = w;
+    }
+
+    /// CLOCK_MONOTONIC ns of the FORK record that announced the thread (0:
+    /// found by scanning, or created under ptrace).
+    pub fn born(&self) -> u64 {
+        self.lineage.as_ref().map_or(0, |l| l.born)
+    }
+
+    fn set_born(&mut self, t: u64) {
+        if t != 0 || self.lineage.is_some() {
+            self.lineage.get_or_insert_with(Default::default).born = t;
+        }
     }
 
     fn new(pid: Pid, parent: Tid) -> Self {
@@ -94,9 +117,8 @@ impl ThreadSlots {
             foreign: 0,
             inheritable: 0,
             holder: [0; SLOTS],
-            windows: None,
+            lineage: None,
             uncertain: 0,
-            born: 0,
             retained: 0,
         }
     }
@@ -310,7 +332,7 @@ impl Ledger {
             self.threads.get(&parent).map(|r| r.clone())
         };
         let mut row = ThreadSlots::new(pid, parent);
-        row.born = time;
+        row.set_born(time);
         if let Some(p) = parent_row {
             for s in 0..SLOTS {
                 let bit = 1 << s;

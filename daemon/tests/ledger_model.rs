@@ -484,7 +484,7 @@ fn decode(tid: Tid, r: &ThreadSlots) -> Result<Thread, TestCaseError> {
     Ok(Thread {
         pid: r.pid,
         parent: r.parent,
-        born: r.born,
+        born: r.born(),
         slots,
     })
 }

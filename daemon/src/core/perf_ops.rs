@@ -289,7 +289,8 @@ impl Core {
                     }
                     if uncertain {
                         let verdict = self.inheritance_verdict(perf, &row, w.id, tid);
-                        self.ledger.resolve_uncertain(tid, w.id, verdict, row.born);
+                        self.ledger
+                            .resolve_uncertain(tid, w.id, verdict, row.born());
                         if verdict {
                             continue;
                         }
@@ -318,7 +319,7 @@ impl Core {
             && parent.ours & (1 << s) != 0
         {
             let w = parent.window(s);
-            match classify(row.born, w.absent_before, w.certain_from) {
+            match classify(row.born(), w.absent_before, w.certain_from) {
                 Inheritance::Inherited => return true,
                 Inheritance::Missing => return false,
                 Inheritance::Unknown => {}
