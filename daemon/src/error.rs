@@ -113,6 +113,27 @@ pub enum WpdError {
         /// What to do.
         hint: &'static str,
     },
+    /// The perf backend would exceed the daemon's file-descriptor limit
+    /// (one event per thread and CPU for each watchpoint, as many again to
+    /// track the threads). Nothing was changed.
+    #[error(
+        "not enough file descriptors for the perf backend: {what} needs {needed} more events ({threads} threads × {cpus} CPUs); wpd has {open} open and RLIMIT_NOFILE is {limit} (nothing was changed). Raise wpd's limit (LimitNOFILE= in its service unit, or ulimit -n before starting it), watch fewer threads, or attach with the ptrace backend"
+    )]
+    FdLimit {
+        /// What was being done ("attach", "this watchpoint").
+        what: &'static str,
+        /// Threads it covered.
+        threads: usize,
+        /// CPUs the backend opens an event on, per thread.
+        cpus: usize,
+        /// Event fds it needed.
+        needed: u64,
+        /// The daemon's open fds before it (counted when the kernel said no;
+        /// a lower bound when the daemon refused beforehand).
+        open: u64,
+        /// The daemon's soft `RLIMIT_NOFILE`.
+        limit: u64,
+    },
     /// The process exited while the request ran; nothing stays armed.
     #[error("process {0} exited during the request")]
     ProcessExited(Pid),

@@ -118,6 +118,24 @@ pub fn bin_path(name: &str) -> PathBuf {
 // Privileges
 // ---------------------------------------------------------------------------------------------
 
+/// The online CPUs, from `/sys/devices/system/cpu/online` ("0-3,6"): the CPUs wpd's perf
+/// backend opens one event on per thread.
+pub fn online_cpus() -> Vec<i32> {
+    let s = fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_else(|_| "0".into());
+    let mut v = Vec::new();
+    for part in s.trim().split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<i32>(), b.parse::<i32>()) {
+                    v.extend(a..=b);
+                }
+            }
+            None => v.extend(part.parse::<i32>().ok()),
+        }
+    }
+    v
+}
+
 /// True when this process may run the end-to-end tests: it is root and the kernel grants a
 /// hardware breakpoint (checked once with a throw-away breakpoint on this thread).
 ///
@@ -418,21 +436,31 @@ impl Daemon {
     /// Starts `wpd --listen unix:<tmp>/wpd.sock` with `WPD_STATE_FILE=<tmp>/ptrace-armed` and
     /// waits until it answers `GetCapabilities`. Panics if the `wpd` binary is missing.
     pub async fn start() -> Result<Daemon> {
-        Self::spawn(&[], None).await
+        Self::spawn(&[], None, None).await
+    }
+
+    /// Like [`Daemon::start`], with `RLIMIT_NOFILE` (soft and hard) set to `limit` in the
+    /// daemon, so that it cannot raise it.
+    pub async fn start_with_fd_limit(limit: u64) -> Result<Daemon> {
+        Self::spawn(&[], None, Some(limit)).await
     }
 
     /// Like [`Daemon::start`] with extra command-line arguments.
     pub async fn start_with_args(extra: &[&str]) -> Result<Daemon> {
-        Self::spawn(extra, None).await
+        Self::spawn(extra, None, None).await
     }
 
     /// Like [`Daemon::start`], but with the ptrace state file at `state_file` (e.g. the
     /// [`Daemon::state_file`] of a daemon that was [killed](Daemon::kill), to test recovery).
     pub async fn start_with_state_file(state_file: &Path) -> Result<Daemon> {
-        Self::spawn(&[], Some(state_file.to_path_buf())).await
+        Self::spawn(&[], Some(state_file.to_path_buf()), None).await
     }
 
-    async fn spawn(extra: &[&str], state_file: Option<PathBuf>) -> Result<Daemon> {
+    async fn spawn(
+        extra: &[&str],
+        state_file: Option<PathBuf>,
+        fd_limit: Option<u64>,
+    ) -> Result<Daemon> {
         let bin = bin_path("wpd");
         let dir = unique_temp_dir("wpd-e2e")?;
         let socket = dir.join("wpd.sock");
@@ -451,6 +479,21 @@ impl Daemon {
                 .stdout(log.try_clone()?)
                 .stderr(log);
             guard_child(&mut cmd);
+            if let Some(n) = fd_limit {
+                let lim = libc::rlimit {
+                    rlim_cur: n as libc::rlim_t,
+                    rlim_max: n as libc::rlim_t,
+                };
+                // SAFETY: setrlimit is async-signal-safe; it runs between fork and exec.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+            }
             cmd.spawn()
                 .with_context(|| format!("cannot start {}", bin.display()))
         })();

@@ -1,8 +1,8 @@
 //! Fault-injection end-to-end tests: what the daemon does when things go wrong around it.
 //!
 //! Targets killed or shedding threads while being armed, a fork under watch, the daemon
-//! SIGKILLed while hits stream, clients vanishing mid-stream, and hundreds of concurrent clients
-//! fighting over four slots.
+//! SIGKILLed while hits stream, clients vanishing mid-stream, hundreds of concurrent clients
+//! fighting over four slots, and a daemon out of file descriptors.
 //!
 //! Every test runs the real daemon against real targets it starts itself, bounds every wait,
 //! relies on the harness guards to kill everything on any path, and ends by checking that the
@@ -32,8 +32,8 @@ use wpd_proto::v1::{
 };
 use wpd_tests::{
     Backend, Client, Daemon, Event, EventStream, ForeignBreakpoint, TargetProc, attach,
-    both_backends, describe_status, list_threads, poll_until, require_backend, rpc, rpc_ok,
-    set_watchpoint, status_line, write_spec,
+    both_backends, describe_status, ensure_unchanged, list_threads, online_cpus, poll_until,
+    require_backend, rpc, rpc_ok, set_watchpoint, snapshot, status_line, write_spec,
 };
 
 /// Resident memory the daemon may keep above its baseline once everything is released: 16 MiB,
@@ -1263,4 +1263,213 @@ async fn churn(
         "{set_ok} watchpoints set but {removed} removed"
     );
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. The perf backend runs out of file descriptors
+// ---------------------------------------------------------------------------------------------
+
+/// Worker threads of the targets of test 7 (each also has its main thread).
+const FD_TEST_THREADS: usize = 100;
+
+/// How the daemon of test 7 is to find out that a watchpoint does not fit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum FdRefusal {
+    /// Its own count of perf fds already says so: it refuses before any syscall.
+    Counted,
+    /// Only the kernel knows (the daemon's other fds tip it over): EMFILE.
+    Kernel,
+}
+
+/// 7a. With `RLIMIT_NOFILE` set so that a process-wide perf watchpoint on 101 threads cannot
+/// fit, `SetWatchpoint` fails with RESOURCE_EXHAUSTED / FD_LIMIT naming the events needed and
+/// the limit, and changes nothing; a one-thread watchpoint still works; an attach that does not
+/// fit is refused the same way; all is released cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn perf_out_of_fds_refused_beforehand() -> Result<()> {
+    perf_out_of_fds(FdRefusal::Counted).await
+}
+
+/// 7b. The same when only the kernel can tell (EMFILE in the middle of the arm): the fds
+/// opened before it are closed, and the error reports the daemon's real fd count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn perf_out_of_fds_refused_by_the_kernel() -> Result<()> {
+    perf_out_of_fds(FdRefusal::Kernel).await
+}
+
+/// Checks a refusal: RESOURCE_EXHAUSTED, reason FD_LIMIT, `needed` events in the message and
+/// metadata, the limit named; returns the metadata's `open_fds`.
+fn expect_fd_limit(
+    what: &str,
+    r: std::result::Result<impl std::fmt::Debug, Status>,
+    needed: u64,
+    limit: u64,
+) -> Result<u64> {
+    let s = match r {
+        Ok(v) => bail!("{what} succeeded ({v:?}); expected RESOURCE_EXHAUSTED / FD_LIMIT"),
+        Err(s) => s,
+    };
+    ensure!(
+        s.code() == Code::ResourceExhausted && reason(&s) == "FD_LIMIT",
+        "{what}: {}, expected RESOURCE_EXHAUSTED / FD_LIMIT",
+        status_line(&s)
+    );
+    let want = format!("needs {needed} more events");
+    ensure!(
+        s.message().contains(&want)
+            && s.message().contains(&format!("RLIMIT_NOFILE is {limit}"))
+            && s.message().contains("nothing was changed"),
+        "{what}: message {:?} lacks {want:?}, the limit {limit} or 'nothing was changed'",
+        s.message()
+    );
+    let info = s
+        .get_details_error_info()
+        .ok_or_else(|| anyhow!("{what}: no ErrorInfo"))?;
+    let meta = |k: &str| -> Result<u64> {
+        info.metadata
+            .get(k)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| anyhow!("{what}: ErrorInfo metadata lacks {k}: {:?}", info.metadata))
+    };
+    ensure!(
+        meta("needed_fds")? == needed && meta("rlimit_nofile")? == limit,
+        "{what}: metadata {:?}, expected needed_fds {needed}, rlimit_nofile {limit}",
+        info.metadata
+    );
+    meta("open_fds")
+}
+
+async fn perf_out_of_fds(how: FdRefusal) -> Result<()> {
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let cpus = online_cpus().len().max(1) as u64;
+    let tasks = FD_TEST_THREADS as u64 + 1;
+    // One event per thread and CPU to track the threads, as many per watchpoint.
+    let per_set = tasks * cpus;
+    // The daemon counts its perf fds and collectors (one per CPU), not its other fds (the
+    // standard streams, sockets, epoll, eventfds: more than 3). `Counted`: room for the attach
+    // and half a watchpoint. `Kernel`: a watchpoint fits that count, but not the real one.
+    let limit = match how {
+        FdRefusal::Counted => 64 + cpus + per_set + per_set / 2,
+        FdRefusal::Kernel => cpus + 2 * per_set + 3,
+    };
+    let daemon = Daemon::start_with_fd_limit(limit).await?;
+    // Workers that write rarely: the test only needs their threads.
+    let slow = ["--interval-us", "50000"];
+    let n = FD_TEST_THREADS.to_string();
+    let mut target = TargetProc::start(&[&["--threads", n.as_str()][..], &slow].concat()).await?;
+    let n = (3 * FD_TEST_THREADS).to_string();
+    let mut big = TargetProc::start(&[&["--threads", n.as_str()][..], &slow].concat()).await?;
+    let result = async {
+        let mut client = daemon.client().await?;
+        let base = Baseline::take(&daemon, &mut client).await?;
+        let pid = target.pid;
+        let dpid = daemon.pid();
+        attach(&mut client, pid, Backend::Perf).await?;
+        let attached = Baseline::take(&daemon, &mut client).await?;
+        let before = snapshot(&mut client, pid).await?;
+
+        let r = rpc(client.set_watchpoint(SetWatchpointRequest {
+            spec: Some(write_spec(Backend::Perf, pid, target.vars[0])),
+        }))
+        .await?;
+        let open = expect_fd_limit("process-wide SetWatchpoint", r, per_set, limit)?;
+        match how {
+            // The daemon's own count: its trackers and collectors.
+            FdRefusal::Counted => ensure!(
+                open == per_set + cpus,
+                "open_fds {open}, expected the daemon's count {}",
+                per_set + cpus
+            ),
+            // Counted after the rollback: exactly what the daemon had before.
+            FdRefusal::Kernel => ensure!(
+                open == attached.fds as u64,
+                "open_fds {open}, expected the daemon's {} fds (the kernel's EMFILE path)",
+                attached.fds
+            ),
+        }
+        ensure_unchanged(
+            "a refused SetWatchpoint",
+            &before,
+            &snapshot(&mut client, pid).await?,
+        )?;
+        ensure!(
+            get_stats(&mut client).await?.perf_fds == per_set,
+            "perf fds are not the trackers' {per_set} after the refusal"
+        );
+        poll_until(
+            CLEAN_TIMEOUT,
+            "the daemon's fds back to their count before the refused watchpoint",
+            async || {
+                let n = daemon_fds(dpid)?;
+                Ok(if n == attached.fds {
+                    Ok(())
+                } else {
+                    Err(format!("{n} fds, {} before", attached.fds))
+                })
+            },
+        )
+        .await?;
+
+        // A watchpoint on one thread fits, and hits.
+        let mut events = EventStream::subscribe(&mut client, hits_only(pid)).await?;
+        let mut on_main = write_spec(Backend::Perf, pid, target.vars[2]);
+        on_main.tids = vec![pid];
+        let wp = set_watchpoint(&mut client, on_main)
+            .await?
+            .watchpoint
+            .unwrap_or_default();
+        ensure!(
+            wp.armed_threads == 1,
+            "armed on {} threads",
+            wp.armed_threads
+        );
+        target.write(2, 0x5eed).await?;
+        let hits = events.collect_hits(1, HIT_TIMEOUT).await?;
+        ensure!(
+            hits[0].tid == pid && hits[0].watchpoint_id == wp.id,
+            "hit {:?}, expected watchpoint {} on thread {pid}",
+            hits[0],
+            wp.id
+        );
+        drop(events);
+
+        // An attach that does not fit either (3 × the threads) is refused, and leaves nothing.
+        let big_tasks = 3 * FD_TEST_THREADS as u64 + 1;
+        let before_big = snapshot(&mut client, big.pid).await?;
+        let fds_before_big = daemon_fds(dpid)?;
+        let r = rpc(client.attach(wpd_proto::v1::AttachRequest {
+            pid: big.pid,
+            backend: Backend::Perf as i32,
+        }))
+        .await?;
+        expect_fd_limit("Attach", r, big_tasks * cpus, limit)?;
+        ensure_unchanged(
+            "a refused Attach",
+            &before_big,
+            &snapshot(&mut client, big.pid).await?,
+        )?;
+        poll_until(
+            CLEAN_TIMEOUT,
+            "the daemon's fds back to their count before the refused attach",
+            async || {
+                let n = daemon_fds(dpid)?;
+                Ok(if n == fds_before_big {
+                    Ok(())
+                } else {
+                    Err(format!("{n} fds, {fds_before_big} before"))
+                })
+            },
+        )
+        .await?;
+
+        remove(&mut client, wp.id).await?;
+        detach(&mut client, pid).await?;
+        ensure_clean(&daemon, &mut client, base, &[pid, big.pid]).await?;
+        ensure_survived(&mut target).await?;
+        ensure_survived(&mut big).await
+    }
+    .await;
+    daemon.finish(result)
 }

@@ -207,6 +207,18 @@ fn ioctl_result(r: libc::c_int, op: &'static str) -> Result<(), PerfError> {
     }
 }
 
+/// The daemon's soft `RLIMIT_NOFILE` (unlimited reads as `u64::MAX`).
+pub fn nofile_limit() -> u64 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(u64::MAX, |(soft, _)| soft)
+}
+
+/// How many fds the daemon has open now (`/proc/self/fd`, less the one
+/// reading it): read only on the way out of a refused request.
+pub fn open_fd_count() -> u64 {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| (d.count() as u64).saturating_sub(1))
+}
+
 /// The online CPUs, from `/sys/devices/system/cpu/online` ("0-3,6").
 pub fn online_cpus() -> Vec<u32> {
     let s =
@@ -352,6 +364,20 @@ impl PerfBackend {
             // SAFETY: `fd` was just created here and is not shared.
             unsafe { libc::close(fd) };
             self.fd_room.fetch_max(fd as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Checks that `more` event fds can fit beside the event fds and
+    /// collectors open now under the soft `RLIMIT_NOFILE`: `Err((open,
+    /// limit))` when they certainly cannot. The daemon's other fds are not
+    /// counted (a few dozen): the kernel's EMFILE stays the final word.
+    pub fn fd_room(&self, more: usize) -> Result<(), (u64, u64)> {
+        let open = self.open_fds() + self.collectors.len() as u64;
+        let limit = nofile_limit();
+        if open.saturating_add(more as u64) > limit {
+            Err((open, limit))
+        } else {
+            Ok(())
         }
     }
 

@@ -95,6 +95,20 @@ impl ArmChunk {
 }
 use crate::procfs;
 
+/// The typed refusal of `threads` × CPUs event fds that do not fit under
+/// `RLIMIT_NOFILE`; `open`: the daemon's open fds if known (else counted).
+fn fd_limit(perf: &PerfBackend, what: &'static str, threads: usize, open: Option<u64>) -> WpdError {
+    let cpus = perf.cpus().len();
+    WpdError::FdLimit {
+        what,
+        threads,
+        cpus,
+        needed: (threads * cpus) as u64,
+        open: open.unwrap_or_else(perf::open_fd_count),
+        limit: perf::nofile_limit(),
+    }
+}
+
 impl Core {
     /// Opens the breakpoint on every reserved thread (inheritable when
     /// process-wide); all or nothing. Caller holds `proc.op`.
@@ -107,6 +121,10 @@ impl Core {
         let perf = self.perf()?;
         let spec = &watch.spec;
         let (pid, id, process_wide) = (proc.pid, watch.id, watch.process_wide);
+        if let Err((open, _)) = perf.fd_room(res.len() * perf.cpus().len()) {
+            self.ledger.rollback(res);
+            return Err(fd_limit(perf, "this watchpoint", res.len(), Some(open)));
+        }
         perf.reserve_fds(res.len() * perf.cpus().len());
         let registered = Mutex::new(Vec::new());
         let sink = |eid: u64| {
@@ -186,6 +204,9 @@ impl Core {
                         detail: format!("{} refused: {}", e.op, e.errno.desc()),
                     });
                 }
+                if e.errno == Errno::EMFILE {
+                    return Err(fd_limit(perf, "this watchpoint", res.len(), None));
+                }
                 return Err(perf_err(e));
             }
             return Err(self.out_of_slots(pid, full));
@@ -208,6 +229,11 @@ impl Core {
         loop {
             let mut tids =
                 procfs::tasks(proc.pid).map_err(|_| WpdError::NoSuchProcess(proc.pid))?;
+            // The trackers must fit (the caller undoes what was tracked).
+            let untracked = tids.iter().filter(|t| !tracked.contains(t)).count();
+            if let Err((open, _)) = perf.fd_room(untracked * perf.cpus().len()) {
+                return Err(fd_limit(perf, "attach", untracked, Some(open)));
+            }
             // Room for the trackers and a first watchpoint's breakpoints.
             perf.reserve_fds(2 * tids.len() * perf.cpus().len());
             tids.retain(|&t| tracked.insert(t));
@@ -246,6 +272,10 @@ impl Core {
                         pid: proc.pid,
                         detail: format!("{} refused: {}", e.op, e.errno.desc()),
                     });
+                }
+                Some(e) if e.errno == Errno::EMFILE => {
+                    let n = tids.len();
+                    return Err(fd_limit(perf, "attach", n, None));
                 }
                 Some(e) => return Err(perf_err(e)),
             }
@@ -368,7 +398,20 @@ impl Core {
                     "kernel refused a slot (ENOSPC) on a new thread"
                 );
             }
-            Err(_) => self.ledger.rollback(&res),
+            Err(e) if e.errno == Errno::ESRCH => self.ledger.rollback(&res),
+            Err(e) => {
+                // EMFILE above all: the thread stays without this
+                // watchpoint, as `ListThreads` shows.
+                self.ledger.rollback(&res);
+                tracing::warn!(
+                    pid = proc.pid,
+                    tid,
+                    id = w.id.0,
+                    "{} failed on a new thread: {}",
+                    e.op,
+                    e.errno.desc()
+                );
+            }
         }
     }
 

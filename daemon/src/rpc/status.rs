@@ -32,6 +32,17 @@ pub fn to_status(e: &WpdError) -> Status {
             foreign.to_string(),
         );
     }
+    if let WpdError::FdLimit {
+        needed,
+        open,
+        limit,
+        ..
+    } = e
+    {
+        meta.insert("needed_fds".to_string(), needed.to_string());
+        meta.insert("open_fds".to_string(), open.to_string());
+        meta.insert("rlimit_nofile".to_string(), limit.to_string());
+    }
     let details = ErrorDetails::with_error_info(reason, DOMAIN, meta);
     // A status always says something: an error built from an empty text
     // still names its reason.
@@ -58,6 +69,7 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
         WpdError::ProcessExited(_) => (Code::NotFound, "PROCESS_EXITED"),
         WpdError::AlreadyTraced { .. } => (Code::FailedPrecondition, "ALREADY_TRACED"),
         WpdError::LimitReached { .. } => (Code::ResourceExhausted, "LIMIT_REACHED"),
+        WpdError::FdLimit { .. } => (Code::ResourceExhausted, "FD_LIMIT"),
         WpdError::Kernel { .. } => (Code::Internal, "KERNEL_ERROR"),
     }
 }
@@ -159,6 +171,19 @@ mod tests {
             Code::FailedPrecondition,
             "BACKEND_MISMATCH",
             "detach first",
+        );
+        check(
+            WpdError::FdLimit {
+                what: "attach",
+                threads: 10_001,
+                cpus: 2,
+                needed: 20_002,
+                open: 30,
+                limit: 20_000,
+            },
+            Code::ResourceExhausted,
+            "FD_LIMIT",
+            "attach needs 20002 more events (10001 threads × 2 CPUs); wpd has 30 open and RLIMIT_NOFILE is 20000",
         );
         check(
             WpdError::ProcessExited(3),

@@ -348,7 +348,7 @@ fn section_done(t0: Instant) {
 }
 
 async fn run(args: Args) -> Result<()> {
-    let cpus = wpd_cpus();
+    let cpus = wpd_tests::online_cpus();
     // The kernel's first breakpoint after a while with none open costs
     // 12–20 ms once (kernel-facts §6). Keep one open on this thread for the
     // whole run so that no measurement pays it.
@@ -442,23 +442,6 @@ async fn target(n: usize, load: Load) -> Result<TargetProc> {
 
 /// How long a spinning target runs before a measurement starts.
 const SPIN_SETTLE: Duration = Duration::from_millis(500);
-
-fn wpd_cpus() -> Vec<i32> {
-    let s =
-        std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_else(|_| "0".into());
-    let mut v = Vec::new();
-    for part in s.trim().split(',') {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                if let (Ok(a), Ok(b)) = (a.parse::<i32>(), b.parse::<i32>()) {
-                    v.extend(a..=b);
-                }
-            }
-            None => v.extend(part.parse::<i32>().ok()),
-        }
-    }
-    v
-}
 
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
@@ -1615,7 +1598,7 @@ async fn throughput_once(
 
 async fn section_throughput(args: &Args) -> Result<()> {
     let t0 = Instant::now();
-    let ncpu = wpd_cpus().len().max(1);
+    let ncpu = wpd_tests::online_cpus().len().max(1);
     let mut writer_counts = vec![1];
     if ncpu > 1 {
         writer_counts.push(ncpu);
@@ -1765,7 +1748,7 @@ async fn section_memory(args: &Args) -> Result<()> {
     for &n in &args.threads {
         for backend in [Backend::Perf, Backend::Ptrace] {
             if backend == Backend::Perf
-                && let Some(why) = perf_fds_skip(n, wpd_cpus().len(), 2)
+                && let Some(why) = perf_fds_skip(n, wpd_tests::online_cpus().len(), 2)
             {
                 println!("| perf | {n} | {why} |  |  |  |  |  |  |");
                 continue;
