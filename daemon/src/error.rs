@@ -117,7 +117,7 @@ pub enum WpdError {
     /// (one event per thread and CPU for each watchpoint, as many again to
     /// track the threads). Nothing was changed.
     #[error(
-        "not enough file descriptors for the perf backend: {what} needs {needed} more events ({threads} threads × {cpus} CPUs); wpd has {open} open and RLIMIT_NOFILE is {limit} (nothing was changed). Raise wpd's limit (LimitNOFILE= in its service unit, or ulimit -n before starting it), watch fewer threads, or attach with the ptrace backend"
+        "not enough file descriptors for the perf backend: {what} needs {needed} more events ({threads} threads × {cpus} CPUs); wpd has {open} fds open and RLIMIT_NOFILE is {limit} (nothing was changed). Raise wpd's limit (LimitNOFILE= in its service unit, or ulimit -n before starting it), watch fewer threads, or attach with the ptrace backend"
     )]
     FdLimit {
         /// What was being done ("attach", "this watchpoint").
@@ -128,11 +128,13 @@ pub enum WpdError {
         cpus: usize,
         /// Event fds it needed.
         needed: u64,
-        /// The daemon's open fds before it (counted when the kernel said no;
-        /// a lower bound when the daemon refused beforehand).
+        /// The daemon's open fds, without the request's.
         open: u64,
         /// The daemon's soft `RLIMIT_NOFILE`.
         limit: u64,
+        /// The kernel said EMFILE (else the daemon's own count of its perf
+        /// fds already showed they could not fit, and nothing was tried).
+        by_kernel: bool,
     },
     /// The process exited while the request ran; nothing stays armed.
     #[error("process {0} exited during the request")]

@@ -1298,13 +1298,13 @@ async fn perf_out_of_fds_refused_by_the_kernel() -> Result<()> {
 }
 
 /// Checks a refusal: RESOURCE_EXHAUSTED, reason FD_LIMIT, `needed` events in the message and
-/// metadata, the limit named; returns the metadata's `open_fds`.
+/// metadata, the limit named; returns the metadata's `open_fds` and `refused_by`.
 fn expect_fd_limit(
     what: &str,
     r: std::result::Result<impl std::fmt::Debug, Status>,
     needed: u64,
     limit: u64,
-) -> Result<u64> {
+) -> Result<(u64, String)> {
     let s = match r {
         Ok(v) => bail!("{what} succeeded ({v:?}); expected RESOURCE_EXHAUSTED / FD_LIMIT"),
         Err(s) => s,
@@ -1336,7 +1336,8 @@ fn expect_fd_limit(
         "{what}: metadata {:?}, expected needed_fds {needed}, rlimit_nofile {limit}",
         info.metadata
     );
-    meta("open_fds")
+    let by = info.metadata.get("refused_by").cloned().unwrap_or_default();
+    Ok((meta("open_fds")?, by))
 }
 
 async fn perf_out_of_fds(how: FdRefusal) -> Result<()> {
@@ -1374,21 +1375,17 @@ async fn perf_out_of_fds(how: FdRefusal) -> Result<()> {
             spec: Some(write_spec(Backend::Perf, pid, target.vars[0])),
         }))
         .await?;
-        let open = expect_fd_limit("process-wide SetWatchpoint", r, per_set, limit)?;
-        match how {
-            // The daemon's own count: its trackers and collectors.
-            FdRefusal::Counted => ensure!(
-                open == per_set + cpus,
-                "open_fds {open}, expected the daemon's count {}",
-                per_set + cpus
-            ),
-            // Counted after the rollback: exactly what the daemon had before.
-            FdRefusal::Kernel => ensure!(
-                open == attached.fds as u64,
-                "open_fds {open}, expected the daemon's {} fds (the kernel's EMFILE path)",
-                attached.fds
-            ),
-        }
+        let (open, by) = expect_fd_limit("process-wide SetWatchpoint", r, per_set, limit)?;
+        let want_by = match how {
+            FdRefusal::Counted => "wpd",
+            FdRefusal::Kernel => "kernel",
+        };
+        // Counted after the rollback: exactly what the daemon had before.
+        ensure!(
+            open == attached.fds as u64 && by == want_by,
+            "open_fds {open}, refused_by {by}; expected {} fds, refused by {want_by}",
+            attached.fds
+        );
         ensure_unchanged(
             "a refused SetWatchpoint",
             &before,

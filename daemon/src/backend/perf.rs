@@ -367,18 +367,13 @@ impl PerfBackend {
         }
     }
 
-    /// Checks that `more` event fds can fit beside the event fds and
-    /// collectors open now under the soft `RLIMIT_NOFILE`: `Err((open,
-    /// limit))` when they certainly cannot. The daemon's other fds are not
-    /// counted (a few dozen): the kernel's EMFILE stays the final word.
-    pub fn fd_room(&self, more: usize) -> Result<(), (u64, u64)> {
+    /// Whether `more` event fds can fit beside the event fds and collectors
+    /// open now under the soft `RLIMIT_NOFILE`; false when they certainly
+    /// cannot. The daemon's other fds are not counted (a few dozen): the
+    /// kernel's EMFILE stays the final word.
+    pub fn fd_room(&self, more: usize) -> bool {
         let open = self.open_fds() + self.collectors.len() as u64;
-        let limit = nofile_limit();
-        if open.saturating_add(more as u64) > limit {
-            Err((open, limit))
-        } else {
-            Ok(())
-        }
+        open.saturating_add(more as u64) <= nofile_limit()
     }
 
     /// Accounts for event fds being closed by the caller.

@@ -96,16 +96,18 @@ impl ArmChunk {
 use crate::procfs;
 
 /// The typed refusal of `threads` × CPUs event fds that do not fit under
-/// `RLIMIT_NOFILE`; `open`: the daemon's open fds if known (else counted).
-fn fd_limit(perf: &PerfBackend, what: &'static str, threads: usize, open: Option<u64>) -> WpdError {
+/// `RLIMIT_NOFILE`, by the kernel (EMFILE) or by the daemon's own count.
+/// Called after what the request opened was closed.
+fn fd_limit(perf: &PerfBackend, what: &'static str, threads: usize, by_kernel: bool) -> WpdError {
     let cpus = perf.cpus().len();
     WpdError::FdLimit {
         what,
         threads,
         cpus,
         needed: (threads * cpus) as u64,
-        open: open.unwrap_or_else(perf::open_fd_count),
+        open: perf::open_fd_count(),
         limit: perf::nofile_limit(),
+        by_kernel,
     }
 }
 
@@ -121,9 +123,9 @@ impl Core {
         let perf = self.perf()?;
         let spec = &watch.spec;
         let (pid, id, process_wide) = (proc.pid, watch.id, watch.process_wide);
-        if let Err((open, _)) = perf.fd_room(res.len() * perf.cpus().len()) {
+        if !perf.fd_room(res.len() * perf.cpus().len()) {
             self.ledger.rollback(res);
-            return Err(fd_limit(perf, "this watchpoint", res.len(), Some(open)));
+            return Err(fd_limit(perf, "this watchpoint", res.len(), false));
         }
         perf.reserve_fds(res.len() * perf.cpus().len());
         let registered = Mutex::new(Vec::new());
@@ -205,7 +207,7 @@ impl Core {
                     });
                 }
                 if e.errno == Errno::EMFILE {
-                    return Err(fd_limit(perf, "this watchpoint", res.len(), None));
+                    return Err(fd_limit(perf, "this watchpoint", res.len(), true));
                 }
                 return Err(perf_err(e));
             }
@@ -231,8 +233,8 @@ impl Core {
                 procfs::tasks(proc.pid).map_err(|_| WpdError::NoSuchProcess(proc.pid))?;
             // The trackers must fit (the caller undoes what was tracked).
             let untracked = tids.iter().filter(|t| !tracked.contains(t)).count();
-            if let Err((open, _)) = perf.fd_room(untracked * perf.cpus().len()) {
-                return Err(fd_limit(perf, "attach", untracked, Some(open)));
+            if !perf.fd_room(untracked * perf.cpus().len()) {
+                return Err(fd_limit(perf, "attach", untracked, false));
             }
             // Room for the trackers and a first watchpoint's breakpoints.
             perf.reserve_fds(2 * tids.len() * perf.cpus().len());
@@ -275,7 +277,7 @@ impl Core {
                 }
                 Some(e) if e.errno == Errno::EMFILE => {
                     let n = tids.len();
-                    return Err(fd_limit(perf, "attach", n, None));
+                    return Err(fd_limit(perf, "attach", n, true));
                 }
                 Some(e) => return Err(perf_err(e)),
             }

@@ -36,12 +36,15 @@ pub fn to_status(e: &WpdError) -> Status {
         needed,
         open,
         limit,
+        by_kernel,
         ..
     } = e
     {
         meta.insert("needed_fds".to_string(), needed.to_string());
         meta.insert("open_fds".to_string(), open.to_string());
         meta.insert("rlimit_nofile".to_string(), limit.to_string());
+        let by = if *by_kernel { "kernel" } else { "wpd" };
+        meta.insert("refused_by".to_string(), by.to_string());
     }
     let details = ErrorDetails::with_error_info(reason, DOMAIN, meta);
     // A status always says something: an error built from an empty text
@@ -180,10 +183,11 @@ mod tests {
                 needed: 20_002,
                 open: 30,
                 limit: 20_000,
+                by_kernel: false,
             },
             Code::ResourceExhausted,
             "FD_LIMIT",
-            "attach needs 20002 more events (10001 threads × 2 CPUs); wpd has 30 open and RLIMIT_NOFILE is 20000",
+            "attach needs 20002 more events (10001 threads × 2 CPUs); wpd has 30 fds open and RLIMIT_NOFILE is 20000",
         );
         check(
             WpdError::ProcessExited(3),

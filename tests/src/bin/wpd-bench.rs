@@ -651,6 +651,9 @@ async fn section_arm(args: &Args, cpus: &[i32], load: Load) -> Result<()> {
             Some(why) => {
                 skip("floor: perf breakpoint + thread-tracking syscalls", &why);
                 skip("wpd, perf backend", &why);
+                let (t, outcome) = wpd_perf_refusal(n, load).await?;
+                println!("| {n} | wpd, perf backend, asked anyway: {outcome} | {t:.1} |  |  |  |");
+                flush();
             }
             None => {
                 let floor =
@@ -876,6 +879,35 @@ async fn wpd_arm(n: usize, load: Load, backend: Backend) -> Result<f64> {
     drop(daemon);
     drop(target);
     Ok(t)
+}
+
+/// Where the perf backend's fds cannot fit: how long wpd takes to say so
+/// (an attach of the `n`-thread target), and what it said.
+async fn wpd_perf_refusal(n: usize, load: Load) -> Result<(f64, String)> {
+    let target = target(n, load).await?;
+    let daemon = Daemon::start().await?;
+    let mut client = daemon.client().await?;
+    let t0 = Instant::now();
+    let r = client
+        .attach(wpd_proto::v1::AttachRequest {
+            pid: target.pid,
+            backend: Backend::Perf as i32,
+        })
+        .await;
+    let t = ms(t0.elapsed());
+    let outcome = match r {
+        Ok(_) => "attached (the limit was enough)".to_string(),
+        Err(s) => {
+            let reason = tonic_types::StatusExt::get_details_error_info(&s)
+                .map(|i| i.reason)
+                .unwrap_or_default();
+            let first = s.message().split(" (nothing").next().unwrap_or_default();
+            format!("refused, {:?} / {reason}: {first}", s.code())
+        }
+    };
+    drop(daemon);
+    drop(target);
+    Ok((t, outcome))
 }
 
 /// `--reps` runs of a peer: their spread, or why there is none.
