@@ -6,7 +6,8 @@
 //! is not blank, and survives the trip through the `grpc-message` header
 //! (percent-encoded, visible ASCII only, so one header line whatever Unicode
 //! or control characters the fields hold); the `ErrorInfo` detail carries
-//! the reason and domain; for `OutOfSlots` the metadata names every thread.
+//! the reason and domain; for `OutOfSlots` the metadata names every thread,
+//! for `FdLimit` the fds needed and open, the limit and who refused.
 
 use arbitrary::Arbitrary;
 use tonic::codegen::http::HeaderMap;
@@ -182,6 +183,23 @@ pub enum ErrorInput {
         /// What to do.
         hint: StaticText,
     },
+    /// `WpdError::FdLimit`.
+    FdLimit {
+        /// What was being done.
+        what: StaticText,
+        /// Threads.
+        threads: usize,
+        /// CPUs.
+        cpus: usize,
+        /// Fds needed.
+        needed: u64,
+        /// Fds open.
+        open: u64,
+        /// The limit.
+        limit: u64,
+        /// Refused by the kernel.
+        by_kernel: bool,
+    },
     /// `WpdError::ProcessExited`.
     ProcessExited(i32),
     /// `WpdError::Kernel` (any raw errno, known or not).
@@ -266,6 +284,23 @@ impl ErrorInput {
                 limit,
                 hint: hint.get(),
             },
+            ErrorInput::FdLimit {
+                what,
+                threads,
+                cpus,
+                needed,
+                open,
+                limit,
+                by_kernel,
+            } => WpdError::FdLimit {
+                what: what.get(),
+                threads,
+                cpus,
+                needed,
+                open,
+                limit,
+                by_kernel,
+            },
             ErrorInput::ProcessExited(p) => WpdError::ProcessExited(p),
             ErrorInput::Kernel { op, errno } => WpdError::Kernel {
                 op,
@@ -292,6 +327,7 @@ pub fn variant(e: &WpdError) -> &'static str {
         WpdError::BackendMismatch { .. } => "BackendMismatch",
         WpdError::AlreadyTraced { .. } => "AlreadyTraced",
         WpdError::LimitReached { .. } => "LimitReached",
+        WpdError::FdLimit { .. } => "FdLimit",
         WpdError::ProcessExited(_) => "ProcessExited",
         WpdError::Kernel { .. } => "Kernel",
     }
@@ -350,6 +386,20 @@ pub fn check(e: &WpdError) -> Status {
         assert_eq!(info.metadata.get("pid"), Some(&pid.to_string()));
         let tids: Vec<String> = conflicts.iter().map(|c| c.tid.to_string()).collect();
         assert_eq!(info.metadata.get("tids"), Some(&tids.join(",")));
+    }
+    if let WpdError::FdLimit {
+        needed,
+        open,
+        limit,
+        by_kernel,
+        ..
+    } = e
+    {
+        assert_eq!(info.metadata.get("needed_fds"), Some(&needed.to_string()));
+        assert_eq!(info.metadata.get("open_fds"), Some(&open.to_string()));
+        assert_eq!(info.metadata.get("rlimit_nofile"), Some(&limit.to_string()));
+        let by = if *by_kernel { "kernel" } else { "wpd" };
+        assert_eq!(info.metadata.get("refused_by").map(String::as_str), Some(by));
     }
     s
 }
