@@ -1355,6 +1355,19 @@ async fn perf_out_of_fds(how: FdRefusal) -> Result<()> {
         FdRefusal::Counted => 64 + cpus + per_set + per_set / 2,
         FdRefusal::Kernel => cpus + 2 * per_set + 3,
     };
+    let mut ours = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut ours) } == 0 && ours.rlim_max < limit {
+        eprintln!(
+            "skipped: the daemon would need RLIMIT_NOFILE {limit} ({cpus} CPUs), above this \
+             process's hard limit {}",
+            ours.rlim_max
+        );
+        return Ok(());
+    }
     let daemon = Daemon::start_with_fd_limit(limit).await?;
     // Workers that write rarely: the test only needs their threads.
     let slow = ["--interval-us", "50000"];
