@@ -346,11 +346,7 @@ impl PerfBackend {
         if want <= room {
             return; // the common case: no syscall
         }
-        if let Ok((soft, _)) =
-            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-        {
-            want = want.min(soft.saturating_sub(1));
-        }
+        want = want.min(nofile_limit().saturating_sub(1));
         if want <= room {
             return;
         }

@@ -231,17 +231,17 @@ impl Core {
         loop {
             let mut tids =
                 procfs::tasks(proc.pid).map_err(|_| WpdError::NoSuchProcess(proc.pid))?;
-            // The trackers must fit (the caller undoes what was tracked).
-            let untracked = tids.iter().filter(|t| !tracked.contains(t)).count();
-            if !perf.fd_room(untracked * perf.cpus().len()) {
-                return Err(fd_limit(perf, "attach", untracked, false));
-            }
-            // Room for the trackers and a first watchpoint's breakpoints.
-            perf.reserve_fds(2 * tids.len() * perf.cpus().len());
+            let all = tids.len();
             tids.retain(|&t| tracked.insert(t));
             if tids.is_empty() {
                 break;
             }
+            // The trackers must fit (the caller undoes what was tracked).
+            if !perf.fd_room(tids.len() * perf.cpus().len()) {
+                return Err(fd_limit(perf, "attach", tids.len(), false));
+            }
+            // Room for the trackers and a first watchpoint's breakpoints.
+            perf.reserve_fds(2 * all * perf.cpus().len());
             let chunks = fan_out(&tids, perf.cpus().len(), |chunk| {
                 let mut fds = Vec::with_capacity(chunk.len() * perf.cpus().len());
                 for &tid in chunk {
