@@ -113,6 +113,9 @@ pub struct AttachArgs {
     /// How to program the debug registers (default: the daemon's default)
     #[arg(long, value_enum)]
     pub backend: Option<BackendArg>,
+    /// Allow pid 1 (the init process, whose stop or death takes the system with it)
+    #[arg(long)]
+    pub allow_init: bool,
 }
 
 /// `wpctl detach`.
@@ -151,6 +154,9 @@ pub struct WatchArgs {
     /// Report a hit only when the watched bytes changed, with old and new value (ptrace backend)
     #[arg(long)]
     pub on_change: bool,
+    /// Allow pid 1 (the init process, whose stop or death takes the system with it)
+    #[arg(long)]
+    pub allow_init: bool,
 }
 
 /// `wpctl unwatch`.

@@ -200,6 +200,7 @@ impl Watchpoints for Mock {
                         backend: 0,
                         action: HitAction::Log as i32,
                         only_on_change: false,
+                        allow_init: false,
                     },
                     42,
                 )),
@@ -228,6 +229,7 @@ impl Watchpoints for Mock {
                     backend: Backend::Ptrace as i32,
                     action: HitAction::StopAll as i32,
                     only_on_change: true,
+                    allow_init: false,
                 },
                 1,
             )],
@@ -290,7 +292,14 @@ impl Watchpoints for Mock {
     ) -> Result<Response<EventStream>, Status> {
         let first = vec![
             Ok(hit(1)),
-            Ok(event(2, Event::Dropped(EventsDropped { count: 5 }))),
+            Ok(event(
+                2,
+                Event::Dropped(EventsDropped {
+                    count: 5,
+                    first_seq: 1,
+                    last_seq: 5,
+                }),
+            )),
             Ok(event(
                 3,
                 Event::ThreadStarted(ThreadStarted {
@@ -759,7 +768,10 @@ async fn events_stream_count_and_end() {
         "{}",
         lines[0]
     );
-    assert_eq!(lines[1], "!! 5 events dropped (subscriber too slow)");
+    assert_eq!(
+        lines[1],
+        "!! 5 events dropped (subscriber too slow; seq 1..=5)"
+    );
     assert!(lines[2].ends_with(" thread-start pid=123 tid=125 parent=124 inherited=7"));
 
     // --count stops a stream that would go on forever, counting the drop notice.

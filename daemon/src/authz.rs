@@ -1,35 +1,63 @@
 //! Caller authorization: a caller may act on a process only where the
-//! kernel would let that caller ptrace it (`ptrace_may_access` in
-//! `kernel/ptrace.c`, plus the Yama LSM), so a daemon running as root never
+//! kernel would let that caller ptrace it, so a daemon running as root never
 //! becomes a way around the kernel's own rules.
 //!
-//! The rule, for a caller that is not privileged (uid 0 or CAP_SYS_PTRACE):
-//! 1. the caller's uid equals the target's real, effective and saved uids,
-//!    and the caller's gid equals the target's real, effective and saved gids;
-//! 2. the target is dumpable (the kernel then owns `/proc/PID` by the
-//!    process's uid; a non-dumpable process's `/proc/PID` belongs to root);
-//! 3. Yama: with `ptrace_scope` 1 the target must be a descendant of the
-//!    caller; with 2 only privileged callers may attach; with 3 nobody.
+//! The rule is the kernel's `PTRACE_MODE_ATTACH_REALCREDS` check, the one
+//! `PTRACE_SEIZE` and `process_vm_readv` make (`__ptrace_may_access` in
+//! `kernel/ptrace.c`, `cap_ptrace_access_check` in
+//! `security/commoncap.c`, `yama_ptrace_access_check`), in its order:
+//! 1. the caller's real uid equals the target's real, effective and saved
+//!    uids and its real gid the target's three gids, or the caller has
+//!    CAP_SYS_PTRACE over the target's user namespace;
+//! 2. the target is dumpable (`prctl(PR_SET_DUMPABLE)`, reset by setuid
+//!    execs and credential changes), or the caller has CAP_SYS_PTRACE over
+//!    it;
+//! 3. the caller is in the target's user namespace and holds every
+//!    capability the target has in its permitted set, or has CAP_SYS_PTRACE
+//!    over it;
+//! 4. Yama: with `ptrace_scope` 1 the target must descend from the caller
+//!    (or the caller has CAP_SYS_PTRACE over it); with 2 the caller needs
+//!    CAP_SYS_PTRACE in the initial namespace; with 3 nobody may.
 //!
-//! The caller's identity comes from the Unix socket (SO_PEERCRED, taken by
-//! the kernel at connect time); a caller authenticated by token on TCP is
-//! privileged.
+//! "CAP_SYS_PTRACE over the target" is `ns_capable`: the capability in the
+//! caller's effective set and the caller's user namespace the target's or
+//! one of its ancestors, or the caller the owner of a namespace between
+//! them. Not modelled, so refused where the kernel might allow: Yama
+//! exceptions a target grants with `PR_SET_PTRACER`, and other LSMs'
+//! rules (SELinux, AppArmor), which can only refuse more.
+//!
+//! The caller's identity comes from the Unix socket (`SO_PEERCRED` and
+//! `SO_PEERPIDFD`, taken by the kernel at connect time), read once per
+//! connection; a caller authenticated by token on TCP is privileged.
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
 use crate::error::WpdError;
 use crate::model::Pid;
+use crate::procfs::{self, Status};
+
+/// `CAP_SYS_PTRACE`'s bit in the capability masks.
+pub const CAP_SYS_PTRACE: u32 = 19;
 
 /// Who is calling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caller {
-    /// Effective uid at connect time.
+    /// Real uid (the kernel compares the caller's real ids).
     pub uid: u32,
-    /// Effective gid at connect time.
+    /// Real gid.
     pub gid: u32,
     /// Process id at connect time (for Yama's descendant rule), if known.
     pub pid: Option<Pid>,
-    /// Root, CAP_SYS_PTRACE, or a token holder.
+    /// Permitted capabilities (compared with the target's).
+    pub cap_prm: u64,
+    /// Effective capabilities (CAP_SYS_PTRACE is looked for here).
+    pub cap_eff: u64,
+    /// Inode of the caller's user namespace (`None`: unknown, treated as
+    /// a namespace that holds nothing).
+    pub userns: Option<u64>,
+    /// A token holder, or CAP_SYS_PTRACE in the daemon's own user
+    /// namespace: every process the daemon can see is the caller's.
     pub privileged: bool,
 }
 
@@ -40,78 +68,173 @@ impl Caller {
             uid: 0,
             gid: 0,
             pid: None,
+            cap_prm: u64::MAX,
+            cap_eff: u64::MAX,
+            userns: procfs::userns_of(std::process::id() as Pid),
             privileged: true,
         }
     }
 
-    /// A caller from SO_PEERCRED: privileged if uid 0 or it holds
-    /// CAP_SYS_PTRACE in its effective set.
-    pub fn from_peer(uid: u32, gid: u32, pid: Option<Pid>) -> Self {
-        let privileged = uid == 0 || pid.is_some_and(has_cap_sys_ptrace);
+    /// A caller with the given ids and no capabilities (tests, and the
+    /// fallback when a peer's process cannot be read).
+    pub fn unprivileged(uid: u32, gid: u32, pid: Option<Pid>) -> Self {
         Caller {
             uid,
             gid,
             pid,
+            cap_prm: 0,
+            cap_eff: 0,
+            userns: None,
+            privileged: false,
+        }
+    }
+
+    /// The peer of a Unix socket: `euid`/`egid`/`pid` from SO_PEERCRED, and
+    /// the real ids and capabilities of that process from `/proc`, read
+    /// while `pidfd` (SO_PEERPIDFD) shows the process still alive (so the
+    /// pid was not reused). If the process cannot be read, or changed its
+    /// effective uid since it connected, the caller gets SO_PEERCRED's ids
+    /// and no capabilities.
+    pub fn from_peer(euid: u32, egid: u32, pid: Option<Pid>, pidfd: Option<&OwnedFd>) -> Self {
+        let fallback = Caller::unprivileged(euid, egid, pid);
+        let Some(p) = pid.filter(|&p| p > 0) else {
+            return fallback;
+        };
+        let Some(status) = Status::of(p) else {
+            return fallback;
+        };
+        let (Some(uids), Some(gids), Some(cap_prm), Some(cap_eff)) = (
+            status.ids("Uid"),
+            status.ids("Gid"),
+            status.mask("CapPrm"),
+            status.mask("CapEff"),
+        ) else {
+            return fallback;
+        };
+        let userns = procfs::userns_of(p);
+        // Still the process that connected: a pidfd names one process for
+        // good, and signal 0 fails once it has exited.
+        let alive = pidfd.is_some_and(|fd| {
+            // SAFETY: pidfd_send_signal with signal 0 only checks the target.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd.as_raw_fd(),
+                    0,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                ) == 0
+            }
+        });
+        if !alive || uids[1] != euid || gids[1] != egid {
+            return fallback;
+        }
+        let ours = procfs::userns_of(std::process::id() as Pid);
+        let privileged = cap_eff & (1 << CAP_SYS_PTRACE) != 0 && userns.is_some() && userns == ours;
+        Caller {
+            uid: uids[0],
+            gid: gids[0],
+            pid: Some(p),
+            cap_prm,
+            cap_eff,
+            userns,
             privileged,
         }
     }
+
+    fn has_cap_sys_ptrace(&self) -> bool {
+        self.cap_eff & (1 << CAP_SYS_PTRACE) != 0
+    }
 }
 
-/// `CAP_SYS_PTRACE` bit in `CapEff`.
-const CAP_SYS_PTRACE: u32 = 19;
+/// `SO_PEERPIDFD` (Linux 6.5): a pidfd of the socket's peer.
+const SO_PEERPIDFD: libc::c_int = 77;
 
-fn has_cap_sys_ptrace(pid: Pid) -> bool {
-    status(pid)
-        .and_then(|s| field(&s, "CapEff").and_then(|v| u64::from_str_radix(v.trim(), 16).ok()))
-        .is_some_and(|caps| caps & (1 << CAP_SYS_PTRACE) != 0)
+/// The pidfd of a Unix socket's peer, where the kernel has SO_PEERPIDFD.
+pub fn peer_pidfd(socket: &impl AsRawFd) -> Option<OwnedFd> {
+    let mut fd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `fd`.
+    let r = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&mut fd as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    // SAFETY: a fresh fd the kernel gave us.
+    (r == 0 && fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn status(pid: Pid) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/{pid}/status")).ok()
+/// Whether the target is dumpable, as far as `/proc` tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dumpable {
+    /// `SUID_DUMP_USER`: per-task files are owned by the process's euid.
+    Yes,
+    /// Not dumpable: per-task files are owned by root of the mm's namespace.
+    No,
+    /// The process's euid is that root itself: the owner tells nothing.
+    Unknown,
 }
 
-fn field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-}
-
-fn ids(status: &str, name: &str) -> Option<[u32; 3]> {
-    let mut it = field(status, name)?
-        .split_whitespace()
-        .filter_map(|v| v.parse().ok());
-    Some([it.next()?, it.next()?, it.next()?])
-}
-
-/// What the rule needs to know about a target process.
+/// What the rule needs to know about a target process (one of its live
+/// threads: credentials are per thread, and a leader that exited alone has
+/// no memory and so no dumpability).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetFacts {
     /// Real, effective, saved uid.
     pub uids: [u32; 3],
     /// Real, effective, saved gid.
     pub gids: [u32; 3],
-    /// Dumpable (owner of /proc/PID is not forced to root).
-    pub dumpable: bool,
+    /// Permitted capabilities.
+    pub cap_prm: u64,
+    /// Dumpability.
+    pub dumpable: Dumpable,
     /// Ancestors of the target (parent first), for Yama scope 1.
     pub ancestors: Vec<Pid>,
 }
 
+/// How the caller's user namespace relates to the target's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NsRelation {
+    /// Same user namespace.
+    pub same: bool,
+    /// The caller has CAP_SYS_PTRACE over the target's namespace
+    /// (`ns_capable`).
+    pub capable: bool,
+    /// The caller has CAP_SYS_PTRACE in the initial namespace
+    /// (`capable`, for Yama scope 2).
+    pub capable_init: bool,
+}
+
 impl TargetFacts {
-    /// Reads them from /proc. `None` if the process is gone.
+    /// Reads them from /proc. `None` if the process has no live thread.
     pub fn read(pid: Pid) -> Option<TargetFacts> {
-        let s = status(pid)?;
-        let uids = ids(&s, "Uid")?;
-        let gids = ids(&s, "Gid")?;
-        let owner = std::fs::metadata(format!("/proc/{pid}")).ok()?.uid();
-        // A non-dumpable process's /proc/PID is owned by root (or the
-        // user namespace's root), whatever its uid.
-        let dumpable = owner == uids[1] || uids[1] == 0;
+        let tid = procfs::live_thread(pid)?;
+        let s = Status::of_task(pid, tid)?;
+        let uids = s.ids("Uid")?;
+        let gids = s.ids("Gid")?;
+        let cap_prm = s.mask("CapPrm")?;
+        // Per-task files (not the /proc/PID directory, which keeps the
+        // euid) are owned by root of the mm's user namespace when the
+        // process is not dumpable (`task_dump_owner` in fs/proc/base.c).
+        let owner = std::fs::metadata(format!("/proc/{pid}/task/{tid}/stat"))
+            .ok()?
+            .uid();
+        let root = procfs::userns_root_uid(pid).unwrap_or(0);
+        let dumpable = if uids[1] == root {
+            Dumpable::Unknown
+        } else if owner == uids[1] {
+            Dumpable::Yes
+        } else {
+            Dumpable::No
+        };
         let mut ancestors = Vec::new();
         let mut cur = pid;
         for _ in 0..64 {
-            let Some(pp) = status(cur)
-                .and_then(|s| field(&s, "PPid").and_then(|v| v.trim().parse::<Pid>().ok()))
-            else {
+            let Some(pp) = Status::of(cur).and_then(|s| s.number::<Pid>("PPid")) else {
                 break;
             };
             if pp <= 0 {
@@ -123,10 +246,78 @@ impl TargetFacts {
         Some(TargetFacts {
             uids,
             gids,
+            cap_prm,
             dumpable,
             ancestors,
         })
     }
+}
+
+impl NsRelation {
+    /// Walks from the target's user namespace up to the initial one
+    /// (`NS_GET_PARENT`): the caller is capable over the target if it has
+    /// CAP_SYS_PTRACE and its namespace is on that path, or if it owns a
+    /// namespace on the path whose parent is the caller's (the owner of a
+    /// namespace has every capability in it).
+    pub fn read(caller: &Caller, pid: Pid) -> NsRelation {
+        let cap = caller.has_cap_sys_ptrace();
+        let Some(mine) = caller.userns else {
+            return NsRelation {
+                same: false,
+                capable: false,
+                capable_init: false,
+            };
+        };
+        let init = procfs::userns_of(1);
+        let capable_init = cap && init == Some(mine);
+        let Ok(file) = std::fs::File::open(format!("/proc/{pid}/ns/user")) else {
+            return NsRelation {
+                same: false,
+                capable: false,
+                capable_init,
+            };
+        };
+        let mut ns: OwnedFd = file.into();
+        let same = ino(&ns) == Some(mine);
+        let mut capable = false;
+        for _ in 0..33 {
+            if ino(&ns) == Some(mine) {
+                capable = cap;
+                break;
+            }
+            // SAFETY: NS_GET_PARENT on a namespace fd returns a new fd or -1.
+            let parent = unsafe { libc::ioctl(ns.as_raw_fd(), libc::NS_GET_PARENT) };
+            if parent < 0 {
+                break; // the initial namespace, or one we cannot see above
+            }
+            // SAFETY: a fresh fd.
+            let parent = unsafe { OwnedFd::from_raw_fd(parent) };
+            if ino(&parent) == Some(mine) && owner_uid(&ns).is_some_and(|o| o == caller.uid) {
+                capable = true;
+                break;
+            }
+            ns = parent;
+        }
+        NsRelation {
+            same,
+            capable,
+            capable_init,
+        }
+    }
+}
+
+fn ino(fd: &OwnedFd) -> Option<u64> {
+    std::fs::File::from(fd.try_clone().ok()?)
+        .metadata()
+        .ok()
+        .map(|m| m.ino())
+}
+
+fn owner_uid(ns: &OwnedFd) -> Option<u32> {
+    let mut uid: libc::uid_t = 0;
+    // SAFETY: NS_GET_OWNER_UID writes one uid_t.
+    let r = unsafe { libc::ioctl(ns.as_raw_fd(), libc::NS_GET_OWNER_UID, &mut uid) };
+    (r == 0).then_some(uid)
 }
 
 /// Yama's `kernel.yama.ptrace_scope` (0 when Yama is absent).
@@ -137,53 +328,83 @@ pub fn yama_scope() -> u32 {
         .unwrap_or(0)
 }
 
-/// The rule itself, on facts (pure; unit-tested).
-pub fn decide(caller: &Caller, target: &TargetFacts, yama: u32) -> Result<(), String> {
+/// The rule itself, on facts (pure; unit-tested, and compared with the
+/// kernel's own answers in `tests/tests/security.rs`).
+pub fn decide(
+    caller: &Caller,
+    target: &TargetFacts,
+    ns: NsRelation,
+    yama: u32,
+) -> Result<(), String> {
     if yama >= 3 {
         return Err("kernel.yama.ptrace_scope=3: no process may be traced".into());
     }
     if caller.privileged {
         return Ok(());
     }
-    if yama >= 2 {
-        return Err(
-            "kernel.yama.ptrace_scope=2: only callers with CAP_SYS_PTRACE may trace".into(),
-        );
-    }
-    if target.uids.iter().any(|&u| u != caller.uid) {
+    // 1. Credentials.
+    let ids_match = target.uids.iter().all(|&u| u == caller.uid)
+        && target.gids.iter().all(|&g| g == caller.gid);
+    if !ids_match && !ns.capable {
+        if target.uids.iter().any(|&u| u != caller.uid) {
+            return Err(format!(
+                "caller uid {} does not own the process (uids {:?}) and lacks CAP_SYS_PTRACE over it",
+                caller.uid, target.uids
+            ));
+        }
         return Err(format!(
-            "caller uid {} does not own the process (uids {:?})",
-            caller.uid, target.uids
-        ));
-    }
-    if target.gids.iter().any(|&g| g != caller.gid) {
-        return Err(format!(
-            "caller gid {} does not match the process's gids {:?}",
+            "caller gid {} does not match the process's gids {:?} and the caller lacks CAP_SYS_PTRACE over it",
             caller.gid, target.gids
         ));
     }
-    if !target.dumpable {
-        return Err("the process is not dumpable (setuid, or prctl(PR_SET_DUMPABLE, 0))".into());
+    // 2. Dumpability.
+    if target.dumpable != Dumpable::Yes && !ns.capable {
+        return Err(match target.dumpable {
+            Dumpable::No => "the process is not dumpable (prctl(PR_SET_DUMPABLE, 0), a setuid or \
+                             setgid program, or changed credentials)"
+                .into(),
+            _ => "the process's dumpability cannot be told from /proc (it runs as its \
+                  namespace's root), and the caller lacks CAP_SYS_PTRACE over it"
+                .into(),
+        });
     }
-    if yama == 1 && !caller.pid.is_some_and(|p| target.ancestors.contains(&p)) {
-        return Err(
+    // 3. Capabilities (commoncap).
+    let caps_covered = ns.same && target.cap_prm & !caller.cap_prm == 0;
+    if !caps_covered && !ns.capable {
+        return Err(if ns.same {
+            format!(
+                "the process holds capabilities the caller does not (permitted {:#x}, the caller's {:#x})",
+                target.cap_prm, caller.cap_prm
+            )
+        } else {
+            "the process is in another user namespace, over which the caller lacks CAP_SYS_PTRACE"
+                .into()
+        });
+    }
+    // 4. Yama.
+    match yama {
+        1 if !ns.capable && !caller.pid.is_some_and(|p| target.ancestors.contains(&p)) => Err(
             "kernel.yama.ptrace_scope=1: a caller without CAP_SYS_PTRACE may only trace its own descendants"
                 .into(),
-        );
+        ),
+        2 if !ns.capable_init => Err(
+            "kernel.yama.ptrace_scope=2: only callers with CAP_SYS_PTRACE may trace".into(),
+        ),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// Checks that `caller` may act on `pid`. A pid that does not exist is
 /// reported as such only to callers that could see it anyway.
 pub fn check(caller: &Caller, pid: Pid) -> Result<(), WpdError> {
-    if caller.privileged && yama_scope() < 3 {
+    let yama = yama_scope();
+    if caller.privileged && yama < 3 {
         return Ok(());
     }
     let Some(facts) = TargetFacts::read(pid) else {
         return Err(WpdError::NoSuchProcess(pid));
     };
-    decide(caller, &facts, yama_scope())
+    decide(caller, &facts, NsRelation::read(caller, pid), yama)
         .map_err(|detail| WpdError::PermissionDenied { pid, detail })
 }
 
@@ -193,10 +414,9 @@ mod tests {
 
     fn user(uid: u32) -> Caller {
         Caller {
-            uid,
-            gid: uid,
             pid: Some(100),
-            privileged: false,
+            userns: Some(1),
+            ..Caller::unprivileged(uid, uid, Some(100))
         }
     }
 
@@ -204,85 +424,143 @@ mod tests {
         TargetFacts {
             uids: [uid; 3],
             gids: [uid; 3],
-            dumpable: true,
+            cap_prm: 0,
+            dumpable: Dumpable::Yes,
             ancestors: vec![100, 1],
         }
     }
 
-    fn check_case(caller: Caller, t: TargetFacts, yama: u32, want: Result<(), &str>) {
-        match (decide(&caller, &t, yama), want) {
+    const SAME: NsRelation = NsRelation {
+        same: true,
+        capable: false,
+        capable_init: false,
+    };
+
+    fn check_case(
+        caller: Caller,
+        t: TargetFacts,
+        ns: NsRelation,
+        yama: u32,
+        want: Result<(), &str>,
+    ) {
+        match (decide(&caller, &t, ns, yama), want) {
             (Ok(()), Ok(())) => {}
             (Err(e), Err(w)) => assert!(e.contains(w), "{e:?} lacks {w:?}"),
-            (got, want) => panic!("{caller:?} on {t:?} (yama {yama}): got {got:?}, want {want:?}"),
+            (got, want) => {
+                panic!("{caller:?} on {t:?} ({ns:?}, yama {yama}): got {got:?}, want {want:?}")
+            }
         }
     }
 
     #[test]
-    fn the_kernels_rule() {
-        check_case(user(1000), target(1000), 0, Ok(()));
-        check_case(user(1000), target(1001), 0, Err("does not own"));
+    fn credentials() {
+        check_case(user(1000), target(1000), SAME, 0, Ok(()));
+        check_case(user(1000), target(1001), SAME, 0, Err("does not own"));
+        let saved_root = TargetFacts {
+            uids: [1000, 1000, 0],
+            ..target(1000)
+        };
+        check_case(user(1000), saved_root, SAME, 0, Err("does not own"));
+        let other_gid = TargetFacts {
+            gids: [1000, 1000, 5],
+            ..target(1000)
+        };
+        check_case(user(1000), other_gid.clone(), SAME, 0, Err("gid"));
+        let capable = NsRelation {
+            capable: true,
+            ..SAME
+        };
+        check_case(user(1000), other_gid, capable, 0, Ok(()));
+    }
+
+    #[test]
+    fn dumpability() {
+        for d in [Dumpable::No, Dumpable::Unknown] {
+            let t = TargetFacts {
+                dumpable: d,
+                ..target(1000)
+            };
+            check_case(user(1000), t.clone(), SAME, 0, Err("dumpab"));
+            let capable = NsRelation {
+                capable: true,
+                ..SAME
+            };
+            check_case(user(1000), t, capable, 0, Ok(()));
+        }
+    }
+
+    #[test]
+    fn capabilities_and_namespaces() {
+        let with_caps = TargetFacts {
+            cap_prm: 1 << 12,
+            ..target(1000)
+        };
         check_case(
             user(1000),
-            TargetFacts {
-                uids: [1000, 0, 1000],
-                ..target(1000)
-            },
+            with_caps.clone(),
+            SAME,
             0,
-            Err("does not own"),
+            Err("holds capabilities"),
         );
+        let covering = Caller {
+            cap_prm: (1 << 12) | 1,
+            ..user(1000)
+        };
+        check_case(covering, with_caps, SAME, 0, Ok(()));
+        let elsewhere = NsRelation {
+            same: false,
+            ..SAME
+        };
         check_case(
             user(1000),
-            TargetFacts {
-                gids: [1000, 1000, 5],
-                ..target(1000)
-            },
+            target(1000),
+            elsewhere,
             0,
-            Err("gid"),
+            Err("another user namespace"),
         );
-        check_case(
-            user(1000),
-            TargetFacts {
-                dumpable: false,
-                ..target(1000)
-            },
-            0,
-            Err("not dumpable"),
-        );
-        check_case(Caller::privileged(), target(0), 0, Ok(()));
-        check_case(
-            Caller::privileged(),
-            TargetFacts {
-                dumpable: false,
-                ..target(0)
-            },
-            2,
-            Ok(()),
-        );
-        check_case(Caller::privileged(), target(0), 3, Err("=3"));
+    }
+
+    #[test]
+    fn privileged_and_scope_3() {
+        check_case(Caller::privileged(), target(0), SAME, 0, Ok(()));
+        let undumpable = TargetFacts {
+            dumpable: Dumpable::No,
+            ..target(0)
+        };
+        check_case(Caller::privileged(), undumpable, SAME, 2, Ok(()));
+        check_case(Caller::privileged(), target(0), SAME, 3, Err("=3"));
     }
 
     #[test]
     fn yama_scopes() {
-        check_case(user(1000), target(1000), 1, Ok(()));
-        check_case(
-            user(1000),
-            TargetFacts {
-                ancestors: vec![1],
-                ..target(1000)
-            },
-            1,
-            Err("descendants"),
-        );
+        check_case(user(1000), target(1000), SAME, 1, Ok(()));
+        let orphan = TargetFacts {
+            ancestors: vec![1],
+            ..target(1000)
+        };
+        check_case(user(1000), orphan.clone(), SAME, 1, Err("descendants"));
+        let capable = NsRelation {
+            capable: true,
+            ..SAME
+        };
+        check_case(user(1000), orphan, capable, 1, Ok(()));
         check_case(
             Caller {
                 pid: None,
                 ..user(1000)
             },
             target(1000),
+            SAME,
             1,
             Err("descendants"),
         );
-        check_case(user(1000), target(1000), 2, Err("=2"));
+        check_case(user(1000), target(1000), SAME, 2, Err("=2"));
+        let init = NsRelation {
+            capable: true,
+            capable_init: true,
+            ..SAME
+        };
+        check_case(user(1000), target(1000), init, 2, Ok(()));
     }
 
     #[test]
@@ -292,7 +570,16 @@ mod tests {
         // SAFETY: getuid has no preconditions.
         let uid = unsafe { libc::getuid() };
         assert_eq!(f.uids[0], uid);
-        assert!(f.dumpable);
+        if uid != 0 {
+            assert_eq!(f.dumpable, Dumpable::Yes);
+        }
         assert!(!f.ancestors.is_empty());
+        let me_caller = Caller {
+            userns: procfs::userns_of(me),
+            cap_eff: 1 << CAP_SYS_PTRACE,
+            ..Caller::unprivileged(uid, 0, Some(me))
+        };
+        let rel = NsRelation::read(&me_caller, me);
+        assert!(rel.same && rel.capable);
     }
 }

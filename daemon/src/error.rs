@@ -136,6 +136,43 @@ pub enum WpdError {
         /// fds already showed they could not fit, and nothing was tried).
         by_kernel: bool,
     },
+    /// No caller identity, or a bad or missing token.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// The feature needs another backend than the process's.
+    #[error("{feature} needs the {needs} backend{hint}")]
+    NeedsBackend {
+        /// What was asked for.
+        feature: &'static str,
+        /// Backend that provides it.
+        needs: BackendKind,
+        /// Why, and what to do (starts with "; " or ": ").
+        hint: &'static str,
+    },
+    /// The pid names a thread of another process.
+    #[error("{tid} is a thread of process {pid}, not a process: use --pid {pid} --tid {tid}")]
+    NotAProcess {
+        /// The thread asked for as a process.
+        tid: Tid,
+        /// Its process.
+        pid: Pid,
+    },
+    /// The daemon does not watch itself (its own hits would feed back).
+    #[error("process {0} is the daemon itself: wpd does not watch itself")]
+    OwnProcess(Pid),
+    /// pid 1 is watched only when asked for explicitly.
+    #[error(
+        "pid 1 is the init process, whose stop or death takes the system with it: set allow_init (wpctl --allow-init) to watch it anyway"
+    )]
+    InitProcess,
+    /// The process can no longer be watched; the attachment ended.
+    #[error("process {pid} can no longer be watched: {why}")]
+    ProcessLost {
+        /// Process.
+        pid: Pid,
+        /// What happened.
+        why: String,
+    },
     /// The process exited while the request ran; nothing stays armed.
     #[error("process {0} exited during the request")]
     ProcessExited(Pid),

@@ -2,8 +2,8 @@
 //! own pace and a subscriber that falls behind loses the oldest events,
 //! counted (tokio's `Lagged(n)`), and is told. Publishing never blocks.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::broadcast;
 
@@ -81,6 +81,15 @@ pub enum EventKind {
         /// How many.
         count: u64,
     },
+    /// The daemon can no longer watch the process and detached it.
+    ProcessLost {
+        /// Process.
+        pid: Pid,
+        /// Why.
+        reason: String,
+        /// Its watchpoints, now gone.
+        watchpoints: Vec<WatchId>,
+    },
     /// A watchpoint went away.
     WatchpointRemoved {
         /// Watchpoint.
@@ -101,6 +110,7 @@ impl EventKind {
             EventKind::ThreadStarted { pid, .. }
             | EventKind::ThreadExited { pid, .. }
             | EventKind::ProcessExited { pid, .. }
+            | EventKind::ProcessLost { pid, .. }
             | EventKind::WatchpointRemoved { pid, .. } => *pid,
         }
     }
@@ -109,7 +119,8 @@ impl EventKind {
 /// A published event.
 #[derive(Debug, Clone)]
 pub struct Event {
-    /// Daemon-wide sequence number.
+    /// Daemon-wide sequence number: consecutive, in the order subscribers
+    /// receive events.
     pub seq: u64,
     /// Publish time (Unix ns).
     pub time_ns: u64,
@@ -117,13 +128,99 @@ pub struct Event {
     pub kind: EventKind,
 }
 
+/// One subscriber's accounting, shared between its stream and the bus (so
+/// that a loss counts when it happens, not when the subscriber reads again).
+#[derive(Debug)]
+pub struct SubState {
+    /// uid of the caller that subscribed (per-caller limits and stats).
+    pub uid: u32,
+    /// Subscribed as a privileged caller (may use the reserve).
+    pub privileged: bool,
+    /// Sequence number of the last event this subscriber received or was
+    /// told it lost.
+    last_seq: AtomicU64,
+    /// Events it was told it lost.
+    told: AtomicU64,
+}
+
+impl SubState {
+    /// The subscriber received event `seq`.
+    pub fn received(&self, seq: u64) {
+        self.last_seq.store(seq, Ordering::Relaxed);
+    }
+
+    /// The subscriber learnt it lost `n` events: their sequence numbers
+    /// (first, last).
+    pub fn lost(&self, n: u64) -> (u64, u64) {
+        let last = self.last_seq.fetch_add(n, Ordering::Relaxed);
+        self.told.fetch_add(n, Ordering::Relaxed);
+        (last + 1, last + n)
+    }
+
+    /// Events lost so far: those it was told of, and those the ring has
+    /// overwritten since, which it will be told of at its next read.
+    fn dropped(&self, head: u64, capacity: u64) -> u64 {
+        let oldest_kept = head.saturating_sub(capacity);
+        self.told.load(Ordering::Relaxed)
+            + oldest_kept.saturating_sub(self.last_seq.load(Ordering::Relaxed))
+    }
+}
+
+/// A subscription: the receiver and its accounting.
+#[derive(Debug)]
+pub struct Subscription {
+    /// Events, from the one after the last published at subscribe time.
+    pub rx: broadcast::Receiver<Arc<Event>>,
+    /// Its accounting, registered with the bus until dropped.
+    pub guard: SubGuard,
+}
+
+/// A subscriber's registration with the bus; dropping it ends the
+/// subscription, and what it lost stays counted.
+#[derive(Debug)]
+pub struct SubGuard {
+    /// The accounting.
+    pub state: Arc<SubState>,
+    bus: Arc<Subscribers>,
+}
+
+impl Drop for SubGuard {
+    fn drop(&mut self) {
+        self.bus.retire(&self.state);
+    }
+}
+
+/// Subscribers' accounting: live ones, and what ended ones lost, by uid.
+#[derive(Debug, Default)]
+struct Subscribers {
+    live: Mutex<Vec<Arc<SubState>>>,
+    retired: Mutex<std::collections::HashMap<u32, u64>>,
+    /// Sequence number of the last event published.
+    head: AtomicU64,
+    capacity: u64,
+}
+
+impl Subscribers {
+    fn retire(&self, s: &Arc<SubState>) {
+        let lost = s.dropped(self.head.load(Ordering::Relaxed), self.capacity);
+        self.live.lock().unwrap().retain(|x| !Arc::ptr_eq(x, s));
+        if lost > 0 {
+            *self.retired.lock().unwrap().entry(s.uid).or_default() += lost;
+        }
+    }
+}
+
 /// The bus.
 #[derive(Debug)]
 pub struct EventBus {
     tx: broadcast::Sender<Arc<Event>>,
     closed: tokio::sync::watch::Sender<bool>,
-    seq: AtomicU64,
-    dropped: AtomicU64,
+    /// Held while a sequence number is taken and its event sent, so that
+    /// subscribers see consecutive numbers in order (loss accounting and
+    /// `EventsDropped` ranges rely on it). Publishers are the drain thread
+    /// and the tracer shards: short, rarely contended.
+    order: Mutex<u64>,
+    subs: Arc<Subscribers>,
 }
 
 impl Default for EventBus {
@@ -133,13 +230,16 @@ impl Default for EventBus {
 }
 
 impl EventBus {
-    /// A bus keeping `capacity` events for laggards.
+    /// A bus keeping `capacity` (a power of two) events for laggards.
     pub fn new(capacity: usize) -> Self {
         EventBus {
             tx: broadcast::channel(capacity).0,
             closed: tokio::sync::watch::channel(false).0,
-            seq: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
+            order: Mutex::new(0),
+            subs: Arc::new(Subscribers {
+                capacity: capacity.next_power_of_two() as u64,
+                ..Subscribers::default()
+            }),
         }
     }
 
@@ -148,18 +248,35 @@ impl EventBus {
         if self.tx.receiver_count() == 0 {
             return;
         }
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut seq = self.order.lock().unwrap();
+        *seq += 1;
         let ev = Event {
-            seq,
-            time_ns: crate::backend::perf::realtime_ns(),
+            seq: *seq,
+            time_ns: crate::clock::realtime_ns(),
             kind,
         };
         let _ = self.tx.send(Arc::new(ev));
+        self.subs.head.store(*seq, Ordering::Relaxed);
     }
 
-    /// A new subscriber, starting with the next event.
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
-        self.tx.subscribe()
+    /// A new subscriber of `uid`, starting with the next event.
+    pub fn subscribe(&self, uid: u32, privileged: bool) -> Subscription {
+        let seq = self.order.lock().unwrap();
+        let rx = self.tx.subscribe();
+        let state = Arc::new(SubState {
+            uid,
+            privileged,
+            last_seq: AtomicU64::new(*seq),
+            told: AtomicU64::new(0),
+        });
+        self.subs.live.lock().unwrap().push(state.clone());
+        Subscription {
+            rx,
+            guard: SubGuard {
+                state,
+                bus: self.subs.clone(),
+            },
+        }
     }
 
     /// Tells every stream to end (daemon shutdown).
@@ -172,19 +289,42 @@ impl EventBus {
         self.closed.subscribe()
     }
 
-    /// Current subscribers.
-    pub fn subscribers(&self) -> usize {
-        self.tx.receiver_count()
+    /// Current subscribers (of `uid` only, when given).
+    pub fn subscribers(&self, uid: Option<u32>) -> usize {
+        self.subs
+            .live
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| uid.is_none_or(|u| s.uid == u))
+            .count()
     }
 
-    /// Adds to the count of events lost by slow subscribers.
-    pub fn note_dropped(&self, n: u64) {
-        self.dropped.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Events lost by slow subscribers, summed.
-    pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+    /// Events lost by subscribers (of `uid` only, when given), summed: as
+    /// soon as the ring overwrote them, whether or not the subscriber has
+    /// read since.
+    pub fn dropped(&self, uid: Option<u32>) -> u64 {
+        let head = self.subs.head.load(Ordering::Relaxed);
+        let cap = self.subs.capacity;
+        let live: u64 = self
+            .subs
+            .live
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| uid.is_none_or(|u| s.uid == u))
+            .map(|s| s.dropped(head, cap))
+            .sum();
+        let retired: u64 = self
+            .subs
+            .retired
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(u, _)| uid.is_none_or(|x| **u == x))
+            .map(|(_, n)| n)
+            .sum();
+        live + retired
     }
 }
 
@@ -192,18 +332,74 @@ impl EventBus {
 mod tests {
     use super::*;
 
+    fn exit(tid: i32) -> EventKind {
+        EventKind::ThreadExited { pid: 1, tid }
+    }
+
     #[tokio::test]
     async fn slow_subscriber_loses_counted_events() {
         let bus = EventBus::new(4);
-        let mut rx = bus.subscribe();
+        let mut sub = bus.subscribe(1000, false);
         for tid in 0..10 {
-            bus.publish(EventKind::ThreadExited { pid: 1, tid });
+            bus.publish(exit(tid));
         }
-        match rx.recv().await {
-            Err(broadcast::error::RecvError::Lagged(n)) => assert_eq!(n, 6),
+        // Counted before the subscriber reads: 10 published, 4 kept.
+        assert_eq!(bus.dropped(None), 6);
+        assert_eq!(bus.dropped(Some(1000)), 6);
+        assert_eq!(bus.dropped(Some(0)), 0);
+        match sub.rx.recv().await {
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                assert_eq!(n, 6);
+                assert_eq!(sub.guard.state.lost(n), (1, 6), "seqs 1..=6 were lost");
+            }
             other => panic!("expected lag, got {other:?}"),
         }
-        let next = rx.recv().await.unwrap();
+        // Told now: still 6, not 12.
+        assert_eq!(bus.dropped(None), 6);
+        let next = sub.rx.recv().await.unwrap();
+        assert_eq!(next.seq, 7);
+        sub.guard.state.received(next.seq);
         assert!(matches!(next.kind, EventKind::ThreadExited { tid: 6, .. }));
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_never_reads_and_leaves_keeps_its_losses_counted() {
+        let bus = EventBus::new(4);
+        let reader = bus.subscribe(0, true);
+        let idle = bus.subscribe(1000, false);
+        for tid in 0..20 {
+            bus.publish(exit(tid));
+        }
+        assert_eq!(bus.subscribers(None), 2);
+        assert_eq!(bus.subscribers(Some(1000)), 1);
+        assert_eq!(bus.dropped(Some(1000)), 16);
+        drop(idle);
+        assert_eq!(bus.subscribers(None), 1);
+        assert_eq!(bus.dropped(Some(1000)), 16, "kept after it left");
+        assert_eq!(bus.dropped(None), 32, "the root reader lost as many");
+        drop(reader);
+        assert_eq!(bus.dropped(None), 32);
+    }
+
+    #[test]
+    fn sequence_numbers_are_consecutive_in_send_order() {
+        let bus = Arc::new(EventBus::new(1 << 16));
+        let mut sub = bus.subscribe(0, true);
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let bus = bus.clone();
+                std::thread::spawn(move || {
+                    for i in 0..2_000 {
+                        bus.publish(exit(t * 10_000 + i));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        for want in 1..=8_000u64 {
+            assert_eq!(sub.rx.try_recv().unwrap().seq, want);
+        }
     }
 }

@@ -4,6 +4,7 @@
 pub mod arch;
 pub mod authz;
 pub mod backend;
+pub mod clock;
 pub mod core;
 pub mod error;
 pub mod events;

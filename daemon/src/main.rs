@@ -2,6 +2,7 @@
 //! and runs [`wpd::server::run`].
 
 use clap::Parser;
+use wpd::rpc::conn::ConnLimits;
 use wpd::server::Listen;
 
 /// Hardware-watchpoint daemon: owns the debug registers of attached
@@ -39,9 +40,34 @@ struct Args {
     /// Processes attached at once.
     #[arg(long, default_value_t = wpd::core::Limits::default().processes)]
     max_processes: usize,
-    /// Event subscribers at once.
+    /// Event subscribers at once (the last 16 are kept for privileged
+    /// callers).
     #[arg(long, default_value_t = wpd::core::Limits::default().subscribers)]
     max_subscribers: usize,
+    /// Event subscribers one unprivileged caller (uid) may have at once.
+    #[arg(long, default_value_t = wpd::core::Limits::default().subscribers_per_caller)]
+    max_subscribers_per_caller: usize,
+    /// Connections one unprivileged caller (uid; all of TCP together) may
+    /// have open.
+    #[arg(long, default_value_t = ConnLimits::default().per_caller)]
+    max_connections_per_caller: usize,
+    /// Connections open at once from unprivileged callers; privileged ones
+    /// (CAP_SYS_PTRACE) have 64 more in reserve.
+    #[arg(long, default_value_t = ConnLimits::default().total)]
+    max_connections: usize,
+    /// HTTP/2 streams (requests and event streams) open at once on one
+    /// connection.
+    #[arg(long, default_value_t = ConnLimits::default().streams)]
+    max_streams_per_connection: u32,
+    /// Seconds after which a connection with nothing in flight and nothing
+    /// received is closed.
+    #[arg(long, default_value_t = ConnLimits::default().idle.as_secs())]
+    idle_timeout: u64,
+    /// File listing the ptrace-attached processes, for a restarted daemon to
+    /// clean up after a killed one (default: beside the socket,
+    /// `<socket>.ptrace-armed`; `WPD_STATE_FILE` also sets it).
+    #[arg(long)]
+    ptrace_state_file: Option<std::path::PathBuf>,
     /// Scheduling of the daemon's threads: realtime (SCHED_FIFO priority 1,
     /// needs CAP_SYS_NICE; the daemon keeps up with targets that load every
     /// CPU) or normal (only arm passes are raised while they run).
@@ -143,7 +169,16 @@ async fn run(args: Args) -> std::process::ExitCode {
             watchpoints_per_caller: args.max_watchpoints_per_caller,
             processes: args.max_processes,
             subscribers: args.max_subscribers,
+            subscribers_per_caller: args.max_subscribers_per_caller,
         },
+        conns: ConnLimits {
+            per_caller: args.max_connections_per_caller,
+            total: args.max_connections,
+            privileged_reserve: ConnLimits::default().privileged_reserve,
+            idle: std::time::Duration::from_secs(args.idle_timeout.max(1)),
+            streams: args.max_streams_per_connection.max(1),
+        },
+        state_file: args.ptrace_state_file,
     };
     match wpd::server::run(listen, opts).await {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -111,4 +111,6 @@ pub struct WatchSpec {
     pub action: HitAction,
     /// Report only hits that changed the value.
     pub only_on_change: bool,
+    /// pid 1 may be attached for it.
+    pub allow_init: bool,
 }

@@ -3,41 +3,130 @@
 
 use std::os::fd::{FromRawFd, OwnedFd};
 
+use nix::errno::Errno;
+
 use crate::error::WpdError;
 use crate::model::{Pid, Tid};
 
-/// Field `name:` of `/proc/PID/status`.
-fn status_field(pid: Pid, name: &str) -> Option<String> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines().find_map(|l| {
-        l.strip_prefix(name)
-            .map(|v| v.trim_start_matches(':').trim().to_string())
-    })
+/// A `/proc/PID/status` (or `/proc/PID/task/TID/status`) file, read once:
+/// the one parser of that format in the daemon.
+#[derive(Debug, Clone)]
+pub struct Status(String);
+
+impl Status {
+    /// `/proc/PID/status`; `None` once the process is gone.
+    pub fn of(pid: Pid) -> Option<Status> {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .map(Status)
+    }
+
+    /// `/proc/PID/task/TID/status`: one thread's own (credentials and
+    /// pending signals are per thread).
+    pub fn of_task(pid: Pid, tid: Tid) -> Option<Status> {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
+            .ok()
+            .map(Status)
+    }
+
+    /// Parses a status text (tests).
+    pub fn parse(text: &str) -> Status {
+        Status(text.to_string())
+    }
+
+    /// The value of field `name` (`Name:\tvalue`), trimmed.
+    pub fn field(&self, name: &str) -> Option<&str> {
+        self.0.lines().find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|v| v.strip_prefix(':'))
+                .map(str::trim)
+        })
+    }
+
+    /// A decimal field (`Tgid`, `PPid`, `TracerPid`).
+    pub fn number<T: std::str::FromStr>(&self, name: &str) -> Option<T> {
+        self.field(name)?.parse().ok()
+    }
+
+    /// A hexadecimal mask (`CapPrm`, `CapEff`, `SigPnd`, `SigBlk`...).
+    pub fn mask(&self, name: &str) -> Option<u64> {
+        u64::from_str_radix(self.field(name)?, 16).ok()
+    }
+
+    /// Real, effective and saved ids of `Uid` or `Gid`.
+    pub fn ids(&self, name: &str) -> Option<[u32; 3]> {
+        let mut it = self
+            .field(name)?
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok());
+        Some([it.next()?, it.next()?, it.next()?])
+    }
 }
 
-/// Checks that `pid` is a live process (a thread-group leader, not a zombie).
+/// Checks that `pid` is a live process: a thread-group leader with at least
+/// one live thread. The leader itself may have exited (`pthread_exit` in
+/// `main`): the kernel keeps it as a zombie while other threads run, and the
+/// process is as alive as before.
 pub fn check_process(pid: Pid) -> Result<(), WpdError> {
     if pid <= 0 {
         return Err(WpdError::InvalidArgument(format!(
             "pid must be positive, got {pid}"
         )));
     }
-    let tgid = status_field(pid, "Tgid").ok_or(WpdError::NoSuchProcess(pid))?;
-    if tgid != pid.to_string() {
-        return Err(WpdError::InvalidArgument(format!(
-            "{pid} is a thread of process {tgid}, not a process: use --pid {tgid} --tid {pid}"
-        )));
+    let tgid: Pid = Status::of(pid)
+        .and_then(|s| s.number("Tgid"))
+        .ok_or(WpdError::NoSuchProcess(pid))?;
+    if tgid != pid {
+        return Err(WpdError::NotAProcess {
+            tid: pid,
+            pid: tgid,
+        });
     }
-    let state = status_field(pid, "State").unwrap_or_default();
-    if state.starts_with('Z') || state.starts_with('X') {
+    if live_thread(pid).is_none() {
         return Err(WpdError::NoSuchProcess(pid));
     }
     Ok(())
 }
 
+/// The scheduler state letter of thread `tid` of `pid` (field 3 of
+/// `/proc/PID/task/TID/stat`: `R`, `S`, `t`, `Z`...), `None` once it is gone.
+pub fn thread_state(pid: Pid, tid: Tid) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    s.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
+}
+
+/// True if thread `tid` of `pid` has exited: gone, or a zombie (a leader
+/// that exited before the other threads stays one until the last exits).
+pub fn thread_exited(pid: Pid, tid: Tid) -> bool {
+    matches!(thread_state(pid, tid), None | Some('Z') | Some('X'))
+}
+
+/// A live thread of `pid`: the leader if it still runs, else another one.
+pub fn live_thread(pid: Pid) -> Option<Tid> {
+    if !thread_exited(pid, pid) {
+        return Some(pid);
+    }
+    tasks(pid)
+        .ok()?
+        .into_iter()
+        .find(|&t| t != pid && !thread_exited(pid, t))
+}
+
+/// Credentials of a live thread of `pid`: (uids, gids, permitted
+/// capabilities).
+pub fn creds(pid: Pid) -> Option<([u32; 3], [u32; 3], u64)> {
+    let s = Status::of_task(pid, live_thread(pid)?)?;
+    Some((s.ids("Uid")?, s.ids("Gid")?, s.mask("CapPrm")?))
+}
+
 /// The process a thread belongs to.
 pub fn tgid_of(tid: Tid) -> Option<Pid> {
-    status_field(tid, "Tgid")?.parse().ok()
+    Status::of(tid)?.number("Tgid")
 }
 
 /// Thread ids of a process, from `/proc/PID/task`.
@@ -73,6 +162,27 @@ pub fn comm(pid: Pid, tid: Tid) -> Option<String> {
         .map(|s| s.trim_end().to_string())
 }
 
+/// Inode of the user namespace of `pid` (`/proc/PID/ns/user`).
+pub fn userns_of(pid: Pid) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/ns/user"))
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// The uid, in the daemon's view, of root of `pid`'s user namespace
+/// (`/proc/PID/uid_map`: the line whose inside id is 0).
+pub fn userns_root_uid(pid: Pid) -> Option<u32> {
+    let map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).ok()?;
+    map.lines().find_map(|l| {
+        let mut w = l.split_whitespace().map(|v| v.parse::<u32>().ok());
+        match (w.next()??, w.next()??) {
+            (0, outside) => Some(outside),
+            _ => None,
+        }
+    })
+}
+
 /// A pidfd for `pid` (readable once the process exits).
 pub fn pidfd_open(pid: Pid) -> Option<OwnedFd> {
     // SAFETY: plain syscall; the result is a new fd or -1.
@@ -84,8 +194,32 @@ pub fn pidfd_open(pid: Pid) -> Option<OwnedFd> {
     Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// Reads `len` bytes at `addr` in `pid` (process_vm_readv).
-pub fn read_memory(pid: Pid, addr: u64, len: usize) -> Result<Vec<u8>, String> {
+/// Reads `len` bytes at `addr` in the memory of process `pid`, through
+/// thread `via` (process_vm_readv takes any thread of the process). Through
+/// a thread, not the pid: once the leader has exited it is a zombie without
+/// memory (ESRCH), while the process's other threads share the memory. If
+/// `via` is gone too, another live thread is used.
+pub fn read_memory(pid: Pid, via: Tid, addr: u64, len: usize) -> Result<Vec<u8>, String> {
+    match read_memory_of(via, addr, len) {
+        Err(Errno::ESRCH) => {}
+        other => return other.map_err(|e| read_error(e, len)),
+    }
+    match live_thread(pid).filter(|&t| t != via) {
+        Some(t) => read_memory_of(t, addr, len).map_err(|e| read_error(e, len)),
+        None => Err(read_error(Errno::ESRCH, len)),
+    }
+}
+
+fn read_error(e: Errno, len: usize) -> String {
+    match e {
+        // A short read: the range crosses into unmapped memory.
+        Errno::EFAULT => format!("reading target memory failed: {len} bytes not all mapped"),
+        e => format!("reading target memory failed: {}", e.desc()),
+    }
+}
+
+/// process_vm_readv of `len` bytes at `addr` through task `tid`.
+fn read_memory_of(tid: Tid, addr: u64, len: usize) -> Result<Vec<u8>, Errno> {
     let mut buf = vec![0u8; len];
     let local = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
@@ -96,15 +230,12 @@ pub fn read_memory(pid: Pid, addr: u64, len: usize) -> Result<Vec<u8>, String> {
         iov_len: len,
     };
     // SAFETY: local points to `len` writable bytes; remote is only read by the kernel.
-    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    let n = unsafe { libc::process_vm_readv(tid, &local, 1, &remote, 1, 0) };
     if n < 0 {
-        return Err(format!(
-            "reading target memory failed: {}",
-            nix::errno::Errno::last().desc()
-        ));
+        return Err(Errno::last());
     }
     if n as usize != len {
-        return Err(format!("short read: {n} of {len} bytes"));
+        return Err(Errno::EFAULT);
     }
     Ok(buf)
 }
@@ -127,9 +258,24 @@ mod tests {
     }
 
     #[test]
+    fn status_fields() {
+        let s = Status::parse(
+            "Name:\twpd-target\nTgid:\t42\nUid:\t1000\t1001\t1002\t1003\nCapPrm:\t000001ffffffffff\nTracerPid:\t0\n",
+        );
+        assert_eq!(s.field("Name"), Some("wpd-target"));
+        assert_eq!(s.number::<i32>("Tgid"), Some(42));
+        assert_eq!(s.ids("Uid"), Some([1000, 1001, 1002]));
+        assert_eq!(s.mask("CapPrm"), Some(0x1ff_ffff_ffff));
+        assert_eq!(s.number::<i32>("TracerPid"), Some(0));
+        assert_eq!(s.field("Tgi"), None, "a prefix of a name is not the name");
+        assert_eq!(s.field("Gid"), None);
+    }
+
+    #[test]
     fn reads_own_memory() {
         let x: u64 = 0x1122_3344_5566_7788;
-        let v = read_memory(std::process::id() as Pid, &x as *const u64 as u64, 8).unwrap();
+        let me = std::process::id() as Pid;
+        let v = read_memory(me, me, &x as *const u64 as u64, 8).unwrap();
         assert_eq!(v, x.to_le_bytes());
     }
 }

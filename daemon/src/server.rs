@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::Server;
 use wpd_proto::v1::watchpoints_server::WatchpointsServer;
 
 use crate::core::Core;
 use crate::rpc::Service;
+use crate::rpc::conn::{self, ActiveLayer, ConnLimits, Registry};
 
 /// Where to listen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,6 +109,38 @@ pub struct Options {
     pub limits: crate::core::Limits,
     /// PEM certificate chain and key for TLS on TCP.
     pub tls: Option<(Vec<u8>, Vec<u8>)>,
+    /// Connection limits.
+    pub conns: ConnLimits,
+    /// The ptrace state file (default: derived from the listen address, see
+    /// [`state_file_for`]).
+    pub state_file: Option<PathBuf>,
+}
+
+/// Longest a unary request may take, from its headers to its answer: a
+/// client that opens a request and never finishes sending it (a half-open
+/// stream) holds memory until then. Arming or detaching 10,000 threads takes
+/// a few seconds.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Where a daemon listening on `listen` keeps its ptrace state file: beside
+/// its socket (`/run/wpd/wpd.sock` → `/run/wpd/wpd.sock.ptrace-armed`), or
+/// under /run/wpd named after the TCP address, so that two daemons never
+/// share one. `WPD_STATE_FILE` overrides it.
+pub fn state_file_for(listen: &Listen) -> PathBuf {
+    if let Some(p) = std::env::var_os("WPD_STATE_FILE") {
+        return PathBuf::from(p);
+    }
+    match listen {
+        Listen::Unix(path) => {
+            let mut p = path.clone().into_os_string();
+            p.push(".ptrace-armed");
+            PathBuf::from(p)
+        }
+        Listen::Tcp(addr) => PathBuf::from(format!(
+            "/run/wpd/ptrace-armed-tcp-{}",
+            addr.to_string().replace([':', '[', ']'], "_")
+        )),
+    }
 }
 
 /// Refuses listener set-ups that would expose the daemon: TCP without a
@@ -116,6 +148,16 @@ pub struct Options {
 pub fn check_listen(listen: &Listen, opts: &Options) -> Result<(), String> {
     match listen {
         Listen::Tcp(addr) => {
+            if let Some(t) = &opts.token
+                && t.len() > crate::rpc::auth::MAX_TOKEN_LEN
+            {
+                return Err(format!(
+                    "the token is {} bytes; at most {} are accepted (an HTTP/2 header that long \
+                     would be refused before any check)",
+                    t.len(),
+                    crate::rpc::auth::MAX_TOKEN_LEN
+                ));
+            }
             if opts.token.as_deref().is_none_or(str::is_empty) {
                 return Err(
                     "TCP needs a token: start with --token-file PATH (callers send \
@@ -145,6 +187,11 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
         bail!("{e}");
     }
     raise_fd_limit();
+    let state_file = opts
+        .state_file
+        .clone()
+        .unwrap_or_else(|| state_file_for(&listen));
+    crate::core::set_state_file(state_file);
     // A previous daemon killed with ptrace registers armed left targets that
     // die on their next hit: clear them before anything else.
     let cleaned = std::thread::spawn(crate::core::recover_from_state_file)
@@ -167,10 +214,17 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
     let auth = crate::rpc::auth::AuthConfig {
         token: opts.token.as_deref().map(Into::into),
     };
-    let svc = WatchpointsServer::new(Service::new(core.clone(), auth))
+    let registry = Arc::new(Registry::default());
+    let svc = WatchpointsServer::new(Service::new(core.clone(), auth, registry.clone()))
         .max_decoding_message_size(16 << 20)
         .max_encoding_message_size(64 << 20);
-    let mut builder = Server::builder();
+    let mut builder = Server::builder()
+        .max_concurrent_streams(opts.conns.streams)
+        .http2_max_pending_accept_reset_streams(Some(64))
+        .http2_max_header_list_size(32 << 10)
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(60)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
+        .timeout(REQUEST_TIMEOUT);
     if let Some((cert, key)) = &opts.tls {
         let identity = tonic::transport::Identity::from_pem(cert, key);
         builder = builder
@@ -178,6 +232,7 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
             .context("TLS configuration")?;
     }
     let router = builder
+        .layer(ActiveLayer)
         .add_service(health_svc)
         .add_service(reflection)
         .add_service(svc);
@@ -208,7 +263,8 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
                 opts.socket_gid,
             )?;
             eprintln!("wpd: listening on unix:{}", path.display());
-            let serve = router.serve_with_incoming_shutdown(UnixListenerStream::new(l), shutdown);
+            let incoming = conn::unix_incoming(l, opts.conns, registry.clone());
+            let serve = router.serve_with_incoming_shutdown(incoming, shutdown);
             let r = tokio::select! { r = serve => r, _ = deadline => Ok(()) };
             let _ = std::fs::remove_file(path);
             r
@@ -218,7 +274,8 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("binding {addr}"))?;
             eprintln!("wpd: listening on tcp://{}", l.local_addr()?);
-            let serve = router.serve_with_incoming_shutdown(TcpListenerStream::new(l), shutdown);
+            let incoming = conn::tcp_incoming(l, opts.conns, registry.clone());
+            let serve = router.serve_with_incoming_shutdown(incoming, shutdown);
             tokio::select! { r = serve => r, _ = deadline => Ok(()) }
         }
     };

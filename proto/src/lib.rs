@@ -18,6 +18,62 @@ pub const DEFAULT_SOCKET: &str = "/run/wpd/wpd.sock";
 /// Name of the service as registered for health checks and reflection.
 pub const SERVICE_NAME: &str = "wpd.v1.Watchpoints";
 
+/// Longest bearer token the daemon accepts, in bytes (`wpd` refuses to
+/// start with a longer one, `wpctl` to send one).
+pub const MAX_TOKEN_LEN: usize = 4096;
+
+/// The `reason` of the `google.rpc.ErrorInfo` detail every error status of
+/// the daemon carries (domain [`reason::DOMAIN`]): what clients match on.
+pub mod reason {
+    /// `ErrorInfo.domain` of every error.
+    pub const DOMAIN: &str = "wpd.v1";
+    /// The watchpoint spec is impossible on this architecture (length,
+    /// alignment, address, access kind).
+    pub const BAD_SPEC: &str = "BAD_SPEC";
+    /// A request field is missing or malformed.
+    pub const INVALID_ARGUMENT: &str = "INVALID_ARGUMENT";
+    /// No such process.
+    pub const NO_SUCH_PROCESS: &str = "NO_SUCH_PROCESS";
+    /// The process is not attached.
+    pub const NOT_ATTACHED: &str = "NOT_ATTACHED";
+    /// The thread is not one of the process.
+    pub const NO_SUCH_THREAD: &str = "NO_SUCH_THREAD";
+    /// Unknown watchpoint id.
+    pub const NO_SUCH_WATCHPOINT: &str = "NO_SUCH_WATCHPOINT";
+    /// Threads without a free debug-register slot (metadata `tids`).
+    pub const OUT_OF_SLOTS: &str = "OUT_OF_SLOTS";
+    /// The caller may not act on the process.
+    pub const PERMISSION_DENIED: &str = "PERMISSION_DENIED";
+    /// No caller identity or a bad token.
+    pub const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
+    /// The backend asked for cannot work here.
+    pub const BACKEND_UNAVAILABLE: &str = "BACKEND_UNAVAILABLE";
+    /// The process is attached with another backend.
+    pub const BACKEND_MISMATCH: &str = "BACKEND_MISMATCH";
+    /// The feature needs another backend (stop on hit, only-on-change,
+    /// resume: ptrace).
+    pub const NEEDS_BACKEND: &str = "NEEDS_BACKEND";
+    /// The pid names a thread, not a process.
+    pub const NOT_A_PROCESS: &str = "NOT_A_PROCESS";
+    /// The process is the daemon itself.
+    pub const OWN_PROCESS: &str = "OWN_PROCESS";
+    /// pid 1 without `allow_init`.
+    pub const INIT_PROCESS: &str = "INIT_PROCESS";
+    /// The process exited during the request.
+    pub const PROCESS_EXITED: &str = "PROCESS_EXITED";
+    /// The process can no longer be watched (e.g. it executed a setuid
+    /// program, and the kernel detached every perf event).
+    pub const PROCESS_LOST: &str = "PROCESS_LOST";
+    /// Another tracer traces a thread.
+    pub const ALREADY_TRACED: &str = "ALREADY_TRACED";
+    /// A per-caller or daemon-wide limit.
+    pub const LIMIT_REACHED: &str = "LIMIT_REACHED";
+    /// Not enough file descriptors for perf events.
+    pub const FD_LIMIT: &str = "FD_LIMIT";
+    /// An unexpected kernel error.
+    pub const KERNEL_ERROR: &str = "KERNEL_ERROR";
+}
+
 /// Connecting to a daemon, for `wpctl`, tests and IDE-side Rust code.
 pub mod connect {
     use std::time::Duration;

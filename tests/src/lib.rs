@@ -883,6 +883,13 @@ impl TargetProc {
         field(&reply, "remaining")
     }
 
+    /// `leader-exit`: the main thread ends alone (its process lives on with a zombie leader);
+    /// returns the tid of the thread that now answers commands.
+    pub async fn leader_exit(&mut self) -> Result<i32> {
+        let reply = self.cmd("leader-exit").await?;
+        field(&reply, "commander")
+    }
+
     /// `ping`: returns (`VARS[0]`, thread count).
     pub async fn ping(&mut self) -> Result<(u64, usize)> {
         let reply = self.cmd("ping").await?;
@@ -996,19 +1003,31 @@ impl TargetProc {
     }
 
     /// `VARS[index]` read from outside through `/proc/<pid>/mem` (works while every thread of
-    /// the target is stopped).
+    /// the target is stopped), or through a live thread's `mem` once the main thread has
+    /// exited (a zombie leader has no memory to read).
     pub fn read_var(&self, index: usize) -> Result<u64> {
         use std::os::unix::fs::FileExt;
         let addr = *self
             .vars
             .get(index)
             .ok_or_else(|| anyhow!("no VARS[{index}]"))?;
-        let path = format!("/proc/{}/mem", self.pid);
+        let mut paths = vec![format!("/proc/{}/mem", self.pid)];
+        paths.extend(
+            self.tids()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|t| format!("/proc/{}/task/{t}/mem", self.pid)),
+        );
         let mut buf = [0u8; 8];
-        File::open(&path)
-            .and_then(|f| f.read_exact_at(&mut buf, addr))
-            .with_context(|| format!("reading VARS[{index}] at {addr:#x} from {path}"))?;
-        Ok(u64::from_le_bytes(buf))
+        let mut last = None;
+        for path in &paths {
+            match File::open(path).and_then(|f| f.read_exact_at(&mut buf, addr)) {
+                Ok(()) => return Ok(u64::from_le_bytes(buf)),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other("no thread")))
+            .with_context(|| format!("reading VARS[{index}] at {addr:#x} from {paths:?}"))
     }
 
     /// The state letter of every thread (field 3 of `/proc/<pid>/task/<tid>/stat`: `R`, `S`,
@@ -1600,6 +1619,7 @@ pub async fn attach(client: &mut Client, pid: i32, backend: Backend) -> Result<A
         client.attach(AttachRequest {
             pid,
             backend: backend as i32,
+            ..Default::default()
         }),
     )
     .await?;

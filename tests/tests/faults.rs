@@ -1452,6 +1452,7 @@ async fn perf_out_of_fds(how: FdRefusal) -> Result<()> {
         let r = rpc(client.attach(wpd_proto::v1::AttachRequest {
             pid: big.pid,
             backend: Backend::Perf as i32,
+            ..Default::default()
         }))
         .await?;
         expect_fd_limit("Attach", r, big_tasks * cpus, limit)?;

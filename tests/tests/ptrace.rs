@@ -703,6 +703,7 @@ async fn thread_traced_by_another_is_refused() -> Result<()> {
             let r = rpc(client.attach(AttachRequest {
                 pid,
                 backend: PTRACE as i32,
+                ..Default::default()
             }))
             .await?;
             let st = expect_status(

@@ -12,6 +12,7 @@ pub async fn run(ctx: &Ctx, args: &AttachArgs) -> Result<(), Error> {
     let request = AttachRequest {
         pid: args.pid,
         backend: backend_value(args.backend),
+        allow_init: args.allow_init,
     };
     let resp = ctx
         .unary(request, |mut c, r| async move { c.attach(r).await })

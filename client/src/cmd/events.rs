@@ -126,8 +126,16 @@ fn to_text(ev: &StreamEventsResponse) -> String {
             )
         }
         Some(Event::Dropped(d)) => format!(
-            "!! {} dropped (subscriber too slow)",
-            output::plural(d.count, "event")
+            "!! {} dropped (subscriber too slow; seq {}..={})",
+            output::plural(d.count, "event"),
+            d.first_seq,
+            d.last_seq
+        ),
+        Some(Event::ProcessLost(e)) => format!(
+            "{t} process-lost pid={} removed={}: {}",
+            e.pid,
+            id_list(&e.watchpoint_ids),
+            e.reason
         ),
         Some(Event::RecordsLost(l)) => format!(
             "!! {} lost in the kernel ring (daemon could not keep up with the hit rate)",
@@ -186,6 +194,14 @@ fn to_json(ev: &StreamEventsResponse) -> Value {
         Some(Event::Dropped(d)) => json!({
             "type": "dropped",
             "count": d.count,
+            "first_seq": d.first_seq,
+            "last_seq": d.last_seq,
+        }),
+        Some(Event::ProcessLost(e)) => json!({
+            "type": "process_lost",
+            "pid": e.pid,
+            "reason": e.reason,
+            "watchpoint_ids": e.watchpoint_ids,
         }),
         Some(Event::RecordsLost(l)) => json!({
             "type": "records_lost",
@@ -257,8 +273,12 @@ mod tests {
              addr=0x55d0c0a01040 old=2900000000000000 → value=2a00000000000000 le=42 STOPPED"
         );
         assert_eq!(
-            to_text(&ev(Event::Dropped(EventsDropped { count: 12 }))),
-            "!! 12 events dropped (subscriber too slow)"
+            to_text(&ev(Event::Dropped(EventsDropped {
+                count: 12,
+                first_seq: 3,
+                last_seq: 14,
+            }))),
+            "!! 12 events dropped (subscriber too slow; seq 3..=14)"
         );
         assert_eq!(
             to_text(&ev(Event::ThreadStarted(ThreadStarted {

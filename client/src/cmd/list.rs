@@ -106,6 +106,7 @@ mod tests {
                 Watchpoint {
                     id: 7,
                     spec: Some(WatchpointSpec {
+                        allow_init: false,
                         pid: 123,
                         tids: vec![124, 125],
                         address: 0x1040,
@@ -124,6 +125,7 @@ mod tests {
                 Watchpoint {
                     id: 8,
                     spec: Some(WatchpointSpec {
+                        allow_init: false,
                         pid: 123,
                         tids: vec![],
                         address: 0x1048,

@@ -21,6 +21,7 @@ pub async fn run(ctx: &Ctx, args: &WatchArgs) -> Result<(), Error> {
             backend: backend_value(args.backend),
             action: HitAction::from(args.action) as i32,
             only_on_change: args.on_change,
+            allow_init: args.allow_init,
         }),
     };
     let resp = ctx
@@ -100,6 +101,7 @@ mod tests {
                     backend: 0,
                     action: action as i32,
                     only_on_change,
+                    ..Default::default()
                 }),
                 hits: 0,
                 created_at_ns: 5,

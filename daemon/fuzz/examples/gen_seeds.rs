@@ -136,6 +136,7 @@ fn decode_spec_seeds() -> Vec<(&'static str, Vec<u8>)> {
                 &pb::AttachRequest {
                     pid: 99,
                     backend: 2,
+                    ..Default::default()
                 },
             ),
         ),
@@ -146,6 +147,7 @@ fn decode_spec_seeds() -> Vec<(&'static str, Vec<u8>)> {
                 &pb::AttachRequest {
                     pid: i32::MIN,
                     backend: -3,
+                    ..Default::default()
                 },
             ),
         ),

@@ -629,25 +629,7 @@ pub fn parse_record(ty: u32, misc: u16, body: &[u8]) -> Option<Record> {
     }
 }
 
-/// CLOCK_MONOTONIC now, in nanoseconds (the clock of every record).
-pub fn monotonic_ns() -> u64 {
-    clock_ns(libc::CLOCK_MONOTONIC)
-}
-
-/// CLOCK_REALTIME now, in nanoseconds since the Unix epoch.
-pub fn realtime_ns() -> u64 {
-    clock_ns(libc::CLOCK_REALTIME)
-}
-
-fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid out pointer.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use crate::clock::{monotonic_ns, realtime_ns};
 
 #[cfg(test)]
 mod tests {

@@ -778,8 +778,23 @@ fn reap_flags() -> WaitPidFlag {
     WaitPidFlag::__WALL | WaitPidFlag::__WNOTHREAD | WaitPidFlag::WNOHANG
 }
 
-fn seize_options() -> ptrace::Options {
+/// Options of every tracee.
+fn base_options() -> ptrace::Options {
     ptrace::Options::PTRACE_O_TRACECLONE | ptrace::Options::PTRACE_O_TRACEEXEC
+}
+
+/// Options of tracee `tid` of `pid`: the leader also reports its exit
+/// (`PTRACE_EVENT_EXIT`). A leader that ends alone (`pthread_exit` in
+/// `main`) stays a zombie until the last thread exits, and a traced zombie
+/// can neither be stopped nor detached (kernel-facts §3b): it is detached at
+/// that stop instead, the last moment it can be. Other threads exit without
+/// the stop (a thread exit costs no round trip to the tracer).
+fn seize_options(pid: Pid, tid: Tid) -> ptrace::Options {
+    if tid == pid {
+        base_options() | ptrace::Options::PTRACE_O_TRACEEXIT
+    } else {
+        base_options()
+    }
 }
 
 fn is_stop_signal(s: Signal) -> bool {
@@ -922,7 +937,7 @@ impl Tracer {
             Cmd::Seize { pid, tids, reply } => {
                 let mut out = Vec::with_capacity(tids.len());
                 for tid in tids {
-                    let r = ptrace::seize(npid(tid), seize_options());
+                    let r = ptrace::seize(npid(tid), seize_options(pid, tid));
                     if r.is_ok() {
                         self.tracees.insert(tid, Tracee::new(pid));
                         self.owner.insert(tid, self.index);
@@ -1444,11 +1459,15 @@ impl Tracer {
                     t.applied_dr7 = 0;
                 }
                 let pid = self.tracees.get(&tid).map(|t| t.pid).unwrap_or(tid);
+                // The thread that called exec is the leader now (it took
+                // the pid): it must report its exit as leaders do.
+                let _ = ptrace::setoptions(npid(tid), seize_options(pid, tid));
                 if let Some(sink) = self.sink.upgrade() {
                     sink.exec(pid, tid);
                 }
                 self.after_stop(tid, None);
             }
+            libc::PTRACE_EVENT_EXIT => self.exit_stop(tid),
             libc::PTRACE_EVENT_STOP => {
                 let group = is_stop_signal(sig);
                 let t = self.tracees.get_mut(&tid).expect("adopted above");
@@ -1475,6 +1494,30 @@ impl Tracer {
         }
     }
 
+    /// `PTRACE_EVENT_EXIT` (leaders only, see [`seize_options`]): the
+    /// thread is on its way out and runs no more user code. Detached here,
+    /// it leaves no traced zombie behind; to the daemon it has exited.
+    fn exit_stop(&mut self, tid: Tid) {
+        let Some(t) = self.tracees.remove(&tid) else {
+            let _ = ptrace::detach(npid(tid), None);
+            return;
+        };
+        self.owner.remove(&tid);
+        let _ = ptrace::detach(npid(tid), None);
+        if let Some(id) = t.park_next {
+            self.park_progress(id, None);
+        }
+        for (batch, p) in t.pending {
+            self.resolve(batch, p, ProgramResult::Gone);
+        }
+        if let Some(d) = t.detach {
+            let _ = d.send(1);
+        }
+        if let Some(sink) = self.sink.upgrade() {
+            sink.thread_exited(t.pid, tid);
+        }
+    }
+
     /// First stop of a new thread with a known parent: arm it with the
     /// process-wide watchpoints before it runs its first instruction.
     fn arm_fresh(&mut self, tid: Tid) {
@@ -1483,6 +1526,11 @@ impl Tracer {
         };
         let parent = t.fresh.take().unwrap_or(0);
         let pid = t.pid;
+        if parent == pid || parent == 0 {
+            // Created by the leader: it inherited the leader's
+            // PTRACE_O_TRACEEXIT, which only a leader needs.
+            let _ = ptrace::setoptions(npid(tid), base_options());
+        }
         let Some(sink) = self.sink.upgrade() else {
             self.after_stop(tid, None);
             return;

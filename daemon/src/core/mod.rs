@@ -28,7 +28,7 @@ use crate::sched::Boost;
 mod perf_ops;
 mod ptrace_ops;
 
-pub use ptrace_ops::{recover_from_state_file, state_file};
+pub use ptrace_ops::{recover_from_state_file, set_state_file, state_file};
 
 /// An attached process.
 #[derive(Debug)]
@@ -44,6 +44,10 @@ pub struct Process {
     /// Start time (`/proc/PID/stat` field 22), to tell the process from a
     /// later one with the same pid (0 if unknown).
     pub start_time: u64,
+    /// Its credentials at attach (uids, gids, permitted capabilities): an
+    /// exec that changes them (a setuid or setgid program, file
+    /// capabilities) ends the attachment.
+    creds: Option<([u32; 3], [u32; 3], u64)>,
     /// Thread-tracking events; kept until detach because threads created by
     /// a tracked thread carry kernel copies that die with the original.
     trackers: Mutex<Vec<OwnedFd>>,
@@ -194,7 +198,13 @@ pub struct Limits {
     pub processes: usize,
     /// Event subscribers at once.
     pub subscribers: usize,
+    /// Event subscribers one unprivileged caller (uid) may have at once.
+    pub subscribers_per_caller: usize,
 }
+
+/// Event subscriptions only privileged callers may take (of
+/// `Limits::subscribers`): one user's streams cannot lock root out.
+pub const SUBSCRIBER_RESERVE: usize = 16;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -202,6 +212,7 @@ impl Default for Limits {
             watchpoints_per_caller: 4096,
             processes: 1024,
             subscribers: 256,
+            subscribers_per_caller: 32,
         }
     }
 }
@@ -231,6 +242,8 @@ pub struct Core {
     state_written: Mutex<String>,
     /// Threads whose EXIT record was read before their FORK record.
     early_exits: Mutex<perf_ops::EarlyExits>,
+    /// Serialises the limit check and registration of new subscribers.
+    subscribing: Mutex<()>,
 }
 
 impl std::fmt::Debug for Core {
@@ -251,6 +264,9 @@ enum Job {
     Exec(Pid),
     /// Rewrite the ptrace state file.
     SaveState,
+    /// The perf backend tracks no thread of the process any more: if the
+    /// process lives on, the kernel took our events off it.
+    CheckLost(Pid),
 }
 
 fn perf_err(e: PerfError) -> WpdError {
@@ -288,11 +304,12 @@ impl Core {
             next_id: AtomicU64::new(1),
             hits: AtomicU64::new(0),
             started: Instant::now(),
-            clock_offset: perf::realtime_ns().saturating_sub(perf::monotonic_ns()),
+            clock_offset: crate::clock::realtime_ns().saturating_sub(crate::clock::monotonic_ns()),
             stop: AtomicBool::new(false),
             reconcile_tx: Mutex::new(None),
             state_written: Mutex::new(String::new()),
             early_exits: Mutex::new(perf_ops::EarlyExits::default()),
+            subscribing: Mutex::new(()),
         });
         if core.perf.is_ok() {
             let c = core.clone();
@@ -366,13 +383,17 @@ impl Core {
     }
 
     /// Attaches `pid` (idempotent). Returns the process and whether this call
-    /// attached it. Blocking.
+    /// attached it. The daemon itself is refused, and pid 1 unless
+    /// `allow_init`. Blocking.
     pub fn attach(
         self: &Arc<Self>,
         pid: Pid,
         backend: Option<BackendKind>,
-        _caller_uid: u32,
+        allow_init: bool,
     ) -> Result<(Arc<Process>, bool), WpdError> {
+        if pid == std::process::id() as Pid {
+            return Err(WpdError::OwnProcess(pid));
+        }
         if let Some(p) = self.procs.get(&pid).map(|p| p.clone()) {
             if let Some(asked) = backend
                 && asked != p.backend
@@ -387,6 +408,9 @@ impl Core {
         }
         let backend = self.check_backend(backend)?;
         procfs::check_process(pid)?;
+        if pid == 1 && !allow_init {
+            return Err(WpdError::InitProcess);
+        }
         if self.procs.len() >= self.limits.processes {
             return Err(WpdError::LimitReached {
                 what: "attached processes",
@@ -397,9 +421,10 @@ impl Core {
         let proc = Arc::new(Process {
             pid,
             backend,
-            attached_at_ns: perf::realtime_ns(),
+            attached_at_ns: crate::clock::realtime_ns(),
             comm: procfs::comm(pid, pid).unwrap_or_default(),
             start_time: procfs::start_time(pid).unwrap_or(0),
+            creds: procfs::creds(pid),
             trackers: Mutex::new(Vec::new()),
             watches: Mutex::new(BTreeSet::new()),
             op: Mutex::new(()),
@@ -568,16 +593,42 @@ impl Core {
         self.watches.get(&id).map(|w| w.spec.pid)
     }
 
-    /// Refuses a new subscriber over the limit.
-    pub fn check_subscriber_limit(&self) -> Result<(), WpdError> {
-        if self.bus.subscribers() >= self.limits.subscribers {
-            return Err(WpdError::LimitReached {
-                what: "event subscribers",
-                limit: self.limits.subscribers,
-                hint: "close another event stream first",
-            });
+    /// A new event subscription for caller `uid`, within the limits: at
+    /// most `subscribers_per_caller` for one unprivileged uid, and the last
+    /// `SUBSCRIBER_RESERVE` of `subscribers` kept for privileged callers.
+    pub fn subscribe(
+        &self,
+        uid: u32,
+        privileged: bool,
+    ) -> Result<crate::events::Subscription, WpdError> {
+        let _one_at_a_time = self.subscribing.lock().unwrap();
+        let total = self.bus.subscribers(None);
+        if privileged {
+            if total >= self.limits.subscribers {
+                return Err(WpdError::LimitReached {
+                    what: "event subscribers",
+                    limit: self.limits.subscribers,
+                    hint: "close another event stream first",
+                });
+            }
+        } else {
+            let open_to_all = self.limits.subscribers.saturating_sub(SUBSCRIBER_RESERVE);
+            if total >= open_to_all {
+                return Err(WpdError::LimitReached {
+                    what: "event subscribers (the rest is reserved for privileged callers)",
+                    limit: open_to_all,
+                    hint: "close another event stream first",
+                });
+            }
+            if self.bus.subscribers(Some(uid)) >= self.limits.subscribers_per_caller {
+                return Err(WpdError::LimitReached {
+                    what: "event subscribers per caller",
+                    limit: self.limits.subscribers_per_caller,
+                    hint: "close another of your event streams first",
+                });
+            }
         }
-        Ok(())
+        Ok(self.bus.subscribe(uid, privileged))
     }
 
     /// Ends every event stream (first step of shutdown).
@@ -613,7 +664,55 @@ impl Core {
                 hint: "remove some first",
             });
         }
-        let (proc, _) = self.attach(spec.pid, spec.backend, owner)?;
+        // What a perf watchpoint cannot do is refused before anything is
+        // attached.
+        let backend = self
+            .procs
+            .get(&spec.pid)
+            .map(|p| p.backend)
+            .or(spec.backend)
+            .unwrap_or(BackendKind::Perf);
+        if backend == BackendKind::Perf {
+            if spec.action != HitAction::Log {
+                return Err(WpdError::NeedsBackend {
+                    feature: "stopping on a hit",
+                    needs: BackendKind::Ptrace,
+                    hint: " (attach with backend ptrace); the perf backend never stops the target",
+                });
+            }
+            if spec.only_on_change {
+                return Err(WpdError::NeedsBackend {
+                    feature: "only-on-change",
+                    needs: BackendKind::Ptrace,
+                    hint: ", which compares values while the thread is stopped; perf reads values \
+                           too late to tell",
+                });
+            }
+        }
+        let (proc, newly) = self.attach(spec.pid, spec.backend, spec.allow_init)?;
+        let set = self.set_watchpoint_on(&proc, spec, owner);
+        if set.is_err() && newly {
+            // A refused request changes nothing: the attach it made goes too
+            // (unless another request put a watchpoint there meanwhile).
+            let _op = proc.op.lock().unwrap();
+            if proc.watches.lock().unwrap().is_empty() && !proc.gone.load(Ordering::SeqCst) {
+                drop(_op);
+                if let Some(t) = proc.exit_watch.lock().unwrap().take() {
+                    t.abort();
+                }
+                self.forget_process(&proc);
+            }
+        }
+        set.map(|view| (view, t_start.elapsed()))
+    }
+
+    /// Sets a watchpoint on an attached process (see `set_watchpoint`).
+    fn set_watchpoint_on(
+        self: &Arc<Self>,
+        proc: &Arc<Process>,
+        spec: WatchSpec,
+        owner: u32,
+    ) -> Result<WatchView, WpdError> {
         if let Some(asked) = spec.backend
             && asked != proc.backend
         {
@@ -622,22 +721,6 @@ impl Core {
                 attached: proc.backend,
                 asked,
             });
-        }
-        if proc.backend == BackendKind::Perf {
-            if spec.action != HitAction::Log {
-                return Err(WpdError::InvalidArgument(
-                    "stopping on a hit needs the ptrace backend (attach with backend ptrace); \
-                     the perf backend never stops the target"
-                        .into(),
-                ));
-            }
-            if spec.only_on_change {
-                return Err(WpdError::InvalidArgument(
-                    "only-on-change needs the ptrace backend, which compares values while the \
-                     thread is stopped; perf reads values too late to tell"
-                        .into(),
-                ));
-            }
         }
         let _op = proc.op.lock().unwrap();
         let _rt = Boost::enter();
@@ -662,7 +745,7 @@ impl Core {
             id,
             spec: spec.clone(),
             process_wide,
-            created_at_ns: perf::realtime_ns(),
+            created_at_ns: crate::clock::realtime_ns(),
             hits: AtomicU64::new(0),
             last_value: Mutex::new(None),
             backend: proc.backend,
@@ -670,8 +753,9 @@ impl Core {
             events: Mutex::new(Vec::new()),
         });
         if spec.only_on_change {
-            *watch.last_value.lock().unwrap() =
-                procfs::read_memory(pid, spec.addr, spec.len.bytes() as usize).ok();
+            *watch.last_value.lock().unwrap() = procfs::live_thread(pid).and_then(|via| {
+                procfs::read_memory(pid, via, spec.addr, spec.len.bytes() as usize).ok()
+            });
         }
         // Registered before the thread snapshot: a thread born from here on
         // gets it at birth (ptrace: `thread_started`; perf: reconcile), and
@@ -693,8 +777,8 @@ impl Core {
             .reserve_all(&tids, id, process_wide, proc.backend)
             .map_err(|conflicts| WpdError::OutOfSlots { pid, conflicts })
             .and_then(|res| match proc.backend {
-                BackendKind::Perf => self.arm_perf(&proc, &watch, &res),
-                BackendKind::Ptrace => self.arm_ptrace(&proc, &watch, &res),
+                BackendKind::Perf => self.arm_perf(proc, &watch, &res),
+                BackendKind::Ptrace => self.arm_ptrace(proc, &watch, &res),
             });
         // The process may have exited while it was being armed.
         let armed = armed.and_then(|()| {
@@ -719,7 +803,7 @@ impl Core {
         }
         self.write_state_now();
         drop(_op);
-        Ok((self.view(&watch), t_start.elapsed()))
+        Ok(self.view(&watch))
     }
 
     fn reconcile_loop(self: Arc<Self>, rx: mpsc::Receiver<Job>) {
@@ -729,10 +813,14 @@ impl Core {
                 jobs.insert(j);
             }
             for job in jobs {
-                let (Job::Reconcile(pid) | Job::Exec(pid)) = job else {
+                let (Job::Reconcile(pid) | Job::Exec(pid) | Job::CheckLost(pid)) = job else {
                     self.write_state_now();
                     continue;
                 };
+                if let Job::CheckLost(pid) = job {
+                    self.check_lost(pid);
+                    continue;
+                }
                 let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
                     continue;
                 };
@@ -743,7 +831,7 @@ impl Core {
                 match job {
                     Job::Reconcile(_) => self.reconcile_locked(&proc),
                     Job::Exec(_) => self.exec_locked(&proc),
-                    Job::SaveState => {}
+                    Job::SaveState | Job::CheckLost(_) => {}
                 }
             }
         }
@@ -752,7 +840,7 @@ impl Core {
     /// After exec the kernel has dropped our breakpoints (`remove_on_exec`):
     /// they would otherwise fire in an unrelated program image. Report each
     /// as removed; the process stays attached (trackers survive exec).
-    fn exec_locked(&self, proc: &Process) {
+    fn exec_locked(&self, proc: &Arc<Process>) {
         let ids: Vec<u64> = proc.watches.lock().unwrap().iter().copied().collect();
         for id in ids {
             if let Some(w) = self.take_watch(proc, id) {
@@ -767,6 +855,75 @@ impl Core {
             pid = proc.pid,
             "process called exec: its watchpoints were removed"
         );
+        if procfs::creds(proc.pid).is_some_and(|now| Some(now) != proc.creds) {
+            self.lose_locked(
+                proc,
+                "it executed a program that changed its credentials (setuid, setgid or file \
+                 capabilities); attach again to watch the new program"
+                    .into(),
+            );
+        }
+    }
+
+    /// The perf backend lost every thread of `pid`. If the process still
+    /// has live threads after a moment (an exiting process has none within
+    /// milliseconds), the kernel took our events off it: a setuid or setgid
+    /// exec detaches every perf event (`begin_new_exec`), and nothing would
+    /// ever fire again.
+    fn check_lost(&self, pid: Pid) {
+        for _ in 0..10 {
+            let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
+                return;
+            };
+            if self.ledger.thread_count(pid) > 0 || procfs::live_thread(pid).is_none() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            if self.ledger.thread_count(pid) == 0 && procfs::live_thread(pid).is_some() {
+                let _op = proc.op.lock().unwrap();
+                if proc.gone.load(Ordering::SeqCst) {
+                    return;
+                }
+                if procfs::live_thread(pid).is_some() && self.ledger.thread_count(pid) == 0 {
+                    self.lose_locked(
+                        &proc,
+                        "the kernel detached every perf event from it (it executed a setuid or \
+                         setgid program); attach again to watch the new program"
+                            .into(),
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Ends the attachment of a process the daemon can no longer watch:
+    /// every watchpoint removed, the process detached, and a
+    /// `ProcessLost` event saying why. Caller holds `proc.op`.
+    fn lose_locked(&self, proc: &Arc<Process>, reason: String) {
+        proc.gone.store(true, Ordering::SeqCst);
+        let ids: Vec<u64> = proc.watches.lock().unwrap().iter().copied().collect();
+        let mut removed = Vec::new();
+        for id in ids {
+            if let Some(w) = self.take_watch(proc, id) {
+                self.bus.publish(EventKind::WatchpointRemoved {
+                    id: w.id,
+                    pid: proc.pid,
+                    reason: "process lost",
+                });
+                removed.push(w.id);
+            }
+        }
+        if let Some(t) = proc.exit_watch.lock().unwrap().take() {
+            t.abort();
+        }
+        tracing::warn!(pid = proc.pid, "{reason}");
+        self.bus.publish(EventKind::ProcessLost {
+            pid: proc.pid,
+            reason,
+            watchpoints: removed,
+        });
+        self.forget_process(proc);
     }
 
     fn schedule(&self, job: Job) {
@@ -919,10 +1076,9 @@ impl Core {
         self.drain_now();
         let mut tids = self.ledger.tids(pid);
         if !only.is_empty() {
-            for &t in only {
-                if !tids.contains(&t) {
-                    return Err(WpdError::NoSuchThread { pid, tid: t });
-                }
+            let known: std::collections::HashSet<Tid> = tids.iter().copied().collect();
+            if let Some(&t) = only.iter().find(|t| !known.contains(t)) {
+                return Err(WpdError::NoSuchThread { pid, tid: t });
             }
             tids = only.to_vec();
         }
@@ -976,7 +1132,7 @@ impl Core {
         Ok(out)
     }
 
-    /// Counters.
+    /// Daemon-wide counters.
     pub fn stats(&self) -> Stats {
         Stats {
             processes: self.procs.len() as u32,
@@ -985,10 +1141,42 @@ impl Core {
             hits: self.hits.load(Ordering::Relaxed),
             kernel_lost: self.perf.as_ref().map(|p| p.lost()).unwrap_or(0),
             perf_fds: self.perf.as_ref().map(|p| p.open_fds()).unwrap_or(0),
-            subscribers: self.bus.subscribers() as u32,
-            subscriber_dropped: self.bus.dropped(),
+            subscribers: self.bus.subscribers(None) as u32,
+            subscriber_dropped: self.bus.dropped(None),
             ledger_hold: self.ledger.hold_summary(),
             uptime: self.started.elapsed(),
+        }
+    }
+
+    /// The counters one unprivileged caller may see: of the processes
+    /// `visible` to it (hits of their current watchpoints) and of its own
+    /// subscriptions; daemon-wide figures are left at 0.
+    pub fn stats_for(&self, uid: u32, visible: impl Fn(Pid) -> bool) -> Stats {
+        let pids: Vec<Pid> = self
+            .procs
+            .iter()
+            .map(|p| p.pid)
+            .filter(|&p| visible(p))
+            .collect();
+        let (mut watchpoints, mut hits) = (0, 0);
+        for w in self.watches.iter() {
+            if pids.contains(&w.spec.pid) {
+                watchpoints += 1;
+                hits += w.hits.load(Ordering::Relaxed);
+            }
+        }
+        Stats {
+            processes: pids.len() as u32,
+            threads: pids
+                .iter()
+                .map(|&p| self.ledger.thread_count(p) as u64)
+                .sum(),
+            watchpoints,
+            hits,
+            subscribers: self.bus.subscribers(Some(uid)) as u32,
+            subscriber_dropped: self.bus.dropped(Some(uid)),
+            uptime: self.started.elapsed(),
+            ..Stats::default()
         }
     }
 

@@ -141,7 +141,7 @@ impl Core {
                     c.untried.extend_from_slice(&chunk[i..]);
                     break;
                 }
-                let t0 = perf::monotonic_ns();
+                let t0 = crate::clock::monotonic_ns();
                 match perf.open_breakpoint(
                     r.tid,
                     spec.addr,
@@ -151,7 +151,7 @@ impl Core {
                     &sink,
                 ) {
                     Ok(ev) => {
-                        c.times.push((t0, perf::monotonic_ns()));
+                        c.times.push((t0, crate::clock::monotonic_ns()));
                         c.opened.push((r.tid, ev));
                         c.ok.push(*r);
                     }
@@ -384,10 +384,10 @@ impl Core {
         let sink = |eid: u64| {
             self.event_ids.insert(eid, w.id.0);
         };
-        let t0 = perf::monotonic_ns();
+        let t0 = crate::clock::monotonic_ns();
         match perf.open_breakpoint(tid, w.spec.addr, w.spec.len, w.spec.access, true, &sink) {
             Ok(ev) => {
-                let t1 = perf::monotonic_ns();
+                let t1 = crate::clock::monotonic_ns();
                 self.ledger.commit(&res, Some(&[(t0, t1)]));
                 w.events.lock().unwrap().push((tid, ev));
             }
@@ -493,7 +493,7 @@ impl Core {
                 w.hits.fetch_add(1, Ordering::Relaxed);
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 let len = w.spec.len.bytes();
-                let (value, value_read_ns) = values.read(pid, addr, len);
+                let (value, value_read_ns) = values.read(pid, tid, addr, len);
                 self.bus.publish(EventKind::Hit(HitEvent {
                     id: w.id,
                     pid,
@@ -552,6 +552,9 @@ impl Core {
                 {
                     self.ledger.remove_thread(tid);
                     self.bus.publish(EventKind::ThreadExited { pid, tid });
+                    if self.ledger.thread_count(pid) == 0 {
+                        self.schedule(Job::CheckLost(pid));
+                    }
                 } else if self.procs.contains_key(&pid) {
                     self.early_exits.lock().unwrap().insert(tid, time);
                 }
@@ -656,13 +659,13 @@ impl ValueCache {
     /// watched ranges than this reads the others every time.
     const CAP: usize = 64;
 
-    fn read(&mut self, pid: Pid, addr: u64, len: u32) -> (Result<Vec<u8>, String>, u64) {
+    fn read(&mut self, pid: Pid, via: Tid, addr: u64, len: u32) -> (Result<Vec<u8>, String>, u64) {
         let key = (pid, addr, len);
         if let Some((_, v, ns)) = self.read.iter().find(|(k, _, _)| *k == key) {
             return (v.clone(), *ns);
         }
-        let v = procfs::read_memory(pid, addr, len as usize);
-        let ns = perf::realtime_ns();
+        let v = procfs::read_memory(pid, via, addr, len as usize);
+        let ns = crate::clock::realtime_ns();
         if self.read.len() < Self::CAP {
             self.read.push((key, v.clone(), ns));
         }

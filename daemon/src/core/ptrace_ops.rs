@@ -13,7 +13,6 @@ use nix::errno::Errno;
 use super::perf_ops::fan_out;
 use super::{Core, Job, Process, Watch};
 use crate::arch::current as arch;
-use crate::backend::perf;
 use crate::backend::ptrace::{
     HitVerdict, ProgramResult, PtraceBackend, SlotProgram, TraceSink, tracer_of,
 };
@@ -69,11 +68,24 @@ pub(super) fn start_ptrace(core: Weak<Core>) -> Result<PtraceBackend, String> {
     Ok(PtraceBackend::new(shards, sink))
 }
 
-/// Where the list of threads with ptrace-armed registers is kept.
+/// The state file chosen at start-up ([`set_state_file`]).
+static STATE_FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Sets where the list of ptrace-attached processes is kept (once, before
+/// the core starts; the server derives it from the listen address).
+pub fn set_state_file(path: PathBuf) {
+    let _ = STATE_FILE.set(path);
+}
+
+/// Where the list of ptrace-attached processes is kept: what
+/// [`set_state_file`] set, else `WPD_STATE_FILE`, else
+/// `/run/wpd/wpd.sock.ptrace-armed` (the default socket's).
 pub fn state_file() -> PathBuf {
-    std::env::var_os("WPD_STATE_FILE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/run/wpd/ptrace-armed"))
+    STATE_FILE
+        .get()
+        .cloned()
+        .or_else(|| std::env::var_os("WPD_STATE_FILE").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(format!("{}.ptrace-armed", wpd_proto::DEFAULT_SOCKET)))
 }
 
 impl Core {
@@ -94,10 +106,13 @@ impl Core {
         let mut seen: HashSet<Tid> = HashSet::new();
         let result = (|| {
             loop {
+                // A thread that has exited (a leader that ended alone stays
+                // a zombie while the others run) cannot be seized (EPERM)
+                // and runs no code: it is not watched.
                 let tids: Vec<Tid> = procfs::tasks(proc.pid)
                     .map_err(|_| WpdError::NoSuchProcess(proc.pid))?
                     .into_iter()
-                    .filter(|t| seen.insert(*t))
+                    .filter(|t| seen.insert(*t) && !procfs::thread_exited(proc.pid, *t))
                     .collect();
                 if tids.is_empty() {
                     return Ok(());
@@ -108,6 +123,7 @@ impl Core {
                             self.ledger.add_thread(proc.pid, tid);
                         }
                         Err(Errno::ESRCH) => {}
+                        Err(Errno::EPERM) if procfs::thread_exited(proc.pid, tid) => {}
                         Err(Errno::EPERM) => match tracer_of(tid) {
                             // Attached by the kernel at clone: ours already.
                             // TracerPid names the tracer *thread* (a shard).
@@ -275,10 +291,11 @@ impl Core {
             .map(|p| p.clone())
             .ok_or(WpdError::NotAttached(pid))?;
         if proc.backend != BackendKind::Ptrace {
-            return Err(WpdError::InvalidArgument(format!(
-                "process {pid} uses the {} backend, which never stops threads: nothing to resume",
-                proc.backend
-            )));
+            return Err(WpdError::NeedsBackend {
+                feature: "resuming threads",
+                needs: BackendKind::Ptrace,
+                hint: ": this process uses the perf backend, which never stops threads (nothing to resume)",
+            });
         }
         for &t in tids {
             if self.ledger.get(t).is_none_or(|r| r.pid != pid) {
@@ -329,8 +346,9 @@ impl Core {
         }
     }
 
-    fn hit_value(pid: Pid, w: &Watch) -> Result<Vec<u8>, String> {
-        procfs::read_memory(pid, w.spec.addr, w.spec.len.bytes() as usize)
+    /// The watched bytes, read through the stopped thread itself: exact.
+    fn hit_value(pid: Pid, tid: Tid, w: &Watch) -> Result<Vec<u8>, String> {
+        procfs::read_memory(pid, tid, w.spec.addr, w.spec.len.bytes() as usize)
     }
 }
 
@@ -499,7 +517,7 @@ impl TraceSink for Core {
             let Some(w) = self.watches.get(&id).map(|w| w.clone()) else {
                 continue;
             };
-            let value = Core::hit_value(pid, &w);
+            let value = Core::hit_value(pid, tid, &w);
             let mut old_value = None;
             if w.spec.only_on_change {
                 let mut last = w.last_value.lock().unwrap();
@@ -518,7 +536,7 @@ impl TraceSink for Core {
             };
             w.hits.fetch_add(1, Ordering::Relaxed);
             self.hits.fetch_add(1, Ordering::Relaxed);
-            let now = perf::realtime_ns();
+            let now = crate::clock::realtime_ns();
             self.bus.publish(EventKind::Hit(HitEvent {
                 id: w.id,
                 pid,

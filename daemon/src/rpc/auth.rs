@@ -1,11 +1,22 @@
-//! Who is calling: SO_PEERCRED on the Unix socket, a bearer token on TCP.
+//! Who is calling: the peer's credentials on the Unix socket (read once per
+//! connection, `conn`), a bearer token on TCP.
+//!
+//! Token rules (RFC 6750 §2.1, RFC 7235 §2.1): one `authorization` header,
+//! scheme `Bearer` in any case, the token compared in constant time. Tokens
+//! are at most [`MAX_TOKEN_LEN`] bytes, which the daemon checks at start-up
+//! and `wpctl` before sending (a longer header would hit the HTTP/2 header
+//! limit and fail without a word).
 
 use std::sync::Arc;
 
-use tonic::transport::server::UdsConnectInfo;
-use tonic::{Request, Status};
+use tonic::Request;
 
 use crate::authz::Caller;
+use crate::error::WpdError;
+use crate::rpc::conn::PeerInfo;
+
+/// Longest token accepted (bytes).
+pub const MAX_TOKEN_LEN: usize = wpd_proto::MAX_TOKEN_LEN;
 
 /// Authentication settings.
 #[derive(Debug, Clone, Default)]
@@ -25,30 +36,38 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// The caller of `req`.
-pub fn caller<T>(cfg: &AuthConfig, req: &Request<T>) -> Result<Caller, Status> {
-    if let Some(info) = req.extensions().get::<UdsConnectInfo>() {
-        let cred = info
-            .peer_cred
-            .ok_or_else(|| Status::unauthenticated("no peer credentials on the Unix socket"))?;
-        return Ok(Caller::from_peer(cred.uid(), cred.gid(), cred.pid()));
+pub fn caller<T>(cfg: &AuthConfig, req: &Request<T>) -> Result<Caller, WpdError> {
+    if let Some(caller) = req.extensions().get::<PeerInfo>().and_then(|p| p.caller) {
+        return Ok(caller);
     }
     let Some(token) = cfg.token.as_deref() else {
-        return Err(Status::unauthenticated(
-            "this transport has no caller identity and no token is configured",
+        return Err(WpdError::Unauthenticated(
+            "this transport has no caller identity and no token is configured".into(),
         ));
     };
-    let presented = req
-        .metadata()
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+    let mut headers = req.metadata().get_all("authorization").iter();
+    let (Some(header), None) = (headers.next(), headers.next()) else {
+        let n = req.metadata().get_all("authorization").iter().count();
+        return Err(WpdError::Unauthenticated(if n == 0 {
+            "missing `authorization: Bearer <token>` metadata".into()
+        } else {
+            format!("{n} `authorization` headers: send exactly one")
+        }));
+    };
+    let value = header
+        .to_str()
+        .map_err(|_| WpdError::Unauthenticated("the `authorization` header is not ASCII".into()))?;
+    let presented = value
+        .split_once(' ')
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim_start_matches(' '))
         .ok_or_else(|| {
-            Status::unauthenticated("missing `authorization: Bearer <token>` metadata")
+            WpdError::Unauthenticated("the `authorization` header must be `Bearer <token>`".into())
         })?;
     if constant_time_eq(presented.as_bytes(), token.as_bytes()) {
         Ok(Caller::privileged())
     } else {
-        Err(Status::unauthenticated("invalid token"))
+        Err(WpdError::Unauthenticated("invalid token".into()))
     }
 }
 
@@ -62,38 +81,51 @@ mod tests {
         }
     }
 
-    fn with_header(v: &str) -> Request<()> {
+    fn with_headers(values: &[&str]) -> Request<()> {
         let mut r = Request::new(());
-        r.metadata_mut().insert("authorization", v.parse().unwrap());
+        for v in values {
+            r.metadata_mut().append("authorization", v.parse().unwrap());
+        }
         r
+    }
+
+    fn refused(r: Result<Caller, WpdError>, why: &str) {
+        match r {
+            Err(WpdError::Unauthenticated(m)) => assert!(m.contains(why), "{m:?} lacks {why:?}"),
+            other => panic!("expected Unauthenticated({why:?}), got {other:?}"),
+        }
     }
 
     #[test]
     fn tokens() {
-        assert!(
-            caller(&cfg(), &with_header("Bearer s3cret"))
-                .unwrap()
-                .privileged
+        for ok in [
+            "Bearer s3cret",
+            "bearer s3cret",
+            "BEARER s3cret",
+            "Bearer  s3cret",
+        ] {
+            assert!(
+                caller(&cfg(), &with_headers(&[ok])).unwrap().privileged,
+                "{ok}"
+            );
+        }
+        refused(
+            caller(&cfg(), &with_headers(&["Bearer s3creT"])),
+            "invalid token",
         );
-        assert_eq!(
-            caller(&cfg(), &with_header("Bearer s3creT"))
-                .unwrap_err()
-                .code(),
-            tonic::Code::Unauthenticated
+        refused(caller(&cfg(), &with_headers(&["s3cret"])), "Bearer <token>");
+        refused(
+            caller(&cfg(), &with_headers(&["Basic s3cret"])),
+            "Bearer <token>",
         );
-        assert_eq!(
-            caller(&cfg(), &with_header("s3cret")).unwrap_err().code(),
-            tonic::Code::Unauthenticated
+        refused(caller(&cfg(), &Request::new(())), "missing");
+        refused(
+            caller(&cfg(), &with_headers(&["Bearer s3cret", "Bearer s3cret"])),
+            "2 `authorization` headers",
         );
-        assert_eq!(
-            caller(&cfg(), &Request::new(())).unwrap_err().code(),
-            tonic::Code::Unauthenticated
-        );
-        assert_eq!(
-            caller(&AuthConfig::default(), &with_header("Bearer x"))
-                .unwrap_err()
-                .code(),
-            tonic::Code::Unauthenticated
+        refused(
+            caller(&AuthConfig::default(), &with_headers(&["Bearer x"])),
+            "no token is configured",
         );
     }
 

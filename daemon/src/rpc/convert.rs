@@ -7,7 +7,7 @@ use crate::arch::{self, SpecError};
 use crate::core::{ProcessView, RunState, SlotView, ThreadView, WatchView};
 use crate::error::WpdError;
 use crate::events::{Event, EventKind};
-use crate::model::{Access, BackendKind, HitAction, Pid, Scope, WatchLen, WatchSpec};
+use crate::model::{Access, BackendKind, HitAction, Pid, Scope, Tid, WatchLen, WatchSpec};
 
 /// A pid from the wire: must be positive.
 pub fn pid(p: i32) -> Result<Pid, WpdError> {
@@ -17,6 +17,20 @@ pub fn pid(p: i32) -> Result<Pid, WpdError> {
         )));
     }
     Ok(p)
+}
+
+/// Thread ids from the wire: each positive; sorted, each once (a request
+/// that names a thread 100,000 times costs what naming it once does).
+pub fn tids(t: &[i32]) -> Result<Vec<Tid>, WpdError> {
+    if let Some(bad) = t.iter().find(|&&t| t <= 0) {
+        return Err(WpdError::InvalidArgument(format!(
+            "tid must be positive, got {bad}"
+        )));
+    }
+    let mut t = t.to_vec();
+    t.sort_unstable();
+    t.dedup();
+    Ok(t)
 }
 
 /// A backend from the wire (`None` = daemon default).
@@ -70,15 +84,7 @@ impl TryFrom<pb::WatchpointSpec> for WatchSpec {
         let scope = if s.tids.is_empty() {
             Scope::Process
         } else {
-            let mut t = s.tids.clone();
-            if let Some(bad) = t.iter().find(|&&t| t <= 0) {
-                return Err(WpdError::InvalidArgument(format!(
-                    "tid must be positive, got {bad}"
-                )));
-            }
-            t.sort_unstable();
-            t.dedup();
-            Scope::Threads(t)
+            Scope::Threads(tids(&s.tids)?)
         };
         Ok(WatchSpec {
             pid,
@@ -99,6 +105,7 @@ impl TryFrom<pb::WatchpointSpec> for WatchSpec {
                 }
             },
             only_on_change: s.only_on_change,
+            allow_init: s.allow_init,
         })
     }
 }
@@ -121,6 +128,7 @@ pub fn spec_to_pb(s: &WatchSpec) -> pb::WatchpointSpec {
             HitAction::StopAll => pb::HitAction::StopAll,
         } as i32,
         only_on_change: s.only_on_change,
+        allow_init: s.allow_init,
     }
 }
 
@@ -227,6 +235,15 @@ pub fn event_to_pb(e: &Event) -> pb::StreamEventsResponse {
             watchpoint_ids: watchpoints.iter().map(|w| w.0).collect(),
         }),
         EventKind::RecordsLost { count } => E::RecordsLost(pb::RecordsLost { count: *count }),
+        EventKind::ProcessLost {
+            pid,
+            reason,
+            watchpoints,
+        } => E::ProcessLost(pb::ProcessLost {
+            pid: *pid,
+            reason: reason.clone(),
+            watchpoint_ids: watchpoints.iter().map(|w| w.0).collect(),
+        }),
         EventKind::WatchpointRemoved { id, pid, reason } => {
             E::WatchpointRemoved(pb::WatchpointRemoved {
                 watchpoint_id: id.0,

@@ -6,6 +6,7 @@
 //! no lock is held across `.await`.
 
 pub mod auth;
+pub mod conn;
 pub mod convert;
 pub mod status;
 
@@ -30,25 +31,27 @@ use crate::model::{BackendKind, Pid, WatchId, WatchSpec};
 pub struct Service {
     core: Arc<Core>,
     auth: Arc<auth::AuthConfig>,
+    conns: Arc<conn::Registry>,
 }
 
 impl Service {
-    /// A service over `core`.
-    pub fn new(core: Arc<Core>, auth: auth::AuthConfig) -> Self {
+    /// A service over `core`; `conns` counts its connections (stats).
+    pub fn new(core: Arc<Core>, auth: auth::AuthConfig, conns: Arc<conn::Registry>) -> Self {
         Service {
             core,
             auth: Arc::new(auth),
+            conns,
         }
     }
 
     fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
-        auth::caller(&self.auth, req)
+        Ok(auth::caller(&self.auth, req)?)
     }
 }
 
 /// Checks that `caller` may act on `pid` (see `authz`).
 fn allow(caller: &Caller, pid: Pid) -> Result<(), Status> {
-    authz::check(caller, pid).map_err(|e| status::to_status(&e))
+    Ok(authz::check(caller, pid)?)
 }
 
 /// Runs a blocking core call off the async workers.
@@ -56,7 +59,7 @@ async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, WpdError> + Send + 'static,
 ) -> Result<T, Status> {
     match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r.map_err(|e| status::to_status(&e)),
+        Ok(r) => r.map_err(Status::from),
         Err(e) => Err(Status::internal(format!("request task failed: {e}"))),
     }
 }
@@ -107,12 +110,12 @@ impl Watchpoints for Service {
     ) -> Result<Response<pb::AttachResponse>, Status> {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
-        let pid = convert::pid(r.pid).map_err(|e| status::to_status(&e))?;
-        let backend = convert::backend(r.backend).map_err(|e| status::to_status(&e))?;
+        let pid = convert::pid(r.pid)?;
+        let backend = convert::backend(r.backend)?;
         allow(&caller, pid)?;
         let core = self.core.clone();
         let (view, newly) = blocking(move || {
-            let (_, newly) = core.attach(pid, backend, caller.uid)?;
+            let (_, newly) = core.attach(pid, backend, r.allow_init)?;
             core.process_view(pid)
                 .map(|v| (v, newly))
                 .ok_or(WpdError::ProcessExited(pid))
@@ -129,7 +132,7 @@ impl Watchpoints for Service {
         req: Request<pb::DetachRequest>,
     ) -> Result<Response<pb::DetachResponse>, Status> {
         let caller = self.caller(&req)?;
-        let pid = convert::pid(req.into_inner().pid).map_err(|e| status::to_status(&e))?;
+        let pid = convert::pid(req.into_inner().pid)?;
         allow(&caller, pid)?;
         let core = self.core.clone();
         let (w, t) = blocking(move || core.detach(pid)).await?;
@@ -147,7 +150,7 @@ impl Watchpoints for Service {
         let spec = req.into_inner().spec.ok_or_else(|| {
             status::to_status(&WpdError::InvalidArgument("spec is required".into()))
         })?;
-        let spec = WatchSpec::try_from(spec).map_err(|e| status::to_status(&e))?;
+        let spec = WatchSpec::try_from(spec)?;
         allow(&caller, spec.pid)?;
         let core = self.core.clone();
         let (view, took) = blocking(move || core.set_watchpoint(spec, caller.uid)).await?;
@@ -214,10 +217,11 @@ impl Watchpoints for Service {
     ) -> Result<Response<pb::ListThreadsResponse>, Status> {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
-        let pid = convert::pid(r.pid).map_err(|e| status::to_status(&e))?;
+        let pid = convert::pid(r.pid)?;
+        let tids = convert::tids(&r.tids)?;
         allow(&caller, pid)?;
         let core = self.core.clone();
-        let threads = blocking(move || core.threads(pid, &r.tids, r.probe)).await?;
+        let threads = blocking(move || core.threads(pid, &tids, r.probe)).await?;
         Ok(Response::new(pb::ListThreadsResponse {
             pid,
             threads: threads.iter().map(Into::into).collect(),
@@ -242,13 +246,11 @@ impl Watchpoints for Service {
         if r.pid > 0 {
             allow(&caller, r.pid)?;
         }
-        self.core
-            .check_subscriber_limit()
-            .map_err(|e| status::to_status(&e))?;
+        let sub = self.core.subscribe(caller.uid, caller.privileged)?;
         let feed = EventFeed {
-            events: tokio_stream::wrappers::BroadcastStream::new(self.core.bus.subscribe()),
+            events: tokio_stream::wrappers::BroadcastStream::new(sub.rx),
+            sub: sub.guard,
             shutdown: tokio_stream::wrappers::WatchStream::new(self.core.bus.closed()),
-            core: self.core.clone(),
             caller,
             pid: r.pid,
             ids: r.watchpoint_ids.iter().map(|&i| WatchId(i)).collect(),
@@ -267,10 +269,11 @@ impl Watchpoints for Service {
     ) -> Result<Response<pb::ResumeResponse>, Status> {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
-        let pid = convert::pid(r.pid).map_err(|e| status::to_status(&e))?;
+        let pid = convert::pid(r.pid)?;
+        let tids = convert::tids(&r.tids)?;
         allow(&caller, pid)?;
         let core = self.core.clone();
-        let resumed = blocking(move || core.resume(pid, &r.tids)).await?;
+        let resumed = blocking(move || core.resume(pid, &tids)).await?;
         Ok(Response::new(pb::ResumeResponse { resumed }))
     }
 
@@ -278,9 +281,29 @@ impl Watchpoints for Service {
         &self,
         req: Request<pb::GetStatsRequest>,
     ) -> Result<Response<pb::GetStatsResponse>, Status> {
-        self.caller(&req)?;
-        let s = self.core.stats();
+        let caller = self.caller(&req)?;
+        let core = self.core.clone();
+        let s = blocking(move || {
+            Ok(if caller.privileged {
+                core.stats()
+            } else {
+                core.stats_for(caller.uid, |pid| authz::check(&caller, pid).is_ok())
+            })
+        })
+        .await?;
+        let (connections, connections_refused, connections_idled) = if caller.privileged {
+            (
+                self.conns.open() as u32,
+                self.conns.refused(),
+                self.conns.idled(),
+            )
+        } else {
+            (0, 0, 0)
+        };
         Ok(Response::new(pb::GetStatsResponse {
+            connections,
+            connections_refused,
+            connections_idled,
             processes: s.processes,
             threads: s.threads,
             watchpoints: s.watchpoints,
@@ -312,8 +335,9 @@ const PACE: std::time::Duration = std::time::Duration::from_millis(1);
 /// shutdown; tonic drops it when the client goes away.
 struct EventFeed {
     events: tokio_stream::wrappers::BroadcastStream<Arc<Event>>,
+    /// This subscriber's loss accounting.
+    sub: crate::events::SubGuard,
     shutdown: tokio_stream::wrappers::WatchStream<bool>,
-    core: Arc<Core>,
     caller: Caller,
     /// Only this process (0: all).
     pid: Pid,
@@ -383,6 +407,14 @@ impl EventFeed {
         }
         if !global && !self.caller.privileged {
             let pid = ev.kind.pid();
+            // An exec may have changed who may see the process (a setuid
+            // program): decide again from the next event on.
+            if matches!(
+                &ev.kind,
+                EventKind::WatchpointRemoved { reason: "exec", .. } | EventKind::ProcessLost { .. }
+            ) {
+                self.visible.remove(&pid);
+            }
             let caller = &self.caller;
             let ok = *self
                 .visible
@@ -445,17 +477,22 @@ impl Stream for EventFeed {
             }
             match got {
                 Ok(ev) => {
+                    this.sub.state.received(ev.seq);
                     if let Some(item) = this.pass(&ev) {
                         return Poll::Ready(Some(Ok(item)));
                     }
                 }
                 Err(BroadcastStreamRecvError::Lagged(n)) => {
-                    this.core.bus.note_dropped(n);
+                    let (first_seq, last_seq) = this.sub.state.lost(n);
                     return Poll::Ready(Some(Ok(pb::StreamEventsResponse {
-                        seq: 0,
-                        time_ns: crate::backend::perf::realtime_ns(),
+                        seq: last_seq,
+                        time_ns: crate::clock::realtime_ns(),
                         event: Some(pb::stream_events_response::Event::Dropped(
-                            pb::EventsDropped { count: n },
+                            pb::EventsDropped {
+                                count: n,
+                                first_seq,
+                                last_seq,
+                            },
                         )),
                     })));
                 }

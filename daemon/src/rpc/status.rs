@@ -6,7 +6,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 use crate::error::{Holder, WpdError};
 
 /// Domain: the `ErrorInfo.domain` of every error detail.
-pub const DOMAIN: &str = "wpd.v1";
+pub const DOMAIN: &str = wpd_proto::reason::DOMAIN;
 
 /// Maps an error to its status: code, message, and an `ErrorInfo` detail
 /// with a machine-matchable reason.
@@ -56,24 +56,37 @@ pub fn to_status(e: &WpdError) -> Status {
     Status::with_error_details(code, message, details)
 }
 
+impl From<WpdError> for Status {
+    fn from(e: WpdError) -> Status {
+        to_status(&e)
+    }
+}
+
 /// Code and reason for each error; exhaustive on purpose.
 pub fn code_of(e: &WpdError) -> (Code, &'static str) {
+    use wpd_proto::reason as r;
     match e {
-        WpdError::Spec(_) => (Code::InvalidArgument, "BAD_SPEC"),
-        WpdError::InvalidArgument(_) => (Code::InvalidArgument, "INVALID_ARGUMENT"),
-        WpdError::NoSuchProcess(_) => (Code::NotFound, "NO_SUCH_PROCESS"),
-        WpdError::NotAttached(_) => (Code::NotFound, "NOT_ATTACHED"),
-        WpdError::NoSuchThread { .. } => (Code::NotFound, "NO_SUCH_THREAD"),
-        WpdError::NoSuchWatchpoint(_) => (Code::NotFound, "NO_SUCH_WATCHPOINT"),
-        WpdError::OutOfSlots { .. } => (Code::ResourceExhausted, "OUT_OF_SLOTS"),
-        WpdError::PermissionDenied { .. } => (Code::PermissionDenied, "PERMISSION_DENIED"),
-        WpdError::BackendUnavailable { .. } => (Code::FailedPrecondition, "BACKEND_UNAVAILABLE"),
-        WpdError::BackendMismatch { .. } => (Code::FailedPrecondition, "BACKEND_MISMATCH"),
-        WpdError::ProcessExited(_) => (Code::NotFound, "PROCESS_EXITED"),
-        WpdError::AlreadyTraced { .. } => (Code::FailedPrecondition, "ALREADY_TRACED"),
-        WpdError::LimitReached { .. } => (Code::ResourceExhausted, "LIMIT_REACHED"),
-        WpdError::FdLimit { .. } => (Code::ResourceExhausted, "FD_LIMIT"),
-        WpdError::Kernel { .. } => (Code::Internal, "KERNEL_ERROR"),
+        WpdError::Spec(_) => (Code::InvalidArgument, r::BAD_SPEC),
+        WpdError::InvalidArgument(_) => (Code::InvalidArgument, r::INVALID_ARGUMENT),
+        WpdError::NoSuchProcess(_) => (Code::NotFound, r::NO_SUCH_PROCESS),
+        WpdError::NotAttached(_) => (Code::NotFound, r::NOT_ATTACHED),
+        WpdError::NoSuchThread { .. } => (Code::NotFound, r::NO_SUCH_THREAD),
+        WpdError::NoSuchWatchpoint(_) => (Code::NotFound, r::NO_SUCH_WATCHPOINT),
+        WpdError::OutOfSlots { .. } => (Code::ResourceExhausted, r::OUT_OF_SLOTS),
+        WpdError::PermissionDenied { .. } => (Code::PermissionDenied, r::PERMISSION_DENIED),
+        WpdError::Unauthenticated(_) => (Code::Unauthenticated, r::UNAUTHENTICATED),
+        WpdError::BackendUnavailable { .. } => (Code::FailedPrecondition, r::BACKEND_UNAVAILABLE),
+        WpdError::BackendMismatch { .. } => (Code::FailedPrecondition, r::BACKEND_MISMATCH),
+        WpdError::NeedsBackend { .. } => (Code::InvalidArgument, r::NEEDS_BACKEND),
+        WpdError::NotAProcess { .. } => (Code::InvalidArgument, r::NOT_A_PROCESS),
+        WpdError::OwnProcess(_) => (Code::InvalidArgument, r::OWN_PROCESS),
+        WpdError::InitProcess => (Code::FailedPrecondition, r::INIT_PROCESS),
+        WpdError::ProcessExited(_) => (Code::NotFound, r::PROCESS_EXITED),
+        WpdError::ProcessLost { .. } => (Code::FailedPrecondition, r::PROCESS_LOST),
+        WpdError::AlreadyTraced { .. } => (Code::FailedPrecondition, r::ALREADY_TRACED),
+        WpdError::LimitReached { .. } => (Code::ResourceExhausted, r::LIMIT_REACHED),
+        WpdError::FdLimit { .. } => (Code::ResourceExhausted, r::FD_LIMIT),
+        WpdError::Kernel { .. } => (Code::Internal, r::KERNEL_ERROR),
     }
 }
 
@@ -194,6 +207,61 @@ mod tests {
             Code::NotFound,
             "PROCESS_EXITED",
             "exited",
+        );
+        check(
+            WpdError::AlreadyTraced {
+                pid: 1,
+                tid: 2,
+                tracer: 3,
+                tracer_tid: 4,
+                comm: "gdb".into(),
+            },
+            Code::FailedPrecondition,
+            "ALREADY_TRACED",
+            "already traced by process 3 (gdb, thread 4)",
+        );
+        check(
+            WpdError::Unauthenticated("invalid token".into()),
+            Code::Unauthenticated,
+            "UNAUTHENTICATED",
+            "invalid token",
+        );
+        check(
+            WpdError::NeedsBackend {
+                feature: "stopping on a hit",
+                needs: BackendKind::Ptrace,
+                hint: "; the perf backend never stops the target",
+            },
+            Code::InvalidArgument,
+            "NEEDS_BACKEND",
+            "stopping on a hit needs the ptrace backend",
+        );
+        check(
+            WpdError::NotAProcess { tid: 8, pid: 7 },
+            Code::InvalidArgument,
+            "NOT_A_PROCESS",
+            "use --pid 7 --tid 8",
+        );
+        check(
+            WpdError::OwnProcess(9),
+            Code::InvalidArgument,
+            "OWN_PROCESS",
+            "the daemon itself",
+        );
+        check(
+            WpdError::InitProcess,
+            Code::FailedPrecondition,
+            "INIT_PROCESS",
+            "--allow-init",
+        );
+        check(
+            WpdError::ProcessLost {
+                pid: 5,
+                why: "it executed a setuid program".into(),
+            },
+            Code::FailedPrecondition,
+            "PROCESS_LOST",
+            "process 5 can no longer be watched: it executed a setuid program",
         );
         check(
             WpdError::kernel("open", nix::errno::Errno::EIO),

@@ -892,6 +892,7 @@ async fn wpd_perf_refusal(n: usize, load: Load) -> Result<(f64, String)> {
         .attach(wpd_proto::v1::AttachRequest {
             pid: target.pid,
             backend: Backend::Perf as i32,
+            ..Default::default()
         })
         .await;
     let t = ms(t0.elapsed());

@@ -32,6 +32,7 @@
 //! | `exec N`         | exec itself with N workers (same pid)                         | a new `READY ...` line    |
 //! | `fork`           | fork a child process (only the main thread is copied) that stores 1..=50 into `VARS[0]` 2 ms apart, prints nothing and exits 0 | `FORKED pid=C` |
 //! | `wait-child C`   | waitpid for that child                                        | `CHILD pid=C code=N` or `CHILD pid=C signal=S` |
+//! | `leader-exit`    | the main thread ends alone (the `exit` syscall, as `pthread_exit` does): the process lives on with a zombie leader; a new thread takes over the commands | `LEADER-EXITED commander=T` once `/proc` shows the leader a zombie |
 //! | `quit` / EOF     | exit 0                                                        | `BYE` (quit only)         |
 //!
 //! `USR1 N` is the number of SIGUSR1 its handler has run (on whichever thread the kernel
@@ -521,25 +522,50 @@ fn main() -> ExitCode {
 
     open_gate();
     let addrs: Vec<String> = VARS.iter().map(|v| format!("{:#x}", v.addr())).collect();
-    let stdout = io::stdout();
-    let mut out = stdout.lock();
-    let ready = writeln!(
-        out,
-        "READY pid={} threads={} vars={}",
-        std::process::id(),
-        cfg.threads,
-        addrs.join(",")
-    )
-    .and_then(|()| out.flush());
-    if ready.is_err() {
-        return ExitCode::from(1);
+    {
+        let stdout = io::stdout();
+        let mut out = stdout.lock();
+        let ready = writeln!(
+            out,
+            "READY pid={} threads={} vars={}",
+            std::process::id(),
+            cfg.threads,
+            addrs.join(",")
+        )
+        .and_then(|()| out.flush());
+        if ready.is_err() {
+            return ExitCode::from(1);
+        }
     }
 
+    if let Served::LeaderExit = serve(&mut state) {
+        leader_exit(state);
+    }
+    // Exit without joining: workers and parked threads die with the process.
+    std::process::exit(0)
+}
+
+/// Why [`serve`] stopped reading commands.
+enum Served {
+    /// `quit`, end of input, or stdout closed.
+    Done,
+    /// `leader-exit`: the calling (main) thread is to end alone.
+    LeaderExit,
+}
+
+/// Reads commands from stdin and answers each on stdout until `quit`, EOF or `leader-exit`.
+fn serve(state: &mut State) -> Served {
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
     for line in io::stdin().lock().lines() {
         let Ok(line) = line else { break };
-        if line.trim() == "quit" {
-            let _ = writeln!(out, "BYE").and_then(|()| out.flush());
-            break;
+        match line.trim() {
+            "quit" => {
+                let _ = writeln!(out, "BYE").and_then(|()| out.flush());
+                break;
+            }
+            "leader-exit" => return Served::LeaderExit,
+            _ => {}
         }
         if let Some(reply) = state.handle(line.trim())
             && writeln!(out, "{reply}").and_then(|()| out.flush()).is_err()
@@ -547,6 +573,56 @@ fn main() -> ExitCode {
             break;
         }
     }
-    // Exit without joining: workers and parked threads die with the process.
-    std::process::exit(0)
+    Served::Done
+}
+
+/// `leader-exit`: hands the commands to a new thread, then ends the main thread alone with the
+/// raw `exit` syscall (what `pthread_exit` ends with; no unwinding, no atexit handlers). The
+/// kernel keeps the leader as a zombie while the other threads live. The new thread answers
+/// once `/proc` shows the leader as a zombie, then serves commands; `quit` from it ends the
+/// whole process.
+fn leader_exit(mut state: State) -> ! {
+    let leader = std::process::id();
+    let spawned = thread::Builder::new()
+        .name("commander".into())
+        .stack_size(STACK_SIZE)
+        .spawn(move || {
+            let path = format!("/proc/{leader}/task/{leader}/stat");
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let zombie = loop {
+                let state_letter = std::fs::read_to_string(&path).ok().and_then(|s| {
+                    s.rsplit_once(')')
+                        .and_then(|(_, rest)| rest.split_whitespace().next()?.chars().next())
+                });
+                if matches!(state_letter, Some('Z') | Some('X') | None) {
+                    break true;
+                }
+                if Instant::now() > deadline {
+                    break false;
+                }
+                thread::sleep(Duration::from_millis(1));
+            };
+            let reply = if zombie {
+                format!("LEADER-EXITED commander={}", gettid())
+            } else {
+                "ERR leader-exit: the main thread did not exit within 5 s".to_string()
+            };
+            {
+                let stdout = io::stdout();
+                let mut out = stdout.lock();
+                if writeln!(out, "{reply}").and_then(|()| out.flush()).is_err() {
+                    std::process::exit(1);
+                }
+            }
+            serve(&mut state);
+            std::process::exit(0)
+        });
+    if let Err(e) = spawned {
+        eprintln!("wpd-target: leader-exit: cannot start the commander thread: {e}");
+        std::process::exit(1);
+    }
+    // SAFETY: SYS_exit ends only the calling thread. Nothing of this thread is used after it:
+    // the state moved to the commander, and the stdio locks were released by `serve`.
+    unsafe { libc::syscall(libc::SYS_exit, 0) };
+    unreachable!("the exit syscall returned")
 }

@@ -1,0 +1,697 @@
+//! Connections: the accept loops of the Unix socket and TCP, who each
+//! connection belongs to, per-caller connection limits with a reserve for
+//! privileged callers, an idle timeout, and accepting that survives running
+//! out of file descriptors.
+//!
+//! Limits are decided at accept time, before a byte of HTTP/2 is read: a
+//! connection over its caller's limit is closed at once. On the Unix socket
+//! the caller is the peer's uid (SO_PEERCRED); on TCP, where the token
+//! decides who a caller is only per request, the remote address counts
+//! against one shared budget (`tcp`).
+//!
+//! Running out of fds (EMFILE/ENFILE) must not turn the accept loop into a
+//! busy loop, nor keep a privileged caller out: the loop keeps one spare fd,
+//! frees it to accept and close the connection it cannot serve, and backs
+//! off (10 ms doubling to 1 s) until an accept succeeds again. perf events
+//! leave the daemon [`FD_HEADROOM`] fds for its control plane
+//! (`backend::perf::fd_room`).
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::sync::mpsc;
+use tonic::transport::server::Connected;
+
+use crate::authz::{self, Caller};
+
+/// File descriptors the perf backend leaves free for connections, the
+/// state files and the daemon's own needs.
+pub const FD_HEADROOM: u64 = 256;
+
+/// Connection limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnLimits {
+    /// Connections one unprivileged caller (uid, or all of TCP) may have open.
+    pub per_caller: usize,
+    /// Connections open at once, all unprivileged callers together.
+    pub total: usize,
+    /// Connections beyond `total` that only privileged callers may use, so
+    /// that root's health check and `wpctl` get in whatever others do.
+    pub privileged_reserve: usize,
+    /// A connection with no request or stream open is closed after this long
+    /// without a byte from its peer.
+    pub idle: Duration,
+    /// HTTP/2 streams (requests, event subscriptions) open at once on one
+    /// connection (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+    pub streams: u32,
+}
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        ConnLimits {
+            per_caller: 32,
+            total: 512,
+            privileged_reserve: 64,
+            idle: Duration::from_secs(300),
+            streams: 64,
+        }
+    }
+}
+
+/// Who a connection counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Budget {
+    /// A local user (peer uid on the Unix socket).
+    Uid(u32),
+    /// Every TCP peer together (callers are told apart by token only).
+    Tcp,
+}
+
+/// Open connections, by budget, and counters.
+#[derive(Debug, Default)]
+pub struct Registry {
+    open: Mutex<HashMap<Budget, usize>>,
+    /// Unprivileged connections open.
+    unprivileged: AtomicUsize,
+    /// Every connection open.
+    total: AtomicUsize,
+    /// Connections refused at accept (over a limit, or out of fds).
+    refused: AtomicU64,
+    /// Connections closed by the idle timeout.
+    idled: AtomicU64,
+    /// Connections closed since the allocator was last asked to trim.
+    closed_since_trim: AtomicUsize,
+    next_id: AtomicU64,
+}
+
+impl Registry {
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    /// Connections refused at accept so far.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Connections closed for idleness so far.
+    pub fn idled(&self) -> u64 {
+        self.idled.load(Ordering::Relaxed)
+    }
+
+    /// Admits a connection of `budget` or says which limit refuses it.
+    fn admit(
+        self: &Arc<Self>,
+        budget: Budget,
+        privileged: bool,
+        limits: &ConnLimits,
+    ) -> Result<Arc<ConnState>, &'static str> {
+        let mut open = self.open.lock().unwrap();
+        let mine = open.get(&budget).copied().unwrap_or(0);
+        let total = self.total.load(Ordering::Relaxed);
+        if privileged {
+            if total >= limits.total + limits.privileged_reserve {
+                return Err("connections (including the privileged reserve)");
+            }
+        } else {
+            if mine >= limits.per_caller {
+                return Err("connections per caller");
+            }
+            if self.unprivileged.load(Ordering::Relaxed) >= limits.total {
+                return Err("connections");
+            }
+            self.unprivileged.fetch_add(1, Ordering::Relaxed);
+        }
+        *open.entry(budget).or_default() += 1;
+        self.total.fetch_add(1, Ordering::Relaxed);
+        Ok(Arc::new(ConnState {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed) + 1,
+            budget,
+            privileged,
+            active: AtomicUsize::new(0),
+            last_ms: AtomicU64::new(now_ms()),
+            registry: self.clone(),
+        }))
+    }
+
+    fn release(&self, budget: Budget, privileged: bool) {
+        {
+            let mut open = self.open.lock().unwrap();
+            if let Some(n) = open.get_mut(&budget) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    open.remove(&budget);
+                }
+            }
+        }
+        if !privileged {
+            self.unprivileged.fetch_sub(1, Ordering::Relaxed);
+        }
+        let left = self.total.fetch_sub(1, Ordering::Relaxed) - 1;
+        // What a burst of connections allocated (HTTP/2 buffers, stream
+        // state) is freed when they close, but glibc keeps the pages: give
+        // them back once the burst is over.
+        let closed = self.closed_since_trim.fetch_add(1, Ordering::Relaxed) + 1;
+        if closed >= TRIM_AFTER_CLOSED || (left == 0 && closed >= 8) {
+            self.closed_since_trim.store(0, Ordering::Relaxed);
+            trim_soon();
+        }
+    }
+}
+
+/// Closed connections after which the allocator is asked to return memory.
+const TRIM_AFTER_CLOSED: usize = 64;
+
+fn trim_soon() {
+    if let Ok(h) = tokio::runtime::Handle::try_current() {
+        h.spawn_blocking(|| {
+            #[cfg(target_env = "gnu")]
+            // SAFETY: malloc_trim only releases free memory of glibc's heap.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        });
+    }
+}
+
+fn now_ms() -> u64 {
+    crate::clock::monotonic_ns() / 1_000_000
+}
+
+/// One open connection: what counts against its budget until it closes,
+/// and whether it is in use.
+#[derive(Debug)]
+pub struct ConnState {
+    /// Daemon-wide connection number (for logs).
+    pub id: u64,
+    /// What it counts against.
+    pub budget: Budget,
+    /// Admitted from the privileged reserve.
+    pub privileged: bool,
+    /// Requests and streams in flight.
+    active: AtomicUsize,
+    /// Last activity (ms on the monotonic clock): a byte read, or a request
+    /// starting or ending.
+    last_ms: AtomicU64,
+    registry: Arc<Registry>,
+}
+
+impl ConnState {
+    fn touch(&self) {
+        self.last_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Marks a request or stream in flight until the guard drops.
+    pub fn busy(self: &Arc<Self>) -> ActiveGuard {
+        self.active.fetch_add(1, Ordering::Relaxed);
+        self.touch();
+        ActiveGuard(self.clone())
+    }
+}
+
+impl Drop for ConnState {
+    fn drop(&mut self) {
+        self.registry.release(self.budget, self.privileged);
+    }
+}
+
+/// A request or stream in flight on a connection (see [`ConnState::busy`]).
+#[derive(Debug)]
+pub struct ActiveGuard(Arc<ConnState>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What a request learns about its connection (tonic puts it in the
+/// request's extensions).
+#[derive(Debug, Clone)]
+pub struct PeerInfo {
+    /// The caller on the Unix socket, identified once at accept; `None` on
+    /// TCP, where the token decides.
+    pub caller: Option<Caller>,
+    /// The TCP peer.
+    pub remote: Option<SocketAddr>,
+    /// The connection.
+    pub conn: Arc<ConnState>,
+}
+
+/// An accepted connection: the stream, its peer, and its idle timer.
+pub struct Conn<S> {
+    io: S,
+    info: PeerInfo,
+    idle: Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<S> std::fmt::Debug for Conn<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("id", &self.info.conn.id)
+            .finish()
+    }
+}
+
+impl<S> Conn<S> {
+    fn new(io: S, info: PeerInfo, idle: Duration) -> Self {
+        Conn {
+            io,
+            info,
+            idle,
+            timer: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+
+    /// Idle for longer than allowed: no request or stream in flight and
+    /// nothing read for `idle`.
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> bool {
+        let c = &self.info.conn;
+        loop {
+            let last = c.last_ms.load(Ordering::Relaxed);
+            let due = tokio::time::Instant::now()
+                + Duration::from_millis(
+                    (last + self.idle.as_millis() as u64).saturating_sub(now_ms()),
+                );
+            if self.timer.deadline() != due {
+                self.timer.as_mut().reset(due);
+            }
+            if self.timer.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            if c.active.load(Ordering::Relaxed) > 0 {
+                // In use: look again one period later.
+                c.touch();
+                continue;
+            }
+            if c.last_ms.load(Ordering::Relaxed) == last {
+                return true;
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Conn<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.io).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    self.info.conn.touch();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                if self.poll_idle(cx) {
+                    self.info
+                        .conn
+                        .registry
+                        .idled
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(conn = self.info.conn.id, "closing an idle connection");
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "idle connection",
+                    )));
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Conn<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+impl<S> Connected for Conn<S> {
+    type ConnectInfo = PeerInfo;
+
+    fn connect_info(&self) -> PeerInfo {
+        self.info.clone()
+    }
+}
+
+/// A spare fd, freed to accept (and close) a connection when the daemon
+/// is out of fds.
+struct Spare(Option<OwnedFd>);
+
+impl Spare {
+    fn new() -> Self {
+        Spare(open_devnull())
+    }
+
+    /// Frees the spare fd, runs `f` (an accept), and takes the fd again.
+    fn with_room<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        self.0 = None;
+        let r = f();
+        self.0 = open_devnull();
+        r
+    }
+}
+
+fn open_devnull() -> Option<OwnedFd> {
+    // SAFETY: opening /dev/null; the fd is owned below.
+    let fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    // SAFETY: a fresh fd.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn out_of_fds(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// Backoff of the accept loop after running out of fds.
+struct Backoff(Duration);
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(10);
+    const MOST: Duration = Duration::from_secs(1);
+
+    fn new() -> Self {
+        Backoff(Duration::ZERO)
+    }
+
+    async fn wait(&mut self) {
+        self.0 = (self.0 * 2).clamp(Self::FIRST, Self::MOST);
+        tokio::time::sleep(self.0).await;
+    }
+
+    fn reset(&mut self) {
+        self.0 = Duration::ZERO;
+    }
+}
+
+/// Accepts on the Unix socket; yields admitted connections with their
+/// caller.
+pub fn unix_incoming(
+    listener: UnixListener,
+    limits: ConnLimits,
+    registry: Arc<Registry>,
+) -> tokio_stream::wrappers::ReceiverStream<io::Result<Conn<UnixStream>>> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        let mut spare = Spare::new();
+        let mut backoff = Backoff::new();
+        loop {
+            let accepted = tokio::select! {
+                _ = tx.closed() => return,
+                r = listener.accept() => r,
+            };
+            let stream = match accepted {
+                Ok((s, _)) => {
+                    backoff.reset();
+                    s
+                }
+                Err(e) if out_of_fds(&e) => {
+                    registry.refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("accept: {e}: closing one connection, backing off");
+                    spare.with_room(|| {
+                        // SAFETY: accept4 on the listening socket; the new
+                        // fd, if any, is closed at once.
+                        let fd = unsafe {
+                            libc::accept4(
+                                listener.as_raw_fd(),
+                                std::ptr::null_mut(),
+                                std::ptr::null_mut(),
+                                libc::SOCK_CLOEXEC,
+                            )
+                        };
+                        if fd >= 0 {
+                            // SAFETY: the fd accept4 just returned.
+                            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+                        }
+                    });
+                    backoff.wait().await;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    backoff.wait().await;
+                    continue;
+                }
+            };
+            let caller = identify(&stream);
+            let budget = Budget::Uid(caller.uid);
+            let conn = match registry.admit(budget, caller.privileged, &limits) {
+                Ok(c) => c,
+                Err(limit) => {
+                    registry.refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(uid = caller.uid, limit, "connection refused: limit reached");
+                    continue;
+                }
+            };
+            let info = PeerInfo {
+                caller: Some(caller),
+                remote: None,
+                conn,
+            };
+            if tx
+                .send(Ok(Conn::new(stream, info, limits.idle)))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// The caller on a Unix stream: SO_PEERCRED, and SO_PEERPIDFD to read the
+/// peer's real ids and capabilities safely.
+fn identify(stream: &UnixStream) -> Caller {
+    let Ok(cred) = stream.peer_cred() else {
+        // No credentials: nobody in particular, with no rights.
+        return Caller::unprivileged(u32::MAX, u32::MAX, None);
+    };
+    let pidfd = authz::peer_pidfd(stream);
+    Caller::from_peer(cred.uid(), cred.gid(), cred.pid(), pidfd.as_ref())
+}
+
+/// Accepts on TCP; every connection counts against the shared TCP budget.
+pub fn tcp_incoming(
+    listener: TcpListener,
+    limits: ConnLimits,
+    registry: Arc<Registry>,
+) -> tokio_stream::wrappers::ReceiverStream<io::Result<Conn<TcpStream>>> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        let mut spare = Spare::new();
+        let mut backoff = Backoff::new();
+        loop {
+            let accepted = tokio::select! {
+                _ = tx.closed() => return,
+                r = listener.accept() => r,
+            };
+            let (stream, remote) = match accepted {
+                Ok(s) => {
+                    backoff.reset();
+                    s
+                }
+                Err(e) if out_of_fds(&e) => {
+                    registry.refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("accept: {e}: closing one connection, backing off");
+                    spare.with_room(|| {
+                        // SAFETY: as in `unix_incoming`.
+                        let fd = unsafe {
+                            libc::accept4(
+                                listener.as_raw_fd(),
+                                std::ptr::null_mut(),
+                                std::ptr::null_mut(),
+                                libc::SOCK_CLOEXEC,
+                            )
+                        };
+                        if fd >= 0 {
+                            // SAFETY: the fd accept4 just returned.
+                            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+                        }
+                    });
+                    backoff.wait().await;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    backoff.wait().await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let conn = match registry.admit(Budget::Tcp, false, &limits) {
+                Ok(c) => c,
+                Err(limit) => {
+                    registry.refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%remote, limit, "connection refused: limit reached");
+                    continue;
+                }
+            };
+            let info = PeerInfo {
+                caller: None,
+                remote: Some(remote),
+                conn,
+            };
+            if tx
+                .send(Ok(Conn::new(stream, info, limits.idle)))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// Marks every request in flight on its connection (so that a connection
+/// with a request or an event stream open is never idle): a tower layer
+/// around every service, whose guard lives as long as the response body.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ActiveLayer;
+
+impl<S> tower::Layer<S> for ActiveLayer {
+    type Service = Active<S>;
+
+    fn layer(&self, inner: S) -> Active<S> {
+        Active(inner)
+    }
+}
+
+/// The service of [`ActiveLayer`].
+#[derive(Debug, Clone)]
+pub struct Active<S>(S);
+
+impl<S, B, RB> tower::Service<http::Request<B>> for Active<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
+    S::Future: Send + 'static,
+    RB: http_body::Body + Send + 'static,
+{
+    type Response = http::Response<ActiveBody<RB>>;
+    type Error = S::Error;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let guard = req.extensions().get::<PeerInfo>().map(|p| p.conn.busy());
+        let fut = self.0.call(req);
+        Box::pin(async move {
+            let resp = fut.await?;
+            Ok(resp.map(|body| ActiveBody {
+                body: Box::pin(body),
+                _guard: guard,
+            }))
+        })
+    }
+}
+
+/// A response body that keeps its connection marked busy until it ends.
+#[derive(Debug)]
+pub struct ActiveBody<B> {
+    body: Pin<Box<B>>,
+    _guard: Option<ActiveGuard>,
+}
+
+impl<B: http_body::Body> http_body::Body for ActiveBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        self.body.as_mut().poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_per_caller_total_and_the_privileged_reserve() {
+        let r = Arc::new(Registry::default());
+        let limits = ConnLimits {
+            per_caller: 2,
+            total: 3,
+            privileged_reserve: 1,
+            ..ConnLimits::default()
+        };
+        let a1 = r.admit(Budget::Uid(1000), false, &limits).unwrap();
+        let _a2 = r.admit(Budget::Uid(1000), false, &limits).unwrap();
+        assert_eq!(
+            r.admit(Budget::Uid(1000), false, &limits).unwrap_err(),
+            "connections per caller"
+        );
+        let _b1 = r.admit(Budget::Uid(1001), false, &limits).unwrap();
+        assert_eq!(
+            r.admit(Budget::Uid(1002), false, &limits).unwrap_err(),
+            "connections"
+        );
+        // Root gets in through the reserve, once.
+        let root = r.admit(Budget::Uid(0), true, &limits).unwrap();
+        assert!(r.admit(Budget::Uid(0), true, &limits).is_err());
+        assert_eq!(r.open(), 4);
+        drop(a1);
+        drop(root);
+        assert_eq!(r.open(), 2);
+        let _a3 = r.admit(Budget::Uid(1000), false, &limits).unwrap();
+        assert_eq!(r.open(), 3);
+    }
+}

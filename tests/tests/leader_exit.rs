@@ -1,0 +1,201 @@
+//! A process whose main thread has exited (`pthread_exit` in the leader while workers carry
+//! on: the kernel keeps the leader as a zombie and the process lives). The daemon must keep
+//! watching it with values read through a live thread, list only live threads, detach at once
+//! and leave every thread running and untraced, with either backend; and it must accept such a
+//! process when the leader had already exited before the attach.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use wpd_proto::v1::{DetachRequest, GetStatsRequest, Hit, ListWatchpointsRequest};
+use wpd_tests::{
+    Backend, Client, Daemon, EventStream, TargetProc, both_backends, describe_status,
+    hit_value_u64, list_threads, poll_until, rpc_ok, set_watchpoint, write_spec,
+};
+
+/// Longest a Detach or a daemon's SIGTERM may take on this small target.
+const PROMPT: Duration = Duration::from_secs(10);
+/// Timeout of every wait for hits.
+const HIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Every hit carries the watched 8 bytes, read without error, and (ptrace: read while the
+/// thread is stopped) a value some worker stored.
+fn check_values(hits: &[Hit], what: &str) -> Result<()> {
+    for h in hits {
+        ensure!(
+            h.value_error.is_empty() && hit_value_u64(h).is_some(),
+            "{what}: hit without a value: {h:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Polls ListThreads until it lists exactly the live threads of the target (the zombie leader
+/// is not one of them).
+async fn wait_live_threads_listed(client: &mut Client, target: &TargetProc) -> Result<Vec<i32>> {
+    poll_until(
+        Duration::from_secs(10),
+        "ListThreads to list the live threads only",
+        async || {
+            let mut live = live_tids(target)?;
+            live.sort_unstable();
+            let list = list_threads(client, target.pid, false).await?;
+            let mut listed: Vec<i32> = list.threads.iter().map(|t| t.tid).collect();
+            listed.sort_unstable();
+            Ok(if listed == live && !listed.contains(&target.pid) {
+                Ok(listed)
+            } else {
+                Err(format!("listed {listed:?}, live {live:?}"))
+            })
+        },
+    )
+    .await
+}
+
+/// Threads of the target that are not zombies.
+fn live_tids(target: &TargetProc) -> Result<Vec<i32>> {
+    Ok(target
+        .thread_run_states()?
+        .into_iter()
+        .filter(|&(_, s)| s != 'Z' && s != 'X')
+        .map(|(t, _)| t)
+        .collect())
+}
+
+/// The target still runs: its workers store, none is in a tracing stop, nobody traces any
+/// thread (the zombie leader included), and it answers commands.
+async fn ensure_running_untraced(target: &mut TargetProc) -> Result<()> {
+    target.ensure_alive()?;
+    target.wait_untraced(PROMPT).await?;
+    let v0 = target.read_var(0)?;
+    poll_until(PROMPT, "the workers to store again", async || {
+        let v = target.read_var(0)?;
+        Ok(if v > v0 { Ok(()) } else { Err(format!("{v}")) })
+    })
+    .await?;
+    let stuck: Vec<(i32, char)> = target
+        .thread_run_states()?
+        .into_iter()
+        .filter(|&(_, s)| s == 't' || s == 'T')
+        .collect();
+    ensure!(stuck.is_empty(), "threads left stopped: {stuck:?}");
+    target.ping().await?;
+    target.ensure_alive()
+}
+
+both_backends!(watched_when_the_leader_exits);
+
+/// The watchpoint is set first, then the main thread exits: hits keep their values, the leader
+/// leaves the listings, Detach answers at once and the target runs on untraced.
+async fn watched_when_the_leader_exits(backend: Backend) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--threads", "3"]).await?;
+    let result = async {
+        let mut client = daemon.client().await?;
+        let pid = target.pid;
+        let mut events = EventStream::for_pid(&mut client, pid).await?;
+        let wp = set_watchpoint(&mut client, write_spec(backend, pid, target.vars[0]))
+            .await?
+            .watchpoint
+            .unwrap_or_default();
+        ensure!(
+            wp.armed_threads == 4,
+            "armed on {} threads",
+            wp.armed_threads
+        );
+        check_values(&events.collect_hits(5, HIT_TIMEOUT).await?, "before")?;
+
+        target.leader_exit().await?;
+        // Hits that follow the leader's exit still carry values.
+        let _ = events.drain_for(Duration::from_millis(100)).await?;
+        check_values(
+            &events.collect_hits(20, HIT_TIMEOUT).await?,
+            "after the leader exited",
+        )?;
+        wait_live_threads_listed(&mut client, &target).await?;
+
+        let detach = tokio::time::timeout(PROMPT, client.detach(DetachRequest { pid }))
+            .await
+            .with_context(|| format!("Detach did not answer within {PROMPT:?}"))?
+            .context("Detach")?
+            .into_inner();
+        ensure!(detach.watchpoints_removed == 1, "Detach: {detach:?}");
+        let list = rpc_ok(
+            "ListWatchpoints",
+            client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+        )
+        .await?;
+        ensure!(
+            list.watchpoints.is_empty() && list.processes.is_empty(),
+            "still listed after Detach: {list:?}"
+        );
+        let stats = rpc_ok("GetStats", client.get_stats(GetStatsRequest {})).await?;
+        ensure!(
+            stats.threads == 0 && stats.processes == 0,
+            "threads still accounted after Detach: {stats:?}"
+        );
+        ensure_running_untraced(&mut target).await
+    }
+    .await;
+    daemon.finish(result)
+}
+
+both_backends!(attached_after_the_leader_exited);
+
+/// The main thread has exited before the daemon ever sees the process: Attach through
+/// SetWatchpoint accepts it, arms every live thread, hits carry values, and SIGTERM of the
+/// daemon finishes promptly and leaves the target running.
+async fn attached_after_the_leader_exited(backend: Backend) -> Result<()> {
+    let mut daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--threads", "3"]).await?;
+    let result = async {
+        let commander = target.leader_exit().await?;
+        let mut client = daemon.client().await?;
+        let pid = target.pid;
+        let mut events = EventStream::for_pid(&mut client, pid).await?;
+        let wp = set_watchpoint(&mut client, write_spec(backend, pid, target.vars[0]))
+            .await?
+            .watchpoint
+            .unwrap_or_default();
+        // Three workers and the thread that now serves commands; not the zombie leader.
+        ensure!(
+            wp.armed_threads == 4,
+            "armed on {} threads",
+            wp.armed_threads
+        );
+        let listed = wait_live_threads_listed(&mut client, &target).await?;
+        ensure!(listed.contains(&commander), "listed {listed:?}");
+        check_values(&events.collect_hits(20, HIT_TIMEOUT).await?, "hits")?;
+        // The commander thread writes VARS[2] on request: a watchpoint there hits from it.
+        let wp2 = set_watchpoint(&mut client, write_spec(backend, pid, target.vars[2]))
+            .await?
+            .watchpoint
+            .unwrap_or_default();
+        target.write(2, 0x5eed).await?;
+        let hit = events
+            .wait_for(HIT_TIMEOUT, "the commander's hit on VARS[2]", |ev| {
+                Ok(match ev {
+                    wpd_tests::Event::Hit(h) if h.watchpoint_id == wp2.id => Some(h.clone()),
+                    _ => None,
+                })
+            })
+            .await?;
+        ensure!(
+            hit.tid == commander && hit_value_u64(&hit) == Some(0x5eed),
+            "expected the commander {commander} to store 0x5eed: {hit:?}"
+        );
+        drop(events);
+        drop(client);
+
+        let status = daemon.terminate(PROMPT).await?;
+        if status.code() != Some(0) {
+            bail!(
+                "wpd should exit 0 on SIGTERM, but: {}",
+                describe_status(&status)
+            );
+        }
+        ensure_running_untraced(&mut target).await
+    }
+    .await;
+    daemon.finish(result)
+}
