@@ -699,7 +699,13 @@ impl TargetProc {
     /// Like [`TargetProc::start`], running as user `uid` (group = uid).
     pub async fn start_as(uid: u32, args: &[&str]) -> Result<TargetProc> {
         let bin = find_bin("wpd-target")?;
-        Self::spawn_bin(&bin, args, Some(uid)).await
+        Self::spawn_bin(&bin, args, Some((uid, uid))).await
+    }
+
+    /// Like [`TargetProc::start`], running as user `uid` and group `gid`.
+    pub async fn start_as_ids(uid: u32, gid: u32, args: &[&str]) -> Result<TargetProc> {
+        let bin = find_bin("wpd-target")?;
+        Self::spawn_bin(&bin, args, Some((uid, gid))).await
     }
 
     /// Starts the given `wpd-target` binary with `args` and waits for `READY`.
@@ -707,11 +713,11 @@ impl TargetProc {
         Self::spawn_bin(bin, args, None).await
     }
 
-    async fn spawn_bin(bin: &Path, args: &[&str], uid: Option<u32>) -> Result<TargetProc> {
+    async fn spawn_bin(bin: &Path, args: &[&str], ids: Option<(u32, u32)>) -> Result<TargetProc> {
         let mut cmd = Command::new(bin);
-        if let Some(uid) = uid {
+        if let Some((uid, gid)) = ids {
             use std::os::unix::process::CommandExt as _;
-            cmd.uid(uid).gid(uid);
+            cmd.uid(uid).gid(gid);
         }
         cmd.args(args)
             .stdin(Stdio::piped())
@@ -1123,6 +1129,27 @@ where
 
 fn parse_hex(s: &str) -> Option<u64> {
     u64::from_str_radix(s.trim().strip_prefix("0x")?, 16).ok()
+}
+
+/// The kernel's own answer to "may user `uid` (group `gid`, no capabilities) read the memory
+/// of `pid` at `addr`?": `wpd-target --probe-access` run as that user (`process_vm_readv`, the
+/// same `PTRACE_MODE_ATTACH_REALCREDS` check `PTRACE_SEIZE` makes). `Ok(true)` when allowed.
+pub async fn kernel_allows_access(uid: u32, gid: u32, pid: i32, addr: u64) -> Result<bool> {
+    let bin = find_bin("wpd-target")?;
+    let out = tokio::process::Command::new(&bin)
+        .args(["--probe-access", &pid.to_string(), &format!("{addr:#x}")])
+        .uid(uid)
+        .gid(gid)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .context("running wpd-target --probe-access")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    match text.trim() {
+        "ALLOWED" => Ok(true),
+        t if t.starts_with("DENIED") => Ok(false),
+        t => bail!("wpd-target --probe-access said {t:?} ({:?})", out.status),
+    }
 }
 
 /// A pid that certainly does not exist: a child we started and reaped (`true`).

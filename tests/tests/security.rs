@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
-use wpd_tests::{Daemon, TargetProc, require_root_perf, run_wpctl_as};
+use anyhow::{Result, bail, ensure};
+use wpd_tests::{Daemon, TargetProc, kernel_allows_access, require_root_perf, run_wpctl_as};
 
 const NOBODY: u32 = 65534;
 const OTHER: u32 = 65533;
@@ -146,6 +146,183 @@ async fn users_watch_their_own_processes_and_nothing_else() -> Result<()> {
         ensure!(
             mine_ev.code == Some(0) && mine_ev.stdout.lines().count() == 3,
             "owner events: {mine_ev:?}"
+        );
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// One target of [`wpd_agrees_with_the_kernel`]: how it is started, and what the kernel is
+/// expected to answer an unprivileged caller of uid/gid `NOBODY`.
+struct Case {
+    what: &'static str,
+    /// (uid, gid) it is started as; `None`: root, which then changes ids itself.
+    ids: Option<(u32, u32)>,
+    args: &'static [&'static str],
+    allowed: bool,
+}
+
+const CASES: &[Case] = &[
+    Case {
+        what: "the caller's own process",
+        ids: Some((NOBODY, NOBODY)),
+        args: &[],
+        allowed: true,
+    },
+    Case {
+        what: "its own process after prctl(PR_SET_DUMPABLE, 0)",
+        ids: Some((NOBODY, NOBODY)),
+        args: &["--undumpable"],
+        allowed: false,
+    },
+    Case {
+        what: "a process that dropped from root to the caller's ids (not dumpable)",
+        ids: None,
+        args: &["--become", "65534:65534"],
+        allowed: false,
+    },
+    Case {
+        what: "the same, dumpable again",
+        ids: None,
+        args: &["--become", "65534:65534", "--dumpable"],
+        allowed: true,
+    },
+    Case {
+        what: "the caller's ids but root's permitted capabilities kept",
+        ids: None,
+        args: &["--become", "65534:65534", "--keep-caps", "--dumpable"],
+        allowed: false,
+    },
+    Case {
+        what: "another user's process",
+        ids: Some((OTHER, OTHER)),
+        args: &[],
+        allowed: false,
+    },
+    Case {
+        what: "the caller's uid with another gid",
+        ids: Some((NOBODY, OTHER)),
+        args: &[],
+        allowed: false,
+    },
+];
+
+/// The daemon's answer to an unprivileged caller is the kernel's answer to that same caller:
+/// for each target, `wpctl watch` as uid 65534 succeeds exactly when the kernel lets uid 65534
+/// read the target's memory (`process_vm_readv`, the check `PTRACE_SEIZE` makes). Among the
+/// targets: a process of the caller's own uid that made itself non-dumpable, one that dropped
+/// from root (non-dumpable by the kernel's rule), and one that kept root's capabilities.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wpd_agrees_with_the_kernel() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = open_daemon().await?;
+    let ep = daemon.endpoint();
+    let result = async {
+        let mut disagreements = Vec::new();
+        for case in CASES {
+            let args: Vec<&str> = ["--threads", "2"].iter().chain(case.args).copied().collect();
+            let target = match case.ids {
+                Some((u, g)) => TargetProc::start_as_ids(u, g, &args).await?,
+                None => TargetProc::start(&args).await?,
+            };
+            let addr = target.vars[0];
+            let kernel = kernel_allows_access(NOBODY, NOBODY, target.pid, addr).await?;
+            ensure!(
+                kernel == case.allowed,
+                "{}: the kernel says {} (the test's premise is wrong here)",
+                case.what,
+                if kernel { "allowed" } else { "denied" }
+            );
+            let pid = target.pid.to_string();
+            let hex = format!("{addr:#x}");
+            let watch = run_wpctl_as(
+                Some(NOBODY),
+                &["--endpoint", &ep, "watch", "--pid", &pid, "--addr", &hex],
+                T,
+            )
+            .await?;
+            let wpd = match watch.code {
+                Some(0) => true,
+                Some(7) => false,
+                _ => bail!("{}: wpctl watch: {watch:?}", case.what),
+            };
+            if wpd != kernel {
+                disagreements.push(format!(
+                    "{}: kernel {}, wpd {} ({})",
+                    case.what,
+                    if kernel { "allows" } else { "denies" },
+                    if wpd { "allowed" } else { "denied" },
+                    watch.stderr.trim()
+                ));
+                continue;
+            }
+            if !kernel {
+                // Nor does the caller see the process's events, nor its threads.
+                let threads = run_wpctl_as(
+                    Some(NOBODY),
+                    &["--endpoint", &ep, "threads", "--pid", &pid],
+                    T,
+                )
+                .await?;
+                ensure!(threads.code == Some(7), "{}: threads: {threads:?}", case.what);
+                let events = run_wpctl_as(
+                    Some(NOBODY),
+                    &["--endpoint", &ep, "events", "--pid", &pid, "--count", "1"],
+                    T,
+                )
+                .await?;
+                ensure!(events.code == Some(7), "{}: events: {events:?}", case.what);
+            }
+        }
+        ensure!(disagreements.is_empty(), "{disagreements:#?}");
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// A root watchpoint on a process the caller may not trace streams nothing to that caller,
+/// even on a subscription to every process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hits_of_an_undumpable_process_never_reach_its_uid() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = open_daemon().await?;
+    let ep = daemon.endpoint();
+    let target = TargetProc::start_as(NOBODY, &["--threads", "2", "--undumpable"]).await?;
+    let result = async {
+        let pid = target.pid.to_string();
+        let hex = format!("{:#x}", target.vars[0]);
+        let root = run_wpctl_as(None, &["--endpoint", &ep, "watch", "--pid", &pid, "--addr", &hex], T)
+            .await?;
+        ensure!(root.code == Some(0), "root may watch it: {root:?}");
+        let root_events = run_wpctl_as(
+            None,
+            &["--endpoint", &ep, "events", "--count", "3", "--hits-only"],
+            T,
+        )
+        .await?;
+        ensure!(root_events.code == Some(0), "root sees the hits: {root_events:?}");
+        let theirs = run_wpctl_as(
+            Some(NOBODY),
+            &["--endpoint", &ep, "events", "--count", "1", "--hits-only"],
+            Duration::from_secs(3),
+        )
+        .await;
+        ensure!(
+            theirs.is_err(),
+            "uid {NOBODY} must not receive hits of its non-dumpable process: {theirs:?}"
+        );
+        let list = run_wpctl_as(Some(NOBODY), &["--endpoint", &ep, "--json", "list"], T).await?;
+        let v: serde_json::Value = serde_json::from_str(&list.stdout)?;
+        ensure!(
+            v["processes"].as_array().is_some_and(|a| a.is_empty()),
+            "nor see it listed: {}",
+            list.stdout
         );
         Ok(())
     }

@@ -11,6 +11,17 @@
 //! storing only once all of them exist (just before `READY`): thread creation slows down
 //! with every thread already spinning.
 //!
+//! Credentials, for the authorization tests (applied first, before any thread exists):
+//! `--become UID:GID` (started as root: take these real, effective and saved ids, and no
+//! supplementary groups; the kernel then makes the process non-dumpable), `--keep-caps` (keep
+//! the permitted capabilities across `--become`), `--dumpable` (`prctl(PR_SET_DUMPABLE, 1)`
+//! afterwards), `--undumpable` (`prctl(PR_SET_DUMPABLE, 0)`).
+//!
+//! `wpd-target --probe-access PID ADDR` is another mode: it asks the kernel whether the calling
+//! process may read 1 byte of PID's memory at ADDR (`process_vm_readv`, the kernel's
+//! `PTRACE_MODE_ATTACH_REALCREDS` check, the one `PTRACE_SEIZE` makes), prints `ALLOWED` or
+//! `DENIED <errno name>` and exits.
+//!
 //! `--churn`: the N workers are *creators* instead: after `churn-start`, each loops on
 //! "spawn a thread whose only action is one store to `VARS[0]`, join it" until quit or
 //! `stop-workers` (the thread churn of `perf bench breakpoint thread`). Until `churn-start`
@@ -154,10 +165,75 @@ struct Config {
     spin: bool,
     sched_idle: bool,
     churn: bool,
+    /// `--become UID:GID`.
+    become_ids: Option<(u32, u32)>,
+    keep_caps: bool,
+    /// `--dumpable` (Some(true)) or `--undumpable` (Some(false)).
+    dumpable: Option<bool>,
 }
 
-const USAGE: &str =
-    "usage: wpd-target --threads N [--interval-us U] [--spin] [--sched-idle] [--churn]";
+const USAGE: &str = "usage: wpd-target --threads N [--interval-us U] [--spin] [--sched-idle] \
+                     [--churn] [--become UID:GID [--keep-caps]] [--dumpable | --undumpable]\n   \
+                     or: wpd-target --probe-access PID ADDR";
+
+/// `--probe-access PID ADDR`: the kernel's answer to "may I read PID's memory?".
+fn probe_access(pid: &str, addr: &str) -> ExitCode {
+    let (Ok(pid), Some(addr)) = (pid.parse::<libc::pid_t>(), parse_u64(addr)) else {
+        eprintln!("wpd-target: --probe-access PID ADDR");
+        return ExitCode::from(2);
+    };
+    let mut byte = 0u8;
+    let local = libc::iovec {
+        iov_base: (&mut byte as *mut u8).cast(),
+        iov_len: 1,
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: 1,
+    };
+    // SAFETY: one writable local byte; the remote range is only read by the kernel.
+    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    if n == 1 {
+        println!("ALLOWED");
+    } else {
+        let e = io::Error::last_os_error();
+        let name = match e.raw_os_error() {
+            Some(libc::EPERM) => "EPERM".to_string(),
+            Some(libc::ESRCH) => "ESRCH".to_string(),
+            Some(libc::EFAULT) => "EFAULT".to_string(),
+            _ => e.to_string(),
+        };
+        println!("DENIED {name}");
+    }
+    ExitCode::SUCCESS
+}
+
+/// Applies `--become`, `--keep-caps`, `--dumpable`/`--undumpable` (single-threaded still).
+fn apply_credentials(cfg: &Config) -> io::Result<()> {
+    let check = |r: libc::c_int| {
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    };
+    if let Some((uid, gid)) = cfg.become_ids {
+        // SAFETY: plain credential syscalls on this (only) thread.
+        unsafe {
+            if cfg.keep_caps {
+                check(libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0))?;
+            }
+            check(libc::setgroups(0, std::ptr::null()))?;
+            check(libc::setresgid(gid, gid, gid))?;
+            check(libc::setresuid(uid, uid, uid))?;
+        }
+    }
+    if let Some(d) = cfg.dumpable {
+        // SAFETY: prctl on the calling process.
+        check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, libc::c_ulong::from(d), 0, 0, 0) })?;
+    }
+    Ok(())
+}
 
 fn parse_args() -> Result<Config, String> {
     let mut cfg = Config {
@@ -166,6 +242,9 @@ fn parse_args() -> Result<Config, String> {
         spin: false,
         sched_idle: false,
         churn: false,
+        become_ids: None,
+        keep_caps: false,
+        dumpable: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -181,6 +260,17 @@ fn parse_args() -> Result<Config, String> {
             "--spin" => cfg.spin = true,
             "--sched-idle" => cfg.sched_idle = true,
             "--churn" => cfg.churn = true,
+            "--become" => {
+                let v = args.next().ok_or("--become needs UID:GID")?;
+                let (u, g) = v
+                    .split_once(':')
+                    .and_then(|(u, g)| Some((u.parse().ok()?, g.parse().ok()?)))
+                    .ok_or_else(|| format!("--become {v:?}: expected UID:GID"))?;
+                cfg.become_ids = Some((u, g));
+            }
+            "--keep-caps" => cfg.keep_caps = true,
+            "--dumpable" => cfg.dumpable = Some(true),
+            "--undumpable" => cfg.dumpable = Some(false),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -486,6 +576,16 @@ fn parse_u64(s: &str) -> Option<u64> {
 }
 
 fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("--probe-access") {
+        return match argv.as_slice() {
+            [_, _, pid, addr] => probe_access(pid, addr),
+            _ => {
+                eprintln!("wpd-target: --probe-access PID ADDR");
+                ExitCode::from(2)
+            }
+        };
+    }
     let cfg = match parse_args() {
         Ok(cfg) => cfg,
         Err(e) => {
@@ -493,6 +593,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+
+    if let Err(e) = apply_credentials(&cfg) {
+        eprintln!("wpd-target: cannot set the credentials asked for: {e}");
+        return ExitCode::from(1);
+    }
 
     // Before any thread exists, so that every thread can run the handler.
     if let Err(e) = install_usr1_handler() {
