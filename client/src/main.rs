@@ -437,6 +437,16 @@ fn main() -> ExitCode {
     };
     let token = match &cli.token_file {
         Some(path) => match std::fs::read_to_string(path) {
+            Ok(t) if t.trim().len() > wpd_proto::MAX_TOKEN_LEN => {
+                let err = error::Error::Local(format!(
+                    "token file {} holds a {}-byte token; wpd accepts tokens of at most {} bytes",
+                    path.display(),
+                    t.trim().len(),
+                    wpd_proto::MAX_TOKEN_LEN
+                ));
+                report(&err, cli.json);
+                return ExitCode::from(err.exit() as u8);
+            }
             Ok(t) => Some(t.trim().to_string()),
             Err(e) => {
                 let err =

@@ -117,7 +117,7 @@ pub enum WpdError {
     /// (one event per thread and CPU for each watchpoint, as many again to
     /// track the threads). Nothing was changed.
     #[error(
-        "not enough file descriptors for the perf backend: {what} needs {needed} more events ({threads} threads × {cpus} CPUs); wpd has {open} fds open and RLIMIT_NOFILE is {limit} (nothing was changed). Raise wpd's limit (LimitNOFILE= in its service unit, or ulimit -n before starting it), watch fewer threads, or attach with the ptrace backend"
+        "not enough file descriptors for the perf backend: {what} needs {needed} more events ({threads} threads × {cpus} CPUs); wpd has {open} fds open, keeps {headroom} free for connections, and RLIMIT_NOFILE is {limit} (nothing was changed). Raise wpd's limit (LimitNOFILE= in its service unit, or ulimit -n before starting it), watch fewer threads, or attach with the ptrace backend"
     )]
     FdLimit {
         /// What was being done ("attach", "this watchpoint").
@@ -132,6 +132,8 @@ pub enum WpdError {
         open: u64,
         /// The daemon's soft `RLIMIT_NOFILE`.
         limit: u64,
+        /// Fds kept free for connections and the daemon's own files.
+        headroom: u64,
         /// The kernel said EMFILE (else the daemon's own count of its perf
         /// fds already showed they could not fit, and nothing was tried).
         by_kernel: bool,

@@ -63,6 +63,10 @@ struct Args {
     /// received is closed.
     #[arg(long, default_value_t = ConnLimits::default().idle.as_secs())]
     idle_timeout: u64,
+    /// File descriptors perf events leave free for connections and the
+    /// daemon's own files (default: the connection limits plus 64).
+    #[arg(long)]
+    fd_headroom: Option<u64>,
     /// File listing the ptrace-attached processes, for a restarted daemon to
     /// clean up after a killed one (default: beside the socket,
     /// `<socket>.ptrace-armed`; `WPD_STATE_FILE` also sets it).
@@ -160,6 +164,16 @@ async fn run(args: Args) -> std::process::ExitCode {
         },
         _ => None,
     };
+    let conns = ConnLimits {
+        per_caller: args.max_connections_per_caller,
+        total: args.max_connections,
+        privileged_reserve: ConnLimits::default().privileged_reserve,
+        idle: std::time::Duration::from_secs(args.idle_timeout.max(1)),
+        streams: args.max_streams_per_connection.max(1),
+    };
+    let fd_headroom = args
+        .fd_headroom
+        .unwrap_or((conns.total + conns.privileged_reserve) as u64 + 64);
     let opts = wpd::server::Options {
         tls,
         token,
@@ -170,14 +184,9 @@ async fn run(args: Args) -> std::process::ExitCode {
             processes: args.max_processes,
             subscribers: args.max_subscribers,
             subscribers_per_caller: args.max_subscribers_per_caller,
+            fd_headroom,
         },
-        conns: ConnLimits {
-            per_caller: args.max_connections_per_caller,
-            total: args.max_connections,
-            privileged_reserve: ConnLimits::default().privileged_reserve,
-            idle: std::time::Duration::from_secs(args.idle_timeout.max(1)),
-            streams: args.max_streams_per_connection.max(1),
-        },
+        conns,
         state_file: args.ptrace_state_file,
     };
     match wpd::server::run(listen, opts).await {

@@ -290,6 +290,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn each_listen_address_has_its_own_state_file() {
+        if std::env::var_os("WPD_STATE_FILE").is_some() {
+            return; // the override wins, by design
+        }
+        let a = state_file_for(&"unix:/run/wpd/wpd.sock".parse().unwrap());
+        let b = state_file_for(&"unix:/tmp/other/wpd.sock".parse().unwrap());
+        let c = state_file_for(&"tcp://127.0.0.1:5000".parse().unwrap());
+        let d = state_file_for(&"tcp://127.0.0.1:5001".parse().unwrap());
+        assert_eq!(a, PathBuf::from("/run/wpd/wpd.sock.ptrace-armed"));
+        assert_eq!(b, PathBuf::from("/tmp/other/wpd.sock.ptrace-armed"));
+        assert_eq!(c, PathBuf::from("/run/wpd/ptrace-armed-tcp-127.0.0.1_5000"));
+        assert_ne!(c, d);
+    }
+
+    #[test]
     fn listen_parsing() {
         assert_eq!(
             "unix:/tmp/x.sock".parse::<Listen>(),
@@ -332,6 +347,15 @@ mod tests {
                 .contains("TCP listeners only")
         );
         assert!("tcp://nonsense".parse::<Listen>().is_err());
+        let long = Options {
+            token: Some("x".repeat(crate::rpc::auth::MAX_TOKEN_LEN + 1)),
+            ..Default::default()
+        };
+        assert!(
+            check_listen(&local, &long)
+                .unwrap_err()
+                .contains("at most 4096")
+        );
         assert!("unix:".parse::<Listen>().is_err());
         assert!("foo".parse::<Listen>().is_err());
     }

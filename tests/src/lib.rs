@@ -450,6 +450,60 @@ impl Daemon {
         Self::spawn(extra, None, None).await
     }
 
+    /// A daemon every user may connect to (`--socket-mode 666`, its directory searchable), so
+    /// that authorization and the per-caller limits alone decide; `extra` arguments added.
+    pub async fn start_open(extra: &[&str]) -> Result<Daemon> {
+        use std::os::unix::fs::PermissionsExt;
+        let args: Vec<&str> = ["--socket-mode", "666"]
+            .iter()
+            .chain(extra)
+            .copied()
+            .collect();
+        let d = Self::spawn(&args, None, None).await?;
+        fs::set_permissions(&d.dir, fs::Permissions::from_mode(0o755))?;
+        Ok(d)
+    }
+
+    /// Extra arguments and a fixed `RLIMIT_NOFILE` (see [`Daemon::start_with_fd_limit`]).
+    pub async fn start_with_args_and_fd_limit(extra: &[&str], limit: u64) -> Result<Daemon> {
+        Self::spawn(extra, None, Some(limit)).await
+    }
+
+    /// The daemon's resident memory now (`VmRSS`), in KiB.
+    pub fn rss_kib(&self) -> Result<u64> {
+        let pid = self.pid();
+        let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .ok_or_else(|| anyhow!("no VmRSS for wpd {pid}"))
+    }
+
+    /// CPU time the daemon has used so far (user + system, all threads).
+    pub fn cpu_time(&self) -> Result<Duration> {
+        let pid = self.pid();
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        let rest = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .ok_or_else(|| anyhow!("cannot parse /proc/{pid}/stat"))?;
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .map(|w| w.parse().unwrap_or(0))
+            .collect();
+        // Fields 14 and 15 (utime, stime), counted from the state (field 3).
+        let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Ok(Duration::from_millis(ticks * 1000 / hz))
+    }
+
+    /// The daemon's open file descriptors.
+    pub fn fd_count(&self) -> Result<usize> {
+        Ok(fs::read_dir(format!("/proc/{}/fd", self.pid()))?.count())
+    }
+
     /// Like [`Daemon::start`], but with the ptrace state file at `state_file` (e.g. the
     /// [`Daemon::state_file`] of a daemon that was [killed](Daemon::kill), to test recovery).
     pub async fn start_with_state_file(state_file: &Path) -> Result<Daemon> {
@@ -768,6 +822,19 @@ impl TargetProc {
             .read_line(TARGET_READY_TIMEOUT)
             .await
             .context("waiting for READY after exec")?;
+        self.owed = 0;
+        self.parse_ready(&line)
+    }
+
+    /// Makes the target exec `program` (a copy of `wpd-target`, e.g. a setuid one) with
+    /// `workers` workers and waits for its READY line; `vars` are updated.
+    pub async fn exec_path(&mut self, program: &Path, workers: usize) -> Result<()> {
+        ensure!(self.owed == 0, "replies still owed before exec");
+        self.send(&format!("exec-path {} {workers}", program.display()))?;
+        let line = self
+            .read_line(TARGET_READY_TIMEOUT)
+            .await
+            .context("waiting for READY after exec-path")?;
         self.owed = 0;
         self.parse_ready(&line)
     }
@@ -1132,23 +1199,58 @@ fn parse_hex(s: &str) -> Option<u64> {
 }
 
 /// The kernel's own answer to "may user `uid` (group `gid`, no capabilities) read the memory
-/// of `pid` at `addr`?": `wpd-target --probe-access` run as that user (`process_vm_readv`, the
-/// same `PTRACE_MODE_ATTACH_REALCREDS` check `PTRACE_SEIZE` makes). `Ok(true)` when allowed.
+/// of `pid` at `addr`?": `wpd-probe access` run as that user (`process_vm_readv`, the same
+/// `PTRACE_MODE_ATTACH_REALCREDS` check `PTRACE_SEIZE` makes). `Ok(true)` when allowed.
 pub async fn kernel_allows_access(uid: u32, gid: u32, pid: i32, addr: u64) -> Result<bool> {
-    let bin = find_bin("wpd-target")?;
+    let bin = find_bin("wpd-probe")?;
     let out = tokio::process::Command::new(&bin)
-        .args(["--probe-access", &pid.to_string(), &format!("{addr:#x}")])
+        .args(["access", &pid.to_string(), &format!("{addr:#x}")])
         .uid(uid)
         .gid(gid)
         .stdin(Stdio::null())
         .output()
         .await
-        .context("running wpd-target --probe-access")?;
+        .context("running wpd-probe access")?;
     let text = String::from_utf8_lossy(&out.stdout);
     match text.trim() {
         "ALLOWED" => Ok(true),
         t if t.starts_with("DENIED") => Ok(false),
-        t => bail!("wpd-target --probe-access said {t:?} ({:?})", out.status),
+        t => bail!("wpd-probe access said {t:?} ({:?})", out.status),
+    }
+}
+
+/// A setuid-root copy of `wpd-target` in a directory of its own (removed on drop), for tests of
+/// a watched process that executes a program with other credentials.
+pub struct SetuidTarget {
+    dir: PathBuf,
+    /// The copy: owned by root, mode 4755.
+    pub path: PathBuf,
+}
+
+impl SetuidTarget {
+    /// Makes the copy (needs root).
+    pub fn new() -> Result<SetuidTarget> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = unique_temp_dir("wpd-setuid")?;
+        let path = dir.join("wpd-target-setuid");
+        let made = (|| -> Result<()> {
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?;
+            fs::copy(find_bin("wpd-target")?, &path)?;
+            std::os::unix::fs::chown(&path, Some(0), Some(0))?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o4755))?;
+            Ok(())
+        })();
+        if let Err(e) = made {
+            let _ = fs::remove_dir_all(&dir);
+            return Err(e.context("making a setuid copy of wpd-target"));
+        }
+        Ok(SetuidTarget { dir, path })
+    }
+}
+
+impl Drop for SetuidTarget {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -2128,6 +2230,78 @@ pub async fn collect_hits(
     timeout: Duration,
 ) -> Result<Vec<Hit>> {
     stream.collect_hits(n, timeout).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running wpd-probe
+// ---------------------------------------------------------------------------------------------
+
+/// A running `wpd-probe` (see its doc): reads its lines, ends it by closing its stdin, kills it
+/// on drop.
+pub struct Probe {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Probe {
+    /// Starts `wpd-probe args`, as user `uid` (group = uid) when given.
+    pub async fn start(uid: Option<u32>, args: &[&str]) -> Result<Probe> {
+        use tokio::io::AsyncBufReadExt;
+        let bin = find_bin("wpd-probe")?;
+        let mut cmd = tokio::process::Command::new(&bin);
+        if let Some(uid) = uid {
+            cmd.uid(uid).gid(uid);
+        }
+        let mut child = cmd
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting wpd-probe {args:?}"))?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        Ok(Probe {
+            child,
+            lines: tokio::io::BufReader::new(stdout).lines(),
+        })
+    }
+
+    /// The next line it prints (within `timeout`).
+    pub async fn line(&mut self, timeout: Duration) -> Result<String> {
+        let line = tokio::time::timeout(timeout, self.lines.next_line())
+            .await
+            .map_err(|_| anyhow!("wpd-probe printed nothing within {timeout:?}"))??;
+        match line {
+            Some(l) => Ok(l),
+            None => {
+                let st = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+                bail!("wpd-probe ended without a line ({st:?})")
+            }
+        }
+    }
+
+    /// Closes its stdin (the probe then finishes), returns its last line, and waits for it.
+    pub async fn finish(mut self, timeout: Duration) -> Result<String> {
+        drop(self.child.stdin.take());
+        let line = self.line(timeout).await?;
+        let _ = tokio::time::timeout(timeout, self.child.wait()).await;
+        Ok(line)
+    }
+}
+
+/// The number after `key` in a probe's line (`OPEN 8` → 8).
+pub fn probe_number(line: &str, key: &str) -> Result<u64> {
+    let mut words = line.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == key {
+            return words
+                .next()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| anyhow!("no number after {key} in {line:?}"));
+        }
+    }
+    bail!("no {key} in {line:?}")
 }
 
 // ---------------------------------------------------------------------------------------------

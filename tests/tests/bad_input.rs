@@ -288,3 +288,106 @@ async fn unattached_pid_is_not_found() -> Result<()> {
         .await,
     )
 }
+
+/// The reason of a status's ErrorInfo detail.
+fn reason(s: &tonic::Status) -> String {
+    use tonic_types::StatusExt;
+    s.get_details_error_info()
+        .map(|i| i.reason)
+        .unwrap_or_default()
+}
+
+/// The daemon never attaches to itself (its own hits would feed back into it), and pid 1 only
+/// when asked for explicitly (`allow_init`); both refused before anything is touched. (The
+/// explicit case is not tried: the tests attach only to processes they started.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_itself_and_init_are_refused() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let own = daemon.pid();
+            let r = rpc(client.attach(wpd_proto::v1::AttachRequest {
+                pid: own,
+                ..Default::default()
+            }))
+            .await?;
+            let s = expect_status(
+                "Attach(the daemon)",
+                r,
+                Code::InvalidArgument,
+                &["daemon itself"],
+            )?;
+            ensure!(reason(&s) == wpd_proto::reason::OWN_PROCESS, "{s:?}");
+            let r = rpc(client.set_watchpoint(SetWatchpointRequest {
+                spec: Some(write_spec(Backend::Perf, own, 0x1000)),
+            }))
+            .await?;
+            expect_status(
+                "SetWatchpoint(the daemon)",
+                r,
+                Code::InvalidArgument,
+                &["daemon itself"],
+            )?;
+            let r = rpc(client.attach(wpd_proto::v1::AttachRequest {
+                pid: 1,
+                ..Default::default()
+            }))
+            .await?;
+            let s = expect_status("Attach(1)", r, Code::FailedPrecondition, &["allow-init"])?;
+            ensure!(reason(&s) == wpd_proto::reason::INIT_PROCESS, "{s:?}");
+            let r = rpc(client.set_watchpoint(SetWatchpointRequest {
+                spec: Some(write_spec(Backend::Perf, 1, 0x1000)),
+            }))
+            .await?;
+            expect_status("SetWatchpoint(1)", r, Code::FailedPrecondition, &["init"])?;
+            let list = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            ensure!(list.processes.is_empty(), "attached: {list:?}");
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// A thread named 100,000 times in ListThreads is listed once (as SetWatchpoint counts it once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_threads_lists_a_repeated_tid_once() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let target = TargetProc::start(&["--threads", "2"]).await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            set_watchpoint(
+                &mut client,
+                write_spec(Backend::Perf, target.pid, target.vars[1]),
+            )
+            .await?;
+            let r = rpc_ok(
+                "ListThreads",
+                client.list_threads(ListThreadsRequest {
+                    pid: target.pid,
+                    tids: vec![target.pid; 100_000],
+                    probe: false,
+                }),
+            )
+            .await?;
+            ensure!(
+                r.threads.len() == 1 && r.threads[0].tid == target.pid,
+                "{} entries for one thread",
+                r.threads.len()
+            );
+            Ok(())
+        }
+        .await,
+    )
+}

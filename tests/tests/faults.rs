@@ -1368,7 +1368,8 @@ async fn perf_out_of_fds(how: FdRefusal) -> Result<()> {
         );
         return Ok(());
     }
-    let daemon = Daemon::start_with_fd_limit(limit).await?;
+    // No fds kept for connections: the limits below are computed from the perf events alone.
+    let daemon = Daemon::start_with_args_and_fd_limit(&["--fd-headroom", "0"], limit).await?;
     // Workers that write rarely: the test only needs their threads.
     let slow = ["--interval-us", "50000"];
     let n = FD_TEST_THREADS.to_string();
@@ -1380,6 +1381,39 @@ async fn perf_out_of_fds(how: FdRefusal) -> Result<()> {
         let base = Baseline::take(&daemon, &mut client).await?;
         let pid = target.pid;
         let dpid = daemon.pid();
+        // Refused without an attach first: the attach SetWatchpoint made on its way is undone
+        // too (nothing was changed, as the error says).
+        let r = rpc(client.set_watchpoint(SetWatchpointRequest {
+            spec: Some(write_spec(Backend::Perf, pid, target.vars[0])),
+        }))
+        .await?;
+        expect_fd_limit("SetWatchpoint on a process not attached", r, per_set, limit)?;
+        let list = rpc_ok(
+            "ListWatchpoints",
+            client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+        )
+        .await?;
+        ensure!(
+            list.processes.is_empty() && list.watchpoints.is_empty(),
+            "the refused SetWatchpoint left {list:?}"
+        );
+        ensure!(
+            get_stats(&mut client).await?.perf_fds == 0,
+            "perf fds left by the refused SetWatchpoint"
+        );
+        poll_until(
+            CLEAN_TIMEOUT,
+            "the daemon's fds back to their count before the refused SetWatchpoint",
+            async || {
+                let n = daemon_fds(dpid)?;
+                Ok(if n == base.fds {
+                    Ok(())
+                } else {
+                    Err(format!("{n} fds, {} before", base.fds))
+                })
+            },
+        )
+        .await?;
         attach(&mut client, pid, Backend::Perf).await?;
         let attached = Baseline::take(&daemon, &mut client).await?;
         let before = snapshot(&mut client, pid).await?;

@@ -398,3 +398,94 @@ async fn churned_threads_leave_no_rows(backend: Backend) -> Result<()> {
         .await,
     )
 }
+
+/// A subscriber that does not read loses events once the daemon's ring has gone round, and
+/// the loss counts in GetStats when it happens, not when the subscriber reads again. When it
+/// reads, it is told how many it lost and their sequence numbers, and the count is not added a
+/// second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losses_count_when_they_happen_and_name_their_sequence_numbers() -> Result<()> {
+    if !wpd_tests::require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    // Workers that almost never write: the hits come from `hammer`'s threads.
+    let mut target = TargetProc::start(&["--threads", "1", "--interval-us", "1000000"]).await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let mut reader = daemon.client().await?;
+            // Every event (no filter): sequence numbers then have no gaps but losses.
+            let mut stalled = reader
+                .stream_events(StreamEventsRequest::default())
+                .await?
+                .into_inner();
+            set_watchpoint(
+                &mut client,
+                write_spec(Backend::Perf, target.pid, target.vars[3]),
+            )
+            .await?;
+            let stats = |c: &mut wpd_tests::Client| {
+                let mut c = c.clone();
+                async move {
+                    rpc_ok("GetStats", c.get_stats(wpd_proto::v1::GetStatsRequest {})).await
+                }
+            };
+            // Rounds of 2 s of stores from 2 threads (far more hits than the ring's 65,536
+            // on any machine seen; more rounds where it is slower), until a loss shows.
+            let mut reply = None;
+            let mut before_read = stats(&mut client).await?;
+            for _ in 0..5 {
+                reply = target.cmd_within("hammer 3 2 2000", Duration::from_secs(30)).await?;
+                before_read = stats(&mut client).await?;
+                if before_read.subscriber_dropped > 0 {
+                    break;
+                }
+            }
+            ensure!(
+                before_read.subscriber_dropped > 0,
+                "nothing counted as lost before the subscriber read ({before_read:?}, {reply:?})"
+            );
+            // Now read everything: buffered events, then the loss report.
+            let mut told = 0u64;
+            let mut last_seq = 0u64;
+            loop {
+                let msg = tokio::time::timeout(Duration::from_secs(3), stalled.message()).await;
+                let Ok(Ok(Some(m))) = msg else { break };
+                match &m.event {
+                    Some(Event::Dropped(d)) => {
+                        ensure!(
+                            d.count > 0
+                                && d.last_seq == m.seq
+                                && d.last_seq - d.first_seq + 1 == d.count
+                                && d.first_seq == last_seq + 1,
+                            "EventsDropped {d:?} (item seq {}) after seq {last_seq}",
+                            m.seq
+                        );
+                        told += d.count;
+                    }
+                    _ => ensure!(
+                        last_seq == 0 || m.seq == last_seq + 1,
+                        "seq {} after {last_seq}: a gap without a loss report",
+                        m.seq
+                    ),
+                }
+                last_seq = m.seq;
+            }
+            ensure!(told > 0, "the subscriber was never told of its losses");
+            let after_read = stats(&mut client).await?;
+            ensure!(
+                after_read.subscriber_dropped == told,
+                "GetStats says {} lost; the subscriber was told of {told}",
+                after_read.subscriber_dropped
+            );
+            ensure!(
+                before_read.subscriber_dropped <= told,
+                "counted {} before the read, more than the {told} there were",
+                before_read.subscriber_dropped
+            );
+            target.ensure_alive()
+        }
+        .await,
+    )
+}

@@ -9,8 +9,9 @@ use anyhow::{Context, Result, ensure};
 use tonic::Code;
 use wpd_proto::v1::{DetachRequest, ListThreadsRequest, ListWatchpointsRequest, SlotState};
 use wpd_tests::{
-    Backend, Daemon, Event, EventStream, TargetProc, both_backends, count_slots, describe_status,
-    expect_status, list_threads, ours, poll_until, rpc, rpc_ok, set_watchpoint, write_spec,
+    Backend, Daemon, Event, EventStream, SetuidTarget, TargetProc, both_backends, count_slots,
+    describe_status, expect_status, list_threads, ours, poll_until, rpc, rpc_ok, set_watchpoint,
+    write_spec,
 };
 
 /// How long a target may stay ptrace-attached after a detach or the daemon's exit.
@@ -227,6 +228,77 @@ async fn exec_removes_watchpoints_and_keeps_tracking(backend: Backend) -> Result
             let pong = target.cmd("ping").await?;
             ensure!(pong.starts_with("PONG"), "target after exec: {pong}");
             Ok(())
+        }
+        .await,
+    )
+}
+
+both_backends!(setuid_exec_ends_the_attachment);
+
+/// A watched process of an unprivileged user executes a setuid-root program: with perf the
+/// kernel takes every event off it, with ptrace its credentials change under the tracer. The
+/// daemon must not keep a dead attachment (or a watch on a now-privileged process) nor report
+/// success later for a watchpoint armed on no thread: it ends the attachment with a
+/// `ProcessLost` event saying why. The process runs on, untraced, and can be attached again.
+async fn setuid_exec_ends_the_attachment(backend: Backend) -> Result<()> {
+    const NOBODY: u32 = 65534;
+    let setuid = SetuidTarget::new()?;
+    let daemon = Daemon::start().await?;
+    let mut target = TargetProc::start_as(NOBODY, &["--threads", "2"]).await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let pid = target.pid;
+            let mut events = EventStream::for_pid(&mut client, pid).await?;
+            let id = set_watchpoint(&mut client, write_spec(backend, pid, target.vars[0]))
+                .await?
+                .watchpoint
+                .unwrap_or_default()
+                .id;
+            events.collect_hits(1, Duration::from_secs(10)).await?;
+            target.exec_path(&setuid.path, 2).await?;
+            ensure!(target.pid == pid, "exec keeps the pid");
+            let lost = events
+                .wait_for(Duration::from_secs(10), "ProcessLost", |ev| {
+                    Ok(match ev {
+                        Event::ProcessLost(l) if l.pid == pid => Some(l.clone()),
+                        _ => None,
+                    })
+                })
+                .await?;
+            ensure!(
+                lost.watchpoint_ids == [id] && lost.reason.contains("setuid"),
+                "ProcessLost {lost:?}: expected watchpoint {id} and the reason"
+            );
+            let list = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            ensure!(
+                list.watchpoints.is_empty() && list.processes.is_empty(),
+                "still listed after the setuid exec: {list:?}"
+            );
+            target.wait_untraced(UNTRACE_TIMEOUT).await?;
+            target.ensure_alive()?;
+            // Attached again, the new program is watched on every thread.
+            let again = set_watchpoint(&mut client, write_spec(backend, pid, target.vars[0]))
+                .await?
+                .watchpoint
+                .unwrap_or_default();
+            ensure!(
+                again.armed_threads == 3,
+                "armed on {} threads",
+                again.armed_threads
+            );
+            let hits = events.collect_hits(2, Duration::from_secs(10)).await?;
+            ensure!(
+                hits.iter().all(|h| h.watchpoint_id == again.id),
+                "hits of the new watchpoint expected: {hits:?}"
+            );
+            rpc_ok("Detach", client.detach(DetachRequest { pid })).await?;
+            target.wait_untraced(UNTRACE_TIMEOUT).await?;
+            target.ensure_alive()
         }
         .await,
     )

@@ -14,13 +14,7 @@ const T: Duration = Duration::from_secs(20);
 /// A daemon whose socket every user may connect to: authorization alone
 /// decides.
 async fn open_daemon() -> Result<Daemon> {
-    let d = Daemon::start_with_args(&["--socket-mode", "666"]).await?;
-    // The socket's directory must be reachable by the unprivileged users.
-    if let Some(dir) = std::path::Path::new(d.endpoint().trim_start_matches("unix:")).parent() {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
-    }
-    Ok(d)
+    Daemon::start_open(&[]).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -126,6 +120,23 @@ async fn users_watch_their_own_processes_and_nothing_else() -> Result<()> {
             "owner should see exactly its watchpoint: {}",
             own.stdout
         );
+        // Nor count it in their stats; the owner counts only its own.
+        for (uid, want) in [(OTHER, 0), (NOBODY, 1)] {
+            let st = run_wpctl_as(Some(uid), &["--endpoint", &ep, "--json", "stats"], T).await?;
+            let v: serde_json::Value = serde_json::from_str(&st.stdout)?;
+            ensure!(
+                v["processes"] == want && v["watchpoints"] == want && v["perf_fds"] == 0,
+                "uid {uid}'s stats must count only its own processes ({want}): {}",
+                st.stdout
+            );
+        }
+        let st = run_wpctl_as(None, &["--endpoint", &ep, "--json", "stats"], T).await?;
+        let v: serde_json::Value = serde_json::from_str(&st.stdout)?;
+        ensure!(
+            v["processes"] == 1 && v["perf_fds"].as_u64() > Some(0),
+            "root: {}",
+            st.stdout
+        );
         // Events: the other user's stream carries none of this process's hits.
         let ev = run_wpctl_as(
             Some(OTHER),
@@ -223,7 +234,11 @@ async fn wpd_agrees_with_the_kernel() -> Result<()> {
     let result = async {
         let mut disagreements = Vec::new();
         for case in CASES {
-            let args: Vec<&str> = ["--threads", "2"].iter().chain(case.args).copied().collect();
+            let args: Vec<&str> = ["--threads", "2"]
+                .iter()
+                .chain(case.args)
+                .copied()
+                .collect();
             let target = match case.ids {
                 Some((u, g)) => TargetProc::start_as_ids(u, g, &args).await?,
                 None => TargetProc::start(&args).await?,
@@ -267,7 +282,11 @@ async fn wpd_agrees_with_the_kernel() -> Result<()> {
                     T,
                 )
                 .await?;
-                ensure!(threads.code == Some(7), "{}: threads: {threads:?}", case.what);
+                ensure!(
+                    threads.code == Some(7),
+                    "{}: threads: {threads:?}",
+                    case.what
+                );
                 let events = run_wpctl_as(
                     Some(NOBODY),
                     &["--endpoint", &ep, "events", "--pid", &pid, "--count", "1"],
@@ -297,8 +316,12 @@ async fn hits_of_an_undumpable_process_never_reach_its_uid() -> Result<()> {
     let result = async {
         let pid = target.pid.to_string();
         let hex = format!("{:#x}", target.vars[0]);
-        let root = run_wpctl_as(None, &["--endpoint", &ep, "watch", "--pid", &pid, "--addr", &hex], T)
-            .await?;
+        let root = run_wpctl_as(
+            None,
+            &["--endpoint", &ep, "watch", "--pid", &pid, "--addr", &hex],
+            T,
+        )
+        .await?;
         ensure!(root.code == Some(0), "root may watch it: {root:?}");
         let root_events = run_wpctl_as(
             None,
@@ -306,7 +329,10 @@ async fn hits_of_an_undumpable_process_never_reach_its_uid() -> Result<()> {
             T,
         )
         .await?;
-        ensure!(root_events.code == Some(0), "root sees the hits: {root_events:?}");
+        ensure!(
+            root_events.code == Some(0),
+            "root sees the hits: {root_events:?}"
+        );
         let theirs = run_wpctl_as(
             Some(NOBODY),
             &["--endpoint", &ep, "events", "--count", "1", "--hits-only"],
@@ -409,6 +435,77 @@ async fn tcp_requires_a_token() -> Result<()> {
         ensure!(
             bad.code == Some(7) && bad.stderr.contains("invalid token"),
             "{bad:?}"
+        );
+        // The scheme is case-insensitive (RFC 7235 §2.1); one header only.
+        let channel = wpd_proto::connect::channel(
+            &ep.parse::<wpd_proto::connect::Target>()
+                .map_err(anyhow::Error::msg)?,
+        )
+        .await?;
+        let mut client = wpd_proto::v1::watchpoints_client::WatchpointsClient::new(channel.clone());
+        let with = |values: &[&str]| {
+            let mut r = tonic::Request::new(wpd_proto::v1::GetStatsRequest {});
+            for v in values {
+                r.metadata_mut().append("authorization", v.parse().unwrap());
+            }
+            r
+        };
+        for scheme in ["bearer", "BEARER", "Bearer"] {
+            let r = client
+                .get_stats(with(&[&format!("{scheme} correct-horse-battery-staple")]))
+                .await;
+            ensure!(r.is_ok(), "scheme {scheme:?} refused: {r:?}");
+        }
+        let two = client
+            .get_stats(with(&[
+                "Bearer correct-horse-battery-staple",
+                "Bearer correct-horse-battery-staple",
+            ]))
+            .await;
+        ensure!(
+            matches!(&two, Err(s) if s.code() == tonic::Code::Unauthenticated
+                && s.message().contains("2 `authorization` headers")),
+            "two authorization headers: {two:?}"
+        );
+        // Health answers without a token (probes of orchestrators send none); it names no
+        // process.
+        let health = tonic_health::pb::health_client::HealthClient::new(channel)
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: wpd_proto::SERVICE_NAME.into(),
+            })
+            .await?;
+        ensure!(
+            health.into_inner().status
+                == tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+            "health without a token"
+        );
+        // A token too long for an HTTP/2 header: one clear line, nothing sent.
+        let huge = dir.join("huge");
+        std::fs::write(&huge, "x".repeat(100 * 1024))?;
+        let huge_arg = huge.to_string_lossy().to_string();
+        let long = run_wpctl_as(
+            None,
+            &["--endpoint", &ep, "--token-file", &huge_arg, "caps"],
+            T,
+        )
+        .await?;
+        ensure!(
+            long.code == Some(2)
+                && long.stderr.contains("at most 4096 bytes")
+                && long.stderr.trim().lines().count() == 1,
+            "{long:?}"
+        );
+        let refused = tokio::process::Command::new(&wpd)
+            .args(["--listen", "tcp://127.0.0.1:1", "--token-file"])
+            .arg(&huge)
+            .env("WPD_STATE_FILE", &state)
+            .stderr(Stdio::piped())
+            .output()
+            .await?;
+        ensure!(
+            !refused.status.success()
+                && String::from_utf8_lossy(&refused.stderr).contains("at most 4096"),
+            "wpd with a 100 KB token: {refused:?}"
         );
         Ok(())
     }

@@ -35,6 +35,9 @@ fn to_json(s: &GetStatsResponse) -> serde_json::Value {
         "ledger_hold_p99_ns": s.ledger_hold_p99_ns,
         "ledger_hold_max_ns": s.ledger_hold_max_ns,
         "uptime_s": s.uptime_s,
+        "connections": s.connections,
+        "connections_refused": s.connections_refused,
+        "connections_idled": s.connections_idled,
     })
 }
 
@@ -58,6 +61,13 @@ fn to_text(s: &GetStatsResponse) -> String {
             ),
         ),
         ("uptime", output::duration_s(s.uptime_s)),
+        (
+            "connections",
+            format!(
+                "{} open, {} refused, {} closed idle",
+                s.connections, s.connections_refused, s.connections_idled
+            ),
+        ),
     ])
 }
 
@@ -82,7 +92,11 @@ mod tests {
             text.contains("ledger hold:        p50 800 ns, p99 12.5 µs, max 4.2 ms\n"),
             "{text}"
         );
-        assert!(text.ends_with("uptime:             1m15s\n"), "{text}");
+        assert!(text.contains("uptime:             1m15s\n"), "{text}");
+        assert!(
+            text.ends_with("connections:        0 open, 0 refused, 0 closed idle\n"),
+            "{text}"
+        );
         assert_eq!(to_json(&s)["hits"], 9);
     }
 }

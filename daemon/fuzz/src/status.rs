@@ -197,11 +197,42 @@ pub enum ErrorInput {
         open: u64,
         /// The limit.
         limit: u64,
+        /// Fds kept free.
+        headroom: u64,
         /// Refused by the kernel.
         by_kernel: bool,
     },
     /// `WpdError::ProcessExited`.
     ProcessExited(i32),
+    /// `WpdError::Unauthenticated`.
+    Unauthenticated(String),
+    /// `WpdError::NeedsBackend`.
+    NeedsBackend {
+        /// What was asked for.
+        feature: StaticText,
+        /// Backend that has it.
+        needs: BackendInput,
+        /// Hint.
+        hint: StaticText,
+    },
+    /// `WpdError::NotAProcess`.
+    NotAProcess {
+        /// Thread.
+        tid: i32,
+        /// Its process.
+        pid: i32,
+    },
+    /// `WpdError::OwnProcess`.
+    OwnProcess(i32),
+    /// `WpdError::InitProcess`.
+    InitProcess,
+    /// `WpdError::ProcessLost`.
+    ProcessLost {
+        /// Process.
+        pid: i32,
+        /// Why.
+        why: String,
+    },
     /// `WpdError::Kernel` (any raw errno, known or not).
     Kernel {
         /// Operation.
@@ -291,6 +322,7 @@ impl ErrorInput {
                 needed,
                 open,
                 limit,
+                headroom,
                 by_kernel,
             } => WpdError::FdLimit {
                 what: what.get(),
@@ -299,9 +331,24 @@ impl ErrorInput {
                 needed,
                 open,
                 limit,
+                headroom,
                 by_kernel,
             },
             ErrorInput::ProcessExited(p) => WpdError::ProcessExited(p),
+            ErrorInput::Unauthenticated(m) => WpdError::Unauthenticated(m),
+            ErrorInput::NeedsBackend {
+                feature,
+                needs,
+                hint,
+            } => WpdError::NeedsBackend {
+                feature: feature.get(),
+                needs: needs.into(),
+                hint: hint.get(),
+            },
+            ErrorInput::NotAProcess { tid, pid } => WpdError::NotAProcess { tid, pid },
+            ErrorInput::OwnProcess(p) => WpdError::OwnProcess(p),
+            ErrorInput::InitProcess => WpdError::InitProcess,
+            ErrorInput::ProcessLost { pid, why } => WpdError::ProcessLost { pid, why },
             ErrorInput::Kernel { op, errno } => WpdError::Kernel {
                 op,
                 err: nix::errno::Errno::from_raw(errno),
@@ -329,6 +376,12 @@ pub fn variant(e: &WpdError) -> &'static str {
         WpdError::LimitReached { .. } => "LimitReached",
         WpdError::FdLimit { .. } => "FdLimit",
         WpdError::ProcessExited(_) => "ProcessExited",
+        WpdError::Unauthenticated(_) => "Unauthenticated",
+        WpdError::NeedsBackend { .. } => "NeedsBackend",
+        WpdError::NotAProcess { .. } => "NotAProcess",
+        WpdError::OwnProcess(_) => "OwnProcess",
+        WpdError::InitProcess => "InitProcess",
+        WpdError::ProcessLost { .. } => "ProcessLost",
         WpdError::Kernel { .. } => "Kernel",
     }
 }
@@ -391,10 +444,12 @@ pub fn check(e: &WpdError) -> Status {
         needed,
         open,
         limit,
+        headroom,
         by_kernel,
         ..
     } = e
     {
+        assert_eq!(info.metadata.get("fd_headroom"), Some(&headroom.to_string()));
         assert_eq!(info.metadata.get("needed_fds"), Some(&needed.to_string()));
         assert_eq!(info.metadata.get("open_fds"), Some(&open.to_string()));
         assert_eq!(info.metadata.get("rlimit_nofile"), Some(&limit.to_string()));

@@ -146,6 +146,9 @@ pub struct PerfBackend {
     /// Highest fd number the process's fd table is known to hold (it never
     /// shrinks); see [`PerfBackend::reserve_fds`].
     fd_room: AtomicU64,
+    /// Fds perf events leave free under `RLIMIT_NOFILE` for everything else
+    /// (connections above all); see [`PerfBackend::set_fd_headroom`].
+    headroom: AtomicU64,
 }
 
 impl std::fmt::Debug for PerfBackend {
@@ -302,6 +305,7 @@ impl PerfBackend {
             open_fds: AtomicU64::new(0),
             lost: AtomicU64::new(0),
             fd_room: AtomicU64::new(0),
+            headroom: AtomicU64::new(0),
         };
         // Grown once now, the table spares the first attaches their growth
         // and its RCU wait (128 KiB of kernel memory).
@@ -364,12 +368,26 @@ impl PerfBackend {
     }
 
     /// Whether `more` event fds can fit beside the event fds and collectors
-    /// open now under the soft `RLIMIT_NOFILE`; false when they certainly
-    /// cannot. The daemon's other fds are not counted (a few dozen): the
-    /// kernel's EMFILE stays the final word.
+    /// open now, leaving the headroom free, under the soft `RLIMIT_NOFILE`;
+    /// false when they cannot. The daemon's other fds are not counted: the
+    /// headroom is for them, and the kernel's EMFILE stays the final word.
     pub fn fd_room(&self, more: usize) -> bool {
         let open = self.open_fds() + self.collectors.len() as u64;
-        open.saturating_add(more as u64) <= nofile_limit()
+        open.saturating_add(more as u64)
+            .saturating_add(self.headroom.load(Ordering::Relaxed))
+            <= nofile_limit()
+    }
+
+    /// Sets the fds perf events never take: the daemon's connections
+    /// (their limits, so that clients can always reach a daemon whose
+    /// watchpoints fill its fd limit) and its own files.
+    pub fn set_fd_headroom(&self, fds: u64) {
+        self.headroom.store(fds, Ordering::Relaxed);
+    }
+
+    /// The headroom set by [`PerfBackend::set_fd_headroom`].
+    pub fn fd_headroom(&self) -> u64 {
+        self.headroom.load(Ordering::Relaxed)
     }
 
     /// Accounts for event fds being closed by the caller.
@@ -476,6 +494,13 @@ impl PerfBackend {
             });
         }
         n
+    }
+
+    /// Returns once a drain pass in progress (on any thread) has finished:
+    /// records it resolved through tables changed before this call are
+    /// handled, events included.
+    pub fn barrier(&self) {
+        drop(self.rings.lock().unwrap());
     }
 
     /// CPU of each ring, in ring order.

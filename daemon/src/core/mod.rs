@@ -200,6 +200,9 @@ pub struct Limits {
     pub subscribers: usize,
     /// Event subscribers one unprivileged caller (uid) may have at once.
     pub subscribers_per_caller: usize,
+    /// File descriptors perf events leave free under `RLIMIT_NOFILE` for
+    /// connections and the daemon's own files.
+    pub fd_headroom: u64,
 }
 
 /// Event subscriptions only privileged callers may take (of
@@ -213,6 +216,7 @@ impl Default for Limits {
             processes: 1024,
             subscribers: 256,
             subscribers_per_caller: 32,
+            fd_headroom: 64,
         }
     }
 }
@@ -289,8 +293,9 @@ impl Core {
                 std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap_or_default().trim()
             )
         });
-        if let Err(e) = &perf {
-            tracing::warn!("{e}");
+        match &perf {
+            Ok(p) => p.set_fd_headroom(limits.fd_headroom),
+            Err(e) => tracing::warn!("{e}"),
         }
         let core = Arc::new_cyclic(|weak: &std::sync::Weak<Core>| Core {
             limits,
@@ -772,6 +777,22 @@ impl Core {
             }
             Scope::Threads(tids) => tids.clone(),
         };
+        if tids.is_empty() {
+            // Nothing to arm: never a success that can never fire.
+            self.watches.remove(&id.0);
+            proc.watches.lock().unwrap().remove(&id.0);
+            return Err(if procfs::live_thread(pid).is_some() {
+                WpdError::ProcessLost {
+                    pid,
+                    why:
+                        "the daemon tracks none of its threads any more (after a setuid or setgid \
+                          exec the kernel takes perf events off a process); detach and attach again"
+                            .into(),
+                }
+            } else {
+                WpdError::ProcessExited(pid)
+            });
+        }
         let armed = self
             .ledger
             .reserve_all(&tids, id, process_wide, proc.backend)
@@ -841,6 +862,15 @@ impl Core {
     /// they would otherwise fire in an unrelated program image. Report each
     /// as removed; the process stays attached (trackers survive exec).
     fn exec_locked(&self, proc: &Arc<Process>) {
+        if procfs::creds(proc.pid).is_some_and(|now| Some(now) != proc.creds) {
+            self.lose_locked(
+                proc,
+                "it executed a program that changed its credentials (setuid, setgid or file \
+                 capabilities); attach again to watch the new program"
+                    .into(),
+            );
+            return;
+        }
         let ids: Vec<u64> = proc.watches.lock().unwrap().iter().copied().collect();
         for id in ids {
             if let Some(w) = self.take_watch(proc, id) {
@@ -855,14 +885,6 @@ impl Core {
             pid = proc.pid,
             "process called exec: its watchpoints were removed"
         );
-        if procfs::creds(proc.pid).is_some_and(|now| Some(now) != proc.creds) {
-            self.lose_locked(
-                proc,
-                "it executed a program that changed its credentials (setuid, setgid or file \
-                 capabilities); attach again to watch the new program"
-                    .into(),
-            );
-        }
     }
 
     /// The perf backend lost every thread of `pid`. If the process still
@@ -948,6 +970,11 @@ impl Core {
         drop(events);
         if let Ok(p) = self.perf() {
             p.forget_fds(n);
+            // A drain pass that found the watchpoint before it left the
+            // tables publishes its hits before the caller reports it gone.
+            if proc.backend == BackendKind::Perf {
+                p.barrier();
+            }
         }
         let retain = proc.backend == BackendKind::Ptrace;
         if retain {

@@ -107,6 +107,7 @@ fn fd_limit(perf: &PerfBackend, what: &'static str, threads: usize, by_kernel: b
         needed: (threads * cpus) as u64,
         open: perf::open_fd_count(),
         limit: perf::nofile_limit(),
+        headroom: perf.fd_headroom(),
         by_kernel,
     }
 }

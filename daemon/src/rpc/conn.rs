@@ -255,6 +255,10 @@ pub struct Conn<S> {
     info: PeerInfo,
     idle: Duration,
     timer: Pin<Box<tokio::time::Sleep>>,
+    /// The timer's clock and [`now_ms`] at the same moment: deadlines are
+    /// computed from the last activity, not from "now", so that a timer
+    /// reset at every poll does not move away.
+    epoch: (tokio::time::Instant, u64),
 }
 
 impl<S> std::fmt::Debug for Conn<S> {
@@ -272,6 +276,7 @@ impl<S> Conn<S> {
             info,
             idle,
             timer: Box::pin(tokio::time::sleep(idle)),
+            epoch: (tokio::time::Instant::now(), now_ms()),
         }
     }
 
@@ -279,25 +284,25 @@ impl<S> Conn<S> {
     /// nothing read for `idle`.
     fn poll_idle(&mut self, cx: &mut Context<'_>) -> bool {
         let c = &self.info.conn;
+        let idle_ms = self.idle.as_millis() as u64;
         loop {
             let last = c.last_ms.load(Ordering::Relaxed);
-            let due = tokio::time::Instant::now()
-                + Duration::from_millis(
-                    (last + self.idle.as_millis() as u64).saturating_sub(now_ms()),
-                );
+            if c.active.load(Ordering::Relaxed) == 0 && now_ms() >= last + idle_ms {
+                return true;
+            }
+            // In use, or not idle long enough: look again when it could be.
+            let from = if c.active.load(Ordering::Relaxed) > 0 {
+                now_ms()
+            } else {
+                last
+            };
+            let due =
+                self.epoch.0 + Duration::from_millis((from + idle_ms).saturating_sub(self.epoch.1));
             if self.timer.deadline() != due {
                 self.timer.as_mut().reset(due);
             }
             if self.timer.as_mut().poll(cx).is_pending() {
                 return false;
-            }
-            if c.active.load(Ordering::Relaxed) > 0 {
-                // In use: look again one period later.
-                c.touch();
-                continue;
-            }
-            if c.last_ms.load(Ordering::Relaxed) == last {
-                return true;
             }
         }
     }

@@ -36,6 +36,7 @@ pub fn to_status(e: &WpdError) -> Status {
         needed,
         open,
         limit,
+        headroom,
         by_kernel,
         ..
     } = e
@@ -43,6 +44,7 @@ pub fn to_status(e: &WpdError) -> Status {
         meta.insert("needed_fds".to_string(), needed.to_string());
         meta.insert("open_fds".to_string(), open.to_string());
         meta.insert("rlimit_nofile".to_string(), limit.to_string());
+        meta.insert("fd_headroom".to_string(), headroom.to_string());
         let by = if *by_kernel { "kernel" } else { "wpd" };
         meta.insert("refused_by".to_string(), by.to_string());
     }
@@ -196,11 +198,12 @@ mod tests {
                 needed: 20_002,
                 open: 30,
                 limit: 20_000,
+                headroom: 640,
                 by_kernel: false,
             },
             Code::ResourceExhausted,
             "FD_LIMIT",
-            "attach needs 20002 more events (10001 threads × 2 CPUs); wpd has 30 fds open and RLIMIT_NOFILE is 20000",
+            "attach needs 20002 more events (10001 threads × 2 CPUs); wpd has 30 fds open, keeps 640 free for connections, and RLIMIT_NOFILE is 20000",
         );
         check(
             WpdError::ProcessExited(3),

@@ -16,11 +16,7 @@
 //! supplementary groups; the kernel then makes the process non-dumpable), `--keep-caps` (keep
 //! the permitted capabilities across `--become`), `--dumpable` (`prctl(PR_SET_DUMPABLE, 1)`
 //! afterwards), `--undumpable` (`prctl(PR_SET_DUMPABLE, 0)`).
-//!
-//! `wpd-target --probe-access PID ADDR` is another mode: it asks the kernel whether the calling
-//! process may read 1 byte of PID's memory at ADDR (`process_vm_readv`, the kernel's
-//! `PTRACE_MODE_ATTACH_REALCREDS` check, the one `PTRACE_SEIZE` makes), prints `ALLOWED` or
-//! `DENIED <errno name>` and exits.
+
 //!
 //! `--churn`: the N workers are *creators* instead: after `churn-start`, each loops on
 //! "spawn a thread whose only action is one store to `VARS[0]`, join it" until quit or
@@ -41,6 +37,7 @@
 //! | `churn-start`    | (`--churn`) the creators start churning                       | `CHURNING creators=N`     |
 //! | `churn-stats`    | (`--churn`) threads created and joined since the previous `churn-stats` (or `churn-start`), and the ns elapsed; starts a new window | `CHURN n=C ns=T` |
 //! | `exec N`         | exec itself with N workers (same pid)                         | a new `READY ...` line    |
+//! | `exec-path P N`  | exec the program at P (a copy of this one, e.g. setuid) with N workers | a new `READY ...` line |
 //! | `fork`           | fork a child process (only the main thread is copied) that stores 1..=50 into `VARS[0]` 2 ms apart, prints nothing and exits 0 | `FORKED pid=C` |
 //! | `wait-child C`   | waitpid for that child                                        | `CHILD pid=C code=N` or `CHILD pid=C signal=S` |
 //! | `leader-exit`    | the main thread ends alone (the `exit` syscall, as `pthread_exit` does): the process lives on with a zombie leader; a new thread takes over the commands | `LEADER-EXITED commander=T` once `/proc` shows the leader a zombie |
@@ -173,40 +170,7 @@ struct Config {
 }
 
 const USAGE: &str = "usage: wpd-target --threads N [--interval-us U] [--spin] [--sched-idle] \
-                     [--churn] [--become UID:GID [--keep-caps]] [--dumpable | --undumpable]\n   \
-                     or: wpd-target --probe-access PID ADDR";
-
-/// `--probe-access PID ADDR`: the kernel's answer to "may I read PID's memory?".
-fn probe_access(pid: &str, addr: &str) -> ExitCode {
-    let (Ok(pid), Some(addr)) = (pid.parse::<libc::pid_t>(), parse_u64(addr)) else {
-        eprintln!("wpd-target: --probe-access PID ADDR");
-        return ExitCode::from(2);
-    };
-    let mut byte = 0u8;
-    let local = libc::iovec {
-        iov_base: (&mut byte as *mut u8).cast(),
-        iov_len: 1,
-    };
-    let remote = libc::iovec {
-        iov_base: addr as *mut libc::c_void,
-        iov_len: 1,
-    };
-    // SAFETY: one writable local byte; the remote range is only read by the kernel.
-    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
-    if n == 1 {
-        println!("ALLOWED");
-    } else {
-        let e = io::Error::last_os_error();
-        let name = match e.raw_os_error() {
-            Some(libc::EPERM) => "EPERM".to_string(),
-            Some(libc::ESRCH) => "ESRCH".to_string(),
-            Some(libc::EFAULT) => "EFAULT".to_string(),
-            _ => e.to_string(),
-        };
-        println!("DENIED {name}");
-    }
-    ExitCode::SUCCESS
-}
+                     [--churn] [--become UID:GID [--keep-caps]] [--dumpable | --undumpable]";
 
 /// Applies `--become`, `--keep-caps`, `--dumpable`/`--undumpable` (single-threaded still).
 fn apply_credentials(cfg: &Config) -> io::Result<()> {
@@ -525,6 +489,16 @@ impl State {
                 }
                 Err(_) => "ERR usage: exec <workers>".to_string(),
             },
+            ["exec-path", path, n] => match n.parse::<usize>() {
+                Ok(n) => {
+                    use std::os::unix::process::CommandExt;
+                    let err = std::process::Command::new(path)
+                        .args(["--threads", &n.to_string()])
+                        .exec();
+                    format!("ERR exec-path: {err}")
+                }
+                Err(_) => "ERR usage: exec-path <program> <workers>".to_string(),
+            },
             ["bench-writes", index, n] => match (index.parse::<usize>(), n.parse::<u64>()) {
                 (Ok(i), Ok(n)) if i < VARS.len() => {
                     let start = Instant::now();
@@ -576,16 +550,6 @@ fn parse_u64(s: &str) -> Option<u64> {
 }
 
 fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args().collect();
-    if argv.get(1).map(String::as_str) == Some("--probe-access") {
-        return match argv.as_slice() {
-            [_, _, pid, addr] => probe_access(pid, addr),
-            _ => {
-                eprintln!("wpd-target: --probe-access PID ADDR");
-                ExitCode::from(2)
-            }
-        };
-    }
     let cfg = match parse_args() {
         Ok(cfg) => cfg,
         Err(e) => {
