@@ -8,7 +8,7 @@
 //!
 //! The same workload runs against three implementations of [`Accounting`]:
 //! - `ledger`: `wpd::ledger::Ledger` (sharded `DashMap`, slot bitmaps),
-//!   driven as the perf backend drives it (`BackendKind::Perf`, no retain);
+//!   driven as the perf backend drives it (`Retained::Avoid`, no retain);
 //! - `ideal`: no accounting; workers only touch their per-thread local data,
 //!   which every variant also does (the floor);
 //! - `global_linear`: one `Mutex<Vec<_>>` scanned linearly on every lookup,
@@ -33,8 +33,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
+use wpd::ledger::Retained;
 use wpd::ledger::{Ledger, Reservation};
-use wpd::model::{BackendKind, Pid, Tid, WatchId};
+use wpd::model::{Pid, Tid, WatchId};
 
 /// Hardware slots reserved per thread per round.
 const SLOTS: usize = 4;
@@ -71,7 +72,7 @@ impl Accounting for Ledger {
     }
 
     fn reserve(&self, tid: Tid, id: WatchId) -> Self::Token {
-        match self.reserve_one(tid, id, false, BackendKind::Perf) {
+        match self.reserve_one(tid, id, false, Retained::Avoid) {
             Ok(Some(r)) => r,
             Ok(None) => panic!("tid {tid} is not tracked or already holds {id:?}"),
             Err(conflict) => panic!("ledger refused a free slot: {conflict:?}"),

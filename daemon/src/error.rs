@@ -51,8 +51,8 @@ pub enum WpdError {
         tid: Tid,
     },
     /// Unknown watchpoint id.
-    #[error("no watchpoint with id {0}")]
-    NoSuchWatchpoint(u64),
+    #[error("no watchpoint {0}")]
+    NoSuchWatchpoint(WatchId),
     /// Some threads have no free debug-register slot; nothing was armed.
     #[error("{}", out_of_slots_message(*pid, conflicts))]
     OutOfSlots {
@@ -142,12 +142,12 @@ pub enum WpdError {
     #[error("unauthenticated: {0}")]
     Unauthenticated(String),
     /// The feature needs another backend than the process's.
-    #[error("{feature} needs the {needs} backend{hint}")]
+    #[error("{feature} needs {}{hint}", needs_text(*needs))]
     NeedsBackend {
         /// What was asked for.
         feature: &'static str,
-        /// Backend that provides it.
-        needs: BackendKind,
+        /// Backend that provides it (none of this daemon's: `None`).
+        needs: Option<BackendKind>,
         /// Why, and what to do (starts with "; " or ": ").
         hint: &'static str,
     },
@@ -186,6 +186,13 @@ pub enum WpdError {
         /// The errno.
         err: nix::errno::Errno,
     },
+}
+
+fn needs_text(b: Option<BackendKind>) -> String {
+    match b {
+        Some(b) => format!("the {b} backend"),
+        None => "a backend this daemon does not have".into(),
+    }
 }
 
 fn out_of_slots_message(pid: Pid, conflicts: &[SlotConflict]) -> String {

@@ -14,8 +14,13 @@
 //! 4. One guard in [`HOLD_SAMPLE`] has its hold time recorded in `hold` (a
 //!    lock-free histogram), per OS thread.
 //!
-//! Slots are a 4-bit occupancy bitmap per thread; a free slot is
-//! `!(ours | pending | foreign) & ALL`, found with `trailing_zeros`.
+//! Slots are a 4-bit occupancy bitmap per thread. The slot policy
+//! (`reserve_one`, the one place it is written): a slot that is neither
+//! ours, nor pending, nor uncertain (inheritance not known yet), nor foreign
+//! is free; slots the kernel retains for us are reused first or never,
+//! as the backend says ([`Retained`]); when only foreign-marked slots
+//! remain, one of them is tried (the kernel has the last word). The first
+//! candidate is found with `trailing_zeros`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -24,7 +29,7 @@ use dashmap::{DashMap, DashSet};
 
 use crate::arch::current::SLOTS;
 use crate::error::{Holder, SlotConflict};
-use crate::model::{BackendKind, Pid, Tid, WatchId};
+use crate::model::{Pid, Tid, WatchId};
 
 const ALL: u8 = (1 << SLOTS) - 1;
 
@@ -130,24 +135,62 @@ impl ThreadSlots {
         })
     }
 
-    fn holders(&self) -> Vec<Holder> {
+    /// Who holds slot `s`: the one classification of a slot, used by
+    /// listings and refusals alike. Ours first, then a request in flight (or
+    /// an inheritance not known yet), then someone else, then a slot the
+    /// kernel keeps for us.
+    pub fn slot_state(&self, s: usize) -> SlotState {
+        let bit = 1 << s;
+        if self.ours & bit != 0 {
+            SlotState::Ours(WatchId(self.holder[s]))
+        } else if (self.pending | self.uncertain) & bit != 0 {
+            SlotState::Pending(WatchId(self.holder[s]))
+        } else if self.foreign & bit != 0 {
+            SlotState::Foreign
+        } else if self.retained & bit != 0 {
+            SlotState::Retained
+        } else {
+            SlotState::Free
+        }
+    }
+
+    /// Who holds each slot that is not free.
+    pub fn holders(&self) -> Vec<Holder> {
         (0..SLOTS)
-            .filter_map(|s| {
-                let bit = 1 << s;
-                if self.ours & bit != 0 {
-                    Some(Holder::Ours(WatchId(self.holder[s])))
-                } else if (self.pending | self.uncertain) & bit != 0 {
-                    Some(Holder::Pending(WatchId(self.holder[s])))
-                } else if self.foreign & bit != 0 {
-                    Some(Holder::Foreign)
-                } else if self.retained & bit != 0 {
-                    Some(Holder::Retained)
-                } else {
-                    None
-                }
+            .filter_map(|s| match self.slot_state(s) {
+                SlotState::Free => None,
+                SlotState::Ours(id) => Some(Holder::Ours(id)),
+                SlotState::Pending(id) => Some(Holder::Pending(id)),
+                SlotState::Foreign => Some(Holder::Foreign),
+                SlotState::Retained => Some(Holder::Retained),
             })
             .collect()
     }
+}
+
+/// Who holds one slot of one thread ([`ThreadSlots::slot_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotState {
+    /// Nobody, as far as the daemon knows.
+    Free,
+    /// One of our watchpoints.
+    Ours(WatchId),
+    /// Being armed, or its inheritance not known yet.
+    Pending(WatchId),
+    /// Someone else: the kernel refused it to us.
+    Foreign,
+    /// Freed by us, still reserved by the kernel (a ptrace breakpoint's).
+    Retained,
+}
+
+/// What the slot policy does with slots the kernel keeps for us after one
+/// of our watchpoints left them (set by the backend: [`crate::backend::Backend::retained`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retained {
+    /// Reuse them first (they are ours to the kernel: ptrace breakpoints).
+    Reuse,
+    /// Never hand them out (the kernel refuses them to this backend).
+    Avoid,
 }
 
 /// A reservation: slot `slot` of `tid`, pending until commit or rollback.
@@ -505,12 +548,12 @@ impl Ledger {
         tids: &[Tid],
         id: WatchId,
         inheritable: bool,
-        backend: BackendKind,
+        retained: Retained,
     ) -> Result<Vec<Reservation>, Vec<SlotConflict>> {
         let mut got = Vec::with_capacity(tids.len());
         let mut conflicts = Vec::new();
         for &tid in tids {
-            match self.reserve_one(tid, id, inheritable, backend) {
+            match self.reserve_one(tid, id, inheritable, retained) {
                 Ok(Some(r)) => got.push(r),
                 Ok(None) => {}
                 Err(c) => conflicts.push(c),
@@ -534,7 +577,7 @@ impl Ledger {
         tid: Tid,
         id: WatchId,
         inheritable: bool,
-        backend: BackendKind,
+        retained: Retained,
     ) -> Result<Option<Reservation>, SlotConflict> {
         let _t = self.timed();
         let Some(mut row) = self.threads.get_mut(&tid) else {
@@ -544,9 +587,9 @@ impl Ledger {
             return Ok(None);
         }
         let busy = row.ours | row.pending | row.uncertain;
-        let mut free = match backend {
+        let mut free = match retained {
             // Reuse what the kernel already holds for us first.
-            BackendKind::Ptrace => {
+            Retained::Reuse => {
                 let reuse = row.retained & !busy & !row.foreign & ALL;
                 if reuse != 0 {
                     reuse
@@ -554,13 +597,13 @@ impl Ledger {
                     !(busy | row.foreign) & ALL
                 }
             }
-            BackendKind::Perf => !(busy | row.foreign | row.retained) & ALL,
+            Retained::Avoid => !(busy | row.foreign | row.retained) & ALL,
         };
         if free == 0 {
             // Slots marked foreign may have been freed since: the kernel
             // decides (reserve → syscall → commit or roll back).
             free = row.foreign & !busy & ALL;
-            if backend == BackendKind::Perf {
+            if retained == Retained::Avoid {
                 free &= !row.retained;
             }
         }
@@ -699,6 +742,19 @@ impl Ledger {
         }
     }
 
+    /// The refusal's details for threads without a free slot: who holds
+    /// each one's slots (sorted by tid).
+    pub fn conflicts(&self, mut tids: Vec<Tid>) -> Vec<SlotConflict> {
+        tids.sort_unstable();
+        tids.dedup();
+        tids.into_iter()
+            .map(|tid| SlotConflict {
+                tid,
+                holders: self.get(tid).map(|r| r.holders()).unwrap_or_default(),
+            })
+            .collect()
+    }
+
     /// Threads of `pid` holding `id` in some slot: (tid, slot).
     pub fn slots_of(&self, pid: Pid, id: WatchId) -> Vec<(Tid, u8)> {
         self.slots_on(&self.tids(pid), id)
@@ -769,12 +825,12 @@ mod tests {
         let l = ledger_with(1, &[1, 2]);
         for id in 1..=4 {
             let r = l
-                .reserve_all(&[1, 2], WatchId(id), false, BackendKind::Perf)
+                .reserve_all(&[1, 2], WatchId(id), false, Retained::Avoid)
                 .unwrap();
             l.commit(&r, None);
         }
         let err = l
-            .reserve_all(&[1, 2], WatchId(5), false, BackendKind::Perf)
+            .reserve_all(&[1, 2], WatchId(5), false, Retained::Avoid)
             .unwrap_err();
         assert_eq!(err.len(), 2);
         assert_eq!(err[0].tid, 1);
@@ -791,13 +847,13 @@ mod tests {
         let l = ledger_with(1, &[1, 2]);
         for id in 1..=4 {
             let r = l
-                .reserve_all(&[2], WatchId(id), false, BackendKind::Perf)
+                .reserve_all(&[2], WatchId(id), false, Retained::Avoid)
                 .unwrap();
             l.commit(&r, None);
         }
         let before = l.get(1).unwrap();
         assert!(
-            l.reserve_all(&[1, 2], WatchId(9), false, BackendKind::Perf)
+            l.reserve_all(&[1, 2], WatchId(9), false, Retained::Avoid)
                 .is_err()
         );
         assert_eq!(l.get(1).unwrap(), before, "thread 1 must be unchanged");
@@ -807,24 +863,24 @@ mod tests {
     fn foreign_slot_is_skipped_then_retried_when_nothing_else() {
         let l = ledger_with(1, &[1]);
         let r = l
-            .reserve_all(&[1], WatchId(1), false, BackendKind::Perf)
+            .reserve_all(&[1], WatchId(1), false, Retained::Avoid)
             .unwrap();
         l.mark_foreign(r[0]);
         assert_eq!(l.get(1).unwrap().foreign, 1);
         let r2 = l
-            .reserve_all(&[1], WatchId(2), false, BackendKind::Perf)
+            .reserve_all(&[1], WatchId(2), false, Retained::Avoid)
             .unwrap();
         assert_eq!(r2[0].slot, 1, "free slots come before foreign ones");
         l.commit(&r2, None);
         for id in 3..=4 {
             let r = l
-                .reserve_all(&[1], WatchId(id), false, BackendKind::Perf)
+                .reserve_all(&[1], WatchId(id), false, Retained::Avoid)
                 .unwrap();
             l.commit(&r, None);
         }
         // Only the foreign slot is left: the kernel gets to decide.
         let r5 = l
-            .reserve_all(&[1], WatchId(5), false, BackendKind::Perf)
+            .reserve_all(&[1], WatchId(5), false, Retained::Avoid)
             .unwrap();
         assert_eq!(r5[0].slot, 0);
     }
@@ -833,7 +889,7 @@ mod tests {
     fn release_and_exit_free_everything() {
         let l = ledger_with(7, &[7, 8]);
         let r = l
-            .reserve_all(&[7, 8], WatchId(1), false, BackendKind::Perf)
+            .reserve_all(&[7, 8], WatchId(1), false, Retained::Avoid)
             .unwrap();
         l.commit(&r, None);
         assert_eq!(l.armed_count(7, WatchId(1)), 2);
@@ -849,7 +905,7 @@ mod tests {
     fn fork_inherits_by_time() {
         let l = ledger_with(1, &[1]);
         let r = l
-            .reserve_all(&[1], WatchId(3), true, BackendKind::Perf)
+            .reserve_all(&[1], WatchId(3), true, Retained::Avoid)
             .unwrap();
         l.commit(&r, Some(&[(1_000, 2_000)]));
         let before = l.on_fork(1, 1, 10, 500).unwrap();
@@ -871,7 +927,7 @@ mod tests {
     fn retained_slots_serve_ptrace_not_perf_and_survive_detach() {
         let l = ledger_with(1, &[1]);
         let r = l
-            .reserve_all(&[1], WatchId(1), false, BackendKind::Ptrace)
+            .reserve_all(&[1], WatchId(1), false, Retained::Reuse)
             .unwrap();
         l.commit(&r, None);
         l.release(1, WatchId(1), true);
@@ -880,12 +936,12 @@ mod tests {
         l.add_thread(1, 1);
         assert_eq!(l.get(1).unwrap().retained, 0b0001, "kept across detach");
         let p = l
-            .reserve_all(&[1], WatchId(2), false, BackendKind::Perf)
+            .reserve_all(&[1], WatchId(2), false, Retained::Avoid)
             .unwrap();
         assert_eq!(p[0].slot, 1, "perf cannot use a retained slot");
         l.rollback(&p);
         let t = l
-            .reserve_all(&[1], WatchId(3), false, BackendKind::Ptrace)
+            .reserve_all(&[1], WatchId(3), false, Retained::Reuse)
             .unwrap();
         assert_eq!(t[0].slot, 0, "ptrace reuses it first");
     }
@@ -894,25 +950,25 @@ mod tests {
     fn reserve_one_skips_untracked_and_repeated_and_names_holders_when_full() {
         let l = Ledger::new();
         assert_eq!(
-            l.reserve_one(1, WatchId(1), false, BackendKind::Perf),
+            l.reserve_one(1, WatchId(1), false, Retained::Avoid),
             Ok(None)
         );
         l.add_thread(10, 1);
         for id in 1..=4 {
             let r = l
-                .reserve_one(1, WatchId(id), false, BackendKind::Perf)
+                .reserve_one(1, WatchId(id), false, Retained::Avoid)
                 .unwrap()
                 .unwrap();
             assert_eq!(r.slot as u64, id - 1);
             assert_eq!(
-                l.reserve_one(1, WatchId(id), false, BackendKind::Perf),
+                l.reserve_one(1, WatchId(id), false, Retained::Avoid),
                 Ok(None),
                 "a second reservation of the same watchpoint"
             );
             l.commit(&[r], None);
         }
         let full = l
-            .reserve_one(1, WatchId(5), false, BackendKind::Perf)
+            .reserve_one(1, WatchId(5), false, Retained::Avoid)
             .unwrap_err();
         assert_eq!(full.tid, 1);
         assert_eq!(full.holders.len(), 4);
@@ -923,7 +979,7 @@ mod tests {
         let l = ledger_with(1, &[1, 2]);
         for tid in [1, 2] {
             let r = l
-                .reserve_all(&[tid], WatchId(tid as u64), false, BackendKind::Ptrace)
+                .reserve_all(&[tid], WatchId(tid as u64), false, Retained::Reuse)
                 .unwrap();
             l.commit(&r, None);
             l.release(tid, WatchId(tid as u64), true);
@@ -941,7 +997,7 @@ mod tests {
     fn probe_marks_foreign() {
         let l = ledger_with(1, &[1]);
         let r = l
-            .reserve_all(&[1], WatchId(1), false, BackendKind::Perf)
+            .reserve_all(&[1], WatchId(1), false, Retained::Avoid)
             .unwrap();
         l.commit(&r, None);
         l.set_probed(1, 2);

@@ -162,6 +162,40 @@ pub fn comm(pid: Pid, tid: Tid) -> Option<String> {
         .map(|s| s.trim_end().to_string())
 }
 
+/// True if every byte of `[addr, addr + len)` lies in a mapping of `pid`
+/// (`/proc/PID/maps`), whatever its permissions. Unreadable maps count as
+/// mapped (nothing to warn about).
+pub fn is_mapped(pid: Pid, addr: u64, len: u64) -> bool {
+    let Some(via) = live_thread(pid) else {
+        return true;
+    };
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/task/{via}/maps")) else {
+        return true;
+    };
+    let end = addr.saturating_add(len.max(1));
+    let mut covered = addr;
+    let mut ranges: Vec<(u64, u64)> = maps
+        .lines()
+        .filter_map(|l| {
+            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .collect();
+    ranges.sort_unstable();
+    for (a, b) in ranges {
+        if a <= covered && covered < b {
+            covered = b;
+            if covered >= end {
+                return true;
+            }
+        }
+    }
+    false
+}
+
 /// Inode of the user namespace of `pid` (`/proc/PID/ns/user`).
 pub fn userns_of(pid: Pid) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;

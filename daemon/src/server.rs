@@ -191,10 +191,10 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
         .state_file
         .clone()
         .unwrap_or_else(|| state_file_for(&listen));
-    crate::core::set_state_file(state_file);
     // A previous daemon killed with ptrace registers armed left targets that
     // die on their next hit: clear them before anything else.
-    let cleaned = std::thread::spawn(crate::core::recover_from_state_file)
+    let recover = state_file.clone();
+    let cleaned = std::thread::spawn(move || crate::backend::ptrace::recovery::recover(&recover))
         .join()
         .unwrap_or(0);
     if cleaned > 0 {
@@ -203,7 +203,10 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
             "cleared debug registers left armed by a previous daemon"
         );
     }
-    let core = Core::start_with(opts.limits);
+    let core = Core::start_config(crate::core::Config {
+        limits: opts.limits,
+        backends: crate::core::Backends::System { state_file },
+    });
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<WatchpointsServer<Service>>().await;
     let reflection = tonic_reflection::server::Builder::configure()

@@ -41,8 +41,9 @@ use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use wpd::arch::current::SLOTS;
 use wpd::error::{Holder, SlotConflict};
+use wpd::ledger::Retained;
 use wpd::ledger::{INHERIT_MARGIN_NS, Ledger, Reservation, ThreadSlots};
-use wpd::model::{BackendKind, Pid, Tid, WatchId};
+use wpd::model::{Pid, Tid, WatchId};
 
 const PIDS: [Pid; 2] = [100, 200];
 /// Tids 1..=NTIDS; few, so that threads fill up and conflicts are common.
@@ -115,18 +116,18 @@ impl Thread {
     }
 
     /// Slots a reservation may take (empty: the thread is full).
-    fn allowed(&self, backend: BackendKind) -> BTreeSet<usize> {
+    fn allowed(&self, backend: Retained) -> BTreeSet<usize> {
         let pick = |f: &dyn Fn(&Slot) -> bool| -> BTreeSet<usize> {
             (0..SLOTS)
                 .filter(|&s| self.slots[s].user == Use::Free && f(&self.slots[s]))
                 .collect()
         };
         let tiers: Vec<BTreeSet<usize>> = match backend {
-            BackendKind::Perf => vec![
+            Retained::Avoid => vec![
                 pick(&|s| !s.foreign && !s.retained),
                 pick(&|s| s.foreign && !s.retained),
             ],
-            BackendKind::Ptrace => vec![
+            Retained::Reuse => vec![
                 pick(&|s| s.retained && !s.foreign),
                 pick(&|s| !s.foreign),
                 pick(&|s| s.foreign),
@@ -555,9 +556,9 @@ fn step(l: &Ledger, m: &mut Model, op: &Op) -> Result<(), TestCaseError> {
             ptrace,
         } => {
             let backend = if ptrace {
-                BackendKind::Ptrace
+                Retained::Reuse
             } else {
-                BackendKind::Perf
+                Retained::Avoid
             };
             let id = id as u64;
             let tids: Vec<Tid> = (1..=NTIDS)

@@ -36,8 +36,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
 use wpd::arch::current::SLOTS;
+use wpd::ledger::Retained;
 use wpd::ledger::{Ledger, Reservation};
-use wpd::model::{BackendKind, Tid, WatchId};
+use wpd::model::{Tid, WatchId};
 
 const PID: i32 = 4242;
 const WORKERS: usize = 8;
@@ -139,9 +140,9 @@ fn reserve_once(sh: &Shared, rng: &mut Rng, mine: &mut Vec<Committed>) {
     let id = WatchId(sh.next_id.fetch_add(1, Ordering::Relaxed));
     let inheritable = rng.chance(50);
     let backend = if rng.chance(25) {
-        BackendKind::Ptrace
+        Retained::Reuse
     } else {
-        BackendKind::Perf
+        Retained::Avoid
     };
     match l.reserve_all(&tids, id, inheritable, backend) {
         Ok(res) => {

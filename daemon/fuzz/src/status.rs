@@ -211,7 +211,7 @@ pub enum ErrorInput {
         /// What was asked for.
         feature: StaticText,
         /// Backend that has it.
-        needs: BackendInput,
+        needs: Option<BackendInput>,
         /// Hint.
         hint: StaticText,
     },
@@ -342,7 +342,7 @@ impl ErrorInput {
                 hint,
             } => WpdError::NeedsBackend {
                 feature: feature.get(),
-                needs: needs.into(),
+                needs: needs.map(Into::into),
                 hint: hint.get(),
             },
             ErrorInput::NotAProcess { tid, pid } => WpdError::NotAProcess { tid, pid },

@@ -50,12 +50,22 @@ pub mod dr7 {
             _ => 0b11,
         }
     }
+    /// Every DR7 bit of slot `n`: its local and global enable bits and its
+    /// RW and LEN fields (to clear the slot out of a whole register).
+    pub const fn slot_mask(n: usize) -> u64 {
+        local_enable(n) | (local_enable(n) << 1) | (0b1111 << rw_shift(n))
+    }
 }
 
 /// DR6 (SDM §18.2.3): bits 0–3 tell which slot's condition was met.
 pub mod dr6 {
     /// Mask of the B0–B3 "breakpoint condition detected" bits.
     pub const HIT_MASK: u64 = 0b1111;
+    /// The slots whose condition DR6 reports met, as a slot bitmap (bit `n`:
+    /// slot `n`).
+    pub const fn slots_hit(dr6: u64) -> u8 {
+        (dr6 & HIT_MASK) as u8
+    }
 }
 
 /// Offset of debug register `n` (0–7) in `struct user`, for
@@ -120,6 +130,28 @@ pub fn validate(addr: u64, len: u32, access: Access) -> Result<WatchLen, SpecErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slot_mask_covers_enable_rw_len() {
+        assert_eq!(dr7::slot_mask(0), 0b11 | (0b1111 << 16));
+        assert_eq!(dr7::slot_mask(3), (0b11 << 6) | (0b1111 << 28));
+        for s in 0..SLOTS {
+            let all = dr7_slot_bits(s, WatchLen::new(8).unwrap(), Access::ReadWrite);
+            assert_eq!(
+                all & !dr7::slot_mask(s),
+                0,
+                "slot {s}'s bits inside its mask"
+            );
+        }
+    }
+
+    #[test]
+    fn dr6_names_the_slots_hit() {
+        // Seen at a hit on slot 0, and on slots 0 and 2 on one address.
+        assert_eq!(dr6::slots_hit(0xffff_0ff1), 0b0001);
+        assert_eq!(dr6::slots_hit(0xffff_0ff5), 0b0101);
+        assert_eq!(dr6::slots_hit(0xffff_0ff0), 0);
+    }
 
     fn check(addr: u64, len: u32, access: Access, expected: Result<(), &str>) {
         let got = validate(addr, len, access)

@@ -1,10 +1,226 @@
-//! Backends that program debug registers. Only the perf backend exists so
-//! far; `BackendKind::Ptrace` is refused with `BackendUnavailable`.
+//! Backends: the ways the daemon programs debug registers. One trait,
+//! [`Backend`], one implementation per mechanism (`perf/`: perf_event_open
+//! breakpoints; `ptrace/`: PTRACE_POKEUSER of DR0–DR7; `fake.rs`: an
+//! in-memory one for tests without a kernel), and [`Host`], what a backend
+//! may see and change of the daemon's state (implemented by the core).
+//!
+//! The core never asks which backend a process uses: it calls the
+//! process's backend through the trait and reads what it can do from
+//! [`Features`]. Adding a backend is one more implementation here and one
+//! more entry in the core's table (see ARCHITECTURE.md, "Where changes
+//! go").
+//!
+//! Dependencies between backends are explicit: the ptrace backend checks
+//! free slots with a [`probe::SlotProbe`] (disabled perf breakpoints), which
+//! it is given at start, or runs without.
 
+pub mod fake;
+pub mod fanout;
 pub mod perf;
+pub mod probe;
 pub mod ptrace;
 
-use crate::model::BackendKind;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::error::WpdError;
+use crate::events::EventKind;
+use crate::ledger::{Ledger, Reservation, Retained};
+use crate::model::{BackendKind, Pid, Tid, WatchId};
+use crate::state::{Job, OpGuard, Process, Watch};
+
+/// What a backend can do beyond arming and reporting hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Features {
+    /// Hold the hitting thread (or every thread) stopped until Resume.
+    pub stops: bool,
+    /// Report only hits that changed the value (compared while stopped).
+    pub only_on_change: bool,
+    /// A hit's value is read while the thread is stopped at it (exact),
+    /// rather than after the fact.
+    pub exact_values: bool,
+}
+
+/// Why a backend cannot be used on this host.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unavailable {
+    /// The kernel refused what the backend needs at start.
+    #[error("{op} failed ({errno}): {needs}")]
+    Kernel {
+        /// What was tried.
+        op: &'static str,
+        /// The errno.
+        errno: nix::errno::Errno,
+        /// What it needs, and what to do.
+        needs: String,
+    },
+    /// Yama forbids attaching.
+    #[error("kernel.yama.ptrace_scope={scope} {why}")]
+    Yama {
+        /// The scope.
+        scope: u32,
+        /// What it forbids here.
+        why: &'static str,
+    },
+    /// Not started (configuration, or a test's choice).
+    #[error("{0}")]
+    Disabled(&'static str),
+}
+
+/// A backend's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendStats {
+    /// Kernel records lost (perf rings overflowed).
+    pub lost: u64,
+    /// File descriptors the backend holds for events.
+    pub fds: u64,
+}
+
+/// Run state of a thread as a backend knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    /// Running normally.
+    Running,
+    /// Held by us after its own hit.
+    StoppedAtHit,
+    /// Held by us after another thread's hit.
+    StoppedByPeer,
+    /// Job-control stopped.
+    JobStopped,
+}
+
+/// One way of programming debug registers.
+pub trait Backend: Send + Sync {
+    /// Which one.
+    fn kind(&self) -> BackendKind;
+
+    /// What it can do.
+    fn features(&self) -> Features;
+
+    /// What becomes of a slot after one of our watchpoints leaves it: the
+    /// ledger's slot policy reads this (ptrace breakpoints keep their slot
+    /// reserved in the kernel until the thread exits or execs).
+    fn retained(&self) -> Retained;
+
+    /// Starts the backend's own threads, once the host exists.
+    fn start(self: Arc<Self>) {}
+
+    /// Starts tracking every thread of the locked process, existing and
+    /// future ones, registering them in the ledger. On failure nothing stays
+    /// behind.
+    fn attach(&self, op: &OpGuard<'_>) -> Result<(), WpdError>;
+
+    /// Makes every thread event the kernel has already produced visible in
+    /// the ledger (before the core takes a snapshot of a process's threads).
+    fn sync(&self) {}
+
+    /// Programs the reserved slots for `watch`: all or nothing. The watch is
+    /// registered with the host already, so that threads born meanwhile get
+    /// it at birth. On failure the reservations are rolled back or marked
+    /// foreign, and the caller undoes what threads born meanwhile got.
+    fn arm(
+        &self,
+        op: &OpGuard<'_>,
+        watch: &Arc<Watch>,
+        res: &[Reservation],
+    ) -> Result<(), WpdError>;
+
+    /// Removes `watch` from every thread that has it and frees what the
+    /// backend held for it. The caller releases the ledger's slots.
+    fn disarm(&self, op: &OpGuard<'_>, watch: &Watch);
+
+    /// Arms threads that missed a process-wide watchpoint (a thread born
+    /// while it was being armed), when the backend can tell.
+    fn reconcile(&self, _op: &OpGuard<'_>) {}
+
+    /// Stops tracking the process and leaves every thread as it was before
+    /// the attach (its watchpoints already disarmed). Never fails: the
+    /// target keeps running whatever happens.
+    fn detach(&self, proc: &Arc<Process>);
+
+    /// Run states of the process's threads, where the backend changes them
+    /// (threads not listed run normally).
+    fn thread_states(&self, _pid: Pid) -> HashMap<Tid, RunState> {
+        HashMap::new()
+    }
+
+    /// Lets held threads of `pid` run again (all held ones when `tids` is
+    /// empty); returns those resumed.
+    fn resume(&self, _pid: Pid, _tids: &[Tid]) -> Result<Vec<Tid>, WpdError> {
+        Err(WpdError::NeedsBackend {
+            feature: "resuming threads",
+            needs: None,
+            hint: ": this process's backend never stops threads (nothing to resume)",
+        })
+    }
+
+    /// Counters.
+    fn stats(&self) -> BackendStats {
+        BackendStats::default()
+    }
+
+    /// Gives back spare memory after a large process went away.
+    fn compact(&self) {}
+
+    /// The daemon is stopping: end the backend's threads.
+    fn shutdown(&self) {}
+}
+
+/// What a backend may see and change of the daemon's state. Implemented by
+/// the core; backends hold it weakly (the core owns them).
+pub trait Host: Send + Sync {
+    /// The slot ledger.
+    fn ledger(&self) -> &Ledger;
+    /// Publishes an event to subscribers.
+    fn publish(&self, ev: EventKind);
+    /// A watchpoint, if it still exists.
+    fn watch(&self, id: WatchId) -> Option<Arc<Watch>>;
+    /// An attached process.
+    fn process(&self, pid: Pid) -> Option<Arc<Process>>;
+    /// Hands work to the core's reconcile thread.
+    fn schedule(&self, job: Job);
+    /// Counts a hit of `w` (daemon-wide and per watchpoint).
+    fn count_hit(&self, w: &Watch);
+}
+
+impl<'a> dyn Host + 'a {
+    /// The process-wide watchpoints of `pid`.
+    pub fn wide_watches(&self, pid: Pid) -> Vec<Arc<Watch>> {
+        let Some(proc) = self.process(pid) else {
+            return Vec::new();
+        };
+        proc.watch_ids()
+            .into_iter()
+            .filter_map(|id| self.watch(id))
+            .filter(|w| w.process_wide)
+            .collect()
+    }
+}
+
+/// The backends the daemon runs, by kind, with what each can do and why it
+/// cannot be used where it cannot.
+pub struct BackendTable {
+    entries: Vec<Entry>,
+    default: BackendKind,
+}
+
+/// One backend of the table.
+pub struct Entry {
+    /// Which one.
+    pub kind: BackendKind,
+    /// What it can do (known even when it cannot run here).
+    pub features: Features,
+    /// The running backend, or why it does not run.
+    pub backend: Result<Arc<dyn Backend>, Unavailable>,
+}
+
+impl std::fmt::Debug for BackendTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.entries.iter().map(|e| (e.kind, e.backend.is_ok())))
+            .finish()
+    }
+}
 
 /// Whether a backend can be used on this host, and why not.
 #[derive(Debug, Clone)]
@@ -15,4 +231,82 @@ pub struct Availability {
     pub usable: bool,
     /// Why not (empty when usable).
     pub reason: String,
+    /// Used when a request names none.
+    pub is_default: bool,
+}
+
+impl BackendTable {
+    /// A table; `default` is used when a request names no backend.
+    pub fn new(entries: Vec<Entry>, default: BackendKind) -> Self {
+        BackendTable { entries, default }
+    }
+
+    /// The backend of `kind` (the default when `None`), or why it is not
+    /// available.
+    pub fn get(&self, kind: Option<BackendKind>) -> Result<&Arc<dyn Backend>, WpdError> {
+        let kind = kind.unwrap_or(self.default);
+        match self.entries.iter().find(|e| e.kind == kind) {
+            Some(Entry { backend: Ok(b), .. }) => Ok(b),
+            Some(Entry {
+                backend: Err(why), ..
+            }) => Err(WpdError::BackendUnavailable {
+                backend: kind,
+                reason: why.to_string(),
+            }),
+            None => Err(WpdError::BackendUnavailable {
+                backend: kind,
+                reason: "not built into this daemon".into(),
+            }),
+        }
+    }
+
+    /// The features of `kind` (the default when `None`), whether or not it
+    /// runs here.
+    pub fn features(&self, kind: Option<BackendKind>) -> Option<Features> {
+        let kind = kind.unwrap_or(self.default);
+        self.entries
+            .iter()
+            .find(|e| e.kind == kind)
+            .map(|e| e.features)
+    }
+
+    /// The kind used when a request names none.
+    pub fn default_kind(&self) -> BackendKind {
+        self.default
+    }
+
+    /// Every usable backend.
+    pub fn usable(&self) -> impl Iterator<Item = &Arc<dyn Backend>> {
+        self.entries.iter().filter_map(|e| e.backend.as_ref().ok())
+    }
+
+    /// A backend that has `feature`, usable ones first (for the error that
+    /// names it).
+    pub fn with_feature(&self, feature: impl Fn(&Features) -> bool) -> Option<BackendKind> {
+        let mut with: Vec<&Entry> = self
+            .entries
+            .iter()
+            .filter(|e| feature(&e.features))
+            .collect();
+        with.sort_by_key(|e| e.backend.is_err());
+        with.first().map(|e| e.kind)
+    }
+
+    /// Each backend and whether it is usable.
+    pub fn availability(&self) -> Vec<Availability> {
+        self.entries
+            .iter()
+            .map(|e| Availability {
+                kind: e.kind,
+                usable: e.backend.is_ok(),
+                reason: e
+                    .backend
+                    .as_ref()
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default(),
+                is_default: e.kind == self.default,
+            })
+            .collect()
+    }
 }

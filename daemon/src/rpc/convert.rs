@@ -4,7 +4,8 @@
 use wpd_proto::v1 as pb;
 
 use crate::arch::{self, SpecError};
-use crate::core::{ProcessView, RunState, SlotView, ThreadView, WatchView};
+use crate::backend::RunState;
+use crate::core::{ProcessView, SlotView, ThreadView, WatchView};
 use crate::error::WpdError;
 use crate::events::{Event, EventKind};
 use crate::model::{Access, BackendKind, HitAction, Pid, Scope, Tid, WatchLen, WatchSpec};

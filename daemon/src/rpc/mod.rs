@@ -172,7 +172,7 @@ impl Watchpoints for Service {
         req: Request<pb::RemoveWatchpointRequest>,
     ) -> Result<Response<pb::RemoveWatchpointResponse>, Status> {
         let caller = self.caller(&req)?;
-        let id = req.into_inner().id;
+        let id = WatchId(req.into_inner().id);
         let pid = self
             .core
             .watch_pid(id)

@@ -145,10 +145,10 @@ mod tests {
             "thread 2 is not a thread of process 1",
         );
         check(
-            WpdError::NoSuchWatchpoint(9),
+            WpdError::NoSuchWatchpoint(WatchId(9)),
             Code::NotFound,
             "NO_SUCH_WATCHPOINT",
-            "id 9",
+            "no watchpoint #9",
         );
         check(
             WpdError::OutOfSlots {
@@ -232,7 +232,7 @@ mod tests {
         check(
             WpdError::NeedsBackend {
                 feature: "stopping on a hit",
-                needs: BackendKind::Ptrace,
+                needs: Some(BackendKind::Ptrace),
                 hint: "; the perf backend never stops the target",
             },
             Code::InvalidArgument,

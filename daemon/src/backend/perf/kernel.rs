@@ -1,5 +1,6 @@
-//! perf_event_open backend: hardware-breakpoint events per (thread, CPU),
-//! thread-tracking dummy events, and one sample ring per CPU.
+//! The perf backend's kernel interface: hardware-breakpoint events per
+//! (thread, CPU), thread-tracking dummy events, one sample ring per CPU, and
+//! the records read from them. No daemon state lives here (see `mod.rs`).
 //!
 //! Layout (see ARCHITECTURE.md, "Coverage of new threads"):
 //! - per CPU `c`, one *collector*: a dummy software event `(pid=-1, cpu=c)`
@@ -135,7 +136,7 @@ impl Drop for Ring {
 const STARTUP_FD_ROOM: usize = 16 * 1024;
 
 /// The perf backend: collectors, rings, and event constructors.
-pub struct PerfBackend {
+pub struct Perf {
     cpus: Vec<u32>,
     /// Collector fds by CPU index (owned by `rings`; immutable after new).
     collectors: Vec<RawFd>,
@@ -144,18 +145,16 @@ pub struct PerfBackend {
     open_fds: AtomicU64,
     lost: AtomicU64,
     /// Highest fd number the process's fd table is known to hold (it never
-    /// shrinks); see [`PerfBackend::reserve_fds`].
+    /// shrinks); see [`Perf::reserve_fds`].
     fd_room: AtomicU64,
     /// Fds perf events leave free under `RLIMIT_NOFILE` for everything else
-    /// (connections above all); see [`PerfBackend::set_fd_headroom`].
+    /// (connections above all); see [`Perf::set_fd_headroom`].
     headroom: AtomicU64,
 }
 
-impl std::fmt::Debug for PerfBackend {
+impl std::fmt::Debug for Perf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PerfBackend")
-            .field("cpus", &self.cpus)
-            .finish()
+        f.debug_struct("Perf").field("cpus", &self.cpus).finish()
     }
 }
 
@@ -173,7 +172,7 @@ fn base_attr() -> b::perf_event_attr {
     a
 }
 
-fn open(
+pub(in crate::backend) fn open(
     attr: &mut b::perf_event_attr,
     pid: i32,
     cpu: i32,
@@ -243,7 +242,7 @@ pub fn online_cpus() -> Vec<u32> {
     v
 }
 
-impl PerfBackend {
+impl Perf {
     /// Opens one collector ring per online CPU. Needs CAP_PERFMON (or root).
     pub fn new() -> Result<Self, PerfError> {
         let cpus = online_cpus();
@@ -297,7 +296,7 @@ impl PerfBackend {
             });
         }
         let collectors = rings.iter().map(|r| r.collector.as_raw_fd()).collect();
-        let backend = PerfBackend {
+        let backend = Perf {
             cpus,
             collectors,
             rings: Mutex::new(rings),
@@ -385,7 +384,7 @@ impl PerfBackend {
         self.headroom.store(fds, Ordering::Relaxed);
     }
 
-    /// The headroom set by [`PerfBackend::set_fd_headroom`].
+    /// The headroom set by [`Perf::set_fd_headroom`].
     pub fn fd_headroom(&self) -> u64 {
         self.headroom.load(Ordering::Relaxed)
     }
@@ -462,23 +461,6 @@ impl PerfBackend {
         Ok(ThreadEvents { fds, ids })
     }
 
-    /// Asks the kernel how many breakpoint slots `tid` has free, by opening
-    /// disabled counting breakpoints until ENOSPC (disabled events count,
-    /// kernel-facts §5) and closing them again.
-    pub fn probe_free_slots(&self, tid: Tid, max: usize) -> Result<usize, PerfError> {
-        let mut held = Vec::with_capacity(max);
-        for _ in 0..max {
-            let mut a = breakpoint_attr(0x1000, WatchLen::new(1).unwrap(), Access::Write);
-            a.set_disabled(1);
-            match open(&mut a, tid, -1, "perf_event_open(probe)") {
-                Ok(fd) => held.push(fd),
-                Err(e) if e.errno == Errno::ENOSPC => break,
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(held.len())
-    }
-
     /// Reads every complete record from every ring and hands it to `sink`.
     /// Returns the number of records. Serialised: concurrent callers wait.
     pub fn drain(&self, sink: &mut dyn FnMut(Record)) -> usize {
@@ -509,7 +491,11 @@ impl PerfBackend {
     }
 }
 
-fn breakpoint_attr(addr: u64, len: WatchLen, access: Access) -> b::perf_event_attr {
+pub(in crate::backend) fn breakpoint_attr(
+    addr: u64,
+    len: WatchLen,
+    access: Access,
+) -> b::perf_event_attr {
     let mut a = base_attr();
     a.type_ = b::PERF_TYPE_BREAKPOINT;
     a.bp_type = match access {
@@ -543,12 +529,14 @@ fn drain_ring(ring: &Ring, scratch: &mut Vec<u8>, sink: &mut dyn FnMut(Record)) 
     };
     // SAFETY: data_tail is ours to read and write.
     let mut tail = unsafe { std::ptr::read_volatile(&(*meta).data_tail) };
+    // SAFETY: the data area follows the metadata page inside the mapping.
     let data = unsafe { ring.base.add(ring.data_off) };
     let size = ring.data_size as u64;
     let mut n = 0;
     while tail + 8 <= head {
         let mut hdr = [0u8; 8];
-        copy_wrapped(data, size, tail, &mut hdr);
+        // SAFETY: `data` is this ring's mapped data area of `size` bytes.
+        unsafe { copy_wrapped(data, size, tail, &mut hdr) };
         let ty = u32::from_ne_bytes(hdr[0..4].try_into().unwrap());
         let misc = u16::from_ne_bytes(hdr[4..6].try_into().unwrap());
         let rsize = u64::from(u16::from_ne_bytes(hdr[6..8].try_into().unwrap()));
@@ -557,7 +545,8 @@ fn drain_ring(ring: &Ring, scratch: &mut Vec<u8>, sink: &mut dyn FnMut(Record)) 
         }
         scratch.clear();
         scratch.resize(rsize as usize, 0);
-        copy_wrapped(data, size, tail, scratch);
+        // SAFETY: as above; a record is never larger than the ring.
+        unsafe { copy_wrapped(data, size, tail, scratch) };
         if let Some(r) = parse_record(ty, misc, &scratch[8..]) {
             sink(r);
         }
@@ -572,10 +561,18 @@ fn drain_ring(ring: &Ring, scratch: &mut Vec<u8>, sink: &mut dyn FnMut(Record)) 
     n
 }
 
-fn copy_wrapped(data: *const u8, size: u64, pos: u64, out: &mut [u8]) {
+/// Copies `out.len()` bytes from ring position `pos` of the `size`-byte data
+/// area at `data`, wrapping at its end.
+///
+/// # Safety
+/// `data` must point to a mapped ring data area of `size` bytes, and
+/// `out.len()` must not exceed `size`. (A raw pointer, not a slice: the
+/// kernel writes the area beyond the head concurrently.)
+unsafe fn copy_wrapped(data: *const u8, size: u64, pos: u64, out: &mut [u8]) {
     let start = (pos % size) as usize;
     let first = out.len().min(size as usize - start);
-    // SAFETY: both ranges lie inside the mapped data area.
+    // SAFETY: both ranges lie inside the mapped data area (the caller's
+    // contract).
     unsafe {
         std::ptr::copy_nonoverlapping(data.add(start), out.as_mut_ptr(), first);
         if first < out.len() {

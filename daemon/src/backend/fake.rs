@@ -1,0 +1,248 @@
+//! An in-memory backend, for tests of the core and the RPC layer that need
+//! no root and no kernel support: it tracks the threads `/proc` lists (of
+//! processes the test itself starts), and arms by recording, in a
+//! [`FakeKernel`] the test controls (slots taken by others, the next
+//! failure), while the test makes hits and thread births happen.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, Weak};
+
+use super::{Backend, Features, Host};
+use crate::arch::current::SLOTS;
+use crate::error::WpdError;
+use crate::events::{EventKind, HitEvent};
+use crate::ledger::{Reservation, Retained};
+use crate::model::{BackendKind, Pid, Tid, WatchId};
+use crate::state::{OpGuard, Process, Watch};
+
+/// A failure the next arm meets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FakeFailure {
+    /// The kernel says ENOSPC on this thread.
+    NoSpace(Tid),
+    /// Out of file descriptors.
+    Emfile,
+    /// Permission denied.
+    Eperm,
+}
+
+/// What the fake backend's "kernel" holds; the test reads and changes it.
+#[derive(Debug, Default)]
+pub struct FakeKernel {
+    state: Mutex<KernelState>,
+}
+
+#[derive(Debug, Default)]
+struct KernelState {
+    /// Slots other owners hold, by thread.
+    foreign: HashMap<Tid, usize>,
+    /// Armed (watchpoint, thread) pairs.
+    armed: HashSet<(WatchId, Tid)>,
+    /// Attached processes.
+    attached: HashSet<Pid>,
+    /// The next arm's failure.
+    fail_next: Option<FakeFailure>,
+}
+
+impl FakeKernel {
+    /// An empty kernel.
+    pub fn new() -> Arc<FakeKernel> {
+        Arc::new(FakeKernel::default())
+    }
+
+    /// `n` slots of `tid` are held by someone else.
+    pub fn take_foreign_slots(&self, tid: Tid, n: usize) {
+        self.state.lock().unwrap().foreign.insert(tid, n);
+    }
+
+    /// The next arm fails so.
+    pub fn fail_next_arm(&self, f: FakeFailure) {
+        self.state.lock().unwrap().fail_next = Some(f);
+    }
+
+    /// Threads `id` is armed on.
+    pub fn armed_threads(&self, id: WatchId) -> Vec<Tid> {
+        let mut v: Vec<Tid> = self
+            .state
+            .lock()
+            .unwrap()
+            .armed
+            .iter()
+            .filter(|(w, _)| *w == id)
+            .map(|(_, t)| *t)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Processes attached.
+    pub fn attached(&self) -> Vec<Pid> {
+        self.state
+            .lock()
+            .unwrap()
+            .attached
+            .iter()
+            .copied()
+            .collect()
+    }
+}
+
+/// The fake backend.
+pub struct FakeBackend {
+    host: Weak<dyn Host>,
+    kernel: Arc<FakeKernel>,
+}
+
+impl std::fmt::Debug for FakeBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeBackend").finish()
+    }
+}
+
+impl FakeBackend {
+    /// What it can do: what perf does.
+    pub const FEATURES: Features = Features {
+        stops: false,
+        only_on_change: false,
+        exact_values: false,
+    };
+
+    /// A fake backend over `kernel`.
+    pub fn new(host: Weak<dyn Host>, kernel: Arc<FakeKernel>) -> Self {
+        FakeBackend { host, kernel }
+    }
+
+    fn host(&self) -> Result<Arc<dyn Host>, WpdError> {
+        self.host
+            .upgrade()
+            .ok_or_else(|| WpdError::kernel("host gone", nix::errno::Errno::ESHUTDOWN))
+    }
+}
+
+/// Makes a hit happen: as the backend would, counts it and publishes it.
+/// False when no such watchpoint is armed on `tid`.
+pub fn fake_hit(host: &dyn Host, kernel: &FakeKernel, id: WatchId, tid: Tid, ip: u64) -> bool {
+    if !kernel.state.lock().unwrap().armed.contains(&(id, tid)) {
+        return false;
+    }
+    let Some(w) = host.watch(id) else {
+        return false;
+    };
+    host.count_hit(&w);
+    let now = crate::clock::realtime_ns();
+    host.publish(EventKind::Hit(HitEvent {
+        id,
+        pid: w.spec.pid,
+        tid,
+        ip,
+        addr: w.spec.addr,
+        len: w.spec.len.bytes(),
+        access: w.spec.access,
+        value: Err("the fake backend reads no memory".into()),
+        time_ns: now,
+        value_read_ns: now,
+        cpu: 0,
+        stopped: false,
+        old_value: None,
+        backend: w.backend,
+    }));
+    true
+}
+
+impl Backend for FakeBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Perf
+    }
+
+    fn features(&self) -> Features {
+        Self::FEATURES
+    }
+
+    fn retained(&self) -> Retained {
+        Retained::Avoid
+    }
+
+    fn attach(&self, op: &OpGuard<'_>) -> Result<(), WpdError> {
+        let host = self.host()?;
+        let pid = op.pid();
+        let tids = crate::procfs::tasks(pid).map_err(|_| WpdError::NoSuchProcess(pid))?;
+        for tid in tids {
+            if !crate::procfs::thread_exited(pid, tid) {
+                host.ledger().add_thread(pid, tid);
+            }
+        }
+        self.kernel.state.lock().unwrap().attached.insert(pid);
+        Ok(())
+    }
+
+    fn arm(
+        &self,
+        op: &OpGuard<'_>,
+        watch: &Arc<Watch>,
+        res: &[Reservation],
+    ) -> Result<(), WpdError> {
+        let host = self.host()?;
+        let ledger = host.ledger();
+        let mut k = self.kernel.state.lock().unwrap();
+        match k.fail_next.take() {
+            Some(FakeFailure::Emfile) => {
+                ledger.rollback(res);
+                return Err(WpdError::FdLimit {
+                    what: "this watchpoint",
+                    threads: res.len(),
+                    cpus: 1,
+                    needed: res.len() as u64,
+                    open: 0,
+                    limit: 0,
+                    headroom: 0,
+                    by_kernel: true,
+                });
+            }
+            Some(FakeFailure::Eperm) => {
+                ledger.rollback(res);
+                return Err(WpdError::PermissionDenied {
+                    pid: op.pid(),
+                    detail: "perf_event_open(breakpoint) refused: Operation not permitted".into(),
+                });
+            }
+            Some(FakeFailure::NoSpace(tid)) => {
+                k.foreign.insert(tid, SLOTS);
+            }
+            None => {}
+        }
+        let mut full = Vec::new();
+        for r in res {
+            let ours = k.armed.iter().filter(|(_, t)| *t == r.tid).count();
+            let foreign = k.foreign.get(&r.tid).copied().unwrap_or(0);
+            if ours + foreign >= SLOTS {
+                ledger.mark_foreign(*r);
+                full.push(r.tid);
+            }
+        }
+        if !full.is_empty() {
+            ledger.rollback(res);
+            return Err(WpdError::OutOfSlots {
+                pid: op.pid(),
+                conflicts: ledger.conflicts(full),
+            });
+        }
+        for r in res {
+            k.armed.insert((watch.id, r.tid));
+        }
+        ledger.commit(res, None);
+        Ok(())
+    }
+
+    fn disarm(&self, _op: &OpGuard<'_>, watch: &Watch) {
+        self.kernel
+            .state
+            .lock()
+            .unwrap()
+            .armed
+            .retain(|(w, _)| *w != watch.id);
+    }
+
+    fn detach(&self, proc: &Arc<Process>) {
+        self.kernel.state.lock().unwrap().attached.remove(&proc.pid);
+    }
+}

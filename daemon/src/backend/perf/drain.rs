@@ -1,0 +1,295 @@
+//! The perf backend's drain thread: reads the per-CPU rings and turns
+//! records into the ledger's thread lifecycle and into hit events.
+
+use std::sync::atomic::Ordering;
+
+use super::PerfEngine;
+use super::kernel::Record;
+use crate::arch;
+use crate::backend::Host;
+use crate::events::{EventKind, HitEvent};
+use crate::model::{BackendKind, Pid, Tid, WatchId};
+use crate::procfs;
+use crate::state::Job;
+
+impl PerfEngine {
+    /// Runs until the backend stops: reads the rings when the kernel signals
+    /// them (a quarter-full ring), at least every `QUIET_POLL_MS` while a
+    /// process is tracked (a first hit is seen within 2 ms), every
+    /// `IDLE_POLL_MS` while none is, and every `BUSY_PERIOD` without
+    /// waiting for signals while records keep coming.
+    pub(super) fn drain_loop(&self) {
+        let mut fds: Vec<libc::pollfd> = self
+            .perf
+            .collector_fds()
+            .into_iter()
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        let mut busy = false;
+        while !self.stop.load(Ordering::Relaxed) {
+            if busy {
+                // Records are flowing: read them in batches every BUSY_PERIOD
+                // without polling. The kernel wakes every poller of a ring
+                // each time a thread with inherited events on it exits
+                // (`perf_event_exit_event` kicks `perf_poll`): polled, a
+                // process creating and joining 14,000 threads/s woke this
+                // thread 13,000 times/s, each wake-up preempting one of its
+                // threads on a busy CPU (a perf context switch out and in).
+                std::thread::sleep(BUSY_PERIOD);
+            } else {
+                // Neither a hit nor a FORK/EXIT record wakes the poll until
+                // a quarter of a ring is full (a wake-up per hit, with
+                // `wakeup_events = 1`, doubled what a hit costs the writing
+                // thread), so while some process is tracked through the
+                // rings they are read every QUIET_POLL_MS. With none,
+                // nothing can come.
+                let timeout = if self.trackers.is_empty() {
+                    IDLE_POLL_MS
+                } else {
+                    QUIET_POLL_MS
+                };
+                // SAFETY: fds is a valid pollfd array.
+                unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+            }
+            let Some(host) = self.host.upgrade() else {
+                return;
+            };
+            let mut values = ValueCache::default();
+            busy = self
+                .perf
+                .drain(&mut |r| self.on_record(&*host, r, &mut values))
+                > 0;
+        }
+    }
+
+    pub(super) fn on_record(&self, host: &dyn Host, r: Record, values: &mut ValueCache) {
+        let ledger = host.ledger();
+        match r {
+            Record::Sample {
+                id,
+                ip,
+                pid,
+                tid,
+                time,
+                addr,
+                cpu,
+            } => {
+                let Some(wid) = self.event_ids.get(&id).map(|v| *v) else {
+                    return;
+                };
+                let Some(w) = host.watch(wid) else {
+                    return;
+                };
+                host.count_hit(&w);
+                let len = w.spec.len.bytes();
+                let (value, value_read_ns) = values.read(pid, tid, addr, len);
+                host.publish(EventKind::Hit(HitEvent {
+                    id: w.id,
+                    pid,
+                    tid,
+                    ip,
+                    addr,
+                    len,
+                    access: w.spec.access,
+                    value,
+                    time_ns: time + self.clock_offset,
+                    value_read_ns,
+                    cpu,
+                    stopped: false,
+                    old_value: None,
+                    backend: BackendKind::Perf,
+                }));
+            }
+            Record::Fork {
+                pid,
+                ppid,
+                tid,
+                ptid,
+                time,
+            } => {
+                if pid != ppid || !self.trackers.contains_key(&pid) {
+                    return; // a new process (fork) is left alone
+                }
+                // Gone already: its EXIT record was read first (it sits in
+                // the ring of the CPU the thread exited on, the FORK in the
+                // creator's, and a pass reads one ring after the other).
+                let exited = self.early_exits.lock().unwrap().take(tid, time);
+                if let Some(row) = ledger.on_fork(pid, ptid, tid, time) {
+                    // Certain and uncertain ones: the reconcile step arms any
+                    // uncertain one that was not inherited.
+                    let watchpoints = (0..arch::current::SLOTS)
+                        .filter(|s| (row.ours | row.uncertain) & (1 << s) != 0)
+                        .map(|s| WatchId(row.holder[s]))
+                        .collect();
+                    host.publish(EventKind::ThreadStarted {
+                        pid,
+                        tid,
+                        parent: ptid,
+                        watchpoints,
+                    });
+                    if exited {
+                        ledger.remove_thread(tid);
+                        host.publish(EventKind::ThreadExited { pid, tid });
+                    } else if row.uncertain != 0 || missing_wide(host, pid, &row) {
+                        host.schedule(Job::Reconcile(pid));
+                    }
+                }
+            }
+            Record::Exit { pid, tid, time } => {
+                if let Some(row) = ledger.get(tid)
+                    && row.pid == pid
+                {
+                    ledger.remove_thread(tid);
+                    host.publish(EventKind::ThreadExited { pid, tid });
+                    if ledger.thread_count(pid) == 0 {
+                        host.schedule(Job::CheckLost(pid));
+                    }
+                } else if self.trackers.contains_key(&pid) {
+                    self.early_exits.lock().unwrap().insert(tid, time);
+                }
+            }
+            Record::Exec { pid, .. } => {
+                if self.trackers.contains_key(&pid) {
+                    host.schedule(Job::Exec(pid));
+                }
+            }
+            Record::Lost { count } => {
+                tracing::warn!(count, "kernel dropped records: ring full");
+                host.publish(EventKind::RecordsLost { count });
+            }
+        }
+    }
+}
+
+/// Whether a new thread lacks one of its process's process-wide
+/// watchpoints.
+fn missing_wide(host: &dyn Host, pid: Pid, row: &crate::ledger::ThreadSlots) -> bool {
+    host.wide_watches(pid)
+        .iter()
+        .any(|w| row.slot_of(w.id).is_none())
+}
+
+/// Pause between ring reads while records keep coming.
+const BUSY_PERIOD: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Longest wait for records between two reads while a process is tracked
+/// through the rings: what a first hit may wait.
+const QUIET_POLL_MS: i32 = 2;
+
+/// Longest wait when no process uses the perf backend (a safety net).
+const IDLE_POLL_MS: i32 = 1000;
+
+/// EXIT records of threads whose FORK record has not been read yet, by tid
+/// (exit time). Records of different CPUs' rings are read one ring after
+/// the other, so a thread that lives for microseconds on another CPU than
+/// its creator can show its exit first: without this, a churning process
+/// left a fifth of its threads in the ledger forever (5,500 rows for 5 live
+/// threads after 2 s of 2 creators). Kept for [`EarlyExits::KEEP_NS`].
+#[derive(Default)]
+pub struct EarlyExits {
+    by_tid: std::collections::HashMap<Tid, u64>,
+    order: std::collections::VecDeque<(u64, Tid)>,
+}
+
+impl EarlyExits {
+    /// How long an early EXIT waits for its FORK (kernel clock); rings are
+    /// drained every few ms.
+    const KEEP_NS: u64 = 2_000_000_000;
+
+    pub fn insert(&mut self, tid: Tid, exit_ns: u64) {
+        while let Some(&(t, old)) = self.order.front() {
+            if t.saturating_add(Self::KEEP_NS) >= exit_ns {
+                break;
+            }
+            self.order.pop_front();
+            if self.by_tid.get(&old) == Some(&t) {
+                self.by_tid.remove(&old);
+            }
+        }
+        self.by_tid.insert(tid, exit_ns);
+        self.order.push_back((exit_ns, tid));
+    }
+
+    /// Whether the thread `tid` created at `fork_ns` has exited already
+    /// (an exit of an older thread with the same tid does not count).
+    pub fn take(&mut self, tid: Tid, fork_ns: u64) -> bool {
+        if self.by_tid.is_empty() {
+            return false;
+        }
+        match self.by_tid.get(&tid) {
+            Some(&exit_ns) if exit_ns >= fork_ns => {
+                self.by_tid.remove(&tid);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Values read during one drain pass, by (pid, address, length). The perf
+/// backend reads a hit's value after the fact, when the daemon handles the
+/// record (`value_read_ns` says when), so every hit on the same bytes in one
+/// pass would read the same memory within microseconds: one
+/// `process_vm_readv` serves them all. At high hit rates that read is the
+/// largest part of the daemon's work per hit.
+#[derive(Default)]
+pub struct ValueCache {
+    read: Vec<ReadValue>,
+}
+
+/// (pid, address, length), what reading it gave, and when (Unix ns).
+type ReadValue = ((Pid, u64, u32), Result<Vec<u8>, String>, u64);
+
+impl ValueCache {
+    /// Distinct (pid, address, length) kept per pass; a pass over more
+    /// watched ranges than this reads the others every time.
+    const CAP: usize = 64;
+
+    fn read(&mut self, pid: Pid, via: Tid, addr: u64, len: u32) -> (Result<Vec<u8>, String>, u64) {
+        let key = (pid, addr, len);
+        if let Some((_, v, ns)) = self.read.iter().find(|(k, _, _)| *k == key) {
+            return (v.clone(), *ns);
+        }
+        let v = procfs::read_memory(pid, via, addr, len as usize);
+        let ns = crate::clock::realtime_ns();
+        if self.read.len() < Self::CAP {
+            self.read.push((key, v.clone(), ns));
+        }
+        (v, ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EarlyExits;
+
+    #[test]
+    fn early_exit_matches_only_its_own_fork() {
+        let mut e = EarlyExits::default();
+        e.insert(7, 1_000);
+        // An older thread that had the same tid (created before, exited
+        // before): not this one.
+        assert!(!e.take(8, 500));
+        // The thread created at 900 and gone at 1,000.
+        assert!(e.take(7, 900));
+        // Taken once.
+        assert!(!e.take(7, 900));
+        // A fork after the recorded exit is a new thread reusing the tid.
+        e.insert(9, 2_000);
+        assert!(!e.take(9, 2_500));
+    }
+
+    #[test]
+    fn early_exits_expire() {
+        let mut e = EarlyExits::default();
+        e.insert(1, 0);
+        e.insert(2, EarlyExits::KEEP_NS + 1);
+        assert!(!e.take(1, 0), "expired when a later exit came");
+        assert!(e.take(2, 1));
+        assert!(e.order.len() <= 1);
+    }
+}

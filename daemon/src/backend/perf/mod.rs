@@ -1,0 +1,564 @@
+//! The perf backend: `perf_event_open` hardware breakpoints. The target
+//! never stops; new threads get a process-wide watchpoint from the kernel
+//! inside `clone()` (inheritance), before they run; breakpoints die with the
+//! daemon's fds, so a killed daemon never leaves an armed target.
+//!
+//! - `kernel.rs`: the kernel interface (events, rings, records).
+//! - `drain.rs`: the drain thread: rings → thread lifecycle and hits.
+//! - this file: [`PerfEngine`], the [`Backend`]: tracking threads, arming,
+//!   reconciling threads born while a watchpoint was being armed, disarming.
+//!
+//! What it keeps per process and watchpoint (the fds it opened, the sample
+//! ids that name a watchpoint) lives here, not in the core's state.
+
+pub mod drain;
+pub mod kernel;
+
+use std::collections::HashSet;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use dashmap::DashMap;
+use nix::errno::Errno;
+
+use super::fanout::fan_out;
+use super::probe::SlotProbe;
+use super::{Backend, BackendStats, Features, Host, Unavailable};
+use crate::arch;
+use crate::error::WpdError;
+use crate::ledger::{Inheritance, Reservation, Retained, classify};
+use crate::model::{Pid, Tid, WatchId};
+use crate::procfs;
+use crate::state::{OpGuard, Process, Watch};
+pub use kernel::{Perf, PerfError, Record, ThreadEvents};
+
+/// The perf backend.
+pub struct PerfEngine {
+    perf: Perf,
+    probe: Option<Arc<SlotProbe>>,
+    host: Weak<dyn Host>,
+    /// Sample id (the primary id of an event we opened, also carried by its
+    /// inherited copies) → watchpoint.
+    event_ids: DashMap<u64, WatchId>,
+    /// Events opened explicitly, by watchpoint and thread. Kept until the
+    /// watchpoint is removed, even after the thread exits: closing one also
+    /// removes the copies the kernel made for the threads it created.
+    events: DashMap<WatchId, Vec<(Tid, ThreadEvents)>>,
+    /// Thread-tracking events, by process; kept until detach for the same
+    /// reason.
+    trackers: DashMap<Pid, Vec<OwnedFd>>,
+    /// Threads whose EXIT record was read before their FORK record.
+    early_exits: Mutex<drain::EarlyExits>,
+    /// CLOCK_REALTIME − CLOCK_MONOTONIC at start, to date records.
+    clock_offset: u64,
+    stop: AtomicBool,
+}
+
+impl std::fmt::Debug for PerfEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PerfEngine")
+            .field("perf", &self.perf)
+            .finish()
+    }
+}
+
+/// The typed refusal of `threads` × CPUs event fds that do not fit under
+/// `RLIMIT_NOFILE`, by the kernel (EMFILE) or by the daemon's own count.
+/// Called after what the request opened was closed.
+fn fd_limit(perf: &Perf, what: &'static str, threads: usize, by_kernel: bool) -> WpdError {
+    let cpus = perf.cpus().len();
+    WpdError::FdLimit {
+        what,
+        threads,
+        cpus,
+        needed: (threads * cpus) as u64,
+        open: kernel::open_fd_count(),
+        limit: kernel::nofile_limit(),
+        headroom: perf.fd_headroom(),
+        by_kernel,
+    }
+}
+
+fn perf_err(e: PerfError) -> WpdError {
+    WpdError::kernel(e.op, e.errno)
+}
+
+/// What one [`fan_out`] worker of an arm pass did with its reservations.
+struct ArmChunk {
+    opened: Vec<(Tid, ThreadEvents)>,
+    times: Vec<(u64, u64)>,
+    ok: Vec<Reservation>,
+    gone: Vec<Reservation>,
+    full: Vec<Tid>,
+    untried: Vec<Reservation>,
+    fatal: Option<PerfError>,
+}
+
+impl ArmChunk {
+    fn with_capacity(n: usize) -> Self {
+        ArmChunk {
+            opened: Vec::with_capacity(n),
+            times: Vec::with_capacity(n),
+            ok: Vec::with_capacity(n),
+            gone: Vec::new(),
+            full: Vec::new(),
+            untried: Vec::new(),
+            fatal: None,
+        }
+    }
+}
+
+impl PerfEngine {
+    /// What it can do.
+    pub const FEATURES: Features = Features {
+        stops: false,
+        only_on_change: false,
+        exact_values: false,
+    };
+
+    /// Opens the per-CPU rings; `fd_headroom` fds are never taken by events.
+    pub fn new(
+        host: Weak<dyn Host>,
+        probe: Option<Arc<SlotProbe>>,
+        fd_headroom: u64,
+    ) -> Result<PerfEngine, Unavailable> {
+        let perf = Perf::new().map_err(|e| Unavailable::Kernel {
+            op: e.op,
+            errno: e.errno,
+            needs: format!(
+                "the perf backend needs CAP_PERFMON or root for its per-CPU rings \
+                 (perf_event_paranoid={})",
+                std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+                    .unwrap_or_default()
+                    .trim()
+            ),
+        })?;
+        perf.set_fd_headroom(fd_headroom);
+        Ok(PerfEngine {
+            perf,
+            probe,
+            host,
+            event_ids: DashMap::new(),
+            events: DashMap::new(),
+            trackers: DashMap::new(),
+            early_exits: Mutex::new(drain::EarlyExits::default()),
+            clock_offset: crate::clock::realtime_ns().saturating_sub(crate::clock::monotonic_ns()),
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    /// Online CPUs (events are opened per CPU).
+    pub fn cpus(&self) -> usize {
+        self.perf.cpus().len()
+    }
+
+    fn host(&self) -> Result<Arc<dyn Host>, WpdError> {
+        self.host
+            .upgrade()
+            .ok_or_else(|| WpdError::kernel("daemon shutting down", Errno::ESHUTDOWN))
+    }
+
+    /// Processes every record already in the rings.
+    pub fn drain_now(&self) {
+        if let Some(host) = self.host.upgrade() {
+            let mut values = drain::ValueCache::default();
+            self.perf
+                .drain(&mut |r| self.on_record(&*host, r, &mut values));
+        }
+    }
+
+    /// Makes every thread of `proc` carry every process-wide watchpoint:
+    /// threads created while a watchpoint was being armed on their creator
+    /// may or may not have inherited it (see `ledger::classify`); decide from
+    /// timestamps where possible, else ask the kernel, and arm the ones that
+    /// did not inherit.
+    fn reconcile_proc(&self, host: &dyn Host, proc: &Process) {
+        let wide = host.wide_watches(proc.pid);
+        if wide.is_empty() {
+            return;
+        }
+        let ledger = host.ledger();
+        for _round in 0..8 {
+            self.drain_now();
+            let mut changed = false;
+            for tid in ledger.tids(proc.pid) {
+                for w in &wide {
+                    let Some(row) = ledger.get(tid) else {
+                        break;
+                    };
+                    let slot = row.slot_of(w.id);
+                    let uncertain = slot.is_some_and(|s| row.uncertain & (1 << s) != 0);
+                    if slot.is_some() && !uncertain {
+                        continue;
+                    }
+                    if uncertain {
+                        let verdict = self.inheritance_verdict(host, &row, w.id, tid);
+                        ledger.resolve_uncertain(tid, w.id, verdict, row.born());
+                        if verdict {
+                            continue;
+                        }
+                    }
+                    changed = true;
+                    self.arm_one(host, proc, w, tid);
+                }
+            }
+            if !changed {
+                return;
+            }
+        }
+    }
+
+    /// Did `tid` inherit `id` from its creator? Timestamps first, then a
+    /// kernel probe of free slots.
+    fn inheritance_verdict(
+        &self,
+        host: &dyn Host,
+        row: &crate::ledger::ThreadSlots,
+        id: WatchId,
+        tid: Tid,
+    ) -> bool {
+        if let Some(parent) = host.ledger().get(row.parent)
+            && let Some(s) = parent.slot_of(id)
+            && parent.ours & (1 << s) != 0
+        {
+            let w = parent.window(s);
+            match classify(row.born(), w.absent_before, w.certain_from) {
+                Inheritance::Inherited => return true,
+                Inheritance::Missing => return false,
+                Inheritance::Unknown => {}
+            }
+        }
+        let known = row.ours.count_ones() as usize;
+        match self
+            .probe
+            .as_ref()
+            .map(|p| p.free_slots(tid, arch::current::SLOTS))
+        {
+            // As many free slots as if it had none of the uncertain ones.
+            Some(Ok(free)) => free + known < arch::current::SLOTS,
+            _ => true,
+        }
+    }
+
+    fn arm_one(&self, host: &dyn Host, proc: &Process, w: &Watch, tid: Tid) {
+        let ledger = host.ledger();
+        let res = match ledger.reserve_one(tid, w.id, true, Retained::Avoid) {
+            Ok(Some(r)) => r,
+            // Gone, or it has the watchpoint already.
+            Ok(None) => return,
+            Err(_) => {
+                tracing::warn!(
+                    pid = proc.pid,
+                    tid,
+                    id = w.id.0,
+                    "new thread has no free slot for a process-wide watchpoint"
+                );
+                return;
+            }
+        };
+        let res = [res];
+        let sink = |eid: u64| {
+            self.event_ids.insert(eid, w.id);
+        };
+        let t0 = crate::clock::monotonic_ns();
+        match self
+            .perf
+            .open_breakpoint(tid, w.spec.addr, w.spec.len, w.spec.access, true, &sink)
+        {
+            Ok(ev) => {
+                let t1 = crate::clock::monotonic_ns();
+                ledger.commit(&res, Some(&[(t0, t1)]));
+                self.events.entry(w.id).or_default().push((tid, ev));
+            }
+            Err(e) if e.errno == Errno::ENOSPC => {
+                ledger.mark_foreign(res[0]);
+                tracing::warn!(
+                    pid = proc.pid,
+                    tid,
+                    id = w.id.0,
+                    "kernel refused a slot (ENOSPC) on a new thread"
+                );
+            }
+            Err(e) if e.errno == Errno::ESRCH => ledger.rollback(&res),
+            Err(e) => {
+                // EMFILE above all: the thread stays without this
+                // watchpoint, as `ListThreads` shows.
+                ledger.rollback(&res);
+                tracing::warn!(
+                    pid = proc.pid,
+                    tid,
+                    id = w.id.0,
+                    "{} failed on a new thread: {}",
+                    e.op,
+                    e.errno.desc()
+                );
+            }
+        }
+    }
+}
+
+impl Backend for PerfEngine {
+    fn kind(&self) -> crate::model::BackendKind {
+        crate::model::BackendKind::Perf
+    }
+
+    fn features(&self) -> Features {
+        Self::FEATURES
+    }
+
+    fn retained(&self) -> Retained {
+        Retained::Avoid
+    }
+
+    fn start(self: Arc<Self>) {
+        std::thread::Builder::new()
+            .name("wpd-drain".into())
+            .spawn(move || {
+                crate::sched::thread_started();
+                self.drain_loop()
+            })
+            .expect("spawn drain");
+    }
+
+    /// Opens trackers on every thread, rescanning until no thread is new:
+    /// a thread created by a tracked thread is tracked by inheritance, one
+    /// created by a not-yet-tracked thread shows up in the next scan.
+    fn attach(&self, op: &OpGuard<'_>) -> Result<(), WpdError> {
+        let host = self.host()?;
+        let ledger = host.ledger();
+        let pid = op.pid();
+        let perf = &self.perf;
+        let mut tracked: HashSet<Tid> = HashSet::new();
+        let result = (|| {
+            loop {
+                let mut tids = procfs::tasks(pid).map_err(|_| WpdError::NoSuchProcess(pid))?;
+                let all = tids.len();
+                tids.retain(|&t| tracked.insert(t));
+                if tids.is_empty() {
+                    break;
+                }
+                // The trackers must fit (what was tracked is undone below).
+                if !perf.fd_room(tids.len() * perf.cpus().len()) {
+                    return Err(fd_limit(perf, "attach", tids.len(), false));
+                }
+                // Room for the trackers and a first watchpoint's breakpoints.
+                perf.reserve_fds(2 * all * perf.cpus().len());
+                let chunks = fan_out(&tids, perf.cpus().len(), |chunk| {
+                    let mut fds = Vec::with_capacity(chunk.len() * perf.cpus().len());
+                    for &tid in chunk {
+                        match perf.open_tracker(tid) {
+                            Ok(f) => {
+                                fds.extend(f);
+                                ledger.add_thread(pid, tid);
+                            }
+                            // Gone, or a zombie leader (its exit is past).
+                            Err(e) if e.errno == Errno::ESRCH => {}
+                            Err(e) => return Err((fds, e)),
+                        }
+                    }
+                    Ok(fds)
+                });
+                let mut failed = None;
+                for c in chunks {
+                    let fds = match c {
+                        Ok(fds) => fds,
+                        Err((fds, e)) => {
+                            failed = failed.or(Some(e));
+                            fds
+                        }
+                    };
+                    self.trackers.entry(pid).or_default().extend(fds);
+                }
+                match failed {
+                    None => {}
+                    Some(e) if matches!(e.errno, Errno::EACCES | Errno::EPERM) => {
+                        return Err(WpdError::PermissionDenied {
+                            pid,
+                            detail: format!("{} refused: {}", e.op, e.errno.desc()),
+                        });
+                    }
+                    Some(e) if e.errno == Errno::EMFILE => {
+                        return Err(fd_limit(perf, "attach", tids.len(), true));
+                    }
+                    Some(e) => return Err(perf_err(e)),
+                }
+            }
+            if ledger.thread_count(pid) == 0 {
+                return Err(WpdError::NoSuchProcess(pid));
+            }
+            Ok(())
+        })();
+        if result.is_err() {
+            self.detach(op.process());
+        }
+        result
+    }
+
+    fn sync(&self) {
+        self.drain_now();
+    }
+
+    /// Opens the breakpoint on every reserved thread (inheritable when
+    /// process-wide); all or nothing.
+    fn arm(
+        &self,
+        op: &OpGuard<'_>,
+        watch: &Arc<Watch>,
+        res: &[Reservation],
+    ) -> Result<(), WpdError> {
+        let host = self.host()?;
+        let ledger = host.ledger();
+        let perf = &self.perf;
+        let spec = &watch.spec;
+        let (pid, id, process_wide) = (op.pid(), watch.id, watch.process_wide);
+        if !perf.fd_room(res.len() * perf.cpus().len()) {
+            ledger.rollback(res);
+            return Err(fd_limit(perf, "this watchpoint", res.len(), false));
+        }
+        perf.reserve_fds(res.len() * perf.cpus().len());
+        let registered = Mutex::new(Vec::new());
+        let sink = |eid: u64| {
+            self.event_ids.insert(eid, id);
+            registered.lock().unwrap().push(eid);
+        };
+        let stop = AtomicBool::new(false);
+        let chunks = fan_out(res, perf.cpus().len(), |chunk| {
+            let mut c = ArmChunk::with_capacity(chunk.len());
+            for (i, r) in chunk.iter().enumerate() {
+                if stop.load(Ordering::Relaxed) {
+                    c.untried.extend_from_slice(&chunk[i..]);
+                    break;
+                }
+                let t0 = crate::clock::monotonic_ns();
+                match perf.open_breakpoint(
+                    r.tid,
+                    spec.addr,
+                    spec.len,
+                    spec.access,
+                    process_wide,
+                    &sink,
+                ) {
+                    Ok(ev) => {
+                        c.times.push((t0, crate::clock::monotonic_ns()));
+                        c.opened.push((r.tid, ev));
+                        c.ok.push(*r);
+                    }
+                    Err(e) if e.errno == Errno::ESRCH => c.gone.push(*r),
+                    Err(e) if e.errno == Errno::ENOSPC => {
+                        ledger.mark_foreign(*r);
+                        c.full.push(r.tid);
+                    }
+                    Err(e) => {
+                        stop.store(true, Ordering::Relaxed);
+                        c.fatal = Some(e);
+                        c.untried.extend_from_slice(&chunk[i + 1..]);
+                        break;
+                    }
+                }
+            }
+            c
+        });
+        let mut all = ArmChunk::with_capacity(res.len());
+        for c in chunks {
+            all.opened.extend(c.opened);
+            all.times.extend(c.times);
+            all.ok.extend(c.ok);
+            all.gone.extend(c.gone);
+            all.full.extend(c.full);
+            all.untried.extend(c.untried);
+            all.fatal = all.fatal.or(c.fatal);
+        }
+        let ArmChunk {
+            opened,
+            times,
+            ok,
+            gone,
+            full,
+            untried,
+            fatal,
+        } = all;
+        if !full.is_empty() || fatal.is_some() {
+            let n: usize = opened.iter().map(|(_, e)| e.fds.len()).sum();
+            drop(opened);
+            perf.forget_fds(n);
+            for eid in registered.lock().unwrap().iter() {
+                self.event_ids.remove(eid);
+            }
+            ledger.rollback(&ok);
+            ledger.rollback(&gone);
+            ledger.rollback(&untried);
+            if let Some(e) = fatal {
+                if matches!(e.errno, Errno::EACCES | Errno::EPERM) {
+                    return Err(WpdError::PermissionDenied {
+                        pid,
+                        detail: format!("{} refused: {}", e.op, e.errno.desc()),
+                    });
+                }
+                if e.errno == Errno::EMFILE {
+                    return Err(fd_limit(perf, "this watchpoint", res.len(), true));
+                }
+                return Err(perf_err(e));
+            }
+            return Err(WpdError::OutOfSlots {
+                pid,
+                conflicts: ledger.conflicts(full),
+            });
+        }
+        ledger.rollback(&gone);
+        ledger.commit(&ok, process_wide.then_some(&times[..]));
+        self.events.entry(id).or_default().extend(opened);
+        if process_wide {
+            self.reconcile_proc(&*host, op.process());
+        }
+        Ok(())
+    }
+
+    fn disarm(&self, _op: &OpGuard<'_>, watch: &Watch) {
+        let Some((_, events)) = self.events.remove(&watch.id) else {
+            return;
+        };
+        let mut n = 0;
+        for (_, ev) in &events {
+            n += ev.fds.len();
+            for eid in &ev.ids {
+                self.event_ids.remove(eid);
+            }
+        }
+        drop(events);
+        self.perf.forget_fds(n);
+        // A drain pass that found the watchpoint before it left the tables
+        // publishes its hits before the caller reports it gone.
+        self.perf.barrier();
+    }
+
+    fn reconcile(&self, op: &OpGuard<'_>) {
+        if let Some(host) = self.host.upgrade() {
+            self.reconcile_proc(&*host, op.process());
+        }
+    }
+
+    fn detach(&self, proc: &Arc<Process>) {
+        if let Some((_, fds)) = self.trackers.remove(&proc.pid) {
+            self.perf.forget_fds(fds.len());
+            drop(fds);
+        }
+    }
+
+    fn stats(&self) -> BackendStats {
+        BackendStats {
+            lost: self.perf.lost(),
+            fds: self.perf.open_fds(),
+        }
+    }
+
+    fn compact(&self) {
+        self.event_ids.shrink_to_fit();
+        self.events.shrink_to_fit();
+        self.trackers.shrink_to_fit();
+    }
+
+    fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,523 @@
+//! The ptrace backend: DR0–DR7 written with `PTRACE_POKEUSER` by tracer
+//! threads that own the tracees. Debugger semantics: a hit can hold the
+//! thread (or every thread) until Resume, values are read while the thread
+//! is stopped (exact), only-on-change compares them there.
+//!
+//! Rooms:
+//! - `shards.rs`: the facade the daemon calls (seize, program, park,
+//!   resume, detach), spreading tracees over tracer shards;
+//! - `wake.rs`: how shards are woken (SIGCHLD handler, bells, scans);
+//! - `tracer.rs`: a shard's loop and its commands;
+//! - `stops.rs`: stops decoded once into [`stops::Stop`] and handled;
+//! - `regs.rs`: the desired and applied register state of a tracee;
+//! - `park.rs`: parked tracees and the batches that wait for stops;
+//! - `recovery.rs`: the state file that lets a restarted daemon clear
+//!   registers a killed one left armed;
+//! - this file: [`PtraceEngine`], the [`Backend`], and the callbacks
+//!   tracers make into it ([`TraceSink`]).
+
+pub mod park;
+pub mod recovery;
+pub mod regs;
+pub mod shards;
+pub mod stops;
+pub mod tracer;
+pub mod wake;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Weak};
+
+use nix::errno::Errno;
+
+use super::fanout::fan_out;
+use super::probe::SlotProbe;
+use super::{Backend, Features, Host, RunState, Unavailable};
+use crate::error::WpdError;
+use crate::events::{EventKind, HitEvent};
+use crate::ledger::{Reservation, Retained};
+use crate::model::{BackendKind, HitAction, Pid, Tid, WatchId};
+use crate::procfs;
+use crate::sched::Boost;
+use crate::state::{OpGuard, Process, Watch};
+pub use shards::{Held, HitVerdict, ProgramResult, Shards, SlotProgram, TraceSink, TraceeState};
+pub use wake::block_sigchld;
+
+/// Tracer threads (`WPD_PTRACE_SHARDS` overrides). A handful: each waits
+/// only on its own tracees, and new threads join their creator's tracer.
+const SHARDS: usize = 4;
+
+/// The ptrace backend.
+pub struct PtraceEngine {
+    shards: Shards,
+    /// Free-slot checks before any address is written (see `arm`); without
+    /// one, a request refused half-way may leave kernel-held slots behind.
+    probe: Option<Arc<SlotProbe>>,
+    host: Weak<dyn Host>,
+    /// The processes attached, written to the state file on every change.
+    state: recovery::StateFile,
+}
+
+impl std::fmt::Debug for PtraceEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PtraceEngine")
+            .field("shards", &self.shards)
+            .finish()
+    }
+}
+
+/// Restarts parked threads when dropped (every way out of an arm).
+struct Unpark<'a>(&'a Shards, &'a [Tid]);
+
+impl<'a> Unpark<'a> {
+    /// Parks `tids` until the guard drops.
+    fn park(pt: &'a Shards, tids: &'a [Tid]) -> Self {
+        pt.park(tids);
+        Unpark(pt, tids)
+    }
+}
+
+impl Drop for Unpark<'_> {
+    fn drop(&mut self) {
+        self.0.unpark(self.1);
+    }
+}
+
+impl PtraceEngine {
+    /// What it can do.
+    pub const FEATURES: Features = Features {
+        stops: true,
+        only_on_change: true,
+        exact_values: true,
+    };
+
+    /// Starts the tracer shards, or says why ptrace cannot work here. The
+    /// state file is at `state_file`.
+    pub fn new(
+        host: Weak<dyn Host>,
+        probe: Option<Arc<SlotProbe>>,
+        state_file: std::path::PathBuf,
+    ) -> Result<Arc<PtraceEngine>, Unavailable> {
+        let scope = crate::authz::yama_scope();
+        if scope >= 3 {
+            return Err(Unavailable::Yama {
+                scope,
+                why: "forbids every ptrace attach",
+            });
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 && scope >= 1 {
+            return Err(Unavailable::Yama {
+                scope,
+                why: "and not root: attaching needs CAP_SYS_PTRACE",
+            });
+        }
+        let shards = std::env::var("WPD_PTRACE_SHARDS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| (1..=64).contains(&n))
+            .unwrap_or(SHARDS);
+        Ok(Arc::new_cyclic(|me: &Weak<PtraceEngine>| {
+            let sink: Weak<dyn TraceSink> = me.clone();
+            PtraceEngine {
+                shards: Shards::new(shards, sink),
+                probe,
+                host,
+                state: recovery::StateFile::new(state_file),
+            }
+        }))
+    }
+
+    fn host(&self) -> Result<Arc<dyn Host>, WpdError> {
+        self.host
+            .upgrade()
+            .ok_or_else(|| WpdError::kernel("daemon shutting down", Errno::ESHUTDOWN))
+    }
+
+    /// True if `tid` is one of our tracees (tests).
+    pub fn traces(&self, tid: Tid) -> bool {
+        self.shards.traces(tid)
+    }
+
+    /// Seizes every thread, rescanning until no thread is new (threads
+    /// created by a seized thread are attached by the kernel at clone).
+    fn seize_all(&self, host: &dyn Host, proc: &Process) -> Result<(), WpdError> {
+        let pt = &self.shards;
+        let ledger = host.ledger();
+        let me = std::process::id() as Pid;
+        let mut seen: HashSet<Tid> = HashSet::new();
+        let result = (|| {
+            loop {
+                // A thread that has exited (a leader that ended alone stays
+                // a zombie while the others run) cannot be seized (EPERM)
+                // and runs no code: it is not watched (kernel-facts §3b).
+                let tids: Vec<Tid> = procfs::tasks(proc.pid)
+                    .map_err(|_| WpdError::NoSuchProcess(proc.pid))?
+                    .into_iter()
+                    .filter(|t| seen.insert(*t) && !procfs::thread_exited(proc.pid, *t))
+                    .collect();
+                if tids.is_empty() {
+                    return Ok(());
+                }
+                for (tid, r) in pt.seize(proc.pid, &tids) {
+                    match r {
+                        Ok(()) => {
+                            ledger.add_thread(proc.pid, tid);
+                        }
+                        Err(Errno::ESRCH) => {}
+                        Err(Errno::EPERM) if procfs::thread_exited(proc.pid, tid) => {}
+                        Err(Errno::EPERM) => match tracer_of(tid) {
+                            // Attached by the kernel at clone: ours already.
+                            // TracerPid names the tracer *thread* (a shard).
+                            Some(t) if t == me || procfs::tgid_of(t) == Some(me) => {}
+                            Some(t) => {
+                                let tracer = procfs::tgid_of(t).unwrap_or(t);
+                                return Err(WpdError::AlreadyTraced {
+                                    pid: proc.pid,
+                                    tid,
+                                    tracer,
+                                    tracer_tid: t,
+                                    comm: procfs::comm(tracer, tracer).unwrap_or_default(),
+                                });
+                            }
+                            None => {
+                                return Err(WpdError::PermissionDenied {
+                                    pid: proc.pid,
+                                    detail: format!("PTRACE_SEIZE of thread {tid} refused"),
+                                });
+                            }
+                        },
+                        Err(e) => return Err(WpdError::kernel("PTRACE_SEIZE", e)),
+                    }
+                }
+            }
+        })();
+        if result.is_err() {
+            pt.detach(proc.pid);
+        } else if ledger.thread_count(proc.pid) == 0 {
+            return Err(WpdError::NoSuchProcess(proc.pid));
+        }
+        result
+    }
+
+    /// The watched bytes, read through the stopped thread itself: exact.
+    fn hit_value(pid: Pid, tid: Tid, w: &Watch) -> Result<Vec<u8>, String> {
+        procfs::read_memory(pid, tid, w.spec.addr, w.spec.len.bytes() as usize)
+    }
+
+    fn program_for(tid: Tid, slot: u8, w: &Watch) -> SlotProgram {
+        SlotProgram {
+            tid,
+            slot,
+            arm: Some(shards::Arm {
+                addr: w.spec.addr,
+                len: w.spec.len,
+                access: w.spec.access,
+                id: w.id,
+            }),
+        }
+    }
+}
+
+impl Backend for PtraceEngine {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Ptrace
+    }
+
+    fn features(&self) -> Features {
+        Self::FEATURES
+    }
+
+    fn retained(&self) -> Retained {
+        Retained::Reuse
+    }
+
+    fn attach(&self, op: &OpGuard<'_>) -> Result<(), WpdError> {
+        let host = self.host()?;
+        self.seize_all(&*host, op.process())?;
+        self.state.add(op.pid(), op.process().start_time);
+        Ok(())
+    }
+
+    /// Programs the reserved slots through the tracers; all or nothing.
+    fn arm(
+        &self,
+        op: &OpGuard<'_>,
+        watch: &Arc<Watch>,
+        res: &[Reservation],
+    ) -> Result<(), WpdError> {
+        let host = self.host()?;
+        let ledger = host.ledger();
+        let pt = &self.shards;
+        let _rt = Boost::enter();
+        // A successful address poke makes the kernel reserve a slot until the
+        // thread exits or execs, even if the request is then refused. So
+        // that a refused request leaves nothing behind, check that every
+        // thread has a free slot first (one disabled breakpoint, opened and
+        // closed), except where the slot is one the kernel already holds for
+        // us. The threads are stopped (parked) for the check: opened on
+        // running threads, these breakpoints made the threads' next stops
+        // slow to come, and parked they are programmed at once, with no
+        // second stop. Many threads are parked even without the check: all
+        // stopped before any restarts (see `Shards::detach`).
+        let tids: Vec<Tid> = res.iter().map(|r| r.tid).collect();
+        let _parked = (self.probe.is_some() || tids.len() > 1).then(|| Unpark::park(pt, &tids));
+        if let Some(probe) = &self.probe {
+            // From one thread per CPU, as perf arm passes: each open and
+            // close interrupts the CPU the thread last ran on.
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let refused = fan_out(res, cpus, |chunk| {
+                chunk
+                    .iter()
+                    .filter(|r| {
+                        let retained = ledger
+                            .get(r.tid)
+                            .is_some_and(|row| row.retained & (1 << r.slot) != 0);
+                        !retained && probe.free_slots(r.tid, 1) == Ok(0)
+                    })
+                    .copied()
+                    .collect::<Vec<Reservation>>()
+            });
+            let mut full = Vec::new();
+            for r in refused.into_iter().flatten() {
+                ledger.mark_foreign(r);
+                full.push(r.tid);
+            }
+            if !full.is_empty() {
+                ledger.rollback(res);
+                return Err(WpdError::OutOfSlots {
+                    pid: op.pid(),
+                    conflicts: ledger.conflicts(full),
+                });
+            }
+        }
+        let items: Vec<SlotProgram> = res
+            .iter()
+            .map(|r| Self::program_for(r.tid, r.slot, watch))
+            .collect();
+        let results = pt.program(items);
+        let mut ok = Vec::new();
+        let mut gone = Vec::new();
+        let mut full = Vec::new();
+        let mut failed = None;
+        for (p, r) in &results {
+            let res = Reservation {
+                tid: p.tid,
+                slot: p.slot,
+                id: watch.id,
+            };
+            match r {
+                ProgramResult::Done => ok.push(res),
+                ProgramResult::Gone => gone.push(res),
+                ProgramResult::NoSpace => {
+                    ledger.mark_foreign(res);
+                    full.push(p.tid);
+                }
+                ProgramResult::Failed(e) => {
+                    ledger.rollback(&[res]);
+                    failed = Some(*e);
+                }
+            }
+        }
+        ledger.rollback(&gone);
+        ledger.commit(&ok, None);
+        if full.is_empty() && failed.is_none() {
+            return Ok(());
+        }
+        // The caller undoes what was armed (also on threads born meanwhile).
+        if let Some(e) = failed {
+            return Err(WpdError::kernel("PTRACE_POKEUSER", e));
+        }
+        Err(WpdError::OutOfSlots {
+            pid: op.pid(),
+            conflicts: ledger.conflicts(full),
+        })
+    }
+
+    /// Clears the watchpoint's slot on every thread that has it.
+    fn disarm(&self, op: &OpGuard<'_>, watch: &Watch) {
+        let Ok(host) = self.host() else { return };
+        let ledger = host.ledger();
+        let tids = match &watch.spec.scope {
+            crate::model::Scope::Threads(t) => t.clone(),
+            crate::model::Scope::Process => ledger.tids(op.pid()),
+        };
+        let items: Vec<SlotProgram> = ledger
+            .slots_on(&tids, watch.id)
+            .into_iter()
+            .map(|(tid, slot)| SlotProgram {
+                tid,
+                slot,
+                arm: None,
+            })
+            .collect();
+        if items.is_empty() {
+            return;
+        }
+        // Stopped all first, then cleared, then restarted: cleared at their
+        // own stops one by one, busy threads would each wait for the CPU
+        // behind those already restarted (see `Shards::detach`).
+        let tids: Vec<Tid> = items.iter().map(|p| p.tid).collect();
+        let _parked = (tids.len() > 1).then(|| Unpark::park(&self.shards, &tids));
+        self.shards.program(items);
+    }
+
+    fn detach(&self, proc: &Arc<Process>) {
+        // DR7 = 0 on every thread, then PTRACE_DETACH.
+        self.shards.detach(proc.pid);
+        self.state.remove(proc.pid);
+    }
+
+    fn thread_states(&self, pid: Pid) -> HashMap<Tid, RunState> {
+        self.shards
+            .states(pid)
+            .into_iter()
+            .map(|(tid, st)| {
+                let rs = match st.held {
+                    Some(Held::Hit) => RunState::StoppedAtHit,
+                    Some(Held::Peer) => RunState::StoppedByPeer,
+                    _ if st.group_stopped => RunState::JobStopped,
+                    _ => RunState::Running,
+                };
+                (tid, rs)
+            })
+            .collect()
+    }
+
+    fn resume(&self, pid: Pid, tids: &[Tid]) -> Result<Vec<Tid>, WpdError> {
+        Ok(self.shards.resume(pid, tids))
+    }
+
+    fn compact(&self) {
+        self.shards.shrink();
+    }
+}
+
+impl TraceSink for PtraceEngine {
+    fn thread_started(&self, pid: Pid, tid: Tid, parent: Tid) -> Vec<SlotProgram> {
+        let Some(host) = self.host.upgrade() else {
+            return Vec::new();
+        };
+        if host.process(pid).is_none() {
+            return Vec::new();
+        }
+        let ledger = host.ledger();
+        ledger.add_thread(pid, tid);
+        ledger.set_parent(tid, parent);
+        let mut out = Vec::new();
+        for w in host.wide_watches(pid) {
+            match ledger.reserve_one(tid, w.id, false, Retained::Reuse) {
+                Ok(Some(r)) => out.push(Self::program_for(tid, r.slot, &w)),
+                Ok(None) => {}
+                Err(_) => tracing::warn!(pid, tid, id = w.id.0, "new thread has no free slot"),
+            }
+        }
+        out
+    }
+
+    fn thread_armed(&self, pid: Pid, tid: Tid, results: &[(SlotProgram, ProgramResult)]) {
+        let Some(host) = self.host.upgrade() else {
+            return;
+        };
+        let ledger = host.ledger();
+        let mut armed = Vec::new();
+        for (p, r) in results {
+            let Some(a) = p.arm else { continue };
+            let res = Reservation {
+                tid,
+                slot: p.slot,
+                id: a.id,
+            };
+            match r {
+                ProgramResult::Done => {
+                    ledger.commit(&[res], None);
+                    armed.push(a.id);
+                }
+                ProgramResult::NoSpace => ledger.mark_foreign(res),
+                _ => ledger.rollback(&[res]),
+            }
+        }
+        let parent = ledger.get(tid).map(|r| r.parent).unwrap_or(0);
+        host.publish(EventKind::ThreadStarted {
+            pid,
+            tid,
+            parent,
+            watchpoints: armed,
+        });
+    }
+
+    fn thread_exited(&self, pid: Pid, tid: Tid) {
+        let Some(host) = self.host.upgrade() else {
+            return;
+        };
+        let ledger = host.ledger();
+        if let Some(row) = ledger.get(tid)
+            && row.pid == pid
+        {
+            ledger.remove_thread(tid);
+            host.publish(EventKind::ThreadExited { pid, tid });
+        }
+    }
+
+    fn hit(&self, pid: Pid, tid: Tid, ip: u64, ids: &[WatchId]) -> HitVerdict {
+        let Some(host) = self.host.upgrade() else {
+            return HitVerdict::Continue;
+        };
+        let mut verdict = HitVerdict::Continue;
+        for &id in ids {
+            let Some(w) = host.watch(id) else {
+                continue;
+            };
+            let value = Self::hit_value(pid, tid, &w);
+            let mut old_value = None;
+            if w.spec.only_on_change {
+                let mut last = w.last_value.lock().unwrap();
+                if let Ok(v) = &value {
+                    if last.as_ref() == Some(v) {
+                        continue; // stored the same bytes: not a change
+                    }
+                    old_value = last.replace(v.clone());
+                }
+            }
+            let stopped = w.spec.action != HitAction::Log;
+            verdict = match (verdict, w.spec.action) {
+                (_, HitAction::StopAll) | (HitVerdict::HoldAll, _) => HitVerdict::HoldAll,
+                (_, HitAction::Stop) | (HitVerdict::Hold, _) => HitVerdict::Hold,
+                _ => HitVerdict::Continue,
+            };
+            host.count_hit(&w);
+            let now = crate::clock::realtime_ns();
+            host.publish(EventKind::Hit(HitEvent {
+                id: w.id,
+                pid,
+                tid,
+                ip,
+                addr: w.spec.addr,
+                len: w.spec.len.bytes(),
+                access: w.spec.access,
+                value,
+                time_ns: now,
+                value_read_ns: now,
+                cpu: 0,
+                stopped,
+                old_value,
+                backend: BackendKind::Ptrace,
+            }));
+        }
+        if verdict == HitVerdict::HoldAll {
+            self.shards.hold_all(pid, tid);
+        }
+        verdict
+    }
+
+    fn exec(&self, pid: Pid, _tid: Tid) {
+        if let Some(host) = self.host.upgrade() {
+            host.schedule(crate::state::Job::Exec(pid));
+        }
+    }
+}
+
+/// The tracer thread of `tid` from `/proc`, if another task traces it.
+pub fn tracer_of(tid: Tid) -> Option<Tid> {
+    let v: Tid = procfs::Status::of(tid)?.number("TracerPid")?;
+    (v != 0).then_some(v)
+}

@@ -1,0 +1,199 @@
+//! Crash recovery of the ptrace backend: registers set through ptrace
+//! outlive the tracer (kernel-facts §2), so the backend keeps a state file
+//! listing the processes it has attached (pid and start time, one line each,
+//! rewritten only on attach and detach), and a daemon restarted after a
+//! SIGKILL clears DR7 on every thread of each of them before serving,
+//! threads born after the last write included. A process whose start time
+//! differs reused the pid and is left alone.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use crate::arch::current as arch;
+use crate::model::{Pid, Tid};
+use crate::procfs;
+
+/// Where the state file is when nothing else says: beside the default
+/// socket (the server derives it from its listen address instead).
+pub fn default_state_file() -> PathBuf {
+    std::env::var_os("WPD_STATE_FILE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(format!("{}.ptrace-armed", wpd_proto::DEFAULT_SOCKET)))
+}
+
+/// The state file of a running backend.
+#[derive(Debug)]
+pub struct StateFile {
+    path: PathBuf,
+    /// Attached processes: pid → start time.
+    procs: Mutex<BTreeMap<Pid, u64>>,
+}
+
+impl StateFile {
+    /// A state file at `path` (written on the first attach).
+    pub fn new(path: PathBuf) -> Self {
+        StateFile {
+            path,
+            procs: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Records an attached process and rewrites the file.
+    pub fn add(&self, pid: Pid, start: u64) {
+        let mut procs = self.procs.lock().unwrap();
+        procs.insert(pid, start);
+        self.write(&procs);
+    }
+
+    /// Forgets a detached process and rewrites the file (removes it when
+    /// empty).
+    pub fn remove(&self, pid: Pid) {
+        let mut procs = self.procs.lock().unwrap();
+        if procs.remove(&pid).is_some() {
+            self.write(&procs);
+        }
+    }
+
+    fn write(&self, procs: &BTreeMap<Pid, u64>) {
+        if procs.is_empty() {
+            let _ = std::fs::remove_file(&self.path);
+            return;
+        }
+        let mut lines = String::new();
+        for (pid, start) in procs {
+            lines.push_str(&format!("pid {pid} start {start}\n"));
+        }
+        if let Some(dir) = self.path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let tmp = self.path.with_extension("tmp");
+        if std::fs::write(&tmp, &lines).is_ok() {
+            let _ = std::fs::rename(&tmp, &self.path);
+        }
+    }
+}
+
+/// What a state file line names: every thread of a process (`pid P start
+/// S`; S = 0 when unknown), or one thread (`P T`, the older format).
+#[derive(Debug, PartialEq, Eq)]
+enum StateLine {
+    Process { pid: Pid, start: u64 },
+    Thread { pid: Pid, tid: Tid },
+}
+
+fn parse_state_line(line: &str) -> Option<StateLine> {
+    let w: Vec<&str> = line.split_whitespace().collect();
+    match w.as_slice() {
+        ["pid", pid, "start", start] => Some(StateLine::Process {
+            pid: pid.parse().ok()?,
+            start: start.parse().ok()?,
+        }),
+        [pid, tid] => Some(StateLine::Thread {
+            pid: pid.parse().ok()?,
+            tid: tid.parse().ok()?,
+        }),
+        _ => None,
+    }
+}
+
+/// Clears DR7 on the threads of processes listed in the state file at
+/// `path` of a daemon that died without cleaning up (SIGKILL, OOM kill).
+/// Runs before serving. Returns how many threads were cleaned.
+pub fn recover(path: &std::path::Path) -> usize {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return 0;
+    };
+    let mut cleaned = 0;
+    for line in text.lines() {
+        match parse_state_line(line) {
+            Some(StateLine::Process { pid, start }) => {
+                if start != 0 && procfs::start_time(pid) != Some(start) {
+                    continue;
+                }
+                for tid in procfs::tasks(pid).unwrap_or_default() {
+                    cleaned += usize::from(clear_stale_registers(pid, tid));
+                }
+            }
+            Some(StateLine::Thread { pid, tid }) => {
+                cleaned += usize::from(clear_stale_registers(pid, tid));
+            }
+            None => tracing::warn!(line, "unreadable line in the ptrace state file"),
+        }
+    }
+    let _ = std::fs::remove_file(path);
+    cleaned
+}
+
+/// Seizes one untraced thread, sets its DR7 to 0 and detaches. False if the
+/// thread is gone, traced by someone else, or could not be stopped.
+fn clear_stale_registers(pid: Pid, tid: Tid) -> bool {
+    use nix::sys::ptrace;
+    use nix::sys::signal::Signal;
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    if !procfs::is_thread_of(pid, tid) || super::tracer_of(tid).is_some() {
+        return false;
+    }
+    let p = nix::unistd::Pid::from_raw(tid);
+    if ptrace::seize(p, ptrace::Options::empty()).is_err() {
+        return false;
+    }
+    let _ = ptrace::interrupt(p);
+    // Wait for this tracee's stop. A signal that arrives first is passed on
+    // at detach, except the SIGTRAP of a hit on the stale registers, which
+    // would kill the target.
+    let deliver = match waitpid(p, Some(WaitPidFlag::__WALL)) {
+        Ok(WaitStatus::PtraceEvent(..)) => None,
+        Ok(WaitStatus::Stopped(_, Signal::SIGTRAP))
+            if ptrace::getsiginfo(p).is_ok_and(|i| i.si_code == arch::TRAP_HWBKPT) =>
+        {
+            None
+        }
+        Ok(WaitStatus::Stopped(_, sig)) => Some(sig),
+        _ => return false,
+    };
+    let _ = ptrace::write_user(p, arch::debugreg_offset(arch::DR7) as _, 0);
+    let _ = ptrace::detach(p, deliver);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_lines_of_both_formats_parse() {
+        assert_eq!(
+            parse_state_line("pid 12 start 3456"),
+            Some(StateLine::Process {
+                pid: 12,
+                start: 3456
+            })
+        );
+        assert_eq!(
+            parse_state_line("12 13"),
+            Some(StateLine::Thread { pid: 12, tid: 13 })
+        );
+        assert_eq!(parse_state_line("pid 12"), None);
+        assert_eq!(parse_state_line("pid x start 1"), None);
+        assert_eq!(parse_state_line(""), None);
+    }
+
+    #[test]
+    fn the_file_lists_attached_processes_and_goes_when_none_are() {
+        let dir = std::env::temp_dir().join(format!("wpd-state-{}", std::process::id()));
+        let path = dir.join("s");
+        let f = StateFile::new(path.clone());
+        f.add(7, 70);
+        f.add(3, 30);
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "pid 3 start 30\npid 7 start 70\n"
+        );
+        f.remove(3);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "pid 7 start 70\n");
+        f.remove(7);
+        assert!(!path.exists());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,165 @@
+//! A tracee's debug registers as its tracer keeps them: the addresses and
+//! the whole DR7 it wants, what was last written successfully, and which
+//! watchpoint each slot holds. DR7 is never read back to decide what to
+//! write (a new thread's DR7 reads as its creator's, kernel-facts §3): it is
+//! kept here and always written whole. Every address poke is checked before
+//! its slot's enable bits go into DR7 (a failed poke followed by a good DR7
+//! write would arm the old address, kernel-facts §1).
+
+use nix::errno::Errno;
+use nix::sys::ptrace;
+use nix::unistd::Pid as NixPid;
+
+use super::shards::{ProgramResult, SlotProgram};
+use crate::arch::current as arch;
+use crate::model::{Tid, WatchId};
+
+/// One tracee's registers (see the module doc).
+#[derive(Debug, Default)]
+pub(super) struct Regs {
+    /// Addresses in DR0–DR3, as last written.
+    addr: [u64; arch::SLOTS],
+    /// Watchpoint per slot, for DR6 → watchpoint.
+    ids: [Option<WatchId>; arch::SLOTS],
+    /// The DR7 we want.
+    dr7: u64,
+    /// DR7 as last written successfully.
+    applied_dr7: u64,
+    /// Slots we have ever armed on this tracee (a trap from one of them,
+    /// even after disarming, is ours to swallow).
+    pub(super) ever_armed: u8,
+}
+
+/// A staged program of a batch: (batch id, program).
+pub(super) type Staged = (u64, SlotProgram);
+
+impl Regs {
+    /// Writes what `pending` asks into the stopped tracee `tid`, then DR7
+    /// if it changed (or `force_dr7`, before a detach); the outcome of each
+    /// program. If the DR7 write fails the kernel rolled it back: every arm
+    /// of this round is reported failed and the last good DR7 kept.
+    pub(super) fn apply(
+        &mut self,
+        tid: Tid,
+        pending: Vec<Staged>,
+        force_dr7: bool,
+    ) -> Vec<(u64, SlotProgram, ProgramResult)> {
+        let who = NixPid::from_raw(tid);
+        let mut outcome = Vec::with_capacity(pending.len());
+        for (batch, p) in pending {
+            let s = p.slot as usize;
+            match p.arm {
+                Some(a) => {
+                    let r = ptrace::write_user(
+                        who,
+                        arch::debugreg_offset(s) as _,
+                        a.addr as libc::c_long,
+                    );
+                    match r {
+                        Ok(()) => {
+                            self.addr[s] = a.addr;
+                            self.ids[s] = Some(a.id);
+                            self.ever_armed |= 1 << s;
+                            self.dr7 = (self.dr7 & !arch::dr7::slot_mask(s))
+                                | arch::dr7_slot_bits(s, a.len, a.access);
+                            outcome.push((batch, p, ProgramResult::Done));
+                        }
+                        Err(e) => outcome.push((batch, p, errno_result(e))),
+                    }
+                }
+                None => {
+                    self.dr7 &= !arch::dr7::slot_mask(s);
+                    self.ids[s] = None;
+                    outcome.push((batch, p, ProgramResult::Done));
+                }
+            }
+        }
+        if self.dr7 != self.applied_dr7 || force_dr7 {
+            match ptrace::write_user(
+                who,
+                arch::debugreg_offset(arch::DR7) as _,
+                self.dr7 as libc::c_long,
+            ) {
+                Ok(()) => self.applied_dr7 = self.dr7,
+                Err(e) => {
+                    self.dr7 = self.applied_dr7;
+                    for o in outcome.iter_mut() {
+                        if o.1.arm.is_some() && o.2 == ProgramResult::Done {
+                            o.2 = errno_result(e);
+                            self.ids[o.1.slot as usize] = None;
+                        }
+                    }
+                }
+            }
+        }
+        outcome
+    }
+
+    /// Before a detach: nothing armed (written at the next apply, forced).
+    pub(super) fn clear(&mut self) {
+        self.dr7 = 0;
+        self.ids = [None; arch::SLOTS];
+    }
+
+    /// exec cleared the registers (kernel-facts §3).
+    pub(super) fn reset_after_exec(&mut self) {
+        self.addr = [0; arch::SLOTS];
+        self.ids = [None; arch::SLOTS];
+        self.dr7 = 0;
+        self.applied_dr7 = 0;
+    }
+
+    /// The watchpoints of the armed slots DR6 names.
+    pub(super) fn watches_hit(&self, dr6: u64) -> Vec<WatchId> {
+        let hit = arch::dr6::slots_hit(dr6);
+        (0..arch::SLOTS)
+            .filter(|&s| hit & (1 << s) != 0)
+            .filter_map(|s| self.ids[s])
+            .collect()
+    }
+
+    /// DR6 names a slot we once armed (a hit that raced its disarm).
+    pub(super) fn was_ours(&self, dr6: u64) -> bool {
+        arch::dr6::slots_hit(dr6) & self.ever_armed != 0
+    }
+}
+
+/// A failed ptrace request as a program outcome.
+pub(super) fn errno_result(e: Errno) -> ProgramResult {
+    match e {
+        Errno::ESRCH => ProgramResult::Gone,
+        Errno::ENOSPC => ProgramResult::NoSpace,
+        e => ProgramResult::Failed(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_mapping() {
+        assert_eq!(errno_result(Errno::ENOSPC), ProgramResult::NoSpace);
+        assert_eq!(errno_result(Errno::ESRCH), ProgramResult::Gone);
+        assert_eq!(
+            errno_result(Errno::EINVAL),
+            ProgramResult::Failed(Errno::EINVAL)
+        );
+    }
+
+    #[test]
+    fn dr6_maps_to_the_watchpoints_of_armed_slots() {
+        let mut r = Regs::default();
+        r.ids[1] = Some(WatchId(7));
+        r.ids[2] = Some(WatchId(9));
+        r.ever_armed = 0b0111;
+        assert_eq!(r.watches_hit(0xffff_0ff2), vec![WatchId(7)]);
+        assert_eq!(r.watches_hit(0xffff_0ff6), vec![WatchId(7), WatchId(9)]);
+        assert!(
+            r.watches_hit(0xffff_0ff1).is_empty(),
+            "slot 0 holds nothing now"
+        );
+        assert!(r.was_ours(0xffff_0ff1), "but was armed once");
+        assert!(!r.was_ours(0xffff_0ff8));
+    }
+}

@@ -1,0 +1,332 @@
+//! Processes coming and going: attach, detach, exit, exec, loss, and the
+//! daemon's own shutdown; event subscriptions.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::{Core, SUBSCRIBER_RESERVE};
+use crate::error::WpdError;
+use crate::events::EventKind;
+use crate::model::{BackendKind, Pid, Tid, WatchId};
+use crate::procfs;
+use crate::sched::Boost;
+use crate::state::{OpGuard, Process};
+
+impl Core {
+    /// Attaches `pid` (idempotent). Returns the process and whether this call
+    /// attached it. The daemon itself is refused, and pid 1 unless
+    /// `allow_init`. Blocking.
+    pub fn attach(
+        self: &Arc<Self>,
+        pid: Pid,
+        backend: Option<BackendKind>,
+        allow_init: bool,
+    ) -> Result<(Arc<Process>, bool), WpdError> {
+        if pid == std::process::id() as Pid {
+            return Err(WpdError::OwnProcess(pid));
+        }
+        if let Some(p) = self.procs.get(&pid).map(|p| p.clone()) {
+            if let Some(asked) = backend
+                && asked != p.backend
+            {
+                return Err(WpdError::BackendMismatch {
+                    pid,
+                    attached: p.backend,
+                    asked,
+                });
+            }
+            return Ok((p, false));
+        }
+        let b = self.backends.get(backend)?.clone();
+        procfs::check_process(pid)?;
+        if pid == 1 && !allow_init {
+            return Err(WpdError::InitProcess);
+        }
+        if self.procs.len() >= self.limits.processes {
+            return Err(WpdError::LimitReached {
+                what: "attached processes",
+                limit: self.limits.processes,
+                hint: "detach a process first",
+            });
+        }
+        let proc = Arc::new(Process::new(pid, b.kind()));
+        match self.procs.entry(pid) {
+            dashmap::Entry::Occupied(o) => return Ok((o.get().clone(), false)),
+            dashmap::Entry::Vacant(v) => {
+                v.insert(proc.clone());
+            }
+        }
+        let op = proc.lock_op();
+        let _rt = Boost::enter();
+        let tracked = b.attach(&op);
+        if tracked.is_ok() {
+            // A thread that exited between the scan and its tracking may
+            // have had its exit handled first: drop such rows. One listing,
+            // not a path lookup per thread.
+            let alive: HashSet<Tid> = procfs::tasks(pid)
+                .map(|v| v.into_iter().collect())
+                .unwrap_or_default();
+            for tid in self.ledger.tids(pid) {
+                if !alive.contains(&tid) || procfs::thread_exited(pid, tid) {
+                    self.ledger.remove_thread(tid);
+                }
+            }
+        }
+        if let Err(e) = tracked {
+            drop(op);
+            self.forget_process(&proc);
+            return Err(e);
+        }
+        drop(op);
+        self.watch_exit(&proc);
+        tracing::info!(pid, threads = self.ledger.thread_count(pid), "attached");
+        Ok((proc, true))
+    }
+
+    fn watch_exit(self: &Arc<Self>, proc: &Arc<Process>) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let Some(pidfd) = procfs::pidfd_open(proc.pid) else {
+            return;
+        };
+        let core = Arc::downgrade(self);
+        let pid = proc.pid;
+        let task = handle.spawn(async move {
+            // SAFETY: the AsyncFd owns the pidfd; nothing else closes it.
+            let Ok(afd) = (unsafe { tokio::io::unix::AsyncFd::register(pidfd) }) else {
+                return;
+            };
+            if afd.readable().await.is_ok()
+                && let Some(core) = core.upgrade()
+            {
+                let _ = tokio::task::spawn_blocking(move || core.process_exited(pid)).await;
+            }
+        });
+        *proc.exit_watch.lock().unwrap() = Some(task.abort_handle());
+    }
+
+    fn process_exited(&self, pid: Pid) {
+        let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
+            return;
+        };
+        let ids = self.release_process(&proc, "process exited");
+        self.bus.publish(EventKind::ProcessExited {
+            pid,
+            watchpoints: ids,
+        });
+        tracing::info!(pid, "process exited");
+    }
+
+    /// Detaches `pid`: every watchpoint removed, every event closed. Blocking.
+    pub fn detach(&self, pid: Pid) -> Result<(usize, usize), WpdError> {
+        let proc = self
+            .procs
+            .get(&pid)
+            .map(|p| p.clone())
+            .ok_or(WpdError::NotAttached(pid))?;
+        let threads = self.ledger.thread_count(pid);
+        if let Some(t) = proc.exit_watch.lock().unwrap().take() {
+            t.abort();
+        }
+        let ids = self.release_process(&proc, "detached");
+        tracing::info!(pid, watchpoints = ids.len(), "detached");
+        Ok((ids.len(), threads))
+    }
+
+    /// Removes all watchpoints of a process and forgets it.
+    fn release_process(&self, proc: &Arc<Process>, reason: &'static str) -> Vec<WatchId> {
+        let op = proc.lock_op();
+        proc.gone.store(true, Ordering::SeqCst);
+        let removed = self.remove_all_locked(&op, reason);
+        drop(op);
+        self.forget_process(proc);
+        removed
+    }
+
+    /// Removes every watchpoint of the locked process, each reported with
+    /// `reason`.
+    fn remove_all_locked(&self, op: &OpGuard<'_>, reason: &'static str) -> Vec<WatchId> {
+        let mut removed = Vec::new();
+        for id in op.process().watch_ids() {
+            if let Some(w) = self.take_watch(op, id) {
+                self.bus.publish(EventKind::WatchpointRemoved {
+                    id: w.id,
+                    pid: op.pid(),
+                    reason,
+                });
+                removed.push(w.id);
+            }
+        }
+        removed
+    }
+
+    /// Lets the process go: the backend detaches, the ledger forgets it.
+    pub(super) fn forget_process(&self, proc: &Arc<Process>) {
+        proc.gone.store(true, Ordering::SeqCst);
+        if let Ok(b) = self.backends.get(Some(proc.backend)) {
+            b.detach(proc);
+        }
+        self.ledger.remove_process(proc.pid);
+        // Slots the kernel kept for us on threads that are gone now.
+        self.ledger.prune_retained(procfs::is_thread_of);
+        // Most of an exited process's threads left the ledger one by one
+        // before this point: judge by the table's spare room, not by what was
+        // left to remove. Done before the process disappears from listings,
+        // so that a client that saw it go also sees the memory returned.
+        if self.ledger.mostly_empty() {
+            self.compact();
+        }
+        self.procs.remove_if(&proc.pid, |_, p| Arc::ptr_eq(p, proc));
+    }
+
+    /// Returns memory to the system after a large process went away:
+    /// shrinks the tables, and asks the allocator to release free heap
+    /// (glibc keeps it otherwise, and the daemon's RSS would stay at its
+    /// high-water mark). Blocking threads only.
+    fn compact(&self) {
+        let t0 = Instant::now();
+        self.ledger.shrink_to_fit();
+        self.procs.shrink_to_fit();
+        self.watches.shrink_to_fit();
+        for b in self.backends.usable() {
+            b.compact();
+        }
+        // SAFETY: malloc_trim only releases free memory of glibc's heap.
+        #[cfg(target_env = "gnu")]
+        unsafe {
+            libc::malloc_trim(0);
+        }
+        tracing::debug!(took_us = t0.elapsed().as_micros() as u64, "compacted");
+    }
+
+    /// After exec the kernel has dropped our breakpoints (perf's
+    /// `remove_on_exec`, ptrace's cleared registers): they would otherwise
+    /// fire in an unrelated program image. Each is reported removed; the
+    /// process stays attached, unless the exec changed its credentials.
+    pub(super) fn exec_locked(&self, op: &OpGuard<'_>) {
+        let proc = op.process();
+        if procfs::creds(proc.pid).is_some_and(|now| Some(now) != proc.creds) {
+            self.lose_locked(
+                op,
+                "it executed a program that changed its credentials (setuid, setgid or file \
+                 capabilities); attach again to watch the new program"
+                    .into(),
+            );
+            return;
+        }
+        self.remove_all_locked(op, "exec");
+        tracing::info!(
+            pid = proc.pid,
+            "process called exec: its watchpoints were removed"
+        );
+    }
+
+    /// The backend tracks no thread of `pid` any more. If the process still
+    /// has live threads after a moment (an exiting process has none within
+    /// milliseconds), the kernel took our events off it: a setuid or setgid
+    /// exec detaches every perf event (`begin_new_exec`, kernel-facts §4),
+    /// and nothing would ever fire again.
+    pub(super) fn check_lost(&self, pid: Pid) {
+        for _ in 0..10 {
+            let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
+                return;
+            };
+            if self.ledger.thread_count(pid) > 0 || procfs::live_thread(pid).is_none() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            if self.ledger.thread_count(pid) == 0 && procfs::live_thread(pid).is_some() {
+                let op = proc.lock_op();
+                if proc.is_gone() {
+                    return;
+                }
+                if procfs::live_thread(pid).is_some() && self.ledger.thread_count(pid) == 0 {
+                    self.lose_locked(
+                        &op,
+                        "the kernel detached every perf event from it (it executed a setuid or \
+                         setgid program); attach again to watch the new program"
+                            .into(),
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Ends the attachment of a process the daemon can no longer watch:
+    /// every watchpoint removed, the process detached, and a `ProcessLost`
+    /// event saying why.
+    pub(super) fn lose_locked(&self, op: &OpGuard<'_>, reason: String) {
+        let proc = op.process();
+        proc.gone.store(true, Ordering::SeqCst);
+        let removed = self.remove_all_locked(op, "process lost");
+        if let Some(t) = proc.exit_watch.lock().unwrap().take() {
+            t.abort();
+        }
+        tracing::warn!(pid = proc.pid, "{reason}");
+        self.bus.publish(EventKind::ProcessLost {
+            pid: proc.pid,
+            reason,
+            watchpoints: removed,
+        });
+        self.forget_process(proc);
+    }
+
+    /// A new event subscription for caller `uid`, within the limits: at
+    /// most `subscribers_per_caller` for one unprivileged uid, and the last
+    /// `SUBSCRIBER_RESERVE` of `subscribers` kept for privileged callers.
+    pub fn subscribe(
+        &self,
+        uid: u32,
+        privileged: bool,
+    ) -> Result<crate::events::Subscription, WpdError> {
+        let _one_at_a_time = self.subscribing.lock().unwrap();
+        let total = self.bus.subscribers(None);
+        if privileged {
+            if total >= self.limits.subscribers {
+                return Err(WpdError::LimitReached {
+                    what: "event subscribers",
+                    limit: self.limits.subscribers,
+                    hint: "close another event stream first",
+                });
+            }
+        } else {
+            let open_to_all = self.limits.subscribers.saturating_sub(SUBSCRIBER_RESERVE);
+            if total >= open_to_all {
+                return Err(WpdError::LimitReached {
+                    what: "event subscribers (the rest is reserved for privileged callers)",
+                    limit: open_to_all,
+                    hint: "close another event stream first",
+                });
+            }
+            if self.bus.subscribers(Some(uid)) >= self.limits.subscribers_per_caller {
+                return Err(WpdError::LimitReached {
+                    what: "event subscribers per caller",
+                    limit: self.limits.subscribers_per_caller,
+                    hint: "close another of your event streams first",
+                });
+            }
+        }
+        Ok(self.bus.subscribe(uid, privileged))
+    }
+
+    /// Ends every event stream (first step of shutdown).
+    pub fn close_streams(&self) {
+        self.bus.close();
+    }
+
+    /// Detaches everything (shutdown). Every target keeps running.
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let pids: Vec<Pid> = self.procs.iter().map(|p| *p.key()).collect();
+        for pid in pids {
+            let _ = self.detach(pid);
+        }
+        for b in self.backends.usable() {
+            b.shutdown();
+        }
+    }
+}

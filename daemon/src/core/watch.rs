@@ -1,0 +1,309 @@
+//! Watchpoints: set (reserve → arm → commit or undo), remove, and resume
+//! held threads.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{Core, WatchView};
+use crate::arch;
+use crate::backend::Features;
+use crate::error::WpdError;
+use crate::events::EventKind;
+use crate::ledger::Retained;
+use crate::model::{HitAction, Pid, Scope, Tid, WatchId, WatchSpec};
+use crate::procfs;
+use crate::sched::Boost;
+use crate::state::{OpGuard, Process, Watch};
+
+impl Core {
+    /// The error for a feature the process's backend lacks, naming one
+    /// that has it.
+    fn lacks(
+        &self,
+        feature: &'static str,
+        has: fn(&Features) -> bool,
+        hint: &'static str,
+    ) -> WpdError {
+        WpdError::NeedsBackend {
+            feature,
+            needs: self.backends.with_feature(has),
+            hint,
+        }
+    }
+
+    /// Sets a watchpoint; returns it and the time taken. A refused request
+    /// changes nothing, the attach it needed included. Blocking.
+    pub fn set_watchpoint(
+        self: &Arc<Self>,
+        spec: WatchSpec,
+        owner: u32,
+    ) -> Result<(WatchView, Duration), WpdError> {
+        let t_start = Instant::now();
+        arch::validate(spec.addr, spec.len.bytes(), spec.access)?;
+        let held = self.watches.iter().filter(|w| w.owner == owner).count();
+        if held >= self.limits.watchpoints_per_caller {
+            return Err(WpdError::LimitReached {
+                what: "watchpoints per caller",
+                limit: self.limits.watchpoints_per_caller,
+                hint: "remove some first",
+            });
+        }
+        // What the process's backend (attached, or to be) cannot do is
+        // refused before anything is attached.
+        let kind = self
+            .procs
+            .get(&spec.pid)
+            .map(|p| p.backend)
+            .or(spec.backend);
+        if let Some(f) = self.backends.features(kind) {
+            if spec.action != HitAction::Log && !f.stops {
+                return Err(self.lacks(
+                    "stopping on a hit",
+                    |f| f.stops,
+                    " (attach with that backend); this process's backend never stops the target",
+                ));
+            }
+            if spec.only_on_change && !f.only_on_change {
+                return Err(self.lacks(
+                    "only-on-change",
+                    |f| f.only_on_change,
+                    ", which compares values while the thread is stopped; this process's backend \
+                     reads values too late to tell",
+                ));
+            }
+        }
+        let (proc, newly) = self.attach(spec.pid, spec.backend, spec.allow_init)?;
+        let set = self.set_watchpoint_on(&proc, spec, owner);
+        if set.is_err() && newly {
+            // A refused request changes nothing: the attach it made goes too
+            // (unless another request put a watchpoint there meanwhile).
+            let op = proc.lock_op();
+            if proc.watch_ids().is_empty() && !proc.is_gone() {
+                drop(op);
+                if let Some(t) = proc.exit_watch.lock().unwrap().take() {
+                    t.abort();
+                }
+                self.forget_process(&proc);
+            }
+        }
+        set.map(|view| (view, t_start.elapsed()))
+    }
+
+    /// Sets a watchpoint on an attached process (see `set_watchpoint`).
+    fn set_watchpoint_on(
+        self: &Arc<Self>,
+        proc: &Arc<Process>,
+        spec: WatchSpec,
+        owner: u32,
+    ) -> Result<WatchView, WpdError> {
+        if let Some(asked) = spec.backend
+            && asked != proc.backend
+        {
+            return Err(WpdError::BackendMismatch {
+                pid: spec.pid,
+                attached: proc.backend,
+                asked,
+            });
+        }
+        let backend = self.backends.get(Some(proc.backend))?.clone();
+        let op = proc.lock_op();
+        let _rt = Boost::enter();
+        if proc.is_gone() {
+            return Err(WpdError::ProcessExited(spec.pid));
+        }
+        // Make every thread event already emitted visible in the ledger.
+        backend.sync();
+        let pid = spec.pid;
+        let process_wide = spec.scope == Scope::Process;
+        if let Scope::Threads(tids) = &spec.scope {
+            for &tid in tids {
+                if !procfs::is_thread_of(pid, tid) || self.ledger.get(tid).is_none() {
+                    return Err(WpdError::NoSuchThread { pid, tid });
+                }
+            }
+        }
+        let id = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let mut warnings = Vec::new();
+        if !procfs::is_mapped(pid, spec.addr, u64::from(spec.len.bytes())) {
+            warnings.push(format!(
+                "address {:#x} is not mapped in process {pid} now: the watchpoint is armed and \
+                 fires once memory is mapped there",
+                spec.addr
+            ));
+        }
+        let watch = Arc::new(Watch {
+            id,
+            spec: spec.clone(),
+            process_wide,
+            created_at_ns: crate::clock::realtime_ns(),
+            hits: AtomicU64::new(0),
+            last_value: Mutex::new(None),
+            backend: proc.backend,
+            owner,
+        });
+        if spec.only_on_change {
+            *watch.last_value.lock().unwrap() = procfs::live_thread(pid).and_then(|via| {
+                procfs::read_memory(pid, via, spec.addr, spec.len.bytes() as usize).ok()
+            });
+        }
+        // Registered before the thread snapshot: a thread born from here on
+        // gets it at birth (ptrace: at its first stop; perf: inheritance
+        // and reconcile), and one already holding it is skipped by
+        // `reserve_all`.
+        self.watches.insert(id, watch.clone());
+        proc.watches.lock().unwrap().insert(id);
+        let tids: Vec<Tid> = match &spec.scope {
+            // In tid order: arm passes cut it into contiguous ranges, one per
+            // CPU.
+            Scope::Process => {
+                let mut tids = self.ledger.tids(pid);
+                tids.sort_unstable();
+                tids
+            }
+            Scope::Threads(tids) => tids.clone(),
+        };
+        let unregister = |why: WpdError| {
+            self.watches.remove(&id);
+            proc.watches.lock().unwrap().remove(&id);
+            Err(why)
+        };
+        if tids.is_empty() {
+            // Nothing to arm: never a success that can never fire.
+            return unregister(if procfs::live_thread(pid).is_some() {
+                WpdError::ProcessLost {
+                    pid,
+                    why:
+                        "the daemon tracks none of its threads any more (after a setuid or setgid \
+                          exec the kernel takes perf events off a process); detach and attach again"
+                            .into(),
+                }
+            } else {
+                WpdError::ProcessExited(pid)
+            });
+        }
+        let armed = self
+            .ledger
+            .reserve_all(&tids, id, process_wide, backend.retained())
+            .map_err(|conflicts| WpdError::OutOfSlots { pid, conflicts })
+            .and_then(|res| backend.arm(&op, &watch, &res));
+        // The process may have exited while it was being armed.
+        let armed = armed.and_then(|()| {
+            if procfs::check_process(pid).is_err() && self.ledger.armed_on(&tids, id) == 0 {
+                Err(WpdError::ProcessExited(pid))
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = armed {
+            self.watches.remove(&id);
+            proc.watches.lock().unwrap().remove(&id);
+            // Threads born meanwhile may have taken it: undo those too.
+            backend.disarm(&op, &watch);
+            self.release_slots(&watch, backend.retained());
+            return Err(e);
+        }
+        drop(op);
+        let mut view = self.view(&watch);
+        view.warnings = warnings;
+        Ok(view)
+    }
+
+    /// Frees the ledger's slots of `w` on every thread that has them.
+    fn release_slots(&self, w: &Watch, retained: Retained) {
+        for (tid, _) in self.ledger.slots_on(&self.watch_tids(w), w.id) {
+            self.ledger.release(tid, w.id, retained == Retained::Reuse);
+        }
+    }
+
+    /// Takes watchpoint `id` off its locked process: disarmed by the
+    /// backend, slots released, forgotten.
+    pub(super) fn take_watch(&self, op: &OpGuard<'_>, id: WatchId) -> Option<Arc<Watch>> {
+        let (_, w) = self.watches.remove(&id)?;
+        op.process().watches.lock().unwrap().remove(&id);
+        if let Ok(b) = self.backends.get(Some(w.backend)) {
+            b.disarm(op, &w);
+            self.release_slots(&w, b.retained());
+        }
+        Some(w)
+    }
+
+    /// Threads a watchpoint can hold a slot on: its own tids when it is
+    /// thread-scoped (O(scope), however many threads the process has),
+    /// every tracked thread when it is process-wide.
+    pub(super) fn watch_tids(&self, w: &Watch) -> Vec<Tid> {
+        match &w.spec.scope {
+            Scope::Threads(tids) => tids.clone(),
+            Scope::Process => self.ledger.tids(w.spec.pid),
+        }
+    }
+
+    /// The process a watchpoint belongs to.
+    pub fn watch_pid(&self, id: WatchId) -> Option<Pid> {
+        self.watches.get(&id).map(|w| w.spec.pid)
+    }
+
+    /// Removes a watchpoint. Blocking.
+    pub fn remove_watchpoint(&self, id: WatchId) -> Result<WatchView, WpdError> {
+        let pid = self
+            .watches
+            .get(&id)
+            .map(|w| w.spec.pid)
+            .ok_or(WpdError::NoSuchWatchpoint(id))?;
+        let proc = self
+            .procs
+            .get(&pid)
+            .map(|p| p.clone())
+            .ok_or(WpdError::NoSuchWatchpoint(id))?;
+        let op = proc.lock_op();
+        let view = self
+            .watches
+            .get(&id)
+            .map(|w| self.view(&w))
+            .ok_or(WpdError::NoSuchWatchpoint(id))?;
+        let w = self
+            .take_watch(&op, id)
+            .ok_or(WpdError::NoSuchWatchpoint(id))?;
+        self.bus.publish(EventKind::WatchpointRemoved {
+            id: w.id,
+            pid,
+            reason: "removed",
+        });
+        Ok(WatchView {
+            hits: w.hits.load(Ordering::Relaxed),
+            armed_threads: 0,
+            ..view
+        })
+    }
+
+    /// Resumes held threads of `pid` (all when `tids` is empty). Blocking.
+    pub fn resume(&self, pid: Pid, tids: &[Tid]) -> Result<Vec<Tid>, WpdError> {
+        let proc = self
+            .procs
+            .get(&pid)
+            .map(|p| p.clone())
+            .ok_or(WpdError::NotAttached(pid))?;
+        let backend = self.backends.get(Some(proc.backend))?;
+        if !backend.features().stops {
+            return Err(self.lacks(
+                "resuming threads",
+                |f| f.stops,
+                ": this process's backend never stops threads (nothing to resume)",
+            ));
+        }
+        for &t in tids {
+            if self.ledger.get(t).is_none_or(|r| r.pid != pid) {
+                return Err(WpdError::NoSuchThread { pid, tid: t });
+            }
+        }
+        backend.resume(pid, tids)
+    }
+
+    /// Reconciles the process's threads through its backend (the reconcile
+    /// thread, for threads born while a watchpoint was being armed).
+    pub(super) fn reconcile(&self, op: &OpGuard<'_>) {
+        if let Ok(b) = self.backends.get(Some(op.process().backend)) {
+            b.reconcile(op);
+        }
+    }
+}

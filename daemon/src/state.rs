@@ -1,0 +1,141 @@
+//! The daemon's state that the core and the backends share: attached
+//! processes, watchpoints, the proof that a process's operation lock is
+//! held, and the work the core's reconcile thread does for backends.
+//!
+//! Locking rules (a process's `op` lock):
+//! 1. `Process::op` serialises arm, disarm, reconcile and detach passes of
+//!    one process. It is taken only on blocking threads (the RPC layer's
+//!    blocking pool, the reconcile thread), never on a tracer shard, the
+//!    drain thread or a tokio worker, and never across `.await`.
+//! 2. Whoever needs it held takes an [`OpGuard`] ([`Process::lock_op`]);
+//!    functions that need it take `&OpGuard` instead of a comment saying
+//!    so.
+//! 3. The ledger's guards may be taken while it is held, never the reverse.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::model::{BackendKind, Pid, WatchId, WatchSpec};
+
+/// An attached process.
+#[derive(Debug)]
+pub struct Process {
+    /// Process id.
+    pub pid: Pid,
+    /// Backend programming it.
+    pub backend: BackendKind,
+    /// When it was attached (Unix ns).
+    pub attached_at_ns: u64,
+    /// Command name at attach time.
+    pub comm: String,
+    /// Start time (`/proc/PID/stat` field 22), to tell the process from a
+    /// later one with the same pid (0 if unknown).
+    pub start_time: u64,
+    /// Its credentials at attach (uids, gids, permitted capabilities): an
+    /// exec that changes them (a setuid or setgid program, file
+    /// capabilities) ends the attachment.
+    pub creds: Option<([u32; 3], [u32; 3], u64)>,
+    /// Ids of its watchpoints.
+    pub watches: Mutex<BTreeSet<WatchId>>,
+    /// Serialises arm/disarm passes of this process (rule 1 above).
+    op: Mutex<()>,
+    /// Set once detached, exited or lost.
+    pub gone: AtomicBool,
+    /// Task watching the pidfd for process exit.
+    pub exit_watch: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Process {
+    /// A process being attached now.
+    pub fn new(pid: Pid, backend: BackendKind) -> Process {
+        Process {
+            pid,
+            backend,
+            attached_at_ns: crate::clock::realtime_ns(),
+            comm: crate::procfs::comm(pid, pid).unwrap_or_default(),
+            start_time: crate::procfs::start_time(pid).unwrap_or(0),
+            creds: crate::procfs::creds(pid),
+            watches: Mutex::new(BTreeSet::new()),
+            op: Mutex::new(()),
+            gone: AtomicBool::new(false),
+            exit_watch: Mutex::new(None),
+        }
+    }
+
+    /// Takes the process's operation lock (blocking threads only).
+    pub fn lock_op(self: &Arc<Self>) -> OpGuard<'_> {
+        OpGuard {
+            proc: self,
+            _held: self.op.lock().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
+    /// Detached, exited or lost.
+    pub fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::SeqCst)
+    }
+
+    /// Its watchpoints' ids now.
+    pub fn watch_ids(&self) -> Vec<WatchId> {
+        self.watches.lock().unwrap().iter().copied().collect()
+    }
+}
+
+/// Proof that the caller holds a process's operation lock: arm, disarm,
+/// reconcile and detach passes take it as an argument.
+#[derive(Debug)]
+pub struct OpGuard<'a> {
+    proc: &'a Arc<Process>,
+    _held: MutexGuard<'a, ()>,
+}
+
+impl OpGuard<'_> {
+    /// The locked process.
+    pub fn process(&self) -> &Arc<Process> {
+        self.proc
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> Pid {
+        self.proc.pid
+    }
+}
+
+/// A watchpoint.
+#[derive(Debug)]
+pub struct Watch {
+    /// Id.
+    pub id: WatchId,
+    /// What was asked for.
+    pub spec: WatchSpec,
+    /// Covers every thread, including future ones.
+    pub process_wide: bool,
+    /// When it was set (Unix ns).
+    pub created_at_ns: u64,
+    /// Hits delivered.
+    pub hits: AtomicU64,
+    /// Last value seen, for only-on-change watchpoints.
+    pub last_value: Mutex<Option<Vec<u8>>>,
+    /// Backend holding it.
+    pub backend: BackendKind,
+    /// uid of the caller that set it (for per-caller limits).
+    pub owner: u32,
+}
+
+/// Work for the core's reconcile thread: it may take a process's `op`
+/// lock, which tracer shards and the drain thread must never do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Job {
+    /// Threads of the process may lack a process-wide watchpoint: the
+    /// backend arms them ([`crate::backend::Backend::reconcile`]).
+    Reconcile(Pid),
+    /// The process called exec: its breakpoints are gone.
+    Exec(Pid),
+    /// The backend tracks no thread of the process any more: if the process
+    /// lives on, the kernel took our events off it.
+    CheckLost(Pid),
+}
+
+/// Shared pointer to a watchpoint.
+pub type WatchRef = Arc<Watch>;
