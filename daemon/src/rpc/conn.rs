@@ -270,6 +270,30 @@ impl<S> std::fmt::Debug for Conn<S> {
 }
 
 impl<S> Conn<S> {
+    /// A connection made in the same process (an in-process client over
+    /// `tokio::io::duplex`, as the RPC tests use): `caller` is who calls on
+    /// it (`None`: nobody in particular, so the token decides, as on TCP).
+    /// Counted and limited like an accepted one.
+    pub fn in_process(
+        io: S,
+        caller: Option<Caller>,
+        registry: &Arc<Registry>,
+        limits: &ConnLimits,
+    ) -> Result<Self, &'static str> {
+        let budget = caller.map_or(Budget::Tcp, |c| Budget::Uid(c.uid));
+        let privileged = caller.is_some_and(|c| c.privileged);
+        let conn = registry.admit(budget, privileged, limits)?;
+        Ok(Conn::new(
+            io,
+            PeerInfo {
+                caller,
+                remote: None,
+                conn,
+            },
+            limits.idle,
+        ))
+    }
+
     fn new(io: S, info: PeerInfo, idle: Duration) -> Self {
         Conn {
             io,
