@@ -177,9 +177,19 @@ impl Watchpoints for Mock {
                 details,
             ));
         }
+        let warnings = if spec.address < 0x1000 {
+            vec![format!(
+                "address {:#x} is not mapped in process {} now: the watchpoint is armed and \
+                 fires once memory is mapped there",
+                spec.address, spec.pid
+            )]
+        } else {
+            vec![]
+        };
         Ok(Response::new(SetWatchpointResponse {
             watchpoint: Some(watchpoint(7, spec, 0)),
             arm_duration_ns: 4_200_000,
+            warnings,
         }))
     }
 
@@ -488,6 +498,22 @@ async fn unary_calls_print_and_map_errors() {
         r.stdout,
         "watchpoint 7: write 4 bytes at 0x601040 in pid 123, armed on 3 threads (process-wide, 4.2 ms)\n"
     );
+    assert_eq!(r.stderr, "", "no warning for a mapped address");
+
+    // An unmapped address is armed, with a warning on stderr (and in --json).
+    let r = wpctl(&ep, &["watch", "--pid", "123", "--addr", "0x10"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stderr,
+        "wpctl: warning: address 0x10 is not mapped in process 123 now: the watchpoint is armed \
+         and fires once memory is mapped there\n"
+    );
+    let r = wpctl(&ep, &["--json", "watch", "--pid", "123", "--addr", "0x10"]).await;
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert!(
+        v["warnings"][0].as_str().unwrap().contains("not mapped"),
+        "{v}"
+    );
 
     let r = wpctl(
         &ep,
@@ -740,7 +766,7 @@ async fn events_show_stopped_hits_and_old_values() {
     assert!(
         r.stdout.ends_with(
             " hit wp=8 pid=123 tid=124 ip=0x401000 addr=0x601040 \
-             old=29000000 → value=2a000000 le=42 STOPPED\n"
+             old=41 (0x29) → value=42 (0x2a) STOPPED\n"
         ),
         "{}",
         r.stdout
@@ -763,8 +789,7 @@ async fn events_stream_count_and_end() {
     let lines: Vec<_> = r.stdout.lines().collect();
     assert_eq!(lines.len(), 3, "{}", r.stdout);
     assert!(
-        lines[0]
-            .ends_with(" hit wp=7 pid=123 tid=124 ip=0x401000 addr=0x601040 value=2a000000 le=42"),
+        lines[0].ends_with(" hit wp=7 pid=123 tid=124 ip=0x401000 addr=0x601040 value=42 (0x2a)"),
         "{}",
         lines[0]
     );

@@ -176,15 +176,35 @@ async fn every_handler_validates_its_request_and_changes_nothing_when_it_refuses
     let target = Sleeper::start();
     let pid = target.pid();
     let mut c = rig.client(root()).await;
-    let wp = c
+    let set = c
         .set_watchpoint(pb::SetWatchpointRequest {
             spec: Some(spec(pid, 0x1000)),
         })
         .await
         .unwrap()
-        .into_inner()
-        .watchpoint
-        .unwrap();
+        .into_inner();
+    // Nothing is mapped at 0x1000: armed, with a warning that says so.
+    assert!(
+        set.warnings.len() == 1 && set.warnings[0].contains("0x1000 is not mapped"),
+        "{:?}",
+        set.warnings
+    );
+    let wp = set.watchpoint.unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mapped = u64::from_str_radix(maps.split('-').next().unwrap(), 16).unwrap();
+    let on_mapped = c
+        .set_watchpoint(pb::SetWatchpointRequest {
+            spec: Some(spec(pid, mapped)),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(on_mapped.warnings.is_empty(), "{:?}", on_mapped.warnings);
+    c.remove_watchpoint(pb::RemoveWatchpointRequest {
+        id: on_mapped.watchpoint.unwrap().id,
+    })
+    .await
+    .unwrap();
     let before = listing(&mut c).await;
     let dead = {
         let mut ch = std::process::Command::new("true").spawn().unwrap();

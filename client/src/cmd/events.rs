@@ -50,8 +50,17 @@ pub async fn run(ctx: &Ctx, args: &EventsArgs) -> Result<(), Error> {
     Ok(())
 }
 
-/// The value read at the hit: hex bytes in memory order and, for 1 to 8
-/// bytes, the little-endian unsigned integer: `value=2a00000000000000 le=42`.
+/// A value as a person reads it: for 1 to 8 bytes the (little-endian)
+/// integer, in decimal and hex (`42 (0x2a)`); otherwise the bytes in memory
+/// order. The raw bytes are in `--json`.
+fn integer_text(bytes: &[u8]) -> String {
+    match output::le_value(bytes) {
+        Some(v) => format!("{v} ({v:#x})"),
+        None => output::hex_bytes(bytes),
+    }
+}
+
+/// The value read at the hit: `value=42 (0x2a)`, or why it is missing.
 fn value_text(hit: &Hit) -> String {
     if !hit.value_error.is_empty() {
         return format!("value=? ({})", hit.value_error);
@@ -59,19 +68,16 @@ fn value_text(hit: &Hit) -> String {
     if hit.value.is_empty() {
         return "value=?".into();
     }
-    match output::le_value(&hit.value) {
-        Some(v) => format!("value={} le={v}", output::hex_bytes(&hit.value)),
-        None => format!("value={}", output::hex_bytes(&hit.value)),
-    }
+    format!("value={}", integer_text(&hit.value))
 }
 
-/// The value part of a hit line: `value=… le=…`, preceded by `old=<hex> → `
+/// The value part of a hit line: `value=…`, preceded by `old=… → `
 /// for only-on-change watchpoints and followed by ` STOPPED` when the thread
 /// is held stopped (see `wpctl resume`).
 fn hit_value_text(hit: &Hit) -> String {
     let mut text = String::new();
     if !hit.old_value.is_empty() {
-        text.push_str(&format!("old={} → ", output::hex_bytes(&hit.old_value)));
+        text.push_str(&format!("old={} → ", integer_text(&hit.old_value)));
     }
     text.push_str(&value_text(hit));
     if hit.stopped {
@@ -81,9 +87,9 @@ fn hit_value_text(hit: &Hit) -> String {
 }
 
 /// One line per event, e.g.
-/// `13:04:05.123456Z hit wp=7 pid=123 tid=124 ip=0x55d0c09f1234 addr=0x55d0c0a01040 value=2a00000000000000 le=42`,
+/// `13:04:05.123456Z hit wp=7 pid=123 tid=124 ip=0x55d0c09f1234 addr=0x55d0c0a01040 value=42 (0x2a)`,
 /// or for a stopping only-on-change watchpoint
-/// `… addr=0x55d0c0a01040 old=2900000000000000 → value=2a00000000000000 le=42 STOPPED`.
+/// `… addr=0x55d0c0a01040 old=41 (0x29) → value=42 (0x2a) STOPPED`.
 fn to_text(ev: &StreamEventsResponse) -> String {
     let t = clock(ev.time_ns);
     match &ev.event {
@@ -264,13 +270,13 @@ mod tests {
         assert_eq!(
             to_text(&ev(hit(vec![42, 0, 0, 0, 0, 0, 0, 0], ""))),
             "22:13:20.000001Z hit wp=7 pid=123 tid=124 ip=0x55d0c09f1234 \
-             addr=0x55d0c0a01040 value=2a00000000000000 le=42"
+             addr=0x55d0c0a01040 value=42 (0x2a)"
         );
         assert!(to_text(&ev(hit(vec![], "process exited"))).ends_with(" value=? (process exited)"));
         assert_eq!(
             to_text(&ev(stopping_hit())),
             "22:13:20.000001Z hit wp=7 pid=123 tid=124 ip=0x55d0c09f1234 \
-             addr=0x55d0c0a01040 old=2900000000000000 → value=2a00000000000000 le=42 STOPPED"
+             addr=0x55d0c0a01040 old=41 (0x29) → value=42 (0x2a) STOPPED"
         );
         assert_eq!(
             to_text(&ev(Event::Dropped(EventsDropped {

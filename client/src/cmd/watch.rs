@@ -27,6 +27,11 @@ pub async fn run(ctx: &Ctx, args: &WatchArgs) -> Result<(), Error> {
     let resp = ctx
         .unary(request, |mut c, r| async move { c.set_watchpoint(r).await })
         .await?;
+    if !ctx.json {
+        for w in &resp.warnings {
+            eprintln!("wpctl: warning: {w}");
+        }
+    }
     if ctx.json {
         output::emit_json(&to_json(&resp))
     } else {
@@ -38,6 +43,7 @@ fn to_json(resp: &SetWatchpointResponse) -> serde_json::Value {
     json!({
         "watchpoint": resp.watchpoint.as_ref().map(output::watchpoint_json),
         "arm_duration_ns": resp.arm_duration_ns,
+        "warnings": resp.warnings,
     })
 }
 
@@ -112,6 +118,7 @@ mod tests {
                 },
             }),
             arm_duration_ns: 4_200_000,
+            warnings: vec![],
         }
     }
 

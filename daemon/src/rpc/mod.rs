@@ -164,6 +164,7 @@ impl Watchpoints for Service {
         Ok(Response::new(pb::SetWatchpointResponse {
             watchpoint: Some((&view).into()),
             arm_duration_ns: took.as_nanos() as u64,
+            warnings: view.warnings.clone(),
         }))
     }
 

@@ -21,254 +21,26 @@
 //! as the backend says ([`Retained`]); when only foreign-marked slots
 //! remain, one of them is tried (the kernel has the last word). The first
 //! candidate is found with `trailing_zeros`.
+//!
+//! Rooms: `row.rs` (a thread's row, the slot classification), `inherit.rs`
+//! (inheritance windows), `hold.rs` (guard hold times).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+mod hold;
+mod inherit;
+mod row;
+
+use std::sync::atomic::Ordering;
 
 use dashmap::{DashMap, DashSet};
 
 use crate::arch::current::SLOTS;
-use crate::error::{Holder, SlotConflict};
+use crate::error::SlotConflict;
 use crate::model::{Pid, Tid, WatchId};
+pub use hold::{HOLD_SAMPLE, HoldHistogram};
+pub use inherit::{INHERIT_MARGIN_NS, Inheritance, classify};
+pub use row::{InheritWindow, Reservation, Retained, SlotState, ThreadSlots};
 
 const ALL: u8 = (1 << SLOTS) - 1;
-
-/// One thread's slots: 56 bytes, so that with its tid key a row is one
-/// 64-byte cache line and the rows of 10,000 threads fit in a core's L2
-/// cache. In declaration order (`repr(C)`), the fields every reserve,
-/// commit and release reads come first (48 bytes); what only perf's thread
-/// creation records set (birth time, inheritance windows) lives out of line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[repr(C)]
-pub struct ThreadSlots {
-    /// Process the thread belongs to.
-    pub pid: Pid,
-    /// Slots holding one of our committed watchpoints.
-    pub ours: u8,
-    /// Slots reserved by a request whose syscall is in flight.
-    pub pending: u8,
-    /// Slots the kernel refused us: someone else holds them.
-    pub foreign: u8,
-    /// Slots whose watchpoint the kernel copies into threads this one creates.
-    pub inheritable: u8,
-    /// Slots whose inheritance into this thread is not known yet.
-    pub uncertain: u8,
-    /// Slots freed by us that the kernel still reserves until exec or exit
-    /// (a ptrace-created breakpoint, kernel-facts §2): reusable by ptrace,
-    /// unavailable to perf.
-    pub retained: u8,
-    /// Thread that created it while we watched (0: found by scanning).
-    pub parent: Tid,
-    /// Watchpoint in each slot (meaningful where `ours | pending` is set).
-    pub holder: [u64; SLOTS],
-    /// Birth time and inheritance windows; `None` while all are zero.
-    lineage: Option<Box<Lineage>>,
-}
-
-const _: () = assert!(std::mem::size_of::<ThreadSlots>() == 56);
-const _: () = assert!(std::mem::size_of::<(Tid, ThreadSlots)>() == 64);
-
-/// The part of a row only perf's thread-creation records set.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Lineage {
-    /// CLOCK_MONOTONIC ns of the FORK record that announced the thread.
-    born: u64,
-    /// Per slot, when threads this one creates inherit its breakpoint
-    /// (see [`InheritWindow`]).
-    windows: [InheritWindow; SLOTS],
-}
-
-/// When a slot's inheritable breakpoint reaches the threads its holder
-/// creates (CLOCK_MONOTONIC ns; see `Ledger::on_fork` and [`classify`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct InheritWindow {
-    /// A thread born before this certainly did not inherit it.
-    pub absent_before: u64,
-    /// A thread born from this on certainly inherited it.
-    pub certain_from: u64,
-}
-
-impl ThreadSlots {
-    /// Slot `s`'s inheritance window (zero if never set).
-    pub fn window(&self, s: usize) -> InheritWindow {
-        self.lineage
-            .as_ref()
-            .map(|l| l.windows[s])
-            .unwrap_or_default()
-    }
-
-    fn set_window(&mut self, s: usize, w: InheritWindow) {
-        self.lineage.get_or_insert_with(Default::default).windows[s] = w;
-    }
-
-    /// CLOCK_MONOTONIC ns of the FORK record that announced the thread (0:
-    /// found by scanning, or created under ptrace).
-    pub fn born(&self) -> u64 {
-        self.lineage.as_ref().map_or(0, |l| l.born)
-    }
-
-    fn set_born(&mut self, t: u64) {
-        if t != 0 || self.lineage.is_some() {
-            self.lineage.get_or_insert_with(Default::default).born = t;
-        }
-    }
-
-    fn new(pid: Pid, parent: Tid) -> Self {
-        ThreadSlots {
-            pid,
-            parent,
-            ours: 0,
-            pending: 0,
-            foreign: 0,
-            inheritable: 0,
-            holder: [0; SLOTS],
-            lineage: None,
-            uncertain: 0,
-            retained: 0,
-        }
-    }
-
-    /// The slot holding watchpoint `id`, committed or pending.
-    pub fn slot_of(&self, id: WatchId) -> Option<usize> {
-        (0..SLOTS).find(|&s| {
-            (self.ours | self.pending | self.uncertain) & (1 << s) != 0 && self.holder[s] == id.0
-        })
-    }
-
-    /// Who holds slot `s`: the one classification of a slot, used by
-    /// listings and refusals alike. Ours first, then a request in flight (or
-    /// an inheritance not known yet), then someone else, then a slot the
-    /// kernel keeps for us.
-    pub fn slot_state(&self, s: usize) -> SlotState {
-        let bit = 1 << s;
-        if self.ours & bit != 0 {
-            SlotState::Ours(WatchId(self.holder[s]))
-        } else if (self.pending | self.uncertain) & bit != 0 {
-            SlotState::Pending(WatchId(self.holder[s]))
-        } else if self.foreign & bit != 0 {
-            SlotState::Foreign
-        } else if self.retained & bit != 0 {
-            SlotState::Retained
-        } else {
-            SlotState::Free
-        }
-    }
-
-    /// Who holds each slot that is not free.
-    pub fn holders(&self) -> Vec<Holder> {
-        (0..SLOTS)
-            .filter_map(|s| match self.slot_state(s) {
-                SlotState::Free => None,
-                SlotState::Ours(id) => Some(Holder::Ours(id)),
-                SlotState::Pending(id) => Some(Holder::Pending(id)),
-                SlotState::Foreign => Some(Holder::Foreign),
-                SlotState::Retained => Some(Holder::Retained),
-            })
-            .collect()
-    }
-}
-
-/// Who holds one slot of one thread ([`ThreadSlots::slot_state`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SlotState {
-    /// Nobody, as far as the daemon knows.
-    Free,
-    /// One of our watchpoints.
-    Ours(WatchId),
-    /// Being armed, or its inheritance not known yet.
-    Pending(WatchId),
-    /// Someone else: the kernel refused it to us.
-    Foreign,
-    /// Freed by us, still reserved by the kernel (a ptrace breakpoint's).
-    Retained,
-}
-
-/// What the slot policy does with slots the kernel keeps for us after one
-/// of our watchpoints left them (set by the backend: [`crate::backend::Backend::retained`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Retained {
-    /// Reuse them first (they are ours to the kernel: ptrace breakpoints).
-    Reuse,
-    /// Never hand them out (the kernel refuses them to this backend).
-    Avoid,
-}
-
-/// A reservation: slot `slot` of `tid`, pending until commit or rollback.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reservation {
-    /// Thread.
-    pub tid: Tid,
-    /// Slot index.
-    pub slot: u8,
-    /// Watchpoint it is for (a stale reservation of another id is ignored).
-    pub id: WatchId,
-}
-
-impl Reservation {
-    fn holds(&self, row: &ThreadSlots) -> bool {
-        row.pending & (1 << self.slot) != 0 && row.holder[self.slot as usize] == self.id.0
-    }
-}
-
-/// How a new thread relates to one of its creator's inheritable watchpoints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Inheritance {
-    /// Certainly copied by the kernel.
-    Inherited,
-    /// Certainly not copied: it must be armed explicitly.
-    Missing,
-    /// Cannot tell from the timestamps: ask the kernel.
-    Unknown,
-}
-
-/// Lock hold-time histogram: bucket `i` counts holds of `[2^i, 2^(i+1))` ns.
-#[derive(Debug)]
-pub struct HoldHistogram {
-    buckets: [AtomicU64; 40],
-    max: AtomicU64,
-}
-
-impl Default for HoldHistogram {
-    fn default() -> Self {
-        HoldHistogram {
-            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
-            max: AtomicU64::new(0),
-        }
-    }
-}
-
-impl HoldHistogram {
-    fn record(&self, ns: u64) {
-        let b = (63 - ns.max(1).leading_zeros()) as usize;
-        self.buckets[b.min(39)].fetch_add(1, Ordering::Relaxed);
-        self.max.fetch_max(ns, Ordering::Relaxed);
-    }
-
-    /// (p50, p99, max) in ns; percentiles are bucket upper bounds.
-    pub fn summary(&self) -> (u64, u64, u64) {
-        let counts: Vec<u64> = self
-            .buckets
-            .iter()
-            .map(|b| b.load(Ordering::Relaxed))
-            .collect();
-        let total: u64 = counts.iter().sum();
-        let pct = |q: f64| {
-            if total == 0 {
-                return 0;
-            }
-            let want = ((total as f64) * q).ceil() as u64;
-            let mut acc = 0;
-            for (i, c) in counts.iter().enumerate() {
-                acc += c;
-                if acc >= want {
-                    return 1u64 << (i + 1);
-                }
-            }
-            0
-        };
-        (pct(0.5), pct(0.99), self.max.load(Ordering::Relaxed))
-    }
-}
 
 /// Hashing of the ledger's keys. Tids and pids are small integers the
 /// kernel hands out, not attacker-chosen strings: a fast, randomly seeded
@@ -289,43 +61,14 @@ pub struct Ledger {
     hold: HoldHistogram,
 }
 
-/// Times a guard's critical section.
-/// Times one critical section in every [`HOLD_SAMPLE`] (per OS thread):
-/// two clock reads cost about as much as the section itself, so timing all
-/// of them would double the ledger's cost. Sampling keeps the distribution.
-struct Timed<'a>(&'a HoldHistogram, Option<Instant>);
-
-/// One critical section in this many is timed.
-pub const HOLD_SAMPLE: u32 = 64;
-
-thread_local! {
-    static HOLD_TICK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-impl Drop for Timed<'_> {
-    fn drop(&mut self) {
-        if let Some(t) = self.1 {
-            self.0.record(t.elapsed().as_nanos() as u64);
-        }
-    }
-}
-
 impl Ledger {
     /// An empty ledger.
     pub fn new() -> Self {
         Self::default()
     }
 
-    fn timed(&self) -> Timed<'_> {
-        let tick = HOLD_TICK.with(|c| {
-            let v = c.get().wrapping_add(1);
-            c.set(v);
-            v
-        });
-        Timed(
-            &self.hold,
-            tick.is_multiple_of(HOLD_SAMPLE).then(Instant::now),
-        )
+    fn timed(&self) -> hold::Timed<'_> {
+        self.hold.timed()
     }
 
     /// Lock hold-time summary (p50, p99, max), ns.
@@ -790,27 +533,10 @@ fn mask_of(r: &ThreadSlots, id: WatchId) -> u8 {
         .fold(0, |m, s| m | (1 << s))
 }
 
-/// How long after a breakpoint's perf_event_open returned a new thread's
-/// FORK record may still belong to a clone that had already passed the
-/// inheritance step (the tail of `copy_process`). Inside the window the
-/// daemon asks the kernel instead of guessing.
-pub const INHERIT_MARGIN_NS: u64 = 20_000_000;
-
-/// Classifies a fork at `time` against a breakpoint opened on the creator
-/// during `[absent_before, certain_from - margin]`.
-pub fn classify(time: u64, absent_before: u64, certain_from: u64) -> Inheritance {
-    if time < absent_before {
-        Inheritance::Missing
-    } else if time >= certain_from {
-        Inheritance::Inherited
-    } else {
-        Inheritance::Unknown
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Holder;
 
     fn ledger_with(pid: Pid, tids: &[Tid]) -> Ledger {
         let l = Ledger::new();
