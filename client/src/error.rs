@@ -425,7 +425,7 @@ mod tests {
     fn json_error_carries_reason_and_metadata() {
         let mut details = ErrorDetails::new();
         details.set_error_info(
-            "OUT_OF_SLOTS",
+            wpd_proto::reason::OUT_OF_SLOTS,
             "wpd.v1",
             HashMap::from([("tids".to_string(), "124,125".to_string())]),
         );
@@ -436,7 +436,7 @@ mod tests {
         );
         let v = Error::from_status("unix:/x", s).to_json();
         assert_eq!(v["error"]["code"], "RESOURCE_EXHAUSTED");
-        assert_eq!(v["error"]["reason"], "OUT_OF_SLOTS");
+        assert_eq!(v["error"]["reason"], wpd_proto::reason::OUT_OF_SLOTS);
         assert_eq!(v["error"]["message"], "tids 124,125 have no free slot");
         assert_eq!(v["error"]["metadata"]["tids"], "124,125");
         assert_eq!(v["error"]["exit_code"], 6);

@@ -167,7 +167,7 @@ impl Watchpoints for Mock {
         if spec.tids.contains(&666) {
             let mut details = ErrorDetails::new();
             details.set_error_info(
-                "OUT_OF_SLOTS",
+                wpd_proto::reason::OUT_OF_SLOTS,
                 "wpd.v1",
                 HashMap::from([("tids".to_string(), "666".to_string())]),
             );
@@ -551,7 +551,7 @@ async fn unary_calls_print_and_map_errors() {
     assert!(r.stdout.is_empty());
     let v: serde_json::Value = serde_json::from_str(&r.stderr).unwrap();
     assert_eq!(v["error"]["code"], "RESOURCE_EXHAUSTED");
-    assert_eq!(v["error"]["reason"], "OUT_OF_SLOTS");
+    assert_eq!(v["error"]["reason"], wpd_proto::reason::OUT_OF_SLOTS);
     assert_eq!(v["error"]["metadata"]["tids"], "666");
 
     let r = wpctl(&ep, &["unwatch", "7"]).await;

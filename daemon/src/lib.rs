@@ -1,5 +1,5 @@
 //! wpd: a hardware-watchpoint daemon. All logic lives in this library;
-//! `main.rs` only parses flags and calls [`server::run`].
+//! `main.rs` only parses flags and calls [`rpc::serve::run`].
 
 pub mod arch;
 pub mod authz;
@@ -13,5 +13,4 @@ pub mod model;
 pub mod procfs;
 pub mod rpc;
 pub mod sched;
-pub mod server;
 pub mod state;

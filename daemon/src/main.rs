@@ -1,9 +1,9 @@
 //! `wpd`: the hardware-watchpoint daemon. Parses flags, sets up logging,
-//! and runs [`wpd::server::run`].
+//! and runs [`wpd::rpc::serve::run`].
 
 use clap::Parser;
 use wpd::rpc::conn::ConnLimits;
-use wpd::server::Listen;
+use wpd::rpc::serve::Listen;
 
 /// Hardware-watchpoint daemon: owns the debug registers of attached
 /// processes and serves the wpd.v1 gRPC API.
@@ -174,7 +174,7 @@ async fn run(args: Args) -> std::process::ExitCode {
     let fd_headroom = args
         .fd_headroom
         .unwrap_or((conns.total + conns.privileged_reserve) as u64 + 64);
-    let opts = wpd::server::Options {
+    let opts = wpd::rpc::serve::Options {
         tls,
         token,
         socket_mode: args.socket_mode,
@@ -189,7 +189,7 @@ async fn run(args: Args) -> std::process::ExitCode {
         conns,
         state_file: args.ptrace_state_file,
     };
-    match wpd::server::run(listen, opts).await {
+    match wpd::rpc::serve::run(listen, opts).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("wpd: {e:#}");

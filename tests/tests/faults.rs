@@ -354,7 +354,7 @@ async fn kill_while_arming(
         ),
         Err(s)
             if s.code() == Code::NotFound
-                && ["NO_SUCH_PROCESS", "PROCESS_EXITED"].contains(&reason(s).as_str()) =>
+                && [wpd_proto::reason::NO_SUCH_PROCESS, wpd_proto::reason::PROCESS_EXITED].contains(&reason(s).as_str()) =>
         {
             format!("refused: {}", status_line(s))
         }
@@ -988,7 +988,7 @@ async fn churn_client(mut client: Client, n: usize, c: Arc<Contested>, tally: Ar
                     held.push(w.id);
                 }
                 Ok(Err(s))
-                    if s.code() == Code::ResourceExhausted && reason(&s) == "OUT_OF_SLOTS" =>
+                    if s.code() == Code::ResourceExhausted && reason(&s) == wpd_proto::reason::OUT_OF_SLOTS =>
                 {
                     tally.exhausted.fetch_add(1, Ordering::Relaxed);
                 }
@@ -1310,7 +1310,7 @@ fn expect_fd_limit(
         Err(s) => s,
     };
     ensure!(
-        s.code() == Code::ResourceExhausted && reason(&s) == "FD_LIMIT",
+        s.code() == Code::ResourceExhausted && reason(&s) == wpd_proto::reason::FD_LIMIT,
         "{what}: {}, expected RESOURCE_EXHAUSTED / FD_LIMIT",
         status_line(&s)
     );

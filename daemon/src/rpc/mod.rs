@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod conn;
+pub mod serve;
 pub mod convert;
 pub mod status;
 
