@@ -9,17 +9,9 @@ use tonic::Code;
 use wpd_proto::v1::{RemoveWatchpointRequest, SlotState, StreamEventsRequest, Watchpoint};
 use wpd_tests::{
     Backend, Daemon, Event, EventStream, SPAWN_MARK, TargetProc, both_backends, check_hit,
-    count_slots, expect_status, hit_value_u64, list_threads, ours, poll_until, rpc, rpc_ok,
-    set_watchpoint, snapshot, write_spec,
+    count_slots, expect_status, hit_value_u64, hits_only, list_threads, ours, poll_until, rpc,
+    rpc_ok, set_watchpoint, snapshot, write_spec,
 };
-
-fn hits_only(pid: i32) -> StreamEventsRequest {
-    StreamEventsRequest {
-        pid,
-        watchpoint_ids: vec![],
-        hits_only: true,
-    }
-}
 
 both_backends!(hits_come_from_many_distinct_threads);
 

@@ -11,12 +11,13 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 use tonic::Code;
 use wpd_proto::v1::{
     AttachRequest, Hit, HitAction, ListWatchpointsRequest, RemoveWatchpointRequest,
-    SetWatchpointRequest, SlotState, StreamEventsRequest, ThreadState, Watchpoint,
+    SetWatchpointRequest, SlotState, ThreadState, Watchpoint,
 };
 use wpd_tests::{
     Backend, Client, Daemon, Event, EventStream, ForeignTracer, TargetProc, attach, check_hit,
-    describe_status, expect_status, hit_value_u64, list_threads, numbers_in, ours, poll_until,
-    read_dr7, require_backend, resume, rpc, rpc_ok, set_watchpoint, thread_states, write_spec,
+    describe_status, expect_status, hit_value_u64, hits_only, list_threads, numbers_in, ours,
+    poll_until, read_dr7, require_backend, resume, rpc, rpc_ok, set_watchpoint, thread_states,
+    write_spec,
 };
 
 const PTRACE: Backend = Backend::Ptrace;
@@ -30,14 +31,6 @@ const HIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a variable must keep its value to count as "stopped changing" (workers store it
 /// every millisecond when they run).
 const STILL_PERIOD: Duration = Duration::from_millis(300);
-
-fn hits_only(pid: i32) -> StreamEventsRequest {
-    StreamEventsRequest {
-        pid,
-        watchpoint_ids: vec![],
-        hits_only: true,
-    }
-}
 
 /// Sets a ptrace watchpoint on `VARS[var]` with `action`; returns it.
 async fn set_ptrace(

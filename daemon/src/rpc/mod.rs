@@ -7,8 +7,8 @@
 
 pub mod auth;
 pub mod conn;
-pub mod serve;
 pub mod convert;
+pub mod serve;
 pub mod status;
 
 use std::pin::Pin;

@@ -1,0 +1,316 @@
+//! The daemon under test: `Daemon`, started on a private socket and state file.
+
+use crate::*;
+use std::fs::{self, File};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use tokio::time::Instant;
+use wpd_proto::v1::GetCapabilitiesRequest;
+
+/// A running `wpd` on a private Unix socket. Dropping it sends SIGTERM, waits up to 5 s, then
+/// SIGKILLs, and removes its temp dir; if the thread is panicking it first prints the log.
+///
+/// Every daemon gets its own ptrace state file (`WPD_STATE_FILE`, by default inside its temp
+/// dir): tests never share `/run/wpd`, and a daemon never "recovers" threads of another test.
+pub struct Daemon {
+    child: Child,
+    status: Option<ExitStatus>,
+    dir: PathBuf,
+    socket: PathBuf,
+    log_path: PathBuf,
+    state_file: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `wpd --listen unix:<tmp>/wpd.sock` with `WPD_STATE_FILE=<tmp>/ptrace-armed` and
+    /// waits until it answers `GetCapabilities`. Panics if the `wpd` binary is missing.
+    pub async fn start() -> Result<Daemon> {
+        Self::spawn(&[], None, None).await
+    }
+
+    /// Like [`Daemon::start`], with `RLIMIT_NOFILE` (soft and hard) set to `limit` in the
+    /// daemon, so that it cannot raise it.
+    pub async fn start_with_fd_limit(limit: u64) -> Result<Daemon> {
+        Self::spawn(&[], None, Some(limit)).await
+    }
+
+    /// Like [`Daemon::start`] with extra command-line arguments.
+    pub async fn start_with_args(extra: &[&str]) -> Result<Daemon> {
+        Self::spawn(extra, None, None).await
+    }
+
+    /// A daemon every user may connect to (`--socket-mode 666`, its directory searchable), so
+    /// that authorization and the per-caller limits alone decide; `extra` arguments added.
+    pub async fn start_open(extra: &[&str]) -> Result<Daemon> {
+        use std::os::unix::fs::PermissionsExt;
+        let args: Vec<&str> = ["--socket-mode", "666"]
+            .iter()
+            .chain(extra)
+            .copied()
+            .collect();
+        let d = Self::spawn(&args, None, None).await?;
+        fs::set_permissions(&d.dir, fs::Permissions::from_mode(0o755))?;
+        Ok(d)
+    }
+
+    /// Extra arguments and a fixed `RLIMIT_NOFILE` (see [`Daemon::start_with_fd_limit`]).
+    pub async fn start_with_args_and_fd_limit(extra: &[&str], limit: u64) -> Result<Daemon> {
+        Self::spawn(extra, None, Some(limit)).await
+    }
+
+    /// The daemon's resident memory now (`VmRSS`), in KiB.
+    pub fn rss_kib(&self) -> Result<u64> {
+        let pid = self.pid();
+        let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .ok_or_else(|| anyhow!("no VmRSS for wpd {pid}"))
+    }
+
+    /// CPU time the daemon has used so far (user + system, all threads).
+    pub fn cpu_time(&self) -> Result<Duration> {
+        let pid = self.pid();
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        let rest = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .ok_or_else(|| anyhow!("cannot parse /proc/{pid}/stat"))?;
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .map(|w| w.parse().unwrap_or(0))
+            .collect();
+        // Fields 14 and 15 (utime, stime), counted from the state (field 3).
+        let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Ok(Duration::from_millis(ticks * 1000 / hz))
+    }
+
+    /// The daemon's open file descriptors.
+    pub fn fd_count(&self) -> Result<usize> {
+        Ok(fs::read_dir(format!("/proc/{}/fd", self.pid()))?.count())
+    }
+
+    /// Like [`Daemon::start`], but with the ptrace state file at `state_file` (e.g. the
+    /// [`Daemon::state_file`] of a daemon that was [killed](Daemon::kill), to test recovery).
+    pub async fn start_with_state_file(state_file: &Path) -> Result<Daemon> {
+        Self::spawn(&[], Some(state_file.to_path_buf()), None).await
+    }
+
+    async fn spawn(
+        extra: &[&str],
+        state_file: Option<PathBuf>,
+        fd_limit: Option<u64>,
+    ) -> Result<Daemon> {
+        let bin = bin_path("wpd");
+        let dir = unique_temp_dir("wpd-e2e")?;
+        let socket = dir.join("wpd.sock");
+        let log_path = dir.join("wpd.log");
+        let state_file = state_file.unwrap_or_else(|| dir.join("ptrace-armed"));
+        let spawned = (|| -> Result<Child> {
+            let log = File::create(&log_path)
+                .with_context(|| format!("creating {}", log_path.display()))?;
+            let mut cmd = Command::new(&bin);
+            cmd.arg("--listen")
+                .arg(format!("unix:{}", socket.display()))
+                .args(extra)
+                .env("NO_COLOR", "1")
+                .env("WPD_STATE_FILE", &state_file)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log);
+            guard_child(&mut cmd);
+            if let Some(n) = fd_limit {
+                let lim = libc::rlimit {
+                    rlim_cur: n as libc::rlim_t,
+                    rlim_max: n as libc::rlim_t,
+                };
+                // SAFETY: setrlimit is async-signal-safe; it runs between fork and exec.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+            }
+            cmd.spawn()
+                .with_context(|| format!("cannot start {}", bin.display()))
+        })();
+        let child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                let _ = fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let mut daemon = Daemon {
+            child,
+            status: None,
+            dir,
+            socket,
+            log_path,
+            state_file,
+        };
+        if let Err(e) = daemon.wait_ready().await {
+            return Err(e.context(format!(
+                "wpd did not become ready; its log:\n{}",
+                daemon.log_tail(16 * 1024)
+            )));
+        }
+        Ok(daemon)
+    }
+
+    async fn wait_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + DAEMON_READY_TIMEOUT;
+        let target = self.target();
+        let mut last_err = anyhow!("no attempt made");
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                self.status = Some(st);
+                bail!("wpd exited during startup ({})", describe_status(&st));
+            }
+            let attempt = tokio::time::timeout(Duration::from_secs(2), async {
+                let mut client = wpd_proto::connect::client(&target).await?;
+                client.get_capabilities(GetCapabilitiesRequest {}).await?;
+                anyhow::Ok(())
+            })
+            .await;
+            match attempt {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => last_err = e,
+                Err(_) => last_err = anyhow!("GetCapabilities timed out"),
+            }
+            if Instant::now() >= deadline {
+                return Err(last_err.context(format!(
+                    "wpd did not answer GetCapabilities within {DAEMON_READY_TIMEOUT:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `unix:<socket path>`, as `wpctl --endpoint` takes it.
+    pub fn endpoint(&self) -> String {
+        format!("unix:{}", self.socket.display())
+    }
+
+    /// The endpoint as a [`Target`].
+    pub fn target(&self) -> Target {
+        Target::Unix(self.socket.clone())
+    }
+
+    /// The socket path.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket
+    }
+
+    /// A new connection to the daemon.
+    pub async fn client(&self) -> Result<Client> {
+        wpd_proto::connect::client(&self.target())
+            .await
+            .with_context(|| format!("connecting to {}", self.endpoint()))
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Everything the daemon wrote to stdout and stderr so far.
+    pub fn log(&self) -> String {
+        fs::read(&self.log_path)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_else(|e| format!("<cannot read {}: {e}>", self.log_path.display()))
+    }
+
+    /// The last `max_bytes` of [`Daemon::log`].
+    pub fn log_tail(&self, max_bytes: usize) -> String {
+        let log = self.log();
+        if log.len() <= max_bytes {
+            return log;
+        }
+        let mut start = log.len() - max_bytes;
+        while !log.is_char_boundary(start) {
+            start += 1;
+        }
+        format!("[... {start} bytes omitted ...]\n{}", &log[start..])
+    }
+
+    /// Path of the log file.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// True while the daemon process runs.
+    pub fn is_running(&mut self) -> bool {
+        if self.status.is_some() {
+            return false;
+        }
+        match self.child.try_wait() {
+            Ok(Some(st)) => {
+                self.status = Some(st);
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// Sends SIGTERM and waits up to `timeout` for the exit status. On timeout the daemon is
+    /// left running (the guard SIGKILLs it later).
+    pub async fn terminate(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        signal_child(&mut self.child, &mut self.status, libc::SIGTERM);
+        wait_child(&mut self.child, &mut self.status, timeout)
+            .await
+            .ok_or_else(|| anyhow!("wpd did not exit within {timeout:?} of SIGTERM"))
+    }
+
+    /// SIGKILLs the daemon (no cleanup of its own can run) and reaps it. The guard keeps its
+    /// temp dir — log and state file — until it is dropped.
+    pub async fn kill(&mut self) -> Result<ExitStatus> {
+        signal_child(&mut self.child, &mut self.status, libc::SIGKILL);
+        wait_child(&mut self.child, &mut self.status, STOP_GRACE)
+            .await
+            .ok_or_else(|| anyhow!("wpd did not exit within {STOP_GRACE:?} of SIGKILL"))
+    }
+
+    /// The ptrace state file this daemon was given (`WPD_STATE_FILE`).
+    pub fn state_file(&self) -> &Path {
+        &self.state_file
+    }
+
+    /// Passes `result` through; when it is an error, prints the daemon log to stderr first
+    /// (libtest shows it with the failure).
+    pub fn finish<T>(&self, result: Result<T>) -> Result<T> {
+        if result.is_err() {
+            self.print_log("the test failed");
+        }
+        result
+    }
+
+    /// Prints the daemon's log (its last 64 KiB) to stderr, headed by `why`.
+    pub fn print_log(&self, why: &str) {
+        eprintln!(
+            "----- wpd log ({why}; wpd pid {}) -----\n{}\n----- end of wpd log -----",
+            self.pid(),
+            self.log_tail(64 * 1024)
+        );
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.print_log("panicking");
+        }
+        stop_child_blocking(&mut self.child, &mut self.status, true);
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}

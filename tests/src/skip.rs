@@ -1,0 +1,122 @@
+//! Privileges: what the machine allows, and tests that skip with a reason where it lacks it.
+
+use crate::*;
+use std::fs;
+use std::io::Write;
+use std::sync::OnceLock;
+use std::sync::atomic::AtomicU32;
+
+use anyhow::Result;
+
+/// The online CPUs, from `/sys/devices/system/cpu/online` ("0-3,6"): the CPUs wpd's perf
+/// backend opens one event on per thread.
+pub fn online_cpus() -> Vec<i32> {
+    let s = fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_else(|_| "0".into());
+    let mut v = Vec::new();
+    for part in s.trim().split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<i32>(), b.parse::<i32>()) {
+                    v.extend(a..=b);
+                }
+            }
+            None => v.extend(part.parse::<i32>().ok()),
+        }
+    }
+    v
+}
+
+/// True when this process may run the end-to-end tests: it is root and the kernel grants a
+/// hardware breakpoint (checked once with a throw-away breakpoint on this thread).
+///
+/// Otherwise prints `SKIP <test>: <reason>` to stderr (uncaptured) and returns false; the test must return
+/// right away. With `WPD_TESTS_REQUIRE=1` in the environment it panics instead, so that CI
+/// cannot pass by skipping.
+pub fn require_root_perf() -> bool {
+    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
+    let result = PROBE.get_or_init(|| {
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        if euid != 0 {
+            return Err(format!(
+                "not root (euid {euid}); wpd needs root to watch other processes \
+                 (run e.g. `sudo -E cargo test -p wpd-tests`)"
+            ));
+        }
+        static PROBE_VAR: AtomicU32 = AtomicU32::new(0);
+        ForeignBreakpoint::open(0, PROBE_VAR.as_ptr() as u64, 4)
+            .map(drop)
+            .map_err(|e| format!("the kernel refuses hardware breakpoints here: {e:#}"))
+    });
+    match result {
+        Ok(()) => true,
+        Err(reason) => skip(reason),
+    }
+}
+
+/// [`require_root_perf`], plus, for [`Backend::Ptrace`], a kernel that lets root ptrace
+/// (`kernel.yama.ptrace_scope` below 3). Same skip rules.
+pub fn require_backend(backend: Backend) -> bool {
+    if !require_root_perf() {
+        return false;
+    }
+    if backend == Backend::Ptrace {
+        let scope = fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .unwrap_or(0);
+        if scope >= 3 {
+            return skip(&format!(
+                "kernel.yama.ptrace_scope={scope} forbids every ptrace attach"
+            ));
+        }
+    }
+    true
+}
+
+/// Prints `SKIP <test>: <reason>` and returns false, or panics under `WPD_TESTS_REQUIRE=1`.
+fn skip(reason: &str) -> bool {
+    let name = std::thread::current()
+        .name()
+        .unwrap_or("<unnamed test>")
+        .to_string();
+    if std::env::var_os("WPD_TESTS_REQUIRE").is_some_and(|v| v == "1") {
+        panic!("{name}: cannot run ({reason}) and WPD_TESTS_REQUIRE=1");
+    }
+    // Written to the real stderr, past libtest's capture, so that a skip is visible
+    // even when the test "passes".
+    let _ = writeln!(std::io::stderr(), "SKIP {name}: {reason}");
+    false
+}
+
+/// Runs a test body against both backends, without copying it: `both_backends!(name)` (or
+/// `both_backends!(name, body)`) turns `async fn body(backend: Backend) -> anyhow::Result<()>`
+/// into a module `name` with two tokio tests, `name::perf` and `name::ptrace`, each of which
+/// skips as [`require_backend`] says and otherwise runs `body(Backend::Perf | Backend::Ptrace)`.
+/// Attributes (e.g. a doc comment) before the name go on the module.
+#[macro_export]
+macro_rules! both_backends {
+    ($(#[$attr:meta])* $name:ident) => {
+        $crate::both_backends!($(#[$attr])* $name, $name);
+    };
+    ($(#[$attr:meta])* $name:ident, $body:ident) => {
+        $(#[$attr])*
+        mod $name {
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn perf() -> ::anyhow::Result<()> {
+                if !$crate::require_backend($crate::Backend::Perf) {
+                    return Ok(());
+                }
+                super::$body($crate::Backend::Perf).await
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn ptrace() -> ::anyhow::Result<()> {
+                if !$crate::require_backend($crate::Backend::Ptrace) {
+                    return Ok(());
+                }
+                super::$body($crate::Backend::Ptrace).await
+            }
+        }
+    };
+}
