@@ -120,3 +120,14 @@ macro_rules! both_backends {
         }
     };
 }
+
+/// This process's soft `RLIMIT_NOFILE`, bounded by the hard one.
+pub fn nofile_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid out pointer.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    lim.rlim_cur.min(lim.rlim_max)
+}

@@ -470,7 +470,8 @@ fn field_str<'a>(line: &'a str, key: &str) -> Result<&'a str> {
         .ok_or_else(|| anyhow!("no {key}= in {line:?}"))
 }
 
-fn field<T: std::str::FromStr>(line: &str, key: &str) -> Result<T>
+/// The value after `key=` in a line of `key=value` words, parsed.
+pub fn field<T: std::str::FromStr>(line: &str, key: &str) -> Result<T>
 where
     T::Err: std::error::Error + Send + Sync + 'static,
 {
