@@ -261,7 +261,7 @@ impl ErrorInput {
             ErrorInput::NoSuchProcess(p) => WpdError::NoSuchProcess(p),
             ErrorInput::NotAttached(p) => WpdError::NotAttached(p),
             ErrorInput::NoSuchThread { pid, tid } => WpdError::NoSuchThread { pid, tid },
-            ErrorInput::NoSuchWatchpoint(id) => WpdError::NoSuchWatchpoint(id),
+            ErrorInput::NoSuchWatchpoint(id) => WpdError::NoSuchWatchpoint(wpd::model::WatchId(id)),
             ErrorInput::OutOfSlots { pid, conflicts } => WpdError::OutOfSlots {
                 pid,
                 conflicts: conflicts
@@ -449,12 +449,18 @@ pub fn check(e: &WpdError) -> Status {
         ..
     } = e
     {
-        assert_eq!(info.metadata.get("fd_headroom"), Some(&headroom.to_string()));
+        assert_eq!(
+            info.metadata.get("fd_headroom"),
+            Some(&headroom.to_string())
+        );
         assert_eq!(info.metadata.get("needed_fds"), Some(&needed.to_string()));
         assert_eq!(info.metadata.get("open_fds"), Some(&open.to_string()));
         assert_eq!(info.metadata.get("rlimit_nofile"), Some(&limit.to_string()));
         let by = if *by_kernel { "kernel" } else { "wpd" };
-        assert_eq!(info.metadata.get("refused_by").map(String::as_str), Some(by));
+        assert_eq!(
+            info.metadata.get("refused_by").map(String::as_str),
+            Some(by)
+        );
     }
     s
 }

@@ -21,7 +21,7 @@ pub mod probe;
 pub mod ptrace;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use crate::error::WpdError;
 use crate::events::EventKind;
@@ -236,6 +236,63 @@ pub struct Availability {
 }
 
 impl BackendTable {
+    /// The kernel's backends, each where it can run: perf (the default) and
+    /// ptrace (given the free-slot probe and its state file).
+    pub fn system(
+        host: Weak<dyn Host>,
+        probe: Option<Arc<probe::SlotProbe>>,
+        fd_headroom: u64,
+        state_file: &std::path::Path,
+    ) -> BackendTable {
+        let perf = perf::PerfEngine::new(host.clone(), probe.clone(), fd_headroom)
+            .map(|p| Arc::new(p) as Arc<dyn Backend>);
+        if let Err(e) = &perf {
+            tracing::warn!("perf backend: {e}");
+        }
+        let ptrace = ptrace::PtraceEngine::new(host, probe, state_file.to_path_buf())
+            .map(|p| p as Arc<dyn Backend>);
+        if let Err(e) = &ptrace {
+            tracing::warn!("ptrace backend: {e}");
+        }
+        BackendTable::new(
+            vec![
+                Entry {
+                    kind: BackendKind::Perf,
+                    features: perf::PerfEngine::FEATURES,
+                    backend: perf,
+                },
+                Entry {
+                    kind: BackendKind::Ptrace,
+                    features: ptrace::PtraceEngine::FEATURES,
+                    backend: ptrace,
+                },
+            ],
+            BackendKind::Perf,
+        )
+    }
+
+    /// Only the in-memory fake (as perf, the default), over `kernel`; ptrace
+    /// listed as not started.
+    pub fn fake(host: Weak<dyn Host>, kernel: Arc<fake::FakeKernel>) -> BackendTable {
+        BackendTable::new(
+            vec![
+                Entry {
+                    kind: BackendKind::Perf,
+                    features: fake::FakeBackend::FEATURES,
+                    backend: Ok(Arc::new(fake::FakeBackend::new(host, kernel))),
+                },
+                Entry {
+                    kind: BackendKind::Ptrace,
+                    features: ptrace::PtraceEngine::FEATURES,
+                    backend: Err(Unavailable::Disabled(
+                        "not started: this daemon runs the in-memory fake backend",
+                    )),
+                },
+            ],
+            BackendKind::Perf,
+        )
+    }
+
     /// A table; `default` is used when a request names no backend.
     pub fn new(entries: Vec<Entry>, default: BackendKind) -> Self {
         BackendTable { entries, default }

@@ -28,14 +28,12 @@ use std::time::Instant;
 
 use dashmap::DashMap;
 
-use crate::backend::fake::{FakeBackend, FakeKernel};
-use crate::backend::perf::PerfEngine;
+use crate::backend::fake::FakeKernel;
 use crate::backend::probe::SlotProbe;
-use crate::backend::ptrace::PtraceEngine;
-use crate::backend::{Availability, BackendTable, Entry, Host, Unavailable};
+use crate::backend::{Availability, BackendTable, Host};
 use crate::events::{EventBus, EventKind};
 use crate::ledger::Ledger;
-use crate::model::{BackendKind, Pid, WatchId};
+use crate::model::{Pid, WatchId};
 use crate::state::{Job, Process, Watch};
 pub use views::{Limits, ProcessView, SUBSCRIBER_RESERVE, SlotView, Stats, ThreadView, WatchView};
 
@@ -132,49 +130,9 @@ impl Core {
             let host: Weak<dyn Host> = weak.clone();
             let backends = match &config.backends {
                 Backends::System { state_file } => {
-                    let perf = PerfEngine::new(host.clone(), probe.clone(), limits.fd_headroom)
-                        .map(|p| Arc::new(p) as Arc<dyn crate::backend::Backend>);
-                    if let Err(e) = &perf {
-                        tracing::warn!("perf backend: {e}");
-                    }
-                    let ptrace = PtraceEngine::new(host.clone(), probe.clone(), state_file.clone())
-                        .map(|p| p as Arc<dyn crate::backend::Backend>);
-                    BackendTable::new(
-                        vec![
-                            Entry {
-                                kind: BackendKind::Perf,
-                                features: PerfEngine::FEATURES,
-                                backend: perf,
-                            },
-                            Entry {
-                                kind: BackendKind::Ptrace,
-                                features: PtraceEngine::FEATURES,
-                                backend: ptrace,
-                            },
-                        ],
-                        BackendKind::Perf,
-                    )
+                    BackendTable::system(host, probe.clone(), limits.fd_headroom, state_file)
                 }
-                Backends::Fake(kernel) => {
-                    let fake = FakeBackend::new(host.clone(), kernel.clone());
-                    BackendTable::new(
-                        vec![
-                            Entry {
-                                kind: BackendKind::Perf,
-                                features: FakeBackend::FEATURES,
-                                backend: Ok(Arc::new(fake)),
-                            },
-                            Entry {
-                                kind: BackendKind::Ptrace,
-                                features: PtraceEngine::FEATURES,
-                                backend: Err(Unavailable::Disabled(
-                                    "not started: this daemon runs the in-memory fake backend",
-                                )),
-                            },
-                        ],
-                        BackendKind::Perf,
-                    )
-                }
+                Backends::Fake(kernel) => BackendTable::fake(host, kernel.clone()),
             };
             Core {
                 limits,

@@ -1,0 +1,247 @@
+//! Tidy checks that keep ARCHITECTURE.md's invariants true: each reads the
+//! repository's sources and fails, naming the file and line, where one is
+//! broken.
+//!
+//! 1. Only `daemon/src/rpc/` knows tonic (and its HTTP/2 companions).
+//! 2. No debug-register bit arithmetic outside `daemon/src/arch/`: the
+//!    register layout's helpers and literals appear nowhere else.
+//! 3. The core never asks which backend a process uses: no `BackendKind::`
+//!    in `daemon/src/core/`.
+//! 4. Every Rust source file starts with a `//!` line saying what it is for.
+//! 5. Every `kernel-facts §N` citation names a section of
+//!    `docs/kernel-facts.md`.
+
+use std::path::{Path, PathBuf};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the daemon crate sits in the workspace")
+        .to_path_buf()
+}
+
+/// Every `.rs` file under `dir` (recursively), skipping build output.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if p.is_dir() {
+            if !matches!(name, "target" | ".git" | "corpus" | "artifacts") {
+                out.extend(rust_files(&p));
+            }
+        } else if name.ends_with(".rs") {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The source directories of the workspace (and the fuzz crate).
+fn sources() -> Vec<PathBuf> {
+    let r = repo();
+    [
+        "daemon/src",
+        "daemon/tests",
+        "daemon/benches",
+        "daemon/fuzz/src",
+        "daemon/fuzz/fuzz_targets",
+        "client/src",
+        "client/tests",
+        "proto/src",
+        "tests/src",
+        "tests/tests",
+    ]
+    .iter()
+    .flat_map(|d| rust_files(&r.join(d)))
+    .collect()
+}
+
+fn rel(p: &Path) -> String {
+    p.strip_prefix(repo()).unwrap_or(p).display().to_string()
+}
+
+/// Lines of code only: comments (`//`, `///`, `//!`) left out, so that the
+/// checks look at what the code does, not at what its comments mention.
+fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l))
+        .filter(|(_, l)| !l.trim_start().starts_with("//"))
+}
+
+/// True if `needle` occurs in `line` not as the tail of a longer name
+/// (`tonic` in `tonic::Status`, not in `monotonic_ns`).
+fn mentions(line: &str, needle: &str) -> bool {
+    line.match_indices(needle).any(|(i, _)| {
+        !line[..i]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+    })
+}
+
+/// Every (file, line) of `files` whose code contains one of `needles`.
+fn offenders(files: &[PathBuf], needles: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(f).unwrap();
+        for (n, line) in code_lines(&text) {
+            if let Some(needle) = needles.iter().find(|nd| mentions(line, nd)) {
+                out.push(format!("{}:{n}: `{needle}` in {:?}", rel(f), line.trim()));
+            }
+        }
+    }
+    out
+}
+
+fn daemon_files_outside(prefix: &str) -> Vec<PathBuf> {
+    let root = repo().join("daemon/src");
+    rust_files(&root)
+        .into_iter()
+        .filter(|f| !f.starts_with(root.join(prefix)))
+        .collect()
+}
+
+#[test]
+fn only_the_rpc_layer_knows_tonic() {
+    let files = daemon_files_outside("rpc");
+    let bad = offenders(&files, &["tonic", "hyper", "h2::", "http_body"]);
+    assert!(
+        bad.is_empty(),
+        "tonic outside daemon/src/rpc/ (ARCHITECTURE.md: only the RPC layer knows it):\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn debug_register_layout_stays_in_arch() {
+    let files = daemon_files_outside("arch");
+    let bad = offenders(
+        &files,
+        &[
+            "u_debugreg",
+            "local_enable(",
+            "rw_shift(",
+            "len_shift(",
+            "len_bits(",
+            "HIT_MASK",
+            "0b1111",
+            "0x90001",
+            "<< (2 *",
+        ],
+    );
+    assert!(
+        bad.is_empty(),
+        "debug-register bits outside daemon/src/arch/ (use the arch helpers):\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn the_core_never_branches_on_the_backend() {
+    let root = repo().join("daemon/src/core");
+    let bad = offenders(&rust_files(&root), &["BackendKind::"]);
+    assert!(
+        bad.is_empty(),
+        "the core names a backend kind (call the process's backend through the trait, read \
+         what it can do from its Features):\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn every_source_file_says_what_it_is_for() {
+    let bad: Vec<String> = sources()
+        .into_iter()
+        .filter(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            !text.trim_start().starts_with("//!")
+        })
+        .map(|f| rel(&f))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "files without a `//!` header:\n{}",
+        bad.join("\n")
+    );
+}
+
+/// The section names `§…` of docs/kernel-facts.md (`## §3b A leader…` → `3b`).
+fn fact_sections() -> Vec<String> {
+    let text = std::fs::read_to_string(repo().join("docs/kernel-facts.md")).unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("## §"))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The sections a citation names: `kernel-facts §3b` → [3b]; `§1–3` → [1, 2, 3].
+fn cited(after: &str) -> Vec<String> {
+    let token: String = after
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '–' || *c == '-')
+        .collect();
+    let token = token.trim_end_matches(['-', '–']);
+    match token.split_once(['–', '-']) {
+        Some((a, b)) => match (a.parse::<u32>(), b.parse::<u32>()) {
+            (Ok(a), Ok(b)) if a <= b => (a..=b).map(|n| n.to_string()).collect(),
+            _ => vec![token.to_string()],
+        },
+        None => vec![token.to_string()],
+    }
+}
+
+#[test]
+fn kernel_facts_citations_resolve() {
+    let sections = fact_sections();
+    assert!(sections.len() >= 8, "sections found: {sections:?}");
+    let me = repo().join("daemon/tests/invariants.rs");
+    let mut files: Vec<PathBuf> = sources().into_iter().filter(|f| *f != me).collect();
+    for md in ["ARCHITECTURE.md", "README.md"] {
+        files.push(repo().join(md));
+    }
+    for e in std::fs::read_dir(repo().join("docs")).unwrap().flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "md") && !p.ends_with("kernel-facts.md") {
+            files.push(p);
+        }
+    }
+    let mut bad = Vec::new();
+    let mut seen = 0;
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            for (i, _) in line.match_indices("kernel-facts §") {
+                seen += 1;
+                let after = &line[i + "kernel-facts §".len()..];
+                for s in cited(after) {
+                    if !sections.contains(&s) {
+                        bad.push(format!("{}:{}: §{s} is not a section", rel(f), n + 1));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        seen > 5,
+        "the code cites kernel-facts; found only {seen} citations"
+    );
+    assert!(
+        bad.is_empty(),
+        "kernel-facts citations that do not resolve (sections: {sections:?}):\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn citation_parsing() {
+    assert_eq!(cited("3b: x"), ["3b"]);
+    assert_eq!(cited("1–3) and"), ["1", "2", "3"]);
+    assert_eq!(cited("6."), ["6"]);
+}
