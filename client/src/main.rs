@@ -135,12 +135,14 @@ pub struct WatchArgs {
     /// Arm only these threads (repeat or comma-separate); default: every thread, including future ones
     #[arg(long = "tid", value_name = "TID", value_delimiter = ',', value_parser = pid_parser())]
     pub tids: Vec<i32>,
-    /// Address to watch: hex with 0x prefix, or decimal; aligned to --len
+    /// Address to watch: hex with 0x prefix, or decimal
     #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
     pub addr: u64,
-    /// Number of bytes to watch (exec: 1)
+    /// Bytes to watch from --addr (exec: 1). A range one slot cannot watch (longer than 8
+    /// bytes, or unaligned) takes several slots on every thread, up to the 4 a thread has
+    /// (32 aligned bytes)
     #[arg(long, value_name = "BYTES", default_value = "8",
-          value_parser = len_parser())]
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub len: u32,
     /// Access that triggers the watchpoint
     #[arg(long, value_enum, default_value_t = AccessArg::Write)]
@@ -334,13 +336,6 @@ impl std::fmt::Display for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.text)
     }
-}
-
-/// `--len`: 1, 2, 4 or 8 (listed in `--help`).
-fn len_parser() -> impl clap::builder::TypedValueParser<Value = u32> {
-    use clap::builder::TypedValueParser as _;
-    clap::builder::PossibleValuesParser::new(["1", "2", "4", "8"])
-        .map(|s| s.parse::<u32>().expect("possible values are numbers"))
 }
 
 /// Process and thread ids: positive 32-bit integers.
@@ -570,7 +565,12 @@ mod tests {
         assert_eq!(w.tids, vec![5, 6, 7]);
         assert_eq!(backend_value(w.backend), Backend::Ptrace as i32);
         assert_eq!(watch_args(&["--len", "2"]).unwrap().len, 2);
-        assert!(watch_args(&["--len", "3"]).is_err());
+        assert_eq!(
+            watch_args(&["--len", "24"]).unwrap().len,
+            24,
+            "a range of several slots"
+        );
+        assert!(watch_args(&["--len", "0"]).is_err());
         assert!(watch_args(&["--tid", "0"]).is_err());
         assert_eq!(backend_value(None), Backend::Unspecified as i32);
     }

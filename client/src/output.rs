@@ -287,16 +287,30 @@ pub fn scope(wp: &Watchpoint) -> String {
     }
 }
 
-/// `write 8 bytes at 0x55d0c0a01040 in pid 123`.
+/// `write 8 bytes at 0x55d0c0a01040 in pid 123`; a range of several
+/// pieces adds them: `… (3 slots: 8@0x…, 8@0x…, 8@0x…)`.
 pub fn describe(wp: &Watchpoint) -> String {
     let spec = wp.spec.clone().unwrap_or_default();
-    format!(
+    let mut s = format!(
         "{} {} at {} in pid {}",
         access_name(spec.access),
         plural(spec.length, "byte"),
         hex(spec.address),
         spec.pid
-    )
+    );
+    if wp.pieces.len() > 1 {
+        let pieces: Vec<String> = wp
+            .pieces
+            .iter()
+            .map(|p| format!("{}@{}", p.length, hex(p.address)))
+            .collect();
+        s.push_str(&format!(
+            " ({} slots: {})",
+            wp.pieces.len(),
+            pieces.join(", ")
+        ));
+    }
+    s
 }
 
 /// A watchpoint as JSON.
@@ -309,6 +323,7 @@ pub fn watchpoint_json(wp: &Watchpoint) -> Value {
         "process_wide": wp.process_wide,
         "address": hex(spec.address),
         "length": spec.length,
+        "pieces": wp.pieces.iter().map(|p| json!({"address": hex(p.address), "length": p.length})).collect::<Vec<_>>(),
         "access": access_name(spec.access),
         "action": action_name(spec.action),
         "only_on_change": spec.only_on_change,

@@ -47,6 +47,7 @@ fn hit(seq: u64) -> StreamEventsResponse {
             stopped: false,
             old_value: vec![],
             backend: Backend::Perf as i32,
+            piece: 0,
         }),
     )
 }
@@ -80,6 +81,10 @@ fn watchpoint(id: u64, spec: WatchpointSpec, hits: u64) -> Watchpoint {
         } else {
             Backend::Perf as i32
         },
+        pieces: vec![Piece {
+            address: spec.address,
+            length: spec.length,
+        }],
         spec: Some(spec),
     }
 }
@@ -260,6 +265,7 @@ impl Watchpoints for Mock {
             index,
             state: state as i32,
             watchpoint_id,
+            piece: 0,
         };
         let thread = |tid, state: ThreadState, slots| ThreadInfo {
             tid,

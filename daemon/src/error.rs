@@ -53,12 +53,15 @@ pub enum WpdError {
     /// Unknown watchpoint id.
     #[error("no watchpoint {0}")]
     NoSuchWatchpoint(WatchId),
-    /// Some threads have no free debug-register slot; nothing was armed.
-    #[error("{}", out_of_slots_message(*pid, conflicts))]
+    /// Some threads have fewer free debug-register slots than the
+    /// watchpoint needs; nothing was armed.
+    #[error("{}", out_of_slots_message(*pid, *needed, conflicts))]
     OutOfSlots {
         /// Process.
         pid: Pid,
-        /// Threads without a free slot (sorted by tid).
+        /// Slots the watchpoint takes on each thread (its pieces).
+        needed: usize,
+        /// Threads without enough free slots (sorted by tid).
         conflicts: Vec<SlotConflict>,
     },
     /// The caller may not act on this process.
@@ -195,26 +198,53 @@ fn needs_text(b: Option<BackendKind>) -> String {
     }
 }
 
-fn out_of_slots_message(pid: Pid, conflicts: &[SlotConflict]) -> String {
+fn out_of_slots_message(pid: Pid, needed: usize, conflicts: &[SlotConflict]) -> String {
     const SHOWN: usize = 8;
-    let mut s = format!(
-        "out of debug-register slots in process {pid}: {} thread{} cannot take another watchpoint (nothing was armed):",
-        conflicts.len(),
-        if conflicts.len() == 1 { "" } else { "s" }
-    );
+    let (n, s_) = (conflicts.len(), if conflicts.len() == 1 { "" } else { "s" });
+    let mut s = if needed > 1 {
+        format!(
+            "out of debug-register slots in process {pid}: the watchpoint takes {needed} slots on every thread and {n} thread{s_} {have} fewer free (nothing was armed):",
+            have = if n == 1 { "has" } else { "have" }
+        )
+    } else {
+        format!(
+            "out of debug-register slots in process {pid}: {n} thread{s_} cannot take another watchpoint (nothing was armed):"
+        )
+    };
+    // A watchpoint of several pieces holds several slots: named once, with
+    // its count.
+    fn named(ids: &[WatchId]) -> Vec<String> {
+        let mut out: Vec<(WatchId, usize)> = Vec::new();
+        for id in ids {
+            match out.iter_mut().find(|(i, _)| i == id) {
+                Some((_, n)) => *n += 1,
+                None => out.push((*id, 1)),
+            }
+        }
+        out.into_iter()
+            .map(|(id, n)| {
+                if n > 1 {
+                    format!("{id} ({n} slots)")
+                } else {
+                    id.to_string()
+                }
+            })
+            .collect()
+    }
     for c in conflicts.iter().take(SHOWN) {
-        let mut ours = Vec::new();
+        let mut ours_ids = Vec::new();
         let mut foreign = 0;
-        let mut pending = Vec::new();
+        let mut pending_ids = Vec::new();
         let mut retained = 0;
         for h in &c.holders {
             match h {
-                Holder::Ours(id) => ours.push(id.to_string()),
-                Holder::Pending(id) => pending.push(id.to_string()),
+                Holder::Ours(id) => ours_ids.push(*id),
+                Holder::Pending(id) => pending_ids.push(*id),
                 Holder::Foreign => foreign += 1,
                 Holder::Retained => retained += 1,
             }
         }
+        let (ours, pending) = (named(&ours_ids), named(&pending_ids));
         let mut parts = Vec::new();
         if !ours.is_empty() {
             parts.push(format!("watchpoints {}", ours.join(",")));

@@ -17,15 +17,17 @@ pub const BUS_CAPACITY: usize = 1 << 16;
 pub struct HitEvent {
     /// Watchpoint.
     pub id: WatchId,
+    /// Which of its pieces fired (0 for a watchpoint of one slot).
+    pub piece: u8,
     /// Process.
     pub pid: Pid,
     /// Thread.
     pub tid: Tid,
     /// Instruction pointer after the access.
     pub ip: u64,
-    /// Watched address.
+    /// The piece's address.
     pub addr: u64,
-    /// Watched length.
+    /// The piece's length.
     pub len: u32,
     /// Access kind.
     pub access: Access,

@@ -92,6 +92,91 @@ pub enum HitAction {
     StopAll,
 }
 
+/// One aligned part of a watched range: what one debug-register slot
+/// watches (`addr` is a multiple of `len`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Piece {
+    /// Start address.
+    pub addr: u64,
+    /// Length.
+    pub len: WatchLen,
+}
+
+/// A watched range `[addr, addr + len)` and the aligned pieces that cover it
+/// exactly, lowest first (one slot per piece on every thread; at most
+/// `arch::current::SLOTS`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Range {
+    /// Start address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+    /// The pieces, in address order.
+    pub pieces: Vec<Piece>,
+}
+
+impl Range {
+    /// Slots it takes on each thread.
+    pub fn slots(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// Piece `i` (panics when out of range: pieces come from the ledger,
+    /// which only holds indices of this watchpoint's pieces).
+    pub fn piece(&self, i: u8) -> Piece {
+        self.pieces[usize::from(i)]
+    }
+}
+
+/// What a ledger slot holds: piece `piece` of watchpoint `id`. Packed into
+/// one `u64` in the ledger's rows: the id in the low 60 bits, the piece
+/// above them, so that piece 0 of `id` packs to `id` itself (ids stay far
+/// below 2^60).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SlotKey {
+    /// The logical watchpoint.
+    pub id: WatchId,
+    /// Which of its pieces.
+    pub piece: u8,
+}
+
+impl SlotKey {
+    const PIECE_SHIFT: u32 = 60;
+    const ID_MASK: u64 = (1 << Self::PIECE_SHIFT) - 1;
+
+    /// Piece `piece` of `id`.
+    pub fn new(id: WatchId, piece: u8) -> Self {
+        SlotKey { id, piece }
+    }
+
+    /// The packed form (never 0 for a valid id).
+    pub fn pack(self) -> u64 {
+        debug_assert!(self.id.0 <= Self::ID_MASK);
+        self.id.0 | (u64::from(self.piece) << Self::PIECE_SHIFT)
+    }
+
+    /// The key a packed value stands for.
+    pub fn unpack(v: u64) -> Self {
+        SlotKey {
+            id: WatchId(v & Self::ID_MASK),
+            piece: (v >> Self::PIECE_SHIFT) as u8,
+        }
+    }
+}
+
+impl From<WatchId> for SlotKey {
+    /// Piece 0: the only one of a watchpoint of one slot.
+    fn from(id: WatchId) -> Self {
+        SlotKey { id, piece: 0 }
+    }
+}
+
+impl fmt::Display for SlotKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.id, self.piece)
+    }
+}
+
 /// A validated watch request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchSpec {
@@ -99,10 +184,8 @@ pub struct WatchSpec {
     pub pid: Pid,
     /// Threads covered.
     pub scope: Scope,
-    /// Start address (aligned to `len`).
-    pub addr: u64,
-    /// Length.
-    pub len: WatchLen,
+    /// The bytes watched, and their pieces.
+    pub range: Range,
     /// Access kind.
     pub access: Access,
     /// Backend wanted if the process is not attached yet.

@@ -589,7 +589,7 @@ fn step(l: &Ledger, m: &mut Model, op: &Op) -> Result<(), TestCaseError> {
                     wanted.push((tid, allowed));
                 }
             }
-            match l.reserve_all(&tids, WatchId(id), inheritable, backend) {
+            match l.reserve_all(&tids, WatchId(id), 1, inheritable, backend) {
                 Ok(res) => {
                     prop_assert!(
                         full.is_empty(),

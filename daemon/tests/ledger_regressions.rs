@@ -27,7 +27,7 @@ fn ledger_with(tids: &[i32]) -> Ledger {
 
 fn commit_on(l: &Ledger, tid: i32, id: u64) {
     let r = l
-        .reserve_all(&[tid], WatchId(id), false, Retained::Avoid)
+        .reserve_all(&[tid], WatchId(id), 1, false, Retained::Avoid)
         .unwrap();
     l.commit(&r, None);
 }
@@ -43,7 +43,7 @@ fn conflict_names_the_holder_of_an_uncertain_slot() {
     // Watch 10 is being armed process-wide on thread 1 when thread 2 is born:
     // thread 2 may or may not have inherited it.
     let arming = l
-        .reserve_all(&[1], WatchId(10), true, Retained::Avoid)
+        .reserve_all(&[1], WatchId(10), 1, true, Retained::Avoid)
         .unwrap();
     let child = l.on_fork(PID, 1, 2, 1_000).unwrap();
     assert_eq!(child.uncertain, 0b0001);
@@ -53,7 +53,7 @@ fn conflict_names_the_holder_of_an_uncertain_slot() {
     l.commit(&arming, Some(&[(500, 1_500)]));
 
     let err = l
-        .reserve_all(&[2], WatchId(20), false, Retained::Avoid)
+        .reserve_all(&[2], WatchId(20), 1, false, Retained::Avoid)
         .unwrap_err();
     assert_eq!(err.len(), 1);
     assert_eq!(
@@ -81,7 +81,7 @@ fn uncertain_inheritance_reaches_grandchildren() {
     let l = ledger_with(&[1]);
     // Case 1: C born while W is still pending on its creator.
     let arming = l
-        .reserve_all(&[1], WatchId(7), true, Retained::Avoid)
+        .reserve_all(&[1], WatchId(7), 1, true, Retained::Avoid)
         .unwrap();
     let c = l.on_fork(PID, 1, 2, 1_000).unwrap();
     assert_eq!(c.uncertain, 0b0001, "C may have inherited W");
@@ -116,13 +116,13 @@ fn perf_never_gets_a_retained_slot() {
     let l = ledger_with(&[1]);
     l.set_probed(1, 0); // the kernel says: no slot free, all 4 foreign
     let r = l
-        .reserve_all(&[1], WatchId(1), false, Retained::Reuse)
+        .reserve_all(&[1], WatchId(1), 1, false, Retained::Reuse)
         .unwrap();
     assert_eq!(r[0].slot, 0);
     l.release(1, WatchId(1), true);
     let row = l.get(1).unwrap();
     assert_eq!((row.retained, row.foreign), (0b0001, 0b1111));
-    let p = l.reserve_all(&[1], WatchId(2), false, Retained::Avoid);
+    let p = l.reserve_all(&[1], WatchId(2), 1, false, Retained::Avoid);
     if let Ok(p) = &p {
         assert_ne!(p[0].slot, 0, "perf got retained slot 0");
         l.rollback(p);
@@ -132,7 +132,7 @@ fn perf_never_gets_a_retained_slot() {
     // the kernel (mark_foreign).
     let l = ledger_with(&[1]);
     let r = l
-        .reserve_all(&[1], WatchId(1), false, Retained::Reuse)
+        .reserve_all(&[1], WatchId(1), 1, false, Retained::Reuse)
         .unwrap();
     l.commit(&r, None);
     l.release(1, WatchId(1), true);
@@ -140,11 +140,11 @@ fn perf_never_gets_a_retained_slot() {
         commit_on(&l, 1, id);
     }
     let r = l
-        .reserve_all(&[1], WatchId(5), false, Retained::Reuse)
+        .reserve_all(&[1], WatchId(5), 1, false, Retained::Reuse)
         .unwrap();
     assert_eq!(r[0].slot, 0, "ptrace reuses the retained slot");
     l.mark_foreign(r[0]);
-    if let Ok(p) = l.reserve_all(&[1], WatchId(6), false, Retained::Avoid) {
+    if let Ok(p) = l.reserve_all(&[1], WatchId(6), 1, false, Retained::Avoid) {
         panic!("perf got retained slot {}: {:?}", p[0].slot, l.get(1));
     }
 }
@@ -163,7 +163,7 @@ fn stale_reservations_do_nothing() {
     // Released while arming, then committed.
     let l = ledger_with(&[1]);
     let a = l
-        .reserve_all(&[1], WatchId(1), false, Retained::Avoid)
+        .reserve_all(&[1], WatchId(1), 1, false, Retained::Avoid)
         .unwrap();
     l.release(1, WatchId(1), false);
     l.commit(&a, None);
@@ -173,11 +173,11 @@ fn stale_reservations_do_nothing() {
     // Rolled back after the slot went to another request.
     let l = ledger_with(&[1]);
     let a = l
-        .reserve_all(&[1], WatchId(1), false, Retained::Avoid)
+        .reserve_all(&[1], WatchId(1), 1, false, Retained::Avoid)
         .unwrap();
     l.release(1, WatchId(1), false);
     let b = l
-        .reserve_all(&[1], WatchId(2), false, Retained::Avoid)
+        .reserve_all(&[1], WatchId(2), 1, false, Retained::Avoid)
         .unwrap();
     assert_eq!((a[0].tid, a[0].slot), (b[0].tid, b[0].slot), "same slot");
     l.rollback(&a);
@@ -190,7 +190,7 @@ fn stale_reservations_do_nothing() {
     // Thread exited, tid reused by a new thread, then committed.
     let l = ledger_with(&[1]);
     let a = l
-        .reserve_all(&[1], WatchId(1), false, Retained::Avoid)
+        .reserve_all(&[1], WatchId(1), 1, false, Retained::Avoid)
         .unwrap();
     l.remove_thread(1);
     l.add_thread(PID, 1);

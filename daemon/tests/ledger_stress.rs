@@ -144,7 +144,7 @@ fn reserve_once(sh: &Shared, rng: &mut Rng, mine: &mut Vec<Committed>) {
     } else {
         Retained::Avoid
     };
-    match l.reserve_all(&tids, id, inheritable, backend) {
+    match l.reserve_all(&tids, id, 1, inheritable, backend) {
         Ok(res) => {
             bump(&sh.counts.ok);
             let got: BTreeSet<Tid> = res.iter().map(|r| r.tid).collect();

@@ -76,19 +76,30 @@ async fn invalid_watchpoint_specs_are_refused(backend: Backend) -> Result<()> {
 
             use Code::{InvalidArgument as Invalid, NotFound};
             let mut cases = vec![
-                case("misaligned 8 at +1", Invalid, &["align"], move |s| {
-                    s.address = addr + 1
-                }),
-                case("misaligned 8 at +4", Invalid, &["align"], move |s| {
-                    s.address = addr + 4
-                }),
-                case("misaligned 4 at +2", Invalid, &["align"], move |s| {
-                    s.address = addr + 2;
-                    s.length = 4;
-                }),
-                case("misaligned 2 at +1", Invalid, &["align"], move |s| {
+                // Ranges are split into aligned pieces, one slot each: refused
+                // only when they need more slots than a thread has.
+                case(
+                    "32 bytes at +4: 5 slots",
+                    Invalid,
+                    &["need 5", "slots"],
+                    move |s| {
+                        s.address = addr + 4;
+                        s.length = 32;
+                    },
+                ),
+                case(
+                    "33 bytes: 5 slots",
+                    Invalid,
+                    &["need 5", "--len"],
+                    move |s| s.length = 33,
+                ),
+                case("40 bytes at +1: 8 slots", Invalid, &["need 8"], move |s| {
                     s.address = addr + 1;
-                    s.length = 2;
+                    s.length = 40;
+                }),
+                case("length 0", Invalid, &["length 0"], |s| s.length = 0),
+                case("length u32::MAX", Invalid, &["slots"], |s| {
+                    s.length = u32::MAX
                 }),
                 case("exec with length 8", Invalid, &[], |s| {
                     s.access = Access::Exec as i32
@@ -150,10 +161,15 @@ async fn invalid_watchpoint_specs_are_refused(backend: Backend) -> Result<()> {
                     s.only_on_change = true
                 }));
             }
-            for len in [0, 3, 5, 16, 32] {
-                cases.push(case(format!("length {len}"), Invalid, &[], move |s| {
-                    s.length = len
-                }));
+            // Past what 4 slots cover, from the variable's 64-byte-aligned
+            // address: 40 bytes need 5 pieces, 64 need 8.
+            for len in [40, 64, 4096] {
+                cases.push(case(
+                    format!("length {len}"),
+                    Invalid,
+                    &["slots"],
+                    move |s| s.length = len,
+                ));
             }
             let (p, st, d, w) = (
                 pid.to_string(),

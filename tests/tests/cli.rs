@@ -168,9 +168,10 @@ async fn wpctl_events_stops_after_count() -> Result<()> {
     )
 }
 
-/// A misaligned address exits 4 with a one-line error and changes nothing.
+/// A range needing more slots than a thread has exits 4 with a one-line
+/// error and changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wpctl_bad_address_exits_4() -> Result<()> {
+async fn wpctl_bad_spec_exits_4() -> Result<()> {
     if !require_root_perf() {
         return Ok(());
     }
@@ -183,10 +184,15 @@ async fn wpctl_bad_address_exits_4() -> Result<()> {
             let pid = target.pid.to_string();
             let out = wpctl(
                 &daemon,
-                &["watch", "--pid", &pid, "--addr", "0x1001", "--len", "8"],
+                &["watch", "--pid", &pid, "--addr", "0x1001", "--len", "40"],
             )
             .await?;
-            ensure_exit(&out, 4, "wpctl watch --addr 0x1001 --len 8")?;
+            ensure_exit(&out, 4, "wpctl watch --addr 0x1001 --len 40")?;
+            ensure!(
+                out.stderr.contains("need 8 debug-register slots"),
+                "the refusal names the slots needed: {:?}",
+                out.stderr
+            );
             let lines: Vec<&str> = out
                 .stderr
                 .lines()
@@ -198,7 +204,7 @@ async fn wpctl_bad_address_exits_4() -> Result<()> {
                 out.stderr
             );
             let after = snapshot(&mut client, target.pid).await?;
-            ensure_unchanged("wpctl watch --addr 0x1001", &before, &after)?;
+            ensure_unchanged("wpctl watch --addr 0x1001 --len 40", &before, &after)?;
             Ok(())
         }
         .await,

@@ -2,14 +2,20 @@
 //! refused fifth watchpoint that changes nothing, and a slot held by someone else (foreign).
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use tonic::Code;
-use wpd_proto::v1::{Access, GetCapabilitiesRequest, SetWatchpointRequest, SlotState};
+use tonic_types::StatusExt;
+use wpd_proto::v1::stream_events_response::Event;
+use wpd_proto::v1::{
+    Access, GetCapabilitiesRequest, RemoveWatchpointRequest, SetWatchpointRequest, SlotState,
+    ThreadInfo, WatchpointSpec,
+};
 use wpd_tests::{
-    Backend, Client, Daemon, ForeignBreakpoint, TargetProc, both_backends, count_slots,
-    ensure_unchanged, expect_status, list_threads, numbers_in, ours, poll_until, require_root_perf,
-    rpc, rpc_ok, set_watchpoint, snapshot, write_spec,
+    Backend, Client, Daemon, EventStream, ForeignBreakpoint, TargetProc, both_backends,
+    count_slots, ensure_unchanged, expect_status, hits_only, list_threads, numbers_in, ours,
+    poll_until, require_root_perf, rpc, rpc_ok, set_watchpoint, snapshot, write_spec,
 };
 
 /// Sets process-wide write watchpoints on `VARS[i]` for each `i` (variables no worker stores
@@ -318,4 +324,110 @@ async fn foreign_slot_on_the_last_of_300_threads_refuses_them_all(backend: Backe
     );
     drop(foreign);
     result
+}
+
+both_backends!(a_range_takes_a_slot_per_piece_on_every_thread);
+
+/// A range of 16 bytes is one watchpoint holding two slots (pieces 0 and 1) on every thread,
+/// a thread created later included; a second range that no longer fits is refused whole,
+/// naming the slots it needs, and changes nothing; a store to the first piece is reported as
+/// that piece with its bytes; removed, the range gives back both slots everywhere.
+async fn a_range_takes_a_slot_per_piece_on_every_thread(backend: Backend) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--threads", "3"]).await?;
+    let result = async {
+        let mut client = daemon.client().await?;
+        let pid = target.pid;
+        let vars = target.vars.clone();
+        let range_spec = |var: usize, length| WatchpointSpec {
+            length,
+            ..write_spec(backend, pid, vars[var])
+        };
+        let set = set_watchpoint(&mut client, range_spec(2, 16)).await?;
+        let range = set.watchpoint.unwrap_or_default();
+        let pieces: Vec<(u64, u32)> = range.pieces.iter().map(|p| (p.address, p.length)).collect();
+        let v2 = target.vars[2];
+        ensure!(pieces == vec![(v2, 8), (v2 + 8, 8)], "pieces {pieces:?}");
+        let single = set_on_vars(&mut client, backend, &target, &[3]).await?[0];
+        // A thread created now gets both pieces at birth.
+        let born = target.spawn_worker().await?;
+        let pieces_on = |t: &ThreadInfo| -> Vec<u32> {
+            t.slots
+                .iter()
+                .filter(|s| s.state == SlotState::Ours as i32 && s.watchpoint_id == range.id)
+                .map(|s| s.piece)
+                .collect()
+        };
+        let threads = poll_until(Duration::from_secs(5), "the new thread armed", async || {
+            let threads = list_threads(&mut client, pid, false).await?.threads;
+            if !threads.iter().any(|t| t.tid == born) {
+                return Ok(Err(format!("{born} not listed yet")));
+            }
+            for t in &threads {
+                let mut p = pieces_on(t);
+                p.sort_unstable();
+                if p != vec![0, 1] || !ours(t).contains(&single) {
+                    return Ok(Err(format!(
+                        "thread {} should hold pieces 0 and 1 of #{} and #{single}: {t:?}",
+                        t.tid, range.id
+                    )));
+                }
+            }
+            Ok(Ok(threads))
+        })
+        .await?;
+        ensure!(threads.len() == 5, "main + 3 workers + 1 born: {threads:?}");
+
+        // Two more slots are not there: refused whole.
+        let before = snapshot(&mut client, pid).await?;
+        let refused = rpc(client.set_watchpoint(SetWatchpointRequest {
+            spec: Some(range_spec(4, 16)),
+        }))
+        .await?;
+        let status = expect_status(
+            "a second range",
+            refused,
+            Code::ResourceExhausted,
+            &["takes 2 slots on every thread", "(2 slots)"],
+        )?;
+        let needed = status
+            .get_details_error_info()
+            .and_then(|i| i.metadata.get("slots_needed").cloned());
+        ensure!(needed.as_deref() == Some("2"), "slots_needed: {needed:?}");
+        ensure_unchanged(
+            "the refused range",
+            &before,
+            &snapshot(&mut client, pid).await?,
+        )?;
+
+        // A store to the first piece.
+        let mut events = EventStream::subscribe(&mut client, hits_only(pid)).await?;
+        target.write(2, 0x1122_3344_5566_7788).await?;
+        let hit = events
+            .wait_for(Duration::from_secs(10), "the store's hit", |e| {
+                Ok(match e {
+                    Event::Hit(h) if h.watchpoint_id == range.id => Some(h.clone()),
+                    _ => None,
+                })
+            })
+            .await?;
+        ensure!(
+            (hit.piece, hit.address, hit.length) == (0, v2, 8),
+            "the hit names piece 0, its address and length: {hit:?}"
+        );
+        ensure!(
+            hit.value == 0x1122_3344_5566_7788u64.to_le_bytes(),
+            "the piece's bytes: {hit:?}"
+        );
+
+        rpc_ok(
+            "RemoveWatchpoint",
+            client.remove_watchpoint(RemoveWatchpointRequest { id: range.id }),
+        )
+        .await?;
+        every_thread_holds_exactly(&mut client, pid, &[single]).await?;
+        target.ensure_alive()
+    }
+    .await;
+    daemon.finish(result)
 }

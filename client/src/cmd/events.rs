@@ -162,6 +162,7 @@ fn to_json(ev: &StreamEventsResponse) -> Value {
             "ip": hex(h.ip),
             "address": hex(h.address),
             "length": h.length,
+            "piece": h.piece,
             "access": output::access_name(h.access),
             "value": if h.value.is_empty() { Value::Null } else { json!(output::hex_bytes(&h.value)) },
             "value_le": output::le_value(&h.value),
@@ -235,6 +236,7 @@ mod tests {
 
     fn hit(value: Vec<u8>, value_error: &str) -> Event {
         Event::Hit(Hit {
+            piece: 0,
             watchpoint_id: 7,
             pid: 123,
             tid: 124,

@@ -104,6 +104,7 @@ mod tests {
         let resp = ListWatchpointsResponse {
             watchpoints: vec![
                 Watchpoint {
+                    pieces: vec![],
                     id: 7,
                     spec: Some(WatchpointSpec {
                         allow_init: false,
@@ -123,6 +124,7 @@ mod tests {
                     backend: Backend::Ptrace as i32,
                 },
                 Watchpoint {
+                    pieces: vec![],
                     id: 8,
                     spec: Some(WatchpointSpec {
                         allow_init: false,

@@ -152,6 +152,7 @@ fn to_json(resp: &ListThreadsResponse) -> Value {
                     "index": s.index,
                     "state": output::slot_state_name(s.state),
                     "watchpoint_id": if holds { json!(s.watchpoint_id) } else { Value::Null },
+                    "piece": if holds { json!(s.piece) } else { Value::Null },
                 })
             }).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
@@ -178,6 +179,7 @@ mod tests {
 
     fn slot(index: u32, state: SlotState, id: u64) -> SlotInfo {
         SlotInfo {
+            piece: 0,
             index,
             state: state as i32,
             watchpoint_id: id,

@@ -91,6 +91,7 @@ mod tests {
     fn response(tids: Vec<i32>, action: HitAction, only_on_change: bool) -> SetWatchpointResponse {
         SetWatchpointResponse {
             watchpoint: Some(Watchpoint {
+                pieces: vec![],
                 id: 7,
                 process_wide: tids.is_empty(),
                 armed_threads: if tids.is_empty() {

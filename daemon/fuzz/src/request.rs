@@ -167,17 +167,17 @@ pub fn reference(s: &pb::WatchpointSpec) -> Result<(), &'static str> {
         3 => true,      // exec
         _ => return Err("access ∈ {write, rw, exec}"),
     };
-    if !matches!(s.length, 1 | 2 | 4 | 8) {
-        return Err("length ∈ {1,2,4,8}");
+    if s.length == 0 {
+        return Err("length > 0");
     }
     if exec && s.length != 1 {
         return Err("exec ⇒ length 1");
     }
-    if !s.address.is_multiple_of(u64::from(s.length)) {
-        return Err("address aligned to length");
-    }
     if u128::from(s.address) + u128::from(s.length) > u128::from(USER_END) {
         return Err("address + length ≤ 0x7ffffffff000");
+    }
+    if min_pieces(s.address, s.length).is_none_or(|n| n > 4) {
+        return Err("the range fits in 4 aligned pieces of 1, 2, 4 or 8 bytes");
     }
     if s.tids.iter().any(|&t| t <= 0) {
         return Err("tids > 0");
@@ -191,22 +191,62 @@ pub fn reference(s: &pb::WatchpointSpec) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// The fewest aligned pieces of 1, 2, 4 or 8 bytes that cover
+/// `[addr, addr + len)` exactly, by dynamic programming over the bytes
+/// (independent of the daemon's greedy split); `None` above 32 bytes, which
+/// no 4 pieces can cover.
+fn min_pieces(addr: u64, len: u32) -> Option<usize> {
+    if len > 32 {
+        return None;
+    }
+    let n = len as usize;
+    let mut best = vec![usize::MAX; n + 1];
+    best[n] = 0;
+    for i in (0..n).rev() {
+        for l in [1usize, 2, 4, 8] {
+            if (addr + i as u64).is_multiple_of(l as u64) && i + l <= n && best[i + l] != usize::MAX
+            {
+                best[i] = best[i].min(best[i + l] + 1);
+            }
+        }
+    }
+    Some(best[0])
+}
+
 /// Invariants of an accepted spec, and agreement with the wire value.
 fn check_valid(s: &pb::WatchpointSpec, w: &WatchSpec) {
     assert!(w.pid > 0 && w.pid == s.pid, "pid {} from {}", w.pid, s.pid);
-    assert_eq!(w.addr, s.address, "address changed");
-    let len = w.len.bytes();
-    assert!(matches!(len, 1 | 2 | 4 | 8), "length {len}");
-    assert_eq!(len, s.length, "length changed");
+    let r = &w.range;
+    assert_eq!(r.addr, s.address, "address changed");
+    assert_eq!(r.len, s.length, "length changed");
+    let len = r.len;
     assert!(
-        w.addr.is_multiple_of(u64::from(len)),
-        "{:#x} misaligned",
-        w.addr
-    );
-    assert!(
-        u128::from(w.addr) + u128::from(len) <= u128::from(USER_END),
+        u128::from(r.addr) + u128::from(len) <= u128::from(USER_END),
         "{:#x}+{len} past user space",
-        w.addr
+        r.addr
+    );
+    // The pieces: aligned, contiguous, covering the range exactly, as few
+    // as possible.
+    let mut at = r.addr;
+    for p in &r.pieces {
+        let l = p.len.bytes();
+        assert!(matches!(l, 1 | 2 | 4 | 8), "piece length {l}");
+        assert_eq!(p.addr, at, "pieces not contiguous: {:?}", r.pieces);
+        assert!(
+            p.addr.is_multiple_of(u64::from(l)),
+            "piece {p:?} misaligned"
+        );
+        at += u64::from(l);
+    }
+    assert_eq!(
+        at,
+        r.addr + u64::from(len),
+        "pieces do not cover the range: {r:?}"
+    );
+    assert_eq!(
+        Some(r.pieces.len()),
+        min_pieces(r.addr, len),
+        "not the fewest pieces: {r:?}"
     );
     let want_access = match s.access {
         1 => Access::Write,

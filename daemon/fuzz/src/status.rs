@@ -87,14 +87,16 @@ pub struct ConflictInput {
 /// An architecture refusal.
 #[derive(Debug, Clone, Arbitrary)]
 pub enum SpecInput {
-    /// Unsupported length.
-    BadLength(u32),
-    /// Misaligned address.
-    Misaligned {
+    /// Length 0.
+    Empty,
+    /// A range needing more slots than a thread has.
+    TooLarge {
         /// Address.
         addr: u64,
         /// Length.
         len: u32,
+        /// Slots it needs.
+        needed: u16,
     },
     /// Exec with length ≠ 1.
     ExecLength(u32),
@@ -135,6 +137,8 @@ pub enum ErrorInput {
     OutOfSlots {
         /// Process.
         pid: i32,
+        /// Slots the watchpoint needs per thread.
+        needed: u8,
         /// Full threads.
         conflicts: Vec<ConflictInput>,
     },
@@ -247,8 +251,14 @@ impl ErrorInput {
     pub fn build(self) -> WpdError {
         match self {
             ErrorInput::Spec(s) => WpdError::Spec(match s {
-                SpecInput::BadLength(l) => SpecError::BadLength(l),
-                SpecInput::Misaligned { addr, len } => SpecError::Misaligned { addr, len },
+                SpecInput::Empty => SpecError::Empty,
+                SpecInput::TooLarge { addr, len, needed } => SpecError::TooLarge {
+                    addr,
+                    len,
+                    needed: usize::from(needed),
+                    slots: 4,
+                    lengths: "1, 2, 4 or 8",
+                },
                 SpecInput::ExecLength(l) => SpecError::ExecLength(l),
                 SpecInput::NotUserAddress { addr, why } => SpecError::NotUserAddress {
                     addr,
@@ -262,8 +272,13 @@ impl ErrorInput {
             ErrorInput::NotAttached(p) => WpdError::NotAttached(p),
             ErrorInput::NoSuchThread { pid, tid } => WpdError::NoSuchThread { pid, tid },
             ErrorInput::NoSuchWatchpoint(id) => WpdError::NoSuchWatchpoint(wpd::model::WatchId(id)),
-            ErrorInput::OutOfSlots { pid, conflicts } => WpdError::OutOfSlots {
+            ErrorInput::OutOfSlots {
                 pid,
+                needed,
+                conflicts,
+            } => WpdError::OutOfSlots {
+                pid,
+                needed: usize::from(needed),
                 conflicts: conflicts
                     .into_iter()
                     .map(|c| SlotConflict {
@@ -435,8 +450,14 @@ pub fn check(e: &WpdError) -> Status {
         .unwrap_or_else(|| panic!("no ErrorInfo detail for {e:?}"));
     assert_eq!(info.reason, reason);
     assert_eq!(info.domain, DOMAIN);
-    if let WpdError::OutOfSlots { pid, conflicts } = e {
+    if let WpdError::OutOfSlots {
+        pid,
+        needed,
+        conflicts,
+    } = e
+    {
         assert_eq!(info.metadata.get("pid"), Some(&pid.to_string()));
+        assert_eq!(info.metadata.get("slots_needed"), Some(&needed.to_string()));
         let tids: Vec<String> = conflicts.iter().map(|c| c.tid.to_string()).collect();
         assert_eq!(info.metadata.get("tids"), Some(&tids.join(",")));
     }

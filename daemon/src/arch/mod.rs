@@ -9,23 +9,29 @@ pub mod x86_64;
 #[cfg(target_arch = "x86_64")]
 pub use x86_64 as current;
 
-use crate::model::{Access, WatchLen};
+use crate::model::{Access, Range};
 
 /// Why a watch request is impossible on this architecture.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
-    /// length {0} is not supported: use 1, 2, 4 or 8 bytes
-    #[error("length {0} is not supported: use 1, 2, 4 or 8 bytes")]
-    BadLength(u32),
-    /// misaligned address for the length
+    /// nothing to watch
+    #[error("length 0: a watchpoint covers at least 1 byte")]
+    Empty,
+    /// the range needs more slots than a thread has
     #[error(
-        "address {addr:#x} is not aligned to its length {len}: a watchpoint of {len} bytes needs an address that is a multiple of {len}"
+        "{len} bytes at {addr:#x} need {needed} debug-register slots per thread (aligned pieces of {lengths} bytes) and a thread has {slots}: watch part of it (a member, or fewer bytes with --len)"
     )]
-    Misaligned {
+    TooLarge {
         /// Requested address.
         addr: u64,
         /// Requested length.
         len: u32,
+        /// Slots the range would take.
+        needed: usize,
+        /// Slots per thread.
+        slots: usize,
+        /// The piece lengths, for the message ("1, 2, 4 or 8").
+        lengths: &'static str,
     },
     /// exec watchpoints must have length 1
     #[error("an exec watchpoint must have length 1 (got {0})")]
@@ -48,7 +54,8 @@ pub enum SpecError {
     NoAccess,
 }
 
-/// Checks a (address, length, access) triple against the architecture.
-pub fn validate(addr: u64, len: u32, access: Access) -> Result<WatchLen, SpecError> {
+/// Checks a (address, length, access) triple against the architecture and
+/// splits the range into the aligned pieces the slots watch.
+pub fn validate(addr: u64, len: u32, access: Access) -> Result<Range, SpecError> {
     current::validate(addr, len, access)
 }

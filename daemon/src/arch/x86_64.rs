@@ -2,7 +2,7 @@
 //! address limits (Intel SDM Vol. 3B §18.2 "Debug Registers").
 
 use super::SpecError;
-use crate::model::{Access, WatchLen};
+use crate::model::{Access, Piece, Range, WatchLen};
 
 /// Architecture name as reported to clients.
 pub const ARCH: &str = "x86_64";
@@ -98,8 +98,10 @@ pub fn dr7_slot_bits(slot: usize, len: WatchLen, access: Access) -> u64 {
 }
 
 /// Validates a request; see [`super::validate`].
-pub fn validate(addr: u64, len: u32, access: Access) -> Result<WatchLen, SpecError> {
-    let wl = WatchLen::new(len).ok_or(SpecError::BadLength(len))?;
+pub fn validate(addr: u64, len: u32, access: Access) -> Result<Range, SpecError> {
+    if len == 0 {
+        return Err(SpecError::Empty);
+    }
     if access == Access::Exec && len != 1 {
         return Err(SpecError::ExecLength(len));
     }
@@ -121,10 +123,78 @@ pub fn validate(addr: u64, len: u32, access: Access) -> Result<WatchLen, SpecErr
             why: "user addresses end at 0x7ffffffff000",
         });
     }
-    if !addr.is_multiple_of(u64::from(len)) {
-        return Err(SpecError::Misaligned { addr, len });
+    let needed = pieces_needed(addr, len);
+    if needed > SLOTS {
+        return Err(SpecError::TooLarge {
+            addr,
+            len,
+            needed,
+            slots: SLOTS,
+            lengths: "1, 2, 4 or 8",
+        });
     }
-    Ok(wl)
+    Ok(Range {
+        addr,
+        len,
+        pieces: split(addr, len).collect(),
+    })
+}
+
+/// The aligned pieces covering `[addr, addr + len)` exactly, lowest first:
+/// at each address the longest legal length the address is aligned to that
+/// does not run past the end (SDM §18.2.5: a slot watches `len` bytes at a
+/// multiple of `len`). Greedy from the left is minimal for power-of-two
+/// pieces, and never watches a byte outside the range, so every hit is a
+/// hit on the range.
+fn split(addr: u64, len: u32) -> impl Iterator<Item = Piece> {
+    let end = addr + u64::from(len);
+    let mut at = addr;
+    std::iter::from_fn(move || {
+        if at >= end {
+            return None;
+        }
+        let l = LENGTHS
+            .iter()
+            .rev()
+            .copied()
+            .find(|&l| at.is_multiple_of(u64::from(l)) && at + u64::from(l) <= end)
+            .expect("length 1 always fits");
+        let p = Piece {
+            addr: at,
+            len: WatchLen::new(l).expect("a legal length"),
+        };
+        at += u64::from(l);
+        Some(p)
+    })
+}
+
+/// How many pieces [`split`] makes (counted without allocating, so that a
+/// huge length is refused in O(log) steps, not O(len)).
+fn pieces_needed(addr: u64, len: u32) -> usize {
+    let end = addr + u64::from(len);
+    let mut at = addr;
+    let mut n = 0;
+    // Head: up to an 8-byte boundary; body: whole 8-byte pieces; tail.
+    while at < end && !at.is_multiple_of(8) {
+        let l = [4u64, 2, 1]
+            .into_iter()
+            .find(|&l| at.is_multiple_of(l) && at + l <= end)
+            .expect("length 1 always fits");
+        at += l;
+        n += 1;
+    }
+    let body = (end - at) / 8;
+    n += body as usize;
+    at += body * 8;
+    while at < end {
+        let l = [4u64, 2, 1]
+            .into_iter()
+            .find(|&l| at.is_multiple_of(l) && at + l <= end)
+            .expect("length 1 always fits");
+        at += l;
+        n += 1;
+    }
+    n
 }
 
 #[cfg(test)]
@@ -153,12 +223,15 @@ mod tests {
         assert_eq!(dr6::slots_hit(0xffff_0ff0), 0);
     }
 
-    fn check(addr: u64, len: u32, access: Access, expected: Result<(), &str>) {
-        let got = validate(addr, len, access)
-            .map(|_| ())
-            .map_err(|e| e.to_string());
+    fn check(addr: u64, len: u32, access: Access, expected: Result<&[(u64, u32)], &str>) {
+        let got = validate(addr, len, access).map_err(|e| e.to_string());
         match (got, expected) {
-            (Ok(()), Ok(())) => {}
+            (Ok(r), Ok(want)) => {
+                let pieces: Vec<(u64, u32)> =
+                    r.pieces.iter().map(|p| (p.addr, p.len.bytes())).collect();
+                assert_eq!(pieces, want, "{addr:#x}/{len}");
+                assert_eq!((r.addr, r.len), (addr, len));
+            }
             (Err(e), Err(want)) => {
                 assert!(e.contains(want), "{addr:#x}/{len}: {e:?} lacks {want:?}")
             }
@@ -168,15 +241,46 @@ mod tests {
 
     #[test]
     fn validation_table() {
-        check(0x1000, 8, Access::Write, Ok(()));
-        check(0x1004, 4, Access::ReadWrite, Ok(()));
-        check(0x1001, 1, Access::Exec, Ok(()));
-        check(0, 8, Access::Write, Ok(()));
-        check(0x1001, 8, Access::Write, Err("not aligned"));
-        check(0x1002, 4, Access::Write, Err("not aligned"));
-        check(0x1001, 2, Access::Write, Err("not aligned"));
-        check(0x1000, 3, Access::Write, Err("length 3"));
-        check(0x1000, 16, Access::Write, Err("length 16"));
+        check(0x1000, 8, Access::Write, Ok(&[(0x1000, 8)]));
+        check(0x1004, 4, Access::ReadWrite, Ok(&[(0x1004, 4)]));
+        check(0x1001, 1, Access::Exec, Ok(&[(0x1001, 1)]));
+        check(0, 8, Access::Write, Ok(&[(0, 8)]));
+        // Unaligned or odd lengths: split into aligned pieces, exactly.
+        check(
+            0x1001,
+            8,
+            Access::Write,
+            Ok(&[(0x1001, 1), (0x1002, 2), (0x1004, 4), (0x1008, 1)]),
+        );
+        check(0x1002, 4, Access::Write, Ok(&[(0x1002, 2), (0x1004, 2)]));
+        check(0x1001, 2, Access::Write, Ok(&[(0x1001, 1), (0x1002, 1)]));
+        check(0x1000, 3, Access::Write, Ok(&[(0x1000, 2), (0x1002, 1)]));
+        check(0x1000, 16, Access::Write, Ok(&[(0x1000, 8), (0x1008, 8)]));
+        check(
+            0x1000,
+            32,
+            Access::Write,
+            Ok(&[(0x1000, 8), (0x1008, 8), (0x1010, 8), (0x1018, 8)]),
+        );
+        check(
+            0x1000,
+            24,
+            Access::Write,
+            Ok(&[(0x1000, 8), (0x1008, 8), (0x1010, 8)]),
+        );
+        check(
+            0x1000,
+            33,
+            Access::Write,
+            Err("need 5 debug-register slots"),
+        );
+        check(
+            0x1004,
+            32,
+            Access::Write,
+            Err("need 5 debug-register slots"),
+        );
+        check(0x1000, u32::MAX, Access::Write, Err("need 536870914"));
         check(0x1000, 0, Access::Write, Err("length 0"));
         check(
             0x1000,
@@ -192,7 +296,29 @@ mod tests {
             Err("non-canonical"),
         );
         check(0x7fff_ffff_f000, 8, Access::Write, Err("end at"));
-        check(0x7fff_ffff_eff8, 8, Access::Write, Ok(()));
+        check(
+            0x7fff_ffff_eff8,
+            8,
+            Access::Write,
+            Ok(&[(0x7fff_ffff_eff8, 8)]),
+        );
+    }
+
+    #[test]
+    fn the_count_agrees_with_the_split() {
+        for addr in 0x1000..0x1010u64 {
+            for len in 1..=40u32 {
+                let pieces: Vec<Piece> = split(addr, len).collect();
+                assert_eq!(pieces.len(), pieces_needed(addr, len), "{addr:#x}/{len}");
+                let mut at = addr;
+                for p in &pieces {
+                    assert_eq!(p.addr, at, "contiguous");
+                    assert!(p.addr.is_multiple_of(u64::from(p.len.bytes())), "aligned");
+                    at += u64::from(p.len.bytes());
+                }
+                assert_eq!(at, addr + u64::from(len), "exact cover");
+            }
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::arch::current::SLOTS;
 use crate::error::WpdError;
 use crate::events::{EventKind, HitEvent};
 use crate::ledger::{Reservation, Retained};
-use crate::model::{BackendKind, Pid, Tid, WatchId};
+use crate::model::{BackendKind, Pid, SlotKey, Tid, WatchId};
 use crate::state::{OpGuard, Process, Watch};
 
 /// A failure the next arm meets.
@@ -37,7 +37,7 @@ struct KernelState {
     /// Slots other owners hold, by thread.
     foreign: HashMap<Tid, usize>,
     /// Armed (watchpoint, thread) pairs.
-    armed: HashSet<(WatchId, Tid)>,
+    armed: HashSet<(SlotKey, Tid)>,
     /// Attached processes.
     attached: HashSet<Pid>,
     /// The next arm's failure.
@@ -60,7 +60,7 @@ impl FakeKernel {
         self.state.lock().unwrap().fail_next = Some(f);
     }
 
-    /// Threads `id` is armed on.
+    /// Threads `id` is armed on (any of its pieces).
     pub fn armed_threads(&self, id: WatchId) -> Vec<Tid> {
         let mut v: Vec<Tid> = self
             .state
@@ -68,11 +68,18 @@ impl FakeKernel {
             .unwrap()
             .armed
             .iter()
-            .filter(|(w, _)| *w == id)
+            .filter(|(k, _)| k.id == id)
             .map(|(_, t)| *t)
             .collect();
         v.sort_unstable();
+        v.dedup();
         v
+    }
+
+    /// Slots `tid` holds for us.
+    pub fn slots_armed(&self, tid: Tid) -> usize {
+        let k = self.state.lock().unwrap();
+        k.armed.iter().filter(|(_, t)| *t == tid).count()
     }
 
     /// Processes attached.
@@ -119,24 +126,34 @@ impl FakeBackend {
     }
 }
 
-/// Makes a hit happen: as the backend would, counts it and publishes it.
-/// False when no such watchpoint is armed on `tid`.
-pub fn fake_hit(host: &dyn Host, kernel: &FakeKernel, id: WatchId, tid: Tid, ip: u64) -> bool {
-    if !kernel.state.lock().unwrap().armed.contains(&(id, tid)) {
+/// Makes a hit of `key` (a watchpoint's piece; a [`WatchId`] means piece 0)
+/// happen: as the backend would, counts it and publishes it. False when no
+/// such piece is armed on `tid`.
+pub fn fake_hit(
+    host: &dyn Host,
+    kernel: &FakeKernel,
+    key: impl Into<SlotKey>,
+    tid: Tid,
+    ip: u64,
+) -> bool {
+    let key = key.into();
+    if !kernel.state.lock().unwrap().armed.contains(&(key, tid)) {
         return false;
     }
-    let Some(w) = host.watch(id) else {
+    let Some(w) = host.watch(key.id) else {
         return false;
     };
     host.count_hit(&w);
     let now = crate::clock::realtime_ns();
+    let piece = w.spec.range.piece(key.piece);
     host.publish(EventKind::Hit(HitEvent {
-        id,
+        id: key.id,
+        piece: key.piece,
         pid: w.spec.pid,
         tid,
         ip,
-        addr: w.spec.addr,
-        len: w.spec.len.bytes(),
+        addr: piece.addr,
+        len: piece.len.bytes(),
         access: w.spec.access,
         value: Err("the fake backend reads no memory".into()),
         time_ns: now,
@@ -210,24 +227,31 @@ impl Backend for FakeBackend {
             }
             None => {}
         }
+        // As the kernel would: one slot per piece, refused when a thread's
+        // slots (ours, this request's, someone else's) run out.
         let mut full = Vec::new();
+        let mut taken: HashMap<Tid, usize> = HashMap::new();
         for r in res {
             let ours = k.armed.iter().filter(|(_, t)| *t == r.tid).count();
             let foreign = k.foreign.get(&r.tid).copied().unwrap_or(0);
-            if ours + foreign >= SLOTS {
+            let now = taken.entry(r.tid).or_default();
+            if ours + *now + foreign >= SLOTS {
                 ledger.mark_foreign(*r);
                 full.push(r.tid);
+            } else {
+                *now += 1;
             }
         }
         if !full.is_empty() {
             ledger.rollback(res);
             return Err(WpdError::OutOfSlots {
                 pid: op.pid(),
+                needed: watch.spec.range.slots(),
                 conflicts: ledger.conflicts(full),
             });
         }
         for r in res {
-            k.armed.insert((watch.id, r.tid));
+            k.armed.insert((r.key, r.tid));
         }
         ledger.commit(res, None);
         Ok(())
@@ -239,7 +263,7 @@ impl Backend for FakeBackend {
             .lock()
             .unwrap()
             .armed
-            .retain(|(w, _)| *w != watch.id);
+            .retain(|(k, _)| k.id != watch.id);
     }
 
     fn detach(&self, proc: &Arc<Process>) {

@@ -69,7 +69,7 @@ impl Core {
                 .map(|v| v.into_iter().collect())
                 .unwrap_or_default();
             for tid in self.ledger.tids(pid) {
-                if !alive.contains(&tid) || procfs::thread_exited(pid, tid) {
+                if !alive.contains(&tid) {
                     self.ledger.remove_thread(tid);
                 }
             }

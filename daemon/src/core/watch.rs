@@ -40,7 +40,11 @@ impl Core {
         owner: u32,
     ) -> Result<(WatchView, Duration), WpdError> {
         let t_start = Instant::now();
-        arch::validate(spec.addr, spec.len.bytes(), spec.access)?;
+        let range = arch::validate(spec.range.addr, spec.range.len, spec.access)?;
+        debug_assert_eq!(
+            range, spec.range,
+            "the RPC layer splits ranges the same way"
+        );
         let held = self.watches.iter().filter(|w| w.owner == owner).count();
         if held >= self.limits.watchpoints_per_caller {
             return Err(WpdError::LimitReached {
@@ -125,11 +129,26 @@ impl Core {
         }
         let id = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let mut warnings = Vec::new();
-        if !procfs::is_mapped(pid, spec.addr, u64::from(spec.len.bytes())) {
+        let r = &spec.range;
+        if !procfs::is_mapped(pid, r.addr, u64::from(r.len)) {
             warnings.push(format!(
                 "address {:#x} is not mapped in process {pid} now: the watchpoint is armed and \
                  fires once memory is mapped there",
-                spec.addr
+                r.addr
+            ));
+        }
+        if r.slots() > 1 {
+            let pieces: Vec<String> = r
+                .pieces
+                .iter()
+                .map(|p| format!("{}@{:#x}", p.len.bytes(), p.addr))
+                .collect();
+            warnings.push(format!(
+                "{} bytes at {:#x} take {} slots on every thread (aligned pieces {})",
+                r.len,
+                r.addr,
+                r.slots(),
+                pieces.join(", ")
             ));
         }
         let watch = Arc::new(Watch {
@@ -144,7 +163,7 @@ impl Core {
         });
         if spec.only_on_change {
             *watch.last_value.lock().unwrap() = procfs::live_thread(pid).and_then(|via| {
-                procfs::read_memory(pid, via, spec.addr, spec.len.bytes() as usize).ok()
+                procfs::read_memory(pid, via, spec.range.addr, spec.range.len as usize).ok()
             });
         }
         // Registered before the thread snapshot: a thread born from here on
@@ -184,8 +203,18 @@ impl Core {
         }
         let armed = self
             .ledger
-            .reserve_all(&tids, id, process_wide, backend.retained())
-            .map_err(|conflicts| WpdError::OutOfSlots { pid, conflicts })
+            .reserve_all(
+                &tids,
+                id,
+                spec.range.slots() as u8,
+                process_wide,
+                backend.retained(),
+            )
+            .map_err(|conflicts| WpdError::OutOfSlots {
+                pid,
+                needed: spec.range.slots(),
+                conflicts,
+            })
             .and_then(|res| backend.arm(&op, &watch, &res));
         // The process may have exited while it was being armed.
         let armed = armed.and_then(|()| {
@@ -211,7 +240,14 @@ impl Core {
 
     /// Frees the ledger's slots of `w` on every thread that has them.
     fn release_slots(&self, w: &Watch, retained: Retained) {
-        for (tid, _) in self.ledger.slots_on(&self.watch_tids(w), w.id) {
+        let mut tids: Vec<Tid> = self
+            .ledger
+            .slots_on(&self.watch_tids(w), w.id)
+            .into_iter()
+            .map(|(tid, _)| tid)
+            .collect();
+        tids.dedup(); // one entry per piece, a thread's together
+        for tid in tids {
             self.ledger.release(tid, w.id, retained == Retained::Reuse);
         }
     }

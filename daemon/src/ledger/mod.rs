@@ -14,8 +14,10 @@
 //! 4. One guard in [`HOLD_SAMPLE`] has its hold time recorded in `hold` (a
 //!    lock-free histogram), per OS thread.
 //!
-//! Slots are a 4-bit occupancy bitmap per thread. The slot policy
-//! (`reserve_one`, the one place it is written): a slot that is neither
+//! Slots are a 4-bit occupancy bitmap per thread; a watchpoint whose range
+//! takes several slots holds one per piece, each slot naming its
+//! [`SlotKey`] (watchpoint and piece). The slot policy (`reserve`, the one
+//! place it is written): a slot that is neither
 //! ours, nor pending, nor uncertain (inheritance not known yet), nor foreign
 //! is free; slots the kernel retains for us are reused first or never,
 //! as the backend says ([`Retained`]); when only foreign-marked slots
@@ -35,7 +37,7 @@ use dashmap::{DashMap, DashSet};
 
 use crate::arch::current::SLOTS;
 use crate::error::SlotConflict;
-use crate::model::{Pid, Tid, WatchId};
+use crate::model::{Pid, SlotKey, Tid, WatchId};
 pub use hold::{HOLD_SAMPLE, HoldHistogram};
 pub use inherit::{INHERIT_MARGIN_NS, Inheritance, classify};
 pub use row::{InheritWindow, Reservation, Retained, SlotState, ThreadSlots};
@@ -283,23 +285,23 @@ impl Ledger {
         self.threads.get(&tid).map(|r| r.clone())
     }
 
-    /// Reserves one slot for `id` on every thread in `tids`, all or nothing.
-    /// Threads no longer tracked are skipped (they exited). On failure
-    /// nothing stays reserved and the conflicts name every full thread.
+    /// Reserves `pieces` slots for `id` (one per piece) on every thread in
+    /// `tids`, all or nothing. Threads no longer tracked are skipped (they
+    /// exited). On failure nothing stays reserved and the conflicts name
+    /// every thread without enough free slots.
     pub fn reserve_all(
         &self,
         tids: &[Tid],
         id: WatchId,
+        pieces: u8,
         inheritable: bool,
         retained: Retained,
     ) -> Result<Vec<Reservation>, Vec<SlotConflict>> {
-        let mut got = Vec::with_capacity(tids.len());
+        let mut got = Vec::with_capacity(tids.len() * usize::from(pieces));
         let mut conflicts = Vec::new();
         for &tid in tids {
-            match self.reserve_one(tid, id, inheritable, retained) {
-                Ok(Some(r)) => got.push(r),
-                Ok(None) => {}
-                Err(c) => conflicts.push(c),
+            if let Err(c) = self.reserve(tid, id, pieces, inheritable, retained, &mut got) {
+                conflicts.push(c);
             }
         }
         if conflicts.is_empty() {
@@ -311,10 +313,81 @@ impl Ledger {
         }
     }
 
-    /// Reserves one slot for `id` on `tid`: `None` if the thread is not
-    /// tracked (it exited) or already has `id` (a thread born while
-    /// arming), the conflict if every slot is taken. No allocation on
-    /// success.
+    /// Reserves a slot for each of the `pieces` pieces of `id` that `tid`
+    /// does not hold yet (all of them, or none: a thread born while arming
+    /// may hold some already), appending the reservations to `out`. Nothing
+    /// is reserved if the thread is not tracked (it exited); the conflict if
+    /// it has fewer free slots than missing pieces. One guard for the whole
+    /// row; no allocation beyond `out`'s.
+    pub fn reserve(
+        &self,
+        tid: Tid,
+        id: WatchId,
+        pieces: u8,
+        inheritable: bool,
+        retained: Retained,
+        out: &mut Vec<Reservation>,
+    ) -> Result<(), SlotConflict> {
+        let _t = self.timed();
+        let Some(mut row) = self.threads.get_mut(&tid) else {
+            return Ok(());
+        };
+        let mut missing = [0u8; SLOTS];
+        let mut n = 0;
+        for p in 0..pieces {
+            if row.slot_of(SlotKey::new(id, p)).is_none() {
+                missing[n] = p;
+                n += 1;
+            }
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let busy = row.ours | row.pending | row.uncertain;
+        let plain = match retained {
+            Retained::Reuse => !(busy | row.foreign) & ALL,
+            Retained::Avoid => !(busy | row.foreign | row.retained) & ALL,
+        };
+        // Slots marked foreign may have been freed since: when the others do
+        // not suffice, the kernel decides (reserve → syscall → commit or
+        // roll back).
+        let mut tried = row.foreign & !busy & ALL;
+        if retained == Retained::Avoid {
+            tried &= !row.retained;
+        }
+        if ((plain | tried).count_ones() as usize) < n {
+            return Err(SlotConflict {
+                tid,
+                holders: row.holders(),
+            });
+        }
+        // Order of preference: slots the kernel already holds for us (ptrace
+        // only), then free ones, then foreign-marked ones.
+        let reuse = match retained {
+            Retained::Reuse => row.retained & plain,
+            Retained::Avoid => 0,
+        };
+        let mut order = [reuse, plain & !reuse, tried];
+        for &p in &missing[..n] {
+            let from = order.iter_mut().find(|m| **m != 0).expect("counted above");
+            let slot = from.trailing_zeros() as u8;
+            *from &= !(1 << slot);
+            row.pending |= 1 << slot;
+            row.holder[slot as usize] = SlotKey::new(id, p).pack();
+            if inheritable {
+                row.inheritable |= 1 << slot;
+            }
+            out.push(Reservation {
+                tid,
+                slot,
+                key: SlotKey::new(id, p),
+            });
+        }
+        Ok(())
+    }
+
+    /// [`Ledger::reserve`] for a watchpoint of one slot: `None` if the
+    /// thread is not tracked or already holds it.
     pub fn reserve_one(
         &self,
         tid: Tid,
@@ -322,47 +395,9 @@ impl Ledger {
         inheritable: bool,
         retained: Retained,
     ) -> Result<Option<Reservation>, SlotConflict> {
-        let _t = self.timed();
-        let Some(mut row) = self.threads.get_mut(&tid) else {
-            return Ok(None);
-        };
-        if row.slot_of(id).is_some() {
-            return Ok(None);
-        }
-        let busy = row.ours | row.pending | row.uncertain;
-        let mut free = match retained {
-            // Reuse what the kernel already holds for us first.
-            Retained::Reuse => {
-                let reuse = row.retained & !busy & !row.foreign & ALL;
-                if reuse != 0 {
-                    reuse
-                } else {
-                    !(busy | row.foreign) & ALL
-                }
-            }
-            Retained::Avoid => !(busy | row.foreign | row.retained) & ALL,
-        };
-        if free == 0 {
-            // Slots marked foreign may have been freed since: the kernel
-            // decides (reserve → syscall → commit or roll back).
-            free = row.foreign & !busy & ALL;
-            if retained == Retained::Avoid {
-                free &= !row.retained;
-            }
-        }
-        if free == 0 {
-            return Err(SlotConflict {
-                tid,
-                holders: row.holders(),
-            });
-        }
-        let slot = free.trailing_zeros() as u8;
-        row.pending |= 1 << slot;
-        row.holder[slot as usize] = id.0;
-        if inheritable {
-            row.inheritable |= 1 << slot;
-        }
-        Ok(Some(Reservation { tid, slot, id }))
+        let mut out = Vec::new();
+        self.reserve(tid, id, 1, inheritable, retained, &mut out)?;
+        Ok(out.pop())
     }
 
     /// Turns reservations into committed slots. `times[i]` is the
@@ -437,13 +472,14 @@ impl Ledger {
         }
     }
 
-    /// Resolves an uncertain inheritance of `id` on `tid`.
-    pub fn resolve_uncertain(&self, tid: Tid, id: WatchId, inherited: bool, time: u64) {
+    /// Resolves an uncertain inheritance of `key` on `tid`.
+    pub fn resolve_uncertain(&self, tid: Tid, key: impl Into<SlotKey>, inherited: bool, time: u64) {
         let _t = self.timed();
+        let k = key.into().pack();
         if let Some(mut row) = self.threads.get_mut(&tid) {
             for s in 0..SLOTS {
                 let bit = 1 << s;
-                if row.uncertain & bit != 0 && row.holder[s] == id.0 {
+                if row.uncertain & bit != 0 && row.holder[s] == k {
                     row.uncertain &= !bit;
                     if inherited {
                         row.ours |= bit;
@@ -464,14 +500,15 @@ impl Ledger {
         }
     }
 
-    /// Frees the slot of `id` on `tid` (watchpoint removed). `retain`: the
-    /// kernel keeps the slot reserved (ptrace).
+    /// Frees the slots of every piece of `id` on `tid` (watchpoint removed).
+    /// `retain`: the kernel keeps the slots reserved (ptrace).
     pub fn release(&self, tid: Tid, id: WatchId, retain: bool) {
         let _t = self.timed();
         if let Some(mut row) = self.threads.get_mut(&tid) {
+            let mine = row.mask_of(id);
             for s in 0..SLOTS {
                 let bit = 1 << s;
-                if (row.ours | row.pending | row.uncertain) & bit != 0 && row.holder[s] == id.0 {
+                if mine & bit != 0 {
                     row.ours &= !bit;
                     row.pending &= !bit;
                     row.uncertain &= !bit;
@@ -498,20 +535,27 @@ impl Ledger {
             .collect()
     }
 
-    /// Threads of `pid` holding `id` in some slot: (tid, slot).
+    /// The slots of `pid`'s threads holding a piece of `id`: (tid, slot),
+    /// one entry per piece.
     pub fn slots_of(&self, pid: Pid, id: WatchId) -> Vec<(Tid, u8)> {
         self.slots_on(&self.tids(pid), id)
     }
 
-    /// Those of `tids` holding `id` in some slot: (tid, slot).
+    /// The slots of those of `tids` holding a piece of `id`: (tid, slot),
+    /// one entry per piece.
     pub fn slots_on(&self, tids: &[Tid], id: WatchId) -> Vec<(Tid, u8)> {
-        tids.iter()
-            .filter_map(|&t| {
-                self.get(t)
-                    .and_then(|r| r.slot_of(id))
-                    .map(|s| (t, s as u8))
-            })
-            .collect()
+        let mut out = Vec::new();
+        for &t in tids {
+            if let Some(r) = self.get(t) {
+                let m = r.mask_of(id);
+                out.extend(
+                    (0..SLOTS as u8)
+                        .filter(|s| m & (1 << s) != 0)
+                        .map(|s| (t, s)),
+                );
+            }
+        }
+        out
     }
 
     /// Threads of `pid` on which `id` is committed.
@@ -522,15 +566,9 @@ impl Ledger {
     /// How many of `tids` have `id` committed.
     pub fn armed_on(&self, tids: &[Tid], id: WatchId) -> usize {
         tids.iter()
-            .filter(|&&t| self.get(t).is_some_and(|r| r.ours & mask_of(&r, id) != 0))
+            .filter(|&&t| self.get(t).is_some_and(|r| r.ours & r.mask_of(id) != 0))
             .count()
     }
-}
-
-fn mask_of(r: &ThreadSlots, id: WatchId) -> u8 {
-    (0..SLOTS)
-        .filter(|&s| r.holder[s] == id.0)
-        .fold(0, |m, s| m | (1 << s))
 }
 
 #[cfg(test)]
@@ -551,12 +589,12 @@ mod tests {
         let l = ledger_with(1, &[1, 2]);
         for id in 1..=4 {
             let r = l
-                .reserve_all(&[1, 2], WatchId(id), false, Retained::Avoid)
+                .reserve_all(&[1, 2], WatchId(id), 1, false, Retained::Avoid)
                 .unwrap();
             l.commit(&r, None);
         }
         let err = l
-            .reserve_all(&[1, 2], WatchId(5), false, Retained::Avoid)
+            .reserve_all(&[1, 2], WatchId(5), 1, false, Retained::Avoid)
             .unwrap_err();
         assert_eq!(err.len(), 2);
         assert_eq!(err[0].tid, 1);
@@ -573,13 +611,13 @@ mod tests {
         let l = ledger_with(1, &[1, 2]);
         for id in 1..=4 {
             let r = l
-                .reserve_all(&[2], WatchId(id), false, Retained::Avoid)
+                .reserve_all(&[2], WatchId(id), 1, false, Retained::Avoid)
                 .unwrap();
             l.commit(&r, None);
         }
         let before = l.get(1).unwrap();
         assert!(
-            l.reserve_all(&[1, 2], WatchId(9), false, Retained::Avoid)
+            l.reserve_all(&[1, 2], WatchId(9), 1, false, Retained::Avoid)
                 .is_err()
         );
         assert_eq!(l.get(1).unwrap(), before, "thread 1 must be unchanged");
@@ -589,24 +627,24 @@ mod tests {
     fn foreign_slot_is_skipped_then_retried_when_nothing_else() {
         let l = ledger_with(1, &[1]);
         let r = l
-            .reserve_all(&[1], WatchId(1), false, Retained::Avoid)
+            .reserve_all(&[1], WatchId(1), 1, false, Retained::Avoid)
             .unwrap();
         l.mark_foreign(r[0]);
         assert_eq!(l.get(1).unwrap().foreign, 1);
         let r2 = l
-            .reserve_all(&[1], WatchId(2), false, Retained::Avoid)
+            .reserve_all(&[1], WatchId(2), 1, false, Retained::Avoid)
             .unwrap();
         assert_eq!(r2[0].slot, 1, "free slots come before foreign ones");
         l.commit(&r2, None);
         for id in 3..=4 {
             let r = l
-                .reserve_all(&[1], WatchId(id), false, Retained::Avoid)
+                .reserve_all(&[1], WatchId(id), 1, false, Retained::Avoid)
                 .unwrap();
             l.commit(&r, None);
         }
         // Only the foreign slot is left: the kernel gets to decide.
         let r5 = l
-            .reserve_all(&[1], WatchId(5), false, Retained::Avoid)
+            .reserve_all(&[1], WatchId(5), 1, false, Retained::Avoid)
             .unwrap();
         assert_eq!(r5[0].slot, 0);
     }
@@ -615,7 +653,7 @@ mod tests {
     fn release_and_exit_free_everything() {
         let l = ledger_with(7, &[7, 8]);
         let r = l
-            .reserve_all(&[7, 8], WatchId(1), false, Retained::Avoid)
+            .reserve_all(&[7, 8], WatchId(1), 1, false, Retained::Avoid)
             .unwrap();
         l.commit(&r, None);
         assert_eq!(l.armed_count(7, WatchId(1)), 2);
@@ -631,7 +669,7 @@ mod tests {
     fn fork_inherits_by_time() {
         let l = ledger_with(1, &[1]);
         let r = l
-            .reserve_all(&[1], WatchId(3), true, Retained::Avoid)
+            .reserve_all(&[1], WatchId(3), 1, true, Retained::Avoid)
             .unwrap();
         l.commit(&r, Some(&[(1_000, 2_000)]));
         let before = l.on_fork(1, 1, 10, 500).unwrap();
@@ -653,7 +691,7 @@ mod tests {
     fn retained_slots_serve_ptrace_not_perf_and_survive_detach() {
         let l = ledger_with(1, &[1]);
         let r = l
-            .reserve_all(&[1], WatchId(1), false, Retained::Reuse)
+            .reserve_all(&[1], WatchId(1), 1, false, Retained::Reuse)
             .unwrap();
         l.commit(&r, None);
         l.release(1, WatchId(1), true);
@@ -662,12 +700,12 @@ mod tests {
         l.add_thread(1, 1);
         assert_eq!(l.get(1).unwrap().retained, 0b0001, "kept across detach");
         let p = l
-            .reserve_all(&[1], WatchId(2), false, Retained::Avoid)
+            .reserve_all(&[1], WatchId(2), 1, false, Retained::Avoid)
             .unwrap();
         assert_eq!(p[0].slot, 1, "perf cannot use a retained slot");
         l.rollback(&p);
         let t = l
-            .reserve_all(&[1], WatchId(3), false, Retained::Reuse)
+            .reserve_all(&[1], WatchId(3), 1, false, Retained::Reuse)
             .unwrap();
         assert_eq!(t[0].slot, 0, "ptrace reuses it first");
     }
@@ -705,7 +743,7 @@ mod tests {
         let l = ledger_with(1, &[1, 2]);
         for tid in [1, 2] {
             let r = l
-                .reserve_all(&[tid], WatchId(tid as u64), false, Retained::Reuse)
+                .reserve_all(&[tid], WatchId(tid as u64), 1, false, Retained::Reuse)
                 .unwrap();
             l.commit(&r, None);
             l.release(tid, WatchId(tid as u64), true);
@@ -723,7 +761,7 @@ mod tests {
     fn probe_marks_foreign() {
         let l = ledger_with(1, &[1]);
         let r = l
-            .reserve_all(&[1], WatchId(1), false, Retained::Avoid)
+            .reserve_all(&[1], WatchId(1), 1, false, Retained::Avoid)
             .unwrap();
         l.commit(&r, None);
         l.set_probed(1, 2);

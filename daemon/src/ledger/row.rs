@@ -4,7 +4,7 @@
 
 use crate::arch::current::SLOTS;
 use crate::error::Holder;
-use crate::model::{Pid, Tid, WatchId};
+use crate::model::{Pid, SlotKey, Tid, WatchId};
 
 /// One thread's slots: 56 bytes, so that with its tid key a row is one
 /// 64-byte cache line and the rows of 10,000 threads fit in a core's L2
@@ -32,7 +32,8 @@ pub struct ThreadSlots {
     pub retained: u8,
     /// Thread that created it while we watched (0: found by scanning).
     pub parent: Tid,
-    /// Watchpoint in each slot (meaningful where `ours | pending` is set).
+    /// Watchpoint piece in each slot, a packed [`SlotKey`] (meaningful
+    /// where `ours | pending | uncertain` is set).
     pub holder: [u64; SLOTS],
     /// Birth time and inheritance windows; `None` while all are zero.
     pub(super) lineage: Option<Box<Lineage>>,
@@ -101,11 +102,26 @@ impl ThreadSlots {
         }
     }
 
-    /// The slot holding watchpoint `id`, committed or pending.
-    pub fn slot_of(&self, id: WatchId) -> Option<usize> {
+    /// The slot holding `key` (a watchpoint's piece; a [`WatchId`] means
+    /// its piece 0), committed, pending or uncertain.
+    pub fn slot_of(&self, key: impl Into<SlotKey>) -> Option<usize> {
+        let k = key.into().pack();
         (0..SLOTS).find(|&s| {
-            (self.ours | self.pending | self.uncertain) & (1 << s) != 0 && self.holder[s] == id.0
+            (self.ours | self.pending | self.uncertain) & (1 << s) != 0 && self.holder[s] == k
         })
+    }
+
+    /// The slots holding any piece of `id`, committed, pending or uncertain.
+    pub fn mask_of(&self, id: WatchId) -> u8 {
+        let used = self.ours | self.pending | self.uncertain;
+        (0..SLOTS)
+            .filter(|&s| used & (1 << s) != 0 && SlotKey::unpack(self.holder[s]).id == id)
+            .fold(0, |m, s| m | (1 << s))
+    }
+
+    /// The key in slot `s` (meaningful where the slot is used).
+    pub fn key(&self, s: usize) -> SlotKey {
+        SlotKey::unpack(self.holder[s])
     }
 
     /// Who holds slot `s`: the one classification of a slot, used by
@@ -115,9 +131,9 @@ impl ThreadSlots {
     pub fn slot_state(&self, s: usize) -> SlotState {
         let bit = 1 << s;
         if self.ours & bit != 0 {
-            SlotState::Ours(WatchId(self.holder[s]))
+            SlotState::Ours(self.key(s))
         } else if (self.pending | self.uncertain) & bit != 0 {
-            SlotState::Pending(WatchId(self.holder[s]))
+            SlotState::Pending(self.key(s))
         } else if self.foreign & bit != 0 {
             SlotState::Foreign
         } else if self.retained & bit != 0 {
@@ -132,8 +148,8 @@ impl ThreadSlots {
         (0..SLOTS)
             .filter_map(|s| match self.slot_state(s) {
                 SlotState::Free => None,
-                SlotState::Ours(id) => Some(Holder::Ours(id)),
-                SlotState::Pending(id) => Some(Holder::Pending(id)),
+                SlotState::Ours(k) => Some(Holder::Ours(k.id)),
+                SlotState::Pending(k) => Some(Holder::Pending(k.id)),
                 SlotState::Foreign => Some(Holder::Foreign),
                 SlotState::Retained => Some(Holder::Retained),
             })
@@ -146,10 +162,10 @@ impl ThreadSlots {
 pub enum SlotState {
     /// Nobody, as far as the daemon knows.
     Free,
-    /// One of our watchpoints.
-    Ours(WatchId),
+    /// A piece of one of our watchpoints.
+    Ours(SlotKey),
     /// Being armed, or its inheritance not known yet.
-    Pending(WatchId),
+    Pending(SlotKey),
     /// Someone else: the kernel refused it to us.
     Foreign,
     /// Freed by us, still reserved by the kernel (a ptrace breakpoint's).
@@ -166,19 +182,21 @@ pub enum Retained {
     Avoid,
 }
 
-/// A reservation: slot `slot` of `tid`, pending until commit or rollback.
+/// A reservation: slot `slot` of `tid` for one piece of a watchpoint,
+/// pending until commit or rollback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reservation {
     /// Thread.
     pub tid: Tid,
     /// Slot index.
     pub slot: u8,
-    /// Watchpoint it is for (a stale reservation of another id is ignored).
-    pub id: WatchId,
+    /// The watchpoint's piece it is for (a stale reservation of another key
+    /// is ignored).
+    pub key: SlotKey,
 }
 
 impl Reservation {
     pub(super) fn holds(&self, row: &ThreadSlots) -> bool {
-        row.pending & (1 << self.slot) != 0 && row.holder[self.slot as usize] == self.id.0
+        row.pending & (1 << self.slot) != 0 && row.holder[self.slot as usize] == self.key.pack()
     }
 }

@@ -8,7 +8,7 @@ use crate::backend::RunState;
 use crate::core::{ProcessView, SlotView, ThreadView, WatchView};
 use crate::error::WpdError;
 use crate::events::{Event, EventKind};
-use crate::model::{Access, BackendKind, HitAction, Pid, Scope, Tid, WatchLen, WatchSpec};
+use crate::model::{Access, BackendKind, HitAction, Pid, Scope, Tid, WatchSpec};
 
 /// A pid from the wire: must be positive.
 pub fn pid(p: i32) -> Result<Pid, WpdError> {
@@ -81,7 +81,7 @@ impl TryFrom<pb::WatchpointSpec> for WatchSpec {
                 )));
             }
         };
-        let len: WatchLen = arch::validate(s.address, s.length, access)?;
+        let range = arch::validate(s.address, s.length, access)?;
         let scope = if s.tids.is_empty() {
             Scope::Process
         } else {
@@ -90,8 +90,7 @@ impl TryFrom<pb::WatchpointSpec> for WatchSpec {
         Ok(WatchSpec {
             pid,
             scope,
-            addr: s.address,
-            len,
+            range,
             access,
             backend: backend(s.backend)?,
             action: match pb::HitAction::try_from(s.action) {
@@ -119,8 +118,8 @@ pub fn spec_to_pb(s: &WatchSpec) -> pb::WatchpointSpec {
             Scope::Process => vec![],
             Scope::Threads(t) => t.clone(),
         },
-        address: s.addr,
-        length: s.len.bytes(),
+        address: s.range.addr,
+        length: s.range.len,
         access: access_to_pb(s.access) as i32,
         backend: s.backend.map(|b| backend_to_pb(b) as i32).unwrap_or(0),
         action: match s.action {
@@ -143,6 +142,16 @@ impl From<&WatchView> for pb::Watchpoint {
             hits: w.hits,
             created_at_ns: w.created_at_ns,
             backend: backend_to_pb(w.backend) as i32,
+            pieces: w
+                .spec
+                .range
+                .pieces
+                .iter()
+                .map(|p| pb::Piece {
+                    address: p.addr,
+                    length: p.len.bytes(),
+                })
+                .collect(),
         }
     }
 }
@@ -169,17 +178,18 @@ impl From<&ThreadView> for pb::ThreadInfo {
                 .iter()
                 .enumerate()
                 .map(|(i, s)| {
-                    let (state, id) = match s {
-                        SlotView::Free => (pb::SlotState::Free, 0),
-                        SlotView::Ours(id) => (pb::SlotState::Ours, id.0),
-                        SlotView::Foreign => (pb::SlotState::Foreign, 0),
-                        SlotView::Pending(id) => (pb::SlotState::Pending, id.0),
-                        SlotView::Retained => (pb::SlotState::Retained, 0),
+                    let (state, key) = match s {
+                        SlotView::Free => (pb::SlotState::Free, None),
+                        SlotView::Ours(k) => (pb::SlotState::Ours, Some(k)),
+                        SlotView::Foreign => (pb::SlotState::Foreign, None),
+                        SlotView::Pending(k) => (pb::SlotState::Pending, Some(k)),
+                        SlotView::Retained => (pb::SlotState::Retained, None),
                     };
                     pb::SlotInfo {
                         index: i as u32,
                         state: state as i32,
-                        watchpoint_id: id,
+                        watchpoint_id: key.map_or(0, |k| k.id.0),
+                        piece: key.map_or(0, |k| u32::from(k.piece)),
                     }
                 })
                 .collect(),
@@ -215,6 +225,7 @@ pub fn event_to_pb(e: &Event) -> pb::StreamEventsResponse {
             stopped: h.stopped,
             old_value: h.old_value.clone().unwrap_or_default(),
             backend: backend_to_pb(h.backend) as i32,
+            piece: u32::from(h.piece),
         }),
         EventKind::ThreadStarted {
             pid,
@@ -297,7 +308,12 @@ mod tests {
             spec(0x1000, 8, pb::Access::Unspecified),
             Err("access kind is required"),
         );
-        check(spec(0x1004, 8, pb::Access::Write), Err("not aligned"));
+        // Unaligned: split into pieces (the arch tests check them).
+        check(spec(0x1004, 8, pb::Access::Write), Ok(()));
+        check(
+            spec(0x1004, 32, pb::Access::Write),
+            Err("need 5 debug-register slots"),
+        );
         check(spec(0x1000, 2, pb::Access::Exec), Err("length 1"));
         check(
             pb::WatchpointSpec {

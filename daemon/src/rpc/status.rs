@@ -13,8 +13,14 @@ pub const DOMAIN: &str = wpd_proto::reason::DOMAIN;
 pub fn to_status(e: &WpdError) -> Status {
     let (code, reason) = code_of(e);
     let mut meta = std::collections::HashMap::new();
-    if let WpdError::OutOfSlots { pid, conflicts } = e {
+    if let WpdError::OutOfSlots {
+        pid,
+        needed,
+        conflicts,
+    } = e
+    {
         meta.insert("pid".to_string(), pid.to_string());
+        meta.insert("slots_needed".to_string(), needed.to_string());
         meta.insert(
             "tids".to_string(),
             conflicts
@@ -109,10 +115,22 @@ mod tests {
     #[test]
     fn every_error_maps() {
         check(
-            WpdError::Spec(SpecError::BadLength(3)),
+            WpdError::Spec(SpecError::Empty),
             Code::InvalidArgument,
             "BAD_SPEC",
-            "length 3",
+            "length 0",
+        );
+        check(
+            WpdError::Spec(SpecError::TooLarge {
+                addr: 0x1000,
+                len: 40,
+                needed: 5,
+                slots: 4,
+                lengths: "1, 2, 4 or 8",
+            }),
+            Code::InvalidArgument,
+            "BAD_SPEC",
+            "40 bytes at 0x1000 need 5 debug-register slots per thread",
         );
         check(
             WpdError::Spec(SpecError::NoReadOnly("x86_64")),
@@ -153,6 +171,7 @@ mod tests {
         check(
             WpdError::OutOfSlots {
                 pid: 1,
+                needed: 1,
                 conflicts: vec![SlotConflict {
                     tid: 7,
                     holders: vec![Holder::Ours(WatchId(3)), Holder::Foreign],
@@ -298,6 +317,7 @@ mod tests {
     fn out_of_slots_names_tids_in_metadata() {
         let s = to_status(&WpdError::OutOfSlots {
             pid: 4,
+            needed: 3,
             conflicts: vec![
                 SlotConflict {
                     tid: 4,
@@ -309,6 +329,37 @@ mod tests {
                 },
             ],
         });
-        assert_eq!(s.get_details_error_info().unwrap().metadata["tids"], "4,5");
+        let info = s.get_details_error_info().unwrap();
+        assert_eq!(info.metadata["tids"], "4,5");
+        assert_eq!(info.metadata["slots_needed"], "3");
+        assert!(
+            s.message()
+                .contains("takes 3 slots on every thread and 2 threads have fewer free"),
+            "{}",
+            s.message()
+        );
+    }
+
+    #[test]
+    fn a_watchpoint_of_several_slots_is_named_once_with_its_count() {
+        let s = to_status(&WpdError::OutOfSlots {
+            pid: 4,
+            needed: 2,
+            conflicts: vec![SlotConflict {
+                tid: 9,
+                holders: vec![
+                    Holder::Ours(WatchId(3)),
+                    Holder::Ours(WatchId(3)),
+                    Holder::Ours(WatchId(3)),
+                    Holder::Foreign,
+                ],
+            }],
+        });
+        assert!(
+            s.message()
+                .contains("tid 9 [watchpoints #3 (3 slots), 1 held by another owner"),
+            "{}",
+            s.message()
+        );
     }
 }

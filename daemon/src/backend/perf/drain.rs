@@ -78,17 +78,18 @@ impl PerfEngine {
                 addr,
                 cpu,
             } => {
-                let Some(wid) = self.event_ids.get(&id).map(|v| *v) else {
+                let Some(key) = self.event_ids.get(&id).map(|v| *v) else {
                     return;
                 };
-                let Some(w) = host.watch(wid) else {
+                let Some(w) = host.watch(key.id) else {
                     return;
                 };
                 host.count_hit(&w);
-                let len = w.spec.len.bytes();
+                let len = w.spec.range.piece(key.piece).len.bytes();
                 let (value, value_read_ns) = values.read(pid, tid, addr, len);
                 host.publish(EventKind::Hit(HitEvent {
                     id: w.id,
+                    piece: key.piece,
                     pid,
                     tid,
                     ip,
@@ -121,10 +122,12 @@ impl PerfEngine {
                 if let Some(row) = ledger.on_fork(pid, ptid, tid, time) {
                     // Certain and uncertain ones: the reconcile step arms any
                     // uncertain one that was not inherited.
-                    let watchpoints = (0..arch::current::SLOTS)
+                    let mut watchpoints: Vec<WatchId> = (0..arch::current::SLOTS)
                         .filter(|s| (row.ours | row.uncertain) & (1 << s) != 0)
-                        .map(|s| WatchId(row.holder[s]))
+                        .map(|s| row.key(s).id)
                         .collect();
+                    watchpoints.sort_unstable();
+                    watchpoints.dedup();
                     host.publish(EventKind::ThreadStarted {
                         pid,
                         tid,
@@ -170,7 +173,7 @@ impl PerfEngine {
 fn missing_wide(host: &dyn Host, pid: Pid, row: &crate::ledger::ThreadSlots) -> bool {
     host.wide_watches(pid)
         .iter()
-        .any(|w| row.slot_of(w.id).is_none())
+        .any(|w| row.mask_of(w.id).count_ones() as usize != w.spec.range.slots())
 }
 
 /// Pause between ring reads while records keep coming.

@@ -28,7 +28,7 @@ use super::{Backend, BackendStats, Features, Host, Unavailable};
 use crate::arch;
 use crate::error::WpdError;
 use crate::ledger::{Inheritance, Reservation, Retained, classify};
-use crate::model::{Pid, Tid, WatchId};
+use crate::model::{Pid, SlotKey, Tid, WatchId};
 use crate::procfs;
 use crate::state::{OpGuard, Process, Watch};
 pub use kernel::{Perf, PerfError, Record, ThreadEvents};
@@ -39,9 +39,9 @@ pub struct PerfEngine {
     probe: Option<Arc<SlotProbe>>,
     host: Weak<dyn Host>,
     /// Sample id (the primary id of an event we opened, also carried by its
-    /// inherited copies) → watchpoint.
-    event_ids: DashMap<u64, WatchId>,
-    /// Events opened explicitly, by watchpoint and thread. Kept until the
+    /// inherited copies) → the watchpoint's piece.
+    event_ids: DashMap<u64, SlotKey>,
+    /// Events opened explicitly, by watchpoint and thread (one per piece). Kept until the
     /// watchpoint is removed, even after the thread exits: closing one also
     /// removes the copies the kernel made for the threads it created.
     events: DashMap<WatchId, Vec<(Tid, ThreadEvents)>>,
@@ -184,23 +184,30 @@ impl PerfEngine {
             let mut changed = false;
             for tid in ledger.tids(proc.pid) {
                 for w in &wide {
-                    let Some(row) = ledger.get(tid) else {
-                        break;
-                    };
-                    let slot = row.slot_of(w.id);
-                    let uncertain = slot.is_some_and(|s| row.uncertain & (1 << s) != 0);
-                    if slot.is_some() && !uncertain {
-                        continue;
-                    }
-                    if uncertain {
-                        let verdict = self.inheritance_verdict(host, &row, w.id, tid);
-                        ledger.resolve_uncertain(tid, w.id, verdict, row.born());
-                        if verdict {
+                    let mut missing = false;
+                    for piece in 0..w.spec.range.slots() as u8 {
+                        let key = SlotKey::new(w.id, piece);
+                        let Some(row) = ledger.get(tid) else {
+                            break;
+                        };
+                        let slot = row.slot_of(key);
+                        let uncertain = slot.is_some_and(|s| row.uncertain & (1 << s) != 0);
+                        if slot.is_some() && !uncertain {
                             continue;
                         }
+                        if uncertain {
+                            let verdict = self.inheritance_verdict(host, &row, key, tid);
+                            ledger.resolve_uncertain(tid, key, verdict, row.born());
+                            if verdict {
+                                continue;
+                            }
+                        }
+                        missing = true;
                     }
-                    changed = true;
-                    self.arm_one(host, proc, w, tid);
+                    if missing {
+                        changed = true;
+                        self.arm_one(host, proc, w, tid);
+                    }
                 }
             }
             if !changed {
@@ -209,17 +216,17 @@ impl PerfEngine {
         }
     }
 
-    /// Did `tid` inherit `id` from its creator? Timestamps first, then a
+    /// Did `tid` inherit `key` from its creator? Timestamps first, then a
     /// kernel probe of free slots.
     fn inheritance_verdict(
         &self,
         host: &dyn Host,
         row: &crate::ledger::ThreadSlots,
-        id: WatchId,
+        key: SlotKey,
         tid: Tid,
     ) -> bool {
         if let Some(parent) = host.ledger().get(row.parent)
-            && let Some(s) = parent.slot_of(id)
+            && let Some(s) = parent.slot_of(key)
             && parent.ours & (1 << s) != 0
         {
             let w = parent.window(s);
@@ -241,58 +248,63 @@ impl PerfEngine {
         }
     }
 
+    /// Arms the pieces of `w` that `tid` lacks (all of them or none).
     fn arm_one(&self, host: &dyn Host, proc: &Process, w: &Watch, tid: Tid) {
         let ledger = host.ledger();
-        let res = match ledger.reserve_one(tid, w.id, true, Retained::Avoid) {
-            Ok(Some(r)) => r,
-            // Gone, or it has the watchpoint already.
-            Ok(None) => return,
-            Err(_) => {
-                tracing::warn!(
-                    pid = proc.pid,
-                    tid,
-                    id = w.id.0,
-                    "new thread has no free slot for a process-wide watchpoint"
-                );
-                return;
-            }
-        };
-        let res = [res];
-        let sink = |eid: u64| {
-            self.event_ids.insert(eid, w.id);
-        };
-        let t0 = crate::clock::monotonic_ns();
-        match self
-            .perf
-            .open_breakpoint(tid, w.spec.addr, w.spec.len, w.spec.access, true, &sink)
+        let mut res = Vec::new();
+        let pieces = w.spec.range.slots() as u8;
+        if ledger
+            .reserve(tid, w.id, pieces, true, Retained::Avoid, &mut res)
+            .is_err()
         {
-            Ok(ev) => {
-                let t1 = crate::clock::monotonic_ns();
-                ledger.commit(&res, Some(&[(t0, t1)]));
-                self.events.entry(w.id).or_default().push((tid, ev));
-            }
-            Err(e) if e.errno == Errno::ENOSPC => {
-                ledger.mark_foreign(res[0]);
-                tracing::warn!(
-                    pid = proc.pid,
-                    tid,
-                    id = w.id.0,
-                    "kernel refused a slot (ENOSPC) on a new thread"
-                );
-            }
-            Err(e) if e.errno == Errno::ESRCH => ledger.rollback(&res),
-            Err(e) => {
-                // EMFILE above all: the thread stays without this
-                // watchpoint, as `ListThreads` shows.
-                ledger.rollback(&res);
-                tracing::warn!(
-                    pid = proc.pid,
-                    tid,
-                    id = w.id.0,
-                    "{} failed on a new thread: {}",
-                    e.op,
-                    e.errno.desc()
-                );
+            tracing::warn!(
+                pid = proc.pid,
+                tid,
+                id = w.id.0,
+                pieces,
+                "new thread has too few free slots for a process-wide watchpoint"
+            );
+            return;
+        }
+        // Gone, or it has the watchpoint already: `res` is empty.
+        for (i, r) in res.iter().enumerate() {
+            let piece = w.spec.range.piece(r.key.piece);
+            let sink = |eid: u64| {
+                self.event_ids.insert(eid, r.key);
+            };
+            let t0 = crate::clock::monotonic_ns();
+            match self
+                .perf
+                .open_breakpoint(tid, piece.addr, piece.len, w.spec.access, true, &sink)
+            {
+                Ok(ev) => {
+                    let t1 = crate::clock::monotonic_ns();
+                    ledger.commit(&[*r], Some(&[(t0, t1)]));
+                    self.events.entry(w.id).or_default().push((tid, ev));
+                }
+                Err(e) => {
+                    // The pieces armed stay (the thread's listing shows the
+                    // gap); those not tried yet are given back.
+                    if e.errno == Errno::ENOSPC {
+                        ledger.mark_foreign(*r);
+                    } else {
+                        ledger.rollback(&[*r]);
+                    }
+                    ledger.rollback(&res[i + 1..]);
+                    if e.errno != Errno::ESRCH {
+                        // EMFILE above all: the thread stays without this
+                        // watchpoint, as `ListThreads` shows.
+                        tracing::warn!(
+                            pid = proc.pid,
+                            tid,
+                            id = w.id.0,
+                            "{} failed on a new thread: {}",
+                            e.op,
+                            e.errno.desc()
+                        );
+                    }
+                    return;
+                }
             }
         }
     }
@@ -418,10 +430,6 @@ impl Backend for PerfEngine {
         }
         perf.reserve_fds(res.len() * perf.cpus().len());
         let registered = Mutex::new(Vec::new());
-        let sink = |eid: u64| {
-            self.event_ids.insert(eid, id);
-            registered.lock().unwrap().push(eid);
-        };
         let stop = AtomicBool::new(false);
         let chunks = fan_out(res, perf.cpus().len(), |chunk| {
             let mut c = ArmChunk::with_capacity(chunk.len());
@@ -430,11 +438,16 @@ impl Backend for PerfEngine {
                     c.untried.extend_from_slice(&chunk[i..]);
                     break;
                 }
+                let piece = spec.range.piece(r.key.piece);
+                let sink = |eid: u64| {
+                    self.event_ids.insert(eid, r.key);
+                    registered.lock().unwrap().push(eid);
+                };
                 let t0 = crate::clock::monotonic_ns();
                 match perf.open_breakpoint(
                     r.tid,
-                    spec.addr,
-                    spec.len,
+                    piece.addr,
+                    piece.len,
                     spec.access,
                     process_wide,
                     &sink,
@@ -502,6 +515,7 @@ impl Backend for PerfEngine {
             }
             return Err(WpdError::OutOfSlots {
                 pid,
+                needed: spec.range.slots(),
                 conflicts: ledger.conflicts(full),
             });
         }

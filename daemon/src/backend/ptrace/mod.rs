@@ -35,7 +35,7 @@ use super::{Backend, Features, Host, RunState, Unavailable};
 use crate::error::WpdError;
 use crate::events::{EventKind, HitEvent};
 use crate::ledger::{Reservation, Retained};
-use crate::model::{BackendKind, HitAction, Pid, Tid, WatchId};
+use crate::model::{BackendKind, HitAction, Pid, Piece, SlotKey, Tid};
 use crate::procfs;
 use crate::sched::Boost;
 use crate::state::{OpGuard, Process, Watch};
@@ -150,10 +150,12 @@ impl PtraceEngine {
                 // A thread that has exited (a leader that ended alone stays
                 // a zombie while the others run) cannot be seized (EPERM)
                 // and runs no code: it is not watched (kernel-facts §3b).
+                // Told apart by its state only when the seize fails, not
+                // with a /proc read per thread.
                 let tids: Vec<Tid> = procfs::tasks(proc.pid)
                     .map_err(|_| WpdError::NoSuchProcess(proc.pid))?
                     .into_iter()
-                    .filter(|t| seen.insert(*t) && !procfs::thread_exited(proc.pid, *t))
+                    .filter(|t| seen.insert(*t))
                     .collect();
                 if tids.is_empty() {
                     return Ok(());
@@ -199,20 +201,22 @@ impl PtraceEngine {
         result
     }
 
-    /// The watched bytes, read through the stopped thread itself: exact.
-    fn hit_value(pid: Pid, tid: Tid, w: &Watch) -> Result<Vec<u8>, String> {
-        procfs::read_memory(pid, tid, w.spec.addr, w.spec.len.bytes() as usize)
+    /// The watched bytes of a piece, read through the stopped thread
+    /// itself: exact.
+    fn hit_value(pid: Pid, tid: Tid, piece: Piece) -> Result<Vec<u8>, String> {
+        procfs::read_memory(pid, tid, piece.addr, piece.len.bytes() as usize)
     }
 
-    fn program_for(tid: Tid, slot: u8, w: &Watch) -> SlotProgram {
+    fn program_for(r: &Reservation, w: &Watch) -> SlotProgram {
+        let piece = w.spec.range.piece(r.key.piece);
         SlotProgram {
-            tid,
-            slot,
+            tid: r.tid,
+            slot: r.slot,
             arm: Some(shards::Arm {
-                addr: w.spec.addr,
-                len: w.spec.len,
+                addr: piece.addr,
+                len: piece.len,
                 access: w.spec.access,
-                id: w.id,
+                key: r.key,
             }),
         }
     }
@@ -259,22 +263,38 @@ impl Backend for PtraceEngine {
         // slow to come, and parked they are programmed at once, with no
         // second stop. Many threads are parked even without the check: all
         // stopped before any restarts (see `Shards::detach`).
-        let tids: Vec<Tid> = res.iter().map(|r| r.tid).collect();
+        let mut tids: Vec<Tid> = res.iter().map(|r| r.tid).collect();
+        tids.dedup(); // a thread's reservations are adjacent, one per piece
         let _parked = (self.probe.is_some() || tids.len() > 1).then(|| Unpark::park(pt, &tids));
         if let Some(probe) = &self.probe {
             // From one thread per CPU, as perf arm passes: each open and
             // close interrupts the CPU the thread last ran on.
             let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let refused = fan_out(res, cpus, |chunk| {
-                chunk
+            // Per thread, the slots it needs that the kernel does not hold
+            // for us already (a thread's reservations are adjacent).
+            let mut groups: Vec<(Tid, usize, &[Reservation])> = Vec::new();
+            for chunk in res.chunk_by(|a, b| a.tid == b.tid) {
+                let row = ledger.get(chunk[0].tid);
+                let fresh = chunk
                     .iter()
                     .filter(|r| {
-                        let retained = ledger
-                            .get(r.tid)
-                            .is_some_and(|row| row.retained & (1 << r.slot) != 0);
-                        !retained && probe.free_slots(r.tid, 1) == Ok(0)
+                        row.as_ref()
+                            .is_none_or(|row| row.retained & (1 << r.slot) == 0)
                     })
-                    .copied()
+                    .count();
+                if fresh > 0 {
+                    groups.push((chunk[0].tid, fresh, chunk));
+                }
+            }
+            let refused = fan_out(&groups, cpus, |chunk| {
+                chunk
+                    .iter()
+                    .filter(|(tid, fresh, _)| {
+                        probe
+                            .free_slots(*tid, *fresh)
+                            .is_ok_and(|free| free < *fresh)
+                    })
+                    .flat_map(|(_, _, rs)| rs.iter().copied())
                     .collect::<Vec<Reservation>>()
             });
             let mut full = Vec::new();
@@ -286,24 +306,23 @@ impl Backend for PtraceEngine {
                 ledger.rollback(res);
                 return Err(WpdError::OutOfSlots {
                     pid: op.pid(),
+                    needed: watch.spec.range.slots(),
                     conflicts: ledger.conflicts(full),
                 });
             }
         }
-        let items: Vec<SlotProgram> = res
-            .iter()
-            .map(|r| Self::program_for(r.tid, r.slot, watch))
-            .collect();
+        let items: Vec<SlotProgram> = res.iter().map(|r| Self::program_for(r, watch)).collect();
         let results = pt.program(items);
         let mut ok = Vec::new();
         let mut gone = Vec::new();
         let mut full = Vec::new();
         let mut failed = None;
         for (p, r) in &results {
+            let Some(arm) = p.arm else { continue };
             let res = Reservation {
                 tid: p.tid,
                 slot: p.slot,
-                id: watch.id,
+                key: arm.key,
             };
             match r {
                 ProgramResult::Done => ok.push(res),
@@ -329,6 +348,7 @@ impl Backend for PtraceEngine {
         }
         Err(WpdError::OutOfSlots {
             pid: op.pid(),
+            needed: watch.spec.range.slots(),
             conflicts: ledger.conflicts(full),
         })
     }
@@ -356,7 +376,8 @@ impl Backend for PtraceEngine {
         // Stopped all first, then cleared, then restarted: cleared at their
         // own stops one by one, busy threads would each wait for the CPU
         // behind those already restarted (see `Shards::detach`).
-        let tids: Vec<Tid> = items.iter().map(|p| p.tid).collect();
+        let mut tids: Vec<Tid> = items.iter().map(|p| p.tid).collect();
+        tids.dedup(); // one item per piece, a thread's together
         let _parked = (tids.len() > 1).then(|| Unpark::park(&self.shards, &tids));
         self.shards.program(items);
     }
@@ -404,11 +425,21 @@ impl TraceSink for PtraceEngine {
         ledger.add_thread(pid, tid);
         ledger.set_parent(tid, parent);
         let mut out = Vec::new();
+        let mut res = Vec::new();
         for w in host.wide_watches(pid) {
-            match ledger.reserve_one(tid, w.id, false, Retained::Reuse) {
-                Ok(Some(r)) => out.push(Self::program_for(tid, r.slot, &w)),
-                Ok(None) => {}
-                Err(_) => tracing::warn!(pid, tid, id = w.id.0, "new thread has no free slot"),
+            res.clear();
+            let pieces = w.spec.range.slots() as u8;
+            match ledger.reserve(tid, w.id, pieces, false, Retained::Reuse, &mut res) {
+                Ok(()) => out.extend(res.iter().map(|r| Self::program_for(r, &w))),
+                Err(_) => {
+                    tracing::warn!(
+                        pid,
+                        tid,
+                        id = w.id.0,
+                        pieces,
+                        "new thread has too few free slots"
+                    )
+                }
             }
         }
         out
@@ -425,12 +456,14 @@ impl TraceSink for PtraceEngine {
             let res = Reservation {
                 tid,
                 slot: p.slot,
-                id: a.id,
+                key: a.key,
             };
             match r {
                 ProgramResult::Done => {
                     ledger.commit(&[res], None);
-                    armed.push(a.id);
+                    if !armed.contains(&a.key.id) {
+                        armed.push(a.key.id);
+                    }
                 }
                 ProgramResult::NoSpace => ledger.mark_foreign(res),
                 _ => ledger.rollback(&[res]),
@@ -458,24 +491,41 @@ impl TraceSink for PtraceEngine {
         }
     }
 
-    fn hit(&self, pid: Pid, tid: Tid, ip: u64, ids: &[WatchId]) -> HitVerdict {
+    fn hit(&self, pid: Pid, tid: Tid, ip: u64, keys: &[SlotKey]) -> HitVerdict {
         let Some(host) = self.host.upgrade() else {
             return HitVerdict::Continue;
         };
         let mut verdict = HitVerdict::Continue;
-        for &id in ids {
-            let Some(w) = host.watch(id) else {
+        for &key in keys {
+            let Some(w) = host.watch(key.id) else {
                 continue;
             };
-            let value = Self::hit_value(pid, tid, &w);
+            let piece = w.spec.range.piece(key.piece);
+            let value = Self::hit_value(pid, tid, piece);
             let mut old_value = None;
-            if w.spec.only_on_change {
+            if w.spec.only_on_change
+                && let Ok(v) = &value
+            {
+                // The last bytes seen of the whole range; this piece's part
+                // compared and updated.
                 let mut last = w.last_value.lock().unwrap();
-                if let Ok(v) = &value {
-                    if last.as_ref() == Some(v) {
-                        continue; // stored the same bytes: not a change
+                let off = (piece.addr - w.spec.range.addr) as usize;
+                let part = off..off + v.len();
+                match last.as_mut().filter(|l| l.len() >= part.end) {
+                    Some(l) if l[part.clone()] == v[..] => continue, // the same bytes
+                    Some(l) => {
+                        old_value = Some(l[part.clone()].to_vec());
+                        l[part].copy_from_slice(v);
                     }
-                    old_value = last.replace(v.clone());
+                    None => {
+                        *last = procfs::read_memory(
+                            pid,
+                            tid,
+                            w.spec.range.addr,
+                            w.spec.range.len as usize,
+                        )
+                        .ok();
+                    }
                 }
             }
             let stopped = w.spec.action != HitAction::Log;
@@ -488,11 +538,12 @@ impl TraceSink for PtraceEngine {
             let now = crate::clock::realtime_ns();
             host.publish(EventKind::Hit(HitEvent {
                 id: w.id,
+                piece: key.piece,
                 pid,
                 tid,
                 ip,
-                addr: w.spec.addr,
-                len: w.spec.len.bytes(),
+                addr: piece.addr,
+                len: piece.len.bytes(),
                 access: w.spec.access,
                 value,
                 time_ns: now,

@@ -12,15 +12,15 @@ use nix::unistd::Pid as NixPid;
 
 use super::shards::{ProgramResult, SlotProgram};
 use crate::arch::current as arch;
-use crate::model::{Tid, WatchId};
+use crate::model::{SlotKey, Tid};
 
 /// One tracee's registers (see the module doc).
 #[derive(Debug, Default)]
 pub(super) struct Regs {
     /// Addresses in DR0–DR3, as last written.
     addr: [u64; arch::SLOTS],
-    /// Watchpoint per slot, for DR6 → watchpoint.
-    ids: [Option<WatchId>; arch::SLOTS],
+    /// Watchpoint piece per slot, for DR6 → watchpoint.
+    ids: [Option<SlotKey>; arch::SLOTS],
     /// The DR7 we want.
     dr7: u64,
     /// DR7 as last written successfully.
@@ -58,7 +58,7 @@ impl Regs {
                     match r {
                         Ok(()) => {
                             self.addr[s] = a.addr;
-                            self.ids[s] = Some(a.id);
+                            self.ids[s] = Some(a.key);
                             self.ever_armed |= 1 << s;
                             self.dr7 = (self.dr7 & !arch::dr7::slot_mask(s))
                                 | arch::dr7_slot_bits(s, a.len, a.access);
@@ -109,8 +109,8 @@ impl Regs {
         self.applied_dr7 = 0;
     }
 
-    /// The watchpoints of the armed slots DR6 names.
-    pub(super) fn watches_hit(&self, dr6: u64) -> Vec<WatchId> {
+    /// The watchpoint pieces of the armed slots DR6 names.
+    pub(super) fn watches_hit(&self, dr6: u64) -> Vec<SlotKey> {
         let hit = arch::dr6::slots_hit(dr6);
         (0..arch::SLOTS)
             .filter(|&s| hit & (1 << s) != 0)
@@ -136,6 +136,7 @@ pub(super) fn errno_result(e: Errno) -> ProgramResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::WatchId;
 
     #[test]
     fn errno_mapping() {
@@ -150,11 +151,16 @@ mod tests {
     #[test]
     fn dr6_maps_to_the_watchpoints_of_armed_slots() {
         let mut r = Regs::default();
-        r.ids[1] = Some(WatchId(7));
-        r.ids[2] = Some(WatchId(9));
+        let (a, b) = (SlotKey::new(WatchId(7), 0), SlotKey::new(WatchId(7), 1));
+        r.ids[1] = Some(a);
+        r.ids[2] = Some(b);
         r.ever_armed = 0b0111;
-        assert_eq!(r.watches_hit(0xffff_0ff2), vec![WatchId(7)]);
-        assert_eq!(r.watches_hit(0xffff_0ff6), vec![WatchId(7), WatchId(9)]);
+        assert_eq!(r.watches_hit(0xffff_0ff2), vec![a]);
+        assert_eq!(
+            r.watches_hit(0xffff_0ff6),
+            vec![a, b],
+            "two pieces of one store"
+        );
         assert!(
             r.watches_hit(0xffff_0ff1).is_empty(),
             "slot 0 holds nothing now"

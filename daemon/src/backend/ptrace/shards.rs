@@ -32,7 +32,7 @@ use nix::errno::Errno;
 
 use super::tracer::Tracer;
 use super::wake::{Bell, IS_TRACER, ROUTER, Router, install_sigchld_handler};
-use crate::model::{Access, Pid, Tid, WatchId, WatchLen};
+use crate::model::{Access, Pid, SlotKey, Tid, WatchLen};
 
 /// What to arm in one slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,8 +43,8 @@ pub struct Arm {
     pub len: WatchLen,
     /// Access kind.
     pub access: Access,
-    /// The watchpoint (for DR6 → watchpoint).
-    pub id: WatchId,
+    /// The watchpoint's piece (for DR6 → watchpoint).
+    pub key: SlotKey,
 }
 
 /// One slot change on one tracee.
@@ -113,9 +113,9 @@ pub trait TraceSink: Send + Sync {
     fn thread_armed(&self, pid: Pid, tid: Tid, results: &[(SlotProgram, ProgramResult)]);
     /// A tracee exited.
     fn thread_exited(&self, pid: Pid, tid: Tid);
-    /// A hardware-breakpoint trap: `ids` are the watchpoints of the slots
-    /// DR6 names. The tracee is stopped while this runs.
-    fn hit(&self, pid: Pid, tid: Tid, ip: u64, ids: &[WatchId]) -> HitVerdict;
+    /// A hardware-breakpoint trap: `keys` are the watchpoint pieces of the
+    /// slots DR6 names. The tracee is stopped while this runs.
+    fn hit(&self, pid: Pid, tid: Tid, ip: u64, keys: &[SlotKey]) -> HitVerdict;
     /// The process called exec: the kernel cleared the registers.
     fn exec(&self, pid: Pid, tid: Tid);
 }
@@ -305,6 +305,12 @@ impl Shards {
             if let Some(s) = self.owner.get(&t).map(|s| *s) {
                 per.entry(s).or_default().push(t);
             }
+        }
+        // A tracee named twice (a watchpoint of several pieces) stops once:
+        // counted twice, the park would wait for a stop that never comes.
+        for v in per.values_mut() {
+            v.sort_unstable();
+            v.dedup();
         }
         let (tx, rx) = mpsc::channel();
         let waiting = per.len();
