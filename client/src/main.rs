@@ -102,6 +102,28 @@ pub enum Command {
     Resume(ResumeArgs),
     /// Show daemon counters
     Stats,
+    /// Resolve a name in a process (address, size, type, module), or say what is at an address
+    Symbol(SymbolArgs),
+}
+
+/// `wpctl symbol`.
+#[derive(Debug, Args)]
+pub struct SymbolArgs {
+    /// Process
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: i32,
+    /// A name (`[MODULE:]NAME[.MEMBER][[INDEX]][+OFFSET]`) or an address (0x…)
+    #[arg(value_name = "NAME|ADDR")]
+    pub what: String,
+}
+
+/// `--on-exec` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnExecArg {
+    /// Resolve the name again in the new program and arm it there (the default)
+    Resolve,
+    /// Remove the watchpoint
+    Remove,
 }
 
 /// `wpctl attach`.
@@ -136,14 +158,27 @@ pub struct WatchArgs {
     #[arg(long = "tid", value_name = "TID", value_delimiter = ',', value_parser = pid_parser())]
     pub tids: Vec<i32>,
     /// Address to watch: hex with 0x prefix, or decimal
-    #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
-    pub addr: u64,
-    /// Bytes to watch from --addr (exec: 1). A range one slot cannot watch (longer than 8
-    /// bytes, or unaligned) takes several slots on every thread, up to the 4 a thread has
-    /// (32 aligned bytes)
-    #[arg(long, value_name = "BYTES", default_value = "8",
-          value_parser = clap::value_parser!(u32).range(1..))]
-    pub len: u32,
+    #[arg(long, value_name = "ADDR", value_parser = parse_addr,
+          required_unless_present = "symbol", conflicts_with = "symbol")]
+    pub addr: Option<u64>,
+    /// Variable to watch, by name: `[MODULE:]NAME[.MEMBER][[INDEX]][+OFFSET]`, e.g. `counter`,
+    /// `libfoo.so:stats.flags[2]`; a global or static of the program or of any library it
+    /// loaded. With --access exec, a function
+    #[arg(long, value_name = "NAME")]
+    pub symbol: Option<String>,
+    /// Bytes to watch (default: 8 from --addr; the object's size for --symbol; exec: 1). A
+    /// range one slot cannot watch (longer than 8 bytes, or unaligned) takes several slots
+    /// on every thread, up to the 4 a thread has (32 aligned bytes)
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(1..))]
+    pub len: Option<u32>,
+    /// With each hit, the accessing thread's call chain, up to DEPTH frames (default 16; code
+    /// built without frame pointers gives a short chain)
+    #[arg(long, value_name = "DEPTH", num_args = 0..=1, default_missing_value = "16",
+          value_parser = clap::value_parser!(u32).range(1..=127))]
+    pub backtrace: Option<u32>,
+    /// What becomes of a watchpoint set by --symbol when the process calls exec
+    #[arg(long, value_enum)]
+    pub on_exec: Option<OnExecArg>,
     /// Access that triggers the watchpoint
     #[arg(long, value_enum, default_value_t = AccessArg::Write)]
     pub access: AccessArg,
@@ -233,6 +268,9 @@ pub struct EventsArgs {
     /// Exit after printing N events
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub count: Option<u64>,
+    /// Raw instruction pointers: no function, file:line or module names
+    #[arg(long)]
+    pub raw: bool,
 }
 
 /// `--access` values. `read` is passed through as ACCESS_READ so that the
@@ -392,6 +430,7 @@ async fn dispatch(ctx: &Ctx, command: &Command) -> Result<(), Error> {
         Command::Events(a) => cmd::events::run(ctx, a).await,
         Command::Resume(a) => cmd::resume::run(ctx, a).await,
         Command::Stats => cmd::stats::run(ctx).await,
+        Command::Symbol(a) => cmd::symbol::run(ctx, a).await,
     }
 }
 
@@ -559,15 +598,49 @@ mod tests {
     }
 
     #[test]
+    fn watch_by_name_or_by_address() {
+        let by_name = |args: &[&str]| {
+            let mut all = vec!["watch", "--pid", "1"];
+            all.extend_from_slice(args);
+            parse(&all).map(|c| match c.command {
+                Command::Watch(w) => w,
+                other => panic!("parsed as {other:?}"),
+            })
+        };
+        let w = by_name(&["--symbol", "libfoo.so:stats.flags[2]"]).unwrap();
+        assert_eq!(w.symbol.as_deref(), Some("libfoo.so:stats.flags[2]"));
+        assert_eq!((w.addr, w.len), (None, None));
+        assert!(
+            by_name(&[]).is_err(),
+            "one of --addr and --symbol is needed"
+        );
+        assert!(
+            by_name(&["--symbol", "x", "--addr", "0x10"]).is_err(),
+            "not both"
+        );
+        let w = by_name(&["--symbol", "x", "--backtrace"]).unwrap();
+        assert_eq!(w.backtrace, Some(16), "--backtrace alone: 16 frames");
+        let w = by_name(&["--symbol", "x", "--backtrace", "40", "--on-exec", "remove"]).unwrap();
+        assert_eq!(
+            (w.backtrace, w.on_exec),
+            (Some(40), Some(OnExecArg::Remove))
+        );
+        assert!(by_name(&["--symbol", "x", "--backtrace", "128"]).is_err());
+    }
+
+    #[test]
     fn watch_defaults_and_lists() {
         let w = watch_args(&["--tid", "5,6", "--tid", "7", "--backend", "ptrace"]).unwrap();
-        assert_eq!(w.len, 8);
+        assert_eq!(
+            w.len, None,
+            "8 bytes from --addr, the object's size for --symbol"
+        );
         assert_eq!(w.tids, vec![5, 6, 7]);
         assert_eq!(backend_value(w.backend), Backend::Ptrace as i32);
-        assert_eq!(watch_args(&["--len", "2"]).unwrap().len, 2);
+        assert_eq!(watch_args(&["--len", "2"]).unwrap().len, Some(2));
         assert_eq!(
             watch_args(&["--len", "24"]).unwrap().len,
-            24,
+            Some(24),
             "a range of several slots"
         );
         assert!(watch_args(&["--len", "0"]).is_err());

@@ -5,7 +5,8 @@ use std::io::{self, Write};
 
 use serde_json::{Value, json};
 use wpd_proto::v1::{
-    Access, Backend, HitAction, ProcessInfo, SlotState, ThreadState, Watchpoint, WatchpointSpec,
+    Access, Backend, HitAction, Location, ProcessInfo, SlotState, Symbol, SymbolSource,
+    ThreadState, Watchpoint, WatchpointSpec,
 };
 
 use crate::error::Error;
@@ -287,17 +288,128 @@ pub fn scope(wp: &Watchpoint) -> String {
     }
 }
 
+/// A module's file name from its path.
+pub fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// `stats.errors (int, 4 bytes, ct-pie, DWARF)`.
+pub fn symbol_text(s: &Symbol) -> String {
+    let mut parts = Vec::new();
+    if !s.type_name.is_empty() {
+        parts.push(s.type_name.clone());
+    }
+    parts.push(plural(s.size, "byte"));
+    parts.push(file_name(&s.module).to_string());
+    parts.push(source_name(s.source).into());
+    format!("{} ({})", s.expression, parts.join(", "))
+}
+
+/// Where a name's address came from.
+pub fn source_name(v: i32) -> &'static str {
+    match SymbolSource::try_from(v) {
+        Ok(SymbolSource::Dwarf) => "DWARF",
+        Ok(SymbolSource::Symtab) => "symbol table",
+        Ok(SymbolSource::Dynsym) => "dynamic symbol table",
+        _ => "?",
+    }
+}
+
+/// A resolved name as JSON.
+pub fn symbol_json(s: &Symbol) -> Value {
+    json!({
+        "expression": s.expression,
+        "name": s.name,
+        "module": s.module,
+        "build_id": hex_bytes(&s.build_id),
+        "address": hex(s.address),
+        "size": s.size,
+        "type": if s.type_name.is_empty() { Value::Null } else { json!(s.type_name) },
+        "source": source_name(s.source),
+        "module_address": hex(s.module_address),
+        "note": if s.note.is_empty() { Value::Null } else { json!(s.note) },
+    })
+}
+
+/// `bump_counter (ctarget.c:61)`, `bump_counter+0x12 (libfoo.so)` without
+/// line information, or the raw address when nothing is known.
+pub fn location_text(l: &Location) -> String {
+    let module = file_name(&l.module);
+    let func = match (l.function.is_empty(), l.function_offset) {
+        (true, _) => None,
+        (false, _) if l.line > 0 => Some(l.function.clone()),
+        (false, 0) => Some(l.function.clone()),
+        (false, off) => Some(format!("{}+{:#x}", l.function, off)),
+    };
+    let place = if l.line > 0 && !l.file.is_empty() {
+        Some(format!("{}:{}", file_name(&l.file), l.line))
+    } else if !module.is_empty() {
+        Some(format!("{module}+{:#x}", l.module_address))
+    } else {
+        None
+    };
+    let mut s = match (func, place) {
+        (Some(f), Some(p)) => format!("{f} ({p})"),
+        (Some(f), None) => f,
+        (None, Some(p)) => p,
+        (None, None) => hex(l.ip),
+    };
+    for i in &l.inlined {
+        s.push_str(&format!(" inlined in {}", i.function));
+        if i.line > 0 {
+            s.push_str(&format!(" ({}:{})", file_name(&i.file), i.line));
+        }
+    }
+    s
+}
+
+/// A location as JSON: every field.
+pub fn location_json(l: &Location) -> Value {
+    json!({
+        "ip": hex(l.ip),
+        "lookup_address": hex(l.lookup_address),
+        "function": if l.function.is_empty() { Value::Null } else { json!(l.function) },
+        "function_offset": l.function_offset,
+        "file": if l.file.is_empty() { Value::Null } else { json!(l.file) },
+        "line": l.line,
+        "column": l.column,
+        "inlined": l.inlined.iter().map(|i| json!({"function": i.function, "file": i.file, "line": i.line})).collect::<Vec<_>>(),
+        "module": if l.module.is_empty() { Value::Null } else { json!(l.module) },
+        "build_id": hex_bytes(&l.build_id),
+        "module_address": hex(l.module_address),
+        "file_offset": if l.has_file_offset { json!(l.file_offset) } else { Value::Null },
+    })
+}
+
 /// `write 8 bytes at 0x55d0c0a01040 in pid 123`; a range of several
 /// pieces adds them: `… (3 slots: 8@0x…, 8@0x…, 8@0x…)`.
 pub fn describe(wp: &Watchpoint) -> String {
     let spec = wp.spec.clone().unwrap_or_default();
-    let mut s = format!(
-        "{} {} at {} in pid {}",
-        access_name(spec.access),
-        plural(spec.length, "byte"),
-        hex(spec.address),
-        spec.pid
-    );
+    let mut s = match &wp.symbol {
+        // The whole object: its size is in the description already.
+        Some(sym) if u64::from(spec.length) == sym.size => format!(
+            "{} {} at {} in pid {}",
+            access_name(spec.access),
+            symbol_text(sym),
+            hex(spec.address),
+            spec.pid
+        ),
+        Some(sym) => format!(
+            "{} {} of {} at {} in pid {}",
+            access_name(spec.access),
+            plural(spec.length, "byte"),
+            symbol_text(sym),
+            hex(spec.address),
+            spec.pid
+        ),
+        None => format!(
+            "{} {} at {} in pid {}",
+            access_name(spec.access),
+            plural(spec.length, "byte"),
+            hex(spec.address),
+            spec.pid
+        ),
+    };
     if wp.pieces.len() > 1 {
         let pieces: Vec<String> = wp
             .pieces
@@ -326,6 +438,8 @@ pub fn watchpoint_json(wp: &Watchpoint) -> Value {
         "pieces": wp.pieces.iter().map(|p| json!({"address": hex(p.address), "length": p.length})).collect::<Vec<_>>(),
         "access": access_name(spec.access),
         "action": action_name(spec.action),
+        "symbol": wp.symbol.as_ref().map(symbol_json),
+        "backtrace_depth": spec.backtrace_depth,
         "only_on_change": spec.only_on_change,
         "backend": backend_name(wp.backend),
         "armed_threads": wp.armed_threads,

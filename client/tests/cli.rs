@@ -48,8 +48,38 @@ fn hit(seq: u64) -> StreamEventsResponse {
             old_value: vec![],
             backend: Backend::Perf as i32,
             piece: 0,
+            location: None,
+            backtrace: vec![],
+            backtrace_note: String::new(),
         }),
     )
+}
+
+/// Where a `--backtrace` hit came from: `set_counter` at target.c:17,
+/// called from `main`.
+fn located_hit(seq: u64) -> StreamEventsResponse {
+    let frame = |ip: u64, function: &str, line: u32| Location {
+        ip,
+        lookup_address: ip - 1,
+        function: function.into(),
+        function_offset: 0x10,
+        file: "/src/target.c".into(),
+        line,
+        column: 3,
+        inlined: vec![],
+        module: "/opt/t/target".into(),
+        build_id: vec![0xab, 0xcd, 0x01],
+        module_address: (ip - 1) & 0xffff,
+        file_offset: (ip - 1) & 0xffff,
+        has_file_offset: true,
+    };
+    let mut ev = hit(seq);
+    if let Some(Event::Hit(h)) = &mut ev.event {
+        h.ip = 0x5555_0000_1111;
+        h.location = Some(frame(0x5555_0000_1111, "set_counter", 17));
+        h.backtrace = vec![frame(0x5555_0000_1222, "main", 42)];
+    }
+    ev
 }
 
 /// A hit of a `--action stop --on-change` watchpoint: old value 41, new 42,
@@ -85,8 +115,41 @@ fn watchpoint(id: u64, spec: WatchpointSpec, hits: u64) -> Watchpoint {
             address: spec.address,
             length: spec.length,
         }],
+        symbol: None,
         spec: Some(spec),
     }
+}
+
+/// What the mock's process 123 has: `counter`, a 4-byte int in the
+/// executable `/opt/t/target`, loaded at 0x5555_0000_0000.
+fn counter_symbol(expression: &str) -> Symbol {
+    Symbol {
+        expression: expression.into(),
+        name: "counter".into(),
+        module: "/opt/t/target".into(),
+        build_id: vec![0xab, 0xcd, 0x01],
+        address: 0x5555_0000_4010,
+        size: 4,
+        type_name: "int".into(),
+        source: SymbolSource::Dwarf as i32,
+        module_address: 0x4010,
+        note: String::new(),
+    }
+}
+
+/// The error the daemon gives for a name no module defines.
+fn unknown_symbol(name: &str) -> Status {
+    let mut details = ErrorDetails::new();
+    details.set_error_info(
+        wpd_proto::reason::UNKNOWN_SYMBOL,
+        "wpd.v1",
+        HashMap::from([("closest".to_string(), "counter".to_string())]),
+    );
+    Status::with_error_details(
+        Code::NotFound,
+        format!("no variable {name:?} in process 123 (closest: counter)"),
+        details,
+    )
 }
 
 #[tonic::async_trait]
@@ -156,7 +219,19 @@ impl Watchpoints for Mock {
         &self,
         r: Request<SetWatchpointRequest>,
     ) -> Result<Response<SetWatchpointResponse>, Status> {
-        let spec = r.into_inner().spec.unwrap_or_default();
+        let mut spec = r.into_inner().spec.unwrap_or_default();
+        let mut symbol = None;
+        if !spec.symbol.is_empty() {
+            if spec.symbol != "counter" {
+                return Err(unknown_symbol(&spec.symbol));
+            }
+            let s = counter_symbol(&spec.symbol);
+            spec.address = s.address;
+            if spec.length == 0 {
+                spec.length = s.size as u32;
+            }
+            symbol = Some(s);
+        }
         if spec.access == Access::Read as i32 {
             return Err(Status::invalid_argument(
                 "x86-64 has no read-only watchpoints; use --access rw",
@@ -191,10 +266,69 @@ impl Watchpoints for Mock {
         } else {
             vec![]
         };
+        let mut wp = watchpoint(7, spec, 0);
+        wp.symbol = symbol.clone();
         Ok(Response::new(SetWatchpointResponse {
-            watchpoint: Some(watchpoint(7, spec, 0)),
+            watchpoint: Some(wp),
             arm_duration_ns: 4_200_000,
             warnings,
+            symbol,
+        }))
+    }
+
+    /// pid 123: `counter` by name; 0x5555_0000_1234, code in `main`.
+    async fn resolve_symbol(
+        &self,
+        r: Request<ResolveSymbolRequest>,
+    ) -> Result<Response<ResolveSymbolResponse>, Status> {
+        let r = r.into_inner();
+        if r.pid != 123 {
+            return Err(Status::not_found(format!("no process {}", r.pid)));
+        }
+        if !r.name.is_empty() {
+            if r.name != "counter" {
+                return Err(unknown_symbol(&r.name));
+            }
+            return Ok(Response::new(ResolveSymbolResponse {
+                symbol: Some(counter_symbol(&r.name)),
+                location: None,
+                kind: "variable".into(),
+                offset: 0,
+            }));
+        }
+        if r.address != 0x5555_0000_1234 {
+            return Ok(Response::new(ResolveSymbolResponse::default()));
+        }
+        Ok(Response::new(ResolveSymbolResponse {
+            symbol: Some(Symbol {
+                expression: String::new(),
+                name: "main".into(),
+                module: "/opt/t/target".into(),
+                build_id: vec![0xab, 0xcd, 0x01],
+                address: 0x5555_0000_1200,
+                size: 0x80,
+                type_name: String::new(),
+                source: SymbolSource::Symtab as i32,
+                module_address: 0x1200,
+                note: String::new(),
+            }),
+            location: Some(Location {
+                ip: 0x5555_0000_1234,
+                lookup_address: 0x5555_0000_1234,
+                function: "main".into(),
+                function_offset: 0x34,
+                file: "/src/target.c".into(),
+                line: 42,
+                column: 5,
+                inlined: vec![],
+                module: "/opt/t/target".into(),
+                build_id: vec![0xab, 0xcd, 0x01],
+                module_address: 0x1234,
+                file_offset: 0x1234,
+                has_file_offset: true,
+            }),
+            kind: "function".into(),
+            offset: 0x34,
         }))
     }
 
@@ -216,6 +350,7 @@ impl Watchpoints for Mock {
                         action: HitAction::Log as i32,
                         only_on_change: false,
                         allow_init: false,
+                        ..Default::default()
                     },
                     42,
                 )),
@@ -245,6 +380,7 @@ impl Watchpoints for Mock {
                     action: HitAction::StopAll as i32,
                     only_on_change: true,
                     allow_init: false,
+                    ..Default::default()
                 },
                 1,
             )],
@@ -301,6 +437,7 @@ impl Watchpoints for Mock {
 
     /// pid 1: three events, then the stream ends. pid 2: a hit every 5 ms,
     /// forever. pid 3: one stopping only-on-change hit, then the end.
+    /// pid 4: one symbolized hit with a backtrace, then the end.
     /// Otherwise: a hit, a drop notice, a thread start, then silence.
     async fn stream_events(
         &self,
@@ -329,6 +466,7 @@ impl Watchpoints for Mock {
         let stream: EventStream = match r.into_inner().pid {
             1 => Box::pin(tokio_stream::iter(first)),
             3 => Box::pin(tokio_stream::iter(vec![Ok(stopping_hit(1))])),
+            4 => Box::pin(tokio_stream::iter(vec![Ok(located_hit(1))])),
             2 => {
                 let ticks = tokio_stream::wrappers::IntervalStream::new(tokio::time::interval(
                     Duration::from_millis(5),
@@ -845,4 +983,133 @@ async fn events_exit_quietly_when_stdout_closes() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_in_watch_symbol_and_events() {
+    let (ep, _dir) = start_mock().await;
+
+    // By name: the answer says what was resolved, and from where.
+    let r = wpctl(&ep, &["watch", "--pid", "123", "--symbol", "counter"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout,
+        "watchpoint 7: write counter (int, 4 bytes, target, DWARF) at 0x555500004010 in pid 123, \
+         armed on 3 threads (process-wide, 4.2 ms)\n"
+    );
+    // --len narrows it: the description says so.
+    let r = wpctl(
+        &ep,
+        &["watch", "--pid", "123", "--symbol", "counter", "--len", "2"],
+    )
+    .await;
+    assert!(
+        r.stdout
+            .starts_with("watchpoint 7: write 2 bytes of counter (int, 4 bytes, target, DWARF)"),
+        "{}",
+        r.stdout
+    );
+    let r = wpctl(
+        &ep,
+        &["--json", "watch", "--pid", "123", "--symbol", "counter"],
+    )
+    .await;
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["symbol"]["module"], "/opt/t/target");
+    assert_eq!(v["symbol"]["source"], "DWARF");
+    assert_eq!(v["symbol"]["size"], 4);
+    assert_eq!(v["watchpoint"]["address"], "0x555500004010");
+    assert_eq!(v["watchpoint"]["length"], 4);
+
+    // An unknown name: one line with the closest names, exit 5 (not found);
+    // --json carries the reason and the suggestions.
+    let r = wpctl(&ep, &["watch", "--pid", "123", "--symbol", "countr"]).await;
+    assert_eq!(
+        (r.code, r.stderr.as_str()),
+        (
+            5,
+            "wpctl: no variable \"countr\" in process 123 (closest: counter)\n"
+        )
+    );
+    let r = wpctl(&ep, &["--json", "symbol", "--pid", "123", "countr"]).await;
+    assert_eq!(r.code, 5);
+    let v: serde_json::Value = serde_json::from_str(&r.stderr).unwrap();
+    assert_eq!(v["error"]["reason"], wpd_proto::reason::UNKNOWN_SYMBOL);
+    assert_eq!(v["error"]["metadata"]["closest"], "counter");
+    // --symbol and --addr exclude each other.
+    let r = wpctl(
+        &ep,
+        &[
+            "watch", "--pid", "123", "--symbol", "counter", "--addr", "0x10",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    let r = wpctl(
+        &ep,
+        &[
+            "watch",
+            "--pid",
+            "123",
+            "--addr",
+            "0x10",
+            "--on-exec",
+            "remove",
+        ],
+    )
+    .await;
+    assert_eq!(
+        (r.code, r.stderr.as_str()),
+        (
+            2,
+            "wpctl: --on-exec needs --symbol: a watchpoint set by address is always removed at exec\n"
+        )
+    );
+
+    // `wpctl symbol`: a name, an address in code, an address in nothing.
+    let r = wpctl(&ep, &["symbol", "--pid", "123", "counter"]).await;
+    assert_eq!(
+        r.stdout,
+        "counter: int, 4 bytes at 0x555500004010 in target (0x4010 in the module, DWARF)\n"
+    );
+    let r = wpctl(&ep, &["symbol", "--pid", "123", "0x555500001234"]).await;
+    assert_eq!(
+        r.stdout,
+        "function main+0x34 (target, 128 bytes at 0x555500001200)\n\
+         at main (target.c:42)\n\
+         build id abcd01, file offset 0x1234\n"
+    );
+    let r = wpctl(&ep, &["symbol", "--pid", "123", "0x10"]).await;
+    assert_eq!(
+        (r.code, r.stdout.as_str()),
+        (0, "no symbol holds this address\n")
+    );
+    let r = wpctl(&ep, &["symbol", "--pid", "123", "0xzz"]).await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+
+    // A symbolized hit: function (file:line), then the backtrace.
+    let r = wpctl(&ep, &["events", "--pid", "4"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", r.stdout);
+    assert!(
+        lines[0].ends_with(
+            " hit wp=7 pid=123 tid=124 at set_counter (target.c:17) addr=0x601040 value=42 (0x2a)"
+        ),
+        "{}",
+        lines[0]
+    );
+    assert_eq!(lines[1], "    #1 main (target.c:42)");
+    // --json: every field of the location, the raw ip and the address
+    // symbolized (one byte before it).
+    let r = wpctl(&ep, &["events", "--pid", "4", "--json"]).await;
+    let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    assert_eq!(v["ip"], "0x555500001111");
+    assert_eq!(v["location"]["lookup_address"], "0x555500001110");
+    assert_eq!(v["location"]["function"], "set_counter");
+    assert_eq!(v["location"]["file"], "/src/target.c");
+    assert_eq!(v["location"]["line"], 17);
+    assert_eq!(v["location"]["build_id"], "abcd01");
+    assert_eq!(v["location"]["file_offset"], 0x1110);
+    assert_eq!(v["backtrace"][0]["function"], "main");
 }

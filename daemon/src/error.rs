@@ -178,6 +178,9 @@ pub enum WpdError {
         /// What happened.
         why: String,
     },
+    /// A name that does not resolve to something watchable.
+    #[error("{0}")]
+    Symbol(#[from] crate::symbols::SymbolError),
     /// The process exited while the request ran; nothing stays armed.
     #[error("process {0} exited during the request")]
     ProcessExited(Pid),

@@ -45,6 +45,14 @@ pub struct HitEvent {
     pub old_value: Option<Vec<u8>>,
     /// Backend that saw the hit.
     pub backend: crate::model::BackendKind,
+    /// The process's program, for symbolizing `ip` and `callchain` at
+    /// delivery (None where no process is behind it, in tests).
+    pub image: Option<Arc<crate::symbols::Image>>,
+    /// Return addresses of the accessing thread's callers, innermost first
+    /// (watchpoints asking for a backtrace).
+    pub callchain: Vec<u64>,
+    /// Why the call chain is shorter than asked, when known.
+    pub callchain_note: Option<&'static str>,
 }
 
 /// What happened.
@@ -99,6 +107,18 @@ pub enum EventKind {
         /// Process.
         pid: Pid,
         /// Why.
+        reason: std::borrow::Cow<'static, str>,
+    },
+    /// A watchpoint set by name was armed again where its name resolves now
+    /// (after an exec).
+    WatchpointResolved {
+        /// Watchpoint (same id as before).
+        id: WatchId,
+        /// Process.
+        pid: Pid,
+        /// What the name resolved to.
+        symbol: crate::symbols::Resolved,
+        /// Why it was resolved again.
         reason: &'static str,
     },
 }
@@ -113,7 +133,8 @@ impl EventKind {
             | EventKind::ThreadExited { pid, .. }
             | EventKind::ProcessExited { pid, .. }
             | EventKind::ProcessLost { pid, .. }
-            | EventKind::WatchpointRemoved { pid, .. } => *pid,
+            | EventKind::WatchpointRemoved { pid, .. }
+            | EventKind::WatchpointResolved { pid, .. } => *pid,
         }
     }
 }

@@ -14,3 +14,4 @@ pub mod procfs;
 pub mod rpc;
 pub mod sched;
 pub mod state;
+pub mod symbols;

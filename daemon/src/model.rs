@@ -196,4 +196,33 @@ pub struct WatchSpec {
     pub only_on_change: bool,
     /// pid 1 may be attached for it.
     pub allow_init: bool,
+    /// Set by name: the name, and what becomes of it at exec. `range` is
+    /// then what the name resolved to (empty until it is resolved).
+    pub symbol: Option<ByName>,
+    /// Frames of the call chain to capture with each hit (0: none).
+    pub backtrace: u8,
 }
+
+/// A watchpoint set by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ByName {
+    /// The name expression (`[module:]name[.member][[i]][+off]`).
+    pub expr: String,
+    /// What becomes of it at exec.
+    pub on_exec: ExecPolicy,
+    /// The length asked for (0: the object's size).
+    pub len: u32,
+}
+
+/// What becomes of a watchpoint set by name at exec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExecPolicy {
+    /// Removed.
+    Remove,
+    /// Resolved again in the new program and armed there.
+    ResolveAgain,
+}
+
+/// Most frames a hit's call chain may carry (the kernel's default
+/// `perf_event_max_stack`).
+pub const MAX_BACKTRACE: u32 = 127;

@@ -44,6 +44,9 @@ pub struct Process {
     pub gone: AtomicBool,
     /// Task watching the pidfd for process exit.
     pub exit_watch: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Its current program's image, for symbolizing its hits (a new one at
+    /// each exec).
+    image: Mutex<Arc<crate::symbols::Image>>,
 }
 
 impl Process {
@@ -60,7 +63,26 @@ impl Process {
             op: Mutex::new(()),
             gone: AtomicBool::new(false),
             exit_watch: Mutex::new(None),
+            image: Mutex::new(crate::symbols::Image::new(pid)),
         }
+    }
+
+    /// The current program's image.
+    pub fn image(&self) -> Arc<crate::symbols::Image> {
+        self.image.lock().unwrap().clone()
+    }
+
+    /// The process called exec: a new image (hits already published keep
+    /// the old one).
+    pub fn new_image(&self) {
+        let mut i = self.image.lock().unwrap();
+        i.retire();
+        *i = crate::symbols::Image::new(self.pid);
+    }
+
+    /// The process is let go of: its image reads nothing more.
+    pub fn retire_image(&self) {
+        self.image.lock().unwrap().retire();
     }
 
     /// Takes the process's operation lock (blocking threads only).
@@ -121,6 +143,8 @@ pub struct Watch {
     pub backend: BackendKind,
     /// uid of the caller that set it (for per-caller limits).
     pub owner: u32,
+    /// What its name resolved to (set by name).
+    pub resolved: Option<crate::symbols::Resolved>,
 }
 
 /// Work for the core's reconcile thread: it may take a process's `op`
@@ -135,6 +159,8 @@ pub enum Job {
     /// The backend tracks no thread of the process any more: if the process
     /// lives on, the kernel took our events off it.
     CheckLost(Pid),
+    /// Watchpoints set by name wait to be resolved again after an exec.
+    Resolve(Pid),
 }
 
 /// Shared pointer to a watchpoint.

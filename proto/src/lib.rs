@@ -72,6 +72,27 @@ pub mod reason {
     pub const FD_LIMIT: &str = "FD_LIMIT";
     /// An unexpected kernel error.
     pub const KERNEL_ERROR: &str = "KERNEL_ERROR";
+    /// A symbol name that does not parse.
+    pub const BAD_SYMBOL: &str = "BAD_SYMBOL";
+    /// No module of that name in the process (metadata `loaded`).
+    pub const NO_SUCH_MODULE: &str = "NO_SUCH_MODULE";
+    /// No such name in the process (metadata `closest`: similar names).
+    pub const UNKNOWN_SYMBOL: &str = "UNKNOWN_SYMBOL";
+    /// Several unrelated variables of the name (metadata `modules`).
+    pub const AMBIGUOUS_SYMBOL: &str = "AMBIGUOUS_SYMBOL";
+    /// A function named where a variable is needed.
+    pub const NOT_A_VARIABLE: &str = "NOT_A_VARIABLE";
+    /// A thread-local variable: one address per thread.
+    pub const THREAD_LOCAL: &str = "THREAD_LOCAL";
+    /// Members or elements asked for where no DWARF describes the type.
+    pub const NO_DEBUG_INFO: &str = "NO_DEBUG_INFO";
+    /// A member, element or offset that the type does not have.
+    pub const BAD_SYMBOL_PATH: &str = "BAD_SYMBOL_PATH";
+    /// An object larger than a thread's slots cover (metadata
+    /// `slots_needed`).
+    pub const OBJECT_TOO_LARGE: &str = "OBJECT_TOO_LARGE";
+    /// The process's mappings or files could not be read.
+    pub const SYMBOLS_UNREADABLE: &str = "SYMBOLS_UNREADABLE";
 }
 
 /// Connecting to a daemon, for `wpctl`, tests and IDE-side Rust code.

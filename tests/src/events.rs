@@ -45,6 +45,7 @@ impl EventStream {
                 pid,
                 watchpoint_ids: vec![],
                 hits_only: false,
+                raw: false,
             },
         )
         .await

@@ -384,5 +384,6 @@ pub fn hits_only(pid: i32) -> wpd_proto::v1::StreamEventsRequest {
         pid,
         watchpoint_ids: vec![],
         hits_only: true,
+        raw: false,
     }
 }

@@ -43,6 +43,7 @@ async fn fork_child_is_left_alone(backend: Backend) -> Result<()> {
                     pid: 0,
                     watchpoint_ids: vec![],
                     hits_only: false,
+                    raw: false,
                 },
             )
             .await?;

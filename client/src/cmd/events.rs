@@ -16,6 +16,7 @@ pub async fn run(ctx: &Ctx, args: &EventsArgs) -> Result<(), Error> {
         pid: args.pid.unwrap_or(0),
         watchpoint_ids: args.ids.clone(),
         hits_only: args.hits_only,
+        raw: args.raw,
     };
     let request = ctx.request(request)?;
     let mut client = ctx.connect().await?;
@@ -93,19 +94,51 @@ fn hit_value_text(hit: &Hit) -> String {
 fn to_text(ev: &StreamEventsResponse) -> String {
     let t = clock(ev.time_ns);
     match &ev.event {
-        Some(Event::Hit(h)) => format!(
-            "{} hit wp={} pid={} tid={} ip={} addr={} {}",
-            clock(if h.time_ns != 0 {
-                h.time_ns
+        Some(Event::Hit(h)) => {
+            let at = match &h.location {
+                Some(l) => format!("at {}", output::location_text(l)),
+                None => format!("ip={}", hex(h.ip)),
+            };
+            let mut line = format!(
+                "{} hit wp={} pid={} tid={} {at} addr={} {}",
+                clock(if h.time_ns != 0 {
+                    h.time_ns
+                } else {
+                    ev.time_ns
+                }),
+                h.watchpoint_id,
+                h.pid,
+                h.tid,
+                hex(h.address),
+                hit_value_text(h)
+            );
+            for (i, f) in h.backtrace.iter().enumerate() {
+                let text = if f.lookup_address == 0 && f.function.is_empty() {
+                    hex(f.ip)
+                } else {
+                    output::location_text(f)
+                };
+                line.push_str(&format!("\n    #{} {text}", i + 1));
+            }
+            if !h.backtrace_note.is_empty() {
+                line.push_str(&format!("\n    ({})", h.backtrace_note));
+            }
+            line
+        }
+        Some(Event::WatchpointResolved(e)) => format!(
+            "{t} wp-resolved wp={} pid={} ({}): now {} at {}",
+            e.watchpoint_id,
+            e.pid,
+            if e.reason.is_empty() {
+                "resolved"
             } else {
-                ev.time_ns
-            }),
-            h.watchpoint_id,
-            h.pid,
-            h.tid,
-            hex(h.ip),
-            hex(h.address),
-            hit_value_text(h)
+                &e.reason
+            },
+            e.symbol
+                .as_ref()
+                .map(output::symbol_text)
+                .unwrap_or_default(),
+            hex(e.symbol.as_ref().map_or(0, |s| s.address))
         ),
         Some(Event::ThreadStarted(e)) => format!(
             "{t} thread-start pid={} tid={} parent={} inherited={}",
@@ -174,6 +207,16 @@ fn to_json(ev: &StreamEventsResponse) -> Value {
             "old_value": if h.old_value.is_empty() { Value::Null } else { json!(output::hex_bytes(&h.old_value)) },
             "old_value_le": output::le_value(&h.old_value),
             "backend": output::backend_name(h.backend),
+            "location": h.location.as_ref().map(output::location_json),
+            "backtrace": h.backtrace.iter().map(output::location_json).collect::<Vec<_>>(),
+            "backtrace_note": if h.backtrace_note.is_empty() { Value::Null } else { json!(h.backtrace_note) },
+        }),
+        Some(Event::WatchpointResolved(e)) => json!({
+            "type": "watchpoint_resolved",
+            "watchpoint_id": e.watchpoint_id,
+            "pid": e.pid,
+            "reason": e.reason,
+            "symbol": e.symbol.as_ref().map(output::symbol_json),
         }),
         Some(Event::ThreadStarted(e)) => json!({
             "type": "thread_started",
@@ -237,6 +280,9 @@ mod tests {
     fn hit(value: Vec<u8>, value_error: &str) -> Event {
         Event::Hit(Hit {
             piece: 0,
+            location: None,
+            backtrace: vec![],
+            backtrace_note: String::new(),
             watchpoint_id: 7,
             pid: 123,
             tid: 124,

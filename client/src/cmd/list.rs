@@ -34,7 +34,7 @@ fn to_json(resp: &ListWatchpointsResponse) -> serde_json::Value {
 }
 
 /// Two tables: watchpoints (ID PID SCOPE ADDRESS LEN ACCESS ACTION THREADS
-/// HITS BACKEND; ACTION is log, stop or stop-all, with `+change` for
+/// HITS BACKEND, and NAME when some were set by name; ACTION is log, stop or stop-all, with `+change` for
 /// only-on-change watchpoints), then attached processes (PID COMM BACKEND
 /// THREADS WATCHPOINTS ATTACHED).
 fn to_text(resp: &ListWatchpointsResponse) -> String {
@@ -42,13 +42,19 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
     if resp.watchpoints.is_empty() {
         text.push_str("no watchpoints\n");
     } else {
-        let mut t = Table::new([
+        // NAME only when some watchpoint was set by name.
+        let named = resp.watchpoints.iter().any(|w| w.symbol.is_some());
+        let mut header = vec![
             "ID", "PID", "SCOPE", "ADDRESS", "LEN", "ACCESS", "ACTION", "THREADS", "HITS",
             "BACKEND",
-        ]);
+        ];
+        if named {
+            header.push("NAME");
+        }
+        let mut t = Table::new(header);
         for wp in &resp.watchpoints {
             let spec = wp.spec.clone().unwrap_or_default();
-            t.row(vec![
+            let mut row = vec![
                 wp.id.to_string(),
                 spec.pid.to_string(),
                 output::scope(wp),
@@ -59,7 +65,16 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
                 wp.armed_threads.to_string(),
                 wp.hits.to_string(),
                 output::backend_name(wp.backend),
-            ]);
+            ];
+            if named {
+                row.push(
+                    wp.symbol
+                        .as_ref()
+                        .map(|s| s.expression.clone())
+                        .unwrap_or_else(|| "-".into()),
+                );
+            }
+            t.row(row);
         }
         text.push_str(&t.render());
     }
@@ -105,6 +120,7 @@ mod tests {
             watchpoints: vec![
                 Watchpoint {
                     pieces: vec![],
+                    symbol: None,
                     id: 7,
                     spec: Some(WatchpointSpec {
                         allow_init: false,
@@ -116,6 +132,7 @@ mod tests {
                         backend: 0,
                         action: HitAction::Unspecified as i32,
                         only_on_change: false,
+                        ..Default::default()
                     }),
                     process_wide: false,
                     armed_threads: 2,
@@ -125,6 +142,7 @@ mod tests {
                 },
                 Watchpoint {
                     pieces: vec![],
+                    symbol: None,
                     id: 8,
                     spec: Some(WatchpointSpec {
                         allow_init: false,
@@ -136,6 +154,7 @@ mod tests {
                         backend: Backend::Ptrace as i32,
                         action: HitAction::StopAll as i32,
                         only_on_change: true,
+                        ..Default::default()
                     }),
                     process_wide: true,
                     armed_threads: 3,

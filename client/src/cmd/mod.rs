@@ -7,6 +7,7 @@ pub mod events;
 pub mod list;
 pub mod resume;
 pub mod stats;
+pub mod symbol;
 pub mod threads;
 pub mod unwatch;
 pub mod watch;

@@ -2,26 +2,43 @@
 
 use serde_json::json;
 use wpd_proto::v1::{
-    Access, HitAction, SetWatchpointRequest, SetWatchpointResponse, WatchpointSpec,
+    Access, ExecPolicy, HitAction, SetWatchpointRequest, SetWatchpointResponse, WatchpointSpec,
 };
 
 use crate::cmd::Ctx;
 use crate::error::Error;
-use crate::{WatchArgs, backend_value, output};
+use crate::{OnExecArg, WatchArgs, backend_value, output};
 
 /// Runs `wpctl watch`.
 pub async fn run(ctx: &Ctx, args: &WatchArgs) -> Result<(), Error> {
+    if args.on_exec.is_some() && args.symbol.is_none() {
+        return Err(Error::Local(
+            "--on-exec needs --symbol: a watchpoint set by address is always removed at exec"
+                .into(),
+        ));
+    }
     let request = SetWatchpointRequest {
         spec: Some(WatchpointSpec {
             pid: args.pid,
             tids: args.tids.clone(),
-            address: args.addr,
-            length: args.len,
+            address: args.addr.unwrap_or(0),
+            length: match (args.len, &args.symbol) {
+                (Some(l), _) => l,
+                (None, Some(_)) => 0,
+                (None, None) => 8,
+            },
             access: Access::from(args.access) as i32,
             backend: backend_value(args.backend),
             action: HitAction::from(args.action) as i32,
             only_on_change: args.on_change,
             allow_init: args.allow_init,
+            symbol: args.symbol.clone().unwrap_or_default(),
+            on_exec: match args.on_exec {
+                None => ExecPolicy::Unspecified,
+                Some(OnExecArg::Resolve) => ExecPolicy::ResolveAgain,
+                Some(OnExecArg::Remove) => ExecPolicy::Remove,
+            } as i32,
+            backtrace_depth: args.backtrace.unwrap_or(0),
         }),
     };
     let resp = ctx
@@ -44,6 +61,7 @@ fn to_json(resp: &SetWatchpointResponse) -> serde_json::Value {
         "watchpoint": resp.watchpoint.as_ref().map(output::watchpoint_json),
         "arm_duration_ns": resp.arm_duration_ns,
         "warnings": resp.warnings,
+        "symbol": resp.symbol.as_ref().map(output::symbol_json),
     })
 }
 
@@ -73,6 +91,9 @@ fn to_text(resp: &SetWatchpointResponse) -> String {
     if spec.only_on_change {
         notes.push("only on change".into());
     }
+    if spec.backtrace_depth > 0 {
+        notes.push(format!("backtraces of {} frames", spec.backtrace_depth));
+    }
     notes.push(output::duration_ns(resp.arm_duration_ns));
     format!(
         "watchpoint {}: {}, armed on {} ({})",
@@ -90,8 +111,10 @@ mod tests {
 
     fn response(tids: Vec<i32>, action: HitAction, only_on_change: bool) -> SetWatchpointResponse {
         SetWatchpointResponse {
+            symbol: None,
             watchpoint: Some(Watchpoint {
                 pieces: vec![],
+                symbol: None,
                 id: 7,
                 process_wide: tids.is_empty(),
                 armed_threads: if tids.is_empty() {

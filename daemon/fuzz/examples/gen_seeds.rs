@@ -180,6 +180,7 @@ fn decode_spec_seeds() -> Vec<(&'static str, Vec<u8>)> {
                     pid: -1,
                     watchpoint_ids: vec![1, u64::MAX],
                     hits_only: true,
+                    raw: true,
                 },
             ),
         ),

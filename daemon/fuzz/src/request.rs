@@ -167,17 +167,33 @@ pub fn reference(s: &pb::WatchpointSpec) -> Result<(), &'static str> {
         3 => true,      // exec
         _ => return Err("access ∈ {write, rw, exec}"),
     };
-    if s.length == 0 {
-        return Err("length > 0");
+    if s.backtrace_depth > 127 {
+        return Err("backtrace_depth ≤ 127");
     }
-    if exec && s.length != 1 {
-        return Err("exec ⇒ length 1");
-    }
-    if u128::from(s.address) + u128::from(s.length) > u128::from(USER_END) {
-        return Err("address + length ≤ 0x7ffffffff000");
-    }
-    if min_pieces(s.address, s.length).is_none_or(|n| n > 4) {
-        return Err("the range fits in 4 aligned pieces of 1, 2, 4 or 8 bytes");
+    if !s.symbol.trim().is_empty() {
+        // By name: the range is the daemon's to find in the process.
+        if s.address != 0 {
+            return Err("an address or a symbol, not both");
+        }
+        if !(0..=2).contains(&s.on_exec) {
+            return Err("exec policy known");
+        }
+    } else {
+        if s.on_exec != 0 {
+            return Err("on_exec only with a symbol");
+        }
+        if s.length == 0 {
+            return Err("length > 0");
+        }
+        if exec && s.length != 1 {
+            return Err("exec ⇒ length 1");
+        }
+        if u128::from(s.address) + u128::from(s.length) > u128::from(USER_END) {
+            return Err("address + length ≤ 0x7ffffffff000");
+        }
+        if min_pieces(s.address, s.length).is_none_or(|n| n > 4) {
+            return Err("the range fits in 4 aligned pieces of 1, 2, 4 or 8 bytes");
+        }
     }
     if s.tids.iter().any(|&t| t <= 0) {
         return Err("tids > 0");
@@ -216,6 +232,67 @@ fn min_pieces(addr: u64, len: u32) -> Option<usize> {
 /// Invariants of an accepted spec, and agreement with the wire value.
 fn check_valid(s: &pb::WatchpointSpec, w: &WatchSpec) {
     assert!(w.pid > 0 && w.pid == s.pid, "pid {} from {}", w.pid, s.pid);
+    assert_eq!(
+        u32::from(w.backtrace),
+        s.backtrace_depth,
+        "backtrace depth changed"
+    );
+    match &w.symbol {
+        Some(by_name) => {
+            assert_eq!(by_name.expr, s.symbol.trim(), "name changed");
+            assert_eq!(by_name.len, s.length, "length override changed");
+            assert!(
+                w.range.pieces.is_empty(),
+                "a name is resolved later, not here"
+            );
+        }
+        None => {
+            assert!(s.symbol.trim().is_empty(), "name {:?} dropped", s.symbol);
+            check_range(s, w);
+        }
+    }
+    let want_access = match s.access {
+        1 => Access::Write,
+        2 => Access::ReadWrite,
+        _ => Access::Exec,
+    };
+    assert_eq!(w.access, want_access);
+    if w.access == Access::Exec && w.symbol.is_none() {
+        assert_eq!(w.range.len, 1, "exec watchpoint of length {}", w.range.len);
+    }
+    match &w.scope {
+        Scope::Process => assert!(s.tids.is_empty(), "tids {:?} became process-wide", s.tids),
+        Scope::Threads(t) => {
+            assert!(!t.is_empty(), "empty thread list");
+            assert!(t.iter().all(|&t| t > 0), "non-positive tid in {t:?}");
+            assert!(
+                t.windows(2).all(|p| p[0] < p[1]),
+                "not sorted/deduplicated: {t:?}"
+            );
+            let mut want = s.tids.clone();
+            want.sort_unstable();
+            want.dedup();
+            assert_eq!(*t, want, "thread set changed");
+        }
+    }
+    let want_backend = match s.backend {
+        0 => None,
+        1 => Some(BackendKind::Perf),
+        _ => Some(BackendKind::Ptrace),
+    };
+    assert_eq!(w.backend, want_backend);
+    let want_action = match s.action {
+        0 | 1 => HitAction::Log,
+        2 => HitAction::Stop,
+        _ => HitAction::StopAll,
+    };
+    assert_eq!(w.action, want_action);
+    assert_eq!(w.only_on_change, s.only_on_change);
+}
+
+/// The range of a spec set by address: as asked, split into the fewest
+/// aligned pieces.
+fn check_range(s: &pb::WatchpointSpec, w: &WatchSpec) {
     let r = &w.range;
     assert_eq!(r.addr, s.address, "address changed");
     assert_eq!(r.len, s.length, "length changed");
@@ -248,43 +325,6 @@ fn check_valid(s: &pb::WatchpointSpec, w: &WatchSpec) {
         min_pieces(r.addr, len),
         "not the fewest pieces: {r:?}"
     );
-    let want_access = match s.access {
-        1 => Access::Write,
-        2 => Access::ReadWrite,
-        _ => Access::Exec,
-    };
-    assert_eq!(w.access, want_access);
-    if w.access == Access::Exec {
-        assert_eq!(len, 1, "exec watchpoint of length {len}");
-    }
-    match &w.scope {
-        Scope::Process => assert!(s.tids.is_empty(), "tids {:?} became process-wide", s.tids),
-        Scope::Threads(t) => {
-            assert!(!t.is_empty(), "empty thread list");
-            assert!(t.iter().all(|&t| t > 0), "non-positive tid in {t:?}");
-            assert!(
-                t.windows(2).all(|p| p[0] < p[1]),
-                "not sorted/deduplicated: {t:?}"
-            );
-            let mut want = s.tids.clone();
-            want.sort_unstable();
-            want.dedup();
-            assert_eq!(*t, want, "thread set changed");
-        }
-    }
-    let want_backend = match s.backend {
-        0 => None,
-        1 => Some(BackendKind::Perf),
-        _ => Some(BackendKind::Ptrace),
-    };
-    assert_eq!(w.backend, want_backend);
-    let want_action = match s.action {
-        0 | 1 => HitAction::Log,
-        2 => HitAction::Stop,
-        _ => HitAction::StopAll,
-    };
-    assert_eq!(w.action, want_action);
-    assert_eq!(w.only_on_change, s.only_on_change);
 }
 
 /// domain → wire → bytes → wire → domain gives the same value.

@@ -17,6 +17,7 @@ use wpd::arch::SpecError;
 use wpd::error::{Holder, SlotConflict, WpdError};
 use wpd::model::{BackendKind, WatchId};
 use wpd::rpc::status::{DOMAIN, code_of, to_status};
+use wpd::symbols::SymbolError;
 
 /// Texts for the `&'static str` fields (the fuzzer picks by index): the
 /// daemon's own kind of text plus awkward ones.
@@ -244,6 +245,125 @@ pub enum ErrorInput {
         /// Raw errno.
         errno: i32,
     },
+    /// `WpdError::Symbol`.
+    Symbol(SymbolInput),
+}
+
+/// A name that did not resolve (the variants whose fields are plain data).
+#[derive(Debug, Clone, Arbitrary)]
+pub enum SymbolInput {
+    /// No such module.
+    NoSuchModule {
+        /// Process.
+        pid: i32,
+        /// Asked for.
+        module: String,
+        /// Mapped.
+        loaded: Vec<String>,
+    },
+    /// Nothing of that name.
+    Unknown {
+        /// Process.
+        pid: i32,
+        /// The name.
+        name: String,
+        /// Modules searched.
+        searched: usize,
+        /// Suggestions.
+        closest: Vec<String>,
+        /// Stripped modules.
+        stripped: Vec<String>,
+    },
+    /// Several of that name.
+    Ambiguous {
+        /// Process.
+        pid: i32,
+        /// The name.
+        name: String,
+        /// Where.
+        modules: Vec<String>,
+    },
+    /// A function.
+    NotAVariable {
+        /// The name.
+        name: String,
+        /// Its module.
+        module: String,
+    },
+    /// Thread-local.
+    ThreadLocal {
+        /// The name.
+        name: String,
+        /// Its module.
+        module: String,
+    },
+    /// Too large for the slots.
+    TooLarge {
+        /// Expression.
+        expr: String,
+        /// Type.
+        type_name: Option<String>,
+        /// Size.
+        size: u64,
+        /// Slots needed.
+        needed: usize,
+    },
+    /// Unreadable maps.
+    Unreadable {
+        /// Process.
+        pid: i32,
+        /// Why.
+        why: String,
+    },
+}
+
+impl From<SymbolInput> for SymbolError {
+    fn from(s: SymbolInput) -> Self {
+        match s {
+            SymbolInput::NoSuchModule {
+                pid,
+                module,
+                loaded,
+            } => SymbolError::NoSuchModule {
+                pid,
+                module,
+                loaded,
+            },
+            SymbolInput::Unknown {
+                pid,
+                name,
+                searched,
+                closest,
+                stripped,
+            } => SymbolError::Unknown {
+                pid,
+                name,
+                searched,
+                closest,
+                stripped,
+            },
+            SymbolInput::Ambiguous { pid, name, modules } => {
+                SymbolError::Ambiguous { pid, name, modules }
+            }
+            SymbolInput::NotAVariable { name, module } => {
+                SymbolError::NotAVariable { name, module }
+            }
+            SymbolInput::ThreadLocal { name, module } => SymbolError::ThreadLocal { name, module },
+            SymbolInput::TooLarge {
+                expr,
+                type_name,
+                size,
+                needed,
+            } => SymbolError::TooLarge {
+                expr,
+                type_name,
+                size,
+                needed,
+                slots: 4,
+            },
+            SymbolInput::Unreadable { pid, why } => SymbolError::Unreadable { pid, why },
+        }
+    }
 }
 
 impl ErrorInput {
@@ -368,6 +488,7 @@ impl ErrorInput {
                 op,
                 err: nix::errno::Errno::from_raw(errno),
             },
+            ErrorInput::Symbol(s) => WpdError::Symbol(s.into()),
         }
     }
 }
@@ -398,6 +519,7 @@ pub fn variant(e: &WpdError) -> &'static str {
         WpdError::InitProcess => "InitProcess",
         WpdError::ProcessLost { .. } => "ProcessLost",
         WpdError::Kernel { .. } => "Kernel",
+        WpdError::Symbol(_) => "Symbol",
     }
 }
 

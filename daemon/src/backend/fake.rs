@@ -162,6 +162,9 @@ pub fn fake_hit(
         stopped: false,
         old_value: None,
         backend: w.backend,
+        image: None,
+        callchain: Vec::new(),
+        callchain_note: None,
     }));
     true
 }

@@ -181,6 +181,10 @@ pub trait Host: Send + Sync {
     fn schedule(&self, job: Job);
     /// Counts a hit of `w` (daemon-wide and per watchpoint).
     fn count_hit(&self, w: &Watch);
+    /// The current program image of `pid`, for its hits.
+    fn image(&self, pid: Pid) -> Option<Arc<crate::symbols::Image>> {
+        self.process(pid).map(|p| p.image())
+    }
 }
 
 impl<'a> dyn Host + 'a {

@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{Core, SUBSCRIBER_RESERVE};
+use super::{Core, RESOLVE_AFTER_EXEC, SUBSCRIBER_RESERVE};
 use crate::error::WpdError;
 use crate::events::EventKind;
-use crate::model::{BackendKind, Pid, Tid, WatchId};
+use crate::model::{BackendKind, ExecPolicy, Pid, Tid, WatchId};
 use crate::procfs;
 use crate::sched::Boost;
-use crate::state::{OpGuard, Process};
+use crate::state::{Job, OpGuard, Process, Watch};
+use crate::symbols::SymbolError;
 
 impl Core {
     /// Attaches `pid` (idempotent). Returns the process and whether this call
@@ -155,7 +156,7 @@ impl Core {
                 self.bus.publish(EventKind::WatchpointRemoved {
                     id: w.id,
                     pid: op.pid(),
-                    reason,
+                    reason: reason.into(),
                 });
                 removed.push(w.id);
             }
@@ -180,6 +181,9 @@ impl Core {
             self.compact();
         }
         self.procs.remove_if(&proc.pid, |_, p| Arc::ptr_eq(p, proc));
+        // The modules only it used: their parsed symbols and open files.
+        proc.retire_image();
+        self.symbols.sweep();
     }
 
     /// Returns memory to the system after a large process went away:
@@ -206,7 +210,7 @@ impl Core {
     /// `remove_on_exec`, ptrace's cleared registers): they would otherwise
     /// fire in an unrelated program image. Each is reported removed; the
     /// process stays attached, unless the exec changed its credentials.
-    pub(super) fn exec_locked(&self, op: &OpGuard<'_>) {
+    pub(super) fn exec_locked(self: &Arc<Self>, op: &OpGuard<'_>) {
         let proc = op.process();
         if procfs::creds(proc.pid).is_some_and(|now| Some(now) != proc.creds) {
             self.lose_locked(
@@ -217,11 +221,84 @@ impl Core {
             );
             return;
         }
-        self.remove_all_locked(op, "exec");
+        proc.new_image();
+        self.symbols.sweep();
+        // The kernel cleared every breakpoint (kernel-facts §3). Watchpoints
+        // set by name over the whole process are resolved again in the new
+        // program; the others go.
+        let mut again = Vec::new();
+        for id in proc.watch_ids() {
+            let Some(w) = self.take_watch(op, id) else {
+                continue;
+            };
+            let resolve = w.process_wide
+                && w.spec
+                    .symbol
+                    .as_ref()
+                    .is_some_and(|b| b.on_exec == ExecPolicy::ResolveAgain);
+            if resolve {
+                again.push((w, Instant::now() + RESOLVE_AFTER_EXEC));
+            } else {
+                self.bus.publish(EventKind::WatchpointRemoved {
+                    id: w.id,
+                    pid: proc.pid,
+                    reason: "exec".into(),
+                });
+            }
+        }
         tracing::info!(
             pid = proc.pid,
-            "process called exec: its watchpoints were removed"
+            again = again.len(),
+            "process called exec: its watchpoints were removed, those set by name are resolved again"
         );
+        if !again.is_empty() {
+            self.resolve_again_locked(op, again);
+        }
+    }
+
+    /// Arms watchpoints set by name again after an exec, where their names
+    /// resolve in the new program. A name of a library the dynamic linker
+    /// has not loaded yet is tried again (every 10 ms) until its deadline,
+    /// then the watchpoint is removed with the reason.
+    pub(super) fn resolve_again_locked(
+        self: &Arc<Self>,
+        op: &OpGuard<'_>,
+        todo: Vec<(Arc<Watch>, Instant)>,
+    ) {
+        let proc = op.process();
+        let mut later = Vec::new();
+        for (w, deadline) in todo {
+            let mut spec = w.spec.clone();
+            spec.range.pieces.clear();
+            spec.range.len = spec.symbol.as_ref().map_or(0, |b| b.len);
+            let outcome = self
+                .resolve_spec(spec)
+                .and_then(|(spec, r)| self.set_locked(op, spec, w.owner, r, Some(w.id)));
+            match outcome {
+                Ok(view) => {
+                    if let Some(symbol) = view.symbol {
+                        self.bus.publish(EventKind::WatchpointResolved {
+                            id: w.id,
+                            pid: proc.pid,
+                            symbol,
+                            reason: "exec",
+                        });
+                    }
+                }
+                Err(WpdError::Symbol(
+                    SymbolError::Unknown { .. } | SymbolError::NoSuchModule { .. },
+                )) if Instant::now() < deadline && !proc.is_gone() => later.push((w, deadline)),
+                Err(e) => self.bus.publish(EventKind::WatchpointRemoved {
+                    id: w.id,
+                    pid: proc.pid,
+                    reason: format!("exec: {e}").into(),
+                }),
+            }
+        }
+        if !later.is_empty() {
+            self.pending_resolve.insert(proc.pid, later);
+            self.schedule_later(Job::Resolve(proc.pid), Duration::from_millis(10));
+        }
     }
 
     /// The backend tracks no thread of `pid` any more. If the process still

@@ -22,6 +22,7 @@ impl Core {
             created_at_ns: w.created_at_ns,
             backend: w.backend,
             warnings: Vec::new(),
+            symbol: w.resolved.clone(),
         }
     }
 

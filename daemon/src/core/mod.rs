@@ -24,7 +24,7 @@ mod watch;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak, mpsc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
@@ -85,7 +85,17 @@ pub struct Core {
     reconcile_tx: Mutex<Option<mpsc::Sender<Job>>>,
     /// Serialises the limit check and registration of new subscribers.
     subscribing: Mutex<()>,
+    /// Names and addresses of the processes' modules.
+    pub symbols: Arc<crate::symbols::Symbols>,
+    /// Watchpoints set by name waiting to be armed again after an exec (a
+    /// library's name resolves once the dynamic linker loaded it), with
+    /// their deadlines.
+    pending_resolve: DashMap<Pid, Vec<(Arc<Watch>, Instant)>>,
 }
+
+/// How long after an exec a watchpoint set by name may wait for its name to
+/// resolve in the new program (its library to be loaded).
+const RESOLVE_AFTER_EXEC: Duration = Duration::from_secs(2);
 
 impl std::fmt::Debug for Core {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -148,6 +158,8 @@ impl Core {
                 stop: AtomicBool::new(false),
                 reconcile_tx: Mutex::new(None),
                 subscribing: Mutex::new(()),
+                symbols: Arc::new(crate::symbols::Symbols::new()),
+                pending_resolve: DashMap::new(),
             }
         });
         for b in core.backends.usable() {

@@ -26,6 +26,8 @@ pub struct WatchView {
     pub backend: BackendKind,
     /// Things the caller should know (e.g. the address is not mapped now).
     pub warnings: Vec<String>,
+    /// What its name resolved to (set by name).
+    pub symbol: Option<crate::symbols::Resolved>,
 }
 
 /// A process as listed.

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::{Core, WatchView};
 use crate::arch;
+use crate::arch::SpecError;
 use crate::backend::Features;
 use crate::error::WpdError;
 use crate::events::EventKind;
@@ -15,6 +16,7 @@ use crate::model::{HitAction, Pid, Scope, Tid, WatchId, WatchSpec};
 use crate::procfs;
 use crate::sched::Boost;
 use crate::state::{OpGuard, Process, Watch};
+use crate::symbols::{Resolved, SymbolError};
 
 impl Core {
     /// The error for a feature the process's backend lacks, naming one
@@ -40,11 +42,7 @@ impl Core {
         owner: u32,
     ) -> Result<(WatchView, Duration), WpdError> {
         let t_start = Instant::now();
-        let range = arch::validate(spec.range.addr, spec.range.len, spec.access)?;
-        debug_assert_eq!(
-            range, spec.range,
-            "the RPC layer splits ranges the same way"
-        );
+        let (spec, resolved) = self.resolve_spec(spec)?;
         let held = self.watches.iter().filter(|w| w.owner == owner).count();
         if held >= self.limits.watchpoints_per_caller {
             return Err(WpdError::LimitReached {
@@ -78,7 +76,7 @@ impl Core {
             }
         }
         let (proc, newly) = self.attach(spec.pid, spec.backend, spec.allow_init)?;
-        let set = self.set_watchpoint_on(&proc, spec, owner);
+        let set = self.set_watchpoint_on(&proc, spec, owner, resolved, None);
         if set.is_err() && newly {
             // A refused request changes nothing: the attach it made goes too
             // (unless another request put a watchpoint there meanwhile).
@@ -94,12 +92,47 @@ impl Core {
         set.map(|view| (view, t_start.elapsed()))
     }
 
-    /// Sets a watchpoint on an attached process (see `set_watchpoint`).
-    fn set_watchpoint_on(
+    /// A spec with its range: a name resolved in the process (the range it
+    /// gives checked against the slots), an address range checked.
+    pub(super) fn resolve_spec(
+        &self,
+        mut spec: WatchSpec,
+    ) -> Result<(WatchSpec, Option<Resolved>), WpdError> {
+        let Some(by) = &spec.symbol else {
+            let range = arch::validate(spec.range.addr, spec.range.len, spec.access)?;
+            debug_assert_eq!(
+                range, spec.range,
+                "the RPC layer splits ranges the same way"
+            );
+            return Ok((spec, None));
+        };
+        procfs::check_process(spec.pid)?;
+        let r = self
+            .symbols
+            .resolve(spec.pid, &by.expr, spec.access, spec.range.len)?;
+        let len = u32::try_from(r.size).unwrap_or(u32::MAX);
+        spec.range = arch::validate(r.address, len, spec.access).map_err(|e| match e {
+            SpecError::TooLarge { needed, slots, .. } => WpdError::Symbol(SymbolError::TooLarge {
+                expr: r.expr.clone(),
+                type_name: r.type_name.clone(),
+                size: r.size,
+                needed,
+                slots,
+            }),
+            other => other.into(),
+        })?;
+        Ok((spec, Some(r)))
+    }
+
+    /// Sets a watchpoint on an attached process (see `set_watchpoint`);
+    /// `reuse`: the id it keeps (a watchpoint armed again after exec).
+    pub(super) fn set_watchpoint_on(
         self: &Arc<Self>,
         proc: &Arc<Process>,
         spec: WatchSpec,
         owner: u32,
+        resolved: Option<Resolved>,
+        reuse: Option<WatchId>,
     ) -> Result<WatchView, WpdError> {
         if let Some(asked) = spec.backend
             && asked != proc.backend
@@ -110,8 +143,21 @@ impl Core {
                 asked,
             });
         }
-        let backend = self.backends.get(Some(proc.backend))?.clone();
         let op = proc.lock_op();
+        self.set_locked(&op, spec, owner, resolved, reuse)
+    }
+
+    /// [`Core::set_watchpoint_on`] with the process's operation lock held.
+    pub(super) fn set_locked(
+        self: &Arc<Self>,
+        op: &OpGuard<'_>,
+        spec: WatchSpec,
+        owner: u32,
+        resolved: Option<Resolved>,
+        reuse: Option<WatchId>,
+    ) -> Result<WatchView, WpdError> {
+        let proc = op.process();
+        let backend = self.backends.get(Some(proc.backend))?.clone();
         let _rt = Boost::enter();
         if proc.is_gone() {
             return Err(WpdError::ProcessExited(spec.pid));
@@ -127,7 +173,7 @@ impl Core {
                 }
             }
         }
-        let id = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let id = reuse.unwrap_or_else(|| WatchId(self.next_id.fetch_add(1, Ordering::Relaxed)));
         let mut warnings = Vec::new();
         let r = &spec.range;
         if !procfs::is_mapped(pid, r.addr, u64::from(r.len)) {
@@ -160,6 +206,7 @@ impl Core {
             last_value: Mutex::new(None),
             backend: proc.backend,
             owner,
+            resolved,
         });
         if spec.only_on_change {
             *watch.last_value.lock().unwrap() = procfs::live_thread(pid).and_then(|via| {
@@ -215,7 +262,7 @@ impl Core {
                 needed: spec.range.slots(),
                 conflicts,
             })
-            .and_then(|res| backend.arm(&op, &watch, &res));
+            .and_then(|res| backend.arm(op, &watch, &res));
         // The process may have exited while it was being armed.
         let armed = armed.and_then(|()| {
             if procfs::check_process(pid).is_err() && self.ledger.armed_on(&tids, id) == 0 {
@@ -228,11 +275,10 @@ impl Core {
             self.watches.remove(&id);
             proc.watches.lock().unwrap().remove(&id);
             // Threads born meanwhile may have taken it: undo those too.
-            backend.disarm(&op, &watch);
+            backend.disarm(op, &watch);
             self.release_slots(&watch, backend.retained());
             return Err(e);
         }
-        drop(op);
         let mut view = self.view(&watch);
         view.warnings = warnings;
         Ok(view)
@@ -303,7 +349,7 @@ impl Core {
         self.bus.publish(EventKind::WatchpointRemoved {
             id: w.id,
             pid,
-            reason: "removed",
+            reason: "removed".into(),
         });
         Ok(WatchView {
             hits: w.hits.load(Ordering::Relaxed),

@@ -8,7 +8,10 @@ use crate::backend::RunState;
 use crate::core::{ProcessView, SlotView, ThreadView, WatchView};
 use crate::error::WpdError;
 use crate::events::{Event, EventKind};
-use crate::model::{Access, BackendKind, HitAction, Pid, Scope, Tid, WatchSpec};
+use crate::model::{
+    Access, BackendKind, ByName, ExecPolicy, HitAction, Pid, Scope, Tid, WatchSpec,
+};
+use crate::symbols::{Frame, Resolved, Source};
 
 /// A pid from the wire: must be positive.
 pub fn pid(p: i32) -> Result<Pid, WpdError> {
@@ -81,7 +84,56 @@ impl TryFrom<pb::WatchpointSpec> for WatchSpec {
                 )));
             }
         };
-        let range = arch::validate(s.address, s.length, access)?;
+        let symbol = if s.symbol.trim().is_empty() {
+            None
+        } else {
+            if s.address != 0 {
+                return Err(WpdError::InvalidArgument(format!(
+                    "give an address or a symbol, not both (address {:#x}, symbol {:?})",
+                    s.address, s.symbol
+                )));
+            }
+            Some(ByName {
+                expr: s.symbol.trim().to_string(),
+                len: s.length,
+                on_exec: match pb::ExecPolicy::try_from(s.on_exec) {
+                    Ok(pb::ExecPolicy::Unspecified | pb::ExecPolicy::ResolveAgain) => {
+                        ExecPolicy::ResolveAgain
+                    }
+                    Ok(pb::ExecPolicy::Remove) => ExecPolicy::Remove,
+                    Err(_) => {
+                        return Err(WpdError::InvalidArgument(format!(
+                            "unknown exec policy value {}",
+                            s.on_exec
+                        )));
+                    }
+                },
+            })
+        };
+        if s.symbol.trim().is_empty() && s.on_exec != 0 {
+            return Err(WpdError::InvalidArgument(
+                "on_exec applies to a watchpoint set by name (a watchpoint set by address is \
+                 always removed at exec)"
+                    .into(),
+            ));
+        }
+        if s.backtrace_depth > crate::model::MAX_BACKTRACE {
+            return Err(WpdError::InvalidArgument(format!(
+                "backtrace_depth {} is more than {} frames",
+                s.backtrace_depth,
+                crate::model::MAX_BACKTRACE
+            )));
+        }
+        // A name is resolved by the core (in the process), and the range it
+        // gives is checked then.
+        let range = match &symbol {
+            None => arch::validate(s.address, s.length, access)?,
+            Some(_) => crate::model::Range {
+                addr: 0,
+                len: s.length,
+                pieces: Vec::new(),
+            },
+        };
         let scope = if s.tids.is_empty() {
             Scope::Process
         } else {
@@ -106,6 +158,8 @@ impl TryFrom<pb::WatchpointSpec> for WatchSpec {
             },
             only_on_change: s.only_on_change,
             allow_init: s.allow_init,
+            symbol,
+            backtrace: s.backtrace_depth as u8,
         })
     }
 }
@@ -129,6 +183,82 @@ pub fn spec_to_pb(s: &WatchSpec) -> pb::WatchpointSpec {
         } as i32,
         only_on_change: s.only_on_change,
         allow_init: s.allow_init,
+        // The name when set by one; the address and length are then what it
+        // resolved to.
+        symbol: s
+            .symbol
+            .as_ref()
+            .map(|b| b.expr.clone())
+            .unwrap_or_default(),
+        on_exec: match s.symbol.as_ref().map(|b| b.on_exec) {
+            None => pb::ExecPolicy::Unspecified,
+            Some(ExecPolicy::Remove) => pb::ExecPolicy::Remove,
+            Some(ExecPolicy::ResolveAgain) => pb::ExecPolicy::ResolveAgain,
+        } as i32,
+        backtrace_depth: u32::from(s.backtrace),
+    }
+}
+
+/// What a name resolved to → wire.
+pub fn symbol_to_pb(r: &Resolved) -> pb::Symbol {
+    pb::Symbol {
+        expression: r.expr.clone(),
+        name: r.symbol.clone(),
+        module: r.module.clone(),
+        build_id: r.build_id.clone().unwrap_or_default(),
+        address: r.address,
+        size: r.size,
+        type_name: r.type_name.clone().unwrap_or_default(),
+        source: match r.source {
+            Source::Dwarf => pb::SymbolSource::Dwarf,
+            Source::Symtab => pb::SymbolSource::Symtab,
+            Source::Dynsym => pb::SymbolSource::Dynsym,
+        } as i32,
+        module_address: r.module_address,
+        note: r.note.clone().unwrap_or_default(),
+    }
+}
+
+/// A symbolized frame → wire.
+pub fn frame_to_pb(f: &Frame) -> pb::Location {
+    let p = &f.place;
+    pb::Location {
+        ip: f.ip,
+        lookup_address: f.lookup,
+        function: p.function.clone().unwrap_or_default(),
+        function_offset: p.function_offset,
+        file: p.file.clone().unwrap_or_default(),
+        line: p.line,
+        column: p.column,
+        inlined: p
+            .inlined
+            .iter()
+            .map(|(function, file, line)| pb::InlinedCall {
+                function: function.clone(),
+                file: file.clone().unwrap_or_default(),
+                line: *line,
+            })
+            .collect(),
+        module: p.module.clone().unwrap_or_default(),
+        build_id: p
+            .build_id
+            .as_deref()
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default(),
+        module_address: p.module_address,
+        file_offset: p.file_offset.unwrap_or(0),
+        has_file_offset: p.file_offset.is_some(),
+    }
+}
+
+/// Puts the symbolized frames of a hit in place: the first is where the
+/// access was made, the others its callers.
+pub fn locate_hit(item: &mut pb::StreamEventsResponse, frames: &[Frame]) {
+    if let Some(pb::stream_events_response::Event::Hit(h)) = &mut item.event
+        && let Some((first, callers)) = frames.split_first()
+    {
+        h.location = Some(frame_to_pb(first));
+        h.backtrace = callers.iter().map(frame_to_pb).collect();
     }
 }
 
@@ -152,6 +282,7 @@ impl From<&WatchView> for pb::Watchpoint {
                     length: p.len.bytes(),
                 })
                 .collect(),
+            symbol: w.symbol.as_ref().map(symbol_to_pb),
         }
     }
 }
@@ -226,6 +357,17 @@ pub fn event_to_pb(e: &Event) -> pb::StreamEventsResponse {
             old_value: h.old_value.clone().unwrap_or_default(),
             backend: backend_to_pb(h.backend) as i32,
             piece: u32::from(h.piece),
+            // Filled in by the stream once symbolized; raw addresses here.
+            location: None,
+            backtrace: h
+                .callchain
+                .iter()
+                .map(|&ip| pb::Location {
+                    ip,
+                    ..Default::default()
+                })
+                .collect(),
+            backtrace_note: h.callchain_note.unwrap_or_default().to_string(),
         }),
         EventKind::ThreadStarted {
             pid,
@@ -263,6 +405,17 @@ pub fn event_to_pb(e: &Event) -> pb::StreamEventsResponse {
                 reason: reason.to_string(),
             })
         }
+        EventKind::WatchpointResolved {
+            id,
+            pid,
+            symbol,
+            reason,
+        } => E::WatchpointResolved(pb::WatchpointResolved {
+            watchpoint_id: id.0,
+            pid: *pid,
+            symbol: Some(symbol_to_pb(symbol)),
+            reason: reason.to_string(),
+        }),
     };
     pb::StreamEventsResponse {
         seq: e.seq,

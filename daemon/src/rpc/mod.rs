@@ -166,6 +166,7 @@ impl Watchpoints for Service {
             watchpoint: Some((&view).into()),
             arm_duration_ns: took.as_nanos() as u64,
             warnings: view.warnings.clone(),
+            symbol: view.symbol.as_ref().map(convert::symbol_to_pb),
         }))
     }
 
@@ -261,6 +262,8 @@ impl Watchpoints for Service {
             stash: None,
             dry: true,
             pacer: Pacer::default(),
+            symbols: (!r.raw).then(|| self.core.symbols.clone()),
+            locating: None,
         };
         Ok(Response::new(Box::pin(feed)))
     }
@@ -293,6 +296,11 @@ impl Watchpoints for Service {
             })
         })
         .await?;
+        let sym = if caller.privileged {
+            self.core.symbols.stats()
+        } else {
+            Default::default()
+        };
         let (connections, connections_refused, connections_idled) = if caller.privileged {
             (
                 self.conns.open() as u32,
@@ -318,6 +326,94 @@ impl Watchpoints for Service {
             ledger_hold_p99_ns: s.ledger_hold.1,
             ledger_hold_max_ns: s.ledger_hold.2,
             uptime_s: s.uptime.as_secs(),
+            symbol_files: sym.files,
+            symbol_bytes: sym.bytes,
+            locations: sym.locations,
+            location_bytes: sym.location_bytes,
+        }))
+    }
+
+    async fn resolve_symbol(
+        &self,
+        req: Request<pb::ResolveSymbolRequest>,
+    ) -> Result<Response<pb::ResolveSymbolResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let pid = convert::pid(r.pid)?;
+        allow(&caller, pid)?;
+        let name = r.name.trim().to_string();
+        if name.is_empty() == (r.address == 0) {
+            return Err(status::to_status(&WpdError::InvalidArgument(
+                "give a name or an address (exactly one)".into(),
+            )));
+        }
+        let symbols = self.core.symbols.clone();
+        if !name.is_empty() {
+            let resolved = blocking(move || {
+                crate::procfs::check_process(pid)?;
+                // As a watchpoint would take it: a variable, or else a
+                // function (its entry).
+                symbols
+                    .resolve(pid, &name, crate::model::Access::Write, 0)
+                    .or_else(|e| match e {
+                        crate::symbols::SymbolError::NotAVariable { .. } => {
+                            symbols.resolve(pid, &name, crate::model::Access::Exec, 0)
+                        }
+                        e => Err(e),
+                    })
+                    .map_err(WpdError::from)
+            })
+            .await?;
+            let kind = if resolved.type_name.is_none() && resolved.size == 1 {
+                "function"
+            } else {
+                "variable"
+            };
+            return Ok(Response::new(pb::ResolveSymbolResponse {
+                symbol: Some(convert::symbol_to_pb(&resolved)),
+                location: None,
+                kind: kind.into(),
+                offset: 0,
+            }));
+        }
+        let addr = r.address;
+        let s2 = symbols.clone();
+        let info = blocking(move || {
+            crate::procfs::check_process(pid)?;
+            s2.describe_address(pid, addr).map_err(WpdError::from)
+        })
+        .await?;
+        let image = crate::symbols::Image::new(pid);
+        // At the address itself (no `- 1`: it is not a return address).
+        let frames = symbols.frames(&image, &[addr.wrapping_add(1)]).await;
+        let mut location = frames.first().map(convert::frame_to_pb);
+        if let Some(l) = &mut location {
+            l.ip = addr;
+        }
+        let (symbol, kind, offset) = match &info.symbol {
+            Some((name, start, size, kind)) => (
+                Some(pb::Symbol {
+                    expression: name.clone(),
+                    name: name.clone(),
+                    module: info.module.clone().unwrap_or_default(),
+                    build_id: info.build_id.clone().unwrap_or_default(),
+                    address: *start,
+                    size: *size,
+                    type_name: String::new(),
+                    source: pb::SymbolSource::Symtab as i32,
+                    module_address: info.module_address.wrapping_sub(addr - start),
+                    note: String::new(),
+                }),
+                kind.to_string(),
+                addr - start,
+            ),
+            None => (None, String::new(), 0),
+        };
+        Ok(Response::new(pb::ResolveSymbolResponse {
+            symbol,
+            location,
+            kind,
+            offset,
         }))
     }
 }
@@ -354,7 +450,14 @@ struct EventFeed {
     /// The bus had nothing left at the last poll.
     dry: bool,
     pacer: Pacer,
+    /// Symbolizes hits (None: the subscriber asked for raw hits).
+    symbols: Option<Arc<crate::symbols::Symbols>>,
+    /// A hit waiting for the symbolizer (its addresses were not cached).
+    locating: Option<(pb::StreamEventsResponse, Locating)>,
 }
+
+/// The symbolizer's answer for one hit.
+type Locating = Pin<Box<dyn Future<Output = Vec<crate::symbols::Frame>> + Send>>;
 
 /// Spaces a stream's wake-ups at least [`PACE`] apart while events keep
 /// coming; the first wake-up after a quiet spell is not delayed.
@@ -413,7 +516,9 @@ impl EventFeed {
             // program): decide again from the next event on.
             if matches!(
                 &ev.kind,
-                EventKind::WatchpointRemoved { reason: "exec", .. } | EventKind::ProcessLost { .. }
+                EventKind::WatchpointRemoved { .. }
+                    | EventKind::WatchpointResolved { .. }
+                    | EventKind::ProcessLost { .. }
             ) {
                 self.visible.remove(&pid);
             }
@@ -450,6 +555,14 @@ impl Stream for EventFeed {
                 return Poll::Ready(None);
             }
         }
+        if let Some((_, fut)) = &mut this.locating {
+            let Poll::Ready(frames) = fut.as_mut().poll(cx) else {
+                return Poll::Pending;
+            };
+            let (mut item, _) = this.locating.take().expect("just polled");
+            convert::locate_hit(&mut item, &frames);
+            return Poll::Ready(Some(Ok(item)));
+        }
         if this.pacer.poll_wait(cx).is_pending() {
             return Poll::Pending;
         }
@@ -480,7 +593,24 @@ impl Stream for EventFeed {
             match got {
                 Ok(ev) => {
                     this.sub.state.received(ev.seq);
-                    if let Some(item) = this.pass(&ev) {
+                    if let Some(mut item) = this.pass(&ev) {
+                        if let (EventKind::Hit(h), Some(symbols)) = (&ev.kind, &this.symbols)
+                            && let Some(image) = &h.image
+                        {
+                            let mut ips = Vec::with_capacity(1 + h.callchain.len());
+                            ips.push(h.ip);
+                            ips.extend_from_slice(&h.callchain);
+                            match crate::symbols::locate::cached_frames(image, &ips) {
+                                Some(frames) => convert::locate_hit(&mut item, &frames),
+                                None => {
+                                    let (symbols, image) = (symbols.clone(), image.clone());
+                                    let fut: Locating =
+                                        Box::pin(async move { symbols.frames(&image, &ips).await });
+                                    this.locating = Some((item, fut));
+                                    return Pin::new(this).poll_next(cx);
+                                }
+                            }
+                        }
                         return Poll::Ready(Some(Ok(item)));
                     }
                 }

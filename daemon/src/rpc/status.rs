@@ -54,6 +54,24 @@ pub fn to_status(e: &WpdError) -> Status {
         let by = if *by_kernel { "kernel" } else { "wpd" };
         meta.insert("refused_by".to_string(), by.to_string());
     }
+    if let WpdError::Symbol(s) = e {
+        use crate::symbols::SymbolError as S;
+        match s {
+            S::Unknown { closest, .. } => {
+                meta.insert("closest".to_string(), closest.join(","));
+            }
+            S::Ambiguous { modules, .. } => {
+                meta.insert("modules".to_string(), modules.join(","));
+            }
+            S::NoSuchModule { loaded, .. } => {
+                meta.insert("loaded".to_string(), loaded.join(","));
+            }
+            S::TooLarge { needed, .. } => {
+                meta.insert("slots_needed".to_string(), needed.to_string());
+            }
+            _ => {}
+        }
+    }
     let details = ErrorDetails::with_error_info(reason, DOMAIN, meta);
     // A status always says something: an error built from an empty text
     // still names its reason.
@@ -95,6 +113,23 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
         WpdError::LimitReached { .. } => (Code::ResourceExhausted, r::LIMIT_REACHED),
         WpdError::FdLimit { .. } => (Code::ResourceExhausted, r::FD_LIMIT),
         WpdError::Kernel { .. } => (Code::Internal, r::KERNEL_ERROR),
+        WpdError::Symbol(s) => {
+            use crate::symbols::SymbolError as S;
+            match s {
+                S::Syntax(_) => (Code::InvalidArgument, r::BAD_SYMBOL),
+                S::NoSuchModule { .. } => (Code::NotFound, r::NO_SUCH_MODULE),
+                S::Unknown { .. } => (Code::NotFound, r::UNKNOWN_SYMBOL),
+                S::Ambiguous { .. } => (Code::InvalidArgument, r::AMBIGUOUS_SYMBOL),
+                S::NotAVariable { .. } => (Code::InvalidArgument, r::NOT_A_VARIABLE),
+                S::ThreadLocal { .. } => (Code::InvalidArgument, r::THREAD_LOCAL),
+                S::NoDebugInfo { .. } => (Code::FailedPrecondition, r::NO_DEBUG_INFO),
+                S::Path { .. } | S::Offset { .. } | S::NoSize { .. } => {
+                    (Code::InvalidArgument, r::BAD_SYMBOL_PATH)
+                }
+                S::TooLarge { .. } => (Code::InvalidArgument, r::OBJECT_TOO_LARGE),
+                S::Unreadable { .. } => (Code::FailedPrecondition, r::SYMBOLS_UNREADABLE),
+            }
+        }
     }
 }
 

@@ -200,6 +200,7 @@ async fn demo(args: &Args, client: &mut Client) -> Result<()> {
             pid: target.pid,
             watchpoint_ids: vec![],
             hits_only: false,
+            raw: false,
         },
     )
     .await?;

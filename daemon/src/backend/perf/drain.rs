@@ -77,6 +77,7 @@ impl PerfEngine {
                 time,
                 addr,
                 cpu,
+                callchain,
             } => {
                 let Some(key) = self.event_ids.get(&id).map(|v| *v) else {
                     return;
@@ -103,6 +104,9 @@ impl PerfEngine {
                     stopped: false,
                     old_value: None,
                     backend: BackendKind::Perf,
+                    image: host.image(pid),
+                    callchain,
+                    callchain_note: None,
                 }));
             }
             Record::Fork {

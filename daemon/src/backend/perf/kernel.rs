@@ -23,9 +23,13 @@ use nix::errno::Errno;
 use perf_event_open_sys as sys;
 use sys::bindings as b;
 
-use crate::model::{Access, Tid, WatchLen};
+use crate::model::{Access, Piece, Tid, WatchLen};
 
-/// Sample fields of every event (they share rings, so they must agree).
+/// Sample fields of every event. They share rings, so the fields every
+/// record carries must agree (`sample_id_all` appends the same trailer to
+/// FORK, EXIT and COMM records); a breakpoint of a watchpoint asking for a
+/// backtrace adds `PERF_SAMPLE_CALLCHAIN`, which only samples carry, last,
+/// so a sample's length tells whether it has one.
 const SAMPLE_TYPE: u64 = (b::PERF_SAMPLE_IDENTIFIER
     | b::PERF_SAMPLE_IP
     | b::PERF_SAMPLE_TID
@@ -38,7 +42,7 @@ const SAMPLE_TYPE: u64 = (b::PERF_SAMPLE_IDENTIFIER
 const RING_DATA_PAGES: usize = 512;
 
 /// A decoded record from a ring.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
     /// A breakpoint fired.
     Sample {
@@ -56,6 +60,11 @@ pub enum Record {
         addr: u64,
         /// CPU.
         cpu: u32,
+        /// The user call chain (`PERF_SAMPLE_CALLCHAIN`, breakpoints of
+        /// watchpoints asking for a backtrace): return addresses of the
+        /// callers, innermost first (the sample's own ip and the kernel's
+        /// context markers left out).
+        callchain: Vec<u64>,
     },
     /// A task was created (thread or process).
     Fork {
@@ -429,17 +438,24 @@ impl Perf {
     pub fn open_breakpoint(
         &self,
         tid: Tid,
-        addr: u64,
-        len: WatchLen,
+        piece: Piece,
         access: Access,
         inherit: bool,
+        callers: u16,
         id_sink: &dyn Fn(u64),
     ) -> Result<ThreadEvents, PerfError> {
         let mut fds = Vec::with_capacity(self.cpus.len());
         let mut ids = Vec::with_capacity(self.cpus.len());
         for &cpu in &self.cpus {
-            let mut a = breakpoint_attr(addr, len, access);
+            let mut a = breakpoint_attr(piece.addr, piece.len, access);
             a.__bindgen_anon_1.sample_period = 1;
+            if callers > 0 {
+                // The kernel walks the user stack's frame pointers at the
+                // trap; its chain starts with the sample's ip.
+                a.sample_type |= u64::from(b::PERF_SAMPLE_CALLCHAIN);
+                a.set_exclude_callchain_kernel(1);
+                a.sample_max_stack = (callers + 1).min(max_stack());
+            }
             a.set_remove_on_exec(1);
             if inherit {
                 a.set_inherit(1);
@@ -596,6 +612,23 @@ impl Cursor<'_> {
     }
 }
 
+/// Call-chain entries from this value up are context markers
+/// (`PERF_CONTEXT_USER`…), not addresses (`(u64)-4095`, uapi
+/// `perf_event.h`).
+const PERF_CONTEXT_MAX: u64 = (-4095i64) as u64;
+
+/// The kernel's limit on call-chain entries a sample may ask for
+/// (`kernel.perf_event_max_stack`, 127 by default); read once.
+fn max_stack() -> u16 {
+    static MAX: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/perf_event_max_stack")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(127)
+    })
+}
+
 /// Decodes a record body (after the 8-byte header) for our `SAMPLE_TYPE`.
 pub fn parse_record(ty: u32, misc: u16, body: &[u8]) -> Option<Record> {
     let mut c = Cursor(body);
@@ -609,6 +642,26 @@ pub fn parse_record(ty: u32, misc: u16, body: &[u8]) -> Option<Record> {
             let time = c.u64()?;
             let addr = c.u64()?;
             let cpu = c.u32()?;
+            let _res = c.u32();
+            // PERF_SAMPLE_CALLCHAIN, when the event asked for it: the only
+            // field after CPU, so present exactly when bytes remain.
+            let mut callchain = Vec::new();
+            if let Some(nr) = c.u64() {
+                let mut first_user = true;
+                for _ in 0..nr.min(512) {
+                    let Some(v) = c.u64() else { break };
+                    if v >= PERF_CONTEXT_MAX {
+                        continue; // PERF_CONTEXT_USER and the like
+                    }
+                    if std::mem::take(&mut first_user) && v == ip {
+                        continue;
+                    }
+                    if v == 0 {
+                        break; // a frame pointer that was not one
+                    }
+                    callchain.push(v);
+                }
+            }
             Some(Record::Sample {
                 id,
                 ip,
@@ -617,6 +670,7 @@ pub fn parse_record(ty: u32, misc: u16, body: &[u8]) -> Option<Record> {
                 time,
                 addr,
                 cpu,
+                callchain,
             })
         }
         b::PERF_RECORD_FORK | b::PERF_RECORD_EXIT => {
@@ -674,8 +728,27 @@ mod tests {
                 tid: 7,
                 time: 1234,
                 addr: 0x5000,
-                cpu: 1
+                cpu: 1,
+                callchain: vec![],
             })
+        );
+    }
+
+    #[test]
+    fn parses_a_sample_with_its_user_call_chain() {
+        let pidtid = (7u64 << 32) | 5;
+        let user = (-512i64) as u64; // PERF_CONTEXT_USER
+        let body = bytes(&[
+            42, 0x401000, pidtid, 1234, 0x5000, 1, 4, user, 0x401000, 0x402222, 0x403333,
+        ]);
+        let Some(Record::Sample { callchain, .. }) = parse_record(b::PERF_RECORD_SAMPLE, 0, &body)
+        else {
+            panic!("not a sample");
+        };
+        assert_eq!(
+            callchain,
+            vec![0x402222, 0x403333],
+            "the marker and the ip left out"
         );
     }
 

@@ -273,10 +273,14 @@ impl PerfEngine {
                 self.event_ids.insert(eid, r.key);
             };
             let t0 = crate::clock::monotonic_ns();
-            match self
-                .perf
-                .open_breakpoint(tid, piece.addr, piece.len, w.spec.access, true, &sink)
-            {
+            match self.perf.open_breakpoint(
+                tid,
+                piece,
+                w.spec.access,
+                true,
+                u16::from(w.spec.backtrace),
+                &sink,
+            ) {
                 Ok(ev) => {
                     let t1 = crate::clock::monotonic_ns();
                     ledger.commit(&[*r], Some(&[(t0, t1)]));
@@ -446,10 +450,10 @@ impl Backend for PerfEngine {
                 let t0 = crate::clock::monotonic_ns();
                 match perf.open_breakpoint(
                     r.tid,
-                    piece.addr,
-                    piece.len,
+                    piece,
                     spec.access,
                     process_wide,
+                    u16::from(spec.backtrace),
                     &sink,
                 ) {
                     Ok(ev) => {

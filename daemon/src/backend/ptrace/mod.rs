@@ -536,6 +536,10 @@ impl TraceSink for PtraceEngine {
             };
             host.count_hit(&w);
             let now = crate::clock::realtime_ns();
+            let (callchain, callchain_note) = match w.spec.backtrace {
+                0 => (Vec::new(), None),
+                depth => frame_pointer_chain(pid, tid, usize::from(depth)),
+            };
             host.publish(EventKind::Hit(HitEvent {
                 id: w.id,
                 piece: key.piece,
@@ -552,6 +556,9 @@ impl TraceSink for PtraceEngine {
                 stopped,
                 old_value,
                 backend: BackendKind::Ptrace,
+                image: host.image(pid),
+                callchain,
+                callchain_note,
             }));
         }
         if verdict == HitVerdict::HoldAll {
@@ -565,6 +572,52 @@ impl TraceSink for PtraceEngine {
             host.schedule(crate::state::Job::Exec(pid));
         }
     }
+}
+
+/// The return addresses of the stopped thread `tid`'s callers, innermost
+/// first, up to `depth`, walked along its frame pointers as the kernel's
+/// perf call chains are: `[rbp]` is the caller's `rbp`, `[rbp + 8]` the
+/// return address. The walk ends at a frame pointer that is 0, unaligned,
+/// not above the previous one (frames grow down), or unreadable, and says
+/// why it stopped early.
+fn frame_pointer_chain(pid: Pid, tid: Tid, depth: usize) -> (Vec<u64>, Option<&'static str>) {
+    let Ok(regs) = nix::sys::ptrace::getregs(nix::unistd::Pid::from_raw(tid)) else {
+        return (Vec::new(), Some("the thread's registers could not be read"));
+    };
+    let mut out = Vec::with_capacity(depth);
+    let mut fp = regs.rbp;
+    let floor = regs.rsp;
+    while out.len() < depth {
+        if fp == 0 {
+            return (out, None); // the outermost frame
+        }
+        if !fp.is_multiple_of(8) || fp < floor {
+            return (
+                out,
+                Some("the frame-pointer chain ended: code built without frame pointers"),
+            );
+        }
+        let Ok(b) = procfs::read_memory(pid, tid, fp, 16) else {
+            return (
+                out,
+                Some("the frame-pointer chain led to unreadable memory"),
+            );
+        };
+        let next = u64::from_le_bytes(b[0..8].try_into().expect("8 bytes"));
+        let ret = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
+        if ret == 0 {
+            return (out, None);
+        }
+        out.push(ret);
+        if next != 0 && next <= fp {
+            return (
+                out,
+                Some("the frame-pointer chain ended: code built without frame pointers"),
+            );
+        }
+        fp = next;
+    }
+    (out, None)
 }
 
 /// The tracer thread of `tid` from `/proc`, if another task traces it.

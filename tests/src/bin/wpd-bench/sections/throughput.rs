@@ -74,6 +74,7 @@ pub(crate) async fn throughput_once(
     let mut sub_client = daemon.client().await?;
     let mut stream = sub_client
         .stream_events(StreamEventsRequest {
+            raw: false,
             pid: target.pid,
             watchpoint_ids: vec![wp.id],
             hits_only: true,

@@ -1,0 +1,106 @@
+//! `wpctl symbol`: what a name is in a process, or what is at an address
+//! (ResolveSymbol).
+
+use serde_json::json;
+use wpd_proto::v1::{ResolveSymbolRequest, ResolveSymbolResponse};
+
+use crate::cmd::Ctx;
+use crate::error::Error;
+use crate::output::{self, hex};
+use crate::{SymbolArgs, parse_addr};
+
+/// Runs `wpctl symbol`.
+pub async fn run(ctx: &Ctx, args: &SymbolArgs) -> Result<(), Error> {
+    let what = args.what.trim();
+    let by_address = what.starts_with("0x") || what.starts_with("0X");
+    let request = ResolveSymbolRequest {
+        pid: args.pid,
+        name: if by_address {
+            String::new()
+        } else {
+            what.to_string()
+        },
+        address: if by_address {
+            parse_addr(what).map_err(|e| Error::Local(format!("bad address {what:?}: {e}")))?
+        } else {
+            0
+        },
+    };
+    let resp = ctx
+        .unary(request, |mut c, r| async move { c.resolve_symbol(r).await })
+        .await?;
+    if ctx.json {
+        output::emit_json(&json!({
+            "symbol": resp.symbol.as_ref().map(output::symbol_json),
+            "location": resp.location.as_ref().map(output::location_json),
+            "kind": resp.kind,
+            "offset": resp.offset,
+        }))
+    } else {
+        output::emit(&to_text(&resp, by_address))
+    }
+}
+
+/// For a name: `stats.errors: int, 4 bytes at 0x55…c128 in ct-pie
+/// (0x4128, DWARF)`; for an address: the symbol holding it and, for code,
+/// its source line.
+fn to_text(r: &ResolveSymbolResponse, by_address: bool) -> String {
+    let mut lines = Vec::new();
+    match (&r.symbol, by_address) {
+        (Some(s), false) => {
+            let mut head = format!("{}: ", s.expression);
+            if !s.type_name.is_empty() {
+                head.push_str(&format!("{}, ", s.type_name));
+            }
+            head.push_str(&format!(
+                "{} at {} in {} ({} in the module, {})",
+                output::plural(s.size, "byte"),
+                hex(s.address),
+                output::file_name(&s.module),
+                hex(s.module_address),
+                output::source_name(s.source)
+            ));
+            if r.kind == "function" {
+                head.push_str(" [function: watch it with --access exec]");
+            }
+            lines.push(head);
+            if !s.note.is_empty() {
+                lines.push(format!("note: {}", s.note));
+            }
+        }
+        (Some(s), true) => lines.push(format!(
+            "{} {}+{:#x} ({}, {} at {})",
+            r.kind,
+            s.name,
+            r.offset,
+            output::file_name(&s.module),
+            output::plural(s.size, "byte"),
+            hex(s.address)
+        )),
+        (None, true) => lines.push("no symbol holds this address".into()),
+        (None, false) => {}
+    }
+    if let Some(l) = &r.location {
+        if l.line > 0 {
+            lines.push(format!("at {}", output::location_text(l)));
+        } else if !l.module.is_empty() && r.symbol.is_none() {
+            lines.push(format!(
+                "in {} at {}",
+                output::file_name(&l.module),
+                hex(l.module_address)
+            ));
+        }
+        if !l.build_id.is_empty() {
+            lines.push(format!(
+                "build id {}{}",
+                output::hex_bytes(&l.build_id),
+                if l.has_file_offset {
+                    format!(", file offset {:#x}", l.file_offset)
+                } else {
+                    String::new()
+                }
+            ));
+        }
+    }
+    lines.join("\n")
+}

@@ -1,0 +1,742 @@
+//! Variables and their types from DWARF, read with `gimli`: an index of
+//! every variable with a static location (by name, built once per file),
+//! and the type walk that turns `name.member[3]` into an offset, a size and
+//! a type name.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use gimli::{AttributeValue, EndianSlice, RunTimeEndian, UnitOffset};
+use memmap2::Mmap;
+use object::{Object, ObjectSection};
+
+use super::expr::Step;
+
+type R<'a> = EndianSlice<'a, RunTimeEndian>;
+
+/// Where a variable lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VarLoc {
+    /// At this link-time address.
+    Addr(u64),
+    /// In each thread's TLS block.
+    Tls,
+}
+
+/// A variable with a static location: where its DIE is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VarDie {
+    /// Its unit's offset in `.debug_info`.
+    pub unit: usize,
+    /// The DIE holding its type (the definition, or the declaration a
+    /// definition refers to by `DW_AT_specification`).
+    pub die: usize,
+    /// Where it lives.
+    pub loc: VarLoc,
+    /// Visible to other modules (`DW_AT_external`).
+    pub external: bool,
+}
+
+/// The DWARF of one file: its mapping, sections that had to be
+/// decompressed, and the variable index (built on first use).
+pub struct DwarfFile {
+    map: Mmap,
+    owned: HashMap<gimli::SectionId, Vec<u8>>,
+    index: OnceLock<HashMap<String, Vec<VarDie>>>,
+}
+
+const SECTIONS: [gimli::SectionId; 12] = [
+    gimli::SectionId::DebugAbbrev,
+    gimli::SectionId::DebugAddr,
+    gimli::SectionId::DebugInfo,
+    gimli::SectionId::DebugLine,
+    gimli::SectionId::DebugLineStr,
+    gimli::SectionId::DebugLoc,
+    gimli::SectionId::DebugLocLists,
+    gimli::SectionId::DebugRanges,
+    gimli::SectionId::DebugRngLists,
+    gimli::SectionId::DebugStr,
+    gimli::SectionId::DebugStrOffsets,
+    gimli::SectionId::DebugTypes,
+];
+
+/// What a type is, as far as watching it goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Shape {
+    /// A scalar: integer, float, enum, bool.
+    Scalar,
+    /// A pointer (`T *`): watched as the pointer itself.
+    Pointer,
+    /// A struct, class or union.
+    Record(Vec<Member>),
+    /// An array: element type and the counts of the dimensions left.
+    Array {
+        /// Element DIE.
+        elem: usize,
+        /// Element count of each dimension (None: unknown, e.g. `x[]`).
+        dims: Vec<Option<u64>>,
+    },
+    /// Anything else (a function type, void).
+    Other,
+}
+
+/// A member of a record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Name (empty for an anonymous struct or union member).
+    pub name: String,
+    /// Byte offset in the record.
+    pub offset: u64,
+    /// Its type DIE.
+    pub ty: Option<usize>,
+    /// A bit field: it shares its bytes with its neighbours.
+    pub bits: bool,
+}
+
+/// A type: its name, size and shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypeInfo {
+    /// As a C programmer writes it: `int`, `struct stats`, `short[4]`.
+    pub name: String,
+    /// Size in bytes, when known.
+    pub size: Option<u64>,
+    /// Shape.
+    pub shape: Shape,
+}
+
+/// Why a path into a variable fails.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    /// `.member` of something that has none.
+    #[error("{what} is a {ty}, which has no members")]
+    NotARecord {
+        /// What was walked so far.
+        what: String,
+        /// Its type.
+        ty: String,
+    },
+    /// No such member.
+    #[error("{ty} has no member {member:?} (members: {})", members.join(", "))]
+    NoSuchMember {
+        /// The record type.
+        ty: String,
+        /// Asked for.
+        member: String,
+        /// Those it has.
+        members: Vec<String>,
+    },
+    /// `[i]` of something that is not an array.
+    #[error("{what} is a {ty}, not an array: it cannot be indexed{hint}")]
+    NotAnArray {
+        /// What was walked so far.
+        what: String,
+        /// Its type.
+        ty: String,
+        /// For a pointer: why wpd does not follow it.
+        hint: &'static str,
+    },
+    /// Past the end.
+    #[error("index {index} is past the end of {what} ({count} elements)")]
+    OutOfRange {
+        /// What was walked so far.
+        what: String,
+        /// Asked for.
+        index: u64,
+        /// Elements.
+        count: u64,
+    },
+    /// The DWARF could not be read.
+    #[error("the debug information is unreadable here: {0}")]
+    Dwarf(String),
+}
+
+impl From<gimli::Error> for PathError {
+    fn from(e: gimli::Error) -> Self {
+        PathError::Dwarf(e.to_string())
+    }
+}
+
+impl DwarfFile {
+    /// The DWARF of the file mapped at `map`, if it has some.
+    pub fn new(map: Mmap) -> Option<DwarfFile> {
+        let mut owned = HashMap::new();
+        {
+            let file = object::File::parse(&*map).ok()?;
+            file.section_by_name(".debug_info")?;
+            for id in SECTIONS {
+                if let Some(Cow::Owned(v)) = super::elf::section_bytes(&file, id.name()) {
+                    owned.insert(id, v);
+                }
+            }
+        }
+        Some(DwarfFile {
+            map,
+            owned,
+            index: OnceLock::new(),
+        })
+    }
+
+    /// Bytes held: the decompressed sections and the index (the mapping is
+    /// the page cache's).
+    pub fn heap_bytes(&self) -> usize {
+        let sections: usize = self.owned.values().map(Vec::len).sum();
+        let index: usize = self.index.get().map_or(0, |i| {
+            i.iter()
+                .map(|(k, v)| k.len() + 24 + v.len() * std::mem::size_of::<VarDie>() + 48)
+                .sum()
+        });
+        sections + index
+    }
+
+    fn dwarf(&self) -> Option<gimli::Dwarf<R<'_>>> {
+        let file = object::File::parse(&*self.map).ok()?;
+        let endian = if file.is_little_endian() {
+            RunTimeEndian::Little
+        } else {
+            RunTimeEndian::Big
+        };
+        let load = |id: gimli::SectionId| -> Result<R<'_>, gimli::Error> {
+            let data: &[u8] = match self.owned.get(&id) {
+                Some(v) => v,
+                None => file
+                    .section_by_name(id.name())
+                    .and_then(|s| s.data().ok())
+                    .unwrap_or(&[]),
+            };
+            Ok(EndianSlice::new(data, endian))
+        };
+        gimli::Dwarf::load(load).ok()
+    }
+
+    /// The variables named `name` (`function::name` for a static inside a
+    /// function, `ns::name` inside a namespace).
+    pub fn variables(&self, name: &str) -> Vec<VarDie> {
+        self.index().get(name).cloned().unwrap_or_default()
+    }
+
+    /// Every indexed name (for suggestions).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.index().keys().map(String::as_str)
+    }
+
+    fn index(&self) -> &HashMap<String, Vec<VarDie>> {
+        self.index.get_or_init(|| {
+            let t0 = std::time::Instant::now();
+            let index = self
+                .dwarf()
+                .map(|d| build_index(&d).unwrap_or_default())
+                .unwrap_or_default();
+            tracing::debug!(names = index.len(), took = ?t0.elapsed(), "DWARF variable index built");
+            index
+        })
+    }
+
+    /// The type of variable `v`, and the path walked from it: the byte
+    /// offset reached, and the type there.
+    pub fn walk(
+        &self,
+        v: &VarDie,
+        base: &str,
+        steps: &[Step],
+    ) -> Result<(u64, Option<TypeInfo>), PathError> {
+        let dwarf = self
+            .dwarf()
+            .ok_or_else(|| PathError::Dwarf("no DWARF".into()))?;
+        let header = dwarf
+            .debug_info
+            .header_from_offset(gimli::DebugInfoOffset(v.unit))?;
+        let unit = dwarf.unit(header)?;
+        let die = unit.entry(UnitOffset(v.die))?;
+        let mut ty = type_ref(&die);
+        let mut what = base.to_string();
+        let mut offset = 0u64;
+        // The array dimensions still to index, once inside an array.
+        let mut pending: Option<(usize, Vec<Option<u64>>)> = None;
+        for step in steps {
+            if pending.is_none()
+                && let Step::Index(_) = step
+            {
+                let info = type_info(&dwarf, &unit, ty)?;
+                match info.shape {
+                    Shape::Array { elem, dims } => pending = Some((elem, dims)),
+                    shape => {
+                        return Err(PathError::NotAnArray {
+                            what,
+                            ty: info.name,
+                            hint: if shape == Shape::Pointer {
+                                " (wpd watches a pointer itself and does not follow it: to \
+                                 watch what it points to, watch that address)"
+                            } else {
+                                ""
+                            },
+                        });
+                    }
+                }
+            }
+            match (step, pending.take()) {
+                (Step::Index(i), Some((elem, dims))) => {
+                    if let Some(c) = dims[0]
+                        && *i >= c
+                    {
+                        return Err(PathError::OutOfRange {
+                            what,
+                            index: *i,
+                            count: c,
+                        });
+                    }
+                    let elem_size = type_info(&dwarf, &unit, Some(elem))?.size.unwrap_or(0);
+                    let inner: u64 = dims[1..].iter().map(|d| d.unwrap_or(0)).product();
+                    offset += i * inner * elem_size;
+                    what.push_str(&format!("[{i}]"));
+                    if dims.len() > 1 {
+                        pending = Some((elem, dims[1..].to_vec()));
+                    } else {
+                        ty = Some(elem);
+                    }
+                }
+                (Step::Member(_), Some((elem, dims))) => {
+                    let t = describe_array(&dwarf, &unit, elem, &dims)?;
+                    return Err(PathError::NotARecord { what, ty: t });
+                }
+                (Step::Member(m), None) => {
+                    let info = type_info(&dwarf, &unit, ty)?;
+                    let Shape::Record(members) = &info.shape else {
+                        return Err(PathError::NotARecord {
+                            what,
+                            ty: info.name,
+                        });
+                    };
+                    let Some((off, mty)) = find_member(&dwarf, &unit, members, m)? else {
+                        return Err(PathError::NoSuchMember {
+                            ty: info.name.clone(),
+                            member: m.clone(),
+                            members: members
+                                .iter()
+                                .filter(|x| !x.name.is_empty())
+                                .map(|x| x.name.clone())
+                                .collect(),
+                        });
+                    };
+                    offset += off;
+                    ty = mty;
+                    what.push('.');
+                    what.push_str(m);
+                }
+                (Step::Index(_), None) => unreachable!("an index sets `pending` above"),
+            }
+        }
+        let info = match pending {
+            Some((elem, dims)) => {
+                let e = type_info(&dwarf, &unit, Some(elem))?;
+                let n: u64 = dims.iter().map(|d| d.unwrap_or(0)).product();
+                Some(TypeInfo {
+                    name: describe_array(&dwarf, &unit, elem, &dims)?,
+                    size: e.size.map(|s| s * n),
+                    shape: Shape::Array { elem, dims },
+                })
+            }
+            None => ty.map(|t| type_info(&dwarf, &unit, Some(t))).transpose()?,
+        };
+        Ok((offset, info))
+    }
+
+    /// The innermost member of the type of `v` (after `steps`) that holds
+    /// byte `at` of it: its offset in the object and size (for `name+off`).
+    pub fn member_at(
+        &self,
+        v: &VarDie,
+        steps: &[Step],
+        at: u64,
+    ) -> Result<Option<(u64, u64, String, String)>, PathError> {
+        let (_, info) = self.walk(v, "", steps)?;
+        let Some(mut info) = info else {
+            return Ok(None);
+        };
+        let dwarf = self
+            .dwarf()
+            .ok_or_else(|| PathError::Dwarf("no DWARF".into()))?;
+        let header = dwarf
+            .debug_info
+            .header_from_offset(gimli::DebugInfoOffset(v.unit))?;
+        let unit = dwarf.unit(header)?;
+        let mut base = 0u64;
+        let mut name = String::new();
+        loop {
+            match &info.shape {
+                Shape::Record(members) => {
+                    let inner = members
+                        .iter()
+                        .filter(|m| m.offset <= at - base)
+                        .find_map(|m| {
+                            let t = type_info(&dwarf, &unit, m.ty).ok()?;
+                            let size = t.size?;
+                            (at - base < m.offset + size).then_some((m.clone(), t))
+                        });
+                    let Some((m, t)) = inner else {
+                        return Ok(None);
+                    };
+                    base += m.offset;
+                    if !m.name.is_empty() {
+                        name.push('.');
+                        name.push_str(&m.name);
+                    }
+                    info = t;
+                }
+                Shape::Array { elem, dims } => {
+                    let e = type_info(&dwarf, &unit, Some(*elem))?;
+                    let Some(es) = e.size.filter(|s| *s > 0) else {
+                        return Ok(None);
+                    };
+                    let i = (at - base) / es;
+                    let n: u64 = dims.iter().map(|d| d.unwrap_or(0)).product();
+                    if i >= n {
+                        return Ok(None);
+                    }
+                    base += i * es;
+                    name.push_str(&format!("[{i}]"));
+                    info = e;
+                }
+                _ => return Ok(info.size.map(|s| (base, s, name, info.name))),
+            }
+        }
+    }
+}
+
+fn type_ref(e: &gimli::DebuggingInformationEntry<R<'_>>) -> Option<usize> {
+    match e.attr_value(gimli::DW_AT_type) {
+        Some(AttributeValue::UnitRef(o)) => Some(o.0),
+        _ => None,
+    }
+}
+
+fn name_of(
+    dwarf: &gimli::Dwarf<R<'_>>,
+    unit: &gimli::Unit<R<'_>>,
+    e: &gimli::DebuggingInformationEntry<R<'_>>,
+) -> Option<String> {
+    let v = e.attr_value(gimli::DW_AT_name)?;
+    let s = dwarf.attr_string(unit, v).ok()?;
+    Some(s.to_string_lossy().into_owned())
+}
+
+fn find_member(
+    dwarf: &gimli::Dwarf<R<'_>>,
+    unit: &gimli::Unit<R<'_>>,
+    members: &[Member],
+    name: &str,
+) -> Result<Option<(u64, Option<usize>)>, PathError> {
+    if let Some(m) = members.iter().find(|m| m.name == name) {
+        return Ok(Some((m.offset, m.ty)));
+    }
+    // Members of anonymous structs and unions are members of the record.
+    for m in members.iter().filter(|m| m.name.is_empty()) {
+        if let Shape::Record(inner) = type_info(dwarf, unit, m.ty)?.shape
+            && let Some((off, ty)) = find_member(dwarf, unit, &inner, name)?
+        {
+            return Ok(Some((m.offset + off, ty)));
+        }
+    }
+    Ok(None)
+}
+
+fn describe_array(
+    dwarf: &gimli::Dwarf<R<'_>>,
+    unit: &gimli::Unit<R<'_>>,
+    elem: usize,
+    dims: &[Option<u64>],
+) -> Result<String, PathError> {
+    let e = type_info(dwarf, unit, Some(elem))?;
+    let mut s = e.name;
+    for d in dims {
+        match d {
+            Some(n) => s.push_str(&format!("[{n}]")),
+            None => s.push_str("[]"),
+        }
+    }
+    Ok(s)
+}
+
+/// The type at `off` (None: `void`), typedefs and qualifiers seen through
+/// for the shape and size, kept in the name.
+pub fn type_info(
+    dwarf: &gimli::Dwarf<R<'_>>,
+    unit: &gimli::Unit<R<'_>>,
+    off: Option<usize>,
+) -> Result<TypeInfo, PathError> {
+    let mut name: Option<String> = None;
+    let mut quals: Vec<&str> = Vec::new();
+    let mut cur = off;
+    for _ in 0..64 {
+        let Some(o) = cur else {
+            return Ok(TypeInfo {
+                name: name.unwrap_or_else(|| "void".into()),
+                size: None,
+                shape: Shape::Other,
+            });
+        };
+        let e = unit.entry(UnitOffset(o))?;
+        let size = e
+            .attr_value(gimli::DW_AT_byte_size)
+            .and_then(|v| v.udata_value());
+        let own = name_of(dwarf, unit, &e);
+        let tag = e.tag();
+        let named = |base: String| -> String {
+            let n = name.clone().unwrap_or(base);
+            if quals.is_empty() {
+                n
+            } else {
+                format!("{} {n}", quals.join(" "))
+            }
+        };
+        match tag {
+            gimli::DW_TAG_typedef => {
+                if name.is_none() {
+                    name = own;
+                }
+                cur = type_ref(&e);
+            }
+            gimli::DW_TAG_const_type | gimli::DW_TAG_volatile_type | gimli::DW_TAG_atomic_type => {
+                if name.is_none() {
+                    quals.push(match tag {
+                        gimli::DW_TAG_const_type => "const",
+                        gimli::DW_TAG_volatile_type => "volatile",
+                        _ => "_Atomic",
+                    });
+                }
+                cur = type_ref(&e);
+            }
+            gimli::DW_TAG_restrict_type => cur = type_ref(&e),
+            gimli::DW_TAG_base_type | gimli::DW_TAG_enumeration_type => {
+                let base = match (tag, own) {
+                    (gimli::DW_TAG_enumeration_type, Some(n)) => format!("enum {n}"),
+                    (gimli::DW_TAG_enumeration_type, None) => "enum".into(),
+                    (_, n) => n.unwrap_or_else(|| "?".into()),
+                };
+                return Ok(TypeInfo {
+                    name: named(base),
+                    size,
+                    shape: Shape::Scalar,
+                });
+            }
+            gimli::DW_TAG_pointer_type | gimli::DW_TAG_reference_type => {
+                let target = type_info(dwarf, unit, type_ref(&e))
+                    .map(|t| t.name)
+                    .unwrap_or_else(|_| "?".into());
+                return Ok(TypeInfo {
+                    name: named(format!("{target} *")),
+                    size: size.or(Some(unit.encoding().address_size.into())),
+                    shape: Shape::Pointer,
+                });
+            }
+            gimli::DW_TAG_structure_type | gimli::DW_TAG_class_type | gimli::DW_TAG_union_type => {
+                let kw = match tag {
+                    gimli::DW_TAG_union_type => "union",
+                    gimli::DW_TAG_class_type => "class",
+                    _ => "struct",
+                };
+                let base = match own {
+                    Some(n) => format!("{kw} {n}"),
+                    None => format!("{kw} <anonymous>"),
+                };
+                let mut members = Vec::new();
+                let mut tree = unit.entries_tree(Some(UnitOffset(o)))?;
+                let root = tree.root()?;
+                let mut children = root.children();
+                while let Some(child) = children.next()? {
+                    let c = child.entry();
+                    if c.tag() != gimli::DW_TAG_member {
+                        continue;
+                    }
+                    let offset = match c.attr_value(gimli::DW_AT_data_member_location) {
+                        Some(AttributeValue::Exprloc(expr)) => {
+                            let mut ops = expr.operations(unit.encoding());
+                            match ops.next() {
+                                Ok(Some(gimli::Operation::PlusConstant { value })) => value,
+                                _ => 0,
+                            }
+                        }
+                        Some(v) => v.udata_value().unwrap_or(0),
+                        None => 0, // a union's members
+                    };
+                    members.push(Member {
+                        name: name_of(dwarf, unit, c).unwrap_or_default(),
+                        offset,
+                        ty: type_ref(c),
+                        bits: c.attr_value(gimli::DW_AT_bit_size).is_some(),
+                    });
+                }
+                return Ok(TypeInfo {
+                    name: named(base),
+                    size,
+                    shape: Shape::Record(members),
+                });
+            }
+            gimli::DW_TAG_array_type => {
+                let elem = type_ref(&e)
+                    .ok_or_else(|| PathError::Dwarf("array without element type".into()))?;
+                let mut dims = Vec::new();
+                let mut tree = unit.entries_tree(Some(UnitOffset(o)))?;
+                let root = tree.root()?;
+                let mut children = root.children();
+                while let Some(child) = children.next()? {
+                    let c = child.entry();
+                    if c.tag() != gimli::DW_TAG_subrange_type {
+                        continue;
+                    }
+                    let count = c
+                        .attr_value(gimli::DW_AT_count)
+                        .and_then(|v| v.udata_value())
+                        .or_else(|| {
+                            c.attr_value(gimli::DW_AT_upper_bound)
+                                .and_then(|v| v.udata_value())
+                                .map(|u| u + 1)
+                        });
+                    dims.push(count);
+                }
+                if dims.is_empty() {
+                    dims.push(None);
+                }
+                let e_info = type_info(dwarf, unit, Some(elem))?;
+                let n: Option<u64> = dims.iter().try_fold(1u64, |a, d| d.map(|d| a * d));
+                let mut s = e_info.name.clone();
+                for d in &dims {
+                    match d {
+                        Some(n) => s.push_str(&format!("[{n}]")),
+                        None => s.push_str("[]"),
+                    }
+                }
+                return Ok(TypeInfo {
+                    name: named(s),
+                    size: size.or_else(|| Some(e_info.size? * n?)),
+                    shape: Shape::Array { elem, dims },
+                });
+            }
+            gimli::DW_TAG_subroutine_type => {
+                return Ok(TypeInfo {
+                    name: named("function".into()),
+                    size: None,
+                    shape: Shape::Other,
+                });
+            }
+            _ => {
+                return Ok(TypeInfo {
+                    name: named(own.unwrap_or_else(|| format!("{tag}"))),
+                    size,
+                    shape: Shape::Other,
+                });
+            }
+        }
+    }
+    Err(PathError::Dwarf("type chain too long".into()))
+}
+
+/// Where a `DW_AT_location` puts a variable, if statically.
+fn location(
+    dwarf: &gimli::Dwarf<R<'_>>,
+    unit: &gimli::Unit<R<'_>>,
+    e: &gimli::DebuggingInformationEntry<R<'_>>,
+) -> Option<VarLoc> {
+    let AttributeValue::Exprloc(expr) = e.attr_value(gimli::DW_AT_location)? else {
+        return None;
+    };
+    let mut ops = expr.operations(unit.encoding());
+    let mut addr = None;
+    while let Ok(Some(op)) = ops.next() {
+        match op {
+            gimli::Operation::Address { address } => addr = Some(address),
+            gimli::Operation::AddressIndex { index } => addr = dwarf.address(unit, index).ok(),
+            gimli::Operation::TLS => return Some(VarLoc::Tls),
+            gimli::Operation::UnsignedConstant { .. } | gimli::Operation::SignedConstant { .. } => {
+            }
+            // Registers, the frame base, pieces: not a static location.
+            _ => return None,
+        }
+    }
+    addr.map(VarLoc::Addr)
+}
+
+fn build_index(dwarf: &gimli::Dwarf<R<'_>>) -> Result<HashMap<String, Vec<VarDie>>, gimli::Error> {
+    let mut index: HashMap<String, Vec<VarDie>> = HashMap::new();
+    let mut units = dwarf.units();
+    while let Some(header) = units.next()? {
+        let Some(unit_off) = header.debug_info_offset() else {
+            continue;
+        };
+        let unit = dwarf.unit(header)?;
+        let mut entries = unit.entries();
+        // Names of the enclosing namespaces and functions, by depth.
+        let mut scope: Vec<(isize, String)> = Vec::new();
+        while let Some(e) = entries.next_dfs()? {
+            let depth = e.depth();
+            while scope.last().is_some_and(|(d, _)| *d >= depth) {
+                scope.pop();
+            }
+            match e.tag() {
+                gimli::DW_TAG_namespace | gimli::DW_TAG_subprogram => {
+                    let n = name_of(dwarf, &unit, e).or_else(|| {
+                        // A definition out of line names its declaration.
+                        match e.attr_value(gimli::DW_AT_specification) {
+                            Some(AttributeValue::UnitRef(o)) => {
+                                unit.entry(o).ok().and_then(|d| name_of(dwarf, &unit, &d))
+                            }
+                            _ => None,
+                        }
+                    });
+                    scope.push((depth, n.unwrap_or_default()));
+                }
+                gimli::DW_TAG_variable => {
+                    let Some(loc) = location(dwarf, &unit, e) else {
+                        continue;
+                    };
+                    let spec = match e.attr_value(gimli::DW_AT_specification) {
+                        Some(AttributeValue::UnitRef(o)) => unit.entry(o).ok(),
+                        _ => None,
+                    };
+                    let name = name_of(dwarf, &unit, e)
+                        .or_else(|| spec.as_ref().and_then(|d| name_of(dwarf, &unit, d)));
+                    let Some(name) = name else { continue };
+                    let die = if type_ref(e).is_some() {
+                        e.offset().0
+                    } else {
+                        spec.as_ref().map_or(e.offset().0, |d| d.offset().0)
+                    };
+                    let external = matches!(
+                        e.attr_value(gimli::DW_AT_external),
+                        Some(AttributeValue::Flag(true))
+                    ) || spec.as_ref().is_some_and(|d| {
+                        matches!(
+                            d.attr_value(gimli::DW_AT_external),
+                            Some(AttributeValue::Flag(true))
+                        )
+                    });
+                    let mut key = String::new();
+                    for (_, s) in &scope {
+                        if !s.is_empty() {
+                            key.push_str(s);
+                            key.push_str("::");
+                        }
+                    }
+                    key.push_str(&name);
+                    index.entry(key).or_default().push(VarDie {
+                        unit: unit_off.0,
+                        die,
+                        loc,
+                        external,
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+    for v in index.values_mut() {
+        // One variable described in several units (a declaration with a
+        // location is rare, but duplicates by address are one variable).
+        v.sort_by_key(|d| match d.loc {
+            VarLoc::Addr(a) => a,
+            VarLoc::Tls => 0,
+        });
+        v.dedup_by_key(|d| d.loc);
+    }
+    Ok(index)
+}

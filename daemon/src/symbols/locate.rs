@@ -1,0 +1,435 @@
+//! Where hits come from: instruction pointers symbolized by `blazesym` on a
+//! thread of its own (its symbolizer is `!Send`), never on the hit path.
+//!
+//! A hit carries its process's [`Image`] (one per exec): the image reads
+//! `/proc/PID/maps` once, and again only for an address no mapping of the
+//! last read holds (a library loaded since); it caches every frame it has
+//! given out by address, so a process with 1,000 hitting instruction
+//! pointers costs 1,000 symbolizations, not one per hit. Below the images,
+//! the symbolizer thread caches module-relative frames by (file, address),
+//! shared by every process mapping the file (a fork server's children).
+//!
+//! What is symbolized: a data breakpoint traps *after* the instruction that
+//! made the access, so the reported instruction pointer is the next
+//! instruction's. The byte before it belongs to the accessing instruction
+//! whenever that instruction did not jump (every load and store but a
+//! `call`'s push, a `ret`'s pop, or a string instruction in mid-repeat), so
+//! `ip - 1` is looked up; callers' return addresses likewise (`ret - 1` is
+//! in the `call`). The raw values are reported next to it.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
+
+use dashmap::DashMap;
+
+use super::maps::{self, MappedFile};
+use super::{FileKey, Symbols};
+use crate::model::Pid;
+
+/// Source file, line and column.
+type CodeAt = (String, u32, u32);
+
+/// One symbolized address, module-relative (shared by every process that
+/// maps the module).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Place {
+    /// Function (demangled), if any symbol holds the address.
+    pub function: Option<String>,
+    /// Bytes from the function's start.
+    pub function_offset: u64,
+    /// Source file, when DWARF has line information.
+    pub file: Option<String>,
+    /// Line (0: unknown).
+    pub line: u32,
+    /// Column (0: unknown).
+    pub column: u32,
+    /// The functions the code at the address was inlined into, innermost
+    /// first, each with the line of the inlined call: (function, file,
+    /// line).
+    pub inlined: Vec<(String, Option<String>, u32)>,
+    /// The module's path in the process.
+    pub module: Option<String>,
+    /// The module's build id.
+    pub build_id: Option<Arc<[u8]>>,
+    /// The link-time address in the module.
+    pub module_address: u64,
+    /// The file offset of the address, when the file holds it.
+    pub file_offset: Option<u64>,
+}
+
+/// A frame of a hit: the raw address, the address looked up, and what is
+/// there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// The instruction pointer (of the hit: after the access) or return
+    /// address.
+    pub ip: u64,
+    /// The address symbolized (`ip - 1`, see the module doc).
+    pub lookup: u64,
+    /// What is there.
+    pub place: Arc<Place>,
+}
+
+/// One exec's worth of a process's address space, as far as symbolizing
+/// it goes.
+pub struct Image {
+    /// Process.
+    pub pid: Pid,
+    files: Mutex<Option<Arc<Vec<MappedFile>>>>,
+    frames: DashMap<u64, Arc<Place>>,
+    /// Superseded (the process called exec) or gone: never read its maps
+    /// again.
+    retired: AtomicBool,
+}
+
+impl std::fmt::Debug for Image {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Image")
+            .field("pid", &self.pid)
+            .field("frames", &self.frames.len())
+            .finish()
+    }
+}
+
+impl Image {
+    /// A fresh image of `pid` (at attach, and after each exec).
+    pub fn new(pid: Pid) -> Arc<Image> {
+        Arc::new(Image {
+            pid,
+            files: Mutex::new(None),
+            frames: DashMap::new(),
+            retired: AtomicBool::new(false),
+        })
+    }
+
+    /// The process called exec or is gone: what is cached stays, nothing
+    /// more is read.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+    }
+
+    /// The frame cached for `lookup`.
+    pub fn cached(&self, lookup: u64) -> Option<Arc<Place>> {
+        self.frames.get(&lookup).map(|p| p.clone())
+    }
+
+    /// The mapped file holding `addr`: from the last read of the maps, or
+    /// a new read when none holds it (a library loaded since) and the image
+    /// is current.
+    fn file_at(&self, addr: u64) -> Option<MappedFile> {
+        let mut files = self.files.lock().unwrap();
+        let find = |fs: &Arc<Vec<MappedFile>>| fs.iter().find(|f| f.contains(addr)).cloned();
+        if let Some(fs) = files.as_ref()
+            && let Some(f) = find(fs)
+        {
+            return Some(f);
+        }
+        if self.retired.load(Ordering::Acquire) && files.is_some() {
+            return None;
+        }
+        let fresh = Arc::new(maps::read(self.pid).ok()?);
+        let f = find(&fresh);
+        *files = Some(fresh);
+        f
+    }
+}
+
+struct Job {
+    image: Arc<Image>,
+    lookups: Vec<u64>,
+    reply: tokio::sync::oneshot::Sender<()>,
+}
+
+/// What the symbolizer thread is asked.
+enum Msg {
+    /// Symbolize these addresses.
+    Locate(Job),
+    /// A process went away or called exec: let go of the modules no live
+    /// image uses any more.
+    Sweep,
+}
+
+/// The symbolizer: a thread owning a `blazesym::symbolize::Symbolizer`,
+/// fed through a channel.
+#[derive(Default)]
+pub struct Locator {
+    tx: OnceLock<Mutex<mpsc::Sender<Msg>>>,
+    places: AtomicU64,
+    place_bytes: AtomicU64,
+}
+
+impl Locator {
+    /// (places symbolized, bytes they hold).
+    pub fn cached(&self) -> (u64, u64) {
+        (
+            self.places.load(Ordering::Relaxed),
+            self.place_bytes.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// The frames of `ips` in `image` if all are cached already (the common
+/// case: no waiting, no thread hop).
+pub fn cached_frames(image: &Image, ips: &[u64]) -> Option<Vec<Frame>> {
+    ips.iter()
+        .map(|&ip| {
+            let lookup = ip.saturating_sub(1);
+            image
+                .cached(lookup)
+                .map(|place| Frame { ip, lookup, place })
+        })
+        .collect()
+}
+
+impl Symbols {
+    /// Symbolizes `ips` of `image` (hit instruction pointers or return
+    /// addresses), waiting for the symbolizer thread for those not cached.
+    pub async fn frames(self: &Arc<Self>, image: &Arc<Image>, ips: &[u64]) -> Vec<Frame> {
+        if let Some(f) = cached_frames(image, ips) {
+            return f;
+        }
+        let (reply, done) = tokio::sync::oneshot::channel();
+        let job = Job {
+            image: image.clone(),
+            lookups: ips.iter().map(|ip| ip.saturating_sub(1)).collect(),
+            reply,
+        };
+        if self.sender().lock().unwrap().send(Msg::Locate(job)).is_ok() {
+            let _ = done.await;
+        }
+        ips.iter()
+            .map(|&ip| {
+                let lookup = ip.saturating_sub(1);
+                Frame {
+                    ip,
+                    lookup,
+                    place: image.cached(lookup).unwrap_or_default(),
+                }
+            })
+            .collect()
+    }
+
+    /// A process was let go of, or called exec (its old image retired):
+    /// the symbolizer drops what it holds for modules that no current image
+    /// maps, closing their files. Nothing to do before the first hit.
+    pub fn sweep(&self) {
+        if let Some(tx) = self.locator.tx.get() {
+            let _ = tx.lock().unwrap().send(Msg::Sweep);
+        }
+    }
+
+    fn sender(self: &Arc<Self>) -> &Mutex<mpsc::Sender<Msg>> {
+        self.locator.tx.get_or_init(|| {
+            let (tx, rx) = mpsc::channel::<Msg>();
+            let me = Arc::downgrade(self);
+            std::thread::Builder::new()
+                .name("wpd-symbols".into())
+                .spawn(move || worker(me, rx))
+                .expect("spawn the symbolizer thread");
+            Mutex::new(tx)
+        })
+    }
+}
+
+/// A stable path for a module file, so that every process mapping it
+/// shares the symbolizer's parse of it: its plain path when that is the
+/// same file, else the one through the process's root.
+fn stable_path(pid: Pid, f: &MappedFile) -> PathBuf {
+    let plain = PathBuf::from(&f.path);
+    let via_root = f.open_path(pid);
+    if via_root.starts_with(format!("/proc/{pid}/root")) {
+        use std::os::unix::fs::MetadataExt;
+        if let (Ok(a), Ok(b)) = (std::fs::metadata(&plain), std::fs::metadata(&via_root))
+            && a.ino() == b.ino()
+            && a.dev() == b.dev()
+        {
+            return plain;
+        }
+    }
+    via_root
+}
+
+/// (file with its directory, line, column).
+fn code_info(ci: &blazesym::symbolize::CodeInfo<'_>) -> (String, u32, u32) {
+    let file = match &ci.dir {
+        Some(d) if !d.as_os_str().is_empty() => d.join(&*ci.file).display().to_string(),
+        _ => PathBuf::from(&*ci.file).display().to_string(),
+    };
+    (
+        file,
+        ci.line.unwrap_or(0),
+        u32::from(ci.column.unwrap_or(0)),
+    )
+}
+
+fn new_symbolizer() -> blazesym::symbolize::Symbolizer {
+    blazesym::symbolize::Symbolizer::builder()
+        .enable_code_info(true)
+        .enable_inlined_fns(true)
+        .enable_demangling(true)
+        .build()
+}
+
+/// Bytes a cached place accounts for.
+fn place_bytes(place: &Place) -> u64 {
+    (std::mem::size_of::<Place>()
+        + place.function.as_ref().map_or(0, String::len)
+        + place.file.as_ref().map_or(0, String::len)
+        + place.module.as_ref().map_or(0, String::len)) as u64
+}
+
+fn worker(symbols: std::sync::Weak<Symbols>, rx: mpsc::Receiver<Msg>) {
+    crate::sched::thread_started();
+    // blazesym keeps each module it parsed open and parsed: it is dropped
+    // (and rebuilt empty) when a module is no longer used by any image.
+    let mut symbolizer = new_symbolizer();
+    // Module-relative places, by file and link-time address.
+    let mut places: HashMap<(FileKey, u64), Arc<Place>> = HashMap::new();
+    // The images each module was symbolized for.
+    let mut users: HashMap<FileKey, Vec<std::sync::Weak<Image>>> = HashMap::new();
+    while let Ok(msg) = rx.recv() {
+        let Some(symbols) = symbols.upgrade() else {
+            return;
+        };
+        let job = match msg {
+            Msg::Locate(job) => job,
+            Msg::Sweep => {
+                let before = users.len();
+                users.retain(|_, images| {
+                    images.retain(|w| {
+                        w.upgrade()
+                            .is_some_and(|i| !i.retired.load(Ordering::Acquire))
+                    });
+                    !images.is_empty()
+                });
+                if users.len() < before {
+                    places.retain(|(key, _), p| {
+                        let keep = users.contains_key(key);
+                        if !keep {
+                            symbols.locator.places.fetch_sub(1, Ordering::Relaxed);
+                            symbols
+                                .locator
+                                .place_bytes
+                                .fetch_sub(place_bytes(p), Ordering::Relaxed);
+                        }
+                        keep
+                    });
+                    symbols.files.retain(|key| users.contains_key(key));
+                    symbolizer = new_symbolizer();
+                }
+                continue;
+            }
+        };
+        let image = &job.image;
+        // The addresses not cached yet, by module.
+        let mut by_file: HashMap<FileKey, (MappedFile, Vec<u64>)> = HashMap::new();
+        for &a in &job.lookups {
+            if image.cached(a).is_some() {
+                continue;
+            }
+            match image.file_at(a) {
+                Some(f) => {
+                    let key = FileKey {
+                        dev: f.dev.clone(),
+                        inode: f.inode,
+                    };
+                    by_file
+                        .entry(key)
+                        .or_insert_with(|| (f, Vec::new()))
+                        .1
+                        .push(a);
+                }
+                None => {
+                    image.frames.insert(a, Arc::new(Place::default()));
+                }
+            }
+        }
+        for (key, (f, addrs)) in by_file {
+            let seen = users.entry(key.clone()).or_default();
+            if !seen.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(image))) {
+                seen.retain(|w| w.strong_count() > 0);
+                seen.push(Arc::downgrade(image));
+            }
+            let elf = symbols.files.file(image.pid, &f).ok();
+            let bias = elf
+                .as_ref()
+                .and_then(|e| f.mappings.first().and_then(|m| e.bias(m.start, m.offset)))
+                .unwrap_or(0);
+            let build_id: Option<Arc<[u8]>> = elf
+                .as_ref()
+                .and_then(|e| e.build_id.as_deref().map(Arc::from));
+            let mut todo: Vec<(u64, u64)> = Vec::new(); // (abs, vaddr)
+            for &a in &addrs {
+                let v = a.wrapping_sub(bias);
+                match places.get(&(key.clone(), v)) {
+                    Some(p) => {
+                        image.frames.insert(a, p.clone());
+                    }
+                    None => todo.push((a, v)),
+                }
+            }
+            if todo.is_empty() {
+                continue;
+            }
+            let path = stable_path(image.pid, &f);
+            let src = blazesym::symbolize::source::Source::Elf(
+                blazesym::symbolize::source::Elf::new(&path),
+            );
+            let vaddrs: Vec<u64> = todo.iter().map(|(_, v)| *v).collect();
+            let found = symbolizer
+                .symbolize(&src, blazesym::symbolize::Input::VirtOffset(&vaddrs))
+                .unwrap_or_default();
+            for (i, (a, v)) in todo.iter().enumerate() {
+                let mut place = Place {
+                    module: Some(f.path.clone()),
+                    build_id: build_id.clone(),
+                    module_address: *v,
+                    file_offset: elf.as_ref().and_then(|e| e.file_offset(*v)),
+                    ..Place::default()
+                };
+                if let Some(blazesym::symbolize::Symbolized::Sym(s)) = found.get(i) {
+                    // blazesym reports the outer function with the line of
+                    // the call it inlined, then each inlined function,
+                    // outermost first, with its own line: the code at the
+                    // address is the last one's.
+                    let mut chain: Vec<(String, Option<CodeAt>)> =
+                        vec![(s.name.to_string(), s.code_info.as_deref().map(code_info))];
+                    chain.extend(
+                        s.inlined
+                            .iter()
+                            .map(|f| (f.name.to_string(), f.code_info.as_ref().map(code_info))),
+                    );
+                    let (name, at) = chain.pop().expect("one entry at least");
+                    place.function = Some(name);
+                    place.function_offset = s.offset as u64;
+                    if let Some((file, line, column)) = at {
+                        place.file = Some(file);
+                        place.line = line;
+                        place.column = column;
+                    }
+                    // The functions it was inlined into, innermost first,
+                    // each with the line of the inlined call.
+                    place.inlined = chain
+                        .into_iter()
+                        .rev()
+                        .map(|(f, at)| match at {
+                            Some((file, line, _)) => (f, Some(file), line),
+                            None => (f, None, 0),
+                        })
+                        .collect();
+                }
+                symbols.locator.places.fetch_add(1, Ordering::Relaxed);
+                symbols
+                    .locator
+                    .place_bytes
+                    .fetch_add(place_bytes(&place), Ordering::Relaxed);
+                let p = Arc::new(place);
+                places.insert((key.clone(), *v), p.clone());
+                image.frames.insert(*a, p);
+            }
+        }
+        let _ = job.reply.send(());
+    }
+}

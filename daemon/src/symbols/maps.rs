@@ -1,0 +1,178 @@
+//! A process's file mappings from `/proc/PID/maps`, grouped into modules
+//! (one per mapped file), and where each module's file can be opened from
+//! the daemon (through `/proc/PID/root`, so that a process in another mount
+//! namespace is read from its own files).
+
+use std::path::{Path, PathBuf};
+
+use crate::model::Pid;
+
+/// One line of `/proc/PID/maps` that maps a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    /// First address.
+    pub start: u64,
+    /// End (exclusive).
+    pub end: u64,
+    /// Executable.
+    pub exec: bool,
+    /// Offset in the file of `start`.
+    pub offset: u64,
+    /// Device, as the kernel prints it (`fd:01`).
+    pub dev: String,
+    /// Inode.
+    pub inode: u64,
+    /// The file's path in the process's mount namespace.
+    pub path: String,
+}
+
+/// The mappings of one file in a process, in address order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MappedFile {
+    /// The file's path in the process's mount namespace.
+    pub path: String,
+    /// Device and inode: what tells two files of one name apart.
+    pub dev: String,
+    /// Inode.
+    pub inode: u64,
+    /// Its mappings.
+    pub mappings: Vec<Mapping>,
+}
+
+impl MappedFile {
+    /// The file name (`libc.so.6`).
+    pub fn name(&self) -> &str {
+        self.path.rsplit('/').next().unwrap_or(&self.path)
+    }
+
+    /// Lowest and highest (exclusive) mapped address.
+    pub fn span(&self) -> (u64, u64) {
+        let lo = self.mappings.first().map_or(0, |m| m.start);
+        let hi = self.mappings.last().map_or(0, |m| m.end);
+        (lo, hi)
+    }
+
+    /// Whether `addr` is in one of its mappings.
+    pub fn contains(&self, addr: u64) -> bool {
+        self.mappings
+            .iter()
+            .any(|m| m.start <= addr && addr < m.end)
+    }
+
+    /// Where the daemon opens it: through the process's root, or, when the
+    /// file was deleted or replaced since, its mapping in `map_files`.
+    pub fn open_path(&self, pid: Pid) -> PathBuf {
+        let root = PathBuf::from(format!("/proc/{pid}/root{}", self.path));
+        if !self.path.ends_with(" (deleted)") && same_file(&root, &self.dev, self.inode) {
+            return root;
+        }
+        match self.mappings.first() {
+            Some(m) => PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end)),
+            None => root,
+        }
+    }
+}
+
+/// Whether `path` is the file `dev`/`inode` (a library upgraded in place
+/// keeps its name, not its inode).
+fn same_file(path: &Path, dev: &str, inode: u64) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(md) = std::fs::metadata(path) else {
+        return false;
+    };
+    let (maj, min) = (
+        ((md.dev() >> 8) & 0xfff) | ((md.dev() >> 32) & !0xfff),
+        (md.dev() & 0xff) | ((md.dev() >> 12) & !0xff),
+    );
+    md.ino() == inode && format!("{maj:02x}:{min:02x}") == dev
+}
+
+/// Parses one line of `/proc/PID/maps`; `None` for anonymous and special
+/// mappings (`[heap]`, `[stack]`, `[vdso]`…).
+pub fn parse_line(line: &str) -> Option<Mapping> {
+    let mut f = line.splitn(6, ' ');
+    let range = f.next()?;
+    let perms = f.next()?;
+    let offset = u64::from_str_radix(f.next()?, 16).ok()?;
+    let dev = f.next()?.to_string();
+    let inode: u64 = f.next()?.parse().ok()?;
+    let path = f.next().unwrap_or("").trim_start();
+    if inode == 0 || !path.starts_with('/') {
+        return None;
+    }
+    let (s, e) = range.split_once('-')?;
+    Some(Mapping {
+        start: u64::from_str_radix(s, 16).ok()?,
+        end: u64::from_str_radix(e, 16).ok()?,
+        exec: perms.as_bytes().get(2) == Some(&b'x'),
+        offset,
+        dev,
+        inode,
+        path: path.to_string(),
+    })
+}
+
+/// The files a process maps, in order of their lowest address.
+pub fn parse(text: &str) -> Vec<MappedFile> {
+    let mut out: Vec<MappedFile> = Vec::new();
+    for m in text.lines().filter_map(parse_line) {
+        match out
+            .iter_mut()
+            .find(|f| f.inode == m.inode && f.dev == m.dev && f.path == m.path)
+        {
+            Some(f) => f.mappings.push(m),
+            None => out.push(MappedFile {
+                path: m.path.clone(),
+                dev: m.dev.clone(),
+                inode: m.inode,
+                mappings: vec![m],
+            }),
+        }
+    }
+    out.sort_by_key(|f| f.span().0);
+    out
+}
+
+/// The files `pid` maps now.
+pub fn read(pid: Pid) -> std::io::Result<Vec<MappedFile>> {
+    Ok(parse(&std::fs::read_to_string(format!(
+        "/proc/{pid}/maps"
+    ))?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+55d0c09ee000-55d0c09ef000 r--p 00000000 fd:01 1234   /opt/app/bin/app
+55d0c09ef000-55d0c09f0000 r-xp 00001000 fd:01 1234   /opt/app/bin/app
+55d0c09f0000-55d0c09f1000 rw-p 00002000 fd:01 1234   /opt/app/bin/app
+55d0c09f1000-55d0c09f2000 rw-p 00000000 00:00 0
+55d0c1a00000-55d0c1a21000 rw-p 00000000 00:00 0      [heap]
+7f1e2c000000-7f1e2c028000 r--p 00000000 fd:01 99     /usr/lib/x86_64-linux-gnu/libc.so.6
+7f1e2c028000-7f1e2c1bd000 r-xp 00028000 fd:01 99     /usr/lib/x86_64-linux-gnu/libc.so.6
+7f1e2c300000-7f1e2c301000 rw-p 00000000 fd:01 77     /tmp/lib with space.so (deleted)
+7ffd5d3c0000-7ffd5d3e1000 rw-p 00000000 00:00 0      [stack]
+7ffd5d3fc000-7ffd5d3fe000 r-xp 00000000 00:00 0      [vdso]
+";
+
+    #[test]
+    fn files_are_grouped_in_address_order() {
+        let files = parse(MAPS);
+        let names: Vec<&str> = files.iter().map(|f| f.name()).collect();
+        assert_eq!(names, ["app", "libc.so.6", "lib with space.so (deleted)"]);
+        let app = &files[0];
+        assert_eq!(app.mappings.len(), 3);
+        assert_eq!(app.span(), (0x55d0c09ee000, 0x55d0c09f1000));
+        assert!(app.mappings[1].exec && !app.mappings[0].exec);
+        assert_eq!(app.mappings[2].offset, 0x2000);
+        assert!(app.contains(0x55d0c09ef123));
+        assert!(
+            !app.contains(0x55d0c09f1000),
+            "the anonymous .bss tail is not the file's"
+        );
+        assert_eq!(files[1].dev, "fd:01");
+        assert_eq!(files[1].inode, 99);
+    }
+}

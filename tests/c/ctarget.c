@@ -1,0 +1,216 @@
+/* ctarget: the C program wpd's symbol tests watch by name.
+ *
+ * Built by tests/build.rs in several variants (with and without -g, PIE and
+ * -no-pie, stripped with a separate debug file, stripped bare), linked with
+ * libctlib.so, and able to dlopen libctplug.so. It prints one READY line with
+ * its pid and the addresses of its variables (for the tests to compare with
+ * what wpd resolves), then obeys one command per stdin line, answering each
+ * with one line:
+ *
+ *   set NAME V      the main thread stores V into NAME (counter, initialized,
+ *                   errors, flag2, name0, hidden, lib, plug, tls)    -> SET
+ *   spin N          N new threads store into `counter` in a loop, through
+ *                   spin_worker -> bump_counter                       -> SPINNING
+ *   stop            the spinning threads end and are joined          -> STOPPED
+ *   deep            the main thread stores into `counter` 3 calls
+ *                   deep (deep_a -> deep_b -> deep_c)                 -> DEEP
+ *   dlopen          loads libctplug.so (from this program's dir)     -> DLOPENED plug=0x..
+ *   dlclose         unloads it                                        -> DLCLOSED
+ *   exec            executes itself again (same pid): a new READY
+ *   quit            exits 0                                           -> BYE
+ *
+ * Every store the tests expect a hit from is on a line marked with a
+ * `LINE:<tag>` comment, which the tests look up in this file to know the
+ * line a hit must name. Nothing here is optimised away: -O0 everywhere but
+ * the frame-pointer-less variant, and the stores go through volatile-free
+ * but externally visible globals.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct stats {
+    long hits;       /* offset 0 */
+    int errors;      /* offset 8 */
+    short flags[4];  /* offset 12 */
+    char name[8];    /* offset 20 */
+};                   /* 28 bytes, padded to 32 */
+
+long counter;                      /* .bss */
+int initialized = 7;               /* .data */
+struct stats stats;                /* .bss, a struct */
+static int hidden;                 /* a static: a local symbol */
+__thread long tls_counter;         /* thread-local */
+double big_table[64];              /* 512 bytes: more than 4 slots cover */
+static long twin = 1;              /* a static named as one in libctlib.so */
+void lib_set(long v);              /* libctlib.so's lib_counter: only through */
+long *lib_addr(void);              /* these (no copy relocation into here) */
+long lib_twin(void);
+
+static atomic_int spinning;
+static pthread_t spinners[64];
+static int nspin;
+static void *plug;
+
+void bump_counter(long v)
+{
+    counter = v; /* LINE:bump_counter */
+}
+
+void set_errors(int v)
+{
+    stats.errors = v; /* LINE:set_errors */
+}
+
+void set_flag2(short v)
+{
+    stats.flags[2] = v; /* LINE:set_flag2 */
+}
+
+void deep_c(long v)
+{
+    counter = v; /* LINE:deep_c */
+}
+
+void deep_b(long v)
+{
+    deep_c(v + 1); /* LINE:deep_b */
+}
+
+void deep_a(long v)
+{
+    deep_b(v + 1); /* LINE:deep_a */
+}
+
+static void *spin_worker(void *arg)
+{
+    long v = (long)arg;
+    while (atomic_load(&spinning)) {
+        bump_counter(++v); /* LINE:spin_worker */
+    }
+    return NULL;
+}
+
+static void ready(void)
+{
+    printf("READY pid=%d counter=%p initialized=%p stats=%p errors=%p flag2=%p hidden=%p "
+           "lib=%p big=%p\n",
+           getpid(), (void *)&counter, (void *)&initialized, (void *)&stats,
+           (void *)&stats.errors, (void *)&stats.flags[2], (void *)&hidden,
+           (void *)lib_addr(), (void *)big_table);
+    fflush(stdout);
+}
+
+static void plug_path(char *out, size_t n)
+{
+    char self[PATH_MAX];
+    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (k < 0)
+        k = 0;
+    self[k] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash)
+        *slash = 0;
+    snprintf(out, n, "%s/libctplug.so", self);
+}
+
+static int set(const char *name, long v)
+{
+    if (!strcmp(name, "counter"))
+        bump_counter(v);
+    else if (!strcmp(name, "initialized"))
+        initialized = (int)v; /* LINE:set_initialized */
+    else if (!strcmp(name, "errors"))
+        set_errors((int)v);
+    else if (!strcmp(name, "flag2"))
+        set_flag2((short)v);
+    else if (!strcmp(name, "name0"))
+        stats.name[0] = (char)v; /* LINE:set_name0 */
+    else if (!strcmp(name, "hits"))
+        stats.hits = v; /* LINE:set_hits */
+    else if (!strcmp(name, "hidden"))
+        hidden = (int)v; /* LINE:set_hidden */
+    else if (!strcmp(name, "tls"))
+        tls_counter = v;
+    else if (!strcmp(name, "twin"))
+        twin = v + lib_twin();
+    else if (!strcmp(name, "lib"))
+        lib_set(v);
+    else if (!strcmp(name, "plug")) {
+        if (!plug)
+            return -1;
+        void (*f)(long) = (void (*)(long))dlsym(plug, "plug_set");
+        if (!f)
+            return -1;
+        f(v);
+    } else
+        return -1;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    ready();
+    char line[512];
+    while (fgets(line, sizeof line, stdin)) {
+        char cmd[64] = {0}, arg[128] = {0};
+        long v = 0;
+        int n = sscanf(line, "%63s %127s %li", cmd, arg, &v);
+        if (n < 1)
+            continue;
+        if (!strcmp(cmd, "set") && n == 3) {
+            if (set(arg, v) == 0)
+                puts("SET");
+            else
+                printf("ERR unknown variable %s\n", arg);
+        } else if (!strcmp(cmd, "spin") && n >= 2) {
+            int k = atoi(arg);
+            atomic_store(&spinning, 1);
+            for (int i = 0; i < k && nspin < 64; i++)
+                pthread_create(&spinners[nspin++], NULL, spin_worker, (void *)(long)(i * 1000000));
+            puts("SPINNING");
+        } else if (!strcmp(cmd, "stop")) {
+            atomic_store(&spinning, 0);
+            for (int i = 0; i < nspin; i++)
+                pthread_join(spinners[i], NULL);
+            nspin = 0;
+            puts("STOPPED");
+        } else if (!strcmp(cmd, "deep")) {
+            deep_a(100);
+            puts("DEEP");
+        } else if (!strcmp(cmd, "dlopen")) {
+            char p[PATH_MAX + 32];
+            plug_path(p, sizeof p);
+            plug = dlopen(p, RTLD_NOW);
+            if (!plug) {
+                printf("ERR dlopen %s: %s\n", p, dlerror());
+                continue;
+            }
+            void *addr = dlsym(plug, "plug_counter");
+            printf("DLOPENED plug=%p\n", addr);
+        } else if (!strcmp(cmd, "dlclose")) {
+            if (plug)
+                dlclose(plug);
+            plug = NULL;
+            puts("DLCLOSED");
+        } else if (!strcmp(cmd, "exec")) {
+            fflush(stdout);
+            execv("/proc/self/exe", argv);
+            printf("ERR exec failed\n");
+        } else if (!strcmp(cmd, "quit")) {
+            puts("BYE");
+            return 0;
+        } else {
+            printf("ERR unknown command %s\n", cmd);
+        }
+    }
+    return 0;
+}
