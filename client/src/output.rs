@@ -118,6 +118,15 @@ pub fn le_value(bytes: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(buf))
 }
 
+/// A byte count in binary units: `512 B`, `3.4 KiB`, `12.0 MiB`.
+pub fn bytes(n: u64) -> String {
+    match n {
+        0..1024 => format!("{n} B"),
+        1024..1_048_576 => format!("{:.1} KiB", n as f64 / 1024.0),
+        _ => format!("{:.1} MiB", n as f64 / 1_048_576.0),
+    }
+}
+
 /// `n word` or `n words`.
 pub fn plural(n: impl Into<u64>, word: &str) -> String {
     let n = n.into();

@@ -12,6 +12,12 @@ use crate::model::{Access, Pid, Tid, WatchId};
 /// Events kept for subscribers that are behind.
 pub const BUS_CAPACITY: usize = 1 << 16;
 
+/// The note of a hit whose backtrace found no caller at all: the frame
+/// pointer register held no frame at the hit.
+pub const NO_FRAME_POINTER: &str = "no caller found through frame pointers: the code at the hit \
+    keeps none (built with -fomit-frame-pointer, the default at -O1 and above on x86-64); the \
+    functions it was inlined into are in the location";
+
 /// A watchpoint hit, as delivered.
 #[derive(Debug, Clone)]
 pub struct HitEvent {

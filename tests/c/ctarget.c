@@ -12,6 +12,7 @@
  *   spin N          N new threads store into `counter` in a loop, through
  *                   spin_worker -> bump_counter                       -> SPINNING
  *   stop            the spinning threads end and are joined          -> STOPPED
+ *   threads N       N more threads that wait, idle, until quit        -> THREADS n=<idle threads>
  *   deep            the main thread stores into `counter` 3 calls
  *                   deep (deep_a -> deep_b -> deep_c)                 -> DEEP
  *   dlopen          loads libctplug.so (from this program's dir)     -> DLOPENED plug=0x..
@@ -54,6 +55,9 @@ long *lib_addr(void);              /* these (no copy relocation into here) */
 long lib_twin(void);
 
 static atomic_int spinning;
+static pthread_mutex_t idle_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t idle_cond = PTHREAD_COND_INITIALIZER;
+static int nidle;
 static pthread_t spinners[64];
 static int nspin;
 static void *plug;
@@ -94,6 +98,15 @@ static void *spin_worker(void *arg)
     while (atomic_load(&spinning)) {
         bump_counter(++v); /* LINE:spin_worker */
     }
+    return NULL;
+}
+
+static void *idle_worker(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&idle_lock);
+    for (;;)
+        pthread_cond_wait(&idle_cond, &idle_lock);
     return NULL;
 }
 
@@ -183,6 +196,20 @@ int main(int argc, char **argv)
                 pthread_join(spinners[i], NULL);
             nspin = 0;
             puts("STOPPED");
+        } else if (!strcmp(cmd, "threads") && n >= 2) {
+            int k = atoi(arg);
+            pthread_attr_t a;
+            pthread_attr_init(&a);
+            pthread_attr_setstacksize(&a, 64 * 1024);
+            for (int i = 0; i < k; i++) {
+                pthread_t t;
+                if (pthread_create(&t, &a, idle_worker, NULL) != 0)
+                    break;
+                pthread_detach(t);
+                nidle++;
+            }
+            pthread_attr_destroy(&a);
+            printf("THREADS n=%d\n", nidle);
         } else if (!strcmp(cmd, "deep")) {
             deep_a(100);
             puts("DEEP");

@@ -15,6 +15,7 @@
 
 mod bins;
 mod child;
+mod ctarget;
 mod daemon;
 mod events;
 mod foreign;
@@ -28,6 +29,7 @@ mod wpctl;
 
 pub use bins::*;
 pub use child::*;
+pub use ctarget::*;
 pub use daemon::*;
 pub use events::*;
 pub use foreign::*;

@@ -7,7 +7,7 @@ use std::process::Command;
 use wpd_tests::{find_bin, require_root_perf};
 
 /// Every section heading of `wpd-bench`, and rows each must contain.
-const SECTIONS: [(&str, &[&str]); 8] = [
+const SECTIONS: [(&str, &[&str]); 11] = [
     (
         "## mass-arm: one process-wide write watchpoint, idle target",
         &[
@@ -56,6 +56,22 @@ const SECTIONS: [(&str, &[&str]); 8] = [
     (
         "## ledger lock hold times under thread churn",
         &["| 1 | perf |", "| 1 | ptrace |"],
+    ),
+    (
+        "## symbols: hit throughput, symbolized hits against raw ones",
+        &["| perf |", "| ptrace |"],
+    ),
+    (
+        "## symbols: SetWatchpoint by name against by address",
+        &["| perf |", "| ptrace |"],
+    ),
+    (
+        "## symbols: 1000 distinct hitting instructions",
+        &[
+            "| raw | first |",
+            "| symbolized | first |",
+            "| symbolized | again (cached) |",
+        ],
     ),
 ];
 

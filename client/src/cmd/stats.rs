@@ -38,6 +38,11 @@ fn to_json(s: &GetStatsResponse) -> serde_json::Value {
         "connections": s.connections,
         "connections_refused": s.connections_refused,
         "connections_idled": s.connections_idled,
+        "symbol_files": s.symbol_files,
+        "symbol_bytes": s.symbol_bytes,
+        "locations": s.locations,
+        "location_bytes": s.location_bytes,
+        "symbol_maps_reads": s.symbol_maps_reads,
     })
 }
 
@@ -68,6 +73,17 @@ fn to_text(s: &GetStatsResponse) -> String {
                 s.connections, s.connections_refused, s.connections_idled
             ),
         ),
+        (
+            "symbols",
+            format!(
+                "{} loaded ({}), {} code addresses ({}), {} maps reads",
+                output::plural(s.symbol_files, "module"),
+                output::bytes(s.symbol_bytes),
+                s.locations,
+                output::bytes(s.location_bytes),
+                s.symbol_maps_reads
+            ),
+        ),
     ])
 }
 
@@ -84,6 +100,11 @@ mod tests {
             ledger_hold_p99_ns: 12_500,
             ledger_hold_max_ns: 4_200_000,
             uptime_s: 75,
+            symbol_files: 3,
+            symbol_bytes: 3_500_000,
+            locations: 12,
+            location_bytes: 2048,
+            symbol_maps_reads: 4,
             ..Default::default()
         };
         let text = to_text(&s);
@@ -94,7 +115,13 @@ mod tests {
         );
         assert!(text.contains("uptime:             1m15s\n"), "{text}");
         assert!(
-            text.ends_with("connections:        0 open, 0 refused, 0 closed idle\n"),
+            text.contains("connections:        0 open, 0 refused, 0 closed idle\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(
+                "symbols:            3 modules loaded (3.3 MiB), 12 code addresses (2.0 KiB), 4 maps reads\n"
+            ),
             "{text}"
         );
         assert_eq!(to_json(&s)["hits"], 9);

@@ -18,6 +18,7 @@
 mod jobs;
 mod lifecycle;
 mod listings;
+mod modules;
 mod views;
 mod watch;
 
@@ -175,6 +176,7 @@ impl Core {
                 c.reconcile_loop(rx)
             })
             .expect("spawn reconcile");
+        core.start_module_watch();
         core
     }
 

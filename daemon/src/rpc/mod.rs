@@ -330,6 +330,7 @@ impl Watchpoints for Service {
             symbol_bytes: sym.bytes,
             locations: sym.locations,
             location_bytes: sym.location_bytes,
+            symbol_maps_reads: sym.maps_reads,
         }))
     }
 

@@ -348,7 +348,10 @@ fn worker(symbols: std::sync::Weak<Symbols>, rx: mpsc::Receiver<Msg>) {
         }
         for (key, (f, addrs)) in by_file {
             let seen = users.entry(key.clone()).or_default();
-            if !seen.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(image))) {
+            if !seen
+                .iter()
+                .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(image)))
+            {
                 seen.retain(|w| w.strong_count() > 0);
                 seen.push(Arc::downgrade(image));
             }

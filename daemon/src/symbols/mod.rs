@@ -338,6 +338,8 @@ pub struct SymbolStats {
     pub locations: u64,
     /// Bytes the symbolizer's caches hold.
     pub location_bytes: u64,
+    /// Reads of `/proc/PID/maps` since start.
+    pub maps_reads: u64,
 }
 
 fn matches_module(f: &MappedFile, want: &str) -> bool {
@@ -422,6 +424,7 @@ impl Symbols {
             bytes,
             locations,
             location_bytes,
+            maps_reads: maps::READS.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -784,16 +787,24 @@ impl Symbols {
         Ok(info)
     }
 
-    /// Whether the module `key` is still mapped by `pid` (false when the
-    /// process is gone too).
-    pub fn still_mapped(pid: Pid, key: &FileKey) -> bool {
-        maps::read(pid)
-            .map(|files| {
-                files
-                    .iter()
-                    .any(|f| f.dev == key.dev && f.inode == key.inode)
-            })
-            .unwrap_or(false)
+    /// The files `pid` maps now (one read of its maps); `None` when the
+    /// process is gone.
+    pub fn mapped_files(pid: Pid) -> Option<std::collections::HashSet<FileKey>> {
+        let files = maps::read(pid).ok()?;
+        Some(
+            files
+                .iter()
+                .map(|f| FileKey {
+                    dev: f.dev.clone(),
+                    inode: f.inode,
+                })
+                .collect(),
+        )
+    }
+
+    /// The file `pid` executes (`/proc/PID/exe`).
+    pub fn exe_file(pid: Pid) -> Option<FileKey> {
+        exe_key(pid).map(|(dev, inode)| FileKey { dev, inode })
     }
 }
 

@@ -88,6 +88,8 @@ impl PerfEngine {
                 host.count_hit(&w);
                 let len = w.spec.range.piece(key.piece).len.bytes();
                 let (value, value_read_ns) = values.read(pid, tid, addr, len);
+                let callchain_note = (w.spec.backtrace > 0 && callchain.is_empty())
+                    .then_some(crate::events::NO_FRAME_POINTER);
                 host.publish(EventKind::Hit(HitEvent {
                     id: w.id,
                     piece: key.piece,
@@ -106,7 +108,7 @@ impl PerfEngine {
                     backend: BackendKind::Perf,
                     image: host.image(pid),
                     callchain,
-                    callchain_note: None,
+                    callchain_note,
                 }));
             }
             Record::Fork {

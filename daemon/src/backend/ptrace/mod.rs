@@ -538,7 +538,12 @@ impl TraceSink for PtraceEngine {
             let now = crate::clock::realtime_ns();
             let (callchain, callchain_note) = match w.spec.backtrace {
                 0 => (Vec::new(), None),
-                depth => frame_pointer_chain(pid, tid, usize::from(depth)),
+                depth => match frame_pointer_chain(pid, tid, usize::from(depth)) {
+                    (chain, None) if chain.is_empty() => {
+                        (chain, Some(crate::events::NO_FRAME_POINTER))
+                    }
+                    found => found,
+                },
             };
             host.publish(EventKind::Hit(HitEvent {
                 id: w.id,

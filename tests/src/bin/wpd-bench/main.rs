@@ -27,6 +27,10 @@
 //!   on an N-thread process, p50/p99, against a gRPC round trip and the bare
 //!   syscalls.
 //! - `ledger`: ledger lock hold times (GetStats) before and after the churn.
+//! - `symbols`: hit throughput with symbolized against raw hits;
+//!   SetWatchpoint by name against by address on an N-thread C target; 1,000
+//!   distinct hitting instructions symbolized (time, `/proc` reads, cache
+//!   sizes).
 //!
 //! Timings are medians over `--reps` runs unless a table says otherwise.
 //! Nothing here asserts a time.
@@ -41,16 +45,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use procstat::*;
-use sections::{arm::*, churn::*, hitcost::*, memory::*, rpc::*, throughput::*};
+use sections::{arm::*, churn::*, hitcost::*, memory::*, rpc::*, symbols::*, throughput::*};
 use wpd_tests::Backend;
 
 const USAGE: &str = "usage: wpd-bench [--threads N[,N...]] [--spin-threads N[,N...]] [--reps R] \
      [--writes W] [--no-peers] \
      [--only S,..|--skip S,..] [--churn-threads K[,K...]] [--window-ms MS] [--rpc-pairs P] \
      [--list-calls L] [--peer-timeout-s S] [--smoke]\n\
-     sections: arm spin hitcost churn throughput memory rpc ledger";
+     sections: arm spin hitcost churn throughput memory rpc ledger symbols";
 
-const SECTIONS: [&str; 8] = [
+const SECTIONS: [&str; 9] = [
     "arm",
     "spin",
     "hitcost",
@@ -59,6 +63,7 @@ const SECTIONS: [&str; 8] = [
     "memory",
     "rpc",
     "ledger",
+    "symbols",
 ];
 
 /// Variable watched where no thread of the target writes (idle workers write
@@ -379,6 +384,9 @@ async fn run(args: Args) -> Result<()> {
     }
     if args.has("rpc") {
         section_rpc(&args, &cpus).await?;
+    }
+    if args.has("symbols") {
+        section_symbols(&args).await?;
     }
     Ok(())
 }

@@ -5,4 +5,5 @@ pub mod churn;
 pub mod hitcost;
 pub mod memory;
 pub mod rpc;
+pub mod symbols;
 pub mod throughput;

@@ -22,17 +22,17 @@ pub(crate) struct SubCounts {
 
 pub(crate) struct ThroughputRun {
     writers: usize,
-    secs: f64,
+    pub(crate) secs: f64,
     base_rate: f64,
     stores: u64,
-    daemon_hits: u64,
-    sub_hits: u64,
+    pub(crate) daemon_hits: u64,
+    pub(crate) sub_hits: u64,
     dropped: u64,
     records_lost: u64,
     kernel_lost: u64,
     subscriber_dropped: u64,
     lag_ms: f64,
-    daemon_cpu_us: f64,
+    pub(crate) daemon_cpu_us: f64,
     daemon_idle_cpu_us: f64,
     bench_cpu_us: f64,
     /// Daemon CPU over the hits, by thread role (µs).
@@ -43,6 +43,7 @@ pub(crate) async fn throughput_once(
     backend: Backend,
     writers: usize,
     window: Duration,
+    raw: bool,
 ) -> Result<ThroughputRun> {
     let mut target = TargetProc::start(&["--threads", "1", "--interval-us", "1000000"]).await?;
     let hammer_cmd = format!("hammer {HAMMER_VAR} {writers} {}", window.as_millis());
@@ -74,7 +75,7 @@ pub(crate) async fn throughput_once(
     let mut sub_client = daemon.client().await?;
     let mut stream = sub_client
         .stream_events(StreamEventsRequest {
-            raw: false,
+            raw,
             pid: target.pid,
             watchpoint_ids: vec![wp.id],
             hits_only: true,
@@ -196,7 +197,7 @@ pub(crate) async fn section_throughput(args: &Args) -> Result<()> {
             // over reps of hits/s picks the row.
             let mut runs = Vec::new();
             for _ in 0..args.reps {
-                runs.push(throughput_once(backend, w, args.window).await?);
+                runs.push(throughput_once(backend, w, args.window, false).await?);
             }
             runs.sort_by(|a, b| {
                 (a.sub_hits as f64 / a.secs).total_cmp(&(b.sub_hits as f64 / b.secs))

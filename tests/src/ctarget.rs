@@ -1,0 +1,189 @@
+//! The C targets of the symbol tests (`tests/c/`, built by `build.rs` into
+//! [`CTARGETS`]): `CTarget` runs one variant and drives it through stdin;
+//! [`line_of`] finds the source line a hit must name.
+
+use crate::*;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// Where `build.rs` put the C targets.
+pub const CTARGETS: &str = env!("WPD_CTARGETS");
+
+/// The sources, to find `LINE:<tag>` markers in.
+const SOURCES: &[(&str, &str)] = &[
+    ("ctarget.c", include_str!("../c/ctarget.c")),
+    ("ctlib.c", include_str!("../c/ctlib.c")),
+    ("ctplug.c", include_str!("../c/ctplug.c")),
+];
+
+/// The file and 1-based line of the `LINE:<tag>` marker in the C sources.
+pub fn line_of(tag: &str) -> (&'static str, u32) {
+    let marker = format!("LINE:{tag} ");
+    let marker_end = format!("LINE:{tag} */");
+    for (file, text) in SOURCES {
+        for (i, l) in text.lines().enumerate() {
+            if l.contains(&marker) || l.contains(&marker_end) {
+                return (file, i as u32 + 1);
+            }
+        }
+    }
+    panic!("no LINE:{tag} marker in tests/c")
+}
+
+/// A path of a built C target (`ct-pie`, `ct-nopie`, ...).
+pub fn ctarget_path(variant: &str) -> PathBuf {
+    PathBuf::from(CTARGETS).join(variant)
+}
+
+/// A running C target. Dropping it SIGKILLs and reaps it.
+pub struct CTarget {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::UnboundedReceiver<String>,
+    status: Option<ExitStatus>,
+    /// Process id.
+    pub pid: i32,
+    /// The variant run.
+    pub variant: String,
+    /// Addresses from the last READY line (`counter`, `stats`, `errors`,
+    /// `flag2`, `lib`, ...).
+    pub addrs: HashMap<String, u64>,
+}
+
+impl CTarget {
+    /// Starts `variant` and waits for its READY line.
+    pub async fn start(variant: &str) -> Result<CTarget> {
+        let path = ctarget_path(variant);
+        let mut cmd = Command::new(&path);
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        guard_child(&mut cmd);
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", path.display()))?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let (tx, lines) = mpsc::unbounded_channel();
+        std::thread::Builder::new()
+            .name("ctarget-stdout".into())
+            .spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            })
+            .context("cannot start the stdout reader thread")?;
+        let mut t = CTarget {
+            child,
+            stdin,
+            lines,
+            status: None,
+            pid: 0,
+            variant: variant.into(),
+            addrs: HashMap::new(),
+        };
+        t.read_ready().await?;
+        Ok(t)
+    }
+
+    async fn read_line(&mut self, timeout: Duration) -> Result<String> {
+        match tokio::time::timeout_at(Instant::now() + timeout, self.lines.recv()).await {
+            Ok(Some(line)) => Ok(line),
+            Ok(None) => {
+                let st =
+                    wait_child(&mut self.child, &mut self.status, Duration::from_secs(2)).await;
+                bail!(
+                    "{} closed its stdout ({})",
+                    self.variant,
+                    st.map(|s| describe_status(&s))
+                        .unwrap_or_else(|| "still running".into())
+                )
+            }
+            Err(_) => bail!("no line from {} within {timeout:?}", self.variant),
+        }
+    }
+
+    async fn read_ready(&mut self) -> Result<()> {
+        let line = self
+            .read_line(TARGET_READY_TIMEOUT)
+            .await
+            .with_context(|| format!("waiting for {}'s READY line", self.variant))?;
+        ensure!(line.starts_with("READY "), "expected READY, got {line:?}");
+        self.pid = field(&line, "pid")?;
+        self.addrs.clear();
+        for word in line.split_whitespace().skip(2) {
+            if let Some((k, v)) = word.split_once('=') {
+                let a = u64::from_str_radix(v.trim_start_matches("0x"), 16)
+                    .with_context(|| format!("bad address in {word:?}"))?;
+                self.addrs.insert(k.to_string(), a);
+            }
+        }
+        Ok(())
+    }
+
+    /// The address READY printed for `name`.
+    pub fn addr(&self, name: &str) -> u64 {
+        *self
+            .addrs
+            .get(name)
+            .unwrap_or_else(|| panic!("no {name}= in the READY line: {:?}", self.addrs))
+    }
+
+    /// Sends one command and returns its reply line; `ERR` replies fail.
+    pub async fn cmd(&mut self, command: &str) -> Result<String> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| anyhow!("stdin is closed"))?;
+        writeln!(stdin, "{command}")
+            .and_then(|()| stdin.flush())
+            .with_context(|| format!("sending {command:?}"))?;
+        let reply = self
+            .read_line(TARGET_CMD_TIMEOUT)
+            .await
+            .with_context(|| format!("waiting for the reply to {command:?}"))?;
+        ensure!(
+            !reply.starts_with("ERR"),
+            "{} refused {command:?}: {reply}",
+            self.variant
+        );
+        Ok(reply)
+    }
+
+    /// `exec`: the program executes itself again (same pid); waits for the
+    /// new READY line (addresses updated).
+    pub async fn exec(&mut self) -> Result<()> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| anyhow!("stdin is closed"))?;
+        writeln!(stdin, "exec")
+            .and_then(|()| stdin.flush())
+            .context("sending exec")?;
+        self.read_ready().await
+    }
+
+    /// The `0x…` value of `key=` in a reply (`DLOPENED plug=0x…`).
+    pub fn reply_addr(reply: &str, key: &str) -> Result<u64> {
+        let v: String = field(reply, key)?;
+        u64::from_str_radix(v.trim_start_matches("0x"), 16)
+            .with_context(|| format!("bad {key}= in {reply:?}"))
+    }
+}
+
+impl Drop for CTarget {
+    fn drop(&mut self) {
+        self.stdin = None;
+        stop_child_blocking(&mut self.child, &mut self.status, false);
+    }
+}

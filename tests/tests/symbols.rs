@@ -1,0 +1,801 @@
+//! Watching by name, end to end, against the C targets `build.rs` compiles
+//! (`tests/c/`): names resolve to the addresses the program itself prints,
+//! in every build (PIE, non-PIE, no `-g`, a separate debug file, stripped);
+//! a struct is one watchpoint over several slots; hits name the function and
+//! source line of the store; backtraces follow frame pointers; a library
+//! loaded later is watched by name and its watchpoints go when it is
+//! unloaded; exec re-resolves or removes; every wrong name is refused with a
+//! specific status and changes nothing.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use tonic::Code;
+use tonic_types::StatusExt;
+use wpd_proto::v1::{
+    ExecPolicy, Hit, ListWatchpointsRequest, Location, ResolveSymbolRequest, ResolveSymbolResponse,
+    SlotState, StreamEventsRequest, SymbolSource, WatchpointSpec,
+};
+use wpd_tests::{
+    Backend, CTarget, Client, Daemon, Event, EventStream, both_backends, expect_status, line_of,
+    list_threads, require_root_perf, rpc, rpc_ok, run_wpctl, set_watchpoint,
+};
+
+const HIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A write watchpoint on `name`, its length the object's.
+fn by_name(backend: Backend, pid: i32, name: &str) -> WatchpointSpec {
+    WatchpointSpec {
+        pid,
+        symbol: name.into(),
+        access: wpd_proto::v1::Access::Write as i32,
+        backend: backend as i32,
+        ..Default::default()
+    }
+}
+
+async fn resolve(client: &mut Client, pid: i32, name: &str) -> Result<ResolveSymbolResponse> {
+    rpc_ok(
+        &format!("ResolveSymbol({name})"),
+        client.resolve_symbol(ResolveSymbolRequest {
+            pid,
+            name: name.into(),
+            address: 0,
+        }),
+    )
+    .await
+}
+
+async fn resolve_err(client: &mut Client, pid: i32, name: &str) -> Result<tonic::Status> {
+    match rpc(client.resolve_symbol(ResolveSymbolRequest {
+        pid,
+        name: name.into(),
+        address: 0,
+    }))
+    .await?
+    {
+        Ok(r) => anyhow::bail!("ResolveSymbol({name}) resolved: {r:?}"),
+        Err(s) => Ok(s),
+    }
+}
+
+/// The reason and metadata of a status.
+fn reason(s: &tonic::Status) -> (String, std::collections::HashMap<String, String>) {
+    s.get_details_error_info()
+        .map(|i| (i.reason, i.metadata))
+        .unwrap_or_default()
+}
+
+/// The location names `tag`'s line in `function`, in the C sources, with a
+/// module, a build id and a file offset.
+fn check_location(l: &Location, function: &str, tag: &str, module: &str) -> Result<()> {
+    let (file, line) = line_of(tag);
+    ensure!(
+        l.function == function && l.line == line && l.file.ends_with(file),
+        "expected {function} ({file}:{line}), got {} ({}:{}) in {l:?}",
+        l.function,
+        l.file,
+        l.line
+    );
+    ensure!(l.module.ends_with(module), "module {:?}", l.module);
+    ensure!(!l.build_id.is_empty(), "no build id: {l:?}");
+    ensure!(l.has_file_offset, "no file offset: {l:?}");
+    ensure!(
+        l.lookup_address == l.ip - 1,
+        "the address symbolized is ip - 1: {l:?}"
+    );
+    Ok(())
+}
+
+async fn one_hit(events: &mut EventStream, what: &str) -> Result<Hit> {
+    let hits = events
+        .collect_hits(1, HIT_TIMEOUT)
+        .await
+        .context(what.to_string())?;
+    Ok(hits.into_iter().next().expect("one hit"))
+}
+
+/// Names resolve, in every build, to the addresses the program prints; the
+/// answer says the module and where address and size came from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_resolve_in_every_build() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            for variant in ["ct-pie", "ct-nopie", "ct-debuglink"] {
+                let t = CTarget::start(variant).await?;
+                for (name, key, size, type_name) in [
+                    ("counter", "counter", 8, "long int"),
+                    ("initialized", "initialized", 4, "int"),
+                    ("stats", "stats", 32, "struct stats"),
+                    ("stats.errors", "errors", 4, "int"),
+                    ("stats.flags[2]", "flag2", 2, "short int"),
+                    ("hidden", "hidden", 4, "int"),
+                    ("libctlib.so:lib_counter", "lib", 8, "long int"),
+                    ("lib_counter", "lib", 8, "long int"),
+                    ("big_table", "big", 512, "double[64]"),
+                ] {
+                    let r = resolve(&mut client, t.pid, name).await?;
+                    let s = r.symbol.unwrap_or_default();
+                    let what = format!("{variant}: {name} → {s:?}");
+                    ensure!(s.address == t.addr(key), "{what}: want {:#x}", t.addr(key));
+                    ensure!(s.size == size, "{what}: size");
+                    ensure!(s.type_name == type_name, "{what}: type");
+                    ensure!(s.source == SymbolSource::Dwarf as i32, "{what}: source");
+                    ensure!(r.kind == "variable", "{what}: kind {}", r.kind);
+                    let module = if key == "lib" { "libctlib.so" } else { variant };
+                    ensure!(s.module.ends_with(module), "{what}: module");
+                    ensure!(!s.build_id.is_empty(), "{what}: build id");
+                }
+                // An offset into an object: the member there, said so.
+                let r = resolve(&mut client, t.pid, "stats+12").await?;
+                let s = r.symbol.unwrap_or_default();
+                ensure!(
+                    (s.address, s.size, s.type_name.as_str())
+                        == (t.addr("stats") + 12, 2, "short int")
+                        && s.note.contains("stats.flags[0]"),
+                    "stats+12: {s:?}"
+                );
+            }
+
+            // No -g: the symbol table gives address and size; members need
+            // DWARF and say so.
+            let t = CTarget::start("ct-nodebug").await?;
+            let s = resolve(&mut client, t.pid, "counter")
+                .await?
+                .symbol
+                .unwrap_or_default();
+            ensure!(
+                (s.address, s.size, s.source)
+                    == (t.addr("counter"), 8, SymbolSource::Symtab as i32),
+                "ct-nodebug counter: {s:?}"
+            );
+            let st = resolve_err(&mut client, t.pid, "stats.errors").await?;
+            expect_status(
+                "members without DWARF",
+                Err::<(), _>(st.clone()),
+                Code::FailedPrecondition,
+                &["debug information", "-g"],
+            )?;
+            ensure!(reason(&st).0 == wpd_proto::reason::NO_DEBUG_INFO);
+
+            // Stripped bare: the name is in no symbol table, and the error says so.
+            let t = CTarget::start("ct-stripped").await?;
+            let st = resolve_err(&mut client, t.pid, "counter").await?;
+            expect_status(
+                "stripped",
+                Err::<(), _>(st.clone()),
+                Code::NotFound,
+                &["ct-stripped", "stripped"],
+            )?;
+            ensure!(reason(&st).0 == wpd_proto::reason::UNKNOWN_SYMBOL);
+            // Its library keeps its symbols.
+            let s = resolve(&mut client, t.pid, "lib_counter")
+                .await?
+                .symbol
+                .unwrap_or_default();
+            ensure!(
+                s.address == t.addr("lib"),
+                "stripped exe, lib_counter: {s:?}"
+            );
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// Every wrong name gets its own status and reason, one clear message, and
+/// changes nothing: no watchpoint, no slot held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_names_are_refused_and_change_nothing() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let t = CTarget::start("ct-pie").await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let cases: &[(&str, Code, &str, &[&str])] = &[
+                (
+                    "countr",
+                    Code::NotFound,
+                    wpd_proto::reason::UNKNOWN_SYMBOL,
+                    &["countr", "closest: counter"],
+                ),
+                (
+                    "twin",
+                    Code::InvalidArgument,
+                    wpd_proto::reason::AMBIGUOUS_SYMBOL,
+                    &["ct-pie", "libctlib.so", "MODULE:twin"],
+                ),
+                (
+                    "bump_counter",
+                    Code::InvalidArgument,
+                    wpd_proto::reason::NOT_A_VARIABLE,
+                    &["function", "--access exec"],
+                ),
+                (
+                    "tls_counter",
+                    Code::InvalidArgument,
+                    wpd_proto::reason::THREAD_LOCAL,
+                    &["thread-local", "--tid"],
+                ),
+                (
+                    "big_table",
+                    Code::InvalidArgument,
+                    wpd_proto::reason::OBJECT_TOO_LARGE,
+                    &["512 bytes", "64 debug-register slots", "--len"],
+                ),
+                (
+                    "nosuch.so:counter",
+                    Code::NotFound,
+                    wpd_proto::reason::NO_SUCH_MODULE,
+                    &["nosuch.so", "libctlib.so"],
+                ),
+                (
+                    "stats.nosuch",
+                    Code::InvalidArgument,
+                    wpd_proto::reason::BAD_SYMBOL_PATH,
+                    &["nosuch", "errors"],
+                ),
+                (
+                    "stats.flags[9]",
+                    Code::InvalidArgument,
+                    wpd_proto::reason::BAD_SYMBOL_PATH,
+                    &["9", "4"],
+                ),
+                (
+                    "stats..x",
+                    Code::InvalidArgument,
+                    wpd_proto::reason::BAD_SYMBOL,
+                    &[],
+                ),
+            ];
+            for &(name, code, want_reason, needles) in cases {
+                for backend in [Backend::Perf, Backend::Ptrace] {
+                    let r = rpc(client.set_watchpoint(wpd_proto::v1::SetWatchpointRequest {
+                        spec: Some(by_name(backend, t.pid, name)),
+                    }))
+                    .await?;
+                    let st = expect_status(&format!("watch {name}"), r, code, needles)?;
+                    let (got, meta) = reason(&st);
+                    ensure!(
+                        got == want_reason,
+                        "{name}: reason {got}, want {want_reason}"
+                    );
+                    ensure!(
+                        !st.message().contains('\n'),
+                        "{name}: one line: {:?}",
+                        st.message()
+                    );
+                    match name {
+                        "countr" => ensure!(
+                            meta.get("closest").is_some_and(|c| c.contains("counter")),
+                            "{meta:?}"
+                        ),
+                        "twin" => ensure!(
+                            meta.get("modules")
+                                .is_some_and(|m| m.contains("libctlib.so")),
+                            "{meta:?}"
+                        ),
+                        "big_table" => ensure!(
+                            meta.get("slots_needed").map(String::as_str) == Some("64"),
+                            "{meta:?}"
+                        ),
+                        _ => {}
+                    }
+                }
+            }
+            // MODULE: picks one of the twins.
+            let s = resolve(&mut client, t.pid, "libctlib.so:twin")
+                .await?
+                .symbol
+                .unwrap_or_default();
+            ensure!(s.module.ends_with("libctlib.so"), "{s:?}");
+            // A function resolves as one, for --access exec.
+            let r = resolve(&mut client, t.pid, "bump_counter").await?;
+            ensure!(r.kind == "function", "{r:?}");
+
+            let list = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            ensure!(
+                list.watchpoints.is_empty(),
+                "a refusal left {:?}",
+                list.watchpoints
+            );
+            for th in list_threads(&mut client, t.pid, false)
+                .await
+                .map(|l| l.threads)
+                .unwrap_or_default()
+            {
+                ensure!(
+                    th.slots.iter().all(|s| s.state != SlotState::Ours as i32),
+                    "a refusal left a slot held: {th:?}"
+                );
+            }
+
+            // wpctl: one line, the status's exit code.
+            let out = run_wpctl(
+                &[
+                    "--endpoint",
+                    &daemon.endpoint(),
+                    "watch",
+                    "--pid",
+                    &t.pid.to_string(),
+                    "--symbol",
+                    "countr",
+                ],
+                Duration::from_secs(10),
+            )
+            .await?;
+            ensure!(
+                out.code == Some(5),
+                "wpctl exit {:?}: {}",
+                out.code,
+                out.stderr
+            );
+            ensure!(
+                out.stderr.lines().count() == 1 && out.stderr.contains("closest: counter"),
+                "{:?}",
+                out.stderr
+            );
+            Ok(())
+        }
+        .await,
+    )
+}
+
+both_backends!(a_struct_is_one_watchpoint_over_several_slots);
+
+/// `stats` (32 bytes with its padding) is one watchpoint holding 4 slots on
+/// every thread, in pieces of 8 bytes; a store into `stats.flags[2]` is reported
+/// by that one id with the piece and bytes written.
+async fn a_struct_is_one_watchpoint_over_several_slots(backend: Backend) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let mut events =
+                EventStream::subscribe(&mut client, wpd_tests::hits_only(t.pid)).await?;
+            let resp = set_watchpoint(&mut client, by_name(backend, t.pid, "stats")).await?;
+            let wp = resp.watchpoint.clone().unwrap_or_default();
+            let base = t.addr("stats");
+            let pieces: Vec<(u64, u32)> = wp.pieces.iter().map(|p| (p.address, p.length)).collect();
+            ensure!(
+                pieces == vec![(base, 8), (base + 8, 8), (base + 16, 8), (base + 24, 8)],
+                "pieces {pieces:x?}"
+            );
+            let sym = resp.symbol.clone().unwrap_or_default();
+            ensure!(sym.size == 32 && sym.type_name == "struct stats", "{sym:?}");
+            let threads = list_threads(&mut client, t.pid, false).await?;
+            for th in &threads.threads {
+                let mut held: Vec<(u64, u32)> = th
+                    .slots
+                    .iter()
+                    .filter(|s| s.state == SlotState::Ours as i32)
+                    .map(|s| (s.watchpoint_id, s.piece))
+                    .collect();
+                held.sort_unstable();
+                ensure!(
+                    held == vec![(wp.id, 0), (wp.id, 1), (wp.id, 2), (wp.id, 3)],
+                    "thread {}: {held:?}",
+                    th.tid
+                );
+            }
+            // A second watchpoint has no slot left: refused, naming the holder.
+            let r = rpc(client.set_watchpoint(wpd_proto::v1::SetWatchpointRequest {
+                spec: Some(by_name(backend, t.pid, "counter")),
+            }))
+            .await?;
+            expect_status(
+                "a fifth slot",
+                r,
+                Code::ResourceExhausted,
+                &[&format!("#{}", wp.id)],
+            )?;
+
+            t.cmd("set flag2 513").await?;
+            let hit = one_hit(&mut events, "the store into stats.flags[2]").await?;
+            // flags[2] (stats+16) is the first 2 bytes of the third piece.
+            ensure!(hit.watchpoint_id == wp.id && hit.piece == 2, "{hit:?}");
+            ensure!(
+                (hit.address, hit.length) == (base + 16, 8),
+                "the piece's 8 bytes: {hit:?}"
+            );
+            // 513 = 0x0201, little-endian.
+            ensure!(
+                hit.value.get(0..2) == Some(&[0x01, 0x02][..]),
+                "value {:x?}",
+                hit.value
+            );
+            check_location(
+                hit.location.as_ref().context("no location")?,
+                "set_flag2",
+                "set_flag2",
+                "ct-pie",
+            )?;
+            Ok(())
+        }
+        .await,
+    )
+}
+
+both_backends!(hits_name_function_and_line);
+
+/// Hits carry the function and source line of the store, in the executable
+/// and in a library, and `wpctl events` shows them; `raw` subscribers get
+/// the bare instruction pointer; ResolveSymbol turns that pointer back into
+/// the same place.
+async fn hits_name_function_and_line(backend: Backend) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let mut events =
+                EventStream::subscribe(&mut client, wpd_tests::hits_only(t.pid)).await?;
+            let mut raw = EventStream::subscribe(
+                &mut client,
+                StreamEventsRequest {
+                    pid: t.pid,
+                    watchpoint_ids: vec![],
+                    hits_only: true,
+                    raw: true,
+                },
+            )
+            .await?;
+            set_watchpoint(&mut client, by_name(backend, t.pid, "stats.errors")).await?;
+            set_watchpoint(&mut client, by_name(backend, t.pid, "lib_counter")).await?;
+            set_watchpoint(&mut client, by_name(backend, t.pid, "initialized")).await?;
+
+            let ep = daemon.endpoint();
+            let pid = t.pid.to_string();
+            let cli = tokio::spawn(async move {
+                run_wpctl(
+                    &[
+                        "--endpoint",
+                        &ep,
+                        "events",
+                        "--pid",
+                        &pid,
+                        "--hits-only",
+                        "--count",
+                        "3",
+                    ],
+                    Duration::from_secs(20),
+                )
+                .await
+            });
+            tokio::time::sleep(Duration::from_millis(500)).await;
+
+            t.cmd("set errors 5").await?;
+            let hit = one_hit(&mut events, "set errors").await?;
+            let loc = hit.location.clone().context("no location")?;
+            check_location(&loc, "set_errors", "set_errors", "ct-pie")?;
+            ensure!(loc.ip == hit.ip, "{loc:?} vs ip {:#x}", hit.ip);
+
+            t.cmd("set lib 6").await?;
+            let hit = one_hit(&mut events, "set lib").await?;
+            check_location(
+                hit.location.as_ref().context("no location")?,
+                "lib_set",
+                "lib_set",
+                "libctlib.so",
+            )?;
+
+            // A store in main's own body (inlined `set`): its line.
+            t.cmd("set initialized 8").await?;
+            let hit = one_hit(&mut events, "set initialized").await?;
+            let loc = hit.location.clone().context("no location")?;
+            let (_, line) = line_of("set_initialized");
+            ensure!(loc.function == "set" && loc.line == line, "{loc:?}");
+
+            let raw_hits = raw.collect_hits(3, HIT_TIMEOUT).await?;
+            ensure!(
+                raw_hits.iter().all(|h| h.location.is_none() && h.ip != 0),
+                "raw hits: {raw_hits:?}"
+            );
+
+            // The instruction's address, back through ResolveSymbol.
+            let r = rpc_ok(
+                "ResolveSymbol(address)",
+                client.resolve_symbol(ResolveSymbolRequest {
+                    pid: t.pid,
+                    name: String::new(),
+                    address: loc.lookup_address,
+                }),
+            )
+            .await?;
+            ensure!(
+                r.kind == "function" && r.symbol.as_ref().is_some_and(|s| s.name == "set"),
+                "{r:?}"
+            );
+            ensure!(r.location.as_ref().is_some_and(|l| l.line == line), "{r:?}");
+            // A data address: the variable holding it, and the offset.
+            let r = rpc_ok(
+                "ResolveSymbol(data)",
+                client.resolve_symbol(ResolveSymbolRequest {
+                    pid: t.pid,
+                    name: String::new(),
+                    address: t.addr("errors"),
+                }),
+            )
+            .await?;
+            ensure!(
+                r.kind == "variable"
+                    && r.offset == 8
+                    && r.symbol.as_ref().is_some_and(|s| s.name == "stats"),
+                "{r:?}"
+            );
+
+            let out = cli.await??;
+            ensure!(
+                out.code == Some(0),
+                "wpctl events: {:?} {}",
+                out.code,
+                out.stderr
+            );
+            let (_, l1) = line_of("set_errors");
+            let (_, l2) = line_of("lib_set");
+            ensure!(
+                out.stdout
+                    .contains(&format!("at set_errors (ctarget.c:{l1})"))
+                    && out.stdout.contains(&format!("at lib_set (ctlib.c:{l2})")),
+                "wpctl events:\n{}",
+                out.stdout
+            );
+            Ok(())
+        }
+        .await,
+    )
+}
+
+both_backends!(backtraces_follow_frame_pointers);
+
+/// `--backtrace`: a store three calls deep reports deep_c, with deep_b,
+/// deep_a and main as its callers at the lines of the calls; code without
+/// frame pointers gives what can be known and says why the chain is short.
+async fn backtraces_follow_frame_pointers(backend: Backend) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let mut events =
+                EventStream::subscribe(&mut client, wpd_tests::hits_only(t.pid)).await?;
+            let mut spec = by_name(backend, t.pid, "counter");
+            spec.backtrace_depth = 8;
+            set_watchpoint(&mut client, spec).await?;
+            t.cmd("deep").await?;
+            let hit = one_hit(&mut events, "deep").await?;
+            check_location(
+                hit.location.as_ref().context("no location")?,
+                "deep_c",
+                "deep_c",
+                "ct-pie",
+            )?;
+            let chain: Vec<(String, u32)> = hit
+                .backtrace
+                .iter()
+                .map(|f| (f.function.clone(), f.line))
+                .collect();
+            ensure!(
+                chain.len() >= 4,
+                "short chain {chain:?} ({})",
+                hit.backtrace_note
+            );
+            ensure!(
+                chain[..3]
+                    == [
+                        ("deep_b".to_string(), line_of("deep_b").1),
+                        ("deep_a".to_string(), line_of("deep_a").1),
+                        ("main".to_string(), chain[2].1),
+                    ],
+                "chain {chain:?}"
+            );
+            // Every hit of it carries its chain.
+            t.cmd("set counter 3").await?;
+            let hit = one_hit(&mut events, "set counter").await?;
+            ensure!(
+                !hit.backtrace.is_empty(),
+                "the same watchpoint keeps its depth"
+            );
+
+            // Without frame pointers (-O2 -fomit-frame-pointer): the hit's
+            // own location is exact, inlining included; the chain is what
+            // the frame pointer register happened to lead to, and is never
+            // longer than asked.
+            let mut t2 = CTarget::start("ct-nofp").await?;
+            let mut ev2 = EventStream::subscribe(&mut client, wpd_tests::hits_only(t2.pid)).await?;
+            let mut spec = by_name(backend, t2.pid, "counter");
+            spec.backtrace_depth = 4;
+            set_watchpoint(&mut client, spec).await?;
+            t2.cmd("deep").await?;
+            let hit = one_hit(&mut ev2, "deep without frame pointers").await?;
+            let loc = hit.location.clone().context("no location")?;
+            ensure!(loc.line == line_of("deep_c").1, "{loc:?}");
+            ensure!(hit.backtrace.len() <= 4, "{:?}", hit.backtrace);
+            ensure!(
+                loc.inlined.iter().any(|i| i.function == "deep_b"),
+                "the inlined callers: {loc:?}"
+            );
+            if hit.backtrace.is_empty() {
+                ensure!(
+                    hit.backtrace_note.contains("frame-pointer"),
+                    "{:?}",
+                    hit.backtrace_note
+                );
+            }
+            eprintln!(
+                "without frame pointers: {} ({}:{}), inlined in {:?}; chain {:?}; note {:?}",
+                loc.function,
+                loc.file,
+                loc.line,
+                loc.inlined.iter().map(|i| &i.function).collect::<Vec<_>>(),
+                hit.backtrace
+                    .iter()
+                    .map(|f| &f.function)
+                    .collect::<Vec<_>>(),
+                hit.backtrace_note
+            );
+            Ok(())
+        }
+        .await,
+    )
+}
+
+both_backends!(a_library_loaded_later_is_watched_until_unloaded);
+
+/// A library `dlopen`ed after the attach is found by name; its watchpoint
+/// fires in its code; `dlclose` removes the watchpoint with a reason.
+async fn a_library_loaded_later_is_watched_until_unloaded(backend: Backend) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            // Attached before the library exists.
+            set_watchpoint(&mut client, by_name(backend, t.pid, "counter")).await?;
+            let st = resolve_err(&mut client, t.pid, "plug_counter").await?;
+            ensure!(st.code() == Code::NotFound, "{st:?}");
+
+            let reply = t.cmd("dlopen").await?;
+            let plug = CTarget::reply_addr(&reply, "plug")?;
+            let mut events = EventStream::for_pid(&mut client, t.pid).await?;
+            let resp = set_watchpoint(
+                &mut client,
+                by_name(backend, t.pid, "libctplug.so:plug_counter"),
+            )
+            .await?;
+            let wp = resp.watchpoint.unwrap_or_default();
+            ensure!(
+                wp.pieces.first().map(|p| p.address) == Some(plug),
+                "{wp:?} vs {plug:#x}"
+            );
+            t.cmd("set plug 4").await?;
+            let hit = events
+                .wait_for(HIT_TIMEOUT, "the plug hit", |ev| {
+                    Ok(match ev {
+                        Event::Hit(h) if h.watchpoint_id == wp.id => Some(h.clone()),
+                        _ => None,
+                    })
+                })
+                .await?;
+            check_location(
+                hit.location.as_ref().context("no location")?,
+                "plug_set",
+                "plug_set",
+                "libctplug.so",
+            )?;
+
+            t.cmd("dlclose").await?;
+            let why = events
+                .wait_for(Duration::from_secs(10), "the plug watchpoint to go", |ev| {
+                    Ok(match ev {
+                        Event::WatchpointRemoved(r) if r.watchpoint_id == wp.id => {
+                            Some(r.reason.clone())
+                        }
+                        _ => None,
+                    })
+                })
+                .await?;
+            ensure!(
+                why.contains("libctplug.so") && why.contains("unmapped"),
+                "reason {why:?}"
+            );
+            let list = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: t.pid }),
+            )
+            .await?;
+            ensure!(
+                list.watchpoints.len() == 1,
+                "the exe's watchpoint stays: {:?}",
+                list.watchpoints
+            );
+            Ok(())
+        }
+        .await,
+    )
+}
+
+both_backends!(exec_resolves_again_or_removes);
+
+/// After exec, a watchpoint by name follows its name into the new image
+/// (the default), or goes with reason "exec" (`on_exec: remove`).
+async fn exec_resolves_again_or_removes(backend: Backend) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let mut events = EventStream::for_pid(&mut client, t.pid).await?;
+            let follow = set_watchpoint(&mut client, by_name(backend, t.pid, "counter")).await?;
+            let follow = follow.watchpoint.unwrap_or_default().id;
+            let mut spec = by_name(backend, t.pid, "initialized");
+            spec.on_exec = ExecPolicy::Remove as i32;
+            let gone = set_watchpoint(&mut client, spec)
+                .await?
+                .watchpoint
+                .unwrap_or_default()
+                .id;
+            t.exec().await?;
+            let (mut resolved, mut removed) = (None, None);
+            events
+                .wait_for(Duration::from_secs(10), "resolved and removed", |ev| {
+                    match ev {
+                        Event::WatchpointResolved(r) if r.watchpoint_id == follow => {
+                            resolved = Some(r.clone())
+                        }
+                        Event::WatchpointRemoved(r) if r.watchpoint_id == gone => {
+                            removed = Some(r.reason.clone())
+                        }
+                        Event::WatchpointRemoved(r) if r.watchpoint_id == follow => {
+                            anyhow::bail!("the followed watchpoint was removed: {r:?}")
+                        }
+                        _ => {}
+                    }
+                    Ok((resolved.is_some() && removed.is_some()).then_some(()))
+                })
+                .await?;
+            let r = resolved.expect("seen");
+            ensure!(r.reason == "exec", "{r:?}");
+            ensure!(
+                r.symbol.as_ref().map(|s| s.address) == Some(t.addr("counter")),
+                "{r:?} vs {:#x}",
+                t.addr("counter")
+            );
+            ensure!(removed.as_deref() == Some("exec"), "{removed:?}");
+            t.cmd("set counter 11").await?;
+            let hit = events
+                .wait_for(HIT_TIMEOUT, "a hit in the new image", |ev| {
+                    Ok(match ev {
+                        Event::Hit(h) => Some(h.clone()),
+                        _ => None,
+                    })
+                })
+                .await?;
+            ensure!(
+                hit.watchpoint_id == follow && hit.address == t.addr("counter"),
+                "{hit:?}"
+            );
+            check_location(
+                hit.location.as_ref().context("no location")?,
+                "bump_counter",
+                "bump_counter",
+                "ct-pie",
+            )?;
+            Ok(())
+        }
+        .await,
+    )
+}
