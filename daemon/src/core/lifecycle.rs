@@ -183,7 +183,7 @@ impl Core {
         self.procs.remove_if(&proc.pid, |_, p| Arc::ptr_eq(p, proc));
         // The modules only it used: their parsed symbols and open files.
         proc.retire_image();
-        self.symbols.sweep();
+        self.symbols.forget(proc.pid);
     }
 
     /// Returns memory to the system after a large process went away:

@@ -598,6 +598,15 @@ impl Stream for EventFeed {
                         if let (EventKind::Hit(h), Some(symbols)) = (&ev.kind, &this.symbols)
                             && let Some(image) = &h.image
                         {
+                            // The common case, a hit without a call chain at a
+                            // known address: one lookup, nothing allocated.
+                            if h.callchain.is_empty()
+                                && let Some(frame) =
+                                    crate::symbols::locate::cached_frame(image, h.ip)
+                            {
+                                convert::locate_hit(&mut item, std::slice::from_ref(&frame));
+                                return Poll::Ready(Some(Ok(item)));
+                            }
                             let mut ips = Vec::with_capacity(1 + h.callchain.len());
                             ips.push(h.ip);
                             ips.extend_from_slice(&h.callchain);

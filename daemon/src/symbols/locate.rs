@@ -78,7 +78,9 @@ pub struct Image {
     /// Process.
     pub pid: Pid,
     files: Mutex<Option<Arc<Vec<MappedFile>>>>,
-    frames: DashMap<u64, Arc<Place>>,
+    /// Keyed by address with `foldhash` (addresses are not attacker-chosen
+    /// in any way that matters here; SipHash was a visible share of a hit).
+    frames: DashMap<u64, Arc<Place>, foldhash::fast::RandomState>,
     /// Superseded (the process called exec) or gone: never read its maps
     /// again.
     retired: AtomicBool,
@@ -99,7 +101,7 @@ impl Image {
         Arc::new(Image {
             pid,
             files: Mutex::new(None),
-            frames: DashMap::new(),
+            frames: DashMap::default(),
             retired: AtomicBool::new(false),
         })
     }
@@ -170,6 +172,14 @@ impl Locator {
     }
 }
 
+/// The frame of one instruction pointer, if cached.
+pub fn cached_frame(image: &Image, ip: u64) -> Option<Frame> {
+    let lookup = ip.saturating_sub(1);
+    image
+        .cached(lookup)
+        .map(|place| Frame { ip, lookup, place })
+}
+
 /// The frames of `ips` in `image` if all are cached already (the common
 /// case: no waiting, no thread hop).
 pub fn cached_frames(image: &Image, ips: &[u64]) -> Option<Vec<Frame>> {
@@ -209,6 +219,13 @@ impl Symbols {
                 }
             })
             .collect()
+    }
+
+    /// `pid` was let go of: the files loaded for it alone, and what the
+    /// symbolizer holds for modules no current image maps, are dropped.
+    pub fn forget(&self, pid: Pid) {
+        self.files.forget(pid);
+        self.sweep();
     }
 
     /// A process was let go of, or called exec (its old image retired):
@@ -316,7 +333,6 @@ fn worker(symbols: std::sync::Weak<Symbols>, rx: mpsc::Receiver<Msg>) {
                         }
                         keep
                     });
-                    symbols.files.retain(|key| users.contains_key(key));
                     symbolizer = new_symbolizer();
                 }
                 continue;

@@ -319,8 +319,16 @@ impl std::fmt::Debug for Symbols {
 
 #[derive(Default)]
 struct FileCache {
-    by_key: HashMap<FileKey, (Arc<ElfFile>, u64)>,
+    by_key: HashMap<FileKey, FileEntry>,
     tick: u64,
+}
+
+/// A loaded file, when it was last used, and the processes it was loaded
+/// for (it goes when the last of them is let go of).
+struct FileEntry {
+    elf: Arc<ElfFile>,
+    used: u64,
+    pids: std::collections::HashSet<Pid>,
 }
 
 /// Files kept loaded (least recently used ones go beyond this).
@@ -354,9 +362,21 @@ fn matches_module(f: &MappedFile, want: &str) -> bool {
 }
 
 impl Files {
-    /// Keeps only the files `keep` accepts.
-    pub fn retain(&self, keep: impl Fn(&FileKey) -> bool) {
-        self.0.lock().unwrap().by_key.retain(|k, _| keep(k));
+    /// `pid` is let go of: the files no remaining process was loaded for
+    /// are dropped (processes that are gone, never detached because never
+    /// attached, e.g. after a ResolveSymbol only, count as let go of too).
+    pub fn forget(&self, pid: Pid) {
+        let mut c = self.0.lock().unwrap();
+        let mut alive: HashMap<Pid, bool> = HashMap::new();
+        c.by_key.retain(|_, e| {
+            e.pids.retain(|&p| {
+                p != pid
+                    && *alive
+                        .entry(p)
+                        .or_insert_with(|| Path::new(&format!("/proc/{p}")).exists())
+            });
+            !e.pids.is_empty()
+        });
     }
 
     /// The ELF file of a module `pid` maps, loaded once per file.
@@ -369,9 +389,10 @@ impl Files {
             let mut c = self.0.lock().unwrap();
             c.tick += 1;
             let tick = c.tick;
-            if let Some((e, used)) = c.by_key.get_mut(&key) {
-                *used = tick;
-                return Ok(e.clone());
+            if let Some(e) = c.by_key.get_mut(&key) {
+                e.used = tick;
+                e.pids.insert(pid);
+                return Ok(e.elf.clone());
             }
         }
         // Loaded outside the lock: a large file takes a while.
@@ -379,12 +400,18 @@ impl Files {
         let mut c = self.0.lock().unwrap();
         c.tick += 1;
         let tick = c.tick;
-        let e = c.by_key.entry(key).or_insert((e, tick)).0.clone();
+        let entry = c.by_key.entry(key).or_insert_with(|| FileEntry {
+            elf: e,
+            used: tick,
+            pids: Default::default(),
+        });
+        entry.pids.insert(pid);
+        let e = entry.elf.clone();
         if c.by_key.len() > MAX_FILES
             && let Some(oldest) = c
                 .by_key
                 .iter()
-                .min_by_key(|(_, (_, used))| *used)
+                .min_by_key(|(_, e)| e.used)
                 .map(|(k, _)| k.clone())
         {
             c.by_key.remove(&oldest);
@@ -409,7 +436,7 @@ impl Symbols {
         let bytes: u64 = c
             .by_key
             .values()
-            .map(|(e, _)| {
+            .map(|FileEntry { elf: e, .. }| {
                 let syms: usize = e
                     .symbols
                     .iter()
@@ -509,6 +536,21 @@ impl Symbols {
                 }
             }
             loaded.push(elf);
+            // A global definition of a variable binds the name for every
+            // module after it in lookup order (the dynamic linker's rule):
+            // the rest need not be read, nor their DWARF indexed.
+            if expr.module.is_none()
+                && access != Access::Exec
+                && found.iter().any(|c| {
+                    c.global()
+                        && match &c.hit {
+                            Hit::Var(v) => v.loc != dwarf::VarLoc::Tls,
+                            Hit::Sym(s) => s.kind == SymKind::Object,
+                        }
+                })
+            {
+                break;
+            }
         }
         if found.is_empty() {
             return Err(SymbolError::Unknown {

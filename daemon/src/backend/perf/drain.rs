@@ -1,6 +1,7 @@
 //! The perf backend's drain thread: reads the per-CPU rings and turns
 //! records into the ledger's thread lifecycle and into hit events.
 
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 
 use super::PerfEngine;
@@ -29,6 +30,11 @@ impl PerfEngine {
                 revents: 0,
             })
             .collect();
+        fds.push(libc::pollfd {
+            fd: self.wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
         let mut busy = false;
         while !self.stop.load(Ordering::Relaxed) {
             if busy {
@@ -54,6 +60,11 @@ impl PerfEngine {
                 };
                 // SAFETY: fds is a valid pollfd array.
                 unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+                if fds.last().is_some_and(|w| w.revents & libc::POLLIN != 0) {
+                    let mut n = [0u8; 8];
+                    // SAFETY: reads 8 bytes into a live buffer from our eventfd.
+                    unsafe { libc::read(self.wake.as_raw_fd(), n.as_mut_ptr().cast(), n.len()) };
+                }
             }
             let Some(host) = self.host.upgrade() else {
                 return;

@@ -15,7 +15,7 @@ pub mod drain;
 pub mod kernel;
 
 use std::collections::HashSet;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -48,6 +48,11 @@ pub struct PerfEngine {
     /// Thread-tracking events, by process; kept until detach for the same
     /// reason.
     trackers: DashMap<Pid, Vec<OwnedFd>>,
+    /// An eventfd in the drain thread's poll: written when a process gets
+    /// tracked, so that a drain waiting out its idle timeout (nothing was
+    /// tracked) switches to the short one at once, and a first hit does not
+    /// wait up to a second.
+    wake: OwnedFd,
     /// Threads whose EXIT record was read before their FORK record.
     early_exits: Mutex<drain::EarlyExits>,
     /// CLOCK_REALTIME − CLOCK_MONOTONIC at start, to date records.
@@ -135,6 +140,18 @@ impl PerfEngine {
             ),
         })?;
         perf.set_fd_headroom(fd_headroom);
+        // SAFETY: eventfd has no memory-safety preconditions; the fd is new
+        // and owned here.
+        let wake = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if wake < 0 {
+            return Err(Unavailable::Kernel {
+                op: "eventfd",
+                errno: Errno::last(),
+                needs: "a file descriptor for the drain thread's wake-ups".into(),
+            });
+        }
+        // SAFETY: `wake` is a valid fd nobody else owns.
+        let wake = unsafe { OwnedFd::from_raw_fd(wake) };
         Ok(PerfEngine {
             perf,
             probe,
@@ -142,10 +159,19 @@ impl PerfEngine {
             event_ids: DashMap::new(),
             events: DashMap::new(),
             trackers: DashMap::new(),
+            wake,
             early_exits: Mutex::new(drain::EarlyExits::default()),
             clock_offset: crate::clock::realtime_ns().saturating_sub(crate::clock::monotonic_ns()),
             stop: AtomicBool::new(false),
         })
+    }
+
+    /// Wakes the drain thread (see `wake`).
+    fn wake_drain(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live buffer to our eventfd; a full
+        // counter (EAGAIN) means a wake-up is pending already.
+        unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), one.len()) };
     }
 
     /// Online CPUs (events are opened per CPU).
@@ -386,6 +412,7 @@ impl Backend for PerfEngine {
                     };
                     self.trackers.entry(pid).or_default().extend(fds);
                 }
+                self.wake_drain();
                 match failed {
                     None => {}
                     Some(e) if matches!(e.errno, Errno::EACCES | Errno::EPERM) => {

@@ -43,44 +43,52 @@ pub(crate) async fn section_symbols(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// Hits/s with symbolized hits against raw ones, perf and ptrace.
+/// Hits/s with symbolized hits against raw ones, perf and ptrace, with one
+/// writer and with as many as CPUs.
 async fn throughput_rows(args: &Args) -> Result<()> {
-    let writers = wpd_tests::online_cpus().len().max(1);
+    let ncpu = wpd_tests::online_cpus().len().max(1);
+    let mut writer_counts = vec![1];
+    if ncpu > 1 {
+        writer_counts.push(ncpu);
+    }
     println!(
-        "## symbols: hit throughput, symbolized hits against raw ones ({writers} writers, {} ms, one subscriber)\n",
-        args.window.as_millis()
+        "## symbols: hit throughput, symbolized hits against raw ones ({} ms of stores, one subscriber; alternated, medians of {})\n",
+        args.window.as_millis(),
+        args.reps
     );
     println!(
-        "| backend | hits/s, raw (median) | hits/s, symbolized (median) | symbolized / raw | daemon CPU µs per hit, raw | symbolized |"
+        "| backend | writers | hits/s, raw | hits/s, symbolized | symbolized / raw | daemon CPU µs per hit, raw / symbolized | subscriber (bench) CPU µs per hit, raw / symbolized |"
     );
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---|---|");
     for backend in [Backend::Perf, Backend::Ptrace] {
-        let (mut raw, mut sym) = (Vec::new(), Vec::new());
-        let (mut raw_cpu, mut sym_cpu) = (Vec::new(), Vec::new());
-        // Alternated, so that drift on the machine hits both alike.
-        for _ in 0..args.reps {
-            for symbolized in [false, true] {
-                let r = throughput_once(backend, writers, args.window, !symbolized).await?;
-                let rate = r.sub_hits as f64 / r.secs;
-                let cpu = r.daemon_cpu_us / r.daemon_hits.max(1) as f64;
-                if symbolized {
-                    sym.push(rate);
-                    sym_cpu.push(cpu);
-                } else {
-                    raw.push(rate);
-                    raw_cpu.push(cpu);
+        for &writers in &writer_counts {
+            // [raw, symbolized] × (hits/s, daemon CPU, bench CPU per hit).
+            let mut m: [[Vec<f64>; 3]; 2] = Default::default();
+            // Alternated, so that drift on the machine hits both alike.
+            for _ in 0..args.reps {
+                for symbolized in [false, true] {
+                    let r = throughput_once(backend, writers, args.window, !symbolized).await?;
+                    let per = |cpu: f64| cpu / r.daemon_hits.max(1) as f64;
+                    let v = &mut m[usize::from(symbolized)];
+                    v[0].push(r.sub_hits as f64 / r.secs);
+                    v[1].push(per(r.daemon_cpu_us));
+                    v[2].push(per(r.bench_cpu_us));
                 }
             }
+            let [raw, sym] = m.map(|v| v.map(median));
+            println!(
+                "| {} | {writers} | {:.0} | {:.0} | {:.3}× | {:.2} / {:.2} | {:.2} / {:.2} |",
+                backend_name(backend),
+                raw[0],
+                sym[0],
+                sym[0] / raw[0],
+                raw[1],
+                sym[1],
+                raw[2],
+                sym[2]
+            );
+            flush();
         }
-        let (r, s) = (median(raw), median(sym));
-        println!(
-            "| {} | {r:.0} | {s:.0} | {:.3}× | {:.2} | {:.2} |",
-            backend_name(backend),
-            s / r,
-            median(raw_cpu),
-            median(sym_cpu)
-        );
-        flush();
     }
     Ok(())
 }

@@ -34,7 +34,7 @@ pub(crate) struct ThroughputRun {
     lag_ms: f64,
     pub(crate) daemon_cpu_us: f64,
     daemon_idle_cpu_us: f64,
-    bench_cpu_us: f64,
+    pub(crate) bench_cpu_us: f64,
     /// Daemon CPU over the hits, by thread role (µs).
     daemon_cpu_by_role: BTreeMap<String, f64>,
 }
