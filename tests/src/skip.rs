@@ -74,6 +74,28 @@ pub fn require_backend(backend: Backend) -> bool {
     true
 }
 
+/// True when `python3` has the gRPC libraries the client tests use
+/// (`grpcio`, `grpcio-tools`, `grpcio-health-checking`,
+/// `grpcio-reflection`, `grpclib`: `.ci/run` installs them). Otherwise
+/// skips, except under CI (`CI=true`), where their absence fails the test.
+pub fn require_python_grpc() -> bool {
+    let ok = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import grpc, grpc_tools, grpc_health.v1, grpc_reflection.v1alpha, grpclib",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok && std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("python3 lacks the gRPC libraries under CI: .ci/run installs them");
+    }
+    ok || skip(
+        "python3 lacks grpcio, grpcio-tools, grpcio-health-checking, grpcio-reflection or grpclib          (pip install them)",
+    )
+}
+
 /// Prints `SKIP <test>: <reason>` and returns false, or panics under `WPD_TESTS_REQUIRE=1`.
 fn skip(reason: &str) -> bool {
     let name = std::thread::current()

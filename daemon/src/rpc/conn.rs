@@ -31,6 +31,7 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tonic::transport::server::Connected;
 
+use super::authority::AuthorityFix;
 use crate::authz::{self, Caller};
 
 /// File descriptors the perf backend leaves free for connections, the
@@ -462,7 +463,7 @@ pub fn unix_incoming(
     listener: UnixListener,
     limits: ConnLimits,
     registry: Arc<Registry>,
-) -> tokio_stream::wrappers::ReceiverStream<io::Result<Conn<UnixStream>>> {
+) -> tokio_stream::wrappers::ReceiverStream<io::Result<Conn<AuthorityFix<UnixStream>>>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         let mut spare = Spare::new();
@@ -521,7 +522,7 @@ pub fn unix_incoming(
                 conn,
             };
             if tx
-                .send(Ok(Conn::new(stream, info, limits.idle)))
+                .send(Ok(Conn::new(AuthorityFix::new(stream), info, limits.idle)))
                 .await
                 .is_err()
             {

@@ -6,6 +6,7 @@
 //! no lock is held across `.await`.
 
 pub mod auth;
+pub mod authority;
 pub mod conn;
 pub mod convert;
 pub mod serve;

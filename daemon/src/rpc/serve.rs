@@ -209,11 +209,19 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
     });
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<WatchpointsServer<Service>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(wpd_proto::v1::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    // Reflection in both versions: v1, and v1alpha, which many clients
+    // still speak (grpcio-reflection, older grpcurl).
+    let reflection_builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(wpd_proto::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = reflection_builder()
         .build_v1()
         .context("building reflection service")?;
+    let reflection_v1alpha = reflection_builder()
+        .build_v1alpha()
+        .context("building reflection service (v1alpha)")?;
     let auth = crate::rpc::auth::AuthConfig {
         token: opts.token.as_deref().map(Into::into),
     };
@@ -238,6 +246,7 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
         .layer(ActiveLayer)
         .add_service(health_svc)
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(svc);
     let stream_core = core.clone();
     let shutdown = async move {
