@@ -194,6 +194,77 @@ pub struct WatchArgs {
     /// Allow pid 1 (the init process, whose stop or death takes the system with it)
     #[arg(long)]
     pub allow_init: bool,
+    /// Report (and, with a stop action, stop on) only hits where the value satisfies this:
+    /// `OP N` with OP one of == != < <= > >= (`'>= 0x10'`), optionally masked first
+    /// (`'&0xff == 3'`), or `changed`. Unsigned, on the watched bytes (one slot at most)
+    #[arg(long, value_name = "COND", value_parser = parse_condition)]
+    pub condition: Option<wpd_proto::v1::HitCondition>,
+    /// Skip the first N hits (those whose condition held)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub ignore: u64,
+    /// Report every Nth hit (after --ignore)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub hit_count: Option<u64>,
+    /// Report at most N hits per second; the others are dropped and counted
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_rate: Option<u32>,
+}
+
+/// `--condition`: `changed`, or `[&MASK] OP VALUE` (numbers decimal or 0x hex).
+pub fn parse_condition(s: &str) -> Result<wpd_proto::v1::HitCondition, String> {
+    use wpd_proto::v1::hit_condition::Op;
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("changed") {
+        return Ok(wpd_proto::v1::HitCondition {
+            op: Op::Changed as i32,
+            operand: 0,
+            mask: 0,
+        });
+    }
+    let (mask, rest) = match t.strip_prefix('&') {
+        Some(r) => {
+            let end = r
+                .find(|c: char| "=!<>".contains(c))
+                .ok_or_else(|| format!("{s:?}: a mask needs a comparison after it (&0xff == 3)"))?;
+            let m = parse_number(r[..end].trim()).map_err(|e| format!("mask: {e}"))?;
+            if m == 0 {
+                return Err("a mask of 0 compares nothing".into());
+            }
+            (m, r[end..].trim())
+        }
+        None => (0, t),
+    };
+    let ops = [
+        ("==", Op::Eq),
+        ("!=", Op::Ne),
+        ("<=", Op::Le),
+        (">=", Op::Ge),
+        ("<", Op::Lt),
+        (">", Op::Gt),
+    ];
+    let (op, value) = ops
+        .iter()
+        .find_map(|(sym, op)| rest.strip_prefix(sym).map(|v| (*op, v.trim())))
+        .ok_or_else(|| {
+            format!(
+                "{s:?}: expected `changed` or OP VALUE, OP one of == != < <= > >= (e.g. '== 42')"
+            )
+        })?;
+    let operand = parse_number(value).map_err(|e| format!("value: {e}"))?;
+    Ok(wpd_proto::v1::HitCondition {
+        op: op as i32,
+        operand,
+        mask,
+    })
+}
+
+fn parse_number(s: &str) -> Result<u64, String> {
+    let t = s.replace('_', "");
+    let r = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => t.parse::<u64>(),
+    };
+    r.map_err(|_| format!("{s:?} is not an unsigned number (decimal, or hex with 0x)"))
 }
 
 /// `wpctl unwatch`.
@@ -626,6 +697,20 @@ mod tests {
             (Some(40), Some(OnExecArg::Remove))
         );
         assert!(by_name(&["--symbol", "x", "--backtrace", "128"]).is_err());
+    }
+
+    #[test]
+    fn conditions_parse() {
+        use wpd_proto::v1::hit_condition::Op;
+        let c = |s: &str| parse_condition(s).map(|c| (c.op, c.operand, c.mask));
+        assert_eq!(c("== 42"), Ok((Op::Eq as i32, 42, 0)));
+        assert_eq!(c(">=0x10"), Ok((Op::Ge as i32, 16, 0)));
+        assert_eq!(c("&0xff != 3"), Ok((Op::Ne as i32, 3, 0xff)));
+        assert_eq!(c(" < 1_000 "), Ok((Op::Lt as i32, 1000, 0)));
+        assert_eq!(c("CHANGED"), Ok((Op::Changed as i32, 0, 0)));
+        for bad in ["", "42", "= 1", "== -1", "== x", "&0 == 1", "&0xff", "=> 3"] {
+            assert!(parse_condition(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

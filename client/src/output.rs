@@ -450,6 +450,12 @@ pub fn watchpoint_json(wp: &Watchpoint) -> Value {
         "symbol": wp.symbol.as_ref().map(symbol_json),
         "backtrace_depth": spec.backtrace_depth,
         "only_on_change": spec.only_on_change,
+        "condition": spec.condition.as_ref().filter(|c| c.op != 0).map(condition_text),
+        "ignore_count": spec.ignore_count,
+        "hit_count": spec.hit_count,
+        "max_hits_per_second": spec.max_hits_per_second,
+        "hits_filtered": wp.hits_filtered,
+        "hits_rate_limited": wp.hits_rate_limited,
         "backend": backend_name(wp.backend),
         "armed_threads": wp.armed_threads,
         "hits": wp.hits,
@@ -467,6 +473,52 @@ pub fn process_json(p: &ProcessInfo) -> Value {
         "watchpoints": p.watchpoints,
         "attached_at_ns": p.attached_at_ns,
     })
+}
+
+/// `value & 0xff == 3`, `value changed`.
+pub fn condition_text(c: &wpd_proto::v1::HitCondition) -> String {
+    use wpd_proto::v1::hit_condition::Op;
+    let op = match Op::try_from(c.op) {
+        Ok(Op::Changed) => return "value changed".into(),
+        Ok(Op::Eq) => "==",
+        Ok(Op::Ne) => "!=",
+        Ok(Op::Lt) => "<",
+        Ok(Op::Le) => "<=",
+        Ok(Op::Gt) => ">",
+        Ok(Op::Ge) => ">=",
+        _ => "?",
+    };
+    let operand = if c.operand > 9 {
+        format!("{:#x}", c.operand)
+    } else {
+        c.operand.to_string()
+    };
+    if c.mask == 0 {
+        format!("value {op} {operand}")
+    } else {
+        format!("value & {:#x} {op} {operand}", c.mask)
+    }
+}
+
+/// What a spec's hit filter does, as phrases for a confirmation line.
+pub fn filter_phrases(spec: &wpd_proto::v1::WatchpointSpec) -> Vec<String> {
+    let mut v = Vec::new();
+    if let Some(c) = spec.condition.as_ref().filter(|c| c.op != 0) {
+        v.push(format!("when {}", condition_text(c)));
+    }
+    if spec.ignore_count > 0 {
+        v.push(format!(
+            "ignoring the first {}",
+            plural(spec.ignore_count, "hit")
+        ));
+    }
+    if spec.hit_count > 1 {
+        v.push(format!("every {}th hit", spec.hit_count));
+    }
+    if spec.max_hits_per_second > 0 {
+        v.push(format!("at most {}/s", spec.max_hits_per_second));
+    }
+    v
 }
 
 #[cfg(test)]

@@ -51,6 +51,7 @@ fn hit(seq: u64) -> StreamEventsResponse {
             location: None,
             backtrace: vec![],
             backtrace_note: String::new(),
+            rate_limited_before: 0,
         }),
     )
 }
@@ -117,6 +118,8 @@ fn watchpoint(id: u64, spec: WatchpointSpec, hits: u64) -> Watchpoint {
         }],
         symbol: None,
         spec: Some(spec),
+        hits_filtered: 0,
+        hits_rate_limited: 0,
     }
 }
 

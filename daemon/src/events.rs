@@ -59,6 +59,9 @@ pub struct HitEvent {
     pub callchain: Vec<u64>,
     /// Why the call chain is shorter than asked, when known.
     pub callchain_note: Option<&'static str>,
+    /// Hits of this watchpoint its rate limit dropped since the previous
+    /// one reported.
+    pub rate_limited_before: u64,
 }
 
 /// What happened.

@@ -8,6 +8,7 @@ pub mod clock;
 pub mod core;
 pub mod error;
 pub mod events;
+pub mod filter;
 pub mod ledger;
 pub mod model;
 pub mod procfs;

@@ -201,6 +201,8 @@ pub struct WatchSpec {
     pub symbol: Option<ByName>,
     /// Frames of the call chain to capture with each hit (0: none).
     pub backtrace: u8,
+    /// Which hits are reported.
+    pub filter: crate::filter::HitFilter,
 }
 
 /// A watchpoint set by name.

@@ -145,6 +145,8 @@ pub struct Watch {
     pub owner: u32,
     /// What its name resolved to (set by name).
     pub resolved: Option<crate::symbols::Resolved>,
+    /// Its filter's counts.
+    pub filter: crate::filter::FilterState,
 }
 
 /// Work for the core's reconcile thread: it may take a process's `op`

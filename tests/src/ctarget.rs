@@ -160,6 +160,27 @@ impl CTarget {
         Ok(reply)
     }
 
+    /// Sends one command without waiting for its reply (read it with
+    /// [`CTarget::reply`]): for a command whose thread will be held.
+    pub fn send(&mut self, command: &str) -> Result<()> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| anyhow!("stdin is closed"))?;
+        writeln!(stdin, "{command}")
+            .and_then(|()| stdin.flush())
+            .with_context(|| format!("sending {command:?}"))
+    }
+
+    /// The next reply line, within `timeout` (`None` when none came).
+    pub async fn reply(&mut self, timeout: Duration) -> Result<Option<String>> {
+        match tokio::time::timeout(timeout, self.lines.recv()).await {
+            Ok(Some(line)) => Ok(Some(line)),
+            Ok(None) => bail!("{} closed its stdout", self.variant),
+            Err(_) => Ok(None),
+        }
+    }
+
     /// `exec`: the program executes itself again (same pid); waits for the
     /// new READY line (addresses updated).
     pub async fn exec(&mut self) -> Result<()> {

@@ -112,6 +112,12 @@ fn to_text(ev: &StreamEventsResponse) -> String {
                 hex(h.address),
                 hit_value_text(h)
             );
+            if h.rate_limited_before > 0 {
+                line.push_str(&format!(
+                    " (after {} over the rate limit)",
+                    output::plural(h.rate_limited_before, "hit")
+                ));
+            }
             for (i, f) in h.backtrace.iter().enumerate() {
                 let text = if f.lookup_address == 0 && f.function.is_empty() {
                     hex(f.ip)
@@ -210,6 +216,7 @@ fn to_json(ev: &StreamEventsResponse) -> Value {
             "location": h.location.as_ref().map(output::location_json),
             "backtrace": h.backtrace.iter().map(output::location_json).collect::<Vec<_>>(),
             "backtrace_note": if h.backtrace_note.is_empty() { Value::Null } else { json!(h.backtrace_note) },
+            "rate_limited_before": h.rate_limited_before,
         }),
         Some(Event::WatchpointResolved(e)) => json!({
             "type": "watchpoint_resolved",
@@ -283,6 +290,7 @@ mod tests {
             location: None,
             backtrace: vec![],
             backtrace_note: String::new(),
+            rate_limited_before: 0,
             watchpoint_id: 7,
             pid: 123,
             tid: 124,

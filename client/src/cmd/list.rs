@@ -120,6 +120,8 @@ mod tests {
             watchpoints: vec![
                 Watchpoint {
                     pieces: vec![],
+                    hits_filtered: 0,
+                    hits_rate_limited: 0,
                     symbol: None,
                     id: 7,
                     spec: Some(WatchpointSpec {
@@ -142,6 +144,8 @@ mod tests {
                 },
                 Watchpoint {
                     pieces: vec![],
+                    hits_filtered: 0,
+                    hits_rate_limited: 0,
                     symbol: None,
                     id: 8,
                     spec: Some(WatchpointSpec {

@@ -39,6 +39,10 @@ pub async fn run(ctx: &Ctx, args: &WatchArgs) -> Result<(), Error> {
                 Some(OnExecArg::Remove) => ExecPolicy::Remove,
             } as i32,
             backtrace_depth: args.backtrace.unwrap_or(0),
+            condition: args.condition,
+            ignore_count: args.ignore,
+            hit_count: args.hit_count.unwrap_or(0),
+            max_hits_per_second: args.max_rate.unwrap_or(0),
         }),
     };
     let resp = ctx
@@ -94,6 +98,7 @@ fn to_text(resp: &SetWatchpointResponse) -> String {
     if spec.backtrace_depth > 0 {
         notes.push(format!("backtraces of {} frames", spec.backtrace_depth));
     }
+    notes.extend(output::filter_phrases(&spec));
     notes.push(output::duration_ns(resp.arm_duration_ns));
     format!(
         "watchpoint {}: {}, armed on {} ({})",
@@ -114,6 +119,8 @@ mod tests {
             symbol: None,
             watchpoint: Some(Watchpoint {
                 pieces: vec![],
+                hits_filtered: 0,
+                hits_rate_limited: 0,
                 symbol: None,
                 id: 7,
                 process_wide: tids.is_empty(),

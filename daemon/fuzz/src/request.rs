@@ -170,6 +170,12 @@ pub fn reference(s: &pb::WatchpointSpec) -> Result<(), &'static str> {
     if s.backtrace_depth > 127 {
         return Err("backtrace_depth ≤ 127");
     }
+    if s.condition
+        .as_ref()
+        .is_some_and(|c| !(0..=7).contains(&c.op))
+    {
+        return Err("condition operator known");
+    }
     if !s.symbol.trim().is_empty() {
         // By name: the range is the daemon's to find in the process.
         if s.address != 0 {
@@ -236,6 +242,17 @@ fn check_valid(s: &pb::WatchpointSpec, w: &WatchSpec) {
         u32::from(w.backtrace),
         s.backtrace_depth,
         "backtrace depth changed"
+    );
+    let f = &w.filter;
+    assert_eq!(
+        (f.ignore, f.every, f.max_per_second),
+        (s.ignore_count, s.hit_count, s.max_hits_per_second),
+        "hit counts changed"
+    );
+    assert_eq!(
+        f.condition.is_some(),
+        s.condition.as_ref().is_some_and(|c| c.op != 0),
+        "condition dropped or invented"
     );
     match &w.symbol {
         Some(by_name) => {

@@ -143,6 +143,16 @@ pub fn fake_hit(
     let Some(w) = host.watch(key.id) else {
         return false;
     };
+    // No memory to read: a condition cannot be judged (the hit is
+    // reported), the counts and the rate limit apply.
+    let rate_limited_before =
+        match w
+            .filter
+            .judge(&w.spec.filter, None, crate::clock::monotonic_ns())
+        {
+            crate::filter::Verdict::Report { limited_before } => limited_before,
+            _ => return true,
+        };
     host.count_hit(&w);
     let now = crate::clock::realtime_ns();
     let piece = w.spec.range.piece(key.piece);
@@ -165,6 +175,7 @@ pub fn fake_hit(
         image: None,
         callchain: Vec::new(),
         callchain_note: None,
+        rate_limited_before,
     }));
     true
 }

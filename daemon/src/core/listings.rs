@@ -23,6 +23,7 @@ impl Core {
             backend: w.backend,
             warnings: Vec::new(),
             symbol: w.resolved.clone(),
+            filtered: w.filter.counts(),
         }
     }
 

@@ -28,6 +28,8 @@ pub struct WatchView {
     pub warnings: Vec<String>,
     /// What its name resolved to (set by name).
     pub symbol: Option<crate::symbols::Resolved>,
+    /// Hits its filter did not report, and those its rate limit dropped.
+    pub filtered: (u64, u64),
 }
 
 /// A process as listed.

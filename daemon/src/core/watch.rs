@@ -104,6 +104,7 @@ impl Core {
                 range, spec.range,
                 "the RPC layer splits ranges the same way"
             );
+            check_filter(&spec)?;
             return Ok((spec, None));
         };
         procfs::check_process(spec.pid)?;
@@ -121,6 +122,7 @@ impl Core {
             }),
             other => other.into(),
         })?;
+        check_filter(&spec)?;
         Ok((spec, Some(r)))
     }
 
@@ -207,6 +209,7 @@ impl Core {
             backend: proc.backend,
             owner,
             resolved,
+            filter: Default::default(),
         });
         if spec.only_on_change {
             *watch.last_value.lock().unwrap() = procfs::live_thread(pid).and_then(|via| {
@@ -388,4 +391,9 @@ impl Core {
             b.reconcile(op);
         }
     }
+}
+
+/// The spec's hit filter fits its range and access.
+fn check_filter(spec: &WatchSpec) -> Result<(), WpdError> {
+    crate::filter::check(&spec.filter, &spec.range, spec.access).map_err(WpdError::InvalidArgument)
 }

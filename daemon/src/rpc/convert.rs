@@ -1,6 +1,7 @@
 //! Wire ⇄ domain conversions. Validation happens here, once: a domain value
 //! that exists is valid.
 
+use crate::filter::{CmpOp, Condition, HitFilter};
 use wpd_proto::v1 as pb;
 
 use crate::arch::{self, SpecError};
@@ -160,6 +161,7 @@ impl TryFrom<pb::WatchpointSpec> for WatchSpec {
             allow_init: s.allow_init,
             symbol,
             backtrace: s.backtrace_depth as u8,
+            filter: filter_from_pb(&s)?,
         })
     }
 }
@@ -196,6 +198,72 @@ pub fn spec_to_pb(s: &WatchSpec) -> pb::WatchpointSpec {
             Some(ExecPolicy::ResolveAgain) => pb::ExecPolicy::ResolveAgain,
         } as i32,
         backtrace_depth: u32::from(s.backtrace),
+        condition: s.filter.condition.map(condition_to_pb),
+        ignore_count: s.filter.ignore,
+        hit_count: s.filter.every,
+        max_hits_per_second: s.filter.max_per_second,
+    }
+}
+
+/// The hit filter of a wire spec.
+fn filter_from_pb(s: &pb::WatchpointSpec) -> Result<HitFilter, WpdError> {
+    use pb::hit_condition::Op;
+    let condition = match &s.condition {
+        None => None,
+        Some(c) => {
+            let cmp = |op| {
+                Some(Condition::Compare {
+                    op,
+                    operand: c.operand,
+                    mask: if c.mask == 0 { u64::MAX } else { c.mask },
+                })
+            };
+            match Op::try_from(c.op) {
+                Ok(Op::Unspecified) => None,
+                Ok(Op::Eq) => cmp(CmpOp::Eq),
+                Ok(Op::Ne) => cmp(CmpOp::Ne),
+                Ok(Op::Lt) => cmp(CmpOp::Lt),
+                Ok(Op::Le) => cmp(CmpOp::Le),
+                Ok(Op::Gt) => cmp(CmpOp::Gt),
+                Ok(Op::Ge) => cmp(CmpOp::Ge),
+                Ok(Op::Changed) => Some(Condition::Changed),
+                Err(_) => {
+                    return Err(WpdError::InvalidArgument(format!(
+                        "unknown condition operator value {}",
+                        c.op
+                    )));
+                }
+            }
+        }
+    };
+    Ok(HitFilter {
+        condition,
+        ignore: s.ignore_count,
+        every: s.hit_count,
+        max_per_second: s.max_hits_per_second,
+    })
+}
+
+fn condition_to_pb(c: Condition) -> pb::HitCondition {
+    use pb::hit_condition::Op;
+    match c {
+        Condition::Changed => pb::HitCondition {
+            op: Op::Changed as i32,
+            operand: 0,
+            mask: 0,
+        },
+        Condition::Compare { op, operand, mask } => pb::HitCondition {
+            op: match op {
+                CmpOp::Eq => Op::Eq,
+                CmpOp::Ne => Op::Ne,
+                CmpOp::Lt => Op::Lt,
+                CmpOp::Le => Op::Le,
+                CmpOp::Gt => Op::Gt,
+                CmpOp::Ge => Op::Ge,
+            } as i32,
+            operand,
+            mask: if mask == u64::MAX { 0 } else { mask },
+        },
     }
 }
 
@@ -283,6 +351,8 @@ impl From<&WatchView> for pb::Watchpoint {
                 })
                 .collect(),
             symbol: w.symbol.as_ref().map(symbol_to_pb),
+            hits_filtered: w.filtered.0,
+            hits_rate_limited: w.filtered.1,
         }
     }
 }
@@ -368,6 +438,7 @@ pub fn event_to_pb(e: &Event) -> pb::StreamEventsResponse {
                 })
                 .collect(),
             backtrace_note: h.callchain_note.unwrap_or_default().to_string(),
+            rate_limited_before: h.rate_limited_before,
         }),
         EventKind::ThreadStarted {
             pid,

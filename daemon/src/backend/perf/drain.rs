@@ -96,9 +96,17 @@ impl PerfEngine {
                 let Some(w) = host.watch(key.id) else {
                     return;
                 };
-                host.count_hit(&w);
                 let len = w.spec.range.piece(key.piece).len.bytes();
                 let (value, value_read_ns) = values.read(pid, tid, addr, len);
+                let rate_limited_before = match w.filter.judge(
+                    &w.spec.filter,
+                    value.as_ref().ok().map(|v| &v[..]),
+                    crate::clock::monotonic_ns(),
+                ) {
+                    crate::filter::Verdict::Report { limited_before } => limited_before,
+                    _ => return,
+                };
+                host.count_hit(&w);
                 let callchain_note = (w.spec.backtrace > 0 && callchain.is_empty())
                     .then_some(crate::events::NO_FRAME_POINTER);
                 host.publish(EventKind::Hit(HitEvent {
@@ -120,6 +128,7 @@ impl PerfEngine {
                     image: host.image(pid),
                     callchain,
                     callchain_note,
+                    rate_limited_before,
                 }));
             }
             Record::Fork {

@@ -528,6 +528,15 @@ impl TraceSink for PtraceEngine {
                     }
                 }
             }
+            // Not reported: it stops no one.
+            let rate_limited_before = match w.filter.judge(
+                &w.spec.filter,
+                value.as_ref().ok().map(|v| &v[..]),
+                crate::clock::monotonic_ns(),
+            ) {
+                crate::filter::Verdict::Report { limited_before } => limited_before,
+                _ => continue,
+            };
             let stopped = w.spec.action != HitAction::Log;
             verdict = match (verdict, w.spec.action) {
                 (_, HitAction::StopAll) | (HitVerdict::HoldAll, _) => HitVerdict::HoldAll,
@@ -564,6 +573,7 @@ impl TraceSink for PtraceEngine {
                 image: host.image(pid),
                 callchain,
                 callchain_note,
+                rate_limited_before,
             }));
         }
         if verdict == HitVerdict::HoldAll {
