@@ -11,6 +11,7 @@
 //! | `ct-nodebug` | `-O0 -fPIE -pie`, no `-g` (an ELF symbol table only) |
 //! | `ct-debuglink` (+ `ct-debuglink.debug`) | `ct-pie` stripped, its debug info in a separate file named by `.gnu_debuglink` |
 //! | `ct-stripped` | `ct-pie` with every symbol table stripped |
+//! | `ct-pie.debug` | `ct-pie`'s debug information alone (`objcopy --only-keep-debug`) |
 //! | `ct-nofp` | `-g -O2 -fomit-frame-pointer` (no frame-pointer chain) |
 //! | `ct-ips` | generated: 1,000 functions that each store into `counter` (`sweep` calls them all), `-g -O0` |
 
@@ -93,6 +94,9 @@ fn main() {
         "objcopy",
         &["--add-gnu-debuglink=ct-debuglink.debug", "ct-debuglink"],
     );
+    // ct-pie's debug information alone: found for ct-stripped by build id
+    // (strip keeps the build-id note) in a debug directory a test sets up.
+    tool("objcopy", &["--only-keep-debug", "ct-pie", "ct-pie.debug"]);
     std::fs::copy(out.join("ct-pie"), out.join("ct-stripped")).unwrap();
     tool("strip", &["--strip-all", "ct-stripped"]);
     std::fs::write(out.join("ct-ips.c"), ips_source(IPS)).unwrap();

@@ -77,6 +77,11 @@ struct Args {
     /// CPU) or normal (only arm passes are raised while they run).
     #[arg(long, value_enum, env = "WPD_PRIORITY", default_value = "realtime")]
     priority: wpd::sched::Priority,
+    /// Directory of separate debug files, searched by build id
+    /// (`DIR/.build-id/xx/yyyy.debug`) and by `.gnu_debuglink`; repeat for
+    /// several, in order (default: /usr/lib/debug, /lib/debug)
+    #[arg(long = "debug-dir", value_name = "DIR")]
+    debug_dirs: Vec<std::path::PathBuf>,
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {
@@ -104,6 +109,9 @@ fn main() -> std::process::ExitCode {
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
     let args = Args::parse();
+    if !args.debug_dirs.is_empty() {
+        wpd::symbols::elf::set_debug_dirs(args.debug_dirs.clone());
+    }
     // Before any thread exists too: every daemon thread starts with it.
     wpd::sched::set_priority(args.priority);
     // Requests run their syscalls on the blocking pool. Bounded: hundreds of

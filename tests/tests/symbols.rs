@@ -799,3 +799,67 @@ async fn exec_resolves_again_or_removes(backend: Backend) -> Result<()> {
         .await,
     )
 }
+
+/// A stripped program whose debug file is found by build id in the
+/// directory given with `wpd --debug-dir`: names resolve from its DWARF,
+/// and hits name their function and line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debug_file_is_found_by_build_id_in_a_debug_dir() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let dir = std::env::temp_dir().join(format!("wpd-debug-dir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let result = async {
+        let mut t = CTarget::start("ct-stripped").await?;
+        // The build id of ct-pie's debug file, which ct-stripped shares.
+        let elf = std::fs::read(wpd_tests::ctarget_path("ct-pie.debug"))?;
+        let id = build_id(&elf).context("ct-pie.debug has no build id")?;
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let sub = dir.join(".build-id").join(&hex[..2]);
+        std::fs::create_dir_all(&sub)?;
+        std::fs::copy(
+            wpd_tests::ctarget_path("ct-pie.debug"),
+            sub.join(format!("{}.debug", &hex[2..])),
+        )?;
+        let dir_arg = dir.display().to_string();
+        let daemon = Daemon::start_with_args(&["--debug-dir", &dir_arg]).await?;
+        daemon.finish(
+            async {
+                let mut client = daemon.client().await?;
+                let r = resolve(&mut client, t.pid, "stats.errors").await?;
+                let s = r.symbol.unwrap_or_default();
+                ensure!(
+                    s.address == t.addr("errors") && s.source == SymbolSource::Dwarf as i32,
+                    "{s:?}"
+                );
+                let mut events =
+                    EventStream::subscribe(&mut client, wpd_tests::hits_only(t.pid)).await?;
+                set_watchpoint(&mut client, by_name(Backend::Perf, t.pid, "stats.errors")).await?;
+                t.cmd("set errors 3").await?;
+                let hit = one_hit(&mut events, "set errors").await?;
+                let loc = hit.location.context("no location")?;
+                ensure!(
+                    loc.function == "set_errors" && loc.line == line_of("set_errors").1,
+                    "{loc:?}"
+                );
+                Ok(())
+            }
+            .await,
+        )
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// The GNU build id of an ELF file (its `.note.gnu.build-id`), read with
+/// the `object` crate.
+fn build_id(elf: &[u8]) -> Option<Vec<u8>> {
+    use object::Object;
+    object::File::parse(elf)
+        .ok()?
+        .build_id()
+        .ok()?
+        .map(<[u8]>::to_vec)
+}

@@ -9,9 +9,22 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
-/// Where debug files are looked for, as gdb does: `<dir>/.build-id/xx/….debug`
-/// and `<dir>/<binary's dir>/<debuglink name>`.
-pub const DEBUG_DIRS: &[&str] = &["/usr/lib/debug", "/lib/debug"];
+/// Where debug files are looked for by default, as gdb does:
+/// `<dir>/.build-id/xx/….debug` and `<dir>/<binary's dir>/<debuglink name>`.
+pub const DEFAULT_DEBUG_DIRS: &[&str] = &["/usr/lib/debug", "/lib/debug"];
+
+static DEBUG_DIRS: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+
+/// Sets the debug directories (`wpd --debug-dir`), once, before the first
+/// module is read; false when they were set or used already.
+pub fn set_debug_dirs(dirs: Vec<PathBuf>) -> bool {
+    DEBUG_DIRS.set(dirs).is_ok()
+}
+
+/// The debug directories in use.
+pub fn debug_dirs() -> &'static [PathBuf] {
+    DEBUG_DIRS.get_or_init(|| DEFAULT_DEBUG_DIRS.iter().map(PathBuf::from).collect())
+}
 
 /// What a symbol-table entry names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,8 +203,11 @@ fn find_debug_file(
     };
     if let Some(id) = build_id.filter(|id| id.len() >= 2) {
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-        for d in DEBUG_DIRS {
-            let p = PathBuf::from(format!("{d}/.build-id/{}/{}.debug", &hex[..2], &hex[2..]));
+        for d in debug_dirs() {
+            let p = d
+                .join(".build-id")
+                .join(&hex[..2])
+                .join(format!("{}.debug", &hex[2..]));
             if let Some(found) = check(&p, None) {
                 return Some(found);
             }
@@ -201,10 +217,9 @@ fn find_debug_file(
     let dir = open_path.parent()?;
     let ns_dir = ns_path.parent().unwrap_or(Path::new("/"));
     let mut candidates = vec![dir.join(name), dir.join(".debug").join(name)];
-    for d in DEBUG_DIRS {
+    for d in debug_dirs() {
         candidates.push(
-            Path::new(d)
-                .join(ns_dir.strip_prefix("/").unwrap_or(ns_dir))
+            d.join(ns_dir.strip_prefix("/").unwrap_or(ns_dir))
                 .join(name),
         );
     }

@@ -283,6 +283,7 @@ fn code_info(ci: &blazesym::symbolize::CodeInfo<'_>) -> (String, u32, u32) {
 
 fn new_symbolizer() -> blazesym::symbolize::Symbolizer {
     blazesym::symbolize::Symbolizer::builder()
+        .set_debug_dirs(Some(super::elf::debug_dirs()))
         .enable_code_info(true)
         .enable_inlined_fns(true)
         .enable_demangling(true)
@@ -392,7 +393,14 @@ fn worker(symbols: std::sync::Weak<Symbols>, rx: mpsc::Receiver<Msg>) {
             if todo.is_empty() {
                 continue;
             }
-            let path = stable_path(image.pid, &f);
+            // A separate debug file found by build id (or any we found that
+            // the module itself does not name in a debug link, which is all
+            // blazesym follows) is symbolized directly: it has the module's
+            // addresses, its symbol table and its DWARF.
+            let path = match elf.as_ref().map(|e| &e.debug_source) {
+                Some(super::elf::DebugSource::Separate(p)) => p.clone(),
+                _ => stable_path(image.pid, &f),
+            };
             let src = blazesym::symbolize::source::Source::Elf(
                 blazesym::symbolize::source::Elf::new(&path),
             );
