@@ -189,3 +189,25 @@ pub(crate) fn unique_temp_dir(prefix: &str) -> Result<PathBuf> {
     }
     bail!("cannot create a unique directory in {}", base.display())
 }
+
+/// A thread that reads `stdout` line by line into a channel (ends with the
+/// stream or when the receiver is dropped).
+pub(crate) fn read_lines(
+    stdout: std::process::ChildStdout,
+    thread_name: &str,
+) -> Result<tokio::sync::mpsc::UnboundedReceiver<String>> {
+    use std::io::BufRead;
+    let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::Builder::new()
+        .name(thread_name.into())
+        .spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        })
+        .context("cannot start the stdout reader thread")?;
+    Ok(lines)
+}

@@ -4,7 +4,7 @@
 
 use crate::*;
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::time::Duration;
@@ -71,18 +71,7 @@ impl CTarget {
             .with_context(|| format!("cannot start {}", path.display()))?;
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("stdout is piped");
-        let (tx, lines) = mpsc::unbounded_channel();
-        std::thread::Builder::new()
-            .name("ctarget-stdout".into())
-            .spawn(move || {
-                for line in BufReader::new(stdout).lines() {
-                    let Ok(line) = line else { break };
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            })
-            .context("cannot start the stdout reader thread")?;
+        let lines = read_lines(stdout, "ctarget-stdout")?;
         let mut t = CTarget {
             child,
             stdin,

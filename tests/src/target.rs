@@ -2,7 +2,7 @@
 
 use crate::*;
 use std::fs::{self, File};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::time::Duration;
@@ -68,18 +68,7 @@ impl TargetProc {
             .with_context(|| format!("cannot start {}", bin.display()))?;
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("stdout is piped");
-        let (tx, lines) = mpsc::unbounded_channel();
-        std::thread::Builder::new()
-            .name("wpd-target-stdout".into())
-            .spawn(move || {
-                for line in BufReader::new(stdout).lines() {
-                    let Ok(line) = line else { break };
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            })
-            .context("cannot start the stdout reader thread")?;
+        let lines = read_lines(stdout, "wpd-target-stdout")?;
         let mut target = TargetProc {
             child,
             stdin,

@@ -14,7 +14,7 @@ use wpd_proto::v1::{
 };
 use wpd_tests::{
     Backend, CTarget, Client, Daemon, EventStream, both_backends, expect_status, hit_value_u64,
-    hits_only, resume, rpc, rpc_ok, set_watchpoint,
+    hits_only, leaks::remove, resume, rpc, rpc_ok, set_watchpoint,
 };
 
 fn spec(backend: Backend, pid: i32, name: &str) -> WatchpointSpec {
@@ -138,11 +138,7 @@ async fn conditions_and_counts_choose_the_hits(backend: Backend) -> Result<()> {
                 .and_then(|s| s.condition)
                 .context("no condition listed")?;
             ensure!(c.op == Op::Eq as i32 && c.operand == 7, "{c:?}");
-            rpc_ok(
-                "RemoveWatchpoint",
-                client.remove_watchpoint(wpd_proto::v1::RemoveWatchpointRequest { id }),
-            )
-            .await?;
+            remove(&mut client, id).await?;
 
             // A mask: the low byte of counter == 3.
             let mut s = spec(backend, t.pid, "counter");
@@ -162,11 +158,7 @@ async fn conditions_and_counts_choose_the_hits(backend: Backend) -> Result<()> {
             )
             .await?;
             ensure!(got == [3, 0x103], "&0xff == 3 reported {got:?}");
-            rpc_ok(
-                "RemoveWatchpoint",
-                client.remove_watchpoint(wpd_proto::v1::RemoveWatchpointRequest { id }),
-            )
-            .await?;
+            remove(&mut client, id).await?;
 
             // changed, then the first 2 ignored and every 2nd after.
             let mut s = spec(backend, t.pid, "counter");
@@ -186,11 +178,7 @@ async fn conditions_and_counts_choose_the_hits(backend: Backend) -> Result<()> {
             )
             .await?;
             ensure!(got == [1, 2, 1], "changed reported {got:?}");
-            rpc_ok(
-                "RemoveWatchpoint",
-                client.remove_watchpoint(wpd_proto::v1::RemoveWatchpointRequest { id }),
-            )
-            .await?;
+            remove(&mut client, id).await?;
             let mut s = spec(backend, t.pid, "initialized");
             s.ignore_count = 2;
             s.hit_count = 2;
