@@ -89,7 +89,7 @@ pub enum Command {
     /// Remove a process's watchpoints and stop tracking it (it keeps running)
     Detach(DetachArgs),
     /// Set a hardware watchpoint on a process (all threads, or chosen ones)
-    Watch(WatchArgs),
+    Watch(Box<WatchArgs>),
     /// Remove a watchpoint and print its final hit count
     Unwatch(UnwatchArgs),
     /// List watchpoints and attached processes
@@ -100,6 +100,20 @@ pub enum Command {
     Events(EventsArgs),
     /// Resume threads held stopped after a hit (watchpoints with --action stop or stop-all)
     Resume(ResumeArgs),
+    /// Show a watchpoint's last hits, kept by the daemon (who wrote it last?)
+    Last(LastArgs),
+    /// Show an aggregate-mode watchpoint's hits counted per instruction and thread
+    Aggregates(LastArgs),
+    /// Stop threads of a process and hold them until `wpctl resume` (ptrace backend)
+    Pause(PauseArgs),
+    /// Show the call stack of a held thread, symbolized (ptrace backend)
+    Stack(StackArgs),
+    /// Run the Debug Adapter Protocol adapter for IDEs (stdin/stdout, or --listen)
+    Dap(DapArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions(CompletionsArgs),
+    /// Print the manual page (roff) of wpctl or of one subcommand, generated from this command line's definition
+    Man(ManArgs),
     /// Show daemon counters
     Stats,
     /// Resolve a name in a process (address, size, type, module), or say what is at an address
@@ -150,10 +164,23 @@ pub struct DetachArgs {
 
 /// `wpctl watch`.
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).multiple(true)
+    .args(["pids", "comm", "exe", "cgroup"])))]
 pub struct WatchArgs {
-    /// Target process (attached first if needed)
-    #[arg(long, value_parser = pid_parser())]
-    pub pid: i32,
+    /// Target process (attached first if needed). Repeat for several: a policy over those
+    /// processes
+    #[arg(long = "pid", value_name = "PID", value_parser = pid_parser())]
+    pub pids: Vec<i32>,
+    /// A policy: every process whose command name (/proc/PID/comm, 15 bytes) is NAME, now and
+    /// later, each getting its own instance (the symbol resolved in it)
+    #[arg(long, value_name = "NAME")]
+    pub comm: Option<String>,
+    /// A policy: every process running the executable PATH, now and later
+    #[arg(long, value_name = "PATH")]
+    pub exe: Option<String>,
+    /// A policy: every process in the cgroup v2 directory PATH or below it, now and later
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<String>,
     /// Arm only these threads (repeat or comma-separate); default: every thread, including future ones
     #[arg(long = "tid", value_name = "TID", value_delimiter = ',', value_parser = pid_parser())]
     pub tids: Vec<i32>,
@@ -208,63 +235,30 @@ pub struct WatchArgs {
     /// Report at most N hits per second; the others are dropped and counted
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_rate: Option<u32>,
+    /// Keep its last N reported hits in the daemon for `wpctl last` (default 16, at most 4096)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub keep: Option<u32>,
+    /// Fork-server children too: every process it forks (and they fork) gets the watchpoint
+    /// inside fork(), from its first instruction (perf backend; an exec drops it)
+    #[arg(long, conflicts_with = "tids")]
+    pub follow_forks: bool,
+    /// Only threads whose name matches GLOB (`pool-*`), now and later: threads join when
+    /// created or renamed with a matching name and leave when renamed to another (perf)
+    #[arg(long, value_name = "GLOB", conflicts_with_all = ["tids", "follow_forks"])]
+    pub thread_name: Option<String>,
+    /// Count hits per instruction and thread in the daemon instead of streaming each
+    /// (`wpctl aggregates ID`); only --exemplars samples a second are streamed
+    #[arg(long)]
+    pub aggregate: bool,
+    /// Hits streamed per second in aggregate mode (default 10, at most 10000)
+    #[arg(long, value_name = "N", requires = "aggregate",
+          value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub exemplars: Option<u32>,
 }
 
-/// `--condition`: `changed`, or `[&MASK] OP VALUE` (numbers decimal or 0x hex).
+/// `--condition`: see [`wpd_proto::condition::parse`].
 pub fn parse_condition(s: &str) -> Result<wpd_proto::v1::HitCondition, String> {
-    use wpd_proto::v1::hit_condition::Op;
-    let t = s.trim();
-    if t.eq_ignore_ascii_case("changed") {
-        return Ok(wpd_proto::v1::HitCondition {
-            op: Op::Changed as i32,
-            operand: 0,
-            mask: 0,
-        });
-    }
-    let (mask, rest) = match t.strip_prefix('&') {
-        Some(r) => {
-            let end = r
-                .find(|c: char| "=!<>".contains(c))
-                .ok_or_else(|| format!("{s:?}: a mask needs a comparison after it (&0xff == 3)"))?;
-            let m = parse_number(r[..end].trim()).map_err(|e| format!("mask: {e}"))?;
-            if m == 0 {
-                return Err("a mask of 0 compares nothing".into());
-            }
-            (m, r[end..].trim())
-        }
-        None => (0, t),
-    };
-    let ops = [
-        ("==", Op::Eq),
-        ("!=", Op::Ne),
-        ("<=", Op::Le),
-        (">=", Op::Ge),
-        ("<", Op::Lt),
-        (">", Op::Gt),
-    ];
-    let (op, value) = ops
-        .iter()
-        .find_map(|(sym, op)| rest.strip_prefix(sym).map(|v| (*op, v.trim())))
-        .ok_or_else(|| {
-            format!(
-                "{s:?}: expected `changed` or OP VALUE, OP one of == != < <= > >= (e.g. '== 42')"
-            )
-        })?;
-    let operand = parse_number(value).map_err(|e| format!("value: {e}"))?;
-    Ok(wpd_proto::v1::HitCondition {
-        op: op as i32,
-        operand,
-        mask,
-    })
-}
-
-fn parse_number(s: &str) -> Result<u64, String> {
-    let t = s.replace('_', "");
-    let r = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        Some(h) => u64::from_str_radix(h, 16),
-        None => t.parse::<u64>(),
-    };
-    r.map_err(|_| format!("{s:?} is not an unsigned number (decimal, or hex with 0x)"))
+    wpd_proto::condition::parse(s)
 }
 
 /// `wpctl unwatch`.
@@ -322,6 +316,86 @@ pub struct ResumeArgs {
     /// Only these threads (repeat or comma-separate); default: every held thread
     #[arg(long = "tid", value_name = "TID", value_delimiter = ',', value_parser = pid_parser())]
     pub tids: Vec<i32>,
+}
+
+/// `wpctl completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+/// `wpctl man`.
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// A subcommand (its page is `wpctl-SUBCOMMAND(1)`); none: wpctl(1)
+    #[arg(value_name = "SUBCOMMAND")]
+    pub subcommand: Option<String>,
+}
+
+/// `wpctl last`.
+#[derive(Debug, Args)]
+pub struct LastArgs {
+    /// Watchpoint
+    #[arg(value_name = "ID")]
+    pub id: u64,
+    /// Only the last N of those kept
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: Option<u32>,
+    /// Leave the hits unsymbolized
+    #[arg(long)]
+    pub raw: bool,
+}
+
+/// `wpctl pause`.
+#[derive(Debug, Args)]
+pub struct PauseArgs {
+    /// Process whose threads to stop
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: i32,
+    /// Only these threads (repeat or comma-separate); default: every thread
+    #[arg(long = "tid", value_name = "TID", value_delimiter = ',', value_parser = pid_parser())]
+    pub tids: Vec<i32>,
+}
+
+/// `wpctl stack`.
+#[derive(Debug, Args)]
+pub struct StackArgs {
+    /// Process
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: i32,
+    /// A thread of it held stopped (after a hit with a stop action, or `wpctl pause`)
+    #[arg(long, value_parser = pid_parser())]
+    pub tid: i32,
+    /// Frames to show, the innermost included
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=128))]
+    pub depth: u32,
+}
+
+/// `wpctl dap`.
+#[derive(Debug, Args)]
+pub struct DapArgs {
+    /// Serve DAP on a TCP address (tcp://127.0.0.1:PORT; port 0 picks one and
+    /// prints it on stderr), one debug session per connection, instead of
+    /// one session on stdin/stdout
+    #[arg(long, value_name = "tcp://HOST:PORT")]
+    pub listen: Option<String>,
+    /// Scheduling of the adapter: realtime (SCHED_FIFO priority 1, where the
+    /// caller may: with every thread of a big target stopping at a hit, the
+    /// daemon's real-time threads would otherwise keep the adapter off the
+    /// CPUs until the stop is done), or normal
+    #[arg(long, value_enum, default_value_t = DapPriority::Realtime)]
+    pub priority: DapPriority,
+}
+
+/// `wpctl dap --priority`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DapPriority {
+    /// SCHED_FIFO priority 1 when allowed, else normal.
+    Realtime,
+    /// The default scheduling.
+    Normal,
 }
 
 /// `wpctl events`.
@@ -500,6 +574,36 @@ async fn dispatch(ctx: &Ctx, command: &Command) -> Result<(), Error> {
         Command::Threads(a) => cmd::threads::run(ctx, a).await,
         Command::Events(a) => cmd::events::run(ctx, a).await,
         Command::Resume(a) => cmd::resume::run(ctx, a).await,
+        Command::Last(a) => cmd::last::run(ctx, a).await,
+        Command::Aggregates(a) => cmd::aggregates::run(ctx, a).await,
+        Command::Completions(a) => {
+            use clap::CommandFactory;
+            let mut out = Vec::new();
+            clap_complete::generate(a.shell, &mut Cli::command(), "wpctl", &mut out);
+            output::emit(String::from_utf8_lossy(&out).trim_end())
+        }
+        Command::Man(a) => {
+            use clap::CommandFactory;
+            let mut top = Cli::command();
+            top.build();
+            let page = match &a.subcommand {
+                None => top,
+                Some(name) => {
+                    let sub = top.find_subcommand(name).cloned().ok_or_else(|| {
+                        error::Error::Local(format!("wpctl has no subcommand {name:?}"))
+                    })?;
+                    sub.name(format!("wpctl-{name}"))
+                }
+            };
+            let mut out = Vec::new();
+            clap_mangen::Man::new(page)
+                .render(&mut out)
+                .map_err(|e| error::Error::Local(format!("rendering the manual page: {e}")))?;
+            output::emit(String::from_utf8_lossy(&out).trim_end())
+        }
+        Command::Pause(a) => cmd::pause::run(ctx, a).await,
+        Command::Stack(a) => cmd::stack::run(ctx, a).await,
+        Command::Dap(a) => cmd::dap::run(ctx, a).await,
         Command::Stats => cmd::stats::run(ctx).await,
         Command::Symbol(a) => cmd::symbol::run(ctx, a).await,
     }
@@ -603,7 +707,7 @@ mod tests {
         let mut all = vec!["watch", "--pid", "1", "--addr", "0x10"];
         all.extend_from_slice(args);
         match parse(&all)?.command {
-            Command::Watch(w) => Ok(w),
+            Command::Watch(w) => Ok(*w),
             other => panic!("parsed as {other:?}"),
         }
     }
@@ -866,5 +970,36 @@ mod tests {
             help == expected,
             "`wpctl --help` changed; rerun with UPDATE_SNAPSHOTS=1 to accept.\n--- expected\n{expected}\n--- got\n{help}"
         );
+    }
+}
+
+#[cfg(test)]
+mod generated_docs {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn completions_and_manual_pages_cover_every_subcommand() {
+        let mut out = Vec::new();
+        clap_complete::generate(
+            clap_complete::Shell::Bash,
+            &mut Cli::command(),
+            "wpctl",
+            &mut out,
+        );
+        let bash = String::from_utf8(out).unwrap();
+        let mut top = Cli::command();
+        top.build();
+        for sub in top.get_subcommands() {
+            let name = sub.get_name();
+            assert!(bash.contains(name), "bash completion lacks {name}");
+            let mut page = Vec::new();
+            clap_mangen::Man::new(sub.clone().name(format!("wpctl-{name}")))
+                .render(&mut page)
+                .unwrap();
+            let page = String::from_utf8(page).unwrap();
+            assert!(page.contains(&format!(".TH wpctl-{name}")), "{page}");
+        }
+        assert!(bash.contains("--endpoint") && bash.contains("--symbol"));
     }
 }

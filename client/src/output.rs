@@ -293,6 +293,7 @@ pub fn scope(wp: &Watchpoint) -> String {
     match &wp.spec {
         _ if wp.process_wide => "process".into(),
         Some(spec) if !spec.tids.is_empty() => id_list(&spec.tids),
+        Some(spec) if !spec.thread_name.is_empty() => format!("named {}", spec.thread_name),
         _ => "-".into(),
     }
 }
@@ -441,6 +442,9 @@ pub fn watchpoint_json(wp: &Watchpoint) -> Value {
         "id": wp.id,
         "pid": spec.pid,
         "tids": spec.tids,
+        "thread_name": spec.thread_name,
+        "follow_forks": spec.follow_forks,
+        "forked_children": wp.forked_children,
         "process_wide": wp.process_wide,
         "address": hex(spec.address),
         "length": spec.length,
@@ -460,6 +464,7 @@ pub fn watchpoint_json(wp: &Watchpoint) -> Value {
         "armed_threads": wp.armed_threads,
         "hits": wp.hits,
         "created_at_ns": wp.created_at_ns,
+        "policy_id": wp.policy_id,
     })
 }
 
@@ -472,6 +477,7 @@ pub fn process_json(p: &ProcessInfo) -> Value {
         "threads": p.threads,
         "watchpoints": p.watchpoints,
         "attached_at_ns": p.attached_at_ns,
+        "stops": p.stops,
     })
 }
 
@@ -519,6 +525,86 @@ pub fn filter_phrases(spec: &wpd_proto::v1::WatchpointSpec) -> Vec<String> {
         v.push(format!("at most {}/s", spec.max_hits_per_second));
     }
     v
+}
+
+/// What a policy watches: `write counter` or `write 8 bytes at 0x4010`.
+pub fn policy_what(p: &wpd_proto::v1::Policy) -> String {
+    let spec = p.spec.clone().unwrap_or_default();
+    if spec.symbol.is_empty() {
+        format!(
+            "{} {} at {}",
+            access_name(spec.access),
+            plural(spec.length, "byte"),
+            hex(spec.address)
+        )
+    } else {
+        format!("{} {}", access_name(spec.access), spec.symbol)
+    }
+}
+
+/// Which processes: `every process with comm fuzzer in cgroup /farm`, `pids 4, 5`.
+pub fn selector_phrase(s: Option<&wpd_proto::v1::ProcessSelector>) -> String {
+    let Some(s) = s else {
+        return "no process".into();
+    };
+    let mut parts = Vec::new();
+    if !s.comm.is_empty() {
+        parts.push(format!("with comm {}", s.comm));
+    }
+    if !s.exe.is_empty() {
+        parts.push(format!("running {}", s.exe));
+    }
+    if !s.cgroup.is_empty() {
+        parts.push(format!("in cgroup {}", s.cgroup));
+    }
+    let pids = s
+        .pids
+        .iter()
+        .map(i32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if parts.is_empty() {
+        format!("pids {pids}")
+    } else if s.pids.is_empty() {
+        format!("every process {}", parts.join(" "))
+    } else {
+        format!("pids {pids} {}", parts.join(" "))
+    }
+}
+
+/// A policy as JSON.
+pub fn policy_json(p: &wpd_proto::v1::Policy) -> Value {
+    let spec = p.spec.clone().unwrap_or_default();
+    let sel = p.selector.clone().unwrap_or_default();
+    json!({
+        "id": p.id,
+        "selector": {
+            "pids": sel.pids,
+            "comm": sel.comm,
+            "exe": sel.exe,
+            "cgroup": sel.cgroup,
+        },
+        "symbol": spec.symbol,
+        "address": hex(spec.address),
+        "length": spec.length,
+        "access": access_name(spec.access),
+        "backend": backend_name(spec.backend),
+        "created_at_ns": p.created_at_ns,
+        "instances_made": p.instances_made,
+        "instances": p.instances.iter().map(|i| json!({
+            "pid": i.pid,
+            "comm": i.comm,
+            "watchpoint_id": i.watchpoint_id,
+            "armed_at_ns": i.armed_at_ns,
+            "latency_ns": i.latency_ns,
+        })).collect::<Vec<_>>(),
+        "refusals": p.refusals.iter().map(|r| json!({
+            "pid": r.pid,
+            "comm": r.comm,
+            "reason": r.reason,
+            "at_ns": r.at_ns,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 #[cfg(test)]

@@ -32,6 +32,8 @@ fn hit(seq: u64) -> StreamEventsResponse {
     event(
         seq,
         Event::Hit(Hit {
+            process_name: String::new(),
+            thread_name: String::new(),
             watchpoint_id: 7,
             pid: 123,
             tid: 124,
@@ -98,6 +100,8 @@ fn stopping_hit(seq: u64) -> StreamEventsResponse {
 
 fn watchpoint(id: u64, spec: WatchpointSpec, hits: u64) -> Watchpoint {
     Watchpoint {
+        policy_id: 0,
+        forked_children: vec![],
         id,
         process_wide: spec.tids.is_empty(),
         armed_threads: if spec.tids.is_empty() {
@@ -176,6 +180,8 @@ impl Watchpoints for Mock {
                 usable: true,
                 reason: String::new(),
                 is_default: true,
+                stops: String::new(),
+                events: String::new(),
             }],
             version: "9.9.9".into(),
             cpus: 2,
@@ -198,6 +204,7 @@ impl Watchpoints for Mock {
                     watchpoints: 0,
                     comm: "target".into(),
                     attached_at_ns: 1,
+                    stops: String::new(),
                 }),
                 newly_attached: true,
             })),
@@ -371,6 +378,7 @@ impl Watchpoints for Mock {
             return Ok(Response::new(ListWatchpointsResponse::default()));
         }
         Ok(Response::new(ListWatchpointsResponse {
+            policies: vec![],
             watchpoints: vec![watchpoint(
                 8,
                 WatchpointSpec {
@@ -504,6 +512,154 @@ impl Watchpoints for Mock {
             held.into_iter().filter(|t| r.tids.contains(t)).collect()
         };
         Ok(Response::new(ResumeResponse { resumed }))
+    }
+
+    /// pid 123: threads 124-126 held; anything else not attached.
+    async fn pause(&self, r: Request<PauseRequest>) -> Result<Response<PauseResponse>, Status> {
+        match r.into_inner().pid {
+            123 => Ok(Response::new(PauseResponse {
+                held: vec![124, 125, 126],
+            })),
+            pid => Err(Status::failed_precondition(format!(
+                "pid {pid} is not attached"
+            ))),
+        }
+    }
+
+    /// Thread 124 of pid 123 is held at a hit in `work` called by `main`;
+    /// others run.
+    async fn get_thread_stack(
+        &self,
+        r: Request<GetThreadStackRequest>,
+    ) -> Result<Response<GetThreadStackResponse>, Status> {
+        let r = r.into_inner();
+        if (r.pid, r.tid) != (123, 124) {
+            return Err(Status::failed_precondition(format!(
+                "thread {} of process {} is running",
+                r.tid, r.pid
+            )));
+        }
+        let frame = |ip: u64, function: &str, line: u32| Location {
+            ip,
+            lookup_address: ip - 1,
+            function: function.into(),
+            file: "/src/t.c".into(),
+            line,
+            module: "/bin/t".into(),
+            ..Default::default()
+        };
+        let frames = vec![frame(0x1010, "work", 7), frame(0x1100, "main", 20)];
+        Ok(Response::new(GetThreadStackResponse {
+            frames: frames.into_iter().take(r.depth as usize).collect(),
+            note: "the frame-pointer chain ended: code built without frame pointers".into(),
+            sp: 0x7ff0,
+            fp: 0x7ff8,
+        }))
+    }
+
+    async fn read_memory(
+        &self,
+        _: Request<ReadMemoryRequest>,
+    ) -> Result<Response<ReadMemoryResponse>, Status> {
+        Err(Status::unimplemented("not in the mock"))
+    }
+
+    /// Watchpoint 7 is in aggregate mode: two instructions of two threads; others are not.
+    async fn get_hit_aggregates(
+        &self,
+        r: Request<wpd_proto::v1::GetHitAggregatesRequest>,
+    ) -> Result<Response<wpd_proto::v1::GetHitAggregatesResponse>, Status> {
+        let r = r.into_inner();
+        if r.watchpoint_id != 7 {
+            return Err(Status::invalid_argument(format!(
+                "watchpoint {} is not in aggregate mode",
+                r.watchpoint_id
+            )));
+        }
+        let agg = |tid: i32, name: &str, count: u64, v: u8| wpd_proto::v1::HitAggregate {
+            ip: 0x401000 + tid as u64,
+            location: None,
+            tid,
+            thread_name: name.into(),
+            count,
+            first_ns: 1,
+            last_ns: 2,
+            values: vec![vec![v, 0, 0, 0, 0, 0, 0, 0]],
+        };
+        Ok(Response::new(wpd_proto::v1::GetHitAggregatesResponse {
+            watchpoint_id: 7,
+            pid: 123,
+            hits: 1_500,
+            exemplars: 12,
+            overflow: 0,
+            aggregates: vec![agg(124, "pool-1", 1_000, 42), agg(125, "", 500, 43)],
+        }))
+    }
+
+    /// Policies by command name get id 9 and one instance (pid 321, watchpoint 10); any
+    /// other selector is refused.
+    async fn set_policy(
+        &self,
+        r: Request<wpd_proto::v1::SetPolicyRequest>,
+    ) -> Result<Response<wpd_proto::v1::SetPolicyResponse>, Status> {
+        let r = r.into_inner();
+        let sel = r.selector.unwrap_or_default();
+        if sel.comm.is_empty() {
+            return Err(Status::invalid_argument(
+                "the mock takes policies by comm only",
+            ));
+        }
+        Ok(Response::new(wpd_proto::v1::SetPolicyResponse {
+            policy: Some(wpd_proto::v1::Policy {
+                id: 9,
+                selector: Some(sel),
+                spec: r.spec,
+                instances: vec![wpd_proto::v1::PolicyInstance {
+                    pid: 321,
+                    comm: "fuzzer".into(),
+                    watchpoint_id: 10,
+                    armed_at_ns: 0,
+                    latency_ns: 1_500_000,
+                }],
+                instances_made: 1,
+                ..Default::default()
+            }),
+        }))
+    }
+
+    /// Watchpoint 7 kept two hits of 42 in all; others do not exist.
+    async fn get_recent_hits(
+        &self,
+        r: Request<GetRecentHitsRequest>,
+    ) -> Result<Response<GetRecentHitsResponse>, Status> {
+        let r = r.into_inner();
+        if r.watchpoint_id != 7 {
+            return Err(Status::not_found(format!(
+                "no watchpoint #{}",
+                r.watchpoint_id
+            )));
+        }
+        let hit = |seq: u64, tid: i32, value: u8| StreamEventsResponse {
+            seq,
+            time_ns: 1,
+            event: Some(Event::Hit(Hit {
+                process_name: String::new(),
+                thread_name: String::new(),
+                watchpoint_id: 7,
+                pid: 123,
+                tid,
+                ip: 0x401000,
+                address: 0x1040,
+                length: 4,
+                value: vec![value, 0, 0, 0],
+                ..Default::default()
+            })),
+        };
+        let mut hits = vec![hit(40, 124, 1), hit(41, 125, 2)];
+        if r.limit == 1 {
+            hits.remove(0);
+        }
+        Ok(Response::new(GetRecentHitsResponse { hits, total: 42 }))
     }
 
     async fn get_stats(
@@ -1115,4 +1271,164 @@ async fn names_in_watch_symbol_and_events() {
     assert_eq!(v["location"]["build_id"], "abcd01");
     assert_eq!(v["location"]["file_offset"], 0x1110);
     assert_eq!(v["backtrace"][0]["function"], "main");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_and_stack_print_threads_and_frames() {
+    let (ep, _dir) = start_mock().await;
+
+    let r = wpctl(&ep, &["pause", "--pid", "123"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout,
+        "holding 3 threads of pid 123: 124,125,126 (wpctl resume --pid 123 lets them run)\n"
+    );
+    let r = wpctl(&ep, &["pause", "--pid", "9"]).await;
+    assert_eq!(r.code, 8, "{}", r.stderr);
+    assert_eq!(r.stderr, "wpctl: pid 9 is not attached\n");
+
+    let r = wpctl(&ep, &["stack", "--pid", "123", "--tid", "124"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{}", r.stdout);
+    assert!(
+        lines[0].starts_with("#0  ") && lines[0].contains("work"),
+        "{}",
+        r.stdout
+    );
+    assert!(lines[0].contains("t.c:7"), "{}", r.stdout);
+    assert!(
+        lines[1].starts_with("#1  ") && lines[1].contains("main"),
+        "{}",
+        r.stdout
+    );
+    assert!(lines[2].contains("without frame pointers"), "{}", r.stdout);
+
+    let r = wpctl(
+        &ep,
+        &[
+            "--json", "stack", "--pid", "123", "--tid", "124", "--depth", "1",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["frames"].as_array().unwrap().len(), 1);
+    assert_eq!(v["frames"][0]["function"], "work");
+
+    let r = wpctl(&ep, &["stack", "--pid", "123", "--tid", "125"]).await;
+    assert_eq!(r.code, 8);
+    assert!(r.stderr.contains("running"), "{}", r.stderr);
+    let r = wpctl(
+        &ep,
+        &["stack", "--pid", "123", "--tid", "125", "--depth", "0"],
+    )
+    .await;
+    assert_eq!(r.code, 2, "depth 0 is a usage error");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_prints_the_kept_hits_oldest_first() {
+    let (ep, _dir) = start_mock().await;
+    let r = wpctl(&ep, &["last", "7"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{}", r.stdout);
+    assert!(
+        lines[0].contains("tid=124") && lines[0].contains("value=1"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        lines[1].contains("tid=125") && lines[1].contains("value=2"),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(lines[2], "watchpoint 7: 2 hits of 42 shown");
+    let r = wpctl(&ep, &["--json", "last", "7", "--limit", "1"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["total"], 42);
+    assert_eq!(v["hits"].as_array().unwrap().len(), 1);
+    assert_eq!(v["hits"][0]["tid"], 125);
+    let r = wpctl(&ep, &["last", "8"]).await;
+    assert_eq!(r.code, 5);
+    assert_eq!(r.stderr, "wpctl: no watchpoint #8\n");
+}
+
+/// `wpctl watch --comm` sets a policy (SetPolicy) and names its instances; `--tid` cannot go
+/// with a policy; a watch without any target is a usage error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_with_a_selector_sets_a_policy() {
+    let (ep, _dir) = start_mock().await;
+    let r = wpctl(&ep, &["watch", "--comm", "fuzzer", "--symbol", "counter"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout,
+        "policy 9: write counter in every process with comm fuzzer; 1 instance now \
+         (pid 321 watchpoint 10)\n"
+    );
+    let r = wpctl(
+        &ep,
+        &["--json", "watch", "--comm", "fuzzer", "--symbol", "counter"],
+    )
+    .await;
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["policy"]["instances"][0]["watchpoint_id"], 10);
+    assert_eq!(v["policy"]["selector"]["comm"], "fuzzer");
+    let r = wpctl(
+        &ep,
+        &["watch", "--comm", "fuzzer", "--tid", "5", "--addr", "0x10"],
+    )
+    .await;
+    assert_ne!(r.code, 0);
+    assert!(
+        r.stderr.contains("--tid names threads of one process"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    let r = wpctl(&ep, &["watch", "--addr", "0x10"]).await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    let r = wpctl(&ep, &["watch", "--exe", "/bin/true", "--addr", "0x10"]).await;
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("policies by comm only"), "{}", r.stderr);
+}
+
+/// `wpctl aggregates ID`: the counts per instruction and thread, most counted first, and the
+/// totals; a watchpoint not in aggregate mode is one clear error line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aggregates_are_listed_by_count() {
+    let (ep, _dir) = start_mock().await;
+    let r = wpctl(&ep, &["aggregates", "7"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert!(lines[0].starts_with("COUNT"), "{}", r.stdout);
+    assert!(
+        lines[1].starts_with("1000 ") && lines[1].contains("124(pool-1)"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        lines[1].contains("0x40107c") && lines[1].contains(" 42 "),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        lines[2].starts_with("500 ") && lines[2].contains(" 125 "),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(
+        lines[3],
+        "watchpoint 7 (pid 123): 1500 hits aggregated, 12 streamed as samples"
+    );
+    let r = wpctl(&ep, &["--json", "aggregates", "7"]).await;
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["aggregates"][0]["count"], 1000);
+    assert_eq!(v["aggregates"][0]["values"][0], "42");
+    let r = wpctl(&ep, &["aggregates", "8"]).await;
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("not in aggregate mode"), "{}", r.stderr);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
 }

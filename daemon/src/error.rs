@@ -50,6 +50,17 @@ pub enum WpdError {
         /// Thread asked for.
         tid: Tid,
     },
+    /// The thread is running; the request needs it held stopped.
+    #[error(
+        "thread {tid} of process {pid} is running: its registers and stack can be read only \
+         while wpd holds it stopped (after a hit with a stop action, or a pause)"
+    )]
+    NotHeld {
+        /// Process.
+        pid: Pid,
+        /// Thread.
+        tid: Tid,
+    },
     /// Unknown watchpoint id.
     #[error("no watchpoint {0}")]
     NoSuchWatchpoint(WatchId),

@@ -62,6 +62,9 @@ pub struct HitEvent {
     /// Hits of this watchpoint its rate limit dropped since the previous
     /// one reported.
     pub rate_limited_before: u64,
+    /// The process's and the thread's names (`comm`), filled in by the
+    /// core when the hit is published.
+    pub names: Option<(Arc<str>, Arc<str>)>,
 }
 
 /// What happened.
@@ -280,6 +283,12 @@ impl EventBus {
         if self.tx.receiver_count() == 0 {
             return;
         }
+        self.publish_kept(kind);
+    }
+
+    /// Publishes `kind` even with no subscriber (it gets its sequence
+    /// number) and returns it, for the caller to keep.
+    pub fn publish_kept(&self, kind: EventKind) -> Arc<Event> {
         let mut seq = self.order.lock().unwrap();
         *seq += 1;
         let ev = Event {
@@ -287,8 +296,10 @@ impl EventBus {
             time_ns: crate::clock::realtime_ns(),
             kind,
         };
-        let _ = self.tx.send(Arc::new(ev));
+        let ev = Arc::new(ev);
+        let _ = self.tx.send(ev.clone());
         self.subs.head.store(*seq, Ordering::Relaxed);
+        ev
     }
 
     /// A new subscriber of `uid`, starting with the next event.

@@ -1,9 +1,11 @@
 //! wpd: a hardware-watchpoint daemon. All logic lives in this library;
 //! `main.rs` only parses flags and calls [`rpc::serve::run`].
 
+pub mod aggregate;
 pub mod arch;
 pub mod authz;
 pub mod backend;
+pub mod bpf;
 pub mod clock;
 pub mod core;
 pub mod error;

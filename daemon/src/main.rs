@@ -77,6 +77,21 @@ struct Args {
     /// CPU) or normal (only arm passes are raised while they run).
     #[arg(long, value_enum, env = "WPD_PRIORITY", default_value = "realtime")]
     priority: wpd::sched::Priority,
+    /// How the ptrace backend stops a thread at a hit: auto (a perf
+    /// breakpoint whose BPF program sends a signal the process ignores,
+    /// caught by the tracer, where bpf() is allowed and the process has such
+    /// a signal free: a killed daemon then leaves nothing behind), or
+    /// debug-registers (DR0-DR7 through ptrace, as debuggers do)
+    #[arg(long, value_enum, env = "WPD_PTRACE_STOPS", default_value = "auto")]
+    ptrace_stops: PtraceStops,
+    /// How the perf backend opens breakpoints: auto (per-thread where bpf()
+    /// is allowed, else per-cpu), per-thread (one event per armed thread
+    /// and slot whatever the number of CPUs, hits written by a BPF program
+    /// into one ring buffer; the perf backend does not start without it),
+    /// or per-cpu (one event per thread, slot and CPU, hits in per-CPU
+    /// rings)
+    #[arg(long, value_enum, env = "WPD_PERF_EVENTS", default_value = "auto")]
+    perf_events: PerfEvents,
     /// Directory of separate debug files, searched by build id
     /// (`DIR/.build-id/xx/yyyy.debug`) and by `.gnu_debuglink`; repeat for
     /// several, in order (default: /usr/lib/debug, /lib/debug)
@@ -91,6 +106,26 @@ fn parse_mode(s: &str) -> Result<u32, String> {
         return Err(format!("mode {s} is larger than 777"));
     }
     Ok(m)
+}
+
+/// `--perf-events`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum PerfEvents {
+    /// Per-thread where possible.
+    Auto,
+    /// Per-thread or nothing.
+    PerThread,
+    /// Per-CPU always.
+    PerCpu,
+}
+
+/// `--ptrace-stops`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum PtraceStops {
+    /// Signal stops where possible.
+    Auto,
+    /// Debug registers always.
+    DebugRegisters,
 }
 
 fn main() -> std::process::ExitCode {
@@ -109,11 +144,31 @@ fn main() -> std::process::ExitCode {
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
     let args = Args::parse();
+    // A panic ends the daemon at once (exiting closes every perf fd and
+    // detaches every tracee, kernel-facts §2b); a tracer thread first
+    // catches it and detaches its own tracees, registers cleared
+    // (`backend/ptrace/shards.rs`).
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        if !wpd::backend::ptrace::is_tracer_thread() {
+            std::process::abort();
+        }
+    }));
     if !args.debug_dirs.is_empty() {
         wpd::symbols::elf::set_debug_dirs(args.debug_dirs.clone());
     }
     // Before any thread exists too: every daemon thread starts with it.
     wpd::sched::set_priority(args.priority);
+    wpd::backend::ptrace::signal_bp::set_policy(match args.ptrace_stops {
+        PtraceStops::Auto => wpd::backend::ptrace::signal_bp::Policy::Auto,
+        PtraceStops::DebugRegisters => wpd::backend::ptrace::signal_bp::Policy::DebugRegisters,
+    });
+    wpd::backend::perf::set_events_policy(match args.perf_events {
+        PerfEvents::Auto => wpd::backend::perf::EventsPolicy::Auto,
+        PerfEvents::PerThread => wpd::backend::perf::EventsPolicy::PerThread,
+        PerfEvents::PerCpu => wpd::backend::perf::EventsPolicy::PerCpu,
+    });
     // Requests run their syscalls on the blocking pool. Bounded: hundreds of
     // concurrent clients queue instead of each getting a thread (a thread
     // costs a stack and an allocator arena that outlive the burst).

@@ -79,6 +79,39 @@ pub enum Scope {
     Process,
     /// Only these threads (sorted, deduplicated, non-empty).
     Threads(Vec<Tid>),
+    /// The threads whose name (`comm`) matches, now and later: a thread
+    /// joins when it is created or renamed with a matching name, and
+    /// leaves when renamed to another.
+    Named(ThreadGlob),
+}
+
+/// A shell pattern on thread names (`pool-*`, `worker-[0-9]*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadGlob {
+    /// As given.
+    pub text: String,
+    pattern: glob::Pattern,
+}
+
+impl ThreadGlob {
+    /// Parses `text` (`*`, `?`, `[...]`).
+    pub fn new(text: &str) -> Result<ThreadGlob, String> {
+        if text.is_empty() || text.len() > 64 {
+            return Err(format!(
+                "thread_name {text:?}: a pattern of 1 to 64 bytes is needed"
+            ));
+        }
+        let pattern = glob::Pattern::new(text).map_err(|e| format!("thread_name {text:?}: {e}"))?;
+        Ok(ThreadGlob {
+            text: text.to_string(),
+            pattern,
+        })
+    }
+
+    /// Whether a thread called `name` is covered.
+    pub fn matches(&self, name: &str) -> bool {
+        self.pattern.matches(name)
+    }
 }
 
 /// What a hit does.
@@ -203,7 +236,23 @@ pub struct WatchSpec {
     pub backtrace: u8,
     /// Which hits are reported.
     pub filter: crate::filter::HitFilter,
+    /// The event-stream lease it lives under (0: none). The RPC layer
+    /// checks it is the caller's and removes the watchpoint when it ends.
+    pub lease: u64,
+    /// Reported hits kept for GetRecentHits.
+    pub keep_recent: u32,
+    /// The policy this watchpoint is an instance of (set by the daemon).
+    pub policy: Option<WatchId>,
+    /// Forked children inherit it (process-wide, perf backend).
+    pub follow_forks: bool,
+    /// Aggregate mode: samples streamed per second (`None`: every hit).
+    pub aggregate: Option<u32>,
 }
+
+/// Hits a watchpoint keeps when its spec says 0.
+pub const DEFAULT_KEEP_RECENT: u32 = 16;
+/// Most hits a watchpoint may keep.
+pub const MAX_KEEP_RECENT: u32 = 4096;
 
 /// A watchpoint set by name.
 #[derive(Debug, Clone, PartialEq, Eq)]

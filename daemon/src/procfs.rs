@@ -252,6 +252,61 @@ fn read_error(e: Errno, len: usize) -> String {
     }
 }
 
+/// Reads up to `len` bytes at `addr` in `pid`'s memory, stopping at the
+/// first page that is not mapped or not readable: returns the bytes read
+/// from `addr` on, and why the rest could not be read. One remote iovec per
+/// page, so that the transfer ends where readable memory does whether or
+/// not the kernel splits an iovec (its manual says it never does; 6.18
+/// does: kernel-facts §8).
+pub fn read_memory_prefix(pid: Pid, addr: u64, len: usize) -> (Vec<u8>, Option<String>) {
+    const PAGE: u64 = 4096;
+    let Some(via) = live_thread(pid) else {
+        return (Vec::new(), Some(read_error(Errno::ESRCH, len)));
+    };
+    let mut buf = vec![0u8; len];
+    let mut remote = Vec::new();
+    let (mut at, end) = (addr, addr.saturating_add(len as u64));
+    while at < end {
+        let next = ((at / PAGE) + 1).saturating_mul(PAGE).min(end);
+        remote.push(libc::iovec {
+            iov_base: at as *mut libc::c_void,
+            iov_len: (next - at) as usize,
+        });
+        at = next;
+    }
+    let mut done = 0usize;
+    // The kernel takes at most IOV_MAX (1024) iovecs per call.
+    for chunk in remote.chunks(1024) {
+        let want: usize = chunk.iter().map(|v| v.iov_len).sum();
+        let local = libc::iovec {
+            iov_base: buf[done..].as_mut_ptr().cast(),
+            iov_len: want,
+        };
+        // SAFETY: local points to `want` writable bytes of `buf`; the remote
+        // iovecs are only read by the kernel.
+        let n =
+            unsafe { libc::process_vm_readv(via, &local, 1, chunk.as_ptr(), chunk.len() as _, 0) };
+        if n < 0 {
+            let e = Errno::last();
+            buf.truncate(done);
+            return (buf, Some(read_error(e, len - done)));
+        }
+        done += n as usize;
+        if (n as usize) < want {
+            buf.truncate(done);
+            return (
+                buf,
+                Some(format!(
+                    "{} bytes from {:#x} are not mapped or not readable",
+                    len - done,
+                    addr + done as u64
+                )),
+            );
+        }
+    }
+    (buf, None)
+}
+
 /// process_vm_readv of `len` bytes at `addr` through task `tid`.
 fn read_memory_of(tid: Tid, addr: u64, len: usize) -> Result<Vec<u8>, Errno> {
     let mut buf = vec![0u8; len];
@@ -272,6 +327,15 @@ fn read_memory_of(tid: Tid, addr: u64, len: usize) -> Result<Vec<u8>, Errno> {
         return Err(Errno::EFAULT);
     }
     Ok(buf)
+}
+
+/// Every process's pid (the numeric entries of `/proc`).
+pub fn pids() -> Vec<Pid> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<Pid>().ok())
+        .collect()
 }
 
 #[cfg(test)]

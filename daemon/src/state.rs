@@ -147,6 +147,26 @@ pub struct Watch {
     pub resolved: Option<crate::symbols::Resolved>,
     /// Its filter's counts.
     pub filter: crate::filter::FilterState,
+    /// Its last reported hits, oldest first (at most `spec.keep_recent`).
+    pub recent: Mutex<std::collections::VecDeque<Arc<crate::events::Event>>>,
+    /// Forked children carrying it (`spec.follow_forks`): pid → start
+    /// time (a later process with the same pid is not one).
+    pub forked: Mutex<std::collections::BTreeMap<Pid, u64>>,
+    /// Aggregate mode's table (`spec.aggregate`).
+    pub aggregates: Option<crate::aggregate::Aggregates>,
+}
+
+impl Watch {
+    /// Keeps `ev`, one of its hits, dropping the oldest beyond the limit.
+    pub fn remember(&self, ev: Arc<crate::events::Event>) {
+        let mut r = self.recent.lock().unwrap();
+        if r.len() >= self.spec.keep_recent as usize {
+            r.pop_front();
+        }
+        if self.spec.keep_recent > 0 {
+            r.push_back(ev);
+        }
+    }
 }
 
 /// Work for the core's reconcile thread: it may take a process's `op`
@@ -163,6 +183,9 @@ pub enum Job {
     CheckLost(Pid),
     /// Watchpoints set by name wait to be resolved again after an exec.
     Resolve(Pid),
+    /// A thread was created or renamed: watchpoints on threads by name
+    /// take it or let it go.
+    Named(Pid, crate::model::Tid),
 }
 
 /// Shared pointer to a watchpoint.

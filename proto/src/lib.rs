@@ -22,6 +22,8 @@ pub const SERVICE_NAME: &str = "wpd.v1.Watchpoints";
 /// start with a longer one, `wpctl` to send one).
 pub const MAX_TOKEN_LEN: usize = 4096;
 
+pub mod condition;
+
 /// The `reason` of the `google.rpc.ErrorInfo` detail every error status of
 /// the daemon carries (domain [`reason::DOMAIN`]): what clients match on.
 pub mod reason {
@@ -38,6 +40,8 @@ pub mod reason {
     pub const NOT_ATTACHED: &str = "NOT_ATTACHED";
     /// The thread is not one of the process.
     pub const NO_SUCH_THREAD: &str = "NO_SUCH_THREAD";
+    /// The thread runs: what was asked needs it held stopped by wpd.
+    pub const THREAD_NOT_HELD: &str = "THREAD_NOT_HELD";
     /// Unknown watchpoint id.
     pub const NO_SUCH_WATCHPOINT: &str = "NO_SUCH_WATCHPOINT";
     /// Threads without a free debug-register slot (metadata `tids`).

@@ -10,7 +10,7 @@
  *   set NAME V      the main thread stores V into NAME (counter, initialized,
  *                   errors, flag2, name0, hidden, lib, plug, tls)    -> SET
  *   spin N          N new threads store into `counter` in a loop, through
- *                   spin_worker -> bump_counter                       -> SPINNING
+ *                   spin_worker -> bump_counter    -> SPINNING (once all run)
  *   stop            the spinning threads end and are joined          -> STOPPED
  *   threads N       N more threads that wait, idle, until quit        -> THREADS n=<idle threads>
  *   deep            the main thread stores into `counter` 3 calls
@@ -18,6 +18,10 @@
  *   dlopen          loads libctplug.so (from this program's dir)     -> DLOPENED plug=0x..
  *   dlclose         unloads it                                        -> DLCLOSED
  *   exec            executes itself again (same pid): a new READY
+ *   pool PREFIX N   N threads naming themselves PREFIX-I once started, each storing into
+ *                   `counter` every 2 ms                              -> POOL n=N tids=T1,T2,..
+ *   pool-rename P   every pool thread renames itself P-I              -> POOL-RENAMED n=.. tids=..
+ *   rename NAME     the main thread (the leader) renames itself        -> RENAMED
  *   quit            exits 0                                           -> BYE
  *
  * Every store the tests expect a hit from is on a line marked with a
@@ -32,6 +36,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -60,6 +66,10 @@ static pthread_cond_t idle_cond = PTHREAD_COND_INITIALIZER;
 static int nidle;
 static pthread_t spinners[64];
 static int nspin;
+/* Spinners that have entered spin_worker: `spin` answers only once every
+ * spinner counts itself here, so a test that stops them at once finds each
+ * one inside spin_worker, not still in thread start-up. */
+static atomic_int spinners_running;
 static void *plug;
 
 void bump_counter(long v)
@@ -95,6 +105,7 @@ void deep_a(long v)
 static void *spin_worker(void *arg)
 {
     long v = (long)arg;
+    atomic_fetch_add(&spinners_running, 1);
     while (atomic_load(&spinning)) {
         bump_counter(++v); /* LINE:spin_worker */
     }
@@ -108,6 +119,59 @@ static void *idle_worker(void *arg)
     for (;;)
         pthread_cond_wait(&idle_cond, &idle_lock);
     return NULL;
+}
+
+/* Named thread pools: each pool thread names itself PREFIX-I after it
+ * starts (as pools do), then stores into `counter` every 2 ms; `pool-rename`
+ * makes every pool thread rename itself. */
+#define POOL_MAX 64
+static pthread_t pool_threads[POOL_MAX];
+static atomic_int pool_tids[POOL_MAX];
+static atomic_int pool_named[POOL_MAX];
+static int npool;
+static char pool_prefix[32];
+static atomic_int pool_generation;
+
+static void *pool_worker(void *arg)
+{
+    long i = (long)arg;
+    int seen = -1;
+    atomic_store(&pool_tids[i], (int)syscall(SYS_gettid));
+    for (;;) {
+        int g = atomic_load(&pool_generation);
+        if (g != seen) {
+            char name[16];
+            snprintf(name, sizeof name, "%.11s-%ld", pool_prefix, i % 100);
+            prctl(PR_SET_NAME, name, 0, 0, 0);
+            seen = g;
+            atomic_store(&pool_named[i], g + 1);
+        }
+        counter = i; /* LINE:pool_worker */
+        usleep(2000);
+    }
+    return NULL;
+}
+
+/* Waits until every pool thread has taken generation `g`'s name. */
+static void pool_wait_named(int g)
+{
+    for (int tries = 0; tries < 5000; tries++) {
+        int all = 1;
+        for (int i = 0; i < npool; i++)
+            if (atomic_load(&pool_named[i]) != g + 1)
+                all = 0;
+        if (all)
+            return;
+        usleep(1000);
+    }
+}
+
+static void print_pool(const char *what, int from)
+{
+    printf("%s n=%d tids=", what, npool - from);
+    for (int i = from; i < npool; i++)
+        printf("%s%d", i > from ? "," : "", atomic_load(&pool_tids[i]));
+    printf("\n");
 }
 
 static void ready(void)
@@ -189,12 +253,15 @@ int main(int argc, char **argv)
             atomic_store(&spinning, 1);
             for (int i = 0; i < k && nspin < 64; i++)
                 pthread_create(&spinners[nspin++], NULL, spin_worker, (void *)(long)(i * 1000000));
+            while (atomic_load(&spinners_running) < nspin)
+                usleep(200);
             puts("SPINNING");
         } else if (!strcmp(cmd, "stop")) {
             atomic_store(&spinning, 0);
             for (int i = 0; i < nspin; i++)
                 pthread_join(spinners[i], NULL);
             nspin = 0;
+            atomic_store(&spinners_running, 0);
             puts("STOPPED");
         } else if (!strcmp(cmd, "threads") && n >= 2) {
             int k = atoi(arg);
@@ -232,6 +299,28 @@ int main(int argc, char **argv)
             fflush(stdout);
             execv("/proc/self/exe", argv);
             printf("ERR exec failed\n");
+        } else if (!strcmp(cmd, "pool") && n == 3) {
+            /* pool PREFIX N: N more pool threads, named PREFIX-I once started. */
+            int from = npool;
+            snprintf(pool_prefix, sizeof pool_prefix, "%.31s", arg);
+            for (long k = 0; k < v && npool < POOL_MAX; k++) {
+                long i = npool++;
+                pthread_create(&pool_threads[i], NULL, pool_worker, (void *)i);
+            }
+            pool_wait_named(atomic_load(&pool_generation));
+            print_pool("POOL", from);
+        } else if (!strcmp(cmd, "pool-rename") && n >= 2) {
+            /* Every pool thread renames itself PREFIX-I. */
+            snprintf(pool_prefix, sizeof pool_prefix, "%.31s", arg);
+            int g = atomic_fetch_add(&pool_generation, 1) + 1;
+            pool_wait_named(g);
+            print_pool("POOL-RENAMED", 0);
+        } else if (!strcmp(cmd, "rename") && n >= 2) {
+            /* The main thread's name (and so the process's, it is the leader). */
+            if (prctl(PR_SET_NAME, arg, 0, 0, 0) == 0)
+                puts("RENAMED");
+            else
+                printf("ERR prctl %s\n", arg);
         } else if (!strcmp(cmd, "quit")) {
             puts("BYE");
             return 0;

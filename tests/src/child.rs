@@ -167,7 +167,7 @@ fn remove_stale_temp_dirs(base: &Path, prefix: &str) {
 }
 
 /// A fresh, empty directory under the system temp dir.
-pub(crate) fn unique_temp_dir(prefix: &str) -> Result<PathBuf> {
+pub fn unique_temp_dir(prefix: &str) -> Result<PathBuf> {
     static SEQ: AtomicU32 = AtomicU32::new(0);
     let base = std::env::temp_dir();
     remove_stale_temp_dirs(&base, prefix);

@@ -5,7 +5,7 @@
 use crate::*;
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
@@ -60,7 +60,14 @@ pub struct CTarget {
 impl CTarget {
     /// Starts `variant` and waits for its READY line.
     pub async fn start(variant: &str) -> Result<CTarget> {
-        let path = ctarget_path(variant);
+        Self::start_path(&ctarget_path(variant), variant).await
+    }
+
+    /// Starts the C target at `path` (a link to or copy of a variant, e.g. under a name of
+    /// the test's own), called `label` in messages, and waits for its READY line.
+    pub async fn start_path(path: &Path, label: &str) -> Result<CTarget> {
+        let variant = label;
+        let path = path.to_path_buf();
         let mut cmd = Command::new(&path);
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -118,6 +125,24 @@ impl CTarget {
             }
         }
         Ok(())
+    }
+
+    /// How the target ended, if it has (without waiting).
+    pub fn try_status(&mut self) -> Result<Option<ExitStatus>> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait()?;
+        }
+        Ok(self.status)
+    }
+
+    /// The 8 bytes at the address READY printed for `name`, read from the
+    /// target's memory now (`/proc/PID/mem`), as a little-endian i64.
+    pub fn read_i64(&self, name: &str) -> Result<i64> {
+        use std::os::unix::fs::FileExt;
+        let mem = std::fs::File::open(format!("/proc/{}/mem", self.pid))?;
+        let mut b = [0u8; 8];
+        mem.read_exact_at(&mut b, self.addr(name))?;
+        Ok(i64::from_le_bytes(b))
     }
 
     /// The address READY printed for `name`.

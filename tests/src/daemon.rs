@@ -29,18 +29,18 @@ impl Daemon {
     /// Starts `wpd --listen unix:<tmp>/wpd.sock` with `WPD_STATE_FILE=<tmp>/ptrace-armed` and
     /// waits until it answers `GetCapabilities`. Panics if the `wpd` binary is missing.
     pub async fn start() -> Result<Daemon> {
-        Self::spawn(&[], None, None).await
+        Self::spawn(&[], None, None, &[], None).await
     }
 
     /// Like [`Daemon::start`], with `RLIMIT_NOFILE` (soft and hard) set to `limit` in the
     /// daemon, so that it cannot raise it.
     pub async fn start_with_fd_limit(limit: u64) -> Result<Daemon> {
-        Self::spawn(&[], None, Some(limit)).await
+        Self::spawn(&[], None, Some(limit), &[], None).await
     }
 
     /// Like [`Daemon::start`] with extra command-line arguments.
     pub async fn start_with_args(extra: &[&str]) -> Result<Daemon> {
-        Self::spawn(extra, None, None).await
+        Self::spawn(extra, None, None, &[], None).await
     }
 
     /// A daemon every user may connect to (`--socket-mode 666`, its directory searchable), so
@@ -52,14 +52,14 @@ impl Daemon {
             .chain(extra)
             .copied()
             .collect();
-        let d = Self::spawn(&args, None, None).await?;
+        let d = Self::spawn(&args, None, None, &[], None).await?;
         fs::set_permissions(&d.dir, fs::Permissions::from_mode(0o755))?;
         Ok(d)
     }
 
     /// Extra arguments and a fixed `RLIMIT_NOFILE` (see [`Daemon::start_with_fd_limit`]).
     pub async fn start_with_args_and_fd_limit(extra: &[&str], limit: u64) -> Result<Daemon> {
-        Self::spawn(extra, None, Some(limit)).await
+        Self::spawn(extra, None, Some(limit), &[], None).await
     }
 
     /// The daemon's resident memory now (`VmRSS`), in KiB.
@@ -100,13 +100,28 @@ impl Daemon {
     /// Like [`Daemon::start`], but with the ptrace state file at `state_file` (e.g. the
     /// [`Daemon::state_file`] of a daemon that was [killed](Daemon::kill), to test recovery).
     pub async fn start_with_state_file(state_file: &Path) -> Result<Daemon> {
-        Self::spawn(&[], Some(state_file.to_path_buf()), None).await
+        Self::spawn(&[], Some(state_file.to_path_buf()), None, &[], None).await
+    }
+
+    /// Like [`Daemon::start_with_args`], run as the ordinary user `uid` (gid the same, no
+    /// supplementary groups, no capabilities): what a developer gets running `wpd` for their
+    /// own processes.
+    pub async fn start_as(uid: u32, extra: &[&str]) -> Result<Daemon> {
+        Self::spawn(extra, None, None, &[], Some(uid)).await
+    }
+
+    /// Like [`Daemon::start_with_args`], with extra environment variables
+    /// (e.g. the daemon's fault-injection hooks).
+    pub async fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Result<Daemon> {
+        Self::spawn(extra, None, None, env, None).await
     }
 
     async fn spawn(
         extra: &[&str],
         state_file: Option<PathBuf>,
         fd_limit: Option<u64>,
+        env: &[(&str, &str)],
+        as_uid: Option<u32>,
     ) -> Result<Daemon> {
         let bin = bin_path("wpd");
         let dir = unique_temp_dir("wpd-e2e")?;
@@ -122,10 +137,20 @@ impl Daemon {
                 .args(extra)
                 .env("NO_COLOR", "1")
                 .env("WPD_STATE_FILE", &state_file)
+                .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log);
             guard_child(&mut cmd);
+            if let Some(uid) = as_uid {
+                // Its directory (socket, log, state file) must be its own.
+                let c_dir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
+                // SAFETY: chown on a path we just created.
+                unsafe { libc::chown(c_dir.as_ptr(), uid, uid) };
+                use std::os::unix::process::CommandExt;
+                // std drops the supplementary groups when root sets a uid.
+                cmd.uid(uid).gid(uid);
+            }
             if let Some(n) = fd_limit {
                 let lim = libc::rlimit {
                     rlim_cur: n as libc::rlim_t,

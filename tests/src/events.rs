@@ -46,6 +46,7 @@ impl EventStream {
                 watchpoint_ids: vec![],
                 hits_only: false,
                 raw: false,
+                lease: false,
             },
         )
         .await

@@ -82,6 +82,57 @@ pub fn floor_perf_arm(tid: i32, addr: u64, cpu: i32, collector: &OwnedFd) -> Res
     Ok(fd)
 }
 
+/// The breakpoint the daemon's per-thread path opens per thread: on every CPU at once
+/// (`cpu = -1`), inherited by threads created later, with a BPF program attached
+/// (`PERF_EVENT_IOC_SET_BPF`) instead of a ring.
+pub fn floor_perf_arm_bpf(tid: i32, addr: u64, prog: &OwnedFd) -> Result<OwnedFd> {
+    const ATTR_INHERIT: u64 = 1 << 1;
+    const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
+    let attr = PerfEventAttr {
+        type_: PERF_TYPE_BREAKPOINT,
+        size: std::mem::size_of::<PerfEventAttr>() as u32,
+        sample_period: 1,
+        flags: ATTR_EXCLUDE_KERNEL | ATTR_EXCLUDE_HV | ATTR_INHERIT,
+        bp_type: HW_BREAKPOINT_W,
+        bp_addr: addr,
+        bp_len: 8,
+        ..Default::default()
+    };
+    let fd = perf_open(&attr, tid, -1)?;
+    // SAFETY: an ioctl on a descriptor we own, taking the program's fd by value.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_SET_BPF, prog.as_raw_fd()) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error()).context("PERF_EVENT_IOC_SET_BPF");
+    }
+    Ok(fd)
+}
+
+/// A BPF program of type perf_event that does nothing (`r0 = 0; exit`), for
+/// [`floor_perf_arm_bpf`].
+pub fn floor_bpf_program() -> Result<OwnedFd> {
+    // struct bpf_insn: code, dst:4|src:4, off, imm.
+    let insns: [u64; 2] = [0xb7, 0x95];
+    let license = c"GPL";
+    let mut attr = [0u64; 16];
+    attr[0] = 7 | (2u64 << 32); // prog_type perf_event, insn_cnt 2
+    attr[1] = insns.as_ptr() as u64;
+    attr[2] = license.as_ptr() as u64;
+    // SAFETY: a BPF_PROG_LOAD attr whose pointers outlive the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            5 as libc::c_long,
+            attr.as_ptr(),
+            std::mem::size_of_val(&attr),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).context("bpf(BPF_PROG_LOAD)");
+    }
+    // SAFETY: the kernel just returned this new descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
 /// The thread-tracking event the daemon opens per thread and CPU at attach
 /// (a dummy software event reporting FORK/EXIT/COMM, inherited by new
 /// threads), output redirected to `collector`.

@@ -385,5 +385,6 @@ pub fn hits_only(pid: i32) -> wpd_proto::v1::StreamEventsRequest {
         watchpoint_ids: vec![],
         hits_only: true,
         raw: false,
+        lease: false,
     }
 }

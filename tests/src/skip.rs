@@ -96,6 +96,25 @@ pub fn require_python_grpc() -> bool {
     )
 }
 
+/// True when node and the DAP test client (`tests/dap/node_modules`, from
+/// `npm ci` in `tests/dap`) are there; under `CI=true` their absence is a
+/// failure (`.ci/run` installs them).
+pub fn require_node_dap() -> bool {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("dap");
+    let ok = dir
+        .join("node_modules/@vscode/debugadapter-testsupport")
+        .is_dir()
+        && std::process::Command::new("node")
+            .arg("--version")
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    if !ok && std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("node or tests/dap/node_modules is missing under CI: .ci/run installs them");
+    }
+    ok || skip("node or the DAP test client is missing (cd tests/dap && npm ci)")
+}
+
 /// Prints `SKIP <test>: <reason>` and returns false, or panics under `WPD_TESTS_REQUIRE=1`.
 fn skip(reason: &str) -> bool {
     let name = std::thread::current()

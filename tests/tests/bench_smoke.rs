@@ -7,7 +7,7 @@ use std::process::Command;
 use wpd_tests::{find_bin, require_root_perf};
 
 /// Every section heading of `wpd-bench`, and rows each must contain.
-const SECTIONS: [(&str, &[&str]); 11] = [
+const SECTIONS: [(&str, &[&str]); 15] = [
     (
         "## mass-arm: one process-wide write watchpoint, idle target",
         &[
@@ -40,7 +40,24 @@ const SECTIONS: [(&str, &[&str]); 11] = [
             "wpd, 4 process-wide watchpoints, ptrace backend",
         ],
     ),
-    ("## hit throughput:", &["| perf | 1 |", "| ptrace | 1 |"]),
+    (
+        "## hit throughput:",
+        &[
+            "| perf, per-thread | 1 |",
+            "| perf, per-thread, aggregate mode | 1 |",
+            "| perf, per-cpu | 1 |",
+            "| ptrace, signal stops | 1 |",
+            "| ptrace, debug registers | 1 |",
+        ],
+    ),
+    (
+        "## dap:",
+        &[
+            "| wpctl dap, stop all |",
+            "| gRPC direct (SCHED_FIFO), stop all |",
+            "| wpctl dap, stop the thread |",
+        ],
+    ),
     ("## daemon memory:", &["| perf | 50 |", "| ptrace | 50 |"]),
     (
         "## RPC latency:",
@@ -73,6 +90,18 @@ const SECTIONS: [(&str, &[&str]); 11] = [
             "| symbolized | again (cached) |",
         ],
     ),
+    (
+        "## farm: one policy over",
+        &[
+            "| floor: perf_event_open(cpu -1) + SET_BPF per thread, no daemon |",
+            "| wpd: SetPolicy by command name",
+        ],
+    ),
+    (
+        "## farm: what one watched thread costs",
+        &["| per-thread (BPF ring) |", "| per-cpu (rings per CPU) |"],
+    ),
+    ("## farm: a fork server", &["| per-thread |", "| per-cpu |"]),
 ];
 
 #[test]

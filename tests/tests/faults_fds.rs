@@ -124,8 +124,14 @@ async fn perf_out_of_fds(how: FdRefusal) -> Result<()> {
         );
         return Ok(());
     }
-    // No fds kept for connections: the limits below are computed from the perf events alone.
-    let daemon = Daemon::start_with_args_and_fd_limit(&["--fd-headroom", "0"], limit).await?;
+    // No fds kept for connections: the limits below are computed from the perf events alone,
+    // on the path whose events grow with the CPUs (trackers and breakpoints per thread and
+    // CPU); the per-thread path's bound is `farm_cost.rs`'s.
+    let daemon = Daemon::start_with_args_and_fd_limit(
+        &["--fd-headroom", "0", "--perf-events", "per-cpu"],
+        limit,
+    )
+    .await?;
     // Workers that write rarely: the test only needs their threads.
     let slow = ["--interval-us", "50000"];
     let n = FD_TEST_THREADS.to_string();

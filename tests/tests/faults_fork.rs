@@ -44,6 +44,7 @@ async fn fork_child_is_left_alone(backend: Backend) -> Result<()> {
                     watchpoint_ids: vec![],
                     hits_only: false,
                     raw: false,
+                    lease: false,
                 },
             )
             .await?;

@@ -559,7 +559,9 @@ async fn restarted_daemon_clears_registers_a_killed_one_left() -> Result<()> {
     if !require_backend(PTRACE) {
         return Ok(());
     }
-    let mut first = Daemon::start().await?;
+    // Debug-register stops (where bpf() is refused, or asked for): the
+    // registers outlive a killed daemon, and its successor clears them.
+    let mut first = Daemon::start_with_args(&["--ptrace-stops", "debug-registers"]).await?;
     let mut target = TargetProc::start(&["--threads", "4"]).await?;
     let mut second: Option<Daemon> = None;
     let result = async {

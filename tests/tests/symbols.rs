@@ -450,6 +450,7 @@ async fn hits_name_function_and_line(backend: Backend) -> Result<()> {
                     watchpoint_ids: vec![],
                     hits_only: true,
                     raw: true,
+                    lease: false,
                 },
             )
             .await?;

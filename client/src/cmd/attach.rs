@@ -65,6 +65,7 @@ mod tests {
                 watchpoints: 2,
                 comm: "demo".into(),
                 attached_at_ns: 1,
+                stops: String::new(),
             }),
             newly_attached: true,
         };

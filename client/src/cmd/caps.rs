@@ -33,6 +33,8 @@ fn to_json(c: &GetCapabilitiesResponse) -> serde_json::Value {
             "usable": b.usable,
             "reason": b.reason,
             "default": b.is_default,
+            "stops": b.stops,
+            "events": b.events,
         })).collect::<Vec<_>>(),
         "cpus": c.cpus,
         "kernel": c.kernel,
@@ -70,12 +72,17 @@ fn to_text(c: &GetCapabilitiesResponse) -> String {
         ("version", c.version.clone()),
     ]);
     text.push_str("\nbackends:\n");
-    let mut table = Table::new(["  BACKEND", "USABLE", "DEFAULT", "REASON"]);
+    let mut table = Table::new(["  BACKEND", "USABLE", "DEFAULT", "STOPS", "REASON"]);
     for b in &c.backends {
         table.row(vec![
             format!("  {}", output::backend_name(b.backend)),
             if b.usable { "yes" } else { "no" }.into(),
             if b.is_default { "yes" } else { "" }.into(),
+            if b.stops.is_empty() {
+                "-".into()
+            } else {
+                b.stops.clone()
+            },
             if b.reason.is_empty() {
                 "-".into()
             } else {
@@ -84,6 +91,13 @@ fn to_text(c: &GetCapabilitiesResponse) -> String {
         ]);
     }
     text.push_str(&table.render());
+    for b in c.backends.iter().filter(|b| !b.events.is_empty()) {
+        text.push_str(&format!(
+            "{} events: {}\n",
+            output::backend_name(b.backend),
+            b.events
+        ));
+    }
     text
 }
 
@@ -110,12 +124,16 @@ mod tests {
                     usable: true,
                     reason: String::new(),
                     is_default: true,
+                    stops: String::new(),
+                    events: "per-thread (one breakpoint event per thread and slot)".into(),
                 },
                 BackendInfo {
                     backend: Backend::Ptrace as i32,
                     usable: false,
                     reason: "ptrace_scope is 3".into(),
                     is_default: false,
+                    stops: "signal".into(),
+                    events: String::new(),
                 },
             ],
             version: "0.1.0".into(),
@@ -127,7 +145,18 @@ mod tests {
         assert!(text.contains("access:      write, rw, exec\n"), "{text}");
         assert!(text.contains("  ptrace   no      "), "{text}");
         assert!(text.contains("ptrace_scope is 3"), "{text}");
+        assert!(text.contains(" signal "), "{text}");
+        assert!(
+            text.contains("perf events: per-thread (one breakpoint event per thread and slot)\n"),
+            "{text}"
+        );
+        assert!(!text.contains("ptrace events"), "{text}");
         let v = to_json(&caps);
+        assert_eq!(v["backends"][1]["stops"], "signal");
+        assert_eq!(
+            v["backends"][0]["events"].as_str().map(|s| &s[..10]),
+            Some("per-thread")
+        );
         assert_eq!(v["access_kinds"], json!(["write", "rw", "exec"]));
         assert_eq!(v["max_user_address"], "0x7ffffffff000");
         assert_eq!(v["backends"][0]["backend"], "perf");

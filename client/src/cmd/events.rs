@@ -17,6 +17,7 @@ pub async fn run(ctx: &Ctx, args: &EventsArgs) -> Result<(), Error> {
         watchpoint_ids: args.ids.clone(),
         hits_only: args.hits_only,
         raw: args.raw,
+        lease: false,
     };
     let request = ctx.request(request)?;
     let mut client = ctx.connect().await?;
@@ -91,13 +92,21 @@ fn hit_value_text(hit: &Hit) -> String {
 /// `13:04:05.123456Z hit wp=7 pid=123 tid=124 ip=0x55d0c09f1234 addr=0x55d0c0a01040 value=42 (0x2a)`,
 /// or for a stopping only-on-change watchpoint
 /// `… addr=0x55d0c0a01040 old=41 (0x29) → value=42 (0x2a) STOPPED`.
-fn to_text(ev: &StreamEventsResponse) -> String {
+pub(crate) fn to_text(ev: &StreamEventsResponse) -> String {
     let t = clock(ev.time_ns);
     match &ev.event {
         Some(Event::Hit(h)) => {
             let at = match &h.location {
                 Some(l) => format!("at {}", output::location_text(l)),
                 None => format!("ip={}", hex(h.ip)),
+            };
+            // `pid=12(fuzzer) tid=14(pool-3)` when the daemon gave names.
+            let named = |id: i32, name: &str| {
+                if name.is_empty() {
+                    id.to_string()
+                } else {
+                    format!("{id}({name})")
+                }
             };
             let mut line = format!(
                 "{} hit wp={} pid={} tid={} {at} addr={} {}",
@@ -107,8 +116,8 @@ fn to_text(ev: &StreamEventsResponse) -> String {
                     ev.time_ns
                 }),
                 h.watchpoint_id,
-                h.pid,
-                h.tid,
+                named(h.pid, &h.process_name),
+                named(h.tid, &h.thread_name),
                 hex(h.address),
                 hit_value_text(h)
             );
@@ -186,18 +195,21 @@ fn to_text(ev: &StreamEventsResponse) -> String {
             "!! {} lost in the kernel ring (daemon could not keep up with the hit rate)",
             output::plural(l.count, "record")
         ),
+        Some(Event::Leased(l)) => format!("{t} leased lease={}", l.lease),
         None => format!("{t} unknown-event seq={}", ev.seq),
     }
 }
 
 /// One JSON object per event, with `seq`, `time_ns` and `type`.
-fn to_json(ev: &StreamEventsResponse) -> Value {
+pub(crate) fn to_json(ev: &StreamEventsResponse) -> Value {
     let mut v = match &ev.event {
         Some(Event::Hit(h)) => json!({
             "type": "hit",
             "watchpoint_id": h.watchpoint_id,
             "pid": h.pid,
             "tid": h.tid,
+            "process_name": h.process_name,
+            "thread_name": h.thread_name,
             "ip": hex(h.ip),
             "address": hex(h.address),
             "length": h.length,
@@ -264,6 +276,7 @@ fn to_json(ev: &StreamEventsResponse) -> Value {
             "type": "records_lost",
             "count": l.count,
         }),
+        Some(Event::Leased(l)) => json!({ "type": "leased", "lease": l.lease }),
         None => json!({ "type": "unknown" }),
     };
     v["seq"] = json!(ev.seq);
@@ -286,6 +299,8 @@ mod tests {
 
     fn hit(value: Vec<u8>, value_error: &str) -> Event {
         Event::Hit(Hit {
+            process_name: String::new(),
+            thread_name: String::new(),
             piece: 0,
             location: None,
             backtrace: vec![],

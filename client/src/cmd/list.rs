@@ -30,6 +30,7 @@ fn to_json(resp: &ListWatchpointsResponse) -> serde_json::Value {
     json!({
         "watchpoints": resp.watchpoints.iter().map(output::watchpoint_json).collect::<Vec<_>>(),
         "processes": resp.processes.iter().map(output::process_json).collect::<Vec<_>>(),
+        "policies": resp.policies.iter().map(output::policy_json).collect::<Vec<_>>(),
     })
 }
 
@@ -39,6 +40,47 @@ fn to_json(resp: &ListWatchpointsResponse) -> serde_json::Value {
 /// THREADS WATCHPOINTS ATTACHED).
 fn to_text(resp: &ListWatchpointsResponse) -> String {
     let mut text = String::new();
+    // Policies first (when there are any), each with its instances.
+    if !resp.policies.is_empty() {
+        let mut t = Table::new([
+            "POLICY",
+            "WATCHES",
+            "PROCESSES",
+            "INSTANCES",
+            "MADE",
+            "REFUSED",
+        ]);
+        for p in &resp.policies {
+            t.row(vec![
+                p.id.to_string(),
+                output::policy_what(p),
+                output::selector_phrase(p.selector.as_ref()),
+                p.instances.len().to_string(),
+                p.instances_made.to_string(),
+                p.refusals.len().to_string(),
+            ]);
+        }
+        text.push_str(&t.render());
+        for p in &resp.policies {
+            for i in &p.instances {
+                text.push_str(&format!(
+                    "  policy {}: pid {} ({}) watchpoint {}, armed {} after the daemon saw it\n",
+                    p.id,
+                    i.pid,
+                    i.comm,
+                    i.watchpoint_id,
+                    output::duration_ns(i.latency_ns)
+                ));
+            }
+            for r in &p.refusals {
+                text.push_str(&format!(
+                    "  policy {}: pid {} ({}) refused: {}\n",
+                    p.id, r.pid, r.comm, r.reason
+                ));
+            }
+        }
+        text.push('\n');
+    }
     if resp.watchpoints.is_empty() {
         text.push_str("no watchpoints\n");
     } else {
@@ -89,6 +131,7 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
             "THREADS",
             "WATCHPOINTS",
             "ATTACHED",
+            "STOPS",
         ]);
         for p in &resp.processes {
             t.row(vec![
@@ -102,6 +145,11 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
                 p.threads.to_string(),
                 p.watchpoints.to_string(),
                 output::ago(p.attached_at_ns),
+                if p.stops.is_empty() {
+                    "-".into()
+                } else {
+                    p.stops.clone()
+                },
             ]);
         }
         text.push_str(&t.render());
@@ -117,8 +165,11 @@ mod tests {
     #[test]
     fn renders() {
         let resp = ListWatchpointsResponse {
+            policies: vec![],
             watchpoints: vec![
                 Watchpoint {
+                    policy_id: 0,
+                    forked_children: vec![],
                     pieces: vec![],
                     hits_filtered: 0,
                     hits_rate_limited: 0,
@@ -143,6 +194,8 @@ mod tests {
                     backend: Backend::Ptrace as i32,
                 },
                 Watchpoint {
+                    policy_id: 0,
+                    forked_children: vec![],
                     pieces: vec![],
                     hits_filtered: 0,
                     hits_rate_limited: 0,
@@ -174,6 +227,7 @@ mod tests {
                 watchpoints: 1,
                 comm: "demo".into(),
                 attached_at_ns: 0,
+                stops: "signal SIGURG".into(),
             }],
         };
         assert_eq!(
@@ -182,8 +236,8 @@ mod tests {
              7   123  124,125  0x1040   4    rw      log              2        42    ptrace\n\
              8   123  process  0x1048   8    write   stop-all+change  3        1     ptrace\n\
              \n\
-             PID  COMM  BACKEND  THREADS  WATCHPOINTS  ATTACHED\n\
-             123  demo  ptrace   3        1            -\n"
+             PID  COMM  BACKEND  THREADS  WATCHPOINTS  ATTACHED  STOPS\n\
+             123  demo  ptrace   3        1            -         signal SIGURG\n"
         );
         let v = to_json(&resp);
         assert_eq!(v["watchpoints"][0]["tids"], json!([124, 125]));

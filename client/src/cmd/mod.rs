@@ -1,11 +1,16 @@
 //! The subcommands (one module each) and `Ctx`, the connection and call helper they share.
 
+pub mod aggregates;
 pub mod attach;
 pub mod caps;
+pub mod dap;
 pub mod detach;
 pub mod events;
+pub mod last;
 pub mod list;
+pub mod pause;
 pub mod resume;
+pub mod stack;
 pub mod stats;
 pub mod symbol;
 pub mod threads;

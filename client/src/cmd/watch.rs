@@ -2,7 +2,8 @@
 
 use serde_json::json;
 use wpd_proto::v1::{
-    Access, ExecPolicy, HitAction, SetWatchpointRequest, SetWatchpointResponse, WatchpointSpec,
+    Access, ExecPolicy, HitAction, Policy, ProcessSelector, SetPolicyRequest, SetWatchpointRequest,
+    SetWatchpointResponse, WatchpointSpec,
 };
 
 use crate::cmd::Ctx;
@@ -17,34 +18,51 @@ pub async fn run(ctx: &Ctx, args: &WatchArgs) -> Result<(), Error> {
                 .into(),
         ));
     }
-    let request = SetWatchpointRequest {
-        spec: Some(WatchpointSpec {
-            pid: args.pid,
-            tids: args.tids.clone(),
-            address: args.addr.unwrap_or(0),
-            length: match (args.len, &args.symbol) {
-                (Some(l), _) => l,
-                (None, Some(_)) => 0,
-                (None, None) => 8,
-            },
-            access: Access::from(args.access) as i32,
-            backend: backend_value(args.backend),
-            action: HitAction::from(args.action) as i32,
-            only_on_change: args.on_change,
-            allow_init: args.allow_init,
-            symbol: args.symbol.clone().unwrap_or_default(),
-            on_exec: match args.on_exec {
-                None => ExecPolicy::Unspecified,
-                Some(OnExecArg::Resolve) => ExecPolicy::ResolveAgain,
-                Some(OnExecArg::Remove) => ExecPolicy::Remove,
-            } as i32,
-            backtrace_depth: args.backtrace.unwrap_or(0),
-            condition: args.condition,
-            ignore_count: args.ignore,
-            hit_count: args.hit_count.unwrap_or(0),
-            max_hits_per_second: args.max_rate.unwrap_or(0),
-        }),
+    let policy =
+        args.pids.len() != 1 || args.comm.is_some() || args.exe.is_some() || args.cgroup.is_some();
+    if policy && !args.tids.is_empty() {
+        return Err(Error::Local(
+            "--tid names threads of one process: it cannot go with a policy (several --pid, \
+             --comm, --exe or --cgroup)"
+                .into(),
+        ));
+    }
+    let spec = WatchpointSpec {
+        lease: 0,
+        pid: if policy { 0 } else { args.pids[0] },
+        tids: args.tids.clone(),
+        address: args.addr.unwrap_or(0),
+        length: match (args.len, &args.symbol) {
+            (Some(l), _) => l,
+            (None, Some(_)) => 0,
+            (None, None) => 8,
+        },
+        access: Access::from(args.access) as i32,
+        backend: backend_value(args.backend),
+        action: HitAction::from(args.action) as i32,
+        only_on_change: args.on_change,
+        allow_init: args.allow_init,
+        symbol: args.symbol.clone().unwrap_or_default(),
+        on_exec: match args.on_exec {
+            None => ExecPolicy::Unspecified,
+            Some(OnExecArg::Resolve) => ExecPolicy::ResolveAgain,
+            Some(OnExecArg::Remove) => ExecPolicy::Remove,
+        } as i32,
+        backtrace_depth: args.backtrace.unwrap_or(0),
+        condition: args.condition,
+        ignore_count: args.ignore,
+        hit_count: args.hit_count.unwrap_or(0),
+        max_hits_per_second: args.max_rate.unwrap_or(0),
+        keep_recent: args.keep.unwrap_or(0),
+        follow_forks: args.follow_forks,
+        thread_name: args.thread_name.clone().unwrap_or_default(),
+        aggregate: args.aggregate,
+        exemplars_per_second: args.exemplars.unwrap_or(0),
     };
+    if policy {
+        return set_policy(ctx, args, spec).await;
+    }
+    let request = SetWatchpointRequest { spec: Some(spec) };
     let resp = ctx
         .unary(request, |mut c, r| async move { c.set_watchpoint(r).await })
         .await?;
@@ -58,6 +76,55 @@ pub async fn run(ctx: &Ctx, args: &WatchArgs) -> Result<(), Error> {
     } else {
         output::emit(&to_text(&resp))
     }
+}
+
+/// `wpctl watch` with a selector: SetPolicy.
+async fn set_policy(ctx: &Ctx, args: &WatchArgs, spec: WatchpointSpec) -> Result<(), Error> {
+    let request = SetPolicyRequest {
+        selector: Some(ProcessSelector {
+            pids: args.pids.clone(),
+            comm: args.comm.clone().unwrap_or_default(),
+            exe: args.exe.clone().unwrap_or_default(),
+            cgroup: args.cgroup.clone().unwrap_or_default(),
+        }),
+        spec: Some(spec),
+    };
+    let resp = ctx
+        .unary(request, |mut c, r| async move { c.set_policy(r).await })
+        .await?;
+    let p = resp.policy.unwrap_or_default();
+    if ctx.json {
+        output::emit_json(&json!({ "policy": output::policy_json(&p) }))
+    } else {
+        output::emit(&policy_text(&p))
+    }
+}
+
+/// `policy 9: write counter in every process with comm fuzzer; 3 instances now (pid 10
+/// watchpoint 11, ...)`.
+fn policy_text(p: &Policy) -> String {
+    let mut s = format!(
+        "policy {}: {} in {}; {} now",
+        p.id,
+        output::policy_what(p),
+        output::selector_phrase(p.selector.as_ref()),
+        output::plural(p.instances.len() as u32, "instance"),
+    );
+    if !p.instances.is_empty() {
+        let list: Vec<String> = p
+            .instances
+            .iter()
+            .map(|i| format!("pid {} watchpoint {}", i.pid, i.watchpoint_id))
+            .collect();
+        s.push_str(&format!(" ({})", list.join(", ")));
+    }
+    for r in &p.refusals {
+        s.push_str(&format!(
+            "\n  pid {} ({}) refused: {}",
+            r.pid, r.comm, r.reason
+        ));
+    }
+    s
 }
 
 fn to_json(resp: &SetWatchpointResponse) -> serde_json::Value {
@@ -88,9 +155,14 @@ fn to_text(resp: &SetWatchpointResponse) -> String {
     let spec = wp.spec.clone().unwrap_or_default();
     let mut notes = vec![if wp.process_wide {
         "process-wide".to_string()
+    } else if !spec.thread_name.is_empty() {
+        format!("threads named {}", spec.thread_name)
     } else {
         format!("tids {}", output::scope(&wp))
     }];
+    if spec.follow_forks {
+        notes.push("and forked children".into());
+    }
     notes.extend(action_phrase(spec.action));
     if spec.only_on_change {
         notes.push("only on change".into());
@@ -118,6 +190,8 @@ mod tests {
         SetWatchpointResponse {
             symbol: None,
             watchpoint: Some(Watchpoint {
+                policy_id: 0,
+                forked_children: vec![],
                 pieces: vec![],
                 hits_filtered: 0,
                 hits_rate_limited: 0,

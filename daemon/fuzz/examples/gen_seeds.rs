@@ -181,6 +181,41 @@ fn decode_spec_seeds() -> Vec<(&'static str, Vec<u8>)> {
                     watchpoint_ids: vec![1, u64::MAX],
                     hits_only: true,
                     raw: true,
+                    lease: false,
+                },
+            ),
+        ),
+        (
+            "pause",
+            frame(
+                Kind::Pause,
+                &pb::PauseRequest {
+                    pid: 7,
+                    tids: vec![8, 0],
+                    lease: 3,
+                },
+            ),
+        ),
+        (
+            "thread-stack-deep",
+            frame(
+                Kind::GetThreadStack,
+                &pb::GetThreadStackRequest {
+                    pid: 7,
+                    tid: 8,
+                    depth: 129,
+                    raw: false,
+                },
+            ),
+        ),
+        (
+            "read-memory-at-the-end",
+            frame(
+                Kind::ReadMemory,
+                &pb::ReadMemoryRequest {
+                    pid: 7,
+                    address: 0x7fff_ffff_eff0,
+                    length: 16,
                 },
             ),
         ),
@@ -236,7 +271,7 @@ fn status_seeds() -> Vec<(String, Vec<u8>)> {
             }
         }
     }
-    assert_eq!(seen_variants.len(), 14, "some WpdError variant has no seed");
+    assert_eq!(seen_variants.len(), 23, "some WpdError variant has no seed");
     out
 }
 

@@ -2,7 +2,7 @@
 //! domain conversions (`wpd::rpc::convert`).
 //!
 //! Input layout: the first byte picks the request type ([`Kind::from_byte`],
-//! modulo 5), the rest is the protobuf encoding of that request.
+//! modulo the number of kinds), the rest is the protobuf encoding of that request.
 //!
 //! Oracle for `WatchpointSpec` → `WatchSpec`: an independent reference
 //! verdict written from the proto comments and the x86-64 rules (not from
@@ -38,16 +38,25 @@ pub enum Kind {
     Resume = 3,
     /// `StreamEventsRequest`.
     StreamEvents = 4,
+    /// `PauseRequest`.
+    Pause = 5,
+    /// `GetThreadStackRequest`.
+    GetThreadStack = 6,
+    /// `ReadMemoryRequest`.
+    ReadMemory = 7,
 }
 
 impl Kind {
     /// Every kind, in selector order.
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 8] = [
         Kind::SetWatchpoint,
         Kind::Attach,
         Kind::ListThreads,
         Kind::Resume,
         Kind::StreamEvents,
+        Kind::Pause,
+        Kind::GetThreadStack,
+        Kind::ReadMemory,
     ];
 
     /// The kind a selector byte picks (any byte is valid).
@@ -89,6 +98,50 @@ pub fn check(data: &[u8]) {
         Kind::StreamEvents => {
             // Validated inline by the handler (pid ≥ 0); only the wire part here.
             let _ = decode::<pb::StreamEventsRequest>(body);
+        }
+        Kind::Pause => {
+            if let Some(r) = decode::<pb::PauseRequest>(body) {
+                check_pid(r.pid);
+            }
+        }
+        Kind::GetThreadStack => {
+            if let Some(r) = decode::<pb::GetThreadStackRequest>(body) {
+                check_pid(r.pid);
+                // 0 means 32 frames; at most 128.
+                let want = match r.depth {
+                    0 => Some(32),
+                    d if d <= 128 => Some(d as usize),
+                    _ => None,
+                };
+                match (convert::stack_depth(r.depth), want) {
+                    (Ok(got), Some(w)) => assert_eq!(got, w),
+                    (Err(e), None) => {
+                        status::check(&e);
+                    }
+                    (got, want) => panic!("depth {}: got {got:?}, want {want:?}", r.depth),
+                }
+            }
+        }
+        Kind::ReadMemory => {
+            if let Some(r) = decode::<pb::ReadMemoryRequest>(body) {
+                check_pid(r.pid);
+                // 1 byte to 1 MiB, all below the end of user space.
+                let ok = (1..=1 << 20).contains(&r.length)
+                    && r
+                        .address
+                        .checked_add(u64::from(r.length))
+                        .is_some_and(|end| end <= USER_END);
+                match convert::read_length(r.address, r.length) {
+                    Ok(got) => {
+                        assert!(ok, "{} bytes at {:#x} accepted", r.length, r.address);
+                        assert_eq!(got, r.length as usize);
+                    }
+                    Err(e) => {
+                        assert!(!ok, "{} bytes at {:#x} refused: {e}", r.length, r.address);
+                        status::check(&e);
+                    }
+                }
+            }
         }
     }
 }
@@ -170,6 +223,9 @@ pub fn reference(s: &pb::WatchpointSpec) -> Result<(), &'static str> {
     if s.backtrace_depth > 127 {
         return Err("backtrace_depth ≤ 127");
     }
+    if s.keep_recent > 4096 {
+        return Err("keep_recent ≤ 4096");
+    }
     if s.condition
         .as_ref()
         .is_some_and(|c| !(0..=7).contains(&c.op))
@@ -203,6 +259,26 @@ pub fn reference(s: &pb::WatchpointSpec) -> Result<(), &'static str> {
     }
     if s.tids.iter().any(|&t| t <= 0) {
         return Err("tids > 0");
+    }
+    if !s.thread_name.is_empty() {
+        if !s.tids.is_empty() {
+            return Err("tids or thread_name, not both");
+        }
+        if wpd::model::ThreadGlob::new(&s.thread_name).is_err() {
+            return Err("thread_name a shell pattern of 1 to 64 bytes");
+        }
+    }
+    if !s.aggregate && s.exemplars_per_second != 0 {
+        return Err("exemplars_per_second only in aggregate mode");
+    }
+    if s.aggregate && s.exemplars_per_second > 10_000 {
+        return Err("exemplars_per_second ≤ 10,000");
+    }
+    if s.aggregate && (s.action == 2 || s.action == 3) {
+        return Err("aggregate ⇒ action log");
+    }
+    if s.follow_forks && (!s.tids.is_empty() || !s.thread_name.is_empty()) {
+        return Err("follow_forks ⇒ process-wide (no tids, no thread_name)");
     }
     if !(0..=2).contains(&s.backend) {
         return Err("backend known");
@@ -243,6 +319,19 @@ fn check_valid(s: &pb::WatchpointSpec, w: &WatchSpec) {
         s.backtrace_depth,
         "backtrace depth changed"
     );
+    // 0 keeps the default 16.
+    let keep = if s.keep_recent == 0 { 16 } else { s.keep_recent };
+    assert_eq!(w.keep_recent, keep, "keep_recent changed");
+    assert_eq!(w.follow_forks, s.follow_forks, "follow_forks changed");
+    let want_agg = s
+        .aggregate
+        .then_some(if s.exemplars_per_second == 0 { 10 } else { s.exemplars_per_second });
+    assert_eq!(w.aggregate, want_agg, "aggregate mode changed");
+    match &w.scope {
+        Scope::Named(g) => assert_eq!(g.text, s.thread_name, "pattern changed"),
+        _ => assert!(s.thread_name.is_empty(), "thread_name {:?} dropped", s.thread_name),
+    }
+    assert!(w.policy.is_none(), "a policy invented by the conversion");
     let f = &w.filter;
     assert_eq!(
         (f.ignore, f.every, f.max_per_second),
@@ -291,6 +380,7 @@ fn check_valid(s: &pb::WatchpointSpec, w: &WatchSpec) {
             want.dedup();
             assert_eq!(*t, want, "thread set changed");
         }
+        Scope::Named(_) => assert!(s.tids.is_empty(), "tids {:?} dropped", s.tids),
     }
     let want_backend = match s.backend {
         0 => None,

@@ -132,6 +132,13 @@ pub enum ErrorInput {
         /// Thread.
         tid: i32,
     },
+    /// `WpdError::NotHeld`.
+    NotHeld {
+        /// Process.
+        pid: i32,
+        /// Thread.
+        tid: i32,
+    },
     /// `WpdError::NoSuchWatchpoint`.
     NoSuchWatchpoint(u64),
     /// `WpdError::OutOfSlots`.
@@ -391,6 +398,7 @@ impl ErrorInput {
             ErrorInput::NoSuchProcess(p) => WpdError::NoSuchProcess(p),
             ErrorInput::NotAttached(p) => WpdError::NotAttached(p),
             ErrorInput::NoSuchThread { pid, tid } => WpdError::NoSuchThread { pid, tid },
+            ErrorInput::NotHeld { pid, tid } => WpdError::NotHeld { pid, tid },
             ErrorInput::NoSuchWatchpoint(id) => WpdError::NoSuchWatchpoint(wpd::model::WatchId(id)),
             ErrorInput::OutOfSlots {
                 pid,
@@ -503,6 +511,7 @@ pub fn variant(e: &WpdError) -> &'static str {
         WpdError::NoSuchProcess(_) => "NoSuchProcess",
         WpdError::NotAttached(_) => "NotAttached",
         WpdError::NoSuchThread { .. } => "NoSuchThread",
+        WpdError::NotHeld { .. } => "NotHeld",
         WpdError::NoSuchWatchpoint(_) => "NoSuchWatchpoint",
         WpdError::OutOfSlots { .. } => "OutOfSlots",
         WpdError::PermissionDenied { .. } => "PermissionDenied",

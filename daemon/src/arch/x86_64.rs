@@ -349,3 +349,96 @@ mod tests {
         );
     }
 }
+
+/// The return addresses of a stopped thread's callers, innermost first, up
+/// to `depth`, walked along frame pointers as the kernel's perf call chains
+/// are (System V x86-64 ABI with `-fno-omit-frame-pointer`): `[fp]` is the
+/// caller's frame pointer, `[fp + 8]` the return address. `read(at)` gives
+/// the 16 bytes at `at`. The walk ends at a frame pointer that is 0,
+/// unaligned, below the stack pointer `sp` or not above the previous one
+/// (frames grow down), or unreadable, and says why it stopped early.
+pub fn walk_frame_pointers(
+    mut read: impl FnMut(u64) -> Option<Vec<u8>>,
+    fp: u64,
+    sp: u64,
+    depth: usize,
+) -> (Vec<u64>, Option<&'static str>) {
+    const NO_FP: &str = "the frame-pointer chain ended: code built without frame pointers";
+    let mut out = Vec::with_capacity(depth.min(128));
+    let mut fp = fp;
+    while out.len() < depth {
+        if fp == 0 {
+            return (out, None); // the outermost frame
+        }
+        if !fp.is_multiple_of(8) || fp < sp {
+            return (out, Some(NO_FP));
+        }
+        let Some(b) = read(fp).filter(|b| b.len() >= 16) else {
+            return (
+                out,
+                Some("the frame-pointer chain led to unreadable memory"),
+            );
+        };
+        let next = u64::from_le_bytes(b[0..8].try_into().expect("8 bytes"));
+        let ret = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
+        if ret == 0 {
+            return (out, None);
+        }
+        out.push(ret);
+        if next != 0 && next <= fp {
+            return (out, Some(NO_FP));
+        }
+        fp = next;
+    }
+    (out, None)
+}
+
+#[cfg(test)]
+mod walk_tests {
+    use super::walk_frame_pointers;
+
+    /// A fake stack: frame at `fp` holds (next fp, return address).
+    fn stack(frames: &[(u64, u64, u64)]) -> impl FnMut(u64) -> Option<Vec<u8>> {
+        let frames = frames.to_vec();
+        move |at| {
+            frames.iter().find(|f| f.0 == at).map(|&(_, next, ret)| {
+                let mut b = next.to_le_bytes().to_vec();
+                b.extend_from_slice(&ret.to_le_bytes());
+                b
+            })
+        }
+    }
+
+    #[test]
+    fn walks_to_the_outermost_frame_and_stops_at_depth() {
+        let s = [
+            (0x1000, 0x1100, 0xa),
+            (0x1100, 0x1200, 0xb),
+            (0x1200, 0, 0xc),
+        ];
+        assert_eq!(
+            walk_frame_pointers(stack(&s), 0x1000, 0xff0, 10),
+            (vec![0xa, 0xb, 0xc], None)
+        );
+        assert_eq!(
+            walk_frame_pointers(stack(&s), 0x1000, 0xff0, 2),
+            (vec![0xa, 0xb], None)
+        );
+    }
+
+    #[test]
+    fn says_why_a_chain_ends_early() {
+        // A frame pointer going down (not a frame pointer at all).
+        let s = [(0x1000, 0x800, 0xa)];
+        let (chain, note) = walk_frame_pointers(stack(&s), 0x1000, 0xff0, 10);
+        assert_eq!(chain, vec![0xa]);
+        assert!(note.unwrap().contains("without frame pointers"));
+        // Unreadable, unaligned, below the stack pointer.
+        let (chain, note) = walk_frame_pointers(stack(&[]), 0x1000, 0xff0, 10);
+        assert!(chain.is_empty() && note.unwrap().contains("unreadable"));
+        let (_, note) = walk_frame_pointers(stack(&s), 0x1003, 0xff0, 10);
+        assert!(note.is_some());
+        let (_, note) = walk_frame_pointers(stack(&s), 0x1000, 0x2000, 10);
+        assert!(note.is_some());
+    }
+}

@@ -112,6 +112,8 @@ impl FakeBackend {
         stops: false,
         only_on_change: false,
         exact_values: false,
+        follow_forks: false,
+        thread_names: false,
     };
 
     /// A fake backend over `kernel`.
@@ -176,6 +178,7 @@ pub fn fake_hit(
         callchain: Vec::new(),
         callchain_note: None,
         rate_limited_before,
+        names: None,
     }));
     true
 }

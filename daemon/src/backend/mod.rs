@@ -39,6 +39,27 @@ pub struct Features {
     /// A hit's value is read while the thread is stopped at it (exact),
     /// rather than after the fact.
     pub exact_values: bool,
+    /// Forked children inherit a process-wide watchpoint inside fork().
+    pub follow_forks: bool,
+    /// Threads chosen by name, joining and leaving as they are renamed
+    /// (the backend sees renames, and disarms one thread).
+    pub thread_names: bool,
+}
+
+/// Where a held thread is stopped: enough to walk its stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldRegisters {
+    /// Instruction pointer.
+    pub ip: u64,
+    /// Stack pointer.
+    pub sp: u64,
+    /// Frame pointer (`rbp`).
+    pub fp: u64,
+    /// Held right after its own hit: `ip` follows the accessing
+    /// instruction (x86 data breakpoints trap after it), so `ip - 1` is
+    /// what to symbolize. Otherwise (stopped by a peer's hit or a Pause)
+    /// `ip` is the next instruction to run, possibly a function's first.
+    pub after_hit: bool,
 }
 
 /// Why a backend cannot be used on this host.
@@ -129,6 +150,11 @@ pub trait Backend: Send + Sync {
     /// backend held for it. The caller releases the ledger's slots.
     fn disarm(&self, op: &OpGuard<'_>, watch: &Watch);
 
+    /// Removes `watch` from `tids` only (a thread renamed out of a
+    /// watchpoint by name); the caller releases their slots. Backends
+    /// without [`Features::thread_names`] are never asked.
+    fn disarm_threads(&self, _op: &OpGuard<'_>, _watch: &Watch, _tids: &[Tid]) {}
+
     /// Arms threads that missed a process-wide watchpoint (a thread born
     /// while it was being armed), when the backend can tell.
     fn reconcile(&self, _op: &OpGuard<'_>) {}
@@ -152,6 +178,39 @@ pub trait Backend: Send + Sync {
             needs: None,
             hint: ": this process's backend never stops threads (nothing to resume)",
         })
+    }
+
+    /// Stops threads of `pid` (every tracked one when `tids` is empty) and
+    /// holds them until resumed, as a stop-all hit holds its peers; returns
+    /// those held once they are.
+    fn pause(&self, _pid: Pid, _tids: &[Tid]) -> Result<Vec<Tid>, WpdError> {
+        Err(WpdError::NeedsBackend {
+            feature: "pausing threads",
+            needs: None,
+            hint: ": this process's backend never stops threads",
+        })
+    }
+
+    /// The registers of a thread this backend holds stopped.
+    fn held_registers(&self, pid: Pid, tid: Tid) -> Result<HeldRegisters, WpdError> {
+        Err(WpdError::NotHeld { pid, tid })
+    }
+
+    /// How this backend stops threads at a hit, for processes attached
+    /// from now on (empty: it never stops them).
+    fn stops(&self) -> String {
+        String::new()
+    }
+
+    /// How this backend's breakpoints are opened and its hits read
+    /// (empty where there is only one way).
+    fn events(&self) -> String {
+        String::new()
+    }
+
+    /// How the threads of attached process `pid` are stopped at a hit.
+    fn stops_of(&self, _pid: Pid) -> String {
+        String::new()
     }
 
     /// Counters.
@@ -181,6 +240,22 @@ pub trait Host: Send + Sync {
     fn schedule(&self, job: Job);
     /// Counts a hit of `w` (daemon-wide and per watchpoint).
     fn count_hit(&self, w: &Watch);
+    /// Thread `tid` of `pid` is now called `name` (a rename or an exec),
+    /// where the backend sees it.
+    fn renamed(&self, _pid: Pid, _tid: Tid, _name: &str) {}
+    /// Whether `pid` has watchpoints on threads by name (the backend then
+    /// reports its new and renamed threads with `Job::Named`).
+    fn has_named(&self, _pid: Pid) -> bool {
+        false
+    }
+    /// A process started (fork) or called exec, at kernel monotonic ns
+    /// `at`: the backend saw it in a system-wide record (policies check it).
+    fn process_started(&self, _pid: Pid, _at: u64) {}
+    /// Whether anyone wants [`Host::process_started`] calls (the backend
+    /// then reads its system-wide records promptly).
+    fn wants_processes(&self) -> bool {
+        false
+    }
     /// The current program image of `pid`, for its hits.
     fn image(&self, pid: Pid) -> Option<Arc<crate::symbols::Image>> {
         self.process(pid).map(|p| p.image())
@@ -237,6 +312,10 @@ pub struct Availability {
     pub reason: String,
     /// Used when a request names none.
     pub is_default: bool,
+    /// How it stops threads at a hit (see [`Backend::stops`]).
+    pub stops: String,
+    /// How its events are opened (see [`Backend::events`]).
+    pub events: String,
 }
 
 impl BackendTable {
@@ -258,11 +337,26 @@ impl BackendTable {
         if let Err(e) = &ptrace {
             tracing::warn!("ptrace backend: {e}");
         }
+        // Perf where it runs (nothing of it outlives the daemon, and the
+        // target never stops); else what does run: an ordinary user
+        // (perf_event_paranoid 2, no CAP_PERFMON) cannot open the per-CPU
+        // collectors but can trace their own processes.
+        let default = match (&perf, &ptrace) {
+            (Err(e), Ok(_)) => {
+                tracing::warn!("default backend: ptrace (the perf backend cannot run here: {e})");
+                BackendKind::Ptrace
+            }
+            _ => BackendKind::Perf,
+        };
+        let perf_features = perf
+            .as_ref()
+            .map(|b| b.features())
+            .unwrap_or(perf::PerfEngine::FEATURES);
         BackendTable::new(
             vec![
                 Entry {
                     kind: BackendKind::Perf,
-                    features: perf::PerfEngine::FEATURES,
+                    features: perf_features,
                     backend: perf,
                 },
                 Entry {
@@ -271,7 +365,7 @@ impl BackendTable {
                     backend: ptrace,
                 },
             ],
-            BackendKind::Perf,
+            default,
         )
     }
 
@@ -367,6 +461,8 @@ impl BackendTable {
                     .map(|e| e.to_string())
                     .unwrap_or_default(),
                 is_default: e.kind == self.default,
+                stops: e.backend.as_ref().map(|b| b.stops()).unwrap_or_default(),
+                events: e.backend.as_ref().map(|b| b.events()).unwrap_or_default(),
             })
             .collect()
     }

@@ -24,6 +24,12 @@ impl Core {
             warnings: Vec::new(),
             symbol: w.resolved.clone(),
             filtered: w.filter.counts(),
+            forked_children: {
+                let mut f = w.forked.lock().unwrap();
+                // Exited (or its pid taken by another process) since.
+                f.retain(|&pid, start| crate::procfs::start_time(pid) == Some(*start));
+                f.keys().copied().collect()
+            },
         }
     }
 
@@ -47,6 +53,11 @@ impl Core {
                 watchpoints: p.watches.lock().unwrap().len() as u32,
                 comm: p.comm.clone(),
                 attached_at_ns: p.attached_at_ns,
+                stops: self
+                    .backends
+                    .get(Some(p.backend))
+                    .map(|b| b.stops_of(p.pid))
+                    .unwrap_or_default(),
             })
             .collect();
         ps.sort_by_key(|p| p.pid);

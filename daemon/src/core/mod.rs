@@ -19,6 +19,7 @@ mod jobs;
 mod lifecycle;
 mod listings;
 mod modules;
+pub mod policy;
 mod views;
 mod watch;
 
@@ -92,6 +93,13 @@ pub struct Core {
     /// library's name resolves once the dynamic linker loaded it), with
     /// their deadlines.
     pending_resolve: DashMap<Pid, Vec<(Arc<Watch>, Instant)>>,
+    /// Policies (`policy.rs`), by id (ids shared with watchpoints).
+    policies: DashMap<WatchId, Arc<policy::Policy>>,
+    /// Work for the policy thread, once a policy was set.
+    policy_tx: Mutex<Option<mpsc::Sender<policy::PolicyMsg>>>,
+    /// Thread names (`comm`) by tid, for hits: read once per thread, kept
+    /// while it lives, replaced when the backend reports a rename or exec.
+    names: DashMap<crate::model::Tid, (Pid, Arc<str>)>,
 }
 
 /// How long after an exec a watchpoint set by name may wait for its name to
@@ -161,6 +169,9 @@ impl Core {
                 subscribing: Mutex::new(()),
                 symbols: Arc::new(crate::symbols::Symbols::new()),
                 pending_resolve: DashMap::new(),
+                policies: DashMap::new(),
+                policy_tx: Mutex::new(None),
+                names: DashMap::new(),
             }
         });
         for b in core.backends.usable() {
@@ -191,13 +202,105 @@ impl Core {
     }
 }
 
+impl Core {
+    /// Watchpoint `id`'s aggregates (aggregate mode), its process, its
+    /// image (for symbolizing) and the thread names now.
+    #[allow(clippy::type_complexity)]
+    pub fn hit_aggregates(
+        &self,
+        id: WatchId,
+        limit: usize,
+    ) -> Result<
+        (
+            Pid,
+            (u64, u64, u64),
+            Vec<((u64, crate::model::Tid), crate::aggregate::Agg)>,
+            Option<Arc<crate::symbols::Image>>,
+        ),
+        crate::error::WpdError,
+    > {
+        let w = self
+            .watches
+            .get(&id)
+            .map(|w| w.clone())
+            .ok_or(crate::error::WpdError::NoSuchWatchpoint(id))?;
+        let Some(a) = &w.aggregates else {
+            return Err(crate::error::WpdError::InvalidArgument(format!(
+                "watchpoint {} is not in aggregate mode (set it with aggregate; its hits are \
+                 streamed, see GetRecentHits)",
+                id.0
+            )));
+        };
+        let pid = w.spec.pid;
+        let top = a.top(limit);
+        let image = self.procs.get(&pid).map(|p| p.image());
+        Ok((pid, a.totals(), top, image))
+    }
+
+    /// The name of thread `tid` of `pid` (the process's own name for its
+    /// leader), from the cache or `/proc`.
+    fn name_of(&self, pid: Pid, tid: crate::model::Tid) -> Arc<str> {
+        if let Some(n) = self.names.get(&tid)
+            && n.0 == pid
+        {
+            return n.1.clone();
+        }
+        let name: Arc<str> = Arc::from(crate::procfs::comm(pid, tid).unwrap_or_default());
+        // Threads of processes that are not attached (forked children)
+        // leave no exit event: the cache is bounded instead.
+        if self.names.len() >= 1 << 16 {
+            self.names.clear();
+        }
+        self.names.insert(tid, (pid, name.clone()));
+        name
+    }
+}
+
 impl Host for Core {
     fn ledger(&self) -> &Ledger {
         &self.ledger
     }
 
-    fn publish(&self, ev: EventKind) {
+    fn publish(&self, mut ev: EventKind) {
+        match &mut ev {
+            EventKind::Hit(h) => {
+                let w = self.watches.get(&h.id).map(|w| w.clone());
+                // Aggregate mode: counted, and streamed only as a sample.
+                if let Some(a) = w.as_ref().and_then(|w| w.aggregates.as_ref()) {
+                    let now = crate::clock::realtime_ns();
+                    let value = h.value.as_ref().ok().map(|v| &v[..]);
+                    let (pid, tid) = (h.pid, h.tid);
+                    if !a.record(h.ip, tid, value, h.time_ns, now, || self.name_of(pid, tid)) {
+                        return;
+                    }
+                }
+                h.names = Some((self.name_of(h.pid, h.pid), self.name_of(h.pid, h.tid)));
+                // A hit is kept by its watchpoint too (GetRecentHits),
+                // subscribers or not.
+                if let Some(w) = w {
+                    w.remember(self.bus.publish_kept(ev));
+                    return;
+                }
+            }
+            EventKind::ThreadExited { tid, .. } => {
+                self.names.remove(tid);
+            }
+            _ => {}
+        }
         self.bus.publish(ev);
+    }
+
+    fn renamed(&self, pid: Pid, tid: crate::model::Tid, name: &str) {
+        if self.names.contains_key(&tid) {
+            self.names.insert(tid, (pid, Arc::from(name)));
+        }
+        if Core::has_named(self, pid) {
+            self.schedule(Job::Named(pid, tid));
+        }
+    }
+
+    fn has_named(&self, pid: Pid) -> bool {
+        Core::has_named(self, pid)
     }
 
     fn watch(&self, id: WatchId) -> Option<Arc<Watch>> {
@@ -217,5 +320,13 @@ impl Host for Core {
     fn count_hit(&self, w: &Watch) {
         w.hits.fetch_add(1, Ordering::Relaxed);
         self.hits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn process_started(&self, pid: Pid, at: u64) {
+        Core::process_started(self, pid, at);
+    }
+
+    fn wants_processes(&self) -> bool {
+        Core::wants_processes(self)
     }
 }

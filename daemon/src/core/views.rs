@@ -30,6 +30,8 @@ pub struct WatchView {
     pub symbol: Option<crate::symbols::Resolved>,
     /// Hits its filter did not report, and those its rate limit dropped.
     pub filtered: (u64, u64),
+    /// Forked children carrying it now.
+    pub forked_children: Vec<Pid>,
 }
 
 /// A process as listed.
@@ -47,6 +49,8 @@ pub struct ProcessView {
     pub comm: String,
     /// Attach time.
     pub attached_at_ns: u64,
+    /// How its threads are stopped at a hit (backend's words).
+    pub stops: String,
 }
 
 /// One slot as listed: the ledger's one classification.

@@ -18,6 +18,19 @@ use crate::sched::Boost;
 use crate::state::{OpGuard, Process, Watch};
 use crate::symbols::{Resolved, SymbolError};
 
+/// A held thread's stack, unsymbolized.
+#[derive(Debug)]
+pub struct ThreadStack {
+    /// Where it is stopped, then its callers' return addresses.
+    pub ips: Vec<u64>,
+    /// Why the chain ended early, when known.
+    pub note: Option<&'static str>,
+    /// Its registers.
+    pub regs: crate::backend::HeldRegisters,
+    /// The process's program image, for symbolizing.
+    pub image: Option<Arc<crate::symbols::Image>>,
+}
+
 impl Core {
     /// The error for a feature the process's backend lacks, naming one
     /// that has it.
@@ -64,6 +77,22 @@ impl Core {
                     "stopping on a hit",
                     |f| f.stops,
                     " (attach with that backend); this process's backend never stops the target",
+                ));
+            }
+            if spec.follow_forks && !f.follow_forks {
+                return Err(self.lacks(
+                    "following forks",
+                    |f| f.follow_forks,
+                    ", whose breakpoints the kernel copies into a forked child; a tracer would \
+                     have to seize every child",
+                ));
+            }
+            if matches!(spec.scope, Scope::Named(_)) && !f.thread_names {
+                return Err(self.lacks(
+                    "threads by name",
+                    |f| f.thread_names,
+                    ", which sees threads renamed (the kernel's COMM records) and arms or disarms \
+                     one thread at a time",
                 ));
             }
             if spec.only_on_change && !f.only_on_change {
@@ -206,6 +235,9 @@ impl Core {
             created_at_ns: crate::clock::realtime_ns(),
             hits: AtomicU64::new(0),
             last_value: Mutex::new(None),
+            recent: Mutex::new(std::collections::VecDeque::new()),
+            forked: Mutex::new(Default::default()),
+            aggregates: spec.aggregate.map(crate::aggregate::Aggregates::new),
             backend: proc.backend,
             owner,
             resolved,
@@ -231,12 +263,41 @@ impl Core {
                 tids
             }
             Scope::Threads(tids) => tids.clone(),
+            // The threads called so now; others join when they are.
+            Scope::Named(g) => {
+                let mut tids: Vec<Tid> = self
+                    .ledger
+                    .tids(pid)
+                    .into_iter()
+                    .filter(|&t| procfs::comm(pid, t).is_some_and(|n| g.matches(&n)))
+                    .collect();
+                tids.sort_unstable();
+                tids
+            }
         };
+        let named = matches!(spec.scope, Scope::Named(_));
         let unregister = |why: WpdError| {
             self.watches.remove(&id);
             proc.watches.lock().unwrap().remove(&id);
             Err(why)
         };
+        if tids.is_empty() && named {
+            // No thread has the name yet: armed as threads take it.
+            if procfs::check_process(pid).is_err() {
+                return unregister(WpdError::ProcessExited(pid));
+            }
+            let mut view = self.view(&watch);
+            view.warnings = warnings;
+            view.warnings.push(format!(
+                "no thread of process {pid} is called {:?} now: threads are armed as they take \
+                 such a name",
+                match &spec.scope {
+                    Scope::Named(g) => g.text.as_str(),
+                    _ => "",
+                }
+            ));
+            return Ok(view);
+        }
         if tids.is_empty() {
             // Nothing to arm: never a success that can never fire.
             return unregister(if procfs::live_thread(pid).is_some() {
@@ -319,13 +380,77 @@ impl Core {
     pub(super) fn watch_tids(&self, w: &Watch) -> Vec<Tid> {
         match &w.spec.scope {
             Scope::Threads(tids) => tids.clone(),
-            Scope::Process => self.ledger.tids(w.spec.pid),
+            Scope::Process | Scope::Named(_) => self.ledger.tids(w.spec.pid),
         }
     }
 
     /// The process a watchpoint belongs to.
     pub fn watch_pid(&self, id: WatchId) -> Option<Pid> {
         self.watches.get(&id).map(|w| w.spec.pid)
+    }
+
+    /// Thread `tid` of the locked process was created or renamed: every
+    /// watchpoint on threads by name arms it if its name now matches and
+    /// it lacks the watchpoint, or disarms it if it has it and the name
+    /// no longer matches.
+    pub(super) fn named_thread(&self, op: &OpGuard<'_>, tid: Tid) {
+        let proc = op.process();
+        let pid = proc.pid;
+        let Ok(backend) = self.backends.get(Some(proc.backend)).cloned() else {
+            return;
+        };
+        let Some(name) = procfs::comm(pid, tid) else {
+            return; // gone
+        };
+        backend.sync();
+        for id in proc.watch_ids() {
+            let Some(w) = self.watches.get(&id).map(|w| w.clone()) else {
+                continue;
+            };
+            let Scope::Named(g) = &w.spec.scope else {
+                continue;
+            };
+            let Some(row) = self.ledger.get(tid) else {
+                continue;
+            };
+            let has = row.mask_of(w.id) != 0;
+            let want = g.matches(&name);
+            if want && !has {
+                let mut res = Vec::new();
+                let pieces = w.spec.range.slots() as u8;
+                if let Err(e) =
+                    self.ledger
+                        .reserve(tid, w.id, pieces, false, backend.retained(), &mut res)
+                {
+                    tracing::warn!(
+                        pid,
+                        tid,
+                        id = w.id.0,
+                        ?e,
+                        "thread {name:?} has no free slot"
+                    );
+                    continue;
+                }
+                if let Err(e) = backend.arm(op, &w, &res) {
+                    tracing::warn!(pid, tid, id = w.id.0, "arming thread {name:?}: {e}");
+                }
+            } else if !want && has {
+                backend.disarm_threads(op, &w, &[tid]);
+                self.ledger
+                    .release(tid, w.id, backend.retained() == Retained::Reuse);
+            }
+        }
+    }
+
+    /// Whether process `pid` has a watchpoint on threads by name.
+    pub(super) fn has_named(&self, pid: Pid) -> bool {
+        self.procs.get(&pid).is_some_and(|p| {
+            p.watch_ids().iter().any(|id| {
+                self.watches
+                    .get(id)
+                    .is_some_and(|w| matches!(w.spec.scope, Scope::Named(_)))
+            })
+        })
     }
 
     /// Removes a watchpoint. Blocking.
@@ -363,6 +488,86 @@ impl Core {
 
     /// Resumes held threads of `pid` (all when `tids` is empty). Blocking.
     pub fn resume(&self, pid: Pid, tids: &[Tid]) -> Result<Vec<Tid>, WpdError> {
+        let backend = self.stopping_backend(pid, "resuming threads", tids)?;
+        backend.resume(pid, tids)
+    }
+
+    /// The hits watchpoint `id` kept, oldest first (the last `limit`, or
+    /// all with 0), its process, and how many it reported in all.
+    pub fn recent_hits(
+        &self,
+        id: WatchId,
+        limit: usize,
+    ) -> Result<(Vec<Arc<crate::events::Event>>, Pid, u64), WpdError> {
+        let w = self
+            .watches
+            .get(&id)
+            .map(|w| w.clone())
+            .ok_or(WpdError::NoSuchWatchpoint(id))?;
+        let kept = w.recent.lock().unwrap();
+        let skip = match limit {
+            0 => 0,
+            n => kept.len().saturating_sub(n),
+        };
+        Ok((
+            kept.iter().skip(skip).cloned().collect(),
+            w.spec.pid,
+            w.hits.load(Ordering::Relaxed),
+        ))
+    }
+
+    /// Stops threads of `pid` (all when `tids` is empty) and holds them
+    /// until Resume; returns those held. Blocking.
+    pub fn pause(&self, pid: Pid, tids: &[Tid]) -> Result<Vec<Tid>, WpdError> {
+        let backend = self.stopping_backend(pid, "pausing threads", tids)?;
+        backend.pause(pid, tids)
+    }
+
+    /// Where held thread `tid` is stopped and its callers' return addresses
+    /// (up to `depth` frames in all), with why the chain ended early. Blocking.
+    pub fn thread_stack(&self, pid: Pid, tid: Tid, depth: usize) -> Result<ThreadStack, WpdError> {
+        let backend = self.stopping_backend(pid, "reading a thread's stack", &[tid])?;
+        let regs = backend.held_registers(pid, tid)?;
+        let (callers, note) = arch::current::walk_frame_pointers(
+            |at| procfs::read_memory(pid, tid, at, 16).ok(),
+            regs.fp,
+            regs.sp,
+            depth.saturating_sub(1),
+        );
+        let mut ips = Vec::with_capacity(1 + callers.len());
+        ips.push(regs.ip);
+        ips.extend(callers);
+        let image = self.procs.get(&pid).map(|p| p.image());
+        Ok(ThreadStack {
+            ips,
+            note,
+            regs,
+            image,
+        })
+    }
+
+    /// Up to `len` bytes of an attached process's memory from `addr`, and
+    /// why the rest could not be read. Blocking.
+    pub fn read_memory(
+        &self,
+        pid: Pid,
+        addr: u64,
+        len: usize,
+    ) -> Result<(Vec<u8>, Option<String>), WpdError> {
+        if !self.procs.contains_key(&pid) {
+            return Err(WpdError::NotAttached(pid));
+        }
+        Ok(procfs::read_memory_prefix(pid, addr, len))
+    }
+
+    /// The backend of attached process `pid` if it stops threads, after
+    /// checking that `tids` are its threads.
+    fn stopping_backend(
+        &self,
+        pid: Pid,
+        feature: &'static str,
+        tids: &[Tid],
+    ) -> Result<&Arc<dyn crate::backend::Backend>, WpdError> {
         let proc = self
             .procs
             .get(&pid)
@@ -371,9 +576,13 @@ impl Core {
         let backend = self.backends.get(Some(proc.backend))?;
         if !backend.features().stops {
             return Err(self.lacks(
-                "resuming threads",
+                feature,
                 |f| f.stops,
-                ": this process's backend never stops threads (nothing to resume)",
+                if feature == "resuming threads" {
+                    ": this process's backend never stops threads (nothing to resume)"
+                } else {
+                    ": this process's backend never stops threads"
+                },
             ));
         }
         for &t in tids {
@@ -381,7 +590,7 @@ impl Core {
                 return Err(WpdError::NoSuchThread { pid, tid: t });
             }
         }
-        backend.resume(pid, tids)
+        Ok(backend)
     }
 
     /// Reconciles the process's threads through its backend (the reconcile

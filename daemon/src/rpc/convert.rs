@@ -38,6 +38,42 @@ pub fn tids(t: &[i32]) -> Result<Vec<Tid>, WpdError> {
     Ok(t)
 }
 
+/// Most frames GetThreadStack walks.
+pub const MAX_STACK_DEPTH: u32 = 128;
+
+/// Most bytes one ReadMemory returns.
+pub const MAX_READ: u32 = 1 << 20;
+
+/// GetThreadStack's depth: 0 means 32.
+pub fn stack_depth(d: u32) -> Result<usize, WpdError> {
+    match d {
+        0 => Ok(32),
+        d if d > MAX_STACK_DEPTH => Err(WpdError::InvalidArgument(format!(
+            "depth {d} is more than {MAX_STACK_DEPTH} frames"
+        ))),
+        d => Ok(d as usize),
+    }
+}
+
+/// ReadMemory's length: 1 to [`MAX_READ`] bytes, inside user space.
+pub fn read_length(addr: u64, len: u32) -> Result<usize, WpdError> {
+    if len == 0 || len > MAX_READ {
+        return Err(WpdError::InvalidArgument(format!(
+            "length must be 1 to {MAX_READ} bytes, got {len}"
+        )));
+    }
+    if addr
+        .checked_add(u64::from(len))
+        .is_none_or(|end| end > arch::current::USER_ADDR_LIMIT)
+    {
+        return Err(WpdError::InvalidArgument(format!(
+            "{len} bytes at {addr:#x} reach past the end of user space ({:#x})",
+            arch::current::USER_ADDR_LIMIT
+        )));
+    }
+    Ok(len as usize)
+}
+
 /// A backend from the wire (`None` = daemon default).
 pub fn backend(b: i32) -> Result<Option<BackendKind>, WpdError> {
     match pb::Backend::try_from(b) {
@@ -135,11 +171,32 @@ impl TryFrom<pb::WatchpointSpec> for WatchSpec {
                 pieces: Vec::new(),
             },
         };
-        let scope = if s.tids.is_empty() {
+        let scope = if !s.thread_name.is_empty() {
+            if !s.tids.is_empty() {
+                return Err(WpdError::InvalidArgument(
+                    "give tids or a thread_name pattern, not both".into(),
+                ));
+            }
+            Scope::Named(
+                crate::model::ThreadGlob::new(&s.thread_name).map_err(WpdError::InvalidArgument)?,
+            )
+        } else if s.tids.is_empty() {
             Scope::Process
         } else {
             Scope::Threads(tids(&s.tids)?)
         };
+        if s.follow_forks && !s.thread_name.is_empty() {
+            return Err(WpdError::InvalidArgument(
+                "follow_forks applies to a process-wide watchpoint, not to threads by name".into(),
+            ));
+        }
+        if s.follow_forks && !s.tids.is_empty() {
+            return Err(WpdError::InvalidArgument(
+                "follow_forks applies to a process-wide watchpoint (a forked child is a copy of \
+                 the whole process), not to listed threads"
+                    .into(),
+            ));
+        }
         Ok(WatchSpec {
             pid,
             scope,
@@ -162,6 +219,42 @@ impl TryFrom<pb::WatchpointSpec> for WatchSpec {
             symbol,
             backtrace: s.backtrace_depth as u8,
             filter: filter_from_pb(&s)?,
+            lease: s.lease,
+            keep_recent: match s.keep_recent {
+                0 => crate::model::DEFAULT_KEEP_RECENT,
+                n if n > crate::model::MAX_KEEP_RECENT => {
+                    return Err(WpdError::InvalidArgument(format!(
+                        "keep_recent {n} is more than {}",
+                        crate::model::MAX_KEEP_RECENT
+                    )));
+                }
+                n => n,
+            },
+            policy: None,
+            follow_forks: s.follow_forks,
+            aggregate: match (s.aggregate, s.exemplars_per_second) {
+                (false, 0) => None,
+                (false, n) => {
+                    return Err(WpdError::InvalidArgument(format!(
+                        "exemplars_per_second {n} applies to aggregate mode (aggregate is false)"
+                    )));
+                }
+                (true, n) if n > crate::aggregate::MAX_EXEMPLARS => {
+                    return Err(WpdError::InvalidArgument(format!(
+                        "exemplars_per_second {n} is more than {}",
+                        crate::aggregate::MAX_EXEMPLARS
+                    )));
+                }
+                (true, _) if s.action != 0 && s.action != pb::HitAction::Log as i32 => {
+                    return Err(WpdError::InvalidArgument(
+                        "aggregate mode counts hits: its action must be log (a thread stopped \
+                         at every hit is not what aggregating is for)"
+                            .into(),
+                    ));
+                }
+                (true, 0) => Some(crate::aggregate::DEFAULT_EXEMPLARS),
+                (true, n) => Some(n),
+            },
         })
     }
 }
@@ -169,9 +262,18 @@ impl TryFrom<pb::WatchpointSpec> for WatchSpec {
 /// Domain spec → wire.
 pub fn spec_to_pb(s: &WatchSpec) -> pb::WatchpointSpec {
     pb::WatchpointSpec {
+        follow_forks: s.follow_forks,
+        aggregate: s.aggregate.is_some(),
+        exemplars_per_second: s.aggregate.unwrap_or(0),
+        thread_name: match &s.scope {
+            Scope::Named(g) => g.text.clone(),
+            _ => String::new(),
+        },
+        lease: s.lease,
+        keep_recent: s.keep_recent,
         pid: s.pid,
         tids: match &s.scope {
-            Scope::Process => vec![],
+            Scope::Process | Scope::Named(_) => vec![],
             Scope::Threads(t) => t.clone(),
         },
         address: s.range.addr,
@@ -334,6 +436,8 @@ impl From<&WatchView> for pb::Watchpoint {
     fn from(w: &WatchView) -> Self {
         pb::Watchpoint {
             id: w.id.0,
+            policy_id: w.spec.policy.map_or(0, |p| p.0),
+            forked_children: w.forked_children.clone(),
             spec: Some(spec_to_pb(&w.spec)),
             process_wide: w.process_wide,
             armed_threads: w.armed_threads,
@@ -366,6 +470,7 @@ impl From<&ProcessView> for pb::ProcessInfo {
             watchpoints: p.watchpoints,
             comm: p.comm.clone(),
             attached_at_ns: p.attached_at_ns,
+            stops: p.stops.clone(),
         }
     }
 }
@@ -427,6 +532,16 @@ pub fn event_to_pb(e: &Event) -> pb::StreamEventsResponse {
             old_value: h.old_value.clone().unwrap_or_default(),
             backend: backend_to_pb(h.backend) as i32,
             piece: u32::from(h.piece),
+            process_name: h
+                .names
+                .as_ref()
+                .map(|n| n.0.to_string())
+                .unwrap_or_default(),
+            thread_name: h
+                .names
+                .as_ref()
+                .map(|n| n.1.to_string())
+                .unwrap_or_default(),
             // Filled in by the stream once symbolized; raw addresses here.
             location: None,
             backtrace: h
@@ -492,6 +607,82 @@ pub fn event_to_pb(e: &Event) -> pb::StreamEventsResponse {
         seq: e.seq,
         time_ns: e.time_ns,
         event: Some(event),
+    }
+}
+
+/// A policy's spec from the wire: a watchpoint spec whose pid is 0 (the
+/// selector picks the processes), checked as any other.
+pub fn policy_spec_from_pb(mut s: pb::WatchpointSpec) -> Result<WatchSpec, WpdError> {
+    if s.pid != 0 {
+        return Err(WpdError::InvalidArgument(format!(
+            "a policy's spec must have pid 0 (its selector picks the processes), got {}",
+            s.pid
+        )));
+    }
+    if !s.tids.is_empty() {
+        return Err(WpdError::InvalidArgument(
+            "a policy's spec cannot name threads (tids are per process)".into(),
+        ));
+    }
+    // Checked as a watchpoint of some process; the pid is each instance's.
+    s.pid = 1;
+    let mut spec = WatchSpec::try_from(s)?;
+    spec.pid = 0;
+    Ok(spec)
+}
+
+/// A selector from the wire.
+pub fn selector_from_pb(
+    s: Option<pb::ProcessSelector>,
+) -> Result<crate::core::policy::Selector, WpdError> {
+    let s = s.unwrap_or_default();
+    crate::core::policy::Selector::new(s.pids, &s.comm, &s.exe, &s.cgroup)
+}
+
+/// A selector to the wire.
+pub fn selector_to_pb(s: &crate::core::policy::Selector) -> pb::ProcessSelector {
+    pb::ProcessSelector {
+        pids: s.pids.clone(),
+        comm: s.comm.clone().unwrap_or_default(),
+        exe: s
+            .exe
+            .as_ref()
+            .map(|e| e.display().to_string())
+            .unwrap_or_default(),
+        cgroup: s.cgroup.clone().unwrap_or_default(),
+    }
+}
+
+impl From<&crate::core::policy::PolicyView> for pb::Policy {
+    fn from(p: &crate::core::policy::PolicyView) -> Self {
+        pb::Policy {
+            id: p.id.0,
+            selector: Some(selector_to_pb(&p.selector)),
+            spec: Some(spec_to_pb(&p.spec)),
+            created_at_ns: p.created_at_ns,
+            instances: p
+                .instances
+                .iter()
+                .map(|i| pb::PolicyInstance {
+                    pid: i.pid,
+                    comm: i.comm.clone(),
+                    watchpoint_id: i.watch.0,
+                    armed_at_ns: i.armed_at_ns,
+                    latency_ns: i.latency_ns,
+                })
+                .collect(),
+            refusals: p
+                .refusals
+                .iter()
+                .map(|r| pb::PolicyRefusal {
+                    pid: r.pid,
+                    comm: r.comm.clone(),
+                    reason: r.reason.clone(),
+                    at_ns: r.at_ns,
+                })
+                .collect(),
+            instances_made: p.made,
+        }
     }
 }
 

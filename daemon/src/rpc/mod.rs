@@ -9,6 +9,7 @@ pub mod auth;
 pub mod authority;
 pub mod conn;
 pub mod convert;
+pub mod leases;
 pub mod serve;
 pub mod status;
 
@@ -26,7 +27,7 @@ use crate::authz::{self, Caller};
 use crate::core::Core;
 use crate::error::WpdError;
 use crate::events::{Event, EventKind};
-use crate::model::{BackendKind, Pid, WatchId, WatchSpec};
+use crate::model::{Pid, WatchId, WatchSpec};
 
 /// The service.
 #[derive(Debug, Clone)]
@@ -34,12 +35,14 @@ pub struct Service {
     core: Arc<Core>,
     auth: Arc<auth::AuthConfig>,
     conns: Arc<conn::Registry>,
+    leases: Arc<leases::Leases>,
 }
 
 impl Service {
     /// A service over `core`; `conns` counts its connections (stats).
     pub fn new(core: Arc<Core>, auth: auth::AuthConfig, conns: Arc<conn::Registry>) -> Self {
         Service {
+            leases: leases::Leases::new(core.clone()),
             core,
             auth: Arc::new(auth),
             conns,
@@ -83,7 +86,9 @@ impl Watchpoints for Service {
                 backend: convert::backend_to_pb(a.kind) as i32,
                 usable: a.usable,
                 reason: a.reason,
-                is_default: a.kind == BackendKind::Perf,
+                is_default: a.is_default,
+                stops: a.stops,
+                events: a.events,
             })
             .collect();
         let kernel = nix::sys::utsname::uname()
@@ -154,8 +159,24 @@ impl Watchpoints for Service {
         })?;
         let spec = WatchSpec::try_from(spec)?;
         allow(&caller, spec.pid)?;
+        let lease = spec.lease;
+        if lease != 0 {
+            self.leases.check(lease, caller.uid)?;
+        }
         let core = self.core.clone();
         let (view, took) = blocking(move || core.set_watchpoint(spec, caller.uid)).await?;
+        if lease != 0 && !self.leases.add_watch(lease, view.id) {
+            // The stream ended while the watchpoint was being armed.
+            let (core, id) = (self.core.clone(), view.id);
+            blocking(move || {
+                leases::undo(&core, &[id], &Default::default());
+                Ok(())
+            })
+            .await?;
+            return Err(status::to_status(&WpdError::InvalidArgument(format!(
+                "lease {lease} ended while the watchpoint was being armed: it was removed"
+            ))));
+        }
         tracing::info!(
             id = view.id.0,
             pid = view.spec.pid,
@@ -171,12 +192,61 @@ impl Watchpoints for Service {
         }))
     }
 
+    async fn set_policy(
+        &self,
+        req: Request<pb::SetPolicyRequest>,
+    ) -> Result<Response<pb::SetPolicyResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let spec = r.spec.ok_or_else(|| {
+            status::to_status(&WpdError::InvalidArgument("spec is required".into()))
+        })?;
+        let spec = convert::policy_spec_from_pb(spec)?;
+        let selector = convert::selector_from_pb(r.selector)?;
+        // Named processes are checked now, as SetWatchpoint would; the
+        // others when they match.
+        for &pid in &selector.pids {
+            allow(&caller, pid)?;
+        }
+        let core = self.core.clone();
+        let view = blocking(move || core.set_policy(selector, spec, caller)).await?;
+        tracing::info!(
+            id = view.id.0,
+            instances = view.instances.len(),
+            "policy set"
+        );
+        Ok(Response::new(pb::SetPolicyResponse {
+            policy: Some((&view).into()),
+        }))
+    }
+
     async fn remove_watchpoint(
         &self,
         req: Request<pb::RemoveWatchpointRequest>,
     ) -> Result<Response<pb::RemoveWatchpointResponse>, Status> {
         let caller = self.caller(&req)?;
         let id = WatchId(req.into_inner().id);
+        if let Some(p) = self.core.policy(id) {
+            if !caller.privileged && p.caller.uid != caller.uid {
+                return Err(status::to_status(&WpdError::NoSuchWatchpoint(id)));
+            }
+            let core = self.core.clone();
+            let view = blocking(move || core.remove_policy(id)).await?;
+            tracing::info!(
+                id = id.0,
+                instances = view.instances.len(),
+                "policy removed"
+            );
+            return Ok(Response::new(pb::RemoveWatchpointResponse {
+                watchpoint: Some(pb::Watchpoint {
+                    id: view.id.0,
+                    policy_id: view.id.0,
+                    spec: Some(convert::spec_to_pb(&view.spec)),
+                    created_at_ns: view.created_at_ns,
+                    ..Default::default()
+                }),
+            }));
+        }
         let pid = self
             .core
             .watch_pid(id)
@@ -209,9 +279,18 @@ impl Watchpoints for Service {
             ps.retain(|p| authz::check(&caller, p.pid).is_ok());
             ws.retain(|w| ps.iter().any(|p| p.pid == w.spec.pid));
         }
+        let mut policies = self.core.list_policies((pid > 0).then_some(pid));
+        if !caller.privileged {
+            policies.retain(|p| {
+                self.core
+                    .policy(p.id)
+                    .is_some_and(|q| q.caller.uid == caller.uid)
+            });
+        }
         Ok(Response::new(pb::ListWatchpointsResponse {
             watchpoints: ws.iter().map(Into::into).collect(),
             processes: ps.iter().map(Into::into).collect(),
+            policies: policies.iter().map(Into::into).collect(),
         }))
     }
 
@@ -251,7 +330,17 @@ impl Watchpoints for Service {
             allow(&caller, r.pid)?;
         }
         let sub = self.core.subscribe(caller.uid, caller.privileged)?;
+        let lease = r.lease.then(|| self.leases.open(caller.uid));
+        let greeting = lease.as_ref().map(|l| pb::StreamEventsResponse {
+            seq: 0,
+            time_ns: crate::clock::realtime_ns(),
+            event: Some(pb::stream_events_response::Event::Leased(pb::Leased {
+                lease: l.id,
+            })),
+        });
         let feed = EventFeed {
+            greeting,
+            _lease: lease,
             events: tokio_stream::wrappers::BroadcastStream::new(sub.rx),
             sub: sub.guard,
             shutdown: tokio_stream::wrappers::WatchStream::new(self.core.bus.closed()),
@@ -281,6 +370,171 @@ impl Watchpoints for Service {
         let core = self.core.clone();
         let resumed = blocking(move || core.resume(pid, &tids)).await?;
         Ok(Response::new(pb::ResumeResponse { resumed }))
+    }
+
+    async fn pause(
+        &self,
+        req: Request<pb::PauseRequest>,
+    ) -> Result<Response<pb::PauseResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let pid = convert::pid(r.pid)?;
+        let tids = convert::tids(&r.tids)?;
+        allow(&caller, pid)?;
+        if r.lease != 0 {
+            self.leases.check(r.lease, caller.uid)?;
+        }
+        let core = self.core.clone();
+        let held = blocking(move || core.pause(pid, &tids)).await?;
+        if r.lease != 0 && !self.leases.add_pause(r.lease, pid) {
+            let core = self.core.clone();
+            blocking(move || {
+                leases::undo(&core, &[], &[pid].into());
+                Ok(())
+            })
+            .await?;
+            return Err(status::to_status(&WpdError::InvalidArgument(format!(
+                "lease {} ended during the pause: the threads run again",
+                r.lease
+            ))));
+        }
+        Ok(Response::new(pb::PauseResponse { held }))
+    }
+
+    async fn get_thread_stack(
+        &self,
+        req: Request<pb::GetThreadStackRequest>,
+    ) -> Result<Response<pb::GetThreadStackResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let pid = convert::pid(r.pid)?;
+        let tid = convert::tids(&[r.tid])?[0];
+        let depth = convert::stack_depth(r.depth)?;
+        allow(&caller, pid)?;
+        let core = self.core.clone();
+        let stack = blocking(move || core.thread_stack(pid, tid, depth)).await?;
+        // Return addresses are looked up at `ret - 1` (in the call); the
+        // innermost frame at `ip - 1` only right after its own hit (the trap
+        // follows the access): a thread stopped anywhere else resumes at
+        // `ip`, which may be a function's first instruction.
+        let at: Vec<(u64, u64)> = stack
+            .ips
+            .iter()
+            .enumerate()
+            .map(|(i, &ip)| {
+                let exact = i == 0 && !stack.regs.after_hit;
+                (ip, if exact { ip } else { ip.saturating_sub(1) })
+            })
+            .collect();
+        let frames = match (&stack.image, r.raw) {
+            (Some(image), false) => self
+                .core
+                .symbols
+                .frames_at(image, &at)
+                .await
+                .iter()
+                .map(convert::frame_to_pb)
+                .collect(),
+            _ => at
+                .iter()
+                .map(|&(ip, lookup_address)| pb::Location {
+                    ip,
+                    lookup_address,
+                    ..Default::default()
+                })
+                .collect(),
+        };
+        Ok(Response::new(pb::GetThreadStackResponse {
+            frames,
+            note: stack.note.unwrap_or_default().to_string(),
+            sp: stack.regs.sp,
+            fp: stack.regs.fp,
+        }))
+    }
+
+    async fn read_memory(
+        &self,
+        req: Request<pb::ReadMemoryRequest>,
+    ) -> Result<Response<pb::ReadMemoryResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let pid = convert::pid(r.pid)?;
+        let len = convert::read_length(r.address, r.length)?;
+        allow(&caller, pid)?;
+        let core = self.core.clone();
+        let (data, error) = blocking(move || core.read_memory(pid, r.address, len)).await?;
+        Ok(Response::new(pb::ReadMemoryResponse {
+            unreadable: (len - data.len()) as u32,
+            data,
+            error: error.unwrap_or_default(),
+        }))
+    }
+
+    async fn get_recent_hits(
+        &self,
+        req: Request<pb::GetRecentHitsRequest>,
+    ) -> Result<Response<pb::GetRecentHitsResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let id = WatchId(r.watchpoint_id);
+        let (kept, pid, total) = self.core.recent_hits(id, r.limit as usize)?;
+        allow(&caller, pid)?;
+        let mut hits = Vec::with_capacity(kept.len());
+        for ev in kept {
+            let mut item = convert::event_to_pb(&ev);
+            if let (EventKind::Hit(h), false) = (&ev.kind, r.raw)
+                && let Some(image) = &h.image
+            {
+                let mut ips = Vec::with_capacity(1 + h.callchain.len());
+                ips.push(h.ip);
+                ips.extend_from_slice(&h.callchain);
+                let frames = self.core.symbols.frames(image, &ips).await;
+                convert::locate_hit(&mut item, &frames);
+            }
+            hits.push(item);
+        }
+        Ok(Response::new(pb::GetRecentHitsResponse { hits, total }))
+    }
+
+    async fn get_hit_aggregates(
+        &self,
+        req: Request<pb::GetHitAggregatesRequest>,
+    ) -> Result<Response<pb::GetHitAggregatesResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let id = WatchId(r.watchpoint_id);
+        let (pid, (hits, exemplars, overflow), top, image) =
+            self.core.hit_aggregates(id, r.limit as usize)?;
+        allow(&caller, pid)?;
+        let frames = match (&image, r.raw) {
+            (Some(image), false) => {
+                let ips: Vec<u64> = top.iter().map(|t| t.0.0).collect();
+                self.core.symbols.frames(image, &ips).await
+            }
+            _ => Vec::new(),
+        };
+        let aggregates = top
+            .iter()
+            .enumerate()
+            .map(|(i, ((ip, tid), a))| pb::HitAggregate {
+                ip: *ip,
+                location: frames.get(i).map(convert::frame_to_pb),
+                tid: *tid,
+                thread_name: a.thread_name.to_string(),
+                count: a.count,
+                first_ns: a.first_ns,
+                last_ns: a.last_ns,
+                values: a.values.clone(),
+            })
+            .collect();
+        Ok(Response::new(pb::GetHitAggregatesResponse {
+            watchpoint_id: id.0,
+            pid,
+            hits,
+            exemplars,
+            overflow,
+            aggregates,
+        }))
     }
 
     async fn get_stats(
@@ -434,6 +688,10 @@ const PACE: std::time::Duration = std::time::Duration::from_millis(1);
 /// coming, the stream wakes at most once per [`PACE`]. It ends at daemon
 /// shutdown; tonic drops it when the client goes away.
 struct EventFeed {
+    /// Sent before any event (the lease's name).
+    greeting: Option<pb::StreamEventsResponse>,
+    /// Ends with the stream (dropped with it).
+    _lease: Option<leases::LeaseGuard>,
     events: tokio_stream::wrappers::BroadcastStream<Arc<Event>>,
     /// This subscriber's loss accounting.
     sub: crate::events::SubGuard,
@@ -556,6 +814,9 @@ impl Stream for EventFeed {
             if closed != Some(false) {
                 return Poll::Ready(None);
             }
+        }
+        if let Some(g) = this.greeting.take() {
+            return Poll::Ready(Some(Ok(g)));
         }
         if let Some((_, fut)) = &mut this.locating {
             let Poll::Ready(frames) = fut.as_mut().poll(cx) else {

@@ -97,6 +97,7 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
         WpdError::NoSuchProcess(_) => (Code::NotFound, r::NO_SUCH_PROCESS),
         WpdError::NotAttached(_) => (Code::NotFound, r::NOT_ATTACHED),
         WpdError::NoSuchThread { .. } => (Code::NotFound, r::NO_SUCH_THREAD),
+        WpdError::NotHeld { .. } => (Code::FailedPrecondition, r::THREAD_NOT_HELD),
         WpdError::NoSuchWatchpoint(_) => (Code::NotFound, r::NO_SUCH_WATCHPOINT),
         WpdError::OutOfSlots { .. } => (Code::ResourceExhausted, r::OUT_OF_SLOTS),
         WpdError::PermissionDenied { .. } => (Code::PermissionDenied, r::PERMISSION_DENIED),
@@ -190,6 +191,12 @@ mod tests {
             Code::NotFound,
             "NOT_ATTACHED",
             "not attached",
+        );
+        check(
+            WpdError::NotHeld { pid: 1, tid: 2 },
+            Code::FailedPrecondition,
+            "THREAD_NOT_HELD",
+            "thread 2 of process 1 is running",
         );
         check(
             WpdError::NoSuchThread { pid: 1, tid: 2 },

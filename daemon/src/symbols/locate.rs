@@ -66,7 +66,8 @@ pub struct Frame {
     /// The instruction pointer (of the hit: after the access) or return
     /// address.
     pub ip: u64,
-    /// The address symbolized (`ip - 1`, see the module doc).
+    /// The address symbolized (`ip - 1`, see the module doc; `ip` itself
+    /// for the innermost frame of a thread stopped other than by its hit).
     pub lookup: u64,
     /// What is there.
     pub place: Arc<Place>,
@@ -183,40 +184,46 @@ pub fn cached_frame(image: &Image, ip: u64) -> Option<Frame> {
 /// The frames of `ips` in `image` if all are cached already (the common
 /// case: no waiting, no thread hop).
 pub fn cached_frames(image: &Image, ips: &[u64]) -> Option<Vec<Frame>> {
-    ips.iter()
-        .map(|&ip| {
-            let lookup = ip.saturating_sub(1);
-            image
-                .cached(lookup)
-                .map(|place| Frame { ip, lookup, place })
-        })
-        .collect()
+    ips.iter().map(|&ip| cached_frame(image, ip)).collect()
 }
 
 impl Symbols {
     /// Symbolizes `ips` of `image` (hit instruction pointers or return
     /// addresses), waiting for the symbolizer thread for those not cached.
     pub async fn frames(self: &Arc<Self>, image: &Arc<Image>, ips: &[u64]) -> Vec<Frame> {
-        if let Some(f) = cached_frames(image, ips) {
+        let at: Vec<(u64, u64)> = ips.iter().map(|&ip| (ip, ip.saturating_sub(1))).collect();
+        self.frames_at(image, &at).await
+    }
+
+    /// Symbolizes `(ip, lookup)` pairs of `image`: each `lookup` is the
+    /// address to symbolize for its `ip` (`ip - 1` after a trap or for a
+    /// return address, `ip` itself where a stopped thread will resume).
+    pub async fn frames_at(self: &Arc<Self>, image: &Arc<Image>, at: &[(u64, u64)]) -> Vec<Frame> {
+        let cached: Option<Vec<Frame>> = at
+            .iter()
+            .map(|&(ip, lookup)| {
+                image
+                    .cached(lookup)
+                    .map(|place| Frame { ip, lookup, place })
+            })
+            .collect();
+        if let Some(f) = cached {
             return f;
         }
         let (reply, done) = tokio::sync::oneshot::channel();
         let job = Job {
             image: image.clone(),
-            lookups: ips.iter().map(|ip| ip.saturating_sub(1)).collect(),
+            lookups: at.iter().map(|&(_, lookup)| lookup).collect(),
             reply,
         };
         if self.sender().lock().unwrap().send(Msg::Locate(job)).is_ok() {
             let _ = done.await;
         }
-        ips.iter()
-            .map(|&ip| {
-                let lookup = ip.saturating_sub(1);
-                Frame {
-                    ip,
-                    lookup,
-                    place: image.cached(lookup).unwrap_or_default(),
-                }
+        at.iter()
+            .map(|&(ip, lookup)| Frame {
+                ip,
+                lookup,
+                place: image.cached(lookup).unwrap_or_default(),
             })
             .collect()
     }

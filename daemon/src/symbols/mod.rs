@@ -104,6 +104,18 @@ pub struct AddressInfo {
     pub symbol: Option<(String, u64, u64, &'static str)>,
 }
 
+impl SymbolError {
+    /// Whether the name may resolve in the same process a moment later: a
+    /// module or name not mapped yet (a program just started or exec'd,
+    /// whose dynamic linker has not loaded its libraries).
+    pub fn may_resolve_later(&self) -> bool {
+        matches!(
+            self,
+            SymbolError::NoSuchModule { .. } | SymbolError::Unknown { .. }
+        )
+    }
+}
+
 /// Why a name does not resolve. Each is a refusal that changes nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SymbolError {

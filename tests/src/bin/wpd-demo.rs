@@ -201,6 +201,7 @@ async fn demo(args: &Args, client: &mut Client) -> Result<()> {
             watchpoint_ids: vec![],
             hits_only: false,
             raw: false,
+            lease: false,
         },
     )
     .await?;

@@ -11,7 +11,7 @@ use crate::backend::Host;
 use crate::events::{EventKind, HitEvent};
 use crate::model::{BackendKind, Pid, Tid, WatchId};
 use crate::procfs;
-use crate::state::Job;
+use crate::state::{Job, Watch};
 
 impl PerfEngine {
     /// Runs until the backend stops: reads the rings when the kernel signals
@@ -53,7 +53,11 @@ impl PerfEngine {
                 // thread), so while some process is tracked through the
                 // rings they are read every QUIET_POLL_MS. With none,
                 // nothing can come.
-                let timeout = if self.trackers.is_empty() {
+                // Policies waiting for processes read the collectors'
+                // FORK and exec records promptly too.
+                let timeout = if self.trackers.is_empty()
+                    && !self.host.upgrade().is_some_and(|h| h.wants_processes())
+                {
                     IDLE_POLL_MS
                 } else {
                     QUIET_POLL_MS
@@ -98,38 +102,61 @@ impl PerfEngine {
                 };
                 let len = w.spec.range.piece(key.piece).len.bytes();
                 let (value, value_read_ns) = values.read(pid, tid, addr, len);
-                let rate_limited_before = match w.filter.judge(
-                    &w.spec.filter,
-                    value.as_ref().ok().map(|v| &v[..]),
-                    crate::clock::monotonic_ns(),
-                ) {
-                    crate::filter::Verdict::Report { limited_before } => limited_before,
-                    _ => return,
+                self.report(
+                    host,
+                    &w,
+                    Decoded {
+                        piece: key.piece,
+                        pid,
+                        tid,
+                        ip,
+                        addr,
+                        len,
+                        time,
+                        cpu,
+                        value,
+                        value_read_ns,
+                        callchain,
+                    },
+                );
+            }
+            Record::Hit(h) => {
+                let Some(w) = host.watch(h.key.id) else {
+                    return;
                 };
-                host.count_hit(&w);
-                let callchain_note = (w.spec.backtrace > 0 && callchain.is_empty())
-                    .then_some(crate::events::NO_FRAME_POINTER);
-                host.publish(EventKind::Hit(HitEvent {
-                    id: w.id,
-                    piece: key.piece,
-                    pid,
-                    tid,
-                    ip,
-                    addr,
-                    len,
-                    access: w.spec.access,
-                    value,
-                    time_ns: time + self.clock_offset,
-                    value_read_ns,
-                    cpu,
-                    stopped: false,
-                    old_value: None,
-                    backend: BackendKind::Perf,
-                    image: host.image(pid),
-                    callchain,
-                    callchain_note,
-                    rate_limited_before,
-                }));
+                let len = w.spec.range.piece(h.key.piece).len.bytes();
+                let (pid, tid) = (h.pid, h.tid);
+                // The program read the bytes at the trap: the value the
+                // access left. Read now only if it could not.
+                let (value, value_read_ns) = match h.value {
+                    Ok(bytes) => (
+                        Ok(bytes[..len as usize].to_vec()),
+                        h.time + self.clock_offset,
+                    ),
+                    Err(_) => values.read(pid, tid, h.addr, len),
+                };
+                // The program's chain starts with the trap's ip.
+                let mut callchain = h.callchain;
+                if callchain.first() == Some(&h.ip) {
+                    callchain.remove(0);
+                }
+                self.report(
+                    host,
+                    &w,
+                    Decoded {
+                        piece: h.key.piece,
+                        pid,
+                        tid,
+                        ip: h.ip,
+                        addr: h.addr,
+                        len,
+                        time: h.time,
+                        cpu: h.cpu,
+                        value,
+                        value_read_ns,
+                        callchain,
+                    },
+                );
             }
             Record::Fork {
                 pid,
@@ -138,8 +165,22 @@ impl PerfEngine {
                 ptid,
                 time,
             } => {
-                if pid != ppid || !self.trackers.contains_key(&pid) {
-                    return; // a new process (fork) is left alone
+                if pid != ppid {
+                    self.on_forked(host, pid, ppid, time);
+                    // A new process: policies may want it (the per-thread
+                    // path's collectors see every fork).
+                    if self.perf.hit_ring().is_some() && host.wants_processes() {
+                        host.process_started(pid, time);
+                    }
+                    return;
+                }
+                if !self.trackers.contains_key(&pid) {
+                    return;
+                }
+                if self.attached_at.get(&pid).is_some_and(|at| time < *at) {
+                    // Per-thread path: created before the attach, which
+                    // listed it if it was still alive.
+                    return;
                 }
                 // Gone already: its EXIT record was read first (it sits in
                 // the ring of the CPU the thread exited on, the FORK in the
@@ -163,8 +204,13 @@ impl PerfEngine {
                     if exited {
                         ledger.remove_thread(tid);
                         host.publish(EventKind::ThreadExited { pid, tid });
-                    } else if row.uncertain != 0 || missing_wide(host, pid, &row) {
-                        host.schedule(Job::Reconcile(pid));
+                    } else {
+                        if row.uncertain != 0 || missing_wide(host, pid, &row) {
+                            host.schedule(Job::Reconcile(pid));
+                        }
+                        if host.has_named(pid) {
+                            host.schedule(Job::Named(pid, tid));
+                        }
                     }
                 }
             }
@@ -181,8 +227,28 @@ impl PerfEngine {
                     self.early_exits.lock().unwrap().insert(tid, time);
                 }
             }
-            Record::Exec { pid, .. } => {
-                if self.trackers.contains_key(&pid) {
+            Record::Comm { pid, tid, name } => host.renamed(pid, tid, &name),
+            Record::Exec {
+                pid,
+                tid,
+                time,
+                name,
+            } => {
+                host.renamed(pid, tid, &name);
+                // A forked child's inherited breakpoints go at its exec
+                // (remove_on_exec).
+                if let Some((_, ids)) = self.forked.remove(&pid) {
+                    for id in ids {
+                        if let Some(w) = host.watch(id) {
+                            w.forked.lock().unwrap().remove(&pid);
+                        }
+                    }
+                }
+                if host.wants_processes() {
+                    host.process_started(pid, time);
+                }
+                let before_attach = self.attached_at.get(&pid).is_some_and(|at| time < *at);
+                if self.trackers.contains_key(&pid) && !before_attach {
                     host.schedule(Job::Exec(pid));
                 }
             }
@@ -191,6 +257,99 @@ impl PerfEngine {
                 host.publish(EventKind::RecordsLost { count });
             }
         }
+    }
+}
+
+/// A hit as either path decoded it, before its watchpoint's filter.
+struct Decoded {
+    piece: u8,
+    pid: Pid,
+    tid: Tid,
+    ip: u64,
+    addr: u64,
+    len: u32,
+    /// Kernel CLOCK_MONOTONIC ns.
+    time: u64,
+    cpu: u32,
+    value: Result<Vec<u8>, String>,
+    value_read_ns: u64,
+    callchain: Vec<u64>,
+}
+
+impl PerfEngine {
+    /// Judges a hit of `w` by its filter and publishes it if reported.
+    fn report(&self, host: &dyn Host, w: &Watch, d: Decoded) {
+        let rate_limited_before = match w.filter.judge(
+            &w.spec.filter,
+            d.value.as_ref().ok().map(|v| &v[..]),
+            crate::clock::monotonic_ns(),
+        ) {
+            crate::filter::Verdict::Report { limited_before } => limited_before,
+            _ => return,
+        };
+        host.count_hit(w);
+        let callchain_note = (w.spec.backtrace > 0 && d.callchain.is_empty())
+            .then_some(crate::events::NO_FRAME_POINTER);
+        host.publish(EventKind::Hit(HitEvent {
+            id: w.id,
+            piece: d.piece,
+            pid: d.pid,
+            tid: d.tid,
+            ip: d.ip,
+            addr: d.addr,
+            len: d.len,
+            access: w.spec.access,
+            value: d.value,
+            time_ns: d.time + self.clock_offset,
+            value_read_ns: d.value_read_ns,
+            cpu: d.cpu,
+            stopped: false,
+            old_value: None,
+            backend: BackendKind::Perf,
+            image: host.image(d.pid),
+            callchain: d.callchain,
+            callchain_note,
+            rate_limited_before,
+            names: None,
+        }));
+    }
+
+    /// Process `pid` was forked by `ppid`: if `ppid` carries watchpoints
+    /// that follow forks (its own, or inherited as a forked child itself),
+    /// the kernel copied them into `pid` inside fork(); record that.
+    fn on_forked(&self, host: &dyn Host, pid: Pid, ppid: Pid, time: u64) {
+        let mut carried: Vec<WatchId> = Vec::new();
+        if self.trackers.contains_key(&ppid)
+            && self.attached_at.get(&ppid).is_none_or(|at| time >= *at)
+        {
+            carried.extend(
+                host.wide_watches(ppid)
+                    .iter()
+                    .filter(|w| w.spec.follow_forks)
+                    .map(|w| w.id),
+            );
+        }
+        if let Some(up) = self.forked.get(&ppid) {
+            carried.extend(up.iter().copied());
+        }
+        if carried.is_empty() {
+            return;
+        }
+        carried.sort_unstable();
+        carried.dedup();
+        let start = procfs::start_time(pid).unwrap_or(0);
+        for id in &carried {
+            if let Some(w) = host.watch(*id) {
+                w.forked.lock().unwrap().insert(pid, start);
+            }
+        }
+        // Children that exited unseen (the per-CPU path reads no record of
+        // their exit) are dropped now and then.
+        if self.forked.len() >= 4096 {
+            self.forked
+                .retain(|p, _| std::path::Path::new(&format!("/proc/{p}")).exists());
+        }
+        self.forked.insert(pid, carried);
     }
 }
 

@@ -66,6 +66,8 @@ pub enum Record {
         /// context markers left out).
         callchain: Vec<u64>,
     },
+    /// A breakpoint of the per-thread path fired (its program's record).
+    Hit(super::ring::RingHit),
     /// A task was created (thread or process).
     Fork {
         /// Process of the new task.
@@ -94,6 +96,19 @@ pub enum Record {
         pid: i32,
         /// Thread that called exec (now the leader).
         tid: i32,
+        /// CLOCK_MONOTONIC nanoseconds (from the `sample_id_all` trailer).
+        time: u64,
+        /// The new program's name.
+        name: String,
+    },
+    /// A thread was renamed (`prctl(PR_SET_NAME)`, `pthread_setname_np`).
+    Comm {
+        /// Process.
+        pid: i32,
+        /// Thread.
+        tid: i32,
+        /// Its new name.
+        name: String,
     },
     /// The kernel dropped records: ring full.
     Lost {
@@ -159,6 +174,44 @@ pub struct Perf {
     /// Fds perf events leave free under `RLIMIT_NOFILE` for everything else
     /// (connections above all); see [`Perf::set_fd_headroom`].
     headroom: AtomicU64,
+    /// The per-thread path's ring and programs (`ring.rs`), or why the
+    /// per-CPU path is used.
+    path: Result<super::ring::HitRing, String>,
+}
+
+/// Who gets a copy of a breakpoint the kernel makes at clone or fork.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inherit {
+    /// Nobody: the thread's own.
+    No,
+    /// Threads it creates (`inherit`, `inherit_thread`): process-wide.
+    Threads,
+    /// Threads and forked children (`inherit` alone): `follow_forks`.
+    ThreadsAndForks,
+}
+
+impl Inherit {
+    fn set(self, a: &mut b::perf_event_attr) {
+        match self {
+            Inherit::No => {}
+            Inherit::Threads => {
+                a.set_inherit(1);
+                a.set_inherit_thread(1);
+            }
+            Inherit::ThreadsAndForks => a.set_inherit(1),
+        }
+    }
+}
+
+/// Which way the perf backend opens breakpoints (`wpd --perf-events`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventsPolicy {
+    /// Per thread where the kernel allows it (bpf()), else per CPU.
+    Auto,
+    /// Per thread, or the perf backend does not start.
+    PerThread,
+    /// One event per thread and CPU, output in per-CPU rings.
+    PerCpu,
 }
 
 impl std::fmt::Debug for Perf {
@@ -252,8 +305,21 @@ pub fn online_cpus() -> Vec<u32> {
 }
 
 impl Perf {
-    /// Opens one collector ring per online CPU. Needs CAP_PERFMON (or root).
-    pub fn new() -> Result<Self, PerfError> {
+    /// Opens one collector ring per online CPU and, unless `policy` says
+    /// per CPU, the per-thread path's ring. Needs CAP_PERFMON (or root).
+    pub fn new(policy: EventsPolicy) -> Result<Self, PerfError> {
+        let path = match policy {
+            EventsPolicy::PerCpu => Err("--perf-events per-cpu".to_string()),
+            _ => super::ring::HitRing::new().map_err(|e| e.to_string()),
+        };
+        if let (EventsPolicy::PerThread, Err(why)) = (policy, &path) {
+            tracing::warn!("per-thread perf events: {why}");
+            return Err(PerfError {
+                op: "bpf(per-thread perf events)",
+                errno: Errno::EPERM,
+            });
+        }
+        let per_thread = path.is_ok();
         let cpus = online_cpus();
         let page = page_size();
         let mut rings = Vec::with_capacity(cpus.len());
@@ -265,6 +331,14 @@ impl Perf {
             // loop also polls on a short timeout for latency.
             a.set_watermark(1);
             a.__bindgen_anon_2.wakeup_watermark = (RING_DATA_PAGES * page / 4) as u32;
+            if per_thread {
+                // No per-thread trackers on this path: the collectors see
+                // every task's FORK, EXIT and COMM on their CPU (the drain
+                // keeps those of tracked processes).
+                a.set_task(1);
+                a.set_comm(1);
+                a.set_comm_exec(1);
+            }
             let collector = open(&mut a, -1, cpu as i32, "perf_event_open(collector)")?;
             let len = (RING_DATA_PAGES + 1) * page;
             // SAFETY: mapping a perf ring of 1 + 2^n pages on our own fd.
@@ -314,6 +388,7 @@ impl Perf {
             lost: AtomicU64::new(0),
             fd_room: AtomicU64::new(0),
             headroom: AtomicU64::new(0),
+            path,
         };
         // Grown once now, the table spares the first attaches their growth
         // and its RCU wait (128 KiB of kernel memory).
@@ -324,6 +399,26 @@ impl Perf {
     /// Online CPUs this backend opens events on.
     pub fn cpus(&self) -> &[u32] {
         &self.cpus
+    }
+
+    /// The per-thread path's ring, when that path is in use.
+    pub fn hit_ring(&self) -> Option<&super::ring::HitRing> {
+        self.path.as_ref().ok()
+    }
+
+    /// Why the per-CPU path is in use (None: the per-thread one is).
+    pub fn per_cpu_reason(&self) -> Option<&str> {
+        self.path.as_ref().err().map(|s| s.as_str())
+    }
+
+    /// Event fds a breakpoint or tracker takes per thread: 1 on the
+    /// per-thread path, one per CPU on the other.
+    pub fn fds_per_thread(&self) -> usize {
+        if self.path.is_ok() {
+            1
+        } else {
+            self.cpus.len()
+        }
     }
 
     /// Raw fds of the collectors, for polling.
@@ -440,7 +535,7 @@ impl Perf {
         tid: Tid,
         piece: Piece,
         access: Access,
-        inherit: bool,
+        inherit: Inherit,
         callers: u16,
         id_sink: &dyn Fn(u64),
     ) -> Result<ThreadEvents, PerfError> {
@@ -457,10 +552,7 @@ impl Perf {
                 a.sample_max_stack = (callers + 1).min(max_stack());
             }
             a.set_remove_on_exec(1);
-            if inherit {
-                a.set_inherit(1);
-                a.set_inherit_thread(1);
-            }
+            inherit.set(&mut a);
             let fd = open(&mut a, tid, cpu as i32, "perf_event_open(breakpoint)")?;
             let mut id = 0u64;
             // SAFETY: fd is a perf event; id is a valid out pointer.
@@ -477,6 +569,22 @@ impl Perf {
         Ok(ThreadEvents { fds, ids })
     }
 
+    /// Opens a breakpoint on `tid` for every CPU at once (`cpu = -1`) that
+    /// runs `prog` at each hit instead of writing to a ring (the per-thread
+    /// path, `ring.rs`). `inherit` as for [`Perf::open_breakpoint`].
+    pub fn open_breakpoint_bpf(
+        &self,
+        tid: Tid,
+        piece: Piece,
+        access: Access,
+        inherit: Inherit,
+        prog: &OwnedFd,
+    ) -> Result<OwnedFd, PerfError> {
+        let fd = open_breakpoint_bpf(tid, piece, access, inherit, prog)?;
+        self.open_fds.fetch_add(1, Ordering::Relaxed);
+        Ok(fd)
+    }
+
     /// Reads every complete record from every ring and hands it to `sink`.
     /// Returns the number of records. Serialised: concurrent callers wait.
     pub fn drain(&self, sink: &mut dyn FnMut(Record)) -> usize {
@@ -490,6 +598,14 @@ impl Perf {
                 }
                 sink(r)
             });
+        }
+        if let Ok(hits) = &self.path {
+            let (read, dropped) = hits.drain(&mut |h| sink(Record::Hit(h)));
+            n += read;
+            if dropped > 0 {
+                self.lost.fetch_add(dropped, Ordering::Relaxed);
+                sink(Record::Lost { count: dropped });
+            }
         }
         n
     }
@@ -505,6 +621,25 @@ impl Perf {
     pub fn ring_cpus(&self) -> Vec<u32> {
         self.rings.lock().unwrap().iter().map(|r| r.cpu).collect()
     }
+}
+
+/// See [`Perf::open_breakpoint_bpf`] (without the daemon's fd count).
+pub(in crate::backend) fn open_breakpoint_bpf(
+    tid: Tid,
+    piece: Piece,
+    access: Access,
+    inherit: Inherit,
+    prog: &OwnedFd,
+) -> Result<OwnedFd, PerfError> {
+    let mut a = breakpoint_attr(piece.addr, piece.len, access);
+    a.__bindgen_anon_1.sample_period = 1;
+    a.set_remove_on_exec(1);
+    inherit.set(&mut a);
+    let fd = open(&mut a, tid, -1, "perf_event_open(breakpoint)")?;
+    // SAFETY: PERF_EVENT_IOC_SET_BPF takes the program's fd by value.
+    let r = unsafe { sys::ioctls::SET_BPF(fd.as_raw_fd(), prog.as_raw_fd() as u32) };
+    ioctl_result(r, "PERF_EVENT_IOC_SET_BPF")?;
+    Ok(fd)
 }
 
 pub(in crate::backend) fn breakpoint_attr(
@@ -619,7 +754,7 @@ const PERF_CONTEXT_MAX: u64 = (-4095i64) as u64;
 
 /// The kernel's limit on call-chain entries a sample may ask for
 /// (`kernel.perf_event_max_stack`, 127 by default); read once.
-fn max_stack() -> u16 {
+pub(super) fn max_stack() -> u16 {
     static MAX: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
     *MAX.get_or_init(|| {
         std::fs::read_to_string("/proc/sys/kernel/perf_event_max_stack")
@@ -691,10 +826,27 @@ pub fn parse_record(ty: u32, misc: u16, body: &[u8]) -> Option<Record> {
                 Some(Record::Exit { pid, tid, time })
             }
         }
-        b::PERF_RECORD_COMM if u32::from(misc) & b::PERF_RECORD_MISC_COMM_EXEC != 0 => {
+        b::PERF_RECORD_COMM => {
             let pid = c.u32()? as i32;
             let tid = c.u32()? as i32;
-            Some(Record::Exec { pid, tid })
+            // The name, NUL-terminated (padded to 8 bytes), then the
+            // trailer; at most 16 bytes of name.
+            let rest = body.get(8..)?;
+            let end = rest.iter().take(16).position(|&b| b == 0)?;
+            let name = String::from_utf8_lossy(&rest[..end]).into_owned();
+            if u32::from(misc) & b::PERF_RECORD_MISC_COMM_EXEC == 0 {
+                return Some(Record::Comm { pid, tid, name });
+            }
+            // The trailer ends with TID, TIME, CPU and IDENTIFIER (8 bytes
+            // each): the time is the third u64 from the end.
+            let at = body.len().checked_sub(24)?;
+            let time = u64::from_ne_bytes(body.get(at..at + 8)?.try_into().ok()?);
+            Some(Record::Exec {
+                pid,
+                tid,
+                time,
+                name,
+            })
         }
         b::PERF_RECORD_LOST => {
             let _id = c.u64()?;
@@ -773,14 +925,34 @@ mod tests {
     }
 
     #[test]
-    fn comm_is_exec_only_with_the_exec_flag() {
-        let body = bytes(&[(5u64 << 32) | 5, u64::from_ne_bytes(*b"sh\0\0\0\0\0\0")]);
+    fn comm_is_an_exec_with_the_exec_flag_else_a_rename() {
+        // pid/tid, the name, then the trailer: pid/tid, time, cpu, id.
+        let body = bytes(&[
+            (5u64 << 32) | 5,
+            u64::from_ne_bytes(*b"sh\0\0\0\0\0\0"),
+            (5u64 << 32) | 5,
+            4_242,
+            1,
+            77,
+        ]);
         let exec = b::PERF_RECORD_MISC_COMM_EXEC as u16;
         assert_eq!(
             parse_record(b::PERF_RECORD_COMM, exec, &body),
-            Some(Record::Exec { pid: 5, tid: 5 })
+            Some(Record::Exec {
+                pid: 5,
+                tid: 5,
+                time: 4_242,
+                name: "sh".into()
+            })
         );
-        assert_eq!(parse_record(b::PERF_RECORD_COMM, 0, &body), None);
+        assert_eq!(
+            parse_record(b::PERF_RECORD_COMM, 0, &body),
+            Some(Record::Comm {
+                pid: 5,
+                tid: 5,
+                name: "sh".into()
+            })
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@
 
 pub mod drain;
 pub mod kernel;
+pub mod ring;
 
 use std::collections::HashSet;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -31,7 +32,23 @@ use crate::ledger::{Inheritance, Reservation, Retained, classify};
 use crate::model::{Pid, SlotKey, Tid, WatchId};
 use crate::procfs;
 use crate::state::{OpGuard, Process, Watch};
-pub use kernel::{Perf, PerfError, Record, ThreadEvents};
+pub use kernel::{EventsPolicy, Inherit, Perf, PerfError, Record, ThreadEvents};
+
+static EVENTS_POLICY: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Sets how breakpoints are opened (`wpd --perf-events`, at start).
+pub fn set_events_policy(p: EventsPolicy) {
+    EVENTS_POLICY.store(p as u8, Ordering::Relaxed);
+}
+
+/// How breakpoints are opened.
+pub fn events_policy() -> EventsPolicy {
+    match EVENTS_POLICY.load(Ordering::Relaxed) {
+        1 => EventsPolicy::PerThread,
+        2 => EventsPolicy::PerCpu,
+        _ => EventsPolicy::Auto,
+    }
+}
 
 /// The perf backend.
 pub struct PerfEngine {
@@ -46,8 +63,17 @@ pub struct PerfEngine {
     /// removes the copies the kernel made for the threads it created.
     events: DashMap<WatchId, Vec<(Tid, ThreadEvents)>>,
     /// Thread-tracking events, by process; kept until detach for the same
-    /// reason.
+    /// reason. On the per-thread path there are none (the collectors see
+    /// every task): the entry marks the process tracked.
     trackers: DashMap<Pid, Vec<OwnedFd>>,
+    /// When each process was attached on the per-thread path (kernel
+    /// clock): the collectors' rings may still hold its records from
+    /// before (its own exec, above all), which must not count.
+    attached_at: DashMap<Pid, u64>,
+    /// Forked children carrying watchpoints that follow forks (by
+    /// inheritance), with those watchpoints: their own children inherit
+    /// the same.
+    forked: DashMap<Pid, Vec<WatchId>>,
     /// An eventfd in the drain thread's poll: written when a process gets
     /// tracked, so that a drain waiting out its idle timeout (nothing was
     /// tracked) switches to the short one at once, and a first hit does not
@@ -72,7 +98,7 @@ impl std::fmt::Debug for PerfEngine {
 /// `RLIMIT_NOFILE`, by the kernel (EMFILE) or by the daemon's own count.
 /// Called after what the request opened was closed.
 fn fd_limit(perf: &Perf, what: &'static str, threads: usize, by_kernel: bool) -> WpdError {
-    let cpus = perf.cpus().len();
+    let cpus = perf.fds_per_thread();
     WpdError::FdLimit {
         what,
         threads,
@@ -120,6 +146,8 @@ impl PerfEngine {
         stops: false,
         only_on_change: false,
         exact_values: false,
+        follow_forks: true,
+        thread_names: true,
     };
 
     /// Opens the per-CPU rings; `fd_headroom` fds are never taken by events.
@@ -128,7 +156,7 @@ impl PerfEngine {
         probe: Option<Arc<SlotProbe>>,
         fd_headroom: u64,
     ) -> Result<PerfEngine, Unavailable> {
-        let perf = Perf::new().map_err(|e| Unavailable::Kernel {
+        let perf = Perf::new(events_policy()).map_err(|e| Unavailable::Kernel {
             op: e.op,
             errno: e.errno,
             needs: format!(
@@ -159,6 +187,8 @@ impl PerfEngine {
             event_ids: DashMap::new(),
             events: DashMap::new(),
             trackers: DashMap::new(),
+            attached_at: DashMap::new(),
+            forked: DashMap::new(),
             wake,
             early_exits: Mutex::new(drain::EarlyExits::default()),
             clock_offset: crate::clock::realtime_ns().saturating_sub(crate::clock::monotonic_ns()),
@@ -192,6 +222,106 @@ impl PerfEngine {
             self.perf
                 .drain(&mut |r| self.on_record(&*host, r, &mut values));
         }
+    }
+
+    /// Opens piece `key` of `spec` on `tid`: one event (per-thread path) or
+    /// one per CPU. `progs`: the per-thread path's programs, by piece.
+    fn open_piece(
+        &self,
+        tid: Tid,
+        key: SlotKey,
+        spec: &crate::model::WatchSpec,
+        inherit: bool,
+        progs: &[Arc<OwnedFd>],
+        sink: &dyn Fn(u64),
+    ) -> Result<ThreadEvents, PerfError> {
+        let piece = spec.range.piece(key.piece);
+        let inherit = match (inherit, spec.follow_forks) {
+            (false, _) => Inherit::No,
+            (true, false) => Inherit::Threads,
+            (true, true) => Inherit::ThreadsAndForks,
+        };
+        match progs.get(usize::from(key.piece)) {
+            Some(prog) if self.perf.hit_ring().is_some() => {
+                let fd = self
+                    .perf
+                    .open_breakpoint_bpf(tid, piece, spec.access, inherit, prog)?;
+                Ok(ThreadEvents {
+                    fds: vec![fd],
+                    ids: Vec::new(),
+                })
+            }
+            _ => self.perf.open_breakpoint(
+                tid,
+                piece,
+                spec.access,
+                inherit,
+                u16::from(spec.backtrace),
+                sink,
+            ),
+        }
+    }
+
+    /// The per-thread path's programs of every piece of `w` (empty on the
+    /// per-CPU path).
+    fn programs(&self, w: &Watch) -> Result<Vec<Arc<OwnedFd>>, PerfError> {
+        let Some(ring) = self.perf.hit_ring() else {
+            return Ok(Vec::new());
+        };
+        let depth = if w.spec.backtrace > 0 {
+            (u16::from(w.spec.backtrace) + 1).min(kernel::max_stack())
+        } else {
+            0
+        };
+        (0..w.spec.range.slots() as u8)
+            .map(|p| {
+                let key = SlotKey::new(w.id, p);
+                let len = w.spec.range.piece(p).len.bytes();
+                ring.program_for(key, len, depth)
+                    .map_err(|errno| PerfError {
+                        op: "bpf(BPF_PROG_LOAD)",
+                        errno,
+                    })
+            })
+            .collect()
+    }
+
+    /// Attach on the per-thread path: the collectors already see every
+    /// thread created from now on, so one listing of the threads suffices.
+    fn attach_per_thread(&self, op: &OpGuard<'_>) -> Result<(), WpdError> {
+        let host = self.host()?;
+        let ledger = host.ledger();
+        let pid = op.pid();
+        // Tracked from here: FORK and EXIT records of the process are kept.
+        let since = crate::clock::monotonic_ns();
+        self.attached_at.insert(pid, since);
+        self.trackers.entry(pid).or_default();
+        self.wake_drain();
+        let Ok(tids) = procfs::tasks(pid) else {
+            self.trackers.remove(&pid);
+            self.attached_at.remove(&pid);
+            return Err(WpdError::NoSuchProcess(pid));
+        };
+        for &tid in &tids {
+            ledger.add_thread(pid, tid);
+        }
+        // A thread that exited after the listing may have had its EXIT
+        // record read before it was added: the drain kept it among the
+        // early exits (an EXIT read after it was added removed it).
+        self.drain_now();
+        let mut early = self.early_exits.lock().unwrap();
+        for tid in tids {
+            if early.take(tid, since) {
+                ledger.remove_thread(tid);
+            }
+        }
+        drop(early);
+        if ledger.thread_count(pid) == 0 {
+            self.trackers.remove(&pid);
+            self.attached_at.remove(&pid);
+            return Err(WpdError::NoSuchProcess(pid));
+        }
+        Ok(())
     }
 
     /// Makes every thread of `proc` carry every process-wide watchpoint:
@@ -293,20 +423,27 @@ impl PerfEngine {
             return;
         }
         // Gone, or it has the watchpoint already: `res` is empty.
+        let progs = match self.programs(w) {
+            Ok(p) => p,
+            Err(e) => {
+                ledger.rollback(&res);
+                tracing::warn!(
+                    pid = proc.pid,
+                    tid,
+                    id = w.id.0,
+                    "{}: {}",
+                    e.op,
+                    e.errno.desc()
+                );
+                return;
+            }
+        };
         for (i, r) in res.iter().enumerate() {
-            let piece = w.spec.range.piece(r.key.piece);
             let sink = |eid: u64| {
                 self.event_ids.insert(eid, r.key);
             };
             let t0 = crate::clock::monotonic_ns();
-            match self.perf.open_breakpoint(
-                tid,
-                piece,
-                w.spec.access,
-                true,
-                u16::from(w.spec.backtrace),
-                &sink,
-            ) {
+            match self.open_piece(tid, r.key, &w.spec, true, &progs, &sink) {
                 Ok(ev) => {
                     let t1 = crate::clock::monotonic_ns();
                     ledger.commit(&[*r], Some(&[(t0, t1)]));
@@ -346,7 +483,11 @@ impl Backend for PerfEngine {
     }
 
     fn features(&self) -> Features {
-        Self::FEATURES
+        Features {
+            // The per-thread path's program reads the bytes at the trap.
+            exact_values: self.perf.hit_ring().is_some(),
+            ..Self::FEATURES
+        }
     }
 
     fn retained(&self) -> Retained {
@@ -367,6 +508,9 @@ impl Backend for PerfEngine {
     /// a thread created by a tracked thread is tracked by inheritance, one
     /// created by a not-yet-tracked thread shows up in the next scan.
     fn attach(&self, op: &OpGuard<'_>) -> Result<(), WpdError> {
+        if self.perf.hit_ring().is_some() {
+            return self.attach_per_thread(op);
+        }
         let host = self.host()?;
         let ledger = host.ledger();
         let pid = op.pid();
@@ -455,11 +599,18 @@ impl Backend for PerfEngine {
         let perf = &self.perf;
         let spec = &watch.spec;
         let (pid, id, process_wide) = (op.pid(), watch.id, watch.process_wide);
-        if !perf.fd_room(res.len() * perf.cpus().len()) {
+        if !perf.fd_room(res.len() * perf.fds_per_thread()) {
             ledger.rollback(res);
             return Err(fd_limit(perf, "this watchpoint", res.len(), false));
         }
-        perf.reserve_fds(res.len() * perf.cpus().len());
+        let progs = match self.programs(watch) {
+            Ok(p) => p,
+            Err(e) => {
+                ledger.rollback(res);
+                return Err(perf_err(e));
+            }
+        };
+        perf.reserve_fds(res.len() * perf.fds_per_thread());
         let registered = Mutex::new(Vec::new());
         let stop = AtomicBool::new(false);
         let chunks = fan_out(res, perf.cpus().len(), |chunk| {
@@ -469,20 +620,12 @@ impl Backend for PerfEngine {
                     c.untried.extend_from_slice(&chunk[i..]);
                     break;
                 }
-                let piece = spec.range.piece(r.key.piece);
                 let sink = |eid: u64| {
                     self.event_ids.insert(eid, r.key);
                     registered.lock().unwrap().push(eid);
                 };
                 let t0 = crate::clock::monotonic_ns();
-                match perf.open_breakpoint(
-                    r.tid,
-                    piece,
-                    spec.access,
-                    process_wide,
-                    u16::from(spec.backtrace),
-                    &sink,
-                ) {
+                match self.open_piece(r.tid, r.key, spec, process_wide, &progs, &sink) {
                     Ok(ev) => {
                         c.times.push((t0, crate::clock::monotonic_ns()));
                         c.opened.push((r.tid, ev));
@@ -560,6 +703,11 @@ impl Backend for PerfEngine {
     }
 
     fn disarm(&self, _op: &OpGuard<'_>, watch: &Watch) {
+        if let Some(ring) = self.perf.hit_ring() {
+            for p in 0..watch.spec.range.slots() as u8 {
+                ring.forget(SlotKey::new(watch.id, p));
+            }
+        }
         let Some((_, events)) = self.events.remove(&watch.id) else {
             return;
         };
@@ -577,6 +725,24 @@ impl Backend for PerfEngine {
         self.perf.barrier();
     }
 
+    fn disarm_threads(&self, _op: &OpGuard<'_>, watch: &Watch, tids: &[Tid]) {
+        let mut n = 0;
+        if let Some(mut events) = self.events.get_mut(&watch.id) {
+            events.retain(|(tid, ev)| {
+                if !tids.contains(tid) {
+                    return true;
+                }
+                n += ev.fds.len();
+                for eid in &ev.ids {
+                    self.event_ids.remove(eid);
+                }
+                false // closed here
+            });
+        }
+        self.perf.forget_fds(n);
+        self.perf.barrier();
+    }
+
     fn reconcile(&self, op: &OpGuard<'_>) {
         if let Some(host) = self.host.upgrade() {
             self.reconcile_proc(&*host, op.process());
@@ -584,9 +750,22 @@ impl Backend for PerfEngine {
     }
 
     fn detach(&self, proc: &Arc<Process>) {
+        self.attached_at.remove(&proc.pid);
         if let Some((_, fds)) = self.trackers.remove(&proc.pid) {
             self.perf.forget_fds(fds.len());
             drop(fds);
+        }
+    }
+
+    fn events(&self) -> String {
+        match self.perf.per_cpu_reason() {
+            None => "per-thread (one breakpoint event per thread and slot, hits through a BPF \
+                     ring buffer)"
+                .into(),
+            Some(why) => format!(
+                "per-cpu (one breakpoint event per thread, slot and CPU, {} CPUs; {why})",
+                self.perf.cpus().len()
+            ),
         }
     }
 

@@ -20,6 +20,7 @@ pub mod park;
 pub mod recovery;
 pub mod regs;
 pub mod shards;
+pub mod signal_bp;
 pub mod stops;
 pub mod tracer;
 pub mod wake;
@@ -31,7 +32,7 @@ use nix::errno::Errno;
 
 use super::fanout::fan_out;
 use super::probe::SlotProbe;
-use super::{Backend, Features, Host, RunState, Unavailable};
+use super::{Backend, Features, HeldRegisters, Host, RunState, Unavailable};
 use crate::error::WpdError;
 use crate::events::{EventKind, HitEvent};
 use crate::ledger::{Reservation, Retained};
@@ -88,6 +89,8 @@ impl PtraceEngine {
         stops: true,
         only_on_change: true,
         exact_values: true,
+        follow_forks: false,
+        thread_names: false,
     };
 
     /// Starts the tracer shards, or says why ptrace cannot work here. The
@@ -237,8 +240,25 @@ impl Backend for PtraceEngine {
 
     fn attach(&self, op: &OpGuard<'_>) -> Result<(), WpdError> {
         let host = self.host()?;
-        self.seize_all(&*host, op.process())?;
-        self.state.add(op.pid(), op.process().start_time);
+        // Signal stops are chosen before the first seize: every tracee of
+        // the process is created with them.
+        let signal = match signal_bp::policy() {
+            signal_bp::Policy::DebugRegisters => Err(signal_bp::NoSignalStops::Off),
+            _ => signal_bp::enable(op.pid()),
+        };
+        match &signal {
+            Ok(sig) => tracing::info!(pid = op.pid(), signal = ?sig, "signal stops"),
+            Err(why) => tracing::info!(pid = op.pid(), %why, "debug-register stops"),
+        }
+        if let Err(e) = self.seize_all(&*host, op.process()) {
+            signal_bp::disable(op.pid());
+            return Err(e);
+        }
+        if signal.is_err() {
+            // Only debug registers survive the daemon: the state file lets
+            // a restarted one clear them (kernel-facts §2).
+            self.state.add(op.pid(), op.process().start_time);
+        }
         Ok(())
     }
 
@@ -359,7 +379,7 @@ impl Backend for PtraceEngine {
         let ledger = host.ledger();
         let tids = match &watch.spec.scope {
             crate::model::Scope::Threads(t) => t.clone(),
-            crate::model::Scope::Process => ledger.tids(op.pid()),
+            crate::model::Scope::Process | crate::model::Scope::Named(_) => ledger.tids(op.pid()),
         };
         let items: Vec<SlotProgram> = ledger
             .slots_on(&tids, watch.id)
@@ -383,9 +403,31 @@ impl Backend for PtraceEngine {
     }
 
     fn detach(&self, proc: &Arc<Process>) {
-        // DR7 = 0 on every thread, then PTRACE_DETACH.
+        // DR7 = 0 (or the breakpoints closed) on every thread, then
+        // PTRACE_DETACH.
         self.shards.detach(proc.pid);
         self.state.remove(proc.pid);
+        signal_bp::disable(proc.pid);
+    }
+
+    fn stops(&self) -> String {
+        match (signal_bp::policy(), signal_bp::available()) {
+            (signal_bp::Policy::DebugRegisters, _) => {
+                "debug-registers (--ptrace-stops debug-registers)".into()
+            }
+            (_, Ok(())) => "signal".into(),
+            (_, Err(e)) => format!(
+                "debug-registers (bpf() refused: {}; signal stops need CAP_BPF and CAP_PERFMON)",
+                e.desc()
+            ),
+        }
+    }
+
+    fn stops_of(&self, pid: Pid) -> String {
+        match signal_bp::mode_of(pid) {
+            Some(m) => format!("signal {:?}", m.signal),
+            None => "debug-registers".into(),
+        }
     }
 
     fn thread_states(&self, pid: Pid) -> HashMap<Tid, RunState> {
@@ -406,6 +448,24 @@ impl Backend for PtraceEngine {
 
     fn resume(&self, pid: Pid, tids: &[Tid]) -> Result<Vec<Tid>, WpdError> {
         Ok(self.shards.resume(pid, tids))
+    }
+
+    fn pause(&self, pid: Pid, tids: &[Tid]) -> Result<Vec<Tid>, WpdError> {
+        let mut tids = if tids.is_empty() {
+            self.shards.states(pid).into_keys().collect()
+        } else {
+            tids.to_vec()
+        };
+        tids.sort_unstable();
+        let mut held = self.shards.hold(&tids);
+        held.sort_unstable();
+        Ok(held)
+    }
+
+    fn held_registers(&self, pid: Pid, tid: Tid) -> Result<HeldRegisters, WpdError> {
+        self.shards
+            .registers(tid)
+            .ok_or(WpdError::NotHeld { pid, tid })
     }
 
     fn compact(&self) {
@@ -492,6 +552,7 @@ impl TraceSink for PtraceEngine {
     }
 
     fn hit(&self, pid: Pid, tid: Tid, ip: u64, keys: &[SlotKey]) -> HitVerdict {
+        fault_panic_at_hit();
         let Some(host) = self.host.upgrade() else {
             return HitVerdict::Continue;
         };
@@ -574,6 +635,7 @@ impl TraceSink for PtraceEngine {
                 callchain,
                 callchain_note,
                 rate_limited_before,
+                names: None,
             }));
         }
         if verdict == HitVerdict::HoldAll {
@@ -599,40 +661,36 @@ fn frame_pointer_chain(pid: Pid, tid: Tid, depth: usize) -> (Vec<u64>, Option<&'
     let Ok(regs) = nix::sys::ptrace::getregs(nix::unistd::Pid::from_raw(tid)) else {
         return (Vec::new(), Some("the thread's registers could not be read"));
     };
-    let mut out = Vec::with_capacity(depth);
-    let mut fp = regs.rbp;
-    let floor = regs.rsp;
-    while out.len() < depth {
-        if fp == 0 {
-            return (out, None); // the outermost frame
-        }
-        if !fp.is_multiple_of(8) || fp < floor {
-            return (
-                out,
-                Some("the frame-pointer chain ended: code built without frame pointers"),
-            );
-        }
-        let Ok(b) = procfs::read_memory(pid, tid, fp, 16) else {
-            return (
-                out,
-                Some("the frame-pointer chain led to unreadable memory"),
-            );
-        };
-        let next = u64::from_le_bytes(b[0..8].try_into().expect("8 bytes"));
-        let ret = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
-        if ret == 0 {
-            return (out, None);
-        }
-        out.push(ret);
-        if next != 0 && next <= fp {
-            return (
-                out,
-                Some("the frame-pointer chain ended: code built without frame pointers"),
-            );
-        }
-        fp = next;
+    crate::arch::current::walk_frame_pointers(
+        |at| procfs::read_memory(pid, tid, at, 16).ok(),
+        regs.rbp,
+        regs.rsp,
+        depth,
+    )
+}
+
+/// True on a tracer thread (its panics are caught: it detaches its tracees
+/// before it ends, see `Shards::new`).
+pub fn is_tracer_thread() -> bool {
+    wake::IS_TRACER.with(|t| t.get())
+}
+
+/// Fault injection for the crash tests (`tests/tests/faults_ptrace_death.rs`):
+/// with `WPD_FAULT_PANIC_AT_HIT=N` in its environment, the daemon's tracer
+/// thread panics at its Nth hit, as a bug would.
+fn fault_panic_at_hit() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static AT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static SEEN: AtomicU64 = AtomicU64::new(0);
+    let at = *AT.get_or_init(|| {
+        std::env::var("WPD_FAULT_PANIC_AT_HIT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    });
+    if at != 0 && SEEN.fetch_add(1, Ordering::Relaxed) + 1 == at {
+        panic!("WPD_FAULT_PANIC_AT_HIT: tracer thread panics at hit {at}");
     }
-    (out, None)
 }
 
 /// The tracer thread of `tid` from `/proc`, if another task traces it.

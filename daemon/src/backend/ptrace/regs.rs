@@ -5,10 +5,20 @@
 //! kept here and always written whole. Every address poke is checked before
 //! its slot's enable bits go into DR7 (a failed poke followed by a good DR7
 //! write would arm the old address, kernel-facts §1).
+//!
+//! A process with signal stops (`signal_bp`) gets a perf breakpoint per
+//! slot instead: the same programs, applied by opening and closing events;
+//! DR7 is never written for it.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
 
 use nix::errno::Errno;
 use nix::sys::ptrace;
+use nix::sys::signal::Signal;
 use nix::unistd::Pid as NixPid;
+
+use super::signal_bp::{self, SignalMode};
 
 use super::shards::{ProgramResult, SlotProgram};
 use crate::arch::current as arch;
@@ -28,12 +38,97 @@ pub(super) struct Regs {
     /// Slots we have ever armed on this tracee (a trap from one of them,
     /// even after disarming, is ours to swallow).
     pub(super) ever_armed: u8,
+    /// Signal stops: the process's mode, and each slot's breakpoint with
+    /// the hit count last seen.
+    signal: Option<Arc<SignalMode>>,
+    events: [Option<(OwnedFd, u64)>; arch::SLOTS],
 }
 
 /// A staged program of a batch: (batch id, program).
 pub(super) type Staged = (u64, SlotProgram);
 
 impl Regs {
+    /// The registers of a new tracee of `pid` (signal stops if the process
+    /// has them).
+    pub(super) fn for_process(pid: crate::model::Pid) -> Regs {
+        Regs {
+            signal: signal_bp::mode_of(pid),
+            ..Regs::default()
+        }
+    }
+
+    /// The signal a hit of this tracee arrives as.
+    pub(super) fn hit_signal(&self) -> Signal {
+        self.signal.as_ref().map_or(Signal::SIGTRAP, |m| m.signal)
+    }
+
+    /// True when this tracee's hits arrive as `sig` sent by the kernel
+    /// (signal stops).
+    pub(super) fn is_signal_stop(&self, sig: Signal) -> bool {
+        self.signal.as_ref().is_some_and(|m| m.signal == sig)
+    }
+
+    /// The watchpoint pieces whose breakpoints counted a hit since the last
+    /// look (signal stops).
+    pub(super) fn signal_hits(&mut self) -> Vec<SlotKey> {
+        let mut out = Vec::new();
+        for s in 0..arch::SLOTS {
+            if let Some((fd, seen)) = &mut self.events[s] {
+                let now = signal_bp::count(fd);
+                if now > *seen {
+                    *seen = now;
+                    if let Some(k) = self.ids[s] {
+                        out.push(k);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Signal stops: opens and closes the slots' breakpoints.
+    fn apply_events(
+        &mut self,
+        tid: Tid,
+        mode: &SignalMode,
+        pending: Vec<Staged>,
+        close_all: bool,
+    ) -> Vec<(u64, SlotProgram, ProgramResult)> {
+        let mut outcome = Vec::with_capacity(pending.len());
+        for (batch, p) in pending {
+            let s = p.slot as usize;
+            match p.arm {
+                Some(a) => {
+                    // The slot's old breakpoint first: its place is needed.
+                    self.events[s] = None;
+                    match signal_bp::open_breakpoint(tid, a.addr, a.len.bytes(), a.access, mode) {
+                        Ok(fd) => {
+                            self.events[s] = Some((fd, 0));
+                            self.addr[s] = a.addr;
+                            self.ids[s] = Some(a.key);
+                            self.ever_armed |= 1 << s;
+                            outcome.push((batch, p, ProgramResult::Done));
+                        }
+                        Err(e) => {
+                            self.ids[s] = None;
+                            outcome.push((batch, p, errno_result(e)));
+                        }
+                    }
+                }
+                None => {
+                    self.events[s] = None;
+                    self.ids[s] = None;
+                    outcome.push((batch, p, ProgramResult::Done));
+                }
+            }
+        }
+        if close_all {
+            self.events = Default::default();
+            self.ids = [None; arch::SLOTS];
+        }
+        outcome
+    }
+
     /// Writes what `pending` asks into the stopped tracee `tid`, then DR7
     /// if it changed (or `force_dr7`, before a detach); the outcome of each
     /// program. If the DR7 write fails the kernel rolled it back: every arm
@@ -44,6 +139,9 @@ impl Regs {
         pending: Vec<Staged>,
         force_dr7: bool,
     ) -> Vec<(u64, SlotProgram, ProgramResult)> {
+        if let Some(mode) = self.signal.clone() {
+            return self.apply_events(tid, &mode, pending, force_dr7);
+        }
         let who = NixPid::from_raw(tid);
         let mut outcome = Vec::with_capacity(pending.len());
         for (batch, p) in pending {
@@ -103,6 +201,7 @@ impl Regs {
 
     /// exec cleared the registers (kernel-facts §3).
     pub(super) fn reset_after_exec(&mut self) {
+        self.events = Default::default();
         self.addr = [0; arch::SLOTS];
         self.ids = [None; arch::SLOTS];
         self.dr7 = 0;

@@ -32,6 +32,7 @@ use nix::errno::Errno;
 
 use super::tracer::Tracer;
 use super::wake::{Bell, IS_TRACER, ROUTER, Router, install_sigchld_handler};
+use crate::backend::HeldRegisters;
 use crate::model::{Access, Pid, SlotKey, Tid, WatchLen};
 
 /// What to arm in one slot.
@@ -151,10 +152,17 @@ pub(super) enum Cmd {
         pid: Pid,
         reply: mpsc::Sender<Vec<(Tid, TraceeState)>>,
     },
-    /// Stop and keep stopped; the reply names those stopped.
+    /// Stop and keep stopped; the reply names those stopped. `hold`: keep
+    /// them as held peers (until Resume), not parked for a while.
     Park {
         tids: Vec<Tid>,
+        hold: bool,
         reply: mpsc::Sender<Vec<Tid>>,
+    },
+    /// The registers of a held tracee (`None`: not held, or not ours).
+    Registers {
+        tid: Tid,
+        reply: mpsc::Sender<Option<HeldRegisters>>,
     },
     /// Restart parked tracees.
     Unpark { tids: Vec<Tid> },
@@ -217,11 +225,17 @@ impl Shards {
                     IS_TRACER.with(|t| t.set(true));
                     // A tracer that dies leaves its tracees detached with
                     // armed registers (kernel-facts §2): on a panic, clear
-                    // and detach them before the thread ends.
+                    // and detach them, then end the daemon (without this
+                    // shard it cannot answer for the others' tracees; its
+                    // exit closes every perf fd and detaches them).
                     let run =
                         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tracer.run()));
                     if run.is_err() {
                         tracer.detach_everything();
+                        tracing::error!(
+                            "a tracer thread panicked; its tracees are detached: exiting"
+                        );
+                        std::process::abort();
                     }
                 })
                 .expect("spawn tracer");
@@ -300,6 +314,24 @@ impl Shards {
     /// held by a hit). Programs sent meanwhile apply at once and leave them
     /// stopped.
     pub fn park(&self, tids: &[Tid]) -> Vec<Tid> {
+        self.stop(tids, false)
+    }
+
+    /// Stops `tids` and holds them as peers of a stop-all (until Resume);
+    /// returns those held.
+    pub fn hold(&self, tids: &[Tid]) -> Vec<Tid> {
+        self.stop(tids, true)
+    }
+
+    /// The registers of held tracee `tid`.
+    pub fn registers(&self, tid: Tid) -> Option<HeldRegisters> {
+        let s = self.owner.get(&tid).map(|s| *s)?;
+        let (tx, rx) = mpsc::channel();
+        self.send(s, Cmd::Registers { tid, reply: tx });
+        rx.recv().ok().flatten()
+    }
+
+    fn stop(&self, tids: &[Tid], hold: bool) -> Vec<Tid> {
         let mut per: HashMap<usize, Vec<Tid>> = HashMap::new();
         for &t in tids {
             if let Some(s) = self.owner.get(&t).map(|s| *s) {
@@ -319,6 +351,7 @@ impl Shards {
                 s,
                 Cmd::Park {
                     tids,
+                    hold,
                     reply: tx.clone(),
                 },
             );

@@ -323,6 +323,24 @@ impl Tracer {
         {
             t.job_stopped = false;
         }
+        // Signal stops: the signal our breakpoints' program sends (by the
+        // kernel, SI_KERNEL), for the breakpoints whose counts rose.
+        if let Some(t) = self.tracees.get_mut(&tid)
+            && t.regs.is_signal_stop(sig)
+            && ptrace::getsiginfo(npid(tid)).is_ok_and(|i| i.si_code == libc::SI_KERNEL)
+        {
+            let ids = t.regs.signal_hits();
+            if ids.is_empty() {
+                // One of ours that raced a disarm (its count is gone with
+                // its event), or the kernel's own SIGURG: taken as ours if
+                // this tracee ever had a breakpoint.
+                let ours = t.regs.ever_armed != 0;
+                self.after_stop(tid, if ours { None } else { Some(sig) });
+            } else {
+                self.hit_stop(tid, ids);
+            }
+            return;
+        }
         // A signal-delivery-stop: deliver the signal unchanged.
         self.after_stop(tid, Some(sig));
     }
@@ -344,6 +362,15 @@ impl Tracer {
             }
             return;
         }
+        self.hit_stop(tid, ids);
+    }
+
+    /// A stop at a hit of the watchpoint pieces `ids`: report it, then
+    /// continue or hold as the daemon decides.
+    fn hit_stop(&mut self, tid: Tid, ids: Vec<crate::model::SlotKey>) {
+        let Some(t) = self.tracees.get(&tid) else {
+            return;
+        };
         let ip = ptrace::getregs(npid(tid)).map(|r| r.rip).unwrap_or(0);
         let pid = t.pid;
         let verdict = self

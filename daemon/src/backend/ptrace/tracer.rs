@@ -26,6 +26,7 @@ use super::wake::{
     Bell, CATCH_ALL, FULL_SCAN_EVERY, NAMED, OWED, STRAY_FD, bell_of, scan_all, sigchld_quiet,
     sigchld_seen,
 };
+use crate::backend::HeldRegisters;
 use crate::model::{Pid, Tid};
 use crate::procfs;
 
@@ -90,7 +91,7 @@ impl Tracee {
     pub(super) fn new(pid: Pid, phase: Phase) -> Self {
         Tracee {
             pid,
-            regs: Regs::default(),
+            regs: Regs::for_process(pid),
             pending: Vec::new(),
             phase,
             next: NextStop::default(),
@@ -406,16 +407,22 @@ impl Tracer {
                     self.request_detach(tid, DetachFor::Request(id));
                 }
             }
-            Cmd::Park { tids, reply } => {
+            Cmd::Park { tids, hold, reply } => {
                 let id = self.fresh_id();
                 let mut stopped = Vec::new();
                 let mut kick = Vec::new();
                 for tid in tids {
                     match self.tracees.get_mut(&tid) {
                         Some(t) if t.next.detach.is_some() => {}
-                        Some(t) if t.is_held() => stopped.push(tid),
+                        Some(t) if t.is_held() => {
+                            if hold && matches!(t.phase, Phase::Held(Held::Parked(_))) {
+                                t.phase = Phase::Held(Held::Peer);
+                            }
+                            stopped.push(tid)
+                        }
                         Some(t) => {
                             t.next.park = Some(id);
+                            t.next.hold |= hold;
                             kick.push(tid);
                         }
                         None => {}
@@ -425,6 +432,19 @@ impl Tracer {
                 for tid in kick {
                     self.kick(tid);
                 }
+            }
+            Cmd::Registers { tid, reply } => {
+                let regs = self.tracees.get(&tid).and_then(|t| {
+                    let held = t.held()?;
+                    let r = nix::sys::ptrace::getregs(nix::unistd::Pid::from_raw(tid)).ok()?;
+                    Some(HeldRegisters {
+                        ip: r.rip,
+                        sp: r.rsp,
+                        fp: r.rbp,
+                        after_hit: held == Held::Hit,
+                    })
+                });
+                let _ = reply.send(regs);
             }
             Cmd::Unpark { tids } => {
                 for tid in tids {
@@ -494,10 +514,9 @@ impl Tracer {
     /// possible once it was armed): detached before reporting it, the thread
     /// would receive it untraced and die.
     pub(super) fn trap_queued(&self, tid: Tid) -> bool {
-        self.tracees
-            .get(&tid)
-            .is_some_and(|t| t.regs.ever_armed != 0)
-            && sigtrap_pending(tid)
+        self.tracees.get(&tid).is_some_and(|t| {
+            t.regs.ever_armed != 0 && super::signal_bp::pending(tid, t.regs.hit_signal())
+        })
     }
 
     pub(super) fn request_detach(&mut self, tid: Tid, done: DetachFor) {
@@ -682,12 +701,4 @@ impl Tracer {
         self.parks.shrink();
         self.detaches.shrink();
     }
-}
-
-/// True if SIGTRAP is pending for thread `tid` (its own pending set, where
-/// a hardware breakpoint's trap is queued).
-fn sigtrap_pending(tid: Tid) -> bool {
-    procfs::Status::of(tid)
-        .and_then(|s| s.mask("SigPnd"))
-        .is_some_and(|mask| mask & (1 << (libc::SIGTRAP - 1)) != 0)
 }

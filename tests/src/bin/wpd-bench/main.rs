@@ -31,6 +31,9 @@
 //!   SetWatchpoint by name against by address on an N-thread C target; 1,000
 //!   distinct hitting instructions symbolized (time, `/proc` reads, cache
 //!   sizes).
+//! - `dap`: an IDE session through `wpctl dap` on a 1,000-thread C target
+//!   (attach + arm, first stop, continue → next stop, threads + stackTrace)
+//!   against the same steps over gRPC directly.
 //!
 //! Timings are medians over `--reps` runs unless a table says otherwise.
 //! Nothing here asserts a time.
@@ -45,16 +48,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use procstat::*;
-use sections::{arm::*, churn::*, hitcost::*, memory::*, rpc::*, symbols::*, throughput::*};
+use sections::{
+    arm::*, churn::*, dap::*, farm::*, hitcost::*, memory::*, rpc::*, symbols::*, throughput::*,
+};
 use wpd_tests::Backend;
 
 const USAGE: &str = "usage: wpd-bench [--threads N[,N...]] [--spin-threads N[,N...]] [--reps R] \
      [--writes W] [--no-peers] \
      [--only S,..|--skip S,..] [--churn-threads K[,K...]] [--window-ms MS] [--rpc-pairs P] \
      [--list-calls L] [--peer-timeout-s S] [--smoke]\n\
-     sections: arm spin hitcost churn throughput memory rpc ledger symbols";
+     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm";
 
-const SECTIONS: [&str; 9] = [
+const SECTIONS: [&str; 11] = [
     "arm",
     "spin",
     "hitcost",
@@ -64,6 +69,8 @@ const SECTIONS: [&str; 9] = [
     "rpc",
     "ledger",
     "symbols",
+    "dap",
+    "farm",
 ];
 
 /// Variable watched where no thread of the target writes (idle workers write
@@ -89,6 +96,8 @@ struct Args {
     peer_timeout: Duration,
     /// Pause before a memory reading (lets the daemon finish what it does).
     settle: Duration,
+    /// `--smoke`: sections that have no list argument run small.
+    smoke: bool,
 }
 
 impl Args {
@@ -132,6 +141,7 @@ fn parse_args() -> Result<Args> {
         list_calls: 50,
         peer_timeout: Duration::from_secs(300),
         settle: Duration::from_millis(500),
+        smoke: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -165,6 +175,7 @@ fn parse_args() -> Result<Args> {
                 a.rpc_pairs = 20;
                 a.list_calls = 10;
                 a.settle = Duration::from_millis(50);
+                a.smoke = true;
             }
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -387,6 +398,12 @@ async fn run(args: Args) -> Result<()> {
     }
     if args.has("symbols") {
         section_symbols(&args).await?;
+    }
+    if args.has("dap") {
+        section_dap(&args).await?;
+    }
+    if args.has("farm") {
+        section_farm(&args).await?;
     }
     Ok(())
 }

@@ -128,14 +128,26 @@ pub(crate) async fn churn_once(
     target.cmd("churn-start").await?;
     tokio::time::sleep(window / 5).await;
     target.cmd("churn-stats").await?; // starts the measured window
-    tokio::time::sleep(window).await;
-    let reply = target
-        .cmd_within("churn-stats", Duration::from_secs(60))
-        .await?
-        .context("no reply to churn-stats")?;
-    let ops: u64 = wpd_tests::field(&reply, "n")?;
-    let ns: f64 = wpd_tests::field(&reply, "ns")?;
-    ensure!(ops > 0, "no thread was created in {window:?} ({reply})");
+    // Each churn-stats reports since the previous one. On a loaded machine
+    // a short window (--smoke) can end before a creator got a CPU: the
+    // window is then extended, up to 40 times, until a thread was made.
+    let (mut ops, mut ns, mut reply) = (0u64, 0f64, String::new());
+    for _ in 0..40 {
+        tokio::time::sleep(window).await;
+        reply = target
+            .cmd_within("churn-stats", Duration::from_secs(60))
+            .await?
+            .context("no reply to churn-stats")?;
+        ops += wpd_tests::field::<u64>(&reply, "n")?;
+        ns += wpd_tests::field::<f64>(&reply, "ns")?;
+        if ops > 0 {
+            break;
+        }
+    }
+    ensure!(
+        ops > 0,
+        "no thread was created in 40 × {window:?} ({reply})"
+    );
     let mut run = ChurnRun {
         us_per_op: ns / 1e3 / ops as f64,
         ops,

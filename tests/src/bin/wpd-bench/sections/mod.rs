@@ -2,6 +2,8 @@
 
 pub mod arm;
 pub mod churn;
+pub mod dap;
+pub mod farm;
 pub mod hitcost;
 pub mod memory;
 pub mod rpc;

@@ -67,7 +67,8 @@ async fn throughput_rows(args: &Args) -> Result<()> {
             // Alternated, so that drift on the machine hits both alike.
             for _ in 0..args.reps {
                 for symbolized in [false, true] {
-                    let r = throughput_once(backend, writers, args.window, !symbolized).await?;
+                    let r = throughput_once(backend, writers, args.window, !symbolized, &[], false)
+                        .await?;
                     let per = |cpu: f64| cpu / r.daemon_hits.max(1) as f64;
                     let v = &mut m[usize::from(symbolized)];
                     v[0].push(r.sub_hits as f64 / r.secs);
@@ -177,6 +178,7 @@ async fn many_ips_rows(args: &Args) -> Result<()> {
                     watchpoint_ids: vec![],
                     hits_only: true,
                     raw,
+                    lease: false,
                 },
             )
             .await?;

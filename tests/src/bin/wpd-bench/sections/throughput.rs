@@ -44,6 +44,8 @@ pub(crate) async fn throughput_once(
     writers: usize,
     window: Duration,
     raw: bool,
+    daemon_args: &[&str],
+    aggregate: bool,
 ) -> Result<ThroughputRun> {
     let mut target = TargetProc::start(&["--threads", "1", "--interval-us", "1000000"]).await?;
     let hammer_cmd = format!("hammer {HAMMER_VAR} {writers} {}", window.as_millis());
@@ -59,23 +61,23 @@ pub(crate) async fn throughput_once(
         ))
     };
     let (base_stores, base_secs) = hammer(&mut target).await?;
-    let daemon = Daemon::start().await?;
+    let daemon = Daemon::start_with_args(daemon_args).await?;
     let dpid = daemon.pid();
     let mut client = daemon.client().await?;
     attach(&mut client, target.pid, backend).await?;
-    let wp = set_watchpoint_within(
-        &mut client,
-        write_spec(backend, target.pid, target.vars[HAMMER_VAR]),
-        Duration::from_secs(30),
-    )
-    .await?
-    .watchpoint
-    .context("no watchpoint")?;
+    let mut spec = write_spec(backend, target.pid, target.vars[HAMMER_VAR]);
+    // Aggregate mode: counted in the daemon, 10 samples a second streamed.
+    spec.aggregate = aggregate;
+    let wp = set_watchpoint_within(&mut client, spec, Duration::from_secs(30))
+        .await?
+        .watchpoint
+        .context("no watchpoint")?;
     // The subscriber: its own connection, hits of this watchpoint only.
     let mut sub_client = daemon.client().await?;
     let mut stream = sub_client
         .stream_events(StreamEventsRequest {
             raw,
+            lease: false,
             pid: target.pid,
             watchpoint_ids: vec![wp.id],
             hits_only: true,
@@ -191,13 +193,48 @@ pub(crate) async fn section_throughput(args: &Args) -> Result<()> {
         "| backend | writers | stores/s, no watchpoint | stores (= hits made) | hits counted by wpd | hits received by subscriber | lost: EventsDropped / RecordsLost (stream); subscriber_dropped / kernel_lost (GetStats) | hits/s received | last hit after the writers stopped (ms) | daemon CPU µs per hit | daemon CPU over the same time, no hits (ms) | subscriber (bench) CPU µs per hit | daemon CPU µs per hit by thread |"
     );
     println!("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|");
-    for backend in [Backend::Perf, Backend::Ptrace] {
+    // ptrace twice: its default signal stops, and debug registers (what it
+    // did before signal stops, and still does where bpf() is refused).
+    // perf twice too: its per-thread path (the default where bpf() is
+    // allowed: a BPF program records each hit) and its per-CPU rings.
+    // And perf's per-thread path in aggregate mode: every hit counted in the
+    // daemon, 10 a second streamed.
+    let configs: [(Backend, &str, &[&str], bool); 5] = [
+        (
+            Backend::Perf,
+            "perf, per-thread",
+            &["--perf-events", "per-thread"],
+            false,
+        ),
+        (
+            Backend::Perf,
+            "perf, per-thread, aggregate mode",
+            &["--perf-events", "per-thread"],
+            true,
+        ),
+        (
+            Backend::Perf,
+            "perf, per-cpu",
+            &["--perf-events", "per-cpu"],
+            false,
+        ),
+        (Backend::Ptrace, "ptrace, signal stops", &[], false),
+        (
+            Backend::Ptrace,
+            "ptrace, debug registers",
+            &["--ptrace-stops", "debug-registers"],
+            false,
+        ),
+    ];
+    for (backend, label, daemon_args, aggregate) in configs {
         for &w in &writer_counts {
             // One run per configuration (a run is the window); the median
             // over reps of hits/s picks the row.
             let mut runs = Vec::new();
             for _ in 0..args.reps {
-                runs.push(throughput_once(backend, w, args.window, false).await?);
+                runs.push(
+                    throughput_once(backend, w, args.window, false, daemon_args, aggregate).await?,
+                );
             }
             runs.sort_by(|a, b| {
                 (a.sub_hits as f64 / a.secs).total_cmp(&(b.sub_hits as f64 / b.secs))
@@ -218,7 +255,7 @@ pub(crate) async fn section_throughput(args: &Args) -> Result<()> {
                 .join(", ");
             println!(
                 "| {} | {} | {:.0} | {} | {} | {} | {} / {} / {} / {} | {:.0} | {:.1} | {} | {:.0} | {} | {} |",
-                backend_name(backend),
+                label,
                 r.writers,
                 r.base_rate,
                 r.stores,

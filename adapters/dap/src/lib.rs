@@ -1,0 +1,68 @@
+//! wpd's Debug Adapter Protocol adapter: IDEs set data breakpoints on a
+//! running process through wpd. A thin client of the daemon's gRPC API
+//! (`wpd_proto`): names are resolved, slots accounted, threads stopped and
+//! resumed by the daemon; the adapter translates.
+//!
+//! One debug session per client connection (stdin/stdout, or one TCP
+//! connection of [`listen`]). When the session ends (a `disconnect`
+//! request, the client's connection closing, or the adapter itself dying),
+//! every breakpoint it set is removed and every thread it held runs again:
+//! the target keeps running. The last case is the daemon's doing: the
+//! adapter's watchpoints are leased to its event stream (see
+//! `WatchpointSpec.lease`), which ends with the adapter's connection.
+
+pub mod protocol;
+mod session;
+pub mod spec;
+pub mod wire;
+
+use std::time::Duration;
+
+use tonic::transport::Channel;
+use wpd_proto::v1::watchpoints_client::WatchpointsClient;
+
+pub use session::run;
+
+/// How the adapter reaches the daemon.
+#[derive(Debug, Clone)]
+pub struct Daemon {
+    /// A connected client.
+    pub client: WatchpointsClient<Channel>,
+    /// Bearer token sent with every call (TCP endpoints).
+    pub token: Option<String>,
+    /// Deadline of each unary call.
+    pub timeout: Duration,
+}
+
+impl Daemon {
+    /// A request carrying the token and the deadline.
+    pub(crate) fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(message);
+        r.set_timeout(self.timeout);
+        if let Some(t) = &self.token
+            && let Ok(v) = format!("Bearer {t}").parse()
+        {
+            r.metadata_mut().insert("authorization", v);
+        }
+        r
+    }
+}
+
+/// Serves DAP on `addr` (`127.0.0.1:PORT`): one session per connection, as
+/// many connections as come, until the listener fails. Prints the bound
+/// address on stderr (for port 0).
+pub async fn listen(addr: &str, daemon: Daemon) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    eprintln!("wpctl dap: listening on {}", listener.local_addr()?);
+    loop {
+        let (sock, peer) = listener.accept().await?;
+        let _ = sock.set_nodelay(true);
+        let daemon = daemon.clone();
+        tokio::spawn(async move {
+            let (r, w) = sock.into_split();
+            if let Err(e) = run(r, w, daemon).await {
+                tracing::warn!(%peer, "debug session ended: {e}");
+            }
+        });
+    }
+}

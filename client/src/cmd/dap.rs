@@ -1,0 +1,40 @@
+//! `wpctl dap`: the Debug Adapter Protocol adapter (crate `wpd-dap`), on
+//! stdin/stdout or, with `--listen`, on a TCP port.
+
+use crate::DapArgs;
+use crate::cmd::Ctx;
+use crate::error::Error;
+
+/// Runs the adapter until its session ends (stdio) or forever (`--listen`).
+pub async fn run(ctx: &Ctx, args: &DapArgs) -> Result<(), Error> {
+    if args.priority == crate::DapPriority::Realtime {
+        realtime();
+    }
+    let daemon = wpd_dap::Daemon {
+        client: ctx.connect().await?,
+        token: ctx.token.clone(),
+        timeout: ctx.timeout,
+    };
+    match &args.listen {
+        Some(addr) => {
+            let bare = addr.strip_prefix("tcp://").ok_or_else(|| {
+                Error::Local(format!("--listen {addr:?}: expected tcp://HOST:PORT"))
+            })?;
+            wpd_dap::listen(bare, daemon)
+                .await
+                .map_err(|e| Error::Local(format!("--listen {addr}: {e}")))
+        }
+        None => wpd_dap::run(tokio::io::stdin(), tokio::io::stdout(), daemon)
+            .await
+            .map_err(|e| Error::Local(format!("debug session: {e}"))),
+    }
+}
+
+/// SCHED_FIFO priority 1 for the adapter's thread, and the threads it
+/// starts after (stdin/stdout readers), when the caller may (root,
+/// CAP_SYS_NICE or an RLIMIT_RTPRIO); otherwise nothing changes.
+fn realtime() {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: changes only the calling thread's scheduling policy.
+    let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+}

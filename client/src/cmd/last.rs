@@ -1,0 +1,42 @@
+//! `wpctl last`: a watchpoint's last hits as the daemon kept them
+//! (GetRecentHits), one line each as `wpctl events` prints them.
+
+use serde_json::json;
+use wpd_proto::v1::GetRecentHitsRequest;
+
+use crate::cmd::Ctx;
+use crate::error::Error;
+use crate::{LastArgs, output};
+
+/// Runs `wpctl last`: oldest first, then how many there were in all.
+pub async fn run(ctx: &Ctx, args: &LastArgs) -> Result<(), Error> {
+    let request = GetRecentHitsRequest {
+        watchpoint_id: args.id,
+        limit: args.limit.unwrap_or(0),
+        raw: args.raw,
+    };
+    let resp = ctx
+        .unary(
+            request,
+            |mut c, r| async move { c.get_recent_hits(r).await },
+        )
+        .await?;
+    if ctx.json {
+        return output::emit_json(&json!({
+            "hits": resp.hits.iter().map(super::events::to_json).collect::<Vec<_>>(),
+            "total": resp.total,
+        }));
+    }
+    let mut text = String::new();
+    for h in &resp.hits {
+        text.push_str(&super::events::to_text(h));
+        text.push('\n');
+    }
+    text.push_str(&format!(
+        "watchpoint {}: {} of {} shown",
+        args.id,
+        output::plural(resp.hits.len() as u64, "hit"),
+        resp.total
+    ));
+    output::emit(&text)
+}

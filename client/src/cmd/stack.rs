@@ -1,0 +1,40 @@
+//! `wpctl stack`: the call stack of a held thread (GetThreadStack).
+
+use serde_json::json;
+use wpd_proto::v1::GetThreadStackRequest;
+
+use crate::cmd::Ctx;
+use crate::error::Error;
+use crate::{StackArgs, output};
+
+/// Runs `wpctl stack`: one line per frame, innermost first.
+pub async fn run(ctx: &Ctx, args: &StackArgs) -> Result<(), Error> {
+    let request = GetThreadStackRequest {
+        pid: args.pid,
+        tid: args.tid,
+        depth: args.depth,
+        raw: false,
+    };
+    let resp = ctx
+        .unary(
+            request,
+            |mut c, r| async move { c.get_thread_stack(r).await },
+        )
+        .await?;
+    if ctx.json {
+        return output::emit_json(&json!({
+            "frames": resp.frames.iter().map(output::location_json).collect::<Vec<_>>(),
+            "note": resp.note,
+            "sp": output::hex(resp.sp),
+            "fp": output::hex(resp.fp),
+        }));
+    }
+    let mut text = String::new();
+    for (i, f) in resp.frames.iter().enumerate() {
+        text.push_str(&format!("#{i:<2} {}\n", output::location_text(f)));
+    }
+    if !resp.note.is_empty() {
+        text.push_str(&format!("({})\n", resp.note));
+    }
+    output::emit(text.trim_end())
+}

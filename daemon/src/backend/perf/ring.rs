@@ -1,0 +1,366 @@
+//! The perf backend's per-thread path: one breakpoint event per (piece,
+//! thread) on every CPU at once (`cpu = -1`), whose hits a small BPF
+//! program writes into one BPF ring buffer shared by the whole daemon.
+//!
+//! Why: perf lets events share a mmapped ring only on the same CPU (or the
+//! same task), and refuses to map an inherited per-task event at all, so
+//! the per-CPU path needs one event per thread *per CPU* (256,000 fds for
+//! a 1,000-thread process on 128 CPUs and 2 watchpoints). A program
+//! attached to the event needs no ring of the event's own; the kernel
+//! copies the event, program included, into threads created later, inside
+//! `clone()`. The program also reads the watched bytes at the trap, so a
+//! hit's value is the one the write left, not the one the daemon reads
+//! later.
+//!
+//! One program per watchpoint piece: its packed key, the value's length
+//! and the call-chain depth are immediates. Record layout (all u64, native
+//! order), written by the program:
+//!
+//! | offset | field |
+//! |---|---|
+//! | 0 | packed `SlotKey` |
+//! | 8 | `tgid << 32 \| tid` |
+//! | 16 | CLOCK_MONOTONIC ns |
+//! | 24 | instruction pointer after the access |
+//! | 32 | breakpoint address |
+//! | 40 | CPU |
+//! | 48 | the watched bytes at the trap (`len` of them, zero-padded) |
+//! | 56 | `bpf_probe_read_user`'s result (0, or a negative errno) |
+//! | 64 | `bpf_get_stack`'s result: bytes of call chain, or a negative errno |
+//! | 72 | the user call chain (`depth` entries) |
+//!
+//! A full ring makes the program count the hit in a drop counter instead
+//! (read at every drain pass, reported as lost records).
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+
+use nix::errno::Errno;
+
+use crate::bpf::{self, Counters, Insn, LoadError, RingBuf, asm, helper};
+use crate::model::SlotKey;
+
+/// Ring size: 16 MiB, about 200,000 hits of 80 bytes, or 200 ms at a
+/// million hits a second between two drain passes (they are 1-2 ms apart).
+pub const RING_BYTES: usize = 16 << 20;
+
+/// Offsets in `struct bpf_perf_event_data` (x86-64: `struct pt_regs` is 21
+/// u64s, `ip` the 17th; then `sample_period`, then `addr`).
+const CTX_IP: i16 = 16 * 8;
+const CTX_ADDR: i16 = 22 * 8;
+
+const REC_FIXED: usize = 72;
+/// `BPF_F_USER_STACK`.
+const USER_STACK: i32 = 1 << 8;
+/// `BPF_RB_NO_WAKEUP`: the drain polls on a short timeout anyway; a
+/// wake-up per hit would cost the writing thread an IPI.
+const NO_WAKEUP: i32 = 1;
+
+/// A hit as the program recorded it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RingHit {
+    pub key: SlotKey,
+    pub pid: i32,
+    pub tid: i32,
+    pub time: u64,
+    pub ip: u64,
+    pub addr: u64,
+    pub cpu: u32,
+    /// The watched bytes at the trap, or why they could not be read.
+    pub value: Result<[u8; 8], Errno>,
+    /// Frames (the first is `ip`), when asked for.
+    pub callchain: Vec<u64>,
+}
+
+/// Decodes one record (see the module's table).
+pub fn parse(body: &[u8]) -> Option<RingHit> {
+    if body.len() < REC_FIXED {
+        return None;
+    }
+    let w = |i: usize| u64::from_ne_bytes(body[i * 8..i * 8 + 8].try_into().unwrap());
+    let pid_tgid = w(1);
+    let read_rc = w(7) as i64;
+    let stack_rc = w(8) as i64;
+    let frames = if stack_rc > 0 {
+        ((stack_rc as usize) / 8).min((body.len() - REC_FIXED) / 8)
+    } else {
+        0
+    };
+    Some(RingHit {
+        key: SlotKey::unpack(w(0)),
+        pid: (pid_tgid >> 32) as i32,
+        tid: pid_tgid as u32 as i32,
+        time: w(2),
+        ip: w(3),
+        addr: w(4),
+        cpu: w(5) as u32,
+        value: if read_rc == 0 {
+            Ok(body[48..56].try_into().unwrap())
+        } else {
+            Err(Errno::from_raw((-read_rc) as i32))
+        },
+        callchain: (0..frames).map(|i| w(9 + i)).collect(),
+    })
+}
+
+/// The program recording a hit of `key` (`len` watched bytes, up to
+/// `depth` frames of call chain) into `ring`, or counting it in `drops`.
+pub fn program(ring: &RingBuf, drops: &Counters, key: SlotKey, len: u32, depth: u16) -> Vec<Insn> {
+    let size = REC_FIXED + 8 * depth as usize;
+    let mut p: Vec<Insn> = Vec::with_capacity(48);
+    p.push(asm::mov(6, 1));
+    p.extend(asm::ld_map(1, ring.raw_fd()));
+    p.push(asm::mov_imm(2, size as i32));
+    p.push(asm::mov_imm(3, 0));
+    p.push(asm::call(helper::RINGBUF_RESERVE));
+    // Full: count it and return.
+    p.push(asm::jne_imm(0, 0, 6));
+    p.extend(asm::ld_map_value(1, drops.raw_fd(), 0));
+    p.push(asm::mov_imm(2, 1));
+    p.push(asm::atomic_add_dw(1, 0, 2));
+    p.push(asm::mov_imm(0, 0));
+    p.push(asm::exit());
+    p.push(asm::mov(7, 0));
+    p.extend(asm::ld_u64(1, key.pack()));
+    p.push(asm::stx_dw(7, 0, 1));
+    p.push(asm::call(helper::GET_CURRENT_PID_TGID));
+    p.push(asm::stx_dw(7, 8, 0));
+    p.push(asm::call(helper::KTIME_GET_NS));
+    p.push(asm::stx_dw(7, 16, 0));
+    p.push(asm::ldx_dw(1, 6, CTX_IP));
+    p.push(asm::stx_dw(7, 24, 1));
+    p.push(asm::ldx_dw(1, 6, CTX_ADDR));
+    p.push(asm::stx_dw(7, 32, 1));
+    p.push(asm::call(helper::GET_SMP_PROCESSOR_ID));
+    p.push(asm::stx_dw(7, 40, 0));
+    p.push(asm::mov_imm(1, 0));
+    p.push(asm::stx_dw(7, 48, 1));
+    p.push(asm::mov(1, 7));
+    p.push(asm::add_imm(1, 48));
+    p.push(asm::mov_imm(2, len.clamp(1, 8) as i32));
+    p.push(asm::ldx_dw(3, 7, 32));
+    p.push(asm::call(helper::PROBE_READ_USER));
+    p.push(asm::stx_dw(7, 56, 0));
+    if depth > 0 {
+        p.push(asm::mov(1, 6));
+        p.push(asm::mov(2, 7));
+        p.push(asm::add_imm(2, REC_FIXED as i32));
+        p.push(asm::mov_imm(3, 8 * i32::from(depth)));
+        p.push(asm::mov_imm(4, USER_STACK));
+        p.push(asm::call(helper::GET_STACK));
+        p.push(asm::stx_dw(7, 64, 0));
+    } else {
+        p.push(asm::mov_imm(1, 0));
+        p.push(asm::stx_dw(7, 64, 1));
+    }
+    p.push(asm::mov(1, 7));
+    p.push(asm::mov_imm(2, NO_WAKEUP));
+    p.push(asm::call(helper::RINGBUF_SUBMIT));
+    p.push(asm::mov_imm(0, 0));
+    p.push(asm::exit());
+    p
+}
+
+/// The ring, its drop counter, and the loaded programs by piece.
+#[derive(Debug)]
+pub struct HitRing {
+    ring: RingBuf,
+    drops: Counters,
+    /// Drops already reported.
+    reported: Mutex<u64>,
+    progs: Mutex<HashMap<u64, Arc<OwnedFd>>>,
+}
+
+/// Why the per-thread path is not available.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoRing {
+    /// `bpf()` refused the ring buffer or its counter.
+    Map(Errno),
+    /// The program was refused.
+    Program(LoadError),
+}
+
+impl std::fmt::Display for NoRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoRing::Map(e) => write!(f, "bpf(BPF_MAP_CREATE) refused: {}", e.desc()),
+            NoRing::Program(e) => e.fmt(f),
+        }
+    }
+}
+
+impl HitRing {
+    /// The ring and its counter; loads one program as a check, so that a
+    /// kernel refusing any part of it is known at start.
+    pub fn new() -> Result<HitRing, NoRing> {
+        let ring = RingBuf::new(RING_BYTES).map_err(NoRing::Map)?;
+        let drops = Counters::new(1).map_err(NoRing::Map)?;
+        let r = HitRing {
+            ring,
+            drops,
+            reported: Mutex::new(0),
+            progs: Mutex::new(HashMap::new()),
+        };
+        let probe = program(&r.ring, &r.drops, SlotKey::unpack(1), 8, 4);
+        bpf::load_program(bpf::PROG_TYPE_PERF_EVENT, &probe).map_err(NoRing::Program)?;
+        Ok(r)
+    }
+
+    /// The program of `key`, loaded on first use.
+    pub fn program_for(&self, key: SlotKey, len: u32, depth: u16) -> Result<Arc<OwnedFd>, Errno> {
+        let mut progs = self.progs.lock().unwrap();
+        if let Some(p) = progs.get(&key.pack()) {
+            return Ok(p.clone());
+        }
+        let insns = program(&self.ring, &self.drops, key, len, depth);
+        let fd = bpf::load_program(bpf::PROG_TYPE_PERF_EVENT, &insns).map_err(|e| {
+            tracing::warn!(id = key.id.0, piece = key.piece, "{e}");
+            e.errno
+        })?;
+        let fd = Arc::new(fd);
+        progs.insert(key.pack(), fd.clone());
+        Ok(fd)
+    }
+
+    /// Forgets the program of `key` (its events hold it while they live).
+    pub fn forget(&self, key: SlotKey) {
+        self.progs.lock().unwrap().remove(&key.pack());
+    }
+
+    /// Programs loaded (one per armed piece).
+    pub fn programs(&self) -> usize {
+        self.progs.lock().unwrap().len()
+    }
+
+    /// The ring's fd (polled).
+    pub fn raw_fd(&self) -> i32 {
+        self.ring.raw_fd()
+    }
+
+    /// Hands every hit recorded so far to `sink`; returns how many records
+    /// were read and how many hits were dropped since the last call.
+    /// Callers serialise calls.
+    pub fn drain(&self, sink: &mut dyn FnMut(RingHit)) -> (usize, u64) {
+        let n = self.ring.consume(&mut |body| {
+            if let Some(h) = parse(body) {
+                sink(h)
+            }
+        });
+        let total = self.drops.read().first().copied().unwrap_or(0);
+        let mut reported = self.reported.lock().unwrap();
+        let new = total.saturating_sub(*reported);
+        *reported = total;
+        (n, new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_programs_layout() {
+        let mut b = Vec::new();
+        let key = SlotKey::new(crate::model::WatchId(7), 2);
+        for w in [
+            key.pack(),
+            (41u64 << 32) | 43,
+            1_000,
+            0x401000,
+            0x7000,
+            1,
+            0x2a,
+            0,
+            16,
+            0x401000,
+            0x402000,
+        ] {
+            b.extend_from_slice(&w.to_ne_bytes());
+        }
+        let h = parse(&b).unwrap();
+        assert_eq!(
+            (h.key, h.pid, h.tid, h.time, h.ip),
+            (key, 41, 43, 1_000, 0x401000)
+        );
+        assert_eq!((h.addr, h.cpu), (0x7000, 1));
+        assert_eq!(h.value.unwrap()[0], 0x2a);
+        assert_eq!(h.callchain, vec![0x401000, 0x402000]);
+        // A failed read (-EFAULT) and no call chain.
+        b[56..64].copy_from_slice(&(-14i64).to_ne_bytes());
+        b[64..72].copy_from_slice(&(-14i64).to_ne_bytes());
+        let h = parse(&b).unwrap();
+        assert_eq!(h.value, Err(Errno::EFAULT));
+        assert!(h.callchain.is_empty());
+        assert!(parse(&b[..64]).is_none());
+    }
+}
+
+/// Against the kernel (root only): a breakpoint opened on one thread with
+/// the program attached records the hits of a thread that thread creates
+/// afterwards (the program is inherited with the event), with the value
+/// the write left.
+#[cfg(test)]
+mod kernel_tests {
+    use super::super::kernel::open_breakpoint_bpf;
+    use super::*;
+    use crate::model::{Access, Piece, WatchLen};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::mpsc;
+
+    static WATCHED: AtomicU64 = AtomicU64::new(0);
+
+    #[test]
+    fn inherited_events_keep_the_program() {
+        let ring = match HitRing::new() {
+            Ok(r) => r,
+            Err(NoRing::Map(Errno::EPERM)) => return, // unprivileged run
+            Err(e) => panic!("{e}"),
+        };
+        let key = SlotKey::new(crate::model::WatchId(9), 0);
+        let prog = ring.program_for(key, 8, 8).unwrap();
+        let (tid_tx, tid_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let creator = std::thread::spawn(move || {
+            tid_tx.send(nix::unistd::gettid().as_raw()).unwrap();
+            go_rx.recv().unwrap();
+            // Created after the breakpoint was opened on its creator.
+            std::thread::spawn(|| {
+                for i in 1..=3u64 {
+                    WATCHED.store(0x1000 + i, Ordering::SeqCst);
+                }
+                nix::unistd::gettid().as_raw()
+            })
+            .join()
+            .unwrap()
+        });
+        let creator_tid = tid_rx.recv().unwrap();
+        let piece = Piece {
+            addr: WATCHED.as_ptr() as u64,
+            len: WatchLen::new(8).unwrap(),
+        };
+        let ev = open_breakpoint_bpf(
+            creator_tid,
+            piece,
+            Access::Write,
+            super::super::kernel::Inherit::Threads,
+            &prog,
+        )
+        .unwrap();
+        go_tx.send(()).unwrap();
+        let child_tid = creator.join().unwrap();
+        let mut hits = Vec::new();
+        let (_, dropped) = ring.drain(&mut |h| hits.push(h));
+        drop(ev);
+        assert_eq!(dropped, 0);
+        assert_eq!(hits.len(), 3, "{hits:?}");
+        for (i, h) in hits.iter().enumerate() {
+            assert_eq!(h.key, key);
+            assert_eq!(h.tid, child_tid);
+            assert_eq!(h.pid, std::process::id() as i32);
+            assert_eq!(u64::from_ne_bytes(h.value.unwrap()), 0x1001 + i as u64);
+            assert!(!h.callchain.is_empty());
+            assert_eq!(h.callchain[0], h.ip);
+        }
+    }
+}

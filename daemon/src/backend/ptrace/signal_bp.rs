@@ -1,0 +1,283 @@
+//! Stops that a dead tracer cannot turn into a crash (kernel-facts §2b).
+//!
+//! A watchpoint of the ptrace backend is, where the kernel allows it, a
+//! per-thread `perf_event_open` breakpoint (not a debug register poked
+//! through ptrace) whose BPF program sends the hitting thread a signal the
+//! process neither catches nor blocks and whose default action is to
+//! ignore it (SIGURG or SIGWINCH). The tracer sees the signal at its
+//! signal-delivery stop, reads which of the thread's breakpoints counted
+//! the hit, and swallows it, or holds the thread there: the stop
+//! semantics of the debug-register way, with nothing that outlives the
+//! daemon. If the daemon dies, however it dies, the kernel closes its fds
+//! (the breakpoints are gone) and detaches its tracees: a signal in flight
+//! is delivered and ignored, a thread held at a hit runs on.
+//!
+//! Needs `bpf()` (CAP_BPF and CAP_PERFMON, or root) and a signal that fits
+//! the process; otherwise the process gets debug registers, as before.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, LazyLock, Mutex};
+
+use dashmap::DashMap;
+use nix::errno::Errno;
+use nix::sys::signal::Signal;
+
+use crate::model::{Access, Pid, Tid};
+use crate::procfs;
+
+/// Signals tried, in order: default action "ignore", rarely used by
+/// programs (SIGURG is sent for out-of-band socket data and used by the Go
+/// runtime, which catches it: then SIGWINCH is taken).
+pub const CANDIDATES: [Signal; 2] = [Signal::SIGURG, Signal::SIGWINCH];
+
+/// How one process's watchpoints stop its threads.
+#[derive(Debug)]
+pub struct SignalMode {
+    /// The signal its breakpoints send.
+    pub signal: Signal,
+    /// The BPF program sending it (shared by every breakpoint).
+    prog: Arc<OwnedFd>,
+}
+
+/// Processes whose tracees use signal stops (set at attach, before the
+/// first seize; read when a tracee is created).
+static MODES: LazyLock<DashMap<Pid, Arc<SignalMode>>> = LazyLock::new(DashMap::new);
+
+/// One loaded program per signal.
+static PROGS: LazyLock<Mutex<HashMap<i32, Arc<OwnedFd>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Why a process does not get signal stops.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoSignalStops {
+    /// `bpf()` refused (no CAP_BPF/CAP_PERFMON, or disabled).
+    Bpf(Errno),
+    /// Every candidate signal is caught, ignored or blocked by the process
+    /// (its masks: caught, ignored, blocked by some thread).
+    NoSignal {
+        caught: u64,
+        ignored: u64,
+        blocked: u64,
+    },
+    /// Turned off (`--ptrace-stops debug-registers`).
+    Off,
+}
+
+impl std::fmt::Display for NoSignalStops {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoSignalStops::Bpf(e) => write!(f, "bpf() refused: {}", e.desc()),
+            NoSignalStops::NoSignal {
+                caught,
+                ignored,
+                blocked,
+            } => write!(
+                f,
+                "the process catches, ignores or blocks SIGURG and SIGWINCH (caught {caught:#x}, \
+                 ignored {ignored:#x}, blocked {blocked:#x})"
+            ),
+            NoSignalStops::Off => write!(f, "turned off"),
+        }
+    }
+}
+
+/// Which stops processes get (`wpd --ptrace-stops`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Signal stops where possible, else debug registers.
+    Auto,
+    /// Debug registers always.
+    DebugRegisters,
+}
+
+static POLICY: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Sets the policy (at start).
+pub fn set_policy(p: Policy) {
+    POLICY.store(p as u8, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The policy.
+pub fn policy() -> Policy {
+    match POLICY.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => Policy::DebugRegisters,
+        _ => Policy::Auto,
+    }
+}
+
+/// Chooses signal stops for `pid` if possible and registers them.
+pub fn enable(pid: Pid) -> Result<Signal, NoSignalStops> {
+    let signal = choose_signal(pid)?;
+    let prog = program(signal).map_err(NoSignalStops::Bpf)?;
+    MODES.insert(pid, Arc::new(SignalMode { signal, prog }));
+    Ok(signal)
+}
+
+/// Forgets `pid` (detached, or exited).
+pub fn disable(pid: Pid) {
+    MODES.remove(&pid);
+}
+
+/// The mode of `pid`'s tracees, if it uses signal stops.
+pub fn mode_of(pid: Pid) -> Option<Arc<SignalMode>> {
+    MODES.get(&pid).map(|m| m.clone())
+}
+
+/// Whether this daemon may load the program at all (capabilities).
+pub fn available() -> Result<(), Errno> {
+    program(CANDIDATES[0]).map(|_| ())
+}
+
+/// The first candidate signal that `pid` does not catch or ignore and that
+/// none of its threads blocks (`/proc/PID/status` SigCgt, SigIgn, and each
+/// task's SigBlk). A thread being created, or creating one, blocks every
+/// signal for a moment (glibc's `pthread_create`): threads that have not
+/// run yet are left out, and a signal counts as blocked only if it is
+/// blocked in three looks 2 ms apart.
+pub fn choose_signal(pid: Pid) -> Result<Signal, NoSignalStops> {
+    let none = |caught, ignored, blocked| NoSignalStops::NoSignal {
+        caught,
+        ignored,
+        blocked,
+    };
+    let st = procfs::Status::of(pid).ok_or(none(0, 0, 0))?;
+    let (caught, ignored) = (
+        st.mask("SigCgt").unwrap_or(u64::MAX),
+        st.mask("SigIgn").unwrap_or(u64::MAX),
+    );
+    let taken = caught | ignored;
+    let mut blocked = u64::MAX;
+    for look in 0..3 {
+        if look > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let mut now = 0u64;
+        for tid in procfs::tasks(pid).map_err(|_| none(caught, ignored, u64::MAX))? {
+            if !has_run(pid, tid) {
+                // Not scheduled since its clone: its mask is still the
+                // all-blocked one its creator's pthread_create set for the
+                // clone; it takes the creator's own when it first runs.
+                continue;
+            }
+            if let Some(m) = procfs::Status::of_task(pid, tid).and_then(|s| s.mask("SigBlk")) {
+                now |= m;
+            }
+        }
+        blocked &= now;
+        if blocked & candidates_mask() == 0 {
+            break;
+        }
+    }
+    CANDIDATES
+        .into_iter()
+        .find(|&s| (taken | blocked) & bit(s) == 0)
+        .ok_or(none(caught, ignored, blocked))
+}
+
+/// True once `tid` has been on a CPU (`/proc/PID/task/TID/schedstat`: its
+/// first field is the time it has run, in ns).
+fn has_run(pid: Pid, tid: Tid) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .is_none_or(|ns| ns > 0)
+}
+
+fn bit(s: Signal) -> u64 {
+    1u64 << (s as i32 - 1)
+}
+
+fn candidates_mask() -> u64 {
+    CANDIDATES.iter().fold(0, |m, &s| m | bit(s))
+}
+
+/// The BPF program `r0 = send_signal_thread(sig); return 0`, loaded once.
+fn program(signal: Signal) -> Result<Arc<OwnedFd>, Errno> {
+    let mut progs = PROGS.lock().unwrap();
+    if let Some(p) = progs.get(&(signal as i32)) {
+        return Ok(p.clone());
+    }
+    let fd = load(signal as i32)?;
+    let p = Arc::new(fd);
+    progs.insert(signal as i32, p.clone());
+    Ok(p)
+}
+
+/// `r1 = sig; r0 = send_signal_thread(r1); return 0`.
+fn load(sig: i32) -> Result<OwnedFd, Errno> {
+    use crate::bpf::{asm, helper};
+    let insns = [
+        asm::mov_imm(1, sig),
+        asm::call(helper::SEND_SIGNAL_THREAD),
+        asm::mov_imm(0, 0),
+        asm::exit(),
+    ];
+    crate::bpf::load_program(crate::bpf::PROG_TYPE_PERF_EVENT, &insns).map_err(|e| e.errno)
+}
+
+/// A per-thread breakpoint on `len` bytes at `addr` whose hits run `mode`'s
+/// program (and count: read its fd). Removed at exec.
+pub fn open_breakpoint(
+    tid: Tid,
+    addr: u64,
+    len: u32,
+    access: Access,
+    mode: &SignalMode,
+) -> Result<OwnedFd, Errno> {
+    use perf_event_open_sys::bindings as b;
+    let mut attr = b::perf_event_attr {
+        type_: b::PERF_TYPE_BREAKPOINT,
+        size: std::mem::size_of::<b::perf_event_attr>() as u32,
+        ..Default::default()
+    };
+    attr.bp_type = match access {
+        Access::Write => b::HW_BREAKPOINT_W,
+        Access::ReadWrite => b::HW_BREAKPOINT_RW,
+        Access::Exec => b::HW_BREAKPOINT_X,
+    };
+    attr.__bindgen_anon_3.bp_addr = addr;
+    attr.__bindgen_anon_4.bp_len = u64::from(len);
+    attr.__bindgen_anon_1.sample_period = 1;
+    attr.set_exclude_kernel(1);
+    attr.set_exclude_hv(1);
+    attr.set_remove_on_exec(1);
+    // SAFETY: attr is a valid perf_event_attr; the fd returned is ours.
+    let fd = unsafe {
+        perf_event_open_sys::perf_event_open(
+            &mut attr,
+            tid,
+            -1,
+            -1,
+            b::PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
+        )
+    };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: a new fd the kernel just gave us.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: PERF_EVENT_IOC_SET_BPF takes the program's fd by value.
+    let r = unsafe {
+        perf_event_open_sys::ioctls::SET_BPF(fd.as_raw_fd(), mode.prog.as_raw_fd() as u32)
+    };
+    if r < 0 {
+        return Err(Errno::last());
+    }
+    Ok(fd)
+}
+
+/// Hits counted by a breakpoint so far.
+pub fn count(fd: &OwnedFd) -> u64 {
+    let mut v = 0u64;
+    // SAFETY: reads 8 bytes into v from a perf event fd.
+    let n = unsafe { libc::read(fd.as_raw_fd(), (&raw mut v).cast(), 8) };
+    if n == 8 { v } else { 0 }
+}
+
+/// True when `sig` is pending for `tid` (queued behind a stop).
+pub fn pending(tid: Tid, sig: Signal) -> bool {
+    procfs::Status::of(tid)
+        .and_then(|s| s.mask("SigPnd"))
+        .is_some_and(|mask| mask & (1u64 << (sig as i32 - 1)) != 0)
+}

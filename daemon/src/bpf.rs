@@ -1,0 +1,466 @@
+//! The few `bpf()` operations wpd needs, without a BPF toolchain: programs
+//! are a handful of instructions assembled here (no compiler, no object
+//! files, nothing a fresh machine lacks), maps are a ring buffer and a
+//! counter array.
+//!
+//! Users: the ptrace backend's signal stops (a program sending a signal at
+//! a hit) and the perf backend's per-thread path (a program writing each
+//! hit into one ring buffer shared by every breakpoint of the daemon).
+//! Everything here needs CAP_BPF and CAP_PERFMON (or root).
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use nix::errno::Errno;
+
+/// One BPF instruction (`struct bpf_insn`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Insn {
+    code: u8,
+    regs: u8,
+    off: i16,
+    imm: i32,
+}
+
+/// Registers r0-r10.
+pub type Reg = u8;
+
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_PROG_LOAD: libc::c_long = 5;
+
+/// `BPF_PROG_TYPE_PERF_EVENT`: runs at a perf event's overflow (a hit).
+pub const PROG_TYPE_PERF_EVENT: u32 = 7;
+
+/// Helper ids (`enum bpf_func_id`).
+pub mod helper {
+    pub const KTIME_GET_NS: i32 = 5;
+    pub const GET_SMP_PROCESSOR_ID: i32 = 8;
+    pub const GET_CURRENT_PID_TGID: i32 = 14;
+    pub const GET_STACK: i32 = 67;
+    pub const PROBE_READ_USER: i32 = 112;
+    pub const SEND_SIGNAL_THREAD: i32 = 117;
+    pub const RINGBUF_RESERVE: i32 = 131;
+    pub const RINGBUF_SUBMIT: i32 = 132;
+}
+
+/// The instruction set, as far as wpd's programs use it.
+pub mod asm {
+    use super::{Insn, Reg};
+
+    const ALU64: u8 = 0x07;
+    const JMP: u8 = 0x05;
+    const LDX: u8 = 0x01;
+    const STX: u8 = 0x03;
+    const LD: u8 = 0x00;
+    const K: u8 = 0x00;
+    const X: u8 = 0x08;
+    const DW: u8 = 0x18;
+    const MEM: u8 = 0x60;
+    const IMM: u8 = 0x00;
+    const ATOMIC: u8 = 0xc0;
+
+    fn insn(code: u8, dst: Reg, src: Reg, off: i16, imm: i32) -> Insn {
+        Insn {
+            code,
+            regs: (src << 4) | (dst & 0x0f),
+            off,
+            imm,
+        }
+    }
+
+    /// `dst = imm` (sign-extended).
+    pub fn mov_imm(dst: Reg, imm: i32) -> Insn {
+        insn(ALU64 | 0xb0 | K, dst, 0, 0, imm)
+    }
+    /// `dst = src`.
+    pub fn mov(dst: Reg, src: Reg) -> Insn {
+        insn(ALU64 | 0xb0 | X, dst, src, 0, 0)
+    }
+    /// `dst += imm`.
+    pub fn add_imm(dst: Reg, imm: i32) -> Insn {
+        insn(ALU64 | K, dst, 0, 0, imm)
+    }
+    /// `dst = imm64` (two instructions); `src` 1 makes `imm` a map fd
+    /// (`BPF_PSEUDO_MAP_FD`), 2 the address of a map's value at offset
+    /// `hi` (`BPF_PSEUDO_MAP_VALUE`).
+    pub fn ld_imm64(dst: Reg, src: Reg, lo: i32, hi: i32) -> [Insn; 2] {
+        [insn(LD | DW | IMM, dst, src, 0, lo), insn(0, 0, 0, 0, hi)]
+    }
+    /// `dst = imm64`.
+    pub fn ld_u64(dst: Reg, v: u64) -> [Insn; 2] {
+        ld_imm64(dst, 0, v as u32 as i32, (v >> 32) as u32 as i32)
+    }
+    /// `dst = map` (a map's fd, resolved by the verifier).
+    pub fn ld_map(dst: Reg, fd: i32) -> [Insn; 2] {
+        ld_imm64(dst, 1, fd, 0)
+    }
+    /// `dst = &map.value[0] + off` (an array map's first value).
+    pub fn ld_map_value(dst: Reg, fd: i32, off: i32) -> [Insn; 2] {
+        ld_imm64(dst, 2, fd, off)
+    }
+    /// `dst = *(u64 *)(src + off)`.
+    pub fn ldx_dw(dst: Reg, src: Reg, off: i16) -> Insn {
+        insn(LDX | MEM | DW, dst, src, off, 0)
+    }
+    /// `*(u64 *)(dst + off) = src`.
+    pub fn stx_dw(dst: Reg, off: i16, src: Reg) -> Insn {
+        insn(STX | MEM | DW, dst, src, off, 0)
+    }
+    /// `lock *(u64 *)(dst + off) += src`.
+    pub fn atomic_add_dw(dst: Reg, off: i16, src: Reg) -> Insn {
+        insn(STX | ATOMIC | DW, dst, src, off, 0)
+    }
+    /// `if dst != imm goto +off`.
+    pub fn jne_imm(dst: Reg, imm: i32, off: i16) -> Insn {
+        insn(JMP | 0x50 | K, dst, 0, off, imm)
+    }
+    /// Calls helper `id` (arguments r1-r5, result r0).
+    pub fn call(id: i32) -> Insn {
+        insn(JMP | 0x80, 0, 0, 0, id)
+    }
+    /// Returns r0.
+    pub fn exit() -> Insn {
+        insn(JMP | 0x90, 0, 0, 0, 0)
+    }
+}
+
+/// `union bpf_attr` as BPF_PROG_LOAD reads it (the fields up to the log).
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    _rest: [u64; 12],
+}
+
+/// `union bpf_attr` as BPF_MAP_CREATE reads it.
+#[repr(C)]
+#[derive(Default)]
+struct MapCreateAttr {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    _rest: [u32; 27],
+}
+
+/// `union bpf_attr` as BPF_MAP_LOOKUP_ELEM reads it.
+#[repr(C)]
+#[derive(Default)]
+struct MapElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+fn sys_bpf<T>(cmd: libc::c_long, attr: &T) -> Result<libc::c_long, Errno> {
+    // SAFETY: attr points to a valid, fully initialised bpf_attr prefix of
+    // the size given, whose pointers outlive the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *const T,
+            std::mem::size_of::<T>(),
+        )
+    };
+    if r < 0 { Err(Errno::last()) } else { Ok(r) }
+}
+
+/// A refused program load: the errno and, for EINVAL/EACCES, the
+/// verifier's log (the reason, for the daemon's log and the tests).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadError {
+    pub errno: Errno,
+    pub log: String,
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "bpf(BPF_PROG_LOAD) refused: {}", self.errno.desc())?;
+        if !self.log.is_empty() {
+            write!(f, " (verifier: {})", self.log.trim())?;
+        }
+        Ok(())
+    }
+}
+
+/// Loads a GPL program (its helpers are GPL-only) of `prog_type`. A
+/// refusal by the verifier is loaded again with the log on, to say why.
+pub fn load_program(prog_type: u32, insns: &[Insn]) -> Result<OwnedFd, LoadError> {
+    let license = c"GPL";
+    let mut attr = ProgLoadAttr {
+        prog_type,
+        insn_cnt: insns.len() as u32,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        ..Default::default()
+    };
+    match sys_bpf(BPF_PROG_LOAD, &attr) {
+        // SAFETY: a new fd the kernel just gave us.
+        Ok(fd) => Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) }),
+        Err(errno) if matches!(errno, Errno::EINVAL | Errno::EACCES) => {
+            let mut log = vec![0u8; 64 * 1024];
+            attr.log_level = 1;
+            attr.log_size = log.len() as u32;
+            attr.log_buf = log.as_mut_ptr() as u64;
+            let _ = sys_bpf(BPF_PROG_LOAD, &attr);
+            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+            // The last lines say what was rejected.
+            let text = String::from_utf8_lossy(&log[..end]);
+            let tail: Vec<&str> = text.lines().rev().take(4).collect();
+            Err(LoadError {
+                errno,
+                log: tail.into_iter().rev().collect::<Vec<_>>().join("; "),
+            })
+        }
+        Err(errno) => Err(LoadError {
+            errno,
+            log: String::new(),
+        }),
+    }
+}
+
+const MAP_TYPE_ARRAY: u32 = 2;
+const MAP_TYPE_RINGBUF: u32 = 27;
+
+/// A one-element array of u64 counters (`n` of them in its value).
+#[derive(Debug)]
+pub struct Counters {
+    fd: OwnedFd,
+    n: usize,
+}
+
+impl Counters {
+    /// `n` u64 counters, all 0.
+    pub fn new(n: usize) -> Result<Counters, Errno> {
+        let attr = MapCreateAttr {
+            map_type: MAP_TYPE_ARRAY,
+            key_size: 4,
+            value_size: (8 * n) as u32,
+            max_entries: 1,
+            ..Default::default()
+        };
+        let fd = sys_bpf(BPF_MAP_CREATE, &attr)?;
+        // SAFETY: a new fd the kernel just gave us.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        Ok(Counters { fd, n })
+    }
+
+    /// Its fd, for [`asm::ld_map_value`].
+    pub fn raw_fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    /// The counters now.
+    pub fn read(&self) -> Vec<u64> {
+        let key = 0u32;
+        let mut out = vec![0u64; self.n];
+        let attr = MapElemAttr {
+            map_fd: self.fd.as_raw_fd() as u32,
+            key: (&raw const key) as u64,
+            value: out.as_mut_ptr() as u64,
+            ..Default::default()
+        };
+        if sys_bpf(BPF_MAP_LOOKUP_ELEM, &attr).is_err() {
+            out.fill(0);
+        }
+        out
+    }
+}
+
+/// A BPF ring buffer (`BPF_MAP_TYPE_RINGBUF`): many producers (programs on
+/// every CPU), one consumer (the daemon), records in order of reservation.
+/// The consumer maps the consumer position read-write, and the producer
+/// position plus the data, mapped twice in a row so that a record wrapping
+/// the end reads contiguously, read-only.
+#[derive(Debug)]
+pub struct RingBuf {
+    fd: OwnedFd,
+    size: usize,
+    consumer: *mut u8,
+    producer: *const u8,
+    page: usize,
+    /// Bytes consumed so far (mirrors the consumer position).
+    read: AtomicU64,
+}
+
+// SAFETY: the mappings are owned by the RingBuf; the consumer position is
+// written only by [`RingBuf::consume`], which callers serialise.
+unsafe impl Send for RingBuf {}
+// SAFETY: as above; the mappings are read with atomic loads.
+unsafe impl Sync for RingBuf {}
+
+const RINGBUF_BUSY: u32 = 1 << 31;
+const RINGBUF_DISCARD: u32 = 1 << 30;
+const RINGBUF_HDR: usize = 8;
+
+impl RingBuf {
+    /// A ring of `size` bytes (a power of two, at least a page).
+    pub fn new(size: usize) -> Result<RingBuf, Errno> {
+        let page = page_size();
+        let size = size.max(page).next_power_of_two();
+        let attr = MapCreateAttr {
+            map_type: MAP_TYPE_RINGBUF,
+            max_entries: size as u32,
+            ..Default::default()
+        };
+        let fd = sys_bpf(BPF_MAP_CREATE, &attr)?;
+        // SAFETY: a new fd the kernel just gave us.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        // SAFETY: mapping the consumer page of our own ring-buffer map.
+        let consumer = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if consumer == libc::MAP_FAILED {
+            return Err(Errno::last());
+        }
+        // SAFETY: mapping the producer page and the data (twice) of the map.
+        let producer = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                page + 2 * size,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                page as libc::off_t,
+            )
+        };
+        if producer == libc::MAP_FAILED {
+            let e = Errno::last();
+            // SAFETY: unmapping what was mapped above.
+            unsafe { libc::munmap(consumer, page) };
+            return Err(e);
+        }
+        Ok(RingBuf {
+            fd,
+            size,
+            consumer: consumer.cast(),
+            producer: producer.cast(),
+            page,
+            read: AtomicU64::new(0),
+        })
+    }
+
+    /// Its fd, for [`asm::ld_map`] and polling.
+    pub fn raw_fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    /// Its size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Hands every committed record to `sink` in order, then frees their
+    /// space; stops at the first record still being written. Returns how
+    /// many. Callers serialise calls.
+    pub fn consume(&self, sink: &mut dyn FnMut(&[u8])) -> usize {
+        // SAFETY: the positions are u64s at the start of their mapped pages,
+        // written by the kernel (producer) and by us (consumer).
+        let prod = unsafe { &*(self.producer as *const AtomicU64) };
+        // SAFETY: as above.
+        let cons = unsafe { &*(self.consumer as *const AtomicU64) };
+        let mut pos = cons.load(Ordering::Relaxed);
+        let mut n = 0;
+        let mask = (self.size - 1) as u64;
+        // SAFETY: the data starts one page after the producer position.
+        let data = unsafe { self.producer.add(self.page) };
+        loop {
+            let end = prod.load(Ordering::Acquire);
+            if pos >= end {
+                break;
+            }
+            // SAFETY: the header is inside the (double-)mapped data.
+            let hdr = unsafe { &*(data.add((pos & mask) as usize) as *const AtomicU64) };
+            let len_word = hdr.load(Ordering::Acquire) as u32;
+            if len_word & RINGBUF_BUSY != 0 {
+                break;
+            }
+            let len = (len_word & !(RINGBUF_BUSY | RINGBUF_DISCARD)) as usize;
+            if len_word & RINGBUF_DISCARD == 0 {
+                // SAFETY: a committed record of `len` bytes follows its
+                // header; the second mapping makes a wrapping one contiguous.
+                let body = unsafe {
+                    std::slice::from_raw_parts(data.add((pos & mask) as usize + RINGBUF_HDR), len)
+                };
+                sink(body);
+                n += 1;
+            }
+            pos += ((RINGBUF_HDR + len + 7) & !7) as u64;
+            cons.store(pos, Ordering::Release);
+        }
+        self.read.store(pos, Ordering::Relaxed);
+        n
+    }
+}
+
+impl Drop for RingBuf {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the two mappings made in `new`.
+        unsafe {
+            libc::munmap(self.consumer.cast(), self.page);
+            libc::munmap(
+                self.producer as *mut libc::c_void,
+                self.page + 2 * self.size,
+            );
+        }
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 { p as usize } else { 4096 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::asm::*;
+
+    #[test]
+    fn encodes_as_the_kernel_reads_it() {
+        // r1 = r6: BPF_ALU64|BPF_MOV|BPF_X, dst in the low nibble.
+        let i = mov(1, 6);
+        assert_eq!((i.code, i.regs), (0xbf, 0x61));
+        // *(u64 *)(r7 + 8) = r0: BPF_STX|BPF_MEM|BPF_DW.
+        let i = stx_dw(7, 8, 0);
+        assert_eq!((i.code, i.regs, i.off), (0x7b, 0x07, 8));
+        // r1 = *(u64 *)(r6 + 128): BPF_LDX|BPF_MEM|BPF_DW.
+        let i = ldx_dw(1, 6, 128);
+        assert_eq!((i.code, i.regs, i.off), (0x79, 0x61, 128));
+        // lock *(u64 *)(r1 + 0) += r2: BPF_STX|BPF_ATOMIC|BPF_DW, imm BPF_ADD.
+        let i = atomic_add_dw(1, 0, 2);
+        assert_eq!((i.code, i.regs, i.imm), (0xdb, 0x21, 0));
+        // r1 = map fd 5: BPF_LD|BPF_DW|BPF_IMM with src BPF_PSEUDO_MAP_FD.
+        let [a, b] = ld_map(1, 5);
+        assert_eq!(
+            (a.code, a.regs, a.imm, b.code, b.imm),
+            (0x18, 0x11, 5, 0, 0)
+        );
+        let [a, b] = ld_u64(2, 0x1234_5678_9abc_def0);
+        assert_eq!((a.imm as u32, b.imm as u32), (0x9abc_def0, 0x1234_5678));
+        assert_eq!(jne_imm(0, 0, 5).code, 0x55);
+        assert_eq!(call(14).code, 0x85);
+        assert_eq!(exit().code, 0x95);
+    }
+}

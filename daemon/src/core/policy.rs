@@ -1,0 +1,617 @@
+//! Policies: one watchpoint for every process a selector matches, now and
+//! later. Each matching process gets an *instance*, an ordinary watchpoint
+//! of its own (its name resolved in that process: addresses differ under
+//! ASLR), whose spec names the policy.
+//!
+//! How new processes are found (the `wpd-policy` thread):
+//! - from the kernel, where the perf backend's collectors see every task
+//!   (its per-thread path): a FORK record of a new process or an exec's
+//!   COMM record is handed over by the drain thread at once
+//!   ([`Core::process_started`]), stamped with the kernel's time of the
+//!   fork or exec;
+//! - by a scan of `/proc` every [`SCAN`] for processes not seen before, and
+//!   of every process every [`FULL_SCAN_EVERY`] scans (an exec in a
+//!   process seen before, where no record says so).
+//!
+//! What may be missed: the accesses a process makes between its fork or
+//! exec and the instance's arming (`PolicyInstance.latency_ns` says how
+//! long that was, per process).
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::Core;
+use crate::authz::Caller;
+use crate::error::WpdError;
+use crate::model::{Pid, WatchId, WatchSpec};
+use crate::procfs;
+
+/// Interval of the scan for new processes.
+pub const SCAN: Duration = Duration::from_millis(200);
+/// Every this many scans, every process is checked again (not only new
+/// pids): an exec is seen within `SCAN × FULL_SCAN_EVERY` without records.
+pub const FULL_SCAN_EVERY: u32 = 5;
+/// How long a matching process whose name does not resolve yet (a library
+/// the dynamic linker has not loaded) is tried again, and how often.
+const RETRY_FOR: Duration = Duration::from_secs(2);
+const RETRY_EVERY: Duration = Duration::from_millis(10);
+/// Refusals kept per policy.
+const KEEP_REFUSALS: usize = 32;
+
+/// Which processes a policy covers: those matching every field given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selector {
+    /// Any of these.
+    pub pids: Vec<Pid>,
+    /// `/proc/PID/comm`, exactly (the first 15 bytes of a longer name).
+    pub comm: Option<String>,
+    /// `/proc/PID/exe`.
+    pub exe: Option<PathBuf>,
+    /// A cgroup v2 path relative to its root ("/a/b"): the process's
+    /// cgroup is it or below it.
+    pub cgroup: Option<String>,
+}
+
+/// The kernel's TASK_COMM_LEN less its NUL.
+const COMM_MAX: usize = 15;
+
+impl Selector {
+    /// Checks and normalises what a client gave.
+    pub fn new(pids: Vec<Pid>, comm: &str, exe: &str, cgroup: &str) -> Result<Selector, WpdError> {
+        let bad = |m: String| Err(WpdError::InvalidArgument(m));
+        for &p in &pids {
+            procfs::check_process(p)?;
+        }
+        let comm = match comm {
+            "" => None,
+            c if c.contains('/') || c.contains('\n') => {
+                return bad(format!(
+                    "selector comm {c:?} is not a command name (no '/' or newline)"
+                ));
+            }
+            // The kernel keeps 15 bytes: a longer name matches on those.
+            c => Some(truncate_utf8(c, COMM_MAX).to_string()),
+        };
+        let exe = match exe {
+            "" => None,
+            e if !e.starts_with('/') => {
+                return bad(format!("selector exe {e:?} must be an absolute path"));
+            }
+            e => Some(PathBuf::from(e)),
+        };
+        let cgroup = match cgroup {
+            "" => None,
+            c => Some(cgroup_path(c)?),
+        };
+        let s = Selector {
+            pids,
+            comm,
+            exe,
+            cgroup,
+        };
+        if s == Selector::default() {
+            return bad(
+                "a policy needs a selector: pids, a command name, an executable or a cgroup".into(),
+            );
+        }
+        Ok(s)
+    }
+
+    /// Whether `pid` matches now (reads only what the fields need).
+    pub fn matches(&self, pid: Pid) -> bool {
+        if !self.pids.is_empty() && !self.pids.contains(&pid) {
+            return false;
+        }
+        if let Some(c) = &self.comm
+            && procfs::comm(pid, pid).as_deref() != Some(c.as_str())
+        {
+            return false;
+        }
+        if let Some(e) = &self.exe
+            && std::fs::read_link(format!("/proc/{pid}/exe"))
+                .ok()
+                .as_deref()
+                != Some(e.as_path())
+        {
+            return false;
+        }
+        if let Some(root) = &self.cgroup {
+            let Some(cg) = cgroup_of(pid) else {
+                return false;
+            };
+            if !under(&cg, root) {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+fn truncate_utf8(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Whether cgroup path `cg` is `root` or below it ("/a/b" is below "/a",
+/// "/ab" is not).
+fn under(cg: &str, root: &str) -> bool {
+    root == "/"
+        || cg == root
+        || (cg.starts_with(root) && cg.as_bytes().get(root.len()) == Some(&b'/'))
+}
+
+/// A process's cgroup v2 path (`0::/path` in `/proc/PID/cgroup`).
+fn cgroup_of(pid: Pid) -> Option<String> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| p.trim_end().to_string())
+}
+
+/// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or
+/// `/sys/fs/cgroup/unified` on hybrid hosts).
+pub fn cgroup2_mount() -> Option<PathBuf> {
+    let s = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    s.lines().find_map(|l| {
+        // ... mount-point ... - fstype source options
+        let (left, right) = l.split_once(" - ")?;
+        (right.split_whitespace().next() == Some("cgroup2"))
+            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))
+            .flatten()
+    })
+}
+
+/// A selector's cgroup as a path relative to the v2 root: an absolute path
+/// under the mount point is made relative; anything else is taken as
+/// relative already. It must exist.
+fn cgroup_path(c: &str) -> Result<String, WpdError> {
+    let mount = cgroup2_mount().ok_or_else(|| {
+        WpdError::InvalidArgument(format!(
+            "selector cgroup {c:?}: no cgroup v2 hierarchy is mounted on this host"
+        ))
+    })?;
+    let p = Path::new(c);
+    let rel = match p.strip_prefix(&mount) {
+        Ok(r) => format!("/{}", r.display()),
+        Err(_) => format!("/{}", c.trim_start_matches('/')),
+    };
+    let rel = if rel.len() > 1 {
+        rel.trim_end_matches('/').to_string()
+    } else {
+        rel
+    };
+    let dir = mount.join(rel.trim_start_matches('/'));
+    if !dir.join("cgroup.procs").exists() {
+        return Err(WpdError::InvalidArgument(format!(
+            "selector cgroup {c:?}: {} is not a cgroup v2 directory",
+            dir.display()
+        )));
+    }
+    Ok(rel)
+}
+
+/// A policy's watchpoint in one process.
+#[derive(Debug, Clone)]
+pub struct Instance {
+    pub pid: Pid,
+    pub comm: String,
+    pub watch: WatchId,
+    pub armed_at_ns: u64,
+    pub latency_ns: u64,
+    /// The process's start time (a later process with the same pid is
+    /// another one).
+    start_time: u64,
+}
+
+/// A matching process that got no instance.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    pub pid: Pid,
+    pub comm: String,
+    pub reason: String,
+    pub at_ns: u64,
+}
+
+/// A policy.
+#[derive(Debug)]
+pub struct Policy {
+    pub id: WatchId,
+    pub selector: Selector,
+    /// The instances' spec (pid 0).
+    pub spec: WatchSpec,
+    /// Who set it: each instance is authorised as theirs.
+    pub caller: Caller,
+    pub created_at_ns: u64,
+    state: Mutex<State>,
+    /// Held while an instance is being made (by the RPC that set the
+    /// policy, or the policy thread), and by its removal: one instance per
+    /// process, none made after the removal.
+    arming: Mutex<()>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    instances: BTreeMap<Pid, Instance>,
+    refusals: VecDeque<Refusal>,
+    made: u64,
+    /// Processes refused, by pid: (start time, comm) when refused. Tried
+    /// again only as another process (pid reused) or another program
+    /// (exec: a new name).
+    refused: HashMap<Pid, (u64, String)>,
+}
+
+/// A policy as listed.
+#[derive(Debug, Clone)]
+pub struct PolicyView {
+    pub id: WatchId,
+    pub selector: Selector,
+    pub spec: WatchSpec,
+    pub created_at_ns: u64,
+    pub instances: Vec<Instance>,
+    pub refusals: Vec<Refusal>,
+    pub made: u64,
+}
+
+/// Work for the policy thread.
+#[derive(Debug)]
+pub enum PolicyMsg {
+    /// A process started or called exec (kernel monotonic ns of that).
+    Check(Pid, u64),
+    /// Try `pid` again for one policy (its name did not resolve yet).
+    Retry(WatchId, Pid, u64, Instant),
+}
+
+impl Core {
+    /// Sets a policy and arms its instance in every process that matches
+    /// now. Blocking.
+    pub fn set_policy(
+        self: &Arc<Self>,
+        selector: Selector,
+        mut spec: WatchSpec,
+        caller: Caller,
+    ) -> Result<PolicyView, WpdError> {
+        if spec.pid != 0 {
+            return Err(WpdError::InvalidArgument(format!(
+                "a policy's spec must have pid 0 (its selector picks the processes), got {}",
+                spec.pid
+            )));
+        }
+        if spec.lease != 0 {
+            return Err(WpdError::InvalidArgument(
+                "a policy cannot be leased to an event stream".into(),
+            ));
+        }
+        if spec.symbol.is_none() {
+            // Checked once here; a name is resolved per process.
+            crate::arch::validate(spec.range.addr, spec.range.len, spec.access)?;
+        }
+        spec.policy = None;
+        let id = WatchId(
+            self.next_id
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        );
+        let policy = Arc::new(Policy {
+            id,
+            selector,
+            spec,
+            caller,
+            created_at_ns: crate::clock::realtime_ns(),
+            state: Mutex::new(State::default()),
+            arming: Mutex::new(()),
+        });
+        self.policies.insert(id, policy.clone());
+        self.ensure_policy_thread();
+        let now = crate::clock::monotonic_ns();
+        for pid in procfs::pids() {
+            self.try_policy(&policy, pid, now);
+        }
+        Ok(self.policy_view(&policy))
+    }
+
+    /// The policy `id`, if it exists.
+    pub fn policy(&self, id: WatchId) -> Option<Arc<Policy>> {
+        self.policies.get(&id).map(|p| p.clone())
+    }
+
+    /// Removes a policy and every instance. Blocking.
+    pub fn remove_policy(&self, id: WatchId) -> Result<PolicyView, WpdError> {
+        let (_, policy) = self
+            .policies
+            .remove(&id)
+            .ok_or(WpdError::NoSuchWatchpoint(id))?;
+        // An instance being armed now is finished first.
+        let _arming = policy.arming.lock().unwrap();
+        let view = self.policy_view(&policy);
+        for inst in &view.instances {
+            // Gone with its process meanwhile: nothing to undo.
+            let _ = self.remove_watchpoint(inst.watch);
+        }
+        Ok(view)
+    }
+
+    /// Every policy (with `pid`: those with an instance there).
+    pub fn list_policies(&self, pid: Option<Pid>) -> Vec<PolicyView> {
+        let mut v: Vec<PolicyView> = self
+            .policies
+            .iter()
+            .map(|p| self.policy_view(&p))
+            .filter(|p| pid.is_none_or(|pid| p.instances.iter().any(|i| i.pid == pid)))
+            .collect();
+        v.sort_by_key(|p| p.id);
+        v
+    }
+
+    fn policy_view(&self, p: &Policy) -> PolicyView {
+        let mut st = p.state.lock().unwrap();
+        // Instances whose watchpoint went (its process exited, or exec
+        // removed it) are forgotten.
+        st.instances
+            .retain(|_, i| self.watches.contains_key(&i.watch));
+        PolicyView {
+            id: p.id,
+            selector: p.selector.clone(),
+            spec: p.spec.clone(),
+            created_at_ns: p.created_at_ns,
+            instances: st.instances.values().cloned().collect(),
+            refusals: st.refusals.iter().cloned().collect(),
+            made: st.made,
+        }
+    }
+
+    /// The drain thread saw a process start or call exec (`at`: kernel
+    /// monotonic ns): the policy thread checks it now rather than at its
+    /// next scan.
+    pub fn process_started(&self, pid: Pid, at: u64) {
+        if self.policies.is_empty() {
+            return;
+        }
+        if let Some(tx) = self.policy_tx.lock().unwrap().as_ref() {
+            let _ = tx.send(PolicyMsg::Check(pid, at));
+        }
+    }
+
+    /// Whether a policy wants to hear of new processes.
+    pub fn wants_processes(&self) -> bool {
+        !self.policies.is_empty()
+    }
+
+    fn ensure_policy_thread(self: &Arc<Self>) {
+        let mut tx = self.policy_tx.lock().unwrap();
+        if tx.is_some() {
+            return;
+        }
+        let (t, rx) = mpsc::channel();
+        *tx = Some(t);
+        let weak = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("wpd-policy".into())
+            .spawn(move || policy_loop(weak, rx))
+            .expect("spawn policy thread");
+    }
+
+    /// Makes `pid` an instance of `policy` if it matches and has none.
+    fn try_policy(self: &Arc<Self>, policy: &Arc<Policy>, pid: Pid, seen: u64) {
+        if pid == std::process::id() as Pid {
+            return;
+        }
+        let Some(start) = procfs::start_time(pid) else {
+            return;
+        };
+        let _arming = policy.arming.lock().unwrap();
+        if !self.policies.contains_key(&policy.id) {
+            return; // removed meanwhile
+        }
+        {
+            let st = policy.state.lock().unwrap();
+            if let Some(i) = st.instances.get(&pid)
+                && i.start_time == start
+                && self.watches.contains_key(&i.watch)
+            {
+                return;
+            }
+            if let Some((s, c)) = st.refused.get(&pid)
+                && *s == start
+                && procfs::comm(pid, pid).as_deref() == Some(c.as_str())
+            {
+                return;
+            }
+        }
+        if !policy.selector.matches(pid) {
+            return;
+        }
+        let comm = procfs::comm(pid, pid).unwrap_or_default();
+        if let Err(e) = crate::authz::check(&policy.caller, pid) {
+            self.refuse(policy, pid, start, comm, &e);
+            return;
+        }
+        let mut spec = policy.spec.clone();
+        spec.pid = pid;
+        spec.policy = Some(policy.id);
+        match self.set_watchpoint(spec, policy.caller.uid) {
+            Ok((view, _)) => {
+                let now = crate::clock::monotonic_ns();
+                let mut st = policy.state.lock().unwrap();
+                st.made += 1;
+                st.refused.remove(&pid);
+                st.instances.insert(
+                    pid,
+                    Instance {
+                        pid,
+                        comm,
+                        watch: view.id,
+                        armed_at_ns: crate::clock::realtime_ns(),
+                        latency_ns: now.saturating_sub(seen),
+                        start_time: start,
+                    },
+                );
+                drop(st);
+                tracing::info!(
+                    policy = policy.id.0,
+                    pid,
+                    id = view.id.0,
+                    armed = view.armed_threads,
+                    "policy instance armed"
+                );
+            }
+            Err(WpdError::Symbol(e)) if policy.spec.symbol.is_some() && e.may_resolve_later() => {
+                // A library not loaded yet, or an image being mapped: try
+                // again shortly.
+                if let Some(tx) = self.policy_tx.lock().unwrap().as_ref() {
+                    let _ = tx.send(PolicyMsg::Retry(
+                        policy.id,
+                        pid,
+                        seen,
+                        Instant::now() + RETRY_FOR,
+                    ));
+                }
+            }
+            Err(e) => self.refuse(policy, pid, start, comm, &e),
+        }
+    }
+
+    fn refuse(&self, policy: &Policy, pid: Pid, start: u64, comm: String, e: &WpdError) {
+        tracing::info!(policy = policy.id.0, pid, "policy instance refused: {e}");
+        let mut st = policy.state.lock().unwrap();
+        st.refused.insert(pid, (start, comm.clone()));
+        if st.refusals.len() >= KEEP_REFUSALS {
+            st.refusals.pop_front();
+        }
+        st.refusals.push_back(Refusal {
+            pid,
+            comm,
+            reason: e.to_string(),
+            at_ns: crate::clock::realtime_ns(),
+        });
+    }
+
+    fn check_all_policies(self: &Arc<Self>, pid: Pid, seen: u64) {
+        let policies: Vec<Arc<Policy>> = self.policies.iter().map(|p| p.clone()).collect();
+        for p in policies {
+            self.try_policy(&p, pid, seen);
+        }
+    }
+}
+
+fn policy_loop(core: std::sync::Weak<Core>, rx: mpsc::Receiver<PolicyMsg>) {
+    let mut known: HashSet<Pid> = HashSet::new();
+    let mut scans = 0u32;
+    let mut next_scan = Instant::now() + SCAN;
+    let mut retries: Vec<(WatchId, Pid, u64, Instant)> = Vec::new();
+    loop {
+        let wait = retries
+            .iter()
+            .map(|_| RETRY_EVERY)
+            .min()
+            .unwrap_or(SCAN)
+            .min(next_scan.saturating_duration_since(Instant::now()));
+        let msg = rx.recv_timeout(wait);
+        let Some(core) = core.upgrade() else {
+            return;
+        };
+        if core.stop.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        match msg {
+            Ok(PolicyMsg::Check(pid, at)) => {
+                known.insert(pid);
+                core.check_all_policies(pid, at);
+            }
+            Ok(PolicyMsg::Retry(id, pid, seen, until)) => {
+                if !retries.iter().any(|r| r.0 == id && r.1 == pid) {
+                    retries.push((id, pid, seen, until));
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+        if !retries.is_empty() {
+            let now = Instant::now();
+            let due = std::mem::take(&mut retries);
+            for (id, pid, seen, until) in due {
+                let Some(p) = core.policy(id) else { continue };
+                if now >= until {
+                    // Out of time: say so.
+                    let start = procfs::start_time(pid).unwrap_or(0);
+                    let comm = procfs::comm(pid, pid).unwrap_or_default();
+                    core.refuse(
+                        &p,
+                        pid,
+                        start,
+                        comm,
+                        &WpdError::InvalidArgument(format!(
+                            "{:?} did not resolve in pid {pid} within {RETRY_FOR:?}",
+                            p.spec
+                                .symbol
+                                .as_ref()
+                                .map(|s| s.expr.as_str())
+                                .unwrap_or("")
+                        )),
+                    );
+                    continue;
+                }
+                core.try_policy(&p, pid, seen);
+            }
+        }
+        if Instant::now() >= next_scan {
+            next_scan = Instant::now() + SCAN;
+            if core.policies.is_empty() {
+                known.clear();
+                continue;
+            }
+            scans += 1;
+            let full = scans.is_multiple_of(FULL_SCAN_EVERY);
+            let now = crate::clock::monotonic_ns();
+            let pids = procfs::pids();
+            let current: HashSet<Pid> = pids.iter().copied().collect();
+            for pid in pids {
+                if full || !known.contains(&pid) {
+                    core.check_all_policies(pid, now);
+                }
+            }
+            known = current;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup_paths_nest_on_components() {
+        assert!(under("/a/b", "/a"));
+        assert!(under("/a", "/a"));
+        assert!(!under("/ab", "/a"));
+        assert!(under("/anything", "/"));
+    }
+
+    #[test]
+    fn selectors_are_checked() {
+        assert!(Selector::new(vec![], "", "", "").is_err());
+        assert!(Selector::new(vec![], "a/b", "", "").is_err());
+        assert!(Selector::new(vec![], "", "relative", "").is_err());
+        assert!(Selector::new(vec![0], "", "", "").is_err());
+        let s = Selector::new(vec![], "a-very-long-command-name", "", "").unwrap();
+        assert_eq!(s.comm.as_deref(), Some("a-very-long-com"));
+        let me = std::process::id() as Pid;
+        let mine = procfs::comm(me, me).unwrap();
+        assert!(Selector::new(vec![me], &mine, "", "").unwrap().matches(me));
+        assert!(
+            !Selector::new(vec![me], "no-such-comm", "", "")
+                .unwrap()
+                .matches(me)
+        );
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        assert!(
+            Selector::new(vec![], "", exe.to_str().unwrap(), "")
+                .unwrap()
+                .matches(me)
+        );
+    }
+}

@@ -1,0 +1,157 @@
+//! Aggregate mode: a watchpoint hit hundreds of thousands of times a second counts its hits
+//! per instruction and thread in the daemon, streams only a bounded number of samples, and
+//! loses nothing silently: every store is counted in an aggregate (or in the overflow), the
+//! samples are at most the rate plus its initial burst.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use tokio::time::Instant;
+use tonic::Code;
+use wpd_proto::v1::{GetHitAggregatesRequest, SetWatchpointRequest};
+use wpd_tests::{
+    Backend, Daemon, Event, EventStream, TargetProc, expect_status, require_backend, rpc_ok,
+    set_watchpoint, write_spec,
+};
+
+const RATE: u32 = 20;
+const HAMMER_MS: u64 = 1_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aggregate_mode_counts_every_hit_and_streams_samples() -> Result<()> {
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--threads", "1", "--interval-us", "1000000"]).await?;
+    let result = async {
+        let mut client = daemon.client().await?;
+        let pid = target.pid;
+        let mut events = EventStream::subscribe(&mut client, Default::default()).await?;
+        let mut spec = write_spec(Backend::Perf, pid, target.vars[3]);
+        spec.aggregate = true;
+        spec.exemplars_per_second = RATE;
+        let wp = set_watchpoint(&mut client, spec)
+            .await?
+            .watchpoint
+            .unwrap_or_default();
+        let reply = target
+            .cmd_within(&format!("hammer 3 2 {HAMMER_MS}"), Duration::from_secs(60))
+            .await?
+            .context("no reply to hammer")?;
+        let stores: u64 = reply
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("stores="))
+            .and_then(|s| s.parse().ok())
+            .with_context(|| format!("hammer: {reply:?}"))?;
+        // Every store is a hit; wait until the daemon has read them all.
+        let mut c = client.clone();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let agg = loop {
+            let a = rpc_ok(
+                "GetHitAggregates",
+                c.get_hit_aggregates(GetHitAggregatesRequest {
+                    watchpoint_id: wp.id,
+                    limit: 0,
+                    raw: false,
+                }),
+            )
+            .await?;
+            if a.hits >= stores || Instant::now() > deadline {
+                break a;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let stats = rpc_ok(
+            "GetStats",
+            client.get_stats(wpd_proto::v1::GetStatsRequest {}),
+        )
+        .await?;
+        ensure!(
+            agg.hits + stats.kernel_lost == stores,
+            "{stores} stores, {} aggregated, {} lost by the kernel (and reported)",
+            agg.hits,
+            stats.kernel_lost
+        );
+        let counted: u64 = agg.aggregates.iter().map(|a| a.count).sum::<u64>() + agg.overflow;
+        ensure!(
+            counted == agg.hits,
+            "aggregates count {counted}, the total says {}",
+            agg.hits
+        );
+        // Two hammer threads, one storing instruction each: their aggregates lead, named.
+        let hammers: Vec<_> = agg
+            .aggregates
+            .iter()
+            .filter(|a| a.thread_name == "hammer")
+            .collect();
+        ensure!(
+            hammers.len() == 2
+                && hammers
+                    .iter()
+                    .all(|a| a.count > 0 && a.first_ns <= a.last_ns),
+            "aggregates of the hammer threads: {:?}",
+            agg.aggregates
+        );
+        ensure!(
+            hammers
+                .iter()
+                .all(|a| !a.values.is_empty() && a.location.is_some()),
+            "aggregates without values or location: {hammers:?}"
+        );
+        // Samples: at most the bucket (RATE) plus RATE a second of hammering, and exactly the
+        // ones streamed.
+        let budget = u64::from(RATE) + u64::from(RATE) * (HAMMER_MS / 1000 + 2);
+        ensure!(
+            agg.exemplars >= 1 && agg.exemplars <= budget,
+            "{} samples for a rate of {RATE}/s over {HAMMER_MS} ms",
+            agg.exemplars
+        );
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let mut streamed = 0;
+        while let Some(e) = events.next_before(deadline).await? {
+            if let Event::Hit(h) = e
+                && h.watchpoint_id == wp.id
+            {
+                streamed += 1;
+            }
+        }
+        ensure!(
+            streamed == agg.exemplars,
+            "{streamed} hits streamed, {} samples counted",
+            agg.exemplars
+        );
+        // A watchpoint not in aggregate mode has no aggregates; bad specs are refused.
+        let plain = set_watchpoint(&mut client, write_spec(Backend::Perf, pid, target.vars[4]))
+            .await?
+            .watchpoint
+            .unwrap_or_default();
+        let r = client
+            .get_hit_aggregates(GetHitAggregatesRequest {
+                watchpoint_id: plain.id,
+                ..Default::default()
+            })
+            .await;
+        expect_status(
+            "aggregates of a plain watchpoint",
+            r,
+            Code::InvalidArgument,
+            &["not in aggregate mode"],
+        )?;
+        let mut bad = write_spec(Backend::Perf, pid, target.vars[5]);
+        bad.exemplars_per_second = 5;
+        let r = client
+            .set_watchpoint(SetWatchpointRequest { spec: Some(bad) })
+            .await;
+        expect_status(
+            "exemplars without aggregate",
+            r,
+            Code::InvalidArgument,
+            &["aggregate"],
+        )?;
+        target.ensure_alive()?;
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}

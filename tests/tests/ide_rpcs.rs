@@ -1,0 +1,359 @@
+//! The calls a debugger front end needs besides watchpoints: Pause (hold
+//! every thread), GetThreadStack (a held thread's symbolized stack),
+//! ReadMemory (as much as is readable), and leases (watchpoints that end
+//! with their client's event stream). On real C targets the tests start.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use tonic::Code;
+use wpd_proto::v1::stream_events_response::Event;
+use wpd_proto::v1::*;
+use wpd_tests::{
+    CTarget, Daemon, EventStream, attach, expect_status, require_backend, require_root_perf,
+    resume, rpc_ok, thread_states, write_spec,
+};
+
+fn reason_of(s: &tonic::Status) -> String {
+    use tonic_types::StatusExt;
+    s.get_error_details()
+        .error_info()
+        .map(|i| i.reason.clone())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_holds_every_thread_and_their_stacks_can_be_read() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    t.cmd("threads 3").await?;
+    t.cmd("spin 2").await?;
+    let result = async {
+        let mut c = daemon.client().await?;
+        attach(&mut c, t.pid, Backend::Ptrace).await?;
+        // A running thread has no stack to read.
+        let s = expect_status(
+            "stack of a running thread",
+            c.get_thread_stack(GetThreadStackRequest {
+                pid: t.pid,
+                tid: t.pid,
+                ..Default::default()
+            })
+            .await,
+            Code::FailedPrecondition,
+            &["running", "pause"],
+        )?;
+        ensure!(reason_of(&s) == "THREAD_NOT_HELD", "{s:?}");
+
+        let held = rpc_ok(
+            "Pause",
+            c.pause(PauseRequest {
+                pid: t.pid,
+                ..Default::default()
+            }),
+        )
+        .await?
+        .held;
+        let states = thread_states(&mut c, t.pid).await?;
+        ensure!(held.len() == states.len(), "held {held:?} of {states:?}");
+        ensure!(
+            states.iter().all(|(_, s)| *s == ThreadState::StoppedByPeer),
+            "{states:?}"
+        );
+        let v = t.read_i64("counter")?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        ensure!(
+            t.read_i64("counter")? == v,
+            "counter changed while every thread was held"
+        );
+
+        // Each spinner is somewhere in spin_worker's loop: its stack shows it.
+        let mut spinners = 0;
+        let mut seen = Vec::new();
+        for &tid in &held {
+            let st = rpc_ok(
+                "GetThreadStack",
+                c.get_thread_stack(GetThreadStackRequest {
+                    pid: t.pid,
+                    tid,
+                    depth: 8,
+                    raw: false,
+                }),
+            )
+            .await?;
+            ensure!(!st.frames.is_empty() && st.frames.len() <= 8, "{st:?}");
+            ensure!(st.sp != 0, "{st:?}");
+            seen.push(
+                st.frames
+                    .iter()
+                    .map(|f| format!("{}@{:#x}", f.function, f.ip))
+                    .collect::<Vec<_>>()
+                    .join(" < "),
+            );
+            // In spin_worker's loop or in the bump_counter it calls (held in
+            // bump_counter's prologue, before it pushed its frame pointer,
+            // the walk skips spin_worker: frame pointers say nothing there).
+            if let Some(f) = st
+                .frames
+                .iter()
+                .find(|f| f.function == "spin_worker" || f.function == "bump_counter")
+            {
+                spinners += 1;
+                ensure!(f.file.ends_with("ctarget.c") && f.line > 0, "{f:?}");
+            }
+        }
+        ensure!(
+            spinners == 2,
+            "{spinners} stacks in spin_worker, want 2; stacks: {seen:#?}"
+        );
+        // Depth is bounded.
+        expect_status(
+            "depth 129",
+            c.get_thread_stack(GetThreadStackRequest {
+                pid: t.pid,
+                tid: held[0],
+                depth: 129,
+                raw: false,
+            })
+            .await,
+            Code::InvalidArgument,
+            &["128"],
+        )?;
+
+        let resumed = resume(&mut c, t.pid, &[]).await?;
+        ensure!(resumed.len() == held.len(), "{resumed:?} vs {held:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        ensure!(t.read_i64("counter")? != v, "counter still after Resume");
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_and_stacks_need_a_stopping_backend() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let t = CTarget::start("ct-pie").await?;
+    let result = async {
+        let mut c = daemon.client().await?;
+        attach(&mut c, t.pid, Backend::Perf).await?;
+        for (what, r) in [
+            (
+                "Pause on perf",
+                c.pause(PauseRequest {
+                    pid: t.pid,
+                    ..Default::default()
+                })
+                .await
+                .map(|_| ()),
+            ),
+            (
+                "GetThreadStack on perf",
+                c.get_thread_stack(GetThreadStackRequest {
+                    pid: t.pid,
+                    tid: t.pid,
+                    ..Default::default()
+                })
+                .await
+                .map(|_| ()),
+            ),
+        ] {
+            let s = expect_status(what, r, Code::InvalidArgument, &["ptrace"])?;
+            ensure!(reason_of(&s) == "NEEDS_BACKEND", "{what}: {s:?}");
+        }
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// The end of a mapping of `pid` that no other mapping follows.
+fn mapping_end_before_a_hole(pid: i32) -> Result<u64> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    let ranges: Vec<(u64, u64, bool)> = maps
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let (a, b) = w.next()?.split_once('-')?;
+            let readable = w.next()?.starts_with('r');
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+                readable,
+            ))
+        })
+        .collect();
+    ranges
+        .windows(2)
+        .find(|w| w[0].2 && w[0].1 < w[1].0)
+        .map(|w| w[0].1)
+        .context("no readable mapping followed by a hole")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_memory_returns_what_is_readable() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    let result = async {
+        let mut c = daemon.client().await?;
+        // Not attached: nothing is read.
+        expect_status(
+            "ReadMemory before Attach",
+            c.read_memory(ReadMemoryRequest {
+                pid: t.pid,
+                address: t.addr("counter"),
+                length: 8,
+            })
+            .await,
+            Code::NotFound,
+            &["not attached"],
+        )?;
+        attach(&mut c, t.pid, Backend::Perf).await?;
+        t.cmd("set counter 4242").await?;
+        let r = rpc_ok(
+            "ReadMemory",
+            c.read_memory(ReadMemoryRequest {
+                pid: t.pid,
+                address: t.addr("counter"),
+                length: 8,
+            }),
+        )
+        .await?;
+        ensure!(
+            r.data == 4242i64.to_le_bytes() && r.unreadable == 0,
+            "{r:?}"
+        );
+        ensure!(r.error.is_empty(), "{r:?}");
+        // Across the end of a mapping: the readable part, and why not more.
+        let end = mapping_end_before_a_hole(t.pid)?;
+        let r = rpc_ok(
+            "ReadMemory across a hole",
+            c.read_memory(ReadMemoryRequest {
+                pid: t.pid,
+                address: end - 24,
+                length: 64,
+            }),
+        )
+        .await?;
+        ensure!(r.data.len() == 24 && r.unreadable == 40, "{r:?}");
+        ensure!(r.error.contains("not mapped"), "{r:?}");
+        for (len, addr, needle) in [
+            (0, 0x1000, "1 to"),
+            ((1 << 20) + 1, 0x1000, "1 to"),
+            (16, 0x7fff_ffff_eff8, "end of user space"),
+            (16, u64::MAX - 4, "end of user space"),
+        ] {
+            expect_status(
+                &format!("ReadMemory of {len} bytes at {addr:#x}"),
+                c.read_memory(ReadMemoryRequest {
+                    pid: t.pid,
+                    address: addr,
+                    length: len,
+                })
+                .await,
+                Code::InvalidArgument,
+                &[needle],
+            )?;
+        }
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_watchpoint_ends_with_its_stream() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    t.cmd("spin 1").await?;
+    let result = async {
+        let mut c = daemon.client().await?;
+        let mut events = EventStream::subscribe(
+            &mut c,
+            StreamEventsRequest {
+                pid: t.pid,
+                lease: true,
+                ..Default::default()
+            },
+        )
+        .await?;
+        let lease = events
+            .wait_for(Duration::from_secs(5), "the lease", |e| {
+                Ok(match e {
+                    Event::Leased(l) => Some(l.lease),
+                    _ => None,
+                })
+            })
+            .await?;
+        // Someone else's lease number, or none that is open: refused, and
+        // nothing is armed.
+        let mut spec = write_spec(Backend::Ptrace, t.pid, t.addr("counter"));
+        spec.action = HitAction::StopAll as i32;
+        spec.lease = lease ^ 0x5555;
+        expect_status(
+            "a lease that is not open",
+            c.set_watchpoint(SetWatchpointRequest {
+                spec: Some(spec.clone()),
+            })
+            .await,
+            Code::InvalidArgument,
+            &["lease", "not an open event stream"],
+        )?;
+        spec.lease = lease;
+        let wp = rpc_ok(
+            "SetWatchpoint with the lease",
+            c.set_watchpoint(SetWatchpointRequest { spec: Some(spec) }),
+        )
+        .await?
+        .watchpoint
+        .context("no watchpoint")?;
+        ensure!(wp.spec.as_ref().is_some_and(|s| s.lease == lease), "{wp:?}");
+        // The spinner hits and is held with every other thread.
+        events
+            .wait_for(Duration::from_secs(10), "a stopping hit", |e| {
+                Ok(match e {
+                    Event::Hit(h) if h.stopped => Some(()),
+                    _ => None,
+                })
+            })
+            .await?;
+        // The stream goes away: the watchpoint with it, and the threads run.
+        drop(events);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = c
+                .list_watchpoints(ListWatchpointsRequest { pid: t.pid })
+                .await?
+                .into_inner()
+                .watchpoints;
+            let states = thread_states(&mut c, t.pid).await?;
+            if left.is_empty() && states.iter().all(|(_, s)| *s == ThreadState::Running) {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "10 s after the stream ended: {} watchpoints, threads {states:?}",
+                left.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let v = t.read_i64("counter")?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        ensure!(t.read_i64("counter")? != v, "the spinner does not run");
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}
