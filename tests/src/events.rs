@@ -47,6 +47,7 @@ impl EventStream {
                 hits_only: false,
                 raw: false,
                 lease: false,
+                ..Default::default()
             },
         )
         .await

@@ -386,5 +386,6 @@ pub fn hits_only(pid: i32) -> wpd_proto::v1::StreamEventsRequest {
         hits_only: true,
         raw: false,
         lease: false,
+        ..Default::default()
     }
 }

@@ -18,6 +18,7 @@ pub async fn run(ctx: &Ctx, args: &EventsArgs) -> Result<(), Error> {
         hits_only: args.hits_only,
         raw: args.raw,
         lease: false,
+        ..Default::default()
     };
     let request = ctx.request(request)?;
     let mut client = ctx.connect().await?;

@@ -586,6 +586,7 @@ impl Watchpoints for Service {
             locations: sym.locations,
             location_bytes: sym.location_bytes,
             symbol_maps_reads: sym.maps_reads,
+            ..Default::default()
         }))
     }
 
