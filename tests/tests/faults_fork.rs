@@ -45,6 +45,7 @@ async fn fork_child_is_left_alone(backend: Backend) -> Result<()> {
                     hits_only: false,
                     raw: false,
                     lease: false,
+                    ..Default::default()
                 },
             )
             .await?;

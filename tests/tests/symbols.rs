@@ -451,6 +451,7 @@ async fn hits_name_function_and_line(backend: Backend) -> Result<()> {
                     hits_only: true,
                     raw: true,
                     lease: false,
+                    ..Default::default()
                 },
             )
             .await?;

@@ -182,6 +182,7 @@ fn decode_spec_seeds() -> Vec<(&'static str, Vec<u8>)> {
                     hits_only: true,
                     raw: true,
                     lease: false,
+                    ..Default::default()
                 },
             ),
         ),

@@ -202,6 +202,7 @@ async fn demo(args: &Args, client: &mut Client) -> Result<()> {
             hits_only: false,
             raw: false,
             lease: false,
+            ..Default::default()
         },
     )
     .await?;

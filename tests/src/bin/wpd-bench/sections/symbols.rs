@@ -179,6 +179,7 @@ async fn many_ips_rows(args: &Args) -> Result<()> {
                     hits_only: true,
                     raw,
                     lease: false,
+                    ..Default::default()
                 },
             )
             .await?;

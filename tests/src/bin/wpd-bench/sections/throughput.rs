@@ -81,6 +81,7 @@ pub(crate) async fn throughput_once(
             pid: target.pid,
             watchpoint_ids: vec![wp.id],
             hits_only: true,
+            ..Default::default()
         })
         .await?
         .into_inner();
