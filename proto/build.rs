@@ -2,7 +2,7 @@
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["wpd/v1/wpd.proto"];
+    let files = ["wpd/v1/wpd.proto", "wpd/v1/state.proto"];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");
     }

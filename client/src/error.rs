@@ -34,6 +34,9 @@ pub enum Exit {
     PermissionDenied = 7,
     /// Wrong state for the request, or not supported.
     Precondition = 8,
+    /// Several endpoints: some failed and others did not, or they failed
+    /// in different ways.
+    Partial = 9,
 }
 
 /// The exit-code table printed at the end of `wpctl --help`.
@@ -47,7 +50,9 @@ Exit status:
   5  not found (process, thread or watchpoint)
   6  resource exhausted (no free debug-register slot, limits)
   7  permission denied
-  8  failed precondition or unimplemented (e.g. not attached, backend unusable)";
+  8  failed precondition or unimplemented (e.g. not attached, backend unusable)
+  9  several endpoints: some failed (each named on stderr) while others succeeded, or they
+     failed in different ways; when every endpoint fails the same way, that failure's code";
 
 /// Exit code for a gRPC status code returned by the daemon.
 pub fn exit_for_code(code: Code) -> Exit {
@@ -116,6 +121,20 @@ pub enum Error {
         /// The status, with its message and any error details.
         status: tonic::Status,
     },
+    /// The health service answered, but not SERVING.
+    NotServing {
+        /// The endpoint as given.
+        endpoint: String,
+        /// The status it answered (`NOT_SERVING`, `UNKNOWN`, `SERVICE_UNKNOWN`).
+        status: String,
+    },
+    /// `--since` asked for a replay from a daemon that keeps no journal.
+    NoJournal {
+        /// The endpoint as given.
+        endpoint: String,
+        /// The daemon's refusal.
+        status: tonic::Status,
+    },
     /// Writing the output failed (a closed pipe is handled quietly).
     Output(io::Error),
     /// A local problem with what was given (e.g. an unreadable token file).
@@ -158,6 +177,23 @@ impl Error {
         }
     }
 
+    /// Wraps a refusal to open an event stream: like [`Error::from_status`],
+    /// but a daemon without a journal (reason `NO_JOURNAL`) gets its own
+    /// message.
+    pub fn from_stream_status(endpoint: &str, status: tonic::Status) -> Self {
+        let no_journal = status.code() == Code::FailedPrecondition
+            && status
+                .get_details_error_info()
+                .is_some_and(|info| info.reason == wpd_proto::reason::NO_JOURNAL);
+        if no_journal {
+            return Error::NoJournal {
+                endpoint: endpoint.to_string(),
+                status,
+            };
+        }
+        Error::from_status(endpoint, status)
+    }
+
     /// Wraps a failure to connect.
     pub fn connect(endpoint: &str, err: &(dyn StdError + 'static)) -> Self {
         let mut detail = String::new();
@@ -174,6 +210,8 @@ impl Error {
             Error::Unreachable { .. } => Exit::Unreachable,
             Error::Timeout { .. } => Exit::Other,
             Error::Status { status, .. } => exit_for_code(status.code()),
+            Error::NotServing { .. } => Exit::Unreachable,
+            Error::NoJournal { .. } => Exit::Precondition,
             Error::Output(e) if e.kind() == io::ErrorKind::BrokenPipe => Exit::Ok,
             Error::Output(_) => Exit::Other,
             Error::Local(_) => Exit::Usage,
@@ -183,6 +221,24 @@ impl Error {
     /// True when nothing should be printed (the reader closed stdout).
     pub fn is_quiet(&self) -> bool {
         matches!(self, Error::Output(e) if e.kind() == io::ErrorKind::BrokenPipe)
+    }
+
+    /// The one-line message of a host's failure in a fleet command: as
+    /// [`Error::message`], but an unreachable host's line leaves out the
+    /// advice to start `wpd` or to fix `--endpoint` (the host is named, and
+    /// one such line comes per host).
+    pub fn host_message(&self) -> String {
+        match self {
+            Error::Unreachable { endpoint, detail } if !detail.contains("os error 13") => {
+                let detail = if detail.is_empty() {
+                    "connection failed"
+                } else {
+                    detail
+                };
+                format!("cannot reach wpd at {endpoint}: {detail}")
+            }
+            _ => self.message(),
+        }
     }
 
     /// The one-line message (without the `wpctl: ` prefix).
@@ -220,6 +276,13 @@ impl Error {
                     msg
                 }
             }
+            Error::NotServing { endpoint, status } => {
+                format!("wpd at {endpoint} is not serving (health status {status})")
+            }
+            Error::NoJournal { endpoint, .. } => format!(
+                "wpd at {endpoint} keeps no event journal, so --since has nothing to replay \
+                 (start wpd with --state-dir DIR, or leave out --since for live events)"
+            ),
             Error::Output(e) => format!("cannot write output: {e}"),
             Error::Local(m) => m.clone(),
         }
@@ -232,7 +295,10 @@ impl Error {
             "code": match self {
                 Error::Unreachable { .. } => "UNAVAILABLE",
                 Error::Timeout { .. } => "DEADLINE_EXCEEDED",
-                Error::Status { status, .. } => code_name(status.code()),
+                Error::Status { status, .. } | Error::NoJournal { status, .. } => {
+                    code_name(status.code())
+                }
+                Error::NotServing { .. } => "UNAVAILABLE",
                 Error::Output(_) => "INTERNAL",
                 Error::Local(_) => "INVALID_ARGUMENT",
             },
@@ -243,12 +309,17 @@ impl Error {
         match self {
             Error::Unreachable { endpoint, .. }
             | Error::Timeout { endpoint, .. }
-            | Error::Status { endpoint, .. } => {
+            | Error::Status { endpoint, .. }
+            | Error::NoJournal { endpoint, .. } => {
                 err["endpoint"] = json!(endpoint);
+            }
+            Error::NotServing { endpoint, status } => {
+                err["endpoint"] = json!(endpoint);
+                err["health"] = json!(status);
             }
             Error::Output(_) | Error::Local(_) => {}
         }
-        if let Error::Status { status, .. } = self
+        if let Error::Status { status, .. } | Error::NoJournal { status, .. } = self
             && let Some(info) = status.get_details_error_info()
         {
             err["reason"] = json!(info.reason);
@@ -403,6 +474,60 @@ mod tests {
         let eacces = io::Error::from_raw_os_error(13);
         let msg = Error::connect("unix:/run/wpd/wpd.sock", &eacces).message();
         assert!(msg.contains("socket's group"), "{msg}");
+    }
+
+    #[test]
+    fn replay_without_a_journal_and_health_have_their_own_lines() {
+        let mut details = ErrorDetails::new();
+        details.set_error_info(wpd_proto::reason::NO_JOURNAL, "wpd.v1", HashMap::new());
+        let refused = tonic::Status::with_error_details(
+            Code::FailedPrecondition,
+            "no journal (wpd --state-dir none)",
+            details,
+        );
+        let e = Error::from_stream_status("tcp://h:1", refused);
+        assert!(matches!(e, Error::NoJournal { .. }), "{e:?}");
+        assert!(
+            e.message()
+                .starts_with("wpd at tcp://h:1 keeps no event journal, so --since"),
+            "{}",
+            e.message()
+        );
+        let v = e.to_json();
+        assert_eq!(v["error"]["reason"], wpd_proto::reason::NO_JOURNAL);
+        assert_eq!(v["error"]["code"], "FAILED_PRECONDITION");
+        check(e, Exit::Precondition);
+        // Another precondition is passed through as the daemon said it.
+        let other = Error::from_stream_status(
+            "tcp://h:1",
+            tonic::Status::failed_precondition("not attached"),
+        );
+        assert_eq!(other.message(), "not attached");
+
+        let e = Error::NotServing {
+            endpoint: "unix:/run/wpd/wpd.sock".into(),
+            status: "NOT_SERVING".into(),
+        };
+        assert_eq!(
+            e.message(),
+            "wpd at unix:/run/wpd/wpd.sock is not serving (health status NOT_SERVING)"
+        );
+        assert_eq!(e.to_json()["error"]["health"], "NOT_SERVING");
+        check(e, Exit::Unreachable);
+    }
+
+    #[test]
+    fn host_lines_leave_out_the_advice() {
+        let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
+        let e = Error::connect("https://10.0.0.1:7070", &refused);
+        assert_eq!(
+            e.host_message(),
+            format!("cannot reach wpd at https://10.0.0.1:7070: {refused}")
+        );
+        assert!(e.message().contains("`wpd`"));
+        let eacces = io::Error::from_raw_os_error(13);
+        let e = Error::connect("unix:/run/wpd/wpd.sock", &eacces);
+        assert_eq!(e.host_message(), e.message());
     }
 
     #[test]

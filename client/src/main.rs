@@ -1,23 +1,29 @@
 //! `wpctl`: the command-line client of `wpd` — clap definitions, dispatch, and error → exit code.
 //!
 //! All logic lives in the daemon: each subcommand parses its flags, makes one
-//! call, and prints the answer (plain text, or JSON with `--json`).
+//! call, and prints the answer (plain text, or JSON with `--json`). With
+//! several endpoints, `fleet` makes the call on every daemon at once.
 
 mod cmd;
+mod endpoints;
 mod error;
+mod fleet;
 mod output;
+mod since;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use wpd_proto::connect::Target;
 use wpd_proto::v1::{Access, Backend, HitAction};
 
 use crate::cmd::Ctx;
 use crate::error::{EXIT_CODES_HELP, Error, Exit};
+use crate::since::Since;
 
 /// Control the wpd hardware-watchpoint daemon.
 #[derive(Debug, Parser)]
@@ -27,19 +33,37 @@ use crate::error::{EXIT_CODES_HELP, Error, Exit};
     after_help = EXIT_CODES_HELP,
 )]
 pub struct Cli {
-    /// Daemon endpoint: unix:PATH, an absolute socket path, or tcp://HOST:PORT
+    /// Daemon endpoint: unix:PATH, an absolute socket path, tcp://HOST:PORT or
+    /// https://HOST:PORT (TLS). Repeat it to run the command on several daemons at once (see
+    /// --endpoints-file)
     #[arg(
-        long,
+        long = "endpoint",
         global = true,
         help_heading = "Global options",
         env = "WPD_ENDPOINT",
         hide_env_values = true,
         value_name = "ENDPOINT",
-        default_value_t = Endpoint::default(),
+        action = ArgAction::Append,
+        default_values_t = [Endpoint::default()],
     )]
-    pub endpoint: Endpoint,
+    pub endpoints: Vec<Endpoint>,
 
-    /// Print JSON on stdout (JSON Lines for `events`) and JSON errors on stderr
+    /// Daemons to run the command on, one per line: `[NAME] ENDPOINT [token-file=FILE]
+    /// [tls-ca=FILE]` (`#` comments; relative paths from the file's directory), after any
+    /// --endpoint given. With several endpoints, caps, list, stats, threads, watch, unwatch,
+    /// events and health run on every daemon at once: each output line starts with
+    /// `[NAME]` (or `[HOST:PORT]`), each JSON record has a "host" field, and a daemon that
+    /// fails is named on stderr while the others go on (exit status 9)
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "FILE"
+    )]
+    pub endpoints_file: Option<PathBuf>,
+
+    /// Print JSON on stdout (JSON Lines for `events` and for several endpoints) and JSON
+    /// errors on stderr
     #[arg(long, global = true, help_heading = "Global options")]
     pub json: bool,
 
@@ -118,6 +142,11 @@ pub enum Command {
     Stats,
     /// Resolve a name in a process (address, size, type, module), or say what is at an address
     Symbol(SymbolArgs),
+    /// Check that the daemon serves (the standard gRPC health check), e.g. as a liveness probe
+    ///
+    /// Exit status 0 when the daemon answers SERVING for wpd.v1.Watchpoints; 3 when it cannot
+    /// be reached or answers anything else.
+    Health,
 }
 
 /// `wpctl symbol`.
@@ -416,6 +445,11 @@ pub struct EventsArgs {
     /// Raw instruction pointers: no function, file:line or module names
     #[arg(long)]
     pub raw: bool,
+    /// First replay past events from the daemon's journal (wpd --state-dir), then follow live
+    /// ones: those after sequence number N (`1234`), since a time (`2026-12-02T10:00:00Z`,
+    /// RFC 3339), or of a last stretch of time (`10m`, `90s`, `2h`, `1h30m`, `2d`)
+    #[arg(long, value_name = "SPEC", value_parser = since::parse_arg)]
+    pub since: Option<Since>,
 }
 
 /// `--access` values. `read` is passed through as ACCESS_READ so that the
@@ -577,13 +611,11 @@ async fn dispatch(ctx: &Ctx, command: &Command) -> Result<(), Error> {
         Command::Last(a) => cmd::last::run(ctx, a).await,
         Command::Aggregates(a) => cmd::aggregates::run(ctx, a).await,
         Command::Completions(a) => {
-            use clap::CommandFactory;
             let mut out = Vec::new();
             clap_complete::generate(a.shell, &mut Cli::command(), "wpctl", &mut out);
             output::emit(String::from_utf8_lossy(&out).trim_end())
         }
         Command::Man(a) => {
-            use clap::CommandFactory;
             let mut top = Cli::command();
             top.build();
             let page = match &a.subcommand {
@@ -606,11 +638,12 @@ async fn dispatch(ctx: &Ctx, command: &Command) -> Result<(), Error> {
         Command::Dap(a) => cmd::dap::run(ctx, a).await,
         Command::Stats => cmd::stats::run(ctx).await,
         Command::Symbol(a) => cmd::symbol::run(ctx, a).await,
+        Command::Health => cmd::health::run(ctx).await,
     }
 }
 
 /// Prints an error on stderr: `wpctl: <message>`, or `{"error": {...}}` with `--json`.
-fn report(err: &Error, json: bool) {
+pub(crate) fn report(err: &Error, json: bool) {
     if err.is_quiet() {
         return;
     }
@@ -622,8 +655,11 @@ fn report(err: &Error, json: bool) {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let parsed = Cli::command()
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m).map(|cli| (cli, m)));
+    let (mut cli, matches) = match parsed {
+        Ok(parsed) => parsed,
         Err(e) => {
             // --help and --version print to stdout and succeed; anything else is a usage error.
             let _ = e.print();
@@ -644,53 +680,153 @@ fn main() -> ExitCode {
             return ExitCode::from(Exit::Other as u8);
         }
     };
-    let token = match &cli.token_file {
-        Some(path) => match std::fs::read_to_string(path) {
-            Ok(t) if t.trim().len() > wpd_proto::MAX_TOKEN_LEN => {
-                let err = error::Error::Local(format!(
-                    "token file {} holds a {}-byte token; wpd accepts tokens of at most {} bytes",
-                    path.display(),
-                    t.trim().len(),
-                    wpd_proto::MAX_TOKEN_LEN
-                ));
-                report(&err, cli.json);
-                return ExitCode::from(err.exit() as u8);
-            }
-            Ok(t) => Some(t.trim().to_string()),
-            Err(e) => {
-                let err =
-                    error::Error::Local(format!("cannot read token file {}: {e}", path.display()));
-                report(&err, cli.json);
-                return ExitCode::from(err.exit() as u8);
-            }
-        },
-        None => None,
+    let given = matches.value_source("endpoints") == Some(ValueSource::CommandLine);
+    if given {
+        let args: Vec<String> = std::env::args_os()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let all = endpoints_in(&args);
+        if all.len() > cli.endpoints.len() {
+            cli.endpoints = all;
+        }
+    }
+    let mut hosts = match hosts(&cli, given) {
+        Ok(hosts) => hosts,
+        Err(err) => {
+            report(&err, cli.json);
+            return ExitCode::from(err.exit() as u8);
+        }
     };
-    let tls_ca_pem = match &cli.tls_ca {
-        Some(path) => match std::fs::read(path) {
-            Ok(pem) => Some(pem),
-            Err(e) => {
-                let err =
-                    error::Error::Local(format!("cannot read CA file {}: {e}", path.display()));
-                report(&err, cli.json);
-                return ExitCode::from(err.exit() as u8);
-            }
-        },
-        None => None,
-    };
-    let ctx = Ctx {
-        endpoint: cli.endpoint.clone(),
-        json: cli.json,
-        timeout: cli.timeout,
-        token,
-        connect: wpd_proto::connect::Options { tls_ca_pem },
-    };
+    let no_daemon = matches!(cli.command, Command::Completions(_) | Command::Man(_));
+    if hosts.len() > 1 && !no_daemon {
+        if let Some(name) = fleet::single_daemon_only(&cli.command) {
+            let err = Error::Local(format!(
+                "wpctl {name} acts on one daemon (processes and ids differ between hosts): \
+                 give a single endpoint"
+            ));
+            report(&err, cli.json);
+            return ExitCode::from(err.exit() as u8);
+        }
+        let exit = runtime.block_on(fleet::run(hosts, cli.command, cli.json));
+        return ExitCode::from(exit as u8);
+    }
+    let ctx = hosts.swap_remove(0).ctx;
     match runtime.block_on(dispatch(&ctx, &cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             report(&err, cli.json);
             ExitCode::from(err.exit() as u8)
         }
+    }
+}
+
+/// Every `--endpoint` of a command line that clap accepted, in order. clap
+/// keeps only those after the subcommand when a global option is given on
+/// both sides of it (`wpctl --endpoint A list --endpoint B`); the command line
+/// has them all. Stops at `--`.
+fn endpoints_in(args: &[String]) -> Vec<Endpoint> {
+    let mut found = Vec::new();
+    let mut words = args.iter().skip(1);
+    while let Some(w) = words.next() {
+        let value = match w.as_str() {
+            "--" => break,
+            "--endpoint" => words.next().map(String::as_str),
+            _ => w.strip_prefix("--endpoint="),
+        };
+        found.extend(value.and_then(|v| v.parse().ok()));
+    }
+    found
+}
+
+/// The daemons to talk to: the `--endpoint`s given on the command line and
+/// the lines of `--endpoints-file`; without either, `WPD_ENDPOINT` or the
+/// default socket. `given`: `--endpoint` was on the command line. Token and
+/// CA files are read here, once each.
+fn hosts(cli: &Cli, given: bool) -> Result<Vec<fleet::Host>, Error> {
+    let mut files = Files::default();
+    let global_token = cli.token_file.as_deref();
+    let global_ca = cli.tls_ca.as_deref();
+    let mut hosts = Vec::new();
+    let mut add = |name: Option<String>,
+                   endpoint: Endpoint,
+                   token_file: Option<&std::path::Path>,
+                   tls_ca: Option<&std::path::Path>|
+     -> Result<(), Error> {
+        let label = name.unwrap_or_else(|| fleet::default_label(&endpoint));
+        if hosts.iter().any(|h: &fleet::Host| h.label == label) {
+            return Err(Error::Local(format!(
+                "two endpoints would both be tagged [{label}]: give each a name in an \
+                 --endpoints-file, or list each endpoint once"
+            )));
+        }
+        let ctx = Ctx {
+            endpoint,
+            json: cli.json,
+            timeout: cli.timeout,
+            token: token_file.map(|p| files.token(p)).transpose()?,
+            connect: wpd_proto::connect::Options {
+                tls_ca_pem: tls_ca.map(|p| files.ca(p)).transpose()?,
+            },
+        };
+        hosts.push(fleet::Host { label, ctx });
+        Ok(())
+    };
+    if cli.endpoints_file.is_none() || given {
+        for endpoint in &cli.endpoints {
+            add(None, endpoint.clone(), global_token, global_ca)?;
+        }
+    }
+    if let Some(path) = &cli.endpoints_file {
+        let entries = endpoints::load(path).map_err(|e| Error::Local(e.to_string()))?;
+        for e in entries {
+            add(
+                e.name,
+                e.endpoint,
+                e.token_file.as_deref().or(global_token),
+                e.tls_ca.as_deref().or(global_ca),
+            )?;
+        }
+    }
+    Ok(hosts)
+}
+
+/// Token and CA files, each read once however many hosts use it.
+#[derive(Debug, Default)]
+struct Files {
+    tokens: Vec<(PathBuf, String)>,
+    cas: Vec<(PathBuf, Vec<u8>)>,
+}
+
+impl Files {
+    /// The token in `path` (trimmed), or why it cannot be used.
+    fn token(&mut self, path: &std::path::Path) -> Result<String, Error> {
+        if let Some((_, t)) = self.tokens.iter().find(|(p, _)| p == path) {
+            return Ok(t.clone());
+        }
+        let t = std::fs::read_to_string(path)
+            .map_err(|e| Error::Local(format!("cannot read token file {}: {e}", path.display())))?;
+        let t = t.trim();
+        if t.len() > wpd_proto::MAX_TOKEN_LEN {
+            return Err(Error::Local(format!(
+                "token file {} holds a {}-byte token; wpd accepts tokens of at most {} bytes",
+                path.display(),
+                t.len(),
+                wpd_proto::MAX_TOKEN_LEN
+            )));
+        }
+        self.tokens.push((path.to_path_buf(), t.to_string()));
+        Ok(t.to_string())
+    }
+
+    /// The PEM in `path`.
+    fn ca(&mut self, path: &std::path::Path) -> Result<Vec<u8>, Error> {
+        if let Some((_, pem)) = self.cas.iter().find(|(p, _)| p == path) {
+            return Ok(pem.clone());
+        }
+        let pem = std::fs::read(path)
+            .map_err(|e| Error::Local(format!("cannot read CA file {}: {e}", path.display())))?;
+        self.cas.push((path.to_path_buf(), pem.clone()));
+        Ok(pem)
     }
 }
 
@@ -933,16 +1069,100 @@ mod tests {
         ])
         .unwrap();
         assert!(cli.json);
-        assert_eq!(cli.endpoint.target, Target::Tcp("http://h:1".into()));
+        assert_eq!(cli.endpoints.len(), 1);
+        assert_eq!(cli.endpoints[0].target, Target::Tcp("http://h:1".into()));
         assert_eq!(cli.timeout, Duration::from_millis(2500));
         assert!(parse(&["caps", "--timeout", "0"]).is_err());
         assert!(parse(&["caps", "--endpoint", "nowhere"]).is_err());
         if std::env::var_os("WPD_ENDPOINT").is_none() {
             let cli = parse(&["stats"]).unwrap();
-            assert_eq!(cli.endpoint, Endpoint::default());
+            assert_eq!(cli.endpoints, vec![Endpoint::default()]);
             assert_eq!(cli.timeout, Duration::from_secs(30));
             assert!(!cli.json);
         }
+    }
+
+    #[test]
+    fn endpoints_repeat_and_since_parses() {
+        let cli = parse(&[
+            "--endpoint",
+            "tcp://a:1",
+            "list",
+            "--endpoint",
+            "https://b:2",
+            "--endpoints-file",
+            "/etc/wpd/farm",
+        ])
+        .unwrap();
+        // clap keeps the subcommand's side only; `endpoints_in` finds both.
+        let targets: Vec<_> = cli.endpoints.iter().map(|e| e.target.clone()).collect();
+        assert_eq!(targets, [Target::Tls("https://b:2".into())]);
+        assert_eq!(
+            cli.endpoints_file.as_deref(),
+            Some(std::path::Path::new("/etc/wpd/farm"))
+        );
+        let cli = parse(&[
+            "--endpoint",
+            "tcp://a:1",
+            "--endpoint",
+            "https://b:2",
+            "list",
+        ])
+        .unwrap();
+        let targets: Vec<_> = cli.endpoints.iter().map(|e| e.target.clone()).collect();
+        assert_eq!(
+            targets,
+            [
+                Target::Tcp("http://a:1".into()),
+                Target::Tls("https://b:2".into())
+            ]
+        );
+        assert!(parse(&["--endpoint", "tcp://a:1", "--endpoint", "nowhere", "list"]).is_err());
+        let since = |spec: &str| match parse(&["events", "--since", spec])?.command {
+            Command::Events(a) => Ok(a.since),
+            other => panic!("parsed as {other:?}"),
+        };
+        assert_eq!(since("42").unwrap(), Some(Since::AfterSeq(42)));
+        assert_eq!(
+            since("90s").unwrap(),
+            Some(Since::Age(Duration::from_secs(90)))
+        );
+        let err: clap::Error = since("soon").unwrap_err();
+        assert_eq!(err.exit_code(), Exit::Usage as i32);
+        assert!(
+            err.to_string().contains("neither a sequence number"),
+            "{err}"
+        );
+        assert!(matches!(
+            parse(&["health"]).unwrap().command,
+            Command::Health
+        ));
+    }
+
+    #[test]
+    fn endpoints_on_both_sides_of_the_subcommand() {
+        let args = |a: &[&str]| -> Vec<String> {
+            std::iter::once("wpctl")
+                .chain(a.iter().copied())
+                .map(String::from)
+                .collect()
+        };
+        let texts = |a: &[&str]| -> Vec<String> {
+            endpoints_in(&args(a)).into_iter().map(|e| e.text).collect()
+        };
+        assert_eq!(
+            texts(&["--endpoint", "tcp://a:1", "list", "--endpoint=https://b:2"]),
+            ["tcp://a:1", "https://b:2"]
+        );
+        assert_eq!(
+            texts(&["--json", "stats", "--endpoint", "unix:/x.sock"]),
+            ["unix:/x.sock"]
+        );
+        assert_eq!(
+            texts(&["--endpoint", "tcp://a:1", "--", "--endpoint", "tcp://c:3"]),
+            ["tcp://a:1"]
+        );
+        assert!(texts(&["caps"]).is_empty());
     }
 
     /// `wpctl --help` matches tests/snapshots/help.txt; `UPDATE_SNAPSHOTS=1`

@@ -396,6 +396,7 @@ impl Watchpoints for Mock {
                 1,
             )],
             processes: vec![],
+            ..Default::default()
         }))
     }
 
@@ -449,11 +450,37 @@ impl Watchpoints for Mock {
     /// pid 1: three events, then the stream ends. pid 2: a hit every 5 ms,
     /// forever. pid 3: one stopping only-on-change hit, then the end.
     /// pid 4: one symbolized hit with a backtrace, then the end.
+    /// pid 6: no journal (a replay is refused with reason NO_JOURNAL).
+    /// pid 7: echoes the replay fields: `after_seq` N gives the hits N+1 and
+    /// N+2, `since_time_ns` T one hit at time T (seq 1), then the end.
     /// Otherwise: a hit, a drop notice, a thread start, then silence.
     async fn stream_events(
         &self,
         r: Request<StreamEventsRequest>,
     ) -> Result<Response<EventStream>, Status> {
+        let req = r.get_ref();
+        let replaying = req.after_seq.is_some() || req.since_time_ns.is_some();
+        if req.pid == 6 && replaying {
+            let mut details = ErrorDetails::new();
+            details.set_error_info(wpd_proto::reason::NO_JOURNAL, "wpd.v1", HashMap::new());
+            return Err(Status::with_error_details(
+                Code::FailedPrecondition,
+                "no journal",
+                details,
+            ));
+        }
+        if req.pid == 7 {
+            let events = match (req.after_seq, req.since_time_ns) {
+                (Some(n), _) => vec![Ok(hit(n + 1)), Ok(hit(n + 2))],
+                (None, Some(t)) => {
+                    let mut ev = hit(1);
+                    ev.time_ns = t;
+                    vec![Ok(ev)]
+                }
+                (None, None) => vec![],
+            };
+            return Ok(Response::new(Box::pin(tokio_stream::iter(events))));
+        }
         let first = vec![
             Ok(hit(1)),
             Ok(event(
@@ -708,6 +735,27 @@ async fn start_mock() -> (String, TempDir) {
     let listener = tokio::net::UnixListener::bind(&path).unwrap();
     tokio::spawn(
         tonic::transport::Server::builder()
+            .add_service(WatchpointsServer::new(Mock))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    (format!("unix:{}", path.display()), dir)
+}
+
+/// Like [`start_mock`], with the standard health service saying SERVING
+/// for `wpd.v1.Watchpoints`, or NOT_SERVING.
+async fn start_mock_with_health(serving: bool) -> (String, TempDir) {
+    let dir = TempDir::new("mock-health");
+    let path = dir.socket();
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let (reporter, health) = tonic_health::server::health_reporter();
+    if serving {
+        reporter.set_serving::<WatchpointsServer<Mock>>().await;
+    } else {
+        reporter.set_not_serving::<WatchpointsServer<Mock>>().await;
+    }
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
             .add_service(WatchpointsServer::new(Mock))
             .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
     );
@@ -1431,4 +1479,320 @@ async fn aggregates_are_listed_by_count() {
     assert_ne!(r.code, 0);
     assert!(r.stderr.contains("not in aggregate mode"), "{}", r.stderr);
     assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+}
+
+/// An endpoints file in `dir` with these lines.
+fn endpoints_file(dir: &TempDir, lines: &[String]) -> String {
+    let path = dir.0.join("fleet");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path.display().to_string()
+}
+
+/// Several endpoints: every host's answer, each line tagged `[name]` and
+/// aligned; a host that cannot be reached is one stderr line naming it, the
+/// others still answer, and the exit status is 9 (3 when all fail alike).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_endpoints_tag_each_host_and_survive_a_dead_one() {
+    let (a, _da) = start_mock().await;
+    let (b, _db) = start_mock().await;
+    let dir = TempDir::new("fleet");
+    let gone = format!("unix:{}", dir.socket().display());
+    let file = endpoints_file(
+        &dir,
+        &[
+            "# the farm".into(),
+            format!("alpha {a}"),
+            String::new(),
+            format!("b {b}   # second"),
+            format!("gone {gone}"),
+        ],
+    );
+
+    let r = wpctl(&a, &["--endpoints-file", &file, "stats"]).await;
+    assert_eq!(r.code, 9, "{}", r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert!(lines[0].starts_with("[alpha] processes:"), "{}", r.stdout);
+    assert!(
+        lines.iter().any(|l| l.starts_with("[b]     hits:")),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout
+            .lines()
+            .all(|l| l.starts_with("[alpha] ") || l.starts_with("[b]     "))
+    );
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .starts_with(&format!("wpctl: [gone] cannot reach wpd at {gone}: ")),
+        "{}",
+        r.stderr
+    );
+
+    // JSON Lines, one record per host, the failure included.
+    let r = wpctl(
+        &a,
+        &["--endpoints-file", &file, "--json", "list", "--pid", "123"],
+    )
+    .await;
+    assert_eq!(r.code, 9, "{}", r.stderr);
+    let records: Vec<serde_json::Value> = r
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 3, "{}", r.stdout);
+    assert_eq!(records[0]["host"], "alpha");
+    assert_eq!(records[0]["watchpoints"][0]["id"], 8);
+    assert_eq!(records[1]["host"], "b");
+    assert_eq!(records[2]["host"], "gone");
+    assert_eq!(records[2]["error"]["code"], "UNAVAILABLE");
+    assert_eq!(records[2]["error"]["exit_code"], 3);
+    let err: serde_json::Value = serde_json::from_str(r.stderr.trim()).unwrap();
+    assert_eq!(err, records[2]);
+
+    // Repeated --endpoint (on both sides of the subcommand): tagged by the
+    // endpoint; all succeed: exit 0.
+    let r = wpctl(&a, &["--endpoint", &a, "caps", "--endpoint", &b]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(
+        r.stdout.starts_with(&format!("[{a}] arch:")),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains(&format!("\n[{b}] arch:")), "{}", r.stdout);
+    assert!(r.stderr.is_empty(), "{}", r.stderr);
+
+    // --endpoint and the file together: the --endpoint hosts first.
+    let r = wpctl(&a, &["--endpoint", &b, "--endpoints-file", &file, "health"]).await;
+    assert_eq!(r.code, 9, "{}", r.stderr);
+    let tags: Vec<&str> = r
+        .stdout
+        .lines()
+        .chain(r.stderr.lines())
+        .map(|l| l.trim_start_matches("wpctl: ").split(']').next().unwrap())
+        .collect();
+    assert_eq!(tags, [format!("[{b}").as_str(), "[alpha", "[b", "[gone"]);
+    // The same tag twice is refused.
+    let r = wpctl(&a, &["--endpoint", &a, "--endpoint", &a, "stats"]).await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("both be tagged"), "{}", r.stderr);
+
+    // Every host failing the same way: that code.
+    let r = wpctl(
+        &a,
+        &[
+            "--endpoint",
+            &gone,
+            "--endpoint",
+            "unix:/nonexistent.sock",
+            "list",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert_eq!(r.stderr.lines().count(), 2, "{}", r.stderr);
+
+    // Per-host failures from the daemon: each its own line, exit 9 (5 and 0).
+    let r = wpctl(&a, &["--endpoint", &a, "--endpoint", &b, "unwatch", "999"]).await;
+    assert_eq!(r.code, 5, "{}", r.stderr);
+    assert_eq!(r.stderr.lines().count(), 2, "{}", r.stderr);
+
+    // Subcommands about one process or id refuse several endpoints.
+    let r = wpctl(&a, &["--endpoints-file", &file, "attach", "--pid", "123"]).await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("wpctl attach acts on one daemon"),
+        "{}",
+        r.stderr
+    );
+    // ...but a file of one endpoint is one daemon, printed as ever.
+    let one_dir = TempDir::new("one");
+    let one = endpoints_file(&one_dir, &[format!("solo {a}")]);
+    let r = wpctl(
+        "unix:/nonexistent",
+        &["--endpoints-file", &one, "attach", "--pid", "123"],
+    )
+    .await;
+    assert_eq!(
+        (r.code, r.stdout.as_str()),
+        (0, "attached pid 123 (perf): 1001 threads\n"),
+        "{}",
+        r.stderr
+    );
+}
+
+/// Several endpoints' event streams merged, each line tagged with its host;
+/// a bad endpoints file is one line and exit 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_endpoints_merge_event_streams() {
+    let (a, _da) = start_mock().await;
+    let (b, _db) = start_mock().await;
+    let dir = TempDir::new("fleet-events");
+    let file = endpoints_file(&dir, &[format!("a {a}"), format!("b {b}")]);
+    let r = wpctl(&a, &["--endpoints-file", &file, "events", "--pid", "1"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 6, "{}", r.stdout);
+    for host in ["a", "b"] {
+        let mine: Vec<&&str> = lines
+            .iter()
+            .filter(|l| l.starts_with(&format!("[{host}] ")))
+            .collect();
+        assert_eq!(mine.len(), 3, "{}", r.stdout);
+        assert!(
+            mine[0].contains(" hit wp=7 pid=123 tid=124 "),
+            "{}",
+            mine[0]
+        );
+        assert_eq!(
+            *mine[1],
+            format!("[{host}] !! 5 events dropped (subscriber too slow; seq 1..=5)")
+        );
+    }
+    // --count counts across hosts; JSON records carry the host.
+    let r = wpctl(
+        &a,
+        &[
+            "--endpoints-file",
+            &file,
+            "--json",
+            "events",
+            "--count",
+            "4",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let records: Vec<serde_json::Value> = r
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 4, "{}", r.stdout);
+    assert!(records.iter().all(|v| v["host"] == "a" || v["host"] == "b"));
+
+    std::fs::write(dir.0.join("bad"), "a tcp://h:1\nb tcp://h:2 junk\n").unwrap();
+    let bad = dir.0.join("bad").display().to_string();
+    let r = wpctl(&a, &["--endpoints-file", &bad, "list"]).await;
+    assert_eq!(r.code, 2);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&format!("{bad}:2: unexpected \"junk\"")),
+        "{}",
+        r.stderr
+    );
+}
+
+/// `events --since`: a sequence number sets `after_seq`, a time or an age
+/// `since_time_ns`; a daemon without a journal is one clear line (exit 8);
+/// a bad SPEC is a usage error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_since_sets_the_replay_fields() {
+    let (ep, _dir) = start_mock().await;
+    let r = wpctl(&ep, &["--json", "events", "--pid", "7", "--since", "1234"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let seqs: Vec<u64> = r
+        .stdout
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["seq"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(seqs, [1235, 1236]);
+
+    let r = wpctl(
+        &ep,
+        &[
+            "--json",
+            "events",
+            "--pid",
+            "7",
+            "--since",
+            "2026-12-02T11:00:00+01:00",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    assert_eq!(v["time_ns"], 1_796_205_600_000_000_000u64);
+
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let r = wpctl(&ep, &["--json", "events", "--pid", "7", "--since", "10m"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    let t = v["time_ns"].as_u64().unwrap();
+    let ten_minutes = 600_000_000_000u64;
+    assert!(
+        t >= before - ten_minutes && t < before - ten_minutes + 30_000_000_000,
+        "since_time_ns {t}, now {before}"
+    );
+
+    let r = wpctl(&ep, &["events", "--pid", "6", "--since", "5"]).await;
+    assert_eq!(r.code, 8, "{}", r.stderr);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert!(
+        r.stderr
+            .starts_with(&format!("wpctl: wpd at {ep} keeps no event journal")),
+        "{}",
+        r.stderr
+    );
+    let r = wpctl(&ep, &["--json", "events", "--pid", "6", "--since", "5"]).await;
+    let v: serde_json::Value = serde_json::from_str(r.stderr.trim()).unwrap();
+    assert_eq!(v["error"]["reason"], wpd_proto::reason::NO_JOURNAL);
+    assert_eq!(v["error"]["code"], "FAILED_PRECONDITION");
+
+    for bad in ["yesterday", "2026-12-02T10:00:00", "1mo"] {
+        let r = wpctl(&ep, &["events", "--since", bad]).await;
+        assert_eq!(r.code, 2, "--since {bad}: {}", r.stderr);
+        assert!(r.stderr.contains("--since"), "{}", r.stderr);
+    }
+}
+
+/// `wpctl health`: 0 and `serving` when the daemon serves; one line and 3
+/// when it does not, or cannot be reached; one line per host with several.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_the_standard_service() {
+    let (up, _du) = start_mock_with_health(true).await;
+    let (down, _dd) = start_mock_with_health(false).await;
+    let r = wpctl(&up, &["health"]).await;
+    assert_eq!(
+        (r.code, r.stdout.as_str()),
+        (0, "serving\n"),
+        "{}",
+        r.stderr
+    );
+    let r = wpctl(&up, &["--json", "health"]).await;
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["status"], "SERVING");
+    assert_eq!(v["service"], "wpd.v1.Watchpoints");
+
+    let r = wpctl(&down, &["health"]).await;
+    assert_eq!(r.code, 3, "{}", r.stderr);
+    assert_eq!(
+        r.stderr,
+        format!("wpctl: wpd at {down} is not serving (health status NOT_SERVING)\n")
+    );
+    let r = wpctl("unix:/nonexistent.sock", &["health"]).await;
+    assert_eq!(r.code, 3, "{}", r.stderr);
+
+    let dir = TempDir::new("fleet-health");
+    let file = endpoints_file(&dir, &[format!("up {up}"), format!("down {down}")]);
+    let r = wpctl(&up, &["--endpoints-file", &file, "health"]).await;
+    assert_eq!(
+        (r.code, r.stdout.as_str()),
+        (9, "[up]   serving\n"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(
+        r.stderr,
+        format!("wpctl: [down] wpd at {down} is not serving (health status NOT_SERVING)\n")
+    );
 }

@@ -181,6 +181,12 @@ pub enum WpdError {
         "pid 1 is the init process, whose stop or death takes the system with it: set allow_init (wpctl --allow-init) to watch it anyway"
     )]
     InitProcess,
+    /// A replay was asked of a daemon that keeps no journal.
+    #[error(
+        "this daemon keeps no journal to replay from: start wpd with --state-dir DIR (it was \
+         started with --state-dir none)"
+    )]
+    NoJournal,
     /// The process can no longer be watched; the attachment ended.
     #[error("process {pid} can no longer be watched: {why}")]
     ProcessLost {

@@ -204,6 +204,9 @@ impl SubState {
 /// A subscription: the receiver and its accounting.
 #[derive(Debug)]
 pub struct Subscription {
+    /// Sequence number of the last event published before it: it receives
+    /// those after.
+    pub start_seq: u64,
     /// Events, from the one after the last published at subscribe time.
     pub rx: broadcast::Receiver<Arc<Event>>,
     /// Its accounting, registered with the bus until dropped.
@@ -302,6 +305,27 @@ impl EventBus {
         ev
     }
 
+    /// Numbers the next event `seq + 1` (a journal recovered up to `seq`).
+    /// Call before anything is published.
+    pub fn continue_after(&self, seq: u64) {
+        let mut s = self.order.lock().unwrap();
+        *s = (*s).max(seq);
+        self.subs.head.store(*s, Ordering::Relaxed);
+    }
+
+    /// Sequence number of the last event published.
+    pub fn head(&self) -> u64 {
+        *self.order.lock().unwrap()
+    }
+
+    /// A receiver of every event from the next one on, outside the
+    /// subscribers' accounting (the journal's writer: it keeps events
+    /// published even with no subscriber, and its losses are its own).
+    pub fn journal_receiver(&self) -> broadcast::Receiver<Arc<Event>> {
+        let _seq = self.order.lock().unwrap();
+        self.tx.subscribe()
+    }
+
     /// A new subscriber of `uid`, starting with the next event.
     pub fn subscribe(&self, uid: u32, privileged: bool) -> Subscription {
         let seq = self.order.lock().unwrap();
@@ -314,6 +338,7 @@ impl EventBus {
         });
         self.subs.live.lock().unwrap().push(state.clone());
         Subscription {
+            start_seq: *seq,
             rx,
             guard: SubGuard {
                 state,

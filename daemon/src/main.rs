@@ -97,6 +97,97 @@ struct Args {
     /// several, in order (default: /usr/lib/debug, /lib/debug)
     #[arg(long = "debug-dir", value_name = "DIR")]
     debug_dirs: Vec<std::path::PathBuf>,
+    /// Directory of the daemon's durable state: the journal of every event
+    /// (`DIR/journal/`, replayed by `wpctl events --since`) and the
+    /// watchpoints and policies set through the API (`DIR/watchpoints.pb`,
+    /// set again after a restart). `none` keeps neither. Default:
+    /// /var/lib/wpd for root, else $XDG_STATE_HOME/wpd (~/.local/state/wpd)
+    #[arg(long, env = "WPD_STATE_DIR", value_name = "DIR")]
+    state_dir: Option<std::path::PathBuf>,
+    /// The journal keeps at most this many bytes; the oldest segments are
+    /// deleted beyond it (and their events counted)
+    #[arg(long, default_value_t = 1 << 30, value_name = "BYTES")]
+    journal_max_bytes: u64,
+    /// A journal segment is closed at this size
+    #[arg(long, default_value_t = 64 << 20, value_name = "BYTES")]
+    journal_segment_bytes: u64,
+    /// A journal segment is closed at this age, in seconds
+    #[arg(long, default_value_t = 3600, value_name = "SECONDS")]
+    journal_segment_age: u64,
+    /// Longest time an event written to the journal waits for fdatasync,
+    /// in milliseconds (what a crash of the machine may take; a crash of the
+    /// daemon takes nothing written)
+    #[arg(long, default_value_t = 100, value_name = "MS")]
+    journal_fsync_ms: u64,
+    /// Export every journaled event to NATS JetStream at this server URL
+    /// (nats://HOST:PORT; several comma-separated), at the journal's pace:
+    /// a slow or absent server never holds a target up, the events wait on
+    /// disk. Needs the state directory
+    #[arg(long, env = "WPD_EXPORT_NATS", value_name = "URL")]
+    export_nats: Option<String>,
+    /// Subject prefix of exported events: <PREFIX>.<HOST>.<KIND>
+    #[arg(long, default_value = "wpd", value_name = "PREFIX")]
+    export_subject: String,
+    /// JetStream stream of exported events, created (file storage, subjects
+    /// <PREFIX>.>) if missing
+    #[arg(long, default_value = "WPD", value_name = "NAME")]
+    export_stream: String,
+    /// This host's name in exported events (default: the host name)
+    #[arg(long, env = "WPD_HOST_NAME", value_name = "NAME")]
+    host_name: Option<String>,
+    /// Serve Prometheus metrics on http://ADDR/metrics, e.g. 127.0.0.1:9464
+    /// (port 0 picks one; the address is logged). Plain HTTP without
+    /// authentication: counters only, no thread, instruction or address.
+    /// Default: off
+    #[arg(long, env = "WPD_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<std::net::SocketAddr>,
+}
+
+/// The state directory's settings from the flags (None: `--state-dir none`).
+fn state_config(args: &Args) -> Option<wpd::rpc::serve::StateOptions> {
+    let dir = match &args.state_dir {
+        Some(d) if d.as_os_str() == "none" => return None,
+        Some(d) => d.clone(),
+        None => default_state_dir(),
+    };
+    let mut journal = wpd::journal::Config::new(dir.join("journal"));
+    journal.max_bytes = args.journal_max_bytes;
+    journal.segment_bytes = args.journal_segment_bytes.max(4096);
+    journal.segment_age = std::time::Duration::from_secs(args.journal_segment_age.max(1));
+    journal.fsync_interval = std::time::Duration::from_millis(args.journal_fsync_ms);
+    let export = args.export_nats.as_ref().map(|url| wpd::export::Config {
+        url: url.clone(),
+        prefix: args.export_subject.clone(),
+        stream: args.export_stream.clone(),
+        host: args.host_name.clone().unwrap_or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .ok()
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "localhost".into())
+        }),
+        dir: std::path::PathBuf::new(),
+    });
+    Some(wpd::rpc::serve::StateOptions {
+        dir,
+        journal,
+        export,
+    })
+}
+
+/// /var/lib/wpd for root; an ordinary user's state directory otherwise.
+fn default_state_dir() -> std::path::PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        return "/var/lib/wpd".into();
+    }
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".local/state"))
+        })
+        .unwrap_or_else(|| "/tmp".into());
+    base.join("wpd")
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {
@@ -203,6 +294,13 @@ async fn run(args: Args) -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    let state = state_config(&args);
+    if args.export_nats.is_some() && state.is_none() {
+        eprintln!(
+            "wpd: --export-nats exports the journal: it needs a state directory, not --state-dir none"
+        );
+        return std::process::ExitCode::from(2);
+    }
     let token = match &args.token_file {
         Some(p) => match std::fs::read_to_string(p) {
             Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
@@ -250,7 +348,9 @@ async fn run(args: Args) -> std::process::ExitCode {
             fd_headroom,
         },
         conns,
-        state_file: args.ptrace_state_file,
+        state_file: args.ptrace_state_file.clone(),
+        state,
+        metrics_listen: args.metrics_listen,
     };
     match wpd::rpc::serve::run(listen, opts).await {
         Ok(()) => std::process::ExitCode::SUCCESS,

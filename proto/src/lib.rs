@@ -63,6 +63,9 @@ pub mod reason {
     pub const OWN_PROCESS: &str = "OWN_PROCESS";
     /// pid 1 without `allow_init`.
     pub const INIT_PROCESS: &str = "INIT_PROCESS";
+    /// A replay (`StreamEventsRequest.after_seq`/`since_time_ns`) from a
+    /// daemon that keeps no journal.
+    pub const NO_JOURNAL: &str = "NO_JOURNAL";
     /// The process exited during the request.
     pub const PROCESS_EXITED: &str = "PROCESS_EXITED";
     /// The process can no longer be watched (e.g. it executed a setuid

@@ -23,24 +23,25 @@ pub struct Daemon {
     socket: PathBuf,
     log_path: PathBuf,
     state_file: PathBuf,
+    state_dir: PathBuf,
 }
 
 impl Daemon {
     /// Starts `wpd --listen unix:<tmp>/wpd.sock` with `WPD_STATE_FILE=<tmp>/ptrace-armed` and
     /// waits until it answers `GetCapabilities`. Panics if the `wpd` binary is missing.
     pub async fn start() -> Result<Daemon> {
-        Self::spawn(&[], None, None, &[], None).await
+        Self::spawn(&[], None, None, None, &[], None).await
     }
 
     /// Like [`Daemon::start`], with `RLIMIT_NOFILE` (soft and hard) set to `limit` in the
     /// daemon, so that it cannot raise it.
     pub async fn start_with_fd_limit(limit: u64) -> Result<Daemon> {
-        Self::spawn(&[], None, Some(limit), &[], None).await
+        Self::spawn(&[], None, None, Some(limit), &[], None).await
     }
 
     /// Like [`Daemon::start`] with extra command-line arguments.
     pub async fn start_with_args(extra: &[&str]) -> Result<Daemon> {
-        Self::spawn(extra, None, None, &[], None).await
+        Self::spawn(extra, None, None, None, &[], None).await
     }
 
     /// A daemon every user may connect to (`--socket-mode 666`, its directory searchable), so
@@ -52,14 +53,14 @@ impl Daemon {
             .chain(extra)
             .copied()
             .collect();
-        let d = Self::spawn(&args, None, None, &[], None).await?;
+        let d = Self::spawn(&args, None, None, None, &[], None).await?;
         fs::set_permissions(&d.dir, fs::Permissions::from_mode(0o755))?;
         Ok(d)
     }
 
     /// Extra arguments and a fixed `RLIMIT_NOFILE` (see [`Daemon::start_with_fd_limit`]).
     pub async fn start_with_args_and_fd_limit(extra: &[&str], limit: u64) -> Result<Daemon> {
-        Self::spawn(extra, None, Some(limit), &[], None).await
+        Self::spawn(extra, None, None, Some(limit), &[], None).await
     }
 
     /// The daemon's resident memory now (`VmRSS`), in KiB.
@@ -100,25 +101,26 @@ impl Daemon {
     /// Like [`Daemon::start`], but with the ptrace state file at `state_file` (e.g. the
     /// [`Daemon::state_file`] of a daemon that was [killed](Daemon::kill), to test recovery).
     pub async fn start_with_state_file(state_file: &Path) -> Result<Daemon> {
-        Self::spawn(&[], Some(state_file.to_path_buf()), None, &[], None).await
+        Self::spawn(&[], Some(state_file.to_path_buf()), None, None, &[], None).await
     }
 
     /// Like [`Daemon::start_with_args`], run as the ordinary user `uid` (gid the same, no
     /// supplementary groups, no capabilities): what a developer gets running `wpd` for their
     /// own processes.
     pub async fn start_as(uid: u32, extra: &[&str]) -> Result<Daemon> {
-        Self::spawn(extra, None, None, &[], Some(uid)).await
+        Self::spawn(extra, None, None, None, &[], Some(uid)).await
     }
 
     /// Like [`Daemon::start_with_args`], with extra environment variables
     /// (e.g. the daemon's fault-injection hooks).
     pub async fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Result<Daemon> {
-        Self::spawn(extra, None, None, env, None).await
+        Self::spawn(extra, None, None, None, env, None).await
     }
 
     async fn spawn(
         extra: &[&str],
         state_file: Option<PathBuf>,
+        state_dir: Option<PathBuf>,
         fd_limit: Option<u64>,
         env: &[(&str, &str)],
         as_uid: Option<u32>,
@@ -128,6 +130,7 @@ impl Daemon {
         let socket = dir.join("wpd.sock");
         let log_path = dir.join("wpd.log");
         let state_file = state_file.unwrap_or_else(|| dir.join("ptrace-armed"));
+        let state_dir = state_dir.unwrap_or_else(|| dir.join("state"));
         let spawned = (|| -> Result<Child> {
             let log = File::create(&log_path)
                 .with_context(|| format!("creating {}", log_path.display()))?;
@@ -137,6 +140,7 @@ impl Daemon {
                 .args(extra)
                 .env("NO_COLOR", "1")
                 .env("WPD_STATE_FILE", &state_file)
+                .env("WPD_STATE_DIR", &state_dir)
                 .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
@@ -183,6 +187,7 @@ impl Daemon {
             socket,
             log_path,
             state_file,
+            state_dir,
         };
         if let Err(e) = daemon.wait_ready().await {
             return Err(e.context(format!(
@@ -309,6 +314,27 @@ impl Daemon {
     /// The ptrace state file this daemon was given (`WPD_STATE_FILE`).
     pub fn state_file(&self) -> &Path {
         &self.state_file
+    }
+
+    /// The state directory this daemon was given (`WPD_STATE_DIR`: journal,
+    /// saved watchpoints and policies).
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    /// A daemon that takes over the state of a [killed](Daemon::kill) or
+    /// stopped one: its ptrace state file and state directory (journal,
+    /// saved watchpoints), with `extra` arguments.
+    pub async fn restart_from(previous: &Daemon, extra: &[&str]) -> Result<Daemon> {
+        Self::spawn(
+            extra,
+            Some(previous.state_file.clone()),
+            Some(previous.state_dir.clone()),
+            None,
+            &[],
+            None,
+        )
+        .await
     }
 
     /// Passes `result` through; when it is an error, prints the daemon log to stderr first

@@ -5,8 +5,8 @@
 //! [`both_backends!`] runs one test body against the perf and the ptrace backend. Every daemon
 //! gets a private ptrace state file (`WPD_STATE_FILE`), never `/run/wpd`.
 //!
-//! Guards ([`Daemon`], [`TargetProc`], [`ForeignBreakpoint`], [`ForeignTracer`]) clean up in
-//! `Drop`. Children are
+//! Guards ([`Daemon`], [`TcpDaemon`], [`TargetProc`], [`ForeignBreakpoint`],
+//! [`ForeignTracer`]) clean up in `Drop`. Children are
 //! also started in their own process group (a terminal Ctrl-C reaches only the test or demo,
 //! which then cleans up) and with `PR_SET_PDEATHSIG = SIGKILL`, so that they die even if the
 //! test process is killed outright. The death signal fires when the *thread* that started the
@@ -20,10 +20,12 @@ mod daemon;
 mod events;
 mod foreign;
 pub mod leaks;
+mod nats;
 mod probe;
 mod rpc;
 mod skip;
 mod target;
+mod tcp_daemon;
 mod tracer;
 mod wpctl;
 
@@ -33,10 +35,12 @@ pub use ctarget::*;
 pub use daemon::*;
 pub use events::*;
 pub use foreign::*;
+pub use nats::*;
 pub use probe::*;
 pub use rpc::*;
 pub use skip::*;
 pub use target::*;
+pub use tcp_daemon::*;
 pub use tracer::*;
 pub use wpctl::*;
 

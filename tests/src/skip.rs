@@ -172,3 +172,29 @@ pub fn nofile_limit() -> u64 {
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
     lim.rlim_cur.min(lim.rlim_max)
 }
+
+/// The program `name` as found on `PATH`, or `None` after [`require_tool`] said why.
+pub fn require_program(name: &str, install: &str) -> Option<std::path::PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    });
+    if !require_tool(found.is_some(), name, install) {
+        return None;
+    }
+    found
+}
+
+/// True when a tool a test needs (`what`) is `present`. When it is missing the test skips
+/// saying how to get it (`install`), except under CI (`CI` set), where its absence fails the
+/// test: `.ci/run` installs it.
+pub fn require_tool(present: bool, what: &str, install: &str) -> bool {
+    if present {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false") {
+        panic!("{what} is missing under CI: .ci/run installs it ({install})");
+    }
+    skip(&format!("{what} is missing ({install})"))
+}

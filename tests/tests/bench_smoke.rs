@@ -7,7 +7,7 @@ use std::process::Command;
 use wpd_tests::{find_bin, require_root_perf};
 
 /// Every section heading of `wpd-bench`, and rows each must contain.
-const SECTIONS: [(&str, &[&str]); 15] = [
+const SECTIONS: [(&str, &[&str]); 18] = [
     (
         "## mass-arm: one process-wide write watchpoint, idle target",
         &[
@@ -102,6 +102,12 @@ const SECTIONS: [(&str, &[&str]); 15] = [
         &["| per-thread (BPF ring) |", "| per-cpu (rings per CPU) |"],
     ),
     ("## farm: a fork server", &["| per-thread |", "| per-cpu |"]),
+    ("## fleet: recovery after SIGKILL", &["| 50 |"]),
+    (
+        "## fleet: the journal at full hit rate",
+        &["| journal (default) |", "| --state-dir none |"],
+    ),
+    ("## fleet: export of a backlog", &["| backlog events |"]),
 ];
 
 #[test]

@@ -377,6 +377,7 @@ async fn tcp_requires_a_token() -> Result<()> {
     let no_token = tokio::process::Command::new(&wpd)
         .args(["--listen", &listen])
         .env("WPD_STATE_FILE", &state)
+        .env("WPD_STATE_DIR", dir.join("state-dir"))
         .stderr(Stdio::piped())
         .output()
         .await?;
@@ -401,6 +402,7 @@ async fn tcp_requires_a_token() -> Result<()> {
         .args(["--listen", &listen, "--token-file"])
         .arg(&token)
         .env("WPD_STATE_FILE", &state)
+        .env("WPD_STATE_DIR", dir.join("state-dir"))
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()?;
@@ -499,6 +501,7 @@ async fn tcp_requires_a_token() -> Result<()> {
             .args(["--listen", "tcp://127.0.0.1:1", "--token-file"])
             .arg(&huge)
             .env("WPD_STATE_FILE", &state)
+            .env("WPD_STATE_DIR", dir.join("state-dir"))
             .stderr(Stdio::piped())
             .output()
             .await?;
@@ -552,6 +555,7 @@ async fn tls_with_token_on_tcp() -> Result<()> {
             &p("key.pem"),
         ])
         .env("WPD_STATE_FILE", dir.join("state"))
+        .env("WPD_STATE_DIR", dir.join("state-dir"))
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()?;

@@ -3,22 +3,23 @@
 use serde_json::json;
 use wpd_proto::v1::{GetCapabilitiesRequest, GetCapabilitiesResponse};
 
-use crate::cmd::Ctx;
+use crate::cmd::{Ctx, Report};
 use crate::error::Error;
 use crate::output::{self, Table};
 
 /// Runs `wpctl caps`.
 pub async fn run(ctx: &Ctx) -> Result<(), Error> {
+    report(ctx).await?.emit(ctx.json)
+}
+
+/// Asks the daemon and renders its answer.
+pub async fn report(ctx: &Ctx) -> Result<Report, Error> {
     let caps = ctx
         .unary(GetCapabilitiesRequest {}, |mut c, r| async move {
             c.get_capabilities(r).await
         })
         .await?;
-    if ctx.json {
-        output::emit_json(&to_json(&caps))
-    } else {
-        output::emit(&to_text(&caps))
-    }
+    Ok(Report::new(to_text(&caps), to_json(&caps)))
 }
 
 fn to_json(c: &GetCapabilitiesResponse) -> serde_json::Value {

@@ -1,6 +1,7 @@
 //! `wpctl events`: follow hits and lifecycle events, one line (or JSON object) each (StreamEvents).
 
 use serde_json::{Value, json};
+use tonic::Streaming;
 use wpd_proto::v1::stream_events_response::Event;
 use wpd_proto::v1::{Hit, StreamEventsRequest, StreamEventsResponse};
 
@@ -8,32 +9,14 @@ use crate::EventsArgs;
 use crate::cmd::Ctx;
 use crate::error::Error;
 use crate::output::{self, clock, hex, id_list};
+use crate::since::Replay;
 
 /// Runs `wpctl events`: prints until the server ends the stream (exit 0),
 /// `--count` events were printed (exit 0), or the stream fails.
 pub async fn run(ctx: &Ctx, args: &EventsArgs) -> Result<(), Error> {
-    let request = StreamEventsRequest {
-        pid: args.pid.unwrap_or(0),
-        watchpoint_ids: args.ids.clone(),
-        hits_only: args.hits_only,
-        raw: args.raw,
-        lease: false,
-        ..Default::default()
-    };
-    let request = ctx.request(request)?;
-    let mut client = ctx.connect().await?;
+    let replay = replay(args);
+    let mut stream = open(ctx, args, replay).await?;
     let endpoint = &ctx.endpoint.text;
-    // Only opening the stream is bounded by --timeout; the stream itself is not.
-    let mut stream = match tokio::time::timeout(ctx.timeout, client.stream_events(request)).await {
-        Ok(Ok(response)) => response.into_inner(),
-        Ok(Err(status)) => return Err(Error::from_status(endpoint, status)),
-        Err(_) => {
-            return Err(Error::Timeout {
-                endpoint: endpoint.clone(),
-                secs: ctx.timeout.as_secs_f64(),
-            });
-        }
-    };
     let mut printed = 0u64;
     while args.count.is_none_or(|n| printed < n) {
         let Some(ev) = stream
@@ -51,6 +34,43 @@ pub async fn run(ctx: &Ctx, args: &EventsArgs) -> Result<(), Error> {
         printed += 1;
     }
     Ok(())
+}
+
+/// The replay fields for `--since`, an age counted back from now.
+pub fn replay(args: &EventsArgs) -> Replay {
+    args.since
+        .map(|s| s.replay(std::time::SystemTime::now()))
+        .unwrap_or_default()
+}
+
+/// Subscribes to the daemon's events as `args` say, replaying from the
+/// journal per `replay`. Only opening the stream is bounded by --timeout;
+/// the stream itself is not.
+pub async fn open(
+    ctx: &Ctx,
+    args: &EventsArgs,
+    replay: Replay,
+) -> Result<Streaming<StreamEventsResponse>, Error> {
+    let request = StreamEventsRequest {
+        pid: args.pid.unwrap_or(0),
+        watchpoint_ids: args.ids.clone(),
+        hits_only: args.hits_only,
+        raw: args.raw,
+        lease: false,
+        after_seq: replay.after_seq,
+        since_time_ns: replay.since_time_ns,
+    };
+    let request = ctx.request(request)?;
+    let mut client = ctx.connect().await?;
+    let endpoint = &ctx.endpoint.text;
+    match tokio::time::timeout(ctx.timeout, client.stream_events(request)).await {
+        Ok(Ok(response)) => Ok(response.into_inner()),
+        Ok(Err(status)) => Err(Error::from_stream_status(endpoint, status)),
+        Err(_) => Err(Error::Timeout {
+            endpoint: endpoint.clone(),
+            secs: ctx.timeout.as_secs_f64(),
+        }),
+    }
 }
 
 /// A value as a person reads it: for 1 to 8 bytes the (little-endian)

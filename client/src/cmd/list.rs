@@ -4,12 +4,17 @@ use serde_json::json;
 use wpd_proto::v1::{ListWatchpointsRequest, ListWatchpointsResponse};
 
 use crate::ListArgs;
-use crate::cmd::Ctx;
+use crate::cmd::{Ctx, Report};
 use crate::error::Error;
 use crate::output::{self, Table, hex};
 
 /// Runs `wpctl list`.
 pub async fn run(ctx: &Ctx, args: &ListArgs) -> Result<(), Error> {
+    report(ctx, args).await?.emit(ctx.json)
+}
+
+/// Asks the daemon and renders its answer.
+pub async fn report(ctx: &Ctx, args: &ListArgs) -> Result<Report, Error> {
     let request = ListWatchpointsRequest {
         pid: args.pid.unwrap_or(0),
     };
@@ -19,11 +24,7 @@ pub async fn run(ctx: &Ctx, args: &ListArgs) -> Result<(), Error> {
             |mut c, r| async move { c.list_watchpoints(r).await },
         )
         .await?;
-    if ctx.json {
-        output::emit_json(&to_json(&resp))
-    } else {
-        output::emit(&to_text(&resp))
-    }
+    Ok(Report::new(to_text(&resp), to_json(&resp)))
 }
 
 fn to_json(resp: &ListWatchpointsResponse) -> serde_json::Value {
@@ -31,7 +32,38 @@ fn to_json(resp: &ListWatchpointsResponse) -> serde_json::Value {
         "watchpoints": resp.watchpoints.iter().map(output::watchpoint_json).collect::<Vec<_>>(),
         "processes": resp.processes.iter().map(output::process_json).collect::<Vec<_>>(),
         "policies": resp.policies.iter().map(output::policy_json).collect::<Vec<_>>(),
+        "not_restored": resp.not_restored.iter().map(|n| json!({
+            "saved_id": n.saved_id,
+            "pid": n.spec.as_ref().map_or(0, |s| s.pid),
+            "symbol": n.spec.as_ref().map(|s| s.symbol.clone()).unwrap_or_default(),
+            "address": n.spec.as_ref().map_or(0, |s| s.address),
+            "selector": n.selector.as_ref().map(|s| output::selector_phrase(Some(s))),
+            "reason": n.reason,
+            "at_ns": n.at_ns,
+        })).collect::<Vec<_>>(),
     })
+}
+
+/// What a restart could not set again, one line each.
+fn not_restored_text(resp: &ListWatchpointsResponse) -> String {
+    let mut text = String::new();
+    for n in &resp.not_restored {
+        let spec = n.spec.clone().unwrap_or_default();
+        let what = if !spec.symbol.is_empty() {
+            spec.symbol.clone()
+        } else {
+            hex(spec.address)
+        };
+        let whose = match &n.selector {
+            Some(s) => format!("policy on {}", output::selector_phrase(Some(s))),
+            None => format!("pid {}", spec.pid),
+        };
+        text.push_str(&format!(
+            "not set again: #{} {what} ({whose}): {}\n",
+            n.saved_id, n.reason
+        ));
+    }
+    text
 }
 
 /// Two tables: watchpoints (ID PID SCOPE ADDRESS LEN ACCESS ACTION THREADS
@@ -39,7 +71,10 @@ fn to_json(resp: &ListWatchpointsResponse) -> serde_json::Value {
 /// only-on-change watchpoints), then attached processes (PID COMM BACKEND
 /// THREADS WATCHPOINTS ATTACHED).
 fn to_text(resp: &ListWatchpointsResponse) -> String {
-    let mut text = String::new();
+    let mut text = not_restored_text(resp);
+    if !text.is_empty() {
+        text.push('\n');
+    }
     // Policies first (when there are any), each with its instances.
     if !resp.policies.is_empty() {
         let mut t = Table::new([
@@ -229,6 +264,7 @@ mod tests {
                 attached_at_ns: 0,
                 stops: "signal SIGURG".into(),
             }],
+            ..Default::default()
         };
         assert_eq!(
             to_text(&resp),
@@ -249,5 +285,33 @@ mod tests {
             to_text(&ListWatchpointsResponse::default()),
             "no watchpoints\n\nno attached processes\n"
         );
+    }
+
+    #[test]
+    fn what_a_restart_could_not_set_again_comes_first() {
+        let resp = ListWatchpointsResponse {
+            not_restored: vec![wpd_proto::v1::NotRestored {
+                saved_id: 4,
+                spec: Some(WatchpointSpec {
+                    pid: 77,
+                    symbol: "counter".into(),
+                    ..Default::default()
+                }),
+                reason: "not set again after a restart: process 77 is gone".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = to_text(&resp);
+        assert!(
+            text.starts_with(
+                "not set again: #4 counter (pid 77): not set again after a restart: process 77 \
+                 is gone\n\nno watchpoints"
+            ),
+            "{text}"
+        );
+        let v = to_json(&resp);
+        assert_eq!(v["not_restored"][0]["saved_id"], 4);
+        assert_eq!(v["not_restored"][0]["pid"], 77);
     }
 }

@@ -6,6 +6,7 @@ pub mod caps;
 pub mod dap;
 pub mod detach;
 pub mod events;
+pub mod health;
 pub mod last;
 pub mod list;
 pub mod pause;
@@ -19,11 +20,13 @@ pub mod watch;
 
 use std::time::Duration;
 
+use serde_json::Value;
 use tonic::transport::Channel;
 use wpd_proto::v1::watchpoints_client::WatchpointsClient;
 
 use crate::Endpoint;
 use crate::error::Error;
+use crate::output;
 
 /// A connected client.
 pub type Client = WatchpointsClient<Channel>;
@@ -46,14 +49,31 @@ pub struct Ctx {
 impl Ctx {
     /// Connects to the daemon (bounded by `--timeout`).
     pub async fn connect(&self) -> Result<Client, Error> {
-        let ep = &self.endpoint.text;
-        match tokio::time::timeout(
-            self.timeout,
-            wpd_proto::connect::client_with(&self.endpoint.target, &self.connect),
-        )
+        self.bounded_connect(wpd_proto::connect::client_with(
+            &self.endpoint.target,
+            &self.connect,
+        ))
         .await
-        {
-            Ok(Ok(client)) => Ok(client),
+    }
+
+    /// Opens a channel to the daemon (bounded by `--timeout`), for services
+    /// other than `wpd.v1.Watchpoints` (health).
+    pub async fn channel(&self) -> Result<Channel, Error> {
+        self.bounded_connect(wpd_proto::connect::channel_with(
+            &self.endpoint.target,
+            &self.connect,
+        ))
+        .await
+    }
+
+    /// Waits up to `--timeout` for a connection attempt.
+    async fn bounded_connect<T>(
+        &self,
+        attempt: impl Future<Output = Result<T, tonic::transport::Error>>,
+    ) -> Result<T, Error> {
+        let ep = &self.endpoint.text;
+        match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(Ok(connected)) => Ok(connected),
             Ok(Err(e)) => Err(Error::connect(ep, &e)),
             Err(_) => Err(Error::Unreachable {
                 endpoint: ep.clone(),
@@ -72,13 +92,27 @@ impl Ctx {
         Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
     {
         let client = self.connect().await?;
+        let request = self.deadline_request(message)?;
+        self.answer(call(client, request)).await
+    }
+
+    /// A request carrying the token and `--timeout` as its deadline.
+    pub fn deadline_request<Q>(&self, message: Q) -> Result<tonic::Request<Q>, Error> {
         let mut request = self.request(message)?;
         request.set_timeout(self.timeout);
+        Ok(request)
+    }
+
+    /// Waits up to `--timeout` for the answer to a unary call.
+    pub async fn answer<R>(
+        &self,
+        call: impl Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+    ) -> Result<R, Error> {
         let timeout = || Error::Timeout {
             endpoint: self.endpoint.text.clone(),
             secs: self.timeout.as_secs_f64(),
         };
-        match tokio::time::timeout(self.timeout, call(client, request)).await {
+        match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
             // tonic's channel enforces the deadline itself and reports it so.
             Ok(Err(status)) if timed_out(&status) => Err(timeout()),
@@ -99,6 +133,43 @@ impl Ctx {
             request.metadata_mut().insert("authorization", value);
         }
         Ok(request)
+    }
+}
+
+/// What a subcommand prints from one daemon's answer: its text, its JSON,
+/// and warnings for stderr. Printed as is for one daemon, tagged with the
+/// host for several (`fleet`).
+#[derive(Debug)]
+pub struct Report {
+    /// The human-readable output (one or more lines).
+    pub text: String,
+    /// The `--json` document.
+    pub json: Value,
+    /// Warnings the daemon sent, printed on stderr in text mode (the JSON
+    /// carries them itself).
+    pub warnings: Vec<String>,
+}
+
+impl Report {
+    /// A report without warnings.
+    pub fn new(text: String, json: Value) -> Self {
+        Report {
+            text,
+            json,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Prints it as for one daemon: the warnings (text mode) on stderr, then
+    /// the text, or the pretty-printed JSON document.
+    pub fn emit(&self, json: bool) -> Result<(), Error> {
+        if json {
+            return output::emit_json(&self.json);
+        }
+        for w in &self.warnings {
+            eprintln!("wpctl: warning: {w}");
+        }
+        output::emit(&self.text)
     }
 }
 

@@ -3,22 +3,23 @@
 use serde_json::json;
 use wpd_proto::v1::{GetStatsRequest, GetStatsResponse};
 
-use crate::cmd::Ctx;
+use crate::cmd::{Ctx, Report};
 use crate::error::Error;
 use crate::output;
 
 /// Runs `wpctl stats`.
 pub async fn run(ctx: &Ctx) -> Result<(), Error> {
+    report(ctx).await?.emit(ctx.json)
+}
+
+/// Asks the daemon and renders its answer.
+pub async fn report(ctx: &Ctx) -> Result<Report, Error> {
     let s = ctx
         .unary(GetStatsRequest {}, |mut c, r| async move {
             c.get_stats(r).await
         })
         .await?;
-    if ctx.json {
-        output::emit_json(&to_json(&s))
-    } else {
-        output::emit(&to_text(&s))
-    }
+    Ok(Report::new(to_text(&s), to_json(&s)))
 }
 
 fn to_json(s: &GetStatsResponse) -> serde_json::Value {

@@ -4,12 +4,17 @@ use serde_json::{Value, json};
 use wpd_proto::v1::{ListThreadsRequest, ListThreadsResponse, SlotInfo, SlotState, ThreadState};
 
 use crate::ThreadsArgs;
-use crate::cmd::Ctx;
+use crate::cmd::{Ctx, Report};
 use crate::error::Error;
 use crate::output::{self, Table};
 
 /// Runs `wpctl threads`.
 pub async fn run(ctx: &Ctx, args: &ThreadsArgs) -> Result<(), Error> {
+    report(ctx, args).await?.emit(ctx.json)
+}
+
+/// Asks the daemon and renders its answer.
+pub async fn report(ctx: &Ctx, args: &ThreadsArgs) -> Result<Report, Error> {
     let request = ListThreadsRequest {
         pid: args.pid,
         tids: args.tids.clone(),
@@ -18,11 +23,7 @@ pub async fn run(ctx: &Ctx, args: &ThreadsArgs) -> Result<(), Error> {
     let resp = ctx
         .unary(request, |mut c, r| async move { c.list_threads(r).await })
         .await?;
-    if ctx.json {
-        output::emit_json(&to_json(&resp))
-    } else {
-        output::emit(&to_text(&resp))
-    }
+    Ok(Report::new(to_text(&resp), to_json(&resp)))
 }
 
 /// Slots per thread: as reported, or more if a thread lists more.

@@ -6,12 +6,17 @@ use wpd_proto::v1::{
     SetWatchpointResponse, WatchpointSpec,
 };
 
-use crate::cmd::Ctx;
+use crate::cmd::{Ctx, Report};
 use crate::error::Error;
 use crate::{OnExecArg, WatchArgs, backend_value, output};
 
 /// Runs `wpctl watch`.
 pub async fn run(ctx: &Ctx, args: &WatchArgs) -> Result<(), Error> {
+    report(ctx, args).await?.emit(ctx.json)
+}
+
+/// Sets the watchpoint (or the policy) and renders the daemon's answer.
+pub async fn report(ctx: &Ctx, args: &WatchArgs) -> Result<Report, Error> {
     if args.on_exec.is_some() && args.symbol.is_none() {
         return Err(Error::Local(
             "--on-exec needs --symbol: a watchpoint set by address is always removed at exec"
@@ -66,20 +71,15 @@ pub async fn run(ctx: &Ctx, args: &WatchArgs) -> Result<(), Error> {
     let resp = ctx
         .unary(request, |mut c, r| async move { c.set_watchpoint(r).await })
         .await?;
-    if !ctx.json {
-        for w in &resp.warnings {
-            eprintln!("wpctl: warning: {w}");
-        }
-    }
-    if ctx.json {
-        output::emit_json(&to_json(&resp))
-    } else {
-        output::emit(&to_text(&resp))
-    }
+    Ok(Report {
+        text: to_text(&resp),
+        json: to_json(&resp),
+        warnings: resp.warnings.clone(),
+    })
 }
 
 /// `wpctl watch` with a selector: SetPolicy.
-async fn set_policy(ctx: &Ctx, args: &WatchArgs, spec: WatchpointSpec) -> Result<(), Error> {
+async fn set_policy(ctx: &Ctx, args: &WatchArgs, spec: WatchpointSpec) -> Result<Report, Error> {
     let request = SetPolicyRequest {
         selector: Some(ProcessSelector {
             pids: args.pids.clone(),
@@ -93,11 +93,10 @@ async fn set_policy(ctx: &Ctx, args: &WatchArgs, spec: WatchpointSpec) -> Result
         .unary(request, |mut c, r| async move { c.set_policy(r).await })
         .await?;
     let p = resp.policy.unwrap_or_default();
-    if ctx.json {
-        output::emit_json(&json!({ "policy": output::policy_json(&p) }))
-    } else {
-        output::emit(&policy_text(&p))
-    }
+    Ok(Report::new(
+        policy_text(&p),
+        json!({ "policy": output::policy_json(&p) }),
+    ))
 }
 
 /// `policy 9: write counter in every process with comm fuzzer; 3 instances now (pid 10

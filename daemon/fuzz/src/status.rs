@@ -238,6 +238,8 @@ pub enum ErrorInput {
     OwnProcess(i32),
     /// `WpdError::InitProcess`.
     InitProcess,
+    /// `WpdError::NoJournal`.
+    NoJournal,
     /// `WpdError::ProcessLost`.
     ProcessLost {
         /// Process.
@@ -491,6 +493,7 @@ impl ErrorInput {
             ErrorInput::NotAProcess { tid, pid } => WpdError::NotAProcess { tid, pid },
             ErrorInput::OwnProcess(p) => WpdError::OwnProcess(p),
             ErrorInput::InitProcess => WpdError::InitProcess,
+            ErrorInput::NoJournal => WpdError::NoJournal,
             ErrorInput::ProcessLost { pid, why } => WpdError::ProcessLost { pid, why },
             ErrorInput::Kernel { op, errno } => WpdError::Kernel {
                 op,
@@ -526,6 +529,7 @@ pub fn variant(e: &WpdError) -> &'static str {
         WpdError::NotAProcess { .. } => "NotAProcess",
         WpdError::OwnProcess(_) => "OwnProcess",
         WpdError::InitProcess => "InitProcess",
+        WpdError::NoJournal => "NoJournal",
         WpdError::ProcessLost { .. } => "ProcessLost",
         WpdError::Kernel { .. } => "Kernel",
         WpdError::Symbol(_) => "Symbol",

@@ -405,5 +405,9 @@ impl Core {
         for b in self.backends.usable() {
             b.shutdown();
         }
+        // Last: the detaches above are journaled too.
+        if let Some(j) = self.journal.get() {
+            j.shutdown();
+        }
     }
 }

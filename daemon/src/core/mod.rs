@@ -100,7 +100,18 @@ pub struct Core {
     /// Thread names (`comm`) by tid, for hits: read once per thread, kept
     /// while it lives, replaced when the backend reports a rename or exec.
     names: DashMap<crate::model::Tid, (Pid, Arc<str>)>,
+    /// Names of threads that exited lately, newest last: a hit read after
+    /// its thread's exit record (perf rings are per CPU) still gets it.
+    exited_names: Mutex<std::collections::VecDeque<(crate::model::Tid, Pid, Arc<str>)>>,
+    /// The durable journal of every event, when the daemon keeps one
+    /// (`--state-dir`); set once, before anything publishes.
+    pub journal: std::sync::OnceLock<Arc<crate::journal::Journal>>,
+    /// The exporter's counters, when events are exported.
+    pub export: std::sync::OnceLock<Arc<crate::export::Stats>>,
 }
+
+/// Names of exited threads kept for their late hits.
+const EXITED_NAMES: usize = 4096;
 
 /// How long after an exec a watchpoint set by name may wait for its name to
 /// resolve in the new program (its library to be loaded).
@@ -172,6 +183,9 @@ impl Core {
                 policies: DashMap::new(),
                 policy_tx: Mutex::new(None),
                 names: DashMap::new(),
+                exited_names: Mutex::new(std::collections::VecDeque::new()),
+                journal: std::sync::OnceLock::new(),
+                export: std::sync::OnceLock::new(),
             }
         });
         for b in core.backends.usable() {
@@ -237,6 +251,32 @@ impl Core {
         Ok((pid, a.totals(), top, image))
     }
 
+    /// The name of thread `tid` of `pid` as far as it is known (the cache,
+    /// else `/proc`), without caching it: for events exported later.
+    pub fn known_name(&self, pid: Pid, tid: crate::model::Tid) -> Option<String> {
+        if let Some(n) = self.names.get(&tid)
+            && n.0 == pid
+            && !n.1.is_empty()
+        {
+            return Some(n.1.to_string());
+        }
+        if let Some(n) = self.exited_name(pid, tid) {
+            return Some(n.to_string());
+        }
+        crate::procfs::comm(pid, tid).filter(|s| !s.is_empty())
+    }
+
+    /// The name of `tid` of `pid` if it exited lately.
+    fn exited_name(&self, pid: Pid, tid: crate::model::Tid) -> Option<Arc<str>> {
+        self.exited_names
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|(t, p, _)| *t == tid && *p == pid)
+            .map(|(_, _, n)| n.clone())
+    }
+
     /// The name of thread `tid` of `pid` (the process's own name for its
     /// leader), from the cache or `/proc`.
     fn name_of(&self, pid: Pid, tid: crate::model::Tid) -> Arc<str> {
@@ -245,7 +285,12 @@ impl Core {
         {
             return n.1.clone();
         }
-        let name: Arc<str> = Arc::from(crate::procfs::comm(pid, tid).unwrap_or_default());
+        let Some(name) = crate::procfs::comm(pid, tid).filter(|n| !n.is_empty()) else {
+            // Gone already: its name if it exited lately, else unknown (and
+            // not cached: a thread id is reused).
+            return self.exited_name(pid, tid).unwrap_or_else(|| Arc::from(""));
+        };
+        let name: Arc<str> = Arc::from(name);
         // Threads of processes that are not attached (forked children)
         // leave no exit event: the cache is bounded instead.
         if self.names.len() >= 1 << 16 {
@@ -283,7 +328,13 @@ impl Host for Core {
                 }
             }
             EventKind::ThreadExited { tid, .. } => {
-                self.names.remove(tid);
+                if let Some((tid, (pid, name))) = self.names.remove(tid) {
+                    let mut exited = self.exited_names.lock().unwrap();
+                    if exited.len() >= EXITED_NAMES {
+                        exited.pop_front();
+                    }
+                    exited.push_back((tid, pid, name));
+                }
             }
             _ => {}
         }

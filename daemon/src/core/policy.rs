@@ -273,9 +273,26 @@ impl Core {
     pub fn set_policy(
         self: &Arc<Self>,
         selector: Selector,
-        mut spec: WatchSpec,
+        spec: WatchSpec,
         caller: Caller,
     ) -> Result<PolicyView, WpdError> {
+        self.set_policy_with_id(selector, spec, caller, None)
+    }
+
+    /// [`Core::set_policy`] under a given id (a policy of a previous run
+    /// set again), or a new one.
+    pub fn set_policy_with_id(
+        self: &Arc<Self>,
+        selector: Selector,
+        mut spec: WatchSpec,
+        caller: Caller,
+        id: Option<WatchId>,
+    ) -> Result<PolicyView, WpdError> {
+        if let Some(id) = id
+            && (self.watches.contains_key(&id) || self.policies.contains_key(&id))
+        {
+            return Err(WpdError::InvalidArgument(format!("id {id} is in use")));
+        }
         if spec.pid != 0 {
             return Err(WpdError::InvalidArgument(format!(
                 "a policy's spec must have pid 0 (its selector picks the processes), got {}",
@@ -292,10 +309,12 @@ impl Core {
             crate::arch::validate(spec.range.addr, spec.range.len, spec.access)?;
         }
         spec.policy = None;
-        let id = WatchId(
-            self.next_id
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-        );
+        let id = id.unwrap_or_else(|| {
+            WatchId(
+                self.next_id
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            )
+        });
         let policy = Arc::new(Policy {
             id,
             selector,

@@ -94,6 +94,8 @@ pub struct Stats {
     pub ledger_hold: (u64, u64, u64),
     /// Uptime.
     pub uptime: Duration,
+    /// The journal's figures, when there is one (privileged callers).
+    pub journal: Option<crate::journal::Figures>,
 }
 
 /// Resource limits (every one has a specific error when reached).

@@ -54,6 +54,23 @@ impl Core {
         spec: WatchSpec,
         owner: u32,
     ) -> Result<(WatchView, Duration), WpdError> {
+        self.set_watchpoint_with_id(spec, owner, None)
+    }
+
+    /// [`Core::set_watchpoint`] under a given id (a watchpoint of a previous
+    /// run set again: ids above every saved one are never handed out, see
+    /// [`Core::reserve_ids`]), or a new one.
+    pub fn set_watchpoint_with_id(
+        self: &Arc<Self>,
+        spec: WatchSpec,
+        owner: u32,
+        id: Option<WatchId>,
+    ) -> Result<(WatchView, Duration), WpdError> {
+        if let Some(id) = id
+            && (self.watches.contains_key(&id) || self.policies.contains_key(&id))
+        {
+            return Err(WpdError::InvalidArgument(format!("id {id} is in use")));
+        }
         let t_start = Instant::now();
         let (spec, resolved) = self.resolve_spec(spec)?;
         let held = self.watches.iter().filter(|w| w.owner == owner).count();
@@ -105,7 +122,7 @@ impl Core {
             }
         }
         let (proc, newly) = self.attach(spec.pid, spec.backend, spec.allow_init)?;
-        let set = self.set_watchpoint_on(&proc, spec, owner, resolved, None);
+        let set = self.set_watchpoint_on(&proc, spec, owner, resolved, id);
         if set.is_err() && newly {
             // A refused request changes nothing: the attach it made goes too
             // (unless another request put a watchpoint there meanwhile).
@@ -176,6 +193,17 @@ impl Core {
         }
         let op = proc.lock_op();
         self.set_locked(&op, spec, owner, resolved, reuse)
+    }
+
+    /// Ids up to `last` are never handed out as new ones (they belong to
+    /// saved watchpoints and policies, and to the journal's events).
+    pub fn reserve_ids(&self, last: u64) {
+        self.next_id.fetch_max(last + 1, Ordering::Relaxed);
+    }
+
+    /// The next id a new watchpoint or policy would get.
+    pub fn next_id(&self) -> u64 {
+        self.next_id.load(Ordering::Relaxed)
     }
 
     /// [`Core::set_watchpoint_on`] with the process's operation lock held.

@@ -10,6 +10,9 @@ pub mod authority;
 pub mod conn;
 pub mod convert;
 pub mod leases;
+pub mod metrics;
+pub mod persist;
+pub mod replay;
 pub mod serve;
 pub mod status;
 
@@ -36,6 +39,8 @@ pub struct Service {
     auth: Arc<auth::AuthConfig>,
     conns: Arc<conn::Registry>,
     leases: Arc<leases::Leases>,
+    /// Saved watchpoints and policies (`--state-dir`), if kept.
+    persist: Option<Arc<persist::Persist>>,
 }
 
 impl Service {
@@ -46,11 +51,300 @@ impl Service {
             core,
             auth: Arc::new(auth),
             conns,
+            persist: None,
+        }
+    }
+
+    /// The service, saving what is set through it in `persist`.
+    pub fn with_persist(mut self, persist: Arc<persist::Persist>) -> Self {
+        self.persist = Some(persist);
+        self
+    }
+
+    /// Sets again, each as the caller who set it, the watchpoints and
+    /// policies a previous run saved; what cannot be is reported.
+    pub async fn restore(&self, saved: pb::SavedState) {
+        let Some(p) = self.persist.clone() else {
+            return;
+        };
+        let same_boot = p.same_boot(&saved);
+        let (mut restored, mut refused) = (0, 0);
+        for e in saved.entries {
+            let caller = persist::caller_of(&e.caller.unwrap_or_default());
+            let (spec, selector, outcome) = match e.what {
+                Some(pb::saved_entry::What::Policy(pol)) => {
+                    let r = self
+                        .set_policy_as(
+                            caller,
+                            pb::SetPolicyRequest {
+                                selector: pol.selector.clone(),
+                                spec: pol.spec.clone(),
+                            },
+                            Some(e.id),
+                        )
+                        .await
+                        .map(|r| r.policy.map_or(0, |p| p.id))
+                        .map_err(|s| s.message().to_string());
+                    (pol.spec, pol.selector, r)
+                }
+                Some(pb::saved_entry::What::Watchpoint(w)) => {
+                    let pid = w.spec.as_ref().map_or(0, |s| s.pid);
+                    let r = if !same_boot {
+                        Err("the machine was restarted since it was set".to_string())
+                    } else if crate::procfs::start_time(pid) != Some(w.start_time) {
+                        Err(format!("process {pid} is gone"))
+                    } else {
+                        self.set_watchpoint_as(
+                            caller,
+                            pb::SetWatchpointRequest {
+                                spec: w.spec.clone(),
+                            },
+                            Some(e.id),
+                        )
+                        .await
+                        .map(|r| r.watchpoint.map_or(0, |w| w.id))
+                        .map_err(|s| s.message().to_string())
+                    };
+                    (w.spec, None, r)
+                }
+                None => continue,
+            };
+            match outcome {
+                Ok(id) => {
+                    restored += 1;
+                    tracing::info!(id, "set again after a restart");
+                }
+                Err(why) => {
+                    refused += 1;
+                    let pid = spec.as_ref().map_or(0, |s| s.pid);
+                    let reason = format!("not set again after a restart: {why}");
+                    tracing::warn!(saved_id = e.id, pid, "{reason}");
+                    self.core.bus.publish(EventKind::WatchpointRemoved {
+                        id: WatchId(e.id),
+                        pid,
+                        reason: reason.clone().into(),
+                    });
+                    p.not_restored(
+                        caller.uid,
+                        pb::NotRestored {
+                            saved_id: e.id,
+                            spec,
+                            selector,
+                            reason,
+                            at_ns: crate::clock::realtime_ns(),
+                        },
+                    );
+                }
+            }
+        }
+        if restored + refused > 0 {
+            tracing::info!(restored, refused, "saved watchpoints and policies");
+        }
+        p.restored();
+        self.sync_saved().await;
+    }
+
+    /// SetWatchpoint on behalf of `caller` (the handler, and watchpoints
+    /// set again after a restart).
+    pub(crate) async fn set_watchpoint_as(
+        &self,
+        caller: Caller,
+        req: pb::SetWatchpointRequest,
+        id: Option<u64>,
+    ) -> Result<pb::SetWatchpointResponse, Status> {
+        let asked = req.spec.ok_or_else(|| {
+            status::to_status(&WpdError::InvalidArgument("spec is required".into()))
+        })?;
+        let spec = WatchSpec::try_from(asked.clone())?;
+        allow(&caller, spec.pid)?;
+        let lease = spec.lease;
+        if lease != 0 {
+            self.leases.check(lease, caller.uid)?;
+        }
+        let core = self.core.clone();
+        let uid = caller.uid;
+        let (view, took) =
+            blocking(move || core.set_watchpoint_with_id(spec, uid, id.map(WatchId))).await?;
+        if lease != 0 && !self.leases.add_watch(lease, view.id) {
+            // The stream ended while the watchpoint was being armed.
+            let (core, id) = (self.core.clone(), view.id);
+            blocking(move || {
+                leases::undo(&core, &[id], &Default::default());
+                Ok(())
+            })
+            .await?;
+            return Err(status::to_status(&WpdError::InvalidArgument(format!(
+                "lease {lease} ended while the watchpoint was being armed: it was removed"
+            ))));
+        }
+        if lease == 0
+            && let Some(p) = &self.persist
+        {
+            p.record_watchpoint(view.id.0, &caller, asked, view.spec.pid);
+            // On disk before the answer: a daemon killed right after it
+            // sets the watchpoint again.
+            self.sync_saved().await;
+        }
+        tracing::info!(
+            id = view.id.0,
+            pid = view.spec.pid,
+            armed = view.armed_threads,
+            ?took,
+            "watchpoint set"
+        );
+        Ok(pb::SetWatchpointResponse {
+            watchpoint: Some((&view).into()),
+            arm_duration_ns: took.as_nanos() as u64,
+            warnings: view.warnings.clone(),
+            symbol: view.symbol.as_ref().map(convert::symbol_to_pb),
+        })
+    }
+
+    /// SetPolicy on behalf of `caller`.
+    pub(crate) async fn set_policy_as(
+        &self,
+        caller: Caller,
+        r: pb::SetPolicyRequest,
+        id: Option<u64>,
+    ) -> Result<pb::SetPolicyResponse, Status> {
+        let asked = r.spec.ok_or_else(|| {
+            status::to_status(&WpdError::InvalidArgument("spec is required".into()))
+        })?;
+        let spec = convert::policy_spec_from_pb(asked.clone())?;
+        let selector_asked = r.selector.clone().unwrap_or_default();
+        let selector = convert::selector_from_pb(r.selector)?;
+        // Named processes are checked now, as SetWatchpoint would; the
+        // others when they match.
+        for &pid in &selector.pids {
+            allow(&caller, pid)?;
+        }
+        let core = self.core.clone();
+        let who = caller;
+        let view =
+            blocking(move || core.set_policy_with_id(selector, spec, who, id.map(WatchId))).await?;
+        if let Some(p) = &self.persist {
+            p.record_policy(view.id.0, &caller, selector_asked, asked);
+            self.sync_saved().await;
+        }
+        tracing::info!(
+            id = view.id.0,
+            instances = view.instances.len(),
+            "policy set"
+        );
+        Ok(pb::SetPolicyResponse {
+            policy: Some((&view).into()),
+        })
+    }
+
+    /// Writes the saved state if it changed (watchpoints gone, new ones).
+    pub async fn sync_saved(&self) {
+        let Some(p) = self.persist.clone() else {
+            return;
+        };
+        let core = self.core.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            p.sync(
+                |id| {
+                    let id = WatchId(id);
+                    core.policy(id).is_some() || core.watch_pid(id).is_some()
+                },
+                core.next_id(),
+            )
+        })
+        .await;
+        if let Ok(Err(e)) = r {
+            tracing::error!(error = %e, "cannot save the watchpoints");
+        }
+    }
+
+    /// `id` was removed through the API: it leaves the saved state now.
+    async fn forget_saved(&self, id: u64) {
+        if let Some(p) = &self.persist {
+            p.forget(id);
+            self.sync_saved().await;
+        }
+    }
+
+    /// Stops saving (shutdown: what follows is not removal).
+    pub fn freeze_saved(&self) {
+        if let Some(p) = &self.persist {
+            p.freeze();
         }
     }
 
     fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
         Ok(auth::caller(&self.auth, req)?)
+    }
+
+    /// What `GetStats` answers `caller`: daemon-wide figures for a
+    /// privileged caller, else those of its own processes and streams. The
+    /// metrics endpoint reads the privileged answer (`metrics.rs`), so a
+    /// field added here is one line away from a metric.
+    pub(crate) async fn stats(&self, caller: Caller) -> Result<pb::GetStatsResponse, Status> {
+        let core = self.core.clone();
+        let s = blocking(move || {
+            Ok(if caller.privileged {
+                core.stats()
+            } else {
+                core.stats_for(caller.uid, |pid| authz::check(&caller, pid).is_ok())
+            })
+        })
+        .await?;
+        let sym = if caller.privileged {
+            self.core.symbols.stats()
+        } else {
+            Default::default()
+        };
+        let (connections, connections_refused, connections_idled) = if caller.privileged {
+            (
+                self.conns.open() as u32,
+                self.conns.refused(),
+                self.conns.idled(),
+            )
+        } else {
+            (0, 0, 0)
+        };
+        let j = s.journal.unwrap_or_default();
+        let x = match (caller.privileged, self.core.export.get()) {
+            (true, Some(e)) => e.figures(),
+            _ => Default::default(),
+        };
+        Ok(pb::GetStatsResponse {
+            connections,
+            connections_refused,
+            connections_idled,
+            processes: s.processes,
+            threads: s.threads,
+            watchpoints: s.watchpoints,
+            hits: s.hits,
+            kernel_lost: s.kernel_lost,
+            perf_fds: s.perf_fds,
+            subscribers: s.subscribers,
+            subscriber_dropped: s.subscriber_dropped,
+            ledger_hold_p50_ns: s.ledger_hold.0,
+            ledger_hold_p99_ns: s.ledger_hold.1,
+            ledger_hold_max_ns: s.ledger_hold.2,
+            uptime_s: s.uptime.as_secs(),
+            symbol_files: sym.files,
+            symbol_bytes: sym.bytes,
+            locations: sym.locations,
+            location_bytes: sym.location_bytes,
+            symbol_maps_reads: sym.maps_reads,
+            journal_written_seq: j.written_seq,
+            journal_durable_seq: j.durable_seq,
+            journal_bytes: j.bytes,
+            journal_segments: j.segments as u32,
+            journal_lagged: j.lagged,
+            journal_retired: j.retired,
+            journal_fsyncs: j.fsyncs,
+            journal_fsync_us: j.fsync_us,
+            journal_torn: j.torn,
+            export_acked_seq: x.acked_seq,
+            export_published: x.published,
+            export_errors: x.errors,
+            export_lost: x.lost,
+            export_connected: x.connected,
+        })
     }
 }
 
@@ -154,42 +448,10 @@ impl Watchpoints for Service {
         req: Request<pb::SetWatchpointRequest>,
     ) -> Result<Response<pb::SetWatchpointResponse>, Status> {
         let caller = self.caller(&req)?;
-        let spec = req.into_inner().spec.ok_or_else(|| {
-            status::to_status(&WpdError::InvalidArgument("spec is required".into()))
-        })?;
-        let spec = WatchSpec::try_from(spec)?;
-        allow(&caller, spec.pid)?;
-        let lease = spec.lease;
-        if lease != 0 {
-            self.leases.check(lease, caller.uid)?;
-        }
-        let core = self.core.clone();
-        let (view, took) = blocking(move || core.set_watchpoint(spec, caller.uid)).await?;
-        if lease != 0 && !self.leases.add_watch(lease, view.id) {
-            // The stream ended while the watchpoint was being armed.
-            let (core, id) = (self.core.clone(), view.id);
-            blocking(move || {
-                leases::undo(&core, &[id], &Default::default());
-                Ok(())
-            })
+        let r = self
+            .set_watchpoint_as(caller, req.into_inner(), None)
             .await?;
-            return Err(status::to_status(&WpdError::InvalidArgument(format!(
-                "lease {lease} ended while the watchpoint was being armed: it was removed"
-            ))));
-        }
-        tracing::info!(
-            id = view.id.0,
-            pid = view.spec.pid,
-            armed = view.armed_threads,
-            ?took,
-            "watchpoint set"
-        );
-        Ok(Response::new(pb::SetWatchpointResponse {
-            watchpoint: Some((&view).into()),
-            arm_duration_ns: took.as_nanos() as u64,
-            warnings: view.warnings.clone(),
-            symbol: view.symbol.as_ref().map(convert::symbol_to_pb),
-        }))
+        Ok(Response::new(r))
     }
 
     async fn set_policy(
@@ -197,27 +459,8 @@ impl Watchpoints for Service {
         req: Request<pb::SetPolicyRequest>,
     ) -> Result<Response<pb::SetPolicyResponse>, Status> {
         let caller = self.caller(&req)?;
-        let r = req.into_inner();
-        let spec = r.spec.ok_or_else(|| {
-            status::to_status(&WpdError::InvalidArgument("spec is required".into()))
-        })?;
-        let spec = convert::policy_spec_from_pb(spec)?;
-        let selector = convert::selector_from_pb(r.selector)?;
-        // Named processes are checked now, as SetWatchpoint would; the
-        // others when they match.
-        for &pid in &selector.pids {
-            allow(&caller, pid)?;
-        }
-        let core = self.core.clone();
-        let view = blocking(move || core.set_policy(selector, spec, caller)).await?;
-        tracing::info!(
-            id = view.id.0,
-            instances = view.instances.len(),
-            "policy set"
-        );
-        Ok(Response::new(pb::SetPolicyResponse {
-            policy: Some((&view).into()),
-        }))
+        let r = self.set_policy_as(caller, req.into_inner(), None).await?;
+        Ok(Response::new(r))
     }
 
     async fn remove_watchpoint(
@@ -232,6 +475,7 @@ impl Watchpoints for Service {
             }
             let core = self.core.clone();
             let view = blocking(move || core.remove_policy(id)).await?;
+            self.forget_saved(id.0).await;
             tracing::info!(
                 id = id.0,
                 instances = view.instances.len(),
@@ -254,6 +498,7 @@ impl Watchpoints for Service {
         allow(&caller, pid)?;
         let core = self.core.clone();
         let view = blocking(move || core.remove_watchpoint(id)).await?;
+        self.forget_saved(id.0).await;
         Ok(Response::new(pb::RemoveWatchpointResponse {
             watchpoint: Some((&view).into()),
         }))
@@ -291,6 +536,17 @@ impl Watchpoints for Service {
             watchpoints: ws.iter().map(Into::into).collect(),
             processes: ps.iter().map(Into::into).collect(),
             policies: policies.iter().map(Into::into).collect(),
+            not_restored: match &self.persist {
+                Some(p) if pid == 0 => {
+                    p.not_restored_list((!caller.privileged).then_some(caller.uid))
+                }
+                Some(p) => p
+                    .not_restored_list((!caller.privileged).then_some(caller.uid))
+                    .into_iter()
+                    .filter(|n| n.spec.as_ref().is_some_and(|s| s.pid == pid))
+                    .collect(),
+                None => Vec::new(),
+            },
         }))
     }
 
@@ -329,6 +585,22 @@ impl Watchpoints for Service {
         if r.pid > 0 {
             allow(&caller, r.pid)?;
         }
+        let from = match (r.after_seq, r.since_time_ns) {
+            (Some(a), _) => Some(crate::journal::From::AfterSeq(a)),
+            (None, Some(t)) => Some(crate::journal::From::SinceTime(t)),
+            (None, None) => None,
+        };
+        let journal = match from {
+            Some(_) => Some(
+                self.core
+                    .journal
+                    .get()
+                    .cloned()
+                    .ok_or_else(|| status::to_status(&WpdError::NoJournal))?,
+            ),
+            None => None,
+        };
+        // A replay subscribes once it has caught up; the limits apply now.
         let sub = self.core.subscribe(caller.uid, caller.privileged)?;
         let lease = r.lease.then(|| self.leases.open(caller.uid));
         let greeting = lease.as_ref().map(|l| pb::StreamEventsResponse {
@@ -338,23 +610,25 @@ impl Watchpoints for Service {
                 lease: l.id,
             })),
         });
-        let feed = EventFeed {
-            greeting,
-            _lease: lease,
-            events: tokio_stream::wrappers::BroadcastStream::new(sub.rx),
-            sub: sub.guard,
-            shutdown: tokio_stream::wrappers::WatchStream::new(self.core.bus.closed()),
-            caller,
-            pid: r.pid,
-            ids: r.watchpoint_ids.iter().map(|&i| WatchId(i)).collect(),
-            hits_only: r.hits_only,
-            visible: std::collections::HashMap::new(),
-            stash: None,
-            dry: true,
-            pacer: Pacer::default(),
-            symbols: (!r.raw).then(|| self.core.symbols.clone()),
-            locating: None,
-        };
+        let symbols = (!r.raw).then(|| self.core.symbols.clone());
+        let closed = self.core.bus.closed();
+        if let (Some(from), Some(journal)) = (from, journal) {
+            drop(sub);
+            let filter = replay::Filter::new(caller, &r);
+            let steps = replay::start(self.core.clone(), journal, from, filter);
+            let shutdown = tokio_stream::wrappers::WatchStream::new(closed.clone());
+            let make_live = Box::new(move |sub: crate::events::Subscription| {
+                EventFeed::new(caller, &r, sub, None, lease, closed, symbols)
+            });
+            return Ok(Response::new(Box::pin(replay::ReplayFeed {
+                greeting,
+                steps,
+                make_live: Some(make_live),
+                live: None,
+                shutdown,
+            })));
+        }
+        let feed = EventFeed::new(caller, &r, sub, greeting, lease, closed, symbols);
         Ok(Response::new(Box::pin(feed)))
     }
 
@@ -542,52 +816,7 @@ impl Watchpoints for Service {
         req: Request<pb::GetStatsRequest>,
     ) -> Result<Response<pb::GetStatsResponse>, Status> {
         let caller = self.caller(&req)?;
-        let core = self.core.clone();
-        let s = blocking(move || {
-            Ok(if caller.privileged {
-                core.stats()
-            } else {
-                core.stats_for(caller.uid, |pid| authz::check(&caller, pid).is_ok())
-            })
-        })
-        .await?;
-        let sym = if caller.privileged {
-            self.core.symbols.stats()
-        } else {
-            Default::default()
-        };
-        let (connections, connections_refused, connections_idled) = if caller.privileged {
-            (
-                self.conns.open() as u32,
-                self.conns.refused(),
-                self.conns.idled(),
-            )
-        } else {
-            (0, 0, 0)
-        };
-        Ok(Response::new(pb::GetStatsResponse {
-            connections,
-            connections_refused,
-            connections_idled,
-            processes: s.processes,
-            threads: s.threads,
-            watchpoints: s.watchpoints,
-            hits: s.hits,
-            kernel_lost: s.kernel_lost,
-            perf_fds: s.perf_fds,
-            subscribers: s.subscribers,
-            subscriber_dropped: s.subscriber_dropped,
-            ledger_hold_p50_ns: s.ledger_hold.0,
-            ledger_hold_p99_ns: s.ledger_hold.1,
-            ledger_hold_max_ns: s.ledger_hold.2,
-            uptime_s: s.uptime.as_secs(),
-            symbol_files: sym.files,
-            symbol_bytes: sym.bytes,
-            locations: sym.locations,
-            location_bytes: sym.location_bytes,
-            symbol_maps_reads: sym.maps_reads,
-            ..Default::default()
-        }))
+        Ok(Response::new(self.stats(caller).await?))
     }
 
     async fn resolve_symbol(
@@ -765,6 +994,35 @@ impl Pacer {
 }
 
 impl EventFeed {
+    /// The live feed of subscription `sub` for request `r`.
+    fn new(
+        caller: Caller,
+        r: &pb::StreamEventsRequest,
+        sub: crate::events::Subscription,
+        greeting: Option<pb::StreamEventsResponse>,
+        lease: Option<leases::LeaseGuard>,
+        closed: tokio::sync::watch::Receiver<bool>,
+        symbols: Option<Arc<crate::symbols::Symbols>>,
+    ) -> Self {
+        EventFeed {
+            greeting,
+            _lease: lease,
+            events: tokio_stream::wrappers::BroadcastStream::new(sub.rx),
+            sub: sub.guard,
+            shutdown: tokio_stream::wrappers::WatchStream::new(closed),
+            caller,
+            pid: r.pid,
+            ids: r.watchpoint_ids.iter().map(|&i| WatchId(i)).collect(),
+            hits_only: r.hits_only,
+            visible: std::collections::HashMap::new(),
+            stash: None,
+            dry: true,
+            pacer: Pacer::default(),
+            symbols,
+            locating: None,
+        }
+    }
+
     /// The message for `ev`, or None if this subscriber does not get it.
     fn pass(&mut self, ev: &Event) -> Option<pb::StreamEventsResponse> {
         let global = matches!(ev.kind, EventKind::RecordsLost { .. });

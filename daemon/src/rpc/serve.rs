@@ -1,5 +1,7 @@
-//! Serving: listeners (Unix socket by default, loopback TCP on request),
-//! health and reflection services, graceful shutdown on SIGTERM/SIGINT.
+//! Serving: listeners (Unix socket by default, loopback TCP on request, or
+//! the socket systemd passes), health and reflection services, the metrics
+//! endpoint, systemd notifications (ready, watchdog, stopping), graceful
+//! shutdown on SIGTERM/SIGINT.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -13,6 +15,7 @@ use wpd_proto::v1::watchpoints_server::WatchpointsServer;
 use crate::core::Core;
 use crate::rpc::Service;
 use crate::rpc::conn::{self, ActiveLayer, ConnLimits, Registry};
+use crate::rpc::metrics::{self, Metrics, RpcLayer};
 
 /// Where to listen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,6 +117,24 @@ pub struct Options {
     /// The ptrace state file (default: derived from the listen address, see
     /// [`state_file_for`]).
     pub state_file: Option<PathBuf>,
+    /// The state directory (`--state-dir`). None: no journal, nothing
+    /// saved.
+    pub state: Option<StateOptions>,
+    /// Where to serve Prometheus metrics (`GET /metrics`); none by default.
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+/// The state directory and what is kept there.
+#[derive(Debug, Clone)]
+pub struct StateOptions {
+    /// The directory: the saved watchpoints and policies
+    /// (`persist::FILE`) and the journal.
+    pub dir: PathBuf,
+    /// The journal's settings (its segments in `dir/journal/`).
+    pub journal: crate::journal::Config,
+    /// Export of the journal's events to NATS JetStream (its position in
+    /// `dir/export/`); `dir` is set here.
+    pub export: Option<crate::export::Config>,
 }
 
 /// Longest a unary request may take, from its headers to its answer: a
@@ -183,6 +204,19 @@ pub fn check_listen(listen: &Listen, opts: &Options) -> Result<(), String> {
 
 /// Runs the daemon until SIGTERM/SIGINT, then detaches from every process.
 pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
+    let activated = activated_socket()?;
+    let listen = match &activated {
+        Some((_, path)) => {
+            if listen != Listen::Unix(path.clone()) {
+                tracing::info!(
+                    "serving the socket systemd passed, {}, instead of {listen:?}",
+                    path.display()
+                );
+            }
+            Listen::Unix(path.clone())
+        }
+        None => listen,
+    };
     if let Err(e) = check_listen(&listen, &opts) {
         bail!("{e}");
     }
@@ -207,6 +241,36 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
         limits: opts.limits,
         backends: crate::core::Backends::System { state_file },
     });
+    let mut persist = None;
+    if let Some(state) = &opts.state {
+        let cfg = &state.journal;
+        let journal =
+            crate::journal::Journal::start(cfg.clone(), &core.bus, crate::rpc::replay::encoder())
+                .with_context(|| format!("opening the journal in {}", cfg.dir.display()))?;
+        let _ = core.journal.set(journal);
+        let (p, saved) = crate::rpc::persist::Persist::open(&state.dir)
+            .with_context(|| format!("opening the saved watchpoints in {}", state.dir.display()))?;
+        if let Some(export) = &state.export {
+            let mut cfg = export.clone();
+            cfg.dir = state.dir.join("export");
+            let names = core.clone();
+            let namer: crate::export::Namer = Arc::new(move |pid, tid| {
+                (
+                    names.known_name(pid, pid),
+                    (tid > 0).then(|| names.known_name(pid, tid)).flatten(),
+                )
+            });
+            let journal = core.journal.get().expect("started above").clone();
+            let stats = crate::export::start(cfg, journal, namer)
+                .with_context(|| format!("starting the export in {}", state.dir.display()))?;
+            let _ = core.export.set(stats);
+        }
+        // Ids of the last run are never given to anything new.
+        if let Some(s) = &saved {
+            core.reserve_ids(crate::rpc::persist::last_used_id(s));
+        }
+        persist = Some((Arc::new(p), saved));
+    }
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<WatchpointsServer<Service>>().await;
     // Reflection in both versions: v1, and v1alpha, which many clients
@@ -226,7 +290,30 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
         token: opts.token.as_deref().map(Into::into),
     };
     let registry = Arc::new(Registry::default());
-    let svc = WatchpointsServer::new(Service::new(core.clone(), auth, registry.clone()))
+    let mut service = Service::new(core.clone(), auth, registry.clone());
+    if let Some((p, saved)) = persist {
+        service = service.with_persist(p);
+        // Set again while the API is served already; then kept on disk as
+        // watchpoints come and go.
+        let s = service.clone();
+        tokio::spawn(async move {
+            if let Some(saved) = saved {
+                s.restore(saved).await;
+            }
+            let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+            loop {
+                tick.tick().await;
+                s.sync_saved().await;
+            }
+        });
+    }
+    let saver = service.clone();
+    let metrics = opts.metrics_listen.map(|_| Arc::new(Metrics::new()));
+    if let (Some(addr), Some(m)) = (opts.metrics_listen, &metrics) {
+        let bound = metrics::listen(addr, m.clone(), service.clone()).await?;
+        eprintln!("wpd: metrics on http://{bound}/metrics");
+    }
+    let svc = WatchpointsServer::new(service)
         .max_decoding_message_size(16 << 20)
         .max_encoding_message_size(64 << 20);
     let mut builder = Server::builder()
@@ -244,6 +331,7 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
     }
     let router = builder
         .layer(ActiveLayer)
+        .layer(RpcLayer::new(metrics))
         .add_service(health_svc)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
@@ -256,6 +344,11 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
             _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
         }
+        notify_systemd(&[sd_notify::NotifyState::Stopping]);
+        // What is saved stays as it is: the detaches that follow remove
+        // everything from the targets, not from the state directory.
+        saver.sync_saved().await;
+        saver.freeze_saved();
         // Open event streams would keep the graceful shutdown waiting.
         stream_core.close_streams();
     };
@@ -269,16 +362,27 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
     };
     let result = match &listen {
         Listen::Unix(path) => {
-            let l = prepare_socket(
-                path,
-                opts.socket_mode.unwrap_or(SOCKET_MODE),
-                opts.socket_gid,
-            )?;
-            eprintln!("wpd: listening on unix:{}", path.display());
+            // systemd's socket is systemd's: its path, mode and owner stay.
+            let (l, ours) = match activated {
+                Some((l, _)) => (l, false),
+                None => {
+                    let l = prepare_socket(
+                        path,
+                        opts.socket_mode.unwrap_or(SOCKET_MODE),
+                        opts.socket_gid,
+                    )?;
+                    (l, true)
+                }
+            };
+            let how = if ours { "" } else { " (socket from systemd)" };
+            eprintln!("wpd: listening on unix:{}{how}", path.display());
             let incoming = conn::unix_incoming(l, opts.conns, registry.clone());
             let serve = router.serve_with_incoming_shutdown(incoming, shutdown);
+            systemd_ready();
             let r = tokio::select! { r = serve => r, _ = deadline => Ok(()) };
-            let _ = std::fs::remove_file(path);
+            if ours {
+                let _ = std::fs::remove_file(path);
+            }
             r
         }
         Listen::Tcp(addr) => {
@@ -288,6 +392,7 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
             eprintln!("wpd: listening on tcp://{}", l.local_addr()?);
             let incoming = conn::tcp_incoming(l, opts.conns, registry.clone());
             let serve = router.serve_with_incoming_shutdown(incoming, shutdown);
+            systemd_ready();
             tokio::select! { r = serve => r, _ = deadline => Ok(()) }
         }
     };
@@ -295,6 +400,68 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
     tokio::task::spawn_blocking(move || c.shutdown()).await?;
     eprintln!("wpd: stopped; every target was detached");
     result.context("serving")
+}
+
+/// The listening Unix socket systemd passed (socket activation:
+/// `LISTEN_PID` names this process, `LISTEN_FDS` one socket), and its path.
+fn activated_socket() -> anyhow::Result<Option<(tokio::net::UnixListener, PathBuf)>> {
+    use nix::sys::socket::{SockType, getsockopt, sockopt};
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut fds: Vec<OwnedFd> = sd_notify::listen_fds()
+        .context("reading LISTEN_FDS")?
+        // SAFETY: systemd passed these descriptors to this process
+        // (LISTEN_PID) for it to own; nothing else in it uses them.
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+        .collect();
+    if fds.len() > 1 {
+        bail!(
+            "systemd passed {} sockets: wpd serves one (one ListenStream= in wpd.socket)",
+            fds.len()
+        );
+    }
+    let Some(fd) = fds.pop() else {
+        return Ok(None);
+    };
+    let listening = getsockopt(&fd, sockopt::AcceptConn).unwrap_or(false);
+    if !listening || getsockopt(&fd, sockopt::SockType).ok() != Some(SockType::Stream) {
+        bail!("the socket systemd passed is not a listening stream socket (ListenStream=)");
+    }
+    let l = std::os::unix::net::UnixListener::from(fd);
+    let path = l
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+        .context(
+            "the socket systemd passed is not a Unix socket with a path (ListenStream=PATH)",
+        )?;
+    l.set_nonblocking(true)?;
+    Ok(Some((tokio::net::UnixListener::from_std(l)?, path)))
+}
+
+/// Tells systemd (`NOTIFY_SOCKET`, `Type=notify`) about the daemon; nothing
+/// without it.
+fn notify_systemd(state: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(state) {
+        tracing::warn!("cannot notify systemd: {e}");
+    }
+}
+
+/// The API is served: `READY=1`, and with `WatchdogSec=` (`WATCHDOG_USEC`)
+/// a ping every half interval from a task of the async runtime, so that a
+/// wedged runtime stops pinging and systemd restarts the daemon.
+fn systemd_ready() {
+    notify_systemd(&[sd_notify::NotifyState::Ready]);
+    if let Some(interval) = sd_notify::watchdog_enabled() {
+        tokio::spawn(async move {
+            let half = (interval / 2).max(std::time::Duration::from_millis(1));
+            let mut tick = tokio::time::interval(half);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                notify_systemd(&[sd_notify::NotifyState::Watchdog]);
+            }
+        });
+    }
 }
 
 #[cfg(test)]

@@ -108,6 +108,7 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
         WpdError::NotAProcess { .. } => (Code::InvalidArgument, r::NOT_A_PROCESS),
         WpdError::OwnProcess(_) => (Code::InvalidArgument, r::OWN_PROCESS),
         WpdError::InitProcess => (Code::FailedPrecondition, r::INIT_PROCESS),
+        WpdError::NoJournal => (Code::FailedPrecondition, r::NO_JOURNAL),
         WpdError::ProcessExited(_) => (Code::NotFound, r::PROCESS_EXITED),
         WpdError::ProcessLost { .. } => (Code::FailedPrecondition, r::PROCESS_LOST),
         WpdError::AlreadyTraced { .. } => (Code::FailedPrecondition, r::ALREADY_TRACED),
@@ -317,6 +318,12 @@ mod tests {
             Code::FailedPrecondition,
             "INIT_PROCESS",
             "--allow-init",
+        );
+        check(
+            WpdError::NoJournal,
+            Code::FailedPrecondition,
+            "NO_JOURNAL",
+            "--state-dir",
         );
         check(
             WpdError::ProcessLost {

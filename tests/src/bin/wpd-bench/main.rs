@@ -34,6 +34,10 @@
 //! - `dap`: an IDE session through `wpctl dap` on a 1,000-thread C target
 //!   (attach + arm, first stop, continue → next stop, threads + stackTrace)
 //!   against the same steps over gRPC directly.
+//! - `farm`: one policy over many processes, fds and kernel memory per
+//!   watched thread, a fork server's children.
+//! - `fleet`: recovery after a SIGKILL with N armed threads, the journal's
+//!   cost at full hit rate, export of a backlog to NATS JetStream.
 //!
 //! Timings are medians over `--reps` runs unless a table says otherwise.
 //! Nothing here asserts a time.
@@ -49,7 +53,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use procstat::*;
 use sections::{
-    arm::*, churn::*, dap::*, farm::*, hitcost::*, memory::*, rpc::*, symbols::*, throughput::*,
+    arm::*, churn::*, dap::*, farm::*, fleet::*, hitcost::*, memory::*, rpc::*, symbols::*,
+    throughput::*,
 };
 use wpd_tests::Backend;
 
@@ -57,9 +62,9 @@ const USAGE: &str = "usage: wpd-bench [--threads N[,N...]] [--spin-threads N[,N.
      [--writes W] [--no-peers] \
      [--only S,..|--skip S,..] [--churn-threads K[,K...]] [--window-ms MS] [--rpc-pairs P] \
      [--list-calls L] [--peer-timeout-s S] [--smoke]\n\
-     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm";
+     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm fleet";
 
-const SECTIONS: [&str; 11] = [
+const SECTIONS: [&str; 12] = [
     "arm",
     "spin",
     "hitcost",
@@ -71,6 +76,7 @@ const SECTIONS: [&str; 11] = [
     "symbols",
     "dap",
     "farm",
+    "fleet",
 ];
 
 /// Variable watched where no thread of the target writes (idle workers write
@@ -404,6 +410,9 @@ async fn run(args: Args) -> Result<()> {
     }
     if args.has("farm") {
         section_farm(&args).await?;
+    }
+    if args.has("fleet") {
+        section_fleet(&args).await?;
     }
     Ok(())
 }

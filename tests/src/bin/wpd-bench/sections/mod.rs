@@ -4,6 +4,7 @@ pub mod arm;
 pub mod churn;
 pub mod dap;
 pub mod farm;
+pub mod fleet;
 pub mod hitcost;
 pub mod memory;
 pub mod rpc;

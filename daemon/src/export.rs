@@ -1,0 +1,336 @@
+//! Export to NATS JetStream (`wpd --export-nats URL`): every event of the
+//! journal published to a JetStream stream, at the journal's pace, never
+//! the targets'.
+//!
+//! 1. The exporter is a reader of the journal, not of the event bus: a slow
+//!    or absent server delays the export and nothing else, and what piles
+//!    up waits on disk (retention permitting: events deleted before they
+//!    were exported are counted as lost).
+//! 2. Each event is one message on `<prefix>.<host>.<kind>` (kind: `hit`,
+//!    `thread_started`, …), its payload the event as `StreamEvents` sends
+//!    it (`wpd.v1.StreamEventsResponse`, protobuf), its headers the host,
+//!    sequence number, pid, tid, process and thread names.
+//! 3. Up to [`WINDOW`] publishes wait for their acknowledgements at once;
+//!    the position acknowledged in order is kept in `<state dir>/export/`
+//!    (`nats.cursor`). After an error (server gone, timeout) the exporter
+//!    waits, reconnects and publishes again from that position: JetStream
+//!    drops the repeats by their message id (`Nats-Msg-Id`: the journal's
+//!    identity and the sequence number) within its duplicate window.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use prost::Message;
+use wpd_proto::v1 as pb;
+use wpd_proto::v1::stream_events_response::Event as E;
+
+use crate::journal::{From, Item, Journal};
+
+/// Publishes waiting for their acknowledgement at most.
+pub const WINDOW: usize = 1024;
+/// Events read from the journal at once.
+const BATCH: usize = 1024;
+
+/// Export settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Server URL(s), comma-separated (`nats://127.0.0.1:4222`).
+    pub url: String,
+    /// Subject prefix (`wpd`): events go to `<prefix>.<host>.<kind>`.
+    pub prefix: String,
+    /// JetStream stream, created (file storage, subjects `<prefix>.>`)
+    /// if missing.
+    pub stream: String,
+    /// This host's name in subjects and headers.
+    pub host: String,
+    /// Where the acknowledged position is kept.
+    pub dir: PathBuf,
+}
+
+/// The exporter's counters.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Sequence number of the last event acknowledged in order (every
+    /// event up to it is in the stream, or was lost before export).
+    pub acked_seq: AtomicU64,
+    /// Messages published (repeats after an error included).
+    pub published: AtomicU64,
+    /// Errors (connection, publish, acknowledgement).
+    pub errors: AtomicU64,
+    /// Events the journal no longer held when the export reached them.
+    pub lost: AtomicU64,
+    /// Connected to the server now.
+    pub connected: AtomicBool,
+}
+
+/// A snapshot of [`Stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Figures {
+    /// See [`Stats::acked_seq`].
+    pub acked_seq: u64,
+    /// See [`Stats::published`].
+    pub published: u64,
+    /// See [`Stats::errors`].
+    pub errors: u64,
+    /// See [`Stats::lost`].
+    pub lost: u64,
+    /// See [`Stats::connected`].
+    pub connected: bool,
+}
+
+impl Stats {
+    /// The counters now.
+    pub fn figures(&self) -> Figures {
+        Figures {
+            acked_seq: self.acked_seq.load(Ordering::Relaxed),
+            published: self.published.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+            lost: self.lost.load(Ordering::Relaxed),
+            connected: self.connected.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Names of a process and a thread, for events that do not carry them.
+pub type Namer = Arc<dyn Fn(i32, i32) -> (Option<String>, Option<String>) + Send + Sync>;
+
+/// A subject token: what NATS allows between dots.
+pub fn token(s: &str) -> String {
+    let t: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if t.is_empty() { "_".into() } else { t }
+}
+
+/// The subject kind and the (pid, tid) of an event.
+fn kind_of(ev: &E) -> (&'static str, i32, i32) {
+    match ev {
+        E::Hit(h) => ("hit", h.pid, h.tid),
+        E::ThreadStarted(e) => ("thread_started", e.pid, e.tid),
+        E::ThreadExited(e) => ("thread_exited", e.pid, e.tid),
+        E::ProcessExited(e) => ("process_exited", e.pid, 0),
+        E::WatchpointRemoved(e) => ("watchpoint_removed", e.pid, 0),
+        E::RecordsLost(_) => ("records_lost", 0, 0),
+        E::ProcessLost(e) => ("process_lost", e.pid, 0),
+        E::WatchpointResolved(e) => ("watchpoint_resolved", e.pid, 0),
+        E::Dropped(_) => ("dropped", 0, 0),
+        E::Leased(_) => ("leased", 0, 0),
+    }
+}
+
+/// The acknowledged position kept on disk.
+fn cursor_path(dir: &Path) -> PathBuf {
+    dir.join("nats.cursor")
+}
+
+/// Reads the position: (journal id, last acknowledged seq).
+fn read_cursor(dir: &Path) -> Option<(String, u64)> {
+    let s = std::fs::read_to_string(cursor_path(dir)).ok()?;
+    let (id, seq) = s.trim().split_once(' ')?;
+    Some((id.to_string(), seq.parse().ok()?))
+}
+
+fn write_cursor(dir: &Path, journal_id: &str, seq: u64) -> std::io::Result<()> {
+    let tmp = dir.join("nats.cursor.tmp");
+    std::fs::write(&tmp, format!("{journal_id} {seq}\n"))?;
+    std::fs::rename(&tmp, cursor_path(dir))
+}
+
+/// Starts the exporter on the runtime; it runs until the daemon exits.
+pub fn start(cfg: Config, journal: Arc<Journal>, namer: Namer) -> std::io::Result<Arc<Stats>> {
+    std::fs::create_dir_all(&cfg.dir)?;
+    let stats = Arc::new(Stats::default());
+    // A position of another journal (the state directory was replaced)
+    // means nothing here: start from the oldest event on disk.
+    let from = match read_cursor(&cfg.dir) {
+        Some((id, seq)) if id == journal.id() => seq,
+        _ => 0,
+    };
+    stats.acked_seq.store(from, Ordering::Relaxed);
+    let s = stats.clone();
+    tokio::spawn(async move {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match run(&cfg, &journal, &namer, &s).await {
+                Ok(()) => return,
+                Err(e) => {
+                    s.errors.fetch_add(1, Ordering::Relaxed);
+                    s.connected.store(false, Ordering::Relaxed);
+                    tracing::warn!(
+                        url = %cfg.url,
+                        error = %e,
+                        retry_in = ?backoff,
+                        "export: NATS JetStream unavailable; events wait in the journal"
+                    );
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    });
+    Ok(stats)
+}
+
+/// One connection's worth of exporting: from the acknowledged position
+/// until an error.
+async fn run(
+    cfg: &Config,
+    journal: &Arc<Journal>,
+    namer: &Namer,
+    stats: &Arc<Stats>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let client = async_nats::ConnectOptions::new()
+        .name(format!("wpd {}", cfg.host))
+        .connection_timeout(Duration::from_secs(5))
+        .request_timeout(Some(Duration::from_secs(2)))
+        .connect(cfg.url.as_str())
+        .await?;
+    let js = jetstream::new(client);
+    js.get_or_create_stream(jetstream::stream::Config {
+        name: cfg.stream.clone(),
+        subjects: vec![format!("{}.>", cfg.prefix)],
+        storage: jetstream::stream::StorageType::File,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await?;
+    stats.connected.store(true, Ordering::Relaxed);
+    tracing::info!(url = %cfg.url, stream = %cfg.stream, "export: connected");
+    let host = token(&cfg.host);
+    let mut acked = stats.acked_seq.load(Ordering::Relaxed);
+    let mut reader = journal.reader(From::AfterSeq(acked));
+    let mut progress = journal.progress();
+    let mut inflight: VecDeque<(u64, jetstream::context::PublishAckFuture)> = VecDeque::new();
+    let mut last_saved = acked;
+    let mut saved_at = tokio::time::Instant::now();
+    loop {
+        let (r, batch) = tokio::task::spawn_blocking(move || {
+            let b = reader.next_batch(BATCH, u64::MAX);
+            (reader, b)
+        })
+        .await?;
+        reader = r;
+        let batch = batch?;
+        if batch.is_empty() {
+            // Caught up: settle what is in flight, keep the position, wait
+            // for the writer.
+            while let Some((seq, ack)) = inflight.pop_front() {
+                ack.await?;
+                acked = seq;
+            }
+            stats.acked_seq.store(acked, Ordering::Relaxed);
+            if acked != last_saved {
+                write_cursor(&cfg.dir, journal.id(), acked)?;
+                last_saved = acked;
+                saved_at = tokio::time::Instant::now();
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(500), progress.changed()).await;
+            continue;
+        }
+        for item in batch {
+            let rec = match item {
+                Item::Gap { first, last } => {
+                    stats.lost.fetch_add(last - first + 1, Ordering::Relaxed);
+                    tracing::warn!(first, last, "export: events no longer in the journal");
+                    continue;
+                }
+                Item::Event(rec) => rec,
+            };
+            let msg = match pb::StreamEventsResponse::decode(rec.payload.as_slice()) {
+                Ok(m) => m,
+                Err(_) => {
+                    stats.lost.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            };
+            let Some(ev) = &msg.event else { continue };
+            let (kind, pid, tid) = kind_of(ev);
+            let (mut process, mut thread) = match ev {
+                E::Hit(h) => (
+                    Some(h.process_name.clone()).filter(|s| !s.is_empty()),
+                    Some(h.thread_name.clone()).filter(|s| !s.is_empty()),
+                ),
+                _ => (None, None),
+            };
+            if pid > 0 && (process.is_none() || (tid > 0 && thread.is_none())) {
+                let (p, t) = namer(pid, tid);
+                process = process.or(p);
+                thread = thread.or(t);
+            }
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Wpd-Host", cfg.host.as_str());
+            headers.insert("Wpd-Seq", rec.seq.to_string().as_str());
+            headers.insert("Wpd-Time-Ns", rec.time_ns.to_string().as_str());
+            headers.insert("Wpd-Kind", kind);
+            if pid > 0 {
+                headers.insert("Wpd-Pid", pid.to_string().as_str());
+            }
+            if tid > 0 {
+                headers.insert("Wpd-Tid", tid.to_string().as_str());
+            }
+            if let Some(p) = &process {
+                headers.insert("Wpd-Process", p.as_str());
+            }
+            if let Some(t) = &thread {
+                headers.insert("Wpd-Thread", t.as_str());
+            }
+            headers.insert(
+                "Content-Type",
+                "application/x-protobuf; messageType=wpd.v1.StreamEventsResponse",
+            );
+            let publish = jetstream::message::PublishMessage::build()
+                .payload(rec.payload.into())
+                .headers(headers)
+                .message_id(format!("{}-{}", journal.id(), rec.seq));
+            let ack = js
+                .send_publish(format!("{}.{host}.{kind}", cfg.prefix), publish)
+                .await?;
+            stats.published.fetch_add(1, Ordering::Relaxed);
+            inflight.push_back((rec.seq, ack));
+            while inflight.len() >= WINDOW {
+                let (seq, ack) = inflight.pop_front().expect("non-empty");
+                ack.await?;
+                acked = seq;
+            }
+        }
+        stats.acked_seq.store(acked, Ordering::Relaxed);
+        if acked != last_saved && saved_at.elapsed() >= Duration::from_millis(200) {
+            write_cursor(&cfg.dir, journal.id(), acked)?;
+            last_saved = acked;
+            saved_at = tokio::time::Instant::now();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subject_tokens_hold_no_separator_or_wildcard() {
+        assert_eq!(token("host-1.example.org"), "host-1_example_org");
+        assert_eq!(token("a b*c>"), "a_b_c_");
+        assert_eq!(token(""), "_");
+    }
+
+    #[test]
+    fn the_cursor_names_its_journal() {
+        let d = std::env::temp_dir().join(format!("wpd-export-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        assert_eq!(read_cursor(&d), None);
+        write_cursor(&d, "abc", 42).unwrap();
+        assert_eq!(read_cursor(&d), Some(("abc".into(), 42)));
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}

@@ -1,0 +1,1213 @@
+//! Prometheus metrics (`wpd --metrics-listen ADDR`): the families, filled at
+//! each scrape from the same figures `GetStats` answers, the gRPC latency
+//! histogram (a tower layer on the tonic server), and the plain HTTP/1
+//! server answering `GET /metrics`.
+//!
+//! Labels are bounded: no thread, instruction or address ever becomes a
+//! label; watchpoint ids are those the daemon holds now (at most
+//! [`MAX_WATCHPOINT_SERIES`] of them); gRPC methods are those the daemon
+//! serves, any other path counted as `unknown`.
+
+use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Registry, Unit};
+use prost::Message as _;
+use wpd_proto::v1 as pb;
+
+use crate::arch;
+use crate::authz::Caller;
+use crate::core::Core;
+use crate::ledger::SlotState;
+use crate::rpc::Service;
+
+/// Most watchpoints given a series of their own in
+/// `wpd_watchpoint_hits_total` (those with the lowest ids, which stay in
+/// the set for as long as they live); the others are counted in
+/// `wpd_watchpoint_series_omitted`.
+pub const MAX_WATCHPOINT_SERIES: usize = 1024;
+
+/// Upper bounds of the gRPC latency buckets, seconds: 100 µs (a listing)
+/// to 60 s (the request timeout; arming 10,000 threads takes seconds).
+const RPC_BUCKETS: [f64; 18] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0,
+];
+
+/// The label of paths that are not one of the daemon's gRPC methods.
+pub const UNKNOWN: &str = "unknown";
+
+type GaugeU = Gauge<u64, AtomicU64>;
+type GaugeF = Gauge<f64, AtomicU64>;
+
+/// Who holds a slot (`wpd_slots_in_use`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HolderLabel {
+    holder: &'static str,
+}
+
+/// One watchpoint (`wpd_watchpoint_hits_total`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WatchLabel {
+    watchpoint: String,
+}
+
+/// Why events were not delivered (`wpd_events_dropped_total`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// A quantile of the ledger's hold times.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QuantileLabel {
+    quantile: &'static str,
+}
+
+/// A gRPC method and the status it ended with.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RpcLabels {
+    service: String,
+    method: String,
+    code: &'static str,
+}
+
+/// Everything a scrape reports besides the gRPC latencies: `GetStats`'s
+/// answer to a privileged caller plus what only listings tell.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// What `GetStats` answers a privileged caller.
+    pub stats: pb::GetStatsResponse,
+    /// Per watchpoint: id, hits, hits its filter held back, hits its rate
+    /// limit dropped.
+    pub watchpoints: Vec<WatchFigures>,
+    /// Policies set.
+    pub policies: u64,
+    /// Slots of tracked threads, by holder.
+    pub slots: SlotCounts,
+}
+
+/// One watchpoint's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WatchFigures {
+    /// Its id.
+    pub id: u64,
+    /// Hits so far.
+    pub hits: u64,
+    /// Hits its condition, ignore or every-Nth count did not report.
+    pub filtered: u64,
+    /// Hits over its rate limit.
+    pub limited: u64,
+}
+
+/// Slots of the tracked threads by who holds them (the ledger's
+/// classification, [`SlotState`]); free slots are not counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotCounts {
+    /// Our committed watchpoints.
+    pub ours: u64,
+    /// Being armed, or inheritance not known yet.
+    pub pending: u64,
+    /// Someone else's (the kernel refused them to us).
+    pub foreign: u64,
+    /// Freed by us, still reserved by the kernel.
+    pub retained: u64,
+}
+
+impl Snapshot {
+    /// Reads the listings part from the core (`stats` left empty). Blocking
+    /// (ledger guards, `/proc` for forked children): call it off the async
+    /// workers.
+    pub fn read_core(core: &Core) -> Snapshot {
+        let (watches, procs) = core.list(None);
+        let mut slots = SlotCounts::default();
+        for p in &procs {
+            for tid in core.ledger.tids(p.pid) {
+                let Some(row) = core.ledger.get(tid) else {
+                    continue;
+                };
+                for s in 0..arch::current::SLOTS {
+                    match row.slot_state(s) {
+                        SlotState::Free => {}
+                        SlotState::Ours(_) => slots.ours += 1,
+                        SlotState::Pending(_) => slots.pending += 1,
+                        SlotState::Foreign => slots.foreign += 1,
+                        SlotState::Retained => slots.retained += 1,
+                    }
+                }
+            }
+        }
+        Snapshot {
+            stats: pb::GetStatsResponse::default(),
+            watchpoints: watches
+                .iter()
+                .map(|w| WatchFigures {
+                    id: w.id.0,
+                    hits: w.hits,
+                    filtered: w.filtered.0,
+                    limited: w.filtered.1,
+                })
+                .collect(),
+            policies: core.list_policies(None).len() as u64,
+            slots,
+        }
+    }
+}
+
+/// Filter and rate-limit counts are kept per watchpoint and go with it:
+/// the daemon-wide counters add those of removed watchpoints, as last seen,
+/// to those of the live ones, so they never go down. What a watchpoint held
+/// back between the last scrape and its removal is not counted.
+#[derive(Debug, Default)]
+struct FilterTotals {
+    /// Last seen, per live watchpoint: (filtered, limited).
+    live: HashMap<u64, (u64, u64)>,
+    /// Of watchpoints removed since start.
+    retired: (u64, u64),
+}
+
+impl FilterTotals {
+    fn update(&mut self, now: &[WatchFigures]) -> (u64, u64) {
+        let ids: HashSet<u64> = now.iter().map(|w| w.id).collect();
+        for (id, (f, l)) in &self.live {
+            if !ids.contains(id) {
+                self.retired.0 += f;
+                self.retired.1 += l;
+            }
+        }
+        self.live = now
+            .iter()
+            .map(|w| (w.id, (w.filtered, w.limited)))
+            .collect();
+        now.iter()
+            .fold(self.retired, |(f, l), w| (f + w.filtered, l + w.limited))
+    }
+}
+
+/// The daemon's metric families.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    processes: GaugeU,
+    threads: GaugeU,
+    slots: Family<HolderLabel, GaugeU>,
+    watchpoints: GaugeU,
+    policies: GaugeU,
+    hits: Counter,
+    watchpoint_hits: Family<WatchLabel, Counter>,
+    watchpoint_series_omitted: GaugeU,
+    dropped: Family<ReasonLabel, Counter>,
+    perf_fds: GaugeU,
+    subscribers: GaugeU,
+    connections: GaugeU,
+    connections_refused: Counter,
+    connections_idled: Counter,
+    ledger_hold: Family<QuantileLabel, GaugeF>,
+    uptime: GaugeF,
+    symbol_files: GaugeU,
+    symbol_bytes: GaugeU,
+    symbol_locations: GaugeU,
+    symbol_location_bytes: GaugeU,
+    symbol_maps_reads: Counter,
+    rpc: Family<RpcLabels, Histogram, fn() -> Histogram>,
+    journal_written_seq: GaugeU,
+    journal_durable_seq: GaugeU,
+    journal_bytes: GaugeU,
+    journal_segments: GaugeU,
+    journal_lost: Family<ReasonLabel, Counter>,
+    journal_fsyncs: Counter,
+    journal_fsync_seconds: Counter<f64, AtomicU64>,
+    journal_torn: Counter,
+    export_acked_seq: GaugeU,
+    export_published: Counter,
+    export_errors: Counter,
+    export_lost: Counter,
+    export_connected: GaugeU,
+    /// gRPC paths the daemon serves (`/package.Service/Method`).
+    methods: HashSet<String>,
+    filter_totals: Mutex<FilterTotals>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Sets a counter mirrored from one of the daemon's own monotonic counters.
+fn set_counter(c: &Counter, v: u64) {
+    c.inner().store(v, Ordering::Relaxed);
+}
+
+impl Metrics {
+    /// The families, registered under the `wpd_` prefix.
+    pub fn new() -> Metrics {
+        let mut r = Registry::with_prefix("wpd");
+        let m = Metrics {
+            registry: Registry::default(),
+            processes: GaugeU::default(),
+            threads: GaugeU::default(),
+            slots: Family::default(),
+            watchpoints: GaugeU::default(),
+            policies: GaugeU::default(),
+            hits: Counter::default(),
+            watchpoint_hits: Family::default(),
+            watchpoint_series_omitted: GaugeU::default(),
+            dropped: Family::default(),
+            perf_fds: GaugeU::default(),
+            subscribers: GaugeU::default(),
+            connections: GaugeU::default(),
+            connections_refused: Counter::default(),
+            connections_idled: Counter::default(),
+            ledger_hold: Family::default(),
+            uptime: GaugeF::default(),
+            symbol_files: GaugeU::default(),
+            symbol_bytes: GaugeU::default(),
+            symbol_locations: GaugeU::default(),
+            symbol_location_bytes: GaugeU::default(),
+            symbol_maps_reads: Counter::default(),
+            rpc: Family::new_with_constructor(|| Histogram::new(RPC_BUCKETS)),
+            journal_written_seq: GaugeU::default(),
+            journal_durable_seq: GaugeU::default(),
+            journal_bytes: GaugeU::default(),
+            journal_segments: GaugeU::default(),
+            journal_lost: Family::default(),
+            journal_fsyncs: Counter::default(),
+            journal_fsync_seconds: Counter::default(),
+            journal_torn: Counter::default(),
+            export_acked_seq: GaugeU::default(),
+            export_published: Counter::default(),
+            export_errors: Counter::default(),
+            export_lost: Counter::default(),
+            export_connected: GaugeU::default(),
+            methods: served_methods(),
+            filter_totals: Mutex::default(),
+        };
+        r.register(
+            "build",
+            "The daemon's version and architecture",
+            Info::new(vec![
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("arch", arch::current::ARCH),
+            ]),
+        );
+        r.register_with_unit(
+            "uptime",
+            "Time since the daemon started",
+            Unit::Seconds,
+            m.uptime.clone(),
+        );
+        r.register(
+            "attached_processes",
+            "Processes attached",
+            m.processes.clone(),
+        );
+        r.register(
+            "tracked_threads",
+            "Threads of attached processes the daemon tracks",
+            m.threads.clone(),
+        );
+        r.register(
+            "slots_in_use",
+            "Debug-register slots of tracked threads by holder: ours (our watchpoints), pending \
+             (being armed, or inheritance not known yet), foreign (the kernel refused them to us: \
+             another tool holds them), retained (freed by us, still reserved by the kernel)",
+            m.slots.clone(),
+        );
+        r.register("watchpoints", "Watchpoints held", m.watchpoints.clone());
+        r.register(
+            "journal_written_seq",
+            "Sequence number of the last event written to the journal (0: no journal)",
+            m.journal_written_seq.clone(),
+        );
+        r.register(
+            "journal_durable_seq",
+            "Sequence number of the last journaled event on stable storage (fdatasync done)",
+            m.journal_durable_seq.clone(),
+        );
+        r.register_with_unit(
+            "journal",
+            "Bytes of the journal's segment files",
+            Unit::Bytes,
+            m.journal_bytes.clone(),
+        );
+        r.register(
+            "journal_segments",
+            "Segment files of the journal",
+            m.journal_segments.clone(),
+        );
+        r.register(
+            "journal_events_lost",
+            "Events not in the journal, by reason: writer_lag (the writer fell more than the \
+             event ring behind), retention (deleted, oldest first, beyond --journal-max-bytes)",
+            m.journal_lost.clone(),
+        );
+        r.register(
+            "journal_fsyncs",
+            "fdatasync calls of the journal's writer",
+            m.journal_fsyncs.clone(),
+        );
+        r.register_with_unit(
+            "journal_fsync",
+            "Time spent in the journal's fdatasync calls",
+            Unit::Seconds,
+            m.journal_fsync_seconds.clone(),
+        );
+        r.register(
+            "journal_torn_tails",
+            "Torn or damaged tails cut off the journal at start",
+            m.journal_torn.clone(),
+        );
+        r.register(
+            "export_acked_seq",
+            "Sequence number of the last event NATS JetStream acknowledged in order",
+            m.export_acked_seq.clone(),
+        );
+        r.register(
+            "export_published",
+            "Messages published to NATS JetStream (repeats after a server error included)",
+            m.export_published.clone(),
+        );
+        r.register(
+            "export_errors",
+            "Connection, publish and acknowledgement errors of the export",
+            m.export_errors.clone(),
+        );
+        r.register(
+            "export_events_lost",
+            "Events deleted from the journal before they were exported",
+            m.export_lost.clone(),
+        );
+        r.register(
+            "export_connected",
+            "1 while connected to the NATS server",
+            m.export_connected.clone(),
+        );
+        r.register("policies", "Policies set", m.policies.clone());
+        r.register("hits", "Hits since start", m.hits.clone());
+        r.register(
+            "watchpoint_hits",
+            "Hits of each watchpoint the daemon holds now, by id (a removed watchpoint's series \
+             ends)",
+            m.watchpoint_hits.clone(),
+        );
+        r.register(
+            "watchpoint_series_omitted",
+            "Watchpoints left out of wpd_watchpoint_hits_total (past the first 1024 by id)",
+            m.watchpoint_series_omitted.clone(),
+        );
+        r.register(
+            "events_dropped",
+            "Events or hits not delivered, by reason: subscriber_lag (events a slow subscriber \
+             lost, counted per subscriber), kernel_ring_lost (records the kernel or the BPF ring \
+             dropped when full), filtered (hits a watchpoint's condition, ignore or every-Nth \
+             count held back), rate_limited (hits over a watchpoint's rate limit)",
+            m.dropped.clone(),
+        );
+        r.register(
+            "perf_fds",
+            "Open perf event file descriptors",
+            m.perf_fds.clone(),
+        );
+        r.register("subscribers", "Event streams open", m.subscribers.clone());
+        r.register(
+            "connections_open",
+            "Client connections open",
+            m.connections.clone(),
+        );
+        r.register(
+            "connections_refused",
+            "Connections refused (over a per-caller or daemon-wide limit, or out of file \
+             descriptors)",
+            m.connections_refused.clone(),
+        );
+        r.register(
+            "connections_idle_closed",
+            "Connections closed after the idle timeout",
+            m.connections_idled.clone(),
+        );
+        r.register_with_unit(
+            "ledger_lock_hold",
+            "Hold time of the slot ledger's guards since start (one in 64 timed), as quantiles: \
+             0.5, 0.99 and 1 (the maximum); each a bucket's upper bound, never above the maximum",
+            Unit::Seconds,
+            m.ledger_hold.clone(),
+        );
+        r.register(
+            "symbol_files",
+            "Module files the symbol layer holds loaded",
+            m.symbol_files.clone(),
+        );
+        r.register_with_unit(
+            "symbol",
+            "Heap bytes of the loaded module files (symbol tables, DWARF indexes)",
+            Unit::Bytes,
+            m.symbol_bytes.clone(),
+        );
+        r.register(
+            "symbol_locations",
+            "Distinct code addresses symbolized",
+            m.symbol_locations.clone(),
+        );
+        r.register_with_unit(
+            "symbol_location",
+            "Heap bytes of the symbolized locations",
+            Unit::Bytes,
+            m.symbol_location_bytes.clone(),
+        );
+        r.register(
+            "symbol_maps_reads",
+            "Reads of /proc/PID/maps by the symbol layer",
+            m.symbol_maps_reads.clone(),
+        );
+        r.register_with_unit(
+            "rpc_duration",
+            "gRPC requests: time from the request's headers to the end of its response (an \
+             event stream's whole life), by service, method and status code",
+            Unit::Seconds,
+            m.rpc.clone(),
+        );
+        Metrics { registry: r, ..m }
+    }
+
+    /// Sets every family from `snap`.
+    pub fn fill(&self, snap: &Snapshot) {
+        self.fill_stats(&snap.stats);
+        self.policies.set(snap.policies);
+        for (holder, n) in [
+            ("ours", snap.slots.ours),
+            ("pending", snap.slots.pending),
+            ("foreign", snap.slots.foreign),
+            ("retained", snap.slots.retained),
+        ] {
+            self.slots.get_or_create(&HolderLabel { holder }).set(n);
+        }
+        let mut ws = snap.watchpoints.clone();
+        ws.sort_by_key(|w| w.id);
+        self.watchpoint_hits.clear();
+        for w in ws.iter().take(MAX_WATCHPOINT_SERIES) {
+            let label = WatchLabel {
+                watchpoint: w.id.to_string(),
+            };
+            set_counter(&self.watchpoint_hits.get_or_create(&label), w.hits);
+        }
+        self.watchpoint_series_omitted
+            .set(ws.len().saturating_sub(MAX_WATCHPOINT_SERIES) as u64);
+        let (filtered, limited) = self.filter_totals.lock().unwrap().update(&ws);
+        for (reason, n) in [("filtered", filtered), ("rate_limited", limited)] {
+            set_counter(&self.dropped.get_or_create(&ReasonLabel { reason }), n);
+        }
+    }
+
+    /// The families `GetStats` carries. One line per field: a field added
+    /// to `GetStatsResponse` becomes a metric here.
+    fn fill_stats(&self, s: &pb::GetStatsResponse) {
+        self.processes.set(s.processes.into());
+        self.threads.set(s.threads);
+        self.watchpoints.set(s.watchpoints.into());
+        set_counter(&self.hits, s.hits);
+        for (reason, n) in [
+            ("subscriber_lag", s.subscriber_dropped),
+            ("kernel_ring_lost", s.kernel_lost),
+        ] {
+            set_counter(&self.dropped.get_or_create(&ReasonLabel { reason }), n);
+        }
+        self.perf_fds.set(s.perf_fds);
+        self.subscribers.set(s.subscribers.into());
+        self.connections.set(s.connections.into());
+        set_counter(&self.connections_refused, s.connections_refused);
+        set_counter(&self.connections_idled, s.connections_idled);
+        for (quantile, ns) in [
+            ("0.5", s.ledger_hold_p50_ns),
+            ("0.99", s.ledger_hold_p99_ns),
+            ("1", s.ledger_hold_max_ns),
+        ] {
+            self.ledger_hold
+                .get_or_create(&QuantileLabel { quantile })
+                .set(ns as f64 / 1e9);
+        }
+        self.uptime.set(s.uptime_s as f64);
+        self.symbol_files.set(s.symbol_files);
+        self.symbol_bytes.set(s.symbol_bytes);
+        self.symbol_locations.set(s.locations);
+        self.symbol_location_bytes.set(s.location_bytes);
+        set_counter(&self.symbol_maps_reads, s.symbol_maps_reads);
+        self.journal_written_seq.set(s.journal_written_seq);
+        self.journal_durable_seq.set(s.journal_durable_seq);
+        self.journal_bytes.set(s.journal_bytes);
+        self.journal_segments.set(s.journal_segments.into());
+        for (reason, n) in [
+            ("writer_lag", s.journal_lagged),
+            ("retention", s.journal_retired),
+        ] {
+            set_counter(&self.journal_lost.get_or_create(&ReasonLabel { reason }), n);
+        }
+        set_counter(&self.journal_fsyncs, s.journal_fsyncs);
+        self.journal_fsync_seconds.inner().store(
+            (s.journal_fsync_us as f64 / 1e6).to_bits(),
+            Ordering::Relaxed,
+        );
+        set_counter(&self.journal_torn, s.journal_torn);
+        self.export_acked_seq.set(s.export_acked_seq);
+        set_counter(&self.export_published, s.export_published);
+        set_counter(&self.export_errors, s.export_errors);
+        set_counter(&self.export_lost, s.export_lost);
+        self.export_connected.set(u64::from(s.export_connected));
+    }
+
+    /// The exposition: OpenMetrics text when `openmetrics`, else the
+    /// Prometheus text format 0.0.4.
+    pub fn encode(&self, openmetrics: bool) -> String {
+        let mut out = String::new();
+        let r = if openmetrics {
+            prometheus_client::encoding::text::encode(&mut out, &self.registry)
+        } else {
+            prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
+        };
+        // Writing into a String fails only on a metric's own encoding error.
+        if let Err(e) = r {
+            tracing::error!("encoding metrics: {e}");
+        }
+        out
+    }
+
+    /// The (service, method) labels of a request path: the path's own
+    /// parts for a method the daemon serves, [`UNKNOWN`] for anything else.
+    fn method_labels(&self, path: &str) -> (String, String) {
+        if self.methods.contains(path)
+            && let Some((service, method)) = path.trim_start_matches('/').split_once('/')
+        {
+            return (service.to_string(), method.to_string());
+        }
+        (UNKNOWN.to_string(), UNKNOWN.to_string())
+    }
+
+    /// Records one gRPC request.
+    fn observe_rpc(&self, (service, method): (String, String), code: &'static str, d: Duration) {
+        self.rpc
+            .get_or_create(&RpcLabels {
+                service,
+                method,
+                code,
+            })
+            .observe(d.as_secs_f64());
+    }
+}
+
+/// `/package.Service/Method` of every method of the services `serve.rs`
+/// registers, from their descriptor sets.
+fn served_methods() -> HashSet<String> {
+    let sets: [&[u8]; 4] = [
+        wpd_proto::v1::FILE_DESCRIPTOR_SET,
+        tonic_health::pb::FILE_DESCRIPTOR_SET,
+        tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+        tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+    ];
+    let mut paths = HashSet::new();
+    for bytes in sets {
+        let Ok(set) = prost_types::FileDescriptorSet::decode(bytes) else {
+            continue;
+        };
+        for file in &set.file {
+            let package = file.package();
+            for service in &file.service {
+                let full = if package.is_empty() {
+                    service.name().to_string()
+                } else {
+                    format!("{package}.{}", service.name())
+                };
+                for m in &service.method {
+                    paths.insert(format!("/{full}/{}", m.name()));
+                }
+            }
+        }
+    }
+    paths
+}
+
+/// The canonical name of a gRPC status code (`grpc-status` value).
+fn code_name(code: &[u8]) -> &'static str {
+    match code {
+        b"0" => "OK",
+        b"1" => "CANCELLED",
+        b"2" => "UNKNOWN",
+        b"3" => "INVALID_ARGUMENT",
+        b"4" => "DEADLINE_EXCEEDED",
+        b"5" => "NOT_FOUND",
+        b"6" => "ALREADY_EXISTS",
+        b"7" => "PERMISSION_DENIED",
+        b"8" => "RESOURCE_EXHAUSTED",
+        b"9" => "FAILED_PRECONDITION",
+        b"10" => "ABORTED",
+        b"11" => "OUT_OF_RANGE",
+        b"12" => "UNIMPLEMENTED",
+        b"13" => "INTERNAL",
+        b"14" => "UNAVAILABLE",
+        b"15" => "DATA_LOSS",
+        b"16" => "UNAUTHENTICATED",
+        _ => "UNKNOWN",
+    }
+}
+
+fn grpc_status(headers: &http::HeaderMap) -> Option<&'static str> {
+    headers.get("grpc-status").map(|v| code_name(v.as_bytes()))
+}
+
+/// Tower layer timing every gRPC request into `wpd_rpc_duration_seconds`
+/// (a pass-through without metrics).
+#[derive(Debug, Clone)]
+pub struct RpcLayer(Option<Arc<Metrics>>);
+
+impl RpcLayer {
+    /// Records into `metrics`, if any.
+    pub fn new(metrics: Option<Arc<Metrics>>) -> Self {
+        RpcLayer(metrics)
+    }
+}
+
+impl<S> tower::Layer<S> for RpcLayer {
+    type Service = Rpc<S>;
+
+    fn layer(&self, inner: S) -> Rpc<S> {
+        Rpc {
+            inner,
+            metrics: self.0.clone(),
+        }
+    }
+}
+
+/// The service of [`RpcLayer`].
+#[derive(Debug, Clone)]
+pub struct Rpc<S> {
+    inner: S,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl<S, B, RB> tower::Service<http::Request<B>> for Rpc<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
+    S::Future: Send + 'static,
+    RB: http_body::Body + Send + 'static,
+{
+    type Response = http::Response<TimedBody<RB>>;
+    type Error = S::Error;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let timer = self.metrics.as_ref().map(|m| Timer {
+            labels: Some(m.method_labels(req.uri().path())),
+            metrics: m.clone(),
+            start: Instant::now(),
+            code: None,
+        });
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let mut timer = timer;
+            let resp = match fut.await {
+                Ok(r) => r,
+                Err(e) => {
+                    if let Some(t) = &mut timer {
+                        t.finish(Some("UNKNOWN"));
+                    }
+                    return Err(e);
+                }
+            };
+            if let Some(t) = &mut timer {
+                // A trailers-only response (most errors) carries its status
+                // in the headers.
+                t.code = grpc_status(resp.headers());
+            }
+            Ok(resp.map(|body| TimedBody {
+                body: Box::pin(body),
+                timer,
+            }))
+        })
+    }
+}
+
+/// One request being timed.
+#[derive(Debug)]
+struct Timer {
+    metrics: Arc<Metrics>,
+    labels: Option<(String, String)>,
+    start: Instant,
+    /// The status, once known.
+    code: Option<&'static str>,
+}
+
+impl Timer {
+    /// Records the request once; `code` overrides what the headers said.
+    fn finish(&mut self, code: Option<&'static str>) {
+        if let Some(labels) = self.labels.take() {
+            let code = code.or(self.code).unwrap_or("UNKNOWN");
+            self.metrics.observe_rpc(labels, code, self.start.elapsed());
+        }
+    }
+}
+
+impl Drop for Timer {
+    /// A response dropped before its end: the client went away.
+    fn drop(&mut self) {
+        self.finish(Some(self.code.unwrap_or("CANCELLED")));
+    }
+}
+
+/// A response body that records its request when it ends (its trailers
+/// name the status).
+#[derive(Debug)]
+pub struct TimedBody<B> {
+    body: Pin<Box<B>>,
+    timer: Option<Timer>,
+}
+
+impl<B: http_body::Body> http_body::Body for TimedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        let r = self.body.as_mut().poll_frame(cx);
+        if let Some(t) = &mut self.timer {
+            match &r {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Some(trailers) = frame.trailers_ref() {
+                        t.finish(grpc_status(trailers));
+                    }
+                }
+                Poll::Ready(Some(Err(_))) => t.finish(Some("INTERNAL")),
+                Poll::Ready(None) => t.finish(None),
+                Poll::Pending => {}
+            }
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Connections the metrics server serves at once; more are closed at
+/// accept.
+const MAX_CONNECTIONS: usize = 32;
+
+/// Longest a client may take to send a request's headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What answers scrapes: the families and where their figures come from.
+#[derive(Debug)]
+struct Exporter {
+    metrics: Arc<Metrics>,
+    service: Service,
+    /// One scrape at a time: each reads the listings once.
+    scraping: tokio::sync::Mutex<()>,
+}
+
+impl Exporter {
+    async fn render(&self, openmetrics: bool) -> Result<String, String> {
+        let _one = self.scraping.lock().await;
+        let failed = |e: tokio::task::JoinError| format!("scrape task failed: {e}");
+        let core = self.service.core.clone();
+        // The watchpoints' counts before the daemon-wide ones: every
+        // watchpoint's hits are then at most `wpd_hits_total`.
+        let mut snap = tokio::task::spawn_blocking(move || Snapshot::read_core(&core))
+            .await
+            .map_err(failed)?;
+        snap.stats = self
+            .service
+            .stats(Caller::privileged())
+            .await
+            .map_err(|s| s.message().to_string())?;
+        let metrics = self.metrics.clone();
+        tokio::task::spawn_blocking(move || {
+            metrics.fill(&snap);
+            metrics.encode(openmetrics)
+        })
+        .await
+        .map_err(failed)
+    }
+
+    async fn respond<B>(&self, req: http::Request<B>) -> http::Response<String> {
+        let reply = |status: http::StatusCode, text: String| {
+            let mut r = http::Response::new(text);
+            *r.status_mut() = status;
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+            r
+        };
+        if req.uri().path() != "/metrics" {
+            return reply(
+                http::StatusCode::NOT_FOUND,
+                "wpd serves its metrics at /metrics\n".into(),
+            );
+        }
+        let head = req.method() == http::Method::HEAD;
+        if req.method() != http::Method::GET && !head {
+            let mut r = reply(
+                http::StatusCode::METHOD_NOT_ALLOWED,
+                "GET /metrics\n".into(),
+            );
+            r.headers_mut().insert(
+                http::header::ALLOW,
+                http::HeaderValue::from_static("GET, HEAD"),
+            );
+            return r;
+        }
+        let openmetrics = wants_openmetrics(req.headers());
+        match self.render(openmetrics).await {
+            Ok(text) => {
+                let mut r = http::Response::new(if head { String::new() } else { text });
+                r.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static(if openmetrics {
+                        OPENMETRICS_CONTENT_TYPE
+                    } else {
+                        prometheus_client::encoding::prometheus_text::CONTENT_TYPE
+                    }),
+                );
+                r
+            }
+            Err(e) => reply(http::StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+        }
+    }
+}
+
+/// The OpenMetrics text format's media type.
+const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// True when the scraper accepts OpenMetrics (Prometheus asks for it
+/// first); everyone else gets the Prometheus text format.
+fn wants_openmetrics(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|part| {
+            let mut params = part.split(';').map(str::trim);
+            params.next() == Some("application/openmetrics-text")
+                && !params.any(|p| p.replace(' ', "") == "q=0")
+        })
+}
+
+/// Binds `addr` and serves `GET /metrics` there until the runtime ends;
+/// returns the address bound (`:0` picks a port).
+pub async fn listen(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    service: Service,
+) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the metrics address {addr}"))?;
+    let local = listener.local_addr()?;
+    let exporter = Arc::new(Exporter {
+        metrics,
+        service,
+        scraping: tokio::sync::Mutex::new(()),
+    });
+    tokio::spawn(accept_loop(listener, exporter));
+    Ok(local)
+}
+
+async fn accept_loop(listener: tokio::net::TcpListener, exporter: Arc<Exporter>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of fds, most likely: let connections close first.
+                tracing::warn!("metrics: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            continue;
+        };
+        let exporter = exporter.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let exporter = exporter.clone();
+                async move { Ok::<_, Infallible>(exporter.respond(req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+            if let Err(e) = conn.await {
+                tracing::debug!("metrics connection: {e}");
+            }
+            drop(permit);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats() -> pb::GetStatsResponse {
+        pb::GetStatsResponse {
+            processes: 2,
+            threads: 17,
+            watchpoints: 3,
+            hits: 1234,
+            kernel_lost: 5,
+            perf_fds: 40,
+            subscribers: 1,
+            subscriber_dropped: 7,
+            ledger_hold_p50_ns: 64,
+            ledger_hold_p99_ns: 512,
+            ledger_hold_max_ns: 900,
+            uptime_s: 42,
+            connections: 4,
+            connections_refused: 1,
+            connections_idled: 2,
+            ..Default::default()
+        }
+    }
+
+    fn watch(id: u64, hits: u64, filtered: u64, limited: u64) -> WatchFigures {
+        WatchFigures {
+            id,
+            hits,
+            filtered,
+            limited,
+        }
+    }
+
+    /// The sample line of `name` with exactly these labels, parsed.
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.split(' ').next()?.parse().ok())
+    }
+
+    #[test]
+    fn every_family_is_encoded_with_its_conventional_name() {
+        let m = Metrics::new();
+        m.fill(&Snapshot {
+            stats: stats(),
+            watchpoints: vec![watch(1, 1000, 3, 0), watch(2, 234, 0, 9)],
+            policies: 1,
+            slots: SlotCounts {
+                ours: 5,
+                foreign: 2,
+                ..Default::default()
+            },
+        });
+        m.observe_rpc(
+            m.method_labels("/wpd.v1.Watchpoints/GetStats"),
+            "OK",
+            Duration::from_micros(300),
+        );
+        for text in [m.encode(false), m.encode(true)] {
+            for (series, value) in [
+                ("wpd_attached_processes", 2.0),
+                ("wpd_tracked_threads", 17.0),
+                ("wpd_slots_in_use{holder=\"ours\"}", 5.0),
+                ("wpd_slots_in_use{holder=\"foreign\"}", 2.0),
+                ("wpd_slots_in_use{holder=\"pending\"}", 0.0),
+                ("wpd_watchpoints", 3.0),
+                ("wpd_policies", 1.0),
+                ("wpd_hits_total", 1234.0),
+                ("wpd_watchpoint_hits_total{watchpoint=\"1\"}", 1000.0),
+                ("wpd_watchpoint_hits_total{watchpoint=\"2\"}", 234.0),
+                ("wpd_events_dropped_total{reason=\"subscriber_lag\"}", 7.0),
+                ("wpd_events_dropped_total{reason=\"kernel_ring_lost\"}", 5.0),
+                ("wpd_events_dropped_total{reason=\"filtered\"}", 3.0),
+                ("wpd_events_dropped_total{reason=\"rate_limited\"}", 9.0),
+                ("wpd_perf_fds", 40.0),
+                ("wpd_subscribers", 1.0),
+                ("wpd_connections_open", 4.0),
+                ("wpd_connections_refused_total", 1.0),
+                ("wpd_connections_idle_closed_total", 2.0),
+                ("wpd_ledger_lock_hold_seconds{quantile=\"0.99\"}", 512e-9),
+                ("wpd_ledger_lock_hold_seconds{quantile=\"1\"}", 900e-9),
+                ("wpd_uptime_seconds", 42.0),
+                (
+                    "wpd_rpc_duration_seconds_count{service=\"wpd.v1.Watchpoints\",\
+                     method=\"GetStats\",code=\"OK\"}",
+                    1.0,
+                ),
+            ] {
+                assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
+            }
+            // The two formats order a bucket's labels differently.
+            let bucket = |le: &str| {
+                text.lines()
+                    .filter(|l| l.starts_with("wpd_rpc_duration_seconds_bucket{"))
+                    .filter(|l| l.contains("method=\"GetStats\""))
+                    .find(|l| l.contains(&format!("le=\"{le}\"")))
+                    .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            };
+            assert_eq!(bucket("0.00025"), Some(0.0), "{text}");
+            assert_eq!(bucket("0.0005"), Some(1.0), "{text}");
+            assert_eq!(bucket("+Inf"), Some(1.0), "{text}");
+            assert!(
+                text.contains(&format!(
+                    "wpd_build_info{{version=\"{}\",arch=\"x86_64\"}} 1",
+                    env!("CARGO_PKG_VERSION")
+                )),
+                "{text}"
+            );
+        }
+        assert!(m.encode(true).ends_with("# EOF\n"));
+        assert!(!m.encode(false).contains("# EOF"));
+    }
+
+    #[test]
+    fn labels_stay_bounded() {
+        let m = Metrics::new();
+        // Paths the daemon does not serve all count as one `unknown`.
+        for path in [
+            "/wpd.v1.Watchpoints/NoSuchMethod",
+            "/evil.Service/1",
+            "/evil.Service/2",
+            "/",
+            "/wpd.v1.Watchpoints/GetStats/extra",
+        ] {
+            assert_eq!(
+                m.method_labels(path),
+                (UNKNOWN.to_string(), UNKNOWN.to_string()),
+                "{path}"
+            );
+            m.observe_rpc(m.method_labels(path), "UNIMPLEMENTED", Duration::ZERO);
+        }
+        for known in [
+            "/wpd.v1.Watchpoints/SetWatchpoint",
+            "/grpc.health.v1.Health/Check",
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        ] {
+            assert_ne!(m.method_labels(known).0, UNKNOWN, "{known}");
+        }
+        let text = m.encode(false);
+        assert_eq!(
+            sample(
+                &text,
+                "wpd_rpc_duration_seconds_count{service=\"unknown\",method=\"unknown\",\
+                 code=\"UNIMPLEMENTED\"}"
+            ),
+            Some(5.0),
+            "{text}"
+        );
+
+        // A removed watchpoint's series goes; past the bound, ids are
+        // counted, not listed.
+        let many: Vec<WatchFigures> = (1..=MAX_WATCHPOINT_SERIES as u64 + 10)
+            .map(|id| watch(id, id, 0, 0))
+            .collect();
+        m.fill(&Snapshot {
+            watchpoints: many,
+            ..Default::default()
+        });
+        let text = m.encode(false);
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("wpd_watchpoint_hits_total{"))
+            .count();
+        assert_eq!(series, MAX_WATCHPOINT_SERIES);
+        assert_eq!(sample(&text, "wpd_watchpoint_series_omitted"), Some(10.0));
+        m.fill(&Snapshot {
+            watchpoints: vec![watch(7, 70, 0, 0)],
+            ..Default::default()
+        });
+        let text = m.encode(false);
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("wpd_watchpoint_hits_total{"))
+            .collect();
+        assert_eq!(series, ["wpd_watchpoint_hits_total{watchpoint=\"7\"} 70"]);
+        for l in text.lines().filter(|l| !l.starts_with('#')) {
+            for forbidden in ["tid=", "ip=", "address=", "pid="] {
+                assert!(!l.contains(forbidden), "{l}");
+            }
+        }
+    }
+
+    #[test]
+    fn filter_counts_outlive_their_watchpoints() {
+        let m = Metrics::new();
+        let filtered = |m: &Metrics| {
+            sample(
+                &m.encode(false),
+                "wpd_events_dropped_total{reason=\"filtered\"}",
+            )
+        };
+        m.fill(&Snapshot {
+            watchpoints: vec![watch(1, 0, 10, 1), watch(2, 0, 5, 0)],
+            ..Default::default()
+        });
+        assert_eq!(filtered(&m), Some(15.0));
+        m.fill(&Snapshot {
+            watchpoints: vec![watch(2, 0, 6, 0)],
+            ..Default::default()
+        });
+        assert_eq!(filtered(&m), Some(16.0), "watchpoint 1's 10 are kept");
+        m.fill(&Snapshot::default());
+        assert_eq!(filtered(&m), Some(16.0));
+        assert_eq!(
+            sample(
+                &m.encode(false),
+                "wpd_events_dropped_total{reason=\"rate_limited\"}"
+            ),
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn openmetrics_only_when_asked() {
+        let mut h = http::HeaderMap::new();
+        assert!(!wants_openmetrics(&h));
+        h.insert(
+            http::header::ACCEPT,
+            http::HeaderValue::from_static(
+                "application/openmetrics-text;version=1.0.0,application/openmetrics-text;\
+                 version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+            ),
+        );
+        assert!(wants_openmetrics(&h));
+        h.insert(
+            http::header::ACCEPT,
+            http::HeaderValue::from_static("text/plain, application/openmetrics-text; q=0"),
+        );
+        assert!(!wants_openmetrics(&h));
+    }
+
+    #[test]
+    fn grpc_codes_have_their_canonical_names() {
+        assert_eq!(code_name(b"0"), "OK");
+        assert_eq!(code_name(b"5"), "NOT_FOUND");
+        assert_eq!(code_name(b"16"), "UNAUTHENTICATED");
+        assert_eq!(code_name(b"99"), "UNKNOWN");
+        assert_eq!(code_name(b"x"), "UNKNOWN");
+    }
+}

@@ -1,0 +1,354 @@
+//! Watchpoints and policies that outlive the daemon: each one set through
+//! the API (leases excepted: they end with their stream) is saved in
+//! `<state dir>/watchpoints.pb` (`SavedState`, `proto/wpd/v1/state.proto`),
+//! with who set it, and set again in that caller's name when the daemon
+//! starts:
+//!
+//! - a policy as it was (it covers the processes that match from then on);
+//! - a watchpoint of one process only in the same boot, for the same pid
+//!   and process start time (a reused pid is never watched in its place).
+//!
+//! What cannot be set again is logged, listed (`ListWatchpoints.
+//! not_restored`) and published as `WatchpointRemoved` with its saved id.
+//! Entries leave the file when removed through the API or when the daemon
+//! lets go of them (their process exited, a detach); a SIGTERM removes
+//! everything from the targets but leaves the file as it is.
+//!
+//! The file is replaced whole: written to a temporary file, synced, renamed
+//! over the old one, the directory synced. It is small (one entry per
+//! watchpoint set by hand or policy).
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use prost::Message;
+use wpd_proto::v1 as pb;
+
+use crate::authz::Caller;
+use crate::model::Pid;
+
+/// File name in the state directory.
+pub const FILE: &str = "watchpoints.pb";
+
+/// The saved entries and what a restart could not set again.
+#[derive(Debug)]
+pub struct Persist {
+    path: PathBuf,
+    boot_id: String,
+    /// By id (the id this run gave them).
+    entries: Mutex<BTreeMap<u64, pb::SavedEntry>>,
+    /// Changed since the last write.
+    dirty: AtomicBool,
+    /// Set at shutdown: the detaches that follow are not removals.
+    frozen: AtomicBool,
+    /// The last run's entries are being set again: the file keeps them
+    /// until that is done (a crash meanwhile loses none).
+    restoring: AtomicBool,
+    /// What the last start could not set again, with the uid of who set it.
+    not_restored: Mutex<Vec<(u32, pb::NotRestored)>>,
+}
+
+/// This boot's id.
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The ids a restarted daemon must not give again: up to the saved next
+/// id, and every saved entry's.
+pub fn last_used_id(saved: &pb::SavedState) -> u64 {
+    let entries = saved.entries.iter().map(|e| e.id).max().unwrap_or(0);
+    entries.max(saved.next_id.saturating_sub(1))
+}
+
+/// The saved caller of `c`.
+pub fn saved_caller(c: &Caller) -> pb::SavedCaller {
+    pb::SavedCaller {
+        uid: c.uid,
+        gid: c.gid,
+        cap_prm: c.cap_prm,
+        cap_eff: c.cap_eff,
+        userns: c.userns.unwrap_or(0),
+        privileged: c.privileged,
+    }
+}
+
+/// The caller a saved entry is set again as.
+pub fn caller_of(c: &pb::SavedCaller) -> Caller {
+    Caller {
+        uid: c.uid,
+        gid: c.gid,
+        pid: None,
+        cap_prm: c.cap_prm,
+        cap_eff: c.cap_eff,
+        userns: (c.userns != 0).then_some(c.userns),
+        privileged: c.privileged,
+    }
+}
+
+impl Persist {
+    /// Opens `dir/watchpoints.pb`: the handle, and what the last run saved
+    /// (None if nothing). A file that does not decode is kept aside
+    /// (`.damaged`) and reported, never half-restored.
+    pub fn open(dir: &Path) -> io::Result<(Persist, Option<pb::SavedState>)> {
+        std::fs::create_dir_all(dir)?;
+        let path = dir.join(FILE);
+        let saved = match std::fs::read(&path) {
+            Ok(bytes) => match pb::SavedState::decode(bytes.as_slice()) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    let aside = dir.join(format!("{FILE}.damaged"));
+                    tracing::error!(
+                        file = %path.display(),
+                        kept_as = %aside.display(),
+                        error = %e,
+                        "saved watchpoints do not decode; none is set again"
+                    );
+                    std::fs::rename(&path, &aside)?;
+                    None
+                }
+            },
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        Ok((
+            Persist {
+                path,
+                boot_id: boot_id(),
+                entries: Mutex::new(BTreeMap::new()),
+                dirty: AtomicBool::new(false),
+                frozen: AtomicBool::new(false),
+                restoring: AtomicBool::new(saved.is_some()),
+                not_restored: Mutex::new(Vec::new()),
+            },
+            saved,
+        ))
+    }
+
+    /// Whether `saved` was written in this boot.
+    pub fn same_boot(&self, saved: &pb::SavedState) -> bool {
+        !self.boot_id.is_empty() && saved.boot_id == self.boot_id
+    }
+
+    /// Records watchpoint `id`, set by `caller` with `spec` on `pid`.
+    pub fn record_watchpoint(&self, id: u64, caller: &Caller, spec: pb::WatchpointSpec, pid: Pid) {
+        let entry = pb::SavedEntry {
+            id,
+            caller: Some(saved_caller(caller)),
+            set_at_ns: crate::clock::realtime_ns(),
+            what: Some(pb::saved_entry::What::Watchpoint(pb::SavedWatchpoint {
+                spec: Some(spec),
+                start_time: crate::procfs::start_time(pid).unwrap_or(0),
+            })),
+        };
+        self.entries.lock().unwrap().insert(id, entry);
+        self.dirty.store(true, Ordering::Release);
+    }
+
+    /// Records policy `id`.
+    pub fn record_policy(
+        &self,
+        id: u64,
+        caller: &Caller,
+        selector: pb::ProcessSelector,
+        spec: pb::WatchpointSpec,
+    ) {
+        let entry = pb::SavedEntry {
+            id,
+            caller: Some(saved_caller(caller)),
+            set_at_ns: crate::clock::realtime_ns(),
+            what: Some(pb::saved_entry::What::Policy(pb::SavedPolicy {
+                selector: Some(selector),
+                spec: Some(spec),
+            })),
+        };
+        self.entries.lock().unwrap().insert(id, entry);
+        self.dirty.store(true, Ordering::Release);
+    }
+
+    /// Forgets `id` (removed through the API).
+    pub fn forget(&self, id: u64) {
+        if self.entries.lock().unwrap().remove(&id).is_some() {
+            self.dirty.store(true, Ordering::Release);
+        }
+    }
+
+    /// Notes an entry of the last run, set by `uid`, that was not set
+    /// again.
+    pub fn not_restored(&self, uid: u32, n: pb::NotRestored) {
+        self.not_restored.lock().unwrap().push((uid, n));
+    }
+
+    /// What a restart could not set again (of `uid` only, when given).
+    pub fn not_restored_list(&self, uid: Option<u32>) -> Vec<pb::NotRestored> {
+        self.not_restored
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(u, _)| uid.is_none_or(|x| x == *u))
+            .map(|(_, n)| n.clone())
+            .collect()
+    }
+
+    /// From now on nothing is pruned or written (shutdown: the detaches
+    /// that follow are not removals).
+    pub fn freeze(&self) {
+        self.frozen.store(true, Ordering::Release);
+    }
+
+    /// The last run's entries were all set again or given up on: the file
+    /// may be written from now on.
+    pub fn restored(&self) {
+        self.restoring.store(false, Ordering::Release);
+        self.dirty.store(true, Ordering::Release);
+    }
+
+    /// Drops entries whose watchpoint or policy no longer exists
+    /// (`exists`), then writes the file if anything changed. Blocking.
+    pub fn sync(&self, exists: impl Fn(u64) -> bool, next_id: u64) -> io::Result<bool> {
+        if self.frozen.load(Ordering::Acquire) || self.restoring.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let state = {
+            let mut entries = self.entries.lock().unwrap();
+            let before = entries.len();
+            entries.retain(|&id, _| exists(id));
+            if entries.len() != before {
+                self.dirty.store(true, Ordering::Release);
+            }
+            if !self.dirty.swap(false, Ordering::AcqRel) {
+                return Ok(false);
+            }
+            pb::SavedState {
+                boot_id: self.boot_id.clone(),
+                entries: entries.values().cloned().collect(),
+                written_at_ns: crate::clock::realtime_ns(),
+                next_id,
+            }
+        };
+        if let Err(e) = self.write(&state) {
+            self.dirty.store(true, Ordering::Release);
+            return Err(e);
+        }
+        Ok(true)
+    }
+
+    fn write(&self, state: &pb::SavedState) -> io::Result<()> {
+        use std::io::Write;
+        let tmp = self.path.with_extension("pb.tmp");
+        {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&state.encode_to_vec())?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, &self.path)?;
+        if let Some(dir) = self.path.parent() {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// Entries saved now (tests, listings).
+    pub fn len(&self) -> usize {
+        self.entries.lock().unwrap().len()
+    }
+
+    /// No entry saved.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "wpd-persist-{}-{}",
+            std::process::id(),
+            crate::clock::monotonic_ns()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn spec(pid: i32) -> pb::WatchpointSpec {
+        pb::WatchpointSpec {
+            pid,
+            symbol: "counter".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn entries_survive_a_reopen_and_leave_when_gone() {
+        let d = dir();
+        let me = std::process::id() as i32;
+        let (p, saved) = Persist::open(&d).unwrap();
+        assert!(saved.is_none());
+        let caller = Caller::privileged();
+        p.record_watchpoint(3, &caller, spec(me), me);
+        p.record_policy(
+            4,
+            &caller,
+            pb::ProcessSelector {
+                comm: "fuzzer".into(),
+                ..Default::default()
+            },
+            spec(0),
+        );
+        p.record_watchpoint(5, &caller, spec(me), me);
+        assert!(p.sync(|_| true, 10).unwrap(), "written");
+        assert!(!p.sync(|_| true, 10).unwrap(), "nothing changed");
+        // 5 went away (its process exited), 3 was removed by hand.
+        p.forget(3);
+        assert!(p.sync(|id| id != 5, 10).unwrap());
+        p.record_watchpoint(6, &caller, spec(me), me);
+        p.freeze();
+        assert!(!p.sync(|_| false, 10).unwrap(), "frozen: nothing pruned");
+
+        let (q, saved) = Persist::open(&d).unwrap();
+        let saved = saved.unwrap();
+        assert!(q.same_boot(&saved));
+        let ids: Vec<u64> = saved.entries.iter().map(|e| e.id).collect();
+        assert_eq!(ids, vec![4]);
+        assert!(matches!(
+            saved.entries[0].what,
+            Some(pb::saved_entry::What::Policy(_))
+        ));
+        assert!(saved.entries[0].caller.as_ref().unwrap().privileged);
+        assert_eq!(saved.next_id, 10);
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn a_damaged_file_is_kept_aside_and_restores_nothing() {
+        let d = dir();
+        std::fs::write(d.join(FILE), b"\xff\xff\xff not a SavedState").unwrap();
+        let (_, saved) = Persist::open(&d).unwrap();
+        assert!(saved.is_none());
+        assert!(d.join(format!("{FILE}.damaged")).exists());
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn a_watchpoint_remembers_its_process_start_time() {
+        let d = dir();
+        let me = std::process::id() as i32;
+        let (p, _) = Persist::open(&d).unwrap();
+        p.record_watchpoint(1, &Caller::privileged(), spec(me), me);
+        p.sync(|_| true, 10).unwrap();
+        let (_, saved) = Persist::open(&d).unwrap();
+        let Some(pb::saved_entry::What::Watchpoint(w)) = &saved.unwrap().entries[0].what else {
+            panic!("not a watchpoint")
+        };
+        assert_eq!(Some(w.start_time), crate::procfs::start_time(me));
+        assert!(w.start_time > 0);
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}

@@ -1,0 +1,124 @@
+//! A real NATS server with JetStream (Debian's `nats-server`) on a loopback port of its own,
+//! for the export tests: started, killed and started again on the same port and store.
+
+use crate::*;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+/// The `nats-server` binary, if installed (`.ci/run` installs it).
+pub fn nats_server_bin() -> Option<PathBuf> {
+    ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+}
+
+/// A running `nats-server -js`. Dropping it kills it and removes its store.
+pub struct NatsServer {
+    child: Option<Child>,
+    status: Option<ExitStatus>,
+    dir: PathBuf,
+    port: u16,
+    bin: PathBuf,
+}
+
+impl NatsServer {
+    /// Starts a server with JetStream on a free loopback port and waits until it accepts
+    /// connections.
+    pub async fn start() -> Result<NatsServer> {
+        let bin = nats_server_bin().context("nats-server is not installed")?;
+        let dir = unique_temp_dir("wpd-nats")?;
+        let mut s = NatsServer {
+            child: None,
+            status: None,
+            dir,
+            port: free_port()?,
+            bin,
+        };
+        s.spawn().await?;
+        Ok(s)
+    }
+
+    async fn spawn(&mut self) -> Result<()> {
+        let log = std::fs::File::create(self.dir.join("nats.log"))?;
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(["-js", "-a", "127.0.0.1", "-p"])
+            .arg(self.port.to_string())
+            .arg("-sd")
+            .arg(self.dir.join("store"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        guard_child(&mut cmd);
+        self.child = Some(cmd.spawn().context("starting nats-server")?);
+        self.status = None;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            if let Some(c) = &mut self.child
+                && let Ok(Some(st)) = c.try_wait()
+            {
+                bail!(
+                    "nats-server exited ({}): {}",
+                    describe_status(&st),
+                    self.log()
+                );
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("nats-server did not listen within 20 s: {}", self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `nats://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// SIGKILLs the server (its store stays) and reaps it.
+    pub async fn kill(&mut self) -> Result<()> {
+        if let Some(c) = &mut self.child {
+            signal_child(c, &mut self.status, libc::SIGKILL);
+            wait_child(c, &mut self.status, Duration::from_secs(10))
+                .await
+                .context("nats-server did not die")?;
+        }
+        self.child = None;
+        Ok(())
+    }
+
+    /// Starts it again on the same port and store.
+    pub async fn restart(&mut self) -> Result<()> {
+        self.kill().await?;
+        self.spawn().await
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("nats.log")).unwrap_or_default()
+    }
+
+    /// Its store directory.
+    pub fn store(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            signal_child(c, &mut self.status, libc::SIGKILL);
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

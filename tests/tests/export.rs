@@ -1,0 +1,173 @@
+//! Export to NATS JetStream against a real `nats-server -js`: every journaled
+//! event in the stream exactly once, tagged with host, pid, process and
+//! thread names, although the server is killed and started again while hits
+//! flow.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use prost::Message;
+use tokio_stream::StreamExt;
+use wpd_proto::v1::stream_events_response::Event as E;
+use wpd_proto::v1::*;
+use wpd_tests::{
+    CTarget, Client, Daemon, NatsServer, nats_server_bin, poll_until, require_root_perf, rpc_ok,
+};
+
+async fn stats(c: &mut Client) -> Result<GetStatsResponse> {
+    rpc_ok("GetStats", c.get_stats(GetStatsRequest {})).await
+}
+
+/// Whether the test can run: root with perf, and a NATS server (in CI it
+/// must be there).
+fn nats_available() -> bool {
+    if nats_server_bin().is_some() {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("nats-server is missing: .ci/run installs it");
+    }
+    eprintln!("SKIP: nats-server is not installed (apt-get install nats-server)");
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_reaches_jetstream_once_across_a_server_restart() -> Result<()> {
+    if !require_root_perf() || !nats_available() {
+        return Ok(());
+    }
+    let mut nats = NatsServer::start().await?;
+    let url = nats.url();
+    let daemon = Daemon::start_with_args(&[
+        "--export-nats",
+        &url,
+        "--host-name",
+        "farm-host.7",
+        "--export-stream",
+        "WPDTEST",
+    ])
+    .await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    let result = async {
+        let mut c = daemon.client().await?;
+        rpc_ok(
+            "SetWatchpoint",
+            c.set_watchpoint(SetWatchpointRequest {
+                spec: Some(WatchpointSpec {
+                    pid: t.pid,
+                    symbol: "counter".into(),
+                    access: Access::Write as i32,
+                    backend: Backend::Perf as i32,
+                    ..Default::default()
+                }),
+            }),
+        )
+        .await?;
+        t.cmd("spin 1").await?;
+        // Hits flow and are exported...
+        poll_until(Duration::from_secs(20), "the first exports", async || {
+            let s = stats(&mut c).await?;
+            Ok(if s.export_acked_seq > 200 {
+                Ok(())
+            } else {
+                Err(format!("acked {}", s.export_acked_seq))
+            })
+        })
+        .await?;
+        // ... when the server dies, and comes back 300 ms later.
+        nats.kill().await?;
+        let during = stats(&mut c).await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        nats.restart().await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        t.cmd("stop").await?;
+        // Everything journaled gets acknowledged.
+        let written = poll_until(
+            Duration::from_secs(60),
+            "the export to catch up",
+            async || {
+                let s = stats(&mut c).await?;
+                Ok(
+                    if s.export_acked_seq == s.journal_written_seq && s.export_connected {
+                        Ok(s.journal_written_seq)
+                    } else {
+                        Err(format!(
+                            "acked {} of {} (connected {}, errors {})",
+                            s.export_acked_seq,
+                            s.journal_written_seq,
+                            s.export_connected,
+                            s.export_errors
+                        ))
+                    },
+                )
+            },
+        )
+        .await?;
+        ensure!(
+            written > during.export_acked_seq,
+            "nothing was exported after the restart ({written} vs {})",
+            during.export_acked_seq
+        );
+        let s = stats(&mut c).await?;
+        ensure!(s.export_lost == 0, "{} lost", s.export_lost);
+
+        // The stream, read with a NATS client: each event exactly once.
+        let client = async_nats::connect(url.as_str()).await?;
+        let js = async_nats::jetstream::new(client);
+        let mut stream = js.get_stream("WPDTEST").await?;
+        let info = stream.info().await?.clone();
+        ensure!(
+            info.state.messages == written,
+            "{} messages in the stream, {written} events journaled (published {})",
+            info.state.messages,
+            s.export_published
+        );
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig::default())
+            .await?;
+        let mut messages = consumer.messages().await?;
+        let mut seqs = BTreeSet::new();
+        let mut hits = 0;
+        for _ in 0..info.state.messages {
+            let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
+                .await
+                .context("the stream ended early")?
+                .context("no message")??;
+            let h = m.headers.as_ref().context("no headers")?;
+            let get = |k: &str| h.get(k).map(|v| v.as_str().to_string());
+            let seq: u64 = get("Wpd-Seq").context("no Wpd-Seq")?.parse()?;
+            ensure!(seqs.insert(seq), "event {seq} twice in the stream");
+            ensure!(get("Wpd-Host").as_deref() == Some("farm-host.7"), "{h:?}");
+            let ev = StreamEventsResponse::decode(m.payload.as_ref())?;
+            ensure!(ev.seq == seq, "payload seq {} under header {seq}", ev.seq);
+            if let Some(E::Hit(hit)) = &ev.event {
+                hits += 1;
+                ensure!(
+                    m.subject.as_str() == "wpd.farm-host_7.hit",
+                    "subject {}",
+                    m.subject
+                );
+                ensure!(get("Wpd-Pid") == Some(t.pid.to_string()), "{h:?}");
+                ensure!(get("Wpd-Tid") == Some(hit.tid.to_string()), "{h:?}");
+                ensure!(get("Wpd-Process").as_deref() == Some("ct-pie"), "{h:?}");
+                ensure!(
+                    get("Wpd-Thread").is_some_and(|t| !t.is_empty()),
+                    "{h:?} {hit:?}"
+                );
+            }
+        }
+        let want: BTreeSet<u64> = (1..=written).collect();
+        if seqs != want {
+            let missing: Vec<_> = want.difference(&seqs).take(10).collect();
+            bail!("missing from the stream: {missing:?} ...");
+        }
+        ensure!(hits > 200, "{hits} hits exported");
+        Ok(())
+    }
+    .await;
+    if result.is_err() {
+        eprintln!("----- nats-server log -----\n{}", nats.log());
+    }
+    daemon.finish(result)
+}

@@ -1,0 +1,328 @@
+//! End-to-end test of `wpd --metrics-listen`: a real Prometheus server scrapes the daemon while
+//! a watchpoint takes hits, and what it stored agrees with `GetStats` and with the hits the
+//! test received.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+use wpd_proto::v1::GetStatsRequest;
+use wpd_tests::{
+    Backend, Daemon, Event, EventStream, TargetProc, hits_only, require_backend, require_program,
+    rpc_ok, set_watchpoint, unique_temp_dir, write_spec,
+};
+
+/// How long Prometheus may take to start and scrape what the test waits for.
+const PROMETHEUS_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrapes_what_getstats_reports() -> Result<()> {
+    let Some(prometheus) = require_program("prometheus", "apt-get install prometheus") else {
+        return Ok(());
+    };
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let daemon = Daemon::start_with_args(&["--metrics-listen", "127.0.0.1:0"]).await?;
+    let target = TargetProc::start(&["--threads", "4"]).await?;
+    daemon.finish(
+        async {
+            let metrics = metrics_address(&daemon.log())?;
+            let mut client = daemon.client().await?;
+            let mut events = EventStream::subscribe(&mut client, hits_only(target.pid)).await?;
+            let resp = set_watchpoint(
+                &mut client,
+                write_spec(Backend::Perf, target.pid, target.vars[0]),
+            )
+            .await?;
+            let wp = resp.watchpoint.unwrap_or_default();
+            let mut seen = 0u64;
+            events
+                .wait_for(Duration::from_secs(20), "20 hits", |ev| {
+                    if matches!(ev, Event::Hit(h) if h.watchpoint_id == wp.id) {
+                        seen += 1;
+                    }
+                    Ok((seen >= 20).then_some(()))
+                })
+                .await?;
+
+            // The endpoint itself, before any Prometheus.
+            let text = http_get(metrics, "/metrics").await?;
+            let series = format!("wpd_watchpoint_hits_total{{watchpoint=\"{}\"}} ", wp.id);
+            ensure!(text.contains(&series), "no {series:?} in\n{text}");
+
+            let prom = Prometheus::start(&prometheus, metrics).await?;
+            let result = async {
+                let deadline = Instant::now() + PROMETHEUS_TIMEOUT;
+                loop {
+                    let up = prom.query("up{job=\"wpd\"}").await?;
+                    let hits = prom.query("wpd_hits_total").await?;
+                    if up == Some(1.0) && hits.is_some_and(|h| h >= seen as f64) {
+                        break;
+                    }
+                    if Instant::now() >= deadline {
+                        bail!(
+                            "after {PROMETHEUS_TIMEOUT:?}: up = {up:?}, wpd_hits_total = {hits:?} \
+                             (the test saw {seen} hits)"
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                let stats = rpc_ok("GetStats", client.get_stats(GetStatsRequest {})).await?;
+                eprintln!(
+                    "GetStats: {} processes, {} threads, {} watchpoints, {} hits, {} perf fds",
+                    stats.processes, stats.threads, stats.watchpoints, stats.hits, stats.perf_fds
+                );
+                for (query, want) in [
+                    ("wpd_attached_processes", stats.processes as f64),
+                    ("wpd_tracked_threads", stats.threads as f64),
+                    ("wpd_watchpoints", stats.watchpoints as f64),
+                    ("wpd_perf_fds", stats.perf_fds as f64),
+                    ("wpd_policies", 0.0),
+                    (
+                        "wpd_slots_in_use{holder=\"ours\"}",
+                        f64::from(wp.armed_threads),
+                    ),
+                    ("wpd_slots_in_use{holder=\"foreign\"}", 0.0),
+                    (
+                        "wpd_rpc_duration_seconds_count{service=\"wpd.v1.Watchpoints\",\
+                         method=\"SetWatchpoint\",code=\"OK\"}",
+                        1.0,
+                    ),
+                    (
+                        &format!(
+                            "wpd_build_info{{version=\"{}\",arch=\"x86_64\"}}",
+                            env!("CARGO_PKG_VERSION")
+                        ),
+                        1.0,
+                    ),
+                ] {
+                    let got = prom.query(query).await?;
+                    ensure!(got == Some(want), "{query} = {got:?}, GetStats says {want}");
+                }
+                // Hits keep coming: Prometheus's last sample lies between what the test saw
+                // before it and what GetStats says after it.
+                for query in [
+                    "wpd_hits_total".to_string(),
+                    format!("wpd_watchpoint_hits_total{{watchpoint=\"{}\"}}", wp.id),
+                ] {
+                    let got = prom.query(&query).await?.unwrap_or(-1.0);
+                    ensure!(
+                        seen as f64 <= got && got <= stats.hits as f64,
+                        "{query} = {got}: not between {seen} and {}",
+                        stats.hits
+                    );
+                }
+                for query in [
+                    "wpd_uptime_seconds",
+                    "wpd_ledger_lock_hold_seconds{quantile=\"1\"}",
+                    "wpd_events_dropped_total{reason=\"subscriber_lag\"}",
+                    "wpd_connections_open",
+                ] {
+                    let got = prom.query(query).await?;
+                    ensure!(got.is_some_and(|v| v >= 0.0), "{query} = {got:?}");
+                }
+                anyhow::Ok(())
+            }
+            .await;
+            if result.is_err() {
+                prom.print_log();
+            }
+            result
+        }
+        .await,
+    )
+}
+
+/// The address the daemon logged for its metrics (`wpd: metrics on http://ADDR/metrics`).
+fn metrics_address(log: &str) -> Result<std::net::SocketAddr> {
+    log.lines()
+        .find_map(|l| l.strip_prefix("wpd: metrics on http://"))
+        .and_then(|rest| rest.strip_suffix("/metrics"))
+        .ok_or_else(|| anyhow!("the daemon did not log its metrics address:\n{log}"))?
+        .parse()
+        .context("parsing the metrics address")
+}
+
+/// The body of `GET path` from `addr` (HTTP/1.0: the server closes after the answer), which must
+/// answer 200.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<String> {
+    let exchange = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await?;
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer).await?;
+        anyhow::Ok(String::from_utf8_lossy(&answer).into_owned())
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .map_err(|_| anyhow!("GET http://{addr}{path} timed out"))?
+        .with_context(|| format!("GET http://{addr}{path}"))?;
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("GET http://{addr}{path}: no header end in {answer:?}"))?;
+    ensure!(
+        head.lines()
+            .next()
+            .is_some_and(|l| l.split(' ').nth(1) == Some("200")),
+        "GET http://{addr}{path}: {head}"
+    );
+    Ok(body.to_string())
+}
+
+/// Percent-encodes a query parameter.
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(prefix: &str) -> Result<TempDir> {
+        Ok(TempDir(unique_temp_dir(prefix)?))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A Prometheus server scraping one target every second, on a free loopback port, with its
+/// data in a temp dir. Dropping it kills it and removes the dir, on every path.
+struct Prometheus {
+    child: Child,
+    addr: std::net::SocketAddr,
+    dir: TempDir,
+}
+
+impl Prometheus {
+    /// Starts it scraping `target` as job `wpd` and waits until it answers queries.
+    async fn start(bin: &Path, target: std::net::SocketAddr) -> Result<Prometheus> {
+        // A port free now may be taken before Prometheus binds it: then try another.
+        let mut last = anyhow!("not started");
+        for _ in 0..3 {
+            let mut prom = Self::spawn(bin, target)?;
+            match prom.wait_ready().await {
+                Ok(()) => return Ok(prom),
+                Err(e) => {
+                    prom.print_log();
+                    last = e;
+                }
+            }
+        }
+        Err(last.context("Prometheus did not start"))
+    }
+
+    fn spawn(bin: &Path, target: std::net::SocketAddr) -> Result<Prometheus> {
+        let dir = TempDir::new("wpd-prometheus")?;
+        let config = dir.0.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
+                 scrape_configs:\n  - job_name: wpd\n    static_configs:\n      - targets: \
+                 ['{target}']\n"
+            ),
+        )?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+        let log = std::fs::File::create(dir.0.join("prometheus.log"))?;
+        let mut cmd = Command::new(bin);
+        cmd.arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.0.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg("--log.level=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        die_with_parent(&mut cmd);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        Ok(Prometheus { child, addr, dir })
+    }
+
+    async fn wait_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + PROMETHEUS_TIMEOUT;
+        loop {
+            if let Some(st) = self.child.try_wait()? {
+                bail!("prometheus exited ({st})");
+            }
+            if http_get(self.addr, "/-/ready").await.is_ok() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!("prometheus not ready after {PROMETHEUS_TIMEOUT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The value of an instant query with at most one series in its answer (`None`: none).
+    async fn query(&self, q: &str) -> Result<Option<f64>> {
+        let body = http_get(self.addr, &format!("/api/v1/query?query={}", url_encode(q))).await?;
+        let v: serde_json::Value =
+            serde_json::from_str(&body).with_context(|| format!("query {q}: {body}"))?;
+        ensure!(v["status"] == "success", "query {q}: {body}");
+        let result = v["data"]["result"]
+            .as_array()
+            .ok_or_else(|| anyhow!("query {q}: {body}"))?;
+        ensure!(result.len() <= 1, "query {q}: several series: {body}");
+        Ok(result
+            .first()
+            .and_then(|r| r["value"][1].as_str()?.parse().ok()))
+    }
+
+    fn print_log(&self) {
+        let log = std::fs::read_to_string(self.dir.0.join("prometheus.log")).unwrap_or_default();
+        eprintln!("----- prometheus log -----\n{log}\n----- end of prometheus log -----");
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Puts the child in its own process group and kills it if this test process dies first.
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    // SAFETY: prctl is async-signal-safe; it runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
