@@ -199,32 +199,13 @@ impl Daemon {
     }
 
     async fn wait_ready(&mut self) -> Result<()> {
-        let deadline = Instant::now() + DAEMON_READY_TIMEOUT;
         let target = self.target();
-        let mut last_err = anyhow!("no attempt made");
-        loop {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                self.status = Some(st);
-                bail!("wpd exited during startup ({})", describe_status(&st));
-            }
-            let attempt = tokio::time::timeout(Duration::from_secs(2), async {
-                let mut client = wpd_proto::connect::client(&target).await?;
-                client.get_capabilities(GetCapabilitiesRequest {}).await?;
-                anyhow::Ok(())
-            })
-            .await;
-            match attempt {
-                Ok(Ok(())) => return Ok(()),
-                Ok(Err(e)) => last_err = e,
-                Err(_) => last_err = anyhow!("GetCapabilities timed out"),
-            }
-            if Instant::now() >= deadline {
-                return Err(last_err.context(format!(
-                    "wpd did not answer GetCapabilities within {DAEMON_READY_TIMEOUT:?}"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_answering(&mut self.child, &mut self.status, "wpd", async || {
+            let mut client = wpd_proto::connect::client(&target).await?;
+            client.get_capabilities(GetCapabilitiesRequest {}).await?;
+            Ok(())
+        })
+        .await
     }
 
     /// `unix:<socket path>`, as `wpctl --endpoint` takes it.
@@ -363,5 +344,35 @@ impl Drop for Daemon {
         }
         stop_child_blocking(&mut self.child, &mut self.status, true);
         let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Waits until a daemon just started (`child`) answers `ask` (each try
+/// bounded by 2 s, every 50 ms, for [`DAEMON_READY_TIMEOUT`]); fails at
+/// once if it exits. `what` names it in errors.
+pub(crate) async fn wait_answering(
+    child: &mut Child,
+    status: &mut Option<ExitStatus>,
+    what: &str,
+    mut ask: impl AsyncFnMut() -> Result<()>,
+) -> Result<()> {
+    let deadline = Instant::now() + DAEMON_READY_TIMEOUT;
+    let mut last_err = anyhow!("no attempt made");
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            *status = Some(st);
+            bail!("{what} exited during startup ({})", describe_status(&st));
+        }
+        match tokio::time::timeout(Duration::from_secs(2), ask()).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => last_err = e,
+            Err(_) => last_err = anyhow!("GetCapabilities timed out"),
+        }
+        if Instant::now() >= deadline {
+            return Err(last_err.context(format!(
+                "{what} did not answer GetCapabilities within {DAEMON_READY_TIMEOUT:?}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -5,10 +5,8 @@ use crate::*;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail};
-use tokio::time::Instant;
+use anyhow::{Context, Result, anyhow};
 use wpd_proto::connect::Options;
 use wpd_proto::v1::GetCapabilitiesRequest;
 
@@ -110,35 +108,20 @@ impl TcpDaemon {
     }
 
     async fn wait_ready(&mut self) -> Result<()> {
-        let deadline = Instant::now() + DAEMON_READY_TIMEOUT;
-        let mut last_err = anyhow!("no attempt made");
-        loop {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                self.status = Some(st);
-                bail!("wpd exited during startup ({})", describe_status(&st));
-            }
-            let attempt = tokio::time::timeout(Duration::from_secs(2), async {
-                let mut client = self.client().await?;
-                client
-                    .get_capabilities(self.request(GetCapabilitiesRequest {}))
-                    .await?;
-                anyhow::Ok(())
-            })
-            .await;
-            match attempt {
-                Ok(Ok(())) => return Ok(()),
-                Ok(Err(e)) => last_err = e,
-                Err(_) => last_err = anyhow!("GetCapabilities timed out"),
-            }
-            if Instant::now() >= deadline {
-                return Err(last_err.context(format!(
-                    "wpd on port {} did not answer GetCapabilities within \
-                     {DAEMON_READY_TIMEOUT:?}",
-                    self.port
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("wpd on port {}", self.port);
+        let target = Target::Tls(self.endpoint());
+        let opts = Options {
+            tls_ca_pem: Some(self.ca_pem.clone()),
+        };
+        let request = self.request(GetCapabilitiesRequest {});
+        wait_answering(&mut self.child, &mut self.status, &what, async || {
+            let mut client = wpd_proto::connect::client_with(&target, &opts).await?;
+            let mut r = tonic::Request::new(GetCapabilitiesRequest {});
+            *r.metadata_mut() = request.metadata().clone();
+            client.get_capabilities(r).await?;
+            Ok(())
+        })
+        .await
     }
 
     /// `https://127.0.0.1:PORT`, as `wpctl --endpoint` takes it.

@@ -10,8 +10,8 @@
 //! 2. Each batch of events is one `write(2)`; `fdatasync` runs at most
 //!    `fsync_interval` after the first write not yet synced, busy or not
 //!    (group commit). Written data survives a crash of the daemon (the page
-//!    cache holds it); the interval bounds what a crash of the machine can
-//!    take.
+//!    cache holds it, kernel-facts §9); the interval bounds what a crash of
+//!    the machine can take.
 //! 3. A segment is closed (synced) when it reaches `segment_bytes` or
 //!    `segment_age`; the oldest segments are deleted while the journal is
 //!    larger than `max_bytes`, and their events counted (`retired`).
