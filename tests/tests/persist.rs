@@ -266,3 +266,33 @@ async fn sigterm_keeps_the_saved_state_and_a_removed_policy_stays_removed() -> R
     let _ = std::fs::remove_dir_all(&dir);
     first.finish(result)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_daemons_never_share_a_state_directory() -> Result<()> {
+    let first = Daemon::start().await?;
+    let result = async {
+        let dir = unique_temp_dir("wpd-persist-second")?;
+        let out = tokio::process::Command::new(wpd_tests::bin_path("wpd"))
+            .arg("--listen")
+            .arg(format!("unix:{}", dir.join("wpd.sock").display()))
+            .env("WPD_STATE_FILE", dir.join("ptrace-armed"))
+            .env("WPD_STATE_DIR", first.state_dir())
+            .kill_on_drop(true)
+            .output()
+            .await?;
+        let _ = std::fs::remove_dir_all(&dir);
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success()
+                && err.contains(&format!("another wpd (pid {})", first.pid()))
+                && err.contains("--state-dir"),
+            "{out:?}"
+        );
+        // The first one is untouched.
+        let mut c = first.client().await?;
+        list(&mut c).await?;
+        Ok(())
+    }
+    .await;
+    first.finish(result)
+}

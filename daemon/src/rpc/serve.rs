@@ -137,6 +137,37 @@ pub struct StateOptions {
     pub export: Option<crate::export::Config>,
 }
 
+/// Takes the state directory's lock (`DIR/lock`, an exclusive `flock`),
+/// or says which daemon holds it.
+fn lock_state_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join("lock");
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on an fd we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let mut holder = String::new();
+        let _ = f.read_to_string(&mut holder);
+        bail!(
+            "another wpd (pid {}) uses the state directory {}: give this one its own \
+             --state-dir, or --state-dir none",
+            holder.trim(),
+            dir.display()
+        );
+    }
+    f.set_len(0)?;
+    f.rewind()?;
+    writeln!(f, "{}", std::process::id())?;
+    Ok(f)
+}
+
 /// Longest a unary request may take, from its headers to its answer: a
 /// client that opens a request and never finishes sending it (a half-open
 /// stream) holds memory until then. Arming or detaching 10,000 threads takes
@@ -242,6 +273,11 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
         backends: crate::core::Backends::System { state_file },
     });
     let mut persist = None;
+    // Held for the daemon's life: two daemons never share a journal.
+    let _state_lock = match &opts.state {
+        Some(state) => Some(lock_state_dir(&state.dir)?),
+        None => None,
+    };
     if let Some(state) = &opts.state {
         let cfg = &state.journal;
         let journal =
