@@ -107,6 +107,11 @@ impl NatsServer {
         std::fs::read_to_string(self.dir.join("nats.log")).unwrap_or_default()
     }
 
+    /// Its pid (while it runs).
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
+    }
+
     /// Its store directory.
     pub fn store(&self) -> &Path {
         &self.dir

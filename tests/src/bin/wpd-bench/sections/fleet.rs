@@ -120,6 +120,19 @@ fn spin_for(args: &Args) -> Duration {
     }
 }
 
+/// CPU time (user + system, all threads) of process `pid`.
+fn cpu_of(pid: i32) -> Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let rest = stat.rsplit_once(')').context("stat")?.1;
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|w| w.parse().unwrap_or(0))
+        .collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Ok(Duration::from_millis((f[11] + f[12]) * 1000 / hz))
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -192,9 +205,9 @@ async fn export(args: &Args) -> Result<()> {
     }
     println!("## fleet: export of a backlog to NATS JetStream (file storage, same machine)\n");
     println!(
-        "| backlog events | produced at (hits/s) | exported at (events/s, first ack → last) | ratio export / production | published (with repeats) |"
+        "| backlog events | produced at (hits/s) | exported at (events/s, first ack → last) | ratio export / production | published (with repeats) | CPU while draining: wpd / nats-server (of 2 CPUs × s) |"
     );
-    println!("|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|");
     for _ in 0..args.reps {
         let mut nats = NatsServer::start().await?;
         let url = nats.url();
@@ -214,6 +227,8 @@ async fn export(args: &Args) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let written = stats(&mut c).await?.journal_written_seq;
         nats.restart().await?;
+        let nats_pid = nats.pid().context("nats-server pid")?;
+        let (wpd_cpu0, nats_cpu0) = (daemon.cpu_time()?, cpu_of(nats_pid)?);
         let deadline = Instant::now() + Duration::from_secs(300);
         let (mut first, mut first_acked) = (None, 0);
         let end = loop {
@@ -232,11 +247,15 @@ async fn export(args: &Args) -> Result<()> {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
+        let (wpd_cpu, nats_cpu) = (
+            (daemon.cpu_time()? - wpd_cpu0).as_secs_f64(),
+            (cpu_of(nats_pid)? - nats_cpu0).as_secs_f64(),
+        );
         let took = first.context("no ack")?.elapsed().as_secs_f64();
         let rate = (written - first_acked) as f64 / took.max(1e-3);
         let produced = written as f64 / produced_for.as_secs_f64();
         println!(
-            "| {written} | {produced:.0} | {rate:.0} | {:.2} | {} |",
+            "| {written} | {produced:.0} | {rate:.0} | {:.2} | {} | {wpd_cpu:.2} / {nats_cpu:.2} of {took:.2} |",
             rate / produced,
             end.export_published
         );
