@@ -23,6 +23,7 @@ pub const SERVICE_NAME: &str = "wpd.v1.Watchpoints";
 pub const MAX_TOKEN_LEN: usize = 4096;
 
 pub mod condition;
+pub mod text;
 
 /// The `reason` of the `google.rpc.ErrorInfo` detail every error status of
 /// the daemon carries (domain [`reason::DOMAIN`]): what clients match on.
