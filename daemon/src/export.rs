@@ -18,6 +18,7 @@
 //!    identity and the sequence number) within its duplicate window.
 
 use std::collections::VecDeque;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -136,20 +137,26 @@ fn cursor_path(dir: &Path) -> PathBuf {
 
 /// Reads the position: (journal id, last acknowledged seq).
 fn read_cursor(dir: &Path) -> Option<(String, u64)> {
-    let s = std::fs::read_to_string(cursor_path(dir)).ok()?;
+    let b = crate::statedir::read(&cursor_path(dir), 4096).ok()??;
+    let s = String::from_utf8(b).ok()?;
     let (id, seq) = s.trim().split_once(' ')?;
     Some((id.to_string(), seq.parse().ok()?))
 }
 
 fn write_cursor(dir: &Path, journal_id: &str, seq: u64) -> std::io::Result<()> {
-    let tmp = dir.join("nats.cursor.tmp");
-    std::fs::write(&tmp, format!("{journal_id} {seq}\n"))?;
-    std::fs::rename(&tmp, cursor_path(dir))
+    crate::statedir::replace(
+        &cursor_path(dir),
+        format!("{journal_id} {seq}\n").as_bytes(),
+    )
 }
 
 /// Starts the exporter on the runtime; it runs until the daemon exits.
 pub fn start(cfg: Config, journal: Arc<Journal>, namer: Namer) -> std::io::Result<Arc<Stats>> {
-    std::fs::create_dir_all(&cfg.dir)?;
+    if !cfg.dir.exists() {
+        std::fs::DirBuilder::new()
+            .mode(crate::statedir::DIR_MODE)
+            .create(&cfg.dir)?;
+    }
     let stats = Arc::new(Stats::default());
     // A position of another journal (the state directory was replaced)
     // means nothing here: start from the oldest event on disk.

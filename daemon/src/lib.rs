@@ -19,4 +19,5 @@ pub mod procfs;
 pub mod rpc;
 pub mod sched;
 pub mod state;
+pub mod statedir;
 pub mod symbols;

@@ -26,6 +26,7 @@ pub mod segment;
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -189,29 +190,31 @@ fn is_id(s: &str) -> bool {
 /// The identity kept in `dir/id`, made (a random UUID) the first time.
 fn journal_id(dir: &Path) -> io::Result<String> {
     let path = dir.join("id");
-    match std::fs::read(&path) {
-        Ok(b) => match String::from_utf8(b) {
+    match crate::statedir::read(&path, 4096) {
+        Ok(Some(b)) => match String::from_utf8(b) {
             Ok(s) if is_id(s.trim()) => return Ok(s.trim().to_string()),
             _ => tracing::warn!(
                 file = %path.display(),
                 "journal: its identity is damaged; it gets a new one (an export starts over)"
             ),
         },
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Ok(None) => {}
         Err(e) => return Err(e),
     }
     let id = std::fs::read_to_string("/proc/sys/kernel/random/uuid")?
         .trim()
         .to_string();
-    let tmp = dir.join("id.tmp");
-    std::fs::write(&tmp, format!("{id}\n"))?;
-    std::fs::File::open(&tmp)?.sync_all()?;
-    std::fs::rename(&tmp, &path)?;
+    crate::statedir::replace(&path, format!("{id}\n").as_bytes())?;
     Ok(id)
 }
 
 fn recover(dir: &Path) -> io::Result<Recovered> {
-    std::fs::create_dir_all(dir)?;
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(crate::statedir::DIR_MODE)
+            .create(dir)?;
+    }
     let mut segments = segment::list(dir)?;
     let mut torn = false;
     let mut last_seq = 0;
@@ -232,7 +235,7 @@ fn recover(dir: &Path) -> io::Result<Recovered> {
         match s.last_seq {
             Some(last) => {
                 if s.valid_len < s.file_len {
-                    let f = OpenOptions::new().write(true).open(&newest.path)?;
+                    let f = crate::statedir::open(&newest.path, OpenOptions::new().write(true))?;
                     f.set_len(s.valid_len)?;
                     f.sync_all()?;
                 }
@@ -770,7 +773,7 @@ impl Writer {
         if let Some(s) = reuse {
             let len = std::fs::metadata(&s.path)?.len();
             if len < self.j.cfg.segment_bytes {
-                let file = OpenOptions::new().append(true).open(&s.path)?;
+                let file = crate::statedir::open(&s.path, OpenOptions::new().append(true))?;
                 self.active = Some(Active {
                     file,
                     len,
@@ -785,10 +788,8 @@ impl Writer {
 
     fn create_segment(&mut self, first_seq: u64) -> io::Result<()> {
         let path = self.j.cfg.dir.join(segment::file_name(first_seq));
-        let mut file = OpenOptions::new()
-            .create_new(true)
-            .append(true)
-            .open(&path)?;
+        let mut file =
+            crate::statedir::open(&path, OpenOptions::new().create_new(true).append(true))?;
         file.write_all(&segment::header(first_seq))?;
         // The new name must survive a crash too.
         File::open(&self.j.cfg.dir)?.sync_all()?;

@@ -220,7 +220,7 @@ pub fn scan(path: &Path) -> io::Result<Scan> {
 
 /// The time of a segment's first record, if it has a valid one.
 pub fn first_time(path: &Path) -> io::Result<Option<u64>> {
-    let f = File::open(path)?;
+    let f = crate::statedir::open(path, std::fs::OpenOptions::new().read(true))?;
     let mut head = [0u8; HEADER_LEN as usize + RECORD_HEADER_LEN];
     match f.read_exact_at(&mut head, 0) {
         Ok(()) => {}
@@ -255,7 +255,7 @@ pub struct SegmentReader {
 impl SegmentReader {
     /// Opens `path`, checking its header.
     pub fn open(path: &Path) -> io::Result<Self> {
-        let mut file = File::open(path)?;
+        let mut file = crate::statedir::open(path, std::fs::OpenOptions::new().read(true))?;
         let mut h = [0u8; HEADER_LEN as usize];
         file.read_exact(&mut h)?;
         if &h[..8] != MAGIC {

@@ -33,6 +33,10 @@ use crate::model::Pid;
 /// File name in the state directory.
 pub const FILE: &str = "watchpoints.pb";
 
+/// Largest saved state read back (a damaged or forged file is refused, not
+/// read whole): 64 MiB, some 100,000 entries.
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+
 /// The saved entries and what a restart could not set again.
 #[derive(Debug)]
 pub struct Persist {
@@ -95,10 +99,9 @@ impl Persist {
     /// (None if nothing). A file that does not decode is kept aside
     /// (`.damaged`) and reported, never half-restored.
     pub fn open(dir: &Path) -> io::Result<(Persist, Option<pb::SavedState>)> {
-        std::fs::create_dir_all(dir)?;
         let path = dir.join(FILE);
-        let saved = match std::fs::read(&path) {
-            Ok(bytes) => match pb::SavedState::decode(bytes.as_slice()) {
+        let saved = match crate::statedir::read(&path, MAX_FILE_BYTES) {
+            Ok(Some(bytes)) => match pb::SavedState::decode(bytes.as_slice()) {
                 Ok(s) => Some(s),
                 Err(e) => {
                     let aside = dir.join(format!("{FILE}.damaged"));
@@ -112,7 +115,7 @@ impl Persist {
                     None
                 }
             },
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Ok(None) => None,
             Err(e) => return Err(e),
         };
         Ok((
@@ -238,18 +241,7 @@ impl Persist {
     }
 
     fn write(&self, state: &pb::SavedState) -> io::Result<()> {
-        use std::io::Write;
-        let tmp = self.path.with_extension("pb.tmp");
-        {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&state.encode_to_vec())?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, &self.path)?;
-        if let Some(dir) = self.path.parent() {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
+        crate::statedir::replace(&self.path, &state.encode_to_vec())
     }
 
     /// Entries saved now (tests, listings).

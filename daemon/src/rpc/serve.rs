@@ -142,15 +142,16 @@ pub struct StateOptions {
 fn lock_state_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
     use std::io::{Read, Seek, Write};
     use std::os::fd::AsRawFd;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join("lock");
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
+    let mut f = crate::statedir::open(
+        &path,
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false),
+    )
+    .with_context(|| format!("opening {}", path.display()))?;
     // SAFETY: flock on an fd we own.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let mut holder = String::new();
@@ -275,7 +276,11 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
     let mut persist = None;
     // Held for the daemon's life: two daemons never share a journal.
     let _state_lock = match &opts.state {
-        Some(state) => Some(lock_state_dir(&state.dir)?),
+        Some(state) => {
+            crate::statedir::StateDir::open(&state.dir)
+                .with_context(|| "refusing the state directory (--state-dir)".to_string())?;
+            Some(lock_state_dir(&state.dir)?)
+        }
         None => None,
     };
     if let Some(state) = &opts.state {
