@@ -114,6 +114,14 @@ pub fn token(s: &str) -> String {
     if t.is_empty() { "_".into() } else { t }
 }
 
+/// A header value for text a target chose: escaped (no control
+/// character), checked by the library's own validation rather than its
+/// panicking conversion.
+fn header_text(s: &str) -> async_nats::HeaderValue {
+    let e = wpd_proto::text::escape(s);
+    e.parse().unwrap_or_default()
+}
+
 /// The subject kind and the (pid, tid) of an event.
 fn kind_of(ev: &E) -> (&'static str, i32, i32) {
     match ev {
@@ -286,11 +294,14 @@ async fn run(
             if tid > 0 {
                 headers.insert("Wpd-Tid", tid.to_string().as_str());
             }
+            // Names are the target's choice (`prctl(PR_SET_NAME)`): a line
+            // break in a header value would end the header block (and
+            // async-nats panics on one), so they go out escaped.
             if let Some(p) = &process {
-                headers.insert("Wpd-Process", p.as_str());
+                headers.insert("Wpd-Process", header_text(p));
             }
             if let Some(t) = &thread {
-                headers.insert("Wpd-Thread", t.as_str());
+                headers.insert("Wpd-Thread", header_text(t));
             }
             headers.insert(
                 "Content-Type",
@@ -329,6 +340,17 @@ mod tests {
         assert_eq!(token("host-1.example.org"), "host-1_example_org");
         assert_eq!(token("a b*c>"), "a_b_c_");
         assert_eq!(token(""), "_");
+    }
+
+    #[test]
+    fn names_a_target_chose_make_valid_header_values() {
+        for name in ["evil\nname", "a\r\nNats-Msg-Id: x", "\x1b[2J", "ok", ""] {
+            let v = header_text(name);
+            assert!(!v.as_str().contains(['\r', '\n']), "{name:?} -> {v:?}");
+            let mut h = async_nats::HeaderMap::new();
+            h.insert("Wpd-Thread", v);
+        }
+        assert_eq!(header_text("evil\nname").as_str(), "evil\\nname");
     }
 
     #[test]

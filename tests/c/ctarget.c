@@ -22,6 +22,8 @@
  *                   `counter` every 2 ms                              -> POOL n=N tids=T1,T2,..
  *   pool-rename P   every pool thread renames itself P-I              -> POOL-RENAMED n=.. tids=..
  *   rename NAME     the main thread (the leader) renames itself        -> RENAMED
+ *   rename-hex HEX  the same with any bytes (hex): a name holding a line
+ *                   break or an escape sequence, as a hostile program's  -> RENAMED
  *   quit            exits 0                                           -> BYE
  *
  * Every store the tests expect a hit from is on a line marked with a
@@ -318,6 +320,20 @@ int main(int argc, char **argv)
         } else if (!strcmp(cmd, "rename") && n >= 2) {
             /* The main thread's name (and so the process's, it is the leader). */
             if (prctl(PR_SET_NAME, arg, 0, 0, 0) == 0)
+                puts("RENAMED");
+            else
+                printf("ERR prctl %s\n", arg);
+        } else if (!strcmp(cmd, "rename-hex") && n >= 2) {
+            char name[16] = {0};
+            size_t len = strlen(arg) / 2;
+            if (len > 15)
+                len = 15;
+            for (size_t i = 0; i < len; i++) {
+                unsigned b = 0;
+                sscanf(arg + 2 * i, "%2x", &b);
+                name[i] = (char)b;
+            }
+            if (prctl(PR_SET_NAME, name, 0, 0, 0) == 0)
                 puts("RENAMED");
             else
                 printf("ERR prctl %s\n", arg);

@@ -171,3 +171,123 @@ async fn every_event_reaches_jetstream_once_across_a_server_restart() -> Result<
     }
     daemon.finish(result)
 }
+
+/// A watched program names its thread `evil\nname`: the exporter sends the
+/// name escaped (a line break would end a NATS header block; the client
+/// library panics on one) and the daemon keeps running, also after a restart
+/// that reads the same journal record again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_name_with_a_line_break_is_exported_escaped() -> Result<()> {
+    if !require_root_perf() || !nats_available() {
+        return Ok(());
+    }
+    let nats = NatsServer::start().await?;
+    let url = nats.url();
+    let args = [
+        "--export-nats",
+        url.as_str(),
+        "--host-name",
+        "h",
+        "--export-stream",
+        "WPDEVIL",
+    ];
+    let mut daemon = Daemon::start_with_args(&args).await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    let result = async {
+        // "evil\nname", set by the leader: its thread and process name.
+        ensure!(t.cmd("rename-hex 6576696c0a6e616d65").await? == "RENAMED");
+        let mut c = daemon.client().await?;
+        rpc_ok(
+            "SetWatchpoint",
+            c.set_watchpoint(SetWatchpointRequest {
+                spec: Some(WatchpointSpec {
+                    pid: t.pid,
+                    symbol: "counter".into(),
+                    access: Access::Write as i32,
+                    backend: Backend::Perf as i32,
+                    ..Default::default()
+                }),
+            }),
+        )
+        .await?;
+        for v in 1..=3 {
+            ensure!(t.cmd(&format!("set counter {v}")).await? == "SET");
+        }
+        poll_until(
+            Duration::from_secs(20),
+            "the hits to be exported",
+            async || {
+                let s = stats(&mut c).await?;
+                Ok(
+                    if s.export_acked_seq >= s.journal_written_seq && s.journal_written_seq >= 3 {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "acked {} of {}",
+                            s.export_acked_seq, s.journal_written_seq
+                        ))
+                    },
+                )
+            },
+        )
+        .await?;
+        ensure!(daemon.is_running(), "wpd died exporting the name");
+
+        let client = async_nats::connect(url.as_str()).await?;
+        let js = async_nats::jetstream::new(client);
+        let mut stream = js.get_stream("WPDEVIL").await?;
+        let n = stream.info().await?.state.messages;
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig::default())
+            .await?;
+        let mut messages = consumer.messages().await?;
+        let mut hits = 0;
+        for _ in 0..n {
+            let m = tokio::time::timeout(Duration::from_secs(10), messages.next())
+                .await
+                .context("the stream ended early")?
+                .context("no message")??;
+            let h = m.headers.as_ref().context("no headers")?;
+            let ev = StreamEventsResponse::decode(m.payload.as_ref())?;
+            if let Some(E::Hit(hit)) = &ev.event {
+                hits += 1;
+                // The event keeps the bytes; the header shows them escaped.
+                ensure!(hit.thread_name == "evil\nname", "{hit:?}");
+                ensure!(
+                    h.get("Wpd-Thread").map(|v| v.as_str()) == Some("evil\\nname"),
+                    "{h:?}"
+                );
+                ensure!(
+                    h.get("Wpd-Process").map(|v| v.as_str()) == Some("evil\\nname"),
+                    "{h:?}"
+                );
+            }
+        }
+        ensure!(hits >= 3, "{hits} hits in the stream");
+
+        // A restart reads the journal again from the export's position: the
+        // daemon that reads it back must live too.
+        // Without its position the export starts over from the first event.
+        daemon.kill().await?;
+        std::fs::remove_file(daemon.state_dir().join("export/nats.cursor"))?;
+        let mut again = Daemon::restart_from(&daemon, &args).await?;
+        let mut c = again.client().await?;
+        poll_until(
+            Duration::from_secs(20),
+            "the export to start over",
+            async || {
+                let s = stats(&mut c).await?;
+                Ok(if s.export_acked_seq >= 3 {
+                    Ok(())
+                } else {
+                    Err(format!("acked {}", s.export_acked_seq))
+                })
+            },
+        )
+        .await?;
+        ensure!(again.is_running(), "wpd died after a restart");
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}

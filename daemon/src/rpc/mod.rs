@@ -118,7 +118,7 @@ impl Service {
                     refused += 1;
                     let pid = spec.as_ref().map_or(0, |s| s.pid);
                     let reason = format!("not set again after a restart: {why}");
-                    tracing::warn!(saved_id = e.id, pid, "{reason}");
+                    tracing::warn!(saved_id = e.id, pid, why = ?why.to_string(), "not set again after a restart");
                     self.core.bus.publish(EventKind::WatchpointRemoved {
                         id: WatchId(e.id),
                         pid,

@@ -194,7 +194,7 @@ fn find_debug_file(
         if let Some(want) = crc
             && crc32fast::hash(&m) != want
         {
-            tracing::debug!(path = %p.display(), "debug file CRC does not match: skipped");
+            tracing::debug!(path = ?p, "debug file CRC does not match: skipped");
             return None;
         }
         let f = object::File::parse(&*m).ok()?;

@@ -513,7 +513,7 @@ impl Symbols {
             let elf = match self.file(pid, f) {
                 Ok(e) => e,
                 Err(e) => {
-                    tracing::debug!(pid, "{e}");
+                    tracing::debug!(pid, error = ?e.to_string(), "module file skipped");
                     continue;
                 }
             };
