@@ -296,3 +296,67 @@ async fn two_daemons_never_share_a_state_directory() -> Result<()> {
     .await;
     first.finish(result)
 }
+
+/// A second daemon on the socket or the ptrace state file of a running one
+/// is refused before it reads, cleans up or removes anything of the first
+/// one's: the state file listing the first daemon's ptrace attachments is
+/// still there afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_daemon_is_refused_before_touching_the_first_ones_files() -> Result<()> {
+    let first = Daemon::start().await?;
+    let result = async {
+        let state_file = first.state_file().to_path_buf();
+        // As a daemon with an attachment would have it (a pid that does not
+        // exist: recovery would only remove the file).
+        std::fs::write(&state_file, "pid 2147483000 start 0\n")?;
+        let run = |socket: std::path::PathBuf| {
+            let state_file = state_file.clone();
+            async move {
+                let dir = unique_temp_dir("wpd-second")?;
+                let out = tokio::process::Command::new(wpd_tests::bin_path("wpd"))
+                    .arg("--listen")
+                    .arg(format!("unix:{}", socket.display()))
+                    .arg("--state-dir")
+                    .arg(dir.join("state"))
+                    .env("WPD_STATE_FILE", &state_file)
+                    .kill_on_drop(true)
+                    .output()
+                    .await?;
+                let _ = std::fs::remove_dir_all(&dir);
+                anyhow::Ok(out)
+            }
+        };
+        // Same socket.
+        let out = run(first.socket_path().to_path_buf()).await?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success() && err.contains("another daemon is already listening"),
+            "{out:?}"
+        );
+        ensure!(
+            state_file.exists(),
+            "the second daemon removed the first one's state file"
+        );
+        // Another socket, the same ptrace state file.
+        let other = unique_temp_dir("wpd-second-sock")?;
+        let out = run(other.join("wpd.sock")).await?;
+        let _ = std::fs::remove_dir_all(&other);
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success()
+                && err.contains(&format!("another wpd (pid {})", first.pid()))
+                && err.contains("ptrace state file"),
+            "{out:?}"
+        );
+        ensure!(
+            state_file.exists(),
+            "the second daemon removed the first one's state file"
+        );
+        // The first one still answers on its socket.
+        let mut c = first.client().await?;
+        list(&mut c).await?;
+        Ok(())
+    }
+    .await;
+    first.finish(result)
+}

@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow, bail};
 use tonic::transport::Server;
 use wpd_proto::v1::watchpoints_server::WatchpointsServer;
 
@@ -257,6 +257,21 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
         .state_file
         .clone()
         .unwrap_or_else(|| state_file_for(&listen));
+    // One daemon per socket, ptrace state file and state directory, settled
+    // before anything is read, cleaned up or written: a second daemon is
+    // refused here, leaving the first one's files alone.
+    let bound = bind(&listen, activated, &opts).await?;
+    let _ptrace_lock =
+        crate::backend::ptrace::recovery::lock_state_file(&state_file).map_err(|e| anyhow!(e))?;
+    // Held for the daemon's life: two daemons never share a journal.
+    let _state_lock = match &opts.state {
+        Some(state) => {
+            crate::statedir::StateDir::open(&state.dir)
+                .with_context(|| "refusing the state directory (--state-dir)".to_string())?;
+            Some(lock_state_dir(&state.dir)?)
+        }
+        None => None,
+    };
     // A previous daemon killed with ptrace registers armed left targets that
     // die on their next hit: clear them before anything else.
     let recover = state_file.clone();
@@ -274,15 +289,6 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
         backends: crate::core::Backends::System { state_file },
     });
     let mut persist = None;
-    // Held for the daemon's life: two daemons never share a journal.
-    let _state_lock = match &opts.state {
-        Some(state) => {
-            crate::statedir::StateDir::open(&state.dir)
-                .with_context(|| "refusing the state directory (--state-dir)".to_string())?;
-            Some(lock_state_dir(&state.dir)?)
-        }
-        None => None,
-    };
     if let Some(state) = &opts.state {
         let cfg = &state.journal;
         let journal =
@@ -401,35 +407,24 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
         tokio::time::sleep(SHUTDOWN_GRACE).await;
         tracing::warn!("connections still open after {SHUTDOWN_GRACE:?}: closing them");
     };
-    let result = match &listen {
-        Listen::Unix(path) => {
-            // systemd's socket is systemd's: its path, mode and owner stay.
-            let (l, ours) = match activated {
-                Some((l, _)) => (l, false),
-                None => {
-                    let l = prepare_socket(
-                        path,
-                        opts.socket_mode.unwrap_or(SOCKET_MODE),
-                        opts.socket_gid,
-                    )?;
-                    (l, true)
-                }
+    let result = match bound {
+        Bound::Unix { listener: l, guard } => {
+            let how = if guard.is_some() {
+                ""
+            } else {
+                " (socket from systemd)"
             };
-            let how = if ours { "" } else { " (socket from systemd)" };
-            eprintln!("wpd: listening on unix:{}{how}", path.display());
+            if let Listen::Unix(path) = &listen {
+                eprintln!("wpd: listening on unix:{}{how}", path.display());
+            }
             let incoming = conn::unix_incoming(l, opts.conns, registry.clone());
             let serve = router.serve_with_incoming_shutdown(incoming, shutdown);
             systemd_ready();
             let r = tokio::select! { r = serve => r, _ = deadline => Ok(()) };
-            if ours {
-                let _ = std::fs::remove_file(path);
-            }
+            drop(guard);
             r
         }
-        Listen::Tcp(addr) => {
-            let l = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding {addr}"))?;
+        Bound::Tcp(l) => {
             eprintln!("wpd: listening on tcp://{}", l.local_addr()?);
             let incoming = conn::tcp_incoming(l, opts.conns, registry.clone());
             let serve = router.serve_with_incoming_shutdown(incoming, shutdown);
@@ -441,6 +436,60 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
     tokio::task::spawn_blocking(move || c.shutdown()).await?;
     eprintln!("wpd: stopped; every target was detached");
     result.context("serving")
+}
+
+/// The listener, bound before anything else happens.
+enum Bound {
+    /// A Unix socket; `guard` removes its path when it is ours (not
+    /// systemd's) however the daemon ends.
+    Unix {
+        listener: tokio::net::UnixListener,
+        guard: Option<SocketGuard>,
+    },
+    /// A TCP listener.
+    Tcp(tokio::net::TcpListener),
+}
+
+/// Removes the socket file the daemon created when dropped.
+struct SocketGuard(PathBuf);
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Binds `listen` (or takes the socket systemd passed): a second daemon on
+/// the same socket or port is refused here, before it reads or writes
+/// anything.
+async fn bind(
+    listen: &Listen,
+    activated: Option<(tokio::net::UnixListener, PathBuf)>,
+    opts: &Options,
+) -> anyhow::Result<Bound> {
+    Ok(match (listen, activated) {
+        // systemd's socket is systemd's: its path, mode and owner stay.
+        (_, Some((listener, _))) => Bound::Unix {
+            listener,
+            guard: None,
+        },
+        (Listen::Unix(path), None) => {
+            let listener = prepare_socket(
+                path,
+                opts.socket_mode.unwrap_or(SOCKET_MODE),
+                opts.socket_gid,
+            )?;
+            Bound::Unix {
+                listener,
+                guard: Some(SocketGuard(path.clone())),
+            }
+        }
+        (Listen::Tcp(addr), None) => Bound::Tcp(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr}"))?,
+        ),
+    })
 }
 
 /// The listening Unix socket systemd passed (socket activation:

@@ -67,11 +67,64 @@ impl StateFile {
         if let Some(dir) = self.path.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
-        let tmp = self.path.with_extension("tmp");
-        if std::fs::write(&tmp, &lines).is_ok() {
-            let _ = std::fs::rename(&tmp, &self.path);
+        // `<file>.tmp`, renamed over the file: private (0600), never
+        // through a link, one per state file.
+        if let Err(e) = crate::statedir::replace(&self.path, lines.as_bytes()) {
+            tracing::warn!(
+                file = ?self.path,
+                error = %e,
+                "cannot write the ptrace state file: a restart after a crash could not clear \
+                 the debug registers it lists"
+            );
         }
     }
+}
+
+/// The lock of a ptrace state file (`<file>.lock`, an exclusive `flock`
+/// held for the daemon's life): two daemons never share a state file, and
+/// the second is refused before it reads (and removes) the first one's.
+#[derive(Debug)]
+pub struct StateLock {
+    _file: std::fs::File,
+}
+
+/// Takes the lock of the state file at `path`, or names the daemon (pid)
+/// holding it.
+pub fn lock_state_file(path: &std::path::Path) -> Result<StateLock, String> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let mut lock = path.as_os_str().to_owned();
+    lock.push(".lock");
+    let lock = PathBuf::from(lock);
+    if let Some(dir) = lock.parent()
+        && !dir.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    }
+    let mut f = crate::statedir::open(
+        &lock,
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false),
+    )
+    .map_err(|e| format!("opening {}: {e}", lock.display()))?;
+    // SAFETY: flock on an fd we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let mut holder = String::new();
+        let _ = f.read_to_string(&mut holder);
+        return Err(format!(
+            "another wpd (pid {}) uses the ptrace state file {}: give this one its own \
+             --ptrace-state-file, or its own --listen address",
+            holder.trim(),
+            path.display()
+        ));
+    }
+    let _ = f.set_len(0);
+    let _ = f.rewind();
+    let _ = writeln!(f, "{}", std::process::id());
+    Ok(StateLock { _file: f })
 }
 
 /// What a state file line names: every thread of a process (`pid P start
@@ -101,8 +154,14 @@ fn parse_state_line(line: &str) -> Option<StateLine> {
 /// `path` of a daemon that died without cleaning up (SIGKILL, OOM kill).
 /// Runs before serving. Returns how many threads were cleaned.
 pub fn recover(path: &std::path::Path) -> usize {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return 0;
+    // A few lines per attached process; a larger file is not ours.
+    let text = match crate::statedir::read(path, 16 << 20) {
+        Ok(Some(b)) => String::from_utf8_lossy(&b).into_owned(),
+        Ok(None) => return 0,
+        Err(e) => {
+            tracing::warn!(file = ?path, error = %e, "cannot read the ptrace state file");
+            return 0;
+        }
     };
     let mut cleaned = 0;
     for line in text.lines() {
