@@ -55,6 +55,11 @@ struct Args {
     /// (CAP_SYS_PTRACE) have 64 more in reserve.
     #[arg(long, default_value_t = ConnLimits::default().total)]
     max_connections: usize,
+    /// TCP connections open at once that have not yet sent a request with
+    /// the token (each gets 10 s to do so; when they are all taken the
+    /// oldest is closed to admit a new one)
+    #[arg(long, default_value_t = ConnLimits::default().pending)]
+    max_pending_connections: usize,
     /// HTTP/2 streams (requests and event streams) open at once on one
     /// connection.
     #[arg(long, default_value_t = ConnLimits::default().streams)]
@@ -331,6 +336,7 @@ async fn run(args: Args) -> std::process::ExitCode {
         privileged_reserve: ConnLimits::default().privileged_reserve,
         idle: std::time::Duration::from_secs(args.idle_timeout.max(1)),
         streams: args.max_streams_per_connection.max(1),
+        pending: args.max_pending_connections.max(1),
     };
     let fd_headroom = args
         .fd_headroom

@@ -265,3 +265,125 @@ async fn out_of_fds_the_accept_loop_backs_off_and_recovers() -> Result<()> {
     .await;
     daemon.finish(result)
 }
+
+/// A plain-TCP daemon on loopback with a token, killed and cleaned up on drop.
+struct TokenDaemon {
+    child: tokio::process::Child,
+    dir: std::path::PathBuf,
+    port: u16,
+    token: String,
+}
+
+impl TokenDaemon {
+    async fn start(extra: &[&str]) -> Result<TokenDaemon> {
+        let dir = wpd_tests::unique_temp_dir("wpd-preauth")?;
+        let token = "preauth-test-token-1234".to_string();
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, &token)?;
+        let port = wpd_tests::free_port()?;
+        let child = tokio::process::Command::new(wpd_tests::bin_path("wpd"))
+            .arg("--listen")
+            .arg(format!("tcp://127.0.0.1:{port}"))
+            .arg("--token-file")
+            .arg(&token_file)
+            .arg("--state-dir")
+            .arg("none")
+            .args(extra)
+            .env("WPD_STATE_FILE", dir.join("ptrace-armed"))
+            .stderr(std::fs::File::create(dir.join("wpd.log"))?)
+            .kill_on_drop(true)
+            .spawn()?;
+        let d = TokenDaemon {
+            child,
+            dir,
+            port,
+            token,
+        };
+        poll_until(T, "the daemon to answer", async || {
+            Ok(match d.call().await {
+                Ok(()) => Ok(()),
+                Err(e) => Err(format!("{e:#}")),
+            })
+        })
+        .await?;
+        Ok(d)
+    }
+
+    fn uri(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// A token holder's GetStats on a connection of its own.
+    async fn call(&self) -> Result<()> {
+        let ch = tonic::transport::Endpoint::from_shared(self.uri())?
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await?;
+        let mut c = wpd_proto::v1::watchpoints_client::WatchpointsClient::new(ch);
+        let mut req = tonic::Request::new(GetStatsRequest {});
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {}", self.token).parse()?);
+        tokio::time::timeout(Duration::from_secs(5), c.get_stats(req)).await??;
+        Ok(())
+    }
+}
+
+impl Drop for TokenDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        if std::thread::panicking()
+            && let Ok(log) = std::fs::read_to_string(self.dir.join("wpd.log"))
+        {
+            eprintln!("----- wpd log -----\n{log}");
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Connections that never present the token cannot lock token holders out
+/// of a TCP daemon: health and reflection streams without the token are
+/// refused (UNAUTHENTICATED) instead of holding a connection forever, and
+/// connections that send nothing wait in a small budget of their own, the
+/// oldest closed to admit a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_without_the_token_cannot_lock_token_holders_out() -> Result<()> {
+    let d = TokenDaemon::start(&["--max-connections-per-caller", "4"]).await?;
+    // 12 connections, each with a health watch stream and no token.
+    let mut watches = Vec::new();
+    let mut refused = 0;
+    for _ in 0..12 {
+        let ch = tonic::transport::Endpoint::from_shared(d.uri())?
+            .connect()
+            .await?;
+        let mut h = tonic_health::pb::health_client::HealthClient::new(ch);
+        match tokio::time::timeout(
+            Duration::from_secs(5),
+            h.watch(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            }),
+        )
+        .await?
+        {
+            Err(s) if s.code() == tonic::Code::Unauthenticated => refused += 1,
+            other => watches.push((h, other)),
+        }
+    }
+    ensure!(
+        refused == 12,
+        "{refused} of 12 health streams without the token were refused"
+    );
+    d.call().await?;
+    // 40 connections that connect and send nothing at all.
+    let mut silent = Vec::new();
+    for _ in 0..40 {
+        silent.push(tokio::net::TcpStream::connect(("127.0.0.1", d.port)).await?);
+    }
+    for round in 0..3 {
+        d.call()
+            .await
+            .map_err(|e| e.context(format!("round {round}: the token holder was locked out")))?;
+    }
+    drop(watches);
+    drop(silent);
+    Ok(())
+}

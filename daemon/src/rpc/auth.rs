@@ -40,23 +40,37 @@ pub fn caller<T>(cfg: &AuthConfig, req: &Request<T>) -> Result<Caller, WpdError>
     if let Some(caller) = req.extensions().get::<PeerInfo>().and_then(|p| p.caller) {
         return Ok(caller);
     }
+    let values: Vec<&[u8]> = req
+        .metadata()
+        .get_all("authorization")
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    token_caller(cfg, &values)
+}
+
+/// The caller a request's `authorization` header values (`values`) make,
+/// on a connection without a caller identity (TCP).
+pub fn token_caller(cfg: &AuthConfig, values: &[&[u8]]) -> Result<Caller, WpdError> {
     let Some(token) = cfg.token.as_deref() else {
         return Err(WpdError::Unauthenticated(
             "this transport has no caller identity and no token is configured".into(),
         ));
     };
-    let mut headers = req.metadata().get_all("authorization").iter();
-    let (Some(header), None) = (headers.next(), headers.next()) else {
-        let n = req.metadata().get_all("authorization").iter().count();
+    let [header] = values else {
+        let n = values.len();
         return Err(WpdError::Unauthenticated(if n == 0 {
             "missing `authorization: Bearer <token>` metadata".into()
         } else {
             format!("{n} `authorization` headers: send exactly one")
         }));
     };
-    let value = header
-        .to_str()
-        .map_err(|_| WpdError::Unauthenticated("the `authorization` header is not ASCII".into()))?;
+    let value = std::str::from_utf8(header)
+        .ok()
+        .filter(|v| v.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b)))
+        .ok_or_else(|| {
+            WpdError::Unauthenticated("the `authorization` header is not ASCII".into())
+        })?;
     let presented = value
         .split_once(' ')
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))

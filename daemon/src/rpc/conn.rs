@@ -5,9 +5,17 @@
 //!
 //! Limits are decided at accept time, before a byte of HTTP/2 is read: a
 //! connection over its caller's limit is closed at once. On the Unix socket
-//! the caller is the peer's uid (SO_PEERCRED); on TCP, where the token
-//! decides who a caller is only per request, the remote address counts
-//! against one shared budget (`tcp`).
+//! the caller is the peer's uid (SO_PEERCRED). On TCP the token decides who
+//! calls, and only once a request arrives, so a TCP connection starts in a
+//! small budget of its own ([`Budget::Pending`]) and moves to the TCP
+//! budget with its first request bearing the token ([`AuthLayer`]): until
+//! then it may send nothing else but the unary health check (what
+//! orchestrators' probes send, without a token; it answers at once and
+//! names nothing): no health watch, no reflection, both streams that never
+//! go idle. It is closed [`PREAUTH_TIMEOUT`] after it was accepted, and when
+//! the pending budget is full the oldest pending connection is closed to
+//! make room. So connections that never authenticate cannot lock token
+//! holders out.
 //!
 //! Running out of fds (EMFILE/ENFILE) must not turn the accept loop into a
 //! busy loop, nor keep a privileged caller out: the loop keeps one spare fd,
@@ -21,7 +29,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -54,7 +62,14 @@ pub struct ConnLimits {
     /// HTTP/2 streams (requests, event subscriptions) open at once on one
     /// connection (`SETTINGS_MAX_CONCURRENT_STREAMS`).
     pub streams: u32,
+    /// TCP connections open at once that have not yet sent a request with
+    /// the token (the oldest is closed to admit a new one).
+    pub pending: usize,
 }
+
+/// How long a TCP connection may stay open without a request bearing the
+/// token.
+pub const PREAUTH_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Default for ConnLimits {
     fn default() -> Self {
@@ -64,6 +79,7 @@ impl Default for ConnLimits {
             privileged_reserve: 64,
             idle: Duration::from_secs(300),
             streams: 64,
+            pending: 16,
         }
     }
 }
@@ -73,8 +89,11 @@ impl Default for ConnLimits {
 pub enum Budget {
     /// A local user (peer uid on the Unix socket).
     Uid(u32),
-    /// Every TCP peer together (callers are told apart by token only).
+    /// Every TCP peer that has presented the token, together (callers are
+    /// told apart by token only).
     Tcp,
+    /// TCP connections that have not presented the token yet.
+    Pending,
 }
 
 /// Open connections, by budget, and counters.
@@ -92,6 +111,12 @@ pub struct Registry {
     /// Connections closed since the allocator was last asked to trim.
     closed_since_trim: AtomicUsize,
     next_id: AtomicU64,
+    /// Connections in [`Budget::Pending`], oldest first (weak: a closed one
+    /// is skipped).
+    pending: Mutex<std::collections::VecDeque<std::sync::Weak<ConnState>>>,
+    /// Pending connections closed without authenticating (evicted or timed
+    /// out).
+    preauth_closed: AtomicU64,
 }
 
 impl Registry {
@@ -110,6 +135,33 @@ impl Registry {
         self.idled.load(Ordering::Relaxed)
     }
 
+    /// TCP connections closed because they sent no request with the token
+    /// in time, or to make room for a newer one.
+    pub fn preauth_closed(&self) -> u64 {
+        self.preauth_closed.load(Ordering::Relaxed)
+    }
+
+    /// Closes the oldest pending connection that is still open; false if
+    /// there is none.
+    fn evict_oldest_pending(&self) -> bool {
+        let mut q = self.pending.lock().unwrap();
+        while let Some(w) = q.pop_front() {
+            if let Some(c) = w.upgrade()
+                && !c.authenticated.load(Ordering::Acquire)
+                && !c.evicted.swap(true, Ordering::AcqRel)
+            {
+                self.preauth_closed.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    conn = c.id,
+                    "closing a connection that has not authenticated"
+                );
+                c.wake();
+                return true;
+            }
+        }
+        false
+    }
+
     /// Admits a connection of `budget` or says which limit refuses it.
     fn admit(
         self: &Arc<Self>,
@@ -118,6 +170,16 @@ impl Registry {
         limits: &ConnLimits,
     ) -> Result<Arc<ConnState>, &'static str> {
         let mut open = self.open.lock().unwrap();
+        if budget == Budget::Pending && open.get(&budget).copied().unwrap_or(0) >= limits.pending {
+            // The oldest goes. An evicted connection counts until its task
+            // sees the flag, so the pending budget may be exceeded briefly;
+            // the new one is refused only when none could be evicted.
+            drop(open);
+            if !self.evict_oldest_pending() {
+                return Err("connections waiting to authenticate");
+            }
+            open = self.open.lock().unwrap();
+        }
         let mine = open.get(&budget).copied().unwrap_or(0);
         let total = self.total.load(Ordering::Relaxed);
         if privileged {
@@ -125,7 +187,7 @@ impl Registry {
                 return Err("connections (including the privileged reserve)");
             }
         } else {
-            if mine >= limits.per_caller {
+            if budget != Budget::Pending && mine >= limits.per_caller {
                 return Err("connections per caller");
             }
             if self.unprivileged.load(Ordering::Relaxed) >= limits.total {
@@ -135,14 +197,46 @@ impl Registry {
         }
         *open.entry(budget).or_default() += 1;
         self.total.fetch_add(1, Ordering::Relaxed);
-        Ok(Arc::new(ConnState {
+        drop(open);
+        let now = now_ms();
+        let conn = Arc::new(ConnState {
             id: self.next_id.fetch_add(1, Ordering::Relaxed) + 1,
-            budget,
+            budget: Mutex::new(budget),
             privileged,
             active: AtomicUsize::new(0),
-            last_ms: AtomicU64::new(now_ms()),
+            last_ms: AtomicU64::new(now),
+            accepted_ms: now,
+            authenticated: AtomicBool::new(budget != Budget::Pending),
+            evicted: AtomicBool::new(false),
+            waker: Mutex::new(None),
             registry: self.clone(),
-        }))
+        });
+        if budget == Budget::Pending {
+            let mut q = self.pending.lock().unwrap();
+            q.retain(|w| w.strong_count() > 0);
+            q.push_back(Arc::downgrade(&conn));
+        }
+        Ok(conn)
+    }
+
+    /// Moves `conn` from the pending budget to the TCP one (its request
+    /// bore the token), or says which limit refuses it.
+    fn promote(&self, conn: &ConnState, limits_per_caller: usize) -> Result<(), &'static str> {
+        let mut open = self.open.lock().unwrap();
+        let mut budget = conn.budget.lock().unwrap();
+        if *budget != Budget::Pending {
+            return Ok(());
+        }
+        if open.get(&Budget::Tcp).copied().unwrap_or(0) >= limits_per_caller {
+            return Err("connections per caller");
+        }
+        if let Some(n) = open.get_mut(&Budget::Pending) {
+            *n = n.saturating_sub(1);
+        }
+        *open.entry(Budget::Tcp).or_default() += 1;
+        *budget = Budget::Tcp;
+        conn.authenticated.store(true, Ordering::Release);
+        Ok(())
     }
 
     fn release(&self, budget: Budget, privileged: bool) {
@@ -195,8 +289,9 @@ fn now_ms() -> u64 {
 pub struct ConnState {
     /// Daemon-wide connection number (for logs).
     pub id: u64,
-    /// What it counts against.
-    pub budget: Budget,
+    /// What it counts against (changes once, when a pending TCP connection
+    /// authenticates).
+    budget: Mutex<Budget>,
     /// Admitted from the privileged reserve.
     pub privileged: bool,
     /// Requests and streams in flight.
@@ -204,12 +299,46 @@ pub struct ConnState {
     /// Last activity (ms on the monotonic clock): a byte read, or a request
     /// starting or ending.
     last_ms: AtomicU64,
+    /// When it was accepted (ms on the monotonic clock).
+    accepted_ms: u64,
+    /// A request with the token was seen (always true off TCP).
+    authenticated: AtomicBool,
+    /// Closed to make room for a newer pending connection.
+    evicted: AtomicBool,
+    /// The connection's reader, woken to see `evicted`.
+    waker: Mutex<Option<std::task::Waker>>,
     registry: Arc<Registry>,
 }
 
 impl ConnState {
     fn touch(&self) {
         self.last_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    fn wake(&self) {
+        if let Some(w) = self.waker.lock().unwrap().take() {
+            w.wake();
+        }
+    }
+
+    /// What the connection counts against now.
+    pub fn budget(&self) -> Budget {
+        *self.budget.lock().unwrap()
+    }
+
+    /// Whether a request with the token was seen on it (always true off
+    /// TCP).
+    pub fn authenticated(&self) -> bool {
+        self.authenticated.load(Ordering::Acquire)
+    }
+
+    /// Its request bore the token: it leaves the pending budget for the TCP
+    /// one (refused when that is full).
+    pub fn authenticate(&self, limits_per_caller: usize) -> Result<(), &'static str> {
+        if self.authenticated() {
+            return Ok(());
+        }
+        self.registry.promote(self, limits_per_caller)
     }
 
     /// Marks a request or stream in flight until the guard drops.
@@ -222,7 +351,7 @@ impl ConnState {
 
 impl Drop for ConnState {
     fn drop(&mut self) {
-        self.registry.release(self.budget, self.privileged);
+        self.registry.release(self.budget(), self.privileged);
     }
 }
 
@@ -281,7 +410,7 @@ impl<S> Conn<S> {
         registry: &Arc<Registry>,
         limits: &ConnLimits,
     ) -> Result<Self, &'static str> {
-        let budget = caller.map_or(Budget::Tcp, |c| Budget::Uid(c.uid));
+        let budget = caller.map_or(Budget::Pending, |c| Budget::Uid(c.uid));
         let privileged = caller.is_some_and(|c| c.privileged);
         let conn = registry.admit(budget, privileged, limits)?;
         Ok(Conn::new(
@@ -305,15 +434,27 @@ impl<S> Conn<S> {
         }
     }
 
-    /// Idle for longer than allowed: no request or stream in flight and
-    /// nothing read for `idle`.
-    fn poll_idle(&mut self, cx: &mut Context<'_>) -> bool {
-        let c = &self.info.conn;
+    /// Whether the connection must close: evicted, not authenticated within
+    /// [`PREAUTH_TIMEOUT`] (however busy), or idle for longer than allowed
+    /// (no request or stream in flight and nothing read for `idle`).
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Option<&'static str> {
+        let c = self.info.conn.clone();
         let idle_ms = self.idle.as_millis() as u64;
+        let preauth_ms = PREAUTH_TIMEOUT.as_millis() as u64;
+        *c.waker.lock().unwrap() = Some(cx.waker().clone());
         loop {
+            if c.evicted.load(Ordering::Acquire) {
+                return Some("evicted");
+            }
+            let pending = !c.authenticated();
+            if pending && now_ms() >= c.accepted_ms + preauth_ms {
+                c.registry.preauth_closed.fetch_add(1, Ordering::Relaxed);
+                return Some("not authenticated in time");
+            }
             let last = c.last_ms.load(Ordering::Relaxed);
             if c.active.load(Ordering::Relaxed) == 0 && now_ms() >= last + idle_ms {
-                return true;
+                c.registry.idled.fetch_add(1, Ordering::Relaxed);
+                return Some("idle");
             }
             // In use, or not idle long enough: look again when it could be.
             let from = if c.active.load(Ordering::Relaxed) > 0 {
@@ -321,13 +462,16 @@ impl<S> Conn<S> {
             } else {
                 last
             };
-            let due =
-                self.epoch.0 + Duration::from_millis((from + idle_ms).saturating_sub(self.epoch.1));
+            let mut due_ms = from + idle_ms;
+            if pending {
+                due_ms = due_ms.min(c.accepted_ms + preauth_ms);
+            }
+            let due = self.epoch.0 + Duration::from_millis(due_ms.saturating_sub(self.epoch.1));
             if self.timer.deadline() != due {
                 self.timer.as_mut().reset(due);
             }
             if self.timer.as_mut().poll(cx).is_pending() {
-                return false;
+                return None;
             }
         }
     }
@@ -348,17 +492,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for Conn<S> {
                 Poll::Ready(r)
             }
             Poll::Pending => {
-                if self.poll_idle(cx) {
-                    self.info
-                        .conn
-                        .registry
-                        .idled
-                        .fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(conn = self.info.conn.id, "closing an idle connection");
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "idle connection",
-                    )));
+                if let Some(why) = self.poll_idle(cx) {
+                    tracing::debug!(conn = self.info.conn.id, why, "closing a connection");
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, why)));
                 }
                 Poll::Pending
             }
@@ -592,7 +728,7 @@ pub fn tcp_incoming(
                 }
             };
             let _ = stream.set_nodelay(true);
-            let conn = match registry.admit(Budget::Tcp, false, &limits) {
+            let conn = match registry.admit(Budget::Pending, false, &limits) {
                 Ok(c) => c,
                 Err(limit) => {
                     registry.refused.fetch_add(1, Ordering::Relaxed);
@@ -723,5 +859,98 @@ mod tests {
         assert_eq!(r.open(), 2);
         let _a3 = r.admit(Budget::Uid(1000), false, &limits).unwrap();
         assert_eq!(r.open(), 3);
+    }
+}
+
+/// The one request a connection without a caller identity may send without
+/// the token: the unary health check.
+const UNAUTHENTICATED_OK: &str = "/grpc.health.v1.Health/Check";
+
+/// Authenticates TCP connections at their first request (see the module's
+/// docs): a request on a connection without a caller identity must bear
+/// the token, whatever the service (health watch and reflection included;
+/// the unary health check excepted); without it the answer is
+/// `UNAUTHENTICATED` and nothing runs. Its first request with the token
+/// moves the connection out of the pending budget.
+#[derive(Debug, Clone)]
+pub struct AuthLayer {
+    cfg: Arc<super::auth::AuthConfig>,
+    per_caller: usize,
+}
+
+impl AuthLayer {
+    /// The layer for the daemon's token and TCP connection limit.
+    pub fn new(cfg: super::auth::AuthConfig, limits: &ConnLimits) -> Self {
+        AuthLayer {
+            cfg: Arc::new(cfg),
+            per_caller: limits.per_caller,
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for AuthLayer {
+    type Service = Auth<S>;
+
+    fn layer(&self, inner: S) -> Auth<S> {
+        Auth {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service of [`AuthLayer`].
+#[derive(Debug, Clone)]
+pub struct Auth<S> {
+    inner: S,
+    layer: AuthLayer,
+}
+
+impl<S, B, RB> tower::Service<http::Request<B>> for Auth<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    RB: Default + Send + 'static,
+{
+    type Response = http::Response<RB>;
+    type Error = S::Error;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if let Some(peer) = req.extensions().get::<PeerInfo>()
+            && peer.caller.is_none()
+            && req.uri().path() != UNAUTHENTICATED_OK
+        {
+            let values: Vec<&[u8]> = req
+                .headers()
+                .get_all(http::header::AUTHORIZATION)
+                .iter()
+                .map(|v| v.as_bytes())
+                .collect();
+            let refused = match super::auth::token_caller(&self.layer.cfg, &values) {
+                Ok(_) => peer
+                    .conn
+                    .authenticate(self.layer.per_caller)
+                    .err()
+                    .map(|what| crate::error::WpdError::LimitReached {
+                        what,
+                        limit: self.layer.per_caller,
+                        hint: "TCP connections with the token are all taken; close one \
+                               (--max-connections-per-caller raises the limit)",
+                    }),
+                Err(e) => Some(e),
+            };
+            if let Some(e) = refused {
+                let status: tonic::Status = e.into();
+                return Box::pin(async move { Ok(status.into_http()) });
+            }
+        }
+        Box::pin(self.inner.call(req))
     }
 }

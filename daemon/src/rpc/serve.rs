@@ -336,6 +336,7 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
     let auth = crate::rpc::auth::AuthConfig {
         token: opts.token.as_deref().map(Into::into),
     };
+    let auth_layer = conn::AuthLayer::new(auth.clone(), &opts.conns);
     let registry = Arc::new(Registry::default());
     let mut service = Service::new(core.clone(), auth, registry.clone());
     if let Some((p, saved)) = persist {
@@ -379,6 +380,7 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
     let router = builder
         .layer(ActiveLayer)
         .layer(RpcLayer::new(metrics))
+        .layer(auth_layer)
         .add_service(health_svc)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
