@@ -24,6 +24,7 @@ fn event(seq: u64, event: Event) -> StreamEventsResponse {
     StreamEventsResponse {
         seq,
         time_ns: 1_700_000_000_000_000_000 + seq,
+        owner: None,
         event: Some(event),
     }
 }
@@ -669,6 +670,7 @@ impl Watchpoints for Mock {
         let hit = |seq: u64, tid: i32, value: u8| StreamEventsResponse {
             seq,
             time_ns: 1,
+            owner: None,
             event: Some(Event::Hit(Hit {
                 process_name: String::new(),
                 thread_name: String::new(),

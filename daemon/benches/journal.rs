@@ -206,7 +206,7 @@ fn main() {
         use prost::Message;
         let bus = EventBus::new(4);
         let _rx = bus.journal_receiver();
-        let ev = bus.publish_kept(hit(1));
+        let ev = bus.publish_kept(hit(1), None);
         let mut payload = Vec::new();
         (wpd::rpc::replay::encoder())(&ev, &mut payload);
         wpd::journal::segment::encode_record(&mut record, 1, 1, &payload);

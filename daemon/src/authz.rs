@@ -408,9 +408,157 @@ pub fn check(caller: &Caller, pid: Pid) -> Result<(), WpdError> {
         .map_err(|detail| WpdError::PermissionDenied { pid, detail })
 }
 
+/// Who may see events about processes, decided on the identity each event
+/// records (pid and start time, and the owner's credentials then), never on
+/// whichever process holds the pid when the event is read: a replay of a
+/// process that has exited, or a live feed when its pid is reused, cannot
+/// show one process's events to the owner of another.
+///
+/// 1. Privileged callers see every event.
+/// 2. An event without an owner (one about no process the daemon knew) is
+///    shown to privileged callers only.
+/// 3. While the process the event names is alive (same pid, same start
+///    time), the kernel's rule decides, as for acting on it ([`check`]).
+/// 4. Once it is gone, its recorded credentials decide: the caller's real
+///    uid equals its three uids, the caller's real gid its three gids, and
+///    it was dumpable. (Capabilities over a namespace that may no longer
+///    exist are not judged: privileged callers see everything anyway.)
+///
+/// Decisions are kept per (pid, start time), at most [`Visibility::KEPT`].
+#[derive(Debug, Default)]
+pub struct Visibility {
+    decided: std::collections::HashMap<(Pid, u64), bool>,
+}
+
+impl Visibility {
+    /// Decisions kept before they are all forgotten.
+    pub const KEPT: usize = 4096;
+
+    /// Whether `caller` may see an event about `pid` whose process identity
+    /// was `owner`.
+    pub fn may_see(
+        &mut self,
+        caller: &Caller,
+        pid: Pid,
+        owner: Option<&crate::events::Owner>,
+    ) -> bool {
+        if caller.privileged {
+            return true;
+        }
+        let Some(owner) = owner else {
+            return false;
+        };
+        let key = (pid, owner.start_time);
+        if let Some(&d) = self.decided.get(&key) {
+            return d;
+        }
+        let alive =
+            pid > 0 && owner.start_time != 0 && procfs::start_time(pid) == Some(owner.start_time);
+        let d = if alive {
+            check(caller, pid).is_ok()
+        } else {
+            past_owner_allows(caller, owner)
+        };
+        if self.decided.len() >= Self::KEPT {
+            self.decided.clear();
+        }
+        self.decided.insert(key, d);
+        d
+    }
+
+    /// Forgets the decisions about `pid` (an exec may change who may see
+    /// it; an exit ends it).
+    pub fn forget(&mut self, pid: Pid) {
+        self.decided.retain(|(p, _), _| *p != pid);
+    }
+}
+
+/// The ownership part of the kernel's rule on a gone process's recorded
+/// credentials.
+fn past_owner_allows(caller: &Caller, owner: &crate::events::Owner) -> bool {
+    owner.dumpable
+        && owner.uids.iter().all(|&u| u == caller.uid)
+        && owner.gids.iter().all(|&g| g == caller.gid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gone_process_is_seen_by_its_owner_only() {
+        let owner = crate::events::Owner {
+            start_time: 1,
+            uids: [1000; 3],
+            gids: [1000; 3],
+            dumpable: true,
+        };
+        // A pid no process has: the recorded owner decides.
+        let pid = i32::MAX - 7;
+        // One decision cache per subscriber, that is per caller.
+        let sees = |c: Caller, pid: Pid, o: Option<&crate::events::Owner>| {
+            Visibility::default().may_see(&c, pid, o)
+        };
+        assert!(sees(
+            Caller::unprivileged(1000, 1000, None),
+            pid,
+            Some(&owner)
+        ));
+        assert!(!sees(
+            Caller::unprivileged(1001, 1000, None),
+            pid,
+            Some(&owner)
+        ));
+        assert!(!sees(
+            Caller::unprivileged(1000, 1001, None),
+            pid,
+            Some(&owner)
+        ));
+        assert!(!sees(Caller::unprivileged(1000, 1000, None), pid, None));
+        let setuid = crate::events::Owner {
+            uids: [1000, 0, 0],
+            ..owner.clone()
+        };
+        assert!(!sees(
+            Caller::unprivileged(1000, 1000, None),
+            pid,
+            Some(&setuid)
+        ));
+        let undumpable = crate::events::Owner {
+            dumpable: false,
+            ..owner.clone()
+        };
+        assert!(!sees(
+            Caller::unprivileged(1000, 1000, None),
+            pid,
+            Some(&undumpable)
+        ));
+        assert!(sees(Caller::privileged(), pid, None));
+    }
+
+    #[test]
+    fn a_reused_pid_is_judged_as_the_process_that_had_it() {
+        // This process's pid with another start time: the process the event
+        // was about is gone, whoever holds the pid now.
+        let me = std::process::id() as Pid;
+        let now = procfs::start_time(me).unwrap();
+        let other = crate::events::Owner {
+            start_time: now + 1,
+            uids: [4242; 3],
+            gids: [4242; 3],
+            dumpable: true,
+        };
+        let mut v = Visibility::default();
+        let stranger = Caller::unprivileged(4242, 4242, None);
+        assert!(v.may_see(&stranger, me, Some(&other)));
+        let mine = crate::events::Owner {
+            start_time: now,
+            ..other
+        };
+        // Alive: the kernel's rule on the live process (ours, not 4242's),
+        // whatever was decided for the process that had the pid before.
+        assert!(!v.may_see(&stranger, me, Some(&mine)));
+    }
 
     fn user(uid: u32) -> Caller {
         Caller {

@@ -151,6 +151,21 @@ impl EventKind {
     }
 }
 
+/// The process an event is about, as it was when the event happened: who
+/// may see the event is decided on it (a pid alone names another process
+/// once it is reused).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    /// Start time (`/proc/PID/stat` field 22): with the pid, one process.
+    pub start_time: u64,
+    /// Real, effective, saved uid.
+    pub uids: [u32; 3],
+    /// Real, effective, saved gid.
+    pub gids: [u32; 3],
+    /// Dumpable (not a setuid program, or one that made itself so).
+    pub dumpable: bool,
+}
+
 /// A published event.
 #[derive(Debug, Clone)]
 pub struct Event {
@@ -159,6 +174,10 @@ pub struct Event {
     pub seq: u64,
     /// Publish time (Unix ns).
     pub time_ns: u64,
+    /// The process it is about, when the daemon knows it (None for
+    /// daemon-wide events; events about a process without one are shown
+    /// to privileged callers only).
+    pub owner: Option<Arc<Owner>>,
     /// What happened.
     pub kind: EventKind,
 }
@@ -281,22 +300,30 @@ impl EventBus {
         }
     }
 
-    /// Publishes (never blocks; a no-op without subscribers).
+    /// Publishes an event without a known process (never blocks; a no-op
+    /// without subscribers).
     pub fn publish(&self, kind: EventKind) {
+        self.publish_as(kind, None);
+    }
+
+    /// Publishes `kind` about the process `owner` (never blocks; a no-op
+    /// without subscribers).
+    pub fn publish_as(&self, kind: EventKind, owner: Option<Arc<Owner>>) {
         if self.tx.receiver_count() == 0 {
             return;
         }
-        self.publish_kept(kind);
+        self.publish_kept(kind, owner);
     }
 
     /// Publishes `kind` even with no subscriber (it gets its sequence
     /// number) and returns it, for the caller to keep.
-    pub fn publish_kept(&self, kind: EventKind) -> Arc<Event> {
+    pub fn publish_kept(&self, kind: EventKind, owner: Option<Arc<Owner>>) -> Arc<Event> {
         let mut seq = self.order.lock().unwrap();
         *seq += 1;
         let ev = Event {
             seq: *seq,
             time_ns: crate::clock::realtime_ns(),
+            owner,
             kind,
         };
         let ev = Arc::new(ev);

@@ -36,6 +36,9 @@ pub struct Process {
     /// exec that changes them (a setuid or setgid program, file
     /// capabilities) ends the attachment.
     pub creds: Option<([u32; 3], [u32; 3], u64)>,
+    /// Its identity and owner, carried by every event about it (who may
+    /// see an event is decided on it).
+    pub owner: Arc<crate::events::Owner>,
     /// Ids of its watchpoints.
     pub watches: Mutex<BTreeSet<WatchId>>,
     /// Serialises arm/disarm passes of this process (rule 1 above).
@@ -49,6 +52,27 @@ pub struct Process {
     image: Mutex<Arc<crate::symbols::Image>>,
 }
 
+/// The identity and owner of process `pid` now. Unknown credentials (a
+/// process being torn down) make an owner nobody but privileged callers
+/// matches (uid `u32::MAX`, not dumpable).
+pub fn owner_of(pid: Pid) -> crate::events::Owner {
+    let start_time = crate::procfs::start_time(pid).unwrap_or(0);
+    match crate::authz::TargetFacts::read(pid) {
+        Some(f) => crate::events::Owner {
+            start_time,
+            uids: f.uids,
+            gids: f.gids,
+            dumpable: f.dumpable != crate::authz::Dumpable::No,
+        },
+        None => crate::events::Owner {
+            start_time,
+            uids: [u32::MAX; 3],
+            gids: [u32::MAX; 3],
+            dumpable: false,
+        },
+    }
+}
+
 impl Process {
     /// A process being attached now.
     pub fn new(pid: Pid, backend: BackendKind) -> Process {
@@ -59,6 +83,7 @@ impl Process {
             comm: crate::procfs::comm(pid, pid).unwrap_or_default(),
             start_time: crate::procfs::start_time(pid).unwrap_or(0),
             creds: crate::procfs::creds(pid),
+            owner: Arc::new(owner_of(pid)),
             watches: Mutex::new(BTreeSet::new()),
             op: Mutex::new(()),
             gone: AtomicBool::new(false),

@@ -629,3 +629,154 @@ async fn tls_with_token_on_tcp() -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
+
+/// Hits of watchpoint `id` a root replay of the whole journal finds.
+async fn journaled_hits(daemon: &Daemon, id: u64) -> Result<usize> {
+    use tokio_stream::StreamExt;
+    use wpd_proto::v1::stream_events_response::Event as E;
+    use wpd_proto::v1::*;
+    let mut c = daemon.client().await?;
+    let head = c
+        .get_stats(GetStatsRequest {})
+        .await?
+        .into_inner()
+        .journal_written_seq;
+    let mut s = c
+        .stream_events(StreamEventsRequest {
+            raw: true,
+            after_seq: Some(0),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let mut n = 0;
+    while let Some(m) = tokio::time::timeout(T, s.next()).await? {
+        let m = m?;
+        if let Some(E::Hit(h)) = &m.event
+            && h.watchpoint_id == id
+        {
+            n += 1;
+        }
+        if m.seq >= head {
+            break;
+        }
+    }
+    Ok(n)
+}
+
+/// Watchpoint ids of the hits `uid` replays from the journal (`wpctl events
+/// --since 0`), exactly `count` of them.
+async fn replayed_hit_ids(daemon: &Daemon, uid: u32, count: usize) -> Result<Vec<u64>> {
+    let out = run_wpctl_as(
+        Some(uid),
+        &[
+            "--endpoint",
+            &daemon.endpoint(),
+            "--json",
+            "events",
+            "--since",
+            "0",
+            "--hits-only",
+            "--count",
+            &count.to_string(),
+        ],
+        T,
+    )
+    .await?;
+    ensure!(out.code == Some(0), "uid {uid}: {out:?}");
+    let mut ids = Vec::new();
+    for line in out.stdout.lines() {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        if let Some(id) = v["hit"]["watchpoint_id"]
+            .as_u64()
+            .or(v["watchpoint_id"].as_u64())
+        {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
+}
+
+/// Who may see an event is decided on the process it was about (pid and
+/// start time, and its owner then), not on whoever holds the pid when the
+/// event is read: another user's process that takes over an exited
+/// process's pid does not make its journaled hits that user's, and the
+/// exited process's owner still gets them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn journaled_hits_go_to_the_owner_of_the_process_not_of_its_pid() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = open_daemon().await?;
+    let result = async {
+        let mut c = daemon.client().await?;
+        // The first process, NOBODY's: hits, then it exits.
+        let mut a =
+            TargetProc::start_as(NOBODY, &["--threads", "1", "--interval-us", "2000"]).await?;
+        let pid = a.pid;
+        let wa = wpd_tests::set_watchpoint(
+            &mut c,
+            wpd_tests::write_spec(wpd_tests::Backend::Perf, pid, a.vars[0]),
+        )
+        .await?
+        .watchpoint
+        .unwrap()
+        .id;
+        a.wait_counter_above(50, T).await?;
+        a.quit().await?;
+        // OTHER's process gets the same pid (the kernel hands out the one
+        // after `ns_last_pid`; other forks on the machine may take it first).
+        let mut b = None;
+        for _ in 0..50 {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())?;
+            let t =
+                TargetProc::start_as(OTHER, &["--threads", "1", "--interval-us", "2000"]).await?;
+            if t.pid == pid {
+                b = Some(t);
+                break;
+            }
+        }
+        let Some(mut b) = b else {
+            bail!("pid {pid} was never handed out again");
+        };
+        let wb = wpd_tests::set_watchpoint(
+            &mut c,
+            wpd_tests::write_spec(wpd_tests::Backend::Perf, pid, b.vars[0]),
+        )
+        .await?
+        .watchpoint
+        .unwrap()
+        .id;
+        b.wait_counter_above(50, T).await?;
+        let r = c
+            .remove_watchpoint(wpd_proto::v1::RemoveWatchpointRequest { id: wb })
+            .await;
+        ensure!(r.is_ok(), "{r:?}");
+        // Both gone now: what the journal recorded decides (not Yama's
+        // view of a live process).
+        b.quit().await?;
+        let (na, nb) = (
+            journaled_hits(&daemon, wa).await?,
+            journaled_hits(&daemon, wb).await?,
+        );
+        ensure!(na > 0 && nb > 0, "hits journaled: {na} and {nb}");
+        // OTHER, who owns the pid now, gets its own hits and none of NOBODY's
+        // (which the journal holds first).
+        let ids = replayed_hit_ids(&daemon, OTHER, nb).await?;
+        ensure!(
+            ids.len() == nb && ids.iter().all(|&i| i == wb),
+            "uid {OTHER} replayed hits of {:?}, want {nb} of {wb} only",
+            ids.iter().collect::<std::collections::BTreeSet<_>>()
+        );
+        // NOBODY still gets those of its process, gone as it is.
+        let ids = replayed_hit_ids(&daemon, NOBODY, na).await?;
+        ensure!(
+            ids.len() == na && ids.iter().all(|&i| i == wa),
+            "uid {NOBODY} replayed hits of {:?}, want {na} of {wa} only",
+            ids.iter().collect::<std::collections::BTreeSet<_>>()
+        );
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}

@@ -314,6 +314,7 @@ mod tests {
         StreamEventsResponse {
             seq: 9,
             time_ns: 1_700_000_000_123_456_789,
+            owner: None,
             event: Some(event),
         }
     }

@@ -114,10 +114,13 @@ impl Core {
             return;
         };
         let ids = self.release_process(&proc, "process exited");
-        self.bus.publish(EventKind::ProcessExited {
-            pid,
-            watchpoints: ids,
-        });
+        self.bus.publish_as(
+            EventKind::ProcessExited {
+                pid,
+                watchpoints: ids,
+            },
+            Some(proc.owner.clone()),
+        );
         tracing::info!(pid, "process exited");
     }
 
@@ -153,11 +156,14 @@ impl Core {
         let mut removed = Vec::new();
         for id in op.process().watch_ids() {
             if let Some(w) = self.take_watch(op, id) {
-                self.bus.publish(EventKind::WatchpointRemoved {
-                    id: w.id,
-                    pid: op.pid(),
-                    reason: reason.into(),
-                });
+                self.bus.publish_as(
+                    EventKind::WatchpointRemoved {
+                        id: w.id,
+                        pid: op.pid(),
+                        reason: reason.into(),
+                    },
+                    Some(op.process().owner.clone()),
+                );
                 removed.push(w.id);
             }
         }
@@ -239,11 +245,14 @@ impl Core {
             if resolve {
                 again.push((w, Instant::now() + RESOLVE_AFTER_EXEC));
             } else {
-                self.bus.publish(EventKind::WatchpointRemoved {
-                    id: w.id,
-                    pid: proc.pid,
-                    reason: "exec".into(),
-                });
+                self.bus.publish_as(
+                    EventKind::WatchpointRemoved {
+                        id: w.id,
+                        pid: proc.pid,
+                        reason: "exec".into(),
+                    },
+                    Some(proc.owner.clone()),
+                );
             }
         }
         tracing::info!(
@@ -277,22 +286,28 @@ impl Core {
             match outcome {
                 Ok(view) => {
                     if let Some(symbol) = view.symbol {
-                        self.bus.publish(EventKind::WatchpointResolved {
-                            id: w.id,
-                            pid: proc.pid,
-                            symbol,
-                            reason: "exec",
-                        });
+                        self.bus.publish_as(
+                            EventKind::WatchpointResolved {
+                                id: w.id,
+                                pid: proc.pid,
+                                symbol,
+                                reason: "exec",
+                            },
+                            Some(proc.owner.clone()),
+                        );
                     }
                 }
                 Err(WpdError::Symbol(
                     SymbolError::Unknown { .. } | SymbolError::NoSuchModule { .. },
                 )) if Instant::now() < deadline && !proc.is_gone() => later.push((w, deadline)),
-                Err(e) => self.bus.publish(EventKind::WatchpointRemoved {
-                    id: w.id,
-                    pid: proc.pid,
-                    reason: format!("exec: {e}").into(),
-                }),
+                Err(e) => self.bus.publish_as(
+                    EventKind::WatchpointRemoved {
+                        id: w.id,
+                        pid: proc.pid,
+                        reason: format!("exec: {e}").into(),
+                    },
+                    Some(proc.owner.clone()),
+                ),
             }
         }
         if !later.is_empty() {
@@ -344,11 +359,14 @@ impl Core {
             t.abort();
         }
         tracing::warn!(pid = proc.pid, "{reason}");
-        self.bus.publish(EventKind::ProcessLost {
-            pid: proc.pid,
-            reason,
-            watchpoints: removed,
-        });
+        self.bus.publish_as(
+            EventKind::ProcessLost {
+                pid: proc.pid,
+                reason,
+                watchpoints: removed,
+            },
+            Some(proc.owner.clone()),
+        );
         self.forget_process(proc);
     }
 

@@ -307,6 +307,10 @@ impl Host for Core {
     }
 
     fn publish(&self, mut ev: EventKind) {
+        let pid = ev.pid();
+        let owner = (pid != 0)
+            .then(|| self.procs.get(&pid).map(|p| p.owner.clone()))
+            .flatten();
         match &mut ev {
             EventKind::Hit(h) => {
                 let w = self.watches.get(&h.id).map(|w| w.clone());
@@ -323,7 +327,7 @@ impl Host for Core {
                 // A hit is kept by its watchpoint too (GetRecentHits),
                 // subscribers or not.
                 if let Some(w) = w {
-                    w.remember(self.bus.publish_kept(ev));
+                    w.remember(self.bus.publish_kept(ev, owner));
                     return;
                 }
             }
@@ -338,7 +342,7 @@ impl Host for Core {
             }
             _ => {}
         }
-        self.bus.publish(ev);
+        self.bus.publish_as(ev, owner);
     }
 
     fn renamed(&self, pid: Pid, tid: crate::model::Tid, name: &str) {

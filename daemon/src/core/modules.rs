@@ -103,11 +103,14 @@ impl Core {
                 module,
                 "module unmapped: watchpoint removed"
             );
-            self.bus.publish(EventKind::WatchpointRemoved {
-                id: w.id,
-                pid,
-                reason: format!("{module} was unmapped").into(),
-            });
+            self.bus.publish_as(
+                EventKind::WatchpointRemoved {
+                    id: w.id,
+                    pid,
+                    reason: format!("{module} was unmapped").into(),
+                },
+                Some(proc.owner.clone()),
+            );
         }
     }
 }

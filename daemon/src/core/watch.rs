@@ -502,11 +502,14 @@ impl Core {
         let w = self
             .take_watch(&op, id)
             .ok_or(WpdError::NoSuchWatchpoint(id))?;
-        self.bus.publish(EventKind::WatchpointRemoved {
-            id: w.id,
-            pid,
-            reason: "removed".into(),
-        });
+        self.bus.publish_as(
+            EventKind::WatchpointRemoved {
+                id: w.id,
+                pid,
+                reason: "removed".into(),
+            },
+            Some(proc.owner.clone()),
+        );
         Ok(WatchView {
             hits: w.hits.load(Ordering::Relaxed),
             armed_threads: 0,

@@ -606,8 +606,30 @@ pub fn event_to_pb(e: &Event) -> pb::StreamEventsResponse {
     pb::StreamEventsResponse {
         seq: e.seq,
         time_ns: e.time_ns,
+        owner: e.owner.as_deref().map(owner_to_pb),
         event: Some(event),
     }
+}
+
+/// An event's process identity on the wire.
+pub fn owner_to_pb(o: &crate::events::Owner) -> pb::ProcessOwner {
+    pb::ProcessOwner {
+        start_time: o.start_time,
+        uids: o.uids.to_vec(),
+        gids: o.gids.to_vec(),
+        dumpable: o.dumpable,
+    }
+}
+
+/// An event's process identity read back (a journaled event): `None` when
+/// absent or malformed (such an event is shown to privileged callers only).
+pub fn owner_from_pb(o: &pb::ProcessOwner) -> Option<crate::events::Owner> {
+    Some(crate::events::Owner {
+        start_time: o.start_time,
+        uids: o.uids.as_slice().try_into().ok()?,
+        gids: o.gids.as_slice().try_into().ok()?,
+        dumpable: o.dumpable,
+    })
 }
 
 /// A policy's spec from the wire: a watchpoint spec whose pid is 0 (the

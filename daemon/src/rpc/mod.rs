@@ -119,11 +119,22 @@ impl Service {
                     let pid = spec.as_ref().map_or(0, |s| s.pid);
                     let reason = format!("not set again after a restart: {why}");
                     tracing::warn!(saved_id = e.id, pid, why = ?why.to_string(), "not set again after a restart");
-                    self.core.bus.publish(EventKind::WatchpointRemoved {
-                        id: WatchId(e.id),
-                        pid,
-                        reason: reason.clone().into(),
-                    });
+                    // Seen by whoever set it (and privileged callers): the
+                    // process it named may be gone or another one now.
+                    let owner = crate::events::Owner {
+                        start_time: 0,
+                        uids: [caller.uid; 3],
+                        gids: [caller.gid; 3],
+                        dumpable: true,
+                    };
+                    self.core.bus.publish_as(
+                        EventKind::WatchpointRemoved {
+                            id: WatchId(e.id),
+                            pid,
+                            reason: reason.clone().into(),
+                        },
+                        Some(Arc::new(owner)),
+                    );
                     p.not_restored(
                         caller.uid,
                         pb::NotRestored {
@@ -606,6 +617,7 @@ impl Watchpoints for Service {
         let greeting = lease.as_ref().map(|l| pb::StreamEventsResponse {
             seq: 0,
             time_ns: crate::clock::realtime_ns(),
+            owner: None,
             event: Some(pb::stream_events_response::Event::Leased(pb::Leased {
                 lease: l.id,
             })),
@@ -932,9 +944,8 @@ struct EventFeed {
     /// Only hits of these watchpoints (empty: all).
     ids: Vec<WatchId>,
     hits_only: bool,
-    /// Per-pid permission decisions of this subscriber (processes come and
-    /// go; a decision is made once per pid).
-    visible: std::collections::HashMap<Pid, bool>,
+    /// Who this subscriber may see, decided once per process identity.
+    visible: authz::Visibility,
     /// An event taken from the bus and held until the pacer lets it go.
     stash: Option<Result<Arc<Event>, BroadcastStreamRecvError>>,
     /// The bus had nothing left at the last poll.
@@ -1014,7 +1025,7 @@ impl EventFeed {
             pid: r.pid,
             ids: r.watchpoint_ids.iter().map(|&i| WatchId(i)).collect(),
             hits_only: r.hits_only,
-            visible: std::collections::HashMap::new(),
+            visible: authz::Visibility::default(),
             stash: None,
             dry: true,
             pacer: Pacer::default(),
@@ -1032,21 +1043,18 @@ impl EventFeed {
         if !global && !self.caller.privileged {
             let pid = ev.kind.pid();
             // An exec may have changed who may see the process (a setuid
-            // program): decide again from the next event on.
+            // program), an exit ends it: decide again from the next event
+            // on.
             if matches!(
                 &ev.kind,
                 EventKind::WatchpointRemoved { .. }
                     | EventKind::WatchpointResolved { .. }
                     | EventKind::ProcessLost { .. }
+                    | EventKind::ProcessExited { .. }
             ) {
-                self.visible.remove(&pid);
+                self.visible.forget(pid);
             }
-            let caller = &self.caller;
-            let ok = *self
-                .visible
-                .entry(pid)
-                .or_insert_with(|| authz::check(caller, pid).is_ok());
-            if !ok {
+            if !self.visible.may_see(&self.caller, pid, ev.owner.as_deref()) {
                 return None;
             }
         }
@@ -1150,6 +1158,7 @@ impl Stream for EventFeed {
                     return Poll::Ready(Some(Ok(pb::StreamEventsResponse {
                         seq: last_seq,
                         time_ns: crate::clock::realtime_ns(),
+                        owner: None,
                         event: Some(pb::stream_events_response::Event::Dropped(
                             pb::EventsDropped {
                                 count: n,

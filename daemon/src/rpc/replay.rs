@@ -13,7 +13,6 @@
 //! Filters (process, watchpoint ids, hits only) and the caller's right to
 //! see each process apply to replayed events as to live ones.
 
-use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -64,8 +63,8 @@ pub(super) struct Filter {
     /// Only hits of these watchpoints (empty: all).
     pub ids: Vec<u64>,
     pub hits_only: bool,
-    /// Per-pid permission decisions.
-    visible: HashMap<Pid, bool>,
+    /// Who the subscriber may see, decided once per process identity.
+    visible: authz::Visibility,
 }
 
 impl Filter {
@@ -75,7 +74,7 @@ impl Filter {
             pid: r.pid,
             ids: r.watchpoint_ids.clone(),
             hits_only: r.hits_only,
-            visible: HashMap::new(),
+            visible: authz::Visibility::default(),
         }
     }
 
@@ -95,23 +94,23 @@ impl Filter {
             // Never journaled (one subscriber's own).
             E::Dropped(_) | E::Leased(_) => return false,
         };
-        let global = pid == 0;
+        // Daemon-wide events are the live feed's: `RecordsLost` only.
+        let global = matches!(ev, E::RecordsLost(_));
         if self.pid != 0 && pid != self.pid && !global {
             return false;
         }
         if !global && !self.caller.privileged {
             if matches!(
                 ev,
-                E::WatchpointRemoved(_) | E::WatchpointResolved(_) | E::ProcessLost(_)
+                E::WatchpointRemoved(_)
+                    | E::WatchpointResolved(_)
+                    | E::ProcessLost(_)
+                    | E::ProcessExited(_)
             ) {
-                self.visible.remove(&pid);
+                self.visible.forget(pid);
             }
-            let caller = &self.caller;
-            let ok = *self
-                .visible
-                .entry(pid)
-                .or_insert_with(|| authz::check(caller, pid).is_ok());
-            if !ok {
+            let owner = item.owner.as_ref().and_then(super::convert::owner_from_pb);
+            if !self.visible.may_see(&self.caller, pid, owner.as_ref()) {
                 return false;
             }
         }
@@ -128,6 +127,7 @@ fn gap(first: u64, last: u64) -> pb::StreamEventsResponse {
     pb::StreamEventsResponse {
         seq: last,
         time_ns: crate::clock::realtime_ns(),
+        owner: None,
         event: Some(E::Dropped(pb::EventsDropped {
             count: last - first + 1,
             first_seq: first,
