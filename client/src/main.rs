@@ -5,6 +5,7 @@
 //! several endpoints, `fleet` makes the call on every daemon at once.
 
 mod cmd;
+mod credentials;
 mod endpoints;
 mod error;
 mod fleet;
@@ -50,7 +51,8 @@ pub struct Cli {
 
     /// Daemons to run the command on, one per line: `[NAME] ENDPOINT [token-file=FILE]
     /// [tls-ca=FILE]` (`#` comments; relative paths from the file's directory), after any
-    /// --endpoint given. With several endpoints, caps, list, stats, threads, watch, unwatch,
+    /// --endpoint given. A line's daemon gets the token of its own token-file= only, never
+    /// --token-file's. With several endpoints, caps, list, stats, threads, watch, unwatch,
     /// events and health run on every daemon at once: each output line starts with
     /// `[NAME]` (or `[HOST:PORT]`), each JSON record has a "host" field, and a daemon that
     /// fails is named on stderr while the others go on (exit status 9)
@@ -78,8 +80,11 @@ pub struct Cli {
     )]
     pub timeout: Duration,
 
-    /// File holding the daemon's token, sent as `authorization: Bearer` (TCP
-    /// endpoints; the Unix socket identifies callers by their credentials)
+    /// File holding the token of the daemons named by --endpoint (or WPD_ENDPOINT), sent as
+    /// `authorization: Bearer` (TCP endpoints; the Unix socket identifies callers by their
+    /// credentials). Never sent to the lines of --endpoints-file, which name their own. The
+    /// file must be yours and private (`chmod 600`); over plaintext tcp:// the token goes to
+    /// a loopback address only (use https:// beyond this machine)
     #[arg(
         long,
         global = true,
@@ -648,9 +653,9 @@ pub(crate) fn report(err: &Error, json: bool) {
         return;
     }
     if json {
-        eprintln!("{}", err.to_json());
+        output::warn(&output::json_line(&err.to_json()));
     } else {
-        eprintln!("wpctl: {}", err.message());
+        output::warn(&format!("wpctl: {}", err.message()));
     }
 }
 
@@ -690,7 +695,8 @@ fn main() -> ExitCode {
             cli.endpoints = all;
         }
     }
-    let mut hosts = match hosts(&cli, given) {
+    let token_given = matches.value_source("token_file") == Some(ValueSource::CommandLine);
+    let mut hosts = match hosts(&cli, given, token_given) {
         Ok(hosts) => hosts,
         Err(err) => {
             report(&err, cli.json);
@@ -740,10 +746,27 @@ fn endpoints_in(args: &[String]) -> Vec<Endpoint> {
 
 /// The daemons to talk to: the `--endpoint`s given on the command line and
 /// the lines of `--endpoints-file`; without either, `WPD_ENDPOINT` or the
-/// default socket. `given`: `--endpoint` was on the command line. Token and
-/// CA files are read here, once each.
-fn hosts(cli: &Cli, given: bool) -> Result<Vec<fleet::Host>, Error> {
-    let mut files = Files::default();
+/// default socket. `given`: `--endpoint` was on the command line;
+/// `token_given`: so was `--token-file`. Token and CA files are read here,
+/// once each.
+///
+/// Tokens: `--token-file` (or `WPD_TOKEN_FILE`) goes only to the
+/// `--endpoint`s (or `WPD_ENDPOINT`, or the default socket); a line of the
+/// endpoints file gets only its own `token-file=`, so that a token meant for
+/// one daemon never reaches another. `--token-file` with an endpoints file
+/// and no `--endpoint` would go nowhere and is refused. `--tls-ca` (not a
+/// secret) serves every endpoint without its own. No token goes over
+/// plaintext TCP to an address that is not loopback.
+fn hosts(cli: &Cli, given: bool, token_given: bool) -> Result<Vec<fleet::Host>, Error> {
+    if cli.endpoints_file.is_some() && !given && token_given {
+        return Err(Error::Local(
+            "--token-file is sent only to the daemons named by --endpoint, and none is given: \
+             name each daemon's token on its line of the endpoints file (`NAME ENDPOINT \
+             token-file=FILE`)"
+                .into(),
+        ));
+    }
+    let mut files = credentials::Files::default();
     let global_token = cli.token_file.as_deref();
     let global_ca = cli.tls_ca.as_deref();
     let mut hosts = Vec::new();
@@ -759,13 +782,23 @@ fn hosts(cli: &Cli, given: bool) -> Result<Vec<fleet::Host>, Error> {
                  --endpoints-file, or list each endpoint once"
             )));
         }
+        let local = |e: credentials::FileError| Error::Local(e.to_string());
+        let token = token_file
+            .map(|p| files.token(p))
+            .transpose()
+            .map_err(local)?;
+        if token.is_some()
+            && let Some(refusal) = credentials::plaintext_refusal(&endpoint.text, &endpoint.target)
+        {
+            return Err(Error::Local(refusal));
+        }
         let ctx = Ctx {
             endpoint,
             json: cli.json,
             timeout: cli.timeout,
-            token: token_file.map(|p| files.token(p)).transpose()?,
+            token,
             connect: wpd_proto::connect::Options {
-                tls_ca_pem: tls_ca.map(|p| files.ca(p)).transpose()?,
+                tls_ca_pem: tls_ca.map(|p| files.ca(p)).transpose().map_err(local)?,
             },
         };
         hosts.push(fleet::Host { label, ctx });
@@ -782,52 +815,12 @@ fn hosts(cli: &Cli, given: bool) -> Result<Vec<fleet::Host>, Error> {
             add(
                 e.name,
                 e.endpoint,
-                e.token_file.as_deref().or(global_token),
+                e.token_file.as_deref(),
                 e.tls_ca.as_deref().or(global_ca),
             )?;
         }
     }
     Ok(hosts)
-}
-
-/// Token and CA files, each read once however many hosts use it.
-#[derive(Debug, Default)]
-struct Files {
-    tokens: Vec<(PathBuf, String)>,
-    cas: Vec<(PathBuf, Vec<u8>)>,
-}
-
-impl Files {
-    /// The token in `path` (trimmed), or why it cannot be used.
-    fn token(&mut self, path: &std::path::Path) -> Result<String, Error> {
-        if let Some((_, t)) = self.tokens.iter().find(|(p, _)| p == path) {
-            return Ok(t.clone());
-        }
-        let t = std::fs::read_to_string(path)
-            .map_err(|e| Error::Local(format!("cannot read token file {}: {e}", path.display())))?;
-        let t = t.trim();
-        if t.len() > wpd_proto::MAX_TOKEN_LEN {
-            return Err(Error::Local(format!(
-                "token file {} holds a {}-byte token; wpd accepts tokens of at most {} bytes",
-                path.display(),
-                t.len(),
-                wpd_proto::MAX_TOKEN_LEN
-            )));
-        }
-        self.tokens.push((path.to_path_buf(), t.to_string()));
-        Ok(t.to_string())
-    }
-
-    /// The PEM in `path`.
-    fn ca(&mut self, path: &std::path::Path) -> Result<Vec<u8>, Error> {
-        if let Some((_, pem)) = self.cas.iter().find(|(p, _)| p == path) {
-            return Ok(pem.clone());
-        }
-        let pem = std::fs::read(path)
-            .map_err(|e| Error::Local(format!("cannot read CA file {}: {e}", path.display())))?;
-        self.cas.push((path.to_path_buf(), pem.clone()));
-        Ok(pem)
-    }
 }
 
 #[cfg(test)]

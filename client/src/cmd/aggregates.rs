@@ -62,11 +62,7 @@ fn to_text(r: &GetHitAggregatesResponse) -> String {
     for a in &r.aggregates {
         t.row(vec![
             a.count.to_string(),
-            if a.thread_name.is_empty() {
-                a.tid.to_string()
-            } else {
-                format!("{}({})", a.tid, a.thread_name)
-            },
+            output::id_named(a.tid, &a.thread_name),
             a.location
                 .as_ref()
                 .map(output::location_text)

@@ -12,7 +12,7 @@ pub async fn run(ctx: &Ctx, args: &DapArgs) -> Result<(), Error> {
     }
     let daemon = wpd_dap::Daemon {
         client: ctx.connect().await?,
-        token: ctx.token.clone(),
+        token: ctx.token.as_ref().map(|t| t.expose().to_string()),
         timeout: ctx.timeout,
     };
     match &args.listen {

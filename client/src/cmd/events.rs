@@ -10,6 +10,7 @@ use crate::cmd::Ctx;
 use crate::error::Error;
 use crate::output::{self, clock, hex, id_list};
 use crate::since::Replay;
+use wpd_proto::text::escape;
 
 /// Runs `wpctl events`: prints until the server ends the stream (exit 0),
 /// `--count` events were printed (exit 0), or the stream fails.
@@ -61,7 +62,10 @@ pub async fn open(
         since_time_ns: replay.since_time_ns,
     };
     let request = ctx.request(request)?;
-    let mut client = ctx.connect().await?;
+    let mut client = ctx
+        .connect()
+        .await?
+        .max_decoding_message_size(super::EVENT_LIMIT);
     let endpoint = &ctx.endpoint.text;
     match tokio::time::timeout(ctx.timeout, client.stream_events(request)).await {
         Ok(Ok(response)) => Ok(response.into_inner()),
@@ -86,7 +90,7 @@ fn integer_text(bytes: &[u8]) -> String {
 /// The value read at the hit: `value=42 (0x2a)`, or why it is missing.
 fn value_text(hit: &Hit) -> String {
     if !hit.value_error.is_empty() {
-        return format!("value=? ({})", hit.value_error);
+        return format!("value=? ({})", escape(&hit.value_error));
     }
     if hit.value.is_empty() {
         return "value=?".into();
@@ -122,13 +126,7 @@ pub(crate) fn to_text(ev: &StreamEventsResponse) -> String {
                 None => format!("ip={}", hex(h.ip)),
             };
             // `pid=12(fuzzer) tid=14(pool-3)` when the daemon gave names.
-            let named = |id: i32, name: &str| {
-                if name.is_empty() {
-                    id.to_string()
-                } else {
-                    format!("{id}({name})")
-                }
-            };
+            let named = output::id_named;
             let mut line = format!(
                 "{} hit wp={} pid={} tid={} {at} addr={} {}",
                 clock(if h.time_ns != 0 {
@@ -157,7 +155,7 @@ pub(crate) fn to_text(ev: &StreamEventsResponse) -> String {
                 line.push_str(&format!("\n    #{} {text}", i + 1));
             }
             if !h.backtrace_note.is_empty() {
-                line.push_str(&format!("\n    ({})", h.backtrace_note));
+                line.push_str(&format!("\n    ({})", escape(&h.backtrace_note)));
             }
             line
         }
@@ -166,9 +164,9 @@ pub(crate) fn to_text(ev: &StreamEventsResponse) -> String {
             e.watchpoint_id,
             e.pid,
             if e.reason.is_empty() {
-                "resolved"
+                "resolved".into()
             } else {
-                &e.reason
+                escape(&e.reason)
             },
             e.symbol
                 .as_ref()
@@ -191,9 +189,9 @@ pub(crate) fn to_text(ev: &StreamEventsResponse) -> String {
         ),
         Some(Event::WatchpointRemoved(e)) => {
             let reason = if e.reason.is_empty() {
-                "removed"
+                "removed".into()
             } else {
-                &e.reason
+                escape(&e.reason)
             };
             format!(
                 "{t} wp-removed wp={} pid={} ({reason})",
@@ -210,7 +208,7 @@ pub(crate) fn to_text(ev: &StreamEventsResponse) -> String {
             "{t} process-lost pid={} removed={}: {}",
             e.pid,
             id_list(&e.watchpoint_ids),
-            e.reason
+            escape(&e.reason)
         ),
         Some(Event::RecordsLost(l)) => format!(
             "!! {} lost in the kernel ring (daemon could not keep up with the hit rate)",

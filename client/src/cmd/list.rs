@@ -7,6 +7,7 @@ use crate::ListArgs;
 use crate::cmd::{Ctx, Report};
 use crate::error::Error;
 use crate::output::{self, Table, hex};
+use wpd_proto::text::escape;
 
 /// Runs `wpctl list`.
 pub async fn run(ctx: &Ctx, args: &ListArgs) -> Result<(), Error> {
@@ -50,7 +51,7 @@ fn not_restored_text(resp: &ListWatchpointsResponse) -> String {
     for n in &resp.not_restored {
         let spec = n.spec.clone().unwrap_or_default();
         let what = if !spec.symbol.is_empty() {
-            spec.symbol.clone()
+            escape(&spec.symbol).into_owned()
         } else {
             hex(spec.address)
         };
@@ -60,7 +61,8 @@ fn not_restored_text(resp: &ListWatchpointsResponse) -> String {
         };
         text.push_str(&format!(
             "not set again: #{} {what} ({whose}): {}\n",
-            n.saved_id, n.reason
+            n.saved_id,
+            escape(&n.reason)
         ));
     }
     text
@@ -102,7 +104,7 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
                     "  policy {}: pid {} ({}) watchpoint {}, armed {} after the daemon saw it\n",
                     p.id,
                     i.pid,
-                    i.comm,
+                    escape(&i.comm),
                     i.watchpoint_id,
                     output::duration_ns(i.latency_ns)
                 ));
@@ -110,7 +112,10 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
             for r in &p.refusals {
                 text.push_str(&format!(
                     "  policy {}: pid {} ({}) refused: {}\n",
-                    p.id, r.pid, r.comm, r.reason
+                    p.id,
+                    r.pid,
+                    escape(&r.comm),
+                    escape(&r.reason)
                 ));
             }
         }
@@ -147,7 +152,7 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
                 row.push(
                     wp.symbol
                         .as_ref()
-                        .map(|s| s.expression.clone())
+                        .map(|s| escape(&s.expression).into_owned())
                         .unwrap_or_else(|| "-".into()),
                 );
             }
@@ -171,20 +176,12 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
         for p in &resp.processes {
             t.row(vec![
                 p.pid.to_string(),
-                if p.comm.is_empty() {
-                    "-".into()
-                } else {
-                    p.comm.clone()
-                },
+                output::name_or_dash(&p.comm),
                 output::backend_name(p.backend),
                 p.threads.to_string(),
                 p.watchpoints.to_string(),
                 output::ago(p.attached_at_ns),
-                if p.stops.is_empty() {
-                    "-".into()
-                } else {
-                    p.stops.clone()
-                },
+                output::name_or_dash(&p.stops),
             ]);
         }
         text.push_str(&t.render());

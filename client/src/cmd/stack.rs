@@ -34,7 +34,7 @@ pub async fn run(ctx: &Ctx, args: &StackArgs) -> Result<(), Error> {
         text.push_str(&format!("#{i:<2} {}\n", output::location_text(f)));
     }
     if !resp.note.is_empty() {
-        text.push_str(&format!("({})\n", resp.note));
+        text.push_str(&format!("({})\n", wpd_proto::text::escape(&resp.note)));
     }
     output::emit(text.trim_end())
 }

@@ -98,11 +98,7 @@ fn to_text(resp: &ListThreadsResponse) -> String {
     for th in &resp.threads {
         let mut row = vec![
             th.tid.to_string(),
-            if th.name.is_empty() {
-                "-".into()
-            } else {
-                th.name.clone()
-            },
+            output::name_or_dash(&th.name),
             output::thread_state_label(th.state),
         ];
         row.extend((0..n).map(|i| cell(th.slots.iter().find(|s| s.index as usize == i))));

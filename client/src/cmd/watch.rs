@@ -9,6 +9,7 @@ use wpd_proto::v1::{
 use crate::cmd::{Ctx, Report};
 use crate::error::Error;
 use crate::{OnExecArg, WatchArgs, backend_value, output};
+use wpd_proto::text::escape;
 
 /// Runs `wpctl watch`.
 pub async fn run(ctx: &Ctx, args: &WatchArgs) -> Result<(), Error> {
@@ -120,7 +121,9 @@ fn policy_text(p: &Policy) -> String {
     for r in &p.refusals {
         s.push_str(&format!(
             "\n  pid {} ({}) refused: {}",
-            r.pid, r.comm, r.reason
+            r.pid,
+            escape(&r.comm),
+            escape(&r.reason)
         ));
     }
     s
@@ -155,7 +158,7 @@ fn to_text(resp: &SetWatchpointResponse) -> String {
     let mut notes = vec![if wp.process_wide {
         "process-wide".to_string()
     } else if !spec.thread_name.is_empty() {
-        format!("threads named {}", spec.thread_name)
+        format!("threads named {}", escape(&spec.thread_name))
     } else {
         format!("tids {}", output::scope(&wp))
     }];

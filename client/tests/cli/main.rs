@@ -15,6 +15,8 @@ use wpd_proto::v1::stream_events_response::Event;
 use wpd_proto::v1::watchpoints_server::{Watchpoints, WatchpointsServer};
 use wpd_proto::v1::*;
 
+mod hostile;
+
 /// A scripted daemon: fixed answers, and errors for particular inputs.
 struct Mock;
 
