@@ -11,7 +11,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use crate::Endpoint;
+use crate::hosts::Endpoint;
 
 /// Most bytes read from an endpoints file (a line per host: thousands of
 /// hosts fit).

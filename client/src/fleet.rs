@@ -11,10 +11,11 @@ use tokio::task::JoinSet;
 use wpd_proto::text::escape;
 use wpd_proto::v1::StreamEventsResponse;
 
+use crate::Command;
+use crate::cmd::events::EventsArgs;
 use crate::cmd::{self, Ctx, Report};
 use crate::error::{Error, Exit};
 use crate::output;
-use crate::{Command, EventsArgs};
 
 /// One daemon of the fleet.
 #[derive(Debug)]
@@ -28,7 +29,7 @@ pub struct Host {
 
 /// The tag of a host with no name: `HOST:PORT` for TCP endpoints (with or
 /// without TLS), the endpoint as given for a socket.
-pub fn default_label(endpoint: &crate::Endpoint) -> String {
+pub fn default_label(endpoint: &crate::hosts::Endpoint) -> String {
     use wpd_proto::connect::Target;
     match &endpoint.target {
         Target::Tcp(uri) => uri.strip_prefix("http://").unwrap_or(uri).to_string(),
@@ -457,7 +458,7 @@ async fn events(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Endpoint;
+    use crate::hosts::Endpoint;
 
     #[test]
     fn tags_prefix_every_line_aligned() {

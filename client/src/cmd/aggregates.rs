@@ -4,8 +4,8 @@
 use serde_json::json;
 use wpd_proto::v1::{GetHitAggregatesRequest, GetHitAggregatesResponse};
 
-use crate::LastArgs;
 use crate::cmd::Ctx;
+use crate::cmd::last::LastArgs;
 use crate::error::Error;
 use crate::output::{self, Table, hex};
 

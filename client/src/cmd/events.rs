@@ -1,16 +1,42 @@
 //! `wpctl events`: follow hits and lifecycle events, one line (or JSON object) each (StreamEvents).
 
+use clap::Args;
 use serde_json::{Value, json};
 use tonic::Streaming;
 use wpd_proto::v1::stream_events_response::Event;
 use wpd_proto::v1::{Hit, StreamEventsRequest, StreamEventsResponse};
 
-use crate::EventsArgs;
+use crate::args::pid_parser;
 use crate::cmd::Ctx;
 use crate::error::Error;
 use crate::output::{self, clock, hex, id_list};
-use crate::since::Replay;
+use crate::since::{self, Replay, Since};
 use wpd_proto::text::escape;
+
+/// `wpctl events`.
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Only events of this process
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: Option<i32>,
+    /// Only hits of these watchpoints (repeat or comma-separate); lifecycle events still show
+    #[arg(long = "id", value_name = "ID", value_delimiter = ',')]
+    pub ids: Vec<u64>,
+    /// Leave out lifecycle events; keep hits and drop notices
+    #[arg(long)]
+    pub hits_only: bool,
+    /// Exit after printing N events
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub count: Option<u64>,
+    /// Raw instruction pointers: no function, file:line or module names
+    #[arg(long)]
+    pub raw: bool,
+    /// First replay past events from the daemon's journal (wpd --state-dir), then follow live
+    /// ones: those after sequence number N (`1234`), since a time (`2026-12-02T10:00:00Z`,
+    /// RFC 3339), or of a last stretch of time (`10m`, `90s`, `2h`, `1h30m`, `2d`)
+    #[arg(long, value_name = "SPEC", value_parser = since::parse_arg)]
+    pub since: Option<Since>,
+}
 
 /// Runs `wpctl events`: prints until the server ends the stream (exit 0),
 /// `--count` events were printed (exit 0), or the stream fails.

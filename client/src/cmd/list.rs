@@ -1,13 +1,22 @@
 //! `wpctl list`: the daemon's watchpoints and attached processes (ListWatchpoints).
 
+use clap::Args;
 use serde_json::json;
 use wpd_proto::v1::{ListWatchpointsRequest, ListWatchpointsResponse};
 
-use crate::ListArgs;
+use crate::args::pid_parser;
 use crate::cmd::{Ctx, Report};
 use crate::error::Error;
 use crate::output::{self, Table, hex};
 use wpd_proto::text::escape;
+
+/// `wpctl list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only this process
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: Option<i32>,
+}
 
 /// Runs `wpctl list`.
 pub async fn run(ctx: &Ctx, args: &ListArgs) -> Result<(), Error> {

@@ -1,14 +1,17 @@
-//! The subcommands (one module each) and `Ctx`, the connection and call helper they share.
+//! The subcommands, one module each holding its options (`#[derive(Args)]`) beside its `run`,
+//! and `Ctx`, the connection and call helper they share.
 
 pub mod aggregates;
 pub mod attach;
 pub mod caps;
+pub mod completions;
 pub mod dap;
 pub mod detach;
 pub mod events;
 pub mod health;
 pub mod last;
 pub mod list;
+pub mod man;
 pub mod pause;
 pub mod resume;
 pub mod stack;
@@ -24,9 +27,9 @@ use serde_json::Value;
 use tonic::transport::Channel;
 use wpd_proto::v1::watchpoints_client::WatchpointsClient;
 
-use crate::Endpoint;
 use crate::credentials::Token;
 use crate::error::Error;
+use crate::hosts::Endpoint;
 use crate::output;
 
 /// A connected client.

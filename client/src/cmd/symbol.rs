@@ -1,14 +1,26 @@
 //! `wpctl symbol`: what a name is in a process, or what is at an address
 //! (ResolveSymbol).
 
+use clap::Args;
 use serde_json::json;
 use wpd_proto::v1::{ResolveSymbolRequest, ResolveSymbolResponse};
 
+use crate::args::{parse_addr, pid_parser};
 use crate::cmd::Ctx;
 use crate::error::Error;
 use crate::output::{self, hex};
-use crate::{SymbolArgs, parse_addr};
 use wpd_proto::text::escape;
+
+/// `wpctl symbol`.
+#[derive(Debug, Args)]
+pub struct SymbolArgs {
+    /// Process
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: i32,
+    /// A name (`[MODULE:]NAME[.MEMBER][[INDEX]][+OFFSET]`) or an address (0x…)
+    #[arg(value_name = "NAME|ADDR")]
+    pub what: String,
+}
 
 /// Runs `wpctl symbol`.
 pub async fn run(ctx: &Ctx, args: &SymbolArgs) -> Result<(), Error> {

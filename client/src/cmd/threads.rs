@@ -1,12 +1,27 @@
 //! `wpctl threads`: per-thread debug-register slot occupancy (ListThreads).
 
+use clap::Args;
 use serde_json::{Value, json};
 use wpd_proto::v1::{ListThreadsRequest, ListThreadsResponse, SlotInfo, SlotState, ThreadState};
 
-use crate::ThreadsArgs;
+use crate::args::pid_parser;
 use crate::cmd::{Ctx, Report};
 use crate::error::Error;
 use crate::output::{self, Table};
+
+/// `wpctl threads`.
+#[derive(Debug, Args)]
+pub struct ThreadsArgs {
+    /// Attached process
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: i32,
+    /// Only these threads (repeat or comma-separate)
+    #[arg(long = "tid", value_name = "TID", value_delimiter = ',', value_parser = pid_parser())]
+    pub tids: Vec<i32>,
+    /// Ask the kernel which slots are really free (marks refused slots foreign)
+    #[arg(long)]
+    pub probe: bool,
+}
 
 /// Runs `wpctl threads`.
 pub async fn run(ctx: &Ctx, args: &ThreadsArgs) -> Result<(), Error> {
