@@ -358,11 +358,10 @@ mod tests {
         ));
     }
 
-    /// `wpctl --help` matches tests/snapshots/help.txt; `UPDATE_SNAPSHOTS=1`
+    /// `wpctl --help` matches tests/snapshots/help.txt; `UPDATE_EXPECT=1`
     /// rewrites the file instead.
     #[test]
     fn help_snapshot() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/snapshots/help.txt");
         // Trailing spaces (clap leaves some on blank lines) are dropped so
         // that editors cannot break the comparison.
         let help: String = Cli::command()
@@ -371,18 +370,7 @@ mod tests {
             .lines()
             .map(|l| l.trim_end().to_string() + "\n")
             .collect();
-        if std::env::var_os("UPDATE_SNAPSHOTS").is_some_and(|v| v == "1") {
-            std::fs::create_dir_all(std::path::Path::new(path).parent().unwrap()).unwrap();
-            std::fs::write(path, &help).unwrap();
-            return;
-        }
-        let expected = std::fs::read_to_string(path)
-            .unwrap_or_else(|e| panic!("{path}: {e} (run with UPDATE_SNAPSHOTS=1 to create it)"))
-            .replace("\r\n", "\n");
-        assert!(
-            help == expected,
-            "`wpctl --help` changed; rerun with UPDATE_SNAPSHOTS=1 to accept.\n--- expected\n{expected}\n--- got\n{help}"
-        );
+        expect_test::expect_file!["../tests/snapshots/help.txt"].assert_eq(&help);
     }
 }
 

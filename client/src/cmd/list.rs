@@ -201,6 +201,7 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use expect_test::expect;
     use wpd_proto::v1::{Access, Backend, HitAction, ProcessInfo, Watchpoint, WatchpointSpec};
 
     #[test]
@@ -272,15 +273,15 @@ mod tests {
             }],
             ..Default::default()
         };
-        assert_eq!(
-            to_text(&resp),
-            "ID  PID  SCOPE    ADDRESS  LEN  ACCESS  ACTION           THREADS  HITS  BACKEND\n\
-             7   123  124,125  0x1040   4    rw      log              2        42    ptrace\n\
-             8   123  process  0x1048   8    write   stop-all+change  3        1     ptrace\n\
-             \n\
-             PID  COMM  BACKEND  THREADS  WATCHPOINTS  ATTACHED  STOPS\n\
-             123  demo  ptrace   3        1            -         signal SIGURG\n"
-        );
+        expect![[r#"
+            ID  PID  SCOPE    ADDRESS  LEN  ACCESS  ACTION           THREADS  HITS  BACKEND
+            7   123  124,125  0x1040   4    rw      log              2        42    ptrace
+            8   123  process  0x1048   8    write   stop-all+change  3        1     ptrace
+
+            PID  COMM  BACKEND  THREADS  WATCHPOINTS  ATTACHED  STOPS
+            123  demo  ptrace   3        1            -         signal SIGURG
+        "#]]
+        .assert_eq(&to_text(&resp));
         let v = to_json(&resp);
         assert_eq!(v["watchpoints"][0]["tids"], json!([124, 125]));
         assert_eq!(v["watchpoints"][0]["action"], "log");

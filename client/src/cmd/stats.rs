@@ -155,6 +155,7 @@ fn to_text(s: &GetStatsResponse) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use expect_test::expect;
     use prost::Message;
     use prost::encoding::{WireType, encode_key, encode_varint};
     use prost_types::field_descriptor_proto::Type;
@@ -194,23 +195,20 @@ mod tests {
             export_connected: true,
             ..Default::default()
         };
-        assert_eq!(
-            to_text(&s),
-            "processes:   1\n\
-             threads:     12\n\
-             watchpoints: 2\n\
-             perf fds:    48\n\
-             uptime:      1m15s\n\
-             hits:        9 delivered, 1 record lost in the kernel's rings\n\
-             subscribers: 2 now, 5 events dropped for being too slow\n\
-             ledger hold: p50 800 ns, p99 12.5 µs, max 4.2 ms\n\
-             connections: 3 open, 1 refused, 0 closed idle\n\
-             symbols:     3 modules loaded (3.3 MiB), 12 code addresses (2.0 KiB), \
-             4 maps reads\n\
-             journal:     written to seq 120, durable to seq 118; 2 segments (1.2 MiB); \
-             14 fsyncs (3.2 ms); 0 lagged, 0 retired, 1 torn\n\
-             export:      connected; acked to seq 117; 119 published, 1 error, 0 lost\n"
-        );
+        expect![[r#"
+            processes:   1
+            threads:     12
+            watchpoints: 2
+            perf fds:    48
+            uptime:      1m15s
+            hits:        9 delivered, 1 record lost in the kernel's rings
+            subscribers: 2 now, 5 events dropped for being too slow
+            ledger hold: p50 800 ns, p99 12.5 µs, max 4.2 ms
+            connections: 3 open, 1 refused, 0 closed idle
+            symbols:     3 modules loaded (3.3 MiB), 12 code addresses (2.0 KiB), 4 maps reads
+            journal:     written to seq 120, durable to seq 118; 2 segments (1.2 MiB); 14 fsyncs (3.2 ms); 0 lagged, 0 retired, 1 torn
+            export:      connected; acked to seq 117; 119 published, 1 error, 0 lost
+        "#]].assert_eq(&to_text(&s));
         let v = to_json(&s);
         assert_eq!(v["hits"], 9);
         assert_eq!(v["journal_fsync_us"], 3_200);
