@@ -152,6 +152,11 @@ pub fn read_token(path: &Path) -> Result<Token, FileError> {
     };
     let mut file = std::fs::File::open(path).map_err(read_err)?;
     let meta = file.metadata().map_err(read_err)?;
+    if meta.is_dir() {
+        return Err(read_err(std::io::Error::from(
+            std::io::ErrorKind::IsADirectory,
+        )));
+    }
     let me = euid();
     if meta.uid() != me {
         return Err(FileError::NotOwned {
@@ -343,6 +348,14 @@ mod tests {
             assert!(msg.contains(&format!("(mode {mode:04o})")), "{msg}");
             assert!(!msg.contains("s3cret"), "{msg}");
         }
+        let _ = std::fs::remove_dir_all(dir);
+
+        let (dir, _) = file("dir", b"", 0o600);
+        let msg = read_token(&dir).unwrap_err().to_string();
+        assert!(
+            msg.starts_with("cannot read token file ") && msg.contains("directory"),
+            "{msg}"
+        );
         let _ = std::fs::remove_dir_all(dir);
 
         let (dir, p) = file("empty", b" \n", 0o600);
