@@ -1,5 +1,5 @@
 //! `--endpoints-file`: the daemons a fleet command talks to, one per line, each
-//! optionally named and with its own token and CA.
+//! optionally named and with its own token (the only one it is sent) and CA.
 //!
 //! A line is `[NAME] ENDPOINT [token-file=FILE] [tls-ca=FILE]`: `#` starts a
 //! comment (at the start of a line or after a blank), blank lines are
@@ -8,9 +8,14 @@
 //! and the endpoint follows. Relative option paths are taken from the file's
 //! directory.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use crate::Endpoint;
+use crate::hosts::Endpoint;
+
+/// Most bytes read from an endpoints file (a line per host: thousands of
+/// hosts fit).
+pub const FILE_LIMIT: u64 = 1 << 20;
 
 /// One line of the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,7 +24,7 @@ pub struct Entry {
     pub name: Option<String>,
     /// Where its daemon listens.
     pub endpoint: Endpoint,
-    /// `token-file=`: this host's token instead of `--token-file`.
+    /// `token-file=`: this host's token (a line never gets `--token-file`'s).
     pub token_file: Option<PathBuf>,
     /// `tls-ca=`: this host's CA instead of `--tls-ca`.
     pub tls_ca: Option<PathBuf>,
@@ -85,15 +90,33 @@ pub enum FileError {
     /// Only comments and blank lines.
     #[error("endpoints file {0} lists no endpoint")]
     Empty(String),
+    /// Larger than [`FILE_LIMIT`].
+    #[error("endpoints file {path} is larger than {limit} bytes")]
+    TooLarge {
+        /// The file.
+        path: String,
+        /// [`FILE_LIMIT`].
+        limit: u64,
+    },
 }
 
 /// Reads and parses the file at `path`.
 pub fn load(path: &Path) -> Result<Vec<Entry>, FileError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| FileError::Read {
+    let read_err = |source| FileError::Read {
         path: shown.clone(),
         source,
-    })?;
+    };
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(FILE_LIMIT + 1).read_to_string(&mut text))
+        .map_err(read_err)?;
+    if text.len() as u64 > FILE_LIMIT {
+        return Err(FileError::TooLarge {
+            path: shown,
+            limit: FILE_LIMIT,
+        });
+    }
     let base = path.parent().unwrap_or(Path::new("."));
     let entries = parse(&text, base).map_err(|(line, problem)| FileError::Line {
         path: shown.clone(),

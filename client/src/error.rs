@@ -11,6 +11,7 @@ use std::io;
 use serde_json::{Value, json};
 use tonic::Code;
 use tonic_types::StatusExt;
+use wpd_proto::text::escape;
 
 /// Process exit codes. Documented in `wpctl --help` (see `EXIT_CODES_HELP`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,6 +136,15 @@ pub enum Error {
         /// The daemon's refusal.
         status: tonic::Status,
     },
+    /// The daemon sent more than wpctl takes: a message over the size
+    /// limit, or (several endpoints) an answer that would wait for the
+    /// hosts before it beyond what wpctl holds back.
+    TooLarge {
+        /// The endpoint as given.
+        endpoint: String,
+        /// How much, and the limit.
+        detail: String,
+    },
     /// Writing the output failed (a closed pipe is handled quietly).
     Output(io::Error),
     /// A local problem with what was given (e.g. an unreadable token file).
@@ -147,6 +157,17 @@ impl Error {
     /// sent by the daemon have none) counts as unreachable, so its message
     /// names the endpoint.
     pub fn from_status(endpoint: &str, status: tonic::Status) -> Self {
+        // tonic refuses a message over the decoding limit before reading it.
+        if status.code() == Code::OutOfRange
+            && let Some(detail) = status
+                .message()
+                .strip_prefix("Error, decoded message length too large: ")
+        {
+            return Error::TooLarge {
+                endpoint: endpoint.to_string(),
+                detail: format!("a message too large to take ({detail})"),
+            };
+        }
         let transport_code = matches!(
             status.code(),
             Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled
@@ -212,6 +233,7 @@ impl Error {
             Error::Status { status, .. } => exit_for_code(status.code()),
             Error::NotServing { .. } => Exit::Unreachable,
             Error::NoJournal { .. } => Exit::Precondition,
+            Error::TooLarge { .. } => Exit::Other,
             Error::Output(e) if e.kind() == io::ErrorKind::BrokenPipe => Exit::Ok,
             Error::Output(_) => Exit::Other,
             Error::Local(_) => Exit::Usage,
@@ -235,7 +257,7 @@ impl Error {
                 } else {
                     detail
                 };
-                format!("cannot reach wpd at {endpoint}: {detail}")
+                format!("cannot reach wpd at {endpoint}: {}", escape(detail))
             }
             _ => self.message(),
         }
@@ -257,13 +279,14 @@ impl Error {
                     "is the daemon running? Start it with `wpd`, or point --endpoint / \
                      WPD_ENDPOINT at it"
                 };
-                format!("cannot reach wpd at {endpoint}: {detail}; {hint}")
+                format!("cannot reach wpd at {endpoint}: {}; {hint}", escape(detail))
             }
             Error::Timeout { endpoint, secs } => format!(
                 "wpd at {endpoint} did not answer within {secs} s (raise --timeout to wait longer)"
             ),
             Error::Status { status, .. } => {
-                let msg = single_line(status.message());
+                // The daemon's words: one line, and no terminal controls.
+                let msg = escape(&single_line(status.message())).into_owned();
                 if msg.is_empty() {
                     format!(
                         "the daemon failed the request: {} ({})",
@@ -283,6 +306,9 @@ impl Error {
                 "wpd at {endpoint} keeps no event journal, so --since has nothing to replay \
                  (start wpd with --state-dir DIR, or leave out --since for live events)"
             ),
+            Error::TooLarge { endpoint, detail } => {
+                format!("wpd at {endpoint} sent too much: {}", escape(detail))
+            }
             Error::Output(e) => format!("cannot write output: {e}"),
             Error::Local(m) => m.clone(),
         }
@@ -299,6 +325,7 @@ impl Error {
                     code_name(status.code())
                 }
                 Error::NotServing { .. } => "UNAVAILABLE",
+                Error::TooLarge { .. } => "RESOURCE_EXHAUSTED",
                 Error::Output(_) => "INTERNAL",
                 Error::Local(_) => "INVALID_ARGUMENT",
             },
@@ -310,7 +337,8 @@ impl Error {
             Error::Unreachable { endpoint, .. }
             | Error::Timeout { endpoint, .. }
             | Error::Status { endpoint, .. }
-            | Error::NoJournal { endpoint, .. } => {
+            | Error::NoJournal { endpoint, .. }
+            | Error::TooLarge { endpoint, .. } => {
                 err["endpoint"] = json!(endpoint);
             }
             Error::NotServing { endpoint, status } => {

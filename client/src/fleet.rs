@@ -6,14 +6,16 @@
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
+use wpd_proto::text::escape;
 use wpd_proto::v1::StreamEventsResponse;
 
+use crate::Command;
+use crate::cmd::events::EventsArgs;
 use crate::cmd::{self, Ctx, Report};
 use crate::error::{Error, Exit};
 use crate::output;
-use crate::{Command, EventsArgs};
 
 /// One daemon of the fleet.
 #[derive(Debug)]
@@ -27,7 +29,7 @@ pub struct Host {
 
 /// The tag of a host with no name: `HOST:PORT` for TCP endpoints (with or
 /// without TLS), the endpoint as given for a socket.
-pub fn default_label(endpoint: &crate::Endpoint) -> String {
+pub fn default_label(endpoint: &crate::hosts::Endpoint) -> String {
     use wpd_proto::connect::Target;
     match &endpoint.target {
         Target::Tcp(uri) => uri.strip_prefix("http://").unwrap_or(uri).to_string(),
@@ -73,7 +75,7 @@ impl Tags {
     pub fn new<'a>(labels: impl IntoIterator<Item = &'a str>) -> Self {
         let width = labels
             .into_iter()
-            .map(|l| l.chars().count() + 2)
+            .map(|l| escape(l).chars().count() + 2)
             .max()
             .unwrap_or(0);
         Tags { width }
@@ -82,7 +84,7 @@ impl Tags {
     /// `text` with every line prefixed by `[label]` and a space (a blank line
     /// keeps the tag alone), without trailing spaces.
     pub fn text(&self, label: &str, text: &str) -> String {
-        let tag = format!("[{label}]");
+        let tag = format!("[{}]", escape(label));
         let mut out = String::new();
         for line in text.trim_end_matches('\n').split('\n') {
             let tagged = format!("{tag:<w$} {line}", w = self.width);
@@ -119,11 +121,21 @@ pub fn exit_of(outcomes: &[Option<Exit>]) -> Exit {
     }
 }
 
+/// Most bytes of answers, rendered, that wait for the hosts before them
+/// (answers are printed in host order). An answer that would pass it is
+/// not kept: its host is reported as failed ([`Error::TooLarge`]).
+pub const HELD_BACK_LIMIT: usize = 256 << 20;
+
+/// Most bytes of events, rendered, between the hosts' streams and stdout.
+/// A host's stream waits (and, through HTTP/2 flow control, its daemon)
+/// while they are taken.
+pub const EVENT_BUFFER: usize = 32 << 20;
+
 /// Runs `command` on every host and returns the exit code (see [`exit_of`]).
 pub async fn run(hosts: Vec<Host>, command: Command, json: bool) -> Exit {
     let hosts = Arc::new(hosts);
     let tags = Tags::new(hosts.iter().map(|h| h.label.as_str()));
-    let out = Out { tags, json };
+    let out = Arc::new(Out { tags, json });
     let outcomes = match command {
         Command::Events(args) => events(&hosts, Arc::new(args), &out).await,
         other => unary(&hosts, Arc::new(other), &out).await,
@@ -144,17 +156,47 @@ struct Out {
     json: bool,
 }
 
+/// A host's answer as it will be written: its warnings for stderr (text
+/// mode), and its tagged text or its JSON record for stdout.
+#[derive(Debug)]
+struct Rendered {
+    warnings: Vec<String>,
+    stdout: String,
+}
+
+impl Rendered {
+    /// Bytes it holds.
+    fn size(&self) -> usize {
+        self.stdout.len() + self.warnings.iter().map(String::len).sum::<usize>()
+    }
+}
+
 impl Out {
-    /// A host's answer: its warnings (text mode) on stderr, then its text
-    /// with every line tagged, or its JSON as one record with `"host"`.
-    fn report(&self, label: &str, report: Report) -> Result<(), Error> {
+    /// A host's answer: its warnings (text mode), then its text with every
+    /// line tagged, or its JSON as one record with `"host"`.
+    fn render(&self, label: &str, report: Report) -> Rendered {
         if self.json {
-            return output::emit_json_line(&tag_json(label, report.json));
+            return Rendered {
+                warnings: Vec::new(),
+                stdout: output::json_line(&tag_json(label, report.json)),
+            };
         }
-        for w in &report.warnings {
-            eprintln!("wpctl: [{label}] warning: {w}");
+        Rendered {
+            warnings: report
+                .warnings
+                .iter()
+                .map(|w| format!("wpctl: [{}] warning: {}", escape(label), escape(w)))
+                .collect(),
+            stdout: self.tags.text(label, &report.text),
         }
-        output::emit(&self.tags.text(label, &report.text))
+    }
+
+    /// Writes what [`Out::render`] made.
+    fn print(&self, rendered: &Rendered) -> Result<(), Error> {
+        for w in &rendered.warnings {
+            output::warn(w);
+        }
+        output::emit(&rendered.stdout)
     }
 
     /// A host's failure: one line on stderr naming the host (JSON in `--json`
@@ -165,20 +207,25 @@ impl Out {
             let mut record = err.to_json();
             record["host"] = json!(label);
             record["error"]["message"] = json!(err.host_message());
-            eprintln!("{record}");
-            output::emit_json_line(&record)
+            let line = output::json_line(&record);
+            output::warn(&line);
+            output::emit(&line)
         } else {
-            eprintln!("wpctl: [{label}] {}", err.host_message());
+            output::warn(&format!(
+                "wpctl: [{}] {}",
+                escape(label),
+                err.host_message()
+            ));
             Ok(())
         }
     }
 
-    /// One event of a host.
-    fn event(&self, label: &str, ev: &StreamEventsResponse) -> Result<(), Error> {
+    /// One event of a host, as it will be written on stdout.
+    fn event(&self, label: &str, ev: &StreamEventsResponse) -> String {
         if self.json {
-            output::emit_json_line(&tag_json(label, cmd::events::to_json(ev)))
+            output::json_line(&tag_json(label, cmd::events::to_json(ev)))
         } else {
-            output::emit(&self.tags.text(label, &cmd::events::to_text(ev)))
+            self.tags.text(label, &cmd::events::to_text(ev))
         }
     }
 }
@@ -200,28 +247,92 @@ async fn report(ctx: &Ctx, command: &Command) -> Result<Report, Error> {
     }
 }
 
+/// Answers put in host order: each is taken out as soon as those before it
+/// are, and those that wait hold at most `limit` bytes in all.
+#[derive(Debug)]
+struct InOrder<T> {
+    /// Per host, its answer and its size, until taken out.
+    slots: Vec<Option<(T, usize)>>,
+    /// The host whose answer is taken out next.
+    next: usize,
+    /// Bytes of the answers in `slots`.
+    held: usize,
+    /// Most bytes of answers that wait for an earlier host.
+    limit: usize,
+}
+
+impl<T> InOrder<T> {
+    /// For `n` hosts.
+    fn new(n: usize, limit: usize) -> Self {
+        InOrder {
+            slots: (0..n).map(|_| None).collect(),
+            next: 0,
+            held: 0,
+            limit,
+        }
+    }
+
+    /// Puts host `i`'s answer of `size` bytes. The next host's answer is
+    /// always taken; another is given back when it would wait with more
+    /// than the limit held.
+    fn put(&mut self, i: usize, answer: T, size: usize) -> Result<(), T> {
+        if i != self.next && self.held.saturating_add(size) > self.limit {
+            return Err(answer);
+        }
+        self.held += size;
+        self.slots[i] = Some((answer, size));
+        Ok(())
+    }
+
+    /// The next host's answer, when it has come.
+    fn take(&mut self) -> Option<(usize, T)> {
+        let (answer, size) = self.slots.get_mut(self.next)?.take()?;
+        self.held -= size;
+        self.next += 1;
+        Some((self.next - 1, answer))
+    }
+}
+
 /// Makes the call on every host at once; prints the answers in the order
-/// the hosts were given, each as soon as those before it are printed.
+/// the hosts were given, each as soon as those before it are printed (at
+/// most [`HELD_BACK_LIMIT`] bytes of them waiting).
 async fn unary(
     hosts: &Arc<Vec<Host>>,
     command: Arc<Command>,
-    out: &Out,
+    out: &Arc<Out>,
 ) -> Result<Vec<Option<Exit>>, Error> {
     let mut calls = JoinSet::new();
     for i in 0..hosts.len() {
-        let (hosts, command) = (hosts.clone(), command.clone());
-        calls.spawn(async move { (i, report(&hosts[i].ctx, &command).await) });
+        let (hosts, command, out) = (hosts.clone(), command.clone(), out.clone());
+        calls.spawn(async move {
+            let host = &hosts[i];
+            let answer = report(&host.ctx, &command).await;
+            (i, answer.map(|r| out.render(&host.label, r)))
+        });
     }
-    let mut answers: Vec<Option<Result<Report, Error>>> = hosts.iter().map(|_| None).collect();
+    let mut order = InOrder::new(hosts.len(), HELD_BACK_LIMIT);
     let mut outcomes = Vec::with_capacity(hosts.len());
     while let Some(joined) = calls.join_next().await {
         let (i, answer) = joined.map_err(|e| Error::Local(format!("a call task failed: {e}")))?;
-        answers[i] = Some(answer);
-        while let Some(answer) = answers.get_mut(outcomes.len()).and_then(Option::take) {
-            let label = &hosts[outcomes.len()].label;
+        let size = answer.as_ref().map_or(0, Rendered::size);
+        if let Err(answer) = order.put(i, answer, size) {
+            drop(answer);
+            let err = Error::TooLarge {
+                endpoint: hosts[i].ctx.endpoint.text.clone(),
+                detail: format!(
+                    "an answer of {} that would wait for the hosts before it, beyond the {} \
+                     wpctl holds back (run the command on fewer hosts at once)",
+                    output::bytes(size as u64),
+                    output::bytes(HELD_BACK_LIMIT as u64)
+                ),
+            };
+            let _ = order.put(i, Err(err), 0);
+        }
+        while let Some((i, answer)) = order.take() {
+            let label = &hosts[i].label;
             match answer {
-                Ok(report) => {
-                    out.report(label, report)?;
+                Ok(rendered) => {
+                    out.print(&rendered)?;
                     outcomes.push(None);
                 }
                 Err(err) => {
@@ -238,11 +349,12 @@ async fn unary(
 enum Item {
     /// Its stream is open.
     Opened,
-    /// An event.
-    Event(Box<StreamEventsResponse>),
+    /// An event, rendered, and its share of [`EVENT_BUFFER`].
+    Event(String, OwnedSemaphorePermit),
     /// The daemon ended the stream.
     Ended,
-    /// The stream could not be opened, or broke.
+    /// The stream could not be opened, or broke (an event over
+    /// [`cmd::EVENT_LIMIT`] breaks it: that host is cut off).
     Failed(Error),
 }
 
@@ -261,19 +373,28 @@ enum Stream {
 /// when every stream has ended or failed, or after `--count` events in all;
 /// then, so that the exit code covers every host, it waits (discarding
 /// events) until no stream is still being opened (bounded by --timeout).
+/// At most [`EVENT_BUFFER`] bytes of events wait to be printed.
 async fn events(
     hosts: &Arc<Vec<Host>>,
     args: Arc<EventsArgs>,
-    out: &Out,
+    out: &Arc<Out>,
 ) -> Result<Vec<Option<Exit>>, Error> {
     // One instant for every host: `--since 10m` means the same on each.
     let replay = cmd::events::replay(&args);
     let (tx, mut rx) = mpsc::channel::<(usize, Item)>(256);
+    let budget = Arc::new(Semaphore::new(EVENT_BUFFER));
     let mut tasks = JoinSet::new();
     for i in 0..hosts.len() {
-        let (hosts, args, tx) = (hosts.clone(), args.clone(), tx.clone());
+        let (hosts, args, tx, out, budget) = (
+            hosts.clone(),
+            args.clone(),
+            tx.clone(),
+            out.clone(),
+            budget.clone(),
+        );
         tasks.spawn(async move {
-            let ctx = &hosts[i].ctx;
+            let host = &hosts[i];
+            let ctx = &host.ctx;
             let mut stream = match cmd::events::open(ctx, &args, replay).await {
                 Ok(stream) => stream,
                 Err(err) => {
@@ -286,11 +407,19 @@ async fn events(
             }
             loop {
                 let item = match stream.message().await {
-                    Ok(Some(ev)) => Item::Event(Box::new(ev)),
+                    Ok(Some(ev)) => {
+                        let line = out.event(&host.label, &ev);
+                        drop(ev);
+                        let share = line.len().clamp(1, EVENT_BUFFER) as u32;
+                        let Ok(permit) = budget.clone().acquire_many_owned(share).await else {
+                            return;
+                        };
+                        Item::Event(line, permit)
+                    }
                     Ok(None) => Item::Ended,
                     Err(status) => Item::Failed(Error::from_status(&ctx.endpoint.text, status)),
                 };
-                let last = !matches!(item, Item::Event(_));
+                let last = !matches!(item, Item::Event(..));
                 if tx.send((i, item)).await.is_err() || last {
                     return;
                 }
@@ -306,19 +435,18 @@ async fn events(
         let Some((i, item)) = rx.recv().await else {
             break;
         };
-        let label = &hosts[i].label;
         match item {
             Item::Opened => state[i] = Stream::Open,
-            Item::Event(ev) => {
+            Item::Event(line, _permit) => {
                 if counting(printed) {
-                    out.event(label, &ev)?;
+                    output::emit(&line)?;
                     printed += 1;
                 }
             }
             Item::Ended => state[i] = Stream::Done,
             Item::Failed(err) => {
                 state[i] = Stream::Done;
-                out.failure(label, &err)?;
+                out.failure(&hosts[i].label, &err)?;
                 outcomes[i] = Some(err.exit());
             }
         }
@@ -330,7 +458,7 @@ async fn events(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Endpoint;
+    use crate::hosts::Endpoint;
 
     #[test]
     fn tags_prefix_every_line_aligned() {
@@ -381,6 +509,34 @@ mod tests {
         );
         check(&[Some(Exit::NotFound)], Exit::NotFound);
         check(&[], Exit::Ok);
+    }
+
+    #[test]
+    fn answers_wait_in_order_within_a_limit() {
+        let mut o = InOrder::new(4, 100);
+        // Host 2 answers first: held.
+        assert!(o.put(2, "c", 60).is_ok());
+        assert_eq!(o.take(), None);
+        // Host 3 would bring what waits over the limit: given back.
+        assert_eq!(o.put(3, "d", 41), Err("d"));
+        assert!(o.put(3, "d'", 40).is_ok());
+        // Host 0 is next: taken whatever its size, then nothing until 1.
+        assert!(o.put(0, "a", 1_000).is_ok());
+        assert_eq!(o.take(), Some((0, "a")));
+        assert_eq!(o.take(), None);
+        assert_eq!(o.held, 100);
+        assert!(o.put(1, "b", 5).is_ok());
+        assert_eq!(o.take(), Some((1, "b")));
+        assert_eq!(o.take(), Some((2, "c")));
+        assert_eq!(o.take(), Some((3, "d'")));
+        assert_eq!(o.take(), None);
+        assert_eq!(o.held, 0);
+    }
+
+    #[test]
+    fn tags_escape_labels() {
+        let tags = Tags::new(["a\nb"]);
+        assert_eq!(tags.text("a\nb", "x"), "[a\\nb] x\n");
     }
 
     #[test]

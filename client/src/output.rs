@@ -1,9 +1,21 @@
 //! Output helpers: writing to stdout (line-flushed, EPIPE-aware), plain
 //! tables, JSON documents, and formatting of enums, addresses and times.
+//!
+//! Text a watched program or a daemon chose (names, paths, reasons) goes
+//! through [`escape`] where it is put into a line, so that it stays inside
+//! its field: a newline in a thread name cannot start a line of its own
+//! (nor forge another host's `[host]` tag), an escape sequence cannot reach
+//! the terminal. [`emit`] and [`line_safe`] are the net under that: no
+//! control or bidirectional-formatting character other than the newlines
+//! between lines is ever written. JSON keeps the values as they are, with
+//! those characters written as `\uXXXX` ([`json_safe`]), so that a JSON Lines
+//! record is always one line of ASCII controls-free text.
 
+use std::borrow::Cow;
 use std::io::{self, Write};
 
 use serde_json::{Value, json};
+use wpd_proto::text::{escape, is_plain};
 use wpd_proto::v1::{
     Access, Backend, HitAction, Location, ProcessInfo, SlotState, Symbol, SymbolSource,
     ThreadState, Watchpoint, WatchpointSpec,
@@ -11,8 +23,56 @@ use wpd_proto::v1::{
 
 use crate::error::Error;
 
-/// Writes `text` (a newline is added if missing) to stdout and flushes.
+/// Whether `c` is written as it is by [`line_safe`] and [`json_safe`]
+/// (backslashes are: they begin the escapes already made).
+fn passes(c: char) -> bool {
+    c == '\n' || c == '\\' || is_plain(c.encode_utf8(&mut [0; 4]))
+}
+
+/// `text` with every control and bidirectional-formatting character other
+/// than `\n` written as [`escape`] writes it: what reaches a terminal can
+/// move no cursor and set no title, whatever a field forgot.
+pub fn line_safe(text: &str) -> Cow<'_, str> {
+    if text.chars().all(passes) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if passes(c) {
+            out.push(c);
+        } else {
+            out.push_str(&escape(c.encode_utf8(&mut [0; 4])));
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// JSON text (as serde_json writes it, which escapes C0 controls, quotes
+/// and backslashes) with every other control or bidirectional-formatting
+/// character (DEL, C1, U+2028, overrides...) written as `\uXXXX`: the same
+/// value, one line, nothing a terminal acts on. JSON's own syntax is ASCII,
+/// so such a character can only be inside a string.
+pub fn json_safe(text: String) -> String {
+    if text.chars().all(passes) {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if passes(c) {
+            out.push(c);
+        } else {
+            for unit in c.encode_utf16(&mut [0; 2]) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
+    out
+}
+
+/// Writes `text` (a newline is added if missing) to stdout and flushes,
+/// through [`line_safe`].
 pub fn emit(text: &str) -> Result<(), Error> {
+    let text = line_safe(text);
     let mut out = io::stdout().lock();
     out.write_all(text.as_bytes())?;
     if !text.ends_with('\n') {
@@ -22,14 +82,29 @@ pub fn emit(text: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// Writes `line` on stderr, through [`line_safe`].
+pub fn warn(line: &str) {
+    eprintln!("{}", line_safe(line));
+}
+
+/// One JSON document, pretty-printed, through [`json_safe`].
+pub fn json_pretty(value: &Value) -> String {
+    json_safe(serde_json::to_string_pretty(value).expect("JSON values always serialize"))
+}
+
+/// One JSON value on one line (JSON Lines), through [`json_safe`].
+pub fn json_line(value: &Value) -> String {
+    json_safe(serde_json::to_string(value).expect("JSON values always serialize"))
+}
+
 /// Writes one pretty-printed JSON document to stdout.
 pub fn emit_json(value: &Value) -> Result<(), Error> {
-    emit(&serde_json::to_string_pretty(value).expect("JSON values always serialize"))
+    emit(&json_pretty(value))
 }
 
 /// Writes one JSON value as a single line (JSON Lines) to stdout.
 pub fn emit_json_line(value: &Value) -> Result<(), Error> {
-    emit(&serde_json::to_string(value).expect("JSON values always serialize"))
+    emit(&json_line(value))
 }
 
 /// A plain text table: left-aligned columns separated by two spaces.
@@ -276,6 +351,24 @@ pub fn ago(ns: u64) -> String {
     format!("{} ago", duration_s((now - ns) / 1_000_000_000))
 }
 
+/// A name a program or a daemon chose, [`escape`]d, or `-` when empty.
+pub fn name_or_dash(name: &str) -> String {
+    if name.is_empty() {
+        "-".into()
+    } else {
+        escape(name).into_owned()
+    }
+}
+
+/// `123(name)` with the name [`escape`]d, or `123` without a name.
+pub fn id_named(id: impl std::fmt::Display, name: &str) -> String {
+    if name.is_empty() {
+        id.to_string()
+    } else {
+        format!("{id}({})", escape(name))
+    }
+}
+
 /// A list of ids as `7,9,12` (or `-` when empty).
 pub fn id_list<T: std::fmt::Display>(ids: &[T]) -> String {
     if ids.is_empty() {
@@ -293,7 +386,9 @@ pub fn scope(wp: &Watchpoint) -> String {
     match &wp.spec {
         _ if wp.process_wide => "process".into(),
         Some(spec) if !spec.tids.is_empty() => id_list(&spec.tids),
-        Some(spec) if !spec.thread_name.is_empty() => format!("named {}", spec.thread_name),
+        Some(spec) if !spec.thread_name.is_empty() => {
+            format!("named {}", escape(&spec.thread_name))
+        }
         _ => "-".into(),
     }
 }
@@ -307,12 +402,12 @@ pub fn file_name(path: &str) -> &str {
 pub fn symbol_text(s: &Symbol) -> String {
     let mut parts = Vec::new();
     if !s.type_name.is_empty() {
-        parts.push(s.type_name.clone());
+        parts.push(escape(&s.type_name).into_owned());
     }
     parts.push(plural(s.size, "byte"));
-    parts.push(file_name(&s.module).to_string());
+    parts.push(escape(file_name(&s.module)).into_owned());
     parts.push(source_name(s.source).into());
-    format!("{} ({})", s.expression, parts.join(", "))
+    format!("{} ({})", escape(&s.expression), parts.join(", "))
 }
 
 /// Where a name's address came from.
@@ -344,15 +439,16 @@ pub fn symbol_json(s: &Symbol) -> Value {
 /// `bump_counter (ctarget.c:61)`, `bump_counter+0x12 (libfoo.so)` without
 /// line information, or the raw address when nothing is known.
 pub fn location_text(l: &Location) -> String {
-    let module = file_name(&l.module);
+    let module = escape(file_name(&l.module));
+    let function = escape(&l.function);
     let func = match (l.function.is_empty(), l.function_offset) {
         (true, _) => None,
-        (false, _) if l.line > 0 => Some(l.function.clone()),
-        (false, 0) => Some(l.function.clone()),
-        (false, off) => Some(format!("{}+{:#x}", l.function, off)),
+        (false, _) if l.line > 0 => Some(function.into_owned()),
+        (false, 0) => Some(function.into_owned()),
+        (false, off) => Some(format!("{function}+{off:#x}")),
     };
     let place = if l.line > 0 && !l.file.is_empty() {
-        Some(format!("{}:{}", file_name(&l.file), l.line))
+        Some(format!("{}:{}", escape(file_name(&l.file)), l.line))
     } else if !module.is_empty() {
         Some(format!("{module}+{:#x}", l.module_address))
     } else {
@@ -365,9 +461,9 @@ pub fn location_text(l: &Location) -> String {
         (None, None) => hex(l.ip),
     };
     for i in &l.inlined {
-        s.push_str(&format!(" inlined in {}", i.function));
+        s.push_str(&format!(" inlined in {}", escape(&i.function)));
         if i.line > 0 {
-            s.push_str(&format!(" ({}:{})", file_name(&i.file), i.line));
+            s.push_str(&format!(" ({}:{})", escape(file_name(&i.file)), i.line));
         }
     }
     s
@@ -538,7 +634,7 @@ pub fn policy_what(p: &wpd_proto::v1::Policy) -> String {
             hex(spec.address)
         )
     } else {
-        format!("{} {}", access_name(spec.access), spec.symbol)
+        format!("{} {}", access_name(spec.access), escape(&spec.symbol))
     }
 }
 
@@ -549,13 +645,13 @@ pub fn selector_phrase(s: Option<&wpd_proto::v1::ProcessSelector>) -> String {
     };
     let mut parts = Vec::new();
     if !s.comm.is_empty() {
-        parts.push(format!("with comm {}", s.comm));
+        parts.push(format!("with comm {}", escape(&s.comm)));
     }
     if !s.exe.is_empty() {
-        parts.push(format!("running {}", s.exe));
+        parts.push(format!("running {}", escape(&s.exe)));
     }
     if !s.cgroup.is_empty() {
-        parts.push(format!("in cgroup {}", s.cgroup));
+        parts.push(format!("in cgroup {}", escape(&s.cgroup)));
     }
     let pids = s
         .pids
@@ -610,6 +706,26 @@ pub fn policy_json(p: &wpd_proto::v1::Policy) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nothing_that_drives_a_terminal_is_written() {
+        assert!(matches!(
+            line_safe("plain\nlines µ → \\x1b"),
+            Cow::Borrowed(_)
+        ));
+        assert_eq!(
+            line_safe("a\x1b]0;t\x07\n\u{202e}b\r\u{85}"),
+            "a\\x1b]0;t\\x07\n\\u{202e}b\\r\\u{0085}"
+        );
+        let v = json!({ "name": "x\n\u{1b}\u{202e}\u{2028}\u{85}\u{7f}é" });
+        let line = json_line(&v);
+        assert_eq!(line, r#"{"name":"x\n\u001b\u202e\u2028\u0085\u007fé"}"#);
+        let back: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(back, v);
+        let pretty = json_pretty(&v);
+        assert_eq!(serde_json::from_str::<Value>(&pretty).unwrap(), v);
+        assert!(pretty.chars().all(|c| c == '\n' || !c.is_control()));
+    }
 
     #[test]
     fn table_aligns_and_trims() {

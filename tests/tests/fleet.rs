@@ -1,6 +1,7 @@
 //! One `wpctl` driving a fleet: three real daemons on loopback TCP with TLS and a token, an
 //! endpoint nobody listens on, and one whose per-line token is wrong, all in one endpoints
-//! file. `watch` sets one policy by command name on every host, `list`, `stats`, `health`
+//! file whose lines each name their token file (`--token-file` serves `--endpoint` only, and
+//! with an endpoints file alone it is refused). `watch` sets one policy by command name on every host, `list`, `stats`, `health`
 //! and `events` answer from every host with each line or record tagged by it, the dead and
 //! the refusing host are each named on stderr while the others succeed (exit 9), and
 //! `unwatch` over repeated `--endpoint`s succeeds everywhere (exit 0).
@@ -32,29 +33,23 @@ const DOWN: &str = "down";
 /// The host whose line names a wrong token.
 const INTRUDER: &str = "intruder";
 
-/// What the test set up: the endpoints file and the global TLS and token flags.
+/// What the test set up: the endpoints file, the global TLS flag, and the token file (named
+/// by the file's lines, and given as `--token-file` to `--endpoint` runs).
 struct Fleet {
     /// The endpoints file.
     file: String,
     /// `--tls-ca` (the daemons' self-signed certificate).
     ca: String,
-    /// `--token-file`.
+    /// The daemons' token file (mode 0600).
     token: String,
     /// The dead host's endpoint.
     down: String,
 }
 
 impl Fleet {
-    /// Runs `wpctl --endpoints-file F --tls-ca C --token-file T args...`.
+    /// Runs `wpctl --endpoints-file F --tls-ca C args...`.
     async fn wpctl(&self, args: &[&str]) -> Result<CmdOutput> {
-        let mut all = vec![
-            "--endpoints-file",
-            &self.file,
-            "--tls-ca",
-            &self.ca,
-            "--token-file",
-            &self.token,
-        ];
+        let mut all = vec!["--endpoints-file", &self.file, "--tls-ca", &self.ca];
         all.extend_from_slice(args);
         run_wpctl(&all, T).await
     }
@@ -62,14 +57,7 @@ impl Fleet {
     /// Starts `wpctl ... args...` in the background (killed when dropped).
     fn spawn_wpctl(&self, args: &[&str]) -> Result<tokio::process::Child> {
         tokio::process::Command::new(bin_path("wpctl"))
-            .args([
-                "--endpoints-file",
-                &self.file,
-                "--tls-ca",
-                &self.ca,
-                "--token-file",
-                &self.token,
-            ])
+            .args(["--endpoints-file", &self.file, "--tls-ca", &self.ca])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -98,6 +86,14 @@ fn write(dir: &Path, name: &str, text: &str) -> Result<String> {
     let path = dir.join(name);
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     Ok(path.display().to_string())
+}
+
+/// Like [`write`], readable by its owner only (as `wpctl` wants a token file).
+fn write_private(dir: &Path, name: &str, text: &str) -> Result<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = write(dir, name, text)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(path)
 }
 
 /// The host of a tagged text line (`[h1]   ...` → `h1`) and the rest.
@@ -266,8 +262,8 @@ async fn one_wpctl_drives_three_daemons_past_a_dead_and_a_refusing_one() -> Resu
     let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])?;
     let ca = write(&dir, "cert.pem", &cert.cert.pem())?;
     let key = write(&dir, "key.pem", &cert.signing_key.serialize_pem())?;
-    let token = write(&dir, "token", "fleet-token\n")?;
-    write(&dir, "wrong.token", "not-the-fleet-token\n")?;
+    let token = write_private(&dir, "token", "fleet-token\n")?;
+    write_private(&dir, "wrong.token", "not-the-fleet-token\n")?;
 
     let mut daemons = Vec::new();
     for _ in HOSTS {
@@ -287,10 +283,10 @@ async fn one_wpctl_drives_three_daemons_past_a_dead_and_a_refusing_one() -> Resu
         "fleet",
         &format!(
             "# the test's fleet\n\
-             h1 {}\n\
-             h2 {}\n\
+             h1 {} token-file=token\n\
+             h2 {} token-file=token\n\
              \n\
-             h3 {}   # the last live one\n\
+             h3 {} token-file=token   # the last live one\n\
              {DOWN} {down}\n\
              {INTRUDER} {} token-file=wrong.token\n",
             daemons[0].endpoint(),
@@ -323,6 +319,18 @@ async fn run(
 ) -> Result<()> {
     let pids: BTreeSet<i64> = targets.iter().map(|t| t.pid as i64).collect();
     let both = [DOWN, INTRUDER];
+
+    // --token-file with the endpoints file alone would go to no daemon: refused.
+    let out = fleet
+        .wpctl(&["--token-file", &fleet.token, "stats"])
+        .await?;
+    ensure!(
+        out.code == Some(2)
+            && out
+                .stderr
+                .contains("--token-file is sent only to the daemons"),
+        "--token-file with only an endpoints file: {out:?}"
+    );
 
     // One policy by name on every host, each reporting its own id.
     let out = fleet

@@ -356,6 +356,16 @@ async fn hits_of_an_undumpable_process_never_reach_its_uid() -> Result<()> {
     daemon.finish(result)
 }
 
+/// Makes files readable and writable by their owner only (`wpctl` refuses a token file its
+/// group or others may read).
+fn private(paths: &[&std::path::Path]) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for p in paths {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(())
+}
+
 /// TCP: refused without a token; with one, every call must carry it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_requires_a_token() -> Result<()> {
@@ -367,6 +377,8 @@ async fn tcp_requires_a_token() -> Result<()> {
     std::fs::write(&token, "correct-horse-battery-staple\n")?;
     let wrong = dir.join("wrong");
     std::fs::write(&wrong, "correct-horse-battery-stapler\n")?;
+    // wpctl takes only private token files.
+    private(&[&token, &wrong])?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -484,6 +496,7 @@ async fn tcp_requires_a_token() -> Result<()> {
         // A token too long for an HTTP/2 header: one clear line, nothing sent.
         let huge = dir.join("huge");
         std::fs::write(&huge, "x".repeat(100 * 1024))?;
+        private(&[&huge])?;
         let huge_arg = huge.to_string_lossy().to_string();
         let long = run_wpctl_as(
             None,
@@ -540,6 +553,7 @@ async fn tls_with_token_on_tcp() -> Result<()> {
     for (name, text) in &paths {
         std::fs::write(dir.join(name), text)?;
     }
+    private(&[&dir.join("token")])?;
     let p = |n: &str| dir.join(n).to_string_lossy().to_string();
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?

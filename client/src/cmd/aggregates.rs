@@ -4,8 +4,8 @@
 use serde_json::json;
 use wpd_proto::v1::{GetHitAggregatesRequest, GetHitAggregatesResponse};
 
-use crate::LastArgs;
 use crate::cmd::Ctx;
+use crate::cmd::last::LastArgs;
 use crate::error::Error;
 use crate::output::{self, Table, hex};
 
@@ -62,11 +62,7 @@ fn to_text(r: &GetHitAggregatesResponse) -> String {
     for a in &r.aggregates {
         t.row(vec![
             a.count.to_string(),
-            if a.thread_name.is_empty() {
-                a.tid.to_string()
-            } else {
-                format!("{}({})", a.tid, a.thread_name)
-            },
+            output::id_named(a.tid, &a.thread_name),
             a.location
                 .as_ref()
                 .map(output::location_text)

@@ -1,11 +1,27 @@
 //! `wpctl attach`: start tracking every thread of a process (Attach).
 
+use clap::Args;
 use serde_json::json;
 use wpd_proto::v1::{AttachRequest, AttachResponse};
 
+use crate::args::{BackendArg, backend_value, pid_parser};
 use crate::cmd::Ctx;
 use crate::error::Error;
-use crate::{AttachArgs, backend_value, output};
+use crate::output;
+
+/// `wpctl attach`.
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// Process to attach to
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: i32,
+    /// How to program the debug registers (default: the daemon's default)
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendArg>,
+    /// Allow pid 1 (the init process, whose stop or death takes the system with it)
+    #[arg(long)]
+    pub allow_init: bool,
+}
 
 /// Runs `wpctl attach`.
 pub async fn run(ctx: &Ctx, args: &AttachArgs) -> Result<(), Error> {

@@ -6,6 +6,7 @@ use wpd_proto::v1::{GetCapabilitiesRequest, GetCapabilitiesResponse};
 use crate::cmd::{Ctx, Report};
 use crate::error::Error;
 use crate::output::{self, Table};
+use wpd_proto::text::escape;
 
 /// Runs `wpctl caps`.
 pub async fn run(ctx: &Ctx) -> Result<(), Error> {
@@ -52,7 +53,7 @@ fn to_text(c: &GetCapabilitiesResponse) -> String {
         }
     };
     let mut text = output::key_values(&[
-        ("arch", c.arch.clone()),
+        ("arch", escape(&c.arch).into_owned()),
         ("slots", format!("{} per thread", c.slots_per_thread)),
         (
             "lengths",
@@ -69,8 +70,8 @@ fn to_text(c: &GetCapabilitiesResponse) -> String {
         ),
         ("max address", output::hex(c.max_user_address)),
         ("cpus", c.cpus.to_string()),
-        ("kernel", c.kernel.clone()),
-        ("version", c.version.clone()),
+        ("kernel", escape(&c.kernel).into_owned()),
+        ("version", escape(&c.version).into_owned()),
     ]);
     text.push_str("\nbackends:\n");
     let mut table = Table::new(["  BACKEND", "USABLE", "DEFAULT", "STOPS", "REASON"]);
@@ -79,16 +80,8 @@ fn to_text(c: &GetCapabilitiesResponse) -> String {
             format!("  {}", output::backend_name(b.backend)),
             if b.usable { "yes" } else { "no" }.into(),
             if b.is_default { "yes" } else { "" }.into(),
-            if b.stops.is_empty() {
-                "-".into()
-            } else {
-                b.stops.clone()
-            },
-            if b.reason.is_empty() {
-                "-".into()
-            } else {
-                b.reason.clone()
-            },
+            output::name_or_dash(&b.stops),
+            output::name_or_dash(&b.reason),
         ]);
     }
     text.push_str(&table.render());
@@ -96,7 +89,7 @@ fn to_text(c: &GetCapabilitiesResponse) -> String {
         text.push_str(&format!(
             "{} events: {}\n",
             output::backend_name(b.backend),
-            b.events
+            escape(&b.events)
         ));
     }
     text

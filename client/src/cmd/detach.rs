@@ -1,11 +1,21 @@
 //! `wpctl detach`: remove a process's watchpoints and stop tracking it (Detach).
 
+use clap::Args;
 use serde_json::json;
 use wpd_proto::v1::DetachRequest;
 
+use crate::args::pid_parser;
 use crate::cmd::Ctx;
 use crate::error::Error;
-use crate::{DetachArgs, output};
+use crate::output;
+
+/// `wpctl detach`.
+#[derive(Debug, Args)]
+pub struct DetachArgs {
+    /// Process to detach from
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: i32,
+}
 
 /// Runs `wpctl detach`: prints
 /// `detached pid 123: removed 2 watchpoints, released 1001 threads`.

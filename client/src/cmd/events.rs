@@ -1,15 +1,42 @@
 //! `wpctl events`: follow hits and lifecycle events, one line (or JSON object) each (StreamEvents).
 
+use clap::Args;
 use serde_json::{Value, json};
 use tonic::Streaming;
 use wpd_proto::v1::stream_events_response::Event;
 use wpd_proto::v1::{Hit, StreamEventsRequest, StreamEventsResponse};
 
-use crate::EventsArgs;
+use crate::args::pid_parser;
 use crate::cmd::Ctx;
 use crate::error::Error;
 use crate::output::{self, clock, hex, id_list};
-use crate::since::Replay;
+use crate::since::{self, Replay, Since};
+use wpd_proto::text::escape;
+
+/// `wpctl events`.
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Only events of this process
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: Option<i32>,
+    /// Only hits of these watchpoints (repeat or comma-separate); lifecycle events still show
+    #[arg(long = "id", value_name = "ID", value_delimiter = ',')]
+    pub ids: Vec<u64>,
+    /// Leave out lifecycle events; keep hits and drop notices
+    #[arg(long)]
+    pub hits_only: bool,
+    /// Exit after printing N events
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub count: Option<u64>,
+    /// Raw instruction pointers: no function, file:line or module names
+    #[arg(long)]
+    pub raw: bool,
+    /// First replay past events from the daemon's journal (wpd --state-dir), then follow live
+    /// ones: those after sequence number N (`1234`), since a time (`2026-12-02T10:00:00Z`,
+    /// RFC 3339), or of a last stretch of time (`10m`, `90s`, `2h`, `1h30m`, `2d`)
+    #[arg(long, value_name = "SPEC", value_parser = since::parse_arg)]
+    pub since: Option<Since>,
+}
 
 /// Runs `wpctl events`: prints until the server ends the stream (exit 0),
 /// `--count` events were printed (exit 0), or the stream fails.
@@ -61,7 +88,10 @@ pub async fn open(
         since_time_ns: replay.since_time_ns,
     };
     let request = ctx.request(request)?;
-    let mut client = ctx.connect().await?;
+    let mut client = ctx
+        .connect()
+        .await?
+        .max_decoding_message_size(super::EVENT_LIMIT);
     let endpoint = &ctx.endpoint.text;
     match tokio::time::timeout(ctx.timeout, client.stream_events(request)).await {
         Ok(Ok(response)) => Ok(response.into_inner()),
@@ -86,7 +116,7 @@ fn integer_text(bytes: &[u8]) -> String {
 /// The value read at the hit: `value=42 (0x2a)`, or why it is missing.
 fn value_text(hit: &Hit) -> String {
     if !hit.value_error.is_empty() {
-        return format!("value=? ({})", hit.value_error);
+        return format!("value=? ({})", escape(&hit.value_error));
     }
     if hit.value.is_empty() {
         return "value=?".into();
@@ -122,13 +152,7 @@ pub(crate) fn to_text(ev: &StreamEventsResponse) -> String {
                 None => format!("ip={}", hex(h.ip)),
             };
             // `pid=12(fuzzer) tid=14(pool-3)` when the daemon gave names.
-            let named = |id: i32, name: &str| {
-                if name.is_empty() {
-                    id.to_string()
-                } else {
-                    format!("{id}({name})")
-                }
-            };
+            let named = output::id_named;
             let mut line = format!(
                 "{} hit wp={} pid={} tid={} {at} addr={} {}",
                 clock(if h.time_ns != 0 {
@@ -157,7 +181,7 @@ pub(crate) fn to_text(ev: &StreamEventsResponse) -> String {
                 line.push_str(&format!("\n    #{} {text}", i + 1));
             }
             if !h.backtrace_note.is_empty() {
-                line.push_str(&format!("\n    ({})", h.backtrace_note));
+                line.push_str(&format!("\n    ({})", escape(&h.backtrace_note)));
             }
             line
         }
@@ -166,9 +190,9 @@ pub(crate) fn to_text(ev: &StreamEventsResponse) -> String {
             e.watchpoint_id,
             e.pid,
             if e.reason.is_empty() {
-                "resolved"
+                "resolved".into()
             } else {
-                &e.reason
+                escape(&e.reason)
             },
             e.symbol
                 .as_ref()
@@ -191,9 +215,9 @@ pub(crate) fn to_text(ev: &StreamEventsResponse) -> String {
         ),
         Some(Event::WatchpointRemoved(e)) => {
             let reason = if e.reason.is_empty() {
-                "removed"
+                "removed".into()
             } else {
-                &e.reason
+                escape(&e.reason)
             };
             format!(
                 "{t} wp-removed wp={} pid={} ({reason})",
@@ -210,7 +234,7 @@ pub(crate) fn to_text(ev: &StreamEventsResponse) -> String {
             "{t} process-lost pid={} removed={}: {}",
             e.pid,
             id_list(&e.watchpoint_ids),
-            e.reason
+            escape(&e.reason)
         ),
         Some(Event::RecordsLost(l)) => format!(
             "!! {} lost in the kernel ring (daemon could not keep up with the hit rate)",

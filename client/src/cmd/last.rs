@@ -1,12 +1,27 @@
 //! `wpctl last`: a watchpoint's last hits as the daemon kept them
 //! (GetRecentHits), one line each as `wpctl events` prints them.
 
+use clap::Args;
 use serde_json::json;
 use wpd_proto::v1::GetRecentHitsRequest;
 
 use crate::cmd::Ctx;
 use crate::error::Error;
-use crate::{LastArgs, output};
+use crate::output;
+
+/// `wpctl last`.
+#[derive(Debug, Args)]
+pub struct LastArgs {
+    /// Watchpoint
+    #[arg(value_name = "ID")]
+    pub id: u64,
+    /// Only the last N of those kept
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: Option<u32>,
+    /// Leave the hits unsymbolized
+    #[arg(long)]
+    pub raw: bool,
+}
 
 /// Runs `wpctl last`: oldest first, then how many there were in all.
 pub async fn run(ctx: &Ctx, args: &LastArgs) -> Result<(), Error> {

@@ -1,12 +1,22 @@
 //! `wpctl list`: the daemon's watchpoints and attached processes (ListWatchpoints).
 
+use clap::Args;
 use serde_json::json;
 use wpd_proto::v1::{ListWatchpointsRequest, ListWatchpointsResponse};
 
-use crate::ListArgs;
+use crate::args::pid_parser;
 use crate::cmd::{Ctx, Report};
 use crate::error::Error;
 use crate::output::{self, Table, hex};
+use wpd_proto::text::escape;
+
+/// `wpctl list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only this process
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: Option<i32>,
+}
 
 /// Runs `wpctl list`.
 pub async fn run(ctx: &Ctx, args: &ListArgs) -> Result<(), Error> {
@@ -50,7 +60,7 @@ fn not_restored_text(resp: &ListWatchpointsResponse) -> String {
     for n in &resp.not_restored {
         let spec = n.spec.clone().unwrap_or_default();
         let what = if !spec.symbol.is_empty() {
-            spec.symbol.clone()
+            escape(&spec.symbol).into_owned()
         } else {
             hex(spec.address)
         };
@@ -60,7 +70,8 @@ fn not_restored_text(resp: &ListWatchpointsResponse) -> String {
         };
         text.push_str(&format!(
             "not set again: #{} {what} ({whose}): {}\n",
-            n.saved_id, n.reason
+            n.saved_id,
+            escape(&n.reason)
         ));
     }
     text
@@ -102,7 +113,7 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
                     "  policy {}: pid {} ({}) watchpoint {}, armed {} after the daemon saw it\n",
                     p.id,
                     i.pid,
-                    i.comm,
+                    escape(&i.comm),
                     i.watchpoint_id,
                     output::duration_ns(i.latency_ns)
                 ));
@@ -110,7 +121,10 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
             for r in &p.refusals {
                 text.push_str(&format!(
                     "  policy {}: pid {} ({}) refused: {}\n",
-                    p.id, r.pid, r.comm, r.reason
+                    p.id,
+                    r.pid,
+                    escape(&r.comm),
+                    escape(&r.reason)
                 ));
             }
         }
@@ -147,7 +161,7 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
                 row.push(
                     wp.symbol
                         .as_ref()
-                        .map(|s| s.expression.clone())
+                        .map(|s| escape(&s.expression).into_owned())
                         .unwrap_or_else(|| "-".into()),
                 );
             }
@@ -171,20 +185,12 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
         for p in &resp.processes {
             t.row(vec![
                 p.pid.to_string(),
-                if p.comm.is_empty() {
-                    "-".into()
-                } else {
-                    p.comm.clone()
-                },
+                output::name_or_dash(&p.comm),
                 output::backend_name(p.backend),
                 p.threads.to_string(),
                 p.watchpoints.to_string(),
                 output::ago(p.attached_at_ns),
-                if p.stops.is_empty() {
-                    "-".into()
-                } else {
-                    p.stops.clone()
-                },
+                output::name_or_dash(&p.stops),
             ]);
         }
         text.push_str(&t.render());
@@ -195,6 +201,7 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use expect_test::expect;
     use wpd_proto::v1::{Access, Backend, HitAction, ProcessInfo, Watchpoint, WatchpointSpec};
 
     #[test]
@@ -266,15 +273,15 @@ mod tests {
             }],
             ..Default::default()
         };
-        assert_eq!(
-            to_text(&resp),
-            "ID  PID  SCOPE    ADDRESS  LEN  ACCESS  ACTION           THREADS  HITS  BACKEND\n\
-             7   123  124,125  0x1040   4    rw      log              2        42    ptrace\n\
-             8   123  process  0x1048   8    write   stop-all+change  3        1     ptrace\n\
-             \n\
-             PID  COMM  BACKEND  THREADS  WATCHPOINTS  ATTACHED  STOPS\n\
-             123  demo  ptrace   3        1            -         signal SIGURG\n"
-        );
+        expect![[r#"
+            ID  PID  SCOPE    ADDRESS  LEN  ACCESS  ACTION           THREADS  HITS  BACKEND
+            7   123  124,125  0x1040   4    rw      log              2        42    ptrace
+            8   123  process  0x1048   8    write   stop-all+change  3        1     ptrace
+
+            PID  COMM  BACKEND  THREADS  WATCHPOINTS  ATTACHED  STOPS
+            123  demo  ptrace   3        1            -         signal SIGURG
+        "#]]
+        .assert_eq(&to_text(&resp));
         let v = to_json(&resp);
         assert_eq!(v["watchpoints"][0]["tids"], json!([124, 125]));
         assert_eq!(v["watchpoints"][0]["action"], "log");

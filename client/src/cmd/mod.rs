@@ -1,14 +1,17 @@
-//! The subcommands (one module each) and `Ctx`, the connection and call helper they share.
+//! The subcommands, one module each holding its options (`#[derive(Args)]`) beside its `run`,
+//! and `Ctx`, the connection and call helper they share.
 
 pub mod aggregates;
 pub mod attach;
 pub mod caps;
+pub mod completions;
 pub mod dap;
 pub mod detach;
 pub mod events;
 pub mod health;
 pub mod last;
 pub mod list;
+pub mod man;
 pub mod pause;
 pub mod resume;
 pub mod stack;
@@ -24,12 +27,21 @@ use serde_json::Value;
 use tonic::transport::Channel;
 use wpd_proto::v1::watchpoints_client::WatchpointsClient;
 
-use crate::Endpoint;
+use crate::credentials::Token;
 use crate::error::Error;
+use crate::hosts::Endpoint;
 use crate::output;
 
 /// A connected client.
 pub type Client = WatchpointsClient<Channel>;
+
+/// Largest answer to a unary call wpctl decodes (listings of many threads
+/// are the largest); anything larger is refused, not buffered.
+pub const ANSWER_LIMIT: usize = 64 << 20;
+
+/// Largest event (`StreamEvents`) wpctl decodes: a hit with 127 frames of
+/// long C++ names is well under it.
+pub const EVENT_LIMIT: usize = 4 << 20;
 
 /// What every subcommand needs: where the daemon is, how to print, how long to wait.
 #[derive(Debug)]
@@ -40,20 +52,24 @@ pub struct Ctx {
     pub json: bool,
     /// `--timeout` for connecting and for each unary call.
     pub timeout: Duration,
-    /// Bearer token (from `--token-file`), sent with every call.
-    pub token: Option<String>,
+    /// Bearer token (from `--token-file` or the endpoints file's
+    /// `token-file=`), sent with every call.
+    pub token: Option<Token>,
     /// TLS settings (`--tls-ca`).
     pub connect: wpd_proto::connect::Options,
 }
 
 impl Ctx {
-    /// Connects to the daemon (bounded by `--timeout`).
+    /// Connects to the daemon (bounded by `--timeout`); answers are decoded
+    /// up to [`ANSWER_LIMIT`] bytes.
     pub async fn connect(&self) -> Result<Client, Error> {
-        self.bounded_connect(wpd_proto::connect::client_with(
-            &self.endpoint.target,
-            &self.connect,
-        ))
-        .await
+        let client = self
+            .bounded_connect(wpd_proto::connect::client_with(
+                &self.endpoint.target,
+                &self.connect,
+            ))
+            .await?;
+        Ok(client.max_decoding_message_size(ANSWER_LIMIT))
     }
 
     /// Opens a channel to the daemon (bounded by `--timeout`), for services
@@ -127,7 +143,7 @@ impl Ctx {
     pub fn request<Q>(&self, message: Q) -> Result<tonic::Request<Q>, Error> {
         let mut request = tonic::Request::new(message);
         if let Some(token) = &self.token {
-            let value = format!("Bearer {token}").parse().map_err(|_| {
+            let value = format!("Bearer {}", token.expose()).parse().map_err(|_| {
                 Error::Local("the token file holds characters not allowed in a header".into())
             })?;
             request.metadata_mut().insert("authorization", value);
@@ -167,7 +183,7 @@ impl Report {
             return output::emit_json(&self.json);
         }
         for w in &self.warnings {
-            eprintln!("wpctl: warning: {w}");
+            output::warn(&format!("wpctl: warning: {}", wpd_proto::text::escape(w)));
         }
         output::emit(&self.text)
     }

@@ -1,12 +1,25 @@
 //! `wpctl pause`: stop threads of a process and hold them until `wpctl
 //! resume` (Pause).
 
+use clap::Args;
 use serde_json::json;
 use wpd_proto::v1::PauseRequest;
 
+use crate::args::pid_parser;
 use crate::cmd::Ctx;
 use crate::error::Error;
-use crate::{PauseArgs, output};
+use crate::output;
+
+/// `wpctl pause`.
+#[derive(Debug, Args)]
+pub struct PauseArgs {
+    /// Process whose threads to stop
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: i32,
+    /// Only these threads (repeat or comma-separate); default: every thread
+    #[arg(long = "tid", value_name = "TID", value_delimiter = ',', value_parser = pid_parser())]
+    pub tids: Vec<i32>,
+}
 
 /// Runs `wpctl pause`.
 pub async fn run(ctx: &Ctx, args: &PauseArgs) -> Result<(), Error> {

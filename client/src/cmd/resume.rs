@@ -1,11 +1,24 @@
 //! `wpctl resume`: let threads held stopped after a hit run again (Resume).
 
+use clap::Args;
 use serde_json::{Value, json};
 use wpd_proto::v1::{ResumeRequest, ResumeResponse};
 
+use crate::args::pid_parser;
 use crate::cmd::Ctx;
 use crate::error::Error;
-use crate::{ResumeArgs, output};
+use crate::output;
+
+/// `wpctl resume`.
+#[derive(Debug, Args)]
+pub struct ResumeArgs {
+    /// Process whose held threads to resume
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: i32,
+    /// Only these threads (repeat or comma-separate); default: every held thread
+    #[arg(long = "tid", value_name = "TID", value_delimiter = ',', value_parser = pid_parser())]
+    pub tids: Vec<i32>,
+}
 
 /// Runs `wpctl resume`. Resuming nothing is not an error (exit 0).
 pub async fn run(ctx: &Ctx, args: &ResumeArgs) -> Result<(), Error> {
@@ -47,6 +60,7 @@ fn to_text(args: &ResumeArgs, resp: &ResumeResponse) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Command, parse};
 
     fn args(tids: Vec<i32>) -> ResumeArgs {
         ResumeArgs { pid: 123, tids }
@@ -78,5 +92,24 @@ mod tests {
             to_json(&ResumeResponse::default()),
             json!({ "resumed": [] })
         );
+    }
+
+    #[test]
+    fn resume_args() {
+        fn resume(args: &[&str]) -> Result<ResumeArgs, clap::Error> {
+            let mut all = vec!["resume"];
+            all.extend_from_slice(args);
+            match parse(&all)?.command {
+                Command::Resume(r) => Ok(r),
+                other => panic!("parsed as {other:?}"),
+            }
+        }
+        let r = resume(&["--pid", "123"]).unwrap();
+        assert_eq!((r.pid, r.tids), (123, vec![]));
+        let r = resume(&["--pid", "123", "--tid", "124,125", "--tid", "126"]).unwrap();
+        assert_eq!(r.tids, vec![124, 125, 126]);
+        assert!(resume(&[]).is_err());
+        assert!(resume(&["--pid", "0"]).is_err());
+        assert!(resume(&["--pid", "1", "--tid", "-3"]).is_err());
     }
 }

@@ -1,11 +1,27 @@
 //! `wpctl stack`: the call stack of a held thread (GetThreadStack).
 
+use clap::Args;
 use serde_json::json;
 use wpd_proto::v1::GetThreadStackRequest;
 
+use crate::args::pid_parser;
 use crate::cmd::Ctx;
 use crate::error::Error;
-use crate::{StackArgs, output};
+use crate::output;
+
+/// `wpctl stack`.
+#[derive(Debug, Args)]
+pub struct StackArgs {
+    /// Process
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: i32,
+    /// A thread of it held stopped (after a hit with a stop action, or `wpctl pause`)
+    #[arg(long, value_parser = pid_parser())]
+    pub tid: i32,
+    /// Frames to show, the innermost included
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=128))]
+    pub depth: u32,
+}
 
 /// Runs `wpctl stack`: one line per frame, innermost first.
 pub async fn run(ctx: &Ctx, args: &StackArgs) -> Result<(), Error> {
@@ -34,7 +50,7 @@ pub async fn run(ctx: &Ctx, args: &StackArgs) -> Result<(), Error> {
         text.push_str(&format!("#{i:<2} {}\n", output::location_text(f)));
     }
     if !resp.note.is_empty() {
-        text.push_str(&format!("({})\n", resp.note));
+        text.push_str(&format!("({})\n", wpd_proto::text::escape(&resp.note)));
     }
     output::emit(text.trim_end())
 }

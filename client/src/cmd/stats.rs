@@ -1,11 +1,16 @@
-//! `wpctl stats`: daemon counters (GetStats).
+//! `wpctl stats`: daemon counters (GetStats), every field of the answer.
+//!
+//! Text groups them (what is tracked, hits and losses, the ledger,
+//! connections, symbols, the journal, the export); `--json` is one flat
+//! object keyed by the message's field names. A unit test walks the
+//! message's descriptor and fails when a field is shown in neither.
 
 use serde_json::json;
 use wpd_proto::v1::{GetStatsRequest, GetStatsResponse};
 
 use crate::cmd::{Ctx, Report};
 use crate::error::Error;
-use crate::output;
+use crate::output::{self, bytes, duration_ns, plural};
 
 /// Runs `wpctl stats`.
 pub async fn run(ctx: &Ctx) -> Result<(), Error> {
@@ -22,20 +27,21 @@ pub async fn report(ctx: &Ctx) -> Result<Report, Error> {
     Ok(Report::new(to_text(&s), to_json(&s)))
 }
 
+/// Every field, under its name in the message.
 fn to_json(s: &GetStatsResponse) -> serde_json::Value {
     json!({
         "processes": s.processes,
         "threads": s.threads,
         "watchpoints": s.watchpoints,
+        "perf_fds": s.perf_fds,
+        "uptime_s": s.uptime_s,
         "hits": s.hits,
         "kernel_lost": s.kernel_lost,
-        "perf_fds": s.perf_fds,
         "subscribers": s.subscribers,
         "subscriber_dropped": s.subscriber_dropped,
         "ledger_hold_p50_ns": s.ledger_hold_p50_ns,
         "ledger_hold_p99_ns": s.ledger_hold_p99_ns,
         "ledger_hold_max_ns": s.ledger_hold_max_ns,
-        "uptime_s": s.uptime_s,
         "connections": s.connections,
         "connections_refused": s.connections_refused,
         "connections_idled": s.connections_idled,
@@ -44,29 +50,56 @@ fn to_json(s: &GetStatsResponse) -> serde_json::Value {
         "locations": s.locations,
         "location_bytes": s.location_bytes,
         "symbol_maps_reads": s.symbol_maps_reads,
+        "journal_written_seq": s.journal_written_seq,
+        "journal_durable_seq": s.journal_durable_seq,
+        "journal_bytes": s.journal_bytes,
+        "journal_segments": s.journal_segments,
+        "journal_lagged": s.journal_lagged,
+        "journal_retired": s.journal_retired,
+        "journal_fsyncs": s.journal_fsyncs,
+        "journal_fsync_us": s.journal_fsync_us,
+        "journal_torn": s.journal_torn,
+        "export_acked_seq": s.export_acked_seq,
+        "export_published": s.export_published,
+        "export_errors": s.export_errors,
+        "export_lost": s.export_lost,
+        "export_connected": s.export_connected,
     })
 }
 
+/// `key: value` lines, one per group of fields.
 fn to_text(s: &GetStatsResponse) -> String {
     output::key_values(&[
         ("processes", s.processes.to_string()),
         ("threads", s.threads.to_string()),
         ("watchpoints", s.watchpoints.to_string()),
-        ("hits", s.hits.to_string()),
-        ("kernel lost", s.kernel_lost.to_string()),
         ("perf fds", s.perf_fds.to_string()),
-        ("subscribers", s.subscribers.to_string()),
-        ("subscriber dropped", s.subscriber_dropped.to_string()),
+        ("uptime", output::duration_s(s.uptime_s)),
+        (
+            "hits",
+            format!(
+                "{} delivered, {} lost in the kernel's rings",
+                s.hits,
+                plural(s.kernel_lost, "record")
+            ),
+        ),
+        (
+            "subscribers",
+            format!(
+                "{} now, {} dropped for being too slow",
+                s.subscribers,
+                plural(s.subscriber_dropped, "event")
+            ),
+        ),
         (
             "ledger hold",
             format!(
                 "p50 {}, p99 {}, max {}",
-                output::duration_ns(s.ledger_hold_p50_ns),
-                output::duration_ns(s.ledger_hold_p99_ns),
-                output::duration_ns(s.ledger_hold_max_ns)
+                duration_ns(s.ledger_hold_p50_ns),
+                duration_ns(s.ledger_hold_p99_ns),
+                duration_ns(s.ledger_hold_max_ns)
             ),
         ),
-        ("uptime", output::duration_s(s.uptime_s)),
         (
             "connections",
             format!(
@@ -78,11 +111,42 @@ fn to_text(s: &GetStatsResponse) -> String {
             "symbols",
             format!(
                 "{} loaded ({}), {} code addresses ({}), {} maps reads",
-                output::plural(s.symbol_files, "module"),
-                output::bytes(s.symbol_bytes),
+                plural(s.symbol_files, "module"),
+                bytes(s.symbol_bytes),
                 s.locations,
-                output::bytes(s.location_bytes),
+                bytes(s.location_bytes),
                 s.symbol_maps_reads
+            ),
+        ),
+        (
+            "journal",
+            format!(
+                "written to seq {}, durable to seq {}; {} ({}); {} ({}); \
+                 {} lagged, {} retired, {} torn",
+                s.journal_written_seq,
+                s.journal_durable_seq,
+                plural(s.journal_segments, "segment"),
+                bytes(s.journal_bytes),
+                plural(s.journal_fsyncs, "fsync"),
+                duration_ns(s.journal_fsync_us.saturating_mul(1_000)),
+                s.journal_lagged,
+                s.journal_retired,
+                s.journal_torn
+            ),
+        ),
+        (
+            "export",
+            format!(
+                "{}; acked to seq {}; {} published, {}, {} lost",
+                if s.export_connected {
+                    "connected"
+                } else {
+                    "not connected"
+                },
+                s.export_acked_seq,
+                s.export_published,
+                plural(s.export_errors, "error"),
+                s.export_lost
             ),
         ),
     ])
@@ -91,40 +155,157 @@ fn to_text(s: &GetStatsResponse) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use expect_test::expect;
+    use prost::Message;
+    use prost::encoding::{WireType, encode_key, encode_varint};
+    use prost_types::field_descriptor_proto::Type;
 
     #[test]
     fn renders() {
         let s = GetStatsResponse {
             processes: 1,
+            threads: 12,
+            watchpoints: 2,
+            perf_fds: 48,
             hits: 9,
+            kernel_lost: 1,
+            subscribers: 2,
+            subscriber_dropped: 5,
             ledger_hold_p50_ns: 800,
             ledger_hold_p99_ns: 12_500,
             ledger_hold_max_ns: 4_200_000,
             uptime_s: 75,
+            connections: 3,
+            connections_refused: 1,
             symbol_files: 3,
             symbol_bytes: 3_500_000,
             locations: 12,
             location_bytes: 2048,
             symbol_maps_reads: 4,
+            journal_written_seq: 120,
+            journal_durable_seq: 118,
+            journal_bytes: 1_300_000,
+            journal_segments: 2,
+            journal_fsyncs: 14,
+            journal_fsync_us: 3_200,
+            journal_torn: 1,
+            export_acked_seq: 117,
+            export_published: 119,
+            export_errors: 1,
+            export_connected: true,
             ..Default::default()
         };
-        let text = to_text(&s);
-        assert!(text.starts_with("processes:          1\n"), "{text}");
+        expect![[r#"
+            processes:   1
+            threads:     12
+            watchpoints: 2
+            perf fds:    48
+            uptime:      1m15s
+            hits:        9 delivered, 1 record lost in the kernel's rings
+            subscribers: 2 now, 5 events dropped for being too slow
+            ledger hold: p50 800 ns, p99 12.5 µs, max 4.2 ms
+            connections: 3 open, 1 refused, 0 closed idle
+            symbols:     3 modules loaded (3.3 MiB), 12 code addresses (2.0 KiB), 4 maps reads
+            journal:     written to seq 120, durable to seq 118; 2 segments (1.2 MiB); 14 fsyncs (3.2 ms); 0 lagged, 0 retired, 1 torn
+            export:      connected; acked to seq 117; 119 published, 1 error, 0 lost
+        "#]].assert_eq(&to_text(&s));
+        let v = to_json(&s);
+        assert_eq!(v["hits"], 9);
+        assert_eq!(v["journal_fsync_us"], 3_200);
+        assert_eq!(v["export_connected"], true);
+    }
+
+    /// `GetStatsResponse`'s fields, from the descriptor embedded in the
+    /// proto crate: (name, number, type).
+    fn fields() -> Vec<(String, i32, Type)> {
+        let set = prost_types::FileDescriptorSet::decode(wpd_proto::v1::FILE_DESCRIPTOR_SET)
+            .expect("the embedded descriptor set decodes");
+        let message = set
+            .file
+            .iter()
+            .filter(|f| f.package() == "wpd.v1")
+            .flat_map(|f| &f.message_type)
+            .find(|m| m.name() == "GetStatsResponse")
+            .expect("GetStatsResponse is in wpd.v1");
+        message
+            .field
+            .iter()
+            .map(|f| (f.name().to_string(), f.number(), f.r#type()))
+            .collect()
+    }
+
+    /// A `GetStatsResponse` with only field `number` set, to a value that
+    /// shows (encoded by hand: the field may be one this code does not
+    /// know yet).
+    fn with_field(number: i32, ty: Type) -> GetStatsResponse {
+        let number = number as u32;
+        let mut buf = Vec::new();
+        match ty {
+            Type::Double | Type::Fixed64 | Type::Sfixed64 => {
+                encode_key(number, WireType::SixtyFourBit, &mut buf);
+                buf.extend_from_slice(&3_000_000_007u64.to_le_bytes());
+            }
+            Type::Float | Type::Fixed32 | Type::Sfixed32 => {
+                encode_key(number, WireType::ThirtyTwoBit, &mut buf);
+                buf.extend_from_slice(&3_000_007u32.to_le_bytes());
+            }
+            Type::String | Type::Bytes => {
+                encode_key(number, WireType::LengthDelimited, &mut buf);
+                encode_varint(1, &mut buf);
+                buf.push(b'x');
+            }
+            Type::Message | Type::Group => {
+                encode_key(number, WireType::LengthDelimited, &mut buf);
+                encode_varint(0, &mut buf);
+            }
+            Type::Bool => {
+                encode_key(number, WireType::Varint, &mut buf);
+                encode_varint(1, &mut buf);
+            }
+            _ => {
+                encode_key(number, WireType::Varint, &mut buf);
+                encode_varint(3_000_007, &mut buf);
+            }
+        }
+        GetStatsResponse::decode(buf.as_slice()).expect("one field decodes")
+    }
+
+    /// Every field of `GetStatsResponse` is shown in text and in JSON (under
+    /// its own name): setting it alone changes both. A field added to the
+    /// message and not to `wpctl stats` fails here.
+    #[test]
+    fn every_field_is_shown() {
+        let fields = fields();
+        assert!(fields.len() >= 34, "{} fields", fields.len());
+        let zero = GetStatsResponse::default();
+        let (text0, json0) = (to_text(&zero), to_json(&zero));
+        let keys = json0.as_object().unwrap();
+        let mut missing = Vec::new();
+        for (name, number, ty) in &fields {
+            let one = with_field(*number, *ty);
+            assert_ne!(one, zero, "field {name} ({number}) was not set");
+            let (text, json) = (to_text(&one), to_json(&one));
+            if text == text0 {
+                missing.push(format!("{name}: not in the text"));
+            }
+            if !keys.contains_key(name.as_str()) {
+                missing.push(format!("{name}: no JSON key {name:?}"));
+            } else if json[name.as_str()] == json0[name.as_str()] {
+                missing.push(format!("{name}: JSON \"{name}\" does not follow the field"));
+            }
+        }
         assert!(
-            text.contains("ledger hold:        p50 800 ns, p99 12.5 µs, max 4.2 ms\n"),
-            "{text}"
+            missing.is_empty(),
+            "wpctl stats leaves out:\n{}",
+            missing.join("\n")
         );
-        assert!(text.contains("uptime:             1m15s\n"), "{text}");
-        assert!(
-            text.contains("connections:        0 open, 0 refused, 0 closed idle\n"),
-            "{text}"
+        assert_eq!(
+            keys.len(),
+            fields.len(),
+            "JSON keys that are no field: {:?}",
+            keys.keys()
+                .filter(|k| !fields.iter().any(|(n, _, _)| n == *k))
+                .collect::<Vec<_>>()
         );
-        assert!(
-            text.ends_with(
-                "symbols:            3 modules loaded (3.3 MiB), 12 code addresses (2.0 KiB), 4 maps reads\n"
-            ),
-            "{text}"
-        );
-        assert_eq!(to_json(&s)["hits"], 9);
     }
 }

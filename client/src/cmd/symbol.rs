@@ -1,13 +1,26 @@
 //! `wpctl symbol`: what a name is in a process, or what is at an address
 //! (ResolveSymbol).
 
+use clap::Args;
 use serde_json::json;
 use wpd_proto::v1::{ResolveSymbolRequest, ResolveSymbolResponse};
 
+use crate::args::{parse_addr, pid_parser};
 use crate::cmd::Ctx;
 use crate::error::Error;
 use crate::output::{self, hex};
-use crate::{SymbolArgs, parse_addr};
+use wpd_proto::text::escape;
+
+/// `wpctl symbol`.
+#[derive(Debug, Args)]
+pub struct SymbolArgs {
+    /// Process
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: i32,
+    /// A name (`[MODULE:]NAME[.MEMBER][[INDEX]][+OFFSET]`) or an address (0x…)
+    #[arg(value_name = "NAME|ADDR")]
+    pub what: String,
+}
 
 /// Runs `wpctl symbol`.
 pub async fn run(ctx: &Ctx, args: &SymbolArgs) -> Result<(), Error> {
@@ -48,15 +61,15 @@ fn to_text(r: &ResolveSymbolResponse, by_address: bool) -> String {
     let mut lines = Vec::new();
     match (&r.symbol, by_address) {
         (Some(s), false) => {
-            let mut head = format!("{}: ", s.expression);
+            let mut head = format!("{}: ", escape(&s.expression));
             if !s.type_name.is_empty() {
-                head.push_str(&format!("{}, ", s.type_name));
+                head.push_str(&format!("{}, ", escape(&s.type_name)));
             }
             head.push_str(&format!(
                 "{} at {} in {} ({} in the module, {})",
                 output::plural(s.size, "byte"),
                 hex(s.address),
-                output::file_name(&s.module),
+                escape(output::file_name(&s.module)),
                 hex(s.module_address),
                 output::source_name(s.source)
             ));
@@ -65,15 +78,15 @@ fn to_text(r: &ResolveSymbolResponse, by_address: bool) -> String {
             }
             lines.push(head);
             if !s.note.is_empty() {
-                lines.push(format!("note: {}", s.note));
+                lines.push(format!("note: {}", escape(&s.note)));
             }
         }
         (Some(s), true) => lines.push(format!(
             "{} {}+{:#x} ({}, {} at {})",
-            r.kind,
-            s.name,
+            escape(&r.kind),
+            escape(&s.name),
             r.offset,
-            output::file_name(&s.module),
+            escape(output::file_name(&s.module)),
             output::plural(s.size, "byte"),
             hex(s.address)
         )),
@@ -86,7 +99,7 @@ fn to_text(r: &ResolveSymbolResponse, by_address: bool) -> String {
         } else if !l.module.is_empty() && r.symbol.is_none() {
             lines.push(format!(
                 "in {} at {}",
-                output::file_name(&l.module),
+                escape(output::file_name(&l.module)),
                 hex(l.module_address)
             ));
         }

@@ -1,12 +1,27 @@
 //! `wpctl threads`: per-thread debug-register slot occupancy (ListThreads).
 
+use clap::Args;
 use serde_json::{Value, json};
 use wpd_proto::v1::{ListThreadsRequest, ListThreadsResponse, SlotInfo, SlotState, ThreadState};
 
-use crate::ThreadsArgs;
+use crate::args::pid_parser;
 use crate::cmd::{Ctx, Report};
 use crate::error::Error;
 use crate::output::{self, Table};
+
+/// `wpctl threads`.
+#[derive(Debug, Args)]
+pub struct ThreadsArgs {
+    /// Attached process
+    #[arg(long, value_parser = pid_parser())]
+    pub pid: i32,
+    /// Only these threads (repeat or comma-separate)
+    #[arg(long = "tid", value_name = "TID", value_delimiter = ',', value_parser = pid_parser())]
+    pub tids: Vec<i32>,
+    /// Ask the kernel which slots are really free (marks refused slots foreign)
+    #[arg(long)]
+    pub probe: bool,
+}
 
 /// Runs `wpctl threads`.
 pub async fn run(ctx: &Ctx, args: &ThreadsArgs) -> Result<(), Error> {
@@ -98,11 +113,7 @@ fn to_text(resp: &ListThreadsResponse) -> String {
     for th in &resp.threads {
         let mut row = vec![
             th.tid.to_string(),
-            if th.name.is_empty() {
-                "-".into()
-            } else {
-                th.name.clone()
-            },
+            output::name_or_dash(&th.name),
             output::thread_state_label(th.state),
         ];
         row.extend((0..n).map(|i| cell(th.slots.iter().find(|s| s.index as usize == i))));
@@ -176,6 +187,7 @@ fn to_json(resp: &ListThreadsResponse) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use expect_test::expect;
     use wpd_proto::v1::ThreadInfo;
 
     fn slot(index: u32, state: SlotState, id: u64) -> SlotInfo {
@@ -227,14 +239,14 @@ mod tests {
                 ),
             ],
         };
-        assert_eq!(
-            to_text(&resp),
-            "TID  NAME  STATE    SLOT0  SLOT1    SLOT2    SLOT3\n\
-             123  main  running  #7     -        -        -\n\
-             124  -     -        #7     foreign  pending  -\n\
-             \n\
-             pid 123: 2 threads; slots: 4 free, 2 ours, 1 foreign, 1 pending, 0 retained\n"
-        );
+        expect![[r#"
+            TID  NAME  STATE    SLOT0  SLOT1    SLOT2    SLOT3
+            123  main  running  #7     -        -        -
+            124  -     -        #7     foreign  pending  -
+
+            pid 123: 2 threads; slots: 4 free, 2 ours, 1 foreign, 1 pending, 0 retained
+        "#]]
+        .assert_eq(&to_text(&resp));
         let v = to_json(&resp);
         assert_eq!(v["threads"][0]["state"], "running");
         assert_eq!(v["threads"][1]["slots"][1]["state"], "foreign");
@@ -270,16 +282,14 @@ mod tests {
                 ),
             ],
         };
-        assert_eq!(
-            to_text(&resp),
-            "TID  NAME    STATE           SLOT0     SLOT1     SLOT2  SLOT3\n\
-             200  main    stopped (peer)  #9        retained  ?      ?\n\
-             201  worker  stopped (hit)   #9        ?         ?      ?\n\
-             202  io      job-stopped     retained  ?         ?      ?\n\
-             \n\
-             pid 200: 3 threads, 2 stopped by wpd, 1 job-stopped; \
-             slots: 0 free, 2 ours, 0 foreign, 0 pending, 2 retained\n"
-        );
+        expect![[r#"
+            TID  NAME    STATE           SLOT0     SLOT1     SLOT2  SLOT3
+            200  main    stopped (peer)  #9        retained  ?      ?
+            201  worker  stopped (hit)   #9        ?         ?      ?
+            202  io      job-stopped     retained  ?         ?      ?
+
+            pid 200: 3 threads, 2 stopped by wpd, 1 job-stopped; slots: 0 free, 2 ours, 0 foreign, 0 pending, 2 retained
+        "#]].assert_eq(&to_text(&resp));
         let v = to_json(&resp);
         assert_eq!(v["threads"][0]["state"], "stopped_by_peer");
         assert_eq!(v["threads"][1]["state"], "stopped_at_hit");

@@ -1,11 +1,36 @@
 //! `wpctl unwatch`: remove a watchpoint and report its final hit count (RemoveWatchpoint).
 
+use clap::Args;
 use serde_json::json;
 use wpd_proto::v1::RemoveWatchpointRequest;
 
 use crate::cmd::{Ctx, Report};
 use crate::error::Error;
-use crate::{UnwatchArgs, output};
+use crate::output;
+
+/// `wpctl unwatch`.
+#[derive(Debug, Args)]
+pub struct UnwatchArgs {
+    /// Watchpoint to remove
+    #[arg(
+        value_name = "ID",
+        required_unless_present = "id",
+        conflicts_with = "id"
+    )]
+    pub id_pos: Option<u64>,
+    /// Watchpoint to remove (same as the positional ID)
+    #[arg(long = "id", value_name = "ID")]
+    pub id: Option<u64>,
+}
+
+impl UnwatchArgs {
+    /// The id, given either way.
+    pub fn id(&self) -> u64 {
+        self.id
+            .or(self.id_pos)
+            .expect("clap requires --id or a positional ID")
+    }
+}
 
 /// Runs `wpctl unwatch`: prints
 /// `removed watchpoint 7 (write 8 bytes at 0x55d0c0a01040 in pid 123): 42 hits`.
@@ -30,4 +55,23 @@ pub async fn report(ctx: &Ctx, args: &UnwatchArgs) -> Result<Report, Error> {
         output::plural(wp.hits, "hit")
     );
     Ok(Report::new(text, json!({ "watchpoint": v })))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Command, parse};
+
+    #[test]
+    fn unwatch_takes_id_either_way() {
+        fn id(args: &[&str]) -> Result<u64, clap::Error> {
+            match parse(args)?.command {
+                Command::Unwatch(u) => Ok(u.id()),
+                other => panic!("parsed as {other:?}"),
+            }
+        }
+        assert_eq!(id(&["unwatch", "7"]).unwrap(), 7);
+        assert_eq!(id(&["unwatch", "--id", "8"]).unwrap(), 8);
+        assert!(id(&["unwatch"]).is_err());
+        assert!(id(&["unwatch", "7", "--id", "8"]).is_err());
+    }
 }

@@ -1,14 +1,173 @@
 //! `wpctl watch`: set a hardware watchpoint (SetWatchpoint).
 
+use clap::{Args, ValueEnum};
 use serde_json::json;
 use wpd_proto::v1::{
     Access, ExecPolicy, HitAction, Policy, ProcessSelector, SetPolicyRequest, SetWatchpointRequest,
     SetWatchpointResponse, WatchpointSpec,
 };
 
+use crate::args::{BackendArg, backend_value, parse_addr, pid_parser};
 use crate::cmd::{Ctx, Report};
 use crate::error::Error;
-use crate::{OnExecArg, WatchArgs, backend_value, output};
+use crate::output;
+use wpd_proto::text::escape;
+
+/// `--on-exec` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnExecArg {
+    /// Resolve the name again in the new program and arm it there (the default)
+    Resolve,
+    /// Remove the watchpoint
+    Remove,
+}
+
+/// `wpctl watch`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).multiple(true)
+    .args(["pids", "comm", "exe", "cgroup"])))]
+pub struct WatchArgs {
+    /// Target process (attached first if needed). Repeat for several: a policy over those
+    /// processes
+    #[arg(long = "pid", value_name = "PID", value_parser = pid_parser())]
+    pub pids: Vec<i32>,
+    /// A policy: every process whose command name (/proc/PID/comm, 15 bytes) is NAME, now and
+    /// later, each getting its own instance (the symbol resolved in it)
+    #[arg(long, value_name = "NAME")]
+    pub comm: Option<String>,
+    /// A policy: every process running the executable PATH, now and later
+    #[arg(long, value_name = "PATH")]
+    pub exe: Option<String>,
+    /// A policy: every process in the cgroup v2 directory PATH or below it, now and later
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<String>,
+    /// Arm only these threads (repeat or comma-separate); default: every thread, including future ones
+    #[arg(long = "tid", value_name = "TID", value_delimiter = ',', value_parser = pid_parser())]
+    pub tids: Vec<i32>,
+    /// Address to watch: hex with 0x prefix, or decimal
+    #[arg(long, value_name = "ADDR", value_parser = parse_addr,
+          required_unless_present = "symbol", conflicts_with = "symbol")]
+    pub addr: Option<u64>,
+    /// Variable to watch, by name: `[MODULE:]NAME[.MEMBER][[INDEX]][+OFFSET]`, e.g. `counter`,
+    /// `libfoo.so:stats.flags[2]`; a global or static of the program or of any library it
+    /// loaded. With --access exec, a function
+    #[arg(long, value_name = "NAME")]
+    pub symbol: Option<String>,
+    /// Bytes to watch (default: 8 from --addr; the object's size for --symbol; exec: 1). A
+    /// range one slot cannot watch (longer than 8 bytes, or unaligned) takes several slots
+    /// on every thread, up to the 4 a thread has (32 aligned bytes)
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(1..))]
+    pub len: Option<u32>,
+    /// With each hit, the accessing thread's call chain, up to DEPTH frames (default 16; code
+    /// built without frame pointers gives a short chain)
+    #[arg(long, value_name = "DEPTH", num_args = 0..=1, default_missing_value = "16",
+          value_parser = clap::value_parser!(u32).range(1..=127))]
+    pub backtrace: Option<u32>,
+    /// What becomes of a watchpoint set by --symbol when the process calls exec
+    #[arg(long, value_enum)]
+    pub on_exec: Option<OnExecArg>,
+    /// Access that triggers the watchpoint
+    #[arg(long, value_enum, default_value_t = AccessArg::Write)]
+    pub access: AccessArg,
+    /// Backend to use if the process is not attached yet
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendArg>,
+    /// What a hit does (stop and stop-all need the ptrace backend; `wpctl resume` continues)
+    #[arg(long, value_enum, default_value_t = ActionArg::Log)]
+    pub action: ActionArg,
+    /// Report a hit only when the watched bytes changed, with old and new value (ptrace backend)
+    #[arg(long)]
+    pub on_change: bool,
+    /// Allow pid 1 (the init process, whose stop or death takes the system with it)
+    #[arg(long)]
+    pub allow_init: bool,
+    /// Report (and, with a stop action, stop on) only hits where the value satisfies this:
+    /// `OP N` with OP one of == != < <= > >= (`'>= 0x10'`), optionally masked first
+    /// (`'&0xff == 3'`), or `changed`. Unsigned, on the watched bytes (one slot at most)
+    #[arg(long, value_name = "COND", value_parser = parse_condition)]
+    pub condition: Option<wpd_proto::v1::HitCondition>,
+    /// Skip the first N hits (those whose condition held)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub ignore: u64,
+    /// Report every Nth hit (after --ignore)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub hit_count: Option<u64>,
+    /// Report at most N hits per second; the others are dropped and counted
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_rate: Option<u32>,
+    /// Keep its last N reported hits in the daemon for `wpctl last` (default 16, at most 4096)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub keep: Option<u32>,
+    /// Fork-server children too: every process it forks (and they fork) gets the watchpoint
+    /// inside fork(), from its first instruction (perf backend; an exec drops it)
+    #[arg(long, conflicts_with = "tids")]
+    pub follow_forks: bool,
+    /// Only threads whose name matches GLOB (`pool-*`), now and later: threads join when
+    /// created or renamed with a matching name and leave when renamed to another (perf)
+    #[arg(long, value_name = "GLOB", conflicts_with_all = ["tids", "follow_forks"])]
+    pub thread_name: Option<String>,
+    /// Count hits per instruction and thread in the daemon instead of streaming each
+    /// (`wpctl aggregates ID`); only --exemplars samples a second are streamed
+    #[arg(long)]
+    pub aggregate: bool,
+    /// Hits streamed per second in aggregate mode (default 10, at most 10000)
+    #[arg(long, value_name = "N", requires = "aggregate",
+          value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub exemplars: Option<u32>,
+}
+
+/// `--condition`: see [`wpd_proto::condition::parse`].
+pub fn parse_condition(s: &str) -> Result<wpd_proto::v1::HitCondition, String> {
+    wpd_proto::condition::parse(s)
+}
+
+/// `--access` values. `read` is passed through as ACCESS_READ so that the
+/// daemon can explain when the hardware cannot do it (it is never widened).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AccessArg {
+    /// Any store to the watched bytes
+    Write,
+    /// Any load or store
+    #[value(alias = "read-write", alias = "readwrite")]
+    Rw,
+    /// Instruction fetch at the address (--len 1)
+    #[value(alias = "execute")]
+    Exec,
+    /// Loads only (not supported by x86-64 hardware; the daemon refuses it there)
+    Read,
+}
+
+impl From<AccessArg> for Access {
+    fn from(a: AccessArg) -> Access {
+        match a {
+            AccessArg::Write => Access::Write,
+            AccessArg::Rw => Access::ReadWrite,
+            AccessArg::Exec => Access::Exec,
+            AccessArg::Read => Access::Read,
+        }
+    }
+}
+
+/// `--action` values: what a hit does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ActionArg {
+    /// Report the hit; the thread keeps running
+    Log,
+    /// Report the hit and hold the hitting thread stopped until `wpctl resume`
+    Stop,
+    /// Report the hit and hold every thread of the process stopped until `wpctl resume`
+    StopAll,
+}
+
+impl From<ActionArg> for HitAction {
+    fn from(a: ActionArg) -> HitAction {
+        match a {
+            ActionArg::Log => HitAction::Log,
+            ActionArg::Stop => HitAction::Stop,
+            ActionArg::StopAll => HitAction::StopAll,
+        }
+    }
+}
 
 /// Runs `wpctl watch`.
 pub async fn run(ctx: &Ctx, args: &WatchArgs) -> Result<(), Error> {
@@ -120,7 +279,9 @@ fn policy_text(p: &Policy) -> String {
     for r in &p.refusals {
         s.push_str(&format!(
             "\n  pid {} ({}) refused: {}",
-            r.pid, r.comm, r.reason
+            r.pid,
+            escape(&r.comm),
+            escape(&r.reason)
         ));
     }
     s
@@ -155,7 +316,7 @@ fn to_text(resp: &SetWatchpointResponse) -> String {
     let mut notes = vec![if wp.process_wide {
         "process-wide".to_string()
     } else if !spec.thread_name.is_empty() {
-        format!("threads named {}", spec.thread_name)
+        format!("threads named {}", escape(&spec.thread_name))
     } else {
         format!("tids {}", output::scope(&wp))
     }];
@@ -183,6 +344,17 @@ fn to_text(resp: &SetWatchpointResponse) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Command, parse};
+
+    /// `watch --pid 1 --addr 0x10` and `args`.
+    fn watch_args(args: &[&str]) -> Result<WatchArgs, clap::Error> {
+        let mut all = vec!["watch", "--pid", "1", "--addr", "0x10"];
+        all.extend_from_slice(args);
+        match parse(&all)?.command {
+            Command::Watch(w) => Ok(*w),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
     use wpd_proto::v1::{Backend, Watchpoint};
 
     fn response(tids: Vec<i32>, action: HitAction, only_on_change: bool) -> SetWatchpointResponse {
@@ -268,5 +440,101 @@ mod tests {
         assert_eq!(v["watchpoint"]["action"], "stop-all");
         assert_eq!(v["watchpoint"]["only_on_change"], true);
         assert_eq!(v["watchpoint"]["backend"], "ptrace");
+    }
+
+    #[test]
+    fn access_kinds() {
+        fn check(input: &str, expected: Access) {
+            let w = watch_args(&["--access", input]).unwrap();
+            assert_eq!(Access::from(w.access), expected, "--access {input}");
+        }
+        check("write", Access::Write);
+        check("rw", Access::ReadWrite);
+        check("read-write", Access::ReadWrite);
+        check("exec", Access::Exec);
+        // Not widened to rw: the daemon explains why it cannot be done.
+        check("read", Access::Read);
+        assert_eq!(Access::from(watch_args(&[]).unwrap().access), Access::Write);
+        assert!(watch_args(&["--access", "bogus"]).is_err());
+    }
+
+    #[test]
+    fn watch_by_name_or_by_address() {
+        let by_name = |args: &[&str]| {
+            let mut all = vec!["watch", "--pid", "1"];
+            all.extend_from_slice(args);
+            parse(&all).map(|c| match c.command {
+                Command::Watch(w) => w,
+                other => panic!("parsed as {other:?}"),
+            })
+        };
+        let w = by_name(&["--symbol", "libfoo.so:stats.flags[2]"]).unwrap();
+        assert_eq!(w.symbol.as_deref(), Some("libfoo.so:stats.flags[2]"));
+        assert_eq!((w.addr, w.len), (None, None));
+        assert!(
+            by_name(&[]).is_err(),
+            "one of --addr and --symbol is needed"
+        );
+        assert!(
+            by_name(&["--symbol", "x", "--addr", "0x10"]).is_err(),
+            "not both"
+        );
+        let w = by_name(&["--symbol", "x", "--backtrace"]).unwrap();
+        assert_eq!(w.backtrace, Some(16), "--backtrace alone: 16 frames");
+        let w = by_name(&["--symbol", "x", "--backtrace", "40", "--on-exec", "remove"]).unwrap();
+        assert_eq!(
+            (w.backtrace, w.on_exec),
+            (Some(40), Some(OnExecArg::Remove))
+        );
+        assert!(by_name(&["--symbol", "x", "--backtrace", "128"]).is_err());
+    }
+
+    #[test]
+    fn conditions_parse() {
+        use wpd_proto::v1::hit_condition::Op;
+        let c = |s: &str| parse_condition(s).map(|c| (c.op, c.operand, c.mask));
+        assert_eq!(c("== 42"), Ok((Op::Eq as i32, 42, 0)));
+        assert_eq!(c(">=0x10"), Ok((Op::Ge as i32, 16, 0)));
+        assert_eq!(c("&0xff != 3"), Ok((Op::Ne as i32, 3, 0xff)));
+        assert_eq!(c(" < 1_000 "), Ok((Op::Lt as i32, 1000, 0)));
+        assert_eq!(c("CHANGED"), Ok((Op::Changed as i32, 0, 0)));
+        for bad in ["", "42", "= 1", "== -1", "== x", "&0 == 1", "&0xff", "=> 3"] {
+            assert!(parse_condition(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn watch_defaults_and_lists() {
+        let w = watch_args(&["--tid", "5,6", "--tid", "7", "--backend", "ptrace"]).unwrap();
+        assert_eq!(
+            w.len, None,
+            "8 bytes from --addr, the object's size for --symbol"
+        );
+        assert_eq!(w.tids, vec![5, 6, 7]);
+        assert_eq!(backend_value(w.backend), Backend::Ptrace as i32);
+        assert_eq!(watch_args(&["--len", "2"]).unwrap().len, Some(2));
+        assert_eq!(
+            watch_args(&["--len", "24"]).unwrap().len,
+            Some(24),
+            "a range of several slots"
+        );
+        assert!(watch_args(&["--len", "0"]).is_err());
+        assert!(watch_args(&["--tid", "0"]).is_err());
+        assert_eq!(backend_value(None), Backend::Unspecified as i32);
+    }
+
+    #[test]
+    fn watch_actions() {
+        let w = watch_args(&[]).unwrap();
+        assert_eq!(HitAction::from(w.action), HitAction::Log);
+        assert!(!w.on_change);
+        let w = watch_args(&["--action", "stop", "--on-change"]).unwrap();
+        assert_eq!(HitAction::from(w.action), HitAction::Stop);
+        assert!(w.on_change);
+        let w = watch_args(&["--action", "stop-all", "--backend", "ptrace"]).unwrap();
+        assert_eq!(HitAction::from(w.action), HitAction::StopAll);
+        assert_eq!(backend_value(w.backend), Backend::Ptrace as i32);
+        assert!(watch_args(&["--action", "pause"]).is_err());
+        assert!(watch_args(&["--on-change", "yes"]).is_err());
     }
 }
