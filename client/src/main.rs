@@ -405,11 +405,20 @@ pub struct StackArgs {
 /// `wpctl dap`.
 #[derive(Debug, Args)]
 pub struct DapArgs {
-    /// Serve DAP on a TCP address (tcp://127.0.0.1:PORT; port 0 picks one and
-    /// prints it on stderr), one debug session per connection, instead of
-    /// one session on stdin/stdout
-    #[arg(long, value_name = "tcp://HOST:PORT")]
+    /// Serve DAP on a Unix socket (unix:PATH, made mode 0600) or a loopback
+    /// TCP address (tcp://127.0.0.1:PORT or tcp://[::1]:PORT; port 0 picks one
+    /// and prints it on stderr), one debug session per connection, instead of
+    /// one session on stdin/stdout. Only connections of the adapter's own
+    /// user are served (a session acts with the adapter's rights); other
+    /// addresses are refused: there is no TLS for DAP (reach the adapter
+    /// from another host through an SSH-forwarded Unix socket)
+    #[arg(long, value_name = "unix:PATH|tcp://127.0.0.1:PORT")]
     pub listen: Option<String>,
+    /// With --listen: sessions served at once; further connections are
+    /// refused with an error response and a log line
+    #[arg(long, default_value_t = wpd_dap::listen::DEFAULT_MAX_SESSIONS as u32,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_sessions: u32,
     /// Scheduling of the adapter: realtime (SCHED_FIFO priority 1, where the
     /// caller may: with every thread of a big target stopping at a hit, the
     /// daemon's real-time threads would otherwise keep the adapter off the

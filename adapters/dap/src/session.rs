@@ -202,7 +202,7 @@ where
         }
     }
     if let Err(e) = s.cleanup().await {
-        tracing::warn!("session cleanup: {e}");
+        tracing::warn!("session cleanup: {}", wpd_proto::text::escape(&e));
     }
     reader.abort();
     drop(s);
@@ -229,11 +229,9 @@ impl Session {
         self.send(json!({"type": "event", "event": event, "body": body}));
     }
 
+    /// A line in the IDE's debug console.
     fn output(&self, category: &str, text: &str) {
-        self.event_msg(
-            "output",
-            json!({"category": category, "output": format!("{text}\n")}),
-        );
+        self.event_msg("output", output_body(category, text));
     }
 
     fn respond(&self, req: &Value, result: Result<Value, String>) {
@@ -1295,6 +1293,15 @@ impl Session {
     }
 }
 
+/// An `output` event's body: one line of the IDE's debug console. The text
+/// may name what the target chose (its functions, files, variables, the
+/// daemon's words about them): escaped, so that it stays one line of
+/// printable text.
+fn output_body(category: &str, text: &str) -> Value {
+    let text = wpd_proto::text::escape(text);
+    json!({"category": category, "output": format!("{text}\n")})
+}
+
 fn backend_name(b: i32) -> &'static str {
     match pb::Backend::try_from(b) {
         Ok(pb::Backend::Perf) => "perf",
@@ -1338,5 +1345,23 @@ fn stack_frame(id: i64, l: &pb::Location) -> StackFrame {
         line: l.line,
         column: l.column,
         instruction_pointer_reference: format!("{:#x}", l.ip),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn console_lines_escape_what_the_target_chose() {
+        let b = output_body(
+            "console",
+            "hit at evil\x1b]0;owned\x07\nfake line+0x4 (a\u{202e}b.c:3)",
+        );
+        assert_eq!(
+            b["output"],
+            "hit at evil\\x1b]0;owned\\x07\\nfake line+0x4 (a\\u{202e}b.c:3)\n"
+        );
+        assert_eq!(output_body("console", "plain")["output"], "plain\n");
     }
 }
