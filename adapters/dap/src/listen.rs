@@ -295,7 +295,7 @@ impl Gate {
                 Ok(()) => tracing::info!("debug session from {who} ended"),
                 Err(e) => tracing::warn!(
                     "debug session from {who} ended: {}",
-                    wpd_proto::text::escape(&e)
+                    wpd_proto::text::escape(&e.to_string())
                 ),
             }
             drop(permit);

@@ -16,6 +16,7 @@ use tokio_stream::StreamExt as _;
 use wpd_proto::v1 as pb;
 
 use crate::Daemon;
+use crate::protocol::requests::*;
 use crate::protocol::*;
 use crate::spec::{self, Target};
 use crate::wire;
@@ -270,7 +271,7 @@ impl Session {
             serde_json::from_value(args).map_err(|e| format!("bad arguments: {e}"))
         }
         let result = match command.as_str() {
-            "initialize" => Ok(capabilities()),
+            "initialize" => Ok(serde_json::to_value(Capabilities::wpd()).unwrap_or(Value::Null)),
             "attach" => match parse(args) {
                 Ok(a) => self.attach(a).await,
                 Err(e) => Err(e),
@@ -307,12 +308,12 @@ impl Session {
                 Ok(a) => self.stack_trace(a).await,
                 Err(e) => Err(e),
             },
-            "scopes" => match parse::<RefArguments>(args) {
-                Ok(a) => self.scopes(a.frame_id.unwrap_or(0)),
+            "scopes" => match parse::<ScopesArguments>(args) {
+                Ok(a) => self.scopes(a.frame_id),
                 Err(e) => Err(e),
             },
-            "variables" => match parse::<RefArguments>(args) {
-                Ok(a) => self.variables(a.variables_reference.unwrap_or(0)).await,
+            "variables" => match parse::<VariablesArguments>(args) {
+                Ok(a) => self.variables(a.variables_reference).await,
                 Err(e) => Err(e),
             },
             "evaluate" => match parse(args) {
@@ -476,7 +477,7 @@ impl Session {
         let (target, known) = if a.as_address == Some(true) {
             let addr = match spec::parse_address(name) {
                 Ok(a) => a,
-                Err(e) => return none(e),
+                Err(e) => return none(e.to_string()),
             };
             let len = a.bytes.unwrap_or(1);
             (Target::Address { addr, len }, Known::address(addr, len))
@@ -691,7 +692,7 @@ impl Session {
 
     /// Arms one breakpoint in the daemon.
     async fn arm(&mut self, pid: i32, bp: &DataBreakpoint) -> Result<Armed, String> {
-        let target = Target::parse(&bp.data_id)?;
+        let target = Target::parse(&bp.data_id).map_err(|e| e.to_string())?;
         let access = match bp.access_type.as_deref() {
             None | Some("write") => pb::Access::Write,
             Some("readWrite") => pb::Access::ReadWrite,
@@ -708,18 +709,21 @@ impl Session {
             .ok_or_else(|| format!("{} no longer resolves in process {pid}", bp.data_id))?;
         let condition = match bp.condition.as_deref().map(str::trim) {
             None | Some("") => None,
-            Some(c) => Some(spec::condition(
-                c,
-                match &target {
-                    Target::Name(n) => Some(n.as_str()),
-                    Target::Address { .. } => None,
-                },
-                u64::from(known.len),
-            )?),
+            Some(c) => Some(
+                spec::condition(
+                    c,
+                    match &target {
+                        Target::Name(n) => Some(n.as_str()),
+                        Target::Address { .. } => None,
+                    },
+                    u64::from(known.len),
+                )
+                .map_err(|e| e.to_string())?,
+            ),
         };
         let hits = match bp.hit_condition.as_deref().map(str::trim) {
             None | Some("") => spec::HitCount::default(),
-            Some(h) => spec::hit_condition(h)?,
+            Some(h) => spec::hit_condition(h).map_err(|e| e.to_string())?,
         };
         let (address, length, symbol) = match &target {
             Target::Address { addr, len } => (*addr, *len, String::new()),
@@ -1024,7 +1028,7 @@ impl Session {
 
     async fn read_memory(&mut self, a: ReadMemoryArguments) -> Result<Value, String> {
         let pid = self.pid()?;
-        let base = spec::parse_address(&a.memory_reference)?;
+        let base = spec::parse_address(&a.memory_reference).map_err(|e| e.to_string())?;
         let address = base
             .checked_add_signed(a.offset.unwrap_or(0))
             .ok_or("address out of range")?;
