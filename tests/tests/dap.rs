@@ -440,8 +440,18 @@ async fn raw_request(
     w: &mut tokio::net::tcp::OwnedWriteHalf,
     command: &str,
 ) -> Result<serde_json::Value> {
+    raw_request_with(r, w, command, serde_json::json!({"adapterID": "raw"})).await
+}
+
+/// [`raw_request`] with these arguments.
+async fn raw_request_with(
+    r: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
+    w: &mut tokio::net::tcp::OwnedWriteHalf,
+    command: &str,
+    arguments: serde_json::Value,
+) -> Result<serde_json::Value> {
     let req = serde_json::json!({"seq": 1, "type": "request", "command": command,
-        "arguments": {"adapterID": "raw"}});
+        "arguments": arguments});
     wpd_dap::wire::write_message(w, &req).await?;
     loop {
         let m = tokio::time::timeout(Duration::from_secs(20), wpd_dap::wire::read_message(r))
@@ -580,6 +590,60 @@ async fn endless_headers_and_huge_bodies_are_cut_off() -> Result<()> {
         let (mut r, mut w) = connect(port).await?;
         let init = raw_request(&mut r, &mut w, "initialize").await?;
         ensure!(init["success"] == true, "{init}");
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// Each kind of failure answers with its own error id (the table in
+/// `adapters/dap/src/error.rs`), not one id for all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_have_their_own_error_ids() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let result = async {
+        let a = Adapter::start(&daemon, "tcp://127.0.0.1:0", &[]).await?;
+        let (mut r, mut w) = connect(a.port.context("no port")?).await?;
+        let own_pid = std::process::id();
+        let cases = [
+            ("frobnicate", serde_json::json!({}), 100),
+            ("stackTrace", serde_json::json!({"threadId": "x"}), 101),
+            ("launch", serde_json::json!({"program": "/bin/true"}), 102),
+            ("next", serde_json::json!({"threadId": 1}), 103),
+            (
+                "readMemory",
+                serde_json::json!({"memoryReference": "0x1000", "count": 8}),
+                110,
+            ),
+            (
+                "variables",
+                serde_json::json!({"variablesReference": 5}),
+                110,
+            ),
+            ("scopes", serde_json::json!({"frameId": 5}), 112),
+            ("attach", serde_json::json!({}), 120),
+            (
+                "attach",
+                serde_json::json!({"pid": own_pid, "backend": "gdb"}),
+                121,
+            ),
+            (
+                "attach",
+                serde_json::json!({"pid": own_pid, "stopOnHit": "some"}),
+                122,
+            ),
+        ];
+        for (command, args, id) in cases {
+            let resp = raw_request_with(&mut r, &mut w, command, args.clone()).await?;
+            ensure!(
+                resp["success"] == false && resp["body"]["error"]["id"] == id,
+                "{command} {args}: expected error id {id}, got {resp}"
+            );
+            ensure!(resp["message"] == resp["body"]["error"]["format"], "{resp}");
+        }
         Ok(())
     }
     .await;
