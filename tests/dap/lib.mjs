@@ -1,7 +1,8 @@
 // Shared by the DAP tests: the client VS Code's adapters are tested with
 // (@vscode/debugadapter-testsupport's DebugClient), started on `wpctl dap`
-// over stdio, or connected to `wpctl dap --listen` over TCP.
+// over stdio, or connected to `wpctl dap --listen` over TCP or a Unix socket.
 import { createRequire } from 'node:module';
+import net from 'node:net';
 import assert from 'node:assert/strict';
 
 const require = createRequire(import.meta.url);
@@ -15,14 +16,31 @@ export const env = (name) => {
 
 export const PID = Number(env('TARGET_PID'));
 
-/// A client on `wpctl dap` (stdio), or on DAP_PORT when set.
+/// A client on `wpctl dap` (stdio), or on DAP_PORT (TCP) or DAP_SOCKET (a
+/// Unix socket's path) when set. Over a socket, `dc.closed` resolves when
+/// the adapter closes the connection.
 export async function client() {
   const dc = new DebugClient(env('WPCTL'), 'dap', 'wpd', {
     env: { ...process.env, WPD_ENDPOINT: env('WPD_ENDPOINT') },
   }, true);
   dc.defaultTimeout = 20000;
-  const port = process.env.DAP_PORT ? Number(process.env.DAP_PORT) : undefined;
-  await dc.start(port);
+  if (process.env.DAP_SOCKET) {
+    const sock = net.createConnection({ path: process.env.DAP_SOCKET });
+    await new Promise((resolve, reject) => {
+      sock.once('connect', resolve);
+      sock.once('error', reject);
+    });
+    dc._socket = sock;
+    dc.connect(sock, sock);
+  } else {
+    const port = process.env.DAP_PORT ? Number(process.env.DAP_PORT) : undefined;
+    await dc.start(port);
+  }
+  if (dc._socket) {
+    // A write after the adapter closed is an 'error' event: not a crash.
+    dc._socket.on('error', () => {});
+    dc.closed = new Promise((resolve) => dc._socket.once('close', resolve));
+  }
   return dc;
 }
 

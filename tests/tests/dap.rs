@@ -9,12 +9,16 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use wpd_proto::v1 as pb;
-use wpd_tests::{CTarget, Daemon, find_bin, line_of, require_node_dap, require_root_perf};
+use wpd_tests::{
+    CTarget, Daemon, find_bin, line_of, require_node_dap, require_root_perf, run_wpctl_as,
+    unique_temp_dir,
+};
 
 /// Runs `tests/dap/<script>` with node's test runner; returns its output.
 async fn node_test(
@@ -23,8 +27,23 @@ async fn node_test(
     t: &CTarget,
     extra: &[(&str, String)],
 ) -> Result<String> {
+    node_test_as(None, script, daemon, t, extra).await
+}
+
+/// [`node_test`] as user `uid` (group = uid, no other groups) when given.
+async fn node_test_as(
+    uid: Option<u32>,
+    script: &str,
+    daemon: &Daemon,
+    t: &CTarget,
+    extra: &[(&str, String)],
+) -> Result<String> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("dap");
     let mut cmd = tokio::process::Command::new("node");
+    if let Some(uid) = uid {
+        // As root, std drops the supplementary groups with the ids.
+        cmd.uid(uid).gid(uid);
+    }
     cmd.arg("--test")
         .arg("--test-reporter=spec")
         .arg(dir.join(script))
@@ -132,31 +151,89 @@ async fn an_ide_session_from_attach_to_disconnect() -> Result<()> {
     daemon.finish(result)
 }
 
+/// A running `wpctl dap --listen ...` and what it wrote on stderr.
+struct Adapter {
+    child: tokio::process::Child,
+    /// The TCP port it listens on (tcp:// addresses).
+    port: Option<u16>,
+    /// Its stderr lines after the first (log lines).
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Adapter {
+    /// Serves `wpctl dap --listen LISTEN EXTRA...` (as root, the test's
+    /// user), once it says where it listens.
+    async fn start(daemon: &Daemon, listen: &str, extra: &[&str]) -> Result<Adapter> {
+        let mut child = tokio::process::Command::new(find_bin("wpctl")?)
+            .args(["--endpoint", &daemon.endpoint(), "dap", "--listen", listen])
+            .args(extra)
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let mut lines = BufReader::new(child.stderr.take().context("no stderr")?).lines();
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .context("the adapter did not say where it listens")??
+            .context("the adapter exited")?;
+        ensure!(line.contains("listening on"), "the adapter said {line:?}");
+        let port = listen
+            .starts_with("tcp://")
+            .then(|| line.rsplit(':').next().and_then(|p| p.trim().parse().ok()))
+            .flatten();
+        ensure!(
+            port.is_some() || !listen.starts_with("tcp://"),
+            "no port in {line:?}"
+        );
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let keep = log.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(l)) = lines.next_line().await {
+                keep.lock().unwrap().push(l);
+            }
+        });
+        Ok(Adapter { child, port, log })
+    }
+
+    /// Waits (10 s at most) for a log line containing every one of `words`.
+    async fn logged(&self, words: &[&str]) -> Result<String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(l) = self
+                .log
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| words.iter().all(|w| l.contains(w)))
+            {
+                return Ok(l.clone());
+            }
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "the adapter logged no line with {words:?}; it logged:\n{}",
+                    self.log.lock().unwrap().join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Its peak resident memory (VmHWM), in KiB.
+    fn peak_kib(&self) -> Result<u64> {
+        let pid = self.child.id().context("the adapter exited")?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .context("no VmHWM")
+    }
+}
+
 /// Serves `wpctl dap --listen tcp://127.0.0.1:0`; returns it and its port.
 async fn listening_adapter(daemon: &Daemon) -> Result<(tokio::process::Child, u16)> {
-    let mut child = tokio::process::Command::new(find_bin("wpctl")?)
-        .args([
-            "--endpoint",
-            &daemon.endpoint(),
-            "dap",
-            "--listen",
-            "tcp://127.0.0.1:0",
-        ])
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let mut lines = BufReader::new(child.stderr.take().context("no stderr")?).lines();
-    let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-        .await
-        .context("the adapter did not say where it listens")??
-        .context("the adapter exited")?;
-    let port = line
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.trim().parse().ok())
-        .with_context(|| format!("no port in {line:?}"))?;
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok((child, port))
+    let a = Adapter::start(daemon, "tcp://127.0.0.1:0", &[]).await?;
+    let port = a.port.context("no port")?;
+    Ok((a.child, port))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,6 +279,372 @@ async fn a_client_that_goes_away_leaves_the_target_running() -> Result<()> {
         target_is_free(&daemon, &mut t)
             .await
             .context("after the adapter was killed")
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// The uid the attacker's client runs as.
+const NOBODY: u32 = 65534;
+
+/// Nothing of a refused connection reached the daemon: the target was never
+/// attached, and has no watchpoint.
+async fn never_attached(daemon: &Daemon, t: &CTarget) -> Result<()> {
+    let mut client = daemon.client().await?;
+    match client
+        .list_threads(pb::ListThreadsRequest {
+            pid: t.pid,
+            ..Default::default()
+        })
+        .await
+    {
+        Err(s) if s.code() == tonic::Code::NotFound => {}
+        other => bail!("process {} is attached in the daemon: {other:?}", t.pid),
+    }
+    let list = client
+        .list_watchpoints(pb::ListWatchpointsRequest { pid: t.pid })
+        .await?
+        .into_inner();
+    ensure!(list.watchpoints.is_empty(), "{:?}", list.watchpoints);
+    Ok(())
+}
+
+/// Another local user reaches a root adapter's port or socket: its
+/// connection is refused before anything is read (the real DAP client, run
+/// as uid 65534, sends initialize, attach to a root process and readMemory
+/// at once), the refusal is logged, and the daemon never hears of it. The
+/// adapter's own user is served on the same listeners.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_user_cannot_act_through_the_adapter() -> Result<()> {
+    if !require_root_perf() || !require_node_dap() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    t.cmd("spin 2").await?;
+    let dir = unique_temp_dir("wpd-dap-test")?;
+    let result = async {
+        // 1. Loopback TCP: uid 65534 connects to root's port.
+        let tcp = Adapter::start(&daemon, "tcp://127.0.0.1:0", &[]).await?;
+        let port = tcp.port.context("no port")?.to_string();
+        node_test_as(
+            Some(NOBODY),
+            "refused.test.mjs",
+            &daemon,
+            &t,
+            &[("DAP_PORT", port.clone()), ("EXPECT", "adapter".into())],
+        )
+        .await
+        .context("uid 65534 over TCP")?;
+        let line = tcp
+            .logged(&[
+                "refused a DAP connection from tcp 127.0.0.1:",
+                "comes from uid 65534",
+            ])
+            .await?;
+        eprintln!("adapter: {line}");
+        never_attached(&daemon, &t).await?;
+        // The adapter's own user, on the same port: a whole session.
+        node_test(
+            "gone.test.mjs",
+            &daemon,
+            &t,
+            &[("GONE", "disconnect".into()), ("DAP_PORT", port)],
+        )
+        .await
+        .context("root over TCP")?;
+        target_is_free(&daemon, &mut t).await?;
+
+        // 2. A Unix socket: mode 0600 keeps uid 65534 from connecting; with
+        //    the mode widened (a mistake, or a path another program
+        //    exposes), the adapter still refuses it by SO_PEERCRED.
+        let path = dir.join("dap.sock");
+        let listen = format!("unix:{}", path.display());
+        let unix = Adapter::start(&daemon, &listen, &[]).await?;
+        let socket = [("DAP_SOCKET", path.display().to_string())];
+        node_test_as(
+            Some(NOBODY),
+            "refused.test.mjs",
+            &daemon,
+            &t,
+            &[socket[0].clone(), ("EXPECT", "eacces".into())],
+        )
+        .await
+        .context("uid 65534 on the socket, mode 0600")?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+        }
+        node_test_as(
+            Some(NOBODY),
+            "refused.test.mjs",
+            &daemon,
+            &t,
+            &[socket[0].clone(), ("EXPECT", "adapter".into())],
+        )
+        .await
+        .context("uid 65534 on the socket, mode 0666")?;
+        unix.logged(&["refused a DAP connection from unix", "comes from uid 65534"])
+            .await?;
+        never_attached(&daemon, &t).await?;
+        node_test(
+            "gone.test.mjs",
+            &daemon,
+            &t,
+            &[socket[0].clone(), ("GONE", "close".into())],
+        )
+        .await
+        .context("root on the socket")?;
+        target_is_free(&daemon, &mut t).await?;
+        drop(unix);
+        drop(tcp);
+        Ok(())
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    daemon.finish(result)
+}
+
+/// Addresses other hosts could reach are refused at start, with the way to
+/// reach the adapter safely.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_adapter_does_not_listen_beyond_this_host() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let result = async {
+        for addr in ["tcp://0.0.0.0:0", "tcp://[::]:0"] {
+            let out = run_wpctl_as(
+                None,
+                &["--endpoint", &daemon.endpoint(), "dap", "--listen", addr],
+                Duration::from_secs(20),
+            )
+            .await?;
+            ensure!(out.code == Some(2), "{addr}: {out:?}");
+            ensure!(
+                out.stderr.contains("not a loopback address") && out.stderr.contains("ssh -L"),
+                "{addr}: {}",
+                out.stderr
+            );
+        }
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// One DAP request on a raw connection; its answer (events skipped).
+async fn raw_request(
+    r: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
+    w: &mut tokio::net::tcp::OwnedWriteHalf,
+    command: &str,
+) -> Result<serde_json::Value> {
+    raw_request_with(r, w, command, serde_json::json!({"adapterID": "raw"})).await
+}
+
+/// [`raw_request`] with these arguments.
+async fn raw_request_with(
+    r: &mut BufReader<tokio::net::tcp::OwnedReadHalf>,
+    w: &mut tokio::net::tcp::OwnedWriteHalf,
+    command: &str,
+    arguments: serde_json::Value,
+) -> Result<serde_json::Value> {
+    let req = serde_json::json!({"seq": 1, "type": "request", "command": command,
+        "arguments": arguments});
+    wpd_dap::wire::write_message(w, &req).await?;
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(20), wpd_dap::wire::read_message(r))
+            .await
+            .context("no answer within 20 s")??;
+        if m["type"] == "response" {
+            return Ok(m);
+        }
+    }
+}
+
+/// Waits (20 s at most) for the adapter to end `r`'s connection.
+async fn ended(r: &mut BufReader<tokio::net::tcp::OwnedReadHalf>) -> Result<()> {
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(20), r.read(&mut buf)).await {
+            Err(_) => bail!("the adapter kept the connection open for 20 s"),
+            Ok(Ok(0)) | Ok(Err(_)) => return Ok(()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+async fn connect(
+    port: u16,
+) -> Result<(
+    BufReader<tokio::net::tcp::OwnedReadHalf>,
+    tokio::net::tcp::OwnedWriteHalf,
+)> {
+    let s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let (r, w) = s.into_split();
+    Ok((BufReader::new(r), w))
+}
+
+/// `--max-sessions`: the connection past the cap gets an error response to
+/// its first request (id 403) and is closed, with a log line; a session
+/// that ends makes room for the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_past_the_cap_are_refused() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let result = async {
+        let a = Adapter::start(&daemon, "tcp://127.0.0.1:0", &["--max-sessions", "2"]).await?;
+        let port = a.port.context("no port")?;
+        let mut first = connect(port).await?;
+        let mut second = connect(port).await?;
+        for (r, w) in [&mut first, &mut second] {
+            let init = raw_request(r, w, "initialize").await?;
+            ensure!(init["success"] == true, "{init}");
+        }
+        let (mut r, mut w) = connect(port).await?;
+        let refused = raw_request(&mut r, &mut w, "initialize").await?;
+        ensure!(refused["success"] == false, "{refused}");
+        ensure!(refused["body"]["error"]["id"] == 403, "{refused}");
+        ensure!(
+            refused["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("--max-sessions")),
+            "{refused}"
+        );
+        ended(&mut r).await?;
+        a.logged(&["refused a DAP connection from tcp", "serves 2 sessions"])
+            .await?;
+        // The first session ends; a new one is served (once the adapter has
+        // seen the end).
+        drop(first);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let (mut r, mut w) = connect(port).await?;
+            let init = raw_request(&mut r, &mut w, "initialize").await?;
+            if init["success"] == true {
+                break;
+            }
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "no session after one ended: {init}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        drop(second);
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// A peer sending an endless header line, or announcing a huge body, is cut
+/// off after a bounded number of bytes, and the adapter's memory does not
+/// grow with what it sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endless_headers_and_huge_bodies_are_cut_off() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let result = async {
+        let a = Adapter::start(&daemon, "tcp://127.0.0.1:0", &[]).await?;
+        let port = a.port.context("no port")?;
+        let before = a.peak_kib()?;
+
+        // 1. 256 MiB of one header line: the adapter stops reading and
+        //    closes after its bound, and the writes fail long before.
+        let (mut r, mut w) = connect(port).await?;
+        let chunk = vec![b'a'; 64 << 10];
+        let total: u64 = 256 << 20;
+        let mut sent = 0u64;
+        while sent < total {
+            match tokio::time::timeout(Duration::from_secs(20), w.write_all(&chunk)).await {
+                Err(_) => bail!("the adapter neither read nor closed after {sent} bytes"),
+                Ok(Err(_)) => break,
+                Ok(Ok(())) => sent += chunk.len() as u64,
+            }
+        }
+        ensure!(
+            sent < total,
+            "the adapter took all {total} bytes of a header line"
+        );
+        ended(&mut r).await?;
+        let after = a.peak_kib()?;
+        eprintln!(
+            "endless header: {sent} bytes written before the adapter closed; peak memory {before} KiB -> {after} KiB"
+        );
+        ensure!(
+            after < before + 32 * 1024,
+            "the adapter's peak memory grew from {before} KiB to {after} KiB"
+        );
+
+        // 2. A body of 8 MiB announced: refused at the header.
+        let (mut r, mut w) = connect(port).await?;
+        w.write_all(b"Content-Length: 8388608\r\n\r\n{").await?;
+        ended(&mut r).await?;
+
+        // 3. The adapter still serves.
+        let (mut r, mut w) = connect(port).await?;
+        let init = raw_request(&mut r, &mut w, "initialize").await?;
+        ensure!(init["success"] == true, "{init}");
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// Each kind of failure answers with its own error id (the table in
+/// `adapters/dap/src/error.rs`), not one id for all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_have_their_own_error_ids() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let result = async {
+        let a = Adapter::start(&daemon, "tcp://127.0.0.1:0", &[]).await?;
+        let (mut r, mut w) = connect(a.port.context("no port")?).await?;
+        let own_pid = std::process::id();
+        let cases = [
+            ("frobnicate", serde_json::json!({}), 100),
+            ("stackTrace", serde_json::json!({"threadId": "x"}), 101),
+            ("launch", serde_json::json!({"program": "/bin/true"}), 102),
+            ("next", serde_json::json!({"threadId": 1}), 103),
+            (
+                "readMemory",
+                serde_json::json!({"memoryReference": "0x1000", "count": 8}),
+                110,
+            ),
+            (
+                "variables",
+                serde_json::json!({"variablesReference": 5}),
+                110,
+            ),
+            ("scopes", serde_json::json!({"frameId": 5}), 112),
+            ("attach", serde_json::json!({}), 120),
+            (
+                "attach",
+                serde_json::json!({"pid": own_pid, "backend": "gdb"}),
+                121,
+            ),
+            (
+                "attach",
+                serde_json::json!({"pid": own_pid, "stopOnHit": "some"}),
+                122,
+            ),
+        ];
+        for (command, args, id) in cases {
+            let resp = raw_request_with(&mut r, &mut w, command, args.clone()).await?;
+            ensure!(
+                resp["success"] == false && resp["body"]["error"]["id"] == id,
+                "{command} {args}: expected error id {id}, got {resp}"
+            );
+            ensure!(resp["message"] == resp["body"]["error"]["format"], "{resp}");
+        }
+        Ok(())
     }
     .await;
     daemon.finish(result)

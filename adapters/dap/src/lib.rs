@@ -3,14 +3,18 @@
 //! (`wpd_proto`): names are resolved, slots accounted, threads stopped and
 //! resumed by the daemon; the adapter translates.
 //!
-//! One debug session per client connection (stdin/stdout, or one TCP
-//! connection of [`listen`]). When the session ends (a `disconnect`
+//! One debug session per client connection (stdin/stdout, or one
+//! connection of [`listen::serve`], on a Unix socket or loopback TCP, from
+//! the adapter's own user only). When the session ends (a `disconnect`
 //! request, the client's connection closing, or the adapter itself dying),
 //! every breakpoint it set is removed and every thread it held runs again:
 //! the target keeps running. The last case is the daemon's doing: the
 //! adapter's watchpoints are leased to its event stream (see
 //! `WatchpointSpec.lease`), which ends with the adapter's connection.
 
+pub mod error;
+pub mod listen;
+pub mod peer;
 pub mod protocol;
 mod session;
 pub mod spec;
@@ -45,24 +49,5 @@ impl Daemon {
             r.metadata_mut().insert("authorization", v);
         }
         r
-    }
-}
-
-/// Serves DAP on `addr` (`127.0.0.1:PORT`): one session per connection, as
-/// many connections as come, until the listener fails. Prints the bound
-/// address on stderr (for port 0).
-pub async fn listen(addr: &str, daemon: Daemon) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    eprintln!("wpctl dap: listening on {}", listener.local_addr()?);
-    loop {
-        let (sock, peer) = listener.accept().await?;
-        let _ = sock.set_nodelay(true);
-        let daemon = daemon.clone();
-        tokio::spawn(async move {
-            let (r, w) = sock.into_split();
-            if let Err(e) = run(r, w, daemon).await {
-                tracing::warn!(%peer, "debug session ended: {e}");
-            }
-        });
     }
 }

@@ -6,6 +6,34 @@
 use wpd_proto::v1::HitCondition;
 use wpd_proto::v1::hit_condition::Op;
 
+/// Why a `dataId`, an address or a condition was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// A `dataId` this adapter did not make.
+    #[error("dataId {0:?} was not made by this adapter (ask dataBreakpointInfo for one)")]
+    ForeignDataId(String),
+    /// Not an address.
+    #[error("{0:?} is not an address (decimal, or hex with 0x)")]
+    NotAnAddress(String),
+    /// A condition that does not parse.
+    #[error(
+        "condition {text:?}: {why}. Conditions compare the watched value: `== 42`, `x != 0`, \
+         `value >= 10`, `&0xff == 3` (a mask), or `changed`"
+    )]
+    Condition {
+        /// The condition.
+        text: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A hit condition that does not parse.
+    #[error(
+        "hit condition {0:?}: expected `N` or `>= N` (stop from the Nth hit on), `> N` (after \
+         the Nth) or `% N` (every Nth), N a positive number"
+    )]
+    HitCondition(String),
+}
+
 /// What a `dataId` names.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Target {
@@ -26,7 +54,7 @@ impl Target {
     }
 
     /// Parses a `dataId` made by [`Target::data_id`].
-    pub fn parse(id: &str) -> Result<Target, String> {
+    pub fn parse(id: &str) -> Result<Target, SpecError> {
         if let Some(n) = id.strip_prefix("name:")
             && !n.is_empty()
         {
@@ -40,20 +68,18 @@ impl Target {
         {
             return Ok(Target::Address { addr, len });
         }
-        Err(format!(
-            "dataId {id:?} was not made by this adapter (ask dataBreakpointInfo for one)"
-        ))
+        Err(SpecError::ForeignDataId(id.to_string()))
     }
 }
 
 /// An address, decimal or `0x` hex (what `asAddress` names carry).
-pub fn parse_address(s: &str) -> Result<u64, String> {
+pub fn parse_address(s: &str) -> Result<u64, SpecError> {
     let t = s.trim();
     let r = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
         Some(h) => u64::from_str_radix(h, 16),
         None => t.parse::<u64>(),
     };
-    r.map_err(|_| format!("{s:?} is not an address (decimal, or hex with 0x)"))
+    r.map_err(|_| SpecError::NotAnAddress(s.to_string()))
 }
 
 /// Debug-register slots a range takes per thread: its aligned pieces of 1,
@@ -76,7 +102,7 @@ pub fn slots_needed(addr: u64, len: u64) -> usize {
 /// after the watched name or `value` (`x == 10`, as lldb's tests write it),
 /// and with negative numbers for `==`/`!=` (taken in `size` bytes, two's
 /// complement).
-pub fn condition(text: &str, name: Option<&str>, size: u64) -> Result<HitCondition, String> {
+pub fn condition(text: &str, name: Option<&str>, size: u64) -> Result<HitCondition, SpecError> {
     let t = text.trim();
     let rest = strip_subject(t, name);
     // Negative operands: two's complement in the watched size.
@@ -101,11 +127,11 @@ pub fn condition(text: &str, name: Option<&str>, size: u64) -> Result<HitConditi
     wpd_proto::condition::parse(rest).map_err(|e| syntax(text, &e))
 }
 
-fn syntax(text: &str, e: &str) -> String {
-    format!(
-        "condition {text:?}: {e}. Conditions compare the watched value: `== 42`, `x != 0`, \
-         `value >= 10`, `&0xff == 3` (a mask), or `changed`"
-    )
+fn syntax(text: &str, e: &str) -> SpecError {
+    SpecError::Condition {
+        text: text.to_string(),
+        why: e.to_string(),
+    }
 }
 
 /// `rest` without a leading subject (`value`, or the watched name).
@@ -137,18 +163,13 @@ pub struct HitCount {
 
 /// A DAP `hitCondition`: `N` or `>= N` (stop at the Nth hit and after),
 /// `> N` (after the Nth), `% N` (every Nth).
-pub fn hit_condition(text: &str) -> Result<HitCount, String> {
+pub fn hit_condition(text: &str) -> Result<HitCount, SpecError> {
     let t = text.trim();
     let num = |s: &str| {
         wpd_proto::condition::parse_number(s.trim())
             .ok()
             .filter(|&n| n > 0)
-            .ok_or_else(|| {
-                format!(
-                    "hit condition {text:?}: expected `N` or `>= N` (stop from the Nth hit on), \
-                     `> N` (after the Nth) or `% N` (every Nth), N a positive number"
-                )
-            })
+            .ok_or_else(|| SpecError::HitCondition(text.to_string()))
     };
     if let Some(r) = t.strip_prefix(">=") {
         return Ok(HitCount {
@@ -292,7 +313,7 @@ mod tests {
             1
         );
         for bad in ["y == 1", "x = 1", "x == foo", "x < -1", ""] {
-            let e = c(bad).unwrap_err();
+            let e = c(bad).unwrap_err().to_string();
             assert!(e.contains("Conditions compare"), "{bad:?}: {e}");
         }
     }

@@ -1,11 +1,27 @@
 //! DAP's base protocol: each message is `Content-Length: N\r\n\r\n` and N
 //! bytes of UTF-8 JSON. Other header fields are allowed and ignored.
+//!
+//! Reading is bounded whatever the peer sends: a header line longer than
+//! [`MAX_HEADER_LINE`], a header block longer than [`MAX_HEADER`], or a
+//! `Content-Length` above the reader's limit ([`MAX_MESSAGE`] for a session)
+//! is refused after at most that many bytes, and a body's buffer grows with
+//! the bytes that really arrive, never to a size the peer merely announced.
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// Most bytes one message may have (a client sending more is broken or
-/// hostile; the largest real requests are a few KiB).
-pub const MAX_MESSAGE: usize = 16 << 20;
+/// Most bytes one message's body may have in a session (a client sending
+/// more is broken or hostile; the largest real requests, a
+/// `setDataBreakpoints` with every slot of a thread, are a few KiB).
+pub const MAX_MESSAGE: usize = 1 << 20;
+
+/// Most bytes one header line may have, its line end included.
+pub const MAX_HEADER_LINE: usize = 1024;
+
+/// Most bytes a message's whole header block may have.
+pub const MAX_HEADER: usize = 4096;
+
+/// What a body buffer starts with; it grows as the body arrives.
+const FIRST_CHUNK: usize = 64 << 10;
 
 /// Why a message could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -24,28 +40,52 @@ pub enum WireError {
     Json(#[from] serde_json::Error),
 }
 
-/// Reads one message. `Closed` at a clean end of input between messages.
+/// Reads one message of at most [`MAX_MESSAGE`] bytes. `Closed` at a clean
+/// end of input between messages.
 pub async fn read_message<R: AsyncBufRead + Unpin>(
     r: &mut R,
 ) -> Result<serde_json::Value, WireError> {
+    read_message_within(r, MAX_MESSAGE).await
+}
+
+/// Reads one message whose body has at most `max_body` bytes.
+pub async fn read_message_within<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    max_body: usize,
+) -> Result<serde_json::Value, WireError> {
     let mut length: Option<usize> = None;
-    let mut line = String::new();
-    let mut first = true;
+    let mut line = Vec::with_capacity(128);
+    let mut header_bytes = 0usize;
     loop {
         line.clear();
-        let n = r.read_line(&mut line).await?;
+        // Never more than the line's or the block's remaining allowance.
+        let allowance = MAX_HEADER_LINE.min(MAX_HEADER - header_bytes);
+        let n = (&mut *r)
+            .take(allowance as u64)
+            .read_until(b'\n', &mut line)
+            .await?;
         if n == 0 {
-            return Err(if first {
+            return Err(if header_bytes == 0 {
                 WireError::Closed
             } else {
                 WireError::Header("input ended inside a header".into())
             });
         }
-        first = false;
-        if line.len() > 1024 {
-            return Err(WireError::Header("header line longer than 1 KiB".into()));
+        header_bytes += n;
+        if line.last() != Some(&b'\n') {
+            if n < allowance {
+                return Err(WireError::Header("input ended inside a header".into()));
+            }
+            return Err(WireError::Header(if allowance == MAX_HEADER_LINE {
+                format!("a header line longer than {MAX_HEADER_LINE} bytes")
+            } else {
+                format!("a header block longer than {MAX_HEADER} bytes")
+            }));
         }
-        let l = line.trim_end_matches(['\r', '\n']);
+        let Ok(text) = std::str::from_utf8(&line) else {
+            return Err(WireError::Header("a header line is not UTF-8".into()));
+        };
+        let l = text.trim_end_matches(['\r', '\n']);
         if l.is_empty() {
             break;
         }
@@ -61,13 +101,19 @@ pub async fn read_message<R: AsyncBufRead + Unpin>(
         }
     }
     let len = length.ok_or_else(|| WireError::Header("no Content-Length".into()))?;
-    if len > MAX_MESSAGE {
+    if len > max_body {
         return Err(WireError::Header(format!(
-            "Content-Length {len} is more than {MAX_MESSAGE}"
+            "Content-Length {len} is more than {max_body}"
         )));
     }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body).await?;
+    let mut body = Vec::with_capacity(len.min(FIRST_CHUNK));
+    (&mut *r).take(len as u64).read_to_end(&mut body).await?;
+    if body.len() < len {
+        return Err(WireError::Header(format!(
+            "input ended {} bytes into a body of {len}",
+            body.len()
+        )));
+    }
     Ok(serde_json::from_slice(&body)?)
 }
 
@@ -124,6 +170,73 @@ mod tests {
         let mut r = tokio::io::BufReader::new(big.as_bytes());
         assert!(matches!(
             read_message(&mut r).await,
+            Err(WireError::Header(_))
+        ));
+    }
+
+    /// What `read_message` makes of `input`, and how many bytes it took.
+    async fn read_counting(input: &[u8]) -> (Result<serde_json::Value, WireError>, u64) {
+        let mut cursor = std::io::Cursor::new(input);
+        let r = {
+            let mut r = tokio::io::BufReader::with_capacity(64, &mut cursor);
+            let res = read_message(&mut r).await;
+            // Bytes taken from the input and not used are still buffered.
+            (res, r.buffer().len() as u64)
+        };
+        (r.0, cursor.position() - r.1)
+    }
+
+    #[tokio::test]
+    async fn an_endless_header_is_refused_after_a_bounded_number_of_bytes() {
+        // One line with no end.
+        let endless = vec![b'a'; 1 << 20];
+        let (r, taken) = read_counting(&endless).await;
+        assert!(
+            matches!(&r, Err(WireError::Header(m)) if m.contains("header line longer")),
+            "{r:?}"
+        );
+        assert_eq!(taken, MAX_HEADER_LINE as u64);
+        // An endless Content-Length value.
+        let mut digits = b"Content-Length: ".to_vec();
+        digits.resize(1 << 20, b'9');
+        let (r, taken) = read_counting(&digits).await;
+        assert!(matches!(r, Err(WireError::Header(_))), "{r:?}");
+        assert_eq!(taken, MAX_HEADER_LINE as u64);
+        // Endless short lines.
+        let lines = b"X-Filler: 1\r\n".repeat(100_000);
+        let (r, taken) = read_counting(&lines).await;
+        assert!(
+            matches!(&r, Err(WireError::Header(m)) if m.contains("header block longer")),
+            "{r:?}"
+        );
+        assert!(taken <= MAX_HEADER as u64, "{taken}");
+    }
+
+    #[tokio::test]
+    async fn a_body_is_read_as_it_comes_and_never_past_its_limit() {
+        // A length just under the limit with a short body: an error at the
+        // end of input, not a wait or an allocation of the announced size.
+        let input = format!("Content-Length: {MAX_MESSAGE}\r\n\r\n{{}}");
+        let (r, _) = read_counting(input.as_bytes()).await;
+        assert!(
+            matches!(&r, Err(WireError::Header(m)) if m.contains("input ended 2 bytes into")),
+            "{r:?}"
+        );
+        // Over the limit: refused before any of the body is read.
+        let input = format!("Content-Length: {}\r\n\r\n{{}}", MAX_MESSAGE + 1);
+        let (r, taken) = read_counting(input.as_bytes()).await;
+        assert!(matches!(r, Err(WireError::Header(_))), "{r:?}");
+        assert_eq!(taken as usize, input.len() - 2);
+        let input = b"Content-Length: 99999999999999999999999\r\n\r\n";
+        assert!(matches!(
+            read_counting(input).await.0,
+            Err(WireError::Header(_))
+        ));
+        // A smaller limit (for connections being refused).
+        let input = b"Content-Length: 100\r\n\r\n";
+        let mut r = tokio::io::BufReader::new(&input[..]);
+        assert!(matches!(
+            read_message_within(&mut r, 99).await,
             Err(WireError::Header(_))
         ));
     }

@@ -1,0 +1,377 @@
+//! The requests the adapter answers: one type each, with its command, the
+//! arguments it reads and the body it answers with.
+
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
+
+use super::Request;
+use super::types::{Breakpoint, Capabilities, DataBreakpoint, Scope, StackFrame, Thread, Variable};
+
+/// Declares a request type: `Name, "command", Arguments => Result`.
+macro_rules! request {
+    ($(#[$doc:meta])* $name:ident, $command:literal, $args:ty => $result:ty) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub enum $name {}
+
+        impl Request for $name {
+            type Arguments = $args;
+            type Result = $result;
+            const COMMAND: &'static str = $command;
+        }
+    };
+}
+
+request!(
+    /// The client's first request: what the adapter can do.
+    Initialize, "initialize", IgnoredAny => Capabilities
+);
+request!(
+    /// Attach to a running process (the session's target).
+    Attach, "attach", AttachArguments => ()
+);
+request!(
+    /// Start a program: refused (the adapter only attaches).
+    Launch, "launch", IgnoredAny => ()
+);
+request!(
+    /// The client has sent its configuration.
+    ConfigurationDone, "configurationDone", IgnoredAny => ()
+);
+request!(
+    /// Whether and how a variable, expression or address can be watched.
+    DataBreakpointInfo, "dataBreakpointInfo", DataBreakpointInfoArguments => DataBreakpointInfoBody
+);
+request!(
+    /// The whole set of data breakpoints.
+    SetDataBreakpoints, "setDataBreakpoints", SetDataBreakpointsArguments => BreakpointsBody
+);
+request!(
+    /// Source breakpoints: each one refused (data breakpoints only).
+    SetBreakpoints, "setBreakpoints", BreakpointList => BreakpointsBody
+);
+request!(
+    /// Function breakpoints: each one refused.
+    SetFunctionBreakpoints, "setFunctionBreakpoints", BreakpointList => BreakpointsBody
+);
+request!(
+    /// Instruction breakpoints: each one refused.
+    SetInstructionBreakpoints, "setInstructionBreakpoints", BreakpointList => BreakpointsBody
+);
+request!(
+    /// Exception breakpoints: none exist.
+    SetExceptionBreakpoints, "setExceptionBreakpoints", IgnoredAny => BreakpointsBody
+);
+request!(
+    /// The target's threads.
+    Threads, "threads", IgnoredAny => ThreadsBody
+);
+request!(
+    /// A held thread's frames, symbolized.
+    StackTrace, "stackTrace", StackTraceArguments => StackTraceBody
+);
+request!(
+    /// A frame's scopes.
+    Scopes, "scopes", ScopesArguments => ScopesBody
+);
+request!(
+    /// A scope's variables.
+    Variables, "variables", VariablesArguments => VariablesBody
+);
+request!(
+    /// A global's value or address.
+    Evaluate, "evaluate", EvaluateArguments => EvaluateBody
+);
+request!(
+    /// Resume held threads.
+    Continue, "continue", ContinueArguments => ContinueBody
+);
+request!(
+    /// Stop every thread.
+    Pause, "pause", PauseArguments => ()
+);
+request!(
+    /// Read the target's memory.
+    ReadMemory, "readMemory", ReadMemoryArguments => ReadMemoryBody
+);
+request!(
+    /// Step over: refused (the adapter does not step).
+    Next, "next", IgnoredAny => ()
+);
+request!(
+    /// Step in: refused.
+    StepIn, "stepIn", IgnoredAny => ()
+);
+request!(
+    /// Step out: refused.
+    StepOut, "stepOut", IgnoredAny => ()
+);
+request!(
+    /// Step back: refused.
+    StepBack, "stepBack", IgnoredAny => ()
+);
+request!(
+    /// Run backwards: refused.
+    ReverseContinue, "reverseContinue", IgnoredAny => ()
+);
+request!(
+    /// Jump: refused.
+    Goto, "goto", IgnoredAny => ()
+);
+request!(
+    /// End the session (the target keeps running).
+    Disconnect, "disconnect", IgnoredAny => ()
+);
+request!(
+    /// End the session, as `disconnect` (the target keeps running).
+    Terminate, "terminate", IgnoredAny => ()
+);
+
+/// `attach` arguments (the IDE's launch configuration).
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachArguments {
+    /// Process to attach to (number or numeric string).
+    pub pid: Option<serde_json::Value>,
+    /// Same, as VS Code's `${command:pickProcess}` fills it.
+    pub process_id: Option<serde_json::Value>,
+    /// `"ptrace"` (default: hits stop threads) or `"perf"` (hits are logged
+    /// to the debug console; the target never stops).
+    pub backend: Option<String>,
+    /// `"all"` (default): a hit stops every thread; `"thread"`: only the
+    /// thread that hit.
+    pub stop_on_hit: Option<String>,
+}
+
+/// `dataBreakpointInfo` arguments.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DataBreakpointInfoArguments {
+    /// A child of `variables_reference`, an expression, or an address.
+    pub name: String,
+    /// Container of `name`.
+    pub variables_reference: Option<i64>,
+    /// Frame to evaluate in (globals only here: ignored).
+    pub frame_id: Option<i64>,
+    /// Bytes to watch from the address or variable.
+    pub bytes: Option<u32>,
+    /// `name` is an address.
+    pub as_address: Option<bool>,
+    /// A breakpoint mode (none advertised).
+    pub mode: Option<String>,
+}
+
+/// `setDataBreakpoints` arguments.
+#[derive(Debug, Deserialize)]
+pub struct SetDataBreakpointsArguments {
+    /// The whole new set.
+    pub breakpoints: Vec<DataBreakpoint>,
+}
+
+/// `continue` arguments.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContinueArguments {
+    /// The thread the user continued.
+    pub thread_id: i64,
+    /// Resume only it.
+    pub single_thread: Option<bool>,
+}
+
+/// `pause` arguments.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PauseArguments {
+    /// The thread the user paused (every thread stops).
+    pub thread_id: i64,
+}
+
+/// `stackTrace` arguments.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StackTraceArguments {
+    /// Thread.
+    pub thread_id: i64,
+    /// First frame wanted.
+    pub start_frame: Option<u32>,
+    /// Frames wanted (0 or absent: all).
+    pub levels: Option<u32>,
+}
+
+/// `evaluate` arguments.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EvaluateArguments {
+    /// The expression: a global's name (`[module:]name[.member][[i]]`), or
+    /// `&name` for its address.
+    pub expression: String,
+    /// Frame (globals only: ignored).
+    pub frame_id: Option<i64>,
+    /// `watch`, `repl`, `hover`...
+    pub context: Option<String>,
+}
+
+/// `readMemory` arguments.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadMemoryArguments {
+    /// An address (as `memoryReference` fields carry them).
+    pub memory_reference: String,
+    /// Bytes from it.
+    pub offset: Option<i64>,
+    /// Bytes wanted.
+    pub count: u64,
+}
+
+/// `dataBreakpointInfo` response body.
+#[derive(Debug, Serialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DataBreakpointInfoBody {
+    /// `None` (JSON null): nothing can be watched; `description` says why.
+    pub data_id: Option<String>,
+    /// What is watched, or why nothing can be.
+    pub description: String,
+    /// Access kinds possible.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub access_types: Option<Vec<&'static str>>,
+    /// The dataId means the same thing in another debug session.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub can_persist: Option<bool>,
+}
+
+/// A list of breakpoints the adapter does not set (only their number is
+/// read).
+#[derive(Debug, Deserialize)]
+pub struct BreakpointList {
+    /// The breakpoints asked for.
+    #[serde(default)]
+    pub breakpoints: Vec<IgnoredAny>,
+}
+
+/// `scopes` arguments.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScopesArguments {
+    /// The frame (0 when absent: no frame).
+    #[serde(default)]
+    pub frame_id: i64,
+}
+
+/// `variables` arguments.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VariablesArguments {
+    /// The container (0 when absent: none).
+    #[serde(default)]
+    pub variables_reference: i64,
+}
+
+/// The breakpoints of a `set*Breakpoints` response, one per entry asked.
+#[derive(Debug, Serialize)]
+pub struct BreakpointsBody {
+    /// In the order asked.
+    pub breakpoints: Vec<Breakpoint>,
+}
+
+/// `threads` response body.
+#[derive(Debug, Serialize)]
+pub struct ThreadsBody {
+    /// Every thread of the target (none when not attached).
+    pub threads: Vec<Thread>,
+}
+
+/// `stackTrace` response body.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StackTraceBody {
+    /// The frames asked for.
+    pub stack_frames: Vec<StackFrame>,
+    /// How many frames the thread has (as far as they were walked).
+    pub total_frames: usize,
+}
+
+/// `scopes` response body.
+#[derive(Debug, Serialize)]
+pub struct ScopesBody {
+    /// The frame's scopes.
+    pub scopes: Vec<Scope>,
+}
+
+/// `variables` response body.
+#[derive(Debug, Serialize)]
+pub struct VariablesBody {
+    /// The container's variables.
+    pub variables: Vec<Variable>,
+}
+
+/// `evaluate` response body.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EvaluateBody {
+    /// The value (or the address, for `&name` and functions).
+    pub result: String,
+    /// Its type.
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// Always 0: no children.
+    pub variables_reference: i64,
+    /// Its address, for memory views.
+    pub memory_reference: String,
+}
+
+/// `continue` response body.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContinueBody {
+    /// Every thread runs (not only the one named).
+    pub all_threads_continued: bool,
+}
+
+/// `readMemory` response body.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadMemoryBody {
+    /// The first address read.
+    pub address: String,
+    /// Bytes at the end that could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreadable_bytes: Option<u64>,
+    /// The bytes, base64.
+    pub data: String,
+}
+
+#[cfg(test)]
+mod tests {
+    /// The VS Code manifest (`adapters/vscode/package.json`) offers exactly
+    /// the attach arguments the adapter reads.
+    #[test]
+    fn the_vscode_manifest_matches_the_attach_arguments() {
+        let text = include_str!("../../../vscode/package.json");
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        let d = &v["contributes"]["debuggers"][0];
+        assert_eq!(d["type"], "wpd");
+        assert_eq!(d["program"], "wpctl");
+        assert_eq!(d["args"], serde_json::json!(["dap"]));
+        let props = d["configurationAttributes"]["attach"]["properties"]
+            .as_object()
+            .unwrap();
+        let mut names: Vec<&str> = props.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["backend", "pid", "stopOnHit"]);
+        // Every value the manifest offers is one the adapter takes.
+        let a: super::AttachArguments = serde_json::from_value(serde_json::json!({
+            "pid": 1, "backend": "perf", "stopOnHit": "thread"
+        }))
+        .unwrap();
+        assert_eq!(a.backend.as_deref(), Some("perf"));
+        assert_eq!(a.stop_on_hit.as_deref(), Some("thread"));
+        assert_eq!(
+            props["backend"]["enum"],
+            serde_json::json!(["ptrace", "perf"])
+        );
+        assert_eq!(
+            props["stopOnHit"]["enum"],
+            serde_json::json!(["all", "thread"])
+        );
+    }
+}

@@ -1,0 +1,303 @@
+//! Looking at the target: `threads`, `stackTrace`, `scopes`, `variables`,
+//! `evaluate`, `readMemory`.
+
+use base64::Engine as _;
+use serde::de::IgnoredAny;
+use wpd_proto::v1 as pb;
+
+use super::{Container, Handler, Session};
+use crate::error::DapError;
+use crate::protocol::requests::*;
+use crate::protocol::{Scope, Source, StackFrame, Thread, Variable};
+use crate::spec::{self, Target};
+
+/// Frames a `stackTrace` without `levels` gets.
+const DEFAULT_DEPTH: u32 = 64;
+
+impl Handler<Threads> for Session {
+    async fn handle(&mut self, _: IgnoredAny) -> Result<ThreadsBody, DapError> {
+        let Some(pid) = self.pid else {
+            return Ok(ThreadsBody {
+                threads: Vec::new(),
+            });
+        };
+        let r = self
+            .client()
+            .list_threads(self.daemon.request(pb::ListThreadsRequest {
+                pid,
+                ..Default::default()
+            }))
+            .await?
+            .into_inner();
+        let threads = r
+            .threads
+            .iter()
+            .map(|t| Thread {
+                id: i64::from(t.tid),
+                name: if t.name.is_empty() {
+                    format!("thread {}", t.tid)
+                } else {
+                    format!("{} [{}]", t.name, t.tid)
+                },
+            })
+            .collect();
+        Ok(ThreadsBody { threads })
+    }
+}
+
+impl Handler<StackTrace> for Session {
+    async fn handle(&mut self, a: StackTraceArguments) -> Result<StackTraceBody, DapError> {
+        let pid = self.pid()?;
+        let tid = i32::try_from(a.thread_id).map_err(|_| DapError::NoSuchThread)?;
+        let start = a.start_frame.unwrap_or(0);
+        let levels = a.levels.filter(|&l| l > 0).unwrap_or(DEFAULT_DEPTH);
+        let depth = (start + levels).min(128);
+        let r = self
+            .client()
+            .get_thread_stack(self.daemon.request(pb::GetThreadStackRequest {
+                pid,
+                tid,
+                depth,
+                raw: false,
+            }))
+            .await?
+            .into_inner();
+        let total = r.frames.len();
+        let mut frames = Vec::new();
+        for (i, loc) in r.frames.iter().enumerate().skip(start as usize) {
+            let id = self.next_frame;
+            self.next_frame += 1;
+            self.frames.insert(id, tid);
+            if i == 0 {
+                self.frames.insert(-id, tid); // frame 0 of tid: has the hit scope
+            }
+            frames.push(stack_frame(id, loc));
+        }
+        if !r.note.is_empty() && total < depth as usize {
+            self.output("console", &format!("thread {tid}: {}", r.note));
+        }
+        Ok(StackTraceBody {
+            stack_frames: frames,
+            total_frames: total,
+        })
+    }
+}
+
+impl Handler<Scopes> for Session {
+    async fn handle(&mut self, a: ScopesArguments) -> Result<ScopesBody, DapError> {
+        let frame_id = a.frame_id;
+        let Some(&tid) = self.frames.get(&frame_id) else {
+            return Err(DapError::StaleFrame);
+        };
+        let mut scopes = Vec::new();
+        if self.frames.contains_key(&-frame_id) && self.stops.contains_key(&tid) {
+            let r = self.container(Container::Hit(tid));
+            scopes.push(Scope {
+                name: "Data breakpoint hit".into(),
+                variables_reference: r,
+                expensive: false,
+                presentation_hint: Some("locals"),
+            });
+        }
+        let r = self.container(Container::Watched);
+        scopes.push(Scope {
+            name: "Watched".into(),
+            variables_reference: r,
+            expensive: false,
+            presentation_hint: None,
+        });
+        Ok(ScopesBody { scopes })
+    }
+}
+
+impl Handler<Variables> for Session {
+    async fn handle(&mut self, a: VariablesArguments) -> Result<VariablesBody, DapError> {
+        let pid = self.pid()?;
+        let Some(c) = self.vars.get(&a.variables_reference).cloned() else {
+            return Err(DapError::StaleVariables);
+        };
+        let mut out = Vec::new();
+        match c {
+            Container::Watched => {
+                for i in 0..self.armed.len() {
+                    let (addr, len, expr, ty) = {
+                        let a = &self.armed[i];
+                        (a.addr, a.len, a.expr.clone(), a.type_name.clone())
+                    };
+                    let value = match self.read(pid, addr, len).await {
+                        Ok(b) => spec::show_value(&ty, &b),
+                        Err(e) => format!("<{e}>"),
+                    };
+                    let named = matches!(
+                        Target::parse(&self.armed[i].asked.data_id),
+                        Ok(Target::Name(_))
+                    );
+                    out.push(Variable {
+                        name: expr.clone(),
+                        value,
+                        type_name: (!ty.is_empty()).then_some(ty),
+                        variables_reference: 0,
+                        evaluate_name: named.then_some(expr),
+                        memory_reference: Some(format!("{addr:#x}")),
+                    });
+                }
+            }
+            Container::Hit(tid) => {
+                if let Some(s) = self.stops.get(&tid) {
+                    let v = |name: &str, value: String| Variable {
+                        name: name.into(),
+                        value,
+                        type_name: None,
+                        variables_reference: 0,
+                        evaluate_name: None,
+                        memory_reference: None,
+                    };
+                    out.push(v("breakpoint", format!("{} ({})", s.dap_id, s.expr)));
+                    out.push(Variable {
+                        memory_reference: Some(format!("{:#x}", s.addr)),
+                        ..v("address", format!("{:#x}", s.addr))
+                    });
+                    out.push(v(
+                        "old value",
+                        s.old
+                            .as_ref()
+                            .map(|o| spec::show_value(&s.type_name, o))
+                            .unwrap_or_else(|| "(not known)".into()),
+                    ));
+                    out.push(v("new value", spec::show_value(&s.type_name, &s.new)));
+                    out.push(v("accessed at", s.location.clone()));
+                }
+            }
+        }
+        Ok(VariablesBody { variables: out })
+    }
+}
+
+impl Handler<Evaluate> for Session {
+    async fn handle(&mut self, a: EvaluateArguments) -> Result<EvaluateBody, DapError> {
+        let pid = self.pid()?;
+        let e = a.expression.trim();
+        let (want_address, name) = match e.strip_prefix('&') {
+            Some(n) => (true, n.trim()),
+            None => (false, e),
+        };
+        let r = self
+            .client()
+            .resolve_symbol(self.daemon.request(pb::ResolveSymbolRequest {
+                pid,
+                name: name.to_string(),
+                address: 0,
+            }))
+            .await?
+            .into_inner();
+        let sym = r.symbol.ok_or(DapError::NothingByThatName)?;
+        let reference = format!("{:#x}", sym.address);
+        if want_address || r.kind != "variable" {
+            return Ok(EvaluateBody {
+                result: reference.clone(),
+                type_name: if sym.type_name.is_empty() {
+                    r.kind
+                } else {
+                    format!("{} *", sym.type_name)
+                },
+                variables_reference: 0,
+                memory_reference: reference,
+            });
+        }
+        let len = u32::try_from(sym.size.clamp(1, 4096)).unwrap_or(4096);
+        let value = spec::show_value(&sym.type_name, &self.read(pid, sym.address, len).await?);
+        Ok(EvaluateBody {
+            result: value,
+            type_name: sym.type_name,
+            variables_reference: 0,
+            memory_reference: reference,
+        })
+    }
+}
+
+impl Handler<ReadMemory> for Session {
+    async fn handle(&mut self, a: ReadMemoryArguments) -> Result<ReadMemoryBody, DapError> {
+        let pid = self.pid()?;
+        let base = spec::parse_address(&a.memory_reference)?;
+        let address = base
+            .checked_add_signed(a.offset.unwrap_or(0))
+            .ok_or(DapError::AddressOutOfRange)?;
+        if a.count == 0 {
+            return Ok(ReadMemoryBody {
+                address: format!("{address:#x}"),
+                unreadable_bytes: None,
+                data: String::new(),
+            });
+        }
+        let length = a.count.min(1 << 20) as u32;
+        let r = self
+            .client()
+            .read_memory(self.daemon.request(pb::ReadMemoryRequest {
+                pid,
+                address,
+                length,
+            }))
+            .await?
+            .into_inner();
+        Ok(ReadMemoryBody {
+            address: format!("{address:#x}"),
+            unreadable_bytes: Some(a.count - r.data.len() as u64),
+            data: base64::engine::general_purpose::STANDARD.encode(&r.data),
+        })
+    }
+}
+
+impl Session {
+    /// `length` bytes at `address` of the target, all of them or an error.
+    pub(super) async fn read(
+        &self,
+        pid: i32,
+        address: u64,
+        length: u32,
+    ) -> Result<Vec<u8>, DapError> {
+        let r = self
+            .client()
+            .read_memory(self.daemon.request(pb::ReadMemoryRequest {
+                pid,
+                address,
+                length,
+            }))
+            .await?
+            .into_inner();
+        if r.unreadable > 0 {
+            return Err(DapError::Unreadable(r.error));
+        }
+        Ok(r.data)
+    }
+
+    /// A new `variablesReference` for `c` (valid until the next continue).
+    fn container(&mut self, c: Container) -> i64 {
+        let id = self.next_var;
+        self.next_var += 1;
+        self.vars.insert(id, c);
+        id
+    }
+}
+
+/// A frame of `stackTrace` from a symbolized location.
+fn stack_frame(id: i64, l: &pb::Location) -> StackFrame {
+    let module = l.module.rsplit('/').next().unwrap_or("").to_string();
+    let name = if l.function.is_empty() {
+        format!("{:#x} ({module})", l.ip)
+    } else {
+        l.function.clone()
+    };
+    let source = (!l.file.is_empty()).then(|| Source {
+        name: l.file.rsplit('/').next().unwrap_or(&l.file).to_string(),
+        path: l.file.clone(),
+    });
+    StackFrame {
+        id,
+        name,
+        presentation_hint: source.is_none().then_some("subtle"),
+        source,
+        line: l.line,
+        column: l.column,
+        instruction_pointer_reference: format!("{:#x}", l.ip),
+    }
+}
