@@ -57,6 +57,10 @@ struct stats stats;                /* .bss, a struct */
 static int hidden;                 /* a static: a local symbol */
 __thread long tls_counter;         /* thread-local */
 double big_table[64];              /* 512 bytes: more than 4 slots cover */
+struct flex {
+    long n;
+    long items[];                  /* no bound: any index is in DWARF's range */
+} flexobj;
 static long twin = 1;              /* a static named as one in libctlib.so */
 void lib_set(long v);              /* libctlib.so's lib_counter: only through */
 long *lib_addr(void);              /* these (no copy relocation into here) */

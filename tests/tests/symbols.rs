@@ -255,6 +255,14 @@ async fn wrong_names_are_refused_and_change_nothing() -> Result<()> {
                     wpd_proto::reason::BAD_SYMBOL,
                     &[],
                 ),
+                // An index whose offset does not fit in 64 bits (an array
+                // without a bound: DWARF sets no limit).
+                (
+                    "flexobj.items[2305843009213693952]",
+                    Code::InvalidArgument,
+                    wpd_proto::reason::BAD_SYMBOL_PATH,
+                    &["flexobj.items", "64 bits"],
+                ),
             ];
             for &(name, code, want_reason, needles) in cases {
                 for backend in [Backend::Perf, Backend::Ptrace] {

@@ -286,8 +286,9 @@ impl DwarfFile {
                         });
                     }
                     let elem_size = type_info(&dwarf, &unit, Some(elem))?.size.unwrap_or(0);
-                    let inner: u64 = dims[1..].iter().map(|d| d.unwrap_or(0)).product();
-                    offset += i * inner * elem_size;
+                    offset = element_offset(*i, &dims[1..], elem_size)
+                        .and_then(|o| offset.checked_add(o))
+                        .ok_or_else(|| overflow(&what, *i))?;
                     what.push_str(&format!("[{i}]"));
                     if dims.len() > 1 {
                         pending = Some((elem, dims[1..].to_vec()));
@@ -318,7 +319,9 @@ impl DwarfFile {
                                 .collect(),
                         });
                     };
-                    offset += off;
+                    offset = offset
+                        .checked_add(off)
+                        .ok_or_else(|| overflow(&what, off))?;
                     ty = mty;
                     what.push('.');
                     what.push_str(m);
@@ -329,10 +332,11 @@ impl DwarfFile {
         let info = match pending {
             Some((elem, dims)) => {
                 let e = type_info(&dwarf, &unit, Some(elem))?;
-                let n: u64 = dims.iter().map(|d| d.unwrap_or(0)).product();
+                let n = count_of(&dims);
                 Some(TypeInfo {
                     name: describe_array(&dwarf, &unit, elem, &dims)?,
-                    size: e.size.map(|s| s * n),
+                    // An array too large to have a size has none.
+                    size: e.size.zip(n).and_then(|(s, n)| s.checked_mul(n)),
                     shape: Shape::Array { elem, dims },
                 })
             }
@@ -371,7 +375,7 @@ impl DwarfFile {
                         .find_map(|m| {
                             let t = type_info(&dwarf, &unit, m.ty).ok()?;
                             let size = t.size?;
-                            (at - base < m.offset + size).then_some((m.clone(), t))
+                            (at - base < m.offset.saturating_add(size)).then_some((m.clone(), t))
                         });
                     let Some((m, t)) = inner else {
                         return Ok(None);
@@ -389,8 +393,7 @@ impl DwarfFile {
                         return Ok(None);
                     };
                     let i = (at - base) / es;
-                    let n: u64 = dims.iter().map(|d| d.unwrap_or(0)).product();
-                    if i >= n {
+                    if count_of(dims).is_none_or(|n| i >= n) {
                         return Ok(None);
                     }
                     base += i * es;
@@ -401,6 +404,28 @@ impl DwarfFile {
             }
         }
     }
+}
+
+/// Elements of an array of dimensions `dims` (an unknown bound counts 0),
+/// or None when the product overflows (debug information that is damaged
+/// or forged: a target's DWARF is its own choice).
+fn count_of(dims: &[Option<u64>]) -> Option<u64> {
+    dims.iter()
+        .try_fold(1u64, |n, d| n.checked_mul(d.unwrap_or(0)))
+}
+
+/// The byte offset of element `i` of an array whose further dimensions are
+/// `inner` and whose elements are `elem_size` bytes, or None on overflow.
+fn element_offset(i: u64, inner: &[Option<u64>], elem_size: u64) -> Option<u64> {
+    i.checked_mul(count_of(inner)?)?.checked_mul(elem_size)
+}
+
+/// The error for an offset past 64 bits.
+fn overflow(what: &str, step: u64) -> PathError {
+    PathError::Dwarf(format!(
+        "the offset of {what} (+{step}) does not fit in 64 bits: the debug information is \
+         damaged, or the index is far past any object"
+    ))
 }
 
 fn type_ref(e: &gimli::DebuggingInformationEntry<R<'_>>) -> Option<usize> {
@@ -739,4 +764,19 @@ fn build_index(dwarf: &gimli::Dwarf<R<'_>>) -> Result<HashMap<String, Vec<VarDie
         v.dedup_by_key(|d| d.loc);
     }
     Ok(index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn array_arithmetic_never_overflows() {
+        assert_eq!(element_offset(3, &[Some(4)], 8), Some(96));
+        assert_eq!(element_offset(u64::MAX, &[], 8), None);
+        assert_eq!(element_offset(1 << 40, &[Some(1 << 20)], 1 << 10), None);
+        assert_eq!(count_of(&[Some(u64::MAX), Some(2)]), None);
+        assert_eq!(count_of(&[Some(3), None]), Some(0));
+        assert_eq!(count_of(&[]), Some(1));
+    }
 }
