@@ -66,9 +66,22 @@ impl CTarget {
     /// Starts the C target at `path` (a link to or copy of a variant, e.g. under a name of
     /// the test's own), called `label` in messages, and waits for its READY line.
     pub async fn start_path(path: &Path, label: &str) -> Result<CTarget> {
+        Self::spawn_path(path, label, None).await
+    }
+
+    /// Like [`CTarget::start_path`], running as user `uid` (group = uid).
+    pub async fn start_path_as(path: &Path, label: &str, uid: u32) -> Result<CTarget> {
+        Self::spawn_path(path, label, Some(uid)).await
+    }
+
+    async fn spawn_path(path: &Path, label: &str, uid: Option<u32>) -> Result<CTarget> {
         let variant = label;
         let path = path.to_path_buf();
         let mut cmd = Command::new(&path);
+        if let Some(uid) = uid {
+            use std::os::unix::process::CommandExt as _;
+            cmd.uid(uid).gid(uid);
+        }
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

@@ -514,3 +514,81 @@ async fn bad_policies_are_refused() -> Result<()> {
     .await;
     daemon.finish(result)
 }
+
+/// An unprivileged user's policy learns nothing about processes that user
+/// could not read: a root process running the executable the policy names
+/// is neither matched nor reported (no pid, name or refusal text in the
+/// user's listing), while the user's own process is covered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_policy_learns_nothing_of_processes_it_cannot_read() -> Result<()> {
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    use std::os::unix::fs::PermissionsExt;
+    const NOBODY: u32 = 65534;
+    let dir = unique_temp_dir("wpd-policy-other")?;
+    let exe = dir.join("ct-shared");
+    std::fs::copy(ctarget_path("ct-pie"), &exe)?;
+    let lib = ctarget_path("ct-pie").with_file_name("libctlib.so");
+    std::fs::copy(&lib, dir.join("libctlib.so"))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    let daemon = Daemon::start_open(&[]).await?;
+    let roots = CTarget::start_path(&exe, "ct-shared").await?;
+    let mut mine = CTarget::start_path_as(&exe, "ct-shared", NOBODY).await?;
+    let result = async {
+        let ep = daemon.endpoint();
+        let out = wpd_tests::run_wpctl_as(
+            Some(NOBODY),
+            &[
+                "--endpoint",
+                &ep,
+                "--json",
+                "watch",
+                "--exe",
+                &exe.display().to_string(),
+                "--symbol",
+                "counter",
+            ],
+            Duration::from_secs(20),
+        )
+        .await?;
+        ensure!(out.code == Some(0), "{out:?}");
+        let listing = poll_until(
+            Duration::from_secs(20),
+            "the user's own process to be covered",
+            async || {
+                let out = wpd_tests::run_wpctl_as(
+                    Some(NOBODY),
+                    &["--endpoint", &ep, "--json", "list"],
+                    Duration::from_secs(20),
+                )
+                .await?;
+                Ok(
+                    if out.stdout.contains(&format!("\"pid\": {}", mine.pid))
+                        || out.stdout.contains(&format!("\"pid\":{}", mine.pid))
+                    {
+                        Ok(out.stdout)
+                    } else {
+                        Err(out.stdout)
+                    },
+                )
+            },
+        )
+        .await?;
+        ensure!(
+            !listing.contains(&roots.pid.to_string()),
+            "the listing names root's process {}: {listing}",
+            roots.pid
+        );
+        ensure!(
+            !listing.to_lowercase().contains("permission"),
+            "the listing reports a refusal: {listing}"
+        );
+        // The user's process is watched: its store is a hit.
+        ensure!(mine.cmd("set counter 5").await? == "SET");
+        Ok(())
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    daemon.finish(result)
+}

@@ -130,6 +130,17 @@ impl Selector {
     }
 }
 
+/// A cheap first look for an unprivileged caller's policy: whether `pid`
+/// could be the caller's at all. Without CAP_SYS_PTRACE the kernel's rule
+/// needs the caller's real uid to be the process's three uids; with it (over
+/// some namespace), anything may be, and the full check decides.
+fn may_be_callers(caller: &crate::authz::Caller, pid: Pid) -> bool {
+    if caller.cap_eff & (1 << crate::authz::CAP_SYS_PTRACE) != 0 {
+        return true;
+    }
+    procfs::creds(pid).is_some_and(|(uids, _, _)| uids.iter().all(|&u| u == caller.uid))
+}
+
 fn truncate_utf8(s: &str, max: usize) -> &str {
     let mut end = s.len().min(max);
     while !s.is_char_boundary(end) {
@@ -438,6 +449,25 @@ impl Core {
                 && *s == start
                 && procfs::comm(pid, pid).as_deref() == Some(c.as_str())
             {
+                return;
+            }
+        }
+        // An unprivileged caller learns nothing about processes it could
+        // not read itself: those are never matched against its selector
+        // (the daemon reads `/proc` as root: an executable's path would be
+        // an oracle through `hidepid`), and never reported as refused.
+        let caller = &policy.caller;
+        if !caller.privileged {
+            if !may_be_callers(caller, pid) {
+                return;
+            }
+            if crate::authz::check(caller, pid).is_err() {
+                policy
+                    .state
+                    .lock()
+                    .unwrap()
+                    .refused
+                    .insert(pid, (start, procfs::comm(pid, pid).unwrap_or_default()));
                 return;
             }
         }
