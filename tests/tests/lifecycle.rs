@@ -459,3 +459,70 @@ async fn daemon_sigterm_with_open_subscriber(backend: Backend) -> Result<()> {
     .await;
     daemon.finish(result)
 }
+
+/// A user asks to watch its own process, which executes a setuid-root program between the
+/// daemon's permission check and the attach (the check is made to take 3 s): the daemon
+/// checks again once armed, backs out, and answers PERMISSION_DENIED; nothing stays
+/// attached to the now-privileged process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setuid_exec_between_check_and_attach_is_backed_out() -> Result<()> {
+    if !wpd_tests::require_root_perf() {
+        return Ok(());
+    }
+    use std::os::unix::fs::PermissionsExt;
+    const NOBODY: u32 = 65534;
+    let setuid = SetuidTarget::new()?;
+    let daemon = Daemon::start_with_env(
+        &["--socket-mode", "666"],
+        &[("WPD_FAULT_AFTER_CHECK_MS", "3000")],
+    )
+    .await?;
+    if let Some(dir) = daemon.socket_path().parent() {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    }
+    let mut target = TargetProc::start_as(NOBODY, &["--threads", "2"]).await?;
+    daemon.finish(
+        async {
+            let pid = target.pid;
+            let ep = daemon.endpoint();
+            let addr = format!("{:#x}", target.vars[0]);
+            let watch = tokio::spawn(async move {
+                wpd_tests::run_wpctl_as(
+                    Some(NOBODY),
+                    &[
+                        "--endpoint",
+                        &ep,
+                        "watch",
+                        "--pid",
+                        &pid.to_string(),
+                        "--addr",
+                        &addr,
+                    ],
+                    Duration::from_secs(30),
+                )
+                .await
+            });
+            // While the daemon sits between its check and the attach.
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            target.exec_path(&setuid.path, 2).await?;
+            let out = watch.await??;
+            ensure!(
+                out.code == Some(7) && out.stderr.contains("setuid"),
+                "the watch of a process that became root's: {out:?}"
+            );
+            let mut client = daemon.client().await?;
+            let list = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            ensure!(
+                list.watchpoints.is_empty() && list.processes.is_empty(),
+                "left attached: {list:?}"
+            );
+            target.ensure_alive()?;
+            Ok(())
+        }
+        .await,
+    )
+}

@@ -475,6 +475,9 @@ impl Core {
             return;
         }
         let comm = procfs::comm(pid, pid).unwrap_or_default();
+        // As it was when checked: a setuid exec between the check and the
+        // arming backs the instance out (checked again below).
+        let creds = procfs::creds(pid);
         if let Err(e) = crate::authz::check(&policy.caller, pid) {
             self.refuse(policy, pid, start, comm, &e);
             return;
@@ -483,6 +486,22 @@ impl Core {
         spec.pid = pid;
         spec.policy = Some(policy.id);
         match self.set_watchpoint(spec, policy.caller.uid) {
+            Ok((view, _))
+                if !policy.caller.privileged
+                    && (procfs::creds(pid) != creds || procfs::start_time(pid) != Some(start)) =>
+            {
+                let _ = self.remove_watchpoint(view.id);
+                self.refuse(
+                    policy,
+                    pid,
+                    start,
+                    comm,
+                    &WpdError::PermissionDenied {
+                        pid,
+                        detail: "its credentials changed while it was being armed".into(),
+                    },
+                );
+            }
             Ok((view, _)) => {
                 let now = crate::clock::monotonic_ns();
                 let mut st = policy.state.lock().unwrap();

@@ -167,15 +167,27 @@ impl Service {
             status::to_status(&WpdError::InvalidArgument("spec is required".into()))
         })?;
         let spec = WatchSpec::try_from(asked.clone())?;
-        allow(&caller, spec.pid)?;
+        let checked = allow(&caller, spec.pid)?;
         let lease = spec.lease;
         if lease != 0 {
             self.leases.check(lease, caller.uid)?;
         }
         let core = self.core.clone();
         let uid = caller.uid;
-        let (view, took) =
-            blocking(move || core.set_watchpoint_with_id(spec, uid, id.map(WatchId))).await?;
+        let (view, took) = blocking(move || {
+            let was_attached = core.process_view(spec.pid).is_some();
+            let (view, took) = core.set_watchpoint_with_id(spec, uid, id.map(WatchId))?;
+            // Armed on the process that was checked, or backed out.
+            if let Err(e) = checked.unchanged() {
+                let _ = core.remove_watchpoint(view.id);
+                if !was_attached {
+                    let _ = core.detach(checked.pid);
+                }
+                return Err(e);
+            }
+            Ok((view, took))
+        })
+        .await?;
         if lease != 0 && !self.leases.add_watch(lease, view.id) {
             // The stream ended while the watchpoint was being armed.
             let (core, id) = (self.core.clone(), view.id);
@@ -359,9 +371,65 @@ impl Service {
     }
 }
 
-/// Checks that `caller` may act on `pid` (see `authz`).
-fn allow(caller: &Caller, pid: Pid) -> Result<(), Status> {
-    Ok(authz::check(caller, pid)?)
+/// Checks that `caller` may act on `pid` (see `authz`), noting what the
+/// process was (start time, credentials) before the check: an operation
+/// that attaches to it or reads it checks again afterwards
+/// ([`Checked::unchanged`]), since nothing ties the check to the process it
+/// then acts on (a setuid program executed in between).
+fn allow(caller: &Caller, pid: Pid) -> Result<Checked, Status> {
+    let checked = Checked {
+        pid,
+        privileged: caller.privileged,
+        start: crate::procfs::start_time(pid),
+        creds: crate::procfs::creds(pid),
+    };
+    authz::check(caller, pid)?;
+    fault_after_check();
+    Ok(checked)
+}
+
+/// A process as it was when a caller was allowed to act on it.
+#[derive(Debug)]
+struct Checked {
+    pid: Pid,
+    privileged: bool,
+    start: Option<u64>,
+    creds: Option<([u32; 3], [u32; 3], u64)>,
+}
+
+impl Checked {
+    /// Whether it is still the process that was checked, with the same
+    /// credentials (always, for a privileged caller).
+    fn unchanged(&self) -> Result<(), WpdError> {
+        if self.privileged
+            || (crate::procfs::start_time(self.pid) == self.start
+                && crate::procfs::creds(self.pid) == self.creds)
+        {
+            return Ok(());
+        }
+        Err(WpdError::PermissionDenied {
+            pid: self.pid,
+            detail: "the process changed identity or credentials (it executed a setuid or \
+                     setgid program, or exited) between the permission check and the \
+                     operation: nothing was kept"
+                .into(),
+        })
+    }
+}
+
+/// Fault injection for the tests of [`Checked`]: a pause after every
+/// permission check (`WPD_FAULT_AFTER_CHECK_MS`), as a slow machine might
+/// make one.
+fn fault_after_check() {
+    static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    if let Some(d) = DELAY.get_or_init(|| {
+        std::env::var("WPD_FAULT_AFTER_CHECK_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(std::time::Duration::from_millis)
+    }) {
+        std::thread::sleep(*d);
+    }
 }
 
 /// Runs a blocking core call off the async workers.
@@ -424,10 +492,16 @@ impl Watchpoints for Service {
         let r = req.into_inner();
         let pid = convert::pid(r.pid)?;
         let backend = convert::backend(r.backend)?;
-        allow(&caller, pid)?;
+        let checked = allow(&caller, pid)?;
         let core = self.core.clone();
         let (view, newly) = blocking(move || {
             let (_, newly) = core.attach(pid, backend, r.allow_init)?;
+            if let Err(e) = checked.unchanged() {
+                if newly {
+                    let _ = core.detach(pid);
+                }
+                return Err(e);
+            }
             core.process_view(pid)
                 .map(|v| (v, newly))
                 .ok_or(WpdError::ProcessExited(pid))
@@ -746,9 +820,15 @@ impl Watchpoints for Service {
         let r = req.into_inner();
         let pid = convert::pid(r.pid)?;
         let len = convert::read_length(r.address, r.length)?;
-        allow(&caller, pid)?;
+        let checked = allow(&caller, pid)?;
         let core = self.core.clone();
-        let (data, error) = blocking(move || core.read_memory(pid, r.address, len)).await?;
+        let (data, error) = blocking(move || {
+            let read = core.read_memory(pid, r.address, len)?;
+            // Bytes of a process that became another's are not shown.
+            checked.unchanged()?;
+            Ok(read)
+        })
+        .await?;
         Ok(Response::new(pb::ReadMemoryResponse {
             unreadable: (len - data.len()) as u32,
             data,
