@@ -211,6 +211,44 @@ pub enum Job {
     /// A thread was created or renamed: watchpoints on threads by name
     /// take it or let it go.
     Named(Pid, crate::model::Tid),
+    /// The backend can no longer watch the process as it was set up: the
+    /// attachment ends with `ProcessLost`, saying why.
+    Lose(Pid, LostBecause),
+}
+
+/// Why a backend can no longer watch a process ([`Job::Lose`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LostBecause {
+    /// The program installed a handler for the signal its stops send
+    /// (signal number).
+    SignalCaught(i32),
+    /// A thread of the program blocks the signal its stops send (signal
+    /// number, thread).
+    SignalBlocked(i32, crate::model::Tid),
+}
+
+impl std::fmt::Display for LostBecause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = |n: i32| {
+            nix::sys::signal::Signal::try_from(n)
+                .map_or_else(|_| format!("signal {n}"), |s| s.to_string())
+        };
+        match self {
+            LostBecause::SignalCaught(s) => write!(
+                f,
+                "the program installed a handler for {}, the signal wpd's stops on it send: its \
+                 own {} would be taken for stops; watch it again (another signal is chosen)",
+                name(*s),
+                name(*s)
+            ),
+            LostBecause::SignalBlocked(s, tid) => write!(
+                f,
+                "thread {tid} of the program blocks {}, the signal wpd's stops on it send: its \
+                 hits would be lost; watch it again (another signal is chosen)",
+                name(*s)
+            ),
+        }
+    }
 }
 
 /// Shared pointer to a watchpoint.

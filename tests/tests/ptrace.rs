@@ -865,3 +865,64 @@ async fn retained_slot_is_shown_and_reused() -> Result<()> {
         .await,
     )
 }
+
+/// The signal a process's signal stops use, from the listing ("signal SIGURG").
+async fn stop_signal(client: &mut Client, pid: i32) -> Result<i32> {
+    let list = rpc_ok(
+        "ListWatchpoints",
+        client.list_watchpoints(ListWatchpointsRequest { pid }),
+    )
+    .await?;
+    let stops = list
+        .processes
+        .iter()
+        .find(|p| p.pid == pid)
+        .map(|p| p.stops.clone())
+        .context("process not listed")?;
+    Ok(match stops.as_str() {
+        "signal SIGURG" => libc::SIGURG,
+        "signal SIGWINCH" => libc::SIGWINCH,
+        other => bail!("not signal stops: {other:?}"),
+    })
+}
+
+/// The signal of signal stops was chosen at attach as one the program neither catches nor
+/// blocks. A program that later installs a handler for it, or blocks it in a thread, would
+/// have its own signals swallowed or its hits lost without a word: the daemon notices within
+/// seconds and ends the attachment with `ProcessLost` saying why; the target runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_signal_the_program_later_catches_or_blocks_is_reported() -> Result<()> {
+    if !require_backend(PTRACE) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            for (cmd, said) in [("catch-sig", "handler"), ("block-sig", "blocks")] {
+                let mut target = TargetProc::start(&["--threads", "2"]).await?;
+                let pid = target.pid;
+                let mut events = EventStream::for_pid(&mut client, pid).await?;
+                set_ptrace(&mut client, &target, 0, HitAction::Log).await?;
+                let sig = stop_signal(&mut client, pid).await?;
+                let answer = target.cmd(&format!("{cmd} {sig}")).await?;
+                ensure!(answer.ends_with(&sig.to_string()), "{cmd}: {answer}");
+                let lost = events
+                    .wait_for(Duration::from_secs(10), "ProcessLost", |ev| {
+                        Ok(match ev {
+                            Event::ProcessLost(l) if l.pid == pid => Some(l.clone()),
+                            _ => None,
+                        })
+                    })
+                    .await?;
+                ensure!(
+                    lost.reason.contains(said) && lost.reason.contains("another signal"),
+                    "{cmd}: {lost:?}"
+                );
+                target.ensure_alive()?;
+            }
+            Ok(())
+        }
+        .await,
+    )
+}

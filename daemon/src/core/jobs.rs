@@ -32,6 +32,15 @@ impl Core {
             for job in jobs {
                 match job {
                     Job::CheckLost(pid) => self.check_lost(pid),
+                    Job::Lose(pid, reason) => {
+                        let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
+                            continue;
+                        };
+                        let op = proc.lock_op();
+                        if !proc.is_gone() {
+                            self.lose_locked(&op, reason.to_string());
+                        }
+                    }
                     Job::Named(pid, tid) => {
                         let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
                             continue;

@@ -32,6 +32,8 @@
 //! | `stop-workers`   | every worker (initial and spawned) exits and is joined        | `STOPPED remaining=K`     |
 //! | `ping`           | nothing                                                       | `PONG counter=C threads=K`|
 //! | `usr1count`      | nothing                                                       | `USR1 N`                  |
+//! | `catch-sig N`    | installs a handler (counting, like SIGUSR1's) for signal N    | `CAUGHT N`                |
+//! | `block-sig N`    | the commanding thread blocks signal N                          | `BLOCKED N`               |
 //! | `bench-writes I N` | the main thread stores to `VARS[I]` N times, timed          | `BENCH ns=T`              |
 //! | `hammer I T MS`  | T new threads store to `VARS[I]` in a tight loop for MS ms, then exit; joined | `HAMMER stores=S ns=T` |
 //! | `churn-start`    | (`--churn`) the creators start churning                       | `CHURNING creators=N`     |
@@ -479,6 +481,36 @@ impl State {
             },
             ["ping"] => format!("PONG counter={} threads={}", VARS[0].load(), task_count()),
             ["usr1count"] => format!("USR1 {}", USR1_COUNT.load(Ordering::SeqCst)),
+            ["catch-sig", n] => match n.parse::<libc::c_int>() {
+                // SAFETY: as in `install_usr1_handler`: the handler only
+                // touches an atomic.
+                Ok(n) => unsafe {
+                    let mut sa: libc::sigaction = std::mem::zeroed();
+                    sa.sa_sigaction = on_usr1 as extern "C" fn(libc::c_int) as libc::sighandler_t;
+                    sa.sa_flags = libc::SA_RESTART;
+                    libc::sigemptyset(&mut sa.sa_mask);
+                    if libc::sigaction(n, &sa, std::ptr::null_mut()) == 0 {
+                        format!("CAUGHT {n}")
+                    } else {
+                        format!("ERR sigaction: {}", io::Error::last_os_error())
+                    }
+                },
+                Err(_) => "ERR usage: catch-sig <signal number>".to_string(),
+            },
+            ["block-sig", n] => match n.parse::<libc::c_int>() {
+                // SAFETY: changes only this thread's signal mask.
+                Ok(n) => unsafe {
+                    let mut set: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut set);
+                    libc::sigaddset(&mut set, n);
+                    if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) == 0 {
+                        format!("BLOCKED {n}")
+                    } else {
+                        "ERR pthread_sigmask".to_string()
+                    }
+                },
+                Err(_) => "ERR usage: block-sig <signal number>".to_string(),
+            },
             ["exec", n] => match n.parse::<usize>() {
                 Ok(n) => {
                     use std::os::unix::process::CommandExt;

@@ -225,9 +225,55 @@ impl PtraceEngine {
     }
 }
 
+/// How often the signal of each process's signal stops is checked.
+const SIGNAL_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The `wpd-sigcheck` thread: the signal a process's signal stops use was
+/// chosen at attach as one it neither catches nor blocks; a program that
+/// later installs a handler for it or blocks it in a thread would have its
+/// own signals swallowed or its hits lost without a word. Every
+/// [`SIGNAL_CHECK`] each such process is looked at, and one that no longer
+/// fits loses its attachment (`ProcessLost`, with the reason).
+fn signal_check_loop(engine: Weak<PtraceEngine>) {
+    let mut reported: std::collections::HashSet<(Pid, u64)> = Default::default();
+    loop {
+        std::thread::sleep(SIGNAL_CHECK);
+        let Some(engine) = engine.upgrade() else {
+            return;
+        };
+        let Ok(host) = engine.host() else {
+            return;
+        };
+        for (pid, sig) in signal_bp::with_signal_stops() {
+            let start = crate::procfs::start_time(pid).unwrap_or(0);
+            if reported.contains(&(pid, start)) {
+                continue;
+            }
+            if let Err(reason) = signal_bp::still_fits(pid, sig) {
+                tracing::warn!(pid, %reason, "signal stops no longer fit the process");
+                reported.insert((pid, start));
+                host.schedule(crate::state::Job::Lose(pid, reason));
+            }
+        }
+        if reported.len() > 4096 {
+            reported.clear();
+        }
+    }
+}
+
 impl Backend for PtraceEngine {
     fn kind(&self) -> BackendKind {
         BackendKind::Ptrace
+    }
+
+    fn start(self: Arc<Self>) {
+        let me = Arc::downgrade(&self);
+        let _ = std::thread::Builder::new()
+            .name("wpd-sigcheck".into())
+            .spawn(move || {
+                crate::sched::thread_started();
+                signal_check_loop(me)
+            });
     }
 
     fn features(&self) -> Features {

@@ -175,6 +175,53 @@ pub fn choose_signal(pid: Pid) -> Result<Signal, NoSignalStops> {
         .ok_or(none(caught, ignored, blocked))
 }
 
+/// Why the signal `sig` no longer fits `pid`'s signal stops, if it does
+/// not: the program now catches it (a handler installed after the attach:
+/// its own signals of that kind coalesce with the stops' and are
+/// swallowed), or one of its threads blocks it (that thread's hits stop
+/// nobody and are lost). A thread blocks it only if it does in three looks
+/// 2 ms apart (`pthread_create` blocks every signal for a moment).
+pub fn still_fits(pid: Pid, sig: Signal) -> Result<(), crate::state::LostBecause> {
+    use crate::state::LostBecause;
+    let Some(st) = procfs::Status::of(pid) else {
+        return Ok(()); // gone: its exit is handled elsewhere
+    };
+    if st.mask("SigCgt").is_some_and(|m| m & bit(sig) != 0) {
+        return Err(LostBecause::SignalCaught(sig as i32));
+    }
+    let mut blocked: Option<Vec<Tid>> = None;
+    for look in 0..3 {
+        if look > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let now: Vec<Tid> = procfs::tasks(pid)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|&t| {
+                has_run(pid, t)
+                    && procfs::Status::of_task(pid, t)
+                        .and_then(|s| s.mask("SigBlk"))
+                        .is_some_and(|m| m & bit(sig) != 0)
+            })
+            .collect();
+        let b = match blocked {
+            None => now,
+            Some(prev) => prev.into_iter().filter(|t| now.contains(t)).collect(),
+        };
+        if b.is_empty() {
+            return Ok(());
+        }
+        blocked = Some(b);
+    }
+    let tid = blocked.unwrap_or_default().first().copied().unwrap_or(0);
+    Err(LostBecause::SignalBlocked(sig as i32, tid))
+}
+
+/// Processes with signal stops now, with their signal.
+pub fn with_signal_stops() -> Vec<(Pid, Signal)> {
+    MODES.iter().map(|e| (*e.key(), e.value().signal)).collect()
+}
+
 /// True once `tid` has been on a CPU (`/proc/PID/task/TID/schedstat`: its
 /// first field is the time it has run, in ns).
 fn has_run(pid: Pid, tid: Tid) -> bool {
