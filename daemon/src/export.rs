@@ -29,7 +29,7 @@ use prost::Message;
 use wpd_proto::v1 as pb;
 use wpd_proto::v1::stream_events_response::Event as E;
 
-use crate::journal::{From, Item, Journal};
+use crate::journal::{Item, Journal, Start};
 
 /// Publishes waiting for their acknowledgement at most.
 pub const WINDOW: usize = 1024;
@@ -216,7 +216,7 @@ async fn run(
     tracing::info!(url = %cfg.url, stream = %cfg.stream, "export: connected");
     let host = token(&cfg.host);
     let mut acked = stats.acked_seq.load(Ordering::Relaxed);
-    let mut reader = journal.reader(From::AfterSeq(acked));
+    let mut reader = journal.reader(Start::AfterSeq(acked));
     let mut progress = journal.progress();
     let mut inflight: VecDeque<(u64, jetstream::context::PublishAckFuture)> = VecDeque::new();
     let mut last_saved = acked;

@@ -586,8 +586,8 @@ impl Watchpoints for Service {
             allow(&caller, r.pid)?;
         }
         let from = match (r.after_seq, r.since_time_ns) {
-            (Some(a), _) => Some(crate::journal::From::AfterSeq(a)),
-            (None, Some(t)) => Some(crate::journal::From::SinceTime(t)),
+            (Some(a), _) => Some(crate::journal::Start::AfterSeq(a)),
+            (None, Some(t)) => Some(crate::journal::Start::SinceTime(t)),
             (None, None) => None,
         };
         let journal = match from {

@@ -1,0 +1,99 @@
+//! The journal at start: its identity (`id`), and its newest segment
+//! checked and its torn or damaged tail cut off.
+
+use std::fs::OpenOptions;
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::Path;
+
+use super::segment::{self, SegmentFile, Stop};
+
+/// State recovered from disk at start.
+#[derive(Debug)]
+pub(super) struct Recovered {
+    pub(super) segments: Vec<SegmentFile>,
+    /// Last valid sequence number (0: none ever).
+    pub(super) last_seq: u64,
+    /// Bytes of every segment after the cut.
+    pub(super) bytes: u64,
+    pub(super) torn: bool,
+}
+
+/// A journal identity: a UUID's characters.
+fn is_id(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+}
+
+/// The identity kept in `dir/id`, made (a random UUID) the first time.
+pub(super) fn journal_id(dir: &Path) -> io::Result<String> {
+    let path = dir.join("id");
+    match crate::statedir::read(&path, 4096) {
+        Ok(Some(b)) => match String::from_utf8(b) {
+            Ok(s) if is_id(s.trim()) => return Ok(s.trim().to_string()),
+            _ => tracing::warn!(
+                file = %path.display(),
+                "journal: its identity is damaged; it gets a new one (an export starts over)"
+            ),
+        },
+        Ok(None) => {}
+        Err(e) => return Err(e),
+    }
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/uuid")?
+        .trim()
+        .to_string();
+    crate::statedir::replace(&path, format!("{id}\n").as_bytes())?;
+    Ok(id)
+}
+
+pub(super) fn recover(dir: &Path) -> io::Result<Recovered> {
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(crate::statedir::DIR_MODE)
+            .create(dir)?;
+    }
+    let mut segments = segment::list(dir)?;
+    let mut torn = false;
+    let mut last_seq = 0;
+    // Newest first: the newest segment with a valid record gives the last
+    // sequence number; a segment with none is dropped (a crash right after
+    // it was created, or one damaged from its first record).
+    while let Some(newest) = segments.last() {
+        let s = segment::scan(&newest.path)?;
+        if s.stop != Stop::End {
+            torn = true;
+            tracing::warn!(
+                segment = %newest.path.display(),
+                valid = s.valid_len,
+                cut = s.file_len - s.valid_len,
+                "journal: a torn or damaged tail was cut off"
+            );
+        }
+        match s.last_seq {
+            Some(last) => {
+                if s.valid_len < s.file_len {
+                    let f = crate::statedir::open(&newest.path, OpenOptions::new().write(true))?;
+                    f.set_len(s.valid_len)?;
+                    f.sync_all()?;
+                }
+                last_seq = last;
+                break;
+            }
+            None => {
+                last_seq = newest.first_seq.saturating_sub(1);
+                std::fs::remove_file(&newest.path)?;
+                segments.pop();
+            }
+        }
+    }
+    let mut bytes = 0;
+    for s in &segments {
+        bytes += std::fs::metadata(&s.path)?.len();
+    }
+    Ok(Recovered {
+        segments,
+        last_seq,
+        bytes,
+        torn,
+    })
+}

@@ -1,0 +1,233 @@
+//! The journal end to end in one process: restarts, torn tails, retention,
+//! reading by time, group commit.
+
+use super::*;
+use crate::events::EventKind;
+use crate::journal::segment::Record;
+use std::time::Instant;
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "wpd-journal-{tag}-{}-{}",
+        std::process::id(),
+        crate::clock::monotonic_ns()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Payload: the thread id of a ThreadExited event, as text.
+fn encoder() -> Encoder {
+    Arc::new(|e: &Event, buf: &mut Vec<u8>| {
+        if let EventKind::ThreadExited { tid, .. } = e.kind {
+            buf.extend_from_slice(tid.to_string().as_bytes());
+        }
+    })
+}
+
+fn publish(bus: &EventBus, tids: std::ops::Range<i32>) {
+    for tid in tids {
+        bus.publish(EventKind::ThreadExited { pid: 1, tid });
+    }
+}
+
+fn cfg(dir: &Path) -> Config {
+    let mut c = Config::new(dir.to_path_buf());
+    c.fsync_interval = Duration::from_millis(5);
+    c
+}
+
+fn wait_written(j: &Journal, seq: u64) {
+    let t = Instant::now();
+    while j.written_seq() < seq {
+        assert!(t.elapsed() < Duration::from_secs(10), "writer stuck");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Every item from `from`, as (seq or gap) strings.
+fn read_all(j: &Arc<Journal>, from: Start) -> Vec<String> {
+    let mut r = j.reader(from);
+    let mut out = Vec::new();
+    loop {
+        let b = r.next_batch(7, u64::MAX).unwrap();
+        if b.is_empty() {
+            return out;
+        }
+        for i in b {
+            out.push(match i {
+                Item::Event(r) => {
+                    format!("{}={}", r.seq, String::from_utf8(r.payload).unwrap())
+                }
+                Item::Gap { first, last } => format!("gap {first}-{last}"),
+            });
+        }
+    }
+}
+
+#[test]
+fn numbering_continues_across_restarts_and_every_event_reads_back() {
+    let dir = tmp("restart");
+    let bus = EventBus::new(1 << 10);
+    let j = Journal::start(cfg(&dir), &bus, encoder()).unwrap();
+    publish(&bus, 0..100);
+    wait_written(&j, 100);
+    j.shutdown();
+    assert_eq!(j.figures().durable_seq, 100, "synced at shutdown");
+
+    let bus = EventBus::new(1 << 10);
+    let j = Journal::start(cfg(&dir), &bus, encoder()).unwrap();
+    assert_eq!(bus.head(), 100);
+    publish(&bus, 100..150);
+    wait_written(&j, 150);
+    let all = read_all(&j, Start::AfterSeq(0));
+    assert_eq!(all.len(), 150);
+    for (i, line) in all.iter().enumerate() {
+        assert_eq!(line, &format!("{}={}", i + 1, i));
+    }
+    assert_eq!(
+        read_all(&j, Start::AfterSeq(148)),
+        vec!["149=148", "150=149"]
+    );
+    assert!(read_all(&j, Start::AfterSeq(150)).is_empty());
+    j.shutdown();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_torn_tail_is_cut_and_never_read() {
+    let dir = tmp("torn");
+    let bus = EventBus::new(1 << 10);
+    let j = Journal::start(cfg(&dir), &bus, encoder()).unwrap();
+    publish(&bus, 0..10);
+    wait_written(&j, 10);
+    j.shutdown();
+    drop(bus);
+    // A crash in the middle of a batch: the last record half written,
+    // then garbage after it.
+    let seg = segment::list(&dir).unwrap().pop().unwrap().path;
+    let mut b = std::fs::read(&seg).unwrap();
+    let n = b.len();
+    b.truncate(n - 3);
+    b.extend_from_slice(b"\x07garbage");
+    std::fs::write(&seg, &b).unwrap();
+
+    let bus = EventBus::new(1 << 10);
+    let j = Journal::start(cfg(&dir), &bus, encoder()).unwrap();
+    assert_eq!(j.figures().torn, 1);
+    assert_eq!(
+        bus.head(),
+        9,
+        "numbering goes on after the last whole event"
+    );
+    publish(&bus, 100..102);
+    wait_written(&j, 11);
+    let all = read_all(&j, Start::AfterSeq(0));
+    let want: Vec<String> = (1..=9)
+        .map(|s| format!("{s}={}", s - 1))
+        .chain(["10=100".into(), "11=101".into()])
+        .collect();
+    assert_eq!(all, want);
+    j.shutdown();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn retention_deletes_the_oldest_segments_and_readers_see_the_gap() {
+    let dir = tmp("retention");
+    let bus = EventBus::new(1 << 12);
+    let mut c = cfg(&dir);
+    c.segment_bytes = 1000;
+    c.max_bytes = 3000;
+    let j = Journal::start(c, &bus, encoder()).unwrap();
+    let mut reader = j.reader(Start::AfterSeq(0));
+    let first = reader.next_batch(1000, u64::MAX).unwrap();
+    assert!(first.is_empty());
+    publish(&bus, 0..1000);
+    wait_written(&j, 1000);
+    let f = j.figures();
+    assert!(f.bytes <= 3000 + 1000, "{f:?}");
+    assert!(f.retired > 0, "{f:?}");
+    let segs = segment::list(&dir).unwrap();
+    assert_eq!(segs.len() as u64, f.segments);
+    let oldest = segs[0].first_seq;
+    assert_eq!(f.retired, oldest - 1, "every deleted event counted");
+    let all = read_all(&j, Start::AfterSeq(0));
+    assert_eq!(all[0], format!("gap 1-{}", oldest - 1));
+    assert_eq!(all.len() as u64, 1 + 1000 - (oldest - 1));
+    assert_eq!(all.last().unwrap(), "1000=999");
+    j.shutdown();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn reading_by_time_and_following_the_writer() {
+    let dir = tmp("time");
+    let bus = EventBus::new(1 << 10);
+    let mut c = cfg(&dir);
+    c.segment_bytes = 400;
+    let j = Journal::start(c, &bus, encoder()).unwrap();
+    publish(&bus, 0..40);
+    wait_written(&j, 40);
+    std::thread::sleep(Duration::from_millis(5));
+    let t = crate::clock::realtime_ns();
+    publish(&bus, 40..60);
+    wait_written(&j, 60);
+    let since = read_all(&j, Start::SinceTime(t));
+    assert_eq!(since.first().unwrap(), "41=40");
+    assert_eq!(since.len(), 20);
+
+    // Following: what is written after a read comes at the next one,
+    // and a batch stops at its limit.
+    let mut r = j.reader(Start::AfterSeq(55));
+    let b = r.next_batch(100, 58).unwrap();
+    assert_eq!(b.len(), 3);
+    assert_eq!(r.position(), Some(58));
+    assert_eq!(r.next_batch(100, u64::MAX).unwrap().len(), 2);
+    assert!(r.next_batch(100, u64::MAX).unwrap().is_empty());
+    publish(&bus, 60..65);
+    wait_written(&j, 65);
+    let b = r.next_batch(100, u64::MAX).unwrap();
+    assert_eq!(b.len(), 5);
+    assert_eq!(
+        b[0],
+        Item::Event(Record {
+            seq: 61,
+            time_ns: match &b[0] {
+                Item::Event(r) => r.time_ns,
+                _ => 0,
+            },
+            payload: b"60".to_vec()
+        })
+    );
+    j.shutdown();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_busy_bus_is_synced_within_the_interval_and_an_idle_one_too() {
+    let dir = tmp("sync");
+    let bus = EventBus::new(1 << 12);
+    let mut c = cfg(&dir);
+    c.fsync_interval = Duration::from_millis(20);
+    let j = Journal::start(c, &bus, encoder()).unwrap();
+    // Busy: events keep coming for 200 ms.
+    let t = Instant::now();
+    let mut tid = 0;
+    while t.elapsed() < Duration::from_millis(200) {
+        publish(&bus, tid..tid + 10);
+        tid += 10;
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let f = j.figures();
+    assert!(f.fsyncs >= 2, "synced while busy: {f:?}");
+    // Idle: the last events become durable without another event.
+    let last = bus.head();
+    let t = Instant::now();
+    while j.figures().durable_seq < last {
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", j.figures());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    j.shutdown();
+    std::fs::remove_dir_all(dir).unwrap();
+}
