@@ -18,6 +18,23 @@
 //! 4. At start the newest segment is checked record by record and a torn or
 //!    damaged tail is cut off (`torn`); numbering continues after the last
 //!    valid event.
+//! 5. A write that fails (a full disk, an I/O error) loses its events, and
+//!    only those: they are counted (`write_lost`, a gap readers report),
+//!    logged with the errno, and the segment is cut back to its last whole
+//!    record (`ftruncate` to the length written before), so that nothing
+//!    unreadable ever sits before good records; if even that fails, the
+//!    segment is left as it is and writing goes on in a new one. Every
+//!    later batch tries again: once the disk has room the journal goes on
+//!    by itself and says so in the log.
+//! 6. A failed `fdatasync` is never retried on the same file: Linux may
+//!    have dropped the dirty pages and marked them clean, so a later sync
+//!    could succeed without writing them. The events written since the
+//!    last good sync are recorded as not durable (`unsynced`; they stay
+//!    readable while the machine runs), the segment is closed and writing
+//!    goes on in a new segment. `durable_seq` never moves at a failure; it
+//!    moves past the recorded range with the next successful sync, so every
+//!    event up to it is on stable storage or counted (`lagged`,
+//!    `write_lost`, `unsynced`).
 //!
 //! The payload of a record is opaque here: the RPC layer encodes events
 //! (`Encoder`) and decodes them when replaying.
@@ -57,6 +74,35 @@ pub struct Config {
     /// Fault injection for the replay tests: the writer waits this long
     /// after every write, as on a slow disk (`WPD_FAULT_JOURNAL_DELAY_MS`).
     pub write_delay: Duration,
+    /// Fault injection for the tests of write and sync failures.
+    pub faults: Arc<Faults>,
+}
+
+/// Failures the tests make the writer meet (none by default).
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// The next this many writes write half their bytes and fail with
+    /// `ENOSPC`, as on a full disk.
+    pub writes: AtomicU64,
+    /// The next this many `fdatasync` calls fail with `EIO`.
+    pub syncs: AtomicU64,
+}
+
+impl Faults {
+    fn take(n: &AtomicU64) -> bool {
+        n.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Whether this write is to fail.
+    fn take_write(&self) -> bool {
+        Self::take(&self.writes)
+    }
+
+    /// Whether this sync is to fail.
+    fn take_sync(&self) -> bool {
+        Self::take(&self.syncs)
+    }
 }
 
 impl Config {
@@ -72,6 +118,7 @@ impl Config {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .map_or(Duration::ZERO, Duration::from_millis),
+            faults: Arc::default(),
         }
     }
 }
@@ -101,6 +148,14 @@ pub struct Stats {
     pub torn: AtomicU64,
     /// Bytes encoded and written (records, headers included).
     pub written_bytes: AtomicU64,
+    /// Events lost to failed writes (a full disk, an I/O error): a gap in
+    /// the numbering, as `lagged`.
+    pub write_lost: AtomicU64,
+    /// Events written whose `fdatasync` failed: readable while the machine
+    /// runs, but a crash of the machine may take them.
+    pub unsynced: AtomicU64,
+    /// Failed writes, syncs and segment creations.
+    pub write_errors: AtomicU64,
 }
 
 /// A snapshot of [`Stats`].
@@ -126,6 +181,12 @@ pub struct Figures {
     pub fsync_max_us: u64,
     /// See [`Stats::torn`].
     pub torn: u64,
+    /// See [`Stats::write_lost`].
+    pub write_lost: u64,
+    /// See [`Stats::unsynced`].
+    pub unsynced: u64,
+    /// See [`Stats::write_errors`].
+    pub write_errors: u64,
 }
 
 /// What the writer publishes for readers: the segments, and how far the
@@ -240,6 +301,9 @@ impl Journal {
             fsync_us: l(&s.fsync_us),
             fsync_max_us: l(&s.fsync_max_us),
             torn: l(&s.torn),
+            write_lost: l(&s.write_lost),
+            unsynced: l(&s.unsynced),
+            write_errors: l(&s.write_errors),
         }
     }
 

@@ -231,3 +231,141 @@ fn a_busy_bus_is_synced_within_the_interval_and_an_idle_one_too() {
     j.shutdown();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Every item of the journal as (events, gaps), and checks that they cover
+/// 1..=last once each, in order.
+fn events_and_gaps(j: &Arc<Journal>, last: u64) -> (Vec<u64>, Vec<(u64, u64)>) {
+    let mut r = j.reader(Start::AfterSeq(0));
+    let (mut events, mut gaps) = (Vec::new(), Vec::new());
+    let mut next = 1;
+    loop {
+        let b = r.next_batch(100, u64::MAX).unwrap();
+        if b.is_empty() {
+            break;
+        }
+        for i in b {
+            match i {
+                Item::Event(rec) => {
+                    assert_eq!(rec.seq, next, "in order, each once");
+                    assert_eq!(
+                        String::from_utf8(rec.payload).unwrap(),
+                        (rec.seq - 1).to_string()
+                    );
+                    events.push(rec.seq);
+                    next = rec.seq + 1;
+                }
+                Item::Gap { first, last } => {
+                    assert_eq!(first, next, "a gap where the next event is due");
+                    gaps.push((first, last));
+                    next = last + 1;
+                }
+            }
+        }
+    }
+    assert_eq!(next, last + 1, "read through {last}");
+    (events, gaps)
+}
+
+fn gap_total(gaps: &[(u64, u64)]) -> u64 {
+    gaps.iter().map(|(a, b)| b - a + 1).sum()
+}
+
+/// Publishes `tids` one at a time, each written before the next.
+fn publish_each(bus: &EventBus, j: &Journal, tids: std::ops::Range<i32>) {
+    for tid in tids {
+        publish(bus, tid..tid + 1);
+        wait_written(j, bus.head());
+    }
+}
+
+#[test]
+fn a_failed_write_is_counted_cut_back_and_what_follows_reads_back() {
+    let dir = tmp("write-fault");
+    let bus = EventBus::new(1 << 10);
+    let c = cfg(&dir);
+    let faults = c.faults.clone();
+    let j = Journal::start(c, &bus, encoder()).unwrap();
+    publish_each(&bus, &j, 0..10);
+    // The next write puts half its bytes on disk and fails (ENOSPC).
+    faults.writes.store(1, Ordering::Relaxed);
+    publish_each(&bus, &j, 10..11);
+    publish_each(&bus, &j, 11..20);
+    let f = j.figures();
+    assert_eq!((f.write_lost, f.write_errors), (1, 1), "{f:?}");
+    assert_eq!(f.written_seq, 20);
+    let (events, gaps) = events_and_gaps(&j, 20);
+    assert_eq!(gaps, vec![(11, 11)], "the lost event, nothing else");
+    assert_eq!(events.len(), 19);
+    // No garbage left in the segment: a scan finds every record.
+    j.shutdown();
+    let seg = segment::list(&dir).unwrap().pop().unwrap();
+    let s = segment::scan(&seg.path).unwrap();
+    assert_eq!((s.records, s.stop), (19, segment::Stop::End), "{s:?}");
+    assert_eq!(j.figures().durable_seq, 20);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_failed_segment_creation_loses_only_its_batch_and_the_next_write_retries() {
+    let dir = tmp("create-fault");
+    let bus = EventBus::new(1 << 10);
+    let mut c = cfg(&dir);
+    c.segment_bytes = 200;
+    let faults = c.faults.clone();
+    let j = Journal::start(c, &bus, encoder()).unwrap();
+    publish_each(&bus, &j, 0..3);
+    // Rotation: the new segment cannot be made, then its first write fails
+    // too; the third try works.
+    faults.writes.store(2, Ordering::Relaxed);
+    publish_each(&bus, &j, 3..40);
+    let f = j.figures();
+    assert!(f.write_lost >= 1 && f.write_errors >= 2, "{f:?}");
+    let (events, gaps) = events_and_gaps(&j, 40);
+    assert_eq!(gap_total(&gaps), f.write_lost, "{gaps:?}");
+    assert_eq!(events.len() as u64, 40 - f.write_lost);
+    j.shutdown();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn after_a_failed_sync_nothing_unsynced_counts_as_durable() {
+    let dir = tmp("sync-fault");
+    let bus = EventBus::new(1 << 10);
+    let mut c = cfg(&dir);
+    c.fsync_interval = Duration::from_millis(1);
+    let faults = c.faults.clone();
+    let j = Journal::start(c, &bus, encoder()).unwrap();
+    publish_each(&bus, &j, 0..5);
+    let t = Instant::now();
+    while j.figures().durable_seq < 5 {
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", j.figures());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let segments_before = j.figures().segments;
+    faults.syncs.store(1, Ordering::Relaxed);
+    publish_each(&bus, &j, 5..8);
+    let t = Instant::now();
+    while j.figures().write_errors == 0 {
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", j.figures());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let f = j.figures();
+    // Events 6..=8 (in one or more syncs, the first failing): counted as
+    // not durable, and the durable position did not pass them.
+    assert!(f.unsynced >= 1, "{f:?}");
+    assert!(f.durable_seq < 8 || f.unsynced == 3, "{f:?}");
+    // Writing goes on in a new segment, which syncs.
+    publish_each(&bus, &j, 8..12);
+    let t = Instant::now();
+    while j.figures().durable_seq < 12 {
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", j.figures());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(j.figures().segments, segments_before + 1);
+    // Nothing lost to readers: every event is still there.
+    let (events, gaps) = events_and_gaps(&j, 12);
+    assert!(gaps.is_empty(), "{gaps:?}");
+    assert_eq!(events.len(), 12);
+    j.shutdown();
+    std::fs::remove_dir_all(dir).unwrap();
+}

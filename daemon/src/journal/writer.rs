@@ -30,7 +30,21 @@ pub(super) struct Writer {
     unsynced_since: Option<Instant>,
     buf: Vec<u8>,
     payload: Vec<u8>,
+    /// Sequence number of the last event written.
     last_written: u64,
+    /// Events written since the last `fdatasync`.
+    unsynced_events: u64,
+    /// Writing fails since then (None: it works).
+    failing: Option<Failing>,
+}
+
+/// A stretch of failed writes.
+struct Failing {
+    since: Instant,
+    /// Events lost since.
+    lost: u64,
+    /// Last logged.
+    logged: Instant,
 }
 
 /// Events or bytes in one write at most.
@@ -53,6 +67,8 @@ impl Writer {
             buf: Vec::with_capacity(1 << 20),
             payload: Vec::with_capacity(1024),
             last_written,
+            unsynced_events: 0,
+            failing: None,
         }
     }
 
@@ -61,8 +77,12 @@ impl Writer {
         // The segment is open from the start (named by the next number: its
         // first record can only be later), so the daemon's files do not
         // change with its first event.
-        if let Err(e) = self.open_segment(self.last_written + 1) {
-            tracing::error!(error = %e, "journal: cannot open a segment");
+        if let Err(e) = self.open_segment(self.last_written.saturating_add(1)) {
+            tracing::error!(
+                error = %e,
+                errno = e.raw_os_error().unwrap_or(0),
+                "journal: cannot open a segment; the first write tries again"
+            );
         }
         loop {
             let stopping = self.j.stop.load(Ordering::Acquire);
@@ -106,15 +126,8 @@ impl Writer {
                     _ => break,
                 }
             }
-            if let Err(e) = self.write(&mut batch) {
-                tracing::error!(error = %e, "journal: write failed; events are not journaled");
-                batch.clear();
-                self.buf.clear();
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            if let Err(e) = self.housekeeping() {
-                tracing::error!(error = %e, "journal: sync or rotation failed");
-            }
+            self.write(&mut batch);
+            self.housekeeping();
             // Not paced (as subscribers' streams are): tried, a 1 ms pause
             // between batches saved the publishers their futex wake-ups but
             // cost the writer 1.4x per event (633-666 -> 900-933 ns at
@@ -155,12 +168,8 @@ impl Writer {
     }
 
     fn finish(&mut self, batch: &mut Vec<Arc<Event>>) {
-        if let Err(e) = self.write(batch) {
-            tracing::error!(error = %e, "journal: last write failed");
-        }
-        if let Err(e) = self.sync() {
-            tracing::error!(error = %e, "journal: last sync failed");
-        }
+        self.write(batch);
+        self.sync();
         let mut w = self.j.written.lock().unwrap();
         w.stopped = true;
         drop(w);
@@ -168,67 +177,161 @@ impl Writer {
     }
 
     /// Encodes and writes `batch` (one `write` per segment it lands in).
-    fn write(&mut self, batch: &mut Vec<Arc<Event>>) -> io::Result<()> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let first = batch[0].seq;
-        if self.active.is_none() {
-            self.open_segment(first)?;
+    /// Never fails: what cannot be written is counted (`write_lost`) and
+    /// logged, and the next batch tries again.
+    fn write(&mut self, batch: &mut Vec<Arc<Event>>) {
+        let mut i = 0;
+        while i < batch.len() {
+            if self.active.is_none()
+                && let Err(e) = self.create_segment(batch[i].seq)
+            {
+                self.lose(&batch[i..], "creating a segment", &e);
+                break;
+            }
+            let (len, records) = {
+                let a = self.active.as_ref().expect("opened above");
+                (a.len, a.records)
+            };
+            self.buf.clear();
+            let start = i;
+            while i < batch.len() {
+                let ev = &batch[i];
+                self.payload.clear();
+                (self.encode)(ev, &mut self.payload);
+                let before = self.buf.len();
+                segment::encode_record(&mut self.buf, ev.seq, ev.time_ns, &self.payload);
+                // Rotation by size: a full segment is written out and
+                // closed before this record, which starts the next one.
+                if records + (i - start) as u64 > 0
+                    && len + self.buf.len() as u64 > self.j.cfg.segment_bytes
+                {
+                    self.buf.truncate(before);
+                    break;
+                }
+                i += 1;
+            }
+            if i > start
+                && let Err(e) = self.append(&batch[start..i])
+            {
+                self.lose(&batch[start..], "writing", &e);
+                break;
+            }
+            if i < batch.len() {
+                self.rotate(batch[i].seq);
+            }
         }
         self.buf.clear();
-        for ev in batch.iter() {
-            self.payload.clear();
-            (self.encode)(ev, &mut self.payload);
-            let before = self.buf.len();
-            segment::encode_record(&mut self.buf, ev.seq, ev.time_ns, &self.payload);
-            let a = self.active.as_ref().expect("opened above");
-            // Rotation by size: a full segment is written out and closed
-            // before this record, which starts the next one.
-            if a.records > 0 && a.len + self.buf.len() as u64 > self.j.cfg.segment_bytes {
-                let rec = self.buf.split_off(before);
-                self.append()?;
-                self.rotate(ev.seq)?;
-                self.buf = rec;
-            }
-            self.active.as_mut().expect("open").records += 1;
-            self.last_written = ev.seq;
-        }
-        self.append()?;
         batch.clear();
-        Ok(())
     }
 
-    /// Writes `buf` to the active segment and tells readers.
-    fn append(&mut self) -> io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
+    /// Writes `buf` (the records of `events`) to the active segment and
+    /// tells readers. On an error the segment is cut back to its last whole
+    /// record (or, if that fails too, closed: the next write starts a new
+    /// segment), so that nothing after a failed write is ever unreadable.
+    fn append(&mut self, events: &[Arc<Event>]) -> io::Result<()> {
         let a = self.active.as_mut().expect("open");
-        a.file.write_all(&self.buf)?;
+        let fault = self.j.cfg.faults.take_write();
+        let r = match fault {
+            // As a full disk does: part of the bytes written, then ENOSPC.
+            true => a
+                .file
+                .write_all(&self.buf[..self.buf.len() / 2])
+                .and(Err(io::Error::from_raw_os_error(libc::ENOSPC))),
+            false => a.file.write_all(&self.buf),
+        };
+        if let Err(e) = r {
+            if let Err(cut) = a.file.set_len(a.len) {
+                tracing::error!(
+                    error = %cut,
+                    errno = cut.raw_os_error().unwrap_or(0),
+                    "journal: a failed write cannot be cut back; the segment is closed"
+                );
+                // What it holds before the damage is synced (or counted)
+                // before it is left.
+                self.sync();
+                self.abandon();
+            }
+            return Err(e);
+        }
+        let last = events.last().map_or(self.last_written, |e| e.seq);
         a.len += self.buf.len() as u64;
+        a.records += events.len() as u64;
+        self.unsynced_events += events.len() as u64;
+        self.last_written = last;
         let s = &self.j.stats;
         s.bytes.fetch_add(self.buf.len() as u64, Ordering::Relaxed);
         s.written_bytes
             .fetch_add(self.buf.len() as u64, Ordering::Relaxed);
-        s.written_seq.store(self.last_written, Ordering::Relaxed);
+        s.written_seq.store(last, Ordering::Relaxed);
         {
             let mut w = self.j.written.lock().unwrap();
             w.tail_len = a.len;
-            w.seq = self.last_written;
+            w.seq = w.seq.max(last);
         }
-        self.j.progress.send_replace(self.last_written);
+        self.j.progress.send_replace(last);
         self.unsynced_since.get_or_insert_with(Instant::now);
-        self.buf.clear();
+        if let Some(f) = self.failing.take() {
+            tracing::info!(
+                after = ?f.since.elapsed(),
+                events_lost = f.lost,
+                "journal: writing works again; the events lost meanwhile are a gap"
+            );
+        }
         if !self.j.cfg.write_delay.is_zero() {
             std::thread::sleep(self.j.cfg.write_delay);
         }
         Ok(())
     }
 
+    /// Counts `events` as lost to a failed `what`, logs it (the first
+    /// failure, then every few seconds while it lasts), and lets readers
+    /// waiting for them go on: they will never be written.
+    fn lose(&mut self, events: &[Arc<Event>], what: &str, e: &io::Error) {
+        let n = events.len() as u64;
+        let s = &self.j.stats;
+        s.write_lost.fetch_add(n, Ordering::Relaxed);
+        s.write_errors.fetch_add(1, Ordering::Relaxed);
+        let errno = e.raw_os_error().unwrap_or(0);
+        match &mut self.failing {
+            None => {
+                tracing::error!(
+                    error = %e,
+                    errno,
+                    events = n,
+                    "journal: {what} failed; events are counted lost (journal_write_lost) until a \
+                     write succeeds"
+                );
+                self.failing = Some(Failing {
+                    since: Instant::now(),
+                    lost: n,
+                    logged: Instant::now(),
+                });
+            }
+            Some(f) => {
+                f.lost += n;
+                if f.logged.elapsed() >= Duration::from_secs(10) {
+                    f.logged = Instant::now();
+                    tracing::error!(
+                        error = %e,
+                        errno,
+                        events_lost = f.lost,
+                        since = ?f.since.elapsed(),
+                        "journal: {what} still fails"
+                    );
+                }
+            }
+        }
+        if let Some(last) = events.last().map(|e| e.seq) {
+            let mut w = self.j.written.lock().unwrap();
+            w.seq = w.seq.max(last);
+            drop(w);
+            self.j.progress.send_replace(last);
+        }
+    }
+
+    /// Opens the newest segment left by the last run to append to, unless
+    /// it is full (at start only: later segments are always new).
     fn open_segment(&mut self, first_seq: u64) -> io::Result<()> {
-        // Append to the newest segment left by the last run, unless it is
-        // full.
         let reuse = {
             let w = self.j.written.lock().unwrap();
             w.segments.last().cloned()
@@ -251,11 +354,25 @@ impl Writer {
 
     fn create_segment(&mut self, first_seq: u64) -> io::Result<()> {
         let path = self.j.cfg.dir.join(segment::file_name(first_seq));
-        let mut file =
-            crate::statedir::open(&path, OpenOptions::new().create_new(true).append(true))?;
-        file.write_all(&segment::header(first_seq))?;
-        // The new name must survive a crash too.
-        File::open(&self.j.cfg.dir)?.sync_all()?;
+        let made = (|| {
+            let mut file =
+                crate::statedir::open(&path, OpenOptions::new().create_new(true).append(true))?;
+            if self.j.cfg.faults.take_write() {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            file.write_all(&segment::header(first_seq))?;
+            // The new name must survive a crash too.
+            File::open(&self.j.cfg.dir)?.sync_all()?;
+            Ok(file)
+        })();
+        let file = match made {
+            Ok(f) => f,
+            Err(e) => {
+                // Not left half made (a header cut short by a full disk).
+                let _ = std::fs::remove_file(&path);
+                return Err(e);
+            }
+        };
         self.active = Some(Active {
             file,
             len: segment::HEADER_LEN,
@@ -271,50 +388,112 @@ impl Writer {
         Ok(())
     }
 
-    /// Closes the active segment (synced) and starts one at `next_seq`.
-    fn rotate(&mut self, next_seq: u64) -> io::Result<()> {
-        self.sync()?;
-        self.create_segment(next_seq)?;
-        self.retain()
+    /// Stops writing to the active segment (it stays, readable as it is);
+    /// one without a record is deleted, so that the next one may take its
+    /// name.
+    fn abandon(&mut self) {
+        let Some(a) = self.active.take() else {
+            return;
+        };
+        if a.records == 0 {
+            let mut w = self.j.written.lock().unwrap();
+            if let Some(s) = w.segments.pop() {
+                if std::fs::remove_file(&s.path).is_ok() {
+                    let st = &self.j.stats;
+                    st.segments.fetch_sub(1, Ordering::Relaxed);
+                    st.bytes.fetch_sub(
+                        a.len.min(st.bytes.load(Ordering::Relaxed)),
+                        Ordering::Relaxed,
+                    );
+                } else {
+                    w.segments.push(s);
+                }
+            }
+        }
     }
 
-    fn sync(&mut self) -> io::Result<()> {
-        if self.unsynced_since.is_none() {
-            return Ok(());
+    /// Closes the active segment (synced) and starts one at `next_seq`;
+    /// applies retention. If the new segment cannot be made, the next
+    /// write tries again.
+    fn rotate(&mut self, next_seq: u64) {
+        self.sync();
+        self.active = None;
+        if let Err(e) = self.create_segment(next_seq) {
+            tracing::error!(
+                error = %e,
+                errno = e.raw_os_error().unwrap_or(0),
+                "journal: cannot start a new segment; the next write tries again"
+            );
+            self.j.stats.write_errors.fetch_add(1, Ordering::Relaxed);
         }
-        if let Some(a) = &self.active {
-            let t = Instant::now();
-            a.file.sync_data()?;
-            let us = t.elapsed().as_micros() as u64;
-            let s = &self.j.stats;
-            s.fsyncs.fetch_add(1, Ordering::Relaxed);
-            s.fsync_us.fetch_add(us, Ordering::Relaxed);
-            s.fsync_max_us.fetch_max(us, Ordering::Relaxed);
+        if let Err(e) = self.retain() {
+            tracing::error!(error = %e, "journal: retention failed");
+        }
+    }
+
+    /// `fdatasync` of what was written since the last one. After a failure
+    /// the segment is never synced again (the kernel may have dropped the
+    /// pages and marked them clean: a later sync could succeed without
+    /// writing them): its unsynced events are counted (`unsynced`), it is
+    /// closed, and writing goes on in a new segment.
+    fn sync(&mut self) {
+        if self.unsynced_since.is_none() {
+            return;
+        }
+        let Some(a) = &self.active else {
+            self.unsynced_since = None;
+            return;
+        };
+        let t = Instant::now();
+        let r = match self.j.cfg.faults.take_sync() {
+            true => Err(io::Error::from_raw_os_error(libc::EIO)),
+            false => a.file.sync_data(),
+        };
+        let us = t.elapsed().as_micros() as u64;
+        let s = &self.j.stats;
+        s.fsyncs.fetch_add(1, Ordering::Relaxed);
+        s.fsync_us.fetch_add(us, Ordering::Relaxed);
+        s.fsync_max_us.fetch_max(us, Ordering::Relaxed);
+        match r {
+            Ok(()) => s.durable_seq.store(self.last_written, Ordering::Relaxed),
+            Err(e) => {
+                s.unsynced
+                    .fetch_add(self.unsynced_events, Ordering::Relaxed);
+                s.write_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    error = %e,
+                    errno = e.raw_os_error().unwrap_or(0),
+                    events = self.unsynced_events,
+                    after_seq = s.durable_seq.load(Ordering::Relaxed),
+                    through_seq = self.last_written,
+                    "journal: fdatasync failed; the events written since the last sync are not \
+                     durable (journal_unsynced): a crash of the machine may take them. The \
+                     segment is closed and writing goes on in a new one"
+                );
+                self.abandon();
+                // Counted: durable_seq may move past them with the next
+                // successful sync.
+            }
         }
         self.unsynced_since = None;
-        self.j
-            .stats
-            .durable_seq
-            .store(self.last_written, Ordering::Relaxed);
-        Ok(())
+        self.unsynced_events = 0;
     }
 
-    /// Syncs when due, rotates an old segment, applies retention.
-    fn housekeeping(&mut self) -> io::Result<()> {
+    /// Syncs when due, rotates an old segment.
+    fn housekeeping(&mut self) {
         if self
             .unsynced_since
             .is_some_and(|t| t.elapsed() >= self.j.cfg.fsync_interval)
         {
-            self.sync()?;
+            self.sync();
         }
         if let Some(a) = &self.active
             && a.records > 0
             && a.opened.elapsed() >= self.j.cfg.segment_age
         {
-            let next = self.last_written + 1;
-            self.rotate(next)?;
+            let next = self.last_written.saturating_add(1);
+            self.rotate(next);
         }
-        Ok(())
     }
 
     /// Deletes the oldest closed segments while the journal is over its
@@ -342,11 +521,11 @@ impl Writer {
                 .fetch_sub(len.min(s.bytes.load(Ordering::Relaxed)), Ordering::Relaxed);
             s.segments.fetch_sub(1, Ordering::Relaxed);
             s.retired
-                .fetch_add(next_first - old.first_seq, Ordering::Relaxed);
+                .fetch_add(next_first.saturating_sub(old.first_seq), Ordering::Relaxed);
             self.j.written.lock().unwrap().segments.remove(0);
             tracing::info!(
                 segment = %old.path.display(),
-                events = next_first - old.first_seq,
+                events = next_first.saturating_sub(old.first_seq),
                 "journal: oldest segment deleted (retention)"
             );
         }

@@ -53,6 +53,19 @@ pub struct Persist {
     restoring: AtomicBool,
     /// What the last start could not set again, with the uid of who set it.
     not_restored: Mutex<Vec<(u32, pb::NotRestored)>>,
+    /// Held from taking the entries to writing them: writes happen one
+    /// at a time, in order, and a change undone after a failed write is
+    /// never carried by another.
+    writing: Mutex<()>,
+}
+
+/// A change a request is answered for only once it is on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// The entry just recorded: forgotten again if it cannot be written.
+    Added(u64),
+    /// The entry to remove: kept if the file without it cannot be written.
+    Removed(u64),
 }
 
 /// This boot's id.
@@ -127,6 +140,7 @@ impl Persist {
                 frozen: AtomicBool::new(false),
                 restoring: AtomicBool::new(saved.is_some()),
                 not_restored: Mutex::new(Vec::new()),
+                writing: Mutex::new(()),
             },
             saved,
         ))
@@ -213,6 +227,55 @@ impl Persist {
     /// Drops entries whose watchpoint or policy no longer exists
     /// (`exists`), then writes the file if anything changed. Blocking.
     pub fn sync(&self, exists: impl Fn(u64) -> bool, next_id: u64) -> io::Result<bool> {
+        let _writing = self.writing.lock().unwrap();
+        self.sync_locked(exists, next_id)
+    }
+
+    /// Writes `change` now (with whatever else changed): on a failure it
+    /// is undone in the saved entries (an added entry forgotten, a removed
+    /// one kept) before any other write can carry it, and the error
+    /// returned. While writing is off (shutdown, the last run's entries
+    /// being set again) nothing is written and the change stays.
+    /// Blocking.
+    pub fn commit(
+        &self,
+        change: Change,
+        exists: impl Fn(u64) -> bool,
+        next_id: u64,
+    ) -> io::Result<()> {
+        let _writing = self.writing.lock().unwrap();
+        let removed = match change {
+            Change::Removed(id) => {
+                let e = self.entries.lock().unwrap().remove(&id);
+                if e.is_some() {
+                    self.dirty.store(true, Ordering::Release);
+                }
+                e
+            }
+            Change::Added(_) => None,
+        };
+        if matches!(change, Change::Removed(_)) && removed.is_none() {
+            // Never saved (a lease's): nothing to write for it.
+            return Ok(());
+        }
+        let r = self.sync_locked(exists, next_id);
+        if r.is_err() {
+            let mut entries = self.entries.lock().unwrap();
+            match change {
+                Change::Added(id) => {
+                    entries.remove(&id);
+                }
+                Change::Removed(id) => {
+                    if let Some(e) = removed {
+                        entries.insert(id, e);
+                    }
+                }
+            }
+        }
+        r.map(|_| ())
+    }
+
+    fn sync_locked(&self, exists: impl Fn(u64) -> bool, next_id: u64) -> io::Result<bool> {
         if self.frozen.load(Ordering::Acquire) || self.restoring.load(Ordering::Acquire) {
             return Ok(false);
         }
@@ -315,6 +378,37 @@ mod tests {
         ));
         assert!(saved.entries[0].caller.as_ref().unwrap().privileged);
         assert_eq!(saved.next_id, 10);
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn a_change_that_cannot_be_written_is_undone() {
+        let d = dir();
+        let me = std::process::id() as i32;
+        let (p, _) = Persist::open(&d).unwrap();
+        let caller = Caller::privileged();
+        p.record_watchpoint(1, &caller, spec(me), me);
+        p.commit(Change::Added(1), |_| true, 10).unwrap();
+        // Writing fails from now on (the temporary file's name is taken by
+        // a directory), as on a full disk.
+        let tmp = d.join(format!("{FILE}.tmp"));
+        std::fs::create_dir(&tmp).unwrap();
+        p.record_watchpoint(2, &caller, spec(me), me);
+        assert!(p.commit(Change::Added(2), |_| true, 10).is_err());
+        assert_eq!(p.len(), 1, "the new entry is forgotten again");
+        assert!(p.commit(Change::Removed(1), |_| true, 10).is_err());
+        assert_eq!(p.len(), 1, "the removal is not made");
+        // A removal of something never saved writes nothing: it succeeds.
+        p.commit(Change::Removed(99), |_| true, 10).unwrap();
+        let (_, saved) = Persist::open(&d).unwrap();
+        let ids: Vec<u64> = saved.unwrap().entries.iter().map(|e| e.id).collect();
+        assert_eq!(ids, vec![1], "the file as before the failures");
+        // Room again: the removal goes through.
+        std::fs::remove_dir(&tmp).unwrap();
+        p.commit(Change::Removed(1), |_| true, 10).unwrap();
+        assert!(p.is_empty());
+        let (_, saved) = Persist::open(&d).unwrap();
+        assert!(saved.unwrap().entries.is_empty());
         std::fs::remove_dir_all(d).unwrap();
     }
 
