@@ -15,7 +15,10 @@
 //!    (`nats.cursor`). After an error (server gone, timeout) the exporter
 //!    waits, reconnects and publishes again from that position: JetStream
 //!    drops the repeats by their message id (`Nats-Msg-Id`: the journal's
-//!    identity and the sequence number) within its duplicate window.
+//!    identity and the sequence number) within its duplicate window. A
+//!    position read back that does not parse, names another journal or lies
+//!    beyond the journal's end starts the export over from the oldest event
+//!    (repeats rather than events never exported).
 
 use std::collections::VecDeque;
 use std::os::unix::fs::DirBuilderExt;
@@ -135,12 +138,50 @@ fn cursor_path(dir: &Path) -> PathBuf {
     dir.join("nats.cursor")
 }
 
-/// Reads the position: (journal id, last acknowledged seq).
+/// Reads the position: (journal id, last acknowledged seq). A file that
+/// does not parse is reported and counts as none.
 fn read_cursor(dir: &Path) -> Option<(String, u64)> {
-    let b = crate::statedir::read(&cursor_path(dir), 4096).ok()??;
-    let s = String::from_utf8(b).ok()?;
-    let (id, seq) = s.trim().split_once(' ')?;
-    Some((id.to_string(), seq.parse().ok()?))
+    let path = cursor_path(dir);
+    let b = match crate::statedir::read(&path, 4096) {
+        Ok(b) => b?,
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "export: position unreadable");
+            return None;
+        }
+    };
+    let parsed = String::from_utf8(b).ok().and_then(|s| {
+        let (id, seq) = s.trim().split_once(' ')?;
+        let seq: u64 = seq.parse().ok()?;
+        (!id.is_empty() && id.len() <= 64 && seq <= crate::journal::segment::MAX_SEQ)
+            .then(|| (id.to_string(), seq))
+    });
+    if parsed.is_none() {
+        tracing::warn!(
+            file = %path.display(),
+            "export: the position is damaged; the export starts over from the oldest event"
+        );
+    }
+    parsed
+}
+
+/// Where the export starts: the position kept, if it is this journal's
+/// and not beyond what the journal has written (damage, or a forged file:
+/// it would skip events never exported); else the oldest event.
+fn start_position(dir: &Path, journal_id: &str, written: u64) -> u64 {
+    match read_cursor(dir) {
+        Some((id, seq)) if id == journal_id && seq <= written => seq,
+        Some((id, seq)) if id == journal_id => {
+            tracing::warn!(
+                acked = seq,
+                written,
+                "export: the position kept is beyond the journal's end; the export starts over"
+            );
+            0
+        }
+        // Another journal's (the state directory was replaced): nothing
+        // here.
+        _ => 0,
+    }
 }
 
 fn write_cursor(dir: &Path, journal_id: &str, seq: u64) -> std::io::Result<()> {
@@ -158,12 +199,7 @@ pub fn start(cfg: Config, journal: Arc<Journal>, namer: Namer) -> std::io::Resul
             .create(&cfg.dir)?;
     }
     let stats = Arc::new(Stats::default());
-    // A position of another journal (the state directory was replaced)
-    // means nothing here: start from the oldest event on disk.
-    let from = match read_cursor(&cfg.dir) {
-        Some((id, seq)) if id == journal.id() => seq,
-        _ => 0,
-    };
+    let from = start_position(&cfg.dir, journal.id(), journal.written_seq());
     stats.acked_seq.store(from, Ordering::Relaxed);
     let s = stats.clone();
     tokio::spawn(async move {
@@ -338,6 +374,23 @@ mod tests {
         assert_eq!(read_cursor(&d), None);
         write_cursor(&d, "abc", 42).unwrap();
         assert_eq!(read_cursor(&d), Some(("abc".into(), 42)));
+        assert_eq!(start_position(&d, "abc", 50), 42);
+        assert_eq!(start_position(&d, "other", 50), 0, "another journal's");
+        assert_eq!(start_position(&d, "abc", 41), 0, "beyond the journal's end");
+        // Garbage of every kind: none, never a panic or a huge position.
+        for junk in [
+            &b"abc 18446744073709551615\n"[..],
+            b"abc -1",
+            b"abc",
+            b" 5",
+            b"\xff\xfe 3",
+            b"abc 1 2",
+            &[b'a'; 4096],
+        ] {
+            crate::statedir::replace(&cursor_path(&d), junk).unwrap();
+            assert_eq!(read_cursor(&d), None, "{junk:?}");
+            assert_eq!(start_position(&d, "abc", u64::MAX), 0);
+        }
         std::fs::remove_dir_all(d).unwrap();
     }
 }

@@ -2,7 +2,8 @@
 //! SIGKILL (a policy also covering processes started after the restart), a
 //! watchpoint whose process is gone reported (listed and published), a
 //! SIGTERM that removes everything from the targets but keeps the saved
-//! state, and a removed policy that does not come back.
+//! state, a removed policy that does not come back, and a forged saved
+//! state whose claimed rights are not trusted.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -295,4 +296,163 @@ async fn two_daemons_never_share_a_state_directory() -> Result<()> {
     }
     .await;
     first.finish(result)
+}
+
+/// The inode of a user namespace made with `unshare -U` and let die: a
+/// number that names no namespace now (and may name another later).
+fn dead_user_namespace() -> Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut child = std::process::Command::new("unshare")
+        .args(["-U", "sleep", "60"])
+        .spawn()
+        .context("unshare -U")?;
+    let path = format!("/proc/{}/ns/user", child.id());
+    // The child is in its namespace once its exec of sleep is done.
+    let own = std::fs::metadata("/proc/self/ns/user")?.ino();
+    let mut ino = own;
+    for _ in 0..500 {
+        ino = std::fs::metadata(&path).map(|m| m.ino()).unwrap_or(own);
+        if ino != own {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    ensure!(ino != own, "unshare -U made no namespace");
+    Ok(ino)
+}
+
+/// A saved policy on processes named `comm`, set by `caller`.
+fn forged_policy(id: u64, comm: &str, caller: SavedCaller) -> SavedEntry {
+    SavedEntry {
+        id,
+        caller: Some(caller),
+        set_at_ns: 1,
+        what: Some(saved_entry::What::Policy(SavedPolicy {
+            selector: Some(ProcessSelector {
+                comm: comm.into(),
+                ..Default::default()
+            }),
+            spec: Some(counter_spec(0)),
+        })),
+    }
+}
+
+/// Waits until policy `id` covers `pid` (Ok(true)) or refused it
+/// (Ok(false)).
+async fn covered(c: &mut Client, id: u64, pid: i32) -> Result<bool> {
+    poll_until(WAIT, &format!("policy {id} to judge {pid}"), async || {
+        let l = list(c).await?;
+        let p = l.policies.iter().find(|p| p.id == id);
+        Ok(match p {
+            Some(p) if p.instances.iter().any(|i| i.pid == pid) => Ok(true),
+            Some(p) if p.refusals.iter().any(|r| r.pid == pid) => Ok(false),
+            Some(p) => Err(format!("{p:?}")),
+            None => Err(format!("no policy {id}: {:?}", l.policies)),
+        })
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rights_read_back_are_not_trusted_after_a_restart() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let dir = unique_temp_dir("wpd-forged")?;
+    let state = dir.join("state");
+    let tag = std::process::id() % 100_000;
+    let (root_comm, forged_comm, ns_comm) = (
+        format!("wroot{tag}"),
+        format!("wforg{tag}"),
+        format!("wnsid{tag}"),
+    );
+    let dead_ns = dead_user_namespace()?;
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?;
+    const INIT_USERNS: u64 = 0xEFFF_FFFD;
+    let root = SavedCaller {
+        uid: 0,
+        gid: 0,
+        cap_prm: u64::MAX,
+        cap_eff: u64::MAX,
+        userns: INIT_USERNS,
+        privileged: true,
+    };
+    let saved = SavedState {
+        boot_id: boot_id.trim().into(),
+        entries: vec![
+            // Root of the initial namespace: provable, set again as it was.
+            forged_policy(5, &root_comm, root),
+            // A forged claim: uid 4242 "privileged" with every capability.
+            forged_policy(
+                6,
+                &forged_comm,
+                SavedCaller {
+                    uid: 4242,
+                    gid: 4242,
+                    ..root
+                },
+            ),
+            // Root of a namespace that is gone: its capabilities meant
+            // something only there.
+            forged_policy(
+                7,
+                &ns_comm,
+                SavedCaller {
+                    userns: dead_ns,
+                    privileged: false,
+                    ..root
+                },
+            ),
+            // Ids no daemon gives.
+            forged_policy(0, &root_comm, root),
+            forged_policy(u64::MAX, &root_comm, root),
+        ],
+        written_at_ns: 1,
+        next_id: u64::MAX,
+    };
+    std::fs::create_dir_all(&state)?;
+    std::fs::write(
+        state.join("watchpoints.pb"),
+        prost::Message::encode_to_vec(&saved),
+    )?;
+    let daemon = Daemon::start_with_state_dir(&state, &[]).await?;
+    let result = async {
+        let mut c = daemon.client().await?;
+        // Root processes under each name: only root's policy may watch one.
+        let forged_t = start_as(&dir, &forged_comm).await?;
+        let ns_t = start_as(&dir, &ns_comm).await?;
+        let mut root_t = start_as(&dir, &root_comm).await?;
+        ensure!(covered(&mut c, 5, root_t.pid).await?, "root's policy");
+        hits(&mut c, &mut root_t, 3).await?;
+        ensure!(
+            !covered(&mut c, 6, forged_t.pid).await?,
+            "a forged privileged uid 4242 watches a root process"
+        );
+        ensure!(
+            !covered(&mut c, 7, ns_t.pid).await?,
+            "root of a dead namespace watches a root process"
+        );
+        let l = list(&mut c).await?;
+        let mut bad: Vec<u64> = l.not_restored.iter().map(|n| n.saved_id).collect();
+        bad.sort_unstable();
+        ensure!(bad == vec![0, u64::MAX], "{:?}", l.not_restored);
+        ensure!(
+            l.not_restored
+                .iter()
+                .all(|n| n.reason.contains("out of range")),
+            "{:?}",
+            l.not_restored
+        );
+        // The next id goes on after the valid ones (the saved next id was
+        // out of range), and nothing overflows.
+        let fresh = watch(&mut c, root_t.pid).await?;
+        ensure!(fresh > 7 && fresh < 100, "next id {fresh}");
+        Ok(())
+    }
+    .await;
+    let result = daemon.finish(result);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }

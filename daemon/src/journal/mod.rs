@@ -17,7 +17,12 @@
 //!    larger than `max_bytes`, and their events counted (`retired`).
 //! 4. At start the newest segment is checked record by record and a torn or
 //!    damaged tail is cut off (`torn`); numbering continues after the last
-//!    valid event.
+//!    valid event. Damage before valid records is kept and skipped by
+//!    readers (never the records after it); a newest segment without one
+//!    valid record is set aside (`.damaged`); a journal numbered past
+//!    `recovery::SEQ_LIMIT` is refused. What is read back is hostile
+//!    (`segment`'s rules): a segment that is not one is a gap, never an
+//!    error that stops a replay.
 //! 5. A write that fails (a full disk, an I/O error) loses its events, and
 //!    only those: they are counted (`write_lost`, a gap readers report),
 //!    logged with the errno, and the segment is cut back to its last whole

@@ -94,14 +94,36 @@ impl Reader {
             if self.current.is_none() {
                 match self.open_next(&segments)? {
                     Opened::Yes => {}
-                    Opened::Gone => continue,
+                    Opened::Gone | Opened::Skipped => continue,
                     Opened::Nothing => break,
                 }
             }
             let (first, reader) = self.current.as_mut().expect("opened above");
             let first = *first;
             let newest = segments.last().map(|s| s.first_seq) == Some(first);
-            match reader.next(newest.then_some(tail_len))? {
+            // A segment's records end where the next segment's begin (what
+            // a damaged or forged older segment holds past that is not
+            // read: the newer one's numbering wins).
+            let next_first = segments
+                .iter()
+                .position(|s| s.first_seq == first)
+                .and_then(|i| segments.get(i + 1))
+                .map_or(u64::MAX, |s| s.first_seq);
+            let damaged = reader.damaged();
+            let got = reader.next(newest.then_some(tail_len))?;
+            if reader.damaged() > damaged {
+                tracing::warn!(
+                    segment = first,
+                    bytes = reader.damaged() - damaged,
+                    before_seq = reader.last_seq(),
+                    "journal: damaged bytes skipped; reading goes on after them"
+                );
+            }
+            match got {
+                Ok(rec) if rec.seq >= next_first => {
+                    self.current = None;
+                    self.finished = Some(first);
+                }
                 Ok(rec) if rec.seq > until => {
                     self.pending = Some(rec);
                     break;
@@ -113,7 +135,7 @@ impl Reader {
                         tracing::warn!(
                             segment = first,
                             after = reader.last_seq(),
-                            "journal: damaged record; the rest of the segment is skipped"
+                            "journal: a damaged tail ends the segment"
                         );
                     }
                     self.current = None;
@@ -128,12 +150,12 @@ impl Reader {
     fn open_next(&mut self, segments: &[SegmentFile]) -> io::Result<Opened> {
         let holding = |seq: u64| segments.iter().rposition(|s| s.first_seq <= seq);
         let mut i = match (self.last_seq, self.from) {
-            (Some(last), _) => holding(last + 1).unwrap_or(0),
-            (None, Start::AfterSeq(after)) => holding(after + 1).unwrap_or(0),
+            (Some(last), _) => holding(last.saturating_add(1)).unwrap_or(0),
+            (None, Start::AfterSeq(after)) => holding(after.saturating_add(1)).unwrap_or(0),
             (None, Start::SinceTime(t)) => {
                 let mut pick = 0;
                 for (i, s) in segments.iter().enumerate() {
-                    if let Ok(Some(first)) = segment::first_time(&s.path)
+                    if let Ok(Some(first)) = segment::first_time(&s.path, s.first_seq)
                         && first <= t
                     {
                         pick = i;
@@ -150,13 +172,19 @@ impl Reader {
         let Some(s) = segments.get(i) else {
             return Ok(Opened::Nothing);
         };
-        match SegmentReader::open(&s.path) {
+        match SegmentReader::open(&s.path, s.first_seq) {
             Ok(r) => {
                 self.current = Some((s.first_seq, r));
                 Ok(Opened::Yes)
             }
             // Deleted by retention since the listing: list again.
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Opened::Gone),
+            // Not a segment (a wrong header): its events are a gap.
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                tracing::warn!(error = %e, "journal: a segment is skipped");
+                self.finished = Some(s.first_seq);
+                Ok(Opened::Skipped)
+            }
             Err(e) => Err(e),
         }
     }
@@ -174,7 +202,7 @@ impl Reader {
             (None, Start::SinceTime(t)) if rec.time_ns < t => return,
             (None, Start::SinceTime(_)) => rec.seq - 1,
         };
-        if rec.seq > gap_after + 1 {
+        if rec.seq > gap_after.saturating_add(1) {
             out.push(Item::Gap {
                 first: gap_after + 1,
                 last: rec.seq - 1,
@@ -193,4 +221,6 @@ enum Opened {
     Gone,
     /// No segment holds anything after what was read.
     Nothing,
+    /// The segment is not readable (a wrong header): the next one.
+    Skipped,
 }

@@ -45,6 +45,12 @@ pub(super) fn journal_id(dir: &Path) -> io::Result<String> {
     Ok(id)
 }
 
+/// Largest last sequence number a journal is opened with: half of what a
+/// record may hold ([`segment::MAX_SEQ`]), centuries away for a real
+/// journal; a larger one is damage, refused before numbering goes on near
+/// the end of the range.
+pub(super) const SEQ_LIMIT: u64 = segment::MAX_SEQ / 2;
+
 pub(super) fn recover(dir: &Path) -> io::Result<Recovered> {
     if !dir.exists() {
         std::fs::DirBuilder::new()
@@ -56,17 +62,20 @@ pub(super) fn recover(dir: &Path) -> io::Result<Recovered> {
     let mut torn = false;
     let mut last_seq = 0;
     // Newest first: the newest segment with a valid record gives the last
-    // sequence number; a segment with none is dropped (a crash right after
-    // it was created, or one damaged from its first record).
+    // sequence number; one with none is dropped (a crash right after it was
+    // created), or set aside if it holds bytes (damaged from its header or
+    // its first record on: kept for a look, never read).
     while let Some(newest) = segments.last() {
-        let s = segment::scan(&newest.path)?;
-        if s.stop != Stop::End {
+        let s = segment::scan(&newest.path, newest.first_seq)?;
+        if s.stop != Stop::End || s.damaged > 0 {
             torn = true;
             tracing::warn!(
                 segment = %newest.path.display(),
                 valid = s.valid_len,
                 cut = s.file_len - s.valid_len,
-                "journal: a torn or damaged tail was cut off"
+                damaged_between_records = s.damaged,
+                "journal: a torn or damaged tail was cut off (damaged bytes between valid \
+                 records are kept and skipped by readers)"
             );
         }
         match s.last_seq {
@@ -81,10 +90,31 @@ pub(super) fn recover(dir: &Path) -> io::Result<Recovered> {
             }
             None => {
                 last_seq = newest.first_seq.saturating_sub(1);
-                std::fs::remove_file(&newest.path)?;
+                if s.file_len > segment::HEADER_LEN {
+                    let mut aside = newest.path.as_os_str().to_owned();
+                    aside.push(".damaged");
+                    tracing::warn!(
+                        segment = %newest.path.display(),
+                        kept_as = ?aside,
+                        "journal: a segment without one valid record is set aside"
+                    );
+                    std::fs::rename(&newest.path, &aside)?;
+                } else {
+                    std::fs::remove_file(&newest.path)?;
+                }
                 segments.pop();
             }
         }
+    }
+    if last_seq > SEQ_LIMIT {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "the journal in {} numbers its events up to {last_seq}, past any journal's \
+                 (at most {SEQ_LIMIT}): it is damaged or forged; move it aside to start a new one",
+                dir.display()
+            ),
+        ));
     }
     let mut bytes = 0;
     for s in &segments {

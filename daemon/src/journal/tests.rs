@@ -299,7 +299,7 @@ fn a_failed_write_is_counted_cut_back_and_what_follows_reads_back() {
     // No garbage left in the segment: a scan finds every record.
     j.shutdown();
     let seg = segment::list(&dir).unwrap().pop().unwrap();
-    let s = segment::scan(&seg.path).unwrap();
+    let s = segment::scan(&seg.path, seg.first_seq).unwrap();
     assert_eq!((s.records, s.stop), (19, segment::Stop::End), "{s:?}");
     assert_eq!(j.figures().durable_seq, 20);
     std::fs::remove_dir_all(dir).unwrap();
@@ -367,5 +367,105 @@ fn after_a_failed_sync_nothing_unsynced_counts_as_durable() {
     assert!(gaps.is_empty(), "{gaps:?}");
     assert_eq!(events.len(), 12);
     j.shutdown();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Writes a segment of `seqs` (payload: seq - 1, as the journal's
+/// encoder would) into `dir`.
+fn forge_segment(dir: &Path, first: u64, seqs: &[u64]) -> PathBuf {
+    let mut b = segment::header(first).to_vec();
+    for &s in seqs {
+        segment::encode_record(&mut b, s, s, (s - 1).to_string().as_bytes());
+    }
+    let p = dir.join(segment::file_name(first));
+    std::fs::write(&p, &b).unwrap();
+    p
+}
+
+#[test]
+fn damage_in_the_middle_of_the_newest_segment_keeps_the_records_after_it() {
+    let dir = tmp("mid-damage");
+    let p = forge_segment(&dir, 1, &[1, 2, 3, 4, 5]);
+    let mut b = std::fs::read(&p).unwrap();
+    // Record 2's checksum broken; garbage at the tail.
+    b[segment::HEADER_LEN as usize + 26 + 5] ^= 0xff;
+    b.extend_from_slice(b"\x03\x00\x00\x00torn");
+    std::fs::write(&p, &b).unwrap();
+    let bus = EventBus::new(1 << 10);
+    let j = Journal::start(cfg(&dir), &bus, encoder()).unwrap();
+    assert_eq!(j.figures().torn, 1);
+    assert_eq!(bus.head(), 5, "numbering after the last good record");
+    publish(&bus, 5..7);
+    wait_written(&j, 7);
+    assert_eq!(
+        read_all(&j, Start::AfterSeq(0)),
+        vec!["1=0", "gap 2-2", "3=2", "4=3", "5=4", "6=5", "7=6"]
+    );
+    j.shutdown();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_segment_that_is_not_one_is_skipped_or_set_aside_never_fatal() {
+    let dir = tmp("bad-segments");
+    forge_segment(&dir, 1, &[1, 2]);
+    // A middle segment whose header names another number, one whose
+    // header is garbage, and a newest one that is all garbage.
+    let p = forge_segment(&dir, 3, &[3, 4]);
+    let mut b = std::fs::read(&p).unwrap();
+    b[8] = 9;
+    std::fs::write(&p, &b).unwrap();
+    std::fs::write(dir.join(segment::file_name(5)), b"garbage, not a segment").unwrap();
+    forge_segment(&dir, 7, &[7, 8]);
+    let junk = dir.join(segment::file_name(9));
+    std::fs::write(&junk, [0xabu8; 300]).unwrap();
+    let bus = EventBus::new(1 << 10);
+    let j = Journal::start(cfg(&dir), &bus, encoder()).unwrap();
+    assert!(!junk.exists(), "set aside");
+    assert!(
+        dir.join(format!("{}.damaged", segment::file_name(9)))
+            .exists()
+    );
+    assert_eq!(bus.head(), 8);
+    assert_eq!(
+        read_all(&j, Start::AfterSeq(0)),
+        vec!["1=0", "2=1", "gap 3-6", "7=6", "8=7"]
+    );
+    // Hostile starting points from a client: no overflow, nothing read.
+    assert!(read_all(&j, Start::AfterSeq(u64::MAX)).is_empty());
+    assert!(read_all(&j, Start::AfterSeq(u64::MAX - 1)).is_empty());
+    assert!(read_all(&j, Start::SinceTime(u64::MAX)).is_empty());
+    j.shutdown();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn an_older_segment_never_reads_past_where_the_next_begins() {
+    let dir = tmp("overlap");
+    // A forged older segment holding numbers of the newer one.
+    forge_segment(&dir, 1, &[1, 2, 3, 10, 11]);
+    forge_segment(&dir, 4, &[4, 5]);
+    let bus = EventBus::new(1 << 10);
+    let j = Journal::start(cfg(&dir), &bus, encoder()).unwrap();
+    assert_eq!(bus.head(), 5, "numbered after the newest segment");
+    publish(&bus, 5..7);
+    wait_written(&j, 7);
+    assert_eq!(
+        read_all(&j, Start::AfterSeq(0)),
+        vec!["1=0", "2=1", "3=2", "4=3", "5=4", "6=5", "7=6"]
+    );
+    j.shutdown();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_journal_numbered_near_the_end_of_the_range_is_refused() {
+    let dir = tmp("seq-limit");
+    forge_segment(&dir, segment::MAX_SEQ - 1, &[segment::MAX_SEQ - 1]);
+    let bus = EventBus::new(1 << 10);
+    let e = Journal::start(cfg(&dir), &bus, encoder()).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+    assert!(e.to_string().contains("move it aside"), "{e}");
+    assert_eq!(bus.head(), 0, "nothing numbered from it");
     std::fs::remove_dir_all(dir).unwrap();
 }

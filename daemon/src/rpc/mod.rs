@@ -68,10 +68,34 @@ impl Service {
             return;
         };
         let same_boot = p.same_boot(&saved);
+        let ctx = persist::RestoreContext::current();
         let (mut restored, mut refused) = (0, 0);
         for e in saved.entries {
-            let caller = persist::caller_of(&e.caller.unwrap_or_default());
+            // Rights re-derived, never read back (see `persist`).
+            let saved_caller = e.caller.unwrap_or_default();
+            let caller = persist::restore_caller(&saved_caller, ctx);
+            if saved_caller.privileged && !caller.privileged {
+                tracing::warn!(
+                    saved_id = e.id,
+                    uid = saved_caller.uid,
+                    userns = saved_caller.userns,
+                    "saved as privileged, set again as a plain caller of its uid: its rights \
+                     cannot be proven after a restart"
+                );
+            }
             let (spec, selector, outcome) = match e.what {
+                _ if !persist::id_in_range(e.id) => {
+                    let (spec, selector) = match e.what {
+                        Some(pb::saved_entry::What::Policy(pol)) => (pol.spec, pol.selector),
+                        Some(pb::saved_entry::What::Watchpoint(w)) => (w.spec, None),
+                        None => (None, None),
+                    };
+                    (
+                        spec,
+                        selector,
+                        Err(format!("its saved id {} is out of range (damage)", e.id)),
+                    )
+                }
                 Some(pb::saved_entry::What::Policy(pol)) => {
                     let r = self
                         .set_policy_as(

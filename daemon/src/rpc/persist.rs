@@ -8,6 +8,16 @@
 //! - a watchpoint of one process only in the same boot, for the same pid
 //!   and process start time (a reused pid is never watched in its place).
 //!
+//! Who set an entry is not taken from the file as such: its privileges,
+//! capabilities and user namespace are not proof of anything after a
+//! restart (a namespace's number is reused once it is gone, or after a
+//! reboot). [`restore_caller`] decides what the entry is set again as:
+//! privileged only for root (uid 0) of the initial user namespace, whose
+//! number is fixed and never given to another namespace, with the daemon
+//! itself in that namespace; anyone else as a plain caller of the saved
+//! uid and gid, without capabilities (docs/security.md, "Saved state and
+//! restarts").
+//!
 //! What cannot be set again is logged, listed (`ListWatchpoints.
 //! not_restored`) and published as `WatchpointRemoved` with its saved id.
 //! Entries leave the file when removed through the API or when the daemon
@@ -75,11 +85,38 @@ pub fn boot_id() -> String {
         .unwrap_or_default()
 }
 
+/// Largest id read back from the file: ids are given one by one from 1, so
+/// a larger one is damage (and would overflow the next id).
+pub const MAX_ID: u64 = 1 << 48;
+
+/// The user namespace inode of the initial user namespace
+/// (`PROC_USER_INIT_INO`): fixed by the kernel, the same in every boot and
+/// never given to another namespace.
+pub const INIT_USERNS: u64 = 0xEFFF_FFFD;
+
+/// Whether `id`, read back, can be an id this daemon gave.
+pub fn id_in_range(id: u64) -> bool {
+    (1..=MAX_ID).contains(&id)
+}
+
 /// The ids a restarted daemon must not give again: up to the saved next
-/// id, and every saved entry's.
+/// id, and every saved entry's (ids out of range ignored: damage).
 pub fn last_used_id(saved: &pb::SavedState) -> u64 {
-    let entries = saved.entries.iter().map(|e| e.id).max().unwrap_or(0);
-    entries.max(saved.next_id.saturating_sub(1))
+    let entries = saved
+        .entries
+        .iter()
+        .map(|e| e.id)
+        .filter(|&id| id_in_range(id))
+        .max()
+        .unwrap_or(0);
+    let next = match saved.next_id {
+        n if n <= MAX_ID + 1 => n.saturating_sub(1),
+        n => {
+            tracing::warn!(next_id = n, "saved state: next id out of range; ignored");
+            0
+        }
+    };
+    entries.max(next)
 }
 
 /// The saved caller of `c`.
@@ -94,17 +131,56 @@ pub fn saved_caller(c: &Caller) -> pb::SavedCaller {
     }
 }
 
-/// The caller a saved entry is set again as.
-pub fn caller_of(c: &pb::SavedCaller) -> Caller {
-    Caller {
-        uid: c.uid,
-        gid: c.gid,
-        pid: None,
-        cap_prm: c.cap_prm,
-        cap_eff: c.cap_eff,
-        userns: (c.userns != 0).then_some(c.userns),
-        privileged: c.privileged,
+/// What the daemon knows of itself that decides how far a saved caller is
+/// trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestoreContext {
+    /// The daemon's effective uid (only it can have written the file: the
+    /// state directory is its own and writable by nobody else).
+    pub euid: u32,
+    /// The daemon's user namespace inode.
+    pub userns: Option<u64>,
+}
+
+impl RestoreContext {
+    /// This daemon's.
+    pub fn current() -> Self {
+        RestoreContext {
+            euid: nix::unistd::geteuid().as_raw(),
+            userns: crate::procfs::userns_of(std::process::id() as Pid),
+        }
     }
+}
+
+/// The caller a saved entry is set again as. The file's `privileged`,
+/// capabilities and namespace are claims, not proof:
+///
+/// - privileged: only a caller saved privileged as uid 0 of the initial
+///   user namespace ([`INIT_USERNS`], a number no other namespace gets, in
+///   this boot or another), by a daemon running as root in that namespace
+///   (so only root could have written the claim);
+/// - anyone else: a plain caller of the saved uid and gid, with no
+///   capability and no namespace: it may act on the processes that uid
+///   could trace without privilege, nothing more. A namespace that is gone,
+///   or whose number now names another, grants nothing.
+pub fn restore_caller(c: &pb::SavedCaller, ctx: RestoreContext) -> Caller {
+    if c.privileged
+        && c.uid == 0
+        && c.userns == INIT_USERNS
+        && ctx.euid == 0
+        && ctx.userns == Some(INIT_USERNS)
+    {
+        return Caller {
+            uid: 0,
+            gid: c.gid,
+            pid: None,
+            cap_prm: u64::MAX,
+            cap_eff: u64::MAX,
+            userns: Some(INIT_USERNS),
+            privileged: true,
+        };
+    }
+    Caller::unprivileged(c.uid, c.gid, None)
 }
 
 impl Persist {
@@ -410,6 +486,95 @@ mod tests {
         let (_, saved) = Persist::open(&d).unwrap();
         assert!(saved.unwrap().entries.is_empty());
         std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn saved_rights_are_claims_only_root_of_the_initial_namespace_keeps() {
+        let root_daemon = RestoreContext {
+            euid: 0,
+            userns: Some(INIT_USERNS),
+        };
+        let root = pb::SavedCaller {
+            uid: 0,
+            gid: 0,
+            cap_prm: u64::MAX,
+            cap_eff: u64::MAX,
+            userns: INIT_USERNS,
+            privileged: true,
+        };
+        let c = restore_caller(&root, root_daemon);
+        assert!(c.privileged && c.uid == 0 && c.cap_eff == u64::MAX, "{c:?}");
+        let plain = |c: Caller, uid: u32| {
+            c == Caller::unprivileged(uid, uid, None) && c.userns.is_none() && c.cap_eff == 0
+        };
+        // Forged privilege for another uid; root of another namespace
+        // (gone, or alive: the number proves nothing); privilege not
+        // claimed; a daemon that is not root, or not in the initial
+        // namespace: a plain caller of the saved uid.
+        for (caller, ctx, uid) in [
+            (
+                pb::SavedCaller {
+                    uid: 4242,
+                    gid: 4242,
+                    ..root
+                },
+                root_daemon,
+                4242,
+            ),
+            (
+                pb::SavedCaller {
+                    userns: 4026532999,
+                    ..root
+                },
+                root_daemon,
+                0,
+            ),
+            (pb::SavedCaller { userns: 0, ..root }, root_daemon, 0),
+            (
+                pb::SavedCaller {
+                    privileged: false,
+                    ..root
+                },
+                root_daemon,
+                0,
+            ),
+            (
+                root,
+                RestoreContext {
+                    euid: 1000,
+                    userns: Some(INIT_USERNS),
+                },
+                0,
+            ),
+            (
+                root,
+                RestoreContext {
+                    euid: 0,
+                    userns: Some(4026532999),
+                },
+                0,
+            ),
+        ] {
+            let got = restore_caller(&caller, ctx);
+            assert!(plain(got, uid), "{caller:?} in {ctx:?} -> {got:?}");
+        }
+        // Ids out of range never count, nor overflow the next id.
+        let saved = pb::SavedState {
+            entries: vec![
+                pb::SavedEntry {
+                    id: u64::MAX,
+                    ..Default::default()
+                },
+                pb::SavedEntry {
+                    id: 7,
+                    ..Default::default()
+                },
+            ],
+            next_id: u64::MAX,
+            ..Default::default()
+        };
+        assert_eq!(last_used_id(&saved), 7);
+        assert!(!id_in_range(0) && !id_in_range(MAX_ID + 1) && id_in_range(1));
     }
 
     #[test]
