@@ -356,4 +356,6 @@ impl Journal {
 }
 
 #[cfg(test)]
+mod model_tests;
+#[cfg(test)]
 mod tests;

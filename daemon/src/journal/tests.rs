@@ -6,7 +6,7 @@ use crate::events::EventKind;
 use crate::journal::segment::Record;
 use std::time::Instant;
 
-fn tmp(tag: &str) -> PathBuf {
+pub(super) fn tmp(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!(
         "wpd-journal-{tag}-{}-{}",
         std::process::id(),
@@ -17,7 +17,7 @@ fn tmp(tag: &str) -> PathBuf {
 }
 
 /// Payload: the thread id of a ThreadExited event, as text.
-fn encoder() -> Encoder {
+pub(super) fn encoder() -> Encoder {
     Arc::new(|e: &Event, buf: &mut Vec<u8>| {
         if let EventKind::ThreadExited { tid, .. } = e.kind {
             buf.extend_from_slice(tid.to_string().as_bytes());
@@ -25,19 +25,19 @@ fn encoder() -> Encoder {
     })
 }
 
-fn publish(bus: &EventBus, tids: std::ops::Range<i32>) {
+pub(super) fn publish(bus: &EventBus, tids: std::ops::Range<i32>) {
     for tid in tids {
         bus.publish(EventKind::ThreadExited { pid: 1, tid });
     }
 }
 
-fn cfg(dir: &Path) -> Config {
+pub(super) fn cfg(dir: &Path) -> Config {
     let mut c = Config::new(dir.to_path_buf());
     c.fsync_interval = Duration::from_millis(5);
     c
 }
 
-fn wait_written(j: &Journal, seq: u64) {
+pub(super) fn wait_written(j: &Journal, seq: u64) {
     let t = Instant::now();
     while j.written_seq() < seq {
         assert!(t.elapsed() < Duration::from_secs(10), "writer stuck");
