@@ -16,9 +16,11 @@
 //!    waits, reconnects and publishes again from that position: JetStream
 //!    drops the repeats by their message id (`Nats-Msg-Id`: the journal's
 //!    identity and the sequence number) within its duplicate window. A
-//!    position read back that does not parse, names another journal or lies
-//!    beyond the journal's end starts the export over from the oldest event
-//!    (repeats rather than events never exported).
+//!    position read back that does not parse or names another journal
+//!    starts the export over from the oldest event (repeats rather than
+//!    events never exported); one beyond the journal's end (a torn tail cut
+//!    at start, a forged file) goes on from the end, so that the new events
+//!    given those numbers are exported.
 
 use std::collections::VecDeque;
 use std::os::unix::fs::DirBuilderExt;
@@ -164,9 +166,10 @@ fn read_cursor(dir: &Path) -> Option<(String, u64)> {
     parsed
 }
 
-/// Where the export starts: the position kept, if it is this journal's
-/// and not beyond what the journal has written (damage, or a forged file:
-/// it would skip events never exported); else the oldest event.
+/// Where the export starts: the position kept, if it is this journal's,
+/// and never beyond what the journal holds (a forged or damaged position,
+/// or a tail cut at start: the numbers after the end will be given to new
+/// events, which must not be skipped); else the oldest event.
 fn start_position(dir: &Path, journal_id: &str, written: u64) -> u64 {
     match read_cursor(dir) {
         Some((id, seq)) if id == journal_id && seq <= written => seq,
@@ -174,9 +177,10 @@ fn start_position(dir: &Path, journal_id: &str, written: u64) -> u64 {
             tracing::warn!(
                 acked = seq,
                 written,
-                "export: the position kept is beyond the journal's end; the export starts over"
+                "export: the position kept is beyond the journal's end; the export goes on from \
+                 the end"
             );
-            0
+            written
         }
         // Another journal's (the state directory was replaced): nothing
         // here.
@@ -376,7 +380,11 @@ mod tests {
         assert_eq!(read_cursor(&d), Some(("abc".into(), 42)));
         assert_eq!(start_position(&d, "abc", 50), 42);
         assert_eq!(start_position(&d, "other", 50), 0, "another journal's");
-        assert_eq!(start_position(&d, "abc", 41), 0, "beyond the journal's end");
+        assert_eq!(
+            start_position(&d, "abc", 41),
+            41,
+            "beyond the journal's end"
+        );
         // Garbage of every kind: none, never a panic or a huge position.
         for junk in [
             &b"abc 18446744073709551615\n"[..],

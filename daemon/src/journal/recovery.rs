@@ -36,6 +36,12 @@ pub(super) fn journal_id(dir: &Path) -> io::Result<String> {
             ),
         },
         Ok(None) => {}
+        // Larger than any identity: damage too.
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => tracing::warn!(
+            file = %path.display(),
+            error = %e,
+            "journal: its identity is damaged; it gets a new one (an export starts over)"
+        ),
         Err(e) => return Err(e),
     }
     let id = std::fs::read_to_string("/proc/sys/kernel/random/uuid")?

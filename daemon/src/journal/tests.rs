@@ -469,3 +469,21 @@ fn a_journal_numbered_near_the_end_of_the_range_is_refused() {
     assert_eq!(bus.head(), 0, "nothing numbered from it");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_damaged_identity_is_replaced_never_fatal() {
+    let dir = tmp("id");
+    let bus = EventBus::new(1 << 10);
+    let j = Journal::start(cfg(&dir), &bus, encoder()).unwrap();
+    let id = j.id().to_string();
+    j.shutdown();
+    for junk in [&b"not an id \xff"[..], &[b'a'; 5000], b""] {
+        std::fs::write(dir.join("id"), junk).unwrap();
+        let bus = EventBus::new(1 << 10);
+        let j = Journal::start(cfg(&dir), &bus, encoder()).unwrap();
+        assert_ne!(j.id(), id);
+        assert!(j.id().len() == 36, "{}", j.id());
+        j.shutdown();
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
