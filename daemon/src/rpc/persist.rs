@@ -25,7 +25,11 @@
 //! everything from the targets but leaves the file as it is.
 //!
 //! The file is replaced whole: written to a temporary file, synced, renamed
-//! over the old one, the directory synced. It is small (one entry per
+//! over the old one, the directory synced. SetWatchpoint, SetPolicy and
+//! RemoveWatchpoint answer only once their change is written
+//! ([`Persist::commit`]); when the write fails (a full disk) the change is
+//! undone (a new entry forgotten and its watchpoint or policy removed, a
+//! removal not made) and the request answered `NOT_SAVED`. It is small (one entry per
 //! watchpoint set by hand or policy).
 
 use std::collections::BTreeMap;
