@@ -3,7 +3,8 @@
 //! (never a silent drop), leaves its segments readable, recovers by itself
 //! once space is freed, and replays every event written before and after;
 //! SetWatchpoint, SetPolicy and RemoveWatchpoint answer NOT_SAVED (and
-//! change nothing) while the saved state cannot be written.
+//! change nothing) while the saved state cannot be written. Then a real
+//! `fdatasync` failure: ext4 on a loop device whose backing tmpfs fills.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -392,4 +393,216 @@ async fn restart_check(mut daemon: Daemon, state: &Path) -> Result<()> {
     }
     .await;
     second.finish(result)
+}
+
+/// An ext4 filesystem on a loop device whose backing file is sparse, on a
+/// small tmpfs: filling the tmpfs makes the kernel's writeback of the ext4
+/// fail, so that `fdatasync` fails while `write` still succeeds (the page
+/// cache takes it). Unmounted, detached and removed on drop.
+struct LoopExt4 {
+    back: SmallFs,
+    mnt: PathBuf,
+    device: String,
+}
+
+fn run(cmd: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {cmd}"))?;
+    ensure!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+impl LoopExt4 {
+    fn new() -> Result<LoopExt4> {
+        let back = SmallFs::mount("80m")?;
+        let img = back.mnt.join("ext4.img");
+        let img_s = img.to_string_lossy().to_string();
+        let mnt = back.dir.join("ext4");
+        std::fs::create_dir(&mnt)?;
+        // Written whole first, then the free blocks punched out again: the
+        // metadata (superblocks, bitmaps, inode tables) is backed, so only
+        // the journal's data meets the full disk (a metadata block whose
+        // writeback fails is lost without any fdatasync seeing it). No
+        // ext4 journal: its failed commit would leave the filesystem
+        // read-only for good.
+        std::fs::write(&img, vec![0u8; 64 << 20])?;
+        run(
+            "mkfs.ext4",
+            &["-q", "-F", "-O", "^has_journal", "-E", "nodiscard", &img_s],
+        )?;
+        let dump = run("dumpe2fs", &[&img_s])?;
+        let block: u64 = dump
+            .lines()
+            .find_map(|l| l.strip_prefix("Block size:"))
+            .and_then(|v| v.trim().parse().ok())
+            .context("no block size in dumpe2fs")?;
+        for l in dump.lines() {
+            let Some(ranges) = l.trim().strip_prefix("Free blocks: ") else {
+                continue;
+            };
+            for r in ranges.split(',').map(str::trim).filter(|r| !r.is_empty()) {
+                let (a, b) = r.split_once('-').unwrap_or((r, r));
+                let (a, b): (u64, u64) = (a.parse()?, b.parse()?);
+                run(
+                    "fallocate",
+                    &[
+                        "--punch-hole",
+                        "-o",
+                        &(a * block).to_string(),
+                        "-l",
+                        &((b - a + 1) * block).to_string(),
+                        &img_s,
+                    ],
+                )?;
+            }
+        }
+        let device = run("losetup", &["-f", "--show", &img_s])?;
+        let fs = LoopExt4 { back, mnt, device };
+        fs.mount()?;
+        Ok(fs)
+    }
+
+    fn mount(&self) -> Result<()> {
+        run(
+            "mount",
+            &[
+                "-o",
+                "errors=continue",
+                &self.device,
+                &self.mnt.to_string_lossy(),
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Unmounts and mounts again: what is read next comes from the device,
+    /// not from the page cache.
+    fn remount(&self) -> Result<()> {
+        run("umount", &[&self.mnt.to_string_lossy()])?;
+        self.mount()
+    }
+}
+
+impl Drop for LoopExt4 {
+    fn drop(&mut self) {
+        let mnt = self.mnt.to_string_lossy().to_string();
+        if run("umount", &[&mnt]).is_err() {
+            let _ = run("umount", &["-l", &mnt]);
+        }
+        let _ = run("losetup", &["-d", &self.device]);
+        // `back` unmounts the tmpfs and removes the directories after this.
+    }
+}
+
+/// A real `fdatasync` failure (the kernel's writeback meets a full device):
+/// counted as not durable, never retried on that file, writing goes on in a
+/// new segment and syncs again once the device has room; after a remount
+/// the journal opens and replays what the device holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fdatasync_is_counted_and_writing_goes_on() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let fs = LoopExt4::new()?;
+    let state = fs.mnt.join("state");
+    let filler = fs.back.mnt.join("filler");
+    let args = [
+        "--journal-fsync-ms",
+        "20",
+        "--journal-segment-bytes",
+        "262144",
+    ];
+    let mut daemon = Daemon::start_with_state_dir(&state, &args).await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    let result = async {
+        let mut c = daemon.client().await?;
+        rpc_ok(
+            "SetWatchpoint",
+            c.set_watchpoint(SetWatchpointRequest {
+                spec: Some(counter_spec(t.pid)),
+            }),
+        )
+        .await?;
+        t.cmd("spin 1").await?;
+        let at_fill = stats_until(&mut c, "hits synced", |s| s.journal_durable_seq > 1000).await?;
+        // The device under the ext4 fills: writes still land in the page
+        // cache, their writeback (and so fdatasync) fails.
+        fs.back.fill(&filler)?;
+        let failed = stats_until(&mut c, "a failed fdatasync", |s| {
+            s.journal_unsynced > 0 && s.journal_write_errors >= 3
+        })
+        .await?;
+        std::fs::remove_file(&filler)?;
+        // Room again: writing and syncing go on (in a new segment).
+        stats_until(&mut c, "writing again", |s| {
+            s.journal_written_seq > failed.journal_written_seq + 100
+        })
+        .await?;
+        t.cmd("stop").await?;
+        settled(&mut c).await?;
+        let end = stats_until(&mut c, "everything written synced", |s| {
+            s.journal_durable_seq == s.journal_written_seq
+        })
+        .await?;
+        ensure!(
+            end.journal_segments > at_fill.journal_segments,
+            "no new segment after the failed sync: {end:?}"
+        );
+        ensure!(
+            daemon.log().contains("fdatasync failed"),
+            "no log line for the failed sync"
+        );
+        eprintln!(
+            "fdatasync failed: {} events unsynced, {} lost, {} write errors; durable {} of {}",
+            end.journal_unsynced,
+            end.journal_write_lost,
+            end.journal_write_errors,
+            end.journal_durable_seq,
+            end.journal_written_seq
+        );
+        Ok(end)
+    }
+    .await;
+    let end = daemon.finish(result)?;
+    drop(t);
+    let status = daemon.terminate(Duration::from_secs(10)).await?;
+    ensure!(status.success(), "the daemon exited {status:?}");
+    drop(daemon);
+    // The journal opens again from what is on the device (not the page
+    // cache), damaged stretches and all, and replays.
+    fs.remount()?;
+    let second = Daemon::start_with_state_dir(&state, &[]).await?;
+    let result = async {
+        let mut c = second.client().await?;
+        let (seqs, gaps) = replay(&mut c).await?;
+        // Through the last event written (and those of the shutdown).
+        ensure!(
+            seqs.last() >= Some(&end.journal_written_seq),
+            "replayed through {:?}, written {}",
+            seqs.last(),
+            end.journal_written_seq
+        );
+        let on_device = seqs.partition_point(|&s| s <= end.journal_durable_seq) as u64;
+        let missing = end.journal_durable_seq - on_device;
+        eprintln!(
+            "after a remount: {} events of 1..={} on the device, {missing} missing in {} gaps \
+             ({} counted unsynced)",
+            on_device,
+            end.journal_durable_seq,
+            gaps.len(),
+            end.journal_unsynced
+        );
+        Ok(())
+    }
+    .await;
+    let result = second.finish(result);
+    drop(second);
+    drop(fs);
+    result
 }
