@@ -456,3 +456,92 @@ async fn rights_read_back_are_not_trusted_after_a_restart() -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_reboot_policies_come_back_and_watchpoints_do_not() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let dir = unique_temp_dir("wpd-reboot")?;
+    let state = dir.join("state");
+    let comm = format!("wboot{}", std::process::id() % 100_000);
+    let mut live = CTarget::start("ct-pie").await?;
+    let root = SavedCaller {
+        uid: 0,
+        gid: 0,
+        cap_prm: u64::MAX,
+        cap_eff: u64::MAX,
+        userns: 0xEFFF_FFFD,
+        privileged: true,
+    };
+    let start_time = {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", live.pid))?;
+        let rest = stat.rsplit_once(')').context("stat")?.1;
+        rest.split_whitespace()
+            .nth(19)
+            .context("starttime")?
+            .parse()?
+    };
+    // Saved in another boot (the boot id differs), for a pid that is alive
+    // now with the same start time: after a reboot that says nothing.
+    let saved = SavedState {
+        boot_id: "00000000-0000-0000-0000-000000000000".into(),
+        entries: vec![
+            forged_policy(3, &comm, root),
+            SavedEntry {
+                id: 4,
+                caller: Some(root),
+                set_at_ns: 1,
+                what: Some(saved_entry::What::Watchpoint(SavedWatchpoint {
+                    spec: Some(counter_spec(live.pid)),
+                    start_time,
+                })),
+            },
+        ],
+        written_at_ns: 1,
+        next_id: 5,
+    };
+    std::fs::create_dir_all(&state)?;
+    std::fs::write(
+        state.join("watchpoints.pb"),
+        prost::Message::encode_to_vec(&saved),
+    )?;
+    let daemon = Daemon::start_with_state_dir(&state, &[]).await?;
+    let result = async {
+        let mut c = daemon.client().await?;
+        let mut t = start_as(&dir, &comm).await?;
+        ensure!(
+            covered(&mut c, 3, t.pid).await?,
+            "root's policy after a reboot"
+        );
+        hits(&mut c, &mut t, 5).await?;
+        let l = poll_until(WAIT, "the watchpoint reported", async || {
+            let l = list(&mut c).await?;
+            Ok(if l.not_restored.is_empty() {
+                Err("nothing listed yet".to_string())
+            } else {
+                Ok(l)
+            })
+        })
+        .await?;
+        ensure!(
+            l.not_restored.len() == 1
+                && l.not_restored[0].saved_id == 4
+                && l.not_restored[0].reason.contains("restarted"),
+            "{:?}",
+            l.not_restored
+        );
+        ensure!(
+            !l.watchpoints
+                .iter()
+                .any(|w| w.spec.as_ref().is_some_and(|s| s.pid == live.pid)),
+            "the watchpoint of another boot was set again"
+        );
+        live.cmd("set counter 1").await?;
+        Ok(())
+    }
+    .await;
+    let result = daemon.finish(result);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
