@@ -187,6 +187,18 @@ pub enum WpdError {
          started with --state-dir none)"
     )]
     NoJournal,
+    /// What a request set or removed could not be saved in the state
+    /// directory (a full disk, an I/O error): it would not come back after
+    /// a restart, so the request is refused.
+    #[error("{what} could not be saved in the state directory ({error}): {outcome}")]
+    NotSaved {
+        /// What was asked ("watchpoint 7", "policy 3", "removing watchpoint 7").
+        what: String,
+        /// The system's error, with its errno.
+        error: String,
+        /// What the daemon did about it.
+        outcome: &'static str,
+    },
     /// The process can no longer be watched; the attachment ended.
     #[error("process {pid} can no longer be watched: {why}")]
     ProcessLost {

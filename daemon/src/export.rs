@@ -15,7 +15,12 @@
 //!    (`nats.cursor`). After an error (server gone, timeout) the exporter
 //!    waits, reconnects and publishes again from that position: JetStream
 //!    drops the repeats by their message id (`Nats-Msg-Id`: the journal's
-//!    identity and the sequence number) within its duplicate window.
+//!    identity and the sequence number) within its duplicate window. A
+//!    position read back that does not parse or names another journal
+//!    starts the export over from the oldest event (repeats rather than
+//!    events never exported); one beyond the journal's end (a torn tail cut
+//!    at start, a forged file) goes on from the end, so that the new events
+//!    given those numbers are exported.
 
 use std::collections::VecDeque;
 use std::os::unix::fs::DirBuilderExt;
@@ -29,7 +34,7 @@ use prost::Message;
 use wpd_proto::v1 as pb;
 use wpd_proto::v1::stream_events_response::Event as E;
 
-use crate::journal::{From, Item, Journal};
+use crate::journal::{Item, Journal, Start};
 
 /// Publishes waiting for their acknowledgement at most.
 pub const WINDOW: usize = 1024;
@@ -143,12 +148,52 @@ fn cursor_path(dir: &Path) -> PathBuf {
     dir.join("nats.cursor")
 }
 
-/// Reads the position: (journal id, last acknowledged seq).
+/// Reads the position: (journal id, last acknowledged seq). A file that
+/// does not parse is reported and counts as none.
 fn read_cursor(dir: &Path) -> Option<(String, u64)> {
-    let b = crate::statedir::read(&cursor_path(dir), 4096).ok()??;
-    let s = String::from_utf8(b).ok()?;
-    let (id, seq) = s.trim().split_once(' ')?;
-    Some((id.to_string(), seq.parse().ok()?))
+    let path = cursor_path(dir);
+    let b = match crate::statedir::read(&path, 4096) {
+        Ok(b) => b?,
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "export: position unreadable");
+            return None;
+        }
+    };
+    let parsed = String::from_utf8(b).ok().and_then(|s| {
+        let (id, seq) = s.trim().split_once(' ')?;
+        let seq: u64 = seq.parse().ok()?;
+        (!id.is_empty() && id.len() <= 64 && seq <= crate::journal::segment::MAX_SEQ)
+            .then(|| (id.to_string(), seq))
+    });
+    if parsed.is_none() {
+        tracing::warn!(
+            file = %path.display(),
+            "export: the position is damaged; the export starts over from the oldest event"
+        );
+    }
+    parsed
+}
+
+/// Where the export starts: the position kept, if it is this journal's,
+/// and never beyond what the journal holds (a forged or damaged position,
+/// or a tail cut at start: the numbers after the end will be given to new
+/// events, which must not be skipped); else the oldest event.
+fn start_position(dir: &Path, journal_id: &str, written: u64) -> u64 {
+    match read_cursor(dir) {
+        Some((id, seq)) if id == journal_id && seq <= written => seq,
+        Some((id, seq)) if id == journal_id => {
+            tracing::warn!(
+                acked = seq,
+                written,
+                "export: the position kept is beyond the journal's end; the export goes on from \
+                 the end"
+            );
+            written
+        }
+        // Another journal's (the state directory was replaced): nothing
+        // here.
+        _ => 0,
+    }
 }
 
 fn write_cursor(dir: &Path, journal_id: &str, seq: u64) -> std::io::Result<()> {
@@ -166,12 +211,7 @@ pub fn start(cfg: Config, journal: Arc<Journal>, namer: Namer) -> std::io::Resul
             .create(&cfg.dir)?;
     }
     let stats = Arc::new(Stats::default());
-    // A position of another journal (the state directory was replaced)
-    // means nothing here: start from the oldest event on disk.
-    let from = match read_cursor(&cfg.dir) {
-        Some((id, seq)) if id == journal.id() => seq,
-        _ => 0,
-    };
+    let from = start_position(&cfg.dir, journal.id(), journal.written_seq());
     stats.acked_seq.store(from, Ordering::Relaxed);
     let s = stats.clone();
     tokio::spawn(async move {
@@ -224,7 +264,7 @@ async fn run(
     tracing::info!(url = %cfg.url, stream = %cfg.stream, "export: connected");
     let host = token(&cfg.host);
     let mut acked = stats.acked_seq.load(Ordering::Relaxed);
-    let mut reader = journal.reader(From::AfterSeq(acked));
+    let mut reader = journal.reader(Start::AfterSeq(acked));
     let mut progress = journal.progress();
     let mut inflight: VecDeque<(u64, jetstream::context::PublishAckFuture)> = VecDeque::new();
     let mut last_saved = acked;
@@ -360,6 +400,27 @@ mod tests {
         assert_eq!(read_cursor(&d), None);
         write_cursor(&d, "abc", 42).unwrap();
         assert_eq!(read_cursor(&d), Some(("abc".into(), 42)));
+        assert_eq!(start_position(&d, "abc", 50), 42);
+        assert_eq!(start_position(&d, "other", 50), 0, "another journal's");
+        assert_eq!(
+            start_position(&d, "abc", 41),
+            41,
+            "beyond the journal's end"
+        );
+        // Garbage of every kind: none, never a panic or a huge position.
+        for junk in [
+            &b"abc 18446744073709551615\n"[..],
+            b"abc -1",
+            b"abc",
+            b" 5",
+            b"\xff\xfe 3",
+            b"abc 1 2",
+            &[b'a'; 4096],
+        ] {
+            crate::statedir::replace(&cursor_path(&d), junk).unwrap();
+            assert_eq!(read_cursor(&d), None, "{junk:?}");
+            assert_eq!(start_position(&d, "abc", u64::MAX), 0);
+        }
         std::fs::remove_dir_all(d).unwrap();
     }
 }

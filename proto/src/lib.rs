@@ -67,6 +67,11 @@ pub mod reason {
     /// A replay (`StreamEventsRequest.after_seq`/`since_time_ns`) from a
     /// daemon that keeps no journal.
     pub const NO_JOURNAL: &str = "NO_JOURNAL";
+    /// What SetWatchpoint, SetPolicy or RemoveWatchpoint promised to keep
+    /// across restarts could not be saved in the state directory (a full
+    /// disk, an I/O error): the request changed nothing; try again once
+    /// the disk has room.
+    pub const NOT_SAVED: &str = "NOT_SAVED";
     /// The process exited during the request.
     pub const PROCESS_EXITED: &str = "PROCESS_EXITED";
     /// The process can no longer be watched (e.g. it executed a setuid

@@ -111,6 +111,13 @@ impl Daemon {
         Self::spawn(extra, None, None, None, &[], Some(uid)).await
     }
 
+    /// Like [`Daemon::start_with_args`], with its state directory (journal,
+    /// saved watchpoints) at `state_dir`: on a filesystem the test made, or
+    /// one a previous daemon left.
+    pub async fn start_with_state_dir(state_dir: &Path, extra: &[&str]) -> Result<Daemon> {
+        Self::spawn(extra, None, Some(state_dir.to_path_buf()), None, &[], None).await
+    }
+
     /// Like [`Daemon::start_with_args`], with extra environment variables
     /// (e.g. the daemon's fault-injection hooks).
     pub async fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Result<Daemon> {

@@ -2,7 +2,8 @@
 //! SIGKILL (a policy also covering processes started after the restart), a
 //! watchpoint whose process is gone reported (listed and published), a
 //! SIGTERM that removes everything from the targets but keeps the saved
-//! state, and a removed policy that does not come back.
+//! state, a removed policy that does not come back, and a forged saved
+//! state whose claimed rights are not trusted.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -359,4 +360,265 @@ async fn a_second_daemon_is_refused_before_touching_the_first_ones_files() -> Re
     }
     .await;
     first.finish(result)
+}
+
+/// The inode of a user namespace made with `unshare -U` and let die: a
+/// number that names no namespace now (and may name another later).
+fn dead_user_namespace() -> Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut child = std::process::Command::new("unshare")
+        .args(["-U", "sleep", "60"])
+        .spawn()
+        .context("unshare -U")?;
+    let path = format!("/proc/{}/ns/user", child.id());
+    // The child is in its namespace once its exec of sleep is done.
+    let own = std::fs::metadata("/proc/self/ns/user")?.ino();
+    let mut ino = own;
+    for _ in 0..500 {
+        ino = std::fs::metadata(&path).map(|m| m.ino()).unwrap_or(own);
+        if ino != own {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    ensure!(ino != own, "unshare -U made no namespace");
+    Ok(ino)
+}
+
+/// A saved policy on processes named `comm`, set by `caller`.
+fn forged_policy(id: u64, comm: &str, caller: SavedCaller) -> SavedEntry {
+    SavedEntry {
+        id,
+        caller: Some(caller),
+        set_at_ns: 1,
+        what: Some(saved_entry::What::Policy(SavedPolicy {
+            selector: Some(ProcessSelector {
+                comm: comm.into(),
+                ..Default::default()
+            }),
+            spec: Some(counter_spec(0)),
+        })),
+    }
+}
+
+/// Waits until policy `id` covers `pid` (Ok(true)) or refused it
+/// (Ok(false)).
+async fn covered(c: &mut Client, id: u64, pid: i32) -> Result<bool> {
+    poll_until(WAIT, &format!("policy {id} to judge {pid}"), async || {
+        let l = list(c).await?;
+        let p = l.policies.iter().find(|p| p.id == id);
+        Ok(match p {
+            Some(p) if p.instances.iter().any(|i| i.pid == pid) => Ok(true),
+            Some(p) if p.refusals.iter().any(|r| r.pid == pid) => Ok(false),
+            Some(p) => Err(format!("{p:?}")),
+            None => Err(format!("no policy {id}: {:?}", l.policies)),
+        })
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rights_read_back_are_not_trusted_after_a_restart() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let dir = unique_temp_dir("wpd-forged")?;
+    let state = dir.join("state");
+    let tag = std::process::id() % 100_000;
+    let (root_comm, forged_comm, ns_comm) = (
+        format!("wroot{tag}"),
+        format!("wforg{tag}"),
+        format!("wnsid{tag}"),
+    );
+    let dead_ns = dead_user_namespace()?;
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?;
+    const INIT_USERNS: u64 = 0xEFFF_FFFD;
+    let root = SavedCaller {
+        uid: 0,
+        gid: 0,
+        cap_prm: u64::MAX,
+        cap_eff: u64::MAX,
+        userns: INIT_USERNS,
+        privileged: true,
+    };
+    let saved = SavedState {
+        boot_id: boot_id.trim().into(),
+        entries: vec![
+            // Root of the initial namespace: provable, set again as it was.
+            forged_policy(5, &root_comm, root),
+            // A forged claim: uid 4242 "privileged" with every capability.
+            forged_policy(
+                6,
+                &forged_comm,
+                SavedCaller {
+                    uid: 4242,
+                    gid: 4242,
+                    ..root
+                },
+            ),
+            // Root of a namespace that is gone: its capabilities meant
+            // something only there.
+            forged_policy(
+                7,
+                &ns_comm,
+                SavedCaller {
+                    userns: dead_ns,
+                    privileged: false,
+                    ..root
+                },
+            ),
+            // Ids no daemon gives.
+            forged_policy(0, &root_comm, root),
+            forged_policy(u64::MAX, &root_comm, root),
+        ],
+        written_at_ns: 1,
+        next_id: u64::MAX,
+    };
+    std::fs::create_dir_all(&state)?;
+    std::fs::write(
+        state.join("watchpoints.pb"),
+        prost::Message::encode_to_vec(&saved),
+    )?;
+    let daemon = Daemon::start_with_state_dir(&state, &[]).await?;
+    let result = async {
+        let mut c = daemon.client().await?;
+        // Root processes under each name: only root's policy may watch one.
+        let forged_t = start_as(&dir, &forged_comm).await?;
+        let ns_t = start_as(&dir, &ns_comm).await?;
+        let mut root_t = start_as(&dir, &root_comm).await?;
+        ensure!(covered(&mut c, 5, root_t.pid).await?, "root's policy");
+        hits(&mut c, &mut root_t, 3).await?;
+        // The others are restored as the plain users they can be proven to
+        // be: a root process is not theirs, so they neither cover it nor
+        // hear of it (an unprivileged caller learns nothing of processes
+        // it could not read). The policy thread has looked at every process
+        // once root's was covered; a full /proc pass follows each second.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let l = list(&mut c).await?;
+        for (id, t, who) in [
+            (6, &forged_t, "a forged privileged uid 4242"),
+            (7, &ns_t, "root of a dead namespace"),
+        ] {
+            let p = l
+                .policies
+                .iter()
+                .find(|p| p.id == id)
+                .with_context(|| format!("policy {id} not restored: {:?}", l.policies))?;
+            ensure!(
+                !p.instances.iter().any(|i| i.pid == t.pid),
+                "{who} watches a root process: {p:?}"
+            );
+        }
+        let l = list(&mut c).await?;
+        let mut bad: Vec<u64> = l.not_restored.iter().map(|n| n.saved_id).collect();
+        bad.sort_unstable();
+        ensure!(bad == vec![0, u64::MAX], "{:?}", l.not_restored);
+        ensure!(
+            l.not_restored
+                .iter()
+                .all(|n| n.reason.contains("out of range")),
+            "{:?}",
+            l.not_restored
+        );
+        // The next id goes on after the valid ones (the saved next id was
+        // out of range), and nothing overflows.
+        let fresh = watch(&mut c, root_t.pid).await?;
+        ensure!(fresh > 7 && fresh < 100, "next id {fresh}");
+        Ok(())
+    }
+    .await;
+    let result = daemon.finish(result);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_reboot_policies_come_back_and_watchpoints_do_not() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let dir = unique_temp_dir("wpd-reboot")?;
+    let state = dir.join("state");
+    let comm = format!("wboot{}", std::process::id() % 100_000);
+    let mut live = CTarget::start("ct-pie").await?;
+    let root = SavedCaller {
+        uid: 0,
+        gid: 0,
+        cap_prm: u64::MAX,
+        cap_eff: u64::MAX,
+        userns: 0xEFFF_FFFD,
+        privileged: true,
+    };
+    let start_time = {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", live.pid))?;
+        let rest = stat.rsplit_once(')').context("stat")?.1;
+        rest.split_whitespace()
+            .nth(19)
+            .context("starttime")?
+            .parse()?
+    };
+    // Saved in another boot (the boot id differs), for a pid that is alive
+    // now with the same start time: after a reboot that says nothing.
+    let saved = SavedState {
+        boot_id: "00000000-0000-0000-0000-000000000000".into(),
+        entries: vec![
+            forged_policy(3, &comm, root),
+            SavedEntry {
+                id: 4,
+                caller: Some(root),
+                set_at_ns: 1,
+                what: Some(saved_entry::What::Watchpoint(SavedWatchpoint {
+                    spec: Some(counter_spec(live.pid)),
+                    start_time,
+                })),
+            },
+        ],
+        written_at_ns: 1,
+        next_id: 5,
+    };
+    std::fs::create_dir_all(&state)?;
+    std::fs::write(
+        state.join("watchpoints.pb"),
+        prost::Message::encode_to_vec(&saved),
+    )?;
+    let daemon = Daemon::start_with_state_dir(&state, &[]).await?;
+    let result = async {
+        let mut c = daemon.client().await?;
+        let mut t = start_as(&dir, &comm).await?;
+        ensure!(
+            covered(&mut c, 3, t.pid).await?,
+            "root's policy after a reboot"
+        );
+        hits(&mut c, &mut t, 5).await?;
+        let l = poll_until(WAIT, "the watchpoint reported", async || {
+            let l = list(&mut c).await?;
+            Ok(if l.not_restored.is_empty() {
+                Err("nothing listed yet".to_string())
+            } else {
+                Ok(l)
+            })
+        })
+        .await?;
+        ensure!(
+            l.not_restored.len() == 1
+                && l.not_restored[0].saved_id == 4
+                && l.not_restored[0].reason.contains("restarted"),
+            "{:?}",
+            l.not_restored
+        );
+        ensure!(
+            !l.watchpoints
+                .iter()
+                .any(|w| w.spec.as_ref().is_some_and(|s| s.pid == live.pid)),
+            "the watchpoint of another boot was set again"
+        );
+        live.cmd("set counter 1").await?;
+        Ok(())
+    }
+    .await;
+    let result = daemon.finish(result);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }

@@ -240,6 +240,15 @@ pub enum ErrorInput {
     InitProcess,
     /// `WpdError::NoJournal`.
     NoJournal,
+    /// `WpdError::NotSaved`.
+    NotSaved {
+        /// What.
+        what: String,
+        /// The error.
+        error: String,
+        /// What was done.
+        outcome: StaticText,
+    },
     /// `WpdError::ProcessLost`.
     ProcessLost {
         /// Process.
@@ -494,6 +503,15 @@ impl ErrorInput {
             ErrorInput::OwnProcess(p) => WpdError::OwnProcess(p),
             ErrorInput::InitProcess => WpdError::InitProcess,
             ErrorInput::NoJournal => WpdError::NoJournal,
+            ErrorInput::NotSaved {
+                what,
+                error,
+                outcome,
+            } => WpdError::NotSaved {
+                what,
+                error,
+                outcome: outcome.get(),
+            },
             ErrorInput::ProcessLost { pid, why } => WpdError::ProcessLost { pid, why },
             ErrorInput::Kernel { op, errno } => WpdError::Kernel {
                 op,
@@ -530,6 +548,7 @@ pub fn variant(e: &WpdError) -> &'static str {
         WpdError::OwnProcess(_) => "OwnProcess",
         WpdError::InitProcess => "InitProcess",
         WpdError::NoJournal => "NoJournal",
+        WpdError::NotSaved { .. } => "NotSaved",
         WpdError::ProcessLost { .. } => "ProcessLost",
         WpdError::Kernel { .. } => "Kernel",
         WpdError::Symbol(_) => "Symbol",

@@ -15,11 +15,20 @@
 //!          n bytes  payload (the event, protobuf-encoded by the RPC layer)
 //! ```
 //!
-//! A record is valid when its bytes are all there, its CRC matches and its
-//! sequence number is above the previous record's. A torn write (a crash in
+//! A record is valid when its bytes are all there, its CRC matches, its
+//! payload is at most [`MAX_PAYLOAD`] bytes and its sequence number is above
+//! the previous record's and at most [`MAX_SEQ`]. A torn write (a crash in
 //! the middle of a batch) leaves an incomplete or mismatching record at the
-//! tail of the newest segment: [`scan`] finds where the valid prefix ends and
-//! the writer cuts the rest off before appending.
+//! tail of the newest segment: [`scan`] finds where the last valid record
+//! ends and the journal cuts the rest off before appending.
+//!
+//! Everything read back is treated as hostile (a damaged disk, a forged
+//! file): a segment whose header is wrong or names another first sequence
+//! number than its file name is not read; bytes that do not decode are
+//! skipped up to the next offset where a whole valid record starts (so a
+//! damaged stretch loses only itself, never the records after it); no
+//! length field is trusted for an allocation (at most one record and one
+//! read of [`READ_CHUNK`] bytes are held at once).
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
@@ -37,6 +46,13 @@ pub const RECORD_HEADER_LEN: usize = 24;
 pub const MAX_PAYLOAD: u32 = 1 << 20;
 /// File name extension of segments.
 pub const EXTENSION: &str = "wpj";
+/// Largest sequence number accepted when reading (a segment's name or
+/// header, a record): 2^63 - 1, which a daemon publishing a billion events
+/// a second reaches in 292 years. A larger one is damage, and leaves room
+/// for `seq + 1` everywhere.
+pub const MAX_SEQ: u64 = i64::MAX as u64;
+/// Bytes read from a segment at once.
+pub const READ_CHUNK: usize = 1 << 20;
 
 /// A record as read back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,7 +98,7 @@ pub fn parse_name(name: &str) -> Option<u64> {
     if stem.len() != 20 || !stem.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    stem.parse().ok()
+    stem.parse().ok().filter(|&s| s <= MAX_SEQ)
 }
 
 /// A segment file on disk.
@@ -95,17 +111,29 @@ pub struct SegmentFile {
 }
 
 /// The segments in `dir`, oldest first. Files that are not segments are
-/// left alone.
+/// left alone (one named like a segment but with a number out of range is
+/// reported).
 pub fn list(dir: &Path) -> io::Result<Vec<SegmentFile>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name();
-        if let Some(first_seq) = name.to_str().and_then(parse_name) {
-            out.push(SegmentFile {
+        match name.to_str().and_then(parse_name) {
+            Some(first_seq) => out.push(SegmentFile {
                 first_seq,
                 path: entry.path(),
-            });
+            }),
+            None if name
+                .to_str()
+                .is_some_and(|n| n.ends_with(&format!(".{EXTENSION}"))) =>
+            {
+                tracing::warn!(
+                    file = %entry.path().display(),
+                    "journal: a file named like a segment but not one (its number is malformed \
+                     or out of range) is ignored"
+                );
+            }
+            None => {}
         }
     }
     out.sort_by_key(|s| s.first_seq);
@@ -149,7 +177,7 @@ pub fn decode_record(bytes: &[u8], after: u64) -> Result<(Record, usize), Stop> 
         return Err(Stop::Damaged);
     }
     let seq = u64_at(8);
-    if seq <= after {
+    if seq <= after || seq > MAX_SEQ {
         return Err(Stop::Damaged);
     }
     Ok((
@@ -165,84 +193,90 @@ pub fn decode_record(bytes: &[u8], after: u64) -> Result<(Record, usize), Stop> 
 /// What [`scan`] found in a segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Scan {
-    /// Bytes of the valid prefix (header included).
+    /// Bytes up to the end of the last valid record (the header's if there
+    /// is none; 0 if the header itself is wrong).
     pub valid_len: u64,
     /// The file's length.
     pub file_len: u64,
-    /// Records in the valid prefix.
+    /// Valid records.
     pub records: u64,
     /// Sequence number of the last valid record (None: no record).
     pub last_seq: Option<u64>,
-    /// Why the valid prefix ends (End: it is the whole file).
+    /// How the file ends after the last valid record (End: right there).
     pub stop: Stop,
+    /// Bytes of damage skipped between valid records (kept: the records
+    /// after them are good).
+    pub damaged: u64,
 }
 
-/// Reads a whole segment and finds its valid prefix. A file whose header is
-/// missing or wrong has a valid prefix of 0 bytes.
-pub fn scan(path: &Path) -> io::Result<Scan> {
-    let bytes = std::fs::read(path)?;
-    let file_len = bytes.len() as u64;
-    if bytes.len() < HEADER_LEN as usize || &bytes[..8] != MAGIC {
-        return Ok(Scan {
-            valid_len: 0,
-            file_len,
-            records: 0,
-            last_seq: None,
-            stop: if file_len == 0 {
-                Stop::End
-            } else {
-                Stop::Damaged
-            },
-        });
-    }
-    let first = u64::from_le_bytes(bytes[8..16].try_into().unwrap());
-    let mut at = HEADER_LEN as usize;
-    let mut last = first.saturating_sub(1);
+/// Reads a segment through (never more than a record and a chunk in
+/// memory) and finds its valid records. A file whose header is missing,
+/// wrong, or names another first sequence number than `first_seq` (from its
+/// name) has a valid prefix of 0 bytes.
+pub fn scan(path: &Path, first_seq: u64) -> io::Result<Scan> {
+    let file_len = std::fs::symlink_metadata(path)?.len();
+    let mut r = match SegmentReader::open(path, first_seq) {
+        Ok(r) => r,
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+            return Ok(Scan {
+                valid_len: 0,
+                file_len,
+                records: 0,
+                last_seq: None,
+                stop: if file_len == 0 {
+                    Stop::End
+                } else {
+                    Stop::Damaged
+                },
+                damaged: 0,
+            });
+        }
+        Err(e) => return Err(e),
+    };
     let mut records = 0;
+    let mut last_seq = None;
     let stop = loop {
-        match decode_record(&bytes[at..], last) {
-            Ok((r, n)) => {
-                at += n;
-                last = r.seq;
+        match r.next(None)? {
+            Ok(rec) => {
                 records += 1;
+                last_seq = Some(rec.seq);
             }
             Err(stop) => break stop,
         }
     };
+    let valid_len = r.good_end();
     Ok(Scan {
-        valid_len: at as u64,
+        valid_len,
         file_len,
         records,
-        last_seq: (records > 0).then_some(last),
-        stop,
+        last_seq,
+        stop: if valid_len == file_len {
+            Stop::End
+        } else {
+            stop
+        },
+        damaged: r.damaged(),
     })
 }
 
 /// The time of a segment's first record, if it has a valid one.
-pub fn first_time(path: &Path) -> io::Result<Option<u64>> {
-    let f = crate::statedir::open(path, std::fs::OpenOptions::new().read(true))?;
-    let mut head = [0u8; HEADER_LEN as usize + RECORD_HEADER_LEN];
-    match f.read_exact_at(&mut head, 0) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+pub fn first_time(path: &Path, first_seq: u64) -> io::Result<Option<u64>> {
+    let mut r = match SegmentReader::open(path, first_seq) {
+        Ok(r) => r,
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => return Ok(None),
         Err(e) => return Err(e),
-    }
-    if &head[..8] != MAGIC {
-        return Ok(None);
-    }
-    let h = HEADER_LEN as usize;
-    Ok(Some(u64::from_le_bytes(
-        head[h + 16..h + 24].try_into().unwrap(),
-    )))
+    };
+    Ok(r.next(None)?.ok().map(|rec| rec.time_ns))
 }
 
 /// Reads records of one segment sequentially, up to a limit of bytes the
 /// writer has finished writing (so a batch being written is never seen
-/// half-way).
+/// half-way). Damage is skipped: the reader moves on byte by byte to the
+/// next offset where a whole valid record starts.
 #[derive(Debug)]
 pub struct SegmentReader {
     file: File,
-    /// Offset of the next record.
+    /// Offset of the next record (or candidate, while skipping damage).
     at: u64,
     /// Bytes read ahead and not yet decoded.
     buf: Vec<u8>,
@@ -250,21 +284,42 @@ pub struct SegmentReader {
     buf_at: u64,
     /// Sequence number of the last record returned.
     last: u64,
+    /// Where the last record returned ends.
+    good_end: u64,
+    /// Bytes skipped since the last record returned.
+    skipping: u64,
+    /// Bytes skipped between records returned.
+    damaged: u64,
 }
 
 impl SegmentReader {
-    /// Opens `path`, checking its header.
-    pub fn open(path: &Path) -> io::Result<Self> {
+    /// Opens `path`, checking its header: the magic, and `first_seq` (the
+    /// number its name gives). A wrong or short header is `InvalidData`.
+    pub fn open(path: &Path, first_seq: u64) -> io::Result<Self> {
         let mut file = crate::statedir::open(path, std::fs::OpenOptions::new().read(true))?;
-        let mut h = [0u8; HEADER_LEN as usize];
-        file.read_exact(&mut h)?;
-        if &h[..8] != MAGIC {
-            return Err(io::Error::new(
+        let bad = |why: &str| {
+            io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("{} is not a journal segment", path.display()),
-            ));
+                format!("{} is not a journal segment: {why}", path.display()),
+            )
+        };
+        let mut h = [0u8; HEADER_LEN as usize];
+        match file.read_exact(&mut h) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Err(bad("shorter than its header"));
+            }
+            Err(e) => return Err(e),
+        }
+        if &h[..8] != MAGIC {
+            return Err(bad("wrong magic"));
         }
         let first = u64::from_le_bytes(h[8..].try_into().unwrap());
+        if first != first_seq {
+            return Err(bad(&format!(
+                "its header names sequence number {first}, its file name {first_seq}"
+            )));
+        }
         file.seek(SeekFrom::Start(HEADER_LEN))?;
         Ok(SegmentReader {
             file,
@@ -272,12 +327,19 @@ impl SegmentReader {
             buf: Vec::new(),
             buf_at: HEADER_LEN,
             last: first.saturating_sub(1),
+            good_end: HEADER_LEN,
+            skipping: 0,
+            damaged: 0,
         })
     }
 
-    /// The next record among the first `limit` bytes of the file (None for
-    /// no limit), or why there is none.
+    /// The next valid record among the first `limit` bytes of the file
+    /// (None for no limit), or why there is none: `End` (nothing more),
+    /// `Truncated` (bytes that hold no valid record up to the end or the
+    /// limit: a torn tail).
     pub fn next(&mut self, limit: Option<u64>) -> io::Result<Result<Record, Stop>> {
+        // Nothing more to read up to the limit or the end of the file.
+        let mut exhausted = false;
         loop {
             let start = (self.at - self.buf_at) as usize;
             match decode_record(&self.buf[start..], self.last) {
@@ -287,51 +349,72 @@ impl SegmentReader {
                     }
                     self.at += n as u64;
                     self.last = r.seq;
+                    self.good_end = self.at;
+                    self.damaged += self.skipping;
+                    self.skipping = 0;
                     return Ok(Ok(r));
                 }
-                Err(Stop::Damaged) => return Ok(Err(Stop::Damaged)),
-                Err(Stop::End | Stop::Truncated) => {
-                    // Refill: keep the undecoded tail, read more after it.
-                    self.buf.drain(..start);
-                    self.buf_at = self.at;
-                    let end = self.buf_at + self.buf.len() as u64;
-                    let want = match limit {
-                        Some(l) if l <= end => 0,
-                        Some(l) => (l - end).min(1 << 20) as usize,
-                        None => 1 << 20,
-                    };
-                    if want == 0 {
-                        return Ok(Err(if self.buf.is_empty() {
-                            Stop::End
-                        } else {
-                            Stop::Truncated
-                        }));
-                    }
-                    let old = self.buf.len();
-                    self.buf.resize(old + want, 0);
-                    let n = self.file.read_at(&mut self.buf[old..], end)?;
-                    self.buf.truncate(old + n);
-                    if n == 0 {
-                        return Ok(Err(if self.buf.is_empty() {
-                            Stop::End
-                        } else {
-                            Stop::Truncated
-                        }));
-                    }
+                Err(Stop::End) if exhausted => {
+                    return Ok(Err(if self.skipping > 0 {
+                        Stop::Truncated
+                    } else {
+                        Stop::End
+                    }));
+                }
+                Err(Stop::End | Stop::Truncated) if !exhausted => {
+                    exhausted = self.refill(start, limit)?;
+                }
+                // Damage, or bytes that end before the record they start:
+                // skip one and look for a valid record after it.
+                Err(_) => {
+                    self.at += 1;
+                    self.skipping += 1;
                 }
             }
         }
+    }
+
+    /// Drops the decoded bytes before `start` and reads more after the
+    /// rest: true when there was nothing more to read.
+    fn refill(&mut self, start: usize, limit: Option<u64>) -> io::Result<bool> {
+        self.buf.drain(..start);
+        self.buf_at = self.at;
+        let end = self.buf_at + self.buf.len() as u64;
+        let want = match limit {
+            Some(l) if l <= end => 0,
+            Some(l) => (l - end).min(READ_CHUNK as u64) as usize,
+            None => READ_CHUNK,
+        };
+        if want == 0 {
+            return Ok(true);
+        }
+        let old = self.buf.len();
+        self.buf.resize(old + want, 0);
+        let n = self.file.read_at(&mut self.buf[old..], end)?;
+        self.buf.truncate(old + n);
+        Ok(n == 0)
     }
 
     /// Sequence number of the last record returned.
     pub fn last_seq(&self) -> u64 {
         self.last
     }
+
+    /// Where the last record returned ends (the header's end before one).
+    pub fn good_end(&self) -> u64 {
+        self.good_end
+    }
+
+    /// Bytes of damage skipped between the records returned so far.
+    pub fn damaged(&self) -> u64 {
+        self.damaged
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn segment(dir: &Path, first: u64, seqs: &[u64]) -> PathBuf {
         let mut buf = header(first).to_vec();
@@ -359,10 +442,14 @@ mod tests {
         assert_eq!(parse_name("42.wpj"), None);
         assert_eq!(parse_name("0000000000000000004x.wpj"), None);
         assert_eq!(parse_name(&file_name(7).replace("wpj", "tmp")), None);
+        assert_eq!(parse_name(&file_name(MAX_SEQ)), Some(MAX_SEQ));
+        assert_eq!(parse_name(&file_name(MAX_SEQ + 1)), None, "out of range");
+        assert_eq!(parse_name("99999999999999999999.wpj"), None, "not a u64");
         let d = tmp();
         segment(&d, 11, &[11, 12]);
         segment(&d, 1, &[1, 2, 3]);
         std::fs::write(d.join("notes.txt"), "x").unwrap();
+        std::fs::write(d.join(file_name(u64::MAX)), "x").unwrap();
         let l = list(&d).unwrap();
         assert_eq!(
             l.iter().map(|s| s.first_seq).collect::<Vec<_>>(),
@@ -372,42 +459,87 @@ mod tests {
     }
 
     #[test]
-    fn every_kind_of_damage_ends_the_valid_prefix() {
+    fn damage_loses_only_itself() {
         let d = tmp();
         let p = segment(&d, 1, &[1, 2, 3]);
         let whole = std::fs::read(&p).unwrap();
-        let s = scan(&p).unwrap();
+        let s = scan(&p, 1).unwrap();
         assert_eq!((s.records, s.last_seq, s.stop), (3, Some(3), Stop::End));
-        assert_eq!(s.valid_len, whole.len() as u64);
+        assert_eq!((s.valid_len, s.damaged), (whole.len() as u64, 0));
         let rec = (whole.len() - HEADER_LEN as usize) / 3;
 
         // Torn: the last record cut anywhere inside.
         for cut in 1..rec {
             std::fs::write(&p, &whole[..whole.len() - cut]).unwrap();
-            let s = scan(&p).unwrap();
+            let s = scan(&p, 1).unwrap();
             assert_eq!((s.records, s.stop), (2, Stop::Truncated), "cut {cut}");
             assert_eq!(s.valid_len, (whole.len() - rec) as u64);
         }
-        // A flipped bit anywhere in the second record.
+        // A flipped bit anywhere in the second record: the third is still
+        // found after it.
         for i in 0..rec {
             let mut b = whole.clone();
             b[HEADER_LEN as usize + rec + i] ^= 0x10;
             std::fs::write(&p, &b).unwrap();
-            let s = scan(&p).unwrap();
-            assert_eq!(s.records, 1, "bit flip at byte {i} of record 2");
-            assert_ne!(s.stop, Stop::End);
+            let s = scan(&p, 1).unwrap();
+            assert_eq!(
+                (s.records, s.last_seq, s.stop, s.damaged),
+                (2, Some(3), Stop::End, rec as u64),
+                "bit flip at byte {i} of record 2"
+            );
+            let mut r = SegmentReader::open(&p, 1).unwrap();
+            assert_eq!(r.next(None).unwrap().unwrap().seq, 1);
+            assert_eq!(r.next(None).unwrap().unwrap().payload, b"event 3");
         }
         // Zeroes after the records (a file extended but never written).
         let mut b = whole.clone();
         b.extend_from_slice(&[0u8; 64]);
         std::fs::write(&p, &b).unwrap();
-        let s = scan(&p).unwrap();
-        assert_eq!((s.records, s.stop), (3, Stop::Damaged));
-        // A bad header.
+        let s = scan(&p, 1).unwrap();
+        assert_eq!((s.records, s.stop), (3, Stop::Truncated));
+        assert_eq!(s.valid_len, whole.len() as u64);
+        // A bad header, or one naming another first number than the name.
         let mut b = whole.clone();
         b[0] = b'X';
         std::fs::write(&p, &b).unwrap();
-        assert_eq!(scan(&p).unwrap().valid_len, 0);
+        assert_eq!(scan(&p, 1).unwrap().valid_len, 0);
+        std::fs::write(&p, &whole).unwrap();
+        assert_eq!(scan(&p, 2).unwrap().valid_len, 0);
+        let e = SegmentReader::open(&p, 2).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        // Shorter than a header.
+        std::fs::write(&p, &whole[..5]).unwrap();
+        assert_eq!(
+            SegmentReader::open(&p, 1).unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn hostile_numbers_and_lengths_are_damage() {
+        // A record numbered u64::MAX (valid CRC): damage, so that `seq + 1`
+        // never overflows.
+        let mut b = Vec::new();
+        encode_record(&mut b, u64::MAX, 1, b"x");
+        assert_eq!(decode_record(&b, 0), Err(Stop::Damaged));
+        let mut b = Vec::new();
+        encode_record(&mut b, MAX_SEQ, 1, b"x");
+        assert_eq!(decode_record(&b, 0).unwrap().0.seq, MAX_SEQ);
+        // A length far beyond the file, and one beyond the largest payload.
+        let mut b = vec![0u8; RECORD_HEADER_LEN];
+        b[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(decode_record(&b, 0), Err(Stop::Damaged));
+        b[..4].copy_from_slice(&MAX_PAYLOAD.to_le_bytes());
+        assert_eq!(decode_record(&b, 0), Err(Stop::Truncated));
+        let d = tmp();
+        let p = d.join(file_name(1));
+        let mut f = header(1).to_vec();
+        f.extend_from_slice(&b);
+        encode_record(&mut f, 1, 10, b"after");
+        std::fs::write(&p, &f).unwrap();
+        let s = scan(&p, 1).unwrap();
+        assert_eq!((s.records, s.stop), (1, Stop::End), "{s:?}");
         std::fs::remove_dir_all(d).unwrap();
     }
 
@@ -416,7 +548,7 @@ mod tests {
         let d = tmp();
         let p = segment(&d, 5, &[5, 6, 9]);
         let len = std::fs::metadata(&p).unwrap().len();
-        let mut r = SegmentReader::open(&p).unwrap();
+        let mut r = SegmentReader::open(&p, 5).unwrap();
         assert_eq!(r.next(None).unwrap().unwrap().seq, 5);
         // A limit inside the second record: not yet.
         assert_eq!(r.next(Some(len - 5)).unwrap().unwrap().seq, 6);
@@ -425,16 +557,84 @@ mod tests {
         assert_eq!((third.seq, third.time_ns), (9, 90));
         assert_eq!(third.payload, b"event 9");
         assert_eq!(r.next(None).unwrap(), Err(Stop::End));
-        assert_eq!(first_time(&p).unwrap(), Some(50));
+        assert_eq!(first_time(&p, 5).unwrap(), Some(50));
+        assert_eq!(first_time(&p, 4).unwrap(), None, "another segment's name");
 
         let mut b = std::fs::read(&p).unwrap();
         let n = b.len();
         b[n - 2] ^= 1;
         std::fs::write(&p, &b).unwrap();
-        let mut r = SegmentReader::open(&p).unwrap();
+        let mut r = SegmentReader::open(&p, 5).unwrap();
         r.next(None).unwrap().unwrap();
         r.next(None).unwrap().unwrap();
-        assert_eq!(r.next(None).unwrap(), Err(Stop::Damaged));
+        assert_eq!(r.next(None).unwrap(), Err(Stop::Truncated));
         std::fs::remove_dir_all(d).unwrap();
+    }
+
+    /// A piece of a segment: a valid record (numbered after the previous
+    /// one) or arbitrary bytes.
+    #[derive(Debug, Clone)]
+    enum Piece {
+        Record { gap: u64, payload: Vec<u8> },
+        Junk(Vec<u8>),
+    }
+
+    fn piece() -> impl Strategy<Value = Piece> {
+        prop_oneof![
+            (1u64..1000, proptest::collection::vec(any::<u8>(), 0..64))
+                .prop_map(|(gap, payload)| Piece::Record { gap, payload }),
+            proptest::collection::vec(any::<u8>(), 1..200).prop_map(Piece::Junk),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Whatever the bytes after a header: no panic, and the records read
+        /// back are exactly the valid ones written, in order (junk never
+        /// shows as a record, and never hides a valid record after it).
+        #[test]
+        fn arbitrary_bytes_never_yield_more_than_the_valid_records(
+            first in 1u64..1_000_000,
+            pieces in proptest::collection::vec(piece(), 0..20),
+            raw in proptest::collection::vec(any::<u8>(), 0..300),
+        ) {
+            let d = tmp();
+            let p = d.join(file_name(first));
+            let mut bytes = header(first).to_vec();
+            let mut want = Vec::new();
+            let mut seq = first - 1;
+            for piece in &pieces {
+                match piece {
+                    Piece::Record { gap, payload } => {
+                        seq += gap;
+                        encode_record(&mut bytes, seq, seq, payload);
+                        want.push((seq, payload.clone()));
+                    }
+                    Piece::Junk(j) => bytes.extend_from_slice(j),
+                }
+            }
+            std::fs::write(&p, &bytes).unwrap();
+            let mut r = SegmentReader::open(&p, first).unwrap();
+            let mut got = Vec::new();
+            while let Ok(rec) = r.next(None).unwrap() {
+                got.push((rec.seq, rec.payload));
+            }
+            prop_assert_eq!(&got, &want);
+            let s = scan(&p, first).unwrap();
+            prop_assert_eq!(s.records, want.len() as u64);
+            prop_assert!(s.valid_len <= s.file_len);
+
+            // Bytes with no structure at all, header included.
+            std::fs::write(&p, &raw).unwrap();
+            let s = scan(&p, first).unwrap();
+            prop_assert!(s.valid_len <= s.file_len);
+            if let Ok(mut r) = SegmentReader::open(&p, first) {
+                while let Ok(rec) = r.next(Some(raw.len() as u64)).unwrap() {
+                    prop_assert!(rec.seq <= MAX_SEQ && rec.seq >= first);
+                }
+            }
+            std::fs::remove_dir_all(d).unwrap();
+        }
     }
 }

@@ -231,6 +231,7 @@ pub struct Metrics {
     journal_fsyncs: Counter,
     journal_fsync_seconds: Counter<f64, AtomicU64>,
     journal_torn: Counter,
+    journal_write_errors: Counter,
     export_acked_seq: GaugeU,
     export_published: Counter,
     export_errors: Counter,
@@ -288,6 +289,7 @@ impl Metrics {
             journal_fsyncs: Counter::default(),
             journal_fsync_seconds: Counter::default(),
             journal_torn: Counter::default(),
+            journal_write_errors: Counter::default(),
             export_acked_seq: GaugeU::default(),
             export_published: Counter::default(),
             export_errors: Counter::default(),
@@ -352,7 +354,9 @@ impl Metrics {
         r.register(
             "journal_events_lost",
             "Events not in the journal, by reason: writer_lag (the writer fell more than the \
-             event ring behind), retention (deleted, oldest first, beyond --journal-max-bytes)",
+             event ring behind), retention (deleted, oldest first, beyond --journal-max-bytes), \
+             write_error (a write failed: a full disk, an I/O error), sync_error (written, but \
+             their fdatasync failed: a machine crash may take them)",
             m.journal_lost.clone(),
         );
         r.register(
@@ -370,6 +374,11 @@ impl Metrics {
             "journal_torn_tails",
             "Torn or damaged tails cut off the journal at start",
             m.journal_torn.clone(),
+        );
+        r.register(
+            "journal_write_errors",
+            "Failed writes, fdatasync calls and segment creations of the journal",
+            m.journal_write_errors.clone(),
         );
         r.register(
             "export_acked_seq",
@@ -552,6 +561,8 @@ impl Metrics {
         for (reason, n) in [
             ("writer_lag", s.journal_lagged),
             ("retention", s.journal_retired),
+            ("write_error", s.journal_write_lost),
+            ("sync_error", s.journal_unsynced),
         ] {
             set_counter(&self.journal_lost.get_or_create(&ReasonLabel { reason }), n);
         }
@@ -561,6 +572,7 @@ impl Metrics {
             Ordering::Relaxed,
         );
         set_counter(&self.journal_torn, s.journal_torn);
+        set_counter(&self.journal_write_errors, s.journal_write_errors);
         self.export_acked_seq.set(s.export_acked_seq);
         set_counter(&self.export_published, s.export_published);
         set_counter(&self.export_errors, s.export_errors);

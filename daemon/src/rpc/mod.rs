@@ -68,10 +68,34 @@ impl Service {
             return;
         };
         let same_boot = p.same_boot(&saved);
+        let ctx = persist::RestoreContext::current();
         let (mut restored, mut refused) = (0, 0);
         for e in saved.entries {
-            let caller = persist::caller_of(&e.caller.unwrap_or_default());
+            // Rights re-derived, never read back (see `persist`).
+            let saved_caller = e.caller.unwrap_or_default();
+            let caller = persist::restore_caller(&saved_caller, ctx);
+            if saved_caller.privileged && !caller.privileged {
+                tracing::warn!(
+                    saved_id = e.id,
+                    uid = saved_caller.uid,
+                    userns = saved_caller.userns,
+                    "saved as privileged, set again as a plain caller of its uid: its rights \
+                     cannot be proven after a restart"
+                );
+            }
             let (spec, selector, outcome) = match e.what {
+                _ if !persist::id_in_range(e.id) => {
+                    let (spec, selector) = match e.what {
+                        Some(pb::saved_entry::What::Policy(pol)) => (pol.spec, pol.selector),
+                        Some(pb::saved_entry::What::Watchpoint(w)) => (w.spec, None),
+                        None => (None, None),
+                    };
+                    (
+                        spec,
+                        selector,
+                        Err(format!("its saved id {} is out of range (damage)", e.id)),
+                    )
+                }
                 Some(pb::saved_entry::What::Policy(pol)) => {
                     let r = self
                         .set_policy_as(
@@ -205,8 +229,16 @@ impl Service {
         {
             p.record_watchpoint(view.id.0, &caller, asked, view.spec.pid);
             // On disk before the answer: a daemon killed right after it
-            // sets the watchpoint again.
-            self.sync_saved().await;
+            // sets the watchpoint again. Not on disk: undone, refused.
+            if let Err(e) = self.commit_saved(persist::Change::Added(view.id.0)).await {
+                let (core, id) = (self.core.clone(), view.id);
+                let _ = blocking(move || core.remove_watchpoint(id).map(|_| ())).await;
+                return Err(not_saved(
+                    format!("watchpoint {}", view.id.0),
+                    &e,
+                    "it was removed again; nothing changed",
+                ));
+            }
         }
         tracing::info!(
             id = view.id.0,
@@ -247,7 +279,15 @@ impl Service {
             blocking(move || core.set_policy_with_id(selector, spec, who, id.map(WatchId))).await?;
         if let Some(p) = &self.persist {
             p.record_policy(view.id.0, &caller, selector_asked, asked);
-            self.sync_saved().await;
+            if let Err(e) = self.commit_saved(persist::Change::Added(view.id.0)).await {
+                let (core, id) = (self.core.clone(), view.id);
+                let _ = blocking(move || core.remove_policy(id).map(|_| ())).await;
+                return Err(not_saved(
+                    format!("policy {}", view.id.0),
+                    &e,
+                    "it was removed again; nothing changed",
+                ));
+            }
         }
         tracing::info!(
             id = view.id.0,
@@ -280,12 +320,24 @@ impl Service {
         }
     }
 
-    /// `id` was removed through the API: it leaves the saved state now.
-    async fn forget_saved(&self, id: u64) {
-        if let Some(p) = &self.persist {
-            p.forget(id);
-            self.sync_saved().await;
-        }
+    /// Writes `change` to the saved state now (see `Persist::commit`).
+    async fn commit_saved(&self, change: persist::Change) -> std::io::Result<()> {
+        let Some(p) = self.persist.clone() else {
+            return Ok(());
+        };
+        let core = self.core.clone();
+        tokio::task::spawn_blocking(move || {
+            p.commit(
+                change,
+                |id| {
+                    let id = WatchId(id);
+                    core.policy(id).is_some() || core.watch_pid(id).is_some()
+                },
+                core.next_id(),
+            )
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(format!("saving task failed: {e}"))))
     }
 
     /// Stops saving (shutdown: what follows is not removal).
@@ -362,6 +414,9 @@ impl Service {
             journal_fsyncs: j.fsyncs,
             journal_fsync_us: j.fsync_us,
             journal_torn: j.torn,
+            journal_write_lost: j.write_lost,
+            journal_unsynced: j.unsynced,
+            journal_write_errors: j.write_errors,
             export_acked_seq: x.acked_seq,
             export_published: x.published,
             export_errors: x.errors,
@@ -369,6 +424,21 @@ impl Service {
             export_connected: x.connected,
         })
     }
+}
+
+/// The answer to a request whose change could not be saved (logged with
+/// its errno).
+fn not_saved(what: String, e: &std::io::Error, outcome: &'static str) -> Status {
+    tracing::error!(
+        error = %e,
+        errno = e.raw_os_error().unwrap_or(0),
+        "{what}: cannot save the watchpoints; {outcome}"
+    );
+    status::to_status(&WpdError::NotSaved {
+        what,
+        error: e.to_string(),
+        outcome,
+    })
 }
 
 /// Checks that `caller` may act on `pid` (see `authz`), noting what the
@@ -558,9 +628,19 @@ impl Watchpoints for Service {
             if !caller.privileged && p.caller.uid != caller.uid {
                 return Err(status::to_status(&WpdError::NoSuchWatchpoint(id)));
             }
+            // Off the disk first: a removal that cannot be saved would be
+            // undone by a restart, so it is refused and changes nothing.
+            self.commit_saved(persist::Change::Removed(id.0))
+                .await
+                .map_err(|e| {
+                    not_saved(
+                        format!("removing policy {}", id.0),
+                        &e,
+                        "the policy stays, set and saved; nothing changed",
+                    )
+                })?;
             let core = self.core.clone();
             let view = blocking(move || core.remove_policy(id)).await?;
-            self.forget_saved(id.0).await;
             tracing::info!(
                 id = id.0,
                 instances = view.instances.len(),
@@ -581,9 +661,17 @@ impl Watchpoints for Service {
             .watch_pid(id)
             .ok_or_else(|| status::to_status(&WpdError::NoSuchWatchpoint(id)))?;
         allow(&caller, pid)?;
+        self.commit_saved(persist::Change::Removed(id.0))
+            .await
+            .map_err(|e| {
+                not_saved(
+                    format!("removing watchpoint {}", id.0),
+                    &e,
+                    "the watchpoint stays, armed and saved; nothing changed",
+                )
+            })?;
         let core = self.core.clone();
         let view = blocking(move || core.remove_watchpoint(id)).await?;
-        self.forget_saved(id.0).await;
         Ok(Response::new(pb::RemoveWatchpointResponse {
             watchpoint: Some((&view).into()),
         }))
@@ -671,8 +759,8 @@ impl Watchpoints for Service {
             allow(&caller, r.pid)?;
         }
         let from = match (r.after_seq, r.since_time_ns) {
-            (Some(a), _) => Some(crate::journal::From::AfterSeq(a)),
-            (None, Some(t)) => Some(crate::journal::From::SinceTime(t)),
+            (Some(a), _) => Some(crate::journal::Start::AfterSeq(a)),
+            (None, Some(t)) => Some(crate::journal::Start::SinceTime(t)),
             (None, None) => None,
         };
         let journal = match from {

@@ -8,6 +8,16 @@
 //! - a watchpoint of one process only in the same boot, for the same pid
 //!   and process start time (a reused pid is never watched in its place).
 //!
+//! Who set an entry is not taken from the file as such: its privileges,
+//! capabilities and user namespace are not proof of anything after a
+//! restart (a namespace's number is reused once it is gone, or after a
+//! reboot). [`restore_caller`] decides what the entry is set again as:
+//! privileged only for root (uid 0) of the initial user namespace, whose
+//! number is fixed and never given to another namespace, with the daemon
+//! itself in that namespace; anyone else as a plain caller of the saved
+//! uid and gid, without capabilities (docs/security.md, "Saved state and
+//! restarts").
+//!
 //! What cannot be set again is logged, listed (`ListWatchpoints.
 //! not_restored`) and published as `WatchpointRemoved` with its saved id.
 //! Entries leave the file when removed through the API or when the daemon
@@ -15,7 +25,11 @@
 //! everything from the targets but leaves the file as it is.
 //!
 //! The file is replaced whole: written to a temporary file, synced, renamed
-//! over the old one, the directory synced. It is small (one entry per
+//! over the old one, the directory synced. SetWatchpoint, SetPolicy and
+//! RemoveWatchpoint answer only once their change is written
+//! ([`Persist::commit`]); when the write fails (a full disk) the change is
+//! undone (a new entry forgotten and its watchpoint or policy removed, a
+//! removal not made) and the request answered `NOT_SAVED`. It is small (one entry per
 //! watchpoint set by hand or policy).
 
 use std::collections::BTreeMap;
@@ -53,6 +67,19 @@ pub struct Persist {
     restoring: AtomicBool,
     /// What the last start could not set again, with the uid of who set it.
     not_restored: Mutex<Vec<(u32, pb::NotRestored)>>,
+    /// Held from taking the entries to writing them: writes happen one
+    /// at a time, in order, and a change undone after a failed write is
+    /// never carried by another.
+    writing: Mutex<()>,
+}
+
+/// A change a request is answered for only once it is on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// The entry just recorded: forgotten again if it cannot be written.
+    Added(u64),
+    /// The entry to remove: kept if the file without it cannot be written.
+    Removed(u64),
 }
 
 /// This boot's id.
@@ -62,11 +89,38 @@ pub fn boot_id() -> String {
         .unwrap_or_default()
 }
 
+/// Largest id read back from the file: ids are given one by one from 1, so
+/// a larger one is damage (and would overflow the next id).
+pub const MAX_ID: u64 = 1 << 48;
+
+/// The user namespace inode of the initial user namespace
+/// (`PROC_USER_INIT_INO`): fixed by the kernel, the same in every boot and
+/// never given to another namespace.
+pub const INIT_USERNS: u64 = 0xEFFF_FFFD;
+
+/// Whether `id`, read back, can be an id this daemon gave.
+pub fn id_in_range(id: u64) -> bool {
+    (1..=MAX_ID).contains(&id)
+}
+
 /// The ids a restarted daemon must not give again: up to the saved next
-/// id, and every saved entry's.
+/// id, and every saved entry's (ids out of range ignored: damage).
 pub fn last_used_id(saved: &pb::SavedState) -> u64 {
-    let entries = saved.entries.iter().map(|e| e.id).max().unwrap_or(0);
-    entries.max(saved.next_id.saturating_sub(1))
+    let entries = saved
+        .entries
+        .iter()
+        .map(|e| e.id)
+        .filter(|&id| id_in_range(id))
+        .max()
+        .unwrap_or(0);
+    let next = match saved.next_id {
+        n if n <= MAX_ID + 1 => n.saturating_sub(1),
+        n => {
+            tracing::warn!(next_id = n, "saved state: next id out of range; ignored");
+            0
+        }
+    };
+    entries.max(next)
 }
 
 /// The saved caller of `c`.
@@ -81,17 +135,56 @@ pub fn saved_caller(c: &Caller) -> pb::SavedCaller {
     }
 }
 
-/// The caller a saved entry is set again as.
-pub fn caller_of(c: &pb::SavedCaller) -> Caller {
-    Caller {
-        uid: c.uid,
-        gid: c.gid,
-        pid: None,
-        cap_prm: c.cap_prm,
-        cap_eff: c.cap_eff,
-        userns: (c.userns != 0).then_some(c.userns),
-        privileged: c.privileged,
+/// What the daemon knows of itself that decides how far a saved caller is
+/// trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestoreContext {
+    /// The daemon's effective uid (only it can have written the file: the
+    /// state directory is its own and writable by nobody else).
+    pub euid: u32,
+    /// The daemon's user namespace inode.
+    pub userns: Option<u64>,
+}
+
+impl RestoreContext {
+    /// This daemon's.
+    pub fn current() -> Self {
+        RestoreContext {
+            euid: nix::unistd::geteuid().as_raw(),
+            userns: crate::procfs::userns_of(std::process::id() as Pid),
+        }
     }
+}
+
+/// The caller a saved entry is set again as. The file's `privileged`,
+/// capabilities and namespace are claims, not proof:
+///
+/// - privileged: only a caller saved privileged as uid 0 of the initial
+///   user namespace ([`INIT_USERNS`], a number no other namespace gets, in
+///   this boot or another), by a daemon running as root in that namespace
+///   (so only root could have written the claim);
+/// - anyone else: a plain caller of the saved uid and gid, with no
+///   capability and no namespace: it may act on the processes that uid
+///   could trace without privilege, nothing more. A namespace that is gone,
+///   or whose number now names another, grants nothing.
+pub fn restore_caller(c: &pb::SavedCaller, ctx: RestoreContext) -> Caller {
+    if c.privileged
+        && c.uid == 0
+        && c.userns == INIT_USERNS
+        && ctx.euid == 0
+        && ctx.userns == Some(INIT_USERNS)
+    {
+        return Caller {
+            uid: 0,
+            gid: c.gid,
+            pid: None,
+            cap_prm: u64::MAX,
+            cap_eff: u64::MAX,
+            userns: Some(INIT_USERNS),
+            privileged: true,
+        };
+    }
+    Caller::unprivileged(c.uid, c.gid, None)
 }
 
 impl Persist {
@@ -127,6 +220,7 @@ impl Persist {
                 frozen: AtomicBool::new(false),
                 restoring: AtomicBool::new(saved.is_some()),
                 not_restored: Mutex::new(Vec::new()),
+                writing: Mutex::new(()),
             },
             saved,
         ))
@@ -213,6 +307,55 @@ impl Persist {
     /// Drops entries whose watchpoint or policy no longer exists
     /// (`exists`), then writes the file if anything changed. Blocking.
     pub fn sync(&self, exists: impl Fn(u64) -> bool, next_id: u64) -> io::Result<bool> {
+        let _writing = self.writing.lock().unwrap();
+        self.sync_locked(exists, next_id)
+    }
+
+    /// Writes `change` now (with whatever else changed): on a failure it
+    /// is undone in the saved entries (an added entry forgotten, a removed
+    /// one kept) before any other write can carry it, and the error
+    /// returned. While writing is off (shutdown, the last run's entries
+    /// being set again) nothing is written and the change stays.
+    /// Blocking.
+    pub fn commit(
+        &self,
+        change: Change,
+        exists: impl Fn(u64) -> bool,
+        next_id: u64,
+    ) -> io::Result<()> {
+        let _writing = self.writing.lock().unwrap();
+        let removed = match change {
+            Change::Removed(id) => {
+                let e = self.entries.lock().unwrap().remove(&id);
+                if e.is_some() {
+                    self.dirty.store(true, Ordering::Release);
+                }
+                e
+            }
+            Change::Added(_) => None,
+        };
+        if matches!(change, Change::Removed(_)) && removed.is_none() {
+            // Never saved (a lease's): nothing to write for it.
+            return Ok(());
+        }
+        let r = self.sync_locked(exists, next_id);
+        if r.is_err() {
+            let mut entries = self.entries.lock().unwrap();
+            match change {
+                Change::Added(id) => {
+                    entries.remove(&id);
+                }
+                Change::Removed(id) => {
+                    if let Some(e) = removed {
+                        entries.insert(id, e);
+                    }
+                }
+            }
+        }
+        r.map(|_| ())
+    }
+
+    fn sync_locked(&self, exists: impl Fn(u64) -> bool, next_id: u64) -> io::Result<bool> {
         if self.frozen.load(Ordering::Acquire) || self.restoring.load(Ordering::Acquire) {
             return Ok(false);
         }
@@ -316,6 +459,126 @@ mod tests {
         assert!(saved.entries[0].caller.as_ref().unwrap().privileged);
         assert_eq!(saved.next_id, 10);
         std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn a_change_that_cannot_be_written_is_undone() {
+        let d = dir();
+        let me = std::process::id() as i32;
+        let (p, _) = Persist::open(&d).unwrap();
+        let caller = Caller::privileged();
+        p.record_watchpoint(1, &caller, spec(me), me);
+        p.commit(Change::Added(1), |_| true, 10).unwrap();
+        // Writing fails from now on (the temporary file's name is taken by
+        // a directory), as on a full disk.
+        let tmp = d.join(format!("{FILE}.tmp"));
+        std::fs::create_dir(&tmp).unwrap();
+        p.record_watchpoint(2, &caller, spec(me), me);
+        assert!(p.commit(Change::Added(2), |_| true, 10).is_err());
+        assert_eq!(p.len(), 1, "the new entry is forgotten again");
+        assert!(p.commit(Change::Removed(1), |_| true, 10).is_err());
+        assert_eq!(p.len(), 1, "the removal is not made");
+        // A removal of something never saved writes nothing: it succeeds.
+        p.commit(Change::Removed(99), |_| true, 10).unwrap();
+        let (_, saved) = Persist::open(&d).unwrap();
+        let ids: Vec<u64> = saved.unwrap().entries.iter().map(|e| e.id).collect();
+        assert_eq!(ids, vec![1], "the file as before the failures");
+        // Room again: the removal goes through.
+        std::fs::remove_dir(&tmp).unwrap();
+        p.commit(Change::Removed(1), |_| true, 10).unwrap();
+        assert!(p.is_empty());
+        let (_, saved) = Persist::open(&d).unwrap();
+        assert!(saved.unwrap().entries.is_empty());
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn saved_rights_are_claims_only_root_of_the_initial_namespace_keeps() {
+        let root_daemon = RestoreContext {
+            euid: 0,
+            userns: Some(INIT_USERNS),
+        };
+        let root = pb::SavedCaller {
+            uid: 0,
+            gid: 0,
+            cap_prm: u64::MAX,
+            cap_eff: u64::MAX,
+            userns: INIT_USERNS,
+            privileged: true,
+        };
+        let c = restore_caller(&root, root_daemon);
+        assert!(c.privileged && c.uid == 0 && c.cap_eff == u64::MAX, "{c:?}");
+        let plain = |c: Caller, uid: u32| {
+            c == Caller::unprivileged(uid, uid, None) && c.userns.is_none() && c.cap_eff == 0
+        };
+        // Forged privilege for another uid; root of another namespace
+        // (gone, or alive: the number proves nothing); privilege not
+        // claimed; a daemon that is not root, or not in the initial
+        // namespace: a plain caller of the saved uid.
+        for (caller, ctx, uid) in [
+            (
+                pb::SavedCaller {
+                    uid: 4242,
+                    gid: 4242,
+                    ..root
+                },
+                root_daemon,
+                4242,
+            ),
+            (
+                pb::SavedCaller {
+                    userns: 4026532999,
+                    ..root
+                },
+                root_daemon,
+                0,
+            ),
+            (pb::SavedCaller { userns: 0, ..root }, root_daemon, 0),
+            (
+                pb::SavedCaller {
+                    privileged: false,
+                    ..root
+                },
+                root_daemon,
+                0,
+            ),
+            (
+                root,
+                RestoreContext {
+                    euid: 1000,
+                    userns: Some(INIT_USERNS),
+                },
+                0,
+            ),
+            (
+                root,
+                RestoreContext {
+                    euid: 0,
+                    userns: Some(4026532999),
+                },
+                0,
+            ),
+        ] {
+            let got = restore_caller(&caller, ctx);
+            assert!(plain(got, uid), "{caller:?} in {ctx:?} -> {got:?}");
+        }
+        // Ids out of range never count, nor overflow the next id.
+        let saved = pb::SavedState {
+            entries: vec![
+                pb::SavedEntry {
+                    id: u64::MAX,
+                    ..Default::default()
+                },
+                pb::SavedEntry {
+                    id: 7,
+                    ..Default::default()
+                },
+            ],
+            next_id: u64::MAX,
+            ..Default::default()
+        };
+        assert_eq!(last_used_id(&saved), 7);
+        assert!(!id_in_range(0) && !id_in_range(MAX_ID + 1) && id_in_range(1));
     }
 
     #[test]

@@ -28,7 +28,7 @@ use super::EventFeed;
 use crate::authz::{self, Caller};
 use crate::core::Core;
 use crate::events::{Event, EventKind, Subscription};
-use crate::journal::{Encoder, From, Item, Journal};
+use crate::journal::{Encoder, Item, Journal, Start};
 use crate::model::Pid;
 
 /// Items read from the journal per blocking read.
@@ -150,7 +150,7 @@ pub(super) enum Step {
 pub(super) fn start(
     core: Arc<Core>,
     journal: Arc<Journal>,
-    from: From,
+    from: Start,
     mut filter: Filter,
 ) -> mpsc::Receiver<Step> {
     let (tx, rx) = mpsc::channel(BATCH);
@@ -188,8 +188,8 @@ pub(super) fn start(
         // replay by time that found nothing started after all of it).
         let covered = match (reader.position(), from) {
             (Some(p), _) => Some(p),
-            (None, From::AfterSeq(a)) => Some(a),
-            (None, From::SinceTime(_)) => None,
+            (None, Start::AfterSeq(a)) => Some(a),
+            (None, Start::SinceTime(_)) => None,
         };
         if let Some(c) = covered
             && head > c

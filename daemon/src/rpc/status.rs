@@ -109,6 +109,7 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
         WpdError::OwnProcess(_) => (Code::InvalidArgument, r::OWN_PROCESS),
         WpdError::InitProcess => (Code::FailedPrecondition, r::INIT_PROCESS),
         WpdError::NoJournal => (Code::FailedPrecondition, r::NO_JOURNAL),
+        WpdError::NotSaved { .. } => (Code::Unavailable, r::NOT_SAVED),
         WpdError::ProcessExited(_) => (Code::NotFound, r::PROCESS_EXITED),
         WpdError::ProcessLost { .. } => (Code::FailedPrecondition, r::PROCESS_LOST),
         WpdError::AlreadyTraced { .. } => (Code::FailedPrecondition, r::ALREADY_TRACED),
@@ -324,6 +325,17 @@ mod tests {
             Code::FailedPrecondition,
             "NO_JOURNAL",
             "--state-dir",
+        );
+        check(
+            WpdError::NotSaved {
+                what: "watchpoint 7".into(),
+                error: "No space left on device (os error 28)".into(),
+                outcome: "it was removed again",
+            },
+            Code::Unavailable,
+            "NOT_SAVED",
+            "watchpoint 7 could not be saved in the state directory (No space left on device \
+             (os error 28)): it was removed again",
         );
         check(
             WpdError::ProcessLost {
