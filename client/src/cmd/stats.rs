@@ -59,6 +59,9 @@ fn to_json(s: &GetStatsResponse) -> serde_json::Value {
         "journal_fsyncs": s.journal_fsyncs,
         "journal_fsync_us": s.journal_fsync_us,
         "journal_torn": s.journal_torn,
+        "journal_write_lost": s.journal_write_lost,
+        "journal_unsynced": s.journal_unsynced,
+        "journal_write_errors": s.journal_write_errors,
         "export_acked_seq": s.export_acked_seq,
         "export_published": s.export_published,
         "export_errors": s.export_errors,
@@ -122,7 +125,7 @@ fn to_text(s: &GetStatsResponse) -> String {
             "journal",
             format!(
                 "written to seq {}, durable to seq {}; {} ({}); {} ({}); \
-                 {} lagged, {} retired, {} torn",
+                 {} lagged, {} retired, {} torn; {}, {} lost to them, {} not synced",
                 s.journal_written_seq,
                 s.journal_durable_seq,
                 plural(s.journal_segments, "segment"),
@@ -131,7 +134,10 @@ fn to_text(s: &GetStatsResponse) -> String {
                 duration_ns(s.journal_fsync_us.saturating_mul(1_000)),
                 s.journal_lagged,
                 s.journal_retired,
-                s.journal_torn
+                s.journal_torn,
+                plural(s.journal_write_errors, "write error"),
+                s.journal_write_lost,
+                s.journal_unsynced
             ),
         ),
         (
@@ -206,7 +212,7 @@ mod tests {
             ledger hold: p50 800 ns, p99 12.5 µs, max 4.2 ms
             connections: 3 open, 1 refused, 0 closed idle
             symbols:     3 modules loaded (3.3 MiB), 12 code addresses (2.0 KiB), 4 maps reads
-            journal:     written to seq 120, durable to seq 118; 2 segments (1.2 MiB); 14 fsyncs (3.2 ms); 0 lagged, 0 retired, 1 torn
+            journal:     written to seq 120, durable to seq 118; 2 segments (1.2 MiB); 14 fsyncs (3.2 ms); 0 lagged, 0 retired, 1 torn; 0 write errors, 0 lost to them, 0 not synced
             export:      connected; acked to seq 117; 119 published, 1 error, 0 lost
         "#]].assert_eq(&to_text(&s));
         let v = to_json(&s);
