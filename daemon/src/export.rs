@@ -41,11 +41,40 @@ pub const WINDOW: usize = 1024;
 /// Events read from the journal at once.
 const BATCH: usize = 1024;
 
+/// How the exporter proves who it is to the server.
+#[derive(Debug, Clone, Default)]
+pub enum Auth {
+    /// Nothing (a server without authorization).
+    #[default]
+    None,
+    /// A token (`authorization { token: ... }`).
+    Token(crate::secret::Secret),
+    /// A user and password.
+    UserPassword(String, crate::secret::Secret),
+    /// A NATS credentials file (JWT and NKey seed, as `nsc` makes them).
+    CredsFile(PathBuf),
+}
+
+/// TLS to the server.
+#[derive(Debug, Clone, Default)]
+pub struct Tls {
+    /// PEM file of the CA(s) the server's certificate must chain to; TLS is
+    /// required when set.
+    pub ca: Option<PathBuf>,
+    /// Client certificate and key (PEM), for servers that verify clients.
+    pub client: Option<(PathBuf, PathBuf)>,
+}
+
 /// Export settings.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Server URL(s), comma-separated (`nats://127.0.0.1:4222`).
+    /// Server URL(s), comma-separated (`nats://127.0.0.1:4222`,
+    /// `tls://host:4222`), without credentials ([`check_url`]).
     pub url: String,
+    /// Authentication.
+    pub auth: Auth,
+    /// TLS settings.
+    pub tls: Tls,
     /// Subject prefix (`wpd`): events go to `<prefix>.<host>.<kind>`.
     pub prefix: String,
     /// JetStream stream, created (file storage, subjects `<prefix>.>`)
@@ -125,6 +154,47 @@ pub fn token(s: &str) -> String {
 fn header_text(s: &str) -> async_nats::HeaderValue {
     let e = wpd_proto::text::escape(s);
     e.parse().unwrap_or_default()
+}
+
+/// Refuses server URLs that carry credentials (`nats://user:pass@host`): a
+/// command line is readable by every user (`/proc/PID/cmdline`) and URLs end
+/// up in logs. Credentials go in files (`--export-nats-token-file`,
+/// `--export-nats-password-file`, `--export-nats-creds`).
+pub fn check_url(url: &str) -> Result<(), String> {
+    for server in url.split(',') {
+        let rest = server.split_once("://").map_or(server, |(_, r)| r);
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+        if authority.contains('@') {
+            return Err(
+                "--export-nats: a server URL must not carry credentials (every user can read a \
+                 command line): give them with --export-nats-token-file, --export-nats-user and \
+                 --export-nats-password-file, or --export-nats-creds"
+                    .into(),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The connection options `cfg` asks for.
+async fn connect_options(cfg: &Config) -> std::io::Result<async_nats::ConnectOptions> {
+    let mut o = async_nats::ConnectOptions::new()
+        .name(format!("wpd {}", cfg.host))
+        .connection_timeout(Duration::from_secs(5))
+        .request_timeout(Some(Duration::from_secs(2)));
+    o = match &cfg.auth {
+        Auth::None => o,
+        Auth::Token(t) => o.token(t.expose().to_string()),
+        Auth::UserPassword(u, p) => o.user_and_password(u.clone(), p.expose().to_string()),
+        Auth::CredsFile(f) => o.credentials_file(f).await?,
+    };
+    if let Some(ca) = &cfg.tls.ca {
+        o = o.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    if let Some((cert, key)) = &cfg.tls.client {
+        o = o.add_client_certificate(cert.clone(), key.clone());
+    }
+    Ok(o)
 }
 
 /// The subject kind and the (pid, tid) of an event.
@@ -245,10 +315,8 @@ async fn run(
     namer: &Namer,
     stats: &Arc<Stats>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let client = async_nats::ConnectOptions::new()
-        .name(format!("wpd {}", cfg.host))
-        .connection_timeout(Duration::from_secs(5))
-        .request_timeout(Some(Duration::from_secs(2)))
+    let client = connect_options(cfg)
+        .await?
         .connect(cfg.url.as_str())
         .await?;
     let js = jetstream::new(client);
@@ -391,6 +459,20 @@ mod tests {
             h.insert("Wpd-Thread", v);
         }
         assert_eq!(header_text("evil\nname").as_str(), "evil\\nname");
+    }
+
+    #[test]
+    fn urls_with_credentials_are_refused() {
+        for bad in [
+            "nats://user:pass@127.0.0.1:4222",
+            "nats://127.0.0.1:4222,tls://tok@h:1",
+            "token@host:4222",
+        ] {
+            assert!(check_url(bad).is_err(), "{bad}");
+        }
+        for good in ["nats://127.0.0.1:4222", "tls://h:1,nats://g:2/", "h:4222"] {
+            assert!(check_url(good).is_ok(), "{good}");
+        }
     }
 
     #[test]

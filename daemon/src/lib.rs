@@ -18,6 +18,7 @@ pub mod model;
 pub mod procfs;
 pub mod rpc;
 pub mod sched;
+pub mod secret;
 pub mod state;
 pub mod statedir;
 pub mod symbols;

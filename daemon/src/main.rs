@@ -125,11 +125,36 @@ struct Args {
     #[arg(long, default_value_t = 100, value_name = "MS")]
     journal_fsync_ms: u64,
     /// Export every journaled event to NATS JetStream at this server URL
-    /// (nats://HOST:PORT; several comma-separated), at the journal's pace:
-    /// a slow or absent server never holds a target up, the events wait on
-    /// disk. Needs the state directory
+    /// (nats://HOST:PORT or tls://HOST:PORT; several comma-separated), at
+    /// the journal's pace: a slow or absent server never holds a target up,
+    /// the events wait on disk. Needs the state directory. Exported hits
+    /// carry the watched memory's values: they leave the host. No
+    /// credentials in the URL (see the --export-nats-* options)
     #[arg(long, env = "WPD_EXPORT_NATS", value_name = "URL")]
     export_nats: Option<String>,
+    /// File holding the token the NATS server expects (mode 0600)
+    #[arg(long, value_name = "FILE")]
+    export_nats_token_file: Option<std::path::PathBuf>,
+    /// User name for the NATS server (with --export-nats-password-file)
+    #[arg(long, value_name = "USER", requires = "export_nats_password_file")]
+    export_nats_user: Option<String>,
+    /// File holding the NATS user's password (mode 0600)
+    #[arg(long, value_name = "FILE", requires = "export_nats_user")]
+    export_nats_password_file: Option<std::path::PathBuf>,
+    /// NATS credentials file (JWT and NKey seed, as `nsc` makes them)
+    #[arg(long, value_name = "FILE")]
+    export_nats_creds: Option<std::path::PathBuf>,
+    /// PEM file of the CA the NATS server's certificate chains to; the
+    /// connection must then be TLS
+    #[arg(long, value_name = "FILE")]
+    export_nats_tls_ca: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for a NATS server that verifies clients
+    /// (with --export-nats-tls-key)
+    #[arg(long, value_name = "FILE", requires = "export_nats_tls_key")]
+    export_nats_tls_cert: Option<std::path::PathBuf>,
+    /// Key of --export-nats-tls-cert (PEM)
+    #[arg(long, value_name = "FILE", requires = "export_nats_tls_cert")]
+    export_nats_tls_key: Option<std::path::PathBuf>,
     /// Subject prefix of exported events: <PREFIX>.<HOST>.<KIND>
     #[arg(long, default_value = "wpd", value_name = "PREFIX")]
     export_subject: String,
@@ -148,6 +173,42 @@ struct Args {
     metrics_listen: Option<std::net::SocketAddr>,
 }
 
+/// How the exporter authenticates, from the flags (secrets read and
+/// checked now).
+fn export_auth(args: &Args) -> Result<wpd::export::Auth, String> {
+    use wpd::export::Auth;
+    let given = [
+        args.export_nats_token_file.is_some(),
+        args.export_nats_user.is_some(),
+        args.export_nats_creds.is_some(),
+    ];
+    if given.iter().filter(|g| **g).count() > 1 {
+        return Err(
+            "give one way to authenticate to NATS: a token file, a user and password file, or \
+             a credentials file"
+                .into(),
+        );
+    }
+    let secret = |p: &std::path::Path| wpd::secret::read(p).map_err(|e| e.to_string());
+    Ok(
+        match (
+            &args.export_nats_token_file,
+            &args.export_nats_user,
+            &args.export_nats_password_file,
+            &args.export_nats_creds,
+        ) {
+            (Some(t), ..) => Auth::Token(secret(t)?),
+            (_, Some(u), Some(p), _) => Auth::UserPassword(u.clone(), secret(p)?),
+            (.., Some(c)) => {
+                // The seed in it is a secret too: same rules.
+                secret(c)?;
+                Auth::CredsFile(c.clone())
+            }
+            _ => Auth::None,
+        },
+    )
+}
+
 /// The state directory's settings from the flags (None: `--state-dir none`).
 fn state_config(args: &Args) -> Option<wpd::rpc::serve::StateOptions> {
     let dir = match &args.state_dir {
@@ -162,6 +223,14 @@ fn state_config(args: &Args) -> Option<wpd::rpc::serve::StateOptions> {
     journal.fsync_interval = std::time::Duration::from_millis(args.journal_fsync_ms);
     let export = args.export_nats.as_ref().map(|url| wpd::export::Config {
         url: url.clone(),
+        auth: wpd::export::Auth::None,
+        tls: wpd::export::Tls {
+            ca: args.export_nats_tls_ca.clone(),
+            client: args
+                .export_nats_tls_cert
+                .clone()
+                .zip(args.export_nats_tls_key.clone()),
+        },
         prefix: args.export_subject.clone(),
         stream: args.export_stream.clone(),
         host: args.host_name.clone().unwrap_or_else(|| {
@@ -299,22 +368,31 @@ async fn run(args: Args) -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    let state = state_config(&args);
+    let mut state = state_config(&args);
     if args.export_nats.is_some() && state.is_none() {
         eprintln!(
             "wpd: --export-nats exports the journal: it needs a state directory, not --state-dir none"
         );
         return std::process::ExitCode::from(2);
     }
-    let token = match &args.token_file {
-        Some(p) => match std::fs::read_to_string(p) {
-            Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
-            Ok(_) => {
-                eprintln!("wpd: token file {} is empty", p.display());
+    if let Some(export) = state.as_mut().and_then(|s| s.export.as_mut()) {
+        if let Err(e) = wpd::export::check_url(&export.url) {
+            eprintln!("wpd: {e}");
+            return std::process::ExitCode::from(2);
+        }
+        match export_auth(&args) {
+            Ok(a) => export.auth = a,
+            Err(e) => {
+                eprintln!("wpd: --export-nats: {e}");
                 return std::process::ExitCode::from(2);
             }
+        }
+    }
+    let token = match &args.token_file {
+        Some(p) => match wpd::secret::read(p) {
+            Ok(t) => Some(t.expose().to_string()),
             Err(e) => {
-                eprintln!("wpd: cannot read token file {}: {e}", p.display());
+                eprintln!("wpd: token file: {e}");
                 return std::process::ExitCode::from(2);
             }
         },

@@ -23,12 +23,21 @@ pub struct NatsServer {
     dir: PathBuf,
     port: u16,
     bin: PathBuf,
+    /// Extra server configuration (authorization, TLS), if any.
+    config: Option<String>,
 }
 
 impl NatsServer {
     /// Starts a server with JetStream on a free loopback port and waits until it accepts
     /// connections.
     pub async fn start() -> Result<NatsServer> {
+        Self::start_with_config(None).await
+    }
+
+    /// Like [`NatsServer::start`], with extra lines of server configuration
+    /// (`authorization { token: "..." }`, `tls { cert_file: ..., key_file:
+    /// ... }`).
+    pub async fn start_with_config(config: Option<&str>) -> Result<NatsServer> {
         let bin = nats_server_bin().context("nats-server is not installed")?;
         let dir = unique_temp_dir("wpd-nats")?;
         let mut s = NatsServer {
@@ -37,6 +46,7 @@ impl NatsServer {
             dir,
             port: free_port()?,
             bin,
+            config: config.map(str::to_string),
         };
         s.spawn().await?;
         Ok(s)
@@ -45,6 +55,11 @@ impl NatsServer {
     async fn spawn(&mut self) -> Result<()> {
         let log = std::fs::File::create(self.dir.join("nats.log"))?;
         let mut cmd = Command::new(&self.bin);
+        if let Some(extra) = &self.config {
+            let conf = self.dir.join("nats.conf");
+            std::fs::write(&conf, extra)?;
+            cmd.arg("-c").arg(conf);
+        }
         cmd.args(["-js", "-a", "127.0.0.1", "-p"])
             .arg(self.port.to_string())
             .arg("-sd")

@@ -291,3 +291,145 @@ async fn a_thread_name_with_a_line_break_is_exported_escaped() -> Result<()> {
     .await;
     daemon.finish(result)
 }
+
+/// Writes `text` to `dir/name`, mode 0600 (secret files must be private).
+fn private_file(dir: &std::path::Path, name: &str, text: &str) -> Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(&p, text)?;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))?;
+    Ok(p)
+}
+
+/// A NATS server with TLS and a token: the exporter connects with the CA and the token from
+/// files, and every event arrives. A URL carrying credentials, and a token file others can
+/// read, are refused at start with what to do instead (and the secret is not printed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn export_over_tls_with_a_token_from_a_file() -> Result<()> {
+    if !require_root_perf() || !nats_available() {
+        return Ok(());
+    }
+    let dir = wpd_tests::unique_temp_dir("wpd-nats-tls")?;
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])?;
+    let cert_pem = private_file(&dir, "cert.pem", &cert.cert.pem())?;
+    let key_pem = private_file(&dir, "key.pem", &cert.signing_key.serialize_pem())?;
+    let token = private_file(&dir, "nats.token", "nats-s3cret-token\n")?;
+    let config = format!(
+        "authorization {{ token: \"nats-s3cret-token\" }}\ntls {{ cert_file: \"{}\", key_file: \"{}\" }}\n",
+        cert_pem.display(),
+        key_pem.display()
+    );
+    let nats = NatsServer::start_with_config(Some(&config)).await?;
+    let url = nats.url().replace("nats://", "tls://");
+    let result = async {
+        // Credentials in the URL: refused, and not echoed.
+        let with_creds = url.replace("tls://", "tls://u:pw-in-url@");
+        let out = tokio::process::Command::new(wpd_tests::bin_path("wpd"))
+            .args([
+                "--listen",
+                &format!("unix:{}", dir.join("x.sock").display()),
+            ])
+            .args(["--state-dir", &dir.join("s1").display().to_string()])
+            .args(["--export-nats", &with_creds])
+            .env("WPD_STATE_FILE", dir.join("pa1"))
+            .kill_on_drop(true)
+            .output()
+            .await?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success()
+                && err.contains("must not carry credentials")
+                && !err.contains("pw-in-url"),
+            "{out:?}"
+        );
+        // A token file others may read: refused.
+        let open = dir.join("open.token");
+        std::fs::write(&open, "nats-s3cret-token\n")?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644))?;
+        }
+        let out = tokio::process::Command::new(wpd_tests::bin_path("wpd"))
+            .args([
+                "--listen",
+                &format!("unix:{}", dir.join("y.sock").display()),
+            ])
+            .args(["--state-dir", &dir.join("s2").display().to_string()])
+            .args(["--export-nats", &url])
+            .args(["--export-nats-token-file", &open.display().to_string()])
+            .env("WPD_STATE_FILE", dir.join("pa2"))
+            .kill_on_drop(true)
+            .output()
+            .await?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success() && err.contains("chmod 600") && !err.contains("s3cret"),
+            "{out:?}"
+        );
+        // TLS and the token from files: exported.
+        let daemon = Daemon::start_with_args(&[
+            "--export-nats",
+            &url,
+            "--export-nats-token-file",
+            &token.display().to_string(),
+            "--export-nats-tls-ca",
+            &cert_pem.display().to_string(),
+            "--export-stream",
+            "WPDTLS",
+        ])
+        .await?;
+        let mut t = CTarget::start("ct-pie").await?;
+        let r = async {
+            let mut c = daemon.client().await?;
+            rpc_ok(
+                "SetWatchpoint",
+                c.set_watchpoint(SetWatchpointRequest {
+                    spec: Some(WatchpointSpec {
+                        pid: t.pid,
+                        symbol: "counter".into(),
+                        access: Access::Write as i32,
+                        backend: Backend::Perf as i32,
+                        ..Default::default()
+                    }),
+                }),
+            )
+            .await?;
+            for v in 1..=5 {
+                ensure!(t.cmd(&format!("set counter {v}")).await? == "SET");
+            }
+            poll_until(Duration::from_secs(30), "the export over TLS", async || {
+                let s = stats(&mut c).await?;
+                Ok(
+                    if s.export_connected
+                        && s.journal_written_seq >= 5
+                        && s.export_acked_seq == s.journal_written_seq
+                    {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "acked {} of {} (connected {}, errors {})",
+                            s.export_acked_seq,
+                            s.journal_written_seq,
+                            s.export_connected,
+                            s.export_errors
+                        ))
+                    },
+                )
+            })
+            .await?;
+            ensure!(
+                !daemon.log().contains("nats-s3cret-token"),
+                "the token is in the daemon's log"
+            );
+            Ok(())
+        }
+        .await;
+        daemon.finish(r)
+    }
+    .await;
+    if result.is_err() {
+        eprintln!("----- nats-server log -----\n{}", nats.log());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}

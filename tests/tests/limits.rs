@@ -280,6 +280,10 @@ impl TokenDaemon {
         let token = "preauth-test-token-1234".to_string();
         let token_file = dir.join("token");
         std::fs::write(&token_file, &token)?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600))?;
+        }
         let port = wpd_tests::free_port()?;
         let child = tokio::process::Command::new(wpd_tests::bin_path("wpd"))
             .arg("--listen")
