@@ -32,6 +32,8 @@ const BPF_PROG_LOAD: libc::c_long = 5;
 
 /// `BPF_PROG_TYPE_PERF_EVENT`: runs at a perf event's overflow (a hit).
 pub const PROG_TYPE_PERF_EVENT: u32 = 7;
+/// `BPF_PROG_TYPE_TRACEPOINT`: runs at a tracepoint, its record as context.
+pub const PROG_TYPE_TRACEPOINT: u32 = 5;
 
 /// Helper ids (`enum bpf_func_id`).
 pub mod helper {
@@ -103,6 +105,14 @@ pub mod asm {
     /// `dst = *(u64 *)(src + off)`.
     pub fn ldx_dw(dst: Reg, src: Reg, off: i16) -> Insn {
         insn(LDX | MEM | DW, dst, src, off, 0)
+    }
+    /// `dst = *(u32 *)(src + off)` (zero-extended).
+    pub fn ldx_w(dst: Reg, src: Reg, off: i16) -> Insn {
+        insn(LDX | MEM, dst, src, off, 0)
+    }
+    /// `if dst == imm goto +off`.
+    pub fn jeq_imm(dst: Reg, imm: i32, off: i16) -> Insn {
+        insn(JMP | 0x10 | K, dst, 0, off, imm)
     }
     /// `*(u64 *)(dst + off) = src`.
     pub fn stx_dw(dst: Reg, off: i16, src: Reg) -> Insn {

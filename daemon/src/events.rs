@@ -121,6 +121,24 @@ pub enum EventKind {
         /// Why.
         reason: std::borrow::Cow<'static, str>,
     },
+    /// A watched process took a signal whose action ends it, or a SIGTRAP
+    /// (seen at delivery, `signals.rs`).
+    ProcessCrashed {
+        /// Process.
+        pid: Pid,
+        /// Thread that took it.
+        tid: Tid,
+        /// Signal number.
+        signal: i32,
+        /// Its `si_code`.
+        code: i32,
+        /// The default action: the process dies of it.
+        fatal: bool,
+        /// What it means.
+        reason: String,
+        /// Its watchpoints then.
+        watchpoints: Vec<WatchId>,
+    },
     /// A watchpoint set by name was armed again where its name resolves now
     /// (after an exec).
     WatchpointResolved {
@@ -145,6 +163,7 @@ impl EventKind {
             | EventKind::ThreadExited { pid, .. }
             | EventKind::ProcessExited { pid, .. }
             | EventKind::ProcessLost { pid, .. }
+            | EventKind::ProcessCrashed { pid, .. }
             | EventKind::WatchpointRemoved { pid, .. }
             | EventKind::WatchpointResolved { pid, .. } => *pid,
         }

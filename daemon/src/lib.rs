@@ -19,6 +19,7 @@ pub mod procfs;
 pub mod rpc;
 pub mod sched;
 pub mod secret;
+pub mod signals;
 pub mod state;
 pub mod statedir;
 pub mod symbols;

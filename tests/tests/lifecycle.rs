@@ -526,3 +526,77 @@ async fn a_setuid_exec_between_check_and_attach_is_backed_out() -> Result<()> {
         .await,
     )
 }
+
+/// Makes sure tracefs is mounted (the daemon reads the signal tracepoint's id and layout
+/// there); root may mount it.
+fn ensure_tracefs() -> Result<()> {
+    if std::path::Path::new("/sys/kernel/tracing/events/signal").exists()
+        || std::path::Path::new("/sys/kernel/debug/tracing/events/signal").exists()
+    {
+        return Ok(());
+    }
+    let st = std::process::Command::new("mount")
+        .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+        .status()?;
+    ensure!(st.success(), "mounting tracefs failed: {st}");
+    Ok(())
+}
+
+/// A watched process that dies of a signal is reported as the signal is delivered, before it
+/// is gone: which signal, which thread, its si_code and what it means (for a SIGTRAP, what in
+/// the kernel or the machine sent it: wpd sends none), and the watchpoints it had. SIGTRAPs
+/// are counted in GetStats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watched_process_that_dies_of_a_signal_is_reported_with_why() -> Result<()> {
+    if !wpd_tests::require_root_perf() {
+        return Ok(());
+    }
+    ensure_tracefs()?;
+    let daemon = Daemon::start().await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            for (cmd, sig, code, says) in [
+                ("int3", libc::SIGTRAP, 0x80, "int3"),
+                ("abort", libc::SIGABRT, -6, "SIGABRT"),
+            ] {
+                let mut target = TargetProc::start(&["--threads", "2"]).await?;
+                let pid = target.pid;
+                let mut events = EventStream::for_pid(&mut client, pid).await?;
+                let id =
+                    set_watchpoint(&mut client, write_spec(Backend::Perf, pid, target.vars[0]))
+                        .await?
+                        .watchpoint
+                        .unwrap_or_default()
+                        .id;
+                target.send(cmd)?;
+                let crashed = events
+                    .wait_for(Duration::from_secs(10), "ProcessCrashed", |ev| {
+                        Ok(match ev {
+                            Event::ProcessCrashed(c) if c.pid == pid => Some(c.clone()),
+                            _ => None,
+                        })
+                    })
+                    .await?;
+                ensure!(
+                    crashed.signal == sig
+                        && crashed.code == code
+                        && crashed.fatal
+                        && crashed.watchpoint_ids == [id]
+                        && crashed.reason.contains(says),
+                    "{cmd}: {crashed:?}"
+                );
+                let st = target.wait_exit(Duration::from_secs(10)).await?;
+                ensure!(st.signal() == Some(sig), "{cmd}: exit {st:?}");
+            }
+            let stats = rpc_ok(
+                "GetStats",
+                client.get_stats(wpd_proto::v1::GetStatsRequest {}),
+            )
+            .await?;
+            ensure!(stats.sigtraps == 1, "sigtraps {}", stats.sigtraps);
+            Ok(())
+        }
+        .await,
+    )
+}

@@ -230,6 +230,16 @@ pub(crate) fn to_text(ev: &StreamEventsResponse) -> String {
             d.first_seq,
             d.last_seq
         ),
+        Some(Event::ProcessCrashed(e)) => format!(
+            "{t} process-crashed pid={} tid={} {} code={}{} watchpoints={}: {}",
+            e.pid,
+            e.tid,
+            escape(&e.signal_name),
+            e.code,
+            if e.fatal { "" } else { " (handled)" },
+            id_list(&e.watchpoint_ids),
+            escape(&e.reason)
+        ),
         Some(Event::ProcessLost(e)) => format!(
             "{t} process-lost pid={} removed={}: {}",
             e.pid,
@@ -310,6 +320,17 @@ pub(crate) fn to_json(ev: &StreamEventsResponse) -> Value {
             "count": d.count,
             "first_seq": d.first_seq,
             "last_seq": d.last_seq,
+        }),
+        Some(Event::ProcessCrashed(e)) => json!({
+            "type": "process_crashed",
+            "pid": e.pid,
+            "tid": e.tid,
+            "signal": e.signal,
+            "signal_name": e.signal_name,
+            "code": e.code,
+            "fatal": e.fatal,
+            "reason": e.reason,
+            "watchpoint_ids": e.watchpoint_ids,
         }),
         Some(Event::ProcessLost(e)) => json!({
             "type": "process_lost",

@@ -62,6 +62,7 @@ fn to_json(s: &GetStatsResponse) -> serde_json::Value {
         "journal_write_lost": s.journal_write_lost,
         "journal_unsynced": s.journal_unsynced,
         "journal_write_errors": s.journal_write_errors,
+        "sigtraps": s.sigtraps,
         "export_acked_seq": s.export_acked_seq,
         "export_published": s.export_published,
         "export_errors": s.export_errors,
@@ -81,9 +82,11 @@ fn to_text(s: &GetStatsResponse) -> String {
         (
             "hits",
             format!(
-                "{} delivered, {} lost in the kernel's rings",
+                "{} delivered, {} lost in the kernel's rings; {} delivered to watched \
+                 processes by the kernel",
                 s.hits,
-                plural(s.kernel_lost, "record")
+                plural(s.kernel_lost, "record"),
+                plural(s.sigtraps, "SIGTRAP")
             ),
         ),
         (
@@ -207,7 +210,7 @@ mod tests {
             watchpoints: 2
             perf fds:    48
             uptime:      1m15s
-            hits:        9 delivered, 1 record lost in the kernel's rings
+            hits:        9 delivered, 1 record lost in the kernel's rings; 0 SIGTRAPs delivered to watched processes by the kernel
             subscribers: 2 now, 5 events dropped for being too slow
             ledger hold: p50 800 ns, p99 12.5 µs, max 4.2 ms
             connections: 3 open, 1 refused, 0 closed idle

@@ -110,6 +110,8 @@ impl Core {
     }
 
     fn process_exited(&self, pid: Pid) {
+        // The signal that ended it, if one did, is reported first.
+        self.drain_signals();
         let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
             return;
         };

@@ -15,6 +15,7 @@
 //! syscalls run on tokio's blocking pool (see `rpc`) or on threads owned by
 //! the core and the backends.
 
+mod crashes;
 mod jobs;
 mod lifecycle;
 mod listings;
@@ -108,6 +109,12 @@ pub struct Core {
     pub journal: std::sync::OnceLock<Arc<crate::journal::Journal>>,
     /// The exporter's counters, when events are exported.
     pub export: std::sync::OnceLock<Arc<crate::export::Stats>>,
+    /// SIGTRAPs the kernel delivered to watched processes (wpd sends none).
+    pub sigtraps: AtomicU64,
+    /// Why signal deliveries are not seen here, if they are not.
+    pub signals_unseen: Mutex<Option<String>>,
+    /// Signal deliveries to watched processes (`core/crashes.rs`).
+    signal_watch: Mutex<Option<crate::signals::SignalWatch>>,
 }
 
 /// Names of exited threads kept for their late hits.
@@ -186,6 +193,9 @@ impl Core {
                 exited_names: Mutex::new(std::collections::VecDeque::new()),
                 journal: std::sync::OnceLock::new(),
                 export: std::sync::OnceLock::new(),
+                sigtraps: AtomicU64::new(0),
+                signals_unseen: Mutex::new(None),
+                signal_watch: Mutex::new(None),
             }
         });
         for b in core.backends.usable() {
@@ -202,6 +212,9 @@ impl Core {
             })
             .expect("spawn reconcile");
         core.start_module_watch();
+        if matches!(config.backends, Backends::System { .. }) {
+            core.start_signal_watch();
+        }
         core
     }
 

@@ -417,6 +417,10 @@ impl Service {
             journal_write_lost: j.write_lost,
             journal_unsynced: j.unsynced,
             journal_write_errors: j.write_errors,
+            sigtraps: self
+                .core
+                .sigtraps
+                .load(std::sync::atomic::Ordering::Relaxed),
             export_acked_seq: x.acked_seq,
             export_published: x.published,
             export_errors: x.errors,

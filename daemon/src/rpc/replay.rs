@@ -88,6 +88,7 @@ impl Filter {
             E::ProcessExited(e) => e.pid,
             E::WatchpointRemoved(e) => e.pid,
             E::ProcessLost(e) => e.pid,
+            E::ProcessCrashed(e) => e.pid,
             E::WatchpointResolved(e) => e.pid,
             // Daemon-wide.
             E::RecordsLost(_) => 0,

@@ -34,6 +34,8 @@
 //! | `usr1count`      | nothing                                                       | `USR1 N`                  |
 //! | `catch-sig N`    | installs a handler (counting, like SIGUSR1's) for signal N    | `CAUGHT N`                |
 //! | `block-sig N`    | the commanding thread blocks signal N                          | `BLOCKED N`               |
+//! | `int3`           | the commanding thread executes `int3`: the kernel sends SIGTRAP (SI_KERNEL), which kills the process | none (it dies) |
+//! | `abort`          | `abort()`: SIGABRT, which kills the process                    | none (it dies)            |
 //! | `bench-writes I N` | the main thread stores to `VARS[I]` N times, timed          | `BENCH ns=T`              |
 //! | `hammer I T MS`  | T new threads store to `VARS[I]` in a tight loop for MS ms, then exit; joined | `HAMMER stores=S ns=T` |
 //! | `churn-start`    | (`--churn`) the creators start churning                       | `CHURNING creators=N`     |
@@ -481,6 +483,13 @@ impl State {
             },
             ["ping"] => format!("PONG counter={} threads={}", VARS[0].load(), task_count()),
             ["usr1count"] => format!("USR1 {}", USR1_COUNT.load(Ordering::SeqCst)),
+            ["int3"] => {
+                // SAFETY: a breakpoint instruction; with no SIGTRAP handler
+                // (this program installs none) the process dies here.
+                unsafe { std::arch::asm!("int3") };
+                "ERR survived int3".to_string()
+            }
+            ["abort"] => std::process::abort(),
             ["catch-sig", n] => match n.parse::<libc::c_int>() {
                 // SAFETY: as in `install_usr1_handler`: the handler only
                 // touches an atomic.

@@ -1,0 +1,128 @@
+//! The `wpd-signals` thread: signals the kernel delivers to watched
+//! processes (`signals.rs`), turned into `ProcessCrashed` events — a fatal
+//! signal (a crash, a sanitizer's abort, a kill) seen as it is delivered,
+//! before the process is gone, and any SIGTRAP, which wpd never sends and
+//! which would otherwise kill a target without a word of why
+//! (kernel-facts §10).
+
+use std::sync::Weak;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::Core;
+use crate::events::EventKind;
+use crate::signals::{self, Delivery, SIGTRAP, SignalWatch};
+
+/// How often the ring is read.
+const POLL: Duration = Duration::from_millis(20);
+
+impl Core {
+    /// Starts the thread, or says (once, in the log) why deliveries cannot
+    /// be seen here.
+    pub(super) fn start_signal_watch(self: &std::sync::Arc<Self>) {
+        let watch = match SignalWatch::start() {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(
+                    "{e}: fatal signals and stray SIGTRAPs of watched processes are not reported"
+                );
+                *self.signals_unseen.lock().unwrap() = Some(e.to_string());
+                return;
+            }
+        };
+        *self.signal_watch.lock().unwrap() = Some(watch);
+        let core = std::sync::Arc::downgrade(self);
+        let _ = std::thread::Builder::new()
+            .name("wpd-signals".into())
+            .spawn(move || {
+                crate::sched::thread_started();
+                signal_loop(core)
+            });
+    }
+
+    /// Reports the deliveries recorded so far. Called by the thread, and
+    /// when a process exits (before it is forgotten: the signal that killed
+    /// it is in the ring already, and is reported before `ProcessExited`).
+    pub(super) fn drain_signals(&self) {
+        let mut batch = Vec::new();
+        {
+            let w = self.signal_watch.lock().unwrap();
+            let Some(w) = w.as_ref() else {
+                return;
+            };
+            w.drain(&mut batch);
+        }
+        for d in batch {
+            self.delivered(d);
+        }
+    }
+
+    /// One delivery: reported if its process is watched and the signal ends
+    /// it or is a SIGTRAP.
+    fn delivered(&self, d: Delivery) {
+        let sigtrap = d.signal == SIGTRAP;
+        let fatal = d.default_action && signals::fatal_by_default(d.signal);
+        if !sigtrap && !fatal {
+            return;
+        }
+        let Some(proc) = self.procs.get(&d.pid).map(|p| p.clone()) else {
+            return;
+        };
+        let reason = if sigtrap {
+            self.sigtraps.fetch_add(1, Ordering::Relaxed);
+            let handled = if fatal {
+                "; its default action ends the process"
+            } else {
+                "; the program handles it"
+            };
+            format!("{}{handled}", signals::sigtrap_cause(d.code))
+        } else {
+            format!(
+                "the process dies of {} (si_code {}; its default action)",
+                signals::name(d.signal),
+                d.code
+            )
+        };
+        if sigtrap {
+            tracing::error!(
+                pid = d.pid,
+                tid = d.tid,
+                code = d.code,
+                reason = %reason,
+                "the kernel delivered SIGTRAP to a watched process"
+            );
+        } else {
+            tracing::info!(
+                pid = d.pid,
+                tid = d.tid,
+                signal = d.signal,
+                "watched process crashed"
+            );
+        }
+        self.bus.publish_as(
+            EventKind::ProcessCrashed {
+                pid: d.pid,
+                tid: d.tid,
+                signal: d.signal,
+                code: d.code,
+                fatal,
+                reason,
+                watchpoints: proc.watch_ids(),
+            },
+            Some(proc.owner.clone()),
+        );
+    }
+}
+
+fn signal_loop(core: Weak<Core>) {
+    loop {
+        std::thread::sleep(POLL);
+        let Some(core) = core.upgrade() else {
+            return;
+        };
+        if core.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        core.drain_signals();
+    }
+}
