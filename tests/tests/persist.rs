@@ -622,3 +622,86 @@ async fn after_a_reboot_policies_come_back_and_watchpoints_do_not() -> Result<()
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
+
+/// The state directory is private whatever the umask (the daemon is started with umask 022
+/// here, as `sudo` gives one): every directory 0700, every file 0600 once it has journaled
+/// events and saved a watchpoint; a directory others may write to, or another user's, is
+/// refused at start with what is wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_state_directory_is_private_and_others_are_refused() -> Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !require_root_perf() {
+        return Ok(());
+    }
+    // SAFETY: umask only changes this process's file-creation mask; the
+    // daemon inherits it.
+    let old = unsafe { libc::umask(0o022) };
+    let daemon = Daemon::start().await;
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    let daemon = daemon?;
+    let mut t = CTarget::start("ct-pie").await?;
+    let result = async {
+        let mut c = daemon.client().await?;
+        watch(&mut c, t.pid).await?;
+        ensure!(t.cmd("set counter 1").await? == "SET");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut seen = 0;
+        let mut stack = vec![daemon.state_dir().to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            let m = std::fs::symlink_metadata(&dir)?;
+            ensure!(
+                m.mode() & 0o777 == 0o700,
+                "{} is {:o}",
+                dir.display(),
+                m.mode() & 0o777
+            );
+            for e in std::fs::read_dir(&dir)? {
+                let p = e?.path();
+                let m = std::fs::symlink_metadata(&p)?;
+                if m.is_dir() {
+                    stack.push(p);
+                } else {
+                    seen += 1;
+                    ensure!(
+                        m.mode() & 0o777 == 0o600,
+                        "{} is {:o}",
+                        p.display(),
+                        m.mode() & 0o777
+                    );
+                }
+            }
+        }
+        ensure!(seen >= 4, "only {seen} files in the state directory");
+        // Refused: writable by everyone, then another user's.
+        let dir = unique_temp_dir("wpd-open-state")?;
+        let state = dir.join("state");
+        std::fs::create_dir_all(&state)?;
+        for (mode, owner, want) in [
+            (0o777, 0, "writable by everyone"),
+            (0o700, 65534, "belongs to uid 65534"),
+        ] {
+            std::fs::set_permissions(&state, std::fs::Permissions::from_mode(mode))?;
+            std::os::unix::fs::chown(&state, Some(owner), None)?;
+            let out = tokio::process::Command::new(wpd_tests::bin_path("wpd"))
+                .args([
+                    "--listen",
+                    &format!("unix:{}", dir.join("x.sock").display()),
+                ])
+                .args(["--state-dir", &state.display().to_string()])
+                .env("WPD_STATE_FILE", dir.join("pa"))
+                .kill_on_drop(true)
+                .output()
+                .await?;
+            let err = String::from_utf8_lossy(&out.stderr);
+            ensure!(
+                !out.status.success() && err.contains(want),
+                "{want}: {out:?}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}
