@@ -4,9 +4,12 @@
 //!
 //! 1. Only `daemon/src/rpc/` knows tonic (and its HTTP/2 companions).
 //! 2. No debug-register bit arithmetic outside `daemon/src/arch/`: the
-//!    register layout's helpers and literals appear nowhere else.
+//!    register layout's helpers and literals appear nowhere else; nor any
+//!    other x86 knowledge (`pt_regs` offsets, register names, the
+//!    architecture's name, `cfg(target_arch)`).
 //! 3. The core never asks which backend a process uses: no `BackendKind::`
-//!    in `daemon/src/core/`.
+//!    in `daemon/src/core/`, and nothing of the perf backend (the CPU
+//!    count included).
 //! 4. Every Rust source file starts with a `//!` line saying what it is for.
 //! 5. Every `kernel-facts §N` citation names a section of
 //!    `docs/kernel-facts.md`.
@@ -52,6 +55,8 @@ fn sources() -> Vec<PathBuf> {
         "daemon/fuzz/fuzz_targets",
         "client/src",
         "client/tests",
+        "adapters/dap/src",
+        "adapters/dap/tests",
         "proto/src",
         "tests/src",
         "tests/tests",
@@ -75,14 +80,17 @@ fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
 }
 
 /// True if `needle` occurs in `line` not as the tail of a longer name
-/// (`tonic` in `tonic::Status`, not in `monotonic_ns`).
+/// (`tonic` in `tonic::Status`, not in `monotonic_ns`). A field (`.rip`)
+/// matches only whole (not in `.ripple`), wherever it follows.
 fn mentions(line: &str, needle: &str) -> bool {
-    line.match_indices(needle).any(|(i, _)| {
-        !line[..i]
-            .chars()
-            .next_back()
-            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
-    })
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    if needle.starts_with('.') {
+        return line
+            .match_indices(needle)
+            .any(|(i, _)| !line[i + needle.len()..].starts_with(ident));
+    }
+    line.match_indices(needle)
+        .any(|(i, _)| !line[..i].chars().next_back().is_some_and(ident))
 }
 
 /// Every (file, line) of `files` whose code contains one of `needles`.
@@ -143,15 +151,53 @@ fn debug_register_layout_stays_in_arch() {
 }
 
 #[test]
-fn the_core_never_branches_on_the_backend() {
-    let root = repo().join("daemon/src/core");
-    let bad = offenders(&rust_files(&root), &["BackendKind::"]);
+fn other_x86_knowledge_stays_in_arch() {
+    let files = daemon_files_outside("arch");
+    let bad = offenders(
+        &files,
+        &[
+            // `struct bpf_perf_event_data` / `struct pt_regs` offsets.
+            "pt_regs",
+            "bpf_perf_event_data",
+            "const CTX_",
+            // `struct user_regs_struct` fields.
+            ".rip",
+            ".rsp",
+            ".rbp",
+            // The architecture's name and its selection.
+            "\"x86_64\"",
+            "x86_64::",
+            "target_arch",
+        ],
+    );
     assert!(
         bad.is_empty(),
-        "the core names a backend kind (call the process's backend through the trait, read \
-         what it can do from its Features):\n{}",
+        "x86 knowledge outside daemon/src/arch/ (add an item to arch::current and use it; \
+         ARCHITECTURE.md's aarch64 row lists them):\n{}",
         bad.join("\n")
     );
+}
+
+#[test]
+fn the_core_never_branches_on_the_backend() {
+    let root = repo().join("daemon/src/core");
+    let bad = offenders(&rust_files(&root), &["BackendKind::", "backend::perf"]);
+    assert!(
+        bad.is_empty(),
+        "the core names a backend kind or reaches into the perf backend (call the process's \
+         backend through the trait, read what it can do from its Features; the machine's CPUs \
+         are crate::cpus):\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn needles_match_names_and_fields() {
+    assert!(mentions("use tonic::Status;", "tonic"));
+    assert!(!mentions("let t = monotonic_ns();", "tonic"));
+    assert!(mentions("let ip = r.rip;", ".rip"));
+    assert!(!mentions("let ip = r.ip;", ".rip"));
+    assert!(!mentions("s.rsplit_once(')')", ".rsp"));
 }
 
 #[test]

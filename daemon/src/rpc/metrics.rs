@@ -1073,8 +1073,9 @@ mod tests {
             assert_eq!(bucket("+Inf"), Some(1.0), "{text}");
             assert!(
                 text.contains(&format!(
-                    "wpd_build_info{{version=\"{}\",arch=\"x86_64\"}} 1",
-                    env!("CARGO_PKG_VERSION")
+                    "wpd_build_info{{version=\"{}\",arch=\"{}\"}} 1",
+                    env!("CARGO_PKG_VERSION"),
+                    arch::current::ARCH
                 )),
                 "{text}"
             );

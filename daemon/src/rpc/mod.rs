@@ -403,11 +403,10 @@ impl Watchpoints for Service {
             arch: arch::current::ARCH.into(),
             slots_per_thread: arch::current::SLOTS as u32,
             lengths: arch::current::LENGTHS.to_vec(),
-            access_kinds: vec![
-                pb::Access::Write as i32,
-                pb::Access::ReadWrite as i32,
-                pb::Access::Exec as i32,
-            ],
+            access_kinds: arch::current::ACCESS_KINDS
+                .iter()
+                .map(|&a| convert::access_to_pb(a) as i32)
+                .collect(),
             max_user_address: arch::current::USER_ADDR_LIMIT,
             backends,
             version: env!("CARGO_PKG_VERSION").into(),

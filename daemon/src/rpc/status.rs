@@ -170,7 +170,7 @@ mod tests {
             "40 bytes at 0x1000 need 5 debug-register slots per thread",
         );
         check(
-            WpdError::Spec(SpecError::NoReadOnly("x86_64")),
+            WpdError::Spec(SpecError::NoReadOnly(crate::arch::current::ARCH)),
             Code::InvalidArgument,
             "BAD_SPEC",
             "reads only",

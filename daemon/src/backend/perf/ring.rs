@@ -45,10 +45,9 @@ use crate::model::SlotKey;
 /// million hits a second between two drain passes (they are 1-2 ms apart).
 pub const RING_BYTES: usize = 16 << 20;
 
-/// Offsets in `struct bpf_perf_event_data` (x86-64: `struct pt_regs` is 21
-/// u64s, `ip` the 17th; then `sample_period`, then `addr`).
-const CTX_IP: i16 = 16 * 8;
-const CTX_ADDR: i16 = 22 * 8;
+/// Where the program reads the hit's instruction pointer and breakpoint
+/// address in its context (the architecture's layout).
+use crate::arch::current::perf_ctx::{ADDR as CTX_ADDR, IP as CTX_IP};
 
 const REC_FIXED: usize = 72;
 /// `BPF_F_USER_STACK`.
