@@ -301,6 +301,7 @@ mod tests {
 /// the write left.
 #[cfg(test)]
 mod kernel_tests {
+    use super::super::attr::Inherit;
     use super::super::kernel::open_breakpoint_bpf;
     use super::*;
     use crate::model::{Access, Piece, WatchLen};
@@ -338,14 +339,8 @@ mod kernel_tests {
             addr: WATCHED.as_ptr() as u64,
             len: WatchLen::new(8).unwrap(),
         };
-        let ev = open_breakpoint_bpf(
-            creator_tid,
-            piece,
-            Access::Write,
-            super::super::kernel::Inherit::Threads,
-            &prog,
-        )
-        .unwrap();
+        let ev = open_breakpoint_bpf(creator_tid, piece, Access::Write, Inherit::Threads, &prog)
+            .unwrap();
         go_tx.send(()).unwrap();
         let child_tid = creator.join().unwrap();
         let mut hits = Vec::new();

@@ -16,7 +16,7 @@
 //! the process; otherwise the process gets debug registers, as before.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use dashmap::DashMap;
@@ -225,45 +225,10 @@ pub fn open_breakpoint(
     access: Access,
     mode: &SignalMode,
 ) -> Result<OwnedFd, Errno> {
-    use perf_event_open_sys::bindings as b;
-    let mut attr = b::perf_event_attr {
-        type_: b::PERF_TYPE_BREAKPOINT,
-        size: std::mem::size_of::<b::perf_event_attr>() as u32,
-        ..Default::default()
-    };
-    attr.bp_type = match access {
-        Access::Write => b::HW_BREAKPOINT_W,
-        Access::ReadWrite => b::HW_BREAKPOINT_RW,
-        Access::Exec => b::HW_BREAKPOINT_X,
-    };
-    attr.__bindgen_anon_3.bp_addr = addr;
-    attr.__bindgen_anon_4.bp_len = u64::from(len);
-    attr.__bindgen_anon_1.sample_period = 1;
-    attr.set_exclude_kernel(1);
-    attr.set_exclude_hv(1);
-    attr.set_remove_on_exec(1);
-    // SAFETY: attr is a valid perf_event_attr; the fd returned is ours.
-    let fd = unsafe {
-        perf_event_open_sys::perf_event_open(
-            &mut attr,
-            tid,
-            -1,
-            -1,
-            b::PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
-        )
-    };
-    if fd < 0 {
-        return Err(Errno::last());
-    }
-    // SAFETY: a new fd the kernel just gave us.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: PERF_EVENT_IOC_SET_BPF takes the program's fd by value.
-    let r = unsafe {
-        perf_event_open_sys::ioctls::SET_BPF(fd.as_raw_fd(), mode.prog.as_raw_fd() as u32)
-    };
-    if r < 0 {
-        return Err(Errno::last());
-    }
+    use crate::backend::perf::{attr, sys};
+    let mut a = attr::signal_stop(addr, len, access);
+    let fd = sys::open(&mut a, tid, -1, "perf_event_open(signal stop)").map_err(|e| e.errno)?;
+    sys::set_bpf(&fd, &mode.prog).map_err(|e| e.errno)?;
     Ok(fd)
 }
 
