@@ -24,7 +24,7 @@ use tonic::Status;
 use wpd_proto::v1 as pb;
 use wpd_proto::v1::stream_events_response::Event as E;
 
-use super::EventFeed;
+use super::feed::EventFeed;
 use crate::authz::{self, Caller};
 use crate::core::Core;
 use crate::events::{Event, EventKind, Subscription};
