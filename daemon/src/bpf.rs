@@ -279,19 +279,20 @@ fn sys_bpf<T>(cmd: libc::c_long, attr: &T) -> Result<libc::c_long, Errno> {
 
 /// A refused program load: the errno and, for EINVAL/EACCES, the
 /// verifier's log (the reason, for the daemon's log and the tests).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bpf(BPF_PROG_LOAD) refused: {}{}", errno.desc(), verifier_note(log))]
 pub struct LoadError {
+    /// The errno.
     pub errno: Errno,
+    /// The last lines of the verifier's log (empty: none).
     pub log: String,
 }
 
-impl std::fmt::Display for LoadError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "bpf(BPF_PROG_LOAD) refused: {}", self.errno.desc())?;
-        if !self.log.is_empty() {
-            write!(f, " (verifier: {})", self.log.trim())?;
-        }
-        Ok(())
+fn verifier_note(log: &str) -> String {
+    if log.is_empty() {
+        String::new()
+    } else {
+        format!(" (verifier: {})", log.trim())
     }
 }
 
@@ -570,6 +571,28 @@ mod tests {
         assert_eq!(jne_imm(0, 0, 5).code, 0x55);
         assert_eq!(call(14).code, 0x85);
         assert_eq!(exit().code, 0x95);
+    }
+
+    #[test]
+    fn a_refused_load_says_why() {
+        use super::LoadError;
+        use nix::errno::Errno;
+        let e = LoadError {
+            errno: Errno::EPERM,
+            log: String::new(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "bpf(BPF_PROG_LOAD) refused: Operation not permitted"
+        );
+        let e = LoadError {
+            errno: Errno::EINVAL,
+            log: " R1 invalid mem access\n".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "bpf(BPF_PROG_LOAD) refused: Invalid argument (verifier: R1 invalid mem access)"
+        );
     }
 
     #[test]

@@ -13,6 +13,10 @@
 //! 4. Every Rust source file starts with a `//!` line saying what it is for.
 //! 5. Every `kernel-facts §N` citation names a section of
 //!    `docs/kernel-facts.md`.
+//! 6. Every error status the daemon sends is built by `rpc/status.rs`'s
+//!    one map, so it carries an `ErrorInfo` with its reason: no
+//!    `Status::internal(...)` and the like anywhere else in `rpc/`; and
+//!    each reason's wire value is its constant's name.
 
 use std::path::{Path, PathBuf};
 
@@ -198,6 +202,64 @@ fn needles_match_names_and_fields() {
     assert!(mentions("let ip = r.rip;", ".rip"));
     assert!(!mentions("let ip = r.ip;", ".rip"));
     assert!(!mentions("s.rsplit_once(')')", ".rsp"));
+}
+
+#[test]
+fn every_error_status_comes_from_the_one_map() {
+    let root = repo().join("daemon/src/rpc");
+    let map = root.join("status.rs");
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut bad = Vec::new();
+    for f in rust_files(&root).into_iter().filter(|f| *f != map) {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for (n, line) in code_lines(&text) {
+            for (i, _) in line.match_indices("Status::") {
+                let before = line[..i].chars().next_back();
+                let after: String = line[i + "Status::".len()..]
+                    .chars()
+                    .take_while(|&c| ident(c))
+                    .collect();
+                let constructor = after.starts_with(|c: char| c.is_ascii_lowercase());
+                if !before.is_some_and(ident) && constructor && after != "from" {
+                    bad.push(format!("{}:{n}: {:?}", rel(&f), line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "error statuses built outside rpc/status.rs carry no ErrorInfo (map a WpdError with \
+         status::to_status, or Status::from):\n{}",
+        bad.join("\n")
+    );
+}
+
+/// The wire values of `wpd_proto::reason` are what clients match on: each
+/// constant's value is its name, so that code and tests name them by the
+/// constant and a changed value cannot slip by.
+#[test]
+fn reasons_are_named_by_their_values() {
+    let text = std::fs::read_to_string(repo().join("proto/src/lib.rs")).unwrap();
+    let start = text.find("pub mod reason {").expect("the reason module");
+    let end = start + text[start..].find("\n}\n").expect("its end");
+    let mut seen = 0;
+    let mut bad = Vec::new();
+    for line in text[start..end].lines() {
+        let Some(rest) = line.trim().strip_prefix("pub const ") else {
+            continue;
+        };
+        let (name, value) = rest.split_once(": &str = ").expect("a &str constant");
+        let value = value.trim_end_matches(';').trim_matches('"');
+        seen += 1;
+        if name != "DOMAIN" && name != value {
+            bad.push(format!("{name} = {value:?}"));
+        }
+    }
+    assert!(seen > 20, "reasons found: {seen}");
+    assert!(
+        bad.is_empty(),
+        "reasons whose value is not their name: {bad:?}"
+    );
 }
 
 #[test]

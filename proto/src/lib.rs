@@ -78,6 +78,11 @@ mod tests {
 
 /// The `reason` of the `google.rpc.ErrorInfo` detail every error status of
 /// the daemon carries (domain [`reason::DOMAIN`]): what clients match on.
+/// Every status the daemon's own code answers with has one (its one map
+/// from errors to statuses builds them all, checked by its tidy test);
+/// those gRPC makes itself have none (a request that does not decode, a
+/// method or service the daemon lacks, the standard health service's
+/// answers).
 pub mod reason {
     /// `ErrorInfo.domain` of every error.
     pub const DOMAIN: &str = "wpd.v1";
@@ -131,6 +136,13 @@ pub mod reason {
     pub const FD_LIMIT: &str = "FD_LIMIT";
     /// An unexpected kernel error.
     pub const KERNEL_ERROR: &str = "KERNEL_ERROR";
+    /// The lease a request named ended while the request ran (its stream
+    /// closed): what the request did was undone (code `ABORTED`: a race,
+    /// not a bad argument).
+    pub const LEASE_ENDED: &str = "LEASE_ENDED";
+    /// The daemon failed in a way no request causes (a task that
+    /// panicked, a journal it cannot read).
+    pub const INTERNAL: &str = "INTERNAL";
     /// A symbol name that does not parse.
     pub const BAD_SYMBOL: &str = "BAD_SYMBOL";
     /// No module of that name in the process (metadata `loaded`).

@@ -186,9 +186,11 @@ impl Service {
                 Ok(())
             })
             .await?;
-            return Err(status::to_status(&WpdError::InvalidArgument(format!(
-                "lease {lease} ended while the watchpoint was being armed: it was removed"
-            ))));
+            return Err(status::to_status(&WpdError::LeaseEnded {
+                lease,
+                during: "while the watchpoint was being armed",
+                undone: "it was removed",
+            }));
         }
         if lease == 0
             && let Some(p) = &self.persist
@@ -301,7 +303,9 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, Status> {
     match tokio::task::spawn_blocking(f).await {
         Ok(r) => r.map_err(Status::from),
-        Err(e) => Err(Status::internal(format!("request task failed: {e}"))),
+        Err(e) => Err(status::to_status(&WpdError::Internal(format!(
+            "request task failed: {e}"
+        )))),
     }
 }
 
@@ -609,10 +613,11 @@ impl Watchpoints for Service {
                 Ok(())
             })
             .await?;
-            return Err(status::to_status(&WpdError::InvalidArgument(format!(
-                "lease {} ended during the pause: the threads run again",
-                r.lease
-            ))));
+            return Err(status::to_status(&WpdError::LeaseEnded {
+                lease: r.lease,
+                during: "during the pause",
+                undone: "the threads run again",
+            }));
         }
         Ok(Response::new(pb::PauseResponse { held }))
     }

@@ -220,10 +220,9 @@ async fn pump(
             (reader, b)
         })
         .await
-        .map_err(|e| Status::internal(format!("journal read task failed: {e}")))?;
+        .map_err(|e| internal(format!("journal read task failed: {e}")))?;
         reader = r;
-        let batch =
-            batch.map_err(|e| Status::internal(format!("reading the journal failed: {e}")))?;
+        let batch = batch.map_err(|e| internal(format!("reading the journal failed: {e}")))?;
         if batch.is_empty() {
             return Ok(Some(reader));
         }
@@ -289,4 +288,9 @@ impl Stream for ReplayFeed {
             }
         }
     }
+}
+
+/// A failure of the daemon's own, as a status with its reason.
+fn internal(what: String) -> Status {
+    super::status::to_status(&crate::error::WpdError::Internal(what))
 }

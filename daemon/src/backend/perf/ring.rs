@@ -191,24 +191,17 @@ pub struct HitRing {
 }
 
 /// Why the per-thread path is not available.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NoRing {
     /// `bpf()` refused the ring buffer or its counter.
+    #[error("bpf(BPF_MAP_CREATE) refused: {}", .0.desc())]
     Map(Errno),
     /// The program was refused.
+    #[error(transparent)]
     Program(LoadError),
     /// The program could not be assembled.
+    #[error("the hit program does not assemble: {0}")]
     Asm(AsmError),
-}
-
-impl std::fmt::Display for NoRing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            NoRing::Map(e) => write!(f, "bpf(BPF_MAP_CREATE) refused: {}", e.desc()),
-            NoRing::Program(e) => e.fmt(f),
-            NoRing::Asm(e) => write!(f, "the hit program does not assemble: {e}"),
-        }
-    }
 }
 
 impl HitRing {

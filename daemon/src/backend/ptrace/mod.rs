@@ -1,7 +1,10 @@
-//! The ptrace backend: DR0–DR7 written with `PTRACE_POKEUSER` by tracer
-//! threads that own the tracees. Debugger semantics: a hit can hold the
-//! thread (or every thread) until Resume, values are read while the thread
-//! is stopped (exact), only-on-change compares them there.
+//! The ptrace backend: tracer threads that own the tracees and stop them at
+//! a hit, by signal stops (a per-thread perf breakpoint whose BPF program
+//! sends the thread a signal, `signal_bp.rs`; the default where `bpf()` is
+//! allowed) or, failing that, DR0–DR7 written with `PTRACE_POKEUSER`.
+//! Debugger semantics: a hit can hold the thread (or every thread) until
+//! Resume, values are read while the thread is stopped (exact),
+//! only-on-change compares them there.
 //!
 //! Rooms:
 //! - `shards.rs`: the facade the daemon calls (seize, program, park,

@@ -49,37 +49,28 @@ static PROGS: LazyLock<Mutex<HashMap<i32, Arc<OwnedFd>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// Why a process does not get signal stops.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NoSignalStops {
     /// `bpf()` refused (no CAP_BPF/CAP_PERFMON, or disabled).
+    #[error("bpf() refused: {}", .0.desc())]
     Bpf(Errno),
     /// Every candidate signal is caught, ignored or blocked by the process
     /// (its masks: caught, ignored, blocked by some thread).
+    #[error(
+        "the process catches, ignores or blocks SIGURG and SIGWINCH (caught {caught:#x}, \
+         ignored {ignored:#x}, blocked {blocked:#x})"
+    )]
     NoSignal {
+        /// Signals it catches (`SigCgt`).
         caught: u64,
+        /// Signals it ignores (`SigIgn`).
         ignored: u64,
+        /// Signals some thread blocks (`SigBlk`).
         blocked: u64,
     },
     /// Turned off (`--ptrace-stops debug-registers`).
+    #[error("turned off")]
     Off,
-}
-
-impl std::fmt::Display for NoSignalStops {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            NoSignalStops::Bpf(e) => write!(f, "bpf() refused: {}", e.desc()),
-            NoSignalStops::NoSignal {
-                caught,
-                ignored,
-                blocked,
-            } => write!(
-                f,
-                "the process catches, ignores or blocks SIGURG and SIGWINCH (caught {caught:#x}, \
-                 ignored {ignored:#x}, blocked {blocked:#x})"
-            ),
-            NoSignalStops::Off => write!(f, "turned off"),
-        }
-    }
 }
 
 /// Which stops processes get (`wpd --ptrace-stops`).
