@@ -166,7 +166,7 @@ pub fn probe() -> b::perf_event_attr {
 
 /// A signal stop's breakpoint: counts its hits (read from its fd) and runs
 /// the program sending the signal; no samples, removed at exec.
-pub fn signal_stop(addr: u64, len: u32, access: Access) -> b::perf_event_attr {
+pub fn signal_stop(addr: u64, len: WatchLen, access: Access) -> b::perf_event_attr {
     let mut a = b::perf_event_attr {
         type_: b::PERF_TYPE_BREAKPOINT,
         size: std::mem::size_of::<b::perf_event_attr>() as u32,
@@ -174,7 +174,7 @@ pub fn signal_stop(addr: u64, len: u32, access: Access) -> b::perf_event_attr {
     };
     a.bp_type = bp_type(access);
     a.__bindgen_anon_3.bp_addr = addr;
-    a.__bindgen_anon_4.bp_len = u64::from(len);
+    a.__bindgen_anon_4.bp_len = crate::arch::current::perf_bp_len(len, access);
     a.__bindgen_anon_1.sample_period = 1;
     a.set_exclude_kernel(1);
     a.set_exclude_hv(1);
@@ -303,7 +303,7 @@ mod tests {
 
     #[test]
     fn signal_stops_count_and_write_nothing() {
-        let a = signal_stop(0x7000, 8, Access::Write);
+        let a = signal_stop(0x7000, WatchLen::new(8).unwrap(), Access::Write);
         assert_eq!(
             (a.type_, a.bp_type),
             (b::PERF_TYPE_BREAKPOINT, b::HW_BREAKPOINT_W)
@@ -318,5 +318,12 @@ mod tests {
             assert_eq!(a.__bindgen_anon_1.sample_period, 1);
             assert_eq!(a.__bindgen_anon_4.bp_len, 8);
         }
+        // An exec breakpoint's length is the architecture's (on x86-64 the
+        // kernel refuses any but sizeof(long)).
+        let one = WatchLen::new(1).unwrap();
+        let a = signal_stop(0x7000, one, Access::Exec);
+        // SAFETY: a plain integer in a union written above.
+        let bp_len = unsafe { a.__bindgen_anon_4.bp_len };
+        assert_eq!(bp_len, crate::arch::current::perf_bp_len(one, Access::Exec));
     }
 }

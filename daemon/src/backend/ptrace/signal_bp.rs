@@ -23,7 +23,7 @@ use dashmap::DashMap;
 use nix::errno::Errno;
 use nix::sys::signal::Signal;
 
-use crate::model::{Access, Pid, Tid};
+use crate::model::{Access, Pid, Tid, WatchLen};
 use crate::procfs;
 
 /// Signals tried, in order: default action "ignore", rarely used by
@@ -212,7 +212,7 @@ fn load(sig: i32) -> Result<OwnedFd, Errno> {
 pub fn open_breakpoint(
     tid: Tid,
     addr: u64,
-    len: u32,
+    len: WatchLen,
     access: Access,
     mode: &SignalMode,
 ) -> Result<OwnedFd, Errno> {
@@ -236,4 +236,37 @@ pub fn pending(tid: Tid, sig: Signal) -> bool {
     procfs::Status::of(tid)
         .and_then(|s| s.mask("SigPnd"))
         .is_some_and(|mask| mask & (1u64 << (sig as i32 - 1)) != 0)
+}
+
+/// Against the kernel (root only): the breakpoints signal stops open are
+/// accepted for every access kind.
+#[cfg(test)]
+mod kernel_tests {
+    use super::*;
+
+    #[test]
+    fn every_access_kind_opens() {
+        let prog = match program(CANDIDATES[0]) {
+            Ok(p) => p,
+            Err(Errno::EPERM) => return, // unprivileged run
+            Err(e) => panic!("{e}"),
+        };
+        let mode = SignalMode {
+            signal: CANDIDATES[0],
+            prog,
+        };
+        static DATA: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        let code = every_access_kind_opens as *const () as u64;
+        for (addr, len, access) in [
+            (DATA.as_ptr() as u64, 8, Access::Write),
+            (DATA.as_ptr() as u64, 4, Access::ReadWrite),
+            (code, 1, Access::Exec),
+        ] {
+            let len = WatchLen::new(len).unwrap();
+            let r = open_breakpoint(me, addr, len, access, &mode);
+            assert!(r.is_ok(), "{access:?}: {r:?}");
+        }
+    }
 }
