@@ -11,6 +11,7 @@ use std::io;
 use serde_json::{Value, json};
 use tonic::Code;
 use tonic_types::StatusExt;
+use wpd_proto::code_name;
 use wpd_proto::text::escape;
 
 /// Process exit codes. Documented in `wpctl --help` (see `EXIT_CODES_HELP`).
@@ -72,29 +73,6 @@ pub fn exit_for_code(code: Code) -> Exit {
         | Code::Aborted
         | Code::Internal
         | Code::DataLoss => Exit::Other,
-    }
-}
-
-/// The canonical upper-snake-case name of a gRPC code, for JSON errors.
-pub fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }
 

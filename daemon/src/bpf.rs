@@ -1,7 +1,8 @@
 //! The few `bpf()` operations wpd needs, without a BPF toolchain: programs
 //! are a handful of instructions assembled here (no compiler, no object
 //! files, nothing a fresh machine lacks), maps are a ring buffer and a
-//! counter array.
+//! counter array. Jumps name a [`Label`], resolved when a [`Program`] is
+//! built (no offset is counted by hand).
 //!
 //! Users: the ptrace backend's signal stops (a program sending a signal at
 //! a hit) and the perf backend's per-thread path (a program writing each
@@ -136,6 +137,109 @@ pub mod asm {
     }
 }
 
+/// A place in a [`Program`] that jumps go to: declared by
+/// [`Program::label`], placed once by [`Program::place`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Label(usize);
+
+/// Why a [`Program`] cannot be built: a label placed other than once, or
+/// a jump the instruction cannot encode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AsmError {
+    /// A label declared but never placed.
+    #[error("label {0} is never placed")]
+    Unplaced(usize),
+    /// A label placed twice.
+    #[error("label {0} is placed twice")]
+    PlacedTwice(usize),
+    /// A jump backwards: the programs here have no loops (the verifier
+    /// would refuse an unbounded one).
+    #[error("the jump at instruction {at} goes back to label {label}")]
+    Backward {
+        /// The jump's index.
+        at: usize,
+        /// Its label.
+        label: usize,
+    },
+    /// A jump farther than its 16-bit offset reaches.
+    #[error("the jump at instruction {at} is too far")]
+    TooFar {
+        /// The jump's index.
+        at: usize,
+    },
+}
+
+/// A program being assembled: instructions, and jumps to labels resolved
+/// by [`Program::build`].
+#[derive(Debug, Default)]
+pub struct Program {
+    insns: Vec<Insn>,
+    /// Where each label is placed (index of the instruction it names).
+    labels: Vec<Option<usize>>,
+    /// Jumps to patch: the jump's index and its label.
+    jumps: Vec<(usize, Label)>,
+    /// The first label placed twice.
+    twice: Option<usize>,
+}
+
+impl Program {
+    /// An empty program.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends instructions.
+    pub fn push(&mut self, insns: impl IntoIterator<Item = Insn>) {
+        self.insns.extend(insns);
+    }
+
+    /// A new label, to place once.
+    pub fn label(&mut self) -> Label {
+        self.labels.push(None);
+        Label(self.labels.len() - 1)
+    }
+
+    /// Places `l` at the next instruction.
+    pub fn place(&mut self, l: Label) {
+        let at = &mut self.labels[l.0];
+        if at.is_some() {
+            self.twice.get_or_insert(l.0);
+        }
+        *at = Some(self.insns.len());
+    }
+
+    /// `if dst != imm goto l`.
+    pub fn jne_imm(&mut self, dst: Reg, imm: i32, l: Label) {
+        self.jumps.push((self.insns.len(), l));
+        self.insns.push(asm::jne_imm(dst, imm, 0));
+    }
+
+    /// `if dst == imm goto l`.
+    pub fn jeq_imm(&mut self, dst: Reg, imm: i32, l: Label) {
+        self.jumps.push((self.insns.len(), l));
+        self.insns.push(asm::jeq_imm(dst, imm, 0));
+    }
+
+    /// The instructions, every jump's offset resolved (a BPF jump goes
+    /// to `its index + 1 + off`).
+    pub fn build(mut self) -> Result<Vec<Insn>, AsmError> {
+        if let Some(l) = self.twice {
+            return Err(AsmError::PlacedTwice(l));
+        }
+        if let Some(l) = self.labels.iter().position(Option::is_none) {
+            return Err(AsmError::Unplaced(l));
+        }
+        for &(at, Label(l)) in &self.jumps {
+            let to = self.labels[l].expect("every label placed, checked above");
+            if to <= at {
+                return Err(AsmError::Backward { at, label: l });
+            }
+            self.insns[at].off = i16::try_from(to - at - 1).map_err(|_| AsmError::TooFar { at })?;
+        }
+        Ok(self.insns)
+    }
+}
+
 /// `union bpf_attr` as BPF_PROG_LOAD reads it (the fields up to the log).
 #[repr(C)]
 #[derive(Default)]
@@ -191,19 +295,20 @@ fn sys_bpf<T>(cmd: libc::c_long, attr: &T) -> Result<libc::c_long, Errno> {
 
 /// A refused program load: the errno and, for EINVAL/EACCES, the
 /// verifier's log (the reason, for the daemon's log and the tests).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bpf(BPF_PROG_LOAD) refused: {}{}", errno.desc(), verifier_note(log))]
 pub struct LoadError {
+    /// The errno.
     pub errno: Errno,
+    /// The last lines of the verifier's log (empty: none).
     pub log: String,
 }
 
-impl std::fmt::Display for LoadError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "bpf(BPF_PROG_LOAD) refused: {}", self.errno.desc())?;
-        if !self.log.is_empty() {
-            write!(f, " (verifier: {})", self.log.trim())?;
-        }
-        Ok(())
+fn verifier_note(log: &str) -> String {
+    if log.is_empty() {
+        String::new()
+    } else {
+        format!(" (verifier: {})", log.trim())
     }
 }
 
@@ -417,6 +522,16 @@ impl RingBuf {
                 n += 1;
             }
             pos += ((RINGBUF_HDR + len + 7) & !7) as u64;
+            // Release: every read of the record above happens before a
+            // producer that reads this position (with acquire, in
+            // `__bpf_ringbuf_reserve`) reuses its bytes. That is all it has
+            // to order. libbpf's consumer stores the same way but also has
+            // to re-check the producer position with a full barrier before
+            // it sleeps, or it could sleep through a record whose producer
+            // saw the old position and skipped the wake-up; wpd's programs
+            // submit with `BPF_RB_NO_WAKEUP`, so no producer ever wakes
+            // the consumer, and the drain polls on a timeout instead: no
+            // wake-up can be lost.
             cons.store(pos, Ordering::Release);
         }
         self.read.store(pos, Ordering::Relaxed);
@@ -472,5 +587,76 @@ mod tests {
         assert_eq!(jne_imm(0, 0, 5).code, 0x55);
         assert_eq!(call(14).code, 0x85);
         assert_eq!(exit().code, 0x95);
+    }
+
+    #[test]
+    fn a_refused_load_says_why() {
+        use super::LoadError;
+        use nix::errno::Errno;
+        let e = LoadError {
+            errno: Errno::EPERM,
+            log: String::new(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "bpf(BPF_PROG_LOAD) refused: Operation not permitted"
+        );
+        let e = LoadError {
+            errno: Errno::EINVAL,
+            log: " R1 invalid mem access\n".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "bpf(BPF_PROG_LOAD) refused: Invalid argument (verifier: R1 invalid mem access)"
+        );
+    }
+
+    #[test]
+    fn jumps_land_on_their_labels() {
+        use super::{Program, asm};
+        let mut p = Program::new();
+        let out = p.label();
+        let end = p.label();
+        p.jne_imm(0, 0, out); // 0
+        p.push([mov_imm(0, 1)]); // 1
+        p.push(ld_u64(1, 7)); // 2, 3: two instructions
+        p.jne_imm(1, 0, end); // 4
+        p.place(out);
+        p.push([mov_imm(0, 2)]); // 5
+        p.place(end);
+        p.push([asm::exit()]); // 6
+        let insns = p.build().unwrap();
+        assert_eq!(insns.len(), 7);
+        assert_eq!((insns[0].off, insns[4].off), (4, 1), "index + 1 + off");
+    }
+
+    #[test]
+    fn a_label_placed_other_than_once_or_behind_its_jump_fails() {
+        use super::{AsmError, Program};
+        // One label too few placed.
+        let mut p = Program::new();
+        let a = p.label();
+        let b = p.label();
+        p.jne_imm(0, 0, a);
+        p.jne_imm(0, 0, b);
+        p.place(a);
+        p.push([exit()]);
+        assert_eq!(p.build(), Err(AsmError::Unplaced(1)));
+        // One placed twice.
+        let mut p = Program::new();
+        let a = p.label();
+        p.jne_imm(0, 0, a);
+        p.place(a);
+        p.push([exit()]);
+        p.place(a);
+        p.push([exit()]);
+        assert_eq!(p.build(), Err(AsmError::PlacedTwice(0)));
+        // Backwards.
+        let mut p = Program::new();
+        let a = p.label();
+        p.place(a);
+        p.push([exit()]);
+        p.jne_imm(0, 0, a);
+        assert_eq!(p.build(), Err(AsmError::Backward { at: 1, label: 0 }));
     }
 }

@@ -221,6 +221,21 @@ pub enum WpdError {
         /// The errno.
         err: nix::errno::Errno,
     },
+    /// A lease ended (its event stream closed) while a request under it
+    /// ran; what the request did was undone.
+    #[error("lease {lease} ended {during}: {undone}")]
+    LeaseEnded {
+        /// The lease.
+        lease: u64,
+        /// When ("during the pause").
+        during: &'static str,
+        /// What was undone.
+        undone: &'static str,
+    },
+    /// The daemon failed in a way no request causes (a task that
+    /// panicked, a journal it cannot read).
+    #[error("{0}")]
+    Internal(String),
 }
 
 fn needs_text(b: Option<BackendKind>) -> String {

@@ -8,6 +8,7 @@ pub mod backend;
 pub mod bpf;
 pub mod clock;
 pub mod core;
+pub mod cpus;
 pub mod error;
 pub mod events;
 pub mod export;

@@ -10,7 +10,8 @@ use wpd::rpc::serve::Listen;
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
-    /// Where to listen: unix:PATH or tcp://127.0.0.1:PORT (loopback only).
+    /// Where to listen: unix:PATH, or tcp://HOST:PORT (a loopback address,
+    /// or any with --tls-cert; TCP callers need --token-file).
     #[arg(long, env = "WPD_LISTEN", default_value_t = format!("unix:{}", wpd_proto::DEFAULT_SOCKET))]
     listen: String,
     /// Log filter (tracing-subscriber syntax), e.g. info or wpd=debug.

@@ -59,7 +59,9 @@ impl WatchLen {
 pub enum BackendKind {
     /// perf_event_open breakpoints.
     Perf,
-    /// PTRACE_POKEUSER of the debug registers.
+    /// A tracer stopping the threads at a hit: signal stops (perf
+    /// breakpoints signalling the thread) or debug registers written with
+    /// PTRACE_POKEUSER.
     Ptrace,
 }
 

@@ -22,7 +22,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use nix::errno::Errno;
 
-use crate::bpf::{self, Insn, RingBuf, asm, helper};
+use crate::bpf::{self, Insn, Program, RingBuf, asm, helper};
 use crate::model::{Pid, Tid};
 
 /// Ring size: signals worth reporting are rare (a crash storm of a fuzzer
@@ -122,22 +122,27 @@ fn parse_layout(format: &str) -> Result<Layout, Unseen> {
 
 /// The program: a delivery whose handler is `SIG_DFL`, or of SIGTRAP, is
 /// written to `ring` as (pid_tgid, signal, code, handler).
-fn program(ring: &RingBuf, l: Layout) -> Vec<Insn> {
-    let mut p = vec![
+fn program(ring: &RingBuf, l: Layout) -> Result<Vec<Insn>, bpf::AsmError> {
+    let mut p = Program::new();
+    let (keep, out) = (p.label(), p.label());
+    p.push([
         asm::mov(6, 1),
         asm::ldx_w(7, 6, l.sig),
         asm::ldx_dw(8, 6, l.handler),
-        // Default action: kept.
-        asm::jeq_imm(8, 0, 1),
-        // A handled or ignored SIGTRAP is kept too; anything else is not.
-        asm::jne_imm(7, SIGTRAP, 16),
-    ];
-    p.extend(asm::ld_map(1, ring.raw_fd()));
-    p.extend([
+    ]);
+    // Default action: kept; a handled or ignored SIGTRAP too; anything
+    // else is not.
+    p.jeq_imm(8, 0, keep);
+    p.jne_imm(7, SIGTRAP, out);
+    p.place(keep);
+    p.push(asm::ld_map(1, ring.raw_fd()));
+    p.push([
         asm::mov_imm(2, REC_BYTES),
         asm::mov_imm(3, 0),
         asm::call(helper::RINGBUF_RESERVE),
-        asm::jeq_imm(0, 0, 10),
+    ]);
+    p.jeq_imm(0, 0, out);
+    p.push([
         asm::mov(9, 0),
         asm::call(helper::GET_CURRENT_PID_TGID),
         asm::stx_dw(9, 0, 0),
@@ -148,10 +153,10 @@ fn program(ring: &RingBuf, l: Layout) -> Vec<Insn> {
         asm::mov(1, 9),
         asm::mov_imm(2, 0),
         asm::call(helper::RINGBUF_SUBMIT),
-        asm::mov_imm(0, 0),
-        asm::exit(),
     ]);
-    p
+    p.place(out);
+    p.push([asm::mov_imm(0, 0), asm::exit()]);
+    p.build()
 }
 
 /// Decodes one record.
@@ -193,20 +198,16 @@ impl SignalWatch {
             what: "bpf(BPF_MAP_CREATE) of a ring buffer",
             errno,
         })?;
+        let insns = program(&ring, layout).map_err(|e| Unseen::Format(e.to_string()))?;
         let prog =
-            bpf::load_program(bpf::PROG_TYPE_TRACEPOINT, &program(&ring, layout)).map_err(|e| {
-                Unseen::Refused {
-                    what: "bpf(BPF_PROG_LOAD) of the signal tracepoint program",
-                    errno: e.errno,
-                }
+            bpf::load_program(bpf::PROG_TYPE_TRACEPOINT, &insns).map_err(|e| Unseen::Refused {
+                what: "bpf(BPF_PROG_LOAD) of the signal tracepoint program",
+                errno: e.errno,
             })?;
         // A tracepoint's programs belong to the tracepoint: attached through
         // one event, the program runs wherever the tracepoint fires (the same
         // program cannot be attached twice: EEXIST).
-        let cpu = crate::backend::perf::kernel::online_cpus()
-            .first()
-            .copied()
-            .unwrap_or(0);
+        let cpu = crate::cpus::online().first().copied().unwrap_or(0);
         let events = vec![open_tracepoint(id, cpu as i32, &prog)?];
         Ok(SignalWatch {
             ring,
@@ -370,7 +371,7 @@ mod tests {
             code: 16,
             handler: 24,
         };
-        let r = bpf::load_program(bpf::PROG_TYPE_TRACEPOINT, &program(&ring, l));
+        let r = bpf::load_program(bpf::PROG_TYPE_TRACEPOINT, &program(&ring, l).unwrap());
         assert!(r.is_ok(), "{r:?}");
     }
 }

@@ -4,12 +4,19 @@
 //!
 //! 1. Only `daemon/src/rpc/` knows tonic (and its HTTP/2 companions).
 //! 2. No debug-register bit arithmetic outside `daemon/src/arch/`: the
-//!    register layout's helpers and literals appear nowhere else.
+//!    register layout's helpers and literals appear nowhere else; nor any
+//!    other x86 knowledge (`pt_regs` offsets, register names, the
+//!    architecture's name, `cfg(target_arch)`).
 //! 3. The core never asks which backend a process uses: no `BackendKind::`
-//!    in `daemon/src/core/`.
+//!    in `daemon/src/core/`, and nothing of the perf backend (the CPU
+//!    count included).
 //! 4. Every Rust source file starts with a `//!` line saying what it is for.
 //! 5. Every `kernel-facts §N` citation names a section of
 //!    `docs/kernel-facts.md`.
+//! 6. Every error status the daemon sends is built by `rpc/status.rs`'s
+//!    one map, so it carries an `ErrorInfo` with its reason: no
+//!    `Status::internal(...)` and the like anywhere else in `rpc/`; and
+//!    each reason's wire value is its constant's name.
 
 use std::path::{Path, PathBuf};
 
@@ -52,6 +59,8 @@ fn sources() -> Vec<PathBuf> {
         "daemon/fuzz/fuzz_targets",
         "client/src",
         "client/tests",
+        "adapters/dap/src",
+        "adapters/dap/tests",
         "proto/src",
         "tests/src",
         "tests/tests",
@@ -75,14 +84,17 @@ fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
 }
 
 /// True if `needle` occurs in `line` not as the tail of a longer name
-/// (`tonic` in `tonic::Status`, not in `monotonic_ns`).
+/// (`tonic` in `tonic::Status`, not in `monotonic_ns`). A field (`.rip`)
+/// matches only whole (not in `.ripple`), wherever it follows.
 fn mentions(line: &str, needle: &str) -> bool {
-    line.match_indices(needle).any(|(i, _)| {
-        !line[..i]
-            .chars()
-            .next_back()
-            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
-    })
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    if needle.starts_with('.') {
+        return line
+            .match_indices(needle)
+            .any(|(i, _)| !line[i + needle.len()..].starts_with(ident));
+    }
+    line.match_indices(needle)
+        .any(|(i, _)| !line[..i].chars().next_back().is_some_and(ident))
 }
 
 /// Every (file, line) of `files` whose code contains one of `needles`.
@@ -110,7 +122,7 @@ fn daemon_files_outside(prefix: &str) -> Vec<PathBuf> {
 #[test]
 fn only_the_rpc_layer_knows_tonic() {
     let files = daemon_files_outside("rpc");
-    let bad = offenders(&files, &["tonic", "hyper", "h2::", "http_body"]);
+    let bad = offenders(&files, &["tonic", "hyper::", "hyper_util", "h2::", "http_body"]);
     assert!(
         bad.is_empty(),
         "tonic outside daemon/src/rpc/ (ARCHITECTURE.md: only the RPC layer knows it):\n{}",
@@ -143,14 +155,110 @@ fn debug_register_layout_stays_in_arch() {
 }
 
 #[test]
-fn the_core_never_branches_on_the_backend() {
-    let root = repo().join("daemon/src/core");
-    let bad = offenders(&rust_files(&root), &["BackendKind::"]);
+fn other_x86_knowledge_stays_in_arch() {
+    let files = daemon_files_outside("arch");
+    let bad = offenders(
+        &files,
+        &[
+            // `struct bpf_perf_event_data` / `struct pt_regs` offsets.
+            "pt_regs",
+            "bpf_perf_event_data",
+            "const CTX_",
+            // `struct user_regs_struct` fields.
+            ".rip",
+            ".rsp",
+            ".rbp",
+            // The architecture's name and its selection.
+            "\"x86_64\"",
+            "x86_64::",
+            "target_arch",
+        ],
+    );
     assert!(
         bad.is_empty(),
-        "the core names a backend kind (call the process's backend through the trait, read \
-         what it can do from its Features):\n{}",
+        "x86 knowledge outside daemon/src/arch/ (add an item to arch::current and use it; \
+         ARCHITECTURE.md's aarch64 row lists them):\n{}",
         bad.join("\n")
+    );
+}
+
+#[test]
+fn the_core_never_branches_on_the_backend() {
+    let root = repo().join("daemon/src/core");
+    let bad = offenders(&rust_files(&root), &["BackendKind::", "backend::perf"]);
+    assert!(
+        bad.is_empty(),
+        "the core names a backend kind or reaches into the perf backend (call the process's \
+         backend through the trait, read what it can do from its Features; the machine's CPUs \
+         are crate::cpus):\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn needles_match_names_and_fields() {
+    assert!(mentions("use tonic::Status;", "tonic"));
+    assert!(!mentions("let t = monotonic_ns();", "tonic"));
+    assert!(mentions("let ip = r.rip;", ".rip"));
+    assert!(!mentions("let ip = r.ip;", ".rip"));
+    assert!(!mentions("s.rsplit_once(')')", ".rsp"));
+}
+
+#[test]
+fn every_error_status_comes_from_the_one_map() {
+    let root = repo().join("daemon/src/rpc");
+    let map = root.join("status.rs");
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut bad = Vec::new();
+    for f in rust_files(&root).into_iter().filter(|f| *f != map) {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for (n, line) in code_lines(&text) {
+            for (i, _) in line.match_indices("Status::") {
+                let before = line[..i].chars().next_back();
+                let after: String = line[i + "Status::".len()..]
+                    .chars()
+                    .take_while(|&c| ident(c))
+                    .collect();
+                let constructor = after.starts_with(|c: char| c.is_ascii_lowercase());
+                if !before.is_some_and(ident) && constructor && after != "from" {
+                    bad.push(format!("{}:{n}: {:?}", rel(&f), line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "error statuses built outside rpc/status.rs carry no ErrorInfo (map a WpdError with \
+         status::to_status, or Status::from):\n{}",
+        bad.join("\n")
+    );
+}
+
+/// The wire values of `wpd_proto::reason` are what clients match on: each
+/// constant's value is its name, so that code and tests name them by the
+/// constant and a changed value cannot slip by.
+#[test]
+fn reasons_are_named_by_their_values() {
+    let text = std::fs::read_to_string(repo().join("proto/src/lib.rs")).unwrap();
+    let start = text.find("pub mod reason {").expect("the reason module");
+    let end = start + text[start..].find("\n}\n").expect("its end");
+    let mut seen = 0;
+    let mut bad = Vec::new();
+    for line in text[start..end].lines() {
+        let Some(rest) = line.trim().strip_prefix("pub const ") else {
+            continue;
+        };
+        let (name, value) = rest.split_once(": &str = ").expect("a &str constant");
+        let value = value.trim_end_matches(';').trim_matches('"');
+        seen += 1;
+        if name != "DOMAIN" && name != value {
+            bad.push(format!("{name} = {value:?}"));
+        }
+    }
+    assert!(seen > 20, "reasons found: {seen}");
+    assert!(
+        bad.is_empty(),
+        "reasons whose value is not their name: {bad:?}"
     );
 }
 

@@ -25,8 +25,64 @@ pub const MAX_TOKEN_LEN: usize = 4096;
 pub mod condition;
 pub mod text;
 
+/// The canonical upper-snake-case name of a gRPC status code (`NOT_FOUND`),
+/// as the gRPC specification spells it: what `wpctl --json` reports and
+/// the daemon's metrics label.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::code_name;
+    use tonic::Code;
+
+    #[test]
+    fn codes_have_their_canonical_names() {
+        assert_eq!(code_name(Code::Ok), "OK");
+        assert_eq!(code_name(Code::NotFound), "NOT_FOUND");
+        assert_eq!(code_name(Code::Unauthenticated), "UNAUTHENTICATED");
+        // Every code 0..=16 by number, as `grpc-status` carries it.
+        for n in 0..=16 {
+            let name = code_name(Code::from(n));
+            assert!(
+                name.chars().all(|c| c.is_ascii_uppercase() || c == '_'),
+                "{name}"
+            );
+            assert!(n == 2 || name != "UNKNOWN", "{n}");
+        }
+        assert_eq!(code_name(Code::from_bytes(b"16")), "UNAUTHENTICATED");
+        assert_eq!(code_name(Code::from_bytes(b"99")), "UNKNOWN");
+        assert_eq!(code_name(Code::from_bytes(b"x")), "UNKNOWN");
+    }
+}
+
 /// The `reason` of the `google.rpc.ErrorInfo` detail every error status of
 /// the daemon carries (domain [`reason::DOMAIN`]): what clients match on.
+/// Every status the daemon's own code answers with has one (its one map
+/// from errors to statuses builds them all, checked by its tidy test);
+/// those gRPC makes itself have none (a request that does not decode, a
+/// method or service the daemon lacks, the standard health service's
+/// answers).
 pub mod reason {
     /// `ErrorInfo.domain` of every error.
     pub const DOMAIN: &str = "wpd.v1";
@@ -85,6 +141,13 @@ pub mod reason {
     pub const FD_LIMIT: &str = "FD_LIMIT";
     /// An unexpected kernel error.
     pub const KERNEL_ERROR: &str = "KERNEL_ERROR";
+    /// The lease a request named ended while the request ran (its stream
+    /// closed): what the request did was undone (code `ABORTED`: a race,
+    /// not a bad argument).
+    pub const LEASE_ENDED: &str = "LEASE_ENDED";
+    /// The daemon failed in a way no request causes (a task that
+    /// panicked, a journal it cannot read).
+    pub const INTERNAL: &str = "INTERNAL";
     /// A symbol name that does not parse.
     pub const BAD_SYMBOL: &str = "BAD_SYMBOL";
     /// No module of that name in the process (metadata `loaded`).

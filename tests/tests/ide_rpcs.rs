@@ -46,7 +46,7 @@ async fn pause_holds_every_thread_and_their_stacks_can_be_read() -> Result<()> {
             Code::FailedPrecondition,
             &["running", "pause"],
         )?;
-        ensure!(reason_of(&s) == "THREAD_NOT_HELD", "{s:?}");
+        ensure!(reason_of(&s) == wpd_proto::reason::THREAD_NOT_HELD, "{s:?}");
 
         let held = rpc_ok(
             "Pause",
@@ -165,7 +165,10 @@ async fn pause_and_stacks_need_a_stopping_backend() -> Result<()> {
             ),
         ] {
             let s = expect_status(what, r, Code::InvalidArgument, &["ptrace"])?;
-            ensure!(reason_of(&s) == "NEEDS_BACKEND", "{what}: {s:?}");
+            ensure!(
+                reason_of(&s) == wpd_proto::reason::NEEDS_BACKEND,
+                "{what}: {s:?}"
+            );
         }
         Ok(())
     }

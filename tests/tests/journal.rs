@@ -330,7 +330,7 @@ async fn a_daemon_without_a_journal_says_so() -> Result<()> {
             .get_details_error_info()
             .map(|i| i.reason)
             .unwrap_or_default();
-        ensure!(reason == "NO_JOURNAL", "{reason}");
+        ensure!(reason == wpd_proto::reason::NO_JOURNAL, "{reason}");
         Ok(())
     }
     .await;

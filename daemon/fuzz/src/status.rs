@@ -265,6 +265,17 @@ pub enum ErrorInput {
     },
     /// `WpdError::Symbol`.
     Symbol(SymbolInput),
+    /// `WpdError::LeaseEnded`.
+    LeaseEnded {
+        /// Lease.
+        lease: u64,
+        /// When.
+        during: StaticText,
+        /// What was undone.
+        undone: StaticText,
+    },
+    /// `WpdError::Internal`.
+    Internal(String),
 }
 
 /// A name that did not resolve (the variants whose fields are plain data).
@@ -518,6 +529,16 @@ impl ErrorInput {
                 err: nix::errno::Errno::from_raw(errno),
             },
             ErrorInput::Symbol(s) => WpdError::Symbol(s.into()),
+            ErrorInput::LeaseEnded {
+                lease,
+                during,
+                undone,
+            } => WpdError::LeaseEnded {
+                lease,
+                during: during.get(),
+                undone: undone.get(),
+            },
+            ErrorInput::Internal(m) => WpdError::Internal(m),
         }
     }
 }
@@ -552,6 +573,8 @@ pub fn variant(e: &WpdError) -> &'static str {
         WpdError::ProcessLost { .. } => "ProcessLost",
         WpdError::Kernel { .. } => "Kernel",
         WpdError::Symbol(_) => "Symbol",
+        WpdError::LeaseEnded { .. } => "LeaseEnded",
+        WpdError::Internal(_) => "Internal",
     }
 }
 

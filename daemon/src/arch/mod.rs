@@ -54,6 +54,12 @@ pub enum SpecError {
     NoAccess,
 }
 
+/// The access that watches reads only, or why the architecture has none
+/// (a request for reads only is refused with it, never widened silently).
+pub fn read_only() -> Result<Access, SpecError> {
+    current::read_only()
+}
+
 /// Checks a (address, length, access) triple against the architecture and
 /// splits the range into the aligned pieces the slots watch.
 pub fn validate(addr: u64, len: u32, access: Access) -> Result<Range, SpecError> {

@@ -82,6 +82,62 @@ pub const DR7: usize = 7;
 /// `si_code` of a SIGTRAP caused by a hardware breakpoint (`TRAP_HWBKPT`).
 pub const TRAP_HWBKPT: i32 = 4;
 
+/// The access kinds a slot can watch, as `GetCapabilities` advertises them:
+/// the RW field encodes execution, writes, and reads or writes (SDM
+/// §18.2.4); there is no read-only encoding.
+pub const ACCESS_KINDS: [Access; 3] = [Access::Write, Access::ReadWrite, Access::Exec];
+
+/// The access that watches reads only: none here (see [`ACCESS_KINDS`]).
+pub fn read_only() -> Result<Access, SpecError> {
+    Err(SpecError::NoReadOnly(ARCH))
+}
+
+/// `perf_event_attr.bp_len` of a perf breakpoint on `len` bytes: an
+/// execute breakpoint must say `sizeof(long)` (the kernel's
+/// `arch_build_bp_info` refuses any other length for `HW_BREAKPOINT_X`),
+/// a data breakpoint its length.
+pub fn perf_bp_len(len: WatchLen, access: Access) -> u64 {
+    match access {
+        Access::Exec => std::mem::size_of::<libc::c_long>() as u64,
+        _ => u64::from(len.bytes()),
+    }
+}
+
+/// Offsets in `struct bpf_perf_event_data`, the context a BPF program
+/// attached to a perf event reads (`include/uapi/linux/bpf_perf_event.h`):
+/// the user registers (`struct pt_regs`, 21 u64s on x86-64), then
+/// `sample_period`, then `addr`.
+pub mod perf_ctx {
+    /// The instruction pointer (`pt_regs.ip`, the 17th u64): after the
+    /// access, for a data breakpoint.
+    pub const IP: i16 = 16 * 8;
+    /// The breakpoint's address (`addr`, after the 21 registers and
+    /// `sample_period`).
+    pub const ADDR: i16 = 22 * 8;
+}
+
+/// What the daemon reads of a stopped thread's registers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UserRegs {
+    /// Instruction pointer (`rip`).
+    pub ip: u64,
+    /// Stack pointer (`rsp`).
+    pub sp: u64,
+    /// Frame pointer (`rbp`), where [`walk_frame_pointers`] starts.
+    pub fp: u64,
+}
+
+impl From<&libc::user_regs_struct> for UserRegs {
+    /// From what `PTRACE_GETREGS` fills in.
+    fn from(r: &libc::user_regs_struct) -> Self {
+        UserRegs {
+            ip: r.rip,
+            sp: r.rsp,
+            fp: r.rbp,
+        }
+    }
+}
+
 /// The DR7 bits that program one slot (enable + RW + LEN), to be OR-ed into
 /// the whole register the caller keeps (never read back from the thread:
 /// kernel-facts §3).

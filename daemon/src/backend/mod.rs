@@ -1,8 +1,11 @@
 //! Backends: the ways the daemon programs debug registers. One trait,
 //! [`Backend`], one implementation per mechanism (`perf/`: perf_event_open
-//! breakpoints; `ptrace/`: PTRACE_POKEUSER of DR0–DR7; `fake.rs`: an
-//! in-memory one for tests without a kernel), and [`Host`], what a backend
-//! may see and change of the daemon's state (implemented by the core).
+//! breakpoints; `ptrace/`: a traced process whose threads stop at a hit,
+//! through signal stops — per-thread perf breakpoints whose BPF program
+//! signals the thread — where `bpf()` is allowed, else DR0–DR7 written with
+//! PTRACE_POKEUSER; `fake.rs`: an in-memory one for tests without a
+//! kernel), and [`Host`], what a backend may see and change of the
+//! daemon's state (implemented by the core).
 //!
 //! The core never asks which backend a process uses: it calls the
 //! process's backend through the trait and reads what it can do from

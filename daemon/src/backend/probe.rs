@@ -13,8 +13,8 @@
 use nix::errno::Errno;
 
 use super::Unavailable;
-use super::perf::kernel::{breakpoint_attr, open};
-use crate::model::{Access, Tid, WatchLen};
+use super::perf::{attr, sys};
+use crate::model::Tid;
 
 /// The free-slot probe (see the module doc).
 #[derive(Debug)]
@@ -40,13 +40,8 @@ impl SlotProbe {
     pub fn free_slots(&self, tid: Tid, max: usize) -> Result<usize, Errno> {
         let mut held = Vec::with_capacity(max);
         for _ in 0..max {
-            let mut a = breakpoint_attr(
-                0x1000,
-                WatchLen::new(1).expect("1 is a length"),
-                Access::Write,
-            );
-            a.set_disabled(1);
-            match open(&mut a, tid, -1, "perf_event_open(probe)") {
+            let mut a = attr::probe();
+            match sys::open(&mut a, tid, -1, "perf_event_open(probe)") {
                 Ok(fd) => held.push(fd),
                 Err(e) if e.errno == Errno::ENOSPC => break,
                 Err(e) => return Err(e.errno),

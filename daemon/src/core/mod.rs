@@ -225,7 +225,7 @@ impl Core {
 
     /// Online CPUs.
     pub fn cpus(&self) -> usize {
-        crate::backend::perf::kernel::online_cpus().len()
+        crate::cpus::online().len()
     }
 }
 

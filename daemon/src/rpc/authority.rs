@@ -23,6 +23,10 @@
 //! only as far as finding HEADERS and CONTINUATION frames; a stream the
 //! module does not understand is passed on unchanged, for the server to
 //! judge.
+//!
+//! Kept only while h2 refuses such authorities: the canary test
+//! `h2_still_resets_a_socket_path_authority_and_the_fix_is_needed` fails
+//! the day it accepts them, and this module can go.
 
 use std::io;
 use std::pin::Pin;
@@ -528,6 +532,110 @@ mod tests {
             at += FRAME_HEADER + len;
         }
         out
+    }
+
+    /// How tonic's HTTP/2 server (h2) answers one request whose
+    /// `:authority` is `authority`, sent as raw frames over an in-process
+    /// connection (through an [`AuthorityFix`] when `fixed`): `true` if it
+    /// answered the request (a HEADERS frame on its stream), `false` if it
+    /// reset the stream.
+    async fn h2_answers(authority: &[u8], fixed: bool) -> bool {
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let serving = if fixed {
+            serve_one(AuthorityFix::new(server))
+        } else {
+            serve_one(server)
+        };
+        let mut enc = Encoder::new();
+        let health = [
+            (&b":method"[..], &b"POST"[..]),
+            (b":scheme", b"http"),
+            (b":path", b"/grpc.health.v1.Health/Check"),
+            (b":authority", authority),
+            (b"te", b"trailers"),
+            (b"content-type", b"application/grpc"),
+        ];
+        let mut input = PREFACE.to_vec();
+        frame(&mut input, 0x4, 0, 0, &[]); // SETTINGS, empty
+        let block = enc.encode(health.iter().copied());
+        input.extend(headers_frame(1, END_HEADERS, &block));
+        // An empty HealthCheckRequest, ending the stream.
+        frame(&mut input, 0x0, 0x1, 1, &[b"\0\0\0\0\0"]);
+        client.write_all(&input).await.unwrap();
+        let answer = async {
+            let mut hdr = [0u8; FRAME_HEADER];
+            loop {
+                client
+                    .read_exact(&mut hdr)
+                    .await
+                    .expect("the server answers");
+                let len =
+                    usize::from(hdr[0]) << 16 | usize::from(hdr[1]) << 8 | usize::from(hdr[2]);
+                let stream = u32::from_be_bytes([hdr[5], hdr[6], hdr[7], hdr[8]]) & 0x7fff_ffff;
+                let mut payload = vec![0u8; len];
+                client.read_exact(&mut payload).await.unwrap();
+                match (hdr[3], stream) {
+                    (HEADERS, 1) => return true,
+                    (0x3, 1) => return false, // RST_STREAM
+                    (0x7, _) => panic!("GOAWAY: {payload:?}"),
+                    _ => {} // SETTINGS, WINDOW_UPDATE, ...
+                }
+            }
+        };
+        let r = tokio::time::timeout(std::time::Duration::from_secs(30), answer)
+            .await
+            .expect("an answer within 30 s");
+        serving.abort();
+        r
+    }
+
+    /// Serves the health service on the one connection `io`.
+    fn serve_one<S>(io: S) -> tokio::task::JoinHandle<()>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        use crate::rpc::conn::{Conn, ConnLimits, Registry};
+        let registry = std::sync::Arc::new(Registry::default());
+        let conn = Conn::in_process(
+            io,
+            Some(crate::authz::Caller::privileged()),
+            &registry,
+            &ConnLimits::default(),
+        )
+        .expect("admitted");
+        let (_, health) = tonic_health::server::health_reporter();
+        let incoming = tokio_stream::iter([Ok::<_, io::Error>(conn)]);
+        tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(health)
+                .serve_with_incoming(incoming)
+                .await;
+        })
+    }
+
+    /// The canary: the day h2 accepts a socket path as `:authority` (as
+    /// grpc-core clients send it) this test fails, and `AuthorityFix` can
+    /// go (with this module and `loona-hpack`). Until then it shows that
+    /// the fix is what makes such requests work.
+    #[tokio::test]
+    async fn h2_still_resets_a_socket_path_authority_and_the_fix_is_needed() {
+        assert!(
+            h2_answers(b"localhost", false).await,
+            "the harness sees an answered request"
+        );
+        for path in [&b"%2Frun%2Fwpd%2Fwpd.sock"[..], b"/run/wpd/wpd.sock"] {
+            assert!(
+                !h2_answers(path, false).await,
+                "h2 now accepts the authority {:?}: AuthorityFix (rpc/authority.rs) is no \
+                 longer needed; remove it and this test",
+                String::from_utf8_lossy(path)
+            );
+            assert!(
+                h2_answers(path, true).await,
+                "through AuthorityFix, {:?} is answered",
+                String::from_utf8_lossy(path)
+            );
+        }
     }
 
     #[tokio::test]

@@ -112,7 +112,7 @@ impl TryFrom<pb::WatchpointSpec> for WatchSpec {
             Ok(pb::Access::Write) => Access::Write,
             Ok(pb::Access::ReadWrite) => Access::ReadWrite,
             Ok(pb::Access::Exec) => Access::Exec,
-            Ok(pb::Access::Read) => return Err(SpecError::NoReadOnly(arch::current::ARCH).into()),
+            Ok(pb::Access::Read) => arch::read_only()?,
             Ok(pb::Access::Unspecified) => return Err(SpecError::NoAccess.into()),
             Err(_) => {
                 return Err(WpdError::InvalidArgument(format!(

@@ -24,7 +24,7 @@ use tonic::Status;
 use wpd_proto::v1 as pb;
 use wpd_proto::v1::stream_events_response::Event as E;
 
-use super::EventFeed;
+use super::feed::EventFeed;
 use crate::authz::{self, Caller};
 use crate::core::Core;
 use crate::events::{Event, EventKind, Subscription};
@@ -221,10 +221,9 @@ async fn pump(
             (reader, b)
         })
         .await
-        .map_err(|e| Status::internal(format!("journal read task failed: {e}")))?;
+        .map_err(|e| internal(format!("journal read task failed: {e}")))?;
         reader = r;
-        let batch =
-            batch.map_err(|e| Status::internal(format!("reading the journal failed: {e}")))?;
+        let batch = batch.map_err(|e| internal(format!("reading the journal failed: {e}")))?;
         if batch.is_empty() {
             return Ok(Some(reader));
         }
@@ -290,4 +289,9 @@ impl Stream for ReplayFeed {
             }
         }
     }
+}
+
+/// A failure of the daemon's own, as a status with its reason.
+fn internal(what: String) -> Status {
+    super::status::to_status(&crate::error::WpdError::Internal(what))
 }

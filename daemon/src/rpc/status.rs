@@ -116,6 +116,8 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
         WpdError::LimitReached { .. } => (Code::ResourceExhausted, r::LIMIT_REACHED),
         WpdError::FdLimit { .. } => (Code::ResourceExhausted, r::FD_LIMIT),
         WpdError::Kernel { .. } => (Code::Internal, r::KERNEL_ERROR),
+        WpdError::LeaseEnded { .. } => (Code::Aborted, r::LEASE_ENDED),
+        WpdError::Internal(_) => (Code::Internal, r::INTERNAL),
         WpdError::Symbol(s) => {
             use crate::symbols::SymbolError as S;
             match s {
@@ -142,6 +144,7 @@ mod tests {
     use crate::arch::SpecError;
     use crate::error::SlotConflict;
     use crate::model::{BackendKind, WatchId};
+    use wpd_proto::reason as r;
 
     fn check(e: WpdError, code: Code, reason: &str, msg: &str) {
         let s = to_status(&e);
@@ -155,7 +158,7 @@ mod tests {
         check(
             WpdError::Spec(SpecError::Empty),
             Code::InvalidArgument,
-            "BAD_SPEC",
+            r::BAD_SPEC,
             "length 0",
         );
         check(
@@ -167,49 +170,49 @@ mod tests {
                 lengths: "1, 2, 4 or 8",
             }),
             Code::InvalidArgument,
-            "BAD_SPEC",
+            r::BAD_SPEC,
             "40 bytes at 0x1000 need 5 debug-register slots per thread",
         );
         check(
-            WpdError::Spec(SpecError::NoReadOnly("x86_64")),
+            WpdError::Spec(SpecError::NoReadOnly(crate::arch::current::ARCH)),
             Code::InvalidArgument,
-            "BAD_SPEC",
+            r::BAD_SPEC,
             "reads only",
         );
         check(
             WpdError::InvalidArgument("x".into()),
             Code::InvalidArgument,
-            "INVALID_ARGUMENT",
+            r::INVALID_ARGUMENT,
             "x",
         );
         check(
             WpdError::NoSuchProcess(5),
             Code::NotFound,
-            "NO_SUCH_PROCESS",
+            r::NO_SUCH_PROCESS,
             "pid 5",
         );
         check(
             WpdError::NotAttached(5),
             Code::NotFound,
-            "NOT_ATTACHED",
+            r::NOT_ATTACHED,
             "not attached",
         );
         check(
             WpdError::NotHeld { pid: 1, tid: 2 },
             Code::FailedPrecondition,
-            "THREAD_NOT_HELD",
+            r::THREAD_NOT_HELD,
             "thread 2 of process 1 is running",
         );
         check(
             WpdError::NoSuchThread { pid: 1, tid: 2 },
             Code::NotFound,
-            "NO_SUCH_THREAD",
+            r::NO_SUCH_THREAD,
             "thread 2 is not a thread of process 1",
         );
         check(
             WpdError::NoSuchWatchpoint(WatchId(9)),
             Code::NotFound,
-            "NO_SUCH_WATCHPOINT",
+            r::NO_SUCH_WATCHPOINT,
             "no watchpoint #9",
         );
         check(
@@ -222,7 +225,7 @@ mod tests {
                 }],
             },
             Code::ResourceExhausted,
-            "OUT_OF_SLOTS",
+            r::OUT_OF_SLOTS,
             "tid 7 [watchpoints #3, 1 held by another owner",
         );
         check(
@@ -231,7 +234,7 @@ mod tests {
                 detail: "no".into(),
             },
             Code::PermissionDenied,
-            "PERMISSION_DENIED",
+            r::PERMISSION_DENIED,
             "no",
         );
         check(
@@ -240,7 +243,7 @@ mod tests {
                 reason: "r".into(),
             },
             Code::FailedPrecondition,
-            "BACKEND_UNAVAILABLE",
+            r::BACKEND_UNAVAILABLE,
             "ptrace",
         );
         check(
@@ -250,7 +253,7 @@ mod tests {
                 asked: BackendKind::Ptrace,
             },
             Code::FailedPrecondition,
-            "BACKEND_MISMATCH",
+            r::BACKEND_MISMATCH,
             "detach first",
         );
         check(
@@ -265,13 +268,13 @@ mod tests {
                 by_kernel: false,
             },
             Code::ResourceExhausted,
-            "FD_LIMIT",
+            r::FD_LIMIT,
             "attach needs 20002 more events (10001 threads × 2 CPUs); wpd has 30 fds open, keeps 640 free for connections, and RLIMIT_NOFILE is 20000",
         );
         check(
             WpdError::ProcessExited(3),
             Code::NotFound,
-            "PROCESS_EXITED",
+            r::PROCESS_EXITED,
             "exited",
         );
         check(
@@ -283,13 +286,13 @@ mod tests {
                 comm: "gdb".into(),
             },
             Code::FailedPrecondition,
-            "ALREADY_TRACED",
+            r::ALREADY_TRACED,
             "already traced by process 3 (gdb, thread 4)",
         );
         check(
             WpdError::Unauthenticated("invalid token".into()),
             Code::Unauthenticated,
-            "UNAUTHENTICATED",
+            r::UNAUTHENTICATED,
             "invalid token",
         );
         check(
@@ -299,31 +302,31 @@ mod tests {
                 hint: "; the perf backend never stops the target",
             },
             Code::InvalidArgument,
-            "NEEDS_BACKEND",
+            r::NEEDS_BACKEND,
             "stopping on a hit needs the ptrace backend",
         );
         check(
             WpdError::NotAProcess { tid: 8, pid: 7 },
             Code::InvalidArgument,
-            "NOT_A_PROCESS",
+            r::NOT_A_PROCESS,
             "use --pid 7 --tid 8",
         );
         check(
             WpdError::OwnProcess(9),
             Code::InvalidArgument,
-            "OWN_PROCESS",
+            r::OWN_PROCESS,
             "the daemon itself",
         );
         check(
             WpdError::InitProcess,
             Code::FailedPrecondition,
-            "INIT_PROCESS",
+            r::INIT_PROCESS,
             "--allow-init",
         );
         check(
             WpdError::NoJournal,
             Code::FailedPrecondition,
-            "NO_JOURNAL",
+            r::NO_JOURNAL,
             "--state-dir",
         );
         check(
@@ -343,13 +346,13 @@ mod tests {
                 why: "it executed a setuid program".into(),
             },
             Code::FailedPrecondition,
-            "PROCESS_LOST",
+            r::PROCESS_LOST,
             "process 5 can no longer be watched: it executed a setuid program",
         );
         check(
             WpdError::kernel("open", nix::errno::Errno::EIO),
             Code::Internal,
-            "KERNEL_ERROR",
+            r::KERNEL_ERROR,
             "open failed",
         );
     }
@@ -369,8 +372,24 @@ mod tests {
                 hint: "remove some",
             },
             Code::ResourceExhausted,
-            "LIMIT_REACHED",
+            r::LIMIT_REACHED,
             "watchpoints per caller (limit 8)",
+        );
+        check(
+            WpdError::LeaseEnded {
+                lease: 9,
+                during: "during the pause",
+                undone: "the threads run again",
+            },
+            Code::Aborted,
+            r::LEASE_ENDED,
+            "lease 9 ended during the pause: the threads run again",
+        );
+        check(
+            WpdError::Internal("request task failed: cancelled".into()),
+            Code::Internal,
+            r::INTERNAL,
+            "request task failed",
         );
     }
 

@@ -5,7 +5,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 
 use super::PerfEngine;
-use super::kernel::Record;
+use super::record::Record;
 use crate::arch;
 use crate::backend::Host;
 use crate::events::{EventKind, HitEvent};

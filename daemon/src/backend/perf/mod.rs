@@ -3,7 +3,12 @@
 //! inside `clone()` (inheritance), before they run; breakpoints die with the
 //! daemon's fds, so a killed daemon never leaves an armed target.
 //!
-//! - `kernel.rs`: the kernel interface (events, rings, records).
+//! - `kernel.rs`: the events ([`Perf`]: collectors, trackers, breakpoints),
+//!   built from `attr.rs` (what each event asks of the kernel), opened
+//!   through `sys.rs` (the syscalls, replaceable in unit tests), counted in
+//!   `fds.rs` (the fd budget); `collector.rs` maps and reads the per-CPU
+//!   rings, `record.rs` decodes their records; `ring.rs` is the per-thread
+//!   path's BPF program and ring.
 //! - `drain.rs`: the drain thread: rings → thread lifecycle and hits.
 //! - this file: [`PerfEngine`], the [`Backend`]: tracking threads, arming,
 //!   reconciling threads born while a watchpoint was being armed, disarming.
@@ -11,9 +16,14 @@
 //! What it keeps per process and watchpoint (the fds it opened, the sample
 //! ids that name a watchpoint) lives here, not in the core's state.
 
+pub mod attr;
+pub mod collector;
 pub mod drain;
+pub mod fds;
 pub mod kernel;
+pub mod record;
 pub mod ring;
+pub mod sys;
 
 use std::collections::HashSet;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -32,7 +42,10 @@ use crate::ledger::{Inheritance, Reservation, Retained, classify};
 use crate::model::{Pid, SlotKey, Tid, WatchId};
 use crate::procfs;
 use crate::state::{OpGuard, Process, Watch};
-pub use kernel::{EventsPolicy, Inherit, Perf, PerfError, Record, ThreadEvents};
+pub use attr::Inherit;
+pub use kernel::{EventsPolicy, Perf, ThreadEvents};
+pub use record::Record;
+pub use sys::PerfError;
 
 static EVENTS_POLICY: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
@@ -104,8 +117,8 @@ fn fd_limit(perf: &Perf, what: &'static str, threads: usize, by_kernel: bool) ->
         threads,
         cpus,
         needed: (threads * cpus) as u64,
-        open: kernel::open_fd_count(),
-        limit: kernel::nofile_limit(),
+        open: fds::open_fd_count(),
+        limit: fds::nofile_limit(),
         headroom: perf.fd_headroom(),
         by_kernel,
     }

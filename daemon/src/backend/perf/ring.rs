@@ -38,17 +38,16 @@ use std::sync::{Arc, Mutex};
 
 use nix::errno::Errno;
 
-use crate::bpf::{self, Counters, Insn, LoadError, RingBuf, asm, helper};
+use crate::bpf::{self, AsmError, Counters, Insn, LoadError, Program, RingBuf, asm, helper};
 use crate::model::SlotKey;
 
 /// Ring size: 16 MiB, about 200,000 hits of 80 bytes, or 200 ms at a
 /// million hits a second between two drain passes (they are 1-2 ms apart).
 pub const RING_BYTES: usize = 16 << 20;
 
-/// Offsets in `struct bpf_perf_event_data` (x86-64: `struct pt_regs` is 21
-/// u64s, `ip` the 17th; then `sample_period`, then `addr`).
-const CTX_IP: i16 = 16 * 8;
-const CTX_ADDR: i16 = 22 * 8;
+/// Where the program reads the hit's instruction pointer and breakpoint
+/// address in its context (the architecture's layout).
+use crate::arch::current::perf_ctx::{ADDR as CTX_ADDR, IP as CTX_IP};
 
 const REC_FIXED: usize = 72;
 /// `BPF_F_USER_STACK`.
@@ -105,61 +104,80 @@ pub fn parse(body: &[u8]) -> Option<RingHit> {
 }
 
 /// The program recording a hit of `key` (`len` watched bytes, up to
-/// `depth` frames of call chain) into `ring`, or counting it in `drops`.
-pub fn program(ring: &RingBuf, drops: &Counters, key: SlotKey, len: u32, depth: u16) -> Vec<Insn> {
+/// `depth` frames of call chain) into the ring buffer `ring` (its fd), or
+/// counting it in the counter array `drops`: 42 instructions, 47 with a
+/// call chain. Registers: r6 the context, r7 the reserved record.
+pub fn program(
+    ring: i32,
+    drops: i32,
+    key: SlotKey,
+    len: u32,
+    depth: u16,
+) -> Result<Vec<Insn>, AsmError> {
     let size = REC_FIXED + 8 * depth as usize;
-    let mut p: Vec<Insn> = Vec::with_capacity(48);
-    p.push(asm::mov(6, 1));
-    p.extend(asm::ld_map(1, ring.raw_fd()));
-    p.push(asm::mov_imm(2, size as i32));
-    p.push(asm::mov_imm(3, 0));
-    p.push(asm::call(helper::RINGBUF_RESERVE));
+    let mut p = Program::new();
+    let reserved = p.label();
+    p.push([asm::mov(6, 1)]);
+    p.push(asm::ld_map(1, ring));
+    p.push([
+        asm::mov_imm(2, size as i32),
+        asm::mov_imm(3, 0),
+        asm::call(helper::RINGBUF_RESERVE),
+    ]);
+    p.jne_imm(0, 0, reserved);
     // Full: count it and return.
-    p.push(asm::jne_imm(0, 0, 6));
-    p.extend(asm::ld_map_value(1, drops.raw_fd(), 0));
-    p.push(asm::mov_imm(2, 1));
-    p.push(asm::atomic_add_dw(1, 0, 2));
-    p.push(asm::mov_imm(0, 0));
-    p.push(asm::exit());
-    p.push(asm::mov(7, 0));
-    p.extend(asm::ld_u64(1, key.pack()));
-    p.push(asm::stx_dw(7, 0, 1));
-    p.push(asm::call(helper::GET_CURRENT_PID_TGID));
-    p.push(asm::stx_dw(7, 8, 0));
-    p.push(asm::call(helper::KTIME_GET_NS));
-    p.push(asm::stx_dw(7, 16, 0));
-    p.push(asm::ldx_dw(1, 6, CTX_IP));
-    p.push(asm::stx_dw(7, 24, 1));
-    p.push(asm::ldx_dw(1, 6, CTX_ADDR));
-    p.push(asm::stx_dw(7, 32, 1));
-    p.push(asm::call(helper::GET_SMP_PROCESSOR_ID));
-    p.push(asm::stx_dw(7, 40, 0));
-    p.push(asm::mov_imm(1, 0));
-    p.push(asm::stx_dw(7, 48, 1));
-    p.push(asm::mov(1, 7));
-    p.push(asm::add_imm(1, 48));
-    p.push(asm::mov_imm(2, len.clamp(1, 8) as i32));
-    p.push(asm::ldx_dw(3, 7, 32));
-    p.push(asm::call(helper::PROBE_READ_USER));
-    p.push(asm::stx_dw(7, 56, 0));
+    p.push(asm::ld_map_value(1, drops, 0));
+    p.push([
+        asm::mov_imm(2, 1),
+        asm::atomic_add_dw(1, 0, 2),
+        asm::mov_imm(0, 0),
+        asm::exit(),
+    ]);
+    p.place(reserved);
+    p.push([asm::mov(7, 0)]);
+    p.push(asm::ld_u64(1, key.pack()));
+    p.push([
+        asm::stx_dw(7, 0, 1),
+        asm::call(helper::GET_CURRENT_PID_TGID),
+        asm::stx_dw(7, 8, 0),
+        asm::call(helper::KTIME_GET_NS),
+        asm::stx_dw(7, 16, 0),
+        asm::ldx_dw(1, 6, CTX_IP),
+        asm::stx_dw(7, 24, 1),
+        asm::ldx_dw(1, 6, CTX_ADDR),
+        asm::stx_dw(7, 32, 1),
+        asm::call(helper::GET_SMP_PROCESSOR_ID),
+        asm::stx_dw(7, 40, 0),
+        asm::mov_imm(1, 0),
+        asm::stx_dw(7, 48, 1),
+        asm::mov(1, 7),
+        asm::add_imm(1, 48),
+        asm::mov_imm(2, len.clamp(1, 8) as i32),
+        asm::ldx_dw(3, 7, 32),
+        asm::call(helper::PROBE_READ_USER),
+        asm::stx_dw(7, 56, 0),
+    ]);
     if depth > 0 {
-        p.push(asm::mov(1, 6));
-        p.push(asm::mov(2, 7));
-        p.push(asm::add_imm(2, REC_FIXED as i32));
-        p.push(asm::mov_imm(3, 8 * i32::from(depth)));
-        p.push(asm::mov_imm(4, USER_STACK));
-        p.push(asm::call(helper::GET_STACK));
-        p.push(asm::stx_dw(7, 64, 0));
+        p.push([
+            asm::mov(1, 6),
+            asm::mov(2, 7),
+            asm::add_imm(2, REC_FIXED as i32),
+            asm::mov_imm(3, 8 * i32::from(depth)),
+            asm::mov_imm(4, USER_STACK),
+            asm::call(helper::GET_STACK),
+            asm::stx_dw(7, 64, 0),
+        ]);
     } else {
-        p.push(asm::mov_imm(1, 0));
-        p.push(asm::stx_dw(7, 64, 1));
+        p.push([asm::mov_imm(1, 0), asm::stx_dw(7, 64, 1)]);
     }
-    p.push(asm::mov(1, 7));
-    p.push(asm::mov_imm(2, NO_WAKEUP));
-    p.push(asm::call(helper::RINGBUF_SUBMIT));
-    p.push(asm::mov_imm(0, 0));
-    p.push(asm::exit());
-    p
+    p.push([
+        asm::mov(1, 7),
+        asm::mov_imm(2, NO_WAKEUP),
+        asm::call(helper::RINGBUF_SUBMIT),
+        asm::mov_imm(0, 0),
+        asm::exit(),
+    ]);
+    p.build()
 }
 
 /// The ring, its drop counter, and the loaded programs by piece.
@@ -173,21 +191,17 @@ pub struct HitRing {
 }
 
 /// Why the per-thread path is not available.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NoRing {
     /// `bpf()` refused the ring buffer or its counter.
+    #[error("bpf(BPF_MAP_CREATE) refused: {}", .0.desc())]
     Map(Errno),
     /// The program was refused.
+    #[error(transparent)]
     Program(LoadError),
-}
-
-impl std::fmt::Display for NoRing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            NoRing::Map(e) => write!(f, "bpf(BPF_MAP_CREATE) refused: {}", e.desc()),
-            NoRing::Program(e) => e.fmt(f),
-        }
-    }
+    /// The program could not be assembled.
+    #[error("the hit program does not assemble: {0}")]
+    Asm(AsmError),
 }
 
 impl HitRing {
@@ -202,7 +216,8 @@ impl HitRing {
             reported: Mutex::new(0),
             progs: Mutex::new(HashMap::new()),
         };
-        let probe = program(&r.ring, &r.drops, SlotKey::unpack(1), 8, 4);
+        let probe = program(r.ring.raw_fd(), r.drops.raw_fd(), SlotKey::unpack(1), 8, 4)
+            .map_err(NoRing::Asm)?;
         bpf::load_program(bpf::PROG_TYPE_PERF_EVENT, &probe).map_err(NoRing::Program)?;
         Ok(r)
     }
@@ -213,7 +228,11 @@ impl HitRing {
         if let Some(p) = progs.get(&key.pack()) {
             return Ok(p.clone());
         }
-        let insns = program(&self.ring, &self.drops, key, len, depth);
+        let insns =
+            program(self.ring.raw_fd(), self.drops.raw_fd(), key, len, depth).map_err(|e| {
+                tracing::error!(id = key.id.0, piece = key.piece, "{e}");
+                Errno::EINVAL
+            })?;
         let fd = bpf::load_program(bpf::PROG_TYPE_PERF_EVENT, &insns).map_err(|e| {
             tracing::warn!(id = key.id.0, piece = key.piece, "{e}");
             e.errno
@@ -260,6 +279,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_program_reserves_then_records_or_counts_a_drop() {
+        let key = SlotKey::new(crate::model::WatchId(7), 2);
+        for (depth, n) in [(0, 42), (8, 47)] {
+            let p = program(3, 4, key, 8, depth).unwrap();
+            assert_eq!(p.len(), n, "depth {depth}");
+            // The jump after ringbuf_reserve skips the drop count and its
+            // exit, to the record being filled (r7 = r0).
+            let jne = p.iter().position(|i| *i == asm::jne_imm(0, 0, 6)).unwrap();
+            assert_eq!(p[jne - 1], asm::call(helper::RINGBUF_RESERVE));
+            assert_eq!(p[jne + 6], asm::exit());
+            assert_eq!(p[jne + 7], asm::mov(7, 0));
+        }
+    }
+
+    #[test]
     fn parses_the_programs_layout() {
         let mut b = Vec::new();
         let key = SlotKey::new(crate::model::WatchId(7), 2);
@@ -302,6 +336,7 @@ mod tests {
 /// the write left.
 #[cfg(test)]
 mod kernel_tests {
+    use super::super::attr::Inherit;
     use super::super::kernel::open_breakpoint_bpf;
     use super::*;
     use crate::model::{Access, Piece, WatchLen};
@@ -339,14 +374,8 @@ mod kernel_tests {
             addr: WATCHED.as_ptr() as u64,
             len: WatchLen::new(8).unwrap(),
         };
-        let ev = open_breakpoint_bpf(
-            creator_tid,
-            piece,
-            Access::Write,
-            super::super::kernel::Inherit::Threads,
-            &prog,
-        )
-        .unwrap();
+        let ev = open_breakpoint_bpf(creator_tid, piece, Access::Write, Inherit::Threads, &prog)
+            .unwrap();
         go_tx.send(()).unwrap();
         let child_tid = creator.join().unwrap();
         let mut hits = Vec::new();

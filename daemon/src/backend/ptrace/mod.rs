@@ -1,7 +1,10 @@
-//! The ptrace backend: DR0–DR7 written with `PTRACE_POKEUSER` by tracer
-//! threads that own the tracees. Debugger semantics: a hit can hold the
-//! thread (or every thread) until Resume, values are read while the thread
-//! is stopped (exact), only-on-change compares them there.
+//! The ptrace backend: tracer threads that own the tracees and stop them at
+//! a hit, by signal stops (a per-thread perf breakpoint whose BPF program
+//! sends the thread a signal, `signal_bp.rs`; the default where `bpf()` is
+//! allowed) or, failing that, DR0–DR7 written with `PTRACE_POKEUSER`.
+//! Debugger semantics: a hit can hold the thread (or every thread) until
+//! Resume, values are read while the thread is stopped (exact),
+//! only-on-change compares them there.
 //!
 //! Rooms:
 //! - `shards.rs`: the facade the daemon calls (seize, program, park,
@@ -699,18 +702,18 @@ impl TraceSink for PtraceEngine {
 
 /// The return addresses of the stopped thread `tid`'s callers, innermost
 /// first, up to `depth`, walked along its frame pointers as the kernel's
-/// perf call chains are: `[rbp]` is the caller's `rbp`, `[rbp + 8]` the
-/// return address. The walk ends at a frame pointer that is 0, unaligned,
-/// not above the previous one (frames grow down), or unreadable, and says
-/// why it stopped early.
+/// perf call chains are (`arch::current::walk_frame_pointers`). The walk
+/// ends at a frame pointer that is 0, unaligned, not above the previous
+/// one (frames grow down), or unreadable, and says why it stopped early.
 fn frame_pointer_chain(pid: Pid, tid: Tid, depth: usize) -> (Vec<u64>, Option<&'static str>) {
     let Ok(regs) = nix::sys::ptrace::getregs(nix::unistd::Pid::from_raw(tid)) else {
         return (Vec::new(), Some("the thread's registers could not be read"));
     };
+    let regs = crate::arch::current::UserRegs::from(&regs);
     crate::arch::current::walk_frame_pointers(
         |at| procfs::read_memory(pid, tid, at, 16).ok(),
-        regs.rbp,
-        regs.rsp,
+        regs.fp,
+        regs.sp,
         depth,
     )
 }

@@ -101,7 +101,7 @@ impl Regs {
                 Some(a) => {
                     // The slot's old breakpoint first: its place is needed.
                     self.events[s] = None;
-                    match signal_bp::open_breakpoint(tid, a.addr, a.len.bytes(), a.access, mode) {
+                    match signal_bp::open_breakpoint(tid, a.addr, a.len, a.access, mode) {
                         Ok(fd) => {
                             self.events[s] = Some((fd, 0));
                             self.addr[s] = a.addr;

@@ -16,14 +16,14 @@
 //! the process; otherwise the process gets debug registers, as before.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use dashmap::DashMap;
 use nix::errno::Errno;
 use nix::sys::signal::Signal;
 
-use crate::model::{Access, Pid, Tid};
+use crate::model::{Access, Pid, Tid, WatchLen};
 use crate::procfs;
 
 /// Signals tried, in order: default action "ignore", rarely used by
@@ -49,37 +49,28 @@ static PROGS: LazyLock<Mutex<HashMap<i32, Arc<OwnedFd>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// Why a process does not get signal stops.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NoSignalStops {
     /// `bpf()` refused (no CAP_BPF/CAP_PERFMON, or disabled).
+    #[error("bpf() refused: {}", .0.desc())]
     Bpf(Errno),
     /// Every candidate signal is caught, ignored or blocked by the process
     /// (its masks: caught, ignored, blocked by some thread).
+    #[error(
+        "the process catches, ignores or blocks SIGURG and SIGWINCH (caught {caught:#x}, \
+         ignored {ignored:#x}, blocked {blocked:#x})"
+    )]
     NoSignal {
+        /// Signals it catches (`SigCgt`).
         caught: u64,
+        /// Signals it ignores (`SigIgn`).
         ignored: u64,
+        /// Signals some thread blocks (`SigBlk`).
         blocked: u64,
     },
     /// Turned off (`--ptrace-stops debug-registers`).
+    #[error("turned off")]
     Off,
-}
-
-impl std::fmt::Display for NoSignalStops {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            NoSignalStops::Bpf(e) => write!(f, "bpf() refused: {}", e.desc()),
-            NoSignalStops::NoSignal {
-                caught,
-                ignored,
-                blocked,
-            } => write!(
-                f,
-                "the process catches, ignores or blocks SIGURG and SIGWINCH (caught {caught:#x}, \
-                 ignored {ignored:#x}, blocked {blocked:#x})"
-            ),
-            NoSignalStops::Off => write!(f, "turned off"),
-        }
-    }
 }
 
 /// Which stops processes get (`wpd --ptrace-stops`).
@@ -268,49 +259,14 @@ fn load(sig: i32) -> Result<OwnedFd, Errno> {
 pub fn open_breakpoint(
     tid: Tid,
     addr: u64,
-    len: u32,
+    len: WatchLen,
     access: Access,
     mode: &SignalMode,
 ) -> Result<OwnedFd, Errno> {
-    use perf_event_open_sys::bindings as b;
-    let mut attr = b::perf_event_attr {
-        type_: b::PERF_TYPE_BREAKPOINT,
-        size: std::mem::size_of::<b::perf_event_attr>() as u32,
-        ..Default::default()
-    };
-    attr.bp_type = match access {
-        Access::Write => b::HW_BREAKPOINT_W,
-        Access::ReadWrite => b::HW_BREAKPOINT_RW,
-        Access::Exec => b::HW_BREAKPOINT_X,
-    };
-    attr.__bindgen_anon_3.bp_addr = addr;
-    attr.__bindgen_anon_4.bp_len = u64::from(len);
-    attr.__bindgen_anon_1.sample_period = 1;
-    attr.set_exclude_kernel(1);
-    attr.set_exclude_hv(1);
-    attr.set_remove_on_exec(1);
-    // SAFETY: attr is a valid perf_event_attr; the fd returned is ours.
-    let fd = unsafe {
-        perf_event_open_sys::perf_event_open(
-            &mut attr,
-            tid,
-            -1,
-            -1,
-            b::PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
-        )
-    };
-    if fd < 0 {
-        return Err(Errno::last());
-    }
-    // SAFETY: a new fd the kernel just gave us.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: PERF_EVENT_IOC_SET_BPF takes the program's fd by value.
-    let r = unsafe {
-        perf_event_open_sys::ioctls::SET_BPF(fd.as_raw_fd(), mode.prog.as_raw_fd() as u32)
-    };
-    if r < 0 {
-        return Err(Errno::last());
-    }
+    use crate::backend::perf::{attr, sys};
+    let mut a = attr::signal_stop(addr, len, access);
+    let fd = sys::open(&mut a, tid, -1, "perf_event_open(signal stop)").map_err(|e| e.errno)?;
+    sys::set_bpf(&fd, &mode.prog).map_err(|e| e.errno)?;
     Ok(fd)
 }
 
@@ -327,4 +283,37 @@ pub fn pending(tid: Tid, sig: Signal) -> bool {
     procfs::Status::of(tid)
         .and_then(|s| s.mask("SigPnd"))
         .is_some_and(|mask| mask & (1u64 << (sig as i32 - 1)) != 0)
+}
+
+/// Against the kernel (root only): the breakpoints signal stops open are
+/// accepted for every access kind.
+#[cfg(test)]
+mod kernel_tests {
+    use super::*;
+
+    #[test]
+    fn every_access_kind_opens() {
+        let prog = match program(CANDIDATES[0]) {
+            Ok(p) => p,
+            Err(Errno::EPERM) => return, // unprivileged run
+            Err(e) => panic!("{e}"),
+        };
+        let mode = SignalMode {
+            signal: CANDIDATES[0],
+            prog,
+        };
+        static DATA: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        let code = every_access_kind_opens as *const () as u64;
+        for (addr, len, access) in [
+            (DATA.as_ptr() as u64, 8, Access::Write),
+            (DATA.as_ptr() as u64, 4, Access::ReadWrite),
+            (code, 1, Access::Exec),
+        ] {
+            let len = WatchLen::new(len).unwrap();
+            let r = open_breakpoint(me, addr, len, access, &mode);
+            assert!(r.is_ok(), "{access:?}: {r:?}");
+        }
+    }
 }

@@ -371,7 +371,7 @@ impl Tracer {
         let Some(t) = self.tracees.get(&tid) else {
             return;
         };
-        let ip = ptrace::getregs(npid(tid)).map(|r| r.rip).unwrap_or(0);
+        let ip = ptrace::getregs(npid(tid)).map_or(0, |r| arch::UserRegs::from(&r).ip);
         let pid = t.pid;
         let verdict = self
             .sink

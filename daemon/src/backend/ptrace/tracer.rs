@@ -437,10 +437,11 @@ impl Tracer {
                 let regs = self.tracees.get(&tid).and_then(|t| {
                     let held = t.held()?;
                     let r = nix::sys::ptrace::getregs(nix::unistd::Pid::from_raw(tid)).ok()?;
+                    let r = crate::arch::current::UserRegs::from(&r);
                     Some(HeldRegisters {
-                        ip: r.rip,
-                        sp: r.rsp,
-                        fp: r.rbp,
+                        ip: r.ip,
+                        sp: r.sp,
+                        fp: r.fp,
                         after_hit: held == Held::Hit,
                     })
                 });

@@ -1,23 +1,23 @@
-//! Prometheus metrics (`wpd --metrics-listen ADDR`): the families, filled at
-//! each scrape from the same figures `GetStats` answers, the gRPC latency
-//! histogram (a tower layer on the tonic server), and the plain HTTP/1
-//! server answering `GET /metrics`.
+//! Prometheus metrics (`wpd --metrics-listen ADDR`): the families (here),
+//! filled at each scrape from the same figures `GetStats` answers; the
+//! gRPC latency histogram's tower layer (`layer.rs`); the plain HTTP/1
+//! server answering `GET /metrics` (`http.rs`).
 //!
 //! Labels are bounded: no thread, instruction or address ever becomes a
 //! label; watchpoint ids are those the daemon holds now (at most
 //! [`MAX_WATCHPOINT_SERIES`] of them); gRPC methods are those the daemon
 //! serves, any other path counted as `unknown`.
 
-use std::collections::{HashMap, HashSet};
-use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+mod http;
+mod layer;
 
-use anyhow::Context as _;
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+pub use http::listen;
+pub use layer::{Rpc, RpcLayer, TimedBody};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -29,10 +29,8 @@ use prost::Message as _;
 use wpd_proto::v1 as pb;
 
 use crate::arch;
-use crate::authz::Caller;
 use crate::core::Core;
 use crate::ledger::SlotState;
-use crate::rpc::Service;
 
 /// Most watchpoints given a series of their own in
 /// `wpd_watchpoint_hits_total` (those with the lowest ids, which stay in
@@ -650,337 +648,6 @@ fn served_methods() -> HashSet<String> {
     paths
 }
 
-/// The canonical name of a gRPC status code (`grpc-status` value).
-fn code_name(code: &[u8]) -> &'static str {
-    match code {
-        b"0" => "OK",
-        b"1" => "CANCELLED",
-        b"2" => "UNKNOWN",
-        b"3" => "INVALID_ARGUMENT",
-        b"4" => "DEADLINE_EXCEEDED",
-        b"5" => "NOT_FOUND",
-        b"6" => "ALREADY_EXISTS",
-        b"7" => "PERMISSION_DENIED",
-        b"8" => "RESOURCE_EXHAUSTED",
-        b"9" => "FAILED_PRECONDITION",
-        b"10" => "ABORTED",
-        b"11" => "OUT_OF_RANGE",
-        b"12" => "UNIMPLEMENTED",
-        b"13" => "INTERNAL",
-        b"14" => "UNAVAILABLE",
-        b"15" => "DATA_LOSS",
-        b"16" => "UNAUTHENTICATED",
-        _ => "UNKNOWN",
-    }
-}
-
-fn grpc_status(headers: &http::HeaderMap) -> Option<&'static str> {
-    headers.get("grpc-status").map(|v| code_name(v.as_bytes()))
-}
-
-/// Tower layer timing every gRPC request into `wpd_rpc_duration_seconds`
-/// (a pass-through without metrics).
-#[derive(Debug, Clone)]
-pub struct RpcLayer(Option<Arc<Metrics>>);
-
-impl RpcLayer {
-    /// Records into `metrics`, if any.
-    pub fn new(metrics: Option<Arc<Metrics>>) -> Self {
-        RpcLayer(metrics)
-    }
-}
-
-impl<S> tower::Layer<S> for RpcLayer {
-    type Service = Rpc<S>;
-
-    fn layer(&self, inner: S) -> Rpc<S> {
-        Rpc {
-            inner,
-            metrics: self.0.clone(),
-        }
-    }
-}
-
-/// The service of [`RpcLayer`].
-#[derive(Debug, Clone)]
-pub struct Rpc<S> {
-    inner: S,
-    metrics: Option<Arc<Metrics>>,
-}
-
-impl<S, B, RB> tower::Service<http::Request<B>> for Rpc<S>
-where
-    S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
-    S::Future: Send + 'static,
-    RB: http_body::Body + Send + 'static,
-{
-    type Response = http::Response<TimedBody<RB>>;
-    type Error = S::Error;
-    type Future =
-        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, S::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let timer = self.metrics.as_ref().map(|m| Timer {
-            labels: Some(m.method_labels(req.uri().path())),
-            metrics: m.clone(),
-            start: Instant::now(),
-            code: None,
-        });
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            let mut timer = timer;
-            let resp = match fut.await {
-                Ok(r) => r,
-                Err(e) => {
-                    if let Some(t) = &mut timer {
-                        t.finish(Some("UNKNOWN"));
-                    }
-                    return Err(e);
-                }
-            };
-            if let Some(t) = &mut timer {
-                // A trailers-only response (most errors) carries its status
-                // in the headers.
-                t.code = grpc_status(resp.headers());
-            }
-            Ok(resp.map(|body| TimedBody {
-                body: Box::pin(body),
-                timer,
-            }))
-        })
-    }
-}
-
-/// One request being timed.
-#[derive(Debug)]
-struct Timer {
-    metrics: Arc<Metrics>,
-    labels: Option<(String, String)>,
-    start: Instant,
-    /// The status, once known.
-    code: Option<&'static str>,
-}
-
-impl Timer {
-    /// Records the request once; `code` overrides what the headers said.
-    fn finish(&mut self, code: Option<&'static str>) {
-        if let Some(labels) = self.labels.take() {
-            let code = code.or(self.code).unwrap_or("UNKNOWN");
-            self.metrics.observe_rpc(labels, code, self.start.elapsed());
-        }
-    }
-}
-
-impl Drop for Timer {
-    /// A response dropped before its end: the client went away.
-    fn drop(&mut self) {
-        self.finish(Some(self.code.unwrap_or("CANCELLED")));
-    }
-}
-
-/// A response body that records its request when it ends (its trailers
-/// name the status).
-#[derive(Debug)]
-pub struct TimedBody<B> {
-    body: Pin<Box<B>>,
-    timer: Option<Timer>,
-}
-
-impl<B: http_body::Body> http_body::Body for TimedBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
-        let r = self.body.as_mut().poll_frame(cx);
-        if let Some(t) = &mut self.timer {
-            match &r {
-                Poll::Ready(Some(Ok(frame))) => {
-                    if let Some(trailers) = frame.trailers_ref() {
-                        t.finish(grpc_status(trailers));
-                    }
-                }
-                Poll::Ready(Some(Err(_))) => t.finish(Some("INTERNAL")),
-                Poll::Ready(None) => t.finish(None),
-                Poll::Pending => {}
-            }
-        }
-        r
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
-}
-
-/// Connections the metrics server serves at once; more are closed at
-/// accept.
-const MAX_CONNECTIONS: usize = 32;
-
-/// Longest a client may take to send a request's headers.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// What answers scrapes: the families and where their figures come from.
-#[derive(Debug)]
-struct Exporter {
-    metrics: Arc<Metrics>,
-    service: Service,
-    /// One scrape at a time: each reads the listings once.
-    scraping: tokio::sync::Mutex<()>,
-}
-
-impl Exporter {
-    async fn render(&self, openmetrics: bool) -> Result<String, String> {
-        let _one = self.scraping.lock().await;
-        let failed = |e: tokio::task::JoinError| format!("scrape task failed: {e}");
-        let core = self.service.core.clone();
-        // The watchpoints' counts before the daemon-wide ones: every
-        // watchpoint's hits are then at most `wpd_hits_total`.
-        let mut snap = tokio::task::spawn_blocking(move || Snapshot::read_core(&core))
-            .await
-            .map_err(failed)?;
-        snap.stats = self
-            .service
-            .stats(Caller::privileged())
-            .await
-            .map_err(|s| s.message().to_string())?;
-        let metrics = self.metrics.clone();
-        tokio::task::spawn_blocking(move || {
-            metrics.fill(&snap);
-            metrics.encode(openmetrics)
-        })
-        .await
-        .map_err(failed)
-    }
-
-    async fn respond<B>(&self, req: http::Request<B>) -> http::Response<String> {
-        let reply = |status: http::StatusCode, text: String| {
-            let mut r = http::Response::new(text);
-            *r.status_mut() = status;
-            r.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("text/plain; charset=utf-8"),
-            );
-            r
-        };
-        if req.uri().path() != "/metrics" {
-            return reply(
-                http::StatusCode::NOT_FOUND,
-                "wpd serves its metrics at /metrics\n".into(),
-            );
-        }
-        let head = req.method() == http::Method::HEAD;
-        if req.method() != http::Method::GET && !head {
-            let mut r = reply(
-                http::StatusCode::METHOD_NOT_ALLOWED,
-                "GET /metrics\n".into(),
-            );
-            r.headers_mut().insert(
-                http::header::ALLOW,
-                http::HeaderValue::from_static("GET, HEAD"),
-            );
-            return r;
-        }
-        let openmetrics = wants_openmetrics(req.headers());
-        match self.render(openmetrics).await {
-            Ok(text) => {
-                let mut r = http::Response::new(if head { String::new() } else { text });
-                r.headers_mut().insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static(if openmetrics {
-                        OPENMETRICS_CONTENT_TYPE
-                    } else {
-                        prometheus_client::encoding::prometheus_text::CONTENT_TYPE
-                    }),
-                );
-                r
-            }
-            Err(e) => reply(http::StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
-        }
-    }
-}
-
-/// The OpenMetrics text format's media type.
-const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-/// True when the scraper accepts OpenMetrics (Prometheus asks for it
-/// first); everyone else gets the Prometheus text format.
-fn wants_openmetrics(headers: &http::HeaderMap) -> bool {
-    headers
-        .get_all(http::header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|part| {
-            let mut params = part.split(';').map(str::trim);
-            params.next() == Some("application/openmetrics-text")
-                && !params.any(|p| p.replace(' ', "") == "q=0")
-        })
-}
-
-/// Binds `addr` and serves `GET /metrics` there until the runtime ends;
-/// returns the address bound (`:0` picks a port).
-pub async fn listen(
-    addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    service: Service,
-) -> anyhow::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the metrics address {addr}"))?;
-    let local = listener.local_addr()?;
-    let exporter = Arc::new(Exporter {
-        metrics,
-        service,
-        scraping: tokio::sync::Mutex::new(()),
-    });
-    tokio::spawn(accept_loop(listener, exporter));
-    Ok(local)
-}
-
-async fn accept_loop(listener: tokio::net::TcpListener, exporter: Arc<Exporter>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
-            Err(e) => {
-                // Out of fds, most likely: let connections close first.
-                tracing::warn!("metrics: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            continue;
-        };
-        let exporter = exporter.clone();
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| {
-                let exporter = exporter.clone();
-                async move { Ok::<_, Infallible>(exporter.respond(req).await) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-            if let Err(e) = conn.await {
-                tracing::debug!("metrics connection: {e}");
-            }
-            drop(permit);
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1085,8 +752,9 @@ mod tests {
             assert_eq!(bucket("+Inf"), Some(1.0), "{text}");
             assert!(
                 text.contains(&format!(
-                    "wpd_build_info{{version=\"{}\",arch=\"x86_64\"}} 1",
-                    env!("CARGO_PKG_VERSION")
+                    "wpd_build_info{{version=\"{}\",arch=\"{}\"}} 1",
+                    env!("CARGO_PKG_VERSION"),
+                    arch::current::ARCH
                 )),
                 "{text}"
             );
@@ -1193,33 +861,5 @@ mod tests {
             ),
             Some(1.0)
         );
-    }
-
-    #[test]
-    fn openmetrics_only_when_asked() {
-        let mut h = http::HeaderMap::new();
-        assert!(!wants_openmetrics(&h));
-        h.insert(
-            http::header::ACCEPT,
-            http::HeaderValue::from_static(
-                "application/openmetrics-text;version=1.0.0,application/openmetrics-text;\
-                 version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
-            ),
-        );
-        assert!(wants_openmetrics(&h));
-        h.insert(
-            http::header::ACCEPT,
-            http::HeaderValue::from_static("text/plain, application/openmetrics-text; q=0"),
-        );
-        assert!(!wants_openmetrics(&h));
-    }
-
-    #[test]
-    fn grpc_codes_have_their_canonical_names() {
-        assert_eq!(code_name(b"0"), "OK");
-        assert_eq!(code_name(b"5"), "NOT_FOUND");
-        assert_eq!(code_name(b"16"), "UNAUTHENTICATED");
-        assert_eq!(code_name(b"99"), "UNKNOWN");
-        assert_eq!(code_name(b"x"), "UNKNOWN");
     }
 }

@@ -23,24 +23,30 @@
 //! off (10 ms doubling to 1 s) until an accept succeeds again. perf events
 //! leave the daemon [`FD_HEADROOM`] fds for its control plane
 //! (`backend::perf::fd_room`).
+//!
+//! Rooms: this file (limits, the registry of connections, a connection's
+//! state and its stream), `accept.rs` (the accept loops), `layers.rs` (the
+//! tower layers marking a connection busy and admitting TCP connections
+//! at their first request with the token).
+
+mod accept;
+mod layers;
 
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+pub use accept::{tcp_incoming, unix_incoming};
+pub use layers::{Active, ActiveBody, ActiveLayer, Auth, AuthLayer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
-use tokio::sync::mpsc;
 use tonic::transport::server::Connected;
 
-use super::authority::AuthorityFix;
-use crate::authz::{self, Caller};
+use crate::authz::Caller;
 
 /// File descriptors the perf backend leaves free for connections, the
 /// state files and the daemon's own needs.
@@ -540,292 +546,6 @@ impl<S> Connected for Conn<S> {
     }
 }
 
-/// A spare fd, freed to accept (and close) a connection when the daemon
-/// is out of fds.
-struct Spare(Option<OwnedFd>);
-
-impl Spare {
-    fn new() -> Self {
-        Spare(open_devnull())
-    }
-
-    /// Frees the spare fd, runs `f` (an accept), and takes the fd again.
-    fn with_room<T>(&mut self, f: impl FnOnce() -> T) -> T {
-        self.0 = None;
-        let r = f();
-        self.0 = open_devnull();
-        r
-    }
-}
-
-fn open_devnull() -> Option<OwnedFd> {
-    // SAFETY: opening /dev/null; the fd is owned below.
-    let fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    // SAFETY: a fresh fd.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn out_of_fds(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
-    )
-}
-
-/// Backoff of the accept loop after running out of fds.
-struct Backoff(Duration);
-
-impl Backoff {
-    const FIRST: Duration = Duration::from_millis(10);
-    const MOST: Duration = Duration::from_secs(1);
-
-    fn new() -> Self {
-        Backoff(Duration::ZERO)
-    }
-
-    async fn wait(&mut self) {
-        self.0 = (self.0 * 2).clamp(Self::FIRST, Self::MOST);
-        tokio::time::sleep(self.0).await;
-    }
-
-    fn reset(&mut self) {
-        self.0 = Duration::ZERO;
-    }
-}
-
-/// Accepts on the Unix socket; yields admitted connections with their
-/// caller.
-pub fn unix_incoming(
-    listener: UnixListener,
-    limits: ConnLimits,
-    registry: Arc<Registry>,
-) -> tokio_stream::wrappers::ReceiverStream<io::Result<Conn<AuthorityFix<UnixStream>>>> {
-    let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(async move {
-        let mut spare = Spare::new();
-        let mut backoff = Backoff::new();
-        loop {
-            let accepted = tokio::select! {
-                _ = tx.closed() => return,
-                r = listener.accept() => r,
-            };
-            let stream = match accepted {
-                Ok((s, _)) => {
-                    backoff.reset();
-                    s
-                }
-                Err(e) if out_of_fds(&e) => {
-                    registry.refused.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!("accept: {e}: closing one connection, backing off");
-                    spare.with_room(|| {
-                        // SAFETY: accept4 on the listening socket; the new
-                        // fd, if any, is closed at once.
-                        let fd = unsafe {
-                            libc::accept4(
-                                listener.as_raw_fd(),
-                                std::ptr::null_mut(),
-                                std::ptr::null_mut(),
-                                libc::SOCK_CLOEXEC,
-                            )
-                        };
-                        if fd >= 0 {
-                            // SAFETY: the fd accept4 just returned.
-                            drop(unsafe { OwnedFd::from_raw_fd(fd) });
-                        }
-                    });
-                    backoff.wait().await;
-                    continue;
-                }
-                Err(e) => {
-                    tracing::warn!("accept: {e}");
-                    backoff.wait().await;
-                    continue;
-                }
-            };
-            let caller = identify(&stream);
-            let budget = Budget::Uid(caller.uid);
-            let conn = match registry.admit(budget, caller.privileged, &limits) {
-                Ok(c) => c,
-                Err(limit) => {
-                    registry.refused.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(uid = caller.uid, limit, "connection refused: limit reached");
-                    continue;
-                }
-            };
-            let info = PeerInfo {
-                caller: Some(caller),
-                remote: None,
-                conn,
-            };
-            if tx
-                .send(Ok(Conn::new(AuthorityFix::new(stream), info, limits.idle)))
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
-}
-
-/// The caller on a Unix stream: SO_PEERCRED, and SO_PEERPIDFD to read the
-/// peer's real ids and capabilities safely.
-fn identify(stream: &UnixStream) -> Caller {
-    let Ok(cred) = stream.peer_cred() else {
-        // No credentials: nobody in particular, with no rights.
-        return Caller::unprivileged(u32::MAX, u32::MAX, None);
-    };
-    let pidfd = authz::peer_pidfd(stream);
-    Caller::from_peer(cred.uid(), cred.gid(), cred.pid(), pidfd.as_ref())
-}
-
-/// Accepts on TCP; every connection counts against the shared TCP budget.
-pub fn tcp_incoming(
-    listener: TcpListener,
-    limits: ConnLimits,
-    registry: Arc<Registry>,
-) -> tokio_stream::wrappers::ReceiverStream<io::Result<Conn<TcpStream>>> {
-    let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(async move {
-        let mut spare = Spare::new();
-        let mut backoff = Backoff::new();
-        loop {
-            let accepted = tokio::select! {
-                _ = tx.closed() => return,
-                r = listener.accept() => r,
-            };
-            let (stream, remote) = match accepted {
-                Ok(s) => {
-                    backoff.reset();
-                    s
-                }
-                Err(e) if out_of_fds(&e) => {
-                    registry.refused.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!("accept: {e}: closing one connection, backing off");
-                    spare.with_room(|| {
-                        // SAFETY: as in `unix_incoming`.
-                        let fd = unsafe {
-                            libc::accept4(
-                                listener.as_raw_fd(),
-                                std::ptr::null_mut(),
-                                std::ptr::null_mut(),
-                                libc::SOCK_CLOEXEC,
-                            )
-                        };
-                        if fd >= 0 {
-                            // SAFETY: the fd accept4 just returned.
-                            drop(unsafe { OwnedFd::from_raw_fd(fd) });
-                        }
-                    });
-                    backoff.wait().await;
-                    continue;
-                }
-                Err(e) => {
-                    tracing::warn!("accept: {e}");
-                    backoff.wait().await;
-                    continue;
-                }
-            };
-            let _ = stream.set_nodelay(true);
-            let conn = match registry.admit(Budget::Pending, false, &limits) {
-                Ok(c) => c,
-                Err(limit) => {
-                    registry.refused.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(%remote, limit, "connection refused: limit reached");
-                    continue;
-                }
-            };
-            let info = PeerInfo {
-                caller: None,
-                remote: Some(remote),
-                conn,
-            };
-            if tx
-                .send(Ok(Conn::new(stream, info, limits.idle)))
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
-}
-
-/// Marks every request in flight on its connection (so that a connection
-/// with a request or an event stream open is never idle): a tower layer
-/// around every service, whose guard lives as long as the response body.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ActiveLayer;
-
-impl<S> tower::Layer<S> for ActiveLayer {
-    type Service = Active<S>;
-
-    fn layer(&self, inner: S) -> Active<S> {
-        Active(inner)
-    }
-}
-
-/// The service of [`ActiveLayer`].
-#[derive(Debug, Clone)]
-pub struct Active<S>(S);
-
-impl<S, B, RB> tower::Service<http::Request<B>> for Active<S>
-where
-    S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
-    S::Future: Send + 'static,
-    RB: http_body::Body + Send + 'static,
-{
-    type Response = http::Response<ActiveBody<RB>>;
-    type Error = S::Error;
-    type Future =
-        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, S::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let guard = req.extensions().get::<PeerInfo>().map(|p| p.conn.busy());
-        let fut = self.0.call(req);
-        Box::pin(async move {
-            let resp = fut.await?;
-            Ok(resp.map(|body| ActiveBody {
-                body: Box::pin(body),
-                _guard: guard,
-            }))
-        })
-    }
-}
-
-/// A response body that keeps its connection marked busy until it ends.
-#[derive(Debug)]
-pub struct ActiveBody<B> {
-    body: Pin<Box<B>>,
-    _guard: Option<ActiveGuard>,
-}
-
-impl<B: http_body::Body> http_body::Body for ActiveBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
-        self.body.as_mut().poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -859,98 +579,5 @@ mod tests {
         assert_eq!(r.open(), 2);
         let _a3 = r.admit(Budget::Uid(1000), false, &limits).unwrap();
         assert_eq!(r.open(), 3);
-    }
-}
-
-/// The one request a connection without a caller identity may send without
-/// the token: the unary health check.
-const UNAUTHENTICATED_OK: &str = "/grpc.health.v1.Health/Check";
-
-/// Authenticates TCP connections at their first request (see the module's
-/// docs): a request on a connection without a caller identity must bear
-/// the token, whatever the service (health watch and reflection included;
-/// the unary health check excepted); without it the answer is
-/// `UNAUTHENTICATED` and nothing runs. Its first request with the token
-/// moves the connection out of the pending budget.
-#[derive(Debug, Clone)]
-pub struct AuthLayer {
-    cfg: Arc<super::auth::AuthConfig>,
-    per_caller: usize,
-}
-
-impl AuthLayer {
-    /// The layer for the daemon's token and TCP connection limit.
-    pub fn new(cfg: super::auth::AuthConfig, limits: &ConnLimits) -> Self {
-        AuthLayer {
-            cfg: Arc::new(cfg),
-            per_caller: limits.per_caller,
-        }
-    }
-}
-
-impl<S> tower::Layer<S> for AuthLayer {
-    type Service = Auth<S>;
-
-    fn layer(&self, inner: S) -> Auth<S> {
-        Auth {
-            inner,
-            layer: self.clone(),
-        }
-    }
-}
-
-/// The service of [`AuthLayer`].
-#[derive(Debug, Clone)]
-pub struct Auth<S> {
-    inner: S,
-    layer: AuthLayer,
-}
-
-impl<S, B, RB> tower::Service<http::Request<B>> for Auth<S>
-where
-    S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    RB: Default + Send + 'static,
-{
-    type Response = http::Response<RB>;
-    type Error = S::Error;
-    type Future =
-        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, S::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        if let Some(peer) = req.extensions().get::<PeerInfo>()
-            && peer.caller.is_none()
-            && req.uri().path() != UNAUTHENTICATED_OK
-        {
-            let values: Vec<&[u8]> = req
-                .headers()
-                .get_all(http::header::AUTHORIZATION)
-                .iter()
-                .map(|v| v.as_bytes())
-                .collect();
-            let refused = match super::auth::token_caller(&self.layer.cfg, &values) {
-                Ok(_) => peer
-                    .conn
-                    .authenticate(self.layer.per_caller)
-                    .err()
-                    .map(|what| crate::error::WpdError::LimitReached {
-                        what,
-                        limit: self.layer.per_caller,
-                        hint: "TCP connections with the token are all taken; close one \
-                               (--max-connections-per-caller raises the limit)",
-                    }),
-                Err(e) => Some(e),
-            };
-            if let Some(e) = refused {
-                let status: tonic::Status = e.into();
-                return Box::pin(async move { Ok(status.into_http()) });
-            }
-        }
-        Box::pin(self.inner.call(req))
     }
 }

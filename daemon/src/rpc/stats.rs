@@ -1,0 +1,91 @@
+//! `GetStats`: the figures of the core, the symbol layer, the connections,
+//! the journal and the export, copied into one `GetStatsResponse` —
+//! daemon-wide for a privileged caller, else those of the caller's own
+//! processes and streams. The metrics endpoint reads the privileged
+//! answer (`metrics/`).
+
+use tonic::Status;
+use wpd_proto::v1 as pb;
+
+use super::{Service, blocking};
+use crate::authz::{self, Caller};
+
+impl Service {
+    /// What `GetStats` answers `caller`: daemon-wide figures for a
+    /// privileged caller, else those of its own processes and streams. The
+    /// metrics endpoint reads the privileged answer (`metrics/`), so a
+    /// field added here is one line away from a metric.
+    pub(crate) async fn stats(&self, caller: Caller) -> Result<pb::GetStatsResponse, Status> {
+        let core = self.core.clone();
+        let s = blocking(move || {
+            Ok(if caller.privileged {
+                core.stats()
+            } else {
+                core.stats_for(caller.uid, |pid| authz::check(&caller, pid).is_ok())
+            })
+        })
+        .await?;
+        let sym = if caller.privileged {
+            self.core.symbols.stats()
+        } else {
+            Default::default()
+        };
+        let (connections, connections_refused, connections_idled) = if caller.privileged {
+            (
+                self.conns.open() as u32,
+                self.conns.refused(),
+                self.conns.idled(),
+            )
+        } else {
+            (0, 0, 0)
+        };
+        let j = s.journal.unwrap_or_default();
+        let x = match (caller.privileged, self.core.export.get()) {
+            (true, Some(e)) => e.figures(),
+            _ => Default::default(),
+        };
+        Ok(pb::GetStatsResponse {
+            connections,
+            connections_refused,
+            connections_idled,
+            processes: s.processes,
+            threads: s.threads,
+            watchpoints: s.watchpoints,
+            hits: s.hits,
+            kernel_lost: s.kernel_lost,
+            perf_fds: s.perf_fds,
+            subscribers: s.subscribers,
+            subscriber_dropped: s.subscriber_dropped,
+            ledger_hold_p50_ns: s.ledger_hold.0,
+            ledger_hold_p99_ns: s.ledger_hold.1,
+            ledger_hold_max_ns: s.ledger_hold.2,
+            uptime_s: s.uptime.as_secs(),
+            symbol_files: sym.files,
+            symbol_bytes: sym.bytes,
+            locations: sym.locations,
+            location_bytes: sym.location_bytes,
+            symbol_maps_reads: sym.maps_reads,
+            journal_written_seq: j.written_seq,
+            journal_durable_seq: j.durable_seq,
+            journal_bytes: j.bytes,
+            journal_segments: j.segments as u32,
+            journal_lagged: j.lagged,
+            journal_retired: j.retired,
+            journal_fsyncs: j.fsyncs,
+            journal_fsync_us: j.fsync_us,
+            journal_torn: j.torn,
+            journal_write_lost: j.write_lost,
+            journal_unsynced: j.unsynced,
+            journal_write_errors: j.write_errors,
+            sigtraps: self
+                .core
+                .sigtraps
+                .load(std::sync::atomic::Ordering::Relaxed),
+            export_acked_seq: x.acked_seq,
+            export_published: x.published,
+            export_errors: x.errors,
+            export_lost: x.lost,
+            export_connected: x.connected,
+        })
+    }
+}

@@ -1,0 +1,178 @@
+//! Why a name does not resolve: [`SymbolError`], one variant per case,
+//! each its own status and reason (`rpc/status.rs`).
+
+use super::{dwarf, expr};
+use crate::model::Pid;
+
+impl SymbolError {
+    /// Whether the name may resolve in the same process a moment later: a
+    /// module or name not mapped yet (a program just started or exec'd,
+    /// whose dynamic linker has not loaded its libraries).
+    pub fn may_resolve_later(&self) -> bool {
+        matches!(
+            self,
+            SymbolError::NoSuchModule { .. } | SymbolError::Unknown { .. }
+        )
+    }
+}
+
+/// Why a name does not resolve. Each is a refusal that changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SymbolError {
+    /// Not a name.
+    #[error("{0}")]
+    Syntax(#[from] expr::ExprError),
+    /// No module of that name.
+    #[error("process {pid} maps no module {module:?} (it maps {})", loaded.join(", "))]
+    NoSuchModule {
+        /// Process.
+        pid: Pid,
+        /// Asked for.
+        module: String,
+        /// The modules it maps.
+        loaded: Vec<String>,
+    },
+    /// Nothing of that name.
+    #[error("{}", unknown_message(name, *pid, *searched, closest, stripped))]
+    Unknown {
+        /// Process.
+        pid: Pid,
+        /// The name.
+        name: String,
+        /// Modules searched.
+        searched: usize,
+        /// The closest names found.
+        closest: Vec<String>,
+        /// Modules searched that have no symbol table and no debug file.
+        stripped: Vec<String>,
+    },
+    /// Several unrelated variables of that name.
+    #[error(
+        "{name:?} names {} variables in process {pid}: {}; say which with MODULE:{name}",
+        modules.len(),
+        modules.join(", ")
+    )]
+    Ambiguous {
+        /// Process.
+        pid: Pid,
+        /// The name.
+        name: String,
+        /// `module (static|global)` of each.
+        modules: Vec<String>,
+    },
+    /// A function, not a variable.
+    #[error(
+        "{name:?} is a function in {module}, not a variable: to watch it being executed, use --access exec (a 1-byte exec watchpoint at its entry)"
+    )]
+    NotAVariable {
+        /// The name.
+        name: String,
+        /// Its module.
+        module: String,
+    },
+    /// A thread-local variable.
+    #[error(
+        "{name:?} in {module} is thread-local: every thread has its own copy at its own address, which one watchpoint cannot follow across threads; watch one thread's copy by its address with --tid"
+    )]
+    ThreadLocal {
+        /// The name.
+        name: String,
+        /// Its module.
+        module: String,
+    },
+    /// Members or elements asked for without DWARF.
+    #[error(
+        "{expr} needs the type of {name:?}, and {module} has no debug information ({why}): build it with -g, install its debug file, or give an address and --len"
+    )]
+    NoDebugInfo {
+        /// The expression.
+        expr: String,
+        /// The variable.
+        name: String,
+        /// Its module.
+        module: String,
+        /// What was looked for.
+        why: String,
+    },
+    /// A path into the variable that does not exist.
+    #[error("{expr}: {error}")]
+    Path {
+        /// The expression.
+        expr: String,
+        /// What is wrong.
+        error: dwarf::PathError,
+    },
+    /// An offset outside the object with no length given.
+    #[error(
+        "{expr}: offset {offset} is outside the {size} bytes of {name:?}; give --len to watch there"
+    )]
+    Offset {
+        /// The expression.
+        expr: String,
+        /// The variable.
+        name: String,
+        /// Offset asked for.
+        offset: i64,
+        /// Size of the object.
+        size: u64,
+    },
+    /// The size is not known.
+    #[error("the size of {expr} is not known ({why}): give --len")]
+    NoSize {
+        /// The expression.
+        expr: String,
+        /// Why.
+        why: String,
+    },
+    /// An object larger than a thread's slots cover.
+    #[error(
+        "{expr} ({}{size} bytes) needs {needed} debug-register slots per thread and a thread has {slots}: watch part of it (a member, an element, or fewer bytes with --len)",
+        type_name.as_ref().map(|t| format!("{t}, ")).unwrap_or_default()
+    )]
+    TooLarge {
+        /// The expression.
+        expr: String,
+        /// Its type.
+        type_name: Option<String>,
+        /// Its size.
+        size: u64,
+        /// Slots it would take.
+        needed: usize,
+        /// Slots per thread.
+        slots: usize,
+    },
+    /// The process's files could not be read.
+    #[error("cannot read the mappings of process {pid}: {why}")]
+    Unreadable {
+        /// Process.
+        pid: Pid,
+        /// Why.
+        why: String,
+    },
+}
+
+fn unknown_message(
+    name: &str,
+    pid: Pid,
+    searched: usize,
+    closest: &[String],
+    stripped: &[String],
+) -> String {
+    let mut s = format!(
+        "no variable or function named {name:?} in process {pid} ({searched} module{} searched",
+        if searched == 1 { "" } else { "s" }
+    );
+    if !closest.is_empty() {
+        s.push_str(&format!("; closest: {}", closest.join(", ")));
+    }
+    s.push(')');
+    if !stripped.is_empty() {
+        s.push_str(&format!(
+            "; {} {} stripped (no symbol table, and no debug file was found): only {} exported names are known",
+            stripped.join(", "),
+            if stripped.len() == 1 { "is" } else { "are" },
+            if stripped.len() == 1 { "its" } else { "their" }
+        ));
+    }
+    s
+}

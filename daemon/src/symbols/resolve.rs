@@ -1,0 +1,484 @@
+//! Resolution of a name in a process, in steps: the modules to search in
+//! the dynamic linker's lookup order ([`search_order`]), what each has
+//! under the name ([`Symbols::candidates`]), the one the process uses
+//! ([`pick`]), and the object it names after members, elements and
+//! offset ([`object`], [`Symbols::finish`]).
+
+use std::sync::Arc;
+
+use super::dwarf::{self, VarLoc};
+use super::elf::{self, DebugSource, ElfFile, SymKind, SymTable};
+use super::expr::Expr;
+use super::files::FileKey;
+use super::maps::{self, MappedFile};
+use super::{Resolved, Source, SymbolError, Symbols};
+use crate::model::{Access, Pid};
+
+/// What one candidate module has under the name.
+#[derive(Debug, Clone)]
+enum Hit {
+    Var(dwarf::VarDie),
+    Sym(elf::Sym),
+}
+
+struct Candidate<'a> {
+    file: &'a MappedFile,
+    elf: Arc<ElfFile>,
+    bias: u64,
+    hit: Hit,
+}
+
+impl Candidate<'_> {
+    fn global(&self) -> bool {
+        match &self.hit {
+            Hit::Var(v) => v.external,
+            Hit::Sym(s) => s.global,
+        }
+    }
+
+    /// A variable one can watch (not thread-local).
+    fn variable(&self) -> bool {
+        match &self.hit {
+            Hit::Var(v) => v.loc != VarLoc::Tls,
+            Hit::Sym(s) => s.kind == SymKind::Object,
+        }
+    }
+
+    fn function(&self) -> bool {
+        matches!(&self.hit, Hit::Sym(s) if s.kind == SymKind::Func)
+    }
+
+    fn thread_local(&self) -> bool {
+        matches!(&self.hit, Hit::Sym(s) if s.kind == SymKind::Tls)
+            || matches!(&self.hit, Hit::Var(v) if v.loc == VarLoc::Tls)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} ({})",
+            self.file.name(),
+            if self.global() { "global" } else { "static" }
+        )
+    }
+}
+
+/// What the searched modules have under the name.
+struct Found<'a> {
+    candidates: Vec<Candidate<'a>>,
+    /// Modules searched with neither a symbol table nor DWARF.
+    stripped: Vec<String>,
+    /// The module files read (for the closest names).
+    loaded: Vec<Arc<ElfFile>>,
+}
+
+fn matches_module(f: &MappedFile, want: &str) -> bool {
+    if want.contains('/') {
+        return f.path == want;
+    }
+    let name = f.name();
+    name == want
+        || name
+            .strip_prefix(want)
+            .is_some_and(|rest| rest.starts_with('.'))
+}
+
+/// The modules to search, in the order the dynamic linker looks names up
+/// (the executable first: its definitions interpose on the libraries'),
+/// only those `MODULE:` names if it names one.
+fn search_order<'f>(
+    pid: Pid,
+    expr: &Expr,
+    files: &'f [MappedFile],
+) -> Result<Vec<&'f MappedFile>, SymbolError> {
+    let exe = exe_key(pid);
+    let mut order: Vec<&MappedFile> = files.iter().collect();
+    order.sort_by_key(|f| Some(FileKey::of(f)) != exe);
+    let Some(m) = &expr.module else {
+        return Ok(order);
+    };
+    let searched: Vec<&MappedFile> = order.into_iter().filter(|f| matches_module(f, m)).collect();
+    if searched.is_empty() {
+        let mut loaded: Vec<String> = files.iter().map(|f| f.name().to_string()).collect();
+        loaded.dedup();
+        return Err(SymbolError::NoSuchModule {
+            pid,
+            module: m.clone(),
+            loaded,
+        });
+    }
+    Ok(searched)
+}
+
+/// The candidate the process uses among `found`, and a note when it was a
+/// choice among several: a variable (a function for `exec`), the first
+/// global definition in lookup order, as the dynamic linker binds it; two
+/// unrelated ones are ambiguous.
+fn pick<'c, 'f>(
+    pid: Pid,
+    expr: &Expr,
+    access: Access,
+    found: &'c Found<'f>,
+    searched: usize,
+) -> Result<(&'c Candidate<'f>, Option<String>), SymbolError> {
+    let all = &found.candidates;
+    let wanted: Vec<&Candidate<'_>> = if access == Access::Exec {
+        all.iter().filter(|c| c.function()).collect()
+    } else {
+        all.iter().filter(|c| c.variable()).collect()
+    };
+    let pick = match wanted.as_slice() {
+        // A function or a TLS variable is refused as such, unless a
+        // variable of the name exists too.
+        [] => return Err(refusal(pid, expr, access, &all[0], searched, found)),
+        [one] => *one,
+        // Global definitions of one name: the process uses the first in
+        // lookup order (the executable, then the libraries in load order).
+        many if many.iter().all(|c| c.global()) && expr.module.is_none() => many[0],
+        // One module describing it twice (DWARF in two units).
+        many if many.iter().all(|c| std::ptr::eq(c.file, many[0].file)) => many[0],
+        many => {
+            return Err(SymbolError::Ambiguous {
+                pid,
+                name: expr.name.clone(),
+                modules: many.iter().map(|c| c.describe()).collect(),
+            });
+        }
+    };
+    let note = (wanted.len() > 1).then(|| {
+        format!(
+            "{} modules define {:?} globally; the process uses {}'s (the first in lookup order)",
+            wanted.len(),
+            expr.name,
+            pick.file.name()
+        )
+    });
+    Ok((pick, note))
+}
+
+/// Why the name, found as `c` but not as what `access` needs, is refused.
+fn refusal(
+    pid: Pid,
+    expr: &Expr,
+    access: Access,
+    c: &Candidate<'_>,
+    searched: usize,
+    found: &Found<'_>,
+) -> SymbolError {
+    let module = c.file.name().to_string();
+    if c.function() && access != Access::Exec {
+        SymbolError::NotAVariable {
+            name: expr.name.clone(),
+            module,
+        }
+    } else if c.thread_local() {
+        SymbolError::ThreadLocal {
+            name: expr.name.clone(),
+            module,
+        }
+    } else {
+        // A variable asked for as code.
+        SymbolError::Unknown {
+            pid,
+            name: format!("{} (as code)", expr.name),
+            searched,
+            closest: Vec::new(),
+            stripped: found.stripped.clone(),
+        }
+    }
+}
+
+/// The object a name designates in its module: link-time address, size
+/// when known, type (DWARF), and where they came from.
+struct Object {
+    vaddr: u64,
+    size: Option<u64>,
+    type_name: Option<String>,
+    source: Source,
+    /// Set when the offset fell inside a member.
+    note: Option<String>,
+}
+
+/// The object `expr` designates in candidate `c`: the variable after its
+/// members and elements, then the byte offset (`stats+8`: from byte 8 to
+/// the end of the member holding it; outside the object only with a
+/// length given, `len > 0`).
+fn object(expr: &Expr, c: &Candidate<'_>, len: u32) -> Result<Object, SymbolError> {
+    let text = expr.to_string();
+    let outside = |whole: u64| SymbolError::Offset {
+        expr: text.clone(),
+        name: expr.name.clone(),
+        offset: expr.offset,
+        size: whole,
+    };
+    // The offset inside an object of `whole` bytes, if it is inside.
+    let inside = |whole: u64| u64::try_from(expr.offset).ok().filter(|&o| o < whole);
+    match &c.hit {
+        Hit::Var(v) => {
+            let VarLoc::Addr(a) = v.loc else {
+                unreachable!("TLS refused by pick")
+            };
+            let d = c.elf.dwarf.as_ref().expect("a DWARF hit has DWARF");
+            let (off, info) =
+                d.walk(v, &expr.name, &expr.steps)
+                    .map_err(|error| SymbolError::Path {
+                        expr: text.clone(),
+                        error,
+                    })?;
+            let mut o = Object {
+                vaddr: a + off,
+                size: info.as_ref().and_then(|i| i.size),
+                type_name: info.map(|i| i.name),
+                source: Source::Dwarf,
+                note: None,
+            };
+            if expr.offset == 0 {
+                return Ok(o);
+            }
+            let whole = o.size.unwrap_or(0);
+            match inside(whole) {
+                Some(at) => {
+                    o.vaddr += at;
+                    match d.member_at(v, &expr.steps, at) {
+                        Ok(Some((m_off, m_size, m_path, m_type))) => {
+                            o.size = Some(m_off + m_size - at);
+                            o.type_name = Some(m_type);
+                            if !m_path.is_empty() {
+                                o.note =
+                                    Some(format!("{} is in {}{m_path}", expr.path(), expr.name));
+                            }
+                        }
+                        _ => o.size = Some(whole - at),
+                    }
+                }
+                None if len > 0 => {
+                    o.vaddr = o.vaddr.wrapping_add_signed(expr.offset);
+                    o.type_name = None;
+                }
+                None => return Err(outside(whole)),
+            }
+            Ok(o)
+        }
+        Hit::Sym(s) => {
+            if !expr.steps.is_empty() {
+                return Err(SymbolError::NoDebugInfo {
+                    expr: text,
+                    name: expr.name.clone(),
+                    module: c.file.name().to_string(),
+                    why: match c.elf.debug_source {
+                        DebugSource::None => "no DWARF in it and no debug file found".into(),
+                        _ => format!("its DWARF does not describe {:?}", expr.name),
+                    },
+                });
+            }
+            let mut o = Object {
+                vaddr: s.vaddr,
+                size: (s.size > 0).then_some(s.size),
+                type_name: None,
+                source: match s.table {
+                    SymTable::Symtab => Source::Symtab,
+                    SymTable::Dynsym => Source::Dynsym,
+                },
+                note: None,
+            };
+            if expr.offset != 0 {
+                match inside(s.size) {
+                    Some(at) => {
+                        o.vaddr += at;
+                        o.size = Some(s.size - at);
+                    }
+                    None if len > 0 => o.vaddr = o.vaddr.wrapping_add_signed(expr.offset),
+                    None => return Err(outside(s.size)),
+                }
+            }
+            Ok(o)
+        }
+    }
+}
+
+impl Symbols {
+    /// Resolves `text` in process `pid` for a watchpoint of kind `access`;
+    /// `len` is the length asked for (0: the object's size).
+    pub fn resolve(
+        &self,
+        pid: Pid,
+        text: &str,
+        access: Access,
+        len: u32,
+    ) -> Result<Resolved, SymbolError> {
+        let expr = Expr::parse(text)?;
+        let files = maps::read(pid).map_err(|e| SymbolError::Unreadable {
+            pid,
+            why: e.to_string(),
+        })?;
+        let searched = search_order(pid, &expr, &files)?;
+        let found = self.candidates(pid, &expr, access, &searched);
+        if found.candidates.is_empty() {
+            return Err(SymbolError::Unknown {
+                pid,
+                name: expr.name.clone(),
+                searched: searched.len(),
+                closest: closest(&expr.name, &found.loaded),
+                stripped: found.stripped,
+            });
+        }
+        let (c, note) = pick(pid, &expr, access, &found, searched.len())?;
+        self.finish(&expr, c, access, len, note)
+    }
+
+    /// What each module of `searched` has under the name, in order. A
+    /// global definition of a variable binds the name for every module
+    /// after it in lookup order (the dynamic linker's rule): the rest are
+    /// not read, nor their DWARF indexed.
+    fn candidates<'f>(
+        &self,
+        pid: Pid,
+        expr: &Expr,
+        access: Access,
+        searched: &[&'f MappedFile],
+    ) -> Found<'f> {
+        let mut found = Found {
+            candidates: Vec::new(),
+            stripped: Vec::new(),
+            loaded: Vec::new(),
+        };
+        for &f in searched {
+            let elf = match self.file(pid, f) {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::debug!(pid, error = ?e.to_string(), "module file skipped");
+                    continue;
+                }
+            };
+            let Some(bias) = Self::bias(&elf, f) else {
+                continue;
+            };
+            if !elf.has_symtab && elf.dwarf.is_none() {
+                found.stripped.push(f.name().to_string());
+            }
+            let vars = elf
+                .dwarf
+                .as_ref()
+                .map(|d| d.variables(&expr.name))
+                .unwrap_or_default();
+            let hits: Vec<Hit> = if vars.is_empty() {
+                elf.lookup(&expr.name)
+                    .into_iter()
+                    .cloned()
+                    .map(Hit::Sym)
+                    .collect()
+            } else {
+                vars.into_iter().map(Hit::Var).collect()
+            };
+            found
+                .candidates
+                .extend(hits.into_iter().map(|hit| Candidate {
+                    file: f,
+                    elf: elf.clone(),
+                    bias,
+                    hit,
+                }));
+            found.loaded.push(elf);
+            if expr.module.is_none()
+                && access != Access::Exec
+                && found.candidates.iter().any(|c| c.global() && c.variable())
+            {
+                break;
+            }
+        }
+        found
+    }
+
+    /// The resolution of `expr` to candidate `c`: its object, the length
+    /// watched (`len`, else the object's size; 1 for `exec`), its runtime
+    /// address.
+    fn finish(
+        &self,
+        expr: &Expr,
+        c: &Candidate<'_>,
+        access: Access,
+        len: u32,
+        note: Option<String>,
+    ) -> Result<Resolved, SymbolError> {
+        let mut o = object(expr, c, len)?;
+        if access == Access::Exec {
+            o.size = Some(1);
+            o.type_name = None;
+        }
+        let text = expr.to_string();
+        let size = match (len, o.size) {
+            (0, Some(s)) if s > 0 => s,
+            (0, _) => {
+                return Err(SymbolError::NoSize {
+                    expr: text,
+                    why: match o.source {
+                        Source::Dwarf => "its DWARF type has no size".into(),
+                        _ => "its symbol-table entry says size 0".into(),
+                    },
+                });
+            }
+            (l, _) => u64::from(l),
+        };
+        Ok(Resolved {
+            expr: text,
+            symbol: expr.name.clone(),
+            module: c.file.path.clone(),
+            module_key: FileKey::of(c.file),
+            build_id: c.elf.build_id.clone(),
+            address: o.vaddr.wrapping_add(c.bias),
+            size,
+            type_name: o.type_name,
+            source: o.source,
+            module_address: o.vaddr,
+            note: o.note.or(note),
+        })
+    }
+}
+
+/// Device and inode of the process's executable.
+pub(super) fn exe_key(pid: Pid) -> Option<FileKey> {
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(format!("/proc/{pid}/exe")).ok()?;
+    let d = md.dev();
+    let (maj, min) = (
+        ((d >> 8) & 0xfff) | ((d >> 32) & !0xfff),
+        (d & 0xff) | ((d >> 12) & !0xff),
+    );
+    Some(FileKey {
+        dev: format!("{maj:02x}:{min:02x}"),
+        inode: md.ino(),
+    })
+}
+
+/// Up to three names like `name` among the variables of `files`.
+fn closest(name: &str, files: &[Arc<ElfFile>]) -> Vec<String> {
+    let mut scored: Vec<(f64, String)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut consider = |n: &str| {
+        if n.starts_with("_") && !name.starts_with('_') {
+            return;
+        }
+        if !seen.insert(n.to_string()) {
+            return;
+        }
+        let score = strsim::jaro_winkler(name, n);
+        let contains = n.contains(name) || name.contains(n) && n.len() >= 3;
+        if score >= 0.8 || contains {
+            scored.push((
+                if contains { score.max(0.85) } else { score },
+                n.to_string(),
+            ));
+        }
+    };
+    for f in files {
+        if let Some(d) = &f.dwarf {
+            for n in d.names() {
+                consider(n);
+            }
+        }
+        for s in f.symbols.iter().filter(|s| s.kind == SymKind::Object) {
+            consider(&s.name);
+        }
+    }
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    scored.into_iter().take(3).map(|(_, n)| n).collect()
+}
