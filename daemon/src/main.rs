@@ -36,17 +36,17 @@ struct Args {
     #[arg(long)]
     socket_gid: Option<u32>,
     /// Watchpoints one caller (uid) may hold.
-    #[arg(long, default_value_t = wpd::core::Limits::default().watchpoints_per_caller)]
+    #[arg(long, default_value_t = wpd::engine::Limits::default().watchpoints_per_caller)]
     max_watchpoints_per_caller: usize,
     /// Processes attached at once.
-    #[arg(long, default_value_t = wpd::core::Limits::default().processes)]
+    #[arg(long, default_value_t = wpd::engine::Limits::default().processes)]
     max_processes: usize,
     /// Event subscribers at once (the last 16 are kept for privileged
     /// callers).
-    #[arg(long, default_value_t = wpd::core::Limits::default().subscribers)]
+    #[arg(long, default_value_t = wpd::engine::Limits::default().subscribers)]
     max_subscribers: usize,
     /// Event subscribers one unprivileged caller (uid) may have at once.
-    #[arg(long, default_value_t = wpd::core::Limits::default().subscribers_per_caller)]
+    #[arg(long, default_value_t = wpd::engine::Limits::default().subscribers_per_caller)]
     max_subscribers_per_caller: usize,
     /// Connections one unprivileged caller (uid; all of TCP together) may
     /// have open.
@@ -347,7 +347,7 @@ async fn run(args: Args) -> std::process::ExitCode {
         token,
         socket_mode: args.socket_mode,
         socket_gid: args.socket_gid,
-        limits: wpd::core::Limits {
+        limits: wpd::engine::Limits {
             watchpoints_per_caller: args.max_watchpoints_per_caller,
             processes: args.max_processes,
             subscribers: args.max_subscribers,

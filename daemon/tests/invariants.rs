@@ -8,7 +8,7 @@
 //!    other x86 knowledge (`pt_regs` offsets, register names, the
 //!    architecture's name, `cfg(target_arch)`).
 //! 3. The core never asks which backend a process uses: no `BackendKind::`
-//!    in `daemon/src/core/`, and nothing of the perf backend (the CPU
+//!    in `daemon/src/engine/`, and nothing of the perf backend (the CPU
 //!    count included).
 //! 4. Every Rust source file starts with a `//!` line saying what it is for.
 //! 5. Every `kernel-facts §N` citation names a section of
@@ -184,7 +184,7 @@ fn other_x86_knowledge_stays_in_arch() {
 
 #[test]
 fn the_core_never_branches_on_the_backend() {
-    let root = repo().join("daemon/src/core");
+    let root = repo().join("daemon/src/engine");
     let bad = offenders(&rust_files(&root), &["BackendKind::", "backend::perf"]);
     assert!(
         bad.is_empty(),

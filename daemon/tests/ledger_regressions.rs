@@ -35,7 +35,7 @@ fn commit_on(l: &Ledger, tid: i32, id: u64) {
 /// ARCHITECTURE.md: a refusal names "every full thread and who holds its
 /// slots". A slot whose inheritance is uncertain is busy (never handed out)
 /// but `reserve_all`'s conflict omits it, so a full thread is reported with
-/// three holders. `core::holders_of` (used for kernel refusals) names it as
+/// three holders. `engine::holders_of` (used for kernel refusals) names it as
 /// `Pending(id)`; `ThreadSlots::holders` skips `uncertain` entirely.
 #[test]
 fn conflict_names_the_holder_of_an_uncertain_slot() {

@@ -14,7 +14,7 @@ use tonic::{Code, Request, Status};
 use tonic_types::StatusExt;
 use wpd::authz::Caller;
 use wpd::backend::fake::{FakeFailure, FakeKernel, fake_hit};
-use wpd::core::{Backends, Config, Core, Limits};
+use wpd::engine::{Backends, Config, Core, Limits};
 use wpd::model::WatchId;
 use wpd::rpc::Service;
 use wpd::rpc::auth::AuthConfig;

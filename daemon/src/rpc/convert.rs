@@ -6,7 +6,7 @@ use wpd_proto::v1 as pb;
 
 use crate::arch::{self, SpecError};
 use crate::backend::RunState;
-use crate::core::{ProcessView, SlotView, ThreadView, WatchView};
+use crate::engine::{ProcessView, SlotView, ThreadView, WatchView};
 use crate::error::WpdError;
 use crate::events::{Event, EventKind};
 use crate::model::{
@@ -656,13 +656,13 @@ pub fn policy_spec_from_pb(mut s: pb::WatchpointSpec) -> Result<WatchSpec, WpdEr
 /// A selector from the wire.
 pub fn selector_from_pb(
     s: Option<pb::ProcessSelector>,
-) -> Result<crate::core::policy::Selector, WpdError> {
+) -> Result<crate::engine::policy::Selector, WpdError> {
     let s = s.unwrap_or_default();
-    crate::core::policy::Selector::new(s.pids, &s.comm, &s.exe, &s.cgroup)
+    crate::engine::policy::Selector::new(s.pids, &s.comm, &s.exe, &s.cgroup)
 }
 
 /// A selector to the wire.
-pub fn selector_to_pb(s: &crate::core::policy::Selector) -> pb::ProcessSelector {
+pub fn selector_to_pb(s: &crate::engine::policy::Selector) -> pb::ProcessSelector {
     pb::ProcessSelector {
         pids: s.pids.clone(),
         comm: s.comm.clone().unwrap_or_default(),
@@ -675,8 +675,8 @@ pub fn selector_to_pb(s: &crate::core::policy::Selector) -> pb::ProcessSelector 
     }
 }
 
-impl From<&crate::core::policy::PolicyView> for pb::Policy {
-    fn from(p: &crate::core::policy::PolicyView) -> Self {
+impl From<&crate::engine::policy::PolicyView> for pb::Policy {
+    fn from(p: &crate::engine::policy::PolicyView) -> Self {
         pb::Policy {
             id: p.id.0,
             selector: Some(selector_to_pb(&p.selector)),

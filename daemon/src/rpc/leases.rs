@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
 
-use crate::core::Core;
+use crate::engine::Core;
 use crate::error::WpdError;
 use crate::model::{HitAction, Pid, WatchId};
 

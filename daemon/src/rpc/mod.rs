@@ -28,7 +28,7 @@ use wpd_proto::v1::watchpoints_server::Watchpoints;
 
 use crate::arch;
 use crate::authz::{self, Caller};
-use crate::core::Core;
+use crate::engine::Core;
 use crate::error::WpdError;
 use crate::events::EventKind;
 use crate::model::{Pid, WatchId, WatchSpec};

@@ -26,7 +26,7 @@ use wpd_proto::v1::stream_events_response::Event as E;
 
 use super::feed::EventFeed;
 use crate::authz::{self, Caller};
-use crate::core::Core;
+use crate::engine::Core;
 use crate::events::{Event, EventKind, Subscription};
 use crate::journal::{Encoder, From, Item, Journal};
 use crate::model::Pid;

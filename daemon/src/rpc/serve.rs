@@ -12,7 +12,7 @@ use anyhow::{Context, anyhow, bail};
 use tonic::transport::Server;
 use wpd_proto::v1::watchpoints_server::WatchpointsServer;
 
-use crate::core::Core;
+use crate::engine::Core;
 use crate::rpc::Service;
 use crate::rpc::conn::{self, ActiveLayer, ConnLimits, Registry};
 use crate::rpc::metrics::{self, Metrics, RpcLayer};
@@ -109,7 +109,7 @@ pub struct Options {
     /// Group owning the Unix socket (by gid).
     pub socket_gid: Option<u32>,
     /// Limits.
-    pub limits: crate::core::Limits,
+    pub limits: crate::engine::Limits,
     /// PEM certificate chain and key for TLS on TCP.
     pub tls: Option<(Vec<u8>, Vec<u8>)>,
     /// Connection limits.
@@ -284,9 +284,9 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
             "cleared debug registers left armed by a previous daemon"
         );
     }
-    let core = Core::start_config(crate::core::Config {
+    let core = Core::start_config(crate::engine::Config {
         limits: opts.limits,
-        backends: crate::core::Backends::System { state_file },
+        backends: crate::engine::Backends::System { state_file },
     });
     let mut persist = None;
     if let Some(state) = &opts.state {

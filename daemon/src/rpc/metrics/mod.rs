@@ -29,7 +29,7 @@ use prost::Message as _;
 use wpd_proto::v1 as pb;
 
 use crate::arch;
-use crate::core::Core;
+use crate::engine::Core;
 use crate::ledger::SlotState;
 
 /// Most watchpoints given a series of their own in

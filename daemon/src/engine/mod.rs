@@ -1,4 +1,5 @@
-//! The daemon's state and operations, independent of gRPC: which processes
+//! The core (`engine`, so as not to shadow the `core` crate): the daemon's
+//! state and operations, independent of gRPC: which processes
 //! are attached and with which backend, the watchpoints, the slot ledger,
 //! the event bus, and the operations on them (attach, arm, disarm, list,
 //! detach). How registers are programmed is the backends' business: the
