@@ -274,14 +274,19 @@ fn write_cursor(dir: &Path, journal_id: &str, seq: u64) -> std::io::Result<()> {
     )
 }
 
-/// Starts the exporter on the runtime; it runs until the daemon exits.
-pub fn start(cfg: Config, journal: Arc<Journal>, namer: Namer) -> std::io::Result<Arc<Stats>> {
+/// Starts the exporter on the runtime, counting into `stats` (made before
+/// the core, which reads them); it runs until the daemon exits.
+pub fn start(
+    cfg: Config,
+    journal: Arc<Journal>,
+    namer: Namer,
+    stats: Arc<Stats>,
+) -> std::io::Result<()> {
     if !cfg.dir.exists() {
         std::fs::DirBuilder::new()
             .mode(crate::statedir::DIR_MODE)
             .create(&cfg.dir)?;
     }
-    let stats = Arc::new(Stats::default());
     let from = start_position(&cfg.dir, journal.id(), journal.written_seq());
     stats.acked_seq.store(from, Ordering::Relaxed);
     let s = stats.clone();
@@ -305,7 +310,7 @@ pub fn start(cfg: Config, journal: Arc<Journal>, namer: Namer) -> std::io::Resul
             }
         }
     });
-    Ok(stats)
+    Ok(())
 }
 
 /// One connection's worth of exporting: from the acknowledged position

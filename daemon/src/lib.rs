@@ -21,6 +21,7 @@ pub mod rpc;
 pub mod sched;
 pub mod secret;
 pub mod signals;
+pub mod startup;
 pub mod state;
 pub mod statedir;
 pub mod symbols;

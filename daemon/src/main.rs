@@ -1,5 +1,7 @@
-//! `wpd`: the hardware-watchpoint daemon. Parses flags, sets up logging,
-//! and runs [`wpd::rpc::serve::run`].
+//! `wpd`: the hardware-watchpoint daemon. Parses and checks the flags into
+//! one [`wpd::startup::Config`] (secrets and certificates read here), sets
+//! up the process (signal mask, allocator, panic hook, scheduling, logging)
+//! and runs [`wpd::startup::run`].
 
 use clap::Parser;
 use wpd::rpc::conn::ConnLimits;
@@ -75,8 +77,8 @@ struct Args {
     fd_headroom: Option<u64>,
     /// File listing the ptrace-attached processes, for a restarted daemon to
     /// clean up after a killed one (default: beside the socket,
-    /// `<socket>.ptrace-armed`; `WPD_STATE_FILE` also sets it).
-    #[arg(long)]
+    /// `<socket>.ptrace-armed`).
+    #[arg(long, env = "WPD_STATE_FILE")]
     ptrace_state_file: Option<std::path::PathBuf>,
     /// Scheduling of the daemon's threads: realtime (SCHED_FIFO priority 1,
     /// needs CAP_SYS_NICE; the daemon keeps up with targets that load every
@@ -211,7 +213,7 @@ fn export_auth(args: &Args) -> Result<wpd::export::Auth, String> {
 }
 
 /// The state directory's settings from the flags (None: `--state-dir none`).
-fn state_config(args: &Args) -> Option<wpd::rpc::serve::StateOptions> {
+fn state_config(args: &Args) -> Option<wpd::startup::StateOptions> {
     let dir = match &args.state_dir {
         Some(d) if d.as_os_str() == "none" => return None,
         Some(d) => d.clone(),
@@ -243,7 +245,7 @@ fn state_config(args: &Args) -> Option<wpd::rpc::serve::StateOptions> {
         }),
         dir: std::path::PathBuf::new(),
     });
-    Some(wpd::rpc::serve::StateOptions {
+    Some(wpd::startup::StateOptions {
         dir,
         journal,
         export,
@@ -294,6 +296,95 @@ enum PtraceStops {
     DebugRegisters,
 }
 
+/// The daemon's configuration from the flags, or the one line saying what
+/// is wrong with them.
+fn config(args: &Args) -> Result<wpd::startup::Config, String> {
+    let listen: Listen = args.listen.parse()?;
+    let mut state = state_config(args);
+    if args.export_nats.is_some() && state.is_none() {
+        return Err(
+            "--export-nats exports the journal: it needs a state directory, not --state-dir none"
+                .into(),
+        );
+    }
+    if let Some(export) = state.as_mut().and_then(|s| s.export.as_mut()) {
+        wpd::export::check_url(&export.url)?;
+        export.auth = export_auth(args).map_err(|e| format!("--export-nats: {e}"))?;
+    }
+    let token = match &args.token_file {
+        Some(p) => Some(
+            wpd::secret::read(p)
+                .map_err(|e| format!("token file: {e}"))?
+                .expose()
+                .to_string(),
+        ),
+        None => None,
+    };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => match (std::fs::read(c), std::fs::read(k)) {
+            (Ok(c), Ok(k)) => Some((c, k)),
+            (Err(e), _) | (_, Err(e)) => {
+                return Err(format!("cannot read the TLS certificate or key: {e}"));
+            }
+        },
+        _ => None,
+    };
+    let conns = ConnLimits {
+        per_caller: args.max_connections_per_caller,
+        total: args.max_connections,
+        privileged_reserve: ConnLimits::default().privileged_reserve,
+        idle: std::time::Duration::from_secs(args.idle_timeout.max(1)),
+        streams: args.max_streams_per_connection.max(1),
+        pending: args.max_pending_connections.max(1),
+    };
+    let fd_headroom = args
+        .fd_headroom
+        .unwrap_or((conns.total + conns.privileged_reserve) as u64 + 64);
+    Ok(wpd::startup::Config {
+        listen,
+        server: wpd::rpc::serve::Options {
+            token,
+            socket_mode: args.socket_mode,
+            socket_gid: args.socket_gid,
+            tls,
+            conns,
+            metrics_listen: args.metrics_listen,
+        },
+        limits: wpd::engine::Limits {
+            watchpoints_per_caller: args.max_watchpoints_per_caller,
+            processes: args.max_processes,
+            subscribers: args.max_subscribers,
+            subscribers_per_caller: args.max_subscribers_per_caller,
+            fd_headroom,
+        },
+        state_file: args.ptrace_state_file.clone(),
+        perf_events: match args.perf_events {
+            PerfEvents::Auto => wpd::backend::perf::EventsPolicy::Auto,
+            PerfEvents::PerThread => wpd::backend::perf::EventsPolicy::PerThread,
+            PerfEvents::PerCpu => wpd::backend::perf::EventsPolicy::PerCpu,
+        },
+        ptrace_stops: match args.ptrace_stops {
+            PtraceStops::Auto => wpd::backend::ptrace::signal_bp::Policy::Auto,
+            PtraceStops::DebugRegisters => wpd::backend::ptrace::signal_bp::Policy::DebugRegisters,
+        },
+        ptrace_shards: env_number("WPD_PTRACE_SHARDS"),
+        debug_dirs: args.debug_dirs.clone(),
+        state,
+        faults: wpd::startup::Faults {
+            after_check: env_number("WPD_FAULT_AFTER_CHECK_MS")
+                .map(std::time::Duration::from_millis),
+            journal_write_delay: env_number("WPD_FAULT_JOURNAL_DELAY_MS")
+                .map(std::time::Duration::from_millis),
+            panic_at_hit: env_number("WPD_FAULT_PANIC_AT_HIT"),
+        },
+    })
+}
+
+/// A number from the environment (tuning and the tests' fault injection).
+fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok()?.trim().parse().ok()
+}
+
 fn main() -> std::process::ExitCode {
     // Before any thread exists: SIGCHLD (ptrace stops) may be taken only by
     // a tracer thread waiting in `ppoll`, which unblocks it there.
@@ -310,6 +401,13 @@ fn main() -> std::process::ExitCode {
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
     let args = Args::parse();
+    let config = match config(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("wpd: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
     // A panic ends the daemon at once (exiting closes every perf fd and
     // detaches every tracee, kernel-facts §2b); a tracer thread first
     // catches it and detaches its own tracees, registers cleared
@@ -321,29 +419,14 @@ fn main() -> std::process::ExitCode {
             std::process::abort();
         }
     }));
-    if !args.debug_dirs.is_empty() {
-        wpd::symbols::elf::set_debug_dirs(args.debug_dirs.clone());
-    }
-    // Before any thread exists too: every daemon thread starts with it.
-    wpd::sched::set_priority(args.priority);
-    wpd::backend::ptrace::signal_bp::set_policy(match args.ptrace_stops {
-        PtraceStops::Auto => wpd::backend::ptrace::signal_bp::Policy::Auto,
-        PtraceStops::DebugRegisters => wpd::backend::ptrace::signal_bp::Policy::DebugRegisters,
-    });
-    wpd::backend::perf::set_events_policy(match args.perf_events {
-        PerfEvents::Auto => wpd::backend::perf::EventsPolicy::Auto,
-        PerfEvents::PerThread => wpd::backend::perf::EventsPolicy::PerThread,
-        PerfEvents::PerCpu => wpd::backend::perf::EventsPolicy::PerCpu,
-    });
+    // Before any thread exists too: every thread inherits it.
+    wpd::sched::apply(args.priority);
     // Requests run their syscalls on the blocking pool. Bounded: hundreds of
     // concurrent clients queue instead of each getting a thread (a thread
     // costs a stack and an allocator arena that outlive the burst).
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(32)
-        .on_thread_start(|| {
-            wpd::sched::thread_started();
-        })
         .build()
     {
         Ok(r) => r,
@@ -352,96 +435,19 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run(args))
-}
-
-async fn run(args: Args) -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_new(&args.log).unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let listen: Listen = match args.listen.parse() {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("wpd: {e}");
-            return std::process::ExitCode::from(2);
-        }
-    };
-    let mut state = state_config(&args);
-    if args.export_nats.is_some() && state.is_none() {
-        eprintln!(
-            "wpd: --export-nats exports the journal: it needs a state directory, not --state-dir none"
-        );
-        return std::process::ExitCode::from(2);
-    }
-    if let Some(export) = state.as_mut().and_then(|s| s.export.as_mut()) {
-        if let Err(e) = wpd::export::check_url(&export.url) {
-            eprintln!("wpd: {e}");
-            return std::process::ExitCode::from(2);
-        }
-        match export_auth(&args) {
-            Ok(a) => export.auth = a,
+    runtime.block_on(async {
+        tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_new(&args.log).unwrap_or_else(|_| "info".into()),
+            )
+            .with_writer(std::io::stderr)
+            .init();
+        match wpd::startup::run(config).await {
+            Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("wpd: --export-nats: {e}");
-                return std::process::ExitCode::from(2);
+                eprintln!("wpd: {e:#}");
+                std::process::ExitCode::FAILURE
             }
         }
-    }
-    let token = match &args.token_file {
-        Some(p) => match wpd::secret::read(p) {
-            Ok(t) => Some(t.expose().to_string()),
-            Err(e) => {
-                eprintln!("wpd: token file: {e}");
-                return std::process::ExitCode::from(2);
-            }
-        },
-        None => None,
-    };
-    let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(c), Some(k)) => match (std::fs::read(c), std::fs::read(k)) {
-            (Ok(c), Ok(k)) => Some((c, k)),
-            (Err(e), _) | (_, Err(e)) => {
-                eprintln!("wpd: cannot read the TLS certificate or key: {e}");
-                return std::process::ExitCode::from(2);
-            }
-        },
-        _ => None,
-    };
-    let conns = ConnLimits {
-        per_caller: args.max_connections_per_caller,
-        total: args.max_connections,
-        privileged_reserve: ConnLimits::default().privileged_reserve,
-        idle: std::time::Duration::from_secs(args.idle_timeout.max(1)),
-        streams: args.max_streams_per_connection.max(1),
-        pending: args.max_pending_connections.max(1),
-    };
-    let fd_headroom = args
-        .fd_headroom
-        .unwrap_or((conns.total + conns.privileged_reserve) as u64 + 64);
-    let opts = wpd::rpc::serve::Options {
-        tls,
-        token,
-        socket_mode: args.socket_mode,
-        socket_gid: args.socket_gid,
-        limits: wpd::engine::Limits {
-            watchpoints_per_caller: args.max_watchpoints_per_caller,
-            processes: args.max_processes,
-            subscribers: args.max_subscribers,
-            subscribers_per_caller: args.max_subscribers_per_caller,
-            fd_headroom,
-        },
-        conns,
-        state_file: args.ptrace_state_file.clone(),
-        state,
-        metrics_listen: args.metrics_listen,
-    };
-    match wpd::rpc::serve::run(listen, opts).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("wpd: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    })
 }

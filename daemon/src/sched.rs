@@ -13,8 +13,11 @@
 //! (`kernel.sched_rt_runtime_us`) still leaves the rest of the machine 5 %
 //! even if that assumption broke. Without `CAP_SYS_NICE` the request is
 //! refused and threads stay at normal priority.
-
-use std::sync::atomic::{AtomicBool, Ordering};
+//!
+//! The policy is set once, on the main thread, before any other thread
+//! exists ([`apply`]): Linux threads inherit their creator's scheduling
+//! policy (`PTHREAD_INHERIT_SCHED`, the default), so every thread of the
+//! daemon, tokio's included, gets it without being told.
 
 /// How the daemon's threads are scheduled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -26,20 +29,11 @@ pub enum Priority {
     Normal,
 }
 
-static REALTIME: AtomicBool = AtomicBool::new(false);
-
-/// Sets the policy for threads started from now on (call before starting
-/// any). The calling thread is moved too.
-pub fn set_priority(p: Priority) {
-    REALTIME.store(p == Priority::Realtime, Ordering::Relaxed);
-    thread_started();
-}
-
-/// Called first thing by every daemon thread (tokio workers and blocking
-/// threads through the runtime's start hook). True if the thread now runs
-/// at `SCHED_FIFO`.
-pub fn thread_started() -> bool {
-    REALTIME.load(Ordering::Relaxed) && set_fifo()
+/// Applies `p` to the calling thread and so to every thread it starts
+/// afterwards (call it from `main` before any other thread exists). True if
+/// the thread now runs at `SCHED_FIFO`.
+pub fn apply(p: Priority) -> bool {
+    p == Priority::Realtime && set_fifo()
 }
 
 fn set_fifo() -> bool {

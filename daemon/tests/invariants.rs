@@ -356,3 +356,22 @@ fn citation_parsing() {
     assert_eq!(cited("1–3) and"), ["1", "2", "3"]);
     assert_eq!(cited("6."), ["6"]);
 }
+
+/// Configuration reaches the library one way: the `Config` `main.rs`
+/// builds (`startup.rs`). The environment is read in `main.rs` only (the
+/// flags' `env =` and the tests' `WPD_FAULT_*`), and no `pub fn set_*`
+/// stores a setting in a static.
+#[test]
+fn configuration_comes_from_main_only() {
+    let root = repo().join("daemon/src");
+    let files: Vec<PathBuf> = rust_files(&root)
+        .into_iter()
+        .filter(|f| !f.ends_with("main.rs"))
+        .collect();
+    let bad = offenders(&files, &["std::env::var", "env::var_os"]);
+    assert!(
+        bad.is_empty(),
+        "the environment read outside main.rs (put it in startup::Config):\n{}",
+        bad.join("\n")
+    );
+}

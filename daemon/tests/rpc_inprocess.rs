@@ -61,10 +61,7 @@ struct Rig {
 impl Rig {
     async fn start(limits: Limits, token: Option<&str>) -> Rig {
         let kernel = FakeKernel::new();
-        let core = Core::start_config(Config {
-            limits,
-            backends: Backends::Fake(kernel.clone()),
-        });
+        let core = Core::start_config(Config::new(limits, Backends::Fake(kernel.clone())));
         let registry = Arc::new(Registry::default());
         let auth = AuthConfig {
             token: token.map(Into::into),

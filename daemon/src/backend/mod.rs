@@ -279,6 +279,35 @@ impl<'a> dyn Host + 'a {
     }
 }
 
+/// How the system's backends are set up (the daemon's flags).
+#[derive(Debug, Clone)]
+pub struct SystemOptions {
+    /// The ptrace backend's state file (`--ptrace-state-file`).
+    pub state_file: std::path::PathBuf,
+    /// How the perf backend opens breakpoints (`--perf-events`).
+    pub perf_events: perf::EventsPolicy,
+    /// How the ptrace backend stops threads (`--ptrace-stops`).
+    pub ptrace_stops: ptrace::signal_bp::Policy,
+    /// Tracer threads of the ptrace backend (default 4).
+    pub ptrace_shards: Option<usize>,
+    /// Fault injection for the crash tests: a tracer thread panics at its
+    /// Nth hit, as a bug would (`WPD_FAULT_PANIC_AT_HIT`).
+    pub fault_panic_at_hit: Option<u64>,
+}
+
+impl SystemOptions {
+    /// The defaults, with the state file at `state_file`.
+    pub fn with_state_file(state_file: std::path::PathBuf) -> Self {
+        SystemOptions {
+            state_file,
+            perf_events: perf::EventsPolicy::Auto,
+            ptrace_stops: ptrace::signal_bp::Policy::Auto,
+            ptrace_shards: None,
+            fault_panic_at_hit: None,
+        }
+    }
+}
+
 /// The backends the daemon runs, by kind, with what each can do and why it
 /// cannot be used where it cannot.
 pub struct BackendTable {
@@ -328,15 +357,15 @@ impl BackendTable {
         host: Weak<dyn Host>,
         probe: Option<Arc<probe::SlotProbe>>,
         fd_headroom: u64,
-        state_file: &std::path::Path,
+        opts: &SystemOptions,
     ) -> BackendTable {
-        let perf = perf::PerfEngine::new(host.clone(), probe.clone(), fd_headroom)
-            .map(|p| Arc::new(p) as Arc<dyn Backend>);
+        let perf =
+            perf::PerfEngine::new(host.clone(), probe.clone(), fd_headroom, opts.perf_events)
+                .map(|p| Arc::new(p) as Arc<dyn Backend>);
         if let Err(e) = &perf {
             tracing::warn!("perf backend: {e}");
         }
-        let ptrace = ptrace::PtraceEngine::new(host, probe, state_file.to_path_buf())
-            .map(|p| p as Arc<dyn Backend>);
+        let ptrace = ptrace::PtraceEngine::new(host, probe, opts).map(|p| p as Arc<dyn Backend>);
         if let Err(e) = &ptrace {
             tracing::warn!("ptrace backend: {e}");
         }

@@ -34,10 +34,7 @@ impl Core {
         let core = std::sync::Arc::downgrade(self);
         let _ = std::thread::Builder::new()
             .name("wpd-signals".into())
-            .spawn(move || {
-                crate::sched::thread_started();
-                signal_loop(core)
-            });
+            .spawn(move || signal_loop(core));
     }
 
     /// Reports the deliveries recorded so far. Called by the thread, and

@@ -426,7 +426,7 @@ impl Core {
             b.shutdown();
         }
         // Last: the detaches above are journaled too.
-        if let Some(j) = self.journal.get() {
+        if let Some(j) = &self.journal {
             j.shutdown();
         }
     }

@@ -136,7 +136,7 @@ impl Core {
             subscriber_dropped: self.bus.dropped(None),
             ledger_hold: self.ledger.hold_summary(),
             uptime: self.started.elapsed(),
-            journal: self.journal.get().map(|j| j.figures()),
+            journal: self.journal.as_ref().map(|j| j.figures()),
         }
     }
 

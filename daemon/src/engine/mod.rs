@@ -24,7 +24,6 @@ pub mod policy;
 mod views;
 mod watch;
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak, mpsc};
 use std::time::{Duration, Instant};
@@ -44,21 +43,43 @@ pub use views::{Limits, ProcessView, SUBSCRIBER_RESERVE, SlotView, Stats, Thread
 #[derive(Debug, Clone)]
 pub enum Backends {
     /// The kernel's: perf (the default) and ptrace, each where it can run.
-    System {
-        /// The ptrace backend's state file.
-        state_file: PathBuf,
-    },
+    System(crate::backend::SystemOptions),
     /// Only the in-memory fake (tests without a kernel), over `kernel`.
     Fake(Arc<FakeKernel>),
 }
 
 /// How to start the core.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Config {
     /// Limits.
     pub limits: Limits,
     /// Backends.
     pub backends: Backends,
+    /// Directories of separate debug files (`--debug-dir`; empty: the
+    /// defaults).
+    pub debug_dirs: Vec<std::path::PathBuf>,
+    /// The event bus (made first: the journal reads it from its first
+    /// event on).
+    pub bus: EventBus,
+    /// The durable journal of every event, when the daemon keeps one.
+    pub journal: Option<Arc<crate::journal::Journal>>,
+    /// The exporter's counters, when events are exported.
+    pub export: Option<Arc<crate::export::Stats>>,
+}
+
+impl Config {
+    /// A core with these limits and backends and nothing else: a bus of
+    /// its own, no journal, no export, the default debug directories.
+    pub fn new(limits: Limits, backends: Backends) -> Config {
+        Config {
+            limits,
+            backends,
+            debug_dirs: Vec::new(),
+            bus: EventBus::default(),
+            journal: None,
+            export: None,
+        }
+    }
 }
 
 /// The daemon core.
@@ -105,10 +126,10 @@ pub struct Core {
     /// its thread's exit record (perf rings are per CPU) still gets it.
     exited_names: Mutex<std::collections::VecDeque<(crate::model::Tid, Pid, Arc<str>)>>,
     /// The durable journal of every event, when the daemon keeps one
-    /// (`--state-dir`); set once, before anything publishes.
-    pub journal: std::sync::OnceLock<Arc<crate::journal::Journal>>,
+    /// (`--state-dir`).
+    pub journal: Option<Arc<crate::journal::Journal>>,
     /// The exporter's counters, when events are exported.
-    pub export: std::sync::OnceLock<Arc<crate::export::Stats>>,
+    pub export: Option<Arc<crate::export::Stats>>,
     /// SIGTRAPs the kernel delivered to watched processes (wpd sends none).
     pub sigtraps: AtomicU64,
     /// Why signal deliveries are not seen here, if they are not.
@@ -134,27 +155,11 @@ impl std::fmt::Debug for Core {
 }
 
 impl Core {
-    /// The core with the system's backends (ptrace state file beside the
-    /// default socket) and default limits.
-    pub fn start() -> Arc<Core> {
-        Self::start_with(Limits::default())
-    }
-
-    /// The core with the system's backends and `limits`.
-    pub fn start_with(limits: Limits) -> Arc<Core> {
-        Self::start_config(Config {
-            limits,
-            backends: Backends::System {
-                state_file: crate::backend::ptrace::recovery::default_state_file(),
-            },
-        })
-    }
-
     /// Builds the core, its backends and its reconcile thread.
     pub fn start_config(config: Config) -> Arc<Core> {
         let limits = config.limits;
         let probe = match &config.backends {
-            Backends::System { .. } => match SlotProbe::new() {
+            Backends::System(_) => match SlotProbe::new() {
                 Ok(p) => Some(Arc::new(p)),
                 Err(e) => {
                     tracing::warn!("no free-slot probe: {e}");
@@ -166,15 +171,15 @@ impl Core {
         let core = Arc::new_cyclic(|weak: &Weak<Core>| {
             let host: Weak<dyn Host> = weak.clone();
             let backends = match &config.backends {
-                Backends::System { state_file } => {
-                    BackendTable::system(host, probe.clone(), limits.fd_headroom, state_file)
+                Backends::System(opts) => {
+                    BackendTable::system(host, probe.clone(), limits.fd_headroom, opts)
                 }
                 Backends::Fake(kernel) => BackendTable::fake(host, kernel.clone()),
             };
             Core {
                 limits,
                 ledger: Ledger::new(),
-                bus: EventBus::default(),
+                bus: config.bus,
                 backends,
                 probe,
                 procs: DashMap::new(),
@@ -185,14 +190,14 @@ impl Core {
                 stop: AtomicBool::new(false),
                 reconcile_tx: Mutex::new(None),
                 subscribing: Mutex::new(()),
-                symbols: Arc::new(crate::symbols::Symbols::new()),
+                symbols: Arc::new(crate::symbols::Symbols::with_debug_dirs(config.debug_dirs)),
                 pending_resolve: DashMap::new(),
                 policies: DashMap::new(),
                 policy_tx: Mutex::new(None),
                 names: DashMap::new(),
                 exited_names: Mutex::new(std::collections::VecDeque::new()),
-                journal: std::sync::OnceLock::new(),
-                export: std::sync::OnceLock::new(),
+                journal: config.journal,
+                export: config.export,
                 sigtraps: AtomicU64::new(0),
                 signals_unseen: Mutex::new(None),
                 signal_watch: Mutex::new(None),
@@ -206,13 +211,10 @@ impl Core {
         let c = core.clone();
         std::thread::Builder::new()
             .name("wpd-reconcile".into())
-            .spawn(move || {
-                crate::sched::thread_started();
-                c.reconcile_loop(rx)
-            })
+            .spawn(move || c.reconcile_loop(rx))
             .expect("spawn reconcile");
         core.start_module_watch();
-        if matches!(config.backends, Backends::System { .. }) {
+        if matches!(config.backends, Backends::System(_)) {
             core.start_signal_watch();
         }
         core

@@ -33,7 +33,6 @@ impl Core {
         std::thread::Builder::new()
             .name("wpd-modules".into())
             .spawn(move || {
-                crate::sched::thread_started();
                 let mut suspects = HashSet::new();
                 loop {
                     std::thread::sleep(MODULE_CHECK);

@@ -77,7 +77,8 @@ pub struct Config {
     /// Longest time written events wait for `fdatasync`.
     pub fsync_interval: Duration,
     /// Fault injection for the replay tests: the writer waits this long
-    /// after every write, as on a slow disk (`WPD_FAULT_JOURNAL_DELAY_MS`).
+    /// after every write, as on a slow disk (`wpd` takes it from
+    /// `WPD_FAULT_JOURNAL_DELAY_MS`).
     pub write_delay: Duration,
     /// Fault injection for the tests of write and sync failures.
     pub faults: Arc<Faults>,
@@ -119,10 +120,7 @@ impl Config {
             segment_age: Duration::from_secs(3600),
             max_bytes: 1 << 30,
             fsync_interval: Duration::from_millis(100),
-            write_delay: std::env::var("WPD_FAULT_JOURNAL_DELAY_MS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .map_or(Duration::ZERO, Duration::from_millis),
+            write_delay: Duration::ZERO,
             faults: Arc::default(),
         }
     }

@@ -43,6 +43,10 @@ pub struct Service {
     leases: Arc<leases::Leases>,
     /// Saved watchpoints and policies (`--state-dir`), if kept.
     persist: Option<Arc<persist::Persist>>,
+    /// Fault injection: a pause after every permission check, as a slow
+    /// machine might make one (`wpd` takes it from
+    /// `WPD_FAULT_AFTER_CHECK_MS`).
+    fault_after_check: Option<std::time::Duration>,
 }
 
 impl Service {
@@ -54,7 +58,33 @@ impl Service {
             auth: Arc::new(auth),
             conns,
             persist: None,
+            fault_after_check: None,
         }
+    }
+
+    /// With a pause after every permission check (fault injection).
+    pub fn with_fault_after_check(mut self, d: Option<std::time::Duration>) -> Self {
+        self.fault_after_check = d;
+        self
+    }
+
+    /// Checks that `caller` may act on `pid` (see `authz`), noting what
+    /// the process was (start time, credentials) before the check: an
+    /// operation that attaches to it or reads it checks again afterwards
+    /// ([`Checked::unchanged`]), since nothing ties the check to the
+    /// process it then acts on (a setuid program executed in between).
+    fn allow(&self, caller: &Caller, pid: Pid) -> Result<Checked, Status> {
+        let checked = Checked {
+            pid,
+            privileged: caller.privileged,
+            start: crate::procfs::start_time(pid),
+            creds: crate::procfs::creds(pid),
+        };
+        authz::check(caller, pid)?;
+        if let Some(d) = self.fault_after_check {
+            std::thread::sleep(d);
+        }
+        Ok(checked)
     }
 
     /// The service, saving what is set through it in `persist`.
@@ -193,7 +223,7 @@ impl Service {
             status::to_status(&WpdError::InvalidArgument("spec is required".into()))
         })?;
         let spec = WatchSpec::try_from(asked.clone())?;
-        let checked = allow(&caller, spec.pid)?;
+        let checked = self.allow(&caller, spec.pid)?;
         let lease = spec.lease;
         if lease != 0 {
             self.leases.check(lease, caller.uid)?;
@@ -275,7 +305,7 @@ impl Service {
         // Named processes are checked now, as SetWatchpoint would; the
         // others when they match.
         for &pid in &selector.pids {
-            allow(&caller, pid)?;
+            self.allow(&caller, pid)?;
         }
         let core = self.core.clone();
         let who = caller;
@@ -371,23 +401,6 @@ fn not_saved(what: String, e: &std::io::Error, outcome: &'static str) -> Status 
     })
 }
 
-/// Checks that `caller` may act on `pid` (see `authz`), noting what the
-/// process was (start time, credentials) before the check: an operation
-/// that attaches to it or reads it checks again afterwards
-/// ([`Checked::unchanged`]), since nothing ties the check to the process it
-/// then acts on (a setuid program executed in between).
-fn allow(caller: &Caller, pid: Pid) -> Result<Checked, Status> {
-    let checked = Checked {
-        pid,
-        privileged: caller.privileged,
-        start: crate::procfs::start_time(pid),
-        creds: crate::procfs::creds(pid),
-    };
-    authz::check(caller, pid)?;
-    fault_after_check();
-    Ok(checked)
-}
-
 /// A process as it was when a caller was allowed to act on it.
 #[derive(Debug)]
 struct Checked {
@@ -414,21 +427,6 @@ impl Checked {
                      operation: nothing was kept"
                 .into(),
         })
-    }
-}
-
-/// Fault injection for the tests of [`Checked`]: a pause after every
-/// permission check (`WPD_FAULT_AFTER_CHECK_MS`), as a slow machine might
-/// make one.
-fn fault_after_check() {
-    static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
-    if let Some(d) = DELAY.get_or_init(|| {
-        std::env::var("WPD_FAULT_AFTER_CHECK_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map(std::time::Duration::from_millis)
-    }) {
-        std::thread::sleep(*d);
     }
 }
 
@@ -493,7 +491,7 @@ impl Watchpoints for Service {
         let r = req.into_inner();
         let pid = convert::pid(r.pid)?;
         let backend = convert::backend(r.backend)?;
-        let checked = allow(&caller, pid)?;
+        let checked = self.allow(&caller, pid)?;
         let core = self.core.clone();
         let (view, newly) = blocking(move || {
             let (_, newly) = core.attach(pid, backend, r.allow_init)?;
@@ -520,7 +518,7 @@ impl Watchpoints for Service {
     ) -> Result<Response<pb::DetachResponse>, Status> {
         let caller = self.caller(&req)?;
         let pid = convert::pid(req.into_inner().pid)?;
-        allow(&caller, pid)?;
+        self.allow(&caller, pid)?;
         let core = self.core.clone();
         let (w, t) = blocking(move || core.detach(pid)).await?;
         Ok(Response::new(pb::DetachResponse {
@@ -591,7 +589,7 @@ impl Watchpoints for Service {
             .core
             .watch_pid(id)
             .ok_or_else(|| status::to_status(&WpdError::NoSuchWatchpoint(id)))?;
-        allow(&caller, pid)?;
+        self.allow(&caller, pid)?;
         self.commit_saved(persist::Change::Removed(id.0))
             .await
             .map_err(|e| {
@@ -620,7 +618,7 @@ impl Watchpoints for Service {
             ))));
         }
         if pid > 0 {
-            allow(&caller, pid)?;
+            self.allow(&caller, pid)?;
         }
         let (mut ws, mut ps) = self.core.list((pid > 0).then_some(pid));
         // A caller sees only the processes it could trace itself.
@@ -662,7 +660,7 @@ impl Watchpoints for Service {
         let r = req.into_inner();
         let pid = convert::pid(r.pid)?;
         let tids = convert::tids(&r.tids)?;
-        allow(&caller, pid)?;
+        self.allow(&caller, pid)?;
         let core = self.core.clone();
         let threads = blocking(move || core.threads(pid, &tids, r.probe)).await?;
         Ok(Response::new(pb::ListThreadsResponse {
@@ -687,7 +685,7 @@ impl Watchpoints for Service {
             ))));
         }
         if r.pid > 0 {
-            allow(&caller, r.pid)?;
+            self.allow(&caller, r.pid)?;
         }
         let from = match (r.after_seq, r.since_time_ns) {
             (Some(a), _) => Some(crate::journal::Start::AfterSeq(a)),
@@ -698,8 +696,7 @@ impl Watchpoints for Service {
             Some(_) => Some(
                 self.core
                     .journal
-                    .get()
-                    .cloned()
+                    .clone()
                     .ok_or_else(|| status::to_status(&WpdError::NoJournal))?,
             ),
             None => None,
@@ -745,7 +742,7 @@ impl Watchpoints for Service {
         let r = req.into_inner();
         let pid = convert::pid(r.pid)?;
         let tids = convert::tids(&r.tids)?;
-        allow(&caller, pid)?;
+        self.allow(&caller, pid)?;
         let core = self.core.clone();
         let resumed = blocking(move || core.resume(pid, &tids)).await?;
         Ok(Response::new(pb::ResumeResponse { resumed }))
@@ -759,7 +756,7 @@ impl Watchpoints for Service {
         let r = req.into_inner();
         let pid = convert::pid(r.pid)?;
         let tids = convert::tids(&r.tids)?;
-        allow(&caller, pid)?;
+        self.allow(&caller, pid)?;
         if r.lease != 0 {
             self.leases.check(r.lease, caller.uid)?;
         }
@@ -790,7 +787,7 @@ impl Watchpoints for Service {
         let pid = convert::pid(r.pid)?;
         let tid = convert::tids(&[r.tid])?[0];
         let depth = convert::stack_depth(r.depth)?;
-        allow(&caller, pid)?;
+        self.allow(&caller, pid)?;
         let core = self.core.clone();
         let stack = blocking(move || core.thread_stack(pid, tid, depth)).await?;
         // Return addresses are looked up at `ret - 1` (in the call); the
@@ -840,7 +837,7 @@ impl Watchpoints for Service {
         let r = req.into_inner();
         let pid = convert::pid(r.pid)?;
         let len = convert::read_length(r.address, r.length)?;
-        let checked = allow(&caller, pid)?;
+        let checked = self.allow(&caller, pid)?;
         let core = self.core.clone();
         let (data, error) = blocking(move || {
             let read = core.read_memory(pid, r.address, len)?;
@@ -864,7 +861,7 @@ impl Watchpoints for Service {
         let r = req.into_inner();
         let id = WatchId(r.watchpoint_id);
         let (kept, pid, total) = self.core.recent_hits(id, r.limit as usize)?;
-        allow(&caller, pid)?;
+        self.allow(&caller, pid)?;
         let mut hits = Vec::with_capacity(kept.len());
         for ev in kept {
             let mut item = convert::event_to_pb(&ev);
@@ -891,7 +888,7 @@ impl Watchpoints for Service {
         let id = WatchId(r.watchpoint_id);
         let (pid, (hits, exemplars, overflow), top, image) =
             self.core.hit_aggregates(id, r.limit as usize)?;
-        allow(&caller, pid)?;
+        self.allow(&caller, pid)?;
         let frames = match (&image, r.raw) {
             (Some(image), false) => {
                 let ips: Vec<u64> = top.iter().map(|t| t.0.0).collect();
@@ -938,7 +935,7 @@ impl Watchpoints for Service {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
         let pid = convert::pid(r.pid)?;
-        allow(&caller, pid)?;
+        self.allow(&caller, pid)?;
         let name = r.name.trim().to_string();
         if name.is_empty() == (r.address == 0) {
             return Err(status::to_status(&WpdError::InvalidArgument(

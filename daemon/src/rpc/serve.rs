@@ -1,14 +1,15 @@
-//! Serving: listeners (Unix socket by default, loopback TCP on request, or
-//! the socket systemd passes), health and reflection services, the metrics
-//! endpoint, systemd notifications (ready, watchdog, stopping), graceful
-//! shutdown on SIGTERM/SIGINT.
+//! Serving the API: listeners (a Unix socket by default, TCP on request —
+//! loopback, or any address with TLS — or the socket systemd passes), the
+//! watchpoint service with health and reflection, the metrics endpoint,
+//! systemd notifications (ready, watchdog, stopping), graceful shutdown on
+//! SIGTERM/SIGINT. The daemon as a whole is started by `startup.rs`.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, bail};
 use tonic::transport::Server;
 use wpd_proto::v1::watchpoints_server::WatchpointsServer;
 
@@ -58,20 +59,6 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 /// else; the default keeps the door closed to those not in the group.
 pub const SOCKET_MODE: u32 = 0o660;
 
-fn raise_fd_limit() {
-    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .unwrap_or(1 << 20);
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        // Root may raise the hard limit; everyone may raise soft to hard.
-        if setrlimit(Resource::RLIMIT_NOFILE, nr_open, nr_open).is_err() && soft < hard {
-            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-        }
-    }
-}
-
 fn prepare_socket(
     path: &Path,
     mode: u32,
@@ -99,102 +86,11 @@ fn prepare_socket(
     Ok(l)
 }
 
-/// Daemon settings beyond the listen address.
-#[derive(Debug, Clone, Default)]
-pub struct Options {
-    /// Token required from TCP callers (`authorization: Bearer ...`).
-    pub token: Option<String>,
-    /// Mode of the Unix socket (default [`SOCKET_MODE`]).
-    pub socket_mode: Option<u32>,
-    /// Group owning the Unix socket (by gid).
-    pub socket_gid: Option<u32>,
-    /// Limits.
-    pub limits: crate::engine::Limits,
-    /// PEM certificate chain and key for TLS on TCP.
-    pub tls: Option<(Vec<u8>, Vec<u8>)>,
-    /// Connection limits.
-    pub conns: ConnLimits,
-    /// The ptrace state file (default: derived from the listen address, see
-    /// [`state_file_for`]).
-    pub state_file: Option<PathBuf>,
-    /// The state directory (`--state-dir`). None: no journal, nothing
-    /// saved.
-    pub state: Option<StateOptions>,
-    /// Where to serve Prometheus metrics (`GET /metrics`); none by default.
-    pub metrics_listen: Option<SocketAddr>,
-}
-
-/// The state directory and what is kept there.
-#[derive(Debug, Clone)]
-pub struct StateOptions {
-    /// The directory: the saved watchpoints and policies
-    /// (`persist::FILE`) and the journal.
-    pub dir: PathBuf,
-    /// The journal's settings (its segments in `dir/journal/`).
-    pub journal: crate::journal::Config,
-    /// Export of the journal's events to NATS JetStream (its position in
-    /// `dir/export/`); `dir` is set here.
-    pub export: Option<crate::export::Config>,
-}
-
-/// Takes the state directory's lock (`DIR/lock`, an exclusive `flock`),
-/// or says which daemon holds it.
-fn lock_state_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
-    use std::io::{Read, Seek, Write};
-    use std::os::fd::AsRawFd;
-    let path = dir.join("lock");
-    let mut f = crate::statedir::open(
-        &path,
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false),
-    )
-    .with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: flock on an fd we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let mut holder = String::new();
-        let _ = f.read_to_string(&mut holder);
-        bail!(
-            "another wpd (pid {}) uses the state directory {}: give this one its own \
-             --state-dir, or --state-dir none",
-            holder.trim(),
-            dir.display()
-        );
-    }
-    f.set_len(0)?;
-    f.rewind()?;
-    writeln!(f, "{}", std::process::id())?;
-    Ok(f)
-}
-
 /// Longest a unary request may take, from its headers to its answer: a
 /// client that opens a request and never finishes sending it (a half-open
 /// stream) holds memory until then. Arming or detaching 10,000 threads takes
 /// a few seconds.
 const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Where a daemon listening on `listen` keeps its ptrace state file: beside
-/// its socket (`/run/wpd/wpd.sock` → `/run/wpd/wpd.sock.ptrace-armed`), or
-/// under /run/wpd named after the TCP address, so that two daemons never
-/// share one. `WPD_STATE_FILE` overrides it.
-pub fn state_file_for(listen: &Listen) -> PathBuf {
-    if let Some(p) = std::env::var_os("WPD_STATE_FILE") {
-        return PathBuf::from(p);
-    }
-    match listen {
-        Listen::Unix(path) => {
-            let mut p = path.clone().into_os_string();
-            p.push(".ptrace-armed");
-            PathBuf::from(p)
-        }
-        Listen::Tcp(addr) => PathBuf::from(format!(
-            "/run/wpd/ptrace-armed-tcp-{}",
-            addr.to_string().replace([':', '[', ']'], "_")
-        )),
-    }
-}
 
 /// Refuses listener set-ups that would expose the daemon: TCP without a
 /// token, a non-loopback address without TLS, TLS on a Unix socket.
@@ -234,90 +130,43 @@ pub fn check_listen(listen: &Listen, opts: &Options) -> Result<(), String> {
     }
 }
 
-/// Runs the daemon until SIGTERM/SIGINT, then detaches from every process.
-pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
-    let activated = activated_socket()?;
-    let listen = match &activated {
-        Some((_, path)) => {
-            if listen != Listen::Unix(path.clone()) {
-                tracing::info!(
-                    "serving the socket systemd passed, {}, instead of {listen:?}",
-                    path.display()
-                );
-            }
-            Listen::Unix(path.clone())
-        }
-        None => listen,
-    };
-    if let Err(e) = check_listen(&listen, &opts) {
-        bail!("{e}");
-    }
-    raise_fd_limit();
-    let state_file = opts
-        .state_file
-        .clone()
-        .unwrap_or_else(|| state_file_for(&listen));
-    // One daemon per socket, ptrace state file and state directory, settled
-    // before anything is read, cleaned up or written: a second daemon is
-    // refused here, leaving the first one's files alone.
-    let bound = bind(&listen, activated, &opts).await?;
-    let _ptrace_lock =
-        crate::backend::ptrace::recovery::lock_state_file(&state_file).map_err(|e| anyhow!(e))?;
-    // Held for the daemon's life: two daemons never share a journal.
-    let _state_lock = match &opts.state {
-        Some(state) => {
-            crate::statedir::StateDir::open(&state.dir)
-                .with_context(|| "refusing the state directory (--state-dir)".to_string())?;
-            Some(lock_state_dir(&state.dir)?)
-        }
-        None => None,
-    };
-    // A previous daemon killed with ptrace registers armed left targets that
-    // die on their next hit: clear them before anything else.
-    let recover = state_file.clone();
-    let cleaned = std::thread::spawn(move || crate::backend::ptrace::recovery::recover(&recover))
-        .join()
-        .unwrap_or(0);
-    if cleaned > 0 {
-        tracing::warn!(
-            cleaned,
-            "cleared debug registers left armed by a previous daemon"
-        );
-    }
-    let core = Core::start_config(crate::engine::Config {
-        limits: opts.limits,
-        backends: crate::engine::Backends::System { state_file },
-    });
-    let mut persist = None;
-    if let Some(state) = &opts.state {
-        let cfg = &state.journal;
-        let journal =
-            crate::journal::Journal::start(cfg.clone(), &core.bus, crate::rpc::replay::encoder())
-                .with_context(|| format!("opening the journal in {}", cfg.dir.display()))?;
-        let _ = core.journal.set(journal);
-        let (p, saved) = crate::rpc::persist::Persist::open(&state.dir)
-            .with_context(|| format!("opening the saved watchpoints in {}", state.dir.display()))?;
-        if let Some(export) = &state.export {
-            let mut cfg = export.clone();
-            cfg.dir = state.dir.join("export");
-            let names = core.clone();
-            let namer: crate::export::Namer = Arc::new(move |pid, tid| {
-                (
-                    names.known_name(pid, pid),
-                    (tid > 0).then(|| names.known_name(pid, tid)).flatten(),
-                )
-            });
-            let journal = core.journal.get().expect("started above").clone();
-            let stats = crate::export::start(cfg, journal, namer)
-                .with_context(|| format!("starting the export in {}", state.dir.display()))?;
-            let _ = core.export.set(stats);
-        }
-        // Ids of the last run are never given to anything new.
-        if let Some(s) = &saved {
-            core.reserve_ids(crate::rpc::persist::last_used_id(s));
-        }
-        persist = Some((Arc::new(p), saved));
-    }
+/// How the gRPC server serves (the daemon's flags).
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Token required from TCP callers (`authorization: Bearer ...`).
+    pub token: Option<String>,
+    /// Mode of the Unix socket (default [`SOCKET_MODE`]).
+    pub socket_mode: Option<u32>,
+    /// Group owning the Unix socket (by gid).
+    pub socket_gid: Option<u32>,
+    /// PEM certificate chain and key for TLS on TCP.
+    pub tls: Option<(Vec<u8>, Vec<u8>)>,
+    /// Connection limits.
+    pub conns: ConnLimits,
+    /// Where to serve Prometheus metrics (`GET /metrics`); none by default.
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+/// What the server is handed by the startup: the saved state, if the
+/// daemon keeps one, and what the last run saved.
+pub type Saved = Option<(
+    Arc<crate::rpc::persist::Persist>,
+    Option<wpd_proto::v1::SavedState>,
+)>;
+
+/// Serves the API on `bound` until SIGTERM/SIGINT: the watchpoint service,
+/// health and reflection, metrics; the saved watchpoints set again once
+/// serving and kept on disk; systemd told when ready and when stopping.
+/// Returns once connections are closed (after a grace period); the caller
+/// then shuts the core down.
+pub async fn serve(
+    bound: Bound,
+    listen: &Listen,
+    core: Arc<Core>,
+    saved: Saved,
+    opts: &Options,
+    fault_after_check: Option<std::time::Duration>,
+) -> anyhow::Result<()> {
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<WatchpointsServer<Service>>().await;
     // Reflection in both versions: v1, and v1alpha, which many clients
@@ -338,8 +187,9 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
     };
     let auth_layer = conn::AuthLayer::new(auth.clone(), &opts.conns);
     let registry = Arc::new(Registry::default());
-    let mut service = Service::new(core.clone(), auth, registry.clone());
-    if let Some((p, saved)) = persist {
+    let mut service = Service::new(core.clone(), auth, registry.clone())
+        .with_fault_after_check(fault_after_check);
+    if let Some((p, saved)) = saved {
         service = service.with_persist(p);
         // Set again while the API is served already; then kept on disk as
         // watchpoints come and go.
@@ -416,7 +266,7 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
             } else {
                 " (socket from systemd)"
             };
-            if let Listen::Unix(path) = &listen {
+            if let Listen::Unix(path) = listen {
                 eprintln!("wpd: listening on unix:{}{how}", path.display());
             }
             let incoming = conn::unix_incoming(l, opts.conns, registry.clone());
@@ -434,14 +284,11 @@ pub async fn run(listen: Listen, opts: Options) -> anyhow::Result<()> {
             tokio::select! { r = serve => r, _ = deadline => Ok(()) }
         }
     };
-    let c: Arc<Core> = core.clone();
-    tokio::task::spawn_blocking(move || c.shutdown()).await?;
-    eprintln!("wpd: stopped; every target was detached");
     result.context("serving")
 }
 
 /// The listener, bound before anything else happens.
-enum Bound {
+pub enum Bound {
     /// A Unix socket; `guard` removes its path when it is ours (not
     /// systemd's) however the daemon ends.
     Unix {
@@ -453,7 +300,7 @@ enum Bound {
 }
 
 /// Removes the socket file the daemon created when dropped.
-struct SocketGuard(PathBuf);
+pub struct SocketGuard(PathBuf);
 
 impl Drop for SocketGuard {
     fn drop(&mut self) {
@@ -464,7 +311,7 @@ impl Drop for SocketGuard {
 /// Binds `listen` (or takes the socket systemd passed): a second daemon on
 /// the same socket or port is refused here, before it reads or writes
 /// anything.
-async fn bind(
+pub async fn bind(
     listen: &Listen,
     activated: Option<(tokio::net::UnixListener, PathBuf)>,
     opts: &Options,
@@ -496,7 +343,7 @@ async fn bind(
 
 /// The listening Unix socket systemd passed (socket activation:
 /// `LISTEN_PID` names this process, `LISTEN_FDS` one socket), and its path.
-fn activated_socket() -> anyhow::Result<Option<(tokio::net::UnixListener, PathBuf)>> {
+pub fn activated_socket() -> anyhow::Result<Option<(tokio::net::UnixListener, PathBuf)>> {
     use nix::sys::socket::{SockType, getsockopt, sockopt};
     use std::os::fd::{FromRawFd, OwnedFd};
     let mut fds: Vec<OwnedFd> = sd_notify::listen_fds()
@@ -559,21 +406,6 @@ fn systemd_ready() {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn each_listen_address_has_its_own_state_file() {
-        if std::env::var_os("WPD_STATE_FILE").is_some() {
-            return; // the override wins, by design
-        }
-        let a = state_file_for(&"unix:/run/wpd/wpd.sock".parse().unwrap());
-        let b = state_file_for(&"unix:/tmp/other/wpd.sock".parse().unwrap());
-        let c = state_file_for(&"tcp://127.0.0.1:5000".parse().unwrap());
-        let d = state_file_for(&"tcp://127.0.0.1:5001".parse().unwrap());
-        assert_eq!(a, PathBuf::from("/run/wpd/wpd.sock.ptrace-armed"));
-        assert_eq!(b, PathBuf::from("/tmp/other/wpd.sock.ptrace-armed"));
-        assert_eq!(c, PathBuf::from("/run/wpd/ptrace-armed-tcp-127.0.0.1_5000"));
-        assert_ne!(c, d);
-    }
 
     #[test]
     fn listen_parsing() {

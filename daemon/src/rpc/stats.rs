@@ -40,7 +40,7 @@ impl Service {
             (0, 0, 0)
         };
         let j = s.journal.unwrap_or_default();
-        let x = match (caller.privileged, self.core.export.get()) {
+        let x = match (caller.privileged, self.core.export.as_ref()) {
             (true, Some(e)) => e.figures(),
             _ => Default::default(),
         };

@@ -13,17 +13,9 @@ use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 /// `<dir>/.build-id/xx/….debug` and `<dir>/<binary's dir>/<debuglink name>`.
 pub const DEFAULT_DEBUG_DIRS: &[&str] = &["/usr/lib/debug", "/lib/debug"];
 
-static DEBUG_DIRS: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
-
-/// Sets the debug directories (`wpd --debug-dir`), once, before the first
-/// module is read; false when they were set or used already.
-pub fn set_debug_dirs(dirs: Vec<PathBuf>) -> bool {
-    DEBUG_DIRS.set(dirs).is_ok()
-}
-
-/// The debug directories in use.
-pub fn debug_dirs() -> &'static [PathBuf] {
-    DEBUG_DIRS.get_or_init(|| DEFAULT_DEBUG_DIRS.iter().map(PathBuf::from).collect())
+/// [`DEFAULT_DEBUG_DIRS`] as paths.
+pub fn default_debug_dirs() -> Vec<PathBuf> {
+    DEFAULT_DEBUG_DIRS.iter().map(PathBuf::from).collect()
 }
 
 /// What a symbol-table entry names.
@@ -181,6 +173,7 @@ fn debuglink(file: &object::File<'_>) -> Option<(String, u32)> {
 /// A separate debug file for `binary` (opened from `open_path`; `ns_path`
 /// is its path in the process's namespace), found as gdb finds it.
 fn find_debug_file(
+    debug_dirs: &[PathBuf],
     ns_path: &Path,
     open_path: &Path,
     build_id: Option<&[u8]>,
@@ -203,7 +196,7 @@ fn find_debug_file(
     };
     if let Some(id) = build_id.filter(|id| id.len() >= 2) {
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-        for d in debug_dirs() {
+        for d in debug_dirs {
             let p = d
                 .join(".build-id")
                 .join(&hex[..2])
@@ -217,7 +210,7 @@ fn find_debug_file(
     let dir = open_path.parent()?;
     let ns_dir = ns_path.parent().unwrap_or(Path::new("/"));
     let mut candidates = vec![dir.join(name), dir.join(".debug").join(name)];
-    for d in debug_dirs() {
+    for d in debug_dirs {
         candidates.push(
             d.join(ns_dir.strip_prefix("/").unwrap_or(ns_dir))
                 .join(name),
@@ -228,8 +221,13 @@ fn find_debug_file(
 
 impl ElfFile {
     /// Reads the file at `open_path` (its path in the process's namespace
-    /// is `ns_path`, for debuglink directories).
-    pub fn load(open_path: &Path, ns_path: &Path) -> Result<ElfFile, ElfError> {
+    /// is `ns_path`, for debuglink directories), looking for a separate
+    /// debug file in `debug_dirs`.
+    pub fn load(
+        open_path: &Path,
+        ns_path: &Path,
+        debug_dirs: &[PathBuf],
+    ) -> Result<ElfFile, ElfError> {
         let m = map(open_path)?;
         let err = |why: String| ElfError {
             path: ns_path.display().to_string(),
@@ -263,7 +261,13 @@ impl ElfFile {
                 DebugSource::Own,
             )
         } else {
-            match find_debug_file(ns_path, open_path, build_id.as_deref(), link.as_ref()) {
+            match find_debug_file(
+                debug_dirs,
+                ns_path,
+                open_path,
+                build_id.as_deref(),
+                link.as_ref(),
+            ) {
                 Some((p, dm)) => {
                     if symbols.is_empty()
                         && let Ok(df) = object::File::parse(&*dm)

@@ -39,8 +39,13 @@ impl FileKey {
 pub const MAX_FILES: usize = 512;
 
 /// Module files loaded once per file.
-#[derive(Default)]
-pub struct Files(Mutex<FileCache>);
+pub struct Files(Mutex<FileCache>, Arc<[std::path::PathBuf]>);
+
+impl Default for Files {
+    fn default() -> Self {
+        Files::with_debug_dirs(super::elf::default_debug_dirs())
+    }
+}
 
 #[derive(Default)]
 struct FileCache {
@@ -57,6 +62,12 @@ struct FileEntry {
 }
 
 impl Files {
+    /// A cache whose files look for separate debug files in `debug_dirs`
+    /// (`wpd --debug-dir`).
+    pub fn with_debug_dirs(debug_dirs: Vec<std::path::PathBuf>) -> Self {
+        Files(Mutex::default(), debug_dirs.into())
+    }
+
     /// `pid` is let go of: the files no remaining process was loaded for
     /// are dropped (processes that are gone, never detached because never
     /// attached, e.g. after a ResolveSymbol only, count as let go of too).
@@ -98,7 +109,11 @@ impl Files {
             }
         }
         // Loaded outside the lock: a large file takes a while.
-        let e = Arc::new(ElfFile::load(&f.open_path(pid), Path::new(&f.path))?);
+        let e = Arc::new(ElfFile::load(
+            &f.open_path(pid),
+            Path::new(&f.path),
+            &self.1,
+        )?);
         let mut c = self.0.lock().unwrap();
         c.tick += 1;
         let tick = c.tick;

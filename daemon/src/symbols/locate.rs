@@ -156,14 +156,31 @@ enum Msg {
 
 /// The symbolizer: a thread owning a `blazesym::symbolize::Symbolizer`,
 /// fed through a channel.
-#[derive(Default)]
 pub struct Locator {
     tx: OnceLock<Mutex<mpsc::Sender<Msg>>>,
     places: AtomicU64,
     place_bytes: AtomicU64,
+    /// Where the symbolizer looks for separate debug files.
+    debug_dirs: Vec<PathBuf>,
+}
+
+impl Default for Locator {
+    fn default() -> Self {
+        Locator::with_debug_dirs(super::elf::default_debug_dirs())
+    }
 }
 
 impl Locator {
+    /// A locator whose symbolizer looks for debug files in `debug_dirs`.
+    pub fn with_debug_dirs(debug_dirs: Vec<PathBuf>) -> Self {
+        Locator {
+            tx: OnceLock::new(),
+            places: AtomicU64::new(0),
+            place_bytes: AtomicU64::new(0),
+            debug_dirs,
+        }
+    }
+
     /// (places symbolized, bytes they hold).
     pub fn cached(&self) -> (u64, u64) {
         (
@@ -248,9 +265,10 @@ impl Symbols {
         self.locator.tx.get_or_init(|| {
             let (tx, rx) = mpsc::channel::<Msg>();
             let me = Arc::downgrade(self);
+            let dirs = self.locator.debug_dirs.clone();
             std::thread::Builder::new()
                 .name("wpd-symbols".into())
-                .spawn(move || worker(me, rx))
+                .spawn(move || worker(me, rx, dirs))
                 .expect("spawn the symbolizer thread");
             Mutex::new(tx)
         })
@@ -288,9 +306,9 @@ fn code_info(ci: &blazesym::symbolize::CodeInfo<'_>) -> (String, u32, u32) {
     )
 }
 
-fn new_symbolizer() -> blazesym::symbolize::Symbolizer {
+fn new_symbolizer(debug_dirs: &[PathBuf]) -> blazesym::symbolize::Symbolizer {
     blazesym::symbolize::Symbolizer::builder()
-        .set_debug_dirs(Some(super::elf::debug_dirs()))
+        .set_debug_dirs(Some(debug_dirs))
         .enable_code_info(true)
         .enable_inlined_fns(true)
         .enable_demangling(true)
@@ -305,11 +323,10 @@ fn place_bytes(place: &Place) -> u64 {
         + place.module.as_ref().map_or(0, String::len)) as u64
 }
 
-fn worker(symbols: std::sync::Weak<Symbols>, rx: mpsc::Receiver<Msg>) {
-    crate::sched::thread_started();
+fn worker(symbols: std::sync::Weak<Symbols>, rx: mpsc::Receiver<Msg>, debug_dirs: Vec<PathBuf>) {
     // blazesym keeps each module it parsed open and parsed: it is dropped
     // (and rebuilt empty) when a module is no longer used by any image.
-    let mut symbolizer = new_symbolizer();
+    let mut symbolizer = new_symbolizer(&debug_dirs);
     // Module-relative places, by file and link-time address.
     let mut places: HashMap<(FileKey, u64), Arc<Place>> = HashMap::new();
     // The images each module was symbolized for.
@@ -341,7 +358,7 @@ fn worker(symbols: std::sync::Weak<Symbols>, rx: mpsc::Receiver<Msg>) {
                         }
                         keep
                     });
-                    symbolizer = new_symbolizer();
+                    symbolizer = new_symbolizer(&debug_dirs);
                 }
                 continue;
             }

@@ -108,6 +108,22 @@ pub struct Symbols {
     pub locator: Locator,
 }
 
+impl Symbols {
+    /// The symbol layer, looking for separate debug files in `debug_dirs`
+    /// (`wpd --debug-dir`; [`elf::DEFAULT_DEBUG_DIRS`] when empty).
+    pub fn with_debug_dirs(debug_dirs: Vec<std::path::PathBuf>) -> Self {
+        let dirs = if debug_dirs.is_empty() {
+            elf::default_debug_dirs()
+        } else {
+            debug_dirs
+        };
+        Symbols {
+            files: Files::with_debug_dirs(dirs.clone()),
+            locator: Locator::with_debug_dirs(dirs),
+        }
+    }
+}
+
 impl std::fmt::Debug for Symbols {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Symbols").finish_non_exhaustive()

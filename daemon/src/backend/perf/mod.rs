@@ -47,22 +47,6 @@ pub use kernel::{EventsPolicy, Perf, ThreadEvents};
 pub use record::Record;
 pub use sys::PerfError;
 
-static EVENTS_POLICY: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// Sets how breakpoints are opened (`wpd --perf-events`, at start).
-pub fn set_events_policy(p: EventsPolicy) {
-    EVENTS_POLICY.store(p as u8, Ordering::Relaxed);
-}
-
-/// How breakpoints are opened.
-pub fn events_policy() -> EventsPolicy {
-    match EVENTS_POLICY.load(Ordering::Relaxed) {
-        1 => EventsPolicy::PerThread,
-        2 => EventsPolicy::PerCpu,
-        _ => EventsPolicy::Auto,
-    }
-}
-
 /// The perf backend.
 pub struct PerfEngine {
     perf: Perf,
@@ -168,8 +152,9 @@ impl PerfEngine {
         host: Weak<dyn Host>,
         probe: Option<Arc<SlotProbe>>,
         fd_headroom: u64,
+        events: EventsPolicy,
     ) -> Result<PerfEngine, Unavailable> {
-        let perf = Perf::new(events_policy()).map_err(|e| Unavailable::Kernel {
+        let perf = Perf::new(events).map_err(|e| Unavailable::Kernel {
             op: e.op,
             errno: e.errno,
             needs: format!(
@@ -510,10 +495,7 @@ impl Backend for PerfEngine {
     fn start(self: Arc<Self>) {
         std::thread::Builder::new()
             .name("wpd-drain".into())
-            .spawn(move || {
-                crate::sched::thread_started();
-                self.drain_loop()
-            })
+            .spawn(move || self.drain_loop())
             .expect("spawn drain");
     }
 

@@ -59,6 +59,12 @@ pub struct PtraceEngine {
     host: Weak<dyn Host>,
     /// The processes attached, written to the state file on every change.
     state: recovery::StateFile,
+    /// Which stops processes get (`wpd --ptrace-stops`).
+    stops: signal_bp::Policy,
+    /// Fault injection: the hit at which a tracer thread panics (0: none).
+    panic_at_hit: u64,
+    /// Hits seen, for `panic_at_hit`.
+    hits_seen: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for PtraceEngine {
@@ -101,7 +107,7 @@ impl PtraceEngine {
     pub fn new(
         host: Weak<dyn Host>,
         probe: Option<Arc<SlotProbe>>,
-        state_file: std::path::PathBuf,
+        opts: &crate::backend::SystemOptions,
     ) -> Result<Arc<PtraceEngine>, Unavailable> {
         let scope = crate::authz::yama_scope();
         if scope >= 3 {
@@ -117,9 +123,8 @@ impl PtraceEngine {
                 why: "and not root: attaching needs CAP_SYS_PTRACE",
             });
         }
-        let shards = std::env::var("WPD_PTRACE_SHARDS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
+        let shards = opts
+            .ptrace_shards
             .filter(|&n| (1..=64).contains(&n))
             .unwrap_or(SHARDS);
         Ok(Arc::new_cyclic(|me: &Weak<PtraceEngine>| {
@@ -128,9 +133,22 @@ impl PtraceEngine {
                 shards: Shards::new(shards, sink),
                 probe,
                 host,
-                state: recovery::StateFile::new(state_file),
+                state: recovery::StateFile::new(opts.state_file.clone()),
+                stops: opts.ptrace_stops,
+                panic_at_hit: opts.fault_panic_at_hit.unwrap_or(0),
+                hits_seen: std::sync::atomic::AtomicU64::new(0),
             }
         }))
+    }
+
+    /// Fault injection for the crash tests (`faults_ptrace_death.rs`): with
+    /// `panic_at_hit` N, the tracer thread panics at its Nth hit.
+    fn fault_panic_at_hit(&self) {
+        use std::sync::atomic::Ordering;
+        let at = self.panic_at_hit;
+        if at != 0 && self.hits_seen.fetch_add(1, Ordering::Relaxed) + 1 == at {
+            panic!("WPD_FAULT_PANIC_AT_HIT: tracer thread panics at hit {at}");
+        }
     }
 
     fn host(&self) -> Result<Arc<dyn Host>, WpdError> {
@@ -273,10 +291,7 @@ impl Backend for PtraceEngine {
         let me = Arc::downgrade(&self);
         let _ = std::thread::Builder::new()
             .name("wpd-sigcheck".into())
-            .spawn(move || {
-                crate::sched::thread_started();
-                signal_check_loop(me)
-            });
+            .spawn(move || signal_check_loop(me));
     }
 
     fn features(&self) -> Features {
@@ -291,7 +306,7 @@ impl Backend for PtraceEngine {
         let host = self.host()?;
         // Signal stops are chosen before the first seize: every tracee of
         // the process is created with them.
-        let signal = match signal_bp::policy() {
+        let signal = match self.stops {
             signal_bp::Policy::DebugRegisters => Err(signal_bp::NoSignalStops::Off),
             _ => signal_bp::enable(op.pid()),
         };
@@ -460,7 +475,7 @@ impl Backend for PtraceEngine {
     }
 
     fn stops(&self) -> String {
-        match (signal_bp::policy(), signal_bp::available()) {
+        match (self.stops, signal_bp::available()) {
             (signal_bp::Policy::DebugRegisters, _) => {
                 "debug-registers (--ptrace-stops debug-registers)".into()
             }
@@ -601,7 +616,7 @@ impl TraceSink for PtraceEngine {
     }
 
     fn hit(&self, pid: Pid, tid: Tid, ip: u64, keys: &[SlotKey]) -> HitVerdict {
-        fault_panic_at_hit();
+        self.fault_panic_at_hit();
         let Some(host) = self.host.upgrade() else {
             return HitVerdict::Continue;
         };
@@ -722,24 +737,6 @@ fn frame_pointer_chain(pid: Pid, tid: Tid, depth: usize) -> (Vec<u64>, Option<&'
 /// before it ends, see `Shards::new`).
 pub fn is_tracer_thread() -> bool {
     wake::IS_TRACER.with(|t| t.get())
-}
-
-/// Fault injection for the crash tests (`tests/tests/faults_ptrace_death.rs`):
-/// with `WPD_FAULT_PANIC_AT_HIT=N` in its environment, the daemon's tracer
-/// thread panics at its Nth hit, as a bug would.
-fn fault_panic_at_hit() {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static AT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    static SEEN: AtomicU64 = AtomicU64::new(0);
-    let at = *AT.get_or_init(|| {
-        std::env::var("WPD_FAULT_PANIC_AT_HIT")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    });
-    if at != 0 && SEEN.fetch_add(1, Ordering::Relaxed) + 1 == at {
-        panic!("WPD_FAULT_PANIC_AT_HIT: tracer thread panics at hit {at}");
-    }
 }
 
 /// The tracer thread of `tid` from `/proc`, if another task traces it.

@@ -14,14 +14,6 @@ use crate::arch::current as arch;
 use crate::model::{Pid, Tid};
 use crate::procfs;
 
-/// Where the state file is when nothing else says: beside the default
-/// socket (the server derives it from its listen address instead).
-pub fn default_state_file() -> PathBuf {
-    std::env::var_os("WPD_STATE_FILE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(format!("{}.ptrace-armed", wpd_proto::DEFAULT_SOCKET)))
-}
-
 /// The state file of a running backend.
 #[derive(Debug)]
 pub struct StateFile {

@@ -221,7 +221,6 @@ impl Shards {
             std::thread::Builder::new()
                 .name(format!("wpd-tracer-{i}"))
                 .spawn(move || {
-                    crate::sched::thread_started();
                     IS_TRACER.with(|t| t.set(true));
                     // A tracer that dies leaves its tracees detached with
                     // armed registers (kernel-facts §2): on a panic, clear

@@ -82,21 +82,6 @@ pub enum Policy {
     DebugRegisters,
 }
 
-static POLICY: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// Sets the policy (at start).
-pub fn set_policy(p: Policy) {
-    POLICY.store(p as u8, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// The policy.
-pub fn policy() -> Policy {
-    match POLICY.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => Policy::DebugRegisters,
-        _ => Policy::Auto,
-    }
-}
-
 /// Chooses signal stops for `pid` if possible and registers them.
 pub fn enable(pid: Pid) -> Result<Signal, NoSignalStops> {
     let signal = choose_signal(pid)?;
