@@ -726,6 +726,33 @@ impl From<&crate::engine::policy::PolicyView> for pb::Policy {
     }
 }
 
+/// The symbol containing `addr` (`Symbols::describe_address`) on the wire:
+/// the symbol, its kind, and `addr`'s offset in it.
+pub fn address_to_pb(
+    info: &crate::symbols::AddressInfo,
+    addr: u64,
+) -> (Option<pb::Symbol>, String, u64) {
+    match &info.symbol {
+        Some((name, start, size, kind)) => (
+            Some(pb::Symbol {
+                expression: name.clone(),
+                name: name.clone(),
+                module: info.module.clone().unwrap_or_default(),
+                build_id: info.build_id.clone().unwrap_or_default(),
+                address: *start,
+                size: *size,
+                type_name: String::new(),
+                source: pb::SymbolSource::Symtab as i32,
+                module_address: info.module_address.wrapping_sub(addr - start),
+                note: String::new(),
+            }),
+            kind.to_string(),
+            addr - start,
+        ),
+        None => (None, String::new(), 0),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

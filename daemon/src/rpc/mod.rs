@@ -944,30 +944,15 @@ impl Watchpoints for Service {
         }
         let symbols = self.core.symbols.clone();
         if !name.is_empty() {
-            let resolved = blocking(move || {
+            let (resolved, kind) = blocking(move || {
                 crate::procfs::check_process(pid)?;
-                // As a watchpoint would take it: a variable, or else a
-                // function (its entry).
-                symbols
-                    .resolve(pid, &name, crate::model::Access::Write, 0)
-                    .or_else(|e| match e {
-                        crate::symbols::SymbolError::NotAVariable { .. } => {
-                            symbols.resolve(pid, &name, crate::model::Access::Exec, 0)
-                        }
-                        e => Err(e),
-                    })
-                    .map_err(WpdError::from)
+                symbols.look_up(pid, &name).map_err(WpdError::from)
             })
             .await?;
-            let kind = if resolved.type_name.is_none() && resolved.size == 1 {
-                "function"
-            } else {
-                "variable"
-            };
             return Ok(Response::new(pb::ResolveSymbolResponse {
                 symbol: Some(convert::symbol_to_pb(&resolved)),
                 location: None,
-                kind: kind.into(),
+                kind: kind.as_str().into(),
                 offset: 0,
             }));
         }
@@ -985,25 +970,7 @@ impl Watchpoints for Service {
         if let Some(l) = &mut location {
             l.ip = addr;
         }
-        let (symbol, kind, offset) = match &info.symbol {
-            Some((name, start, size, kind)) => (
-                Some(pb::Symbol {
-                    expression: name.clone(),
-                    name: name.clone(),
-                    module: info.module.clone().unwrap_or_default(),
-                    build_id: info.build_id.clone().unwrap_or_default(),
-                    address: *start,
-                    size: *size,
-                    type_name: String::new(),
-                    source: pb::SymbolSource::Symtab as i32,
-                    module_address: info.module_address.wrapping_sub(addr - start),
-                    note: String::new(),
-                }),
-                kind.to_string(),
-                addr - start,
-            ),
-            None => (None, String::new(), 0),
-        };
+        let (symbol, kind, offset) = convert::address_to_pb(&info, addr);
         Ok(Response::new(pb::ResolveSymbolResponse {
             symbol,
             location,

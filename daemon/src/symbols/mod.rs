@@ -130,6 +130,25 @@ impl std::fmt::Debug for Symbols {
     }
 }
 
+/// What a name names ([`Symbols::look_up`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameKind {
+    /// A variable (data).
+    Variable,
+    /// A function (code).
+    Function,
+}
+
+impl NameKind {
+    /// Its name on the wire (`ResolveSymbolResponse.kind`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NameKind::Variable => "variable",
+            NameKind::Function => "function",
+        }
+    }
+}
+
 /// Counters of the symbol layer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SymbolStats {
@@ -177,6 +196,20 @@ impl Symbols {
 
     /// What `addr` is in process `pid`: its module and the symbol holding
     /// it.
+    /// What `name` names in `pid`, as a watchpoint would take it: a
+    /// variable (for a write watchpoint), or else a function (its entry,
+    /// for an exec watchpoint); which one it is comes with it.
+    pub fn look_up(&self, pid: Pid, name: &str) -> Result<(Resolved, NameKind), SymbolError> {
+        match self.resolve(pid, name, crate::model::Access::Write, 0) {
+            Ok(r) => Ok((r, NameKind::Variable)),
+            Err(SymbolError::NotAVariable { .. }) => self
+                .resolve(pid, name, crate::model::Access::Exec, 0)
+                .map(|r| (r, NameKind::Function)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// What is at `addr` in `pid`: its module and the symbol containing it.
     pub fn describe_address(&self, pid: Pid, addr: u64) -> Result<AddressInfo, SymbolError> {
         let files = maps::read(pid).map_err(|e| SymbolError::Unreadable {
             pid,
