@@ -1,0 +1,180 @@
+//! The saved watchpoints and policies on the service's side: set again at
+//! start, each as the caller who set it (what cannot be is listed and
+//! published), and kept on disk as they come and go (`persist.rs` owns the
+//! file and its rules).
+
+use std::sync::Arc;
+
+use wpd_proto::v1 as pb;
+
+use super::{Service, persist};
+use crate::events::EventKind;
+use crate::model::WatchId;
+
+impl Service {
+    /// Sets again, each as the caller who set it, the watchpoints and
+    /// policies a previous run saved; what cannot be is reported.
+    pub async fn restore(&self, saved: pb::SavedState) {
+        let Some(p) = self.persist.clone() else {
+            return;
+        };
+        let same_boot = p.same_boot(&saved);
+        let ctx = persist::RestoreContext::current();
+        let (mut restored, mut refused) = (0, 0);
+        for e in saved.entries {
+            // Rights re-derived, never read back (see `persist`).
+            let saved_caller = e.caller.unwrap_or_default();
+            let caller = persist::restore_caller(&saved_caller, ctx);
+            if saved_caller.privileged && !caller.privileged {
+                tracing::warn!(
+                    saved_id = e.id,
+                    uid = saved_caller.uid,
+                    userns = saved_caller.userns,
+                    "saved as privileged, set again as a plain caller of its uid: its rights \
+                     cannot be proven after a restart"
+                );
+            }
+            let (spec, selector, outcome) = match e.what {
+                _ if !persist::id_in_range(e.id) => {
+                    let (spec, selector) = match e.what {
+                        Some(pb::saved_entry::What::Policy(pol)) => (pol.spec, pol.selector),
+                        Some(pb::saved_entry::What::Watchpoint(w)) => (w.spec, None),
+                        None => (None, None),
+                    };
+                    (
+                        spec,
+                        selector,
+                        Err(format!("its saved id {} is out of range (damage)", e.id)),
+                    )
+                }
+                Some(pb::saved_entry::What::Policy(pol)) => {
+                    let r = self
+                        .set_policy_as(
+                            caller,
+                            pb::SetPolicyRequest {
+                                selector: pol.selector.clone(),
+                                spec: pol.spec.clone(),
+                            },
+                            Some(e.id),
+                        )
+                        .await
+                        .map(|r| r.policy.map_or(0, |p| p.id))
+                        .map_err(|s| s.message().to_string());
+                    (pol.spec, pol.selector, r)
+                }
+                Some(pb::saved_entry::What::Watchpoint(w)) => {
+                    let pid = w.spec.as_ref().map_or(0, |s| s.pid);
+                    let r = if !same_boot {
+                        Err("the machine was restarted since it was set".to_string())
+                    } else if crate::procfs::start_time(pid) != Some(w.start_time) {
+                        Err(format!("process {pid} is gone"))
+                    } else {
+                        self.set_watchpoint_as(
+                            caller,
+                            pb::SetWatchpointRequest {
+                                spec: w.spec.clone(),
+                            },
+                            Some(e.id),
+                        )
+                        .await
+                        .map(|r| r.watchpoint.map_or(0, |w| w.id))
+                        .map_err(|s| s.message().to_string())
+                    };
+                    (w.spec, None, r)
+                }
+                None => continue,
+            };
+            match outcome {
+                Ok(id) => {
+                    restored += 1;
+                    tracing::info!(id, "set again after a restart");
+                }
+                Err(why) => {
+                    refused += 1;
+                    let pid = spec.as_ref().map_or(0, |s| s.pid);
+                    let reason = format!("not set again after a restart: {why}");
+                    tracing::warn!(saved_id = e.id, pid, why = ?why.to_string(), "not set again after a restart");
+                    // Seen by whoever set it (and privileged callers): the
+                    // process it named may be gone or another one now.
+                    let owner = crate::events::Owner {
+                        start_time: 0,
+                        uids: [caller.uid; 3],
+                        gids: [caller.gid; 3],
+                        dumpable: true,
+                    };
+                    self.core.bus.publish_as(
+                        EventKind::WatchpointRemoved {
+                            id: WatchId(e.id),
+                            pid,
+                            reason: reason.clone().into(),
+                        },
+                        Some(Arc::new(owner)),
+                    );
+                    p.not_restored(
+                        caller.uid,
+                        pb::NotRestored {
+                            saved_id: e.id,
+                            spec,
+                            selector,
+                            reason,
+                            at_ns: crate::clock::realtime_ns(),
+                        },
+                    );
+                }
+            }
+        }
+        if restored + refused > 0 {
+            tracing::info!(restored, refused, "saved watchpoints and policies");
+        }
+        p.restored();
+        self.sync_saved().await;
+    }
+
+    /// Writes the saved state if it changed (watchpoints gone, new ones).
+    pub async fn sync_saved(&self) {
+        let Some(p) = self.persist.clone() else {
+            return;
+        };
+        let core = self.core.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            p.sync(
+                |id| {
+                    let id = WatchId(id);
+                    core.policy(id).is_some() || core.watch_pid(id).is_some()
+                },
+                core.next_id(),
+            )
+        })
+        .await;
+        if let Ok(Err(e)) = r {
+            tracing::error!(error = %e, "cannot save the watchpoints");
+        }
+    }
+
+    /// Writes `change` to the saved state now (see `Persist::commit`).
+    pub(super) async fn commit_saved(&self, change: persist::Change) -> std::io::Result<()> {
+        let Some(p) = self.persist.clone() else {
+            return Ok(());
+        };
+        let core = self.core.clone();
+        tokio::task::spawn_blocking(move || {
+            p.commit(
+                change,
+                |id| {
+                    let id = WatchId(id);
+                    core.policy(id).is_some() || core.watch_pid(id).is_some()
+                },
+                core.next_id(),
+            )
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(format!("saving task failed: {e}"))))
+    }
+
+    /// Stops saving (shutdown: what follows is not removal).
+    pub fn freeze_saved(&self) {
+        if let Some(p) = &self.persist {
+            p.freeze();
+        }
+    }
+}
