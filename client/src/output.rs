@@ -241,6 +241,7 @@ pub fn action_name(v: i32) -> String {
         Ok(HitAction::Log | HitAction::Unspecified) => "log".into(),
         Ok(HitAction::Stop) => "stop".into(),
         Ok(HitAction::StopAll) => "stop-all".into(),
+        Ok(HitAction::Signal) => "signal".into(),
         Err(_) => format!("unknown({v})"),
     }
 }

@@ -123,6 +123,26 @@ pub mod asm {
     pub fn atomic_add_dw(dst: Reg, off: i16, src: Reg) -> Insn {
         insn(STX | ATOMIC | DW, dst, src, off, 0)
     }
+    /// `src = atomic_fetch_add((u64 *)(dst + off), src)` (`BPF_FETCH`).
+    pub fn atomic_fetch_add_dw(dst: Reg, off: i16, src: Reg) -> Insn {
+        insn(STX | ATOMIC | DW, dst, src, off, 0x01)
+    }
+    /// `src = xchg((u64 *)(dst + off), src)`.
+    pub fn atomic_xchg_dw(dst: Reg, off: i16, src: Reg) -> Insn {
+        insn(STX | ATOMIC | DW, dst, src, off, 0xe1)
+    }
+    /// `dst &= src`.
+    pub fn and(dst: Reg, src: Reg) -> Insn {
+        insn(ALU64 | 0x50 | X, dst, src, 0, 0)
+    }
+    /// `dst -= src`.
+    pub fn sub(dst: Reg, src: Reg) -> Insn {
+        insn(ALU64 | 0x10 | X, dst, src, 0, 0)
+    }
+    /// `dst %= src` (unsigned; the verifier makes `x % 0` leave `x`).
+    pub fn modulo(dst: Reg, src: Reg) -> Insn {
+        insn(ALU64 | 0x90 | X, dst, src, 0, 0)
+    }
     /// `if dst != imm goto +off`.
     pub fn jne_imm(dst: Reg, imm: i32, off: i16) -> Insn {
         insn(JMP | 0x50 | K, dst, 0, off, imm)
@@ -134,6 +154,38 @@ pub mod asm {
     /// Returns r0.
     pub fn exit() -> Insn {
         insn(JMP | 0x90, 0, 0, 0, 0)
+    }
+}
+
+/// An unsigned comparison of two registers (`BPF_JMP | op | BPF_X`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Cmp {
+    /// `==`.
+    Eq = 0x10,
+    /// `!=`.
+    Ne = 0x50,
+    /// `>`.
+    Gt = 0x20,
+    /// `>=`.
+    Ge = 0x30,
+    /// `<`.
+    Lt = 0xa0,
+    /// `<=`.
+    Le = 0xb0,
+}
+
+impl Cmp {
+    /// The comparison that holds exactly when this one does not.
+    pub fn negated(self) -> Cmp {
+        match self {
+            Cmp::Eq => Cmp::Ne,
+            Cmp::Ne => Cmp::Eq,
+            Cmp::Gt => Cmp::Le,
+            Cmp::Ge => Cmp::Lt,
+            Cmp::Lt => Cmp::Ge,
+            Cmp::Le => Cmp::Gt,
+        }
     }
 }
 
@@ -218,6 +270,28 @@ impl Program {
     pub fn jeq_imm(&mut self, dst: Reg, imm: i32, l: Label) {
         self.jumps.push((self.insns.len(), l));
         self.insns.push(asm::jeq_imm(dst, imm, 0));
+    }
+
+    /// `if dst <cmp> src goto l` (unsigned comparisons of 64 bits).
+    pub fn jump_if(&mut self, cmp: Cmp, dst: Reg, src: Reg, l: Label) {
+        self.jumps.push((self.insns.len(), l));
+        self.insns.push(Insn {
+            code: 0x05 | 0x08 | cmp as u8,
+            regs: (src << 4) | (dst & 0x0f),
+            off: 0,
+            imm: 0,
+        });
+    }
+
+    /// `goto l`.
+    pub fn goto(&mut self, l: Label) {
+        self.jumps.push((self.insns.len(), l));
+        self.insns.push(Insn {
+            code: 0x05,
+            regs: 0,
+            off: 0,
+            imm: 0,
+        });
     }
 
     /// The instructions, every jump's offset resolved (a BPF jump goes

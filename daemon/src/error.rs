@@ -236,6 +236,10 @@ pub enum WpdError {
     /// panicked, a journal it cannot read).
     #[error("{0}")]
     Internal(String),
+    /// The signal of a signal action cannot reach the process: it ignores
+    /// it, or a thread blocks it.
+    #[error("{0}")]
+    SignalUnusable(String),
 }
 
 fn needs_text(b: Option<BackendKind>) -> String {

@@ -125,6 +125,9 @@ pub enum HitAction {
     Stop,
     /// Report and stop every thread of the process.
     StopAll,
+    /// Report and send the hitting thread this signal at the hit (before
+    /// its next instruction).
+    Signal(i32),
 }
 
 /// One aligned part of a watched range: what one debug-register slot

@@ -266,6 +266,77 @@ fn open_tracepoint(id: u64, cpu: i32, prog: &OwnedFd) -> Result<OwnedFd, Unseen>
     Ok(fd)
 }
 
+/// The signal of a signal action (`WatchpointSpec.signal`; 0: SIGABRT), or
+/// why it cannot be one: it must be a signal a process can catch and that
+/// is not job control, and not SIGTRAP (libFuzzer does not treat SIGTRAP as
+/// a crash, and debuggers own it).
+pub fn action_signal(n: i32) -> Result<i32, String> {
+    let n = if n == 0 { libc::SIGABRT } else { n };
+    if !(1..=64).contains(&n) {
+        return Err(format!("signal {n} is not a signal number (1 to 64)"));
+    }
+    let why = match n {
+        libc::SIGTRAP => Some(
+            "debuggers own it, and libFuzzer does not count it as a crash (SIGABRT, the \
+             default, is what AFL++, libFuzzer and honggfuzz all save an input for)",
+        ),
+        libc::SIGKILL => Some("it cannot be caught: no crash handler or sanitizer runs"),
+        libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU | libc::SIGCONT => {
+            Some("it is job control, not a crash")
+        }
+        libc::SIGCHLD | libc::SIGURG | libc::SIGWINCH => Some("its default action is to ignore it"),
+        _ => None,
+    };
+    match why {
+        Some(why) => Err(format!("{} cannot be the action's signal: {why}", name(n))),
+        None => Ok(n),
+    }
+}
+
+/// Whether `pid` can take signal `n` now: not ignored (`SigIgn`) and
+/// blocked by none of its threads (`SigBlk`); else why not. A thread being
+/// created blocks every signal for a moment (`pthread_create`): a thread
+/// counts as blocking only if it does in three looks 2 ms apart.
+pub fn deliverable(pid: Pid, n: i32) -> Result<(), String> {
+    let bit = 1u64 << (n - 1);
+    let st = crate::procfs::Status::of(pid).ok_or_else(|| format!("no process {pid}"))?;
+    if st.mask("SigIgn").is_some_and(|m| m & bit != 0) {
+        return Err(format!(
+            "process {pid} ignores {}: the action's signal would do nothing",
+            name(n)
+        ));
+    }
+    let mut blocking: Option<Vec<crate::model::Tid>> = None;
+    for look in 0..3 {
+        if look > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let now: Vec<crate::model::Tid> = crate::procfs::tasks(pid)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|&tid| {
+                crate::procfs::Status::of_task(pid, tid)
+                    .and_then(|s| s.mask("SigBlk"))
+                    .is_some_and(|m| m & bit != 0)
+            })
+            .collect();
+        let b = match blocking {
+            None => now,
+            Some(prev) => prev.into_iter().filter(|t| now.contains(t)).collect(),
+        };
+        if b.is_empty() {
+            return Ok(());
+        }
+        blocking = Some(b);
+    }
+    let tid = blocking.unwrap_or_default().first().copied().unwrap_or(0);
+    Err(format!(
+        "thread {tid} of process {pid} blocks {}: the action's signal would wait there instead \
+         of ending the run at the hit",
+        name(n)
+    ))
+}
+
 /// The name of signal `n` (`SIGTRAP`), or `signal N`.
 pub fn name(n: i32) -> String {
     nix::sys::signal::Signal::try_from(n).map_or_else(|_| format!("signal {n}"), |s| s.to_string())

@@ -174,9 +174,12 @@ pub struct Watch {
     pub filter: crate::filter::FilterState,
     /// Its last reported hits, oldest first (at most `spec.keep_recent`).
     pub recent: Mutex<std::collections::VecDeque<Arc<crate::events::Event>>>,
-    /// Forked children carrying it (`spec.follow_forks`): pid → start
-    /// time (a later process with the same pid is not one).
+    /// Forked children carrying it now (`spec.follow_forks`): pid → when
+    /// the kernel forked it (its FORK record's time); removed at its exit
+    /// or exec, so it holds the live children only.
     pub forked: Mutex<std::collections::BTreeMap<Pid, u64>>,
+    /// Forked children that carried it since it was set.
+    pub forked_total: std::sync::atomic::AtomicU64,
     /// Aggregate mode's table (`spec.aggregate`).
     pub aggregates: Option<crate::aggregate::Aggregates>,
 }

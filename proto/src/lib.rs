@@ -148,6 +148,9 @@ pub mod reason {
     /// The daemon failed in a way no request causes (a task that
     /// panicked, a journal it cannot read).
     pub const INTERNAL: &str = "INTERNAL";
+    /// The signal action's signal cannot reach the process: it ignores it,
+    /// or one of its threads blocks it.
+    pub const SIGNAL_UNUSABLE: &str = "SIGNAL_UNUSABLE";
     /// A symbol name that does not parse.
     pub const BAD_SYMBOL: &str = "BAD_SYMBOL";
     /// No module of that name in the process (metadata `loaded`).

@@ -72,9 +72,15 @@ pub struct WatchArgs {
     /// Backend to use if the process is not attached yet
     #[arg(long, value_enum)]
     pub backend: Option<BackendArg>,
-    /// What a hit does (stop and stop-all need the ptrace backend; `wpctl resume` continues)
+    /// What a hit does (stop and stop-all need the ptrace backend; `wpctl resume` continues;
+    /// signal sends the writing thread --signal at the hit, before its next instruction: a
+    /// fuzzer then saves the input as a crash)
     #[arg(long, value_enum, default_value_t = ActionArg::Log)]
     pub action: ActionArg,
+    /// The signal of `--action signal`: a name (SIGABRT, ABRT) or a number (default SIGABRT,
+    /// which AFL++, libFuzzer and honggfuzz all treat as a crash)
+    #[arg(long, value_name = "SIGNAL", value_parser = parse_signal, requires = "action")]
+    pub signal: Option<i32>,
     /// Report a hit only when the watched bytes changed, with old and new value (ptrace backend)
     #[arg(long)]
     pub on_change: bool,
@@ -157,6 +163,24 @@ pub enum ActionArg {
     Stop,
     /// Report the hit and hold every thread of the process stopped until `wpctl resume`
     StopAll,
+    /// Report the hit and send the writing thread a signal (--signal, default SIGABRT)
+    Signal,
+}
+
+/// `--signal`: a signal by name (`SIGABRT`, `abrt`) or number.
+fn parse_signal(s: &str) -> Result<i32, String> {
+    if let Ok(n) = s.parse::<i32>() {
+        return Ok(n);
+    }
+    let upper = s.to_ascii_uppercase();
+    let name = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    name.parse::<nix::sys::signal::Signal>()
+        .map(|sig| sig as i32)
+        .map_err(|_| format!("{s:?} is not a signal (a name such as SIGABRT, or a number)"))
 }
 
 impl From<ActionArg> for HitAction {
@@ -165,6 +189,7 @@ impl From<ActionArg> for HitAction {
             ActionArg::Log => HitAction::Log,
             ActionArg::Stop => HitAction::Stop,
             ActionArg::StopAll => HitAction::StopAll,
+            ActionArg::Signal => HitAction::Signal,
         }
     }
 }
@@ -204,6 +229,13 @@ pub async fn report(ctx: &Ctx, args: &WatchArgs) -> Result<Report, Error> {
         access: Access::from(args.access) as i32,
         backend: backend_value(args.backend),
         action: HitAction::from(args.action) as i32,
+        signal: match (args.action, args.signal) {
+            (ActionArg::Signal, s) => s.unwrap_or(0),
+            (_, Some(_)) => {
+                return Err(Error::Local("--signal goes with --action signal".into()));
+            }
+            _ => 0,
+        },
         only_on_change: args.on_change,
         allow_init: args.allow_init,
         symbol: args.symbol.clone().unwrap_or_default(),
@@ -302,6 +334,7 @@ fn action_phrase(action: i32) -> Option<String> {
         Ok(HitAction::Log | HitAction::Unspecified) => None,
         Ok(HitAction::Stop) => Some("stop on hit".into()),
         Ok(HitAction::StopAll) => Some("stop all threads on hit".into()),
+        Ok(HitAction::Signal) => Some("signal the writer on hit".into()),
         Err(_) => Some(format!("action {}", output::action_name(action))),
     }
 }

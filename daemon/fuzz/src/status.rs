@@ -276,6 +276,8 @@ pub enum ErrorInput {
     },
     /// `WpdError::Internal`.
     Internal(String),
+    /// `WpdError::SignalUnusable`.
+    SignalUnusable(String),
 }
 
 /// A name that did not resolve (the variants whose fields are plain data).
@@ -539,6 +541,7 @@ impl ErrorInput {
                 undone: undone.get(),
             },
             ErrorInput::Internal(m) => WpdError::Internal(m),
+            ErrorInput::SignalUnusable(m) => WpdError::SignalUnusable(m),
         }
     }
 }
@@ -575,6 +578,7 @@ pub fn variant(e: &WpdError) -> &'static str {
         WpdError::Symbol(_) => "Symbol",
         WpdError::LeaseEnded { .. } => "LeaseEnded",
         WpdError::Internal(_) => "Internal",
+        WpdError::SignalUnusable(_) => "SignalUnusable",
     }
 }
 

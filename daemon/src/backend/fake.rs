@@ -114,6 +114,7 @@ impl FakeBackend {
         exact_values: false,
         follow_forks: false,
         thread_names: false,
+        signal_at_hit: false,
     };
 
     /// A fake backend over `kernel`.

@@ -47,6 +47,9 @@ pub struct Features {
     /// Threads chosen by name, joining and leaving as they are renamed
     /// (the backend sees renames, and disarms one thread).
     pub thread_names: bool,
+    /// Send the hitting thread a signal at the hit, before its next
+    /// instruction (the signal action), with the filter judged there.
+    pub signal_at_hit: bool,
 }
 
 /// Where a held thread is stopped: enough to walk its stack.
@@ -128,6 +131,12 @@ pub trait Backend: Send + Sync {
 
     /// Starts the backend's own threads, once the host exists.
     fn start(self: Arc<Self>) {}
+
+    /// Hits of watchpoint `id` filtered where they trapped (not seen by the
+    /// daemon's filter), if this backend judges them there.
+    fn filtered_at_trap(&self, _id: WatchId) -> u64 {
+        0
+    }
 
     /// Starts tracking every thread of the locked process, existing and
     /// future ones, registering them in the ledger. On failure nothing stays
@@ -254,6 +263,14 @@ pub trait Host: Send + Sync {
     /// A process started (fork) or called exec, at kernel monotonic ns
     /// `at`: the backend saw it in a system-wide record (policies check it).
     fn process_started(&self, _pid: Pid, _at: u64) {}
+    /// Process `pid` was forked by `ppid` at `at` and carries the
+    /// watchpoints `carried` from birth (the kernel copied them inside
+    /// `fork()`, `follow_forks`): it is covered, not a new process to
+    /// attach (policies skip it until it calls exec).
+    fn process_forked(&self, _pid: Pid, _ppid: Pid, _carried: &[WatchId], _at: u64) {}
+    /// A forked child reported by [`Host::process_forked`] exited or called
+    /// exec: it carries nothing any more.
+    fn forked_child_gone(&self, _pid: Pid) {}
     /// Whether anyone wants [`Host::process_started`] calls (the backend
     /// then reads its system-wide records promptly).
     fn wants_processes(&self) -> bool {

@@ -62,8 +62,17 @@ impl Core {
         if !sigtrap && !fatal {
             return;
         }
-        let Some(proc) = self.procs.get(&d.pid).map(|p| p.clone()) else {
-            return;
+        // An attached process, or a forked child covered by the watchpoints
+        // it inherited (a fork server's: the one a fuzzer cares about).
+        let (watchpoints, owner) = match self.procs.get(&d.pid).map(|p| p.clone()) {
+            Some(proc) => (proc.watch_ids(), Some(proc.owner.clone())),
+            None => match self.covered.get(&d.pid).map(|c| c.clone()) {
+                Some(ids) => {
+                    let owner = ids.first().and_then(|id| self.owner_through(*id));
+                    (ids, owner)
+                }
+                None => return,
+            },
         };
         let reason = if sigtrap {
             self.sigtraps.fetch_add(1, Ordering::Relaxed);
@@ -104,9 +113,9 @@ impl Core {
                 code: d.code,
                 fatal,
                 reason,
-                watchpoints: proc.watch_ids(),
+                watchpoints,
             },
-            Some(proc.owner.clone()),
+            owner,
         );
     }
 }

@@ -87,7 +87,13 @@ impl Core {
     }
 
     fn watch_exit(self: &Arc<Self>, proc: &Arc<Process>) {
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        // The runtime the core was started in: attaches also come from
+        // threads of its own (policies), outside any runtime.
+        let Some(handle) = self
+            .runtime
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())
+        else {
             return;
         };
         let Some(pidfd) = procfs::pidfd_open(proc.pid) else {
@@ -328,7 +334,12 @@ impl Core {
             let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
                 return;
             };
-            if self.ledger.thread_count(pid) > 0 || procfs::live_thread(pid).is_none() {
+            if self.ledger.thread_count(pid) > 0 {
+                return;
+            }
+            if procfs::live_thread(pid).is_none() {
+                // Gone: its exit (seen here first) ends the attachment.
+                self.process_exited(pid);
                 return;
             }
             std::thread::sleep(Duration::from_millis(10));

@@ -23,13 +23,24 @@ impl Core {
             backend: w.backend,
             warnings: Vec::new(),
             symbol: w.resolved.clone(),
-            filtered: w.filter.counts(),
-            forked_children: {
-                let mut f = w.forked.lock().unwrap();
-                // Exited (or its pid taken by another process) since.
-                f.retain(|&pid, start| crate::procfs::start_time(pid) == Some(*start));
-                f.keys().copied().collect()
+            filtered: {
+                let (filtered, limited) = w.filter.counts();
+                let at_trap = self
+                    .backends
+                    .get(Some(w.backend))
+                    .map_or(0, |b| b.filtered_at_trap(w.id));
+                (filtered + at_trap, limited)
             },
+            // The live ones: each leaves at its exit or exec. Listed up to
+            // a bound (a fork server may have thousands at once).
+            forked_children: w
+                .forked
+                .lock()
+                .unwrap()
+                .keys()
+                .take(1024)
+                .copied()
+                .collect(),
         }
     }
 

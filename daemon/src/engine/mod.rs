@@ -136,6 +136,13 @@ pub struct Core {
     pub signals_unseen: Mutex<Option<String>>,
     /// Signal deliveries to watched processes (`core/crashes.rs`).
     signal_watch: Mutex<Option<crate::signals::SignalWatch>>,
+    /// Forked children covered by the watchpoints they inherited
+    /// (`follow_forks`), until they exit or call exec: policies skip them
+    /// (`policy.rs`), and their events are judged on the watched process.
+    covered: DashMap<Pid, Vec<WatchId>>,
+    /// The async runtime the core was started in (exit watches of
+    /// processes attached from the core's own threads run there).
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 /// Names of exited threads kept for their late hits.
@@ -201,6 +208,8 @@ impl Core {
                 sigtraps: AtomicU64::new(0),
                 signals_unseen: Mutex::new(None),
                 signal_watch: Mutex::new(None),
+                covered: DashMap::new(),
+                runtime: tokio::runtime::Handle::try_current().ok(),
             }
         });
         for b in core.backends.usable() {
@@ -316,6 +325,14 @@ impl Core {
     }
 }
 
+impl Core {
+    /// The owner of the process watchpoint `id` is set on.
+    fn owner_through(&self, id: WatchId) -> Option<Arc<crate::events::Owner>> {
+        let pid = self.watches.get(&id)?.spec.pid;
+        self.procs.get(&pid).map(|p| p.owner.clone())
+    }
+}
+
 impl Host for Core {
     fn ledger(&self) -> &Ledger {
         &self.ledger
@@ -323,9 +340,16 @@ impl Host for Core {
 
     fn publish(&self, mut ev: EventKind) {
         let pid = ev.pid();
-        let owner = (pid != 0)
+        let mut owner = (pid != 0)
             .then(|| self.procs.get(&pid).map(|p| p.owner.clone()))
             .flatten();
+        // A forked child's hit: judged on the watched process it copies
+        // (`follow_forks`; it is not attached).
+        if owner.is_none()
+            && let EventKind::Hit(h) = &ev
+        {
+            owner = self.owner_through(h.id);
+        }
         match &mut ev {
             EventKind::Hit(h) => {
                 let w = self.watches.get(&h.id).map(|w| w.clone());
@@ -394,6 +418,17 @@ impl Host for Core {
 
     fn process_started(&self, pid: Pid, at: u64) {
         Core::process_started(self, pid, at);
+    }
+
+    fn process_forked(&self, pid: Pid, _ppid: Pid, carried: &[WatchId], at: u64) {
+        Core::process_forked(self, pid, carried, at);
+    }
+
+    fn forked_child_gone(&self, pid: Pid) {
+        // The signal that ended it, if one did, is reported first (while it
+        // is still known as covered).
+        self.drain_signals();
+        self.covered.remove(&pid);
     }
 
     fn wants_processes(&self) -> bool {

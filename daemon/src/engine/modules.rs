@@ -34,6 +34,7 @@ impl Core {
             .name("wpd-modules".into())
             .spawn(move || {
                 let mut suspects = HashSet::new();
+                let mut round = 0u64;
                 loop {
                     std::thread::sleep(MODULE_CHECK);
                     let Some(core) = core.upgrade() else { return };
@@ -41,6 +42,10 @@ impl Core {
                         return;
                     }
                     core.check_modules(&mut suspects);
+                    round += 1;
+                    if round.is_multiple_of(4) {
+                        core.check_signal_actions();
+                    }
                 }
             })
             .expect("spawn the module watch");
@@ -84,6 +89,44 @@ impl Core {
             }
         }
         *suspects = missing;
+    }
+
+    /// Each second: a watchpoint whose signal action's signal the process
+    /// now ignores, or one of its threads blocks, would signal nothing (or
+    /// not at the hit): it is removed, saying why, instead of missing what
+    /// it was set for without a word.
+    fn check_signal_actions(&self) {
+        let with_signals: Vec<(Pid, WatchId, i32)> = self
+            .watches
+            .iter()
+            .filter_map(|w| match w.spec.action {
+                crate::model::HitAction::Signal(s) => Some((w.spec.pid, w.id, s)),
+                _ => None,
+            })
+            .collect();
+        for (pid, id, sig) in with_signals {
+            let Err(why) = crate::signals::deliverable(pid, sig) else {
+                continue;
+            };
+            let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
+                continue;
+            };
+            let op = proc.lock_op();
+            if proc.is_gone() {
+                continue;
+            }
+            if let Some(w) = self.take_watch(&op, id) {
+                tracing::warn!(pid, id = w.id.0, why = ?why, "signal action removed");
+                self.bus.publish_as(
+                    EventKind::WatchpointRemoved {
+                        id: w.id,
+                        pid,
+                        reason: format!("its signal can no longer reach the process: {why}").into(),
+                    },
+                    Some(proc.owner.clone()),
+                );
+            }
+        }
     }
 
     fn remove_unmapped(&self, pid: Pid, id: WatchId, module: &str) {

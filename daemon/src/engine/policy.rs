@@ -394,6 +394,66 @@ impl Core {
         }
     }
 
+    /// A forked child carrying `carried` from birth: covered by those
+    /// watchpoints' policies without an instance of its own (no `/proc`
+    /// read, no attach: a fork server forks thousands a second). Policies
+    /// that do not cover it still look at it.
+    pub fn process_forked(&self, pid: Pid, carried: &[WatchId], at: u64) {
+        self.covered.insert(pid, carried.to_vec());
+        if self.policies.is_empty() {
+            return;
+        }
+        let covering: Vec<WatchId> = carried
+            .iter()
+            .filter_map(|id| self.watches.get(id).and_then(|w| w.spec.policy))
+            .collect();
+        if self.policies.iter().all(|p| covering.contains(&p.id)) {
+            return;
+        }
+        self.process_started(pid, at);
+    }
+
+    /// Whether `pid` (found by a `/proc` scan before the drain read its
+    /// FORK record: a fork server's child lives a few hundred µs) was forked
+    /// by a process `policy` covers with `follow_forks`: then it carries
+    /// the instance's breakpoints already, and runs the same program (an
+    /// exec would have made it new). Recorded as covered.
+    fn forked_from_instance(&self, policy: &Policy, pid: Pid) -> bool {
+        if !policy.spec.follow_forks {
+            return false;
+        }
+        let Some(ppid) = procfs::Status::of(pid).and_then(|s| s.number::<Pid>("PPid")) else {
+            return false;
+        };
+        let watch = {
+            let st = policy.state.lock().unwrap();
+            st.instances.get(&ppid).map(|i| i.watch)
+        };
+        let carried = match watch {
+            Some(w) => vec![w],
+            None => match self.covered.get(&ppid) {
+                Some(ids) if self.covered_by(ppid, policy.id) => ids.clone(),
+                _ => return false,
+            },
+        };
+        // Its exec, if it makes one, is seen by the drain, which forgets
+        // it then.
+        self.covered.insert(pid, carried);
+        true
+    }
+
+    /// Whether `pid` is a forked child covered by an instance of `policy`
+    /// through what it inherited.
+    fn covered_by(&self, pid: Pid, policy: WatchId) -> bool {
+        self.covered.get(&pid).is_some_and(|ids| {
+            ids.iter().any(|id| {
+                self.watches
+                    .get(id)
+                    .is_some_and(|w| w.spec.policy == Some(policy))
+            })
+        })
+    }
+
     /// The drain thread saw a process start or call exec (`at`: kernel
     /// monotonic ns): the policy thread checks it now rather than at its
     /// next scan.
@@ -427,7 +487,10 @@ impl Core {
 
     /// Makes `pid` an instance of `policy` if it matches and has none.
     fn try_policy(self: &Arc<Self>, policy: &Arc<Policy>, pid: Pid, seen: u64) {
-        if pid == std::process::id() as Pid {
+        if pid == std::process::id() as Pid
+            || self.covered_by(pid, policy.id)
+            || self.forked_from_instance(policy, pid)
+        {
             return;
         }
         let Some(start) = procfs::start_time(pid) else {

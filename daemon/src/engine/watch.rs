@@ -89,12 +89,25 @@ impl Core {
             .map(|p| p.backend)
             .or(spec.backend);
         if let Some(f) = self.backends.features(kind) {
-            if spec.action != HitAction::Log && !f.stops {
+            if matches!(spec.action, HitAction::Stop | HitAction::StopAll) && !f.stops {
                 return Err(self.lacks(
                     "stopping on a hit",
                     |f| f.stops,
                     " (attach with that backend); this process's backend never stops the target",
                 ));
+            }
+            if matches!(spec.action, HitAction::Signal(_)) && !f.signal_at_hit {
+                return Err(self.lacks(
+                    "a signal at the hit",
+                    |f| f.signal_at_hit,
+                    ", which sends it at the trap (perf's per-thread path, BPF) or while the \
+                     thread is stopped (ptrace); this one sees hits only after the thread ran on",
+                ));
+            }
+            if let HitAction::Signal(sig) = spec.action
+                && let Err(why) = crate::signals::deliverable(spec.pid, sig)
+            {
+                return Err(WpdError::SignalUnusable(why));
             }
             if spec.follow_forks && !f.follow_forks {
                 return Err(self.lacks(
@@ -265,6 +278,7 @@ impl Core {
             last_value: Mutex::new(None),
             recent: Mutex::new(std::collections::VecDeque::new()),
             forked: Mutex::new(Default::default()),
+            forked_total: std::sync::atomic::AtomicU64::new(0),
             aggregates: spec.aggregate.map(crate::aggregate::Aggregates::new),
             backend: proc.backend,
             owner,

@@ -204,9 +204,17 @@ impl TryFrom<pb::WatchpointSpec> for WatchSpec {
             access,
             backend: backend(s.backend)?,
             action: match pb::HitAction::try_from(s.action) {
+                Ok(pb::HitAction::Unspecified | pb::HitAction::Log) if s.signal != 0 => {
+                    return Err(WpdError::InvalidArgument(
+                        "signal applies to the signal action (action HIT_ACTION_SIGNAL)".into(),
+                    ));
+                }
                 Ok(pb::HitAction::Unspecified | pb::HitAction::Log) => HitAction::Log,
                 Ok(pb::HitAction::Stop) => HitAction::Stop,
                 Ok(pb::HitAction::StopAll) => HitAction::StopAll,
+                Ok(pb::HitAction::Signal) => HitAction::Signal(
+                    crate::signals::action_signal(s.signal).map_err(WpdError::InvalidArgument)?,
+                ),
                 Err(_) => {
                     return Err(WpdError::InvalidArgument(format!(
                         "unknown hit action value {}",
@@ -284,7 +292,12 @@ pub fn spec_to_pb(s: &WatchSpec) -> pb::WatchpointSpec {
             HitAction::Log => pb::HitAction::Log,
             HitAction::Stop => pb::HitAction::Stop,
             HitAction::StopAll => pb::HitAction::StopAll,
+            HitAction::Signal(_) => pb::HitAction::Signal,
         } as i32,
+        signal: match s.action {
+            HitAction::Signal(n) => n,
+            _ => 0,
+        },
         only_on_change: s.only_on_change,
         allow_init: s.allow_init,
         // The name when set by one; the address and length are then what it

@@ -129,14 +129,17 @@ pub fn undo(core: &Core, watches: &[WatchId], paused: &BTreeSet<Pid>) {
     for &id in watches {
         // An error: removed already.
         if let Ok(view) = core.remove_watchpoint(id)
-            && view.spec.action != HitAction::Log
+            && matches!(view.spec.action, HitAction::Stop | HitAction::StopAll)
         {
             pids.insert(view.spec.pid);
         }
     }
     for pid in pids {
         let (views, _) = core.list(Some(pid));
-        if views.iter().any(|w| w.spec.action != HitAction::Log) {
+        if views
+            .iter()
+            .any(|w| matches!(w.spec.action, HitAction::Stop | HitAction::StopAll))
+        {
             continue;
         }
         if let Err(e) = core.resume(pid, &[]) {

@@ -118,6 +118,7 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
         WpdError::Kernel { .. } => (Code::Internal, r::KERNEL_ERROR),
         WpdError::LeaseEnded { .. } => (Code::Aborted, r::LEASE_ENDED),
         WpdError::Internal(_) => (Code::Internal, r::INTERNAL),
+        WpdError::SignalUnusable(_) => (Code::FailedPrecondition, r::SIGNAL_UNUSABLE),
         WpdError::Symbol(s) => {
             use crate::symbols::SymbolError as S;
             match s {

@@ -166,10 +166,14 @@ impl PerfEngine {
                 time,
             } => {
                 if pid != ppid {
-                    self.on_forked(host, pid, ppid, time);
-                    // A new process: policies may want it (the per-thread
-                    // path's collectors see every fork).
-                    if self.perf.hit_ring().is_some() && host.wants_processes() {
+                    let carried = self.on_forked(host, pid, ppid, time);
+                    if !carried.is_empty() {
+                        // Covered from its first instruction by what it
+                        // inherited: no new process for the policies.
+                        host.process_forked(pid, ppid, &carried, time);
+                    } else if self.perf.hit_ring().is_some() && host.wants_processes() {
+                        // A new process: policies may want it (the
+                        // per-thread path's collectors see every fork).
                         host.process_started(pid, time);
                     }
                     return;
@@ -215,6 +219,9 @@ impl PerfEngine {
                 }
             }
             Record::Exit { pid, tid, time } => {
+                if pid == tid && self.forget_forked(host, pid) {
+                    return;
+                }
                 if let Some(row) = ledger.get(tid)
                     && row.pid == pid
                 {
@@ -236,14 +243,8 @@ impl PerfEngine {
             } => {
                 host.renamed(pid, tid, &name);
                 // A forked child's inherited breakpoints go at its exec
-                // (remove_on_exec).
-                if let Some((_, ids)) = self.forked.remove(&pid) {
-                    for id in ids {
-                        if let Some(w) = host.watch(id) {
-                            w.forked.lock().unwrap().remove(&pid);
-                        }
-                    }
-                }
+                // (remove_on_exec): it is a process of its own from now.
+                self.forget_forked(host, pid);
                 if host.wants_processes() {
                     host.process_started(pid, time);
                 }
@@ -279,8 +280,20 @@ struct Decoded {
 impl PerfEngine {
     /// Judges a hit of `w` by its filter and publishes it if reported.
     fn report(&self, host: &dyn Host, w: &Watch, d: Decoded) {
+        // What the program judged at the trap is not judged again: the rate
+        // limit alone is left (it is on what is reported).
+        let rate_only;
+        let filter = if self.judge_of(w).is_some() {
+            rate_only = crate::filter::HitFilter {
+                max_per_second: w.spec.filter.max_per_second,
+                ..Default::default()
+            };
+            &rate_only
+        } else {
+            &w.spec.filter
+        };
         let rate_limited_before = match w.filter.judge(
-            &w.spec.filter,
+            filter,
             d.value.as_ref().ok().map(|v| &v[..]),
             crate::clock::monotonic_ns(),
         ) {
@@ -314,10 +327,27 @@ impl PerfEngine {
         }));
     }
 
+    /// Forgets a forked child that exited or called exec; true if it was
+    /// one.
+    fn forget_forked(&self, host: &dyn Host, pid: Pid) -> bool {
+        let Some((_, ids)) = self.forked.remove(&pid) else {
+            return false;
+        };
+        for id in ids {
+            if let Some(w) = host.watch(id) {
+                w.forked.lock().unwrap().remove(&pid);
+            }
+        }
+        host.forked_child_gone(pid);
+        true
+    }
+
     /// Process `pid` was forked by `ppid`: if `ppid` carries watchpoints
     /// that follow forks (its own, or inherited as a forked child itself),
-    /// the kernel copied them into `pid` inside fork(); record that.
-    fn on_forked(&self, host: &dyn Host, pid: Pid, ppid: Pid, time: u64) {
+    /// the kernel copied them into `pid` inside fork(); record that, from
+    /// the record alone (no `/proc` read on a fork's path), and return
+    /// them.
+    fn on_forked(&self, host: &dyn Host, pid: Pid, ppid: Pid, time: u64) -> Vec<WatchId> {
         let mut carried: Vec<WatchId> = Vec::new();
         if self.trackers.contains_key(&ppid)
             && self.attached_at.get(&ppid).is_none_or(|at| time >= *at)
@@ -333,23 +363,32 @@ impl PerfEngine {
             carried.extend(up.iter().copied());
         }
         if carried.is_empty() {
-            return;
+            return carried;
         }
         carried.sort_unstable();
         carried.dedup();
-        let start = procfs::start_time(pid).unwrap_or(0);
         for id in &carried {
             if let Some(w) = host.watch(*id) {
-                w.forked.lock().unwrap().insert(pid, start);
+                w.forked.lock().unwrap().insert(pid, time);
+                w.forked_total
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
         // Children that exited unseen (the per-CPU path reads no record of
         // their exit) are dropped now and then.
         if self.forked.len() >= 4096 {
-            self.forked
-                .retain(|p, _| std::path::Path::new(&format!("/proc/{p}")).exists());
+            let gone: Vec<Pid> = self
+                .forked
+                .iter()
+                .map(|e| *e.key())
+                .filter(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+                .collect();
+            for p in gone {
+                self.forget_forked(host, p);
+            }
         }
-        self.forked.insert(pid, carried);
+        self.forked.insert(pid, carried.clone());
+        carried
     }
 }
 

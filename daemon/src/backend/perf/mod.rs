@@ -145,6 +145,7 @@ impl PerfEngine {
         exact_values: false,
         follow_forks: true,
         thread_names: true,
+        signal_at_hit: false,
     };
 
     /// Opens the per-CPU rings; `fd_headroom` fds are never taken by events.
@@ -260,6 +261,17 @@ impl PerfEngine {
         }
     }
 
+    /// What `w`'s programs judge at the trap (per-thread path, where the
+    /// kernel takes judged programs): its filter but the rate limit, and
+    /// its signal action. None: the daemon judges its hits.
+    pub(crate) fn judge_of(&self, w: &Watch) -> Option<ring::Judge> {
+        let ring = self.perf.hit_ring()?;
+        if !ring.judges() {
+            return None;
+        }
+        ring::Judge::of(&w.spec.filter, w.spec.action)
+    }
+
     /// The per-thread path's programs of every piece of `w` (empty on the
     /// per-CPU path).
     fn programs(&self, w: &Watch) -> Result<Vec<Arc<OwnedFd>>, PerfError> {
@@ -271,11 +283,12 @@ impl PerfEngine {
         } else {
             0
         };
+        let judge = self.judge_of(w);
         (0..w.spec.range.slots() as u8)
             .map(|p| {
                 let key = SlotKey::new(w.id, p);
                 let len = w.spec.range.piece(p).len.bytes();
-                ring.program_for(key, len, depth)
+                ring.program_for(key, len, depth, judge.as_ref())
                     .map_err(|errno| PerfError {
                         op: "bpf(BPF_PROG_LOAD)",
                         errno,
@@ -480,10 +493,19 @@ impl Backend for PerfEngine {
         crate::model::BackendKind::Perf
     }
 
+    fn filtered_at_trap(&self, id: WatchId) -> u64 {
+        self.perf
+            .hit_ring()
+            .and_then(|r| r.judged(id))
+            .map_or(0, |(filtered, _)| filtered)
+    }
+
     fn features(&self) -> Features {
         Features {
-            // The per-thread path's program reads the bytes at the trap.
+            // The per-thread path's program reads the bytes at the trap,
+            // judges the filter and sends the signal there.
             exact_values: self.perf.hit_ring().is_some(),
+            signal_at_hit: self.perf.hit_ring().is_some_and(|r| r.judges()),
             ..Self::FEATURES
         }
     }

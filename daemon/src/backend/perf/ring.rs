@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex};
 
 use nix::errno::Errno;
 
-use crate::bpf::{self, AsmError, Counters, Insn, LoadError, Program, RingBuf, asm, helper};
+use crate::bpf::{self, AsmError, Cmp, Counters, Insn, LoadError, Program, RingBuf, asm, helper};
 use crate::model::SlotKey;
 
 /// Ring size: 16 MiB, about 200,000 hits of 80 bytes, or 200 ms at a
@@ -103,21 +103,182 @@ pub fn parse(body: &[u8]) -> Option<RingHit> {
     })
 }
 
+/// What a watchpoint's program judges at the trap (issue of conditions
+/// judged on a value read later, and of a signal sent after the writer ran
+/// on): the filter but its rate limit (the daemon keeps that on what is
+/// reported), and the signal action. Its counters live in `state`, one
+/// value of [`JUDGE_WORDS`] u64s:
+///
+/// | word | what |
+/// |---|---|
+/// | 0 | hits whose condition held (ignore and hit counts count these) |
+/// | 1 | hits filtered at the trap |
+/// | 2 | the value at the previous hit (`changed`) |
+/// | 3 | a hit was seen (`changed`: the first is reported) |
+/// | 4 | when the last signal was sent (ns) |
+/// | 5 | signals sent |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Judge {
+    /// The condition (none: every hit holds).
+    pub condition: Option<crate::filter::Condition>,
+    /// Hits (whose condition held) skipped first.
+    pub ignore: u64,
+    /// Report every Nth of the rest (0 and 1: each).
+    pub every: u64,
+    /// Signal the hitting thread (the signal action).
+    pub signal: Option<i32>,
+    /// Least time between two signals (from the rate limit; 0: none).
+    pub spacing_ns: u64,
+}
+
+/// u64 words of a judge's state value.
+pub const JUDGE_WORDS: usize = 6;
+
+impl Judge {
+    /// The judge of a watchpoint with `filter` and `action`, if it needs
+    /// one (a filter beyond a rate limit, or a signal).
+    pub fn of(filter: &crate::filter::HitFilter, action: crate::model::HitAction) -> Option<Judge> {
+        let signal = match action {
+            crate::model::HitAction::Signal(s) => Some(s),
+            _ => None,
+        };
+        let j = Judge {
+            condition: filter.condition,
+            ignore: filter.ignore,
+            every: filter.every,
+            signal,
+            spacing_ns: match (signal, filter.max_per_second) {
+                (Some(_), r) if r > 0 => 1_000_000_000 / u64::from(r),
+                _ => 0,
+            },
+        };
+        (j.condition.is_some() || j.ignore > 0 || j.every > 1 || j.signal.is_some()).then_some(j)
+    }
+}
+
+/// Judges the hit (the module's [`Judge`]): registers r6 the context;
+/// uses r8 (the value) and r9 (the state); falls through to `report`, or
+/// counts the hit filtered and returns.
+fn judge(p: &mut Program, j: &Judge, state: i32, len: u32, report: bpf::Label) {
+    use crate::filter::{CmpOp, Condition};
+    let (filtered, held) = (p.label(), p.label());
+    // The value, as the program reads it for the record: `len` bytes into
+    // a zeroed stack word (little-endian, as `filter::value_u64`).
+    p.push([
+        asm::mov_imm(1, 0),
+        asm::stx_dw(10, -8, 1),
+        asm::mov(1, 10),
+        asm::add_imm(1, -8),
+        asm::mov_imm(2, len.clamp(1, 8) as i32),
+        asm::ldx_dw(3, 6, CTX_ADDR),
+        asm::call(helper::PROBE_READ_USER),
+    ]);
+    // Unreadable: reported, with its error (a condition it cannot judge
+    // hides nothing), and nothing sent.
+    p.jne_imm(0, 0, report);
+    p.push([asm::ldx_dw(8, 10, -8)]);
+    p.push(asm::ld_map_value(9, state, 0));
+    match j.condition {
+        Some(Condition::Changed) => {
+            p.push([
+                asm::mov(1, 8),
+                asm::atomic_xchg_dw(9, 16, 1),
+                asm::mov_imm(2, 1),
+                asm::atomic_xchg_dw(9, 24, 2),
+            ]);
+            // The first hit holds; then a value equal to the previous one
+            // does not.
+            p.jeq_imm(2, 0, held);
+            p.jump_if(Cmp::Eq, 1, 8, filtered);
+        }
+        Some(Condition::Compare { op, operand, mask }) => {
+            let cmp = match op {
+                CmpOp::Eq => Cmp::Eq,
+                CmpOp::Ne => Cmp::Ne,
+                CmpOp::Lt => Cmp::Lt,
+                CmpOp::Le => Cmp::Le,
+                CmpOp::Gt => Cmp::Gt,
+                CmpOp::Ge => Cmp::Ge,
+            };
+            p.push([asm::mov(1, 8)]);
+            p.push(asm::ld_u64(2, mask));
+            p.push([asm::and(1, 2)]);
+            p.push(asm::ld_u64(2, operand));
+            p.jump_if(cmp.negated(), 1, 2, filtered);
+        }
+        None => {}
+    }
+    p.place(held);
+    if j.ignore > 0 || j.every > 1 {
+        // n: this hit's number among those whose condition held.
+        p.push([
+            asm::mov_imm(1, 1),
+            asm::atomic_fetch_add_dw(9, 0, 1),
+            asm::add_imm(1, 1),
+        ]);
+        p.push(asm::ld_u64(2, j.ignore));
+        p.jump_if(Cmp::Le, 1, 2, filtered);
+        if j.every > 1 {
+            p.push([asm::sub(1, 2)]);
+            p.push(asm::ld_u64(2, j.every));
+            p.push([asm::modulo(1, 2)]);
+            p.jne_imm(1, 0, filtered);
+        }
+    }
+    if let Some(sig) = j.signal {
+        let send = p.label();
+        if j.spacing_ns > 0 {
+            p.push([
+                asm::call(helper::KTIME_GET_NS),
+                asm::ldx_dw(1, 9, 32),
+                asm::mov(2, 0),
+                asm::sub(2, 1),
+            ]);
+            p.push(asm::ld_u64(3, j.spacing_ns));
+            // Too soon after the last one: reported, not sent.
+            p.jump_if(Cmp::Lt, 2, 3, report);
+            p.push([asm::stx_dw(9, 32, 0)]);
+        }
+        p.place(send);
+        p.push([
+            asm::mov_imm(1, sig),
+            asm::call(helper::SEND_SIGNAL_THREAD),
+            asm::mov_imm(1, 1),
+            asm::atomic_add_dw(9, 40, 1),
+        ]);
+    }
+    p.goto(report);
+    p.place(filtered);
+    p.push([
+        asm::mov_imm(1, 1),
+        asm::atomic_add_dw(9, 8, 1),
+        asm::mov_imm(0, 0),
+        asm::exit(),
+    ]);
+}
+
 /// The program recording a hit of `key` (`len` watched bytes, up to
 /// `depth` frames of call chain) into the ring buffer `ring` (its fd), or
 /// counting it in the counter array `drops`: 42 instructions, 47 with a
-/// call chain. Registers: r6 the context, r7 the reserved record.
+/// call chain; with a [`Judge`] (state in the array `judge.1`), the hit is
+/// judged first. Registers: r6 the context, r7 the reserved record.
 pub fn program(
     ring: i32,
     drops: i32,
     key: SlotKey,
     len: u32,
     depth: u16,
+    judged: Option<(&Judge, i32)>,
 ) -> Result<Vec<Insn>, AsmError> {
     let size = REC_FIXED + 8 * depth as usize;
     let mut p = Program::new();
     let reserved = p.label();
     p.push([asm::mov(6, 1)]);
+    if let Some((j, state)) = judged {
+        let report = p.label();
+        judge(&mut p, j, state, len, report);
+        p.place(report);
+    }
     p.push(asm::ld_map(1, ring));
     p.push([
         asm::mov_imm(2, size as i32),
@@ -188,6 +349,11 @@ pub struct HitRing {
     /// Drops already reported.
     reported: Mutex<u64>,
     progs: Mutex<HashMap<u64, Arc<OwnedFd>>>,
+    /// The judges' state, by watchpoint (its pieces share it).
+    states: Mutex<HashMap<crate::model::WatchId, Arc<Counters>>>,
+    /// Whether the kernel takes judged programs (atomic fetch and
+    /// exchange, `bpf_send_signal_thread`), or why not.
+    judging: Result<(), LoadError>,
 }
 
 /// Why the per-thread path is not available.
@@ -210,29 +376,103 @@ impl HitRing {
     pub fn new() -> Result<HitRing, NoRing> {
         let ring = RingBuf::new(RING_BYTES).map_err(NoRing::Map)?;
         let drops = Counters::new(1).map_err(NoRing::Map)?;
-        let r = HitRing {
+        let mut r = HitRing {
             ring,
             drops,
             reported: Mutex::new(0),
             progs: Mutex::new(HashMap::new()),
+            states: Mutex::new(HashMap::new()),
+            judging: Ok(()),
         };
-        let probe = program(r.ring.raw_fd(), r.drops.raw_fd(), SlotKey::unpack(1), 8, 4)
-            .map_err(NoRing::Asm)?;
+        let probe = program(
+            r.ring.raw_fd(),
+            r.drops.raw_fd(),
+            SlotKey::unpack(1),
+            8,
+            4,
+            None,
+        )
+        .map_err(NoRing::Asm)?;
         bpf::load_program(bpf::PROG_TYPE_PERF_EVENT, &probe).map_err(NoRing::Program)?;
+        // Everything a judge may use, once: the kernel either takes it or
+        // says why, and then the filter is judged by the daemon instead.
+        let state = Counters::new(JUDGE_WORDS).map_err(NoRing::Map)?;
+        let all = Judge {
+            condition: Some(crate::filter::Condition::Changed),
+            ignore: 1,
+            every: 2,
+            signal: Some(libc::SIGABRT),
+            spacing_ns: 1,
+        };
+        let probe = program(
+            r.ring.raw_fd(),
+            r.drops.raw_fd(),
+            SlotKey::unpack(1),
+            8,
+            4,
+            Some((&all, state.raw_fd())),
+        )
+        .map_err(NoRing::Asm)?;
+        r.judging = bpf::load_program(bpf::PROG_TYPE_PERF_EVENT, &probe).map(|_| ());
+        if let Err(e) = &r.judging {
+            tracing::warn!("hits are judged by the daemon, not at the trap: {e}");
+        }
         Ok(r)
     }
 
-    /// The program of `key`, loaded on first use.
-    pub fn program_for(&self, key: SlotKey, len: u32, depth: u16) -> Result<Arc<OwnedFd>, Errno> {
+    /// Whether filters and signals are judged at the trap here.
+    pub fn judges(&self) -> bool {
+        self.judging.is_ok()
+    }
+
+    /// (hits filtered at the trap, signals sent) of watchpoint `id`, if it
+    /// is judged there.
+    pub fn judged(&self, id: crate::model::WatchId) -> Option<(u64, u64)> {
+        let s = self.states.lock().unwrap().get(&id).cloned()?;
+        let v = s.read();
+        Some((v[1], v[5]))
+    }
+
+    /// The program of `key`, loaded on first use, judging its hits with
+    /// `judge` where given.
+    pub fn program_for(
+        &self,
+        key: SlotKey,
+        len: u32,
+        depth: u16,
+        judge: Option<&Judge>,
+    ) -> Result<Arc<OwnedFd>, Errno> {
         let mut progs = self.progs.lock().unwrap();
         if let Some(p) = progs.get(&key.pack()) {
             return Ok(p.clone());
         }
-        let insns =
-            program(self.ring.raw_fd(), self.drops.raw_fd(), key, len, depth).map_err(|e| {
-                tracing::error!(id = key.id.0, piece = key.piece, "{e}");
-                Errno::EINVAL
-            })?;
+        let state = match judge {
+            Some(_) => {
+                let mut states = self.states.lock().unwrap();
+                Some(match states.get(&key.id) {
+                    Some(s) => s.clone(),
+                    None => {
+                        let s = Arc::new(Counters::new(JUDGE_WORDS)?);
+                        states.insert(key.id, s.clone());
+                        s
+                    }
+                })
+            }
+            None => None,
+        };
+        let judged = judge.zip(state.as_ref().map(|s| s.raw_fd()));
+        let insns = program(
+            self.ring.raw_fd(),
+            self.drops.raw_fd(),
+            key,
+            len,
+            depth,
+            judged,
+        )
+        .map_err(|e| {
+            tracing::error!(id = key.id.0, piece = key.piece, "{e}");
+            Errno::EINVAL
+        })?;
         let fd = bpf::load_program(bpf::PROG_TYPE_PERF_EVENT, &insns).map_err(|e| {
             tracing::warn!(id = key.id.0, piece = key.piece, "{e}");
             e.errno
@@ -242,9 +482,13 @@ impl HitRing {
         Ok(fd)
     }
 
-    /// Forgets the program of `key` (its events hold it while they live).
+    /// Forgets the program of `key` (its events hold it while they live),
+    /// and its watchpoint's judge state with its first piece.
     pub fn forget(&self, key: SlotKey) {
         self.progs.lock().unwrap().remove(&key.pack());
+        if key.piece == 0 {
+            self.states.lock().unwrap().remove(&key.id);
+        }
     }
 
     /// Programs loaded (one per armed piece).
@@ -282,7 +526,7 @@ mod tests {
     fn the_program_reserves_then_records_or_counts_a_drop() {
         let key = SlotKey::new(crate::model::WatchId(7), 2);
         for (depth, n) in [(0, 42), (8, 47)] {
-            let p = program(3, 4, key, 8, depth).unwrap();
+            let p = program(3, 4, key, 8, depth, None).unwrap();
             assert_eq!(p.len(), n, "depth {depth}");
             // The jump after ringbuf_reserve skips the drop count and its
             // exit, to the record being filled (r7 = r0).
@@ -353,7 +597,7 @@ mod kernel_tests {
             Err(e) => panic!("{e}"),
         };
         let key = SlotKey::new(crate::model::WatchId(9), 0);
-        let prog = ring.program_for(key, 8, 8).unwrap();
+        let prog = ring.program_for(key, 8, 8, None).unwrap();
         let (tid_tx, tid_rx) = mpsc::channel();
         let (go_tx, go_rx) = mpsc::channel::<()>();
         let creator = std::thread::spawn(move || {

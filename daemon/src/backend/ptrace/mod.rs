@@ -100,6 +100,7 @@ impl PtraceEngine {
         exact_values: true,
         follow_forks: false,
         thread_names: false,
+        signal_at_hit: true,
     };
 
     /// Starts the tracer shards, or says why ptrace cannot work here. The
@@ -662,10 +663,11 @@ impl TraceSink for PtraceEngine {
                 crate::filter::Verdict::Report { limited_before } => limited_before,
                 _ => continue,
             };
-            let stopped = w.spec.action != HitAction::Log;
+            let stopped = matches!(w.spec.action, HitAction::Stop | HitAction::StopAll);
             verdict = match (verdict, w.spec.action) {
                 (_, HitAction::StopAll) | (HitVerdict::HoldAll, _) => HitVerdict::HoldAll,
                 (_, HitAction::Stop) | (HitVerdict::Hold, _) => HitVerdict::Hold,
+                (_, HitAction::Signal(n)) | (HitVerdict::Signal(n), _) => HitVerdict::Signal(n),
                 _ => HitVerdict::Continue,
             };
             host.count_hit(&w);

@@ -81,6 +81,9 @@ pub enum HitVerdict {
     Hold,
     /// Keep it stopped and stop every thread of the process.
     HoldAll,
+    /// Restart it with this signal (the signal action): delivered before
+    /// its next instruction.
+    Signal(i32),
 }
 
 /// Why a tracee is kept stopped by us.

@@ -380,6 +380,7 @@ impl Tracer {
             .unwrap_or(HitVerdict::Continue);
         match verdict {
             HitVerdict::Continue => self.after_stop(tid, None),
+            HitVerdict::Signal(n) => self.after_stop(tid, Signal::try_from(n).ok()),
             HitVerdict::Hold | HitVerdict::HoldAll => {
                 if let Some(t) = self.tracees.get_mut(&tid) {
                     t.phase = Phase::Held(Held::Hit);
