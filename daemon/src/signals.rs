@@ -294,9 +294,9 @@ pub fn action_signal(n: i32) -> Result<i32, String> {
 }
 
 /// Whether `pid` can take signal `n` now: not ignored (`SigIgn`) and
-/// blocked by none of its threads (`SigBlk`); else why not. A thread being
-/// created blocks every signal for a moment (`pthread_create`): a thread
-/// counts as blocking only if it does in three looks 2 ms apart.
+/// blocked by none of its threads (their settled `SigBlk`, see
+/// [`crate::procfs::settled_sigmask`]); else why not. A thread counts as
+/// blocking only if it does in three looks 2 ms apart.
 pub fn deliverable(pid: Pid, n: i32) -> Result<(), String> {
     let bit = 1u64 << (n - 1);
     let st = crate::procfs::Status::of(pid).ok_or_else(|| format!("no process {pid}"))?;
@@ -314,11 +314,7 @@ pub fn deliverable(pid: Pid, n: i32) -> Result<(), String> {
         let now: Vec<crate::model::Tid> = crate::procfs::tasks(pid)
             .unwrap_or_default()
             .into_iter()
-            .filter(|&tid| {
-                crate::procfs::Status::of_task(pid, tid)
-                    .and_then(|s| s.mask("SigBlk"))
-                    .is_some_and(|m| m & bit != 0)
-            })
+            .filter(|&tid| crate::procfs::settled_sigmask(pid, tid).is_some_and(|m| m & bit != 0))
             .collect();
         let b = match blocking {
             None => now,

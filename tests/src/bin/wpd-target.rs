@@ -34,6 +34,7 @@
 //! | `usr1count`      | nothing                                                       | `USR1 N`                  |
 //! | `catch-sig N`    | installs a handler (counting, like SIGUSR1's) for signal N    | `CAUGHT N`                |
 //! | `block-sig N`    | the commanding thread blocks signal N                          | `BLOCKED N`               |
+//! | `ignore-sig N`   | the process ignores signal N (`SIG_IGN`)                       | `IGNORED N`               |
 //! | `int3`           | the commanding thread executes `int3`: the kernel sends SIGTRAP (SI_KERNEL), which kills the process | none (it dies) |
 //! | `abort`          | `abort()`: SIGABRT, which kills the process                    | none (it dies)            |
 //! | `bench-writes I N` | the main thread stores to `VARS[I]` N times, timed          | `BENCH ns=T`              |
@@ -519,6 +520,17 @@ impl State {
                     }
                 },
                 Err(_) => "ERR usage: block-sig <signal number>".to_string(),
+            },
+            ["ignore-sig", n] => match n.parse::<libc::c_int>() {
+                // SAFETY: SIG_IGN for one signal; no handler runs.
+                Ok(n) => unsafe {
+                    if libc::signal(n, libc::SIG_IGN) == libc::SIG_ERR {
+                        format!("ERR signal: {}", io::Error::last_os_error())
+                    } else {
+                        format!("IGNORED {n}")
+                    }
+                },
+                Err(_) => "ERR usage: ignore-sig <signal number>".to_string(),
             },
             ["exec", n] => match n.parse::<usize>() {
                 Ok(n) => {

@@ -107,7 +107,7 @@ pub fn available() -> Result<(), Errno> {
 
 /// The first candidate signal that `pid` does not catch or ignore and that
 /// none of its threads blocks (`/proc/PID/status` SigCgt, SigIgn, and each
-/// task's settled SigBlk, see [`settled_mask`]). A thread creating one
+/// task's settled SigBlk, see [`procfs::settled_sigmask`]). A thread creating one
 /// blocks every signal for a moment (glibc's `pthread_create`), so a signal
 /// counts as blocked only if it is blocked in three looks 2 ms apart.
 pub fn choose_signal(pid: Pid) -> Result<Signal, NoSignalStops> {
@@ -129,7 +129,7 @@ pub fn choose_signal(pid: Pid) -> Result<Signal, NoSignalStops> {
         }
         let mut now = 0u64;
         for tid in procfs::tasks(pid).map_err(|_| none(caught, ignored, u64::MAX))? {
-            if let Some(m) = settled_mask(pid, tid) {
+            if let Some(m) = procfs::settled_sigmask(pid, tid) {
                 now |= m;
             }
         }
@@ -149,7 +149,7 @@ pub fn choose_signal(pid: Pid) -> Result<Signal, NoSignalStops> {
 /// its own signals of that kind coalesce with the stops' and are
 /// swallowed), or one of its threads blocks it (that thread's hits stop
 /// nobody and are lost). A thread blocks it only if its settled mask (see
-/// [`settled_mask`]) does in three looks over 50 ms.
+/// [`procfs::settled_sigmask`]) does in three looks over 50 ms.
 pub fn still_fits(pid: Pid, sig: Signal) -> Result<(), crate::state::LostBecause> {
     use crate::state::LostBecause;
     let Some(st) = procfs::Status::of(pid) else {
@@ -164,7 +164,7 @@ pub fn still_fits(pid: Pid, sig: Signal) -> Result<(), crate::state::LostBecause
         let now: Vec<Tid> = procfs::tasks(pid)
             .unwrap_or_default()
             .into_iter()
-            .filter(|&t| settled_mask(pid, t).is_some_and(|m| m & bit(sig) != 0))
+            .filter(|&t| procfs::settled_sigmask(pid, t).is_some_and(|m| m & bit(sig) != 0))
             .collect();
         let b = match blocked {
             None => now,
@@ -182,40 +182,6 @@ pub fn still_fits(pid: Pid, sig: Signal) -> Result<(), crate::state::LostBecause
 /// Processes with signal stops now, with their signal.
 pub fn with_signal_stops() -> Vec<(Pid, Signal)> {
     MODES.iter().map(|e| (*e.key(), e.value().signal)).collect()
-}
-
-/// `tid`'s blocked signals (`SigBlk`), when they are the program's own
-/// choice: `None` while the thread is inside the C library with every
-/// signal blocked for a moment, where it runs none of the program's code
-/// (so makes no hits). glibc blocks every signal, its own internal ones
-/// included, around `clone()` in `pthread_create` (in the creator, and in
-/// the new thread until its first instructions restore the creator's
-/// mask) and before a thread exits; a thread creating threads non-stop
-/// shows that mask in about a third of looks (docs/kernel-facts.md). The
-/// program itself cannot block glibc's internal signals 32 and 33
-/// (`pthread_sigmask` and `sigprocmask` drop them), so a mask with both is
-/// the library's. Also `None` for a thread that has not run yet and for
-/// one in a tracing stop (its clone event, held until wpd has armed it).
-fn settled_mask(pid: Pid, tid: Tid) -> Option<u64> {
-    if !has_run(pid, tid) {
-        return None;
-    }
-    let st = procfs::Status::of_task(pid, tid)?;
-    if st.field("State").is_some_and(|s| s.starts_with('t')) {
-        return None;
-    }
-    let mask = st.mask("SigBlk")?;
-    let internal = (1u64 << 31) | (1u64 << 32);
-    (mask & internal != internal).then_some(mask)
-}
-
-/// True once `tid` has been on a CPU (`/proc/PID/task/TID/schedstat`: its
-/// first field is the time it has run, in ns).
-fn has_run(pid: Pid, tid: Tid) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat"))
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .is_none_or(|ns| ns > 0)
 }
 
 fn bit(s: Signal) -> u64 {

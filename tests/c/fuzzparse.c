@@ -1,0 +1,66 @@
+/*
+ * fuzzparse: a small record parser with a silent corruption, the fuzzing
+ * tests' target. An input is "WP" then two-byte records (kind, value).
+ * Kind 'L' sets state.level from the value, and nothing checks that it is
+ * at most 100: an input with a larger level corrupts the state without a
+ * crash or a sanitizer report. A wpd watchpoint on state.level with the
+ * condition "> 100" and the signal action makes that store a crash the
+ * fuzzer saves.
+ *
+ * Built two ways by the tests: with afl-cc (a fork server: main reads one
+ * input from stdin) and with clang -fsanitize=fuzzer -DFUZZ_LIBFUZZER
+ * (LLVMFuzzerTestOneInput). Compiled with -g so that wpd finds state.level
+ * by name.
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+struct parser_state {
+    uint32_t records;
+    uint8_t level; /* 0..=100 */
+    uint8_t mode;  /* 0..=3 */
+    uint16_t flags;
+    uint64_t checksum;
+};
+
+struct parser_state state;
+
+static void parse(const uint8_t *data, size_t len) {
+    if (len < 2 || data[0] != 'W' || data[1] != 'P')
+        return;
+    for (size_t i = 2; i + 1 < len; i += 2) {
+        uint8_t kind = data[i], value = data[i + 1];
+        state.records++;
+        switch (kind) {
+        case 'L':
+            state.level = value; /* the bug: no range check */
+            break;
+        case 'M':
+            state.mode = value & 3;
+            break;
+        case 'F':
+            state.flags |= (uint16_t)(1u << (value & 15));
+            break;
+        default:
+            state.checksum = state.checksum * 31 + value;
+        }
+    }
+}
+
+#ifdef FUZZ_LIBFUZZER
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
+    memset(&state, 0, sizeof state);
+    parse(data, len);
+    return 0;
+}
+#else
+int main(void) {
+    uint8_t buf[4096];
+    ssize_t n = read(0, buf, sizeof buf);
+    if (n > 0)
+        parse(buf, (size_t)n);
+    return 0;
+}
+#endif

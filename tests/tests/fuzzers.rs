@@ -1,0 +1,560 @@
+//! Fuzzers: a hit becomes a crash the fuzzer saves (the SIGNAL action), judged at the trap,
+//! and fork servers stay fork servers (their children are covered by the server's
+//! watchpoint, not attached one by one). Real AFL++ and libFuzzer from Debian's packages run
+//! `tests/c/fuzzparse.c`, a parser whose bug is a silent store of an out-of-range value.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use tonic::Code;
+use wpd_proto::v1::{
+    HitAction, HitCondition, ListWatchpointsRequest, Policy, SetWatchpointRequest,
+    hit_condition::Op,
+};
+use wpd_tests::{
+    Backend, CmdOutput, Daemon, Event, EventStream, TargetProc, expect_status, poll_until,
+    require_backend, rpc_ok, run_wpctl, set_watchpoint, unique_temp_dir, write_spec,
+};
+
+const HIT_TIMEOUT: Duration = Duration::from_secs(10);
+const SIGUSR1: i32 = libc::SIGUSR1;
+/// The source of the fuzzing target, compiled by each test with the fuzzer's compiler.
+const FUZZPARSE: &str = include_str!("../c/fuzzparse.c");
+/// The seed: a valid input with an in-range level (16): the fuzzers must mutate it.
+const SEED: &[u8] = b"WPL\x10M\x01";
+
+/// A process-wide write watchpoint on `VARS[i]` of `target` whose hits send `signal` to the
+/// writing thread when the value is 7.
+fn signal_spec(
+    backend: Backend,
+    target: &TargetProc,
+    i: usize,
+    signal: i32,
+) -> SetWatchpointRequest {
+    let mut spec = write_spec(backend, target.pid, target.vars[i]);
+    spec.action = HitAction::Signal as i32;
+    spec.signal = signal;
+    spec.condition = Some(HitCondition {
+        op: Op::Eq as i32,
+        operand: 7,
+        mask: 0,
+    });
+    SetWatchpointRequest { spec: Some(spec) }
+}
+
+async fn usr1_count(target: &mut TargetProc) -> Result<u64> {
+    let reply = target.cmd("usr1count").await?;
+    reply
+        .strip_prefix("USR1 ")
+        .and_then(|n| n.trim().parse().ok())
+        .with_context(|| format!("unexpected reply to usr1count: {reply:?}"))
+}
+
+wpd_tests::both_backends!(
+    /// The signal reaches the thread that stored, at the hit, and only when the condition
+    /// holds (judged at the trap: in the BPF program on perf, in the stop on ptrace): stores
+    /// of 5 send nothing, a store of 7 runs the target's SIGUSR1 handler once, before the
+    /// store's command is answered. The target lives on (its handler caught the signal).
+    the_signal_action_reaches_the_writer_when_the_condition_holds
+);
+async fn the_signal_action_reaches_the_writer_when_the_condition_holds(
+    backend: Backend,
+) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    // Workers that almost never write: the stores are the main thread's.
+    let mut target = TargetProc::start(&["--threads", "2", "--interval-us", "1000000"]).await?;
+    let result = async {
+        let mut client = daemon.client().await?;
+        let mut events = EventStream::for_pid(&mut client, target.pid).await?;
+        let wp = rpc_ok(
+            "SetWatchpoint",
+            client.set_watchpoint(signal_spec(backend, &target, 2, SIGUSR1)),
+        )
+        .await?
+        .watchpoint
+        .context("no watchpoint")?;
+        let before = usr1_count(&mut target).await?;
+        for _ in 0..3 {
+            target.cmd("write 2 5").await?;
+        }
+        ensure!(
+            usr1_count(&mut target).await? == before,
+            "stores of 5 sent the signal"
+        );
+        target.cmd("write 2 7").await?;
+        // The handler ran at the store, on the storing thread, before the answer.
+        let after = usr1_count(&mut target).await?;
+        ensure!(
+            after == before + 1,
+            "a store of 7 ran the handler {} times",
+            after - before
+        );
+        let pid = target.pid;
+        let hit = events
+            .wait_for(HIT_TIMEOUT, "the hit of the store of 7", |e| {
+                Ok(match e {
+                    Event::Hit(h) if h.watchpoint_id == wp.id => Some(h.clone()),
+                    _ => None,
+                })
+            })
+            .await?;
+        ensure!(
+            hit.tid == pid && hit.value == 7u64.to_le_bytes(),
+            "the reported hit is not the main thread's store of 7: {hit:?}"
+        );
+        target.ensure_alive()
+    }
+    .await;
+    daemon.finish(result)
+}
+
+wpd_tests::both_backends!(
+    /// A signal that cannot end a run at the hit is refused and sets nothing: SIGTRAP
+    /// (debuggers own it), SIGKILL (no crash handler runs) and job control as bad requests;
+    /// a signal the process ignores, or one a thread blocks (named), with SIGNAL_UNUSABLE.
+    unusable_signals_are_refused
+);
+async fn unusable_signals_are_refused(backend: Backend) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--threads", "2", "--interval-us", "1000000"]).await?;
+    let result = async {
+        let mut client = daemon.client().await?;
+        ensure!(target.cmd("ignore-sig 12").await? == "IGNORED 12");
+        ensure!(target.cmd("block-sig 10").await? == "BLOCKED 10");
+        // Never usable: a bad request. Not usable in this process now: a precondition.
+        let pid = target.pid.to_string();
+        let cases: [(i32, Code, &[&str]); 5] = [
+            (libc::SIGTRAP, Code::InvalidArgument, &["SIGTRAP"]),
+            (libc::SIGKILL, Code::InvalidArgument, &["SIGKILL"]),
+            (libc::SIGTSTP, Code::InvalidArgument, &["job control"]),
+            (
+                libc::SIGUSR2,
+                Code::FailedPrecondition,
+                &["ignores", "SIGUSR2"],
+            ),
+            (
+                SIGUSR1,
+                Code::FailedPrecondition,
+                &["blocks", "SIGUSR1", &pid],
+            ),
+        ];
+        for (sig, code, needles) in cases {
+            let status = expect_status(
+                &format!("SetWatchpoint with signal {sig}"),
+                client
+                    .set_watchpoint(signal_spec(backend, &target, 2, sig))
+                    .await,
+                code,
+                needles,
+            )?;
+            if code == Code::FailedPrecondition {
+                ensure!(
+                    status_reason(&status).as_deref() == Some("SIGNAL_UNUSABLE"),
+                    "signal {sig}: reason {:?}",
+                    status_reason(&status)
+                );
+            }
+        }
+        let l = rpc_ok(
+            "ListWatchpoints",
+            client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+        )
+        .await?;
+        ensure!(
+            l.watchpoints.is_empty(),
+            "refusals left watchpoints: {:?}",
+            l.watchpoints
+        );
+        target.ensure_alive()
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// The `ErrorInfo` reason of a status, if it has one.
+fn status_reason(status: &tonic::Status) -> Option<String> {
+    use tonic_types::StatusExt;
+    status
+        .get_error_details()
+        .error_info()
+        .map(|i| i.reason.clone())
+}
+
+/// A program that starts blocking the action's signal after the watchpoint was set would
+/// keep the signal pending instead of crashing at the hit: the daemon notices within
+/// seconds and removes the watchpoint, saying why; the target runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_the_program_later_blocks_removes_the_watchpoint() -> Result<()> {
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--threads", "2", "--interval-us", "1000000"]).await?;
+    let result = async {
+        let mut client = daemon.client().await?;
+        let mut events = EventStream::for_pid(&mut client, target.pid).await?;
+        let wp = set_watchpoint(
+            &mut client,
+            signal_spec(Backend::Perf, &target, 2, SIGUSR1)
+                .spec
+                .context("no spec")?,
+        )
+        .await?
+        .watchpoint
+        .context("no watchpoint")?;
+        ensure!(target.cmd("block-sig 10").await? == "BLOCKED 10");
+        let reason = events
+            .wait_for(Duration::from_secs(10), "the watchpoint's removal", |e| {
+                Ok(match e {
+                    Event::WatchpointRemoved(r) if r.watchpoint_id == wp.id => {
+                        Some(r.reason.clone())
+                    }
+                    _ => None,
+                })
+            })
+            .await?;
+        ensure!(
+            reason.contains("blocks SIGUSR1"),
+            "removed for another reason: {reason:?}"
+        );
+        target.ensure_alive()
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// A unique command name for a fuzzing target (at most 15 bytes, the kernel's comm).
+fn unique_comm(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}{}{}",
+        std::process::id() % 100_000,
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+    .chars()
+    .take(15)
+    .collect()
+}
+
+/// Compiles `tests/c/fuzzparse.c` into `dir/name` with `compiler` and `flags`. A missing
+/// compiler is a failure that names the package (`scripts/setup` installs it).
+fn build_target(
+    dir: &Path,
+    name: &str,
+    compiler: &str,
+    flags: &[&str],
+    package: &str,
+) -> Result<PathBuf> {
+    let src = dir.join("fuzzparse.c");
+    std::fs::write(&src, FUZZPARSE)?;
+    let out = dir.join(name);
+    let o = std::process::Command::new(compiler)
+        .args(flags)
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .env("AFL_QUIET", "1")
+        .output()
+        .with_context(|| {
+            format!("running {compiler} (Debian's {package}; scripts/setup installs it)")
+        })?;
+    ensure!(
+        o.status.success(),
+        "{compiler} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Ok(out)
+}
+
+/// The level an input of the parser stores last, if it stores one (the parser's rules,
+/// from `fuzzparse.c`).
+fn levels_stored(input: &[u8]) -> Vec<u8> {
+    if input.len() < 2 || &input[..2] != b"WP" {
+        return Vec::new();
+    }
+    input[2..]
+        .chunks_exact(2)
+        .filter(|r| r[0] == b'L')
+        .map(|r| r[1])
+        .collect()
+}
+
+/// `wpctl watch` as a farm would type it: every process named `comm`, state.level, a crash
+/// when a store makes it over 100; returns the policy.
+async fn watch_level(daemon: &Daemon, comm: &str, follow_forks: bool) -> Result<Policy> {
+    let endpoint = daemon.endpoint();
+    let mut args = vec![
+        "--endpoint",
+        endpoint.as_str(),
+        "--json",
+        "watch",
+        "--comm",
+        comm,
+        "--symbol",
+        "state.level",
+        "--condition",
+        "> 100",
+        "--action",
+        "signal",
+    ];
+    if follow_forks {
+        args.push("--follow-forks");
+    }
+    let out: CmdOutput = run_wpctl(&args, Duration::from_secs(20)).await?;
+    ensure!(out.code == Some(0), "wpctl watch failed: {out:?}");
+    let v: serde_json::Value = serde_json::from_str(&out.stdout)
+        .with_context(|| format!("wpctl --json watch printed {:?}", out.stdout))?;
+    let id = v["policy"]["id"].as_u64().context("no policy id")?;
+    let mut client = daemon.client().await?;
+    policy(&mut client, id).await
+}
+
+async fn policy(client: &mut wpd_tests::Client, id: u64) -> Result<Policy> {
+    let l = rpc_ok(
+        "ListWatchpoints",
+        client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+    )
+    .await?;
+    l.policies
+        .into_iter()
+        .find(|p| p.id == id)
+        .with_context(|| format!("no policy {id}"))
+}
+
+/// Processes named `comm` still alive.
+fn alive_named(comm: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm)
+        })
+        .collect()
+}
+
+/// After the fuzzer: no process of the target left, no instance and no attached process left
+/// in the daemon.
+async fn nothing_left(daemon: &Daemon, comm: &str, policy_id: u64) -> Result<()> {
+    let mut client = daemon.client().await?;
+    poll_until(
+        Duration::from_secs(10),
+        "no target process, instance or attachment left",
+        async || {
+            let alive = alive_named(comm);
+            let l = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            let p = l
+                .policies
+                .iter()
+                .find(|p| p.id == policy_id)
+                .context("the policy is gone")?;
+            Ok(
+                if alive.is_empty() && p.instances.is_empty() && l.processes.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "alive {alive:?}, instances {:?}, attached {:?}",
+                        p.instances,
+                        l.processes.iter().map(|p| p.pid).collect::<Vec<_>>()
+                    ))
+                },
+            )
+        },
+    )
+    .await
+}
+
+/// Runs `cmd` to its end within `limit` (killed if it overruns); returns its output.
+async fn run_fuzzer(
+    mut cmd: tokio::process::Command,
+    limit: Duration,
+) -> Result<std::process::Output> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let child = cmd.spawn().context("starting the fuzzer")?;
+    match tokio::time::timeout(limit, child.wait_with_output()).await {
+        Ok(out) => Ok(out?),
+        Err(_) => bail!("the fuzzer did not finish within {limit:?}"),
+    }
+}
+
+/// AFL++ on a fork-server target whose parser silently stores an out-of-range level: alone
+/// it finds no crash; with a policy on the target's name (`state.level > 100`, signal action,
+/// fork-server children followed) it saves inputs that store such a level, each as a crash
+/// by SIGABRT. The fork server is the policy's one instance: its thousands of children are
+/// covered by its watchpoint (copied into them by the kernel inside fork), not attached one
+/// by one. When AFL++ ends, nothing is left: no target process, instance or attachment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn afl_saves_the_inputs_that_break_the_invariant() -> Result<()> {
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let dir = unique_temp_dir("wpd-afl")?;
+    let comm = unique_comm("fzafl");
+    let bin = build_target(&dir, &comm, "afl-cc", &["-g", "-O1"], "afl++")?;
+    let seeds = dir.join("in");
+    std::fs::create_dir(&seeds)?;
+    std::fs::write(seeds.join("seed"), SEED)?;
+    let afl = |out: &str, seconds: &str| {
+        let mut c = tokio::process::Command::new("afl-fuzz");
+        c.args(["-i", "in", "-o", out, "-V", seconds, "--"])
+            .arg(&bin)
+            .current_dir(&dir)
+            .env("AFL_NO_UI", "1")
+            .env("AFL_SKIP_CPUFREQ", "1")
+            .env("AFL_NO_AFFINITY", "1")
+            .env("AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES", "1");
+        c
+    };
+    let crashes = |out: &str| -> Result<Vec<(String, Vec<u8>)>> {
+        let d = dir.join(out).join("default/crashes");
+        let mut v = Vec::new();
+        for e in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("id:") {
+                v.push((name, std::fs::read(e.path())?));
+            }
+        }
+        Ok(v)
+    };
+    let stat = |out: &str, key: &str| -> Result<u64> {
+        let s = std::fs::read_to_string(dir.join(out).join("default/fuzzer_stats"))?;
+        s.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                (k.trim() == key).then(|| v.trim().parse().ok())?
+            })
+            .with_context(|| format!("no {key} in fuzzer_stats"))
+    };
+
+    // Alone: the bug is silent.
+    let o = run_fuzzer(afl("alone", "3"), Duration::from_secs(60)).await?;
+    ensure!(
+        o.status.success(),
+        "afl-fuzz failed: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    ensure!(
+        crashes("alone")?.is_empty(),
+        "AFL++ found crashes without wpd"
+    );
+
+    let daemon = Daemon::start().await?;
+    let result = async {
+        let p = watch_level(&daemon, &comm, true).await?;
+        let o = run_fuzzer(afl("watched", "8"), Duration::from_secs(90)).await?;
+        ensure!(
+            o.status.success(),
+            "afl-fuzz failed: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+        let found = crashes("watched")?;
+        ensure!(!found.is_empty(), "AFL++ saved no crash with the policy on");
+        for (name, input) in &found {
+            ensure!(name.contains(",sig:06,"), "{name}: not a crash by SIGABRT");
+            let levels = levels_stored(input);
+            ensure!(
+                levels.iter().any(|&l| l > 100),
+                "{name}: the input {input:?} stores no level over 100 ({levels:?})"
+            );
+        }
+        let execs = stat("watched", "execs_done")?;
+        let made = policy(&mut daemon.client().await?, p.id)
+            .await?
+            .instances_made;
+        // The fork server, and at most the few children it forked before its instance
+        // was armed (a policy finds a new process within moments, not inside its fork).
+        ensure!(
+            (1..=8).contains(&made) && execs >= 1000,
+            "{made} instances for {execs} executions: the children were not covered by \
+             the fork server's watchpoint"
+        );
+        nothing_left(&daemon, &comm, p.id).await
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// libFuzzer in fork mode (`-fork=1`: jobs are processes of their own, started by the
+/// fuzzer with fork and exec): the policy on the target's name gives each job an instance,
+/// and the first store of a level over 100 is a deadly signal that libFuzzer saves as a
+/// crash artifact, then stops. Nothing is left afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn libfuzzer_saves_the_input_that_breaks_the_invariant() -> Result<()> {
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let dir = unique_temp_dir("wpd-libfuzzer")?;
+    let comm = unique_comm("fzlf");
+    let bin = build_target(
+        &dir,
+        &comm,
+        "clang-19",
+        &["-g", "-O1", "-fsanitize=fuzzer", "-DFUZZ_LIBFUZZER"],
+        "clang-19, libfuzzer-19-dev and libclang-rt-19-dev",
+    )?;
+    let corpus = dir.join("corpus");
+    let artifacts = dir.join("artifacts");
+    std::fs::create_dir(&corpus)?;
+    std::fs::create_dir(&artifacts)?;
+    std::fs::write(corpus.join("seed"), SEED)?;
+    let daemon = Daemon::start().await?;
+    let result = async {
+        let p = watch_level(&daemon, &comm, false).await?;
+        let mut cmd = tokio::process::Command::new(&bin);
+        cmd.arg("-fork=1")
+            .arg("-max_total_time=60")
+            .arg(format!("-artifact_prefix={}/", artifacts.display()))
+            .arg(&corpus)
+            .current_dir(&dir);
+        let o = run_fuzzer(cmd, Duration::from_secs(120)).await?;
+        let log = String::from_utf8_lossy(&o.stderr);
+        ensure!(
+            log.contains("deadly signal"),
+            "libFuzzer ended without a deadly signal ({:?}): {}",
+            o.status,
+            &log[log.len().saturating_sub(2000)..]
+        );
+        let mut saved = Vec::new();
+        for e in std::fs::read_dir(&artifacts)? {
+            let e = e?;
+            if e.file_name().to_string_lossy().starts_with("crash-") {
+                saved.push(std::fs::read(e.path())?);
+            }
+        }
+        ensure!(!saved.is_empty(), "no crash artifact: {log}");
+        for input in &saved {
+            ensure!(
+                levels_stored(input).iter().any(|&l| l > 100),
+                "the saved input {input:?} stores no level over 100"
+            );
+        }
+        ensure!(
+            policy(&mut daemon.client().await?, p.id)
+                .await?
+                .instances_made
+                >= 1,
+            "no job got an instance"
+        );
+        nothing_left(&daemon, &comm, p.id).await
+    }
+    .await;
+    daemon.finish(result)
+}
+
+#[test]
+fn levels_follow_the_parsers_rules() {
+    assert_eq!(levels_stored(b"WPL\x10M\x01"), vec![0x10]);
+    assert_eq!(levels_stored(b"WPM\x01L\xc8L"), vec![0xc8]);
+    assert!(levels_stored(b"XPL\xc8").is_empty());
+}
