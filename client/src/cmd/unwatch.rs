@@ -33,7 +33,8 @@ impl UnwatchArgs {
 }
 
 /// Runs `wpctl unwatch`: prints
-/// `removed watchpoint 7 (write 8 bytes at 0x55d0c0a01040 in pid 123): 42 hits`.
+/// `removed watchpoint 7 (write 8 bytes at 0x55d0c0a01040 in pid 123): 42 hits`, or for a
+/// policy `removed policy 4 (write state.level) and its instances`.
 pub async fn run(ctx: &Ctx, args: &UnwatchArgs) -> Result<(), Error> {
     report(ctx, args).await?.emit(ctx.json)
 }
@@ -47,6 +48,17 @@ pub async fn report(ctx: &Ctx, args: &UnwatchArgs) -> Result<Report, Error> {
         })
         .await?;
     let wp = resp.watchpoint.unwrap_or_default();
+    if wp.policy_id == id {
+        // A policy: the daemon answers with its spec; its instances went with it.
+        let what = output::policy_what(&wpd_proto::v1::Policy {
+            spec: wp.spec.clone(),
+            ..Default::default()
+        });
+        let text = format!("removed policy {id} ({what}) and its instances");
+        let mut v = output::watchpoint_json(&wp);
+        v["id"] = json!(id);
+        return Ok(Report::new(text, json!({ "policy": v })));
+    }
     let mut v = output::watchpoint_json(&wp);
     v["id"] = json!(id);
     let text = format!(

@@ -368,6 +368,19 @@ impl Watchpoints for Mock {
                     42,
                 )),
             })),
+            // A policy: the daemon answers with its spec, policy_id its own id.
+            9 => Ok(Response::new(RemoveWatchpointResponse {
+                watchpoint: Some(Watchpoint {
+                    id: 9,
+                    policy_id: 9,
+                    spec: Some(WatchpointSpec {
+                        symbol: "state.level".into(),
+                        access: Access::Write as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+            })),
             id => Err(Status::not_found(format!("no watchpoint {id}"))),
         }
     }
