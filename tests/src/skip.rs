@@ -40,7 +40,7 @@ pub fn require_root_perf() -> bool {
         if euid != 0 {
             return Err(format!(
                 "not root (euid {euid}); wpd needs root to watch other processes \
-                 (run e.g. `sudo -E cargo test -p wpd-tests`)"
+                 (run e.g. `sudo -E ./scripts/test`)"
             ));
         }
         static PROBE_VAR: AtomicU32 = AtomicU32::new(0);
