@@ -329,7 +329,7 @@ pub fn yama_scope() -> u32 {
 }
 
 /// The rule itself, on facts (pure; unit-tested, and compared with the
-/// kernel's own answers in `tests/tests/security.rs`).
+/// kernel's own answers in `tests/e2e/security.rs`).
 pub fn decide(
     caller: &Caller,
     target: &TargetFacts,

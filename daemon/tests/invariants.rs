@@ -17,6 +17,11 @@
 //!    one map, so it carries an `ErrorInfo` with its reason: no
 //!    `Status::internal(...)` and the like anywhere else in `rpc/`; and
 //!    each reason's wire value is its constant's name.
+//! 7. A test binary made of modules (`tests/e2e/`, the daemon's and the
+//!    client's) declares every file of its directory: a file left out would
+//!    never be compiled nor run. And the end-to-end tests stay one binary:
+//!    no `tests/tests/` (where each file would be a binary of its own; the
+//!    crate has `autotests = false`, so it would not even run).
 
 use std::path::{Path, PathBuf};
 
@@ -63,7 +68,7 @@ fn sources() -> Vec<PathBuf> {
         "adapters/dap/tests",
         "proto/src",
         "tests/src",
-        "tests/tests",
+        "tests/e2e",
     ]
     .iter()
     .flat_map(|d| rust_files(&r.join(d)))
@@ -372,6 +377,49 @@ fn configuration_comes_from_main_only() {
     assert!(
         bad.is_empty(),
         "the environment read outside main.rs (put it in startup::Config):\n{}",
+        bad.join("\n")
+    );
+}
+
+/// The `mod name;` lines of a test binary's `main.rs`.
+fn declared_modules(main: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(main).unwrap();
+    code_lines(&text)
+        .filter_map(|(_, l)| l.trim().strip_prefix("mod "))
+        .filter_map(|l| l.strip_suffix(';'))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn every_test_module_is_declared() {
+    let r = repo();
+    let mut bad = Vec::new();
+    for dir in [
+        "tests/e2e",
+        "daemon/tests/rpc_inprocess",
+        "client/tests/cli",
+    ] {
+        let main = r.join(dir).join("main.rs");
+        let declared = declared_modules(&main);
+        assert!(!declared.is_empty(), "{dir}/main.rs declares no module");
+        for f in rust_files(&r.join(dir)) {
+            let stem = f.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+            if f.parent() == Some(&r.join(dir))
+                && stem != "main"
+                && !declared.iter().any(|m| m == stem)
+            {
+                bad.push(format!("{}: no `mod {stem};` in {dir}/main.rs", rel(&f)));
+            }
+        }
+    }
+    assert!(
+        !r.join("tests/tests").exists(),
+        "tests/tests/ exists: the end-to-end tests are modules of tests/e2e/main.rs"
+    );
+    assert!(
+        bad.is_empty(),
+        "test files that are never compiled:\n{}",
         bad.join("\n")
     );
 }

@@ -1,6 +1,6 @@
 // A whole debug session against a C target whose spinning threads write
 // `counter` (spin_worker -> bump_counter): what an IDE does, request by
-// request, with the answers checked. The Rust test (tests/tests/dap.rs)
+// request, with the answers checked. The Rust test (tests/e2e/dap.rs)
 // starts the daemon and the target, and checks the target afterwards.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';

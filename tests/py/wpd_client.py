@@ -1,4 +1,4 @@
-"""A gRPC client of wpd in Python, run by tests/tests/grpc_clients.rs.
+"""A gRPC client of wpd in Python, run by tests/e2e/grpc_clients.rs.
 
 Generates the stubs from proto/ (grpcio-tools), then, on the daemon's Unix
 socket with the library's default options: health check, reflection (the

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-/// The `nats-server` binary, if installed (`.ci/run` installs it).
+/// The `nats-server` binary, if installed (`scripts/setup` installs it).
 pub fn nats_server_bin() -> Option<PathBuf> {
     ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
         .iter()

@@ -1,4 +1,5 @@
-//! Privileges: what the machine allows, and tests that skip with a reason where it lacks it.
+//! Privileges and peers: what the machine allows (tests skip, saying why, where it lacks it), and
+//! the peer programs and libraries the tests run against (their absence fails the test).
 
 use crate::*;
 use std::fs;
@@ -29,9 +30,10 @@ pub fn online_cpus() -> Vec<i32> {
 /// True when this process may run the end-to-end tests: it is root and the kernel grants a
 /// hardware breakpoint (checked once with a throw-away breakpoint on this thread).
 ///
-/// Otherwise prints `SKIP <test>: <reason>` to stderr (uncaptured) and returns false; the test must return
-/// right away. With `WPD_TESTS_REQUIRE=1` in the environment it panics instead, so that CI
-/// cannot pass by skipping.
+/// Otherwise skips ([`machine_skip`]: `SKIP <test>: <reason>` on stderr and in the file named by
+/// `WPD_TESTS_SKIPS`) and returns false; the test must return right away. With
+/// `WPD_TESTS_REQUIRE=1` in the environment it panics instead, so that a run on a machine
+/// known to be able cannot pass by skipping.
 pub fn require_root_perf() -> bool {
     static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
     let result = PROBE.get_or_init(|| {
@@ -40,7 +42,7 @@ pub fn require_root_perf() -> bool {
         if euid != 0 {
             return Err(format!(
                 "not root (euid {euid}); wpd needs root to watch other processes \
-                 (run e.g. `sudo -E cargo test -p wpd-tests`)"
+                 (run e.g. `sudo -E ./scripts/test`)"
             ));
         }
         static PROBE_VAR: AtomicU32 = AtomicU32::new(0);
@@ -50,7 +52,7 @@ pub fn require_root_perf() -> bool {
     });
     match result {
         Ok(()) => true,
-        Err(reason) => skip(reason),
+        Err(reason) => machine_skip(reason),
     }
 }
 
@@ -66,7 +68,7 @@ pub fn require_backend(backend: Backend) -> bool {
             .and_then(|s| s.trim().parse::<u32>().ok())
             .unwrap_or(0);
         if scope >= 3 {
-            return skip(&format!(
+            return machine_skip(&format!(
                 "kernel.yama.ptrace_scope={scope} forbids every ptrace attach"
             ));
         }
@@ -74,11 +76,36 @@ pub fn require_backend(backend: Backend) -> bool {
     true
 }
 
-/// True when `python3` has the gRPC libraries the client tests use
-/// (`grpcio`, `grpcio-tools`, `grpcio-health-checking`,
-/// `grpcio-reflection`, `grpclib`: `.ci/run` installs them). Otherwise
-/// skips, except under CI (`CI=true`), where their absence fails the test.
-pub fn require_python_grpc() -> bool {
+/// Where [`machine_skip`] also appends its line: the file named by `WPD_TESTS_SKIPS` (`scripts/test`
+/// sets it, and counts the lines in its summary: nextest shows a passing test's output only
+/// with `--no-capture`).
+const SKIPS_FILE_VAR: &str = "WPD_TESTS_SKIPS";
+
+/// Panics, naming `scripts/setup`, when a peer a test runs against (a program, a library, a
+/// package: `what`, from `package`) is missing. Peers are never a reason to skip: `scripts/setup`
+/// installs every one of them, and `scripts/test` runs it first.
+pub fn require_peer(present: bool, what: &str, package: &str) {
+    assert!(
+        present,
+        "{what} is missing ({package}): run scripts/setup as root, which installs every peer \
+         the tests run against (scripts/test runs it first)"
+    );
+}
+
+/// The peer program `name` as found on `PATH` (else [`require_peer`] panics).
+pub fn peer_program(name: &str, package: &str) -> std::path::PathBuf {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    });
+    require_peer(found.is_some(), name, package);
+    found.unwrap_or_default()
+}
+
+/// Panics unless `python3` has the gRPC libraries the client tests use (`grpcio`,
+/// `grpcio-tools`, `grpcio-health-checking`, `grpcio-reflection`, `grpclib`).
+pub fn require_python_grpc() {
     let ok = std::process::Command::new("python3")
         .args([
             "-c",
@@ -88,35 +115,37 @@ pub fn require_python_grpc() -> bool {
         .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if !ok && std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("python3 lacks the gRPC libraries under CI: .ci/run installs them");
-    }
-    ok || skip(
-        "python3 lacks grpcio, grpcio-tools, grpcio-health-checking, grpcio-reflection or grpclib          (pip install them)",
-    )
+    require_peer(
+        ok,
+        "python3's gRPC libraries",
+        "PyPI: grpcio grpcio-tools grpcio-health-checking grpcio-reflection grpclib",
+    );
 }
 
-/// True when node and the DAP test client (`tests/dap/node_modules`, from
-/// `npm ci` in `tests/dap`) are there; under `CI=true` their absence is a
-/// failure (`.ci/run` installs them).
-pub fn require_node_dap() -> bool {
+/// Panics unless node and the DAP test client (`tests/dap/node_modules`, from `npm ci` in
+/// `tests/dap`) are there.
+pub fn require_node_dap() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("dap");
-    let ok = dir
-        .join("node_modules/@vscode/debugadapter-testsupport")
-        .is_dir()
-        && std::process::Command::new("node")
-            .arg("--version")
-            .stdout(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-    if !ok && std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("node or tests/dap/node_modules is missing under CI: .ci/run installs them");
-    }
-    ok || skip("node or the DAP test client is missing (cd tests/dap && npm ci)")
+    let node = std::process::Command::new("node")
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    require_peer(node, "node", "Debian: nodejs");
+    require_peer(
+        dir.join("node_modules/@vscode/debugadapter-testsupport")
+            .is_dir(),
+        "the DAP test client (tests/dap/node_modules)",
+        "npm ci in tests/dap",
+    );
 }
 
-/// Prints `SKIP <test>: <reason>` and returns false, or panics under `WPD_TESTS_REQUIRE=1`.
-fn skip(reason: &str) -> bool {
+/// For what this machine or its kernel cannot do (not root, no hardware breakpoints, a Yama
+/// scope that forbids a case, no cgroup v2, a low hard `RLIMIT_NOFILE`): prints
+/// `SKIP <test>: <reason>` to stderr, appends the line to the file named by `WPD_TESTS_SKIPS` if
+/// set, and returns false (the test must return right away); or panics under
+/// `WPD_TESTS_REQUIRE=1`.
+pub fn machine_skip(reason: &str) -> bool {
     let name = std::thread::current()
         .name()
         .unwrap_or("<unnamed test>")
@@ -124,9 +153,16 @@ fn skip(reason: &str) -> bool {
     if std::env::var_os("WPD_TESTS_REQUIRE").is_some_and(|v| v == "1") {
         panic!("{name}: cannot run ({reason}) and WPD_TESTS_REQUIRE=1");
     }
-    // Written to the real stderr, past libtest's capture, so that a skip is visible
-    // even when the test "passes".
-    let _ = writeln!(std::io::stderr(), "SKIP {name}: {reason}");
+    let line = format!("SKIP {name}: {reason}\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
+    if let Some(path) = std::env::var_os(SKIPS_FILE_VAR) {
+        // One append of one line: lines of tests running at once do not mix.
+        let _ = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+    }
     false
 }
 
@@ -171,30 +207,4 @@ pub fn nofile_limit() -> u64 {
     // SAFETY: valid out pointer.
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
     lim.rlim_cur.min(lim.rlim_max)
-}
-
-/// The program `name` as found on `PATH`, or `None` after [`require_tool`] said why.
-pub fn require_program(name: &str, install: &str) -> Option<std::path::PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    });
-    if !require_tool(found.is_some(), name, install) {
-        return None;
-    }
-    found
-}
-
-/// True when a tool a test needs (`what`) is `present`. When it is missing the test skips
-/// saying how to get it (`install`), except under CI (`CI` set), where its absence fails the
-/// test: `.ci/run` installs it.
-pub fn require_tool(present: bool, what: &str, install: &str) -> bool {
-    if present {
-        return true;
-    }
-    if std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false") {
-        panic!("{what} is missing under CI: .ci/run installs it ({install})");
-    }
-    skip(&format!("{what} is missing ({install})"))
 }

@@ -12,29 +12,30 @@ use tokio_stream::StreamExt;
 use wpd_proto::v1::stream_events_response::Event as E;
 use wpd_proto::v1::*;
 use wpd_tests::{
-    CTarget, Client, Daemon, NatsServer, nats_server_bin, poll_until, require_root_perf, rpc_ok,
+    CTarget, Client, Daemon, NatsServer, nats_server_bin, poll_until, require_peer,
+    require_root_perf, rpc_ok,
 };
 
 async fn stats(c: &mut Client) -> Result<GetStatsResponse> {
     rpc_ok("GetStats", c.get_stats(GetStatsRequest {})).await
 }
 
-/// Whether the test can run: root with perf, and a NATS server (in CI it
-/// must be there).
-fn nats_available() -> bool {
-    if nats_server_bin().is_some() {
-        return true;
+/// Whether the test can run: root with perf (else it skips); a NATS server must be there.
+fn can_run() -> bool {
+    if !require_root_perf() {
+        return false;
     }
-    if std::env::var_os("CI").is_some() {
-        panic!("nats-server is missing: .ci/run installs it");
-    }
-    eprintln!("SKIP: nats-server is not installed (apt-get install nats-server)");
-    false
+    require_peer(
+        nats_server_bin().is_some(),
+        "nats-server",
+        "Debian: nats-server",
+    );
+    true
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_event_reaches_jetstream_once_across_a_server_restart() -> Result<()> {
-    if !require_root_perf() || !nats_available() {
+    if !can_run() {
         return Ok(());
     }
     let mut nats = NatsServer::start().await?;
@@ -178,7 +179,7 @@ async fn every_event_reaches_jetstream_once_across_a_server_restart() -> Result<
 /// that reads the same journal record again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thread_name_with_a_line_break_is_exported_escaped() -> Result<()> {
-    if !require_root_perf() || !nats_available() {
+    if !can_run() {
         return Ok(());
     }
     let nats = NatsServer::start().await?;
@@ -306,7 +307,7 @@ fn private_file(dir: &std::path::Path, name: &str, text: &str) -> Result<std::pa
 /// read, are refused at start with what to do instead (and the secret is not printed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn export_over_tls_with_a_token_from_a_file() -> Result<()> {
-    if !require_root_perf() || !nats_available() {
+    if !can_run() {
         return Ok(());
     }
     let dir = wpd_tests::unique_temp_dir("wpd-nats-tls")?;

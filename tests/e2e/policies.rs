@@ -15,8 +15,8 @@ use wpd_proto::v1::{
     RemoveWatchpointRequest, SetPolicyRequest, WatchpointSpec,
 };
 use wpd_tests::{
-    Backend, CTarget, Daemon, Event, EventStream, ctarget_path, expect_status, poll_until,
-    require_backend, rpc_ok, unique_temp_dir,
+    Backend, CTarget, Daemon, Event, EventStream, ctarget_path, expect_status, machine_skip,
+    poll_until, require_backend, rpc_ok, unique_temp_dir,
 };
 
 const ARM_TIMEOUT: Duration = Duration::from_secs(10);
@@ -357,7 +357,7 @@ async fn a_policy_by_cgroup_covers_the_directory_and_below() -> Result<()> {
         return Ok(());
     }
     let Some(root) = cgroup2_root() else {
-        eprintln!("SKIP a_policy_by_cgroup_covers_the_directory_and_below: no cgroup v2 here");
+        machine_skip("no cgroup v2 here");
         return Ok(());
     };
     let name = format!("wpd-test-{}", unique_comm());

@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use wpd_tests::{find_bin, require_root_perf};
+use wpd_tests::{find_bin, nats_server_bin, require_peer, require_root_perf};
 
 /// Every section heading of `wpd-bench`, and rows each must contain.
 const SECTIONS: [(&str, &[&str]); 18] = [
@@ -118,6 +118,12 @@ fn bench_smoke_runs_every_measurement() {
     let bench = env!("CARGO_BIN_EXE_wpd-bench");
     // The bench starts wpd from beside itself; make sure it is there.
     find_bin("wpd").expect("wpd binary (cargo build --workspace --bins)");
+    // Its export section runs against a NATS server (and says "skipped" without one).
+    require_peer(
+        nats_server_bin().is_some(),
+        "nats-server",
+        "Debian: nats-server",
+    );
     let out = Command::new(bench)
         .arg("--smoke")
         .output()

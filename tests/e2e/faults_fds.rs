@@ -12,8 +12,9 @@ use tonic_types::StatusExt;
 use wpd_proto::v1::{ListWatchpointsRequest, SetWatchpointRequest};
 use wpd_tests::leaks::*;
 use wpd_tests::{
-    Backend, Daemon, EventStream, TargetProc, attach, ensure_unchanged, hits_only, online_cpus,
-    poll_until, require_backend, rpc, rpc_ok, set_watchpoint, snapshot, status_line, write_spec,
+    Backend, Daemon, EventStream, TargetProc, attach, ensure_unchanged, hits_only, machine_skip,
+    online_cpus, poll_until, require_backend, rpc, rpc_ok, set_watchpoint, snapshot, status_line,
+    write_spec,
 };
 
 /// How long the daemon may take to release everything after a detach or an exit.
@@ -117,11 +118,11 @@ async fn perf_out_of_fds(how: FdRefusal) -> Result<()> {
     };
     // SAFETY: getrlimit fills the struct.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut ours) } == 0 && ours.rlim_max < limit {
-        eprintln!(
-            "skipped: the daemon would need RLIMIT_NOFILE {limit} ({cpus} CPUs), above this \
-             process's hard limit {}",
+        machine_skip(&format!(
+            "the daemon would need RLIMIT_NOFILE {limit} ({cpus} CPUs), above this process's \
+             hard limit {}",
             ours.rlim_max
-        );
+        ));
         return Ok(());
     }
     // No fds kept for connections: the limits below are computed from the perf events alone,

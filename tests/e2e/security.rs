@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use anyhow::{Result, bail, ensure};
-use wpd_tests::{Daemon, TargetProc, kernel_allows_access, require_root_perf, run_wpctl_as};
+use wpd_tests::{
+    Daemon, TargetProc, kernel_allows_access, machine_skip, require_root_perf, run_wpctl_as,
+};
 
 const NOBODY: u32 = 65534;
 const OTHER: u32 = 65533;
@@ -26,10 +28,10 @@ async fn users_watch_their_own_processes_and_nothing_else() -> Result<()> {
     if yama.trim().parse::<u32>().unwrap_or(0) >= 1 {
         // With Yama scope ≥ 1 the kernel itself forbids an unprivileged user
         // to trace a process it did not start: the owner case cannot pass.
-        eprintln!(
-            "SKIP: kernel.yama.ptrace_scope={} forbids the unprivileged owner case",
+        machine_skip(&format!(
+            "kernel.yama.ptrace_scope={} forbids the unprivileged owner case",
             yama.trim()
-        );
+        ));
         return Ok(());
     }
     let daemon = open_daemon().await?;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use tokio::time::Instant;
-use wpd_tests::{Target, bin_path, require_program, require_tool, unique_temp_dir};
+use wpd_tests::{Target, bin_path, peer_program, require_peer, unique_temp_dir};
 
 /// The repository's `deploy/` directory.
 fn deploy_dir() -> PathBuf {
@@ -53,9 +53,7 @@ fn verify(analyze: &Path, units: &[PathBuf]) -> Result<(bool, String)> {
 /// executable there), pass `systemd-analyze verify` without a word; a misspelt key does not.
 #[test]
 fn systemd_units_verify() -> Result<()> {
-    let Some(analyze) = require_program("systemd-analyze", "apt-get install systemd") else {
-        return Ok(());
-    };
+    let analyze = peer_program("systemd-analyze", "Debian: systemd");
     let dir = TempDir::new("wpd-units")?;
     let wpd = bin_path("wpd");
     let service = std::fs::read_to_string(deploy_dir().join("wpd.service"))?;
@@ -160,13 +158,11 @@ fn kubernetes_daemonset_validates() -> Result<()> {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if !require_tool(
+    require_peer(
         available,
         "kubernetes-validate",
-        "python3 -m pip install kubernetes-validate",
-    ) {
-        return Ok(());
-    }
+        "PyPI: kubernetes-validate",
+    );
     let path = deploy_dir().join("kubernetes/daemonset.yaml");
     let (ok, text) = validate(&path)?;
     ensure!(
@@ -265,10 +261,7 @@ impl Drop for Activated {
 /// `STOPPING=1` and exit status 0; the socket's path and mode are systemd's throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn socket_activation_end_to_end() -> Result<()> {
-    let Some(activate) = require_program("systemd-socket-activate", "apt-get install systemd")
-    else {
-        return Ok(());
-    };
+    let activate = peer_program("systemd-socket-activate", "Debian: systemd");
     let dir = TempDir::new("wpd-activate")?;
     let socket = dir.0.join("wpd.sock");
     let not_ours = dir.0.join("not-used.sock");

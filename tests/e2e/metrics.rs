@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 use wpd_proto::v1::GetStatsRequest;
 use wpd_tests::{
-    Backend, Daemon, Event, EventStream, TargetProc, hits_only, require_backend, require_program,
+    Backend, Daemon, Event, EventStream, TargetProc, hits_only, peer_program, require_backend,
     rpc_ok, set_watchpoint, unique_temp_dir, write_spec,
 };
 
@@ -20,9 +20,7 @@ const PROMETHEUS_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_scrapes_what_getstats_reports() -> Result<()> {
-    let Some(prometheus) = require_program("prometheus", "apt-get install prometheus") else {
-        return Ok(());
-    };
+    let prometheus = peer_program("prometheus", "Debian: prometheus");
     if !require_backend(Backend::Perf) {
         return Ok(());
     }
