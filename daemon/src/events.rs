@@ -138,6 +138,8 @@ pub enum EventKind {
         reason: String,
         /// Its watchpoints then.
         watchpoints: Vec<WatchId>,
+        /// Their last hits in this process before it, oldest first.
+        last_hits: Vec<Arc<Event>>,
     },
     /// A watchpoint set by name was armed again where its name resolves now
     /// (after an exec).

@@ -225,6 +225,91 @@ async fn a_signal_the_program_later_blocks_removes_the_watchpoint() -> Result<()
     daemon.finish(result)
 }
 
+wpd_tests::both_backends!(
+    /// A crash carries who wrote last: the target dies of the action's SIGABRT at a store of
+    /// 7, and `ProcessCrashed` names the signal, the storing thread and, for each of the
+    /// process's watchpoints, its last hits in it (here the two stores another watchpoint
+    /// reported just before).
+    a_crash_carries_the_last_hits
+);
+async fn a_crash_carries_the_last_hits(backend: Backend) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--threads", "2", "--interval-us", "1000000"]).await?;
+    let result = async {
+        let mut client = daemon.client().await?;
+        let pid = target.pid;
+        let mut events = EventStream::for_pid(&mut client, pid).await?;
+        let log = set_watchpoint(&mut client, write_spec(backend, pid, target.vars[3]))
+            .await?
+            .watchpoint
+            .context("no watchpoint")?;
+        let crash = rpc_ok(
+            "SetWatchpoint",
+            client.set_watchpoint(signal_spec(backend, &target, 2, libc::SIGABRT)),
+        )
+        .await?
+        .watchpoint
+        .context("no watchpoint")?;
+        for v in [11u64, 12] {
+            target.cmd(&format!("write 3 {v}")).await?;
+            events
+                .wait_for(HIT_TIMEOUT, &format!("the hit of the store of {v}"), |e| {
+                    Ok(match e {
+                        Event::Hit(h)
+                            if h.watchpoint_id == log.id && h.value == v.to_le_bytes() =>
+                        {
+                            Some(())
+                        }
+                        _ => None,
+                    })
+                })
+                .await?;
+        }
+        // The store of 7 ends the target: no answer comes.
+        let _ = target.cmd_within("write 2 7", Duration::from_secs(2)).await;
+        let crashed = events
+            .wait_for(HIT_TIMEOUT, "ProcessCrashed", |e| {
+                Ok(match e {
+                    Event::ProcessCrashed(c) if c.pid == pid => Some(c.clone()),
+                    _ => None,
+                })
+            })
+            .await?;
+        ensure!(
+            crashed.signal == libc::SIGABRT && crashed.tid == pid && crashed.fatal,
+            "not the main thread's death by SIGABRT: {crashed:?}"
+        );
+        let mut ids = crashed.watchpoint_ids.clone();
+        ids.sort_unstable();
+        ensure!(ids == vec![log.id, crash.id], "watchpoints {ids:?}");
+        let logged: Vec<u64> = crashed
+            .last_hits
+            .iter()
+            .filter(|h| h.watchpoint_id == log.id)
+            .map(|h| u64::from_le_bytes(h.value.clone().try_into().unwrap_or_default()))
+            .collect();
+        ensure!(
+            logged == vec![11, 12],
+            "the crash's last hits of watchpoint {} are {logged:?}, not the stores 11 and 12",
+            log.id
+        );
+        ensure!(
+            crashed.last_hits.iter().all(|h| h.pid == pid),
+            "hits of another process: {:?}",
+            crashed.last_hits
+        );
+        use std::os::unix::process::ExitStatusExt;
+        let status = target.wait_exit(Duration::from_secs(5)).await?;
+        ensure!(
+            status.signal() == Some(libc::SIGABRT),
+            "the target ended with {status:?}, not by SIGABRT"
+        );
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}
+
 /// A unique command name for a fuzzing target (at most 15 bytes, the kernel's comm).
 fn unique_comm(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
@@ -468,6 +553,23 @@ async fn afl_saves_the_inputs_that_break_the_invariant() -> Result<()> {
                 "{name}: the input {input:?} stores no level over 100 ({levels:?})"
             );
         }
+        // Without wpd the input does not crash the target: the corruption stays silent.
+        let replay = dir.join(format!("{comm}r"));
+        std::fs::copy(&bin, &replay)?;
+        let mut run = std::process::Command::new(&replay)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()?;
+        {
+            use std::io::Write;
+            let mut stdin = run.stdin.take().context("no stdin")?;
+            stdin.write_all(&found[0].1)?;
+        }
+        let status = run.wait()?;
+        ensure!(
+            status.success(),
+            "the saved input crashes the target without wpd: {status:?}"
+        );
         let execs = stat("watched", "execs_done")?;
         let made = policy(&mut daemon.client().await?, p.id)
             .await?
@@ -508,6 +610,20 @@ async fn libfuzzer_saves_the_input_that_breaks_the_invariant() -> Result<()> {
     std::fs::create_dir(&corpus)?;
     std::fs::create_dir(&artifacts)?;
     std::fs::write(corpus.join("seed"), SEED)?;
+    // Alone, libFuzzer saves nothing: the bug is silent.
+    let mut alone = tokio::process::Command::new(&bin);
+    alone
+        .arg("-max_total_time=3")
+        .arg(format!("-artifact_prefix={}/", artifacts.display()))
+        .arg(&corpus)
+        .current_dir(&dir);
+    let o = run_fuzzer(alone, Duration::from_secs(60)).await?;
+    ensure!(
+        o.status.success() && std::fs::read_dir(&artifacts)?.next().is_none(),
+        "libFuzzer alone ended with {:?} or saved an artifact: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
     let daemon = Daemon::start().await?;
     let result = async {
         let p = watch_level(&daemon, &comm, false).await?;

@@ -230,16 +230,33 @@ pub(crate) fn to_text(ev: &StreamEventsResponse) -> String {
             d.first_seq,
             d.last_seq
         ),
-        Some(Event::ProcessCrashed(e)) => format!(
-            "{t} process-crashed pid={} tid={} {} code={}{} watchpoints={}: {}",
-            e.pid,
-            e.tid,
-            escape(&e.signal_name),
-            e.code,
-            if e.fatal { "" } else { " (handled)" },
-            id_list(&e.watchpoint_ids),
-            escape(&e.reason)
-        ),
+        Some(Event::ProcessCrashed(e)) => {
+            let mut text = format!(
+                "{t} process-crashed pid={} tid={} {} code={}{} watchpoints={}: {}",
+                e.pid,
+                e.tid,
+                escape(&e.signal_name),
+                e.code,
+                if e.fatal { "" } else { " (handled)" },
+                id_list(&e.watchpoint_ids),
+                escape(&e.reason)
+            );
+            // Who wrote last: `  last wp=7 tid=124 ip=0x… value=101 (0x65)`.
+            for h in &e.last_hits {
+                text.push_str(&format!(
+                    "\n  last {} wp={} tid={} ip={} {}",
+                    clock(h.time_ns),
+                    h.watchpoint_id,
+                    output::id_named(h.tid, &h.thread_name),
+                    hex(h.ip),
+                    hit_value_text(h)
+                ));
+                for (i, f) in h.backtrace.iter().enumerate() {
+                    text.push_str(&format!("\n    #{} {}", i + 1, hex(f.ip)));
+                }
+            }
+            text
+        }
         Some(Event::ProcessLost(e)) => format!(
             "{t} process-lost pid={} removed={}: {}",
             e.pid,
@@ -255,36 +272,41 @@ pub(crate) fn to_text(ev: &StreamEventsResponse) -> String {
     }
 }
 
+/// A hit as JSON (`"type": "hit"`).
+fn hit_json(h: &Hit) -> Value {
+    json!({
+        "type": "hit",
+        "watchpoint_id": h.watchpoint_id,
+        "pid": h.pid,
+        "tid": h.tid,
+        "process_name": h.process_name,
+        "thread_name": h.thread_name,
+        "ip": hex(h.ip),
+        "address": hex(h.address),
+        "length": h.length,
+        "piece": h.piece,
+        "access": output::access_name(h.access),
+        "value": if h.value.is_empty() { Value::Null } else { json!(output::hex_bytes(&h.value)) },
+        "value_le": output::le_value(&h.value),
+        "value_error": if h.value_error.is_empty() { Value::Null } else { json!(h.value_error) },
+        "hit_time_ns": h.time_ns,
+        "value_read_at_ns": h.value_read_at_ns,
+        "cpu": h.cpu,
+        "stopped": h.stopped,
+        "old_value": if h.old_value.is_empty() { Value::Null } else { json!(output::hex_bytes(&h.old_value)) },
+        "old_value_le": output::le_value(&h.old_value),
+        "backend": output::backend_name(h.backend),
+        "location": h.location.as_ref().map(output::location_json),
+        "backtrace": h.backtrace.iter().map(output::location_json).collect::<Vec<_>>(),
+        "backtrace_note": if h.backtrace_note.is_empty() { Value::Null } else { json!(h.backtrace_note) },
+        "rate_limited_before": h.rate_limited_before,
+    })
+}
+
 /// One JSON object per event, with `seq`, `time_ns` and `type`.
 pub(crate) fn to_json(ev: &StreamEventsResponse) -> Value {
     let mut v = match &ev.event {
-        Some(Event::Hit(h)) => json!({
-            "type": "hit",
-            "watchpoint_id": h.watchpoint_id,
-            "pid": h.pid,
-            "tid": h.tid,
-            "process_name": h.process_name,
-            "thread_name": h.thread_name,
-            "ip": hex(h.ip),
-            "address": hex(h.address),
-            "length": h.length,
-            "piece": h.piece,
-            "access": output::access_name(h.access),
-            "value": if h.value.is_empty() { Value::Null } else { json!(output::hex_bytes(&h.value)) },
-            "value_le": output::le_value(&h.value),
-            "value_error": if h.value_error.is_empty() { Value::Null } else { json!(h.value_error) },
-            "hit_time_ns": h.time_ns,
-            "value_read_at_ns": h.value_read_at_ns,
-            "cpu": h.cpu,
-            "stopped": h.stopped,
-            "old_value": if h.old_value.is_empty() { Value::Null } else { json!(output::hex_bytes(&h.old_value)) },
-            "old_value_le": output::le_value(&h.old_value),
-            "backend": output::backend_name(h.backend),
-            "location": h.location.as_ref().map(output::location_json),
-            "backtrace": h.backtrace.iter().map(output::location_json).collect::<Vec<_>>(),
-            "backtrace_note": if h.backtrace_note.is_empty() { Value::Null } else { json!(h.backtrace_note) },
-            "rate_limited_before": h.rate_limited_before,
-        }),
+        Some(Event::Hit(h)) => hit_json(h),
         Some(Event::WatchpointResolved(e)) => json!({
             "type": "watchpoint_resolved",
             "watchpoint_id": e.watchpoint_id,
@@ -331,6 +353,7 @@ pub(crate) fn to_json(ev: &StreamEventsResponse) -> Value {
             "fatal": e.fatal,
             "reason": e.reason,
             "watchpoint_ids": e.watchpoint_ids,
+            "last_hits": e.last_hits.iter().map(hit_json).collect::<Vec<_>>(),
         }),
         Some(Event::ProcessLost(e)) => json!({
             "type": "process_lost",

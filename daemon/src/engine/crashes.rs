@@ -5,12 +5,13 @@
 //! which would otherwise kill a target without a word of why
 //! (kernel-facts §10).
 
-use std::sync::Weak;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::Core;
-use crate::events::EventKind;
+use crate::events::{Event, EventKind};
+use crate::model::{Pid, WatchId};
 use crate::signals::{self, Delivery, SIGTRAP, SignalWatch};
 
 /// How often the ring is read.
@@ -113,10 +114,39 @@ impl Core {
                 code: d.code,
                 fatal,
                 reason,
+                last_hits: self.last_hits_in(d.pid, &watchpoints),
                 watchpoints,
             },
             owner,
         );
+    }
+}
+
+/// Hits of each watchpoint a crash report carries.
+const CRASH_HITS: usize = 8;
+
+impl Core {
+    /// The last [`CRASH_HITS`] hits in `pid` of each of `watchpoints`, from
+    /// the hits each keeps (`keep_recent`), oldest first per watchpoint.
+    fn last_hits_in(&self, pid: Pid, watchpoints: &[WatchId]) -> Vec<Arc<Event>> {
+        let mut out = Vec::new();
+        for id in watchpoints {
+            let Some(w) = self.watches.get(id).map(|w| w.clone()) else {
+                continue;
+            };
+            let kept = w.recent.lock().unwrap();
+            let mine: Vec<_> = kept
+                .iter()
+                .filter(|e| matches!(&e.kind, EventKind::Hit(h) if h.pid == pid))
+                .cloned()
+                .collect();
+            out.extend(
+                mine[mine.len().saturating_sub(CRASH_HITS)..]
+                    .iter()
+                    .cloned(),
+            );
+        }
+        out
     }
 }
 

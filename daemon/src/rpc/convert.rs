@@ -525,49 +525,54 @@ impl From<&ThreadView> for pb::ThreadInfo {
 }
 
 /// Domain event → wire.
+/// A hit as sent: raw addresses (the stream fills in locations).
+fn hit_to_pb(h: &crate::events::HitEvent) -> pb::Hit {
+    pb::Hit {
+        watchpoint_id: h.id.0,
+        pid: h.pid,
+        tid: h.tid,
+        ip: h.ip,
+        address: h.addr,
+        length: h.len,
+        access: access_to_pb(h.access) as i32,
+        value: h.value.clone().unwrap_or_default(),
+        value_error: h.value.as_ref().err().cloned().unwrap_or_default(),
+        time_ns: h.time_ns,
+        value_read_at_ns: h.value_read_ns,
+        cpu: h.cpu,
+        stopped: h.stopped,
+        old_value: h.old_value.clone().unwrap_or_default(),
+        backend: backend_to_pb(h.backend) as i32,
+        piece: u32::from(h.piece),
+        process_name: h
+            .names
+            .as_ref()
+            .map(|n| n.0.to_string())
+            .unwrap_or_default(),
+        thread_name: h
+            .names
+            .as_ref()
+            .map(|n| n.1.to_string())
+            .unwrap_or_default(),
+        // Filled in by the stream once symbolized; raw addresses here.
+        location: None,
+        backtrace: h
+            .callchain
+            .iter()
+            .map(|&ip| pb::Location {
+                ip,
+                ..Default::default()
+            })
+            .collect(),
+        backtrace_note: h.callchain_note.unwrap_or_default().to_string(),
+        rate_limited_before: h.rate_limited_before,
+    }
+}
+
 pub fn event_to_pb(e: &Event) -> pb::StreamEventsResponse {
     use pb::stream_events_response::Event as E;
     let event = match &e.kind {
-        EventKind::Hit(h) => E::Hit(pb::Hit {
-            watchpoint_id: h.id.0,
-            pid: h.pid,
-            tid: h.tid,
-            ip: h.ip,
-            address: h.addr,
-            length: h.len,
-            access: access_to_pb(h.access) as i32,
-            value: h.value.clone().unwrap_or_default(),
-            value_error: h.value.as_ref().err().cloned().unwrap_or_default(),
-            time_ns: h.time_ns,
-            value_read_at_ns: h.value_read_ns,
-            cpu: h.cpu,
-            stopped: h.stopped,
-            old_value: h.old_value.clone().unwrap_or_default(),
-            backend: backend_to_pb(h.backend) as i32,
-            piece: u32::from(h.piece),
-            process_name: h
-                .names
-                .as_ref()
-                .map(|n| n.0.to_string())
-                .unwrap_or_default(),
-            thread_name: h
-                .names
-                .as_ref()
-                .map(|n| n.1.to_string())
-                .unwrap_or_default(),
-            // Filled in by the stream once symbolized; raw addresses here.
-            location: None,
-            backtrace: h
-                .callchain
-                .iter()
-                .map(|&ip| pb::Location {
-                    ip,
-                    ..Default::default()
-                })
-                .collect(),
-            backtrace_note: h.callchain_note.unwrap_or_default().to_string(),
-            rate_limited_before: h.rate_limited_before,
-        }),
+        EventKind::Hit(h) => E::Hit(hit_to_pb(h)),
         EventKind::ThreadStarted {
             pid,
             tid,
@@ -596,6 +601,7 @@ pub fn event_to_pb(e: &Event) -> pb::StreamEventsResponse {
             fatal,
             reason,
             watchpoints,
+            last_hits,
         } => E::ProcessCrashed(pb::ProcessCrashed {
             pid: *pid,
             tid: *tid,
@@ -605,6 +611,13 @@ pub fn event_to_pb(e: &Event) -> pb::StreamEventsResponse {
             fatal: *fatal,
             reason: reason.clone(),
             watchpoint_ids: watchpoints.iter().map(|w| w.0).collect(),
+            last_hits: last_hits
+                .iter()
+                .filter_map(|e| match &e.kind {
+                    EventKind::Hit(h) => Some(hit_to_pb(h)),
+                    _ => None,
+                })
+                .collect(),
         }),
         EventKind::ProcessLost {
             pid,
