@@ -230,6 +230,7 @@ pub struct Metrics {
     journal_fsync_seconds: Counter<f64, AtomicU64>,
     journal_torn: Counter,
     journal_write_errors: Counter,
+    sigtraps: Counter,
     export_acked_seq: GaugeU,
     export_published: Counter,
     export_errors: Counter,
@@ -288,6 +289,7 @@ impl Metrics {
             journal_fsync_seconds: Counter::default(),
             journal_torn: Counter::default(),
             journal_write_errors: Counter::default(),
+            sigtraps: Counter::default(),
             export_acked_seq: GaugeU::default(),
             export_published: Counter::default(),
             export_errors: Counter::default(),
@@ -377,6 +379,12 @@ impl Metrics {
             "journal_write_errors",
             "Failed writes, fdatasync calls and segment creations of the journal",
             m.journal_write_errors.clone(),
+        );
+        r.register(
+            "sigtraps",
+            "SIGTRAPs the kernel delivered to watched processes (wpd sends none; each is a \
+             ProcessCrashed event saying what sent it)",
+            m.sigtraps.clone(),
         );
         r.register(
             "export_acked_seq",
@@ -571,6 +579,7 @@ impl Metrics {
         );
         set_counter(&self.journal_torn, s.journal_torn);
         set_counter(&self.journal_write_errors, s.journal_write_errors);
+        set_counter(&self.sigtraps, s.sigtraps);
         self.export_acked_seq.set(s.export_acked_seq);
         set_counter(&self.export_published, s.export_published);
         set_counter(&self.export_errors, s.export_errors);
@@ -669,6 +678,7 @@ mod tests {
             connections: 4,
             connections_refused: 1,
             connections_idled: 2,
+            sigtraps: 3,
             ..Default::default()
         }
     }
@@ -717,6 +727,7 @@ mod tests {
                 ("wpd_watchpoints", 3.0),
                 ("wpd_policies", 1.0),
                 ("wpd_hits_total", 1234.0),
+                ("wpd_sigtraps_total", 3.0),
                 ("wpd_watchpoint_hits_total{watchpoint=\"1\"}", 1000.0),
                 ("wpd_watchpoint_hits_total{watchpoint=\"2\"}", 234.0),
                 ("wpd_events_dropped_total{reason=\"subscriber_lag\"}", 7.0),
