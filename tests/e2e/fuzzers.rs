@@ -440,13 +440,26 @@ async fn nothing_left(daemon: &Daemon, comm: &str, policy_id: u64) -> Result<()>
                 .iter()
                 .find(|p| p.id == policy_id)
                 .context("the policy is gone")?;
+            let stats = rpc_ok(
+                "GetStats",
+                client.get_stats(wpd_proto::v1::GetStatsRequest::default()),
+            )
+            .await?;
             Ok(
-                if alive.is_empty() && p.instances.is_empty() && l.processes.is_empty() {
+                if alive.is_empty()
+                    && p.instances.is_empty()
+                    && l.processes.is_empty()
+                    && stats.threads == 0
+                    && stats.perf_fds == 0
+                {
                     Ok(())
                 } else {
                     Err(format!(
-                        "alive {alive:?}, instances {:?}, attached {:?}",
+                        "alive {alive:?}, instances {:?}, {} threads and {} perf fds tracked, \
+                         attached {:?}",
                         p.instances,
+                        stats.threads,
+                        stats.perf_fds,
                         l.processes.iter().map(|p| p.pid).collect::<Vec<_>>()
                     ))
                 },
@@ -536,7 +549,17 @@ async fn afl_saves_the_inputs_that_break_the_invariant() -> Result<()> {
 
     let daemon = Daemon::start().await?;
     let result = async {
+        let maps_reads = async || -> Result<u64> {
+            let mut c = daemon.client().await?;
+            let s = rpc_ok(
+                "GetStats",
+                c.get_stats(wpd_proto::v1::GetStatsRequest::default()),
+            )
+            .await?;
+            Ok(s.symbol_maps_reads)
+        };
         let p = watch_level(&daemon, &comm, true).await?;
+        let reads_before = maps_reads().await?;
         let o = run_fuzzer(afl("watched", "8"), Duration::from_secs(90)).await?;
         ensure!(
             o.status.success(),
@@ -580,6 +603,12 @@ async fn afl_saves_the_inputs_that_break_the_invariant() -> Result<()> {
             (1..=8).contains(&made) && execs >= 1000,
             "{made} instances for {execs} executions: the children were not covered by \
              the fork server's watchpoint"
+        );
+        // No per-child work: the maps of the few instances are read, not a child's.
+        let reads = maps_reads().await? - reads_before;
+        ensure!(
+            reads <= 4 * made,
+            "{reads} reads of /proc/PID/maps for {made} instances and {execs} executions"
         );
         nothing_left(&daemon, &comm, p.id).await
     }
