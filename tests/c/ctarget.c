@@ -8,7 +8,8 @@
  * with one line:
  *
  *   set NAME V      the main thread stores V into NAME (counter, initialized,
- *                   errors, flag2, name0, hidden, lib, plug, tls)    -> SET
+ *                   errors, flag2, name0, hidden, lib, plug, tls;
+ *                   conn1state: conns->next->state, on the heap)     -> SET
  *   spin N          N new threads store into `counter` in a loop, through
  *                   spin_worker -> bump_counter    -> SPINNING (once all run)
  *   stop            the spinning threads end and are joined          -> STOPPED
@@ -62,6 +63,14 @@ struct flex {
     long items[];                  /* no bound: any index is in DWARF's range */
 } flexobj;
 static long twin = 1;              /* a static named as one in libctlib.so */
+struct conn {
+    int fd;                        /* offset 0 */
+    int state;                     /* offset 4 */
+    struct conn *next;             /* offset 8 */
+};
+struct conn *conns;                /* a list of 3 on the heap, made at start */
+struct conn *no_conn;              /* NULL */
+void *opaque;                      /* a void *: nothing to follow into */
 void lib_set(long v);              /* libctlib.so's lib_counter: only through */
 long *lib_addr(void);              /* these (no copy relocation into here) */
 long lib_twin(void);
@@ -183,10 +192,10 @@ static void print_pool(const char *what, int from)
 static void ready(void)
 {
     printf("READY pid=%d counter=%p initialized=%p stats=%p errors=%p flag2=%p hidden=%p "
-           "lib=%p big=%p\n",
+           "lib=%p big=%p conn1state=%p\n",
            getpid(), (void *)&counter, (void *)&initialized, (void *)&stats,
            (void *)&stats.errors, (void *)&stats.flags[2], (void *)&hidden,
-           (void *)lib_addr(), (void *)big_table);
+           (void *)lib_addr(), (void *)big_table, (void *)&conns->next->state);
     fflush(stdout);
 }
 
@@ -219,6 +228,8 @@ static int set(const char *name, long v)
         stats.hits = v; /* LINE:set_hits */
     else if (!strcmp(name, "hidden"))
         hidden = (int)v; /* LINE:set_hidden */
+    else if (!strcmp(name, "conn1state"))
+        conns->next->state = (int)v; /* LINE:set_conn1state */
     else if (!strcmp(name, "tls"))
         tls_counter = v;
     else if (!strcmp(name, "twin"))
@@ -241,6 +252,13 @@ int main(int argc, char **argv)
 {
     (void)argc;
     setvbuf(stdout, NULL, _IOLBF, 0);
+    for (int i = 2; i >= 0; i--) {
+        struct conn *c = calloc(1, sizeof *c);
+        c->fd = 10 + i;
+        c->next = conns;
+        conns = c;
+    }
+    opaque = conns;
     ready();
     char line[512];
     while (fgets(line, sizeof line, stdin)) {

@@ -255,6 +255,43 @@ async fn wrong_names_are_refused_and_change_nothing() -> Result<()> {
                     wpd_proto::reason::BAD_SYMBOL,
                     &[],
                 ),
+                // Pointers: followed where they can be, refused where not.
+                (
+                    "no_conn->state",
+                    Code::InvalidArgument,
+                    wpd_proto::reason::BAD_SYMBOL_PATH,
+                    &["no_conn", "null pointer"],
+                ),
+                (
+                    "counter->x",
+                    Code::InvalidArgument,
+                    wpd_proto::reason::BAD_SYMBOL_PATH,
+                    &["counter", "long", "not a pointer"],
+                ),
+                (
+                    "opaque->fd",
+                    Code::InvalidArgument,
+                    wpd_proto::reason::BAD_SYMBOL_PATH,
+                    &["void", "no members"],
+                ),
+                (
+                    "opaque[1]",
+                    Code::InvalidArgument,
+                    wpd_proto::reason::BAD_SYMBOL_PATH,
+                    &["opaque", "no size"],
+                ),
+                (
+                    "conns->nosuch",
+                    Code::InvalidArgument,
+                    wpd_proto::reason::BAD_SYMBOL_PATH,
+                    &["nosuch", "state", "next"],
+                ),
+                (
+                    "conns->",
+                    Code::InvalidArgument,
+                    wpd_proto::reason::BAD_SYMBOL,
+                    &["'->' must be followed by a member name"],
+                ),
                 // An index whose offset does not fit in 64 bits (an array
                 // without a bound: DWARF sets no limit).
                 (
@@ -432,6 +469,71 @@ async fn a_struct_is_one_watchpoint_over_several_slots(backend: Backend) -> Resu
                 "ct-pie",
             )?;
             Ok(())
+        }
+        .await,
+    )
+}
+
+both_backends!(a_heap_object_is_watched_through_its_pointers);
+
+/// `conns->next->state`: the pointers are read from the process when the
+/// watchpoint is set, and the watchpoint is on the heap object they lead to
+/// (the address the program prints); `wpctl watch` says so; a store into
+/// that field is a hit naming its function and line.
+async fn a_heap_object_is_watched_through_its_pointers(backend: Backend) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let mut events =
+                EventStream::subscribe(&mut client, wpd_tests::hits_only(t.pid)).await?;
+            let want = t.addr("conn1state");
+            let r = resolve(&mut client, t.pid, "conns->next->state").await?;
+            let sym = r.symbol.clone().unwrap_or_default();
+            ensure!(
+                sym.address == want && sym.size == 4 && sym.type_name == "int",
+                "resolved to {sym:?}, the program says {want:#x}"
+            );
+            let ep = daemon.endpoint();
+            let pid = t.pid.to_string();
+            let backend_arg = match backend {
+                Backend::Ptrace => "ptrace",
+                _ => "perf",
+            };
+            let out = run_wpctl(
+                &[
+                    "--endpoint",
+                    &ep,
+                    "watch",
+                    "--pid",
+                    &pid,
+                    "--backend",
+                    backend_arg,
+                    "--symbol",
+                    "conns->next->state",
+                ],
+                Duration::from_secs(20),
+            )
+            .await?;
+            ensure!(
+                out.code == Some(0)
+                    && out.stdout.contains(&format!("{want:#x}"))
+                    && out.stdout.contains("followed"),
+                "wpctl watch: {out:?}"
+            );
+            t.cmd("set conn1state 3").await?;
+            let hit = one_hit(&mut events, "set conn1state").await?;
+            ensure!(
+                hit.address == want && hit.value == 3i32.to_le_bytes(),
+                "{hit:?}"
+            );
+            check_location(
+                hit.location.as_ref().context("no location")?,
+                "set",
+                "set_conn1state",
+                "ct-pie",
+            )
         }
         .await,
     )

@@ -17,7 +17,7 @@ pub struct SymbolArgs {
     /// Process
     #[arg(long, value_parser = pid_parser())]
     pub pid: i32,
-    /// A name (`[MODULE:]NAME[.MEMBER][[INDEX]][+OFFSET]`) or an address (0x…)
+    /// A name (`[MODULE:]NAME[.MEMBER][->MEMBER][[INDEX]][+OFFSET]`) or an address (0x…)
     #[arg(value_name = "NAME|ADDR")]
     pub what: String,
 }

@@ -48,9 +48,10 @@ pub struct WatchArgs {
     #[arg(long, value_name = "ADDR", value_parser = parse_addr,
           required_unless_present = "symbol", conflicts_with = "symbol")]
     pub addr: Option<u64>,
-    /// Variable to watch, by name: `[MODULE:]NAME[.MEMBER][[INDEX]][+OFFSET]`, e.g. `counter`,
-    /// `libfoo.so:stats.flags[2]`; a global or static of the program or of any library it
-    /// loaded. With --access exec, a function
+    /// Variable to watch, by name: `[MODULE:]NAME[.MEMBER][->MEMBER][[INDEX]][+OFFSET]`, e.g. `counter`,
+    /// `libfoo.so:stats.flags[2]`, `conns->next->state` (pointers are read when it is set);
+    /// a global or static of the program or of any library it loaded. With --access exec, a
+    /// function
     #[arg(long, value_name = "NAME")]
     pub symbol: Option<String>,
     /// Bytes to watch (default: 8 from --addr; the object's size for --symbol; exec: 1). A
@@ -365,13 +366,24 @@ fn to_text(resp: &SetWatchpointResponse) -> String {
     }
     notes.extend(output::filter_phrases(&spec));
     notes.push(output::duration_ns(resp.arm_duration_ns));
-    format!(
+    let mut text = format!(
         "watchpoint {}: {}, armed on {} ({})",
         wp.id,
         output::describe(&wp),
         output::plural(wp.armed_threads, "thread"),
         notes.join(", "),
-    )
+    );
+    // What the name's resolution wants known (pointers followed, a choice
+    // among modules).
+    if let Some(note) = resp
+        .symbol
+        .as_ref()
+        .map(|s| &s.note)
+        .filter(|n| !n.is_empty())
+    {
+        text.push_str(&format!("\nnote: {}", escape(note)));
+    }
+    text
 }
 
 #[cfg(test)]

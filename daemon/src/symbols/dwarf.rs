@@ -66,8 +66,12 @@ const SECTIONS: [gimli::SectionId; 12] = [
 pub enum Shape {
     /// A scalar: integer, float, enum, bool.
     Scalar,
-    /// A pointer (`T *`): watched as the pointer itself.
-    Pointer,
+    /// A pointer (`T *`): watched as the pointer itself; `->`, `*` and
+    /// `[i]` follow it to the type DIE it points to.
+    Pointer {
+        /// The pointed-to type (None: `void *`).
+        target: Option<usize>,
+    },
     /// A struct, class or union.
     Record(Vec<Member>),
     /// An array: element type and the counts of the dimensions left.
@@ -133,7 +137,7 @@ pub enum PathError {
         what: String,
         /// Its type.
         ty: String,
-        /// For a pointer: why wpd does not follow it.
+        /// More on why (empty, or a hint).
         hint: &'static str,
     },
     /// Past the end.
@@ -146,9 +150,55 @@ pub enum PathError {
         /// Elements.
         count: u64,
     },
+    /// `->` or `*` of something that is not a pointer.
+    #[error("{what} is a {ty}, not a pointer: it cannot be followed")]
+    NotAPointer {
+        /// What was walked so far.
+        what: String,
+        /// Its type.
+        ty: String,
+    },
+    /// A null pointer on the way.
+    #[error("{what} is a null pointer: there is no object to watch behind it yet")]
+    NullPointer {
+        /// The pointer.
+        what: String,
+    },
+    /// A pointer whose value could not be read, or that points nowhere
+    /// readable.
+    #[error("cannot read {what} at {addr:#x} in the process: {why}")]
+    Unreadable {
+        /// The pointer.
+        what: String,
+        /// Where it was read.
+        addr: u64,
+        /// Why not.
+        why: String,
+    },
+    /// `[i]` of a pointer to something without a size.
+    #[error("{what} points to {ty}, which has no size: it cannot be indexed")]
+    Unsized {
+        /// The pointer.
+        what: String,
+        /// What it points to.
+        ty: String,
+    },
     /// The DWARF could not be read.
     #[error("the debug information is unreadable here: {0}")]
     Dwarf(String),
+}
+
+/// Reads the pointer at a runtime address of the process, for the walks
+/// that follow pointers.
+pub type ReadPointer<'a> = &'a mut dyn FnMut(u64) -> Result<u64, String>;
+
+/// Where a walk ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// This many bytes into the variable (no pointer followed).
+    InVariable(u64),
+    /// At this runtime address, past a pointer.
+    At(u64),
 }
 
 impl From<gimli::Error> for PathError {
@@ -240,6 +290,23 @@ impl DwarfFile {
         base: &str,
         steps: &[Step],
     ) -> Result<(u64, Option<TypeInfo>), PathError> {
+        match self.walk_from(v, base, steps, 0, None)? {
+            (Place::InVariable(off), info) => Ok((off, info)),
+            (Place::At(_), _) => unreachable!("no pointer is followed without a reader"),
+        }
+    }
+
+    /// [`DwarfFile::walk`], following pointers: the variable is at runtime
+    /// address `start`, and `read` gives the value of a pointer at a
+    /// runtime address (without it, following one is refused).
+    pub fn walk_from(
+        &self,
+        v: &VarDie,
+        base: &str,
+        steps: &[Step],
+        start: u64,
+        mut read: Option<ReadPointer<'_>>,
+    ) -> Result<(Place, Option<TypeInfo>), PathError> {
         let dwarf = self
             .dwarf()
             .ok_or_else(|| PathError::Dwarf("no DWARF".into()))?;
@@ -251,30 +318,85 @@ impl DwarfFile {
         let mut ty = type_ref(&die);
         let mut what = base.to_string();
         let mut offset = 0u64;
+        // Past a pointer: the runtime address `offset` is relative to.
+        let mut past: Option<u64> = None;
         // The array dimensions still to index, once inside an array.
         let mut pending: Option<(usize, Vec<Option<u64>>)> = None;
+        // The value of the pointer at `offset`, through `read`.
+        let mut follow = |what: &str, past: Option<u64>, offset: u64| -> Result<u64, PathError> {
+            let Some(read) = read.as_mut() else {
+                return Err(PathError::NotAnArray {
+                    what: what.to_string(),
+                    ty: "pointer".into(),
+                    hint: " (a pointer is followed only in a live process)",
+                });
+            };
+            let at = past.unwrap_or(start).wrapping_add(offset);
+            let p = read(at).map_err(|why| PathError::Unreadable {
+                what: what.to_string(),
+                addr: at,
+                why,
+            })?;
+            if p == 0 {
+                return Err(PathError::NullPointer {
+                    what: what.to_string(),
+                });
+            }
+            Ok(p)
+        };
+        let mut arrow = false;
         for step in steps {
             if pending.is_none()
-                && let Step::Index(_) = step
+                && let Step::Index(i) = step
             {
                 let info = type_info(&dwarf, &unit, ty)?;
                 match info.shape {
                     Shape::Array { elem, dims } => pending = Some((elem, dims)),
-                    shape => {
+                    Shape::Pointer { target } => {
+                        // `p[i]`: the element `i` from where `p` points.
+                        let t = type_info(&dwarf, &unit, target)?;
+                        let size = t
+                            .size
+                            .filter(|&s| s > 0)
+                            .ok_or_else(|| PathError::Unsized {
+                                what: what.clone(),
+                                ty: t.name.clone(),
+                            })?;
+                        let p = follow(&what, past, offset)?;
+                        let o = i.checked_mul(size).ok_or_else(|| overflow(&what, *i))?;
+                        past = Some(p.wrapping_add(o));
+                        offset = 0;
+                        ty = target;
+                        what.push_str(&format!("[{i}]"));
+                        continue;
+                    }
+                    _ => {
                         return Err(PathError::NotAnArray {
                             what,
                             ty: info.name,
-                            hint: if shape == Shape::Pointer {
-                                " (wpd watches a pointer itself and does not follow it: to \
-                                 watch what it points to, watch that address)"
-                            } else {
-                                ""
-                            },
+                            hint: "",
                         });
                     }
                 }
             }
             match (step, pending.take()) {
+                (Step::Deref, Some((elem, dims))) => {
+                    let t = describe_array(&dwarf, &unit, elem, &dims)?;
+                    return Err(PathError::NotAPointer { what, ty: t });
+                }
+                (Step::Deref, None) => {
+                    let info = type_info(&dwarf, &unit, ty)?;
+                    let Shape::Pointer { target } = info.shape else {
+                        return Err(PathError::NotAPointer {
+                            what,
+                            ty: info.name,
+                        });
+                    };
+                    past = Some(follow(&what, past, offset)?);
+                    offset = 0;
+                    ty = target;
+                    arrow = true;
+                }
                 (Step::Index(i), Some((elem, dims))) => {
                     if let Some(c) = dims[0]
                         && *i >= c
@@ -323,12 +445,28 @@ impl DwarfFile {
                         .checked_add(off)
                         .ok_or_else(|| overflow(&what, off))?;
                     ty = mty;
-                    what.push('.');
+                    what.push_str(if std::mem::take(&mut arrow) {
+                        "->"
+                    } else {
+                        "."
+                    });
                     what.push_str(m);
                 }
                 (Step::Index(_), None) => unreachable!("an index sets `pending` above"),
             }
+            if !matches!(step, Step::Deref) && arrow {
+                arrow = false;
+            }
+            if matches!(step, Step::Deref) && !matches!(steps.last(), Some(Step::Deref)) {
+                // `->member` follows; a trailing `*` names the whole.
+            } else if matches!(step, Step::Deref) {
+                what = format!("*{what}");
+            }
         }
+        let place = match past {
+            Some(p) => Place::At(p.wrapping_add(offset)),
+            None => Place::InVariable(offset),
+        };
         let info = match pending {
             Some((elem, dims)) => {
                 let e = type_info(&dwarf, &unit, Some(elem))?;
@@ -342,7 +480,7 @@ impl DwarfFile {
             }
             None => ty.map(|t| type_info(&dwarf, &unit, Some(t))).transpose()?,
         };
-        Ok((offset, info))
+        Ok((place, info))
     }
 
     /// The innermost member of the type of `v` (after `steps`) that holds
@@ -551,7 +689,9 @@ pub fn type_info(
                 return Ok(TypeInfo {
                     name: named(format!("{target} *")),
                     size: size.or(Some(unit.encoding().address_size.into())),
-                    shape: Shape::Pointer,
+                    shape: Shape::Pointer {
+                        target: type_ref(&e),
+                    },
                 });
             }
             gimli::DW_TAG_structure_type | gimli::DW_TAG_class_type | gimli::DW_TAG_union_type => {

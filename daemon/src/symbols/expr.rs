@@ -1,6 +1,9 @@
 //! The name expressions a watchpoint can be set by:
-//! `[module:]name[::name]…` followed by any of `.member` and `[index]`, and
-//! an optional `+offset` or `-offset` (decimal or `0x` hex) in bytes.
+//! `[module:]name[::name]…` followed by any of `.member`, `->member` and
+//! `[index]`, and an optional `+offset` or `-offset` (decimal or `0x` hex)
+//! in bytes; a leading `*` dereferences the whole (`*cfg.current`). `->`,
+//! `*` and `[index]` of a pointer follow pointers: their values are read
+//! from the process when the name is resolved.
 //!
 //! `module` is a module's file name (`libfoo.so`, or a prefix of it up to a
 //! dot: `libc.so` names `libc.so.6`) or its full path; it is whatever comes
@@ -14,8 +17,11 @@ use std::fmt;
 pub enum Step {
     /// `.member` of a struct or union.
     Member(String),
-    /// `[index]` of an array.
+    /// `[index]` of an array, or of a pointer (the element that far from
+    /// where it points).
     Index(u64),
+    /// Following a pointer: `*` (or the `->` of `->member`).
+    Deref,
 }
 
 /// A parsed name expression.
@@ -29,6 +35,14 @@ pub struct Expr {
     pub steps: Vec<Step>,
     /// Bytes added at the end.
     pub offset: i64,
+}
+
+impl Expr {
+    /// Whether resolving it reads pointers from the process (`->`, `*`;
+    /// an `[index]` of a pointer is seen only when walking the types).
+    pub fn follows_pointers(&self) -> bool {
+        self.steps.contains(&Step::Deref)
+    }
 }
 
 /// Why an expression does not parse.
@@ -90,7 +104,7 @@ impl Expr {
             }
             i += 1;
         }
-        let (module, rest) = match split {
+        let (module, mut rest) = match split {
             Some(at) => {
                 let m = t[..at].trim();
                 if m.is_empty() {
@@ -100,6 +114,12 @@ impl Expr {
             }
             None => (None, t),
         };
+        // Leading '*': each follows the pointer the rest designates.
+        let mut derefs = 0usize;
+        while let Some(r) = rest.strip_prefix('*') {
+            derefs += 1;
+            rest = r.trim_start();
+        }
         let mut chars = rest.char_indices().peekable();
         // The name: identifiers joined by '::'.
         let mut name = String::new();
@@ -154,6 +174,23 @@ impl Expr {
                         chars.next();
                     }
                 }
+                '-' if rest[i..].starts_with("->") => {
+                    chars.next();
+                    chars.next();
+                    let mut m = String::new();
+                    while let Some(&(_, c)) = chars.peek() {
+                        if !is_ident(c) {
+                            break;
+                        }
+                        m.push(c);
+                        chars.next();
+                    }
+                    if m.is_empty() || !m.starts_with(is_ident_start) {
+                        return Err(err("'->' must be followed by a member name"));
+                    }
+                    steps.push(Step::Deref);
+                    steps.push(Step::Member(m));
+                }
                 '+' | '-' => {
                     let tail = rest[i + 1..].trim();
                     let n = number(tail).ok_or_else(|| err("an offset must be a number"))?;
@@ -165,6 +202,12 @@ impl Expr {
                 _ => return Err(err(&format!("unexpected {c:?}"))),
             }
         }
+        if derefs > 0 && offset != 0 {
+            return Err(err(
+                "an offset cannot follow a leading '*' (write the member instead)",
+            ));
+        }
+        steps.extend(std::iter::repeat_n(Step::Deref, derefs));
         Ok(Expr {
             module,
             name,
@@ -177,15 +220,31 @@ impl Expr {
     /// (`stats.flags[2]+1`).
     pub fn path(&self) -> String {
         let mut s = self.name.clone();
-        for st in &self.steps {
-            match st {
-                Step::Member(m) => {
+        let mut steps = self.steps.as_slice();
+        // Trailing derefs are the leading '*'s.
+        let mut stars = 0;
+        while let [rest @ .., Step::Deref] = steps {
+            stars += 1;
+            steps = rest;
+        }
+        let mut i = 0;
+        while i < steps.len() {
+            match (&steps[i], steps.get(i + 1)) {
+                (Step::Deref, Some(Step::Member(m))) => {
+                    s.push_str("->");
+                    s.push_str(m);
+                    i += 1;
+                }
+                (Step::Deref, _) => s = format!("(*{s})"),
+                (Step::Member(m), _) => {
                     s.push('.');
                     s.push_str(m);
                 }
-                Step::Index(i) => s.push_str(&format!("[{i}]")),
+                (Step::Index(n), _) => s.push_str(&format!("[{n}]")),
             }
+            i += 1;
         }
+        s = format!("{}{s}", "*".repeat(stars));
         match self.offset {
             0 => {}
             o if o > 0 => s.push_str(&format!("+{o}")),
@@ -253,6 +312,32 @@ mod tests {
         ok("ns::inner::var", None, "ns::inner::var", &[], 0);
         ok("lib.so:main::count", Some("lib.so"), "main::count", &[], 0);
         ok("_$x1", None, "_$x1", &[], 0);
+        ok(
+            "cfg->conns[2].state",
+            None,
+            "cfg",
+            &[Step::Deref, m("conns"), Step::Index(2), m("state")],
+            0,
+        );
+        ok(
+            "*head.next->next",
+            None,
+            "head",
+            &[m("next"), Step::Deref, m("next"), Step::Deref],
+            0,
+        );
+        ok("p->a-1", None, "p", &[Step::Deref, m("a")], -1);
+    }
+
+    #[test]
+    fn pointer_paths_display_as_written() {
+        for text in ["cfg->conns[2].state", "*head.next->next", "**pp", "p->a+4"] {
+            let e = Expr::parse(text).unwrap();
+            assert_eq!(e.to_string(), text);
+            assert_eq!(Expr::parse(&e.to_string()).unwrap(), e, "{text}");
+            assert!(e.follows_pointers(), "{text}");
+        }
+        assert!(!Expr::parse("a.b[1]").unwrap().follows_pointers());
     }
 
     #[test]
@@ -269,6 +354,10 @@ mod tests {
             ("a+b", "offset must be a number"),
             ("a b", "spaces"),
             ("a*b", "unexpected '*'"),
+            ("a->", "'->' must be followed by a member name"),
+            ("a->1", "'->' must be followed by a member name"),
+            ("*a+4", "offset cannot follow a leading '*'"),
+            ("*", "must start with a letter"),
             ("lib.so:", "must start with a letter"),
         ] {
             let e = Expr::parse(text).expect_err(text);

@@ -187,10 +187,14 @@ fn refusal(
     }
 }
 
-/// The object a name designates in its module: link-time address, size
-/// when known, type (DWARF), and where they came from.
+/// The object a name designates in its module: link-time address (or,
+/// past a pointer, runtime address), size when known, type (DWARF), and
+/// where they came from.
 struct Object {
     vaddr: u64,
+    /// `vaddr` is a runtime address found by following pointers: the object
+    /// is in no module (heap, stack, another module's data).
+    followed: bool,
     size: Option<u64>,
     type_name: Option<String>,
     source: Source,
@@ -202,7 +206,12 @@ struct Object {
 /// members and elements, then the byte offset (`stats+8`: from byte 8 to
 /// the end of the member holding it; outside the object only with a
 /// length given, `len > 0`).
-fn object(expr: &Expr, c: &Candidate<'_>, len: u32) -> Result<Object, SymbolError> {
+fn object(
+    expr: &Expr,
+    c: &Candidate<'_>,
+    len: u32,
+    read: dwarf::ReadPointer<'_>,
+) -> Result<Object, SymbolError> {
     let text = expr.to_string();
     let outside = |whole: u64| SymbolError::Offset {
         expr: text.clone(),
@@ -218,24 +227,45 @@ fn object(expr: &Expr, c: &Candidate<'_>, len: u32) -> Result<Object, SymbolErro
                 unreachable!("TLS refused by pick")
             };
             let d = c.elf.dwarf.as_ref().expect("a DWARF hit has DWARF");
-            let (off, info) =
-                d.walk(v, &expr.name, &expr.steps)
-                    .map_err(|error| SymbolError::Path {
-                        expr: text.clone(),
-                        error,
-                    })?;
+            let (place, info) = d
+                .walk_from(
+                    v,
+                    &expr.name,
+                    &expr.steps,
+                    a.wrapping_add(c.bias),
+                    Some(read),
+                )
+                .map_err(|error| SymbolError::Path {
+                    expr: text.clone(),
+                    error,
+                })?;
+            let (vaddr, followed) = match place {
+                dwarf::Place::InVariable(off) => (a + off, false),
+                dwarf::Place::At(addr) => (addr, true),
+            };
             let mut o = Object {
-                vaddr: a + off,
+                vaddr,
+                followed,
                 size: info.as_ref().and_then(|i| i.size),
                 type_name: info.map(|i| i.name),
                 source: Source::Dwarf,
-                note: None,
+                note: followed.then(|| {
+                    format!(
+                        "{} was followed when the watchpoint was set: the watchpoint stays on \
+                         that object if the pointers change later",
+                        expr.path()
+                    )
+                }),
             };
             if expr.offset == 0 {
                 return Ok(o);
             }
             let whole = o.size.unwrap_or(0);
             match inside(whole) {
+                Some(at) if followed => {
+                    o.vaddr += at;
+                    o.size = Some(whole - at);
+                }
                 Some(at) => {
                     o.vaddr += at;
                     match d.member_at(v, &expr.steps, at) {
@@ -272,6 +302,7 @@ fn object(expr: &Expr, c: &Candidate<'_>, len: u32) -> Result<Object, SymbolErro
             }
             let mut o = Object {
                 vaddr: s.vaddr,
+                followed: false,
                 size: (s.size > 0).then_some(s.size),
                 type_name: None,
                 source: match s.table {
@@ -322,7 +353,7 @@ impl Symbols {
             });
         }
         let (c, note) = pick(pid, &expr, access, &found, searched.len())?;
-        self.finish(&expr, c, access, len, note)
+        self.finish(pid, &expr, c, access, len, note)
     }
 
     /// What each module of `searched` has under the name, in order. A
@@ -393,13 +424,20 @@ impl Symbols {
     /// address.
     fn finish(
         &self,
+        pid: Pid,
         expr: &Expr,
         c: &Candidate<'_>,
         access: Access,
         len: u32,
         note: Option<String>,
     ) -> Result<Resolved, SymbolError> {
-        let mut o = object(expr, c, len)?;
+        let mut read = |at: u64| -> Result<u64, String> {
+            let b = crate::procfs::read_memory(pid, pid, at, 8)?;
+            Ok(u64::from_le_bytes(
+                b.try_into().map_err(|_| "a short read")?,
+            ))
+        };
+        let mut o = object(expr, c, len, &mut read)?;
         if access == Access::Exec {
             o.size = Some(1);
             o.type_name = None;
@@ -424,11 +462,16 @@ impl Symbols {
             module: c.file.path.clone(),
             module_key: FileKey::of(c.file),
             build_id: c.elf.build_id.clone(),
-            address: o.vaddr.wrapping_add(c.bias),
+            address: if o.followed {
+                o.vaddr
+            } else {
+                o.vaddr.wrapping_add(c.bias)
+            },
             size,
             type_name: o.type_name,
             source: o.source,
-            module_address: o.vaddr,
+            // Past a pointer the object is in no module's image.
+            module_address: if o.followed { 0 } else { o.vaddr },
             note: o.note.or(note),
         })
     }
