@@ -10,8 +10,12 @@ use wpd::rpc::serve::Listen;
 /// Hardware-watchpoint daemon: owns the debug registers of attached
 /// processes and serves the wpd.v1 gRPC API.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(name = "wpd", version)]
 struct Args {
+    /// Print the manual page wpd(8) (roff, generated from these options)
+    /// and exit: `wpd --man > /usr/local/share/man/man8/wpd.8`.
+    #[arg(long)]
+    man: bool,
     /// Where to listen: unix:PATH, or tcp://HOST:PORT (a loopback address,
     /// or any with --tls-cert; TCP callers need --token-file).
     #[arg(long, env = "WPD_LISTEN", default_value_t = format!("unix:{}", wpd_proto::DEFAULT_SOCKET))]
@@ -385,6 +389,22 @@ fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
 
+/// Prints wpd(8) to stdout.
+fn print_manual() -> std::process::ExitCode {
+    use clap::CommandFactory;
+    use std::io::Write;
+    let mut page = Vec::new();
+    let man = clap_mangen::Man::new(Args::command()).section("8");
+    match man.render(&mut page) {
+        Ok(()) if std::io::stdout().write_all(&page).is_ok() => std::process::ExitCode::SUCCESS,
+        Ok(()) => std::process::ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("wpd: rendering the manual page: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     // Before any thread exists: SIGCHLD (ptrace stops) may be taken only by
     // a tracer thread waiting in `ppoll`, which unblocks it there.
@@ -401,6 +421,9 @@ fn main() -> std::process::ExitCode {
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
     let args = Args::parse();
+    if args.man {
+        return print_manual();
+    }
     let config = match config(&args) {
         Ok(c) => c,
         Err(e) => {

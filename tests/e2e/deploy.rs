@@ -34,10 +34,20 @@ impl Drop for TempDir {
 }
 
 /// `systemd-analyze verify` on `units` (paths), its messages forced to stderr: (exit success,
-/// what it printed).
-fn verify(analyze: &Path, units: &[PathBuf]) -> Result<(bool, String)> {
-    let out = Command::new(analyze)
-        .args(["verify", "--man=no"])
+/// what it printed). With `man`, the manual pages the units' `Documentation=` names are looked
+/// up with man(1) in that MANPATH (as the README installs them); without, not looked up.
+fn verify(analyze: &Path, units: &[PathBuf], man: Option<&Path>) -> Result<(bool, String)> {
+    let mut cmd = Command::new(analyze);
+    cmd.arg("verify");
+    match man {
+        Some(dir) => {
+            cmd.arg("--man=yes").env("MANPATH", dir);
+        }
+        None => {
+            cmd.arg("--man=no");
+        }
+    }
+    let out = cmd
         .args(units)
         .env("SYSTEMD_LOG_TARGET", "console")
         .env("SYSTEMD_LOG_COLOR", "0")
@@ -68,17 +78,39 @@ fn systemd_units_verify() -> Result<()> {
     std::fs::write(dir.0.join("wpd.service"), &service)?;
     std::fs::copy(deploy_dir().join("wpd.socket"), dir.0.join("wpd.socket"))?;
     let units = [dir.0.join("wpd.socket"), dir.0.join("wpd.service")];
-    let (ok, text) = verify(&analyze, &units)?;
+    // The manual pages the units name, installed as the README says: wpd(8), wpctl(1).
+    let man = dir.0.join("man");
+    for (section, page, bin, args) in [
+        ("man8", "wpd.8", "wpd", ["--man"]),
+        ("man1", "wpctl.1", "wpctl", ["man"]),
+    ] {
+        std::fs::create_dir_all(man.join(section))?;
+        let out = Command::new(bin_path(bin)).args(args).output()?;
+        ensure!(
+            out.status.success() && out.stdout.starts_with(b".ie"),
+            "{bin} {args:?} printed no manual page: {out:?}"
+        );
+        std::fs::write(man.join(section).join(page), &out.stdout)?;
+    }
+    let (ok, text) = verify(&analyze, &units, Some(&man))?;
     ensure!(
         ok && text.trim().is_empty(),
         "systemd-analyze verify:\n{text}"
+    );
+    // And the lookup is real: without the pages, verify says what is missing.
+    let empty = dir.0.join("no-man");
+    std::fs::create_dir_all(&empty)?;
+    let (_, text) = verify(&analyze, &units, Some(&empty))?;
+    ensure!(
+        text.contains("wpd(8)") || text.contains("man wpd"),
+        "missing manual pages went unnoticed:\n{text}"
     );
 
     // The check really reads the keys: a misspelt one is reported.
     let bad = service.replace("NoNewPrivileges=yes", "NoNewPrivilegs=yes");
     ensure!(bad != service, "wpd.service has no NoNewPrivileges=yes");
     std::fs::write(dir.0.join("wpd.service"), bad)?;
-    let (_, text) = verify(&analyze, &units)?;
+    let (_, text) = verify(&analyze, &units, None)?;
     ensure!(
         text.contains("Unknown key") && text.contains("NoNewPrivilegs"),
         "a misspelt key went unnoticed:\n{text}"
