@@ -133,6 +133,74 @@ async fn pause_holds_every_thread_and_their_stacks_can_be_read() -> Result<()> {
     daemon.finish(result)
 }
 
+/// A program built without frame pointers (`-O2 -fomit-frame-pointer`): a held thread's
+/// stack is unwound with the call frame information of its modules, through the program's
+/// own functions into the C library's thread start, to the end of the chain (no note).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stacks_unwind_code_without_frame_pointers() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-nofp").await?;
+    t.cmd("spin 2").await?;
+    let result = async {
+        let mut c = daemon.client().await?;
+        attach(&mut c, t.pid, Backend::Ptrace).await?;
+        let held = rpc_ok(
+            "Pause",
+            c.pause(PauseRequest {
+                pid: t.pid,
+                ..Default::default()
+            }),
+        )
+        .await?
+        .held;
+        let mut spinners = 0;
+        let mut seen = Vec::new();
+        for &tid in &held {
+            let st = rpc_ok(
+                "GetThreadStack",
+                c.get_thread_stack(GetThreadStackRequest {
+                    pid: t.pid,
+                    tid,
+                    depth: 32,
+                    raw: false,
+                }),
+            )
+            .await?;
+            let names: Vec<String> = st
+                .frames
+                .iter()
+                .map(|f| format!("{}@{:#x}", f.function, f.ip))
+                .collect();
+            seen.push(format!("{} (note {:?})", names.join(" < "), st.note));
+            let Some(at) = st.frames.iter().position(|f| f.function == "spin_worker") else {
+                continue;
+            };
+            spinners += 1;
+            // spin_worker's callers: the C library's thread start (start_thread, then clone3
+            // or clone), and nothing said against the chain.
+            let callers = &st.frames[at + 1..];
+            ensure!(
+                callers.len() >= 2
+                    && callers.iter().all(|f| f.module.contains("libc.so"))
+                    && st.note.is_empty(),
+                "spin_worker's callers are not the C library's thread start: {}",
+                seen.last().map(String::as_str).unwrap_or_default()
+            );
+        }
+        ensure!(
+            spinners == 2,
+            "{spinners} stacks through spin_worker, want 2; stacks: {seen:#?}"
+        );
+        resume(&mut c, t.pid, &[]).await?;
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_and_stacks_need_a_stopping_backend() -> Result<()> {
     if !require_root_perf() {

@@ -406,6 +406,13 @@ mod tests {
     }
 }
 
+/// DWARF's number of the stack pointer (`rsp`), for call frame information.
+pub const DWARF_SP: u16 = 7;
+/// DWARF's number of the frame pointer (`rbp`).
+pub const DWARF_FP: u16 = 6;
+/// DWARF's number of the return address column.
+pub const DWARF_RA: u16 = 16;
+
 /// The return addresses of a stopped thread's callers, innermost first, up
 /// to `depth`, walked along frame pointers as the kernel's perf call chains
 /// are (System V x86-64 ABI with `-fno-omit-frame-pointer`): `[fp]` is the

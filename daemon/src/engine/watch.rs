@@ -573,11 +573,16 @@ impl Core {
     pub fn thread_stack(&self, pid: Pid, tid: Tid, depth: usize) -> Result<ThreadStack, WpdError> {
         let backend = self.stopping_backend(pid, "reading a thread's stack", &[tid])?;
         let regs = backend.held_registers(pid, tid)?;
-        let (callers, note) = arch::current::walk_frame_pointers(
-            |at| procfs::read_memory(pid, tid, at, 16).ok(),
-            regs.fp,
-            regs.sp,
+        // By the modules' call frame information (frame pointers or not),
+        // the frame-pointer step where a module has none.
+        let (callers, note) = self.symbols.unwind(
+            pid,
+            (regs.ip, regs.sp, regs.fp),
             depth.saturating_sub(1),
+            |at| {
+                let b = procfs::read_memory(pid, tid, at, 8).ok()?;
+                Some(u64::from_le_bytes(b.try_into().ok()?))
+            },
         );
         let mut ips = Vec::with_capacity(1 + callers.len());
         ips.push(regs.ip);

@@ -101,6 +101,8 @@ pub struct ElfFile {
     pub has_symtab: bool,
     /// Bytes of the file (mapped, not read).
     pub file_size: u64,
+    /// Its call frame information (`.eh_frame`), for unwinding stacks.
+    pub cfi: Option<super::unwind::Cfi>,
 }
 
 impl std::fmt::Debug for ElfFile {
@@ -281,6 +283,7 @@ impl ElfFile {
         };
         let has_symtab = !symbols.is_empty();
         symbols.extend(symbols_of(&file, SymTable::Dynsym));
+        let cfi = super::unwind::Cfi::of(&file);
         Ok(ElfFile {
             path: open_path.to_path_buf(),
             fixed,
@@ -291,6 +294,7 @@ impl ElfFile {
             debug_source,
             has_symtab,
             file_size: m.len() as u64,
+            cfi,
         })
     }
 

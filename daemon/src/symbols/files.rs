@@ -149,7 +149,9 @@ impl Files {
                     .iter()
                     .map(|s| s.name.capacity() + std::mem::size_of::<elf::Sym>())
                     .sum();
-                (syms + e.dwarf.as_ref().map_or(0, |d| d.heap_bytes())) as u64
+                (syms
+                    + e.dwarf.as_ref().map_or(0, |d| d.heap_bytes())
+                    + e.cfi.as_ref().map_or(0, |c| c.heap_bytes())) as u64
             })
             .sum();
         (c.by_key.len() as u64, bytes)

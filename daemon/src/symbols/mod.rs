@@ -25,6 +25,7 @@ mod files;
 pub mod locate;
 pub mod maps;
 mod resolve;
+pub mod unwind;
 
 use std::sync::Arc;
 

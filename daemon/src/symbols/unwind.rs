@@ -1,0 +1,216 @@
+//! A stopped thread's callers from the call frame information of its
+//! modules (`.eh_frame`, which every x86-64 ELF object carries for C++
+//! exceptions and `backtrace(3)`, frame pointers or not), read with gimli:
+//! for each frame, the row of its function's table at the frame's address
+//! gives the canonical frame address (a register plus an offset) and where
+//! the return address and the caller's frame pointer were saved. Where a
+//! module has no entry for an address, the frame-pointer step is tried.
+
+use std::sync::Arc;
+
+use gimli::{
+    BaseAddresses, CfaRule, EhFrame, EhFrameHdr, LittleEndian, RegisterRule, UnwindContext,
+    UnwindSection,
+};
+
+use super::Symbols;
+use super::maps::{self, MappedFile};
+use crate::arch::current::{DWARF_FP, DWARF_RA, DWARF_SP};
+use crate::model::Pid;
+
+/// The call frame information of one file: `.eh_frame` and, when present,
+/// its binary-search table `.eh_frame_hdr`, with their link-time addresses.
+pub struct Cfi {
+    eh_frame: Vec<u8>,
+    eh_frame_addr: u64,
+    hdr: Option<(Vec<u8>, u64)>,
+    text_addr: u64,
+}
+
+/// How to find the caller of a frame: the canonical frame address (CFA) is
+/// `register + offset`; the return address and the caller's frame pointer
+/// were saved at these offsets from it (`None` for the frame pointer: left
+/// as it is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Row {
+    /// The register the CFA is computed from: the stack or the frame pointer.
+    pub cfa_register: u16,
+    /// Added to it.
+    pub cfa_offset: i64,
+    /// Where the return address is, from the CFA.
+    pub ra_offset: i64,
+    /// Where the caller's frame pointer is, from the CFA, if saved.
+    pub fp_offset: Option<i64>,
+}
+
+impl Cfi {
+    /// The call frame information of `file`, if it has an `.eh_frame`.
+    pub fn of(file: &object::File<'_>) -> Option<Cfi> {
+        use object::{Object, ObjectSection};
+        let section = |name: &str| {
+            let s = file.section_by_name(name)?;
+            Some((s.uncompressed_data().ok()?.into_owned(), s.address()))
+        };
+        let (eh_frame, eh_frame_addr) = section(".eh_frame")?;
+        Some(Cfi {
+            eh_frame,
+            eh_frame_addr,
+            hdr: section(".eh_frame_hdr"),
+            text_addr: file
+                .section_by_name(".text")
+                .map(|s| object::ObjectSection::address(&s))
+                .unwrap_or(0),
+        })
+    }
+
+    /// Bytes held.
+    pub fn heap_bytes(&self) -> usize {
+        self.eh_frame.len() + self.hdr.as_ref().map_or(0, |h| h.0.len())
+    }
+
+    /// The row for link-time address `pc`, if the table covers it with
+    /// rules this unwinder follows (a CFA from the stack or frame pointer,
+    /// registers saved at offsets from it).
+    pub fn row(&self, pc: u64) -> Option<Row> {
+        let eh = EhFrame::new(&self.eh_frame, LittleEndian);
+        let mut bases = BaseAddresses::default()
+            .set_eh_frame(self.eh_frame_addr)
+            .set_text(self.text_addr);
+        let mut ctx = UnwindContext::new();
+        let fde = match &self.hdr {
+            Some((hdr, addr)) => {
+                bases = bases.set_eh_frame_hdr(*addr);
+                let parsed = EhFrameHdr::new(hdr, LittleEndian).parse(&bases, 8).ok()?;
+                match parsed.table() {
+                    Some(t) => t
+                        .fde_for_address(&eh, &bases, pc, EhFrame::cie_from_offset)
+                        .ok()?,
+                    None => eh
+                        .fde_for_address(&bases, pc, EhFrame::cie_from_offset)
+                        .ok()?,
+                }
+            }
+            None => eh
+                .fde_for_address(&bases, pc, EhFrame::cie_from_offset)
+                .ok()?,
+        };
+        let row = fde
+            .unwind_info_for_address(&eh, &bases, &mut ctx, pc)
+            .ok()?;
+        let (cfa_register, cfa_offset) = match row.cfa() {
+            CfaRule::RegisterAndOffset { register, offset } => (register.0, *offset),
+            CfaRule::Expression(_) => return None,
+        };
+        if cfa_register != DWARF_SP && cfa_register != DWARF_FP {
+            return None;
+        }
+        let ra_offset = match row.register(gimli::Register(DWARF_RA)) {
+            Some(RegisterRule::Offset(o)) => o,
+            _ => return None,
+        };
+        // No rule: the register keeps its value (the default in `.eh_frame`).
+        let fp_offset = match row.register(gimli::Register(DWARF_FP)) {
+            Some(RegisterRule::Offset(o)) => Some(o),
+            None | Some(RegisterRule::Undefined | RegisterRule::SameValue) => None,
+            _ => return None,
+        };
+        Some(Row {
+            cfa_register,
+            cfa_offset,
+            ra_offset,
+            fp_offset,
+        })
+    }
+}
+
+/// A module's file and its load bias in the process.
+type Module = (Arc<super::elf::ElfFile>, u64);
+
+/// Why a walk ended early.
+const NO_CFI: &str = "the call chain ended: no call frame information for an address and no \
+                      frame pointer to follow";
+const UNREADABLE: &str = "the call chain led to unreadable stack memory";
+const BACKWARDS: &str = "the call chain ended: a frame's stack pointer did not move up";
+
+impl Symbols {
+    /// The return addresses of a stopped thread's callers, innermost first,
+    /// up to `depth`: from the thread's `ip`, `sp` and `fp`, each frame's
+    /// caller by its module's call frame information, else by its frame
+    /// pointer. `read(at)` gives the 8 bytes at `at` in the process.
+    pub fn unwind(
+        &self,
+        pid: Pid,
+        (ip, sp, fp): (u64, u64, u64),
+        depth: usize,
+        mut read: impl FnMut(u64) -> Option<u64>,
+    ) -> (Vec<u64>, Option<&'static str>) {
+        let files = maps::read(pid).unwrap_or_default();
+        let mut cache: Vec<(usize, Option<Module>)> = Vec::new();
+        let mut module = |pc: u64| -> Option<Module> {
+            let (i, f): (usize, &MappedFile) = files.iter().enumerate().find(|(_, f)| {
+                f.mappings
+                    .iter()
+                    .any(|m| m.exec && m.start <= pc && pc < m.end)
+            })?;
+            if let Some((_, hit)) = cache.iter().find(|(j, _)| *j == i) {
+                return hit.clone();
+            }
+            let got = self
+                .file(pid, f)
+                .ok()
+                .and_then(|e| Some((e.clone(), Self::bias(&e, f)?)));
+            cache.push((i, got.clone()));
+            got
+        };
+        let (mut ip, mut sp, mut fp) = (ip, sp, fp);
+        let mut out = Vec::with_capacity(depth.min(128));
+        let mut first = true;
+        while out.len() < depth {
+            // A caller's return address is just past its call: the call
+            // itself is one byte before.
+            let pc = if first { ip } else { ip.wrapping_sub(1) };
+            first = false;
+            let row =
+                module(pc).and_then(|(elf, bias)| elf.cfi.as_ref()?.row(pc.wrapping_sub(bias)));
+            let (cfa, ra, next_fp) = match row {
+                Some(r) => {
+                    let base = if r.cfa_register == DWARF_SP { sp } else { fp };
+                    let cfa = base.wrapping_add_signed(r.cfa_offset);
+                    let Some(ra) = read(cfa.wrapping_add_signed(r.ra_offset)) else {
+                        return (out, Some(UNREADABLE));
+                    };
+                    let next_fp = match r.fp_offset {
+                        Some(o) => match read(cfa.wrapping_add_signed(o)) {
+                            Some(v) => v,
+                            None => return (out, Some(UNREADABLE)),
+                        },
+                        None => fp,
+                    };
+                    (cfa, ra, next_fp)
+                }
+                // No table for it: the frame-pointer step, if `fp` looks
+                // like a frame of this stack.
+                None => {
+                    if fp == 0 || !fp.is_multiple_of(8) || fp < sp {
+                        return (out, if fp == 0 { None } else { Some(NO_CFI) });
+                    }
+                    let (Some(next), Some(ra)) = (read(fp), read(fp.wrapping_add(8))) else {
+                        return (out, Some(UNREADABLE));
+                    };
+                    (fp.wrapping_add(16), ra, next)
+                }
+            };
+            if ra == 0 {
+                return (out, None); // the outermost frame
+            }
+            if cfa <= sp {
+                return (out, Some(BACKWARDS));
+            }
+            out.push(ra);
+            ip = ra;
+            sp = cfa;
+            fp = next_fp;
+        }
+        (out, None)
+    }
+}
