@@ -723,9 +723,10 @@ async fn backtraces_follow_frame_pointers(backend: Backend) -> Result<()> {
             );
 
             // Without frame pointers (-O2 -fomit-frame-pointer): the hit's
-            // own location is exact, inlining included; the chain is what
-            // the frame pointer register happened to lead to, and is never
-            // longer than asked.
+            // own location is exact, inlining included; on perf the chain is
+            // what the frame pointer register happened to lead to (the kernel
+            // walks frame pointers), on ptrace the unwound one; never longer
+            // than asked.
             let mut t2 = CTarget::start("ct-nofp").await?;
             let mut ev2 = EventStream::subscribe(&mut client, wpd_tests::hits_only(t2.pid)).await?;
             let mut spec = by_name(backend, t2.pid, "counter");
@@ -740,7 +741,18 @@ async fn backtraces_follow_frame_pointers(backend: Backend) -> Result<()> {
                 loc.inlined.iter().any(|i| i.function == "deep_b"),
                 "the inlined callers: {loc:?}"
             );
-            if hit.backtrace.is_empty() {
+            if backend == Backend::Ptrace {
+                // The thread is stopped: its stack is unwound with the call frame
+                // information, through main's callers in the C library to _start.
+                let names: Vec<&str> = hit.backtrace.iter().map(|f| f.function.as_str()).collect();
+                ensure!(
+                    names.last() == Some(&"_start")
+                        && names.iter().any(|n| n.starts_with("__libc_start"))
+                        && hit.backtrace_note.is_empty(),
+                    "ptrace without frame pointers: chain {names:?}, note {:?}",
+                    hit.backtrace_note
+                );
+            } else if hit.backtrace.is_empty() {
                 ensure!(
                     hit.backtrace_note.contains("frame-pointer"),
                     "{:?}",

@@ -260,6 +260,19 @@ pub trait Host: Send + Sync {
     fn has_named(&self, _pid: Pid) -> bool {
         false
     }
+    /// The callers of a stopped thread of `pid` at `(ip, sp, fp)`, up to
+    /// `depth`, unwound with its modules' call frame information; `read`
+    /// gives the 8 bytes at an address. `None`: the host cannot (the
+    /// backend then follows frame pointers).
+    fn unwind(
+        &self,
+        _pid: Pid,
+        _regs: (u64, u64, u64),
+        _depth: usize,
+        _read: &mut dyn FnMut(u64) -> Option<u64>,
+    ) -> Option<(Vec<u64>, Option<&'static str>)> {
+        None
+    }
     /// A process started (fork) or called exec, at kernel monotonic ns
     /// `at`: the backend saw it in a system-wide record (policies check it).
     fn process_started(&self, _pid: Pid, _at: u64) {}

@@ -424,6 +424,16 @@ impl Host for Core {
         Core::process_forked(self, pid, carried, at);
     }
 
+    fn unwind(
+        &self,
+        pid: Pid,
+        regs: (u64, u64, u64),
+        depth: usize,
+        read: &mut dyn FnMut(u64) -> Option<u64>,
+    ) -> Option<(Vec<u64>, Option<&'static str>)> {
+        Some(self.symbols.unwind(pid, regs, depth, read))
+    }
+
     fn forked_child_gone(&self, pid: Pid) {
         // The signal that ended it, if one did, is reported first (while it
         // is still known as covered).

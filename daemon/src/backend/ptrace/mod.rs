@@ -674,7 +674,7 @@ impl TraceSink for PtraceEngine {
             let now = crate::clock::realtime_ns();
             let (callchain, callchain_note) = match w.spec.backtrace {
                 0 => (Vec::new(), None),
-                depth => match frame_pointer_chain(pid, tid, usize::from(depth)) {
+                depth => match call_chain(&*host, pid, tid, usize::from(depth)) {
                     (chain, None) if chain.is_empty() => {
                         (chain, Some(crate::events::NO_FRAME_POINTER))
                     }
@@ -718,15 +718,27 @@ impl TraceSink for PtraceEngine {
 }
 
 /// The return addresses of the stopped thread `tid`'s callers, innermost
-/// first, up to `depth`, walked along its frame pointers as the kernel's
-/// perf call chains are (`arch::current::walk_frame_pointers`). The walk
-/// ends at a frame pointer that is 0, unaligned, not above the previous
-/// one (frames grow down), or unreadable, and says why it stopped early.
-fn frame_pointer_chain(pid: Pid, tid: Tid, depth: usize) -> (Vec<u64>, Option<&'static str>) {
+/// first, up to `depth`: unwound by the host with the modules' call frame
+/// information (code with or without frame pointers), else walked along
+/// frame pointers as the kernel's perf call chains are
+/// (`arch::current::walk_frame_pointers`), saying why it stopped early.
+fn call_chain(
+    host: &dyn Host,
+    pid: Pid,
+    tid: Tid,
+    depth: usize,
+) -> (Vec<u64>, Option<&'static str>) {
     let Ok(regs) = nix::sys::ptrace::getregs(nix::unistd::Pid::from_raw(tid)) else {
         return (Vec::new(), Some("the thread's registers could not be read"));
     };
     let regs = crate::arch::current::UserRegs::from(&regs);
+    let mut read = |at: u64| {
+        let b = procfs::read_memory(pid, tid, at, 8).ok()?;
+        Some(u64::from_le_bytes(b.try_into().ok()?))
+    };
+    if let Some(chain) = host.unwind(pid, (regs.ip, regs.sp, regs.fp), depth, &mut read) {
+        return chain;
+    }
     crate::arch::current::walk_frame_pointers(
         |at| procfs::read_memory(pid, tid, at, 16).ok(),
         regs.fp,
