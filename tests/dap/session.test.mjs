@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { client, attach, nextStop, env, hex, num, PID } from './lib.mjs';
 
 const COUNTER = BigInt(env('COUNTER_ADDR'));
+const CONN1STATE = BigInt(env('CONN1STATE_ADDR'));
 const BUMP_LINE = Number(env('BUMP_LINE'));
 const SPIN_LINE = Number(env('SPIN_LINE'));
 
@@ -90,6 +91,13 @@ test('a debug session: break on a variable by name, look around, continue, disco
     assert.equal((await dc.evaluateRequest({ expression: '&counter' })).body.result, hex(COUNTER));
     assert.equal(num((await dc.evaluateRequest({ expression: 'initialized', context: 'hover' })).body.result), 7n);
     await assert.rejects(dc.evaluateRequest({ expression: 'no_such_variable' }));
+    // Through pointers: a field of a heap object, read and watchable.
+    assert.equal(num((await dc.evaluateRequest({ expression: 'conns->next->fd' })).body.result), 11n);
+    assert.equal((await dc.evaluateRequest({ expression: '&conns->next->state' })).body.result, hex(CONN1STATE));
+    info = (await dc.dataBreakpointInfoRequest({ name: 'conns->next->state' })).body;
+    assert.equal(info.dataId, 'name:conns->next->state');
+    assert.match(info.description, new RegExp(`4 bytes at ${hex(CONN1STATE)}`));
+    await assert.rejects(dc.evaluateRequest({ expression: 'no_conn->state' }), /null pointer/);
     const mem = (await dc.customRequest('readMemory', { memoryReference: hex(COUNTER), count: 8 })).body;
     assert.equal(mem.address, hex(COUNTER));
     assert.equal(Buffer.from(mem.data, 'base64').readBigInt64LE(0), num(value.result));

@@ -52,6 +52,7 @@ async fn node_test_as(
         .env("WPD_ENDPOINT", daemon.endpoint())
         .env("TARGET_PID", t.pid.to_string())
         .env("COUNTER_ADDR", format!("{:#x}", t.addr("counter")))
+        .env("CONN1STATE_ADDR", format!("{:#x}", t.addr("conn1state")))
         .env("BUMP_LINE", line_of("bump_counter").1.to_string())
         .env("SPIN_LINE", line_of("spin_worker").1.to_string())
         .kill_on_drop(true);
