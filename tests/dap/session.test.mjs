@@ -67,7 +67,18 @@ test('a debug session: break on a variable by name, look around, continue, disco
     assert.equal(frames[1].name, 'spin_worker');
     assert.equal(frames[1].line, SPIN_LINE);
     const scopes = (await dc.scopesRequest({ frameId: frames[0].id })).body.scopes;
-    assert.deepEqual(scopes.map((s) => s.name), ['Data breakpoint hit', 'Watched']);
+    assert.deepEqual(scopes.map((s) => s.name), ['Data breakpoint hit', 'Watched', 'Registers']);
+    assert.equal(scopes[2].presentationHint, 'registers');
+    const regs = (await dc.variablesRequest({ variablesReference: scopes[2].variablesReference })).body.variables;
+    const reg = Object.fromEntries(regs.map((v) => [v.name, BigInt(v.value)]));
+    for (const r of ['rax', 'rbx', 'rsp', 'rbp', 'r15', 'rip', 'eflags']) {
+      assert.ok(r in reg, `register ${r}: ${JSON.stringify(regs.map((v) => v.name))}`);
+    }
+    // rip is where the thread is held: just after the store in bump_counter.
+    assert.equal(reg.rip, BigInt(frames[0].instructionPointerReference));
+    // Only the innermost frame has registers.
+    const outer = (await dc.scopesRequest({ frameId: frames[1].id })).body.scopes;
+    assert.deepEqual(outer.map((s) => s.name), ['Watched']);
     const hit = (await dc.variablesRequest({ variablesReference: scopes[0].variablesReference })).body.variables;
     const byName = Object.fromEntries(hit.map((v) => [v.name, v.value]));
     assert.equal(byName['address'], hex(COUNTER));

@@ -86,6 +86,19 @@ async fn pause_holds_every_thread_and_their_stacks_can_be_read() -> Result<()> {
             .await?;
             ensure!(!st.frames.is_empty() && st.frames.len() <= 8, "{st:?}");
             ensure!(st.sp != 0, "{st:?}");
+            // Every general register, where the thread is held.
+            let reg = |n: &str| st.registers.iter().find(|r| r.name == n).map(|r| r.value);
+            ensure!(
+                st.registers.len() == 18
+                    && reg("rsp") == Some(st.sp)
+                    && reg("rbp") == Some(st.fp)
+                    && reg("rip") == Some(st.frames[0].ip),
+                "registers {:?} against sp {:#x}, fp {:#x}, ip {:#x}",
+                st.registers,
+                st.sp,
+                st.fp,
+                st.frames[0].ip
+            );
             seen.push(
                 st.frames
                     .iter()

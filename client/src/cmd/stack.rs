@@ -21,6 +21,9 @@ pub struct StackArgs {
     /// Frames to show, the innermost included
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=128))]
     pub depth: u32,
+    /// Also print the thread's general registers where it is held
+    #[arg(long)]
+    pub registers: bool,
 }
 
 /// Runs `wpctl stack`: one line per frame, innermost first.
@@ -43,6 +46,11 @@ pub async fn run(ctx: &Ctx, args: &StackArgs) -> Result<(), Error> {
             "note": resp.note,
             "sp": output::hex(resp.sp),
             "fp": output::hex(resp.fp),
+            "registers": resp
+                .registers
+                .iter()
+                .map(|r| (r.name.clone(), json!(output::hex(r.value))))
+                .collect::<serde_json::Map<_, _>>(),
         }));
     }
     let mut text = String::new();
@@ -51,6 +59,16 @@ pub async fn run(ctx: &Ctx, args: &StackArgs) -> Result<(), Error> {
     }
     if !resp.note.is_empty() {
         text.push_str(&format!("({})\n", wpd_proto::text::escape(&resp.note)));
+    }
+    if args.registers {
+        // Three to a line: `rax 0x0000000000000001  rbx …`.
+        for row in resp.registers.chunks(3) {
+            let cells: Vec<String> = row
+                .iter()
+                .map(|r| format!("{:<6} {:#018x}", wpd_proto::text::escape(&r.name), r.value))
+                .collect();
+            text.push_str(&format!("{}\n", cells.join("  ")));
+        }
     }
     output::emit(text.trim_end())
 }

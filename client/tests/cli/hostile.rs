@@ -299,6 +299,10 @@ impl Watchpoints for Hostile {
             note: EVIL.into(),
             sp: 0,
             fp: 0,
+            registers: vec![wpd_proto::v1::Register {
+                name: EVIL.into(),
+                value: 0,
+            }],
         }))
     }
 
@@ -476,6 +480,7 @@ async fn names_cannot_forge_lines_or_drive_the_terminal() {
         &["symbol", "--pid", "123", "x"],
         &["symbol", "--pid", "123", "0x401000"],
         &["stack", "--pid", "123", "--tid", "124"],
+        &["stack", "--pid", "123", "--tid", "124", "--registers"],
         &["last", "7"],
         &["aggregates", "7"],
         &["attach", "--pid", "123"],

@@ -597,6 +597,14 @@ impl Watchpoints for Mock {
             note: "the frame-pointer chain ended: code built without frame pointers".into(),
             sp: 0x7ff0,
             fp: 0x7ff8,
+            registers: ["rax", "rsp", "rip", "r\x1b[31m"]
+                .iter()
+                .zip([1u64, 0x7ff0, 0x1010, 2])
+                .map(|(n, v)| wpd_proto::v1::Register {
+                    name: n.to_string(),
+                    value: v,
+                })
+                .collect(),
         }))
     }
 

@@ -463,6 +463,26 @@ async fn pause_and_stack_print_threads_and_frames() {
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(v["frames"].as_array().unwrap().len(), 1);
     assert_eq!(v["frames"][0]["function"], "work");
+    assert_eq!(v["registers"]["rsp"], "0x7ff0");
+
+    // --registers: three to a line, a hostile name escaped.
+    let r = wpctl(
+        &ep,
+        &["stack", "--pid", "123", "--tid", "124", "--registers"],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 5, "{}", r.stdout);
+    assert_eq!(
+        lines[3],
+        "rax    0x0000000000000001  rsp    0x0000000000007ff0  rip    0x0000000000001010"
+    );
+    assert!(
+        lines[4].starts_with("r\\x1b[31m") && !r.stdout.contains('\x1b'),
+        "{}",
+        r.stdout
+    );
 
     let r = wpctl(&ep, &["stack", "--pid", "123", "--tid", "125"]).await;
     assert_eq!(r.code, 8);

@@ -116,6 +116,12 @@ pub mod perf_ctx {
     pub const ADDR: i16 = 22 * 8;
 }
 
+/// The general registers a debugger shows, in [`UserRegs::general`]'s order.
+pub const GENERAL_REGISTERS: [&str; 18] = [
+    "rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11", "r12", "r13",
+    "r14", "r15", "rip", "eflags",
+];
+
 /// What the daemon reads of a stopped thread's registers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct UserRegs {
@@ -125,6 +131,8 @@ pub struct UserRegs {
     pub sp: u64,
     /// Frame pointer (`rbp`), where [`walk_frame_pointers`] starts.
     pub fp: u64,
+    /// Every general register, named by [`GENERAL_REGISTERS`].
+    pub general: [u64; 18],
 }
 
 impl From<&libc::user_regs_struct> for UserRegs {
@@ -134,6 +142,10 @@ impl From<&libc::user_regs_struct> for UserRegs {
             ip: r.rip,
             sp: r.rsp,
             fp: r.rbp,
+            general: [
+                r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, r.rsp, r.r8, r.r9, r.r10, r.r11,
+                r.r12, r.r13, r.r14, r.r15, r.rip, r.eflags,
+            ],
         }
     }
 }

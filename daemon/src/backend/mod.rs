@@ -53,7 +53,7 @@ pub struct Features {
 }
 
 /// Where a held thread is stopped: enough to walk its stack.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldRegisters {
     /// Instruction pointer.
     pub ip: u64,
@@ -61,6 +61,8 @@ pub struct HeldRegisters {
     pub sp: u64,
     /// Frame pointer (`rbp`).
     pub fp: u64,
+    /// Every general register, by name (the architecture's names).
+    pub general: Vec<(&'static str, u64)>,
     /// Held right after its own hit: `ip` follows the accessing
     /// instruction (x86 data breakpoints trap after it), so `ip - 1` is
     /// what to symbolize. Otherwise (stopped by a peer's hit or a Pause)

@@ -661,6 +661,15 @@ impl Watchpoints for Service {
             note: stack.note.unwrap_or_default().to_string(),
             sp: stack.regs.sp,
             fp: stack.regs.fp,
+            registers: stack
+                .regs
+                .general
+                .iter()
+                .map(|&(name, value)| pb::Register {
+                    name: name.to_string(),
+                    value,
+                })
+                .collect(),
         }))
     }
 

@@ -46,6 +46,12 @@ impl Handler<DataBreakpointInfo> for Session {
                 Some(Container::Hit(_)) => {
                     return none(format!("{name:?} is a property of the stop, not memory"));
                 }
+                Some(Container::Registers(_)) => {
+                    return none(format!(
+                        "{name:?} is a register: a data breakpoint watches memory (watch the \
+                         address it holds instead)"
+                    ));
+                }
                 None if a.variables_reference.is_some_and(|r| r != 0) => {
                     return none("that variable is from an earlier stop".into());
                 }

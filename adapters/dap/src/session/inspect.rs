@@ -106,6 +106,16 @@ impl Handler<Scopes> for Session {
             expensive: false,
             presentation_hint: None,
         });
+        // The thread's registers where it is held: its innermost frame's.
+        if self.frames.contains_key(&-frame_id) {
+            let r = self.container(Container::Registers(tid));
+            scopes.push(Scope {
+                name: "Registers".into(),
+                variables_reference: r,
+                expensive: false,
+                presentation_hint: Some("registers"),
+            });
+        }
         Ok(ScopesBody { scopes })
     }
 }
@@ -141,6 +151,26 @@ impl Handler<Variables> for Session {
                         memory_reference: Some(format!("{addr:#x}")),
                     });
                 }
+            }
+            Container::Registers(tid) => {
+                let r = self
+                    .client()
+                    .get_thread_stack(self.daemon.request(pb::GetThreadStackRequest {
+                        pid,
+                        tid,
+                        depth: 1,
+                        raw: true,
+                    }))
+                    .await?
+                    .into_inner();
+                out.extend(r.registers.iter().map(|reg| Variable {
+                    name: reg.name.clone(),
+                    value: format!("{:#018x}", reg.value),
+                    type_name: None,
+                    variables_reference: 0,
+                    evaluate_name: None,
+                    memory_reference: Some(format!("{:#x}", reg.value)),
+                }));
             }
             Container::Hit(tid) => {
                 if let Some(s) = self.stops.get(&tid) {

@@ -97,6 +97,8 @@ struct StopInfo {
 enum Container {
     Watched,
     Hit(i32),
+    /// The registers of a held thread (its innermost frame).
+    Registers(i32),
 }
 
 /// What `dataBreakpointInfo` learnt of a target.

@@ -442,6 +442,10 @@ impl Tracer {
                         ip: r.ip,
                         sp: r.sp,
                         fp: r.fp,
+                        general: crate::arch::current::GENERAL_REGISTERS
+                            .into_iter()
+                            .zip(r.general)
+                            .collect(),
                         after_hit: held == Held::Hit,
                     })
                 });
