@@ -67,23 +67,42 @@ test('a debug session: break on a variable by name, look around, continue, disco
     assert.equal(frames[1].name, 'spin_worker');
     assert.equal(frames[1].line, SPIN_LINE);
     const scopes = (await dc.scopesRequest({ frameId: frames[0].id })).body.scopes;
-    assert.deepEqual(scopes.map((s) => s.name), ['Data breakpoint hit', 'Watched', 'Registers']);
-    assert.equal(scopes[2].presentationHint, 'registers');
-    const regs = (await dc.variablesRequest({ variablesReference: scopes[2].variablesReference })).body.variables;
+    assert.deepEqual(scopes.map((s) => s.name), ['Locals', 'Data breakpoint hit', 'Watched', 'Registers']);
+    assert.equal(scopes[0].presentationHint, 'locals');
+    assert.equal(scopes[3].presentationHint, 'registers');
+    // bump_counter(long v): its parameter is the value it stored.
+    const locals0 = (await dc.variablesRequest({ variablesReference: scopes[0].variablesReference })).body.variables;
+    const v0 = locals0.find((v) => v.name === 'v');
+    assert.ok(v0, JSON.stringify(locals0));
+    assert.match(v0.type, /^long( int)?$/);
+    const regs = (await dc.variablesRequest({ variablesReference: scopes[3].variablesReference })).body.variables;
     const reg = Object.fromEntries(regs.map((v) => [v.name, BigInt(v.value)]));
     for (const r of ['rax', 'rbx', 'rsp', 'rbp', 'r15', 'rip', 'eflags']) {
       assert.ok(r in reg, `register ${r}: ${JSON.stringify(regs.map((v) => v.name))}`);
     }
     // rip is where the thread is held: just after the store in bump_counter.
     assert.equal(reg.rip, BigInt(frames[0].instructionPointerReference));
-    // Only the innermost frame has registers.
+    // Only the innermost frame has registers; every frame has its locals.
     const outer = (await dc.scopesRequest({ frameId: frames[1].id })).body.scopes;
-    assert.deepEqual(outer.map((s) => s.name), ['Watched']);
-    const hit = (await dc.variablesRequest({ variablesReference: scopes[0].variablesReference })).body.variables;
+    assert.deepEqual(outer.map((s) => s.name), ['Locals', 'Watched']);
+    const locals1 = (await dc.variablesRequest({ variablesReference: outer[0].variablesReference })).body.variables;
+    const v1 = locals1.find((v) => v.name === 'v');
+    assert.ok(v1 && locals1.some((v) => v.name === 'arg'), JSON.stringify(locals1));
+    // spin_worker's v is what it passed to bump_counter (bump_counter(++v)).
+    assert.equal(num(v1.value), num(v0.value));
+    assert.ok(v1.memoryReference, 'a local in memory has an address');
+    // A data breakpoint on that local, from the Variables view (gdb's watch -l).
+    const local = (await dc.dataBreakpointInfoRequest({ name: 'v', variablesReference: outer[0].variablesReference })).body;
+    assert.equal(local.dataId, `addr:${v1.memoryReference}/8`, JSON.stringify(local));
+    assert.match(local.description, /v \(frame 1 of thread \d+\)/);
+    const onReg = await dc.dataBreakpointInfoRequest({ name: 'rax', variablesReference: scopes[3].variablesReference });
+    assert.equal(onReg.body.dataId, null);
+    assert.match(onReg.body.description, /register/);
+    const hit = (await dc.variablesRequest({ variablesReference: scopes[1].variablesReference })).body.variables;
     const byName = Object.fromEntries(hit.map((v) => [v.name, v.value]));
     assert.equal(byName['address'], hex(COUNTER));
     assert.match(byName['accessed at'], /bump_counter\+0x[0-9a-f]+ \(ctarget\.c:\d+\)/);
-    const watched = (await dc.variablesRequest({ variablesReference: scopes[1].variablesReference })).body.variables;
+    const watched = (await dc.variablesRequest({ variablesReference: scopes[2].variablesReference })).body.variables;
     assert.equal(watched.length, 1);
     assert.equal(watched[0].name, 'counter');
     assert.match(watched[0].type, /^long( int)?$/);
@@ -93,6 +112,8 @@ test('a debug session: break on a variable by name, look around, continue, disco
     // that hit and the stop of every thread (its store then stopped it at a
     // hit of its own): both are values a spinner stored.
     assert.ok(num(byName['new value']) > 0n, byName['new value']);
+    // The stopped thread's own parameter is the value of its own store.
+    assert.equal(num(v0.value), num(byName['new value']));
     assert.ok(num(watched[0].value) > 0n, watched[0].value);
 
     // evaluate and readMemory agree with it.

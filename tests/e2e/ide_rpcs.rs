@@ -81,6 +81,7 @@ async fn pause_holds_every_thread_and_their_stacks_can_be_read() -> Result<()> {
                     tid,
                     depth: 8,
                     raw: false,
+                    locals: false,
                 }),
             )
             .await?;
@@ -130,6 +131,7 @@ async fn pause_holds_every_thread_and_their_stacks_can_be_read() -> Result<()> {
                 tid: held[0],
                 depth: 129,
                 raw: false,
+                locals: false,
             })
             .await,
             Code::InvalidArgument,
@@ -140,6 +142,91 @@ async fn pause_holds_every_thread_and_their_stacks_can_be_read() -> Result<()> {
         ensure!(resumed.len() == held.len(), "{resumed:?} vs {held:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
         ensure!(t.read_i64("counter")? != v, "counter still after Resume");
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// A thread held at its hit: each frame's parameters and locals are read from DWARF where
+/// the frame is. In `bump_counter(long v)` the parameter `v` is the value just stored; in its
+/// caller `spin_worker` the local `v` is the same (it passed `++v`), in memory on the stack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locals_of_every_frame_are_read_where_the_thread_is_held() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    let result = async {
+        let mut c = daemon.client().await?;
+        let mut events = EventStream::subscribe(&mut c, wpd_tests::hits_only(t.pid)).await?;
+        let spec = WatchpointSpec {
+            pid: t.pid,
+            symbol: "counter".into(),
+            access: Access::Write as i32,
+            backend: Backend::Ptrace as i32,
+            action: HitAction::Stop as i32,
+            ..Default::default()
+        };
+        wpd_tests::set_watchpoint(&mut c, spec).await?;
+        t.cmd("spin 1").await?;
+        let hit = events
+            .collect_hits(1, Duration::from_secs(10))
+            .await?
+            .remove(0);
+        ensure!(hit.stopped, "{hit:?}");
+        let stored = u64::from_le_bytes(hit.value.clone().try_into().unwrap_or_default());
+        let st = rpc_ok(
+            "GetThreadStack",
+            c.get_thread_stack(GetThreadStackRequest {
+                pid: t.pid,
+                tid: hit.tid,
+                depth: 8,
+                raw: false,
+                locals: true,
+            }),
+        )
+        .await?;
+        ensure!(st.locals.len() == st.frames.len(), "{st:?}");
+        let var = |frame: usize, name: &str| {
+            st.locals[frame]
+                .variables
+                .iter()
+                .find(|v| v.name == name)
+                .cloned()
+        };
+        let value = |v: &LocalVariable| {
+            let mut b = [0u8; 8];
+            b[..v.value.len().min(8)].copy_from_slice(&v.value[..v.value.len().min(8)]);
+            u64::from_le_bytes(b)
+        };
+        ensure!(
+            st.frames[0].function == "bump_counter",
+            "{:?}",
+            st.frames[0]
+        );
+        let p = var(0, "v").with_context(|| format!("bump_counter's v: {:?}", st.locals[0]))?;
+        ensure!(
+            p.parameter
+                && p.r#type.starts_with("long")
+                && p.error.is_empty()
+                && value(&p) == stored,
+            "bump_counter's v is {p:?}, the store was {stored}"
+        );
+        let at = st
+            .frames
+            .iter()
+            .position(|f| f.function == "spin_worker")
+            .context("no spin_worker frame")?;
+        let v = var(at, "v").with_context(|| format!("spin_worker's v: {:?}", st.locals[at]))?;
+        let arg = var(at, "arg").context("spin_worker's arg")?;
+        ensure!(
+            !v.parameter && arg.parameter && value(&v) == stored && v.address > st.sp,
+            "spin_worker's v is {v:?} (sp {:#x}), the store was {stored}",
+            st.sp
+        );
+        resume(&mut c, t.pid, &[]).await?;
         Ok(())
     }
     .await;
@@ -179,6 +266,7 @@ async fn stacks_unwind_code_without_frame_pointers() -> Result<()> {
                     tid,
                     depth: 32,
                     raw: false,
+                    locals: false,
                 }),
             )
             .await?;

@@ -24,6 +24,9 @@ pub struct StackArgs {
     /// Also print the thread's general registers where it is held
     #[arg(long)]
     pub registers: bool,
+    /// Also print each frame's parameters and local variables (DWARF)
+    #[arg(long)]
+    pub locals: bool,
 }
 
 /// Runs `wpctl stack`: one line per frame, innermost first.
@@ -33,6 +36,7 @@ pub async fn run(ctx: &Ctx, args: &StackArgs) -> Result<(), Error> {
         tid: args.tid,
         depth: args.depth,
         raw: false,
+        locals: args.locals,
     };
     let resp = ctx
         .unary(
@@ -46,6 +50,18 @@ pub async fn run(ctx: &Ctx, args: &StackArgs) -> Result<(), Error> {
             "note": resp.note,
             "sp": output::hex(resp.sp),
             "fp": output::hex(resp.fp),
+            "locals": resp.locals.iter().map(|f| json!({
+                "variables": f.variables.iter().map(|v| json!({
+                    "name": v.name,
+                    "type": v.r#type,
+                    "parameter": v.parameter,
+                    "address": (v.address != 0).then(|| output::hex(v.address)),
+                    "value": output::hex_bytes(&v.value),
+                    "value_le": output::le_value(&v.value),
+                    "error": (!v.error.is_empty()).then(|| v.error.clone()),
+                })).collect::<Vec<_>>(),
+                "note": (!f.note.is_empty()).then(|| f.note.clone()),
+            })).collect::<Vec<_>>(),
             "registers": resp
                 .registers
                 .iter()
@@ -56,6 +72,29 @@ pub async fn run(ctx: &Ctx, args: &StackArgs) -> Result<(), Error> {
     let mut text = String::new();
     for (i, f) in resp.frames.iter().enumerate() {
         text.push_str(&format!("#{i:<2} {}\n", output::location_text(f)));
+        // `    long v = 42 (0x2a)`, or why it cannot be read.
+        if let Some(frame) = resp.locals.get(i) {
+            use wpd_proto::text::escape;
+            for v in &frame.variables {
+                let value = if v.error.is_empty() {
+                    match output::le_value(&v.value) {
+                        Some(n) => format!("{n} ({n:#x})"),
+                        None => output::hex_bytes(&v.value),
+                    }
+                } else {
+                    format!("<{}>", escape(&v.error))
+                };
+                text.push_str(&format!(
+                    "    {}{} {} = {value}\n",
+                    if v.parameter { "(param) " } else { "" },
+                    escape(&v.r#type),
+                    escape(&v.name)
+                ));
+            }
+            if !frame.note.is_empty() {
+                text.push_str(&format!("    ({})\n", escape(&frame.note)));
+            }
+        }
     }
     if !resp.note.is_empty() {
         text.push_str(&format!("({})\n", wpd_proto::text::escape(&resp.note)));

@@ -303,6 +303,15 @@ impl Watchpoints for Hostile {
                 name: EVIL.into(),
                 value: 0,
             }],
+            locals: vec![wpd_proto::v1::FrameLocals {
+                variables: vec![wpd_proto::v1::LocalVariable {
+                    name: EVIL.into(),
+                    r#type: EVIL.into(),
+                    error: EVIL.into(),
+                    ..Default::default()
+                }],
+                note: EVIL.into(),
+            }],
         }))
     }
 
@@ -481,6 +490,7 @@ async fn names_cannot_forge_lines_or_drive_the_terminal() {
         &["symbol", "--pid", "123", "0x401000"],
         &["stack", "--pid", "123", "--tid", "124"],
         &["stack", "--pid", "123", "--tid", "124", "--registers"],
+        &["stack", "--pid", "123", "--tid", "124", "--locals"],
         &["last", "7"],
         &["aggregates", "7"],
         &["attach", "--pid", "123"],

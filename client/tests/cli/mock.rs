@@ -597,6 +597,35 @@ impl Watchpoints for Mock {
             note: "the frame-pointer chain ended: code built without frame pointers".into(),
             sp: 0x7ff0,
             fp: 0x7ff8,
+            locals: if r.locals {
+                vec![
+                    wpd_proto::v1::FrameLocals {
+                        variables: vec![
+                            wpd_proto::v1::LocalVariable {
+                                name: "v".into(),
+                                r#type: "long".into(),
+                                parameter: true,
+                                address: 0x7fe0,
+                                value: 42u64.to_le_bytes().to_vec(),
+                                error: String::new(),
+                            },
+                            wpd_proto::v1::LocalVariable {
+                                name: "tmp".into(),
+                                r#type: "int".into(),
+                                error: "optimized out".into(),
+                                ..Default::default()
+                            },
+                        ],
+                        note: String::new(),
+                    },
+                    wpd_proto::v1::FrameLocals {
+                        variables: vec![],
+                        note: "t has no DWARF (build with -g)".into(),
+                    },
+                ]
+            } else {
+                Vec::new()
+            },
             registers: ["rax", "rsp", "rip", "r\x1b[31m"]
                 .iter()
                 .zip([1u64, 0x7ff0, 0x1010, 2])

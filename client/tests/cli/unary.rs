@@ -465,6 +465,16 @@ async fn pause_and_stack_print_threads_and_frames() {
     assert_eq!(v["frames"][0]["function"], "work");
     assert_eq!(v["registers"]["rsp"], "0x7ff0");
 
+    // --locals: each frame's variables under it, or why there are none.
+    let r = wpctl(&ep, &["stack", "--pid", "123", "--tid", "124", "--locals"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout,
+        "#0  work (t.c:7)\n    (param) long v = 42 (0x2a)\n    int tmp = <optimized out>\n\
+         #1  main (t.c:20)\n    (t has no DWARF (build with -g))\n\
+         (the frame-pointer chain ended: code built without frame pointers)\n"
+    );
+
     // --registers: three to a line, a hostile name escaped.
     let r = wpctl(
         &ep,

@@ -425,6 +425,21 @@ pub const DWARF_FP: u16 = 6;
 /// DWARF's number of the return address column.
 pub const DWARF_RA: u16 = 16;
 
+/// The value of DWARF register `n` among [`UserRegs::general`] (DWARF's
+/// x86-64 numbering: rax, rdx, rcx, rbx, rsi, rdi, rbp, rsp, r8–r15, then
+/// the return address column, which is `rip` in the innermost frame).
+pub fn dwarf_register(general: &[u64; 18], n: u16) -> Option<u64> {
+    let i = match n {
+        0 => 0,
+        1 => 3,
+        2 => 2,
+        3 => 1,
+        4..=16 => usize::from(n),
+        _ => return None,
+    };
+    Some(general[i])
+}
+
 /// The return addresses of a stopped thread's callers, innermost first, up
 /// to `depth`, walked along frame pointers as the kernel's perf call chains
 /// are (System V x86-64 ABI with `-fno-omit-frame-pointer`): `[fp]` is the

@@ -29,6 +29,9 @@ pub struct ThreadStack {
     pub regs: crate::backend::HeldRegisters,
     /// The process's program image, for symbolizing.
     pub image: Option<Arc<crate::symbols::Image>>,
+    /// With locals asked for: each frame's parameters and variables (or why
+    /// they cannot be read), frame by frame as `ips`.
+    pub locals: Vec<Result<Vec<crate::symbols::frame::LocalVar>, String>>,
 }
 
 impl Core {
@@ -570,12 +573,18 @@ impl Core {
 
     /// Where held thread `tid` is stopped and its callers' return addresses
     /// (up to `depth` frames in all), with why the chain ended early. Blocking.
-    pub fn thread_stack(&self, pid: Pid, tid: Tid, depth: usize) -> Result<ThreadStack, WpdError> {
+    pub fn thread_stack(
+        &self,
+        pid: Pid,
+        tid: Tid,
+        depth: usize,
+        locals: bool,
+    ) -> Result<ThreadStack, WpdError> {
         let backend = self.stopping_backend(pid, "reading a thread's stack", &[tid])?;
         let regs = backend.held_registers(pid, tid)?;
         // By the modules' call frame information (frame pointers or not),
         // the frame-pointer step where a module has none.
-        let (callers, note) = self.symbols.unwind(
+        let (frames, note) = self.symbols.unwind_frames(
             pid,
             (regs.ip, regs.sp, regs.fp),
             depth.saturating_sub(1),
@@ -584,15 +593,29 @@ impl Core {
                 Some(u64::from_le_bytes(b.try_into().ok()?))
             },
         );
-        let mut ips = Vec::with_capacity(1 + callers.len());
-        ips.push(regs.ip);
-        ips.extend(callers);
+        let ips = frames.iter().map(|f| f.ip).collect();
+        let mut vars = Vec::new();
+        if locals {
+            let general: Option<[u64; 18]> = regs
+                .general
+                .iter()
+                .map(|&(_, v)| v)
+                .collect::<Vec<_>>()
+                .try_into()
+                .ok();
+            let mut read = |at: u64, len: usize| procfs::read_memory(pid, tid, at, len).ok();
+            for (i, f) in frames.iter().enumerate() {
+                let g = if i == 0 { general.as_ref() } else { None };
+                vars.push(self.symbols.frame_locals(pid, f, g, &mut read));
+            }
+        }
         let image = self.procs.get(&pid).map(|p| p.image());
         Ok(ThreadStack {
             ips,
             note,
             regs,
             image,
+            locals: vars,
         })
     }
 

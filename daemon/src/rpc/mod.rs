@@ -624,7 +624,8 @@ impl Watchpoints for Service {
         let depth = convert::stack_depth(r.depth)?;
         self.allow(&caller, pid)?;
         let core = self.core.clone();
-        let stack = blocking(move || core.thread_stack(pid, tid, depth)).await?;
+        let locals = r.locals;
+        let stack = blocking(move || core.thread_stack(pid, tid, depth, locals)).await?;
         // Return addresses are looked up at `ret - 1` (in the call); the
         // innermost frame at `ip - 1` only right after its own hit (the trap
         // follows the access): a thread stopped anywhere else resumes at
@@ -670,6 +671,7 @@ impl Watchpoints for Service {
                     value,
                 })
                 .collect(),
+            locals: stack.locals.iter().map(frame_locals_to_pb).collect(),
         }))
     }
 
@@ -821,5 +823,31 @@ impl Watchpoints for Service {
             kind,
             offset,
         }))
+    }
+}
+
+/// A frame's variables as sent.
+fn frame_locals_to_pb(
+    locals: &Result<Vec<crate::symbols::frame::LocalVar>, String>,
+) -> pb::FrameLocals {
+    match locals {
+        Err(note) => pb::FrameLocals {
+            variables: Vec::new(),
+            note: note.clone(),
+        },
+        Ok(vars) => pb::FrameLocals {
+            variables: vars
+                .iter()
+                .map(|v| pb::LocalVariable {
+                    name: v.name.clone(),
+                    r#type: v.type_name.clone(),
+                    parameter: v.parameter,
+                    address: v.address.unwrap_or(0),
+                    value: v.value.clone().unwrap_or_default(),
+                    error: v.value.as_ref().err().cloned().unwrap_or_default(),
+                })
+                .collect(),
+            note: String::new(),
+        },
     }
 }

@@ -13,7 +13,7 @@ use object::{Object, ObjectSection};
 
 use super::expr::Step;
 
-type R<'a> = EndianSlice<'a, RunTimeEndian>;
+pub(super) type R<'a> = EndianSlice<'a, RunTimeEndian>;
 
 /// Where a variable lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -239,7 +239,7 @@ impl DwarfFile {
         sections + index
     }
 
-    fn dwarf(&self) -> Option<gimli::Dwarf<R<'_>>> {
+    pub(super) fn dwarf(&self) -> Option<gimli::Dwarf<R<'_>>> {
         let file = object::File::parse(&*self.map).ok()?;
         let endian = if file.is_little_endian() {
             RunTimeEndian::Little
@@ -566,14 +566,14 @@ fn overflow(what: &str, step: u64) -> PathError {
     ))
 }
 
-fn type_ref(e: &gimli::DebuggingInformationEntry<R<'_>>) -> Option<usize> {
+pub(super) fn type_ref(e: &gimli::DebuggingInformationEntry<R<'_>>) -> Option<usize> {
     match e.attr_value(gimli::DW_AT_type) {
         Some(AttributeValue::UnitRef(o)) => Some(o.0),
         _ => None,
     }
 }
 
-fn name_of(
+pub(super) fn name_of(
     dwarf: &gimli::Dwarf<R<'_>>,
     unit: &gimli::Unit<R<'_>>,
     e: &gimli::DebuggingInformationEntry<R<'_>>,

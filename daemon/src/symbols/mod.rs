@@ -22,6 +22,7 @@ pub mod elf;
 mod error;
 pub mod expr;
 mod files;
+pub mod frame;
 pub mod locate;
 pub mod maps;
 mod resolve;

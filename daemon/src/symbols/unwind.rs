@@ -132,6 +132,21 @@ const NO_CFI: &str = "the call chain ended: no call frame information for an add
 const UNREADABLE: &str = "the call chain led to unreadable stack memory";
 const BACKWARDS: &str = "the call chain ended: a frame's stack pointer did not move up";
 
+/// A frame as unwinding recovers it: where it is, its stack and frame
+/// pointers, and its canonical frame address (CFA: the caller's stack
+/// pointer before its call) when the frame's row was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameRegs {
+    /// Its instruction pointer (a return address for all but the innermost).
+    pub ip: u64,
+    /// Stack pointer.
+    pub sp: u64,
+    /// Frame pointer.
+    pub fp: u64,
+    /// Canonical frame address.
+    pub cfa: Option<u64>,
+}
+
 impl Symbols {
     /// The return addresses of a stopped thread's callers, innermost first,
     /// up to `depth`: from the thread's `ip`, `sp` and `fp`, each frame's
@@ -140,10 +155,23 @@ impl Symbols {
     pub fn unwind(
         &self,
         pid: Pid,
+        regs: (u64, u64, u64),
+        depth: usize,
+        read: impl FnMut(u64) -> Option<u64>,
+    ) -> (Vec<u64>, Option<&'static str>) {
+        let (frames, note) = self.unwind_frames(pid, regs, depth, read);
+        (frames.iter().skip(1).map(|f| f.ip).collect(), note)
+    }
+
+    /// [`Symbols::unwind`], every frame (the innermost first, then up to
+    /// `depth` callers) with its registers as recovered.
+    pub fn unwind_frames(
+        &self,
+        pid: Pid,
         (ip, sp, fp): (u64, u64, u64),
         depth: usize,
         mut read: impl FnMut(u64) -> Option<u64>,
-    ) -> (Vec<u64>, Option<&'static str>) {
+    ) -> (Vec<FrameRegs>, Option<&'static str>) {
         let files = maps::read(pid).unwrap_or_default();
         let mut cache: Vec<(usize, Option<Module>)> = Vec::new();
         let mut module = |pc: u64| -> Option<Module> {
@@ -163,42 +191,56 @@ impl Symbols {
             got
         };
         let (mut ip, mut sp, mut fp) = (ip, sp, fp);
-        let mut out = Vec::with_capacity(depth.min(128));
-        let mut first = true;
-        while out.len() < depth {
+        let mut out: Vec<FrameRegs> = Vec::with_capacity(depth.min(128) + 1);
+        loop {
+            let mut frame = FrameRegs {
+                ip,
+                sp,
+                fp,
+                cfa: None,
+            };
+            if out.len() > depth {
+                return (out, None);
+            }
             // A caller's return address is just past its call: the call
             // itself is one byte before.
-            let pc = if first { ip } else { ip.wrapping_sub(1) };
-            first = false;
+            let pc = if out.is_empty() {
+                ip
+            } else {
+                ip.wrapping_sub(1)
+            };
             let row =
                 module(pc).and_then(|(elf, bias)| elf.cfi.as_ref()?.row(pc.wrapping_sub(bias)));
-            let (cfa, ra, next_fp) = match row {
+            let step = match row {
                 Some(r) => {
                     let base = if r.cfa_register == DWARF_SP { sp } else { fp };
                     let cfa = base.wrapping_add_signed(r.cfa_offset);
-                    let Some(ra) = read(cfa.wrapping_add_signed(r.ra_offset)) else {
-                        return (out, Some(UNREADABLE));
-                    };
+                    frame.cfa = Some(cfa);
+                    let ra = read(cfa.wrapping_add_signed(r.ra_offset));
                     let next_fp = match r.fp_offset {
-                        Some(o) => match read(cfa.wrapping_add_signed(o)) {
-                            Some(v) => v,
-                            None => return (out, Some(UNREADABLE)),
-                        },
-                        None => fp,
+                        Some(o) => read(cfa.wrapping_add_signed(o)),
+                        None => Some(fp),
                     };
-                    (cfa, ra, next_fp)
+                    ra.zip(next_fp)
+                        .map(|(ra, nfp)| (cfa, ra, nfp))
+                        .ok_or(UNREADABLE)
                 }
                 // No table for it: the frame-pointer step, if `fp` looks
                 // like a frame of this stack.
-                None => {
-                    if fp == 0 || !fp.is_multiple_of(8) || fp < sp {
-                        return (out, if fp == 0 { None } else { Some(NO_CFI) });
-                    }
-                    let (Some(next), Some(ra)) = (read(fp), read(fp.wrapping_add(8))) else {
-                        return (out, Some(UNREADABLE));
-                    };
-                    (fp.wrapping_add(16), ra, next)
+                None if fp == 0 => {
+                    out.push(frame);
+                    return (out, None);
                 }
+                None if !fp.is_multiple_of(8) || fp < sp => Err(NO_CFI),
+                None => match (read(fp), read(fp.wrapping_add(8))) {
+                    (Some(next), Some(ra)) => Ok((fp.wrapping_add(16), ra, next)),
+                    _ => Err(UNREADABLE),
+                },
+            };
+            out.push(frame);
+            let (cfa, ra, next_fp) = match step {
+                Ok(s) => s,
+                Err(why) => return (out, Some(why)),
             };
             if ra == 0 {
                 return (out, None); // the outermost frame
@@ -206,11 +248,61 @@ impl Symbols {
             if cfa <= sp {
                 return (out, Some(BACKWARDS));
             }
-            out.push(ra);
+            if out.len() > depth {
+                return (out, None);
+            }
             ip = ra;
             sp = cfa;
             fp = next_fp;
         }
-        (out, None)
+    }
+
+    /// The parameters and local variables of `frame` of process `pid`
+    /// (`innermost`: the frame the thread is stopped in, whose every general
+    /// register is `general`), from its module's DWARF. `read(at, len)`
+    /// reads the process. Why there are none, when there cannot be.
+    pub fn frame_locals(
+        &self,
+        pid: Pid,
+        frame: &FrameRegs,
+        general: Option<&[u64; 18]>,
+        read: &mut dyn FnMut(u64, usize) -> Option<Vec<u8>>,
+    ) -> Result<Vec<super::frame::LocalVar>, String> {
+        let pc = if general.is_some() {
+            frame.ip
+        } else {
+            frame.ip.wrapping_sub(1)
+        };
+        let files = maps::read(pid).map_err(|e| e.to_string())?;
+        let f = files
+            .iter()
+            .find(|f| {
+                f.mappings
+                    .iter()
+                    .any(|m| m.exec && m.start <= pc && pc < m.end)
+            })
+            .ok_or("the address is in no module")?;
+        let elf = self.file(pid, f).map_err(|e| e.to_string())?;
+        let bias = Self::bias(&elf, f).ok_or("the module's load address is not known")?;
+        let dwarf = elf
+            .dwarf
+            .as_ref()
+            .ok_or_else(|| format!("{} has no DWARF (build with -g)", f.name()))?;
+        let register = |n: u16| match general {
+            Some(g) => crate::arch::current::dwarf_register(g, n),
+            None if n == DWARF_SP => Some(frame.sp),
+            None if n == DWARF_FP => Some(frame.fp),
+            None if n == DWARF_RA => Some(frame.ip),
+            None => None,
+        };
+        let mut access = super::frame::FrameAccess {
+            register: &register,
+            cfa: frame.cfa,
+            read,
+            bias,
+        };
+        dwarf
+            .frame_variables(pc.wrapping_sub(bias), &mut access)
+            .ok_or_else(|| "no function's debug information covers this address".into())
     }
 }

@@ -43,6 +43,7 @@ async fn debugger_calls_validate_and_leases_end_with_their_stream() {
             tid: pid,
             depth: 129,
             raw: false,
+            locals: false,
         })
         .await
         .unwrap_err();

@@ -35,6 +35,27 @@ impl Handler<DataBreakpointInfo> for Session {
             };
             let len = a.bytes.unwrap_or(1);
             (Target::Address { addr, len }, Known::address(addr, len))
+        } else if let Some(Container::Locals(tid, index)) = a
+            .variables_reference
+            .and_then(|r| self.vars.get(&r).cloned())
+        {
+            // A local of a stopped frame: the object where it is now (gdb's
+            // `watch -l`), by address.
+            match self.local_in_memory(pid, tid, index, name).await? {
+                Ok(mut k) => {
+                    if let Some(b) = a.bytes {
+                        k.len = b;
+                    }
+                    (
+                        Target::Address {
+                            addr: k.addr,
+                            len: k.len,
+                        },
+                        k,
+                    )
+                }
+                Err(why) => return none(why),
+            }
         } else {
             // A child of one of our containers names its evaluateName; an
             // expression is a global's name, `&` allowed.
@@ -46,6 +67,7 @@ impl Handler<DataBreakpointInfo> for Session {
                 Some(Container::Hit(_)) => {
                     return none(format!("{name:?} is a property of the stop, not memory"));
                 }
+                Some(Container::Locals(..)) => unreachable!("handled above"),
                 Some(Container::Registers(_)) => {
                     return none(format!(
                         "{name:?} is a register: a data breakpoint watches memory (watch the \
@@ -426,5 +448,52 @@ impl Session {
             text.push_str(&format!(". In this session: {}", ours.join("; ")));
         }
         text
+    }
+}
+
+impl Session {
+    /// Variable `name` of frame `index` of held thread `tid`, where it is in
+    /// memory; why not, when it is not (a register, optimized out).
+    async fn local_in_memory(
+        &mut self,
+        pid: i32,
+        tid: i32,
+        index: u32,
+        name: &str,
+    ) -> Result<Result<Known, String>, DapError> {
+        let r = self
+            .client()
+            .get_thread_stack(self.daemon.request(pb::GetThreadStackRequest {
+                pid,
+                tid,
+                depth: index + 1,
+                raw: true,
+                locals: true,
+            }))
+            .await?
+            .into_inner();
+        let Some(v) = r
+            .locals
+            .get(index as usize)
+            .and_then(|f| f.variables.iter().find(|v| v.name == name))
+        else {
+            return Ok(Err(format!("frame {index} has no variable {name:?} now")));
+        };
+        if v.address == 0 {
+            return Ok(Err(format!(
+                "{name} is not in memory here ({}): a data breakpoint watches memory",
+                if v.error.is_empty() {
+                    "in a register"
+                } else {
+                    &v.error
+                }
+            )));
+        }
+        Ok(Ok(Known {
+            expr: format!("{name} (frame {index} of thread {tid})"),
+            addr: v.address,
+            len: u32::try_from(v.value.len()).unwrap_or(u32::MAX),
+            type_name: v.r#type.clone(),
+        }))
     }
 }

@@ -86,6 +86,7 @@ impl Session {
                 self.stops.clear();
                 self.stopped = false;
                 self.frames.clear();
+                self.frame_index.clear();
                 self.vars.clear();
             }
         }

@@ -59,6 +59,7 @@ impl Handler<StackTrace> for Session {
                 tid,
                 depth,
                 raw: false,
+                locals: false,
             }))
             .await?
             .into_inner();
@@ -68,6 +69,7 @@ impl Handler<StackTrace> for Session {
             let id = self.next_frame;
             self.next_frame += 1;
             self.frames.insert(id, tid);
+            self.frame_index.insert(id, i as u32);
             if i == 0 {
                 self.frames.insert(-id, tid); // frame 0 of tid: has the hit scope
             }
@@ -90,13 +92,23 @@ impl Handler<Scopes> for Session {
             return Err(DapError::StaleFrame);
         };
         let mut scopes = Vec::new();
+        // The frame's parameters and local variables (DWARF), first: what an
+        // IDE opens by default.
+        let index = self.frame_index.get(&frame_id).copied().unwrap_or(0);
+        let r = self.container(Container::Locals(tid, index));
+        scopes.push(Scope {
+            name: "Locals".into(),
+            variables_reference: r,
+            expensive: false,
+            presentation_hint: Some("locals"),
+        });
         if self.frames.contains_key(&-frame_id) && self.stops.contains_key(&tid) {
             let r = self.container(Container::Hit(tid));
             scopes.push(Scope {
                 name: "Data breakpoint hit".into(),
                 variables_reference: r,
                 expensive: false,
-                presentation_hint: Some("locals"),
+                presentation_hint: None,
             });
         }
         let r = self.container(Container::Watched);
@@ -152,6 +164,38 @@ impl Handler<Variables> for Session {
                     });
                 }
             }
+            Container::Locals(tid, index) => {
+                let r = self
+                    .client()
+                    .get_thread_stack(self.daemon.request(pb::GetThreadStackRequest {
+                        pid,
+                        tid,
+                        depth: index + 1,
+                        raw: true,
+                        locals: true,
+                    }))
+                    .await?
+                    .into_inner();
+                let Some(frame) = r.locals.get(index as usize) else {
+                    return Ok(VariablesBody { variables: out });
+                };
+                if !frame.note.is_empty() {
+                    self.output("console", &format!("frame {index}: {}", frame.note));
+                }
+                out.extend(frame.variables.iter().map(|v| Variable {
+                    name: v.name.clone(),
+                    value: if v.error.is_empty() {
+                        spec::show_value(&v.r#type, &v.value)
+                    } else {
+                        format!("<{}>", v.error)
+                    },
+                    type_name: (!v.r#type.is_empty()).then(|| v.r#type.clone()),
+                    variables_reference: 0,
+                    // A variable in memory can be watched by its address.
+                    evaluate_name: None,
+                    memory_reference: (v.address != 0).then(|| format!("{:#x}", v.address)),
+                }));
+            }
             Container::Registers(tid) => {
                 let r = self
                     .client()
@@ -160,6 +204,7 @@ impl Handler<Variables> for Session {
                         tid,
                         depth: 1,
                         raw: true,
+                        locals: false,
                     }))
                     .await?
                     .into_inner();

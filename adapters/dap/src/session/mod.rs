@@ -99,6 +99,8 @@ enum Container {
     Hit(i32),
     /// The registers of a held thread (its innermost frame).
     Registers(i32),
+    /// The parameters and locals of frame `.1` (0: innermost) of thread `.0`.
+    Locals(i32, u32),
 }
 
 /// What `dataBreakpointInfo` learnt of a target.
@@ -139,6 +141,8 @@ pub(crate) struct Session {
     stopped: bool,
     stops: HashMap<i32, StopInfo>,
     frames: HashMap<i64, i32>,
+    /// A frame's index in its thread's stack (0: innermost).
+    frame_index: HashMap<i64, u32>,
     next_frame: i64,
     vars: HashMap<i64, Container>,
     next_var: i64,
@@ -201,6 +205,7 @@ where
         stopped: false,
         stops: HashMap::new(),
         frames: HashMap::new(),
+        frame_index: HashMap::new(),
         next_frame: 1,
         vars: HashMap::new(),
         next_var: 1,

@@ -348,6 +348,7 @@ async fn grpc_rep(n: usize, all: bool) -> Result<Rep> {
                     tid,
                     depth: 20,
                     raw: false,
+                    locals: false,
                 }),
             )
             .await?;
