@@ -93,7 +93,10 @@ async fn unary_calls_print_and_map_errors() {
     let r = wpctl(&ep, &["unwatch", "9"]).await;
     assert_eq!(
         (r.code, r.stdout.as_str()),
-        (0, "removed policy 9 (write state.level) and its instances\n")
+        (
+            0,
+            "removed policy 9 (write state.level) and its instances\n"
+        )
     );
     let r = wpctl(&ep, &["unwatch", "--id", "8"]).await;
     assert_eq!((r.code, r.stderr.as_str()), (5, "wpctl: no watchpoint 8\n"));
