@@ -131,10 +131,11 @@ pub(crate) async fn section_fuzzers(args: &Args) -> Result<()> {
         libfuzzer(args, &daemon, &dir, secs).await?;
         let floor = fork_floor(args, &dir).await?;
         println!(
-            "Per AFL++ execution (one fork of the fork server, one input), against alone: \
-             {:+.1} µs with every store a hit, {:+.1} µs with the condition judged at the \
-             trap, {:+.1} µs with the signal action; the kernel's inherited breakpoint alone \
-             adds {:+.1} µs to a fork ({:+.1} µs with wpd's no-op BPF program attached).\n",
+            "Time per AFL++ execution (one fork of the fork server, one input) minus alone's, \
+             from the medians: {:+.1} µs with every store a hit, {:+.1} µs with the condition \
+             judged at the trap, {:+.1} µs with the signal action. The kernel's inherited \
+             breakpoint adds {:+.1} µs to a bare fork ({:+.1} µs with a no-op BPF program \
+             attached).\n",
             afl.every_hit_us, afl.condition_us, afl.signal_us, floor.inherit_us, floor.bpf_us
         );
         flush();
@@ -574,11 +575,14 @@ struct FloorExtra {
 
 async fn fork_floor(args: &Args, dir: &Path) -> Result<FloorExtra> {
     let bin = compile(dir, FORK_FLOOR, "forkfloor", "cc", &["-O2"])?;
-    let forks: u32 = if args.smoke { 300 } else { 5000 };
+    // Short runs, many of them, the modes alternating: a run is half a second, and a noisy
+    // neighbour then spoils a few runs rather than a mode's whole median.
+    let (forks, runs_per_rep): (u32, usize) = if args.smoke { (300, 2) } else { (2000, 5) };
+    let rounds = args.reps * runs_per_rep;
     println!(
-        "## fuzzers: the kernel's floor, {forks} × fork + _exit + waitpid with a write breakpoint on the forking process\n"
+        "## fuzzers: the kernel's floor, {forks} × fork + _exit + waitpid with a write breakpoint on the forking process ({rounds} runs of each)\n"
     );
-    println!("| what | µs per fork (median) | min–max | ratio to a bare fork |");
+    println!("| what | µs per fork (median of the runs) | min–max | ratio to a bare fork |");
     println!("|---|---:|---:|---:|");
     let modes = [
         ("bare fork (no breakpoint)", "bare"),
@@ -590,7 +594,7 @@ async fn fork_floor(args: &Args, dir: &Path) -> Result<FloorExtra> {
         ),
     ];
     let mut runs: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
-    for _ in 0..args.reps {
+    for _ in 0..rounds {
         for (i, (_, mode)) in modes.iter().enumerate() {
             let o = tokio::process::Command::new(&bin)
                 .args([*mode, &forks.to_string()])
