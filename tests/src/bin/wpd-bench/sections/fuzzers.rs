@@ -296,6 +296,9 @@ struct Run {
 /// Per-mode medians over the runs.
 struct Row {
     rate: Spread,
+    /// Each run's rate over the rate of the run alone in the same round (the runs of a
+    /// round follow each other: slow drifts in the machine's load cancel out).
+    paired: Spread,
     execs: f64,
     cpu_us: f64,
     hits: f64,
@@ -303,10 +306,16 @@ struct Row {
     crashes: f64,
 }
 
-fn row(runs: &[Run]) -> Row {
+fn row(runs: &[Run], alone: &[Run]) -> Row {
     let m = |f: fn(&Run) -> f64| median(runs.iter().map(f).collect());
     Row {
         rate: spread(runs.iter().map(|r| r.rate).collect()),
+        paired: spread(
+            runs.iter()
+                .zip(alone)
+                .map(|(r, a)| r.rate / a.rate)
+                .collect(),
+        ),
         execs: m(|r| r.execs),
         cpu_us: m(|r| r.cpu_us),
         hits: m(|r| r.hits),
@@ -377,9 +386,9 @@ async fn afl(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Result<AflE
         "## fuzzers: AFL++ on a fork server, alone and with a policy on state.level (afl-fuzz -V {secs}, fork-server children followed)\n"
     );
     println!(
-        "| mode | execs/s (median) | min–max | ratio to alone | executions | daemon CPU µs per execution | hits per execution | instances made | crashes saved |"
+        "| mode | execs/s (median) | min–max | ratio of medians to alone | ratio to alone in the same round (median, min–max) | executions | daemon CPU µs per execution | hits per execution | instances made | crashes saved |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     flush();
     let modes: [(&str, Option<&[&str]>); 4] = [
         ("alone (daemon idle)", None),
@@ -446,15 +455,18 @@ async fn afl(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Result<AflE
             runs[i].push(run);
         }
     }
-    let rows: Vec<Row> = runs.iter().map(|r| row(r)).collect();
+    let rows: Vec<Row> = runs.iter().map(|r| row(r, &runs[0])).collect();
     let alone = rows[0].rate.med;
     for ((label, extra), r) in modes.iter().zip(&rows) {
         println!(
-            "| {label} | {:.0} | {:.0}–{:.0} | {:.2} | {:.0} | {:.2} | {:.2} | {} | {} |",
+            "| {label} | {:.0} | {:.0}–{:.0} | {:.2} | {:.2} ({:.2}–{:.2}) | {:.0} | {:.2} | {:.2} | {} | {} |",
             r.rate.med,
             r.rate.min,
             r.rate.max,
             r.rate.med / alone,
+            r.paired.med,
+            r.paired.min,
+            r.paired.max,
             r.execs,
             r.cpu_us / r.execs.max(1.0),
             r.hits / r.execs.max(1.0),
@@ -499,9 +511,9 @@ async fn libfuzzer(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Resul
         "## fuzzers: libFuzzer in fork mode, alone and with a policy on state.level > 100 (-fork=1 -max_total_time={secs}, log action)\n"
     );
     println!(
-        "| mode | execs/s (median) | min–max | ratio to alone | executions | daemon CPU µs per 1000 executions | hits | instances made (jobs and the parent) |"
+        "| mode | execs/s (median) | min–max | ratio of medians to alone | ratio to alone in the same round (median, min–max) | executions | daemon CPU µs per 1000 executions | hits | instances made (jobs and the parent) |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     flush();
     let modes: [(&str, Option<&[&str]>); 2] = [
         ("alone (daemon idle)", None),
@@ -543,15 +555,18 @@ async fn libfuzzer(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Resul
             runs[i].push(run);
         }
     }
-    let rows: Vec<Row> = runs.iter().map(|r| row(r)).collect();
+    let rows: Vec<Row> = runs.iter().map(|r| row(r, &runs[0])).collect();
     let alone = rows[0].rate.med;
     for ((label, extra), r) in modes.iter().zip(&rows) {
         println!(
-            "| {label} | {:.0} | {:.0}–{:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {} |",
+            "| {label} | {:.0} | {:.0}–{:.0} | {:.2} | {:.2} ({:.2}–{:.2}) | {:.0} | {:.2} | {:.0} | {} |",
             r.rate.med,
             r.rate.min,
             r.rate.max,
             r.rate.med / alone,
+            r.paired.med,
+            r.paired.min,
+            r.paired.max,
             r.execs,
             r.cpu_us * 1e3 / r.execs.max(1.0),
             r.hits,
@@ -582,8 +597,10 @@ async fn fork_floor(args: &Args, dir: &Path) -> Result<FloorExtra> {
     println!(
         "## fuzzers: the kernel's floor, {forks} × fork + _exit + waitpid with a write breakpoint on the forking process ({rounds} runs of each)\n"
     );
-    println!("| what | µs per fork (median of the runs) | min–max | ratio to a bare fork |");
-    println!("|---|---:|---:|---:|");
+    println!(
+        "| what | µs per fork (median of the runs) | min–max | ratio of medians to a bare fork | ratio to the bare fork of the same round (median, min–max) |"
+    );
+    println!("|---|---:|---:|---:|---:|");
     let modes = [
         ("bare fork (no breakpoint)", "bare"),
         ("breakpoint, not inherited", "bp"),
@@ -612,15 +629,22 @@ async fn fork_floor(args: &Args, dir: &Path) -> Result<FloorExtra> {
             runs[i].push(us);
         }
     }
+    let paired: Vec<Spread> = runs
+        .iter()
+        .map(|r| spread(r.iter().zip(&runs[0]).map(|(m, b)| m / b).collect()))
+        .collect();
     let s: Vec<Spread> = runs.into_iter().map(spread).collect();
     let bare = s[0].med;
-    for ((label, _), s) in modes.iter().zip(&s) {
+    for (((label, _), s), p) in modes.iter().zip(&s).zip(&paired) {
         println!(
-            "| {label} | {:.1} | {:.1}–{:.1} | {:.2} |",
+            "| {label} | {:.1} | {:.1}–{:.1} | {:.2} | {:.2} ({:.2}–{:.2}) |",
             s.med,
             s.min,
             s.max,
-            s.med / bare
+            s.med / bare,
+            p.med,
+            p.min,
+            p.max
         );
     }
     println!();
