@@ -120,7 +120,8 @@ pub(crate) async fn section_fuzzers(args: &Args) -> Result<()> {
     ] {
         ensure!(
             in_path(tool),
-            "fuzzers: `{tool}` not found in PATH: install Debian's {package} (scripts/setup does)"
+            "fuzzers: `{tool}` not found in PATH: install Debian's {package} \
+             (or leave the section out: --skip fuzzers)"
         );
     }
     let secs: u64 = if args.smoke { 2 } else { 10 };
