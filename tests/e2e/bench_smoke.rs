@@ -7,7 +7,7 @@ use std::process::Command;
 use wpd_tests::{find_bin, nats_server_bin, require_peer, require_root_perf};
 
 /// Every section heading of `wpd-bench`, and rows each must contain.
-const SECTIONS: [(&str, &[&str]); 18] = [
+const SECTIONS: [(&str, &[&str]); 21] = [
     (
         "## mass-arm: one process-wide write watchpoint, idle target",
         &[
@@ -108,6 +108,31 @@ const SECTIONS: [(&str, &[&str]); 18] = [
         &["| journal (default) |", "| --state-dir none |"],
     ),
     ("## fleet: export of a backlog", &["| backlog events |"]),
+    (
+        "## fuzzers: AFL++ on a fork server",
+        &[
+            "| alone (daemon idle) |",
+            "| log, every store a hit (no condition) |",
+            "| log, condition > 100 (judged at the trap) |",
+            "| signal, condition > 100 |",
+        ],
+    ),
+    (
+        "## fuzzers: libFuzzer in fork mode",
+        &[
+            "| alone (daemon idle) |",
+            "| log, condition > 100 (judged at the trap) |",
+        ],
+    ),
+    (
+        "## fuzzers: the kernel's floor",
+        &[
+            "| bare fork (no breakpoint) |",
+            "| breakpoint, not inherited |",
+            "| breakpoint, inherited (inherit=1) |",
+            "| breakpoint, inherited, no-op BPF program attached",
+        ],
+    ),
 ];
 
 #[test]

@@ -38,6 +38,11 @@
 //!   watched thread, a fork server's children.
 //! - `fleet`: recovery after a SIGKILL with N armed threads, the journal's
 //!   cost at full hit rate, export of a backlog to NATS JetStream.
+//! - `fuzzers`: AFL++ (fork server) and libFuzzer (fork mode) on a parser,
+//!   alone and with a policy on its state (log on every store, a condition
+//!   judged at the trap, the signal action), runs alternating; daemon CPU
+//!   per execution; the kernel's floor, a fork with an inherited breakpoint
+//!   against a bare fork.
 //!
 //! Timings are medians over `--reps` runs unless a table says otherwise.
 //! Nothing here asserts a time.
@@ -53,8 +58,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use procstat::*;
 use sections::{
-    arm::*, churn::*, dap::*, farm::*, fleet::*, hitcost::*, memory::*, rpc::*, symbols::*,
-    throughput::*,
+    arm::*, churn::*, dap::*, farm::*, fleet::*, fuzzers::*, hitcost::*, memory::*, rpc::*,
+    symbols::*, throughput::*,
 };
 use wpd_tests::Backend;
 
@@ -62,9 +67,9 @@ const USAGE: &str = "usage: wpd-bench [--threads N[,N...]] [--spin-threads N[,N.
      [--writes W] [--no-peers] \
      [--only S,..|--skip S,..] [--churn-threads K[,K...]] [--window-ms MS] [--rpc-pairs P] \
      [--list-calls L] [--peer-timeout-s S] [--smoke]\n\
-     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm fleet";
+     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm fleet fuzzers";
 
-const SECTIONS: [&str; 12] = [
+const SECTIONS: [&str; 13] = [
     "arm",
     "spin",
     "hitcost",
@@ -77,6 +82,7 @@ const SECTIONS: [&str; 12] = [
     "dap",
     "farm",
     "fleet",
+    "fuzzers",
 ];
 
 /// Variable watched where no thread of the target writes (idle workers write
@@ -413,6 +419,9 @@ async fn run(args: Args) -> Result<()> {
     }
     if args.has("fleet") {
         section_fleet(&args).await?;
+    }
+    if args.has("fuzzers") {
+        section_fuzzers(&args).await?;
     }
     Ok(())
 }

@@ -5,6 +5,7 @@ pub mod churn;
 pub mod dap;
 pub mod farm;
 pub mod fleet;
+pub mod fuzzers;
 pub mod hitcost;
 pub mod memory;
 pub mod rpc;
