@@ -181,6 +181,19 @@ pub enum WpdError {
         "pid 1 is the init process, whose stop or death takes the system with it: set allow_init (wpctl --allow-init) to watch it anyway"
     )]
     InitProcess,
+    /// The caller runs in another pid namespace than the daemon's: its
+    /// pids would name other processes (`docs/security.md`).
+    #[error(
+        "pid {pid}: the caller runs in another pid namespace than the daemon's ({why}), so the \
+         pids it gives name other processes here; wpd does not translate them: run the client \
+         in the daemon's pid namespace"
+    )]
+    OtherPidNamespace {
+        /// The pid asked for, as the caller gave it.
+        pid: Pid,
+        /// How the caller's namespace differs.
+        why: &'static str,
+    },
     /// A replay was asked of a daemon that keeps no journal.
     #[error(
         "this daemon keeps no journal to replay from: start wpd with --state-dir DIR (it was \

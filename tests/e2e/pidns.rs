@@ -1,14 +1,19 @@
 //! End-to-end tests of pid namespaces: a daemon started in a pid namespace of its own reports
 //! the ids of its namespace — in hits and listings, whatever the backend — never those of the
-//! initial one (its BPF programs ask the kernel for its namespace's).
+//! initial one (its BPF programs ask the kernel for its namespace's); and a caller in another
+//! pid namespace than the daemon's is refused with the reason, never served with the daemon's
+//! numbers (`docs/security.md`).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, ensure};
+use tonic::Code;
+use wpd_proto::v1::{ListWatchpointsRequest, SetWatchpointRequest, StreamEventsRequest};
 use wpd_tests::{
-    Backend, Daemon, Event, EventStream, Relay, SPAWN_MARK, TargetProc, both_backends,
-    hit_value_u64, list_threads, set_watchpoint, write_spec,
+    Backend, Daemon, Event, EventStream, Relay, SPAWN_MARK, TargetProc, bin_path, both_backends,
+    expect_status, hit_value_u64, list_threads, require_root_perf, rpc_ok, set_watchpoint,
+    write_spec,
 };
 
 /// The first child of `pid` (`/proc/PID/task/PID/children`).
@@ -132,6 +137,96 @@ async fn hits_and_listings_carry_the_daemons_namespace_ids(backend: Backend) -> 
                 "ListThreads lists {listed:?}, the namespace has {ns_tids:?} (new thread {tid})"
             );
             target.quit().await?;
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// `wpctl watch --pid P` run in a new pid namespace (`unshare --pid --fork --mount-proc`)
+/// against a daemon of the test's namespace, P being a process of the daemon's namespace: in the
+/// caller's namespace P is another process (or none), so the daemon refuses, saying why, and
+/// arms nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_below_the_daemons_namespace_arms_nothing() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--threads", "2"]).await?;
+    daemon.finish(
+        async {
+            let wpctl = bin_path("wpctl");
+            let wpctl = wpctl.to_str().ok_or_else(|| anyhow!("non-UTF-8 path"))?;
+            let endpoint = daemon.endpoint();
+            let addr = format!("{:#x}", target.vars[1]);
+            for pid in [target.pid.to_string(), "1".to_string()] {
+                let out = tokio::process::Command::new("unshare")
+                    .args(["--pid", "--fork", "--mount-proc", wpctl])
+                    .args(["--endpoint", &endpoint, "watch", "--pid", &pid])
+                    .args(["--addr", &addr, "--len", "8"])
+                    .stdin(std::process::Stdio::null())
+                    .kill_on_drop(true)
+                    .output()
+                    .await
+                    .context("running wpctl under unshare")?;
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                ensure!(
+                    !out.status.success() && stderr.contains("another pid namespace"),
+                    "wpctl watch --pid {pid} from another pid namespace: {} {stderr}",
+                    out.status
+                );
+            }
+            let mut client = daemon.client().await?;
+            let list = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            ensure!(list.watchpoints.is_empty(), "armed: {list:?}");
+            target.ensure_alive()
+        }
+        .await,
+    )
+}
+
+/// A client of the test's namespace, above that of a daemon started in a new one: the daemon
+/// does not number it, so a pid it names is not the daemon's; refused, saying why, for setting
+/// a watchpoint and for following a process's events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_above_the_daemons_namespace_is_refused() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start_in_new_pidns(&[]).await?;
+    let inner = daemon.inner_pid().expect("a daemon under unshare");
+    let target = TargetProc::start_in_pidns_of(inner, &["--threads", "2"]).await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let r = client
+                .set_watchpoint(SetWatchpointRequest {
+                    spec: Some(write_spec(Backend::Perf, target.pid, target.vars[1])),
+                })
+                .await;
+            expect_status(
+                "SetWatchpoint from above",
+                r,
+                Code::FailedPrecondition,
+                &["another pid namespace", "no pid in the daemon's namespace"],
+            )?;
+            let r = client
+                .stream_events(StreamEventsRequest {
+                    pid: target.pid,
+                    ..Default::default()
+                })
+                .await;
+            expect_status(
+                "StreamEvents from above",
+                r.map(|_| ()),
+                Code::FailedPrecondition,
+                &["another pid namespace"],
+            )?;
             Ok(())
         }
         .await,
