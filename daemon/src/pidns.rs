@@ -60,6 +60,7 @@ pub fn own() -> Option<PidNs> {
     *OWN.get_or_init(|| match PidNs::at("/proc/self/ns/pid") {
         Ok(ns) if ns.is_initial() => None,
         Ok(ns) => {
+            proc_is_ours();
             tracing::info!(
                 ino = ns.ino,
                 "the daemon runs in a pid namespace of its own: its programs read ids in it"
@@ -71,6 +72,23 @@ pub fn own() -> Option<PidNs> {
             None
         }
     })
+}
+
+/// Warns when `/proc` is not a mount of the daemon's pid namespace (a
+/// daemon put in a new pid namespace without its own `/proc`, as
+/// `unshare --pid --fork` without `--mount-proc` leaves it): `/proc/PID`
+/// would then name other processes than the daemon's pids do.
+fn proc_is_ours() {
+    let seen = std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str()?.parse::<u32>().ok());
+    if seen != Some(std::process::id()) {
+        tracing::warn!(
+            "/proc is not this pid namespace's (/proc/self is {seen:?}, the daemon is pid {}): \
+             mount one (unshare --mount-proc, or a container's own /proc)",
+            std::process::id()
+        );
+    }
 }
 
 /// Inode of the pid namespace of `pid` (`/proc/PID/ns/pid`).
