@@ -148,7 +148,12 @@ impl Caller {
             return fallback;
         }
         let ours = procfs::userns_of(std::process::id() as Pid);
-        let privileged = cap_eff & (1 << CAP_SYS_PTRACE) != 0 && userns.is_some() && userns == ours;
+        // Every process the daemon sees is not the caller's to name when
+        // its numbers are another namespace's.
+        let privileged = cap_eff & (1 << CAP_SYS_PTRACE) != 0
+            && userns.is_some()
+            && userns == ours
+            && other_pidns.is_none();
         Caller {
             uid: uids[0],
             gid: gids[0],

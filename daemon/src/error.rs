@@ -183,13 +183,9 @@ pub enum WpdError {
     InitProcess,
     /// The caller runs in another pid namespace than the daemon's: its
     /// pids would name other processes (`docs/security.md`).
-    #[error(
-        "pid {pid}: the caller runs in another pid namespace than the daemon's ({why}), so the \
-         pids it gives name other processes here; wpd does not translate them: run the client \
-         in the daemon's pid namespace"
-    )]
+    #[error("{}", other_pidns_message(*pid, why))]
     OtherPidNamespace {
-        /// The pid asked for, as the caller gave it.
+        /// The pid asked for, as the caller gave it (0: none named).
         pid: Pid,
         /// How the caller's namespace differs.
         why: &'static str,
@@ -339,4 +335,17 @@ impl WpdError {
     pub fn kernel(op: impl Into<String>, err: nix::errno::Errno) -> Self {
         WpdError::Kernel { op: op.into(), err }
     }
+}
+
+fn other_pidns_message(pid: Pid, why: &str) -> String {
+    let about = if pid > 0 {
+        format!("pid {pid}: ")
+    } else {
+        String::new()
+    };
+    format!(
+        "{about}the caller runs in another pid namespace than the daemon's ({why}), so the pids \
+         it gives name other processes here and those the daemon reports are not its own; wpd \
+         does not translate them: run the client in the daemon's pid namespace"
+    )
 }

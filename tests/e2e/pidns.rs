@@ -146,7 +146,7 @@ async fn hits_and_listings_carry_the_daemons_namespace_ids(backend: Backend) -> 
 /// `wpctl watch --pid P` run in a new pid namespace (`unshare --pid --fork --mount-proc`)
 /// against a daemon of the test's namespace, P being a process of the daemon's namespace: in the
 /// caller's namespace P is another process (or none), so the daemon refuses, saying why, and
-/// arms nothing.
+/// arms nothing; nor is it listed what the daemon watches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_below_the_daemons_namespace_arms_nothing() -> Result<()> {
     if !require_root_perf() {
@@ -184,6 +184,31 @@ async fn a_caller_below_the_daemons_namespace_arms_nothing() -> Result<()> {
             )
             .await?;
             ensure!(list.watchpoints.is_empty(), "armed: {list:?}");
+
+            // Nor is it shown the daemon's processes: one watched from the daemon's namespace
+            // is not listed to it.
+            set_watchpoint(
+                &mut client,
+                write_spec(Backend::Perf, target.pid, target.vars[1]),
+            )
+            .await?;
+            let out = tokio::process::Command::new("unshare")
+                .args(["--pid", "--fork", "--mount-proc", wpctl])
+                .args(["--endpoint", &endpoint, "--json", "list"])
+                .stdin(std::process::Stdio::null())
+                .kill_on_drop(true)
+                .output()
+                .await
+                .context("running wpctl list under unshare")?;
+            let listed: serde_json::Value = serde_json::from_slice(&out.stdout)
+                .with_context(|| format!("wpctl --json list: {out:?}"))?;
+            ensure!(
+                listed["watchpoints"]
+                    .as_array()
+                    .is_some_and(|w| w.is_empty())
+                    && listed["processes"].as_array().is_some_and(|p| p.is_empty()),
+                "listed to a caller of another pid namespace: {listed}"
+            );
             target.ensure_alive()
         }
         .await,
