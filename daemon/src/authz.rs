@@ -59,6 +59,10 @@ pub struct Caller {
     /// A token holder, or CAP_SYS_PTRACE in the daemon's own user
     /// namespace: every process the daemon can see is the caller's.
     pub privileged: bool,
+    /// Why the caller's pid namespace is not the daemon's, if it is not:
+    /// the pids it names and would be shown are not the daemon's, and it
+    /// may neither act on nor see any process ([`check`]).
+    pub other_pidns: Option<&'static str>,
 }
 
 impl Caller {
@@ -72,6 +76,7 @@ impl Caller {
             cap_eff: u64::MAX,
             userns: procfs::userns_of(std::process::id() as Pid),
             privileged: true,
+            other_pidns: None,
         }
     }
 
@@ -86,6 +91,7 @@ impl Caller {
             cap_eff: 0,
             userns: None,
             privileged: false,
+            other_pidns: None,
         }
     }
 
@@ -96,10 +102,22 @@ impl Caller {
     /// effective uid since it connected, the caller gets SO_PEERCRED's ids
     /// and no capabilities.
     pub fn from_peer(euid: u32, egid: u32, pid: Option<Pid>, pidfd: Option<&OwnedFd>) -> Self {
-        let fallback = Caller::unprivileged(euid, egid, pid);
+        let mut fallback = Caller::unprivileged(euid, egid, pid);
         let Some(p) = pid.filter(|&p| p > 0) else {
+            // SO_PEERCRED gives 0 for a peer the daemon's pid namespace
+            // does not number: one above it, or beside it.
+            if pid == Some(0) {
+                fallback.other_pidns = Some(ABOVE);
+            }
             return fallback;
         };
+        // A peer in a namespace below the daemon's: numbered here, but its
+        // pids are those of its own namespace.
+        let other_pidns = match (crate::pidns::ino_of(p), crate::pidns::own_ino()) {
+            (Some(theirs), Some(ours)) if theirs != ours => Some(BELOW),
+            _ => None,
+        };
+        fallback.other_pidns = other_pidns;
         let Some(status) = Status::of(p) else {
             return fallback;
         };
@@ -130,7 +148,12 @@ impl Caller {
             return fallback;
         }
         let ours = procfs::userns_of(std::process::id() as Pid);
-        let privileged = cap_eff & (1 << CAP_SYS_PTRACE) != 0 && userns.is_some() && userns == ours;
+        // Every process the daemon sees is not the caller's to name when
+        // its numbers are another namespace's.
+        let privileged = cap_eff & (1 << CAP_SYS_PTRACE) != 0
+            && userns.is_some()
+            && userns == ours
+            && other_pidns.is_none();
         Caller {
             uid: uids[0],
             gid: gids[0],
@@ -139,6 +162,7 @@ impl Caller {
             cap_eff,
             userns,
             privileged,
+            other_pidns,
         }
     }
 
@@ -146,6 +170,12 @@ impl Caller {
         self.cap_eff & (1 << CAP_SYS_PTRACE) != 0
     }
 }
+
+/// [`Caller::other_pidns`] of a peer the daemon's namespace does not number.
+pub const ABOVE: &str = "its process has no pid in the daemon's namespace: it runs in an \
+                         ancestor or unrelated one";
+/// [`Caller::other_pidns`] of a peer in a namespace nested in the daemon's.
+pub const BELOW: &str = "it runs in a pid namespace nested in the daemon's";
 
 /// `SO_PEERPIDFD` (Linux 6.5): a pidfd of the socket's peer.
 const SO_PEERPIDFD: libc::c_int = 77;
@@ -397,6 +427,9 @@ pub fn decide(
 /// Checks that `caller` may act on `pid`. A pid that does not exist is
 /// reported as such only to callers that could see it anyway.
 pub fn check(caller: &Caller, pid: Pid) -> Result<(), WpdError> {
+    if let Some(why) = caller.other_pidns {
+        return Err(WpdError::OtherPidNamespace { pid, why });
+    }
     let yama = yama_scope();
     if caller.privileged && yama < 3 {
         return Ok(());
@@ -442,6 +475,11 @@ impl Visibility {
         pid: Pid,
         owner: Option<&crate::events::Owner>,
     ) -> bool {
+        // Events name processes by the daemon's pids, which are not the
+        // caller's.
+        if caller.other_pidns.is_some() {
+            return false;
+        }
         if caller.privileged {
             return true;
         }
@@ -709,6 +747,36 @@ mod tests {
             ..SAME
         };
         check_case(user(1000), target(1000), init, 2, Ok(()));
+    }
+
+    #[test]
+    fn a_caller_in_another_pid_namespace_acts_on_and_sees_nothing() {
+        let me = std::process::id() as Pid;
+        for why in [ABOVE, BELOW] {
+            let c = Caller {
+                other_pidns: Some(why),
+                ..Caller::privileged()
+            };
+            match check(&c, me) {
+                Err(WpdError::OtherPidNamespace { pid, why: w }) => {
+                    assert_eq!((pid, w), (me, why));
+                }
+                r => panic!("{r:?}"),
+            }
+            let owner = crate::events::Owner {
+                start_time: procfs::start_time(me).unwrap(),
+                uids: [0; 3],
+                gids: [0; 3],
+                dumpable: true,
+            };
+            assert!(!Visibility::default().may_see(&c, me, Some(&owner)));
+        }
+        // SO_PEERCRED's 0: a peer the daemon's namespace does not number.
+        let above = Caller::from_peer(0, 0, Some(0), None);
+        assert_eq!(above.other_pidns, Some(ABOVE));
+        // This process: the daemon's own namespace.
+        let same = Caller::from_peer(0, 0, Some(me), None);
+        assert_eq!(same.other_pidns, None);
     }
 
     #[test]

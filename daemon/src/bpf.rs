@@ -42,6 +42,7 @@ pub mod helper {
     pub const GET_SMP_PROCESSOR_ID: i32 = 8;
     pub const GET_CURRENT_PID_TGID: i32 = 14;
     pub const GET_STACK: i32 = 67;
+    pub const GET_NS_CURRENT_PID_TGID: i32 = 120;
     pub const PROBE_READ_USER: i32 = 112;
     pub const SEND_SIGNAL_THREAD: i32 = 117;
     pub const RINGBUF_RESERVE: i32 = 131;
@@ -312,6 +313,30 @@ impl Program {
         }
         Ok(self.insns)
     }
+}
+
+/// Instructions leaving in r0 the current task's `tgid << 32 | tid` as
+/// pid namespace `ns` numbers them: `bpf_get_current_pid_tgid` (the
+/// initial namespace's ids) when `ns` is `None`, else
+/// `bpf_get_ns_current_pid_tgid` into the stack word at `stack` (r10
+/// relative), whose `{ u32 pid; u32 tgid; }` reads as that same u64. A task
+/// whose own namespace is not `ns` (a descendant one, or one outside it)
+/// gets 0: the helper zeroes the word when it fails. Clobbers r1-r5.
+pub fn current_pid_tgid(ns: Option<crate::pidns::PidNs>, stack: i16) -> Vec<Insn> {
+    let Some(ns) = ns else {
+        return vec![asm::call(helper::GET_CURRENT_PID_TGID)];
+    };
+    let mut v = Vec::with_capacity(10);
+    v.extend(asm::ld_u64(1, ns.dev));
+    v.extend(asm::ld_u64(2, ns.ino));
+    v.extend([
+        asm::mov(3, 10),
+        asm::add_imm(3, i32::from(stack)),
+        asm::mov_imm(4, 8),
+        asm::call(helper::GET_NS_CURRENT_PID_TGID),
+        asm::ldx_dw(0, 10, stack),
+    ]);
+    v
 }
 
 /// `union bpf_attr` as BPF_PROG_LOAD reads it (the fields up to the log).

@@ -181,6 +181,15 @@ pub enum WpdError {
         "pid 1 is the init process, whose stop or death takes the system with it: set allow_init (wpctl --allow-init) to watch it anyway"
     )]
     InitProcess,
+    /// The caller runs in another pid namespace than the daemon's: its
+    /// pids would name other processes (`docs/security.md`).
+    #[error("{}", other_pidns_message(*pid, why))]
+    OtherPidNamespace {
+        /// The pid asked for, as the caller gave it (0: none named).
+        pid: Pid,
+        /// How the caller's namespace differs.
+        why: &'static str,
+    },
     /// A replay was asked of a daemon that keeps no journal.
     #[error(
         "this daemon keeps no journal to replay from: start wpd with --state-dir DIR (it was \
@@ -326,4 +335,17 @@ impl WpdError {
     pub fn kernel(op: impl Into<String>, err: nix::errno::Errno) -> Self {
         WpdError::Kernel { op: op.into(), err }
     }
+}
+
+fn other_pidns_message(pid: Pid, why: &str) -> String {
+    let about = if pid > 0 {
+        format!("pid {pid}: ")
+    } else {
+        String::new()
+    };
+    format!(
+        "{about}the caller runs in another pid namespace than the daemon's ({why}), so the pids \
+         it gives name other processes here and those the daemon reports are not its own; wpd \
+         does not translate them: run the client in the daemon's pid namespace"
+    )
 }

@@ -16,6 +16,7 @@ pub mod filter;
 pub mod journal;
 pub mod ledger;
 pub mod model;
+pub mod pidns;
 pub mod procfs;
 pub mod rpc;
 pub mod sched;

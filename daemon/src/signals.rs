@@ -142,9 +142,11 @@ fn program(ring: &RingBuf, l: Layout) -> Result<Vec<Insn>, bpf::AsmError> {
         asm::call(helper::RINGBUF_RESERVE),
     ]);
     p.jeq_imm(0, 0, out);
+    p.push([asm::mov(9, 0)]);
+    // Ids in the daemon's namespace: a task of another one (not watched:
+    // the daemon sees its watched processes in its own) records 0.
+    p.push(bpf::current_pid_tgid(crate::pidns::own(), -8));
     p.push([
-        asm::mov(9, 0),
-        asm::call(helper::GET_CURRENT_PID_TGID),
         asm::stx_dw(9, 0, 0),
         asm::stx_dw(9, 8, 7),
         asm::ldx_w(1, 6, l.code),

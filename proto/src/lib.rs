@@ -120,6 +120,9 @@ pub mod reason {
     pub const OWN_PROCESS: &str = "OWN_PROCESS";
     /// pid 1 without `allow_init`.
     pub const INIT_PROCESS: &str = "INIT_PROCESS";
+    /// The caller runs in another pid namespace than the daemon's: the
+    /// pids it names are not the daemon's, and are not read as such.
+    pub const OTHER_PID_NAMESPACE: &str = "OTHER_PID_NAMESPACE";
     /// A replay (`StreamEventsRequest.after_seq`/`since_time_ns`) from a
     /// daemon that keeps no journal.
     pub const NO_JOURNAL: &str = "NO_JOURNAL";

@@ -38,6 +38,7 @@ mod lifecycle;
 mod limits;
 mod metrics;
 mod persist;
+mod pidns;
 mod policies;
 mod ptrace;
 mod recent_hits;

@@ -24,6 +24,8 @@ pub struct Daemon {
     log_path: PathBuf,
     state_file: PathBuf,
     state_dir: PathBuf,
+    /// The daemon itself when `child` runs it under a command ([`Daemon::start_in_new_pidns`]).
+    inner: Option<i32>,
 }
 
 impl Daemon {
@@ -132,6 +134,42 @@ impl Daemon {
         env: &[(&str, &str)],
         as_uid: Option<u32>,
     ) -> Result<Daemon> {
+        Self::spawn_under(&[], extra, state_file, state_dir, fd_limit, env, as_uid).await
+    }
+
+    /// Like [`Daemon::start_with_args`], the daemon the first process of a new pid namespace
+    /// (and mount namespace, with its own `/proc`): `unshare --pid --fork --mount-proc
+    /// --kill-child=SIGTERM wpd ...`. Its socket is a path, reachable from outside;
+    /// [`Daemon::inner_pid`] is its pid as the test's namespace numbers it.
+    pub async fn start_in_new_pidns(extra: &[&str]) -> Result<Daemon> {
+        let prefix = [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child=SIGTERM",
+        ];
+        let mut d = Self::spawn_under(&prefix, extra, None, None, None, &[], None).await?;
+        let unshare = d.child.id();
+        let children = format!("/proc/{unshare}/task/{unshare}/children");
+        let inner = fs::read_to_string(&children)
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .ok_or_else(|| anyhow!("no child in {children}"))?;
+        d.inner = Some(inner);
+        Ok(d)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn spawn_under(
+        prefix: &[&str],
+        extra: &[&str],
+        state_file: Option<PathBuf>,
+        state_dir: Option<PathBuf>,
+        fd_limit: Option<u64>,
+        env: &[(&str, &str)],
+        as_uid: Option<u32>,
+    ) -> Result<Daemon> {
         let bin = bin_path("wpd");
         let dir = unique_temp_dir("wpd-e2e")?;
         let socket = dir.join("wpd.sock");
@@ -141,7 +179,14 @@ impl Daemon {
         let spawned = (|| -> Result<Child> {
             let log = File::create(&log_path)
                 .with_context(|| format!("creating {}", log_path.display()))?;
-            let mut cmd = Command::new(&bin);
+            let mut cmd = match prefix.split_first() {
+                Some((first, rest)) => {
+                    let mut c = Command::new(first);
+                    c.args(rest).arg(&bin);
+                    c
+                }
+                None => Command::new(&bin),
+            };
             cmd.arg("--listen")
                 .arg(format!("unix:{}", socket.display()))
                 .args(extra)
@@ -195,6 +240,7 @@ impl Daemon {
             log_path,
             state_file,
             state_dir,
+            inner: None,
         };
         if let Err(e) = daemon.wait_ready().await {
             return Err(e.context(format!(
@@ -237,9 +283,25 @@ impl Daemon {
             .with_context(|| format!("connecting to {}", self.endpoint()))
     }
 
-    /// The daemon's pid.
+    /// The daemon's pid (of the command it runs under, if any: see [`Daemon::inner_pid`]).
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
+    }
+
+    /// The daemon's own pid when it runs under another command (in the test's pid namespace).
+    pub fn inner_pid(&self) -> Option<i32> {
+        self.inner
+    }
+
+    /// Signals the daemon itself when it runs under a command (which may ignore signals).
+    fn signal_inner(&self, sig: libc::c_int) {
+        if let Some(pid) = self.inner
+            && self.status.is_none()
+        {
+            // SAFETY: kill(2) on the daemon this guard started (its parent has not been reaped, so
+            // the pid is not reused).
+            unsafe { libc::kill(pid, sig) };
+        }
     }
 
     /// Everything the daemon wrote to stdout and stderr so far.
@@ -284,6 +346,7 @@ impl Daemon {
     /// Sends SIGTERM and waits up to `timeout` for the exit status. On timeout the daemon is
     /// left running (the guard SIGKILLs it later).
     pub async fn terminate(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        self.signal_inner(libc::SIGTERM);
         signal_child(&mut self.child, &mut self.status, libc::SIGTERM);
         wait_child(&mut self.child, &mut self.status, timeout)
             .await
@@ -293,6 +356,7 @@ impl Daemon {
     /// SIGKILLs the daemon (no cleanup of its own can run) and reaps it. The guard keeps its
     /// temp dir — log and state file — until it is dropped.
     pub async fn kill(&mut self) -> Result<ExitStatus> {
+        self.signal_inner(libc::SIGKILL);
         signal_child(&mut self.child, &mut self.status, libc::SIGKILL);
         wait_child(&mut self.child, &mut self.status, STOP_GRACE)
             .await
@@ -349,6 +413,7 @@ impl Drop for Daemon {
         if std::thread::panicking() {
             self.print_log("panicking");
         }
+        self.signal_inner(libc::SIGTERM);
         stop_child_blocking(&mut self.child, &mut self.status, true);
         let _ = fs::remove_dir_all(&self.dir);
     }

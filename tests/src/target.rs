@@ -26,6 +26,8 @@ pub struct TargetProc {
     pub vars: Vec<u64>,
     /// Worker threads it started with.
     pub threads: usize,
+    /// Started in another pid namespace: `pid` is its number there, not the child's here.
+    in_pidns: bool,
 }
 
 impl TargetProc {
@@ -52,7 +54,37 @@ impl TargetProc {
         Self::spawn_bin(bin, args, None).await
     }
 
+    /// Starts `wpd-target` in the pid namespace of process `ns_of` (`nsenter --target ns_of
+    /// --pid`): [`TargetProc::pid`] is its pid as that namespace numbers it (what it reports),
+    /// and what reads `/proc/<pid>` here ([`TargetProc::tids`]) does not apply.
+    pub async fn start_in_pidns_of(ns_of: i32, args: &[&str]) -> Result<TargetProc> {
+        let bin = find_bin("wpd-target")?;
+        let ns = ns_of.to_string();
+        let mut full = vec!["--target", ns.as_str(), "--pid", "--"];
+        let bin_str = bin
+            .to_str()
+            .ok_or_else(|| anyhow!("non-UTF-8 path {bin:?}"))?;
+        full.push(bin_str);
+        full.extend_from_slice(args);
+        Self::spawn_cmd(Path::new("nsenter"), &full, None, true).await
+    }
+
+    /// The pid of the process the test started (`nsenter` for
+    /// [`TargetProc::start_in_pidns_of`]).
+    pub fn child_id(&self) -> u32 {
+        self.child.id()
+    }
+
     async fn spawn_bin(bin: &Path, args: &[&str], ids: Option<(u32, u32)>) -> Result<TargetProc> {
+        Self::spawn_cmd(bin, args, ids, false).await
+    }
+
+    async fn spawn_cmd(
+        bin: &Path,
+        args: &[&str],
+        ids: Option<(u32, u32)>,
+        in_pidns: bool,
+    ) -> Result<TargetProc> {
         let mut cmd = Command::new(bin);
         if let Some((uid, gid)) = ids {
             use std::os::unix::process::CommandExt as _;
@@ -78,6 +110,7 @@ impl TargetProc {
             pid: 0,
             vars: Vec::new(),
             threads: 0,
+            in_pidns,
         };
         let ready = target
             .read_line(TARGET_READY_TIMEOUT)
@@ -120,7 +153,7 @@ impl TargetProc {
         );
         let pid: i32 = field(line, "pid")?;
         ensure!(
-            pid == self.child.id() as i32,
+            self.in_pidns || pid == self.child.id() as i32,
             "READY says pid={pid}, but the child is {}",
             self.child.id()
         );

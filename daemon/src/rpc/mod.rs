@@ -185,6 +185,12 @@ impl Service {
         let spec = convert::policy_spec_from_pb(asked.clone())?;
         let selector_asked = r.selector.clone().unwrap_or_default();
         let selector = convert::selector_from_pb(r.selector)?;
+        // Whatever it selects, a caller of another pid namespace would be
+        // told of processes by numbers that are not its own.
+        if let Some(why) = caller.other_pidns {
+            let pid = selector.pids.first().copied().unwrap_or(0);
+            return Err(WpdError::OtherPidNamespace { pid, why }.into());
+        }
         // Named processes are checked now, as SetWatchpoint would; the
         // others when they match.
         for &pid in &selector.pids {

@@ -182,6 +182,7 @@ pub fn restore_caller(c: &pb::SavedCaller, ctx: RestoreContext) -> Caller {
             cap_eff: u64::MAX,
             userns: Some(INIT_USERNS),
             privileged: true,
+            other_pidns: None,
         };
     }
     Caller::unprivileged(c.uid, c.gid, None)

@@ -108,6 +108,7 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
         WpdError::NotAProcess { .. } => (Code::InvalidArgument, r::NOT_A_PROCESS),
         WpdError::OwnProcess(_) => (Code::InvalidArgument, r::OWN_PROCESS),
         WpdError::InitProcess => (Code::FailedPrecondition, r::INIT_PROCESS),
+        WpdError::OtherPidNamespace { .. } => (Code::FailedPrecondition, r::OTHER_PID_NAMESPACE),
         WpdError::NoJournal => (Code::FailedPrecondition, r::NO_JOURNAL),
         WpdError::NotSaved { .. } => (Code::Unavailable, r::NOT_SAVED),
         WpdError::ProcessExited(_) => (Code::NotFound, r::PROCESS_EXITED),
@@ -323,6 +324,15 @@ mod tests {
             Code::FailedPrecondition,
             r::INIT_PROCESS,
             "--allow-init",
+        );
+        check(
+            WpdError::OtherPidNamespace {
+                pid: 5,
+                why: "it sees the daemon's namespace from above",
+            },
+            Code::FailedPrecondition,
+            r::OTHER_PID_NAMESPACE,
+            "another pid namespace",
         );
         check(
             WpdError::NoJournal,

@@ -125,7 +125,15 @@ impl PerfEngine {
                     return;
                 };
                 let len = w.spec.range.piece(h.key.piece).len.bytes();
-                let (pid, tid) = (h.pid, h.tid);
+                let (pid, tid) = match (h.pid, h.tid) {
+                    // A thread of a pid namespace nested in the daemon's
+                    // (whose own is not the initial one): the program
+                    // cannot number it (kernel-facts §12). The process is
+                    // the watchpoint's when no forked child carries it;
+                    // the thread is not known (0).
+                    (0, 0) if w.forked.lock().unwrap().is_empty() => (w.spec.pid, 0),
+                    ids => ids,
+                };
                 // The program read the bytes at the trap: the value the
                 // access left. Read now only if it could not.
                 let (value, value_read_ns) = match h.value {

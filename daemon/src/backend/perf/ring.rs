@@ -40,6 +40,7 @@ use nix::errno::Errno;
 
 use crate::bpf::{self, AsmError, Cmp, Counters, Insn, LoadError, Program, RingBuf, asm, helper};
 use crate::model::SlotKey;
+use crate::pidns::PidNs;
 
 /// Ring size: 16 MiB, about 200,000 hits of 80 bytes, or 200 ms at a
 /// million hits a second between two drain passes (they are 1-2 ms apart).
@@ -260,7 +261,8 @@ fn judge(p: &mut Program, j: &Judge, state: i32, len: u32, report: bpf::Label) {
 /// The program recording a hit of `key` (`len` watched bytes, up to
 /// `depth` frames of call chain) into the ring buffer `ring` (its fd), or
 /// counting it in the counter array `drops`: 42 instructions, 47 with a
-/// call chain; with a [`Judge`] (state in the array `judge.1`), the hit is
+/// call chain, 8 more for ids in the daemon's pid namespace `ns` when it
+/// is not the initial one ([`bpf::current_pid_tgid`]); with a [`Judge`] (state in the array `judge.1`), the hit is
 /// judged first. Registers: r6 the context, r7 the reserved record.
 pub fn program(
     ring: i32,
@@ -269,6 +271,7 @@ pub fn program(
     len: u32,
     depth: u16,
     judged: Option<(&Judge, i32)>,
+    ns: Option<PidNs>,
 ) -> Result<Vec<Insn>, AsmError> {
     let size = REC_FIXED + 8 * depth as usize;
     let mut p = Program::new();
@@ -297,9 +300,10 @@ pub fn program(
     p.place(reserved);
     p.push([asm::mov(7, 0)]);
     p.push(asm::ld_u64(1, key.pack()));
+    p.push([asm::stx_dw(7, 0, 1)]);
+    // Ids in the daemon's pid namespace (the judge uses the word at -8).
+    p.push(bpf::current_pid_tgid(ns, -16));
     p.push([
-        asm::stx_dw(7, 0, 1),
-        asm::call(helper::GET_CURRENT_PID_TGID),
         asm::stx_dw(7, 8, 0),
         asm::call(helper::KTIME_GET_NS),
         asm::stx_dw(7, 16, 0),
@@ -354,6 +358,9 @@ pub struct HitRing {
     /// Whether the kernel takes judged programs (atomic fetch and
     /// exchange, `bpf_send_signal_thread`), or why not.
     judging: Result<(), LoadError>,
+    /// The daemon's pid namespace, if not the initial one: the programs
+    /// record ids in it.
+    ns: Option<PidNs>,
 }
 
 /// Why the per-thread path is not available.
@@ -383,6 +390,7 @@ impl HitRing {
             progs: Mutex::new(HashMap::new()),
             states: Mutex::new(HashMap::new()),
             judging: Ok(()),
+            ns: crate::pidns::own(),
         };
         let probe = program(
             r.ring.raw_fd(),
@@ -391,6 +399,7 @@ impl HitRing {
             8,
             4,
             None,
+            r.ns,
         )
         .map_err(NoRing::Asm)?;
         bpf::load_program(bpf::PROG_TYPE_PERF_EVENT, &probe).map_err(NoRing::Program)?;
@@ -411,6 +420,7 @@ impl HitRing {
             8,
             4,
             Some((&all, state.raw_fd())),
+            r.ns,
         )
         .map_err(NoRing::Asm)?;
         r.judging = bpf::load_program(bpf::PROG_TYPE_PERF_EVENT, &probe).map(|_| ());
@@ -468,6 +478,7 @@ impl HitRing {
             len,
             depth,
             judged,
+            self.ns,
         )
         .map_err(|e| {
             tracing::error!(id = key.id.0, piece = key.piece, "{e}");
@@ -526,8 +537,16 @@ mod tests {
     fn the_program_reserves_then_records_or_counts_a_drop() {
         let key = SlotKey::new(crate::model::WatchId(7), 2);
         for (depth, n) in [(0, 42), (8, 47)] {
-            let p = program(3, 4, key, 8, depth, None).unwrap();
+            let p = program(3, 4, key, 8, depth, None, None).unwrap();
             assert_eq!(p.len(), n, "depth {depth}");
+            let ns = PidNs {
+                dev: 4,
+                ino: 4026532000,
+            };
+            let in_ns = program(3, 4, key, 8, depth, None, Some(ns)).unwrap();
+            assert_eq!(in_ns.len(), n + 8, "depth {depth}, in a namespace");
+            assert!(in_ns.contains(&asm::call(helper::GET_NS_CURRENT_PID_TGID)));
+            assert!(!in_ns.contains(&asm::call(helper::GET_CURRENT_PID_TGID)));
             // The jump after ringbuf_reserve skips the drop count and its
             // exit, to the record being filled (r7 = r0).
             let jne = p.iter().position(|i| *i == asm::jne_imm(0, 0, 6)).unwrap();
@@ -596,6 +615,25 @@ mod kernel_tests {
             Err(NoRing::Map(Errno::EPERM)) => return, // unprivileged run
             Err(e) => panic!("{e}"),
         };
+        records_the_inherited_threads_hits(ring);
+    }
+
+    /// The same through `bpf_get_ns_current_pid_tgid`, naming the test's
+    /// own namespace (whichever it is): the verifier takes the program, the
+    /// device number is encoded as the helper compares it, and the ids are
+    /// the test's.
+    #[test]
+    fn ids_in_a_named_pid_namespace() {
+        let mut ring = match HitRing::new() {
+            Ok(r) => r,
+            Err(NoRing::Map(Errno::EPERM)) => return, // unprivileged run
+            Err(e) => panic!("{e}"),
+        };
+        ring.ns = Some(PidNs::at("/proc/self/ns/pid").unwrap());
+        records_the_inherited_threads_hits(ring);
+    }
+
+    fn records_the_inherited_threads_hits(ring: HitRing) {
         let key = SlotKey::new(crate::model::WatchId(9), 0);
         let prog = ring.program_for(key, 8, 8, None).unwrap();
         let (tid_tx, tid_rx) = mpsc::channel();
