@@ -269,6 +269,49 @@ fn pieces_needed(addr: u64, len: u32) -> usize {
 mod tests {
     use super::*;
 
+    /// DWARF numbers registers in its own order (rdx before rcx and rbx).
+    #[test]
+    fn dwarf_register_numbers_follow_the_abi() {
+        let r = libc::user_regs_struct {
+            rax: 1,
+            rdx: 2,
+            rcx: 3,
+            rbx: 4,
+            rsi: 5,
+            rdi: 6,
+            rbp: 7,
+            rsp: 8,
+            r8: 9,
+            r15: 16,
+            rip: 17,
+            // SAFETY: user_regs_struct is plain integers; all zeros is valid.
+            ..unsafe { std::mem::zeroed() }
+        };
+        let g = UserRegs::from(&r).general;
+        let want = [
+            (0, 1),
+            (1, 2),
+            (2, 3),
+            (3, 4),
+            (4, 5),
+            (5, 6),
+            (6, 7),
+            (7, 8),
+            (8, 9),
+            (15, 16),
+            (16, 17),
+        ];
+        for (n, v) in want {
+            assert_eq!(dwarf_register(&g, n), Some(v), "DWARF register {n}");
+        }
+        assert_eq!(
+            dwarf_register(&g, 17),
+            None,
+            "xmm0 is not a general register"
+        );
+        assert_eq!(GENERAL_REGISTERS[usize::from(DWARF_SP)], "rsp");
+    }
+
     #[test]
     fn slot_mask_covers_enable_rw_len() {
         assert_eq!(dr7::slot_mask(0), 0b11 | (0b1111 << 16));

@@ -306,3 +306,42 @@ impl Symbols {
             .ok_or_else(|| "no function's debug information covers this address".into())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This test binary's own call frame information: at a function's
+    /// first instruction the CFA is the stack pointer + 8 and the return
+    /// address is at CFA - 8 (the call just pushed it); the frame pointer
+    /// is not saved yet.
+    #[test]
+    fn a_functions_entry_row_is_the_calls() {
+        use object::{Object, ObjectSymbol};
+        let exe = std::fs::read("/proc/self/exe").unwrap();
+        let file = object::File::parse(&*exe).unwrap();
+        let cfi = Cfi::of(&file).expect("the test binary has .eh_frame");
+        assert!(cfi.heap_bytes() > 0);
+        let f = file
+            .symbols()
+            .find(|s| {
+                s.name()
+                    .is_ok_and(|n| n.contains("a_functions_entry_row_is_the_calls"))
+                    && s.kind() == object::SymbolKind::Text
+                    && s.size() > 0
+            })
+            .expect("this test's own symbol");
+        let row = cfi.row(f.address()).expect("a row at the function's entry");
+        assert_eq!(
+            row,
+            Row {
+                cfa_register: DWARF_SP,
+                cfa_offset: 8,
+                ra_offset: -8,
+                fp_offset: None,
+            }
+        );
+        // Past the end of every function: no row.
+        assert_eq!(cfi.row(u64::MAX - 16), None);
+    }
+}
