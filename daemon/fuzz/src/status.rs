@@ -278,6 +278,13 @@ pub enum ErrorInput {
     Internal(String),
     /// `WpdError::SignalUnusable`.
     SignalUnusable(String),
+    /// `WpdError::OtherPidNamespace`.
+    OtherPidNamespace {
+        /// The pid asked for.
+        pid: i32,
+        /// How the caller's namespace differs.
+        why: StaticText,
+    },
 }
 
 /// A name that did not resolve (the variants whose fields are plain data).
@@ -542,6 +549,10 @@ impl ErrorInput {
             },
             ErrorInput::Internal(m) => WpdError::Internal(m),
             ErrorInput::SignalUnusable(m) => WpdError::SignalUnusable(m),
+            ErrorInput::OtherPidNamespace { pid, why } => WpdError::OtherPidNamespace {
+                pid,
+                why: why.get(),
+            },
         }
     }
 }
@@ -579,6 +590,7 @@ pub fn variant(e: &WpdError) -> &'static str {
         WpdError::LeaseEnded { .. } => "LeaseEnded",
         WpdError::Internal(_) => "Internal",
         WpdError::SignalUnusable(_) => "SignalUnusable",
+        WpdError::OtherPidNamespace { .. } => "OtherPidNamespace",
     }
 }
 
