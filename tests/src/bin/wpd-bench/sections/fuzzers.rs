@@ -1,8 +1,10 @@
 //! Fuzzers: what a policy on a fuzzing target's name costs the fuzzer. AFL++ (a fork server:
 //! one child per execution, the policy's watchpoint inherited by each) and libFuzzer in fork
-//! mode (jobs of many in-process executions) run `tests/c/fuzzparse.c` alone and with a
-//! policy on `state.level`, runs of each mode alternating; and the kernel's own floor: what
-//! an inherited write breakpoint adds to a fork.
+//! mode (jobs of many in-process executions) run `tests/c/fuzzparse.c` alone, with a
+//! policy on `parser_limit` (a setting the parser reads and never writes: the cost of being
+//! watched) and with policies on `state.level` (written by the parser, and by libFuzzer's
+//! target on every input: the cost of the hits), runs of each mode alternating; and the
+//! kernel's own floor: what an inherited write breakpoint adds to a fork.
 
 use crate::*;
 use std::path::{Path, PathBuf};
@@ -215,7 +217,8 @@ fn alive_named(comm: &str) -> Vec<i32> {
         .collect()
 }
 
-/// A policy set with `wpctl --json watch --comm COMM --symbol state.level ...`.
+/// A policy set with `wpctl --json watch --comm COMM --symbol state.level ...` (or the
+/// `--symbol` `extra` names).
 async fn watch(daemon: &Daemon, comm: &str, extra: &[&str]) -> Result<u64> {
     let endpoint = daemon.endpoint();
     let mut a = vec![
@@ -225,9 +228,10 @@ async fn watch(daemon: &Daemon, comm: &str, extra: &[&str]) -> Result<u64> {
         "watch",
         "--comm",
         comm,
-        "--symbol",
-        "state.level",
     ];
+    if !extra.contains(&"--symbol") {
+        a.extend(["--symbol", "state.level"]);
+    }
     a.extend_from_slice(extra);
     let out = run_wpctl(&a, Duration::from_secs(20)).await?;
     ensure!(out.code == Some(0), "wpctl watch failed: {out:?}");
@@ -391,8 +395,12 @@ async fn afl(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Result<AflE
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     flush();
-    let modes: [(&str, Option<&[&str]>); 4] = [
+    let modes: [(&str, Option<&[&str]>); 5] = [
         ("alone (daemon idle)", None),
+        (
+            "watched, never written (parser_limit: the cost of being watched)",
+            Some(&["--symbol", "parser_limit", "--follow-forks"]),
+        ),
         (
             "log, every store a hit (no condition)",
             Some(&["--follow-forks"]),
@@ -483,9 +491,9 @@ async fn afl(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Result<AflE
     flush();
     let extra_us = |r: &Row| 1e6 / r.rate.med - 1e6 / alone;
     Ok(AflExtra {
-        every_hit_us: extra_us(&rows[1]),
-        condition_us: extra_us(&rows[2]),
-        signal_us: extra_us(&rows[3]),
+        every_hit_us: extra_us(&rows[2]),
+        condition_us: extra_us(&rows[3]),
+        signal_us: extra_us(&rows[4]),
     })
 }
 
@@ -516,10 +524,14 @@ async fn libfuzzer(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Resul
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     flush();
-    let modes: [(&str, Option<&[&str]>); 2] = [
+    let modes: [(&str, Option<&[&str]>); 3] = [
         ("alone (daemon idle)", None),
         (
-            "log, condition > 100 (judged at the trap)",
+            "watched, never written (parser_limit: the cost of being watched)",
+            Some(&["--symbol", "parser_limit"]),
+        ),
+        (
+            "log, condition > 100 (judged at the trap; every input's memset stores it)",
             Some(&["--condition", "> 100"]),
         ),
     ];
