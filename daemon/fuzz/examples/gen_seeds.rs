@@ -206,6 +206,7 @@ fn decode_spec_seeds() -> Vec<(&'static str, Vec<u8>)> {
                     tid: 8,
                     depth: 129,
                     raw: false,
+                    locals: false,
                 },
             ),
         ),

@@ -127,8 +127,7 @@ pub fn check(data: &[u8]) {
                 check_pid(r.pid);
                 // 1 byte to 1 MiB, all below the end of user space.
                 let ok = (1..=1 << 20).contains(&r.length)
-                    && r
-                        .address
+                    && r.address
                         .checked_add(u64::from(r.length))
                         .is_some_and(|end| end <= USER_END);
                 match convert::read_length(r.address, r.length) {
@@ -274,8 +273,19 @@ pub fn reference(s: &pb::WatchpointSpec) -> Result<(), &'static str> {
     if s.aggregate && s.exemplars_per_second > 10_000 {
         return Err("exemplars_per_second ≤ 10,000");
     }
-    if s.aggregate && (s.action == 2 || s.action == 3) {
+    if s.aggregate && !(0..=1).contains(&s.action) {
         return Err("aggregate ⇒ action log");
+    }
+    if s.signal != 0 && s.action != 4 {
+        return Err("signal ⇒ action signal");
+    }
+    if s.action == 4 {
+        let sig = if s.signal == 0 { 6 } else { s.signal };
+        // SIGTRAP, SIGKILL, job control (SIGCONT, SIGSTOP, SIGTSTP, SIGTTIN,
+        // SIGTTOU) and those ignored by default (SIGCHLD, SIGURG, SIGWINCH).
+        if !(1..=64).contains(&sig) || [5, 9, 17, 18, 19, 20, 21, 22, 23, 28].contains(&sig) {
+            return Err("signal action ⇒ a signal that can end the process");
+        }
     }
     if s.follow_forks && (!s.tids.is_empty() || !s.thread_name.is_empty()) {
         return Err("follow_forks ⇒ process-wide (no tids, no thread_name)");
@@ -283,7 +293,7 @@ pub fn reference(s: &pb::WatchpointSpec) -> Result<(), &'static str> {
     if !(0..=2).contains(&s.backend) {
         return Err("backend known");
     }
-    if !(0..=3).contains(&s.action) {
+    if !(0..=4).contains(&s.action) {
         return Err("hit action known");
     }
     Ok(())
@@ -320,16 +330,26 @@ fn check_valid(s: &pb::WatchpointSpec, w: &WatchSpec) {
         "backtrace depth changed"
     );
     // 0 keeps the default 16.
-    let keep = if s.keep_recent == 0 { 16 } else { s.keep_recent };
+    let keep = if s.keep_recent == 0 {
+        16
+    } else {
+        s.keep_recent
+    };
     assert_eq!(w.keep_recent, keep, "keep_recent changed");
     assert_eq!(w.follow_forks, s.follow_forks, "follow_forks changed");
-    let want_agg = s
-        .aggregate
-        .then_some(if s.exemplars_per_second == 0 { 10 } else { s.exemplars_per_second });
+    let want_agg = s.aggregate.then_some(if s.exemplars_per_second == 0 {
+        10
+    } else {
+        s.exemplars_per_second
+    });
     assert_eq!(w.aggregate, want_agg, "aggregate mode changed");
     match &w.scope {
         Scope::Named(g) => assert_eq!(g.text, s.thread_name, "pattern changed"),
-        _ => assert!(s.thread_name.is_empty(), "thread_name {:?} dropped", s.thread_name),
+        _ => assert!(
+            s.thread_name.is_empty(),
+            "thread_name {:?} dropped",
+            s.thread_name
+        ),
     }
     assert!(w.policy.is_none(), "a policy invented by the conversion");
     let f = &w.filter;
@@ -391,7 +411,8 @@ fn check_valid(s: &pb::WatchpointSpec, w: &WatchSpec) {
     let want_action = match s.action {
         0 | 1 => HitAction::Log,
         2 => HitAction::Stop,
-        _ => HitAction::StopAll,
+        3 => HitAction::StopAll,
+        _ => HitAction::Signal(if s.signal == 0 { 6 } else { s.signal }),
     };
     assert_eq!(w.action, want_action);
     assert_eq!(w.only_on_change, s.only_on_change);

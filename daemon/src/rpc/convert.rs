@@ -204,7 +204,7 @@ impl TryFrom<pb::WatchpointSpec> for WatchSpec {
             access,
             backend: backend(s.backend)?,
             action: match pb::HitAction::try_from(s.action) {
-                Ok(pb::HitAction::Unspecified | pb::HitAction::Log) if s.signal != 0 => {
+                Ok(a) if a != pb::HitAction::Signal && s.signal != 0 => {
                     return Err(WpdError::InvalidArgument(
                         "signal applies to the signal action (action HIT_ACTION_SIGNAL)".into(),
                     ));
@@ -802,6 +802,33 @@ mod tests {
             (Ok(()), Ok(())) => {}
             (Err(e), Err(w)) => assert!(e.contains(w), "{s:?}: {e:?} lacks {w:?}"),
             (g, w) => panic!("{s:?}: got {g:?}, want {w:?}"),
+        }
+    }
+
+    #[test]
+    fn signal_goes_with_the_signal_action_only() {
+        let with = |action: pb::HitAction, signal: i32| pb::WatchpointSpec {
+            action: action as i32,
+            signal,
+            ..spec(0x1000, 8, pb::Access::Write)
+        };
+        check(with(pb::HitAction::Signal, 0), Ok(()));
+        check(with(pb::HitAction::Signal, libc::SIGUSR1), Ok(()));
+        check(
+            with(pb::HitAction::Signal, libc::SIGTRAP),
+            Err("SIGTRAP cannot be"),
+        );
+        check(with(pb::HitAction::Signal, 65), Err("not a signal number"));
+        for action in [
+            pb::HitAction::Unspecified,
+            pb::HitAction::Log,
+            pb::HitAction::Stop,
+            pb::HitAction::StopAll,
+        ] {
+            check(
+                with(action, libc::SIGUSR1),
+                Err("signal applies to the signal action"),
+            );
         }
     }
 
