@@ -112,6 +112,7 @@ const SECTIONS: [(&str, &[&str]); 21] = [
         "## fuzzers: AFL++ on a fork server",
         &[
             "| alone (daemon idle) |",
+            "| watched, never written (parser_limit: the cost of being watched) |",
             "| log, every store a hit (no condition) |",
             "| log, condition > 100 (judged at the trap) |",
             "| signal, condition > 100 |",
@@ -121,7 +122,8 @@ const SECTIONS: [(&str, &[&str]); 21] = [
         "## fuzzers: libFuzzer in fork mode",
         &[
             "| alone (daemon idle) |",
-            "| log, condition > 100 (judged at the trap) |",
+            "| watched, never written (parser_limit: the cost of being watched) |",
+            "| log, condition > 100 (judged at the trap; every input's memset stores it) |",
         ],
     ),
     (

@@ -519,7 +519,7 @@ async fn run(
                 .iter()
                 .zip(&endpoints)
                 .all(|((h, rest), e)| e.ends_with(h)
-                    && rest.starts_with(&format!("removed watchpoint {id} "))),
+                    && rest.starts_with(&format!("removed policy {id} "))),
         "unwatch: tagged by HOST:PORT in order: {:?}",
         out.stdout
     );

@@ -31,16 +31,16 @@ impl Core {
                     .map_or(0, |b| b.filtered_at_trap(w.id));
                 (filtered + at_trap, limited)
             },
-            // The live ones: each leaves at its exit or exec. Listed up to
-            // a bound (a fork server may have thousands at once).
-            forked_children: w
-                .forked
-                .lock()
-                .unwrap()
-                .keys()
-                .take(1024)
-                .copied()
-                .collect(),
+            // The live ones: each leaves at its exit or exec, which the
+            // per-thread path reads in a record; the per-CPU path reads none
+            // for a child's exit, so those gone from `/proc` are dropped
+            // here (at a listing, never on a fork's path). Listed up to a
+            // bound (a fork server may have thousands at once).
+            forked_children: {
+                let mut f = w.forked.lock().unwrap();
+                f.retain(|pid, _| std::path::Path::new(&format!("/proc/{pid}")).exists());
+                f.keys().take(1024).copied().collect()
+            },
         }
     }
 
