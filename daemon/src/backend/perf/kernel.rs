@@ -32,6 +32,16 @@ use super::record::Record;
 use super::sys::{self, PerfError};
 use crate::model::{Access, Piece, Tid};
 
+/// What one drain pass read.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Drained {
+    /// Records of the per-CPU rings: task records, and hits on the per-CPU
+    /// path.
+    pub ring_records: usize,
+    /// Hits of the per-thread path's BPF ring.
+    pub ring_hits: usize,
+}
+
 /// One breakpoint on one thread: an event per CPU.
 #[derive(Debug)]
 pub struct ThreadEvents {
@@ -253,12 +263,12 @@ impl Perf {
 
     /// Reads every complete record from every ring and hands it to `sink`.
     /// Returns the number of records. Serialised: concurrent callers wait.
-    pub fn drain(&self, sink: &mut dyn FnMut(Record)) -> usize {
+    pub fn drain(&self, sink: &mut dyn FnMut(Record)) -> Drained {
         let rings = self.rings.lock().unwrap();
         let mut scratch = self.scratch.lock().unwrap();
-        let mut n = 0;
+        let mut d = Drained::default();
         for ring in rings.iter() {
-            n += ring.drain(&mut scratch, &mut |r| {
+            d.ring_records += ring.drain(&mut scratch, &mut |r| {
                 if let Record::Lost { count } = r {
                     self.lost.fetch_add(count, Ordering::Relaxed);
                 }
@@ -267,13 +277,13 @@ impl Perf {
         }
         if let Ok(hits) = &self.path {
             let (read, dropped) = hits.drain(&mut |h| sink(Record::Hit(h)));
-            n += read;
+            d.ring_hits = read;
             if dropped > 0 {
                 self.lost.fetch_add(dropped, Ordering::Relaxed);
                 sink(Record::Lost { count: dropped });
             }
         }
-        n
+        d
     }
 
     /// Returns once a drain pass in progress (on any thread) has finished:

@@ -53,9 +53,13 @@ use crate::arch::current::perf_ctx::{ADDR as CTX_ADDR, IP as CTX_IP};
 const REC_FIXED: usize = 72;
 /// `BPF_F_USER_STACK`.
 const USER_STACK: i32 = 1 << 8;
-/// `BPF_RB_NO_WAKEUP`: the drain polls on a short timeout anyway; a
-/// wake-up per hit would cost the writing thread an IPI.
-const NO_WAKEUP: i32 = 1;
+/// `bpf_ringbuf_submit`'s flags: 0, the kernel's adaptive notification.
+/// The reader is woken (an `irq_work` raised by the writing thread) only
+/// when the record is the first after the reader's position, i.e. the
+/// reader had emptied the ring: a hit after a quiet spell wakes the drain
+/// at once, while a flood, read in batches by a drain that does not poll
+/// (`BUSY_PERIOD`), raises one wake-up per batch, not one per hit.
+const SUBMIT_FLAGS: i32 = 0;
 
 /// A hit as the program recorded it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -337,7 +341,7 @@ pub fn program(
     }
     p.push([
         asm::mov(1, 7),
-        asm::mov_imm(2, NO_WAKEUP),
+        asm::mov_imm(2, SUBMIT_FLAGS),
         asm::call(helper::RINGBUF_SUBMIT),
         asm::mov_imm(0, 0),
         asm::exit(),
