@@ -30,11 +30,14 @@ pub type Reg = u8;
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
 
 /// `BPF_PROG_TYPE_PERF_EVENT`: runs at a perf event's overflow (a hit).
 pub const PROG_TYPE_PERF_EVENT: u32 = 7;
-/// `BPF_PROG_TYPE_TRACEPOINT`: runs at a tracepoint, its record as context.
-pub const PROG_TYPE_TRACEPOINT: u32 = 5;
+/// `BPF_PROG_TYPE_RAW_TRACEPOINT`: runs at a tracepoint, its arguments (as
+/// the kernel passes them to the tracepoint, each a u64) as context. Needs
+/// no tracefs: attached by name ([`raw_tracepoint_open`]).
+pub const PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
 
 /// Helper ids (`enum bpf_func_id`).
 pub mod helper {
@@ -44,6 +47,7 @@ pub mod helper {
     pub const GET_STACK: i32 = 67;
     pub const GET_NS_CURRENT_PID_TGID: i32 = 120;
     pub const PROBE_READ_USER: i32 = 112;
+    pub const PROBE_READ_KERNEL: i32 = 113;
     pub const SEND_SIGNAL_THREAD: i32 = 117;
     pub const RINGBUF_RESERVE: i32 = 131;
     pub const RINGBUF_SUBMIT: i32 = 132;
@@ -390,6 +394,30 @@ fn sys_bpf<T>(cmd: libc::c_long, attr: &T) -> Result<libc::c_long, Errno> {
         )
     };
     if r < 0 { Err(Errno::last()) } else { Ok(r) }
+}
+
+/// `union bpf_attr` as BPF_RAW_TRACEPOINT_OPEN reads it.
+#[repr(C)]
+#[derive(Default)]
+struct RawTracepointAttr {
+    name: u64,
+    prog_fd: u32,
+    _pad: u32,
+}
+
+/// Attaches `prog` (a [`PROG_TYPE_RAW_TRACEPOINT`] program) to the
+/// tracepoint `name` (e.g. `signal_deliver`) on every CPU, for as long as
+/// the returned fd is open.
+pub fn raw_tracepoint_open(name: &std::ffi::CStr, prog: &OwnedFd) -> Result<OwnedFd, Errno> {
+    use std::os::fd::AsRawFd;
+    let attr = RawTracepointAttr {
+        name: name.as_ptr() as u64,
+        prog_fd: prog.as_raw_fd() as u32,
+        _pad: 0,
+    };
+    let fd = sys_bpf(BPF_RAW_TRACEPOINT_OPEN, &attr)?;
+    // SAFETY: a new fd the kernel just gave us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// A refused program load: the errno and, for EINVAL/EACCES, the

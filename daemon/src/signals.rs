@@ -1,8 +1,9 @@
 //! Signals the kernel delivers to watched processes, seen as they are
-//! delivered: a BPF program on the `signal:signal_deliver` tracepoint
-//! (attached through one perf event; it runs on every CPU) writes every delivery whose action is the default
-//! one (the process dies of it, or stops) and every SIGTRAP (handled or
-//! not) into a small BPF ring; the core reads it (`core/crashes.rs`).
+//! delivered: a BPF program on the `signal_deliver` tracepoint (a raw
+//! tracepoint program, attached by name; it runs on every CPU) writes every
+//! delivery whose action is the default one (the process dies of it, or
+//! stops) and every SIGTRAP (handled or not) into a small BPF ring; the
+//! core reads it (`core/crashes.rs`).
 //!
 //! Why: a process wpd watches must never die of wpd, and wpd sends no
 //! SIGTRAP (kernel-facts §10). Yet the kernel can deliver one to a task
@@ -14,11 +15,13 @@
 //! and any other fatal signal of a watched process (a crash, a sanitizer's
 //! abort) is reported the same way.
 //!
-//! Needs `bpf()`, perf tracepoints and tracefs (`/sys/kernel/tracing`, or
-//! under debugfs) for the tracepoint's id and record layout; without them
-//! nothing is seen, and `GetCapabilities` would say why.
+//! Needs `bpf()` only: a raw tracepoint is attached by its name, with no
+//! tracefs (which is not mounted on every host, nor in containers), and its
+//! context is the tracepoint's arguments, `(int sig, struct kernel_siginfo
+//! *info, struct k_sigaction *ka)`, read with `bpf_probe_read_kernel` at
+//! offsets fixed by the architecture's ABI (kernel-facts §13).
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use nix::errno::Errno;
 
@@ -53,83 +56,59 @@ pub struct Delivery {
 /// Why signal deliveries cannot be seen here.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Unseen {
-    /// No tracefs: the tracepoint's id and layout are unknown.
-    #[error("tracefs is not mounted (/sys/kernel/tracing): signal deliveries are not seen")]
-    NoTracefs,
-    /// The tracepoint's format is not as expected.
-    #[error("signal:signal_deliver has an unexpected format: {0}")]
-    Format(String),
-    /// `bpf()` or `perf_event_open()` refused.
+    /// The program could not be built.
+    #[error("the signal_deliver program: {0}")]
+    Program(String),
+    /// `bpf()` refused.
     #[error("{what}: {errno}")]
     Refused { what: &'static str, errno: Errno },
 }
 
-/// Offsets of the fields the program reads in the tracepoint's record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Layout {
-    sig: i16,
-    code: i16,
-    handler: i16,
-}
-
-/// The tracepoint's directory under tracefs.
-fn tracepoint_dir() -> Option<std::path::PathBuf> {
-    [
-        "/sys/kernel/tracing/events/signal/signal_deliver",
-        "/sys/kernel/debug/tracing/events/signal/signal_deliver",
-    ]
-    .iter()
-    .map(std::path::PathBuf::from)
-    .find(|p| p.join("id").exists())
-}
-
-/// Reads `field:<type> <name>;\toffset:N;\tsize:S;` lines of a format file.
-fn parse_layout(format: &str) -> Result<Layout, Unseen> {
-    let field = |name: &str, size: u32| -> Result<i16, Unseen> {
-        for line in format.lines() {
-            let line = line.trim();
-            let Some(decl) = line.strip_prefix("field:") else {
-                continue;
-            };
-            let mut parts = decl.split(';');
-            let ty_name = parts.next().unwrap_or("");
-            if ty_name.rsplit(' ').next() != Some(name) {
-                continue;
-            }
-            let mut off = None;
-            let mut sz = None;
-            for p in parts {
-                let p = p.trim();
-                if let Some(v) = p.strip_prefix("offset:") {
-                    off = v.parse::<i16>().ok();
-                } else if let Some(v) = p.strip_prefix("size:") {
-                    sz = v.parse::<u32>().ok();
-                }
-            }
-            return match (off, sz) {
-                (Some(o), Some(s)) if s == size && o >= 0 && o % (s as i16) == 0 => Ok(o),
-                _ => Err(Unseen::Format(format!("field {name}: {line}"))),
-            };
-        }
-        Err(Unseen::Format(format!("no field {name}")))
-    };
-    Ok(Layout {
-        sig: field("sig", 4)?,
-        code: field("code", 4)?,
-        handler: field("sa_handler", 8)?,
-    })
+/// Where the program finds what it reads: the tracepoint's arguments (u64
+/// each) and the fields behind its pointers, as laid out on x86-64 (the
+/// kernel's `struct kernel_siginfo` starts `si_signo, si_errno, si_code`,
+/// three ints; `struct k_sigaction` starts with `struct sigaction`, whose
+/// first field is `sa_handler`).
+mod abi {
+    /// `sig`, `info` and `ka` in the context.
+    pub const ARG_SIG: i16 = 0;
+    pub const ARG_INFO: i16 = 8;
+    pub const ARG_KA: i16 = 16;
+    /// `si_code` in `struct kernel_siginfo`.
+    pub const SI_CODE: i32 = 8;
+    /// `sa.sa_handler` in `struct k_sigaction`.
+    pub const SA_HANDLER: i32 = 0;
 }
 
 /// The program: a delivery whose handler is `SIG_DFL`, or of SIGTRAP, is
 /// written to `ring` as (pid_tgid, signal, code, handler).
-fn program(ring: &RingBuf, l: Layout) -> Result<Vec<Insn>, bpf::AsmError> {
+fn program(ring: &RingBuf) -> Result<Vec<Insn>, bpf::AsmError> {
     let mut p = Program::new();
     let (keep, out) = (p.label(), p.label());
+    // r6: the arguments; r7: the signal; stack -16: si_code; -24: the
+    // handler (both zeroed, then read from the kernel's structures).
     p.push([
         asm::mov(6, 1),
-        asm::ldx_w(7, 6, l.sig),
-        asm::ldx_dw(8, 6, l.handler),
+        asm::ldx_dw(7, 6, abi::ARG_SIG),
+        asm::mov_imm(1, 0),
+        asm::stx_dw(10, -16, 1),
+        asm::stx_dw(10, -24, 1),
+        asm::mov(1, 10),
+        asm::add_imm(1, -16),
+        asm::mov_imm(2, 4),
+        asm::ldx_dw(3, 6, abi::ARG_INFO),
+        asm::add_imm(3, abi::SI_CODE),
+        asm::call(helper::PROBE_READ_KERNEL),
+        asm::mov(1, 10),
+        asm::add_imm(1, -24),
+        asm::mov_imm(2, 8),
+        asm::ldx_dw(3, 6, abi::ARG_KA),
+        asm::add_imm(3, abi::SA_HANDLER),
+        asm::call(helper::PROBE_READ_KERNEL),
     ]);
+    // An unreadable handler is not taken for the default action.
+    p.jne_imm(0, 0, out);
+    p.push([asm::ldx_dw(8, 10, -24)]);
     // Default action: kept; a handled or ignored SIGTRAP too; anything
     // else is not.
     p.jeq_imm(8, 0, keep);
@@ -149,7 +128,7 @@ fn program(ring: &RingBuf, l: Layout) -> Result<Vec<Insn>, bpf::AsmError> {
     p.push([
         asm::stx_dw(9, 0, 0),
         asm::stx_dw(9, 8, 7),
-        asm::ldx_w(1, 6, l.code),
+        asm::ldx_dw(1, 10, -16),
         asm::stx_dw(9, 16, 1),
         asm::stx_dw(9, 24, 8),
         asm::mov(1, 9),
@@ -177,43 +156,38 @@ fn parse(body: &[u8]) -> Option<Delivery> {
     })
 }
 
-/// The running watch: the ring, and the tracepoint event that keeps the
-/// program attached.
+/// The running watch: the ring, and the link that keeps the program
+/// attached.
 #[derive(Debug)]
 pub struct SignalWatch {
     ring: RingBuf,
-    _events: Vec<OwnedFd>,
+    _link: OwnedFd,
     _prog: OwnedFd,
 }
 
 impl SignalWatch {
-    /// Attaches the program to `signal:signal_deliver`.
+    /// Attaches the program to the `signal_deliver` tracepoint.
     pub fn start() -> Result<SignalWatch, Unseen> {
-        let dir = tracepoint_dir().ok_or(Unseen::NoTracefs)?;
-        let id: u64 = std::fs::read_to_string(dir.join("id"))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .ok_or(Unseen::NoTracefs)?;
-        let format = std::fs::read_to_string(dir.join("format")).map_err(|_| Unseen::NoTracefs)?;
-        let layout = parse_layout(&format)?;
         let ring = RingBuf::new(RING_BYTES).map_err(|errno| Unseen::Refused {
             what: "bpf(BPF_MAP_CREATE) of a ring buffer",
             errno,
         })?;
-        let insns = program(&ring, layout).map_err(|e| Unseen::Format(e.to_string()))?;
-        let prog =
-            bpf::load_program(bpf::PROG_TYPE_TRACEPOINT, &insns).map_err(|e| Unseen::Refused {
-                what: "bpf(BPF_PROG_LOAD) of the signal tracepoint program",
+        let insns = program(&ring).map_err(|e| Unseen::Program(e.to_string()))?;
+        let prog = bpf::load_program(bpf::PROG_TYPE_RAW_TRACEPOINT, &insns).map_err(|e| {
+            Unseen::Refused {
+                what: "bpf(BPF_PROG_LOAD) of the signal_deliver program",
                 errno: e.errno,
-            })?;
-        // A tracepoint's programs belong to the tracepoint: attached through
-        // one event, the program runs wherever the tracepoint fires (the same
-        // program cannot be attached twice: EEXIST).
-        let cpu = crate::cpus::online().first().copied().unwrap_or(0);
-        let events = vec![open_tracepoint(id, cpu as i32, &prog)?];
+            }
+        })?;
+        let link = bpf::raw_tracepoint_open(c"signal_deliver", &prog).map_err(|errno| {
+            Unseen::Refused {
+                what: "bpf(BPF_RAW_TRACEPOINT_OPEN) of signal_deliver",
+                errno,
+            }
+        })?;
         Ok(SignalWatch {
             ring,
-            _events: events,
+            _link: link,
             _prog: prog,
         })
     }
@@ -226,46 +200,6 @@ impl SignalWatch {
             }
         });
     }
-}
-
-/// A tracepoint event on `cpu` (every task), with `prog` attached.
-fn open_tracepoint(id: u64, cpu: i32, prog: &OwnedFd) -> Result<OwnedFd, Unseen> {
-    use perf_event_open_sys::bindings as b;
-    let mut attr = b::perf_event_attr {
-        type_: b::PERF_TYPE_TRACEPOINT,
-        size: std::mem::size_of::<b::perf_event_attr>() as u32,
-        config: id,
-        ..Default::default()
-    };
-    attr.__bindgen_anon_1.sample_period = 1;
-    attr.sample_type = b::PERF_SAMPLE_RAW as u64;
-    // SAFETY: attr is a valid perf_event_attr; the fd returned is ours.
-    let fd = unsafe {
-        perf_event_open_sys::perf_event_open(
-            &mut attr,
-            -1,
-            cpu,
-            -1,
-            b::PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
-        )
-    };
-    if fd < 0 {
-        return Err(Unseen::Refused {
-            what: "perf_event_open of signal:signal_deliver",
-            errno: Errno::last(),
-        });
-    }
-    // SAFETY: a new fd the kernel just gave us.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: PERF_EVENT_IOC_SET_BPF takes the program's fd by value.
-    if unsafe { perf_event_open_sys::ioctls::SET_BPF(fd.as_raw_fd(), prog.as_raw_fd() as u32) } < 0
-    {
-        return Err(Unseen::Refused {
-            what: "attaching the signal tracepoint program",
-            errno: Errno::last(),
-        });
-    }
-    Ok(fd)
 }
 
 /// The signal of a signal action (`WatchpointSpec.signal`; 0: SIGABRT), or
@@ -387,28 +321,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_layout_is_read_from_the_format_file() {
-        let f = "name: signal_deliver\nID: 260\nformat:\n\
-            \tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\
-            \tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\
-            \tfield:int sig;\toffset:8;\tsize:4;\tsigned:1;\n\
-            \tfield:int errno;\toffset:12;\tsize:4;\tsigned:1;\n\
-            \tfield:int code;\toffset:16;\tsize:4;\tsigned:1;\n\
-            \tfield:unsigned long sa_handler;\toffset:24;\tsize:8;\tsigned:0;\n\
-            \tfield:unsigned long sa_flags;\toffset:32;\tsize:8;\tsigned:0;\n";
-        assert_eq!(
-            parse_layout(f).unwrap(),
-            Layout {
-                sig: 8,
-                code: 16,
-                handler: 24
-            }
-        );
-        assert!(parse_layout("field:int sig;\toffset:8;\tsize:4;").is_err());
-        assert!(parse_layout(&f.replace("size:8", "size:4")).is_err());
-    }
-
-    #[test]
     fn records_decode() {
         let mut b = Vec::new();
         for v in [(7u64 << 32) | 9, 5, 4, 0] {
@@ -427,20 +339,92 @@ mod tests {
         assert_eq!(parse(&b[..16]), None);
     }
 
+    /// Forks a child that runs `body` and then exits 0; returns its pid
+    /// once it is gone.
+    fn child(body: extern "C" fn()) -> i32 {
+        // SAFETY: the child only calls async-signal-safe functions
+        // (setrlimit, signal, raise, _exit) before it ends.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", Errno::last());
+        if pid == 0 {
+            let none = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: as above.
+            unsafe {
+                libc::setrlimit(libc::RLIMIT_CORE, &none);
+                body();
+                libc::_exit(0);
+            }
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        pid
+    }
+
+    extern "C" fn aborts() {
+        // SAFETY: raise is async-signal-safe.
+        unsafe { libc::raise(libc::SIGABRT) };
+    }
+
+    extern "C" fn on_trap(_: libc::c_int) {}
+
+    extern "C" fn traps_handled() {
+        // SAFETY: installs a handler that does nothing, then raises.
+        unsafe {
+            libc::signal(libc::SIGTRAP, on_trap as *const () as libc::sighandler_t);
+            libc::raise(libc::SIGTRAP);
+        }
+    }
+
+    extern "C" fn handles_usr1() {
+        // SAFETY: as above, for a signal the program ignores in its handler.
+        unsafe {
+            libc::signal(libc::SIGUSR1, on_trap as *const () as libc::sighandler_t);
+            libc::raise(libc::SIGUSR1);
+        }
+    }
+
+    /// The program reads the tracepoint's arguments at the ABI's offsets:
+    /// a default-action SIGABRT and a handled SIGTRAP are recorded with
+    /// the signal, `si_code` (SI_TKILL: `raise` sends with tgkill) and the
+    /// action; a handled SIGUSR1 is not.
     #[test]
-    fn the_programs_jumps_land_on_the_exit_and_on_the_ring_write() {
-        // Built against a real ring where bpf() is allowed; the verifier
-        // checks every jump target.
-        let Ok(ring) = RingBuf::new(RING_BYTES) else {
-            eprintln!("skipped: bpf() refused here");
+    fn deliveries_are_seen_with_their_code_and_action() {
+        let Ok(watch) = SignalWatch::start() else {
+            // Not root, or no bpf(): the daemon says so at start.
+            eprintln!("skipped: signal_deliver cannot be attached here");
             return;
         };
-        let l = Layout {
-            sig: 8,
-            code: 16,
-            handler: 24,
-        };
-        let r = bpf::load_program(bpf::PROG_TYPE_TRACEPOINT, &program(&ring, l).unwrap());
-        assert!(r.is_ok(), "{r:?}");
+        let abort = child(aborts);
+        let trap = child(traps_handled);
+        let usr1 = child(handles_usr1);
+        let mut seen = Vec::new();
+        watch.drain(&mut seen);
+        let own: Vec<Delivery> = seen
+            .into_iter()
+            .filter(|d| [abort, trap, usr1].contains(&d.pid))
+            .collect();
+        assert_eq!(
+            own,
+            vec![
+                Delivery {
+                    pid: abort,
+                    tid: abort,
+                    signal: libc::SIGABRT,
+                    code: libc::SI_TKILL,
+                    default_action: true,
+                },
+                Delivery {
+                    pid: trap,
+                    tid: trap,
+                    signal: SIGTRAP,
+                    code: libc::SI_TKILL,
+                    default_action: false,
+                },
+            ]
+        );
     }
 }

@@ -94,14 +94,6 @@ async fn no_sigtrap_reaches_a_target_watched_by_the_default_backend() -> Result<
     if !require_root_perf() {
         return Ok(());
     }
-    if !std::path::Path::new("/sys/kernel/tracing/events/signal").exists()
-        && !std::path::Path::new("/sys/kernel/debug/tracing/events/signal").exists()
-    {
-        let st = Command::new("mount")
-            .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
-            .status()?;
-        ensure!(st.success(), "mounting tracefs: {st}");
-    }
     let rounds: usize = std::env::var("WPD_SIGTRAP_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -527,21 +527,6 @@ async fn a_setuid_exec_between_check_and_attach_is_backed_out() -> Result<()> {
     )
 }
 
-/// Makes sure tracefs is mounted (the daemon reads the signal tracepoint's id and layout
-/// there); root may mount it.
-fn ensure_tracefs() -> Result<()> {
-    if std::path::Path::new("/sys/kernel/tracing/events/signal").exists()
-        || std::path::Path::new("/sys/kernel/debug/tracing/events/signal").exists()
-    {
-        return Ok(());
-    }
-    let st = std::process::Command::new("mount")
-        .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
-        .status()?;
-    ensure!(st.success(), "mounting tracefs failed: {st}");
-    Ok(())
-}
-
 /// A watched process that dies of a signal is reported as the signal is delivered, before it
 /// is gone: which signal, which thread, its si_code and what it means (for a SIGTRAP, what in
 /// the kernel or the machine sent it: wpd sends none), and the watchpoints it had. SIGTRAPs
@@ -551,7 +536,6 @@ async fn a_watched_process_that_dies_of_a_signal_is_reported_with_why() -> Resul
     if !wpd_tests::require_root_perf() {
         return Ok(());
     }
-    ensure_tracefs()?;
     let daemon = Daemon::start().await?;
     daemon.finish(
         async {
