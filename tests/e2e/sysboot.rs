@@ -1815,6 +1815,10 @@ async fn daemonset_checks(boot: &Boot, container: &Container) -> Result<()> {
                     .all(|u| u == "0"),
             "the container's wpd:\n{status}"
         );
+        let limits = fs::read_to_string(format!("/proc/{}/limits", pod.daemon))?;
+        if let Some(line) = limits.lines().find(|l| l.starts_with("Max open files")) {
+            eprintln!("sysboot: the container's wpd: {line}");
+        }
         let mountinfo = fs::read_to_string(format!("/proc/{}/mountinfo", pod.daemon))?;
         let root = mountinfo
             .lines()
