@@ -409,6 +409,58 @@ fn copy_tree(src: &Path, dst: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Kills what is left in `cgroup` (`cgroup.kill`) and removes it with its descendants,
+/// deepest first.
+fn remove_cgroup(cgroup: &Path) {
+    let _ = fs::write(cgroup.join("cgroup.kill"), "1");
+    let mut dirs = Vec::new();
+    let mut stack = vec![cgroup.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        if let Ok(entries) = fs::read_dir(&d) {
+            stack.extend(
+                entries
+                    .flatten()
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path()),
+            );
+        }
+        dirs.push(d);
+    }
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    for d in dirs {
+        while fs::remove_dir(&d).is_err() && d.exists() {
+            if std::time::Instant::now() >= deadline {
+                eprintln!("sysboot: could not remove the cgroup {}", d.display());
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Removes the cgroups of boots whose test process is gone (killed before its guards ran:
+/// its boot died with it, by the parent-death signals, but not its cgroup).
+fn remove_stale_cgroups(parent: &Path) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("wpd-sysboot-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            remove_cgroup(&entry.path());
+        }
+    }
+}
+
 /// A Debian system booted with systemd as PID 1 in namespaces of its own (see the module's
 /// documentation). Dropping it tears everything down.
 struct Boot {
@@ -445,6 +497,7 @@ impl Boot {
         prepare(&boot.dir.join("upper")).context("preparing the overlay's upper directory")?;
 
         let parent = own_cgroup2().ok_or_else(|| anyhow!("no cgroup2 hierarchy mounted here"))?;
+        remove_stale_cgroups(&parent);
         let cgroup = parent.join(format!(
             "wpd-sysboot-{}-{}",
             std::process::id(),
@@ -776,33 +829,9 @@ impl Drop for Boot {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        // Whatever is left in the boot's cgroup, then the cgroups, deepest first.
+        // Whatever is left in the boot's cgroup, then the cgroups.
         if let Some(cgroup) = self.cgroup.take() {
-            let _ = fs::write(cgroup.join("cgroup.kill"), "1");
-            let mut dirs = Vec::new();
-            let mut stack = vec![cgroup.clone()];
-            while let Some(d) = stack.pop() {
-                if let Ok(entries) = fs::read_dir(&d) {
-                    stack.extend(
-                        entries
-                            .flatten()
-                            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                            .map(|e| e.path()),
-                    );
-                }
-                dirs.push(d);
-            }
-            dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            for d in dirs {
-                while fs::remove_dir(&d).is_err() && d.exists() {
-                    if std::time::Instant::now() >= deadline {
-                        eprintln!("sysboot: could not remove the cgroup {}", d.display());
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            }
+            remove_cgroup(&cgroup);
         }
         // Its mounts go with the last process of its mount namespace.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
