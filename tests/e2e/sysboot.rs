@@ -713,7 +713,9 @@ impl Boot {
     }
 
     /// `wpd-target --threads N` started in the booted system as the transient service `unit`
-    /// (`systemd-run --pipe`: its stdin and stdout are the test's pipes).
+    /// (`systemd-run --pipe`: its stdin and stdout are the test's pipes), each worker storing
+    /// every 10 ms: hits enough, and little load for the ptrace backend's stops beside the
+    /// other tests.
     async fn start_target(&self, unit: &str, threads: usize) -> Result<TargetProc> {
         let mut args = self.nsenter_args();
         let threads = threads.to_string();
@@ -726,6 +728,8 @@ impl Boot {
                 TARGET_INSIDE,
                 "--threads",
                 &threads,
+                "--interval-us",
+                "10000",
             ]
             .map(str::to_string),
         );
@@ -1029,8 +1033,10 @@ fn lay_out_checkout(upper: &Path) -> Result<()> {
 }
 
 /// The watchdog's period for the checks after the drop-in: short, so that a daemon stopped
-/// with SIGSTOP is killed in seconds rather than after the unit's 30 s.
-const SHORT_WATCHDOG: &str = "3s";
+/// with SIGSTOP is killed in seconds rather than after the unit's 30 s; long enough that a
+/// ping late by a whole interval (the daemon pings every half period) on a loaded machine is
+/// not taken for a hang.
+const SHORT_WATCHDOG: &str = "5s";
 
 /// Waits until `wpd.service` runs with a main process other than `old` (a restart); its
 /// `systemctl show` of MainPID, NRestarts, ActiveState and SubState.
