@@ -1061,6 +1061,33 @@ async fn wait_restarted(boot: &Boot, old: &str) -> Result<BTreeMap<String, Strin
     }
 }
 
+/// Waits until the journal of `wpd.service` (the daemon's output and systemd's messages
+/// about it) has every one of `needles`; fails with `what` and the journal.
+async fn wait_journal(boot: &Boot, needles: &[&str], what: &str) -> Result<()> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let log = boot
+            .ok(&[
+                "journalctl",
+                "-b",
+                "-u",
+                "wpd.service",
+                "-o",
+                "cat",
+                "--no-pager",
+            ])
+            .await?;
+        if needles.iter().all(|n| log.contains(n)) {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{what} (no {needles:?} within {WAIT:?}):\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Waits until `wpctl list` shows every watchpoint of `ids` again (set again after a restart).
 async fn wait_restored(boot: &Boot, ids: &[u64]) -> Result<()> {
     let deadline = Instant::now() + WAIT;
@@ -1143,8 +1170,22 @@ async fn systemd_checks(boot: &Boot, install: &str) -> Result<()> {
     );
     let health = boot.ok(&["wpctl", "health"]).await?;
     ensure!(health.trim() == "serving", "wpctl health: {health}");
-    // Started by the socket, ready (Type=notify: active only after READY=1), and serving the
-    // socket it was handed.
+    // Started by the socket, ready (Type=notify: active only once READY=1 came, which may
+    // follow the first answer by a moment), and serving the socket it was handed.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let s = boot
+            .show("wpd.service", &["ActiveState", "SubState"])
+            .await?;
+        if s["ActiveState"] == "active" && s["SubState"] == "running" {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "wpd.service not active within {WAIT:?} of answering (no READY=1?): {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let service = boot
         .show(
             "wpd.service",
@@ -1169,21 +1210,12 @@ async fn systemd_checks(boot: &Boot, install: &str) -> Result<()> {
             && service["WatchdogUSec"] == "30s",
         "wpd.service after the first connection: {service:?}"
     );
-    let log = boot
-        .ok(&[
-            "journalctl",
-            "-b",
-            "-u",
-            "wpd.service",
-            "-o",
-            "cat",
-            "--no-pager",
-        ])
-        .await?;
-    ensure!(
-        log.contains("(socket from systemd)"),
-        "wpd did not say it serves the socket systemd passed:\n{log}"
-    );
+    wait_journal(
+        boot,
+        &["(socket from systemd)"],
+        "wpd did not say it serves the socket systemd passed",
+    )
+    .await?;
     // The group's members connect; others are refused by the socket's mode.
     let as_user = |user: &'static str| {
         [
@@ -1330,22 +1362,15 @@ async fn systemd_checks(boot: &Boot, install: &str) -> Result<()> {
     ])
     .await?;
     let after_watchdog = wait_restarted(boot, &stopped).await?;
-    let log = boot
-        .ok(&[
-            "journalctl",
-            "-b",
-            "-u",
-            "wpd.service",
-            "-o",
-            "cat",
-            "--no-pager",
-        ])
-        .await?;
-    ensure!(
-        log.contains(&format!("Watchdog timeout (limit {SHORT_WATCHDOG})"))
-            && log.contains("Failed with result 'watchdog'"),
-        "the daemon was restarted, but not by the watchdog:\n{log}"
-    );
+    wait_journal(
+        boot,
+        &[
+            &format!("Watchdog timeout (limit {SHORT_WATCHDOG})"),
+            "Failed with result 'watchdog'",
+        ],
+        "the daemon was restarted, but not by the watchdog",
+    )
+    .await?;
     let restarts: u32 = after_watchdog["NRestarts"].parse()?;
     ensure!(
         restarts == 2,
@@ -1376,21 +1401,12 @@ async fn systemd_checks(boot: &Boot, install: &str) -> Result<()> {
             && stopped["ExecMainStatus"] == "0",
         "systemctl stop: {stopped:?}"
     );
-    let log = boot
-        .ok(&[
-            "journalctl",
-            "-b",
-            "-u",
-            "wpd.service",
-            "-o",
-            "cat",
-            "--no-pager",
-        ])
-        .await?;
-    ensure!(
-        log.contains("every target was detached"),
-        "wpd did not say it detached everything:\n{log}"
-    );
+    wait_journal(
+        boot,
+        &["every target was detached"],
+        "wpd did not say it detached everything",
+    )
+    .await?;
     check_alive_untraced(boot, &mut on_perf).await?;
     check_alive_untraced(boot, &mut on_ptrace).await?;
     let socket = boot.show("wpd.socket", &["ActiveState"]).await?;
