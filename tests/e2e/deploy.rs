@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use wpd_tests::{Target, bin_path, peer_program, require_peer, unique_temp_dir};
 
 /// The repository's `deploy/` directory.
-fn deploy_dir() -> PathBuf {
+pub(crate) fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
 }
 
@@ -119,7 +119,7 @@ fn systemd_units_verify() -> Result<()> {
 }
 
 /// Capabilities named in `wpd.service` (`CapabilityBoundingSet=`), without `CAP_`.
-fn unit_capabilities() -> Result<BTreeSet<String>> {
+pub(crate) fn unit_capabilities() -> Result<BTreeSet<String>> {
     let unit = std::fs::read_to_string(deploy_dir().join("wpd.service"))?;
     let line = unit
         .lines()

@@ -45,5 +45,6 @@ mod recent_hits;
 mod security;
 mod slots;
 mod symbols;
+mod sysboot;
 mod thread_names;
 mod unprivileged;

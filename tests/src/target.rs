@@ -69,6 +69,16 @@ impl TargetProc {
         Self::spawn_cmd(Path::new("nsenter"), &full, None, true).await
     }
 
+    /// Starts `wpd-target` through a launcher: `program args...` is a command line that ends by
+    /// running a `wpd-target` whose stdin and stdout are the launcher's (e.g. `nsenter` into a
+    /// booted system's namespaces, then `systemd-run --pipe`). [`TargetProc::pid`] is the pid
+    /// the target reports, in its own pid namespace; what reads `/proc/<pid>` here
+    /// ([`TargetProc::tids`]) and [`TargetProc::signal`] do not apply, and dropping the guard
+    /// kills the launcher, the target seeing its stdin closed.
+    pub async fn start_via(program: &Path, args: &[&str]) -> Result<TargetProc> {
+        Self::spawn_cmd(program, args, None, true).await
+    }
+
     /// The pid of the process the test started (`nsenter` for
     /// [`TargetProc::start_in_pidns_of`]).
     pub fn child_id(&self) -> u32 {
