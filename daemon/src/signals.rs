@@ -192,6 +192,14 @@ impl SignalWatch {
         })
     }
 
+    /// A duplicate of the ring's fd, to wait on: readable once a delivery
+    /// is recorded in the emptied ring (the program's submit wakes readers
+    /// that have caught up).
+    pub fn wait_fd(&self) -> std::io::Result<OwnedFd> {
+        // SAFETY: the ring's fd is open for as long as `self` is.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.ring.raw_fd()) }.try_clone_to_owned()
+    }
+
     /// Takes every delivery recorded since the last call.
     pub fn drain(&self, out: &mut Vec<Delivery>) {
         self.ring.consume(&mut |body| {

@@ -14,8 +14,12 @@ use crate::events::{Event, EventKind};
 use crate::model::{Pid, WatchId};
 use crate::signals::{self, Delivery, SIGTRAP, SignalWatch};
 
-/// How often the ring is read.
-const POLL: Duration = Duration::from_millis(20);
+/// How often the ring is read when nothing wakes the thread (a delivery
+/// does: see [`signal_loop`]); also how soon it ends after the daemon.
+const POLL: Duration = Duration::from_millis(1000);
+
+/// Without an fd to wait on, how often the ring is read.
+const POLL_BLIND: Duration = Duration::from_millis(20);
 
 impl Core {
     /// Starts the thread, or says (once, in the log) why deliveries cannot
@@ -31,11 +35,12 @@ impl Core {
                 return;
             }
         };
+        let wait = watch.wait_fd().ok();
         *self.signal_watch.lock().unwrap() = Some(watch);
         let core = std::sync::Arc::downgrade(self);
         let _ = std::thread::Builder::new()
             .name("wpd-signals".into())
-            .spawn(move || signal_loop(core));
+            .spawn(move || signal_loop(core, wait));
     }
 
     /// Reports the deliveries recorded so far. Called by the thread, and
@@ -150,9 +155,24 @@ impl Core {
     }
 }
 
-fn signal_loop(core: Weak<Core>) {
+fn signal_loop(core: Weak<Core>, wait: Option<std::os::fd::OwnedFd>) {
+    use std::os::fd::AsRawFd;
     loop {
-        std::thread::sleep(POLL);
+        match &wait {
+            // Woken by the first delivery recorded after the last read: a
+            // crash is reported at once, and an idle daemon does not wake
+            // for nothing.
+            Some(fd) => {
+                let mut p = libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut p, 1, POLL.as_millis() as i32) };
+            }
+            None => std::thread::sleep(POLL_BLIND),
+        }
         let Some(core) = core.upgrade() else {
             return;
         };
