@@ -14,15 +14,12 @@ use crate::procfs;
 use crate::state::{Job, Watch};
 
 impl PerfEngine {
-    /// Runs until the backend stops. On the per-thread path a hit wakes it
-    /// (the BPF ring's adaptive notification: the first record after the
-    /// ring was emptied); task records are read at least every
-    /// `TASK_POLL_MS` while a process is tracked or a policy waits for
-    /// processes. On the per-CPU path hits and task records share the
-    /// per-CPU rings, which wake their reader only a quarter full: they are
-    /// read every `QUIET_POLL_MS` (a first hit is seen within 2 ms). Every
-    /// `IDLE_POLL_MS` when nothing is tracked, and every `BUSY_PERIOD`
-    /// without waiting while hits keep coming.
+    /// Runs until the backend stops: reads the rings when the kernel signals
+    /// them (a quarter-full ring), at least every `TRACKED_POLL_MS` on the
+    /// per-thread path (`QUIET_POLL_MS` on the per-CPU path) while a
+    /// process is tracked or a policy waits for processes, every
+    /// `IDLE_POLL_MS` while neither, and every `BUSY_PERIOD` without
+    /// waiting while hits keep coming.
     pub(super) fn drain_loop(&self) {
         let mut fds: Vec<libc::pollfd> = self
             .perf
@@ -34,14 +31,7 @@ impl PerfEngine {
                 revents: 0,
             })
             .collect();
-        let hit_ring = self.perf.hit_ring().map(|r| r.raw_fd());
-        if let Some(fd) = hit_ring {
-            fds.push(libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            });
-        }
+        let per_thread = self.perf.hit_ring().is_some();
         fds.push(libc::pollfd {
             fd: self.wake.as_raw_fd(),
             events: libc::POLLIN,
@@ -60,19 +50,20 @@ impl PerfEngine {
                 // threads on a busy CPU (a perf context switch out and in).
                 std::thread::sleep(BUSY_PERIOD);
             } else {
-                // Task records never wake the poll until a quarter of a
-                // ring is full, nor do the per-CPU path's hits (a wake-up
-                // per hit, with `wakeup_events = 1`, doubled what a hit
-                // costs the writing thread): while some process is tracked
-                // they are read on a timeout. Policies waiting for
+                // Neither a hit nor a task record wakes the poll until a
+                // quarter of a ring is full (a wake-up per hit doubled what
+                // a hit costs the writing thread: `wakeup_events = 1` on
+                // the per-CPU path, the BPF ring's notification on the
+                // per-thread one, see `ring.rs`): while some process is
+                // tracked they are read on a timeout. Policies waiting for
                 // processes read the collectors' FORK and exec records on
                 // the same timeout. With neither, nothing can come.
                 let timeout = if self.trackers.is_empty()
                     && !self.host.upgrade().is_some_and(|h| h.wants_processes())
                 {
                     IDLE_POLL_MS
-                } else if hit_ring.is_some() {
-                    TASK_POLL_MS
+                } else if per_thread {
+                    TRACKED_POLL_MS
                 } else {
                     QUIET_POLL_MS
                 };
@@ -95,7 +86,7 @@ impl PerfEngine {
             // (every fork and exit of the machine on a farm host, a fork
             // server's thousands a second among them): they do not make
             // the drain busy, hits do.
-            busy = if hit_ring.is_some() {
+            busy = if per_thread {
                 read.ring_hits > 0
             } else {
                 read.ring_records > 0
@@ -437,13 +428,13 @@ const BUSY_PERIOD: std::time::Duration = std::time::Duration::from_millis(1);
 /// on the per-CPU path: what a first hit may wait.
 const QUIET_POLL_MS: i32 = 2;
 
-/// Longest wait for task records (FORK, EXIT, COMM, exec) between two reads
-/// on the per-thread path, whose hits wake the drain themselves: how late
-/// a new thread's row, a forked child's exit or a policy's new process may
-/// be seen. Each pass is a wake-up of the daemon (about 25 µs of CPU with
-/// its context switches on 2-vCPU machines): 2 ms made an idle daemon
-/// tracking one process spend 14–20 ms of CPU a second.
-const TASK_POLL_MS: i32 = 10;
+/// The same on the per-thread path: what a first hit, a new thread's row,
+/// a forked child's exit or a policy's new process may wait. Each pass is a
+/// wake-up of the daemon (about 25 µs of CPU with its context switches on
+/// these 2-vCPU machines): at 2 ms, an idle daemon tracking one process
+/// spent 14 ms of CPU a second (docs/benchmarks.md, "Drain wake-ups").
+/// Hits flowing are read every `BUSY_PERIOD`.
+const TRACKED_POLL_MS: i32 = 10;
 
 /// Longest wait when no process uses the perf backend (a safety net).
 const IDLE_POLL_MS: i32 = 1000;

@@ -53,13 +53,15 @@ use crate::arch::current::perf_ctx::{ADDR as CTX_ADDR, IP as CTX_IP};
 const REC_FIXED: usize = 72;
 /// `BPF_F_USER_STACK`.
 const USER_STACK: i32 = 1 << 8;
-/// `bpf_ringbuf_submit`'s flags: 0, the kernel's adaptive notification.
-/// The reader is woken (an `irq_work` raised by the writing thread) only
-/// when the record is the first after the reader's position, i.e. the
-/// reader had emptied the ring: a hit after a quiet spell wakes the drain
-/// at once, while a flood, read in batches by a drain that does not poll
-/// (`BUSY_PERIOD`), raises one wake-up per batch, not one per hit.
-const SUBMIT_FLAGS: i32 = 0;
+/// `bpf_ringbuf_submit`'s flags: `BPF_RB_NO_WAKEUP`. The drain reads the
+/// ring on a timer. The kernel's adaptive notification (flags 0: a wake-up
+/// when the record is the first after the reader's position) was measured
+/// against it, a thread storing to a watched variable every 2 ms, 2,000
+/// stores: 45–48 µs of the writer's CPU per hit (110–122 µs of its wall
+/// time) against 19–24 µs (33–60 µs), since each sparse hit then raised an
+/// `irq_work` and woke the drain; every 200 µs, 21.7 against 17.9 µs
+/// (docs/benchmarks.md, "Drain wake-ups").
+const SUBMIT_FLAGS: i32 = 1;
 
 /// A hit as the program recorded it.
 #[derive(Debug, Clone, PartialEq, Eq)]
