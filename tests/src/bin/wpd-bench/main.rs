@@ -43,6 +43,9 @@
 //!   judged at the trap, the signal action), runs alternating; daemon CPU
 //!   per execution; the kernel's floor, a fork with an inherited breakpoint
 //!   against a bare fork.
+//! - `drain`: the daemon at rest (CPU and wake-ups a second with nothing
+//!   tracked, one process watched, a policy), its CPU per child of a
+//!   forking process, and what a hit costs a thread storing now and then.
 //!
 //! Timings are medians over `--reps` runs unless a table says otherwise.
 //! Nothing here asserts a time.
@@ -58,8 +61,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use procstat::*;
 use sections::{
-    arm::*, churn::*, dap::*, farm::*, fleet::*, fuzzers::*, hitcost::*, memory::*, rpc::*,
-    symbols::*, throughput::*,
+    arm::*, churn::*, dap::*, drain::*, farm::*, fleet::*, fuzzers::*, hitcost::*, memory::*,
+    rpc::*, symbols::*, throughput::*,
 };
 use wpd_tests::Backend;
 
@@ -67,9 +70,9 @@ const USAGE: &str = "usage: wpd-bench [--threads N[,N...]] [--spin-threads N[,N.
      [--writes W] [--no-peers] \
      [--only S,..|--skip S,..] [--churn-threads K[,K...]] [--window-ms MS] [--rpc-pairs P] \
      [--list-calls L] [--peer-timeout-s S] [--smoke]\n\
-     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm fleet fuzzers";
+     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm fleet fuzzers drain";
 
-const SECTIONS: [&str; 13] = [
+const SECTIONS: [&str; 14] = [
     "arm",
     "spin",
     "hitcost",
@@ -83,6 +86,7 @@ const SECTIONS: [&str; 13] = [
     "farm",
     "fleet",
     "fuzzers",
+    "drain",
 ];
 
 /// Variable watched where no thread of the target writes (idle workers write
@@ -422,6 +426,9 @@ async fn run(args: Args) -> Result<()> {
     }
     if args.has("fuzzers") {
         section_fuzzers(&args).await?;
+    }
+    if args.has("drain") {
+        section_drain(&args).await?;
     }
     Ok(())
 }

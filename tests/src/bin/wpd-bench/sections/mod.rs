@@ -3,6 +3,7 @@
 pub mod arm;
 pub mod churn;
 pub mod dap;
+pub mod drain;
 pub mod farm;
 pub mod fleet;
 pub mod fuzzers;
