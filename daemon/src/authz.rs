@@ -109,7 +109,13 @@ impl Caller {
         // not number (one above it, or beside it); a peer in a namespace
         // below it is numbered here, but names processes by its own
         // namespace's numbers.
-        let pidns = CallerNs::of_peer(pid);
+        let mut pidns = CallerNs::of_peer(pid);
+        // Read from the process that connected only if it still lives (its
+        // pid was not another's meanwhile: a namespace read from another
+        // process proves nothing); without a pidfd (Linux < 6.5), as read.
+        if !matches!(pidns, CallerNs::Untranslatable(_)) && pidfd.is_some() && !alive(pidfd) {
+            pidns = CallerNs::Untranslatable(crate::pidns::UNREADABLE);
+        }
         fallback.pidns = pidns.clone();
         let Some(p) = pid.filter(|&p| p > 0) else {
             return fallback;
@@ -126,21 +132,7 @@ impl Caller {
             return fallback;
         };
         let userns = procfs::userns_of(p);
-        // Still the process that connected: a pidfd names one process for
-        // good, and signal 0 fails once it has exited.
-        let alive = pidfd.is_some_and(|fd| {
-            // SAFETY: pidfd_send_signal with signal 0 only checks the target.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_pidfd_send_signal,
-                    fd.as_raw_fd(),
-                    0,
-                    std::ptr::null::<libc::siginfo_t>(),
-                    0,
-                ) == 0
-            }
-        });
-        if !alive || uids[1] != euid || gids[1] != egid {
+        if !alive(pidfd) || uids[1] != euid || gids[1] != egid {
             return fallback;
         }
         let ours = procfs::userns_of(std::process::id() as Pid);
@@ -166,6 +158,24 @@ impl Caller {
     fn has_cap_sys_ptrace(&self) -> bool {
         self.cap_eff & (1 << CAP_SYS_PTRACE) != 0
     }
+}
+
+/// Whether the process of `pidfd` is still the live process that connected:
+/// a pidfd names one process for good, and signal 0 fails once it has
+/// exited.
+fn alive(pidfd: Option<&OwnedFd>) -> bool {
+    pidfd.is_some_and(|fd| {
+        // SAFETY: pidfd_send_signal with signal 0 only checks the target.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                0,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            ) == 0
+        }
+    })
 }
 
 /// `SO_PEERPIDFD` (Linux 6.5): a pidfd of the socket's peer.
