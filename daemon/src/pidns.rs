@@ -617,49 +617,23 @@ impl Nested {
     }
 }
 
+/// Nested pid namespaces for tests.
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
     use super::*;
-
-    #[test]
-    fn kernel_dev_moves_the_major_above_a_20_bit_minor() {
-        // Small numbers are the same in both encodings.
-        assert_eq!(kernel_dev(4), 4);
-        // major 8, minor 1 (userspace 0x801) is (8 << 20) | 1 inside.
-        assert_eq!(kernel_dev(0x801), (8 << 20) | 1);
-        // minor 0x1234 of major 0: the upper minor bits sit above the
-        // major's in userspace's encoding.
-        assert_eq!(kernel_dev(libc::makedev(0, 0x1234)), 0x1234);
-    }
-
-    #[test]
-    fn own_namespace_is_readable() {
-        let ns = PidNs::at("/proc/self/ns/pid").unwrap();
-        assert_ne!(ns.ino, 0);
-        assert_eq!(own().is_none(), ns.is_initial());
-    }
-
-    #[test]
-    fn nspid_lists_every_level() {
-        let st = "Name:\tsleep\nTgid:\t31072\nNSpid:\t31072\t18\t1\nNSsid:\t1\n";
-        assert_eq!(parse_nspid(st), Some(vec![31072, 18, 1]));
-        assert_eq!(parse_nspid("NSpid:\t42\n"), Some(vec![42]));
-        assert_eq!(parse_nspid("Name:\tx\n"), None);
-        assert_eq!(parse_nspid("NSpid:\t4x\n"), None);
-    }
 
     /// Two pid namespaces, B nested in A nested in this process's: `unshare`
     /// (here) runs a second `unshare` (pid 1 of A), which runs `sleep` (pid 2
     /// of A, pid 1 of B). Killed, with everything in A, when dropped.
-    struct Chain {
+    pub(crate) struct Chain {
         outer: std::process::Child,
         /// The second `unshare` and `sleep`, as this namespace numbers them.
-        a1: Pid,
-        b1: Pid,
+        pub(crate) a1: Pid,
+        pub(crate) b1: Pid,
     }
 
     impl Chain {
-        fn start() -> Chain {
+        pub(crate) fn start() -> Chain {
             // SAFETY: geteuid has no preconditions.
             let root = unsafe { libc::geteuid() } == 0;
             let mut cmd = std::process::Command::new("unshare");
@@ -690,7 +664,7 @@ mod tests {
             };
             let a1 = child_of(outer.id());
             let b1 = child_of(a1 as u32);
-            // `sleep` runs once its NSpid has three levels.
+            // Until the child has executed `sleep`.
             for _ in 0..500 {
                 if crate::procfs::Status::of(b1)
                     .and_then(|s| Some(s.field("Name")? == "sleep"))
@@ -711,11 +685,45 @@ mod tests {
         }
     }
 
-    fn nested(pid: Pid) -> Arc<Nested> {
+    /// The namespace of process `pid`, which must be nested.
+    pub(crate) fn nested(pid: Pid) -> Arc<Nested> {
         match CallerNs::of_peer(Some(pid)) {
             CallerNs::Nested(n) => n,
             other => panic!("process {pid}: {other:?}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{Chain, nested};
+    use super::*;
+
+    #[test]
+    fn kernel_dev_moves_the_major_above_a_20_bit_minor() {
+        // Small numbers are the same in both encodings.
+        assert_eq!(kernel_dev(4), 4);
+        // major 8, minor 1 (userspace 0x801) is (8 << 20) | 1 inside.
+        assert_eq!(kernel_dev(0x801), (8 << 20) | 1);
+        // minor 0x1234 of major 0: the upper minor bits sit above the
+        // major's in userspace's encoding.
+        assert_eq!(kernel_dev(libc::makedev(0, 0x1234)), 0x1234);
+    }
+
+    #[test]
+    fn own_namespace_is_readable() {
+        let ns = PidNs::at("/proc/self/ns/pid").unwrap();
+        assert_ne!(ns.ino, 0);
+        assert_eq!(own().is_none(), ns.is_initial());
+    }
+
+    #[test]
+    fn nspid_lists_every_level() {
+        let st = "Name:\tsleep\nTgid:\t31072\nNSpid:\t31072\t18\t1\nNSsid:\t1\n";
+        assert_eq!(parse_nspid(st), Some(vec![31072, 18, 1]));
+        assert_eq!(parse_nspid("NSpid:\t42\n"), Some(vec![42]));
+        assert_eq!(parse_nspid("Name:\tx\n"), None);
+        assert_eq!(parse_nspid("NSpid:\t4x\n"), None);
     }
 
     #[test]

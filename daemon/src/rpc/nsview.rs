@@ -123,36 +123,30 @@ pub fn watchpoint_out(caller: &Caller, w: &mut pb::Watchpoint) -> bool {
     let Some(ns) = nested(caller) else {
         return true;
     };
-    let Some(spec) = w.spec.as_mut() else {
-        return true;
-    };
-    spec_out(ns, spec) && {
-        w.forked_children = w
-            .forked_children
-            .iter()
-            .filter_map(|&c| pid_out(ns, c, Identity::Live))
-            .collect();
-        true
-    }
+    w.forked_children = w
+        .forked_children
+        .iter()
+        .filter_map(|&c| pid_out(ns, c, Identity::Live))
+        .collect();
+    w.spec.as_mut().is_none_or(|spec| spec_out(ns, spec))
 }
 
 /// A spec's pid and tids as the caller numbers them (a policy's spec, pid 0,
-/// is left alone).
+/// is left alone); `false` when its process is not live in the caller's
+/// namespace (then its number as last read, or 0: never the daemon's).
 fn spec_out(ns: &Nested, spec: &mut pb::WatchpointSpec) -> bool {
     if spec.pid == 0 {
         return true;
     }
     let pid = spec.pid;
-    let Some(n) = pid_out(ns, pid, Identity::Live) else {
-        return false;
-    };
-    spec.pid = n;
+    let live = pid_out(ns, pid, Identity::Live);
+    spec.pid = live.or_else(|| ns.last_known(pid)).unwrap_or(0);
     spec.tids = spec
         .tids
         .iter()
         .map(|&t| ns.tid_out(pid, Identity::Live, t, false).unwrap_or(0))
         .collect();
-    true
+    live.is_some()
 }
 
 /// An attached process as the caller numbers it; `false` when it is not
@@ -751,6 +745,92 @@ mod tests {
         assert!(matches!(
             selector_in(&c, &mut sel),
             Err(WpdError::OtherPidNamespace { pid: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn a_nested_caller_is_answered_in_its_numbers_and_shown_nothing_else() {
+        use crate::pidns::testing::{Chain, nested};
+        // A caller in namespace A; its processes 1 (A's first) and 2 (B's
+        // first, B nested in A).
+        let chain = Chain::start();
+        let c = Caller {
+            pidns: CallerNs::Nested(nested(chain.a1)),
+            ..Caller::unprivileged(0, 0, Some(chain.a1))
+        };
+        let me = std::process::id() as Pid;
+        assert!(translated(&c));
+        assert_eq!(pid_in(&c, 2).unwrap(), chain.b1);
+        assert!(matches!(
+            pid_in(&c, 77),
+            Err(WpdError::NotInPidNamespace { pid: 77 })
+        ));
+        let mut spec = pb::WatchpointSpec {
+            pid: 2,
+            tids: vec![2],
+            ..Default::default()
+        };
+        spec_in(&c, &mut spec).unwrap();
+        assert_eq!((spec.pid, spec.tids.clone()), (chain.b1, vec![chain.b1]));
+        let mut w = pb::Watchpoint {
+            spec: Some(spec),
+            ..Default::default()
+        };
+        assert!(watchpoint_out(&c, &mut w));
+        assert_eq!(
+            w.spec.as_ref().map(|s| (s.pid, s.tids.clone())),
+            Some((2, vec![2]))
+        );
+
+        // Events: of its process as it was (start time), not of another
+        // process holding the pid, nor of one outside its namespace.
+        let event = |pid: Pid, start: u64| pb::StreamEventsResponse {
+            time_ns: crate::clock::realtime_ns(),
+            owner: Some(pb::ProcessOwner {
+                start_time: start,
+                ..Default::default()
+            }),
+            event: Some(E::ThreadExited(pb::ThreadExited { pid, tid: pid })),
+            ..Default::default()
+        };
+        let start = crate::procfs::start_time(chain.b1).unwrap();
+        let mut ev = event(chain.b1, start);
+        assert!(event_out(&c, &mut ev));
+        assert!(matches!(
+            ev.event,
+            Some(E::ThreadExited(pb::ThreadExited { pid: 2, tid: 2 }))
+        ));
+        assert!(!event_out(&c, &mut event(chain.b1, start + 1)));
+        let mine = crate::procfs::start_time(me).unwrap();
+        assert!(!event_out(&c, &mut event(me, mine)));
+        // Daemon-wide losses are everyone's; an event about no known
+        // process is nobody's here.
+        let mut lost = pb::StreamEventsResponse {
+            event: Some(E::RecordsLost(pb::RecordsLost { count: 1 })),
+            ..Default::default()
+        };
+        assert!(event_out(&c, &mut lost));
+        assert!(!event_out(&c, &mut event(chain.b1, 0)));
+
+        // Errors: its numbers, and nothing of a process outside.
+        assert!(matches!(
+            error_out(&c, WpdError::NoSuchProcess(chain.b1)),
+            WpdError::NoSuchProcess(2)
+        ));
+        assert!(matches!(
+            error_out(
+                &c,
+                WpdError::PermissionDenied {
+                    pid: me,
+                    detail: String::new()
+                }
+            ),
+            WpdError::NotInPidNamespace { pid: 0 }
+        ));
+        // A process outside is not its to act on.
+        assert!(matches!(
+            crate::authz::check(&c, me),
+            Err(WpdError::NotInPidNamespace { pid: 0 })
         ));
     }
 
