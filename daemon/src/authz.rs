@@ -35,13 +35,14 @@ use std::os::unix::fs::MetadataExt;
 
 use crate::error::WpdError;
 use crate::model::Pid;
+use crate::pidns::CallerNs;
 use crate::procfs::{self, Status};
 
 /// `CAP_SYS_PTRACE`'s bit in the capability masks.
 pub const CAP_SYS_PTRACE: u32 = 19;
 
 /// Who is calling.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
     /// Real uid (the kernel compares the caller's real ids).
     pub uid: u32,
@@ -59,10 +60,11 @@ pub struct Caller {
     /// A token holder, or CAP_SYS_PTRACE in the daemon's own user
     /// namespace: every process the daemon can see is the caller's.
     pub privileged: bool,
-    /// Why the caller's pid namespace is not the daemon's, if it is not:
-    /// the pids it names and would be shown are not the daemon's, and it
-    /// may neither act on nor see any process ([`check`]).
-    pub other_pidns: Option<&'static str>,
+    /// The caller's pid namespace: the daemon's, one nested in it (the
+    /// caller acts on and sees only the processes of that namespace and
+    /// those below it, named by its own numbers), or one the daemon cannot
+    /// number (it may neither act on nor see any process: [`check`]).
+    pub pidns: CallerNs,
 }
 
 impl Caller {
@@ -76,7 +78,7 @@ impl Caller {
             cap_eff: u64::MAX,
             userns: procfs::userns_of(std::process::id() as Pid),
             privileged: true,
-            other_pidns: None,
+            pidns: CallerNs::Same,
         }
     }
 
@@ -91,7 +93,7 @@ impl Caller {
             cap_eff: 0,
             userns: None,
             privileged: false,
-            other_pidns: None,
+            pidns: CallerNs::Same,
         }
     }
 
@@ -103,21 +105,21 @@ impl Caller {
     /// and no capabilities.
     pub fn from_peer(euid: u32, egid: u32, pid: Option<Pid>, pidfd: Option<&OwnedFd>) -> Self {
         let mut fallback = Caller::unprivileged(euid, egid, pid);
+        // SO_PEERCRED gives 0 for a peer the daemon's pid namespace does
+        // not number (one above it, or beside it); a peer in a namespace
+        // below it is numbered here, but names processes by its own
+        // namespace's numbers.
+        let mut pidns = CallerNs::of_peer(pid);
+        // Read from the process that connected only if it still lives (its
+        // pid was not another's meanwhile: a namespace read from another
+        // process proves nothing); without a pidfd (Linux < 6.5), as read.
+        if !matches!(pidns, CallerNs::Untranslatable(_)) && pidfd.is_some() && !alive(pidfd) {
+            pidns = CallerNs::Untranslatable(crate::pidns::UNREADABLE);
+        }
+        fallback.pidns = pidns.clone();
         let Some(p) = pid.filter(|&p| p > 0) else {
-            // SO_PEERCRED gives 0 for a peer the daemon's pid namespace
-            // does not number: one above it, or beside it.
-            if pid == Some(0) {
-                fallback.other_pidns = Some(ABOVE);
-            }
             return fallback;
         };
-        // A peer in a namespace below the daemon's: numbered here, but its
-        // pids are those of its own namespace.
-        let other_pidns = match (crate::pidns::ino_of(p), crate::pidns::own_ino()) {
-            (Some(theirs), Some(ours)) if theirs != ours => Some(BELOW),
-            _ => None,
-        };
-        fallback.other_pidns = other_pidns;
         let Some(status) = Status::of(p) else {
             return fallback;
         };
@@ -130,30 +132,17 @@ impl Caller {
             return fallback;
         };
         let userns = procfs::userns_of(p);
-        // Still the process that connected: a pidfd names one process for
-        // good, and signal 0 fails once it has exited.
-        let alive = pidfd.is_some_and(|fd| {
-            // SAFETY: pidfd_send_signal with signal 0 only checks the target.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_pidfd_send_signal,
-                    fd.as_raw_fd(),
-                    0,
-                    std::ptr::null::<libc::siginfo_t>(),
-                    0,
-                ) == 0
-            }
-        });
-        if !alive || uids[1] != euid || gids[1] != egid {
+        if !alive(pidfd) || uids[1] != euid || gids[1] != egid {
             return fallback;
         }
         let ours = procfs::userns_of(std::process::id() as Pid);
         // Every process the daemon sees is not the caller's to name when
-        // its numbers are another namespace's.
+        // its numbers are another namespace's: a nested caller is judged
+        // process by process, among those of its namespace.
         let privileged = cap_eff & (1 << CAP_SYS_PTRACE) != 0
             && userns.is_some()
             && userns == ours
-            && other_pidns.is_none();
+            && matches!(pidns, CallerNs::Same);
         Caller {
             uid: uids[0],
             gid: gids[0],
@@ -162,7 +151,7 @@ impl Caller {
             cap_eff,
             userns,
             privileged,
-            other_pidns,
+            pidns,
         }
     }
 
@@ -171,11 +160,23 @@ impl Caller {
     }
 }
 
-/// [`Caller::other_pidns`] of a peer the daemon's namespace does not number.
-pub const ABOVE: &str = "its process has no pid in the daemon's namespace: it runs in an \
-                         ancestor or unrelated one";
-/// [`Caller::other_pidns`] of a peer in a namespace nested in the daemon's.
-pub const BELOW: &str = "it runs in a pid namespace nested in the daemon's";
+/// Whether the process of `pidfd` is still the live process that connected:
+/// a pidfd names one process for good, and signal 0 fails once it has
+/// exited.
+fn alive(pidfd: Option<&OwnedFd>) -> bool {
+    pidfd.is_some_and(|fd| {
+        // SAFETY: pidfd_send_signal with signal 0 only checks the target.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                0,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            ) == 0
+        }
+    })
+}
 
 /// `SO_PEERPIDFD` (Linux 6.5): a pidfd of the socket's peer.
 const SO_PEERPIDFD: libc::c_int = 77;
@@ -427,8 +428,17 @@ pub fn decide(
 /// Checks that `caller` may act on `pid`. A pid that does not exist is
 /// reported as such only to callers that could see it anyway.
 pub fn check(caller: &Caller, pid: Pid) -> Result<(), WpdError> {
-    if let Some(why) = caller.other_pidns {
-        return Err(WpdError::OtherPidNamespace { pid, why });
+    match &caller.pidns {
+        CallerNs::Same => {}
+        CallerNs::Untranslatable(why) => {
+            return Err(WpdError::OtherPidNamespace { pid, why });
+        }
+        // A process outside the caller's namespace has no number there: it
+        // is none of the caller's.
+        CallerNs::Nested(ns) if !ns.sees(pid) => {
+            return Err(WpdError::NotInPidNamespace { pid: 0 });
+        }
+        CallerNs::Nested(_) => {}
     }
     let yama = yama_scope();
     if caller.privileged && yama < 3 {
@@ -475,9 +485,9 @@ impl Visibility {
         pid: Pid,
         owner: Option<&crate::events::Owner>,
     ) -> bool {
-        // Events name processes by the daemon's pids, which are not the
-        // caller's.
-        if caller.other_pidns.is_some() {
+        // Events name processes by the daemon's pids, which such a caller
+        // cannot be given in its own.
+        if matches!(caller.pidns, CallerNs::Untranslatable(_)) {
             return false;
         }
         if caller.privileged {
@@ -750,11 +760,12 @@ mod tests {
     }
 
     #[test]
-    fn a_caller_in_another_pid_namespace_acts_on_and_sees_nothing() {
+    fn a_caller_of_an_untranslatable_pid_namespace_acts_on_and_sees_nothing() {
+        use crate::pidns::{ABOVE, UNREADABLE};
         let me = std::process::id() as Pid;
-        for why in [ABOVE, BELOW] {
+        for why in [ABOVE, UNREADABLE] {
             let c = Caller {
-                other_pidns: Some(why),
+                pidns: CallerNs::Untranslatable(why),
                 ..Caller::privileged()
             };
             match check(&c, me) {
@@ -773,10 +784,10 @@ mod tests {
         }
         // SO_PEERCRED's 0: a peer the daemon's namespace does not number.
         let above = Caller::from_peer(0, 0, Some(0), None);
-        assert_eq!(above.other_pidns, Some(ABOVE));
+        assert!(matches!(above.pidns, CallerNs::Untranslatable(ABOVE)));
         // This process: the daemon's own namespace.
         let same = Caller::from_peer(0, 0, Some(me), None);
-        assert_eq!(same.other_pidns, None);
+        assert!(matches!(same.pidns, CallerNs::Same));
     }
 
     #[test]

@@ -102,15 +102,14 @@ pub enum WpdError {
         asked: BackendKind,
     },
     /// Another tracer (gdb, strace...) already traces a thread.
-    #[error(
-        "thread {tid} of process {pid} is already traced by process {tracer} ({comm}, thread {tracer_tid}): detach it first, or use the perf backend"
-    )]
+    #[error("{}", already_traced_message(*pid, *tid, *tracer, *tracer_tid, comm))]
     AlreadyTraced {
         /// Process.
         pid: Pid,
         /// Thread.
         tid: Tid,
-        /// Tracer's process id.
+        /// Tracer's process id (0: one the caller's pid namespace does not
+        /// number).
         tracer: Pid,
         /// Tracer's thread (TracerPid in /proc).
         tracer_tid: Tid,
@@ -189,6 +188,14 @@ pub enum WpdError {
         pid: Pid,
         /// How the caller's namespace differs.
         why: &'static str,
+    },
+    /// A caller in a pid namespace nested in the daemon's named a process
+    /// its namespace does not have, or one outside it (`docs/security.md`).
+    #[error("{}", not_in_pidns_message(*pid))]
+    NotInPidNamespace {
+        /// The pid as the caller gave it (0: a process named otherwise, by
+        /// a watchpoint's id).
+        pid: Pid,
     },
     /// A replay was asked of a daemon that keeps no journal.
     #[error(
@@ -344,8 +351,33 @@ fn other_pidns_message(pid: Pid, why: &str) -> String {
         String::new()
     };
     format!(
-        "{about}the caller runs in another pid namespace than the daemon's ({why}), so the pids \
-         it gives name other processes here and those the daemon reports are not its own; wpd \
-         does not translate them: run the client in the daemon's pid namespace"
+        "{about}the caller runs in another pid namespace than the daemon's, one the daemon \
+         cannot number ({why}), so wpd cannot translate the pids it gives or those it would be shown: run the client in the \
+         daemon's pid namespace (nsenter --target DAEMON_PID --pid) or in one nested in it (a \
+         container), whose pids the daemon translates"
+    )
+}
+
+fn not_in_pidns_message(pid: Pid) -> String {
+    let what = if pid > 0 {
+        format!("no process has pid {pid} in the caller's pid namespace")
+    } else {
+        "the process is not in the caller's pid namespace".to_string()
+    };
+    format!(
+        "{what}: the caller runs in a pid namespace nested in the daemon's, and names only the \
+         processes of that namespace and of those below it, by its own numbers"
+    )
+}
+
+fn already_traced_message(pid: Pid, tid: Tid, tracer: Pid, tracer_tid: Tid, comm: &str) -> String {
+    let by = if tracer > 0 {
+        format!("process {tracer} ({comm}, thread {tracer_tid})")
+    } else {
+        format!("a process outside the caller's pid namespace ({comm})")
+    };
+    format!(
+        "thread {tid} of process {pid} is already traced by {by}: detach it first, or use the \
+         perf backend"
     )
 }

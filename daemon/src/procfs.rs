@@ -144,9 +144,13 @@ pub fn tasks(pid: Pid) -> std::io::Result<Vec<Tid>> {
 /// `/proc/PID/stat`): with the pid, it names one process even after the pid
 /// is reused.
 pub fn start_time(pid: Pid) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_start_time(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The start time in a `/proc/PID/stat` text.
+pub fn stat_start_time(stat: &str) -> Option<u64> {
     // The command name may contain spaces and parentheses: skip past the last ')'.
-    let rest = &s[s.rfind(')')? + 1..];
+    let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 

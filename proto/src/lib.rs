@@ -123,6 +123,10 @@ pub mod reason {
     /// The caller runs in another pid namespace than the daemon's: the
     /// pids it names are not the daemon's, and are not read as such.
     pub const OTHER_PID_NAMESPACE: &str = "OTHER_PID_NAMESPACE";
+    /// The caller runs in a pid namespace nested in the daemon's, which
+    /// numbers no process by the pid it gave (or the process named, by a
+    /// watchpoint's id, is outside that namespace).
+    pub const NOT_IN_PID_NAMESPACE: &str = "NOT_IN_PID_NAMESPACE";
     /// A replay (`StreamEventsRequest.after_seq`/`since_time_ns`) from a
     /// daemon that keeps no journal.
     pub const NO_JOURNAL: &str = "NO_JOURNAL";

@@ -285,6 +285,11 @@ pub enum ErrorInput {
         /// How the caller's namespace differs.
         why: StaticText,
     },
+    /// `WpdError::NotInPidNamespace`.
+    NotInPidNamespace {
+        /// The pid the caller gave.
+        pid: i32,
+    },
 }
 
 /// A name that did not resolve (the variants whose fields are plain data).
@@ -553,6 +558,7 @@ impl ErrorInput {
                 pid,
                 why: why.get(),
             },
+            ErrorInput::NotInPidNamespace { pid } => WpdError::NotInPidNamespace { pid },
         }
     }
 }
@@ -591,6 +597,7 @@ pub fn variant(e: &WpdError) -> &'static str {
         WpdError::Internal(_) => "Internal",
         WpdError::SignalUnusable(_) => "SignalUnusable",
         WpdError::OtherPidNamespace { .. } => "OtherPidNamespace",
+        WpdError::NotInPidNamespace { .. } => "NotInPidNamespace",
     }
 }
 

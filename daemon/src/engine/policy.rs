@@ -226,6 +226,9 @@ pub struct Refusal {
     pub pid: Pid,
     pub comm: String,
     pub reason: String,
+    /// The error itself (`reason` is its text), for those who word it
+    /// otherwise (a caller of another pid namespace, with its numbers).
+    pub error: Arc<WpdError>,
     pub at_ns: u64,
 }
 
@@ -542,7 +545,7 @@ impl Core {
         // arming backs the instance out (checked again below).
         let creds = procfs::creds(pid);
         if let Err(e) = crate::authz::check(&policy.caller, pid) {
-            self.refuse(policy, pid, start, comm, &e);
+            self.refuse(policy, pid, start, comm, e);
             return;
         }
         let mut spec = policy.spec.clone();
@@ -559,7 +562,7 @@ impl Core {
                     pid,
                     start,
                     comm,
-                    &WpdError::PermissionDenied {
+                    WpdError::PermissionDenied {
                         pid,
                         detail: "its credentials changed while it was being armed".into(),
                     },
@@ -602,11 +605,11 @@ impl Core {
                     ));
                 }
             }
-            Err(e) => self.refuse(policy, pid, start, comm, &e),
+            Err(e) => self.refuse(policy, pid, start, comm, e),
         }
     }
 
-    fn refuse(&self, policy: &Policy, pid: Pid, start: u64, comm: String, e: &WpdError) {
+    fn refuse(&self, policy: &Policy, pid: Pid, start: u64, comm: String, e: WpdError) {
         tracing::info!(policy = policy.id.0, pid, "policy instance refused: {e}");
         let mut st = policy.state.lock().unwrap();
         st.refused.insert(pid, (start, comm.clone()));
@@ -617,6 +620,7 @@ impl Core {
             pid,
             comm,
             reason: e.to_string(),
+            error: Arc::new(e),
             at_ns: crate::clock::realtime_ns(),
         });
     }
@@ -675,8 +679,8 @@ fn policy_loop(core: std::sync::Weak<Core>, rx: mpsc::Receiver<PolicyMsg>) {
                         pid,
                         start,
                         comm,
-                        &WpdError::InvalidArgument(format!(
-                            "{:?} did not resolve in pid {pid} within {RETRY_FOR:?}",
+                        WpdError::InvalidArgument(format!(
+                            "{:?} did not resolve in the process within {RETRY_FOR:?}",
                             p.spec
                                 .symbol
                                 .as_ref()

@@ -11,7 +11,7 @@ use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tonic::Status;
 use wpd_proto::v1 as pb;
 
-use super::{convert, leases};
+use super::{convert, leases, nsview};
 use crate::authz::{self, Caller};
 use crate::events::{Event, EventKind};
 use crate::model::{Pid, WatchId};
@@ -158,12 +158,15 @@ impl EventFeed {
                 return None;
             }
         }
-        match &ev.kind {
+        let mut item = match &ev.kind {
             EventKind::Hit(h) if !self.ids.is_empty() && !self.ids.contains(&h.id) => None,
             EventKind::Hit(_) => Some(convert::event_to_pb(ev)),
             _ if self.hits_only => None,
             _ => Some(convert::event_to_pb(ev)),
-        }
+        }?;
+        // In the subscriber's numbers (a nested pid namespace's), or not at
+        // all.
+        nsview::event_out(&self.caller, &mut item).then_some(item)
     }
 }
 

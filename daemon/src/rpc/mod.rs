@@ -1,5 +1,6 @@
 //! The gRPC layer: the only module that knows tonic. Handlers validate
-//! (`convert`), run the core operation on the blocking pool (it makes
+//! (`convert`), translate the pids of callers in nested pid namespaces
+//! (`nsview`), run the core operation on the blocking pool (it makes
 //! syscalls), and map errors (`status`).
 //!
 //! Architecture Invariant: no ptrace/perf syscall runs on a tokio worker;
@@ -12,6 +13,7 @@ pub mod convert;
 mod feed;
 pub mod leases;
 pub mod metrics;
+pub mod nsview;
 pub mod persist;
 pub mod replay;
 mod restore;
@@ -81,11 +83,22 @@ impl Service {
             start: crate::procfs::start_time(pid),
             creds: crate::procfs::creds(pid),
         };
-        authz::check(caller, pid)?;
+        authz::check(caller, pid).map_err(|e| nsview::error_out(caller, e))?;
         if let Some(d) = self.fault_after_check {
             std::thread::sleep(d);
         }
         Ok(checked)
+    }
+
+    /// [`Service::allow`] for a process named by a watchpoint's id: one
+    /// outside a nested caller's namespace is no watchpoint of its.
+    fn allow_by_id(&self, caller: &Caller, pid: Pid, id: WatchId) -> Result<Checked, Status> {
+        if let Some(ns) = caller.pidns.nested()
+            && !ns.sees(pid)
+        {
+            return Err(WpdError::NoSuchWatchpoint(id).into());
+        }
+        self.allow(caller, pid)
     }
 
     /// The service, saving what is set through it in `persist`.
@@ -102,10 +115,15 @@ impl Service {
         req: pb::SetWatchpointRequest,
         id: Option<u64>,
     ) -> Result<pb::SetWatchpointResponse, Status> {
-        let asked = req.spec.ok_or_else(|| {
+        let mut asked = req.spec.ok_or_else(|| {
             status::to_status(&WpdError::InvalidArgument("spec is required".into()))
         })?;
+        // The daemon's numbers from here on (and on disk).
+        let asked_pid = asked.pid;
+        nsview::spec_in(&caller, &mut asked)?;
         let spec = WatchSpec::try_from(asked.clone())?;
+        let attached = self.core.process_view(spec.pid).is_some();
+        nsview::init_in(&caller, asked_pid, spec.allow_init, attached)?;
         let checked = self.allow(&caller, spec.pid)?;
         let lease = spec.lease;
         if lease != 0 {
@@ -113,7 +131,7 @@ impl Service {
         }
         let core = self.core.clone();
         let uid = caller.uid;
-        let (view, took) = blocking(move || {
+        let (view, took) = blocking_as(&caller, move || {
             let was_attached = core.process_view(spec.pid).is_some();
             let (view, took) = core.set_watchpoint_with_id(spec, uid, id.map(WatchId))?;
             // Armed on the process that was checked, or backed out.
@@ -164,8 +182,10 @@ impl Service {
             ?took,
             "watchpoint set"
         );
+        let mut watchpoint: pb::Watchpoint = (&view).into();
+        nsview::watchpoint_out(&caller, &mut watchpoint);
         Ok(pb::SetWatchpointResponse {
-            watchpoint: Some((&view).into()),
+            watchpoint: Some(watchpoint),
             arm_duration_ns: took.as_nanos() as u64,
             warnings: view.warnings.clone(),
             symbol: view.symbol.as_ref().map(convert::symbol_to_pb),
@@ -183,23 +203,25 @@ impl Service {
             status::to_status(&WpdError::InvalidArgument("spec is required".into()))
         })?;
         let spec = convert::policy_spec_from_pb(asked.clone())?;
-        let selector_asked = r.selector.clone().unwrap_or_default();
-        let selector = convert::selector_from_pb(r.selector)?;
-        // Whatever it selects, a caller of another pid namespace would be
-        // told of processes by numbers that are not its own.
-        if let Some(why) = caller.other_pidns {
-            let pid = selector.pids.first().copied().unwrap_or(0);
-            return Err(WpdError::OtherPidNamespace { pid, why }.into());
-        }
+        // In the daemon's terms (pids, cgroup path) from here on, and on
+        // disk. Whatever it selects, a caller the daemon cannot number would
+        // be told of processes by numbers that are not its own: refused.
+        let mut selector_asked = r.selector.unwrap_or_default();
+        nsview::selector_in(&caller, &mut selector_asked)?;
+        let selector = convert::selector_from_pb(Some(selector_asked.clone()))
+            .map_err(|e| nsview::error_out(&caller, e))?;
         // Named processes are checked now, as SetWatchpoint would; the
-        // others when they match.
+        // others when they match (a nested caller's: only those of its
+        // namespace, `authz::check`).
         for &pid in &selector.pids {
             self.allow(&caller, pid)?;
         }
         let core = self.core.clone();
-        let who = caller;
-        let view =
-            blocking(move || core.set_policy_with_id(selector, spec, who, id.map(WatchId))).await?;
+        let who = caller.clone();
+        let view = blocking_as(&caller, move || {
+            core.set_policy_with_id(selector, spec, who, id.map(WatchId))
+        })
+        .await?;
         if let Some(p) = &self.persist {
             p.record_policy(view.id.0, &caller, selector_asked, asked);
             if let Err(e) = self.commit_saved(persist::Change::Added(view.id.0)).await {
@@ -217,8 +239,10 @@ impl Service {
             instances = view.instances.len(),
             "policy set"
         );
+        let mut policy: pb::Policy = (&view).into();
+        nsview::policy_out(&caller, &mut policy, &view.refusals);
         Ok(pb::SetPolicyResponse {
-            policy: Some((&view).into()),
+            policy: Some(policy),
         })
     }
 
@@ -283,6 +307,19 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
+/// [`blocking`] on behalf of `caller`: its errors in the caller's numbers.
+async fn blocking_as<T: Send + 'static>(
+    caller: &Caller,
+    f: impl FnOnce() -> Result<T, WpdError> + Send + 'static,
+) -> Result<T, Status> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(|e| nsview::error_out(caller, e).into()),
+        Err(e) => Err(status::to_status(&WpdError::Internal(format!(
+            "request task failed: {e}"
+        )))),
+    }
+}
+
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::StreamEventsResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -330,11 +367,13 @@ impl Watchpoints for Service {
     ) -> Result<Response<pb::AttachResponse>, Status> {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
-        let pid = convert::pid(r.pid)?;
+        let pid = nsview::pid_in(&caller, convert::pid(r.pid)?)?;
+        let attached = self.core.process_view(pid).is_some();
+        nsview::init_in(&caller, r.pid, r.allow_init, attached)?;
         let backend = convert::backend(r.backend)?;
         let checked = self.allow(&caller, pid)?;
         let core = self.core.clone();
-        let (view, newly) = blocking(move || {
+        let (view, newly) = blocking_as(&caller, move || {
             let (_, newly) = core.attach(pid, backend, r.allow_init)?;
             if let Err(e) = checked.unchanged() {
                 if newly {
@@ -347,8 +386,12 @@ impl Watchpoints for Service {
                 .ok_or(WpdError::ProcessExited(pid))
         })
         .await?;
+        let mut process: pb::ProcessInfo = (&view).into();
+        if !nsview::process_out(&caller, &mut process) {
+            return Err(nsview::error_out(&caller, WpdError::ProcessExited(pid)).into());
+        }
         Ok(Response::new(pb::AttachResponse {
-            process: Some((&view).into()),
+            process: Some(process),
             newly_attached: newly,
         }))
     }
@@ -358,10 +401,10 @@ impl Watchpoints for Service {
         req: Request<pb::DetachRequest>,
     ) -> Result<Response<pb::DetachResponse>, Status> {
         let caller = self.caller(&req)?;
-        let pid = convert::pid(req.into_inner().pid)?;
+        let pid = nsview::pid_in(&caller, convert::pid(req.into_inner().pid)?)?;
         self.allow(&caller, pid)?;
         let core = self.core.clone();
-        let (w, t) = blocking(move || core.detach(pid)).await?;
+        let (w, t) = blocking_as(&caller, move || core.detach(pid)).await?;
         Ok(Response::new(pb::DetachResponse {
             watchpoints_removed: w as u32,
             threads_released: t as u32,
@@ -395,7 +438,11 @@ impl Watchpoints for Service {
         let caller = self.caller(&req)?;
         let id = WatchId(req.into_inner().id);
         if let Some(p) = self.core.policy(id) {
-            if !caller.privileged && p.caller.uid != caller.uid {
+            // A nested caller's are those set from its own namespace.
+            if !caller.privileged
+                && (p.caller.uid != caller.uid
+                    || (nsview::translated(&caller) && !p.caller.pidns.same_numbers(&caller.pidns)))
+            {
                 return Err(status::to_status(&WpdError::NoSuchWatchpoint(id)));
             }
             // Off the disk first: a removal that cannot be saved would be
@@ -430,7 +477,7 @@ impl Watchpoints for Service {
             .core
             .watch_pid(id)
             .ok_or_else(|| status::to_status(&WpdError::NoSuchWatchpoint(id)))?;
-        self.allow(&caller, pid)?;
+        self.allow_by_id(&caller, pid, id)?;
         self.commit_saved(persist::Change::Removed(id.0))
             .await
             .map_err(|e| {
@@ -441,9 +488,11 @@ impl Watchpoints for Service {
                 )
             })?;
         let core = self.core.clone();
-        let view = blocking(move || core.remove_watchpoint(id)).await?;
+        let view = blocking_as(&caller, move || core.remove_watchpoint(id)).await?;
+        let mut watchpoint: pb::Watchpoint = (&view).into();
+        nsview::watchpoint_out(&caller, &mut watchpoint);
         Ok(Response::new(pb::RemoveWatchpointResponse {
-            watchpoint: Some((&view).into()),
+            watchpoint: Some(watchpoint),
         }))
     }
 
@@ -458,6 +507,11 @@ impl Watchpoints for Service {
                 "pid must be 0 (all) or positive, got {pid}"
             ))));
         }
+        let pid = if pid > 0 {
+            nsview::pid_in(&caller, pid)?
+        } else {
+            0
+        };
         if pid > 0 {
             self.allow(&caller, pid)?;
         }
@@ -469,17 +523,35 @@ impl Watchpoints for Service {
         }
         let mut policies = self.core.list_policies((pid > 0).then_some(pid));
         if !caller.privileged {
+            // A nested caller's own are those it set from its namespace.
+            let translated = nsview::translated(&caller);
             policies.retain(|p| {
-                self.core
-                    .policy(p.id)
-                    .is_some_and(|q| q.caller.uid == caller.uid)
+                self.core.policy(p.id).is_some_and(|q| {
+                    q.caller.uid == caller.uid
+                        && (!translated || q.caller.pidns.same_numbers(&caller.pidns))
+                })
             });
         }
+        let mut watchpoints: Vec<pb::Watchpoint> = ws.iter().map(Into::into).collect();
+        let mut processes: Vec<pb::ProcessInfo> = ps.iter().map(Into::into).collect();
+        processes.retain_mut(|p| nsview::process_out(&caller, p));
+        watchpoints.retain_mut(|w| nsview::watchpoint_out(&caller, w));
+        let policies = policies
+            .iter()
+            .map(|v| {
+                let mut p: pb::Policy = v.into();
+                nsview::policy_out(&caller, &mut p, &v.refusals);
+                p
+            })
+            .collect();
         Ok(Response::new(pb::ListWatchpointsResponse {
-            watchpoints: ws.iter().map(Into::into).collect(),
-            processes: ps.iter().map(Into::into).collect(),
-            policies: policies.iter().map(Into::into).collect(),
+            watchpoints,
+            processes,
+            policies,
             not_restored: match &self.persist {
+                // Saved in the daemon's numbers, by uid: not a nested
+                // caller's to see.
+                _ if nsview::translated(&caller) => Vec::new(),
                 Some(p) if pid == 0 => {
                     p.not_restored_list((!caller.privileged).then_some(caller.uid))
                 }
@@ -499,14 +571,17 @@ impl Watchpoints for Service {
     ) -> Result<Response<pb::ListThreadsResponse>, Status> {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
-        let pid = convert::pid(r.pid)?;
-        let tids = convert::tids(&r.tids)?;
+        let asked = convert::pid(r.pid)?;
+        let pid = nsview::pid_in(&caller, asked)?;
+        let tids = convert::tids(&nsview::tids_in(&caller, asked, pid, &r.tids)?)?;
         self.allow(&caller, pid)?;
         let core = self.core.clone();
-        let threads = blocking(move || core.threads(pid, &tids, r.probe)).await?;
+        let threads = blocking_as(&caller, move || core.threads(pid, &tids, r.probe)).await?;
+        let mut threads: Vec<pb::ThreadInfo> = threads.iter().map(Into::into).collect();
+        nsview::threads_out(&caller, pid, &mut threads);
         Ok(Response::new(pb::ListThreadsResponse {
-            pid,
-            threads: threads.iter().map(Into::into).collect(),
+            pid: asked,
+            threads,
             slots_per_thread: arch::current::SLOTS as u32,
         }))
     }
@@ -518,7 +593,7 @@ impl Watchpoints for Service {
         req: Request<pb::StreamEventsRequest>,
     ) -> Result<Response<Self::StreamEventsStream>, Status> {
         let caller = self.caller(&req)?;
-        let r = req.into_inner();
+        let mut r = req.into_inner();
         if r.pid < 0 {
             return Err(status::to_status(&WpdError::InvalidArgument(format!(
                 "pid must be 0 (all) or positive, got {}",
@@ -526,6 +601,9 @@ impl Watchpoints for Service {
             ))));
         }
         if r.pid > 0 {
+            // The feed filters by the daemon's number (and translates what
+            // it sends back).
+            r.pid = nsview::pid_in(&caller, r.pid)?;
             self.allow(&caller, r.pid)?;
         }
         let from = match (r.after_seq, r.since_time_ns) {
@@ -557,7 +635,7 @@ impl Watchpoints for Service {
         let closed = self.core.bus.closed();
         if let (Some(from), Some(journal)) = (from, journal) {
             drop(sub);
-            let filter = replay::Filter::new(caller, &r);
+            let filter = replay::Filter::new(caller.clone(), &r);
             let steps = replay::start(self.core.clone(), journal, from, filter);
             let shutdown = tokio_stream::wrappers::WatchStream::new(closed.clone());
             let make_live = Box::new(move |sub: crate::events::Subscription| {
@@ -581,11 +659,13 @@ impl Watchpoints for Service {
     ) -> Result<Response<pb::ResumeResponse>, Status> {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
-        let pid = convert::pid(r.pid)?;
-        let tids = convert::tids(&r.tids)?;
+        let asked = convert::pid(r.pid)?;
+        let pid = nsview::pid_in(&caller, asked)?;
+        let tids = convert::tids(&nsview::tids_in(&caller, asked, pid, &r.tids)?)?;
         self.allow(&caller, pid)?;
         let core = self.core.clone();
-        let resumed = blocking(move || core.resume(pid, &tids)).await?;
+        let mut resumed = blocking_as(&caller, move || core.resume(pid, &tids)).await?;
+        nsview::tids_out(&caller, pid, &mut resumed);
         Ok(Response::new(pb::ResumeResponse { resumed }))
     }
 
@@ -595,14 +675,16 @@ impl Watchpoints for Service {
     ) -> Result<Response<pb::PauseResponse>, Status> {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
-        let pid = convert::pid(r.pid)?;
-        let tids = convert::tids(&r.tids)?;
+        let asked = convert::pid(r.pid)?;
+        let pid = nsview::pid_in(&caller, asked)?;
+        let tids = convert::tids(&nsview::tids_in(&caller, asked, pid, &r.tids)?)?;
         self.allow(&caller, pid)?;
         if r.lease != 0 {
             self.leases.check(r.lease, caller.uid)?;
         }
         let core = self.core.clone();
-        let held = blocking(move || core.pause(pid, &tids)).await?;
+        let mut held = blocking_as(&caller, move || core.pause(pid, &tids)).await?;
+        nsview::tids_out(&caller, pid, &mut held);
         if r.lease != 0 && !self.leases.add_pause(r.lease, pid) {
             let core = self.core.clone();
             blocking(move || {
@@ -625,13 +707,15 @@ impl Watchpoints for Service {
     ) -> Result<Response<pb::GetThreadStackResponse>, Status> {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
-        let pid = convert::pid(r.pid)?;
-        let tid = convert::tids(&[r.tid])?[0];
+        let asked = convert::pid(r.pid)?;
+        let pid = nsview::pid_in(&caller, asked)?;
+        let tid = convert::tids(&nsview::tids_in(&caller, asked, pid, &[r.tid])?)?[0];
         let depth = convert::stack_depth(r.depth)?;
         self.allow(&caller, pid)?;
         let core = self.core.clone();
         let locals = r.locals;
-        let stack = blocking(move || core.thread_stack(pid, tid, depth, locals)).await?;
+        let stack =
+            blocking_as(&caller, move || core.thread_stack(pid, tid, depth, locals)).await?;
         // Return addresses are looked up at `ret - 1` (in the call); the
         // innermost frame at `ip - 1` only right after its own hit (the trap
         // follows the access): a thread stopped anywhere else resumes at
@@ -687,11 +771,11 @@ impl Watchpoints for Service {
     ) -> Result<Response<pb::ReadMemoryResponse>, Status> {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
-        let pid = convert::pid(r.pid)?;
+        let pid = nsview::pid_in(&caller, convert::pid(r.pid)?)?;
         let len = convert::read_length(r.address, r.length)?;
         let checked = self.allow(&caller, pid)?;
         let core = self.core.clone();
-        let (data, error) = blocking(move || {
+        let (data, error) = blocking_as(&caller, move || {
             let read = core.read_memory(pid, r.address, len)?;
             // Bytes of a process that became another's are not shown.
             checked.unchanged()?;
@@ -713,10 +797,13 @@ impl Watchpoints for Service {
         let r = req.into_inner();
         let id = WatchId(r.watchpoint_id);
         let (kept, pid, total) = self.core.recent_hits(id, r.limit as usize)?;
-        self.allow(&caller, pid)?;
+        self.allow_by_id(&caller, pid, id)?;
         let mut hits = Vec::with_capacity(kept.len());
         for ev in kept {
             let mut item = convert::event_to_pb(&ev);
+            if !nsview::event_out(&caller, &mut item) {
+                continue;
+            }
             if let (EventKind::Hit(h), false) = (&ev.kind, r.raw)
                 && let Some(image) = &h.image
             {
@@ -740,7 +827,7 @@ impl Watchpoints for Service {
         let id = WatchId(r.watchpoint_id);
         let (pid, (hits, exemplars, overflow), top, image) =
             self.core.hit_aggregates(id, r.limit as usize)?;
-        self.allow(&caller, pid)?;
+        self.allow_by_id(&caller, pid, id)?;
         let frames = match (&image, r.raw) {
             (Some(image), false) => {
                 let ips: Vec<u64> = top.iter().map(|t| t.0.0).collect();
@@ -754,7 +841,7 @@ impl Watchpoints for Service {
             .map(|(i, ((ip, tid), a))| pb::HitAggregate {
                 ip: *ip,
                 location: frames.get(i).map(convert::frame_to_pb),
-                tid: *tid,
+                tid: nsview::tid_out(&caller, pid, *tid),
                 thread_name: a.thread_name.to_string(),
                 count: a.count,
                 first_ns: a.first_ns,
@@ -764,7 +851,7 @@ impl Watchpoints for Service {
             .collect();
         Ok(Response::new(pb::GetHitAggregatesResponse {
             watchpoint_id: id.0,
-            pid,
+            pid: nsview::process_pid_out(&caller, pid),
             hits,
             exemplars,
             overflow,
@@ -786,7 +873,7 @@ impl Watchpoints for Service {
     ) -> Result<Response<pb::ResolveSymbolResponse>, Status> {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
-        let pid = convert::pid(r.pid)?;
+        let pid = nsview::pid_in(&caller, convert::pid(r.pid)?)?;
         self.allow(&caller, pid)?;
         let name = r.name.trim().to_string();
         if name.is_empty() == (r.address == 0) {
@@ -796,7 +883,7 @@ impl Watchpoints for Service {
         }
         let symbols = self.core.symbols.clone();
         if !name.is_empty() {
-            let (resolved, kind) = blocking(move || {
+            let (resolved, kind) = blocking_as(&caller, move || {
                 crate::procfs::check_process(pid)?;
                 symbols.look_up(pid, &name).map_err(WpdError::from)
             })
@@ -810,7 +897,7 @@ impl Watchpoints for Service {
         }
         let addr = r.address;
         let s2 = symbols.clone();
-        let info = blocking(move || {
+        let info = blocking_as(&caller, move || {
             crate::procfs::check_process(pid)?;
             s2.describe_address(pid, addr).map_err(WpdError::from)
         })

@@ -132,6 +132,7 @@ pub fn saved_caller(c: &Caller) -> pb::SavedCaller {
         cap_eff: c.cap_eff,
         userns: c.userns.unwrap_or(0),
         privileged: c.privileged,
+        pid_namespace_level: c.pidns.nested().map_or(0, |n| n.level() as u32),
     }
 }
 
@@ -182,7 +183,7 @@ pub fn restore_caller(c: &pb::SavedCaller, ctx: RestoreContext) -> Caller {
             cap_eff: u64::MAX,
             userns: Some(INIT_USERNS),
             privileged: true,
-            other_pidns: None,
+            pidns: crate::pidns::CallerNs::Same,
         };
     }
     Caller::unprivileged(c.uid, c.gid, None)
@@ -506,6 +507,7 @@ mod tests {
             cap_eff: u64::MAX,
             userns: INIT_USERNS,
             privileged: true,
+            pid_namespace_level: 0,
         };
         let c = restore_caller(&root, root_daemon);
         assert!(c.privileged && c.uid == 0 && c.cap_eff == u64::MAX, "{c:?}");
@@ -561,7 +563,7 @@ mod tests {
             ),
         ] {
             let got = restore_caller(&caller, ctx);
-            assert!(plain(got, uid), "{caller:?} in {ctx:?} -> {got:?}");
+            assert!(plain(got.clone(), uid), "{caller:?} in {ctx:?} -> {got:?}");
         }
         // Ids out of range never count, nor overflow the next id.
         let saved = pb::SavedState {

@@ -78,8 +78,9 @@ impl Filter {
         }
     }
 
-    /// Whether the subscriber gets `item`.
-    pub fn pass(&mut self, item: &pb::StreamEventsResponse) -> bool {
+    /// Whether the subscriber gets `item`, which is put in its numbers (a
+    /// nested pid namespace's) when it does.
+    pub fn pass(&mut self, item: &mut pb::StreamEventsResponse) -> bool {
         let Some(ev) = &item.event else { return false };
         let pid = match ev {
             E::Hit(h) => h.pid,
@@ -115,10 +116,11 @@ impl Filter {
                 return false;
             }
         }
-        match ev {
+        let wanted = match ev {
             E::Hit(h) => self.ids.is_empty() || self.ids.contains(&h.watchpoint_id),
             _ => !self.hits_only,
-        }
+        };
+        wanted && super::nsview::event_out(&self.caller, item)
     }
 }
 
@@ -232,8 +234,12 @@ async fn pump(
                 Item::Gap { first, last } => gap(first, last),
                 Item::Event(rec) => {
                     match pb::StreamEventsResponse::decode(rec.payload.as_slice()) {
-                        Ok(m) if filter.pass(&m) => m,
-                        Ok(_) => continue,
+                        Ok(mut m) => {
+                            if !filter.pass(&mut m) {
+                                continue;
+                            }
+                            m
+                        }
                         Err(e) => {
                             // A record whose checksum holds but whose event
                             // does not decode: written by another version.

@@ -11,6 +11,11 @@ use super::{Service, persist};
 use crate::events::EventKind;
 use crate::model::WatchId;
 
+/// Why a policy set from a nested pid namespace is not set again.
+pub const NESTED_POLICY: &str = "it was set from a pid namespace nested in the daemon's, and \
+     covered that namespace's processes only: after a restart the daemon cannot tell that \
+     namespace from another, so it would cover others; set it again from there";
+
 impl Service {
     /// Sets again, each as the caller who set it, the watchpoints and
     /// policies a previous run saved; what cannot be is reported.
@@ -47,10 +52,17 @@ impl Service {
                         Err(format!("its saved id {} is out of range (damage)", e.id)),
                     )
                 }
+                Some(pb::saved_entry::What::Policy(pol))
+                    if saved_caller.pid_namespace_level > 0 =>
+                {
+                    // Its processes were those of one namespace, which a
+                    // restarted daemon cannot tell from another one.
+                    (pol.spec, pol.selector, Err(NESTED_POLICY.to_string()))
+                }
                 Some(pb::saved_entry::What::Policy(pol)) => {
                     let r = self
                         .set_policy_as(
-                            caller,
+                            caller.clone(),
                             pb::SetPolicyRequest {
                                 selector: pol.selector.clone(),
                                 spec: pol.spec.clone(),
@@ -70,7 +82,7 @@ impl Service {
                         Err(format!("process {pid} is gone"))
                     } else {
                         self.set_watchpoint_as(
-                            caller,
+                            caller.clone(),
                             pb::SetWatchpointRequest {
                                 spec: w.spec.clone(),
                             },

@@ -17,11 +17,12 @@ impl Service {
     /// field added here is one line away from a metric.
     pub(crate) async fn stats(&self, caller: Caller) -> Result<pb::GetStatsResponse, Status> {
         let core = self.core.clone();
+        let who = caller.clone();
         let s = blocking(move || {
-            Ok(if caller.privileged {
+            Ok(if who.privileged {
                 core.stats()
             } else {
-                core.stats_for(caller.uid, |pid| authz::check(&caller, pid).is_ok())
+                core.stats_for(who.uid, |pid| authz::check(&who, pid).is_ok())
             })
         })
         .await?;

@@ -109,6 +109,7 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
         WpdError::OwnProcess(_) => (Code::InvalidArgument, r::OWN_PROCESS),
         WpdError::InitProcess => (Code::FailedPrecondition, r::INIT_PROCESS),
         WpdError::OtherPidNamespace { .. } => (Code::FailedPrecondition, r::OTHER_PID_NAMESPACE),
+        WpdError::NotInPidNamespace { .. } => (Code::NotFound, r::NOT_IN_PID_NAMESPACE),
         WpdError::NoJournal => (Code::FailedPrecondition, r::NO_JOURNAL),
         WpdError::NotSaved { .. } => (Code::Unavailable, r::NOT_SAVED),
         WpdError::ProcessExited(_) => (Code::NotFound, r::PROCESS_EXITED),
@@ -333,6 +334,12 @@ mod tests {
             Code::FailedPrecondition,
             r::OTHER_PID_NAMESPACE,
             "another pid namespace",
+        );
+        check(
+            WpdError::NotInPidNamespace { pid: 5 },
+            Code::NotFound,
+            r::NOT_IN_PID_NAMESPACE,
+            "no process has pid 5 in the caller's pid namespace",
         );
         check(
             WpdError::NoJournal,

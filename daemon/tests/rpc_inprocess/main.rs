@@ -93,7 +93,7 @@ impl Rig {
         let channel = Endpoint::from_static("http://in-process")
             .connect_with_connector(tower::service_fn(move |_| {
                 let (ours, theirs) = tokio::io::duplex(1 << 20);
-                let conn = Conn::in_process(theirs, caller, &registry, &limits)
+                let conn = Conn::in_process(theirs, caller.clone(), &registry, &limits)
                     .map_err(std::io::Error::other);
                 let sent = conn.map(|c| tx.send(Ok(c)).map_err(std::io::Error::other));
                 async move {

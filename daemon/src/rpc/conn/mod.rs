@@ -416,8 +416,10 @@ impl<S> Conn<S> {
         registry: &Arc<Registry>,
         limits: &ConnLimits,
     ) -> Result<Self, &'static str> {
-        let budget = caller.map_or(Budget::Pending, |c| Budget::Uid(c.uid));
-        let privileged = caller.is_some_and(|c| c.privileged);
+        let budget = caller
+            .as_ref()
+            .map_or(Budget::Pending, |c| Budget::Uid(c.uid));
+        let privileged = caller.as_ref().is_some_and(|c| c.privileged);
         let conn = registry.admit(budget, privileged, limits)?;
         Ok(Conn::new(
             io,
