@@ -7,7 +7,7 @@ use std::process::Command;
 use wpd_tests::{find_bin, nats_server_bin, require_peer, require_root_perf};
 
 /// Every section heading of `wpd-bench`, and rows each must contain.
-const SECTIONS: [(&str, &[&str]); 21] = [
+const SECTIONS: [(&str, &[&str]); 24] = [
     (
         "## mass-arm: one process-wide write watchpoint, idle target",
         &[
@@ -134,6 +134,22 @@ const SECTIONS: [(&str, &[&str]); 21] = [
             "| breakpoint, inherited (inherit=1) |",
             "| breakpoint, inherited, no-op BPF program attached",
         ],
+    ),
+    (
+        "## drain: the daemon at rest",
+        &[
+            "| nothing tracked |",
+            "| one process watched (`--pid`, perf) |",
+            "| a policy matching it (`--comm`, perf) |",
+        ],
+    ),
+    (
+        "## drain: a process forking",
+        &["| alone |", "| watched, --follow-forks |"],
+    ),
+    (
+        "## drain: what a hit costs a thread storing now and then",
+        &["| 2000 µs | no |", "| 2000 µs | yes |", "| 200 µs | yes |"],
     ),
 ];
 
