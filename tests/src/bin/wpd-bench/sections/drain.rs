@@ -253,12 +253,16 @@ pub(crate) async fn section_drain(args: &Args) -> Result<()> {
             "## drain: a process forking {forks} children (fork, _exit, waitpid), watched with --follow-forks (medians of {} runs)\n",
             args.reps
         );
-        println!("| mode | µs per fork | daemon CPU µs per child (above its rate at rest) |");
-        println!("|---|---:|---:|");
-        for (label, watched) in [("alone", false), ("watched, --follow-forks", true)] {
-            let mut per_fork = Vec::new();
-            let mut per_child = Vec::new();
-            for _ in 0..args.reps {
+        println!(
+            "| mode | µs per fork (median) | ratio to alone in the same round (median, min–max) | daemon CPU µs per child (above its rate at rest) |"
+        );
+        println!("|---|---:|---:|---:|");
+        // The modes alternate within each round, so that a slow swing of
+        // the machine's load falls on both.
+        let mut per_fork: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+        let mut per_child: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+        for _ in 0..args.reps {
+            for watched in [false, true] {
                 let t = Target::start(&bin, &dir, &["fork", &forks.to_string()])?;
                 let pid = t.pid().to_string();
                 let id = if watched {
@@ -283,17 +287,31 @@ pub(crate) async fn section_drain(args: &Args) -> Result<()> {
                 if let Some(id) = id {
                     let _ = unwatch(&daemon, id).await;
                 }
-                per_fork.push(out.trim().parse::<f64>().context("fork output")?);
-                let rest = rest[usize::from(watched)];
-                per_child.push(((ns1 - ns0) / 1e3 - rest * 1e3 * wall) / f64::from(forks));
+                let i = usize::from(watched);
+                per_fork[i].push(out.trim().parse::<f64>().context("fork output")?);
+                per_child[i].push(((ns1 - ns0) / 1e3 - rest[i] * 1e3 * wall) / f64::from(forks));
             }
-            println!(
-                "| {label} | {:.1} | {:.2} |",
-                median(per_fork),
-                median(per_child)
-            );
-            flush();
         }
+        let paired = spread(
+            per_fork[1]
+                .iter()
+                .zip(&per_fork[0])
+                .map(|(w, a)| w / a)
+                .collect(),
+        );
+        for (i, label) in ["alone", "watched, --follow-forks"].iter().enumerate() {
+            let ratio = if i == 0 {
+                "1.00".to_string()
+            } else {
+                format!("{:.2} ({:.2}–{:.2})", paired.med, paired.min, paired.max)
+            };
+            println!(
+                "| {label} | {:.1} | {ratio} | {:.2} |",
+                median(per_fork[i].clone()),
+                median(per_child[i].clone())
+            );
+        }
+        flush();
         println!();
 
         let stores: u32 = if args.smoke { 200 } else { 2000 };
@@ -306,11 +324,10 @@ pub(crate) async fn section_drain(args: &Args) -> Result<()> {
         );
         println!("|---|---|---:|---:|---:|");
         for gap in ["2000", "200"] {
-            let mut base = 0.0;
-            for watched in [false, true] {
-                let mut cpu = Vec::new();
-                let mut wall = Vec::new();
-                for _ in 0..args.reps {
+            let mut cpu: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+            let mut wall: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+            for _ in 0..args.reps {
+                for watched in [false, true] {
                     let t = Target::start(&bin, &dir, &["paced", &stores.to_string(), gap])?;
                     let pid = t.pid().to_string();
                     let id = if watched {
@@ -323,24 +340,25 @@ pub(crate) async fn section_drain(args: &Args) -> Result<()> {
                         let _ = unwatch(&daemon, id).await;
                     }
                     let mut f = out.split_whitespace().map(|v| v.parse::<f64>());
-                    cpu.push(f.next().context("paced output")??);
-                    wall.push(f.next().context("paced output")??);
+                    let i = usize::from(watched);
+                    cpu[i].push(f.next().context("paced output")??);
+                    wall[i].push(f.next().context("paced output")??);
                 }
-                let (c, w) = (median(cpu), median(wall));
-                if !watched {
-                    base = c;
-                }
+            }
+            let base = median(cpu[0].clone());
+            for (i, label) in ["no", "yes"].iter().enumerate() {
+                let c = median(cpu[i].clone());
                 println!(
-                    "| {gap} µs | {} | {c:.2} | {w:.2} | {} |",
-                    if watched { "yes" } else { "no" },
-                    if watched {
+                    "| {gap} µs | {label} | {c:.2} | {:.2} | {} |",
+                    median(wall[i].clone()),
+                    if i == 1 {
                         format!("{:.2}", c - base)
                     } else {
                         "–".into()
                     }
                 );
-                flush();
             }
+            flush();
         }
         println!();
         Ok(())
