@@ -87,7 +87,7 @@ impl PerfEngine {
             // server's thousands a second among them): they do not make
             // the drain busy, hits do.
             busy = if per_thread {
-                read.ring_hits + read.ring_records > 0
+                read.ring_hits > 0
             } else {
                 read.ring_records > 0
             };
@@ -434,7 +434,7 @@ const QUIET_POLL_MS: i32 = 2;
 /// these 2-vCPU machines): at 2 ms, an idle daemon tracking one process
 /// spent 14 ms of CPU a second (docs/benchmarks.md, "Drain wake-ups").
 /// Hits flowing are read every `BUSY_PERIOD`.
-const TRACKED_POLL_MS: i32 = 2;
+const TRACKED_POLL_MS: i32 = 10;
 
 /// Longest wait when no process uses the perf backend (a safety net).
 const IDLE_POLL_MS: i32 = 1000;
