@@ -430,10 +430,10 @@ const QUIET_POLL_MS: i32 = 2;
 
 /// The same on the per-thread path: what a first hit, a new thread's row,
 /// a forked child's exit or a policy's new process may wait. Each pass is a
-/// wake-up of the daemon (about 25 µs of CPU with its context switches on
-/// these 2-vCPU machines): at 2 ms, an idle daemon tracking one process
-/// spent 14 ms of CPU a second (docs/benchmarks.md, "Drain wake-ups").
-/// Hits flowing are read every `BUSY_PERIOD`.
+/// wake-up of the daemon that reads every task record of the machine: at
+/// 2 ms, a daemon tracking one idle process spent 23–25 ms of CPU a second
+/// and woke 520 times; at 10 ms, 9 ms and 134 (docs/benchmarks.md, "Drain
+/// wake-ups"). Hits flowing are read every `BUSY_PERIOD`.
 const TRACKED_POLL_MS: i32 = 10;
 
 /// Longest wait when no process uses the perf backend (a safety net).
