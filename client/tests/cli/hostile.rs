@@ -283,6 +283,7 @@ impl Watchpoints for Hostile {
             location: Some(Self::location()),
             kind: EVIL.into(),
             offset: 0,
+            value: EVIL.as_bytes().to_vec(),
         }))
     }
 

@@ -307,6 +307,7 @@ impl Watchpoints for Mock {
                 location: None,
                 kind: "variable".into(),
                 offset: 0,
+                value: Vec::new(),
             }));
         }
         if r.address != 0x5555_0000_1234 {
@@ -342,6 +343,7 @@ impl Watchpoints for Mock {
             }),
             kind: "function".into(),
             offset: 0x34,
+            value: Vec::new(),
         }))
     }
 

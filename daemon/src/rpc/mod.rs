@@ -806,6 +806,7 @@ impl Watchpoints for Service {
                 location: None,
                 kind: kind.as_str().into(),
                 offset: 0,
+                value: resolved.value.unwrap_or_default(),
             }));
         }
         let addr = r.address;
@@ -828,6 +829,7 @@ impl Watchpoints for Service {
             location,
             kind,
             offset,
+            value: Vec::new(),
         }))
     }
 }

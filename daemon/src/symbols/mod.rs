@@ -20,6 +20,7 @@
 pub mod dwarf;
 pub mod elf;
 mod error;
+pub mod eval;
 pub mod expr;
 mod files;
 pub mod frame;
@@ -83,6 +84,11 @@ pub struct Resolved {
     pub module_address: u64,
     /// Anything the caller should know (a choice made among several).
     pub note: Option<String>,
+    /// For an expression that computes a value rather than naming an
+    /// object (`&x`, `(T)x`): its bytes. `address` is then the address the
+    /// value holds when it is a pointer (else 0); such a result is never
+    /// watched ([`Symbols::resolve`] refuses it).
+    pub value: Option<Vec<u8>>,
 }
 
 /// What an address in a process is.
@@ -139,6 +145,8 @@ pub enum NameKind {
     Variable,
     /// A function (code).
     Function,
+    /// A value computed (`&x`, `(T)x`), in no object.
+    Value,
 }
 
 impl NameKind {
@@ -147,6 +155,7 @@ impl NameKind {
         match self {
             NameKind::Variable => "variable",
             NameKind::Function => "function",
+            NameKind::Value => "value",
         }
     }
 }
@@ -202,7 +211,8 @@ impl Symbols {
     /// variable (for a write watchpoint), or else a function (its entry,
     /// for an exec watchpoint); which one it is comes with it.
     pub fn look_up(&self, pid: Pid, name: &str) -> Result<(Resolved, NameKind), SymbolError> {
-        match self.resolve(pid, name, crate::model::Access::Write, 0) {
+        match self.evaluate(pid, name, crate::model::Access::Write, 0) {
+            Ok(r) if r.value.is_some() => Ok((r, NameKind::Value)),
             Ok(r) => Ok((r, NameKind::Variable)),
             Err(SymbolError::NotAVariable { .. }) => self
                 .resolve(pid, name, crate::model::Access::Exec, 0)

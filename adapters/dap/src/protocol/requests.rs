@@ -315,7 +315,8 @@ pub struct EvaluateBody {
     pub type_name: String,
     /// Always 0: no children.
     pub variables_reference: i64,
-    /// Its address, for memory views.
+    /// Its address, for memory views (left out for a value in no memory).
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub memory_reference: String,
 }
 
