@@ -9,7 +9,8 @@
  *
  *   set NAME V      the main thread stores V into NAME (counter, initialized,
  *                   errors, flag2, name0, hidden, lib, plug, tls;
- *                   conn1state: conns->next->state, on the heap)     -> SET
+ *                   conn1state: conns->next->state, on the heap;
+ *                   refs: g_item->refs, on the heap)                 -> SET
  *   spin N          N new threads store into `counter` in a loop, through
  *                   spin_worker -> bump_counter    -> SPINNING (once all run)
  *   stop            the spinning threads end and are joined          -> STOPPED
@@ -38,6 +39,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -71,6 +73,23 @@ struct conn {
 struct conn *conns;                /* a list of 3 on the heap, made at start */
 struct conn *no_conn;              /* NULL */
 void *opaque;                      /* a void *: nothing to follow into */
+enum mode { MODE_IDLE, MODE_RUN, MODE_DONE };
+struct session {
+    int id;                        /* offset 0 */
+    enum mode mode;                /* offset 4 */
+    unsigned int flags;            /* offset 8 */
+    short grid[3][4];              /* offset 12 */
+};
+struct session g_sess = { 7, MODE_RUN, 0xfffffffeu, { { 0 } } };
+typedef struct item {
+    long key;                      /* offset 0 */
+    int refs;                      /* offset 8 */
+    unsigned short tag;            /* offset 12 */
+} item_t;
+item_t *g_item;                    /* one on the heap, made at start */
+uint32_t g_version = 3;            /* a C library typedef in the DWARF */
+/* Never used: -O2 (ct-nofp) leaves it out, DWARF keeps its name. */
+static int left_out __attribute__((unused)) = 3;
 void lib_set(long v);              /* libctlib.so's lib_counter: only through */
 long *lib_addr(void);              /* these (no copy relocation into here) */
 long lib_twin(void);
@@ -192,10 +211,11 @@ static void print_pool(const char *what, int from)
 static void ready(void)
 {
     printf("READY pid=%d counter=%p initialized=%p stats=%p errors=%p flag2=%p hidden=%p "
-           "lib=%p big=%p conn1state=%p\n",
+           "lib=%p big=%p conn1state=%p sess=%p item=%p itemrefs=%p\n",
            getpid(), (void *)&counter, (void *)&initialized, (void *)&stats,
            (void *)&stats.errors, (void *)&stats.flags[2], (void *)&hidden,
-           (void *)lib_addr(), (void *)big_table, (void *)&conns->next->state);
+           (void *)lib_addr(), (void *)big_table, (void *)&conns->next->state,
+           (void *)&g_sess, (void *)g_item, (void *)&g_item->refs);
     fflush(stdout);
 }
 
@@ -230,6 +250,8 @@ static int set(const char *name, long v)
         hidden = (int)v; /* LINE:set_hidden */
     else if (!strcmp(name, "conn1state"))
         conns->next->state = (int)v; /* LINE:set_conn1state */
+    else if (!strcmp(name, "refs"))
+        g_item->refs = (int)v; /* LINE:set_refs */
     else if (!strcmp(name, "tls"))
         tls_counter = v;
     else if (!strcmp(name, "twin"))
@@ -259,6 +281,10 @@ int main(int argc, char **argv)
         conns = c;
     }
     opaque = conns;
+    g_item = calloc(1, sizeof *g_item);
+    g_item->key = 42;
+    g_item->refs = 2;
+    g_item->tag = 9;
     ready();
     char line[512];
     while (fgets(line, sizeof line, stdin)) {

@@ -8,6 +8,7 @@ import { client, attach, nextStop, env, hex, num, PID } from './lib.mjs';
 
 const COUNTER = BigInt(env('COUNTER_ADDR'));
 const CONN1STATE = BigInt(env('CONN1STATE_ADDR'));
+const ITEM = BigInt(env('ITEM_ADDR'));
 const BUMP_LINE = Number(env('BUMP_LINE'));
 const SPIN_LINE = Number(env('SPIN_LINE'));
 
@@ -130,6 +131,22 @@ test('a debug session: break on a variable by name, look around, continue, disco
     assert.equal(info.dataId, 'name:conns->next->state');
     assert.match(info.description, new RegExp(`4 bytes at ${hex(CONN1STATE)}`));
     await assert.rejects(dc.evaluateRequest({ expression: 'no_conn->state' }), /null pointer/);
+    // Casts to the program's own types: a heap object by its address, a
+    // value converted, a pointer made from a number; unknown type names.
+    const refs = (await dc.evaluateRequest({ expression: `((struct item *)${hex(ITEM)})->refs` })).body;
+    assert.equal(num(refs.result), 2n);
+    assert.equal(refs.type, 'int');
+    assert.equal(refs.memoryReference, hex(ITEM + 8n));
+    const flags = (await dc.evaluateRequest({ expression: '(int)g_sess.flags' })).body;
+    assert.equal(num(flags.result), -2n);
+    assert.equal(flags.type, 'int');
+    const made = (await dc.evaluateRequest({ expression: `(item_t *)${hex(ITEM)}` })).body;
+    assert.equal(made.result, hex(ITEM));
+    assert.equal(made.type, 'item_t *');
+    assert.equal((await dc.evaluateRequest({ expression: '&g_item->refs' })).body.result, hex(ITEM + 8n));
+    await assert.rejects(dc.evaluateRequest({ expression: '(struct itme *)0x10' }), /closest: struct item/);
+    info = (await dc.dataBreakpointInfoRequest({ name: `((item_t *)${hex(ITEM)})->refs` })).body;
+    assert.match(info.description, new RegExp(`4 bytes at ${hex(ITEM + 8n)}`));
     const mem = (await dc.customRequest('readMemory', { memoryReference: hex(COUNTER), count: 8 })).body;
     assert.equal(mem.address, hex(COUNTER));
     assert.equal(Buffer.from(mem.data, 'base64').readBigInt64LE(0), num(value.result));

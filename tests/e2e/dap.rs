@@ -53,6 +53,7 @@ async fn node_test_as(
         .env("TARGET_PID", t.pid.to_string())
         .env("COUNTER_ADDR", format!("{:#x}", t.addr("counter")))
         .env("CONN1STATE_ADDR", format!("{:#x}", t.addr("conn1state")))
+        .env("ITEM_ADDR", format!("{:#x}", t.addr("item")))
         .env("BUMP_LINE", line_of("bump_counter").1.to_string())
         .env("SPIN_LINE", line_of("spin_worker").1.to_string())
         .kill_on_drop(true);

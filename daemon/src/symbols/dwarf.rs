@@ -117,7 +117,7 @@ pub struct TypeInfo {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {
     /// `.member` of something that has none.
-    #[error("{what} is a {ty}, not a struct or union: it has no members{hint}")]
+    #[error("{what} is {}, not a struct or union: it has no members{hint}", a(ty))]
     NotARecord {
         /// What was walked so far.
         what: String,
@@ -188,7 +188,7 @@ pub enum PathError {
         why: String,
     },
     /// `[i]` of something that is not an array.
-    #[error("{what} is a {ty}, not an array: it cannot be indexed{hint}")]
+    #[error("{what} is {}, not an array: it cannot be indexed{hint}", a(ty))]
     NotAnArray {
         /// What was walked so far.
         what: String,
@@ -208,7 +208,7 @@ pub enum PathError {
         count: u64,
     },
     /// `->` or `*` of something that is not a pointer.
-    #[error("{what} is a {ty}, not a pointer: it cannot be followed")]
+    #[error("{what} is {}, not a pointer: it cannot be followed", a(ty))]
     NotAPointer {
         /// What was walked so far.
         what: String,
@@ -243,6 +243,12 @@ pub enum PathError {
     /// The DWARF could not be read.
     #[error("the debug information is unreadable here: {0}")]
     Dwarf(String),
+}
+
+/// `a int` is `an int`.
+fn a(ty: &str) -> String {
+    let vowel = ty.starts_with(|c: char| "aeiouAEIOU".contains(c));
+    format!("{} {ty}", if vowel { "an" } else { "a" })
 }
 
 impl PathError {

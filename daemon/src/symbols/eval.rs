@@ -573,12 +573,15 @@ impl<'a> Eval<'a> {
             Kind::Pointer(_) => (Enc::Unsigned, POINTER_SIZE),
             Kind::Scalar(enc) => (*enc, target.size.unwrap_or(0)),
             _ => {
+                let why = format!(
+                    "only scalar and pointer types can be cast to (to see {what} as a {0}, \
+                     write *({0} *)&{what})",
+                    target.name
+                );
                 return Err(PathError::BadCast {
                     what,
                     to: target.name.clone(),
-                    why: "only scalar and pointer types can be cast to (to see an object as \
-                          another type, write *(T *)&x)"
-                        .into(),
+                    why,
                 });
             }
         };

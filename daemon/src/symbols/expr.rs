@@ -450,7 +450,7 @@ impl<'a> Parser<'a> {
                 let inner = self.unary(depth + 1)?;
                 if !self.eat(")") {
                     self.skip_ws();
-                    return Err(self.err(self.pos, format!("expected ')' to match the '(' at column {}", self.text[..at].chars().count() + 1)));
+                    return Err(self.err(self.pos, format!("expected ')' to close the '(' of column {}", self.text[..at].chars().count() + 1)));
                 }
                 Ok(inner)
             }
@@ -871,7 +871,7 @@ mod tests {
             ("a->1", "'->' must be followed by a member name", Some(4)),
             ("*", "expected a name, a number or '('", Some(2)),
             ("lib.so:", "expected a name", Some(8)),
-            ("(a", "expected ')' to match the '(' at column 1", Some(3)),
+            ("(a", "expected ')' to close the '(' of column 1", Some(3)),
             ("((struct conn *)p->x", "expected ')'", Some(21)),
             ("a)", "no '(' matches it", Some(2)),
             (

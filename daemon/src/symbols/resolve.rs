@@ -293,7 +293,7 @@ fn evaluate(
         size,
         type_name: Some(type_name),
         source: Source::Dwarf,
-        note: (followed && expr.follows_pointers()).then(|| {
+        note: (followed && expr.follows_pointers() && !expr.name.is_empty()).then(|| {
             format!(
                 "{} was followed when the watchpoint was set: the watchpoint stays on \
                  that object if the pointers change later",
