@@ -1051,7 +1051,7 @@ async fn expressions_take_addresses_casts_and_parentheses() -> Result<()> {
                 ),
                 (&format!("*(int *){:#x}", item + 8), item + 8, 4, "int"),
                 (
-                    &format!("*(unsigned char *)&g_sess.flags"),
+                    "*(unsigned char *)&g_sess.flags",
                     sess + 8,
                     1,
                     "unsigned char",

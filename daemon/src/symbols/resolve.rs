@@ -455,7 +455,7 @@ impl Symbols {
         })?;
         let searched = search_order(pid, &expr, &files)?;
         if expr.root.root_name().is_none() {
-            return self.from_number(pid, &expr, &searched, len);
+            return self.at_number(pid, &expr, &searched, len);
         }
         let found = self.candidates(pid, &expr, access, &searched);
         if found.candidates.is_empty() {
@@ -474,7 +474,7 @@ impl Symbols {
     /// An expression starting from a number (`((struct conn *)0x…)->state`):
     /// evaluated in the first module, in lookup order, whose DWARF defines
     /// the type its outermost cast names.
-    fn from_number(
+    fn at_number(
         &self,
         pid: Pid,
         expr: &Expr,
