@@ -11,7 +11,8 @@
 //!   `blazesym` on a thread of its own, off the hit path, and cached per
 //!   process image and per module.
 //!
-//! Rooms: `expr.rs` (the name grammar), `maps.rs` (`/proc/PID/maps`),
+//! Rooms: `expr.rs` (the expression grammar), `eval.rs` (expressions over
+//! DWARF types), `maps.rs` (`/proc/PID/maps`),
 //! `files.rs` (the module files held loaded), `elf.rs` (one module file,
 //! its debug file), `dwarf.rs` (variables and types), `resolve.rs` (a name
 //! to an address, in steps), `error.rs` (why a name does not resolve),
