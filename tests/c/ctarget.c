@@ -10,9 +10,12 @@
  *   set NAME V      the main thread stores V into NAME (counter, initialized,
  *                   errors, flag2, name0, hidden, lib, plug, tls;
  *                   conn1state: conns->next->state, on the heap;
- *                   refs: g_item->refs, on the heap)                 -> SET
+ *                   refs: g_item->refs, on the heap, through
+ *                   touch_item(c, v))                                 -> SET
  *   spin N          N new threads store into `counter` in a loop, through
  *                   spin_worker -> bump_counter    -> SPINNING (once all run)
+ *   refspin         a new thread stores into g_item->refs every ms, through
+ *                   touch_item(c, v)                   -> REFSPINNING (once it runs)
  *   stop            the spinning threads end and are joined          -> STOPPED
  *   threads N       N more threads that wait, idle, until quit        -> THREADS n=<idle threads>
  *   deep            the main thread stores into `counter` 3 calls
@@ -106,6 +109,11 @@ static int nspin;
 static atomic_int spinners_running;
 static void *plug;
 
+void touch_item(item_t *c, int v)
+{
+    c->refs = v; /* LINE:touch_item */
+}
+
 void bump_counter(long v)
 {
     counter = v; /* LINE:bump_counter */
@@ -142,6 +150,18 @@ static void *spin_worker(void *arg)
     atomic_fetch_add(&spinners_running, 1);
     while (atomic_load(&spinning)) {
         bump_counter(++v); /* LINE:spin_worker */
+    }
+    return NULL;
+}
+
+static void *refs_worker(void *arg)
+{
+    int v = 0;
+    (void)arg;
+    atomic_fetch_add(&spinners_running, 1);
+    while (atomic_load(&spinning)) {
+        touch_item(g_item, ++v); /* LINE:refs_worker */
+        usleep(1000);
     }
     return NULL;
 }
@@ -251,7 +271,7 @@ static int set(const char *name, long v)
     else if (!strcmp(name, "conn1state"))
         conns->next->state = (int)v; /* LINE:set_conn1state */
     else if (!strcmp(name, "refs"))
-        g_item->refs = (int)v; /* LINE:set_refs */
+        touch_item(g_item, (int)v);
     else if (!strcmp(name, "tls"))
         tls_counter = v;
     else if (!strcmp(name, "twin"))
@@ -306,6 +326,13 @@ int main(int argc, char **argv)
             while (atomic_load(&spinners_running) < nspin)
                 usleep(200);
             puts("SPINNING");
+        } else if (!strcmp(cmd, "refspin")) {
+            atomic_store(&spinning, 1);
+            if (nspin < 64)
+                pthread_create(&spinners[nspin++], NULL, refs_worker, NULL);
+            while (atomic_load(&spinners_running) < nspin)
+                usleep(200);
+            puts("REFSPINNING");
         } else if (!strcmp(cmd, "stop")) {
             atomic_store(&spinning, 0);
             for (int i = 0; i < nspin; i++)

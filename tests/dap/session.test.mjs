@@ -92,6 +92,16 @@ test('a debug session: break on a variable by name, look around, continue, disco
     // spin_worker's v is what it passed to bump_counter (bump_counter(++v)).
     assert.equal(num(v1.value), num(v0.value));
     assert.ok(v1.memoryReference, 'a local in memory has an address');
+    // evaluate in a frame: its parameters and locals start expressions.
+    assert.equal(num((await dc.evaluateRequest({ expression: 'v', frameId: frames[0].id })).body.result), num(v0.value));
+    const atV1 = (await dc.evaluateRequest({ expression: '&v', frameId: frames[1].id })).body;
+    assert.equal(atV1.result, v1.memoryReference);
+    assert.match(atV1.type, /^long( int)? \*$/);
+    const viaCast = (await dc.evaluateRequest({ expression: '*(unsigned long *)&v', frameId: frames[1].id })).body;
+    assert.equal(num(viaCast.result), num(v1.value));
+    assert.equal(viaCast.memoryReference, v1.memoryReference);
+    // Without a frame, `v` is no global.
+    await assert.rejects(dc.evaluateRequest({ expression: 'v' }), /no variable or function named "v"/);
     // A data breakpoint on that local, from the Variables view (gdb's watch -l).
     const local = (await dc.dataBreakpointInfoRequest({ name: 'v', variablesReference: outer[0].variablesReference })).body;
     assert.equal(local.dataId, `addr:${v1.memoryReference}/8`, JSON.stringify(local));

@@ -154,6 +154,27 @@ async fn an_ide_session_from_attach_to_disconnect() -> Result<()> {
     daemon.finish(result)
 }
 
+/// `evaluate` with a frameId: `c->refs` where `c` is a parameter of the
+/// frame the thread is held in (`tests/dap/locals.test.mjs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evaluate_in_a_frame_follows_a_local_pointer() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    require_node_dap();
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    t.cmd("spin 1").await?;
+    t.cmd("refspin").await?;
+    let result = async {
+        let out = node_test("locals.test.mjs", &daemon, &t, &[]).await?;
+        eprintln!("{out}");
+        target_is_free(&daemon, &mut t).await
+    }
+    .await;
+    daemon.finish(result)
+}
+
 /// A running `wpctl dap --listen ...` and what it wrote on stderr.
 struct Adapter {
     child: tokio::process::Child,

@@ -18,7 +18,8 @@ use wpd_proto::v1::{
 };
 use wpd_tests::{
     Backend, CTarget, Client, Daemon, Event, EventStream, both_backends, expect_status, line_of,
-    list_threads, require_root_perf, rpc, rpc_ok, run_wpctl, set_watchpoint,
+    list_threads, require_backend, require_root_perf, resume, rpc, rpc_ok, run_wpctl,
+    set_watchpoint,
 };
 
 const HIT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -41,6 +42,7 @@ async fn resolve(client: &mut Client, pid: i32, name: &str) -> Result<ResolveSym
             pid,
             name: name.into(),
             address: 0,
+            ..Default::default()
         }),
     )
     .await
@@ -51,6 +53,7 @@ async fn resolve_err(client: &mut Client, pid: i32, name: &str) -> Result<tonic:
         pid,
         name: name.into(),
         address: 0,
+        ..Default::default()
     }))
     .await?
     {
@@ -624,6 +627,7 @@ async fn hits_name_function_and_line(backend: Backend) -> Result<()> {
                     pid: t.pid,
                     name: String::new(),
                     address: loc.lookup_address,
+                    ..Default::default()
                 }),
             )
             .await?;
@@ -639,6 +643,7 @@ async fn hits_name_function_and_line(backend: Backend) -> Result<()> {
                     pid: t.pid,
                     name: String::new(),
                     address: t.addr("errors"),
+                    ..Default::default()
                 }),
             )
             .await?;
@@ -1375,11 +1380,141 @@ async fn a_heap_object_is_watched_through_a_cast_address(backend: Backend) -> Re
             );
             check_location(
                 hit.location.as_ref().context("no location")?,
-                "set",
-                "set_refs",
+                "touch_item",
+                "touch_item",
                 "ct-pie",
             )
         }
         .await,
     )
+}
+
+/// In a thread held after a hit, an expression may start from a parameter
+/// or local variable of any of its frames: in `touch_item(item_t *c, int
+/// v)`, `c->refs` is the heap object's field, `v` the value stored, `&v` its
+/// place on the stack; in the caller `set(name, v)`, `*name` reads its
+/// string; names that are no local are globals still.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expressions_start_from_a_held_frames_locals() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    let result = async {
+        let mut c = daemon.client().await?;
+        let mut events = EventStream::subscribe(&mut c, wpd_tests::hits_only(t.pid)).await?;
+        let mut spec = by_name(Backend::Ptrace, t.pid, "g_item->refs");
+        spec.action = wpd_proto::v1::HitAction::Stop as i32;
+        set_watchpoint(&mut c, spec).await?;
+        t.send("set refs 6")?;
+        let hit = one_hit(&mut events, "set refs").await?;
+        ensure!(hit.stopped, "{hit:?}");
+        let tid = hit.tid;
+        let pid = t.pid;
+        let ask = |name: &str, frame: u32| ResolveSymbolRequest {
+            pid,
+            name: name.into(),
+            address: 0,
+            tid,
+            frame,
+        };
+        let item = t.addr("item");
+        let r = rpc_ok("c->refs", c.resolve_symbol(ask("c->refs", 0))).await?;
+        let s = r.symbol.clone().unwrap_or_default();
+        ensure!(
+            r.kind == "variable"
+                && (s.address, s.size, s.type_name.as_str()) == (item + 8, 4, "int")
+                && s.note.contains("parameter \"c\" of frame 0"),
+            "c->refs: {r:?}"
+        );
+        let r = rpc_ok("c", c.resolve_symbol(ask("(long)c", 0))).await?;
+        ensure!(
+            r.kind == "value" && r.value == item.to_le_bytes(),
+            "(long)c: {r:?}"
+        );
+        let r = rpc_ok("v", c.resolve_symbol(ask("v", 0))).await?;
+        let s = r.symbol.clone().unwrap_or_default();
+        ensure!(s.type_name == "int" && s.size == 4, "v: {r:?}");
+        let mem = rpc_ok(
+            "ReadMemory(v)",
+            c.read_memory(wpd_proto::v1::ReadMemoryRequest {
+                pid: t.pid,
+                address: s.address,
+                length: 4,
+            }),
+        )
+        .await?;
+        ensure!(mem.data == 6i32.to_le_bytes(), "v in memory: {mem:?}");
+        let r = rpc_ok("&v", c.resolve_symbol(ask("&v", 0))).await?;
+        ensure!(
+            r.kind == "value" && r.value == s.address.to_le_bytes(),
+            "&v: {r:?}"
+        );
+        // The caller: set(const char *name, long v).
+        let r = rpc_ok("*name", c.resolve_symbol(ask("*name", 1))).await?;
+        let s = r.symbol.clone().unwrap_or_default();
+        ensure!(s.type_name.contains("char") && s.size == 1, "*name: {r:?}");
+        let r = rpc_ok("(int)*name", c.resolve_symbol(ask("(int)*name", 1))).await?;
+        ensure!(
+            r.value == i32::from(b'r').to_le_bytes(),
+            "(int)*name: {r:?}"
+        );
+        // A name no frame has is a global.
+        let r = rpc_ok("g_sess.id", c.resolve_symbol(ask("g_sess.id", 0))).await?;
+        ensure!(
+            r.symbol.as_ref().map(|s| s.address) == Some(t.addr("sess")),
+            "{r:?}"
+        );
+        // Errors: a local is typed like any variable; a frame past the stack.
+        let st = expect_status(
+            "c.refs",
+            rpc(c.resolve_symbol(ask("c.refs", 0))).await?,
+            Code::InvalidArgument,
+            &["item_t *", "use '->'"],
+        )?;
+        ensure!(
+            reason(&st).0 == wpd_proto::reason::BAD_SYMBOL_PATH,
+            "{st:?}"
+        );
+        expect_status(
+            "frame 100",
+            rpc(c.resolve_symbol(ask("c", 100))).await?,
+            Code::InvalidArgument,
+            &["no frame 100"],
+        )?;
+        // wpctl symbol --tid --frame.
+        let out = run_wpctl(
+            &[
+                "--endpoint",
+                &daemon.endpoint(),
+                "symbol",
+                "--pid",
+                &t.pid.to_string(),
+                "--tid",
+                &tid.to_string(),
+                "--frame",
+                "0",
+                "c->refs",
+            ],
+            Duration::from_secs(10),
+        )
+        .await?;
+        ensure!(
+            out.code == Some(0)
+                && out
+                    .stdout
+                    .contains(&format!("int, 4 bytes at {:#x}", item + 8)),
+            "{out:?}"
+        );
+        resume(&mut c, t.pid, &[]).await?;
+        let reply = t.reply(Duration::from_secs(10)).await?;
+        ensure!(reply.as_deref() == Some("SET"), "{reply:?}");
+        // Held no more: the frame is gone, and says so.
+        let st = rpc(c.resolve_symbol(ask("c->refs", 0))).await?;
+        ensure!(st.is_err(), "{st:?}");
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
 }

@@ -21,6 +21,13 @@ pub struct SymbolArgs {
     /// `(struct T *)0x…`) or an address (0x…)
     #[arg(value_name = "NAME|ADDR")]
     pub what: String,
+    /// A thread held stopped: the expression may start from a parameter or local variable of
+    /// its frame --frame (`wpctl stack --locals` lists them)
+    #[arg(long, value_parser = pid_parser())]
+    pub tid: Option<i32>,
+    /// The frame of --tid (0: the innermost)
+    #[arg(long, default_value_t = 0, requires = "tid", value_parser = clap::value_parser!(u32).range(0..=127))]
+    pub frame: u32,
 }
 
 /// Runs `wpctl symbol`.
@@ -39,6 +46,8 @@ pub async fn run(ctx: &Ctx, args: &SymbolArgs) -> Result<(), Error> {
         } else {
             0
         },
+        tid: if by_address { 0 } else { args.tid.unwrap_or(0) },
+        frame: args.frame,
     };
     let resp = ctx
         .unary(request, |mut c, r| async move { c.resolve_symbol(r).await })

@@ -796,9 +796,18 @@ impl Watchpoints for Service {
         }
         let symbols = self.core.symbols.clone();
         if !name.is_empty() {
+            let core = self.core.clone();
+            let in_frame = if r.tid != 0 {
+                Some((convert::tids(&[r.tid])?[0], r.frame as usize))
+            } else {
+                None
+            };
             let (resolved, kind) = blocking(move || {
                 crate::procfs::check_process(pid)?;
-                symbols.look_up(pid, &name).map_err(WpdError::from)
+                match in_frame {
+                    Some((tid, frame)) => core.resolve_in_frame(pid, tid, frame, &name),
+                    None => symbols.look_up(pid, &name).map_err(WpdError::from),
+                }
             })
             .await?;
             return Ok(Response::new(pb::ResolveSymbolResponse {

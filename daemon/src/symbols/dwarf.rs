@@ -177,6 +177,14 @@ pub enum PathError {
         /// What `&` applied to.
         what: String,
     },
+    /// A local whose value cannot be had in this frame.
+    #[error("{what} cannot be read in this frame: {why}")]
+    LocalUnavailable {
+        /// The local.
+        what: String,
+        /// Why not.
+        why: String,
+    },
     /// A cast C does not allow, or that cannot be made here.
     #[error("cannot cast {what} to {to}: {why}")]
     BadCast {

@@ -107,6 +107,7 @@ struct View {
     kind: Kind,
 }
 
+#[derive(Clone)]
 enum Val {
     Obj {
         at: Place,
@@ -131,7 +132,7 @@ pub struct Eval<'a> {
     bias: u64,
     read: ReadMemory<'a>,
     /// The value of the expression's variable.
-    root: Option<(Place, Ty)>,
+    root: Option<Val>,
 }
 
 fn le(v: u64, size: u64) -> Vec<u8> {
@@ -174,8 +175,29 @@ impl<'a> Eval<'a> {
             Some(d) => Ty::Die(TypeRef { unit, die: d }),
             None => Ty::Void,
         };
-        self.root = Some((Place::InModule(addr), ty));
+        self.root = Some(Val::Obj {
+            at: Place::InModule(addr),
+            ty,
+        });
         Ok(self)
+    }
+
+    /// The expression's variable: a local of type `ty`, in memory at
+    /// runtime address `at`, else held (in registers) as `bytes`.
+    pub fn with_local(mut self, ty: Option<TypeRef>, at: Option<u64>, bytes: Vec<u8>) -> Self {
+        let ty = ty.map_or(Ty::Void, Ty::Die);
+        self.root = Some(match at {
+            Some(a) => Val::Obj {
+                at: Place::At(a),
+                ty,
+            },
+            None => Val::Value {
+                bytes,
+                ty,
+                addr_of: None,
+            },
+        });
+        self
     }
 
     fn unit(&mut self, off: usize) -> Result<&gimli::Unit<R<'a>>, PathError> {
@@ -312,13 +334,10 @@ impl<'a> Eval<'a> {
 
     fn eval(&mut self, node: &Node) -> Result<Val, PathError> {
         match node {
-            Node::Name(_) => {
-                let (at, ty) = self
-                    .root
-                    .clone()
-                    .ok_or_else(|| PathError::Dwarf("no variable to start from".into()))?;
-                Ok(Val::Obj { at, ty })
-            }
+            Node::Name(_) => self
+                .root
+                .clone()
+                .ok_or_else(|| PathError::Dwarf("no variable to start from".into())),
             Node::Number(n) => Ok(Val::Num(*n)),
             Node::Member(e, m) => {
                 let v = self.eval(e)?;

@@ -226,9 +226,18 @@ fn path_error(expr: &Expr, module: &str, error: dwarf::PathError) -> SymbolError
     }
 }
 
-/// Evaluates `expr` in the module of `elf` (loaded with `bias`), from the
-/// variable `var` (its unit, type DIE and link-time address) if it starts
-/// from one: the object after members, elements and pointers, then the
+/// What an expression starts from.
+enum Root<'v> {
+    /// A number.
+    Number,
+    /// A global or static: its unit, type DIE and link-time address.
+    Global(usize, usize, u64),
+    /// A local of a frame.
+    Local(&'v super::frame::LocalVar),
+}
+
+/// Evaluates `expr` in the module of `elf` (loaded with `bias`), from
+/// `root`: the object after members, elements and pointers, then the
 /// byte offset (`stats+8`: from byte 8 to the end of the member holding
 /// it; outside the object only with a length given, `len > 0`).
 fn evaluate(
@@ -236,7 +245,7 @@ fn evaluate(
     elf: &ElfFile,
     module: &str,
     bias: u64,
-    var: Option<(usize, usize, u64)>,
+    root: Root<'_>,
     len: u32,
     read: eval::ReadMemory<'_>,
 ) -> Result<Object, SymbolError> {
@@ -249,8 +258,31 @@ fn evaluate(
         why: "no DWARF in it and no debug file found".into(),
     })?;
     let mut ev = eval::Eval::new(d, bias, read).map_err(fail)?;
-    if let Some((unit, die, addr)) = var {
-        ev = ev.with_variable(unit, die, addr).map_err(fail)?;
+    match root {
+        Root::Number => {}
+        Root::Global(unit, die, addr) => ev = ev.with_variable(unit, die, addr).map_err(fail)?,
+        Root::Local(v) => {
+            let bytes = match (&v.value, v.address) {
+                (Ok(b), _) => b.clone(),
+                (Err(_), Some(_)) => Vec::new(),
+                (Err(why), None) if why.contains("optimized out") => {
+                    return Err(SymbolError::OptimizedOut {
+                        name: v.name.clone(),
+                        module: module.to_string(),
+                    });
+                }
+                (Err(why), None) => {
+                    return Err(SymbolError::Path {
+                        expr: text,
+                        error: dwarf::PathError::LocalUnavailable {
+                            what: v.name.clone(),
+                            why: why.clone(),
+                        },
+                    });
+                }
+            };
+            ev = ev.with_local(v.ty, v.address, bytes);
+        }
     }
     let (at, ty, type_name, size) = match ev.outcome(&expr.root).map_err(fail)? {
         eval::Outcome::Value {
@@ -362,7 +394,7 @@ fn object(
                 &c.elf,
                 c.file.name(),
                 c.bias,
-                Some((v.unit, v.die, a)),
+                Root::Global(v.unit, v.die, a),
                 len,
                 read,
             )
@@ -471,6 +503,65 @@ impl Symbols {
         self.finish(pid, &expr, c, access, len, note)
     }
 
+    /// [`Symbols::look_up`] in a frame of a held thread: an expression
+    /// that starts from one of `scope`'s parameters or local variables (the
+    /// innermost of that name) is evaluated from it; any other is looked up
+    /// as a global.
+    pub fn look_up_in_frame(
+        &self,
+        pid: Pid,
+        text: &str,
+        scope: &super::unwind::FrameScope,
+        frame: usize,
+    ) -> Result<(Resolved, super::NameKind), SymbolError> {
+        let expr = Expr::parse(text)?;
+        let local = expr
+            .root
+            .root_name()
+            .and_then(|n| scope.vars.iter().rev().find(|v| v.name == n));
+        let Some(v) = local else {
+            return self.look_up(pid, text);
+        };
+        let mut read = |at: u64, n: usize| crate::procfs::read_memory(pid, pid, at, n);
+        let mut o = evaluate(
+            &expr,
+            &scope.elf,
+            scope.file.name(),
+            scope.bias,
+            Root::Local(v),
+            0,
+            &mut read,
+        )?;
+        if o.value.is_none() {
+            o.note = Some(format!(
+                "{} starts from {} {:?} of frame {frame}: the object where it is now",
+                expr.path(),
+                if v.parameter {
+                    "parameter"
+                } else {
+                    "local variable"
+                },
+                v.name
+            ));
+        }
+        let r = self.finished(
+            &expr,
+            &scope.file,
+            &scope.elf,
+            scope.bias,
+            o,
+            Access::Write,
+            0,
+            None,
+        )?;
+        let kind = if r.value.is_some() {
+            super::NameKind::Value
+        } else {
+            super::NameKind::Variable
+        };
+        Ok((r, kind))
+    }
+
     /// An expression starting from a number (`((struct conn *)0x…)->state`):
     /// evaluated in the first module, in lookup order, whose DWARF defines
     /// the type its outermost cast names.
@@ -516,7 +607,7 @@ impl Symbols {
             });
         };
         let mut read = |at: u64, n: usize| crate::procfs::read_memory(pid, pid, at, n);
-        let o = evaluate(expr, &elf, f.name(), bias, None, len, &mut read)?;
+        let o = evaluate(expr, &elf, f.name(), bias, Root::Number, len, &mut read)?;
         self.finished(expr, f, &elf, bias, o, Access::Write, len, None)
     }
 

@@ -202,10 +202,10 @@ pub struct StackTraceArguments {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EvaluateArguments {
-    /// The expression: a global's name (`[module:]name[.member][[i]]`), or
-    /// `&name` for its address.
+    /// The expression, as the daemon reads it: globals (`[module:]name`),
+    /// `.member`, `->member`, `[i]`, `*`, `&`, casts to the program's types.
     pub expression: String,
-    /// Frame (globals only: ignored).
+    /// Frame: its parameters and locals can start the expression.
     pub frame_id: Option<i64>,
     /// `watch`, `repl`, `hover`...
     pub context: Option<String>,

@@ -89,6 +89,7 @@ impl Handler<DataBreakpointInfo> for Session {
                         pid,
                         name: expr.clone(),
                         address: 0,
+                        ..Default::default()
                     }))
                     .await;
                 let r = match r {
@@ -302,6 +303,7 @@ impl Session {
                         pid,
                         name: n.clone(),
                         address: 0,
+                        ..Default::default()
                     }))
                     .await
                     .ok()?

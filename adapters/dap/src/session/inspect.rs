@@ -251,17 +251,34 @@ impl Handler<Variables> for Session {
 impl Handler<Evaluate> for Session {
     async fn handle(&mut self, a: EvaluateArguments) -> Result<EvaluateBody, DapError> {
         let pid = self.pid()?;
-        // The daemon reads the whole expression: `&x`, casts, `->`.
+        // The daemon reads the whole expression: `&x`, casts, `->`; with a
+        // frame of a held thread, from its parameters and locals too.
         let name = a.expression.trim();
-        let r = self
-            .client()
-            .resolve_symbol(self.daemon.request(pb::ResolveSymbolRequest {
+        let (tid, frame) = match a.frame_id {
+            Some(id) => match self.frames.get(&id) {
+                Some(&tid) => (tid, self.frame_index.get(&id).copied().unwrap_or(0)),
+                None => return Err(DapError::StaleFrame),
+            },
+            None => (0, 0),
+        };
+        let ask = |tid: i32, frame: u32| {
+            self.daemon.request(pb::ResolveSymbolRequest {
                 pid,
                 name: name.to_string(),
                 address: 0,
-            }))
-            .await?
-            .into_inner();
+                tid,
+                frame,
+                ..Default::default()
+            })
+        };
+        let r = match self.client().resolve_symbol(ask(tid, frame)).await {
+            // The frame's thread is no longer held: globals still read.
+            Err(s) if tid != 0 && s.code() == tonic::Code::FailedPrecondition => {
+                self.client().resolve_symbol(ask(0, 0)).await?
+            }
+            r => r?,
+        }
+        .into_inner();
         let sym = r.symbol.ok_or(DapError::NothingByThatName)?;
         let reference = format!("{:#x}", sym.address);
         if r.kind == "value" {
