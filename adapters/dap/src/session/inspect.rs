@@ -268,7 +268,6 @@ impl Handler<Evaluate> for Session {
                 address: 0,
                 tid,
                 frame,
-                ..Default::default()
             })
         };
         let r = match self.client().resolve_symbol(ask(tid, frame)).await {
