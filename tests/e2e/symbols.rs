@@ -877,8 +877,16 @@ async fn exec_resolves_again_or_removes(backend: Backend) -> Result<()> {
                 .watchpoint
                 .unwrap_or_default()
                 .id;
+            // An expression that starts from an address names nothing in
+            // the new program: it goes too.
+            let by_addr = format!("((struct item *){:#x})->refs", t.addr("item"));
+            let addressed = set_watchpoint(&mut client, by_name(backend, t.pid, &by_addr))
+                .await?
+                .watchpoint
+                .unwrap_or_default()
+                .id;
             t.exec().await?;
-            let (mut resolved, mut removed) = (None, None);
+            let (mut resolved, mut removed, mut unaddressed) = (None, None, None);
             events
                 .wait_for(Duration::from_secs(10), "resolved and removed", |ev| {
                     match ev {
@@ -888,12 +896,18 @@ async fn exec_resolves_again_or_removes(backend: Backend) -> Result<()> {
                         Event::WatchpointRemoved(r) if r.watchpoint_id == gone => {
                             removed = Some(r.reason.clone())
                         }
+                        Event::WatchpointRemoved(r) if r.watchpoint_id == addressed => {
+                            unaddressed = Some(r.reason.clone())
+                        }
                         Event::WatchpointRemoved(r) if r.watchpoint_id == follow => {
                             anyhow::bail!("the followed watchpoint was removed: {r:?}")
                         }
                         _ => {}
                     }
-                    Ok((resolved.is_some() && removed.is_some()).then_some(()))
+                    Ok(
+                        (resolved.is_some() && removed.is_some() && unaddressed.is_some())
+                            .then_some(()),
+                    )
                 })
                 .await?;
             let r = resolved.expect("seen");
@@ -904,6 +918,7 @@ async fn exec_resolves_again_or_removes(backend: Backend) -> Result<()> {
                 t.addr("counter")
             );
             ensure!(removed.as_deref() == Some("exec"), "{removed:?}");
+            ensure!(unaddressed.as_deref() == Some("exec"), "{unaddressed:?}");
             t.cmd("set counter 11").await?;
             let hit = events
                 .wait_for(HIT_TIMEOUT, "a hit in the new image", |ev| {
