@@ -37,6 +37,13 @@ test('evaluate with a frameId follows a local pointer to its heap object', async
     // The caller's own local: v, the value it passed.
     assert.equal(num((await evaluate('v', frames[1].id)).result), num(refs.result));
     await assert.rejects(evaluate('c.refs'), /use '->'/);
+    // A data breakpoint from the frame: by address, the object where it is
+    // now; a global named from the same frame stays by name.
+    let bp = (await dc.dataBreakpointInfoRequest({ name: 'c->refs', frameId: top })).body;
+    assert.equal(bp.dataId, `addr:${hex(ITEM + 8n)}/4`, JSON.stringify(bp));
+    assert.match(bp.description, /^c->refs \(frame 0 of thread \d+\) \(int\): 4 bytes/);
+    bp = (await dc.dataBreakpointInfoRequest({ name: 'g_sess.id', frameId: top })).body;
+    assert.equal(bp.dataId, 'name:g_sess.id', JSON.stringify(bp));
     await dc.disconnectRequest({ terminateDebuggee: false });
   } finally {
     // After a disconnect the adapter has exited; after a failure, end it.

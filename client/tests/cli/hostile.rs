@@ -284,6 +284,7 @@ impl Watchpoints for Hostile {
             kind: EVIL.into(),
             offset: 0,
             value: EVIL.as_bytes().to_vec(),
+            from_frame: false,
         }))
     }
 

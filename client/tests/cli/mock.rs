@@ -308,6 +308,7 @@ impl Watchpoints for Mock {
                 kind: "variable".into(),
                 offset: 0,
                 value: Vec::new(),
+                from_frame: false,
             }));
         }
         if r.address != 0x5555_0000_1234 {
@@ -344,6 +345,7 @@ impl Watchpoints for Mock {
             kind: "function".into(),
             offset: 0x34,
             value: Vec::new(),
+            from_frame: false,
         }))
     }
 

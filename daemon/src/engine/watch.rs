@@ -621,14 +621,14 @@ impl Core {
 
     /// What `name` is in frame `frame` of held thread `tid`: an expression
     /// starting from one of the frame's parameters or locals, else from a
-    /// global (`Symbols::look_up_in_frame`). Blocking.
+    /// global (`Symbols::look_up_in_frame`; the flag says which). Blocking.
     pub fn resolve_in_frame(
         &self,
         pid: Pid,
         tid: Tid,
         frame: usize,
         name: &str,
-    ) -> Result<(crate::symbols::Resolved, crate::symbols::NameKind), WpdError> {
+    ) -> Result<(crate::symbols::Resolved, crate::symbols::NameKind, bool), WpdError> {
         let backend = self.stopping_backend(pid, "reading a frame's variables", &[tid])?;
         let regs = backend.held_registers(pid, tid)?;
         let (frames, _) =
@@ -655,7 +655,10 @@ impl Core {
         match self.symbols.frame_scope(pid, f, g, &mut read) {
             Ok(scope) => Ok(self.symbols.look_up_in_frame(pid, name, &scope, frame)?),
             // No DWARF for the frame: globals only.
-            Err(_) => Ok(self.symbols.look_up(pid, name)?),
+            Err(_) => {
+                let (r, k) = self.symbols.look_up(pid, name)?;
+                Ok((r, k, false))
+            }
         }
     }
 

@@ -802,11 +802,14 @@ impl Watchpoints for Service {
             } else {
                 None
             };
-            let (resolved, kind) = blocking(move || {
+            let (resolved, kind, from_frame) = blocking(move || {
                 crate::procfs::check_process(pid)?;
                 match in_frame {
                     Some((tid, frame)) => core.resolve_in_frame(pid, tid, frame, &name),
-                    None => symbols.look_up(pid, &name).map_err(WpdError::from),
+                    None => symbols
+                        .look_up(pid, &name)
+                        .map(|(r, k)| (r, k, false))
+                        .map_err(WpdError::from),
                 }
             })
             .await?;
@@ -816,6 +819,7 @@ impl Watchpoints for Service {
                 kind: kind.as_str().into(),
                 offset: 0,
                 value: resolved.value.unwrap_or_default(),
+                from_frame,
             }));
         }
         let addr = r.address;
@@ -839,6 +843,7 @@ impl Watchpoints for Service {
             kind,
             offset,
             value: Vec::new(),
+            from_frame: false,
         }))
     }
 }

@@ -506,21 +506,21 @@ impl Symbols {
     /// [`Symbols::look_up`] in a frame of a held thread: an expression
     /// that starts from one of `scope`'s parameters or local variables (the
     /// innermost of that name) is evaluated from it; any other is looked up
-    /// as a global.
+    /// as a global. The flag says which.
     pub fn look_up_in_frame(
         &self,
         pid: Pid,
         text: &str,
         scope: &super::unwind::FrameScope,
         frame: usize,
-    ) -> Result<(Resolved, super::NameKind), SymbolError> {
+    ) -> Result<(Resolved, super::NameKind, bool), SymbolError> {
         let expr = Expr::parse(text)?;
         let local = expr
             .root
             .root_name()
             .and_then(|n| scope.vars.iter().rev().find(|v| v.name == n));
         let Some(v) = local else {
-            return self.look_up(pid, text);
+            return self.look_up(pid, text).map(|(r, k)| (r, k, false));
         };
         let mut read = |at: u64, n: usize| crate::procfs::read_memory(pid, pid, at, n);
         let mut o = evaluate(
@@ -559,7 +559,7 @@ impl Symbols {
         } else {
             super::NameKind::Variable
         };
-        Ok((r, kind))
+        Ok((r, kind, true))
     }
 
     /// An expression starting from a number (`((struct conn *)0x…)->state`):

@@ -151,7 +151,8 @@ pub struct DataBreakpointInfoArguments {
     pub name: String,
     /// Container of `name`.
     pub variables_reference: Option<i64>,
-    /// Frame to evaluate in (globals only here: ignored).
+    /// Frame to evaluate in: its parameters and locals can start the
+    /// expression (watched by address, where the object is now).
     pub frame_id: Option<i64>,
     /// Bytes to watch from the address or variable.
     pub bytes: Option<u32>,
