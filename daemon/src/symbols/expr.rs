@@ -236,7 +236,12 @@ struct Parser<'a> {
     text: &'a str,
     pos: usize,
     end: usize,
+    /// Operators read so far (bounded: the tree is walked recursively).
+    ops: usize,
 }
+
+/// Operators an expression may have.
+const MAX_OPS: usize = 256;
 
 type PResult<T> = Result<T, ExprError>;
 
@@ -420,10 +425,21 @@ impl<'a> Parser<'a> {
         }))
     }
 
+    /// Counts one operator at `at`.
+    fn op(&mut self, at: usize) -> PResult<()> {
+        self.ops += 1;
+        if self.ops > MAX_OPS {
+            return Err(self.err(at, format!("it has more than {MAX_OPS} operators")));
+        }
+        Ok(())
+    }
+
     fn unary(&mut self, depth: usize) -> PResult<Node> {
         if depth > 64 {
             return Err(self.err(self.pos, "it nests more than 64 levels deep"));
         }
+        self.skip_ws();
+        self.op(self.pos)?;
         match self.peek() {
             Some('*') => {
                 self.pos += 1;
@@ -488,6 +504,9 @@ impl<'a> Parser<'a> {
         loop {
             self.skip_ws();
             let r = self.rest();
+            if r.starts_with('.') || r.starts_with("->") || r.starts_with('[') {
+                self.op(self.pos)?;
+            }
             if r.starts_with('.') {
                 self.pos += 1;
                 let at = self.pos;
@@ -577,6 +596,7 @@ impl Expr {
             text,
             pos: start,
             end: text.len(),
+            ops: 0,
         };
         let root = p.unary(0)?;
         // The byte offset, then the end.
@@ -899,5 +919,14 @@ mod tests {
         }
         let deep = format!("{}x", "*".repeat(100));
         assert!(Expr::parse(&deep).unwrap_err().why.contains("64 levels"));
+        let long = format!("a{}", "[0]".repeat(300));
+        assert!(
+            Expr::parse(&long)
+                .unwrap_err()
+                .why
+                .contains("256 operators")
+        );
+        let long = format!("a{}", ".b".repeat(200));
+        assert!(Expr::parse(&long).is_ok());
     }
 }
