@@ -164,6 +164,15 @@ pub mod reason {
     pub const NO_SUCH_MODULE: &str = "NO_SUCH_MODULE";
     /// No such name in the process (metadata `closest`: similar names).
     pub const UNKNOWN_SYMBOL: &str = "UNKNOWN_SYMBOL";
+    /// A type name (in a cast) that the module's DWARF does not define
+    /// (metadata `closest`: similar type names).
+    pub const UNKNOWN_TYPE: &str = "UNKNOWN_TYPE";
+    /// A variable the compiler left out: its DWARF gives it no place in
+    /// memory.
+    pub const OPTIMIZED_OUT: &str = "OPTIMIZED_OUT";
+    /// An expression that computes a value (`&x`, a cast `(T)x`) where an
+    /// object in memory is needed (a watchpoint).
+    pub const NOT_AN_OBJECT: &str = "NOT_AN_OBJECT";
     /// Several unrelated variables of the name (metadata `modules`).
     pub const AMBIGUOUS_SYMBOL: &str = "AMBIGUOUS_SYMBOL";
     /// A function named where a variable is needed.

@@ -9,9 +9,13 @@
  *
  *   set NAME V      the main thread stores V into NAME (counter, initialized,
  *                   errors, flag2, name0, hidden, lib, plug, tls;
- *                   conn1state: conns->next->state, on the heap)     -> SET
+ *                   conn1state: conns->next->state, on the heap;
+ *                   refs: g_item->refs, on the heap, through
+ *                   touch_item(c, v))                                 -> SET
  *   spin N          N new threads store into `counter` in a loop, through
  *                   spin_worker -> bump_counter    -> SPINNING (once all run)
+ *   refspin         a new thread stores into g_item->refs every ms, through
+ *                   touch_item(c, v)                   -> REFSPINNING (once it runs)
  *   stop            the spinning threads end and are joined          -> STOPPED
  *   threads N       N more threads that wait, idle, until quit        -> THREADS n=<idle threads>
  *   deep            the main thread stores into `counter` 3 calls
@@ -38,6 +42,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -71,6 +76,23 @@ struct conn {
 struct conn *conns;                /* a list of 3 on the heap, made at start */
 struct conn *no_conn;              /* NULL */
 void *opaque;                      /* a void *: nothing to follow into */
+enum mode { MODE_IDLE, MODE_RUN, MODE_DONE };
+struct session {
+    int id;                        /* offset 0 */
+    enum mode mode;                /* offset 4 */
+    unsigned int flags;            /* offset 8 */
+    short grid[3][4];              /* offset 12 */
+};
+struct session g_sess = { 7, MODE_RUN, 0xfffffffeu, { { 0 } } };
+typedef struct item {
+    long key;                      /* offset 0 */
+    int refs;                      /* offset 8 */
+    unsigned short tag;            /* offset 12 */
+} item_t;
+item_t *g_item;                    /* one on the heap, made at start */
+uint32_t g_version = 3;            /* a C library typedef in the DWARF */
+/* Never used: -O2 (ct-nofp) leaves it out, DWARF keeps its name. */
+static int left_out __attribute__((unused)) = 3;
 void lib_set(long v);              /* libctlib.so's lib_counter: only through */
 long *lib_addr(void);              /* these (no copy relocation into here) */
 long lib_twin(void);
@@ -86,6 +108,11 @@ static int nspin;
  * one inside spin_worker, not still in thread start-up. */
 static atomic_int spinners_running;
 static void *plug;
+
+void touch_item(item_t *c, int v)
+{
+    c->refs = v; /* LINE:touch_item */
+}
 
 void bump_counter(long v)
 {
@@ -123,6 +150,18 @@ static void *spin_worker(void *arg)
     atomic_fetch_add(&spinners_running, 1);
     while (atomic_load(&spinning)) {
         bump_counter(++v); /* LINE:spin_worker */
+    }
+    return NULL;
+}
+
+static void *refs_worker(void *arg)
+{
+    int v = 0;
+    (void)arg;
+    atomic_fetch_add(&spinners_running, 1);
+    while (atomic_load(&spinning)) {
+        touch_item(g_item, ++v); /* LINE:refs_worker */
+        usleep(1000);
     }
     return NULL;
 }
@@ -192,10 +231,11 @@ static void print_pool(const char *what, int from)
 static void ready(void)
 {
     printf("READY pid=%d counter=%p initialized=%p stats=%p errors=%p flag2=%p hidden=%p "
-           "lib=%p big=%p conn1state=%p\n",
+           "lib=%p big=%p conn1state=%p sess=%p item=%p itemrefs=%p\n",
            getpid(), (void *)&counter, (void *)&initialized, (void *)&stats,
            (void *)&stats.errors, (void *)&stats.flags[2], (void *)&hidden,
-           (void *)lib_addr(), (void *)big_table, (void *)&conns->next->state);
+           (void *)lib_addr(), (void *)big_table, (void *)&conns->next->state,
+           (void *)&g_sess, (void *)g_item, (void *)&g_item->refs);
     fflush(stdout);
 }
 
@@ -230,6 +270,8 @@ static int set(const char *name, long v)
         hidden = (int)v; /* LINE:set_hidden */
     else if (!strcmp(name, "conn1state"))
         conns->next->state = (int)v; /* LINE:set_conn1state */
+    else if (!strcmp(name, "refs"))
+        touch_item(g_item, (int)v);
     else if (!strcmp(name, "tls"))
         tls_counter = v;
     else if (!strcmp(name, "twin"))
@@ -259,6 +301,10 @@ int main(int argc, char **argv)
         conns = c;
     }
     opaque = conns;
+    g_item = calloc(1, sizeof *g_item);
+    g_item->key = 42;
+    g_item->refs = 2;
+    g_item->tag = 9;
     ready();
     char line[512];
     while (fgets(line, sizeof line, stdin)) {
@@ -280,6 +326,13 @@ int main(int argc, char **argv)
             while (atomic_load(&spinners_running) < nspin)
                 usleep(200);
             puts("SPINNING");
+        } else if (!strcmp(cmd, "refspin")) {
+            atomic_store(&spinning, 1);
+            if (nspin < 64)
+                pthread_create(&spinners[nspin++], NULL, refs_worker, NULL);
+            while (atomic_load(&spinners_running) < nspin)
+                usleep(200);
+            puts("REFSPINNING");
         } else if (!strcmp(cmd, "stop")) {
             atomic_store(&spinning, 0);
             for (int i = 0; i < nspin; i++)

@@ -8,6 +8,7 @@ import { client, attach, nextStop, env, hex, num, PID } from './lib.mjs';
 
 const COUNTER = BigInt(env('COUNTER_ADDR'));
 const CONN1STATE = BigInt(env('CONN1STATE_ADDR'));
+const ITEM = BigInt(env('ITEM_ADDR'));
 const BUMP_LINE = Number(env('BUMP_LINE'));
 const SPIN_LINE = Number(env('SPIN_LINE'));
 
@@ -91,6 +92,16 @@ test('a debug session: break on a variable by name, look around, continue, disco
     // spin_worker's v is what it passed to bump_counter (bump_counter(++v)).
     assert.equal(num(v1.value), num(v0.value));
     assert.ok(v1.memoryReference, 'a local in memory has an address');
+    // evaluate in a frame: its parameters and locals start expressions.
+    assert.equal(num((await dc.evaluateRequest({ expression: 'v', frameId: frames[0].id })).body.result), num(v0.value));
+    const atV1 = (await dc.evaluateRequest({ expression: '&v', frameId: frames[1].id })).body;
+    assert.equal(atV1.result, v1.memoryReference);
+    assert.match(atV1.type, /^long( int)? \*$/);
+    const viaCast = (await dc.evaluateRequest({ expression: '*(unsigned long *)&v', frameId: frames[1].id })).body;
+    assert.equal(num(viaCast.result), num(v1.value));
+    assert.equal(viaCast.memoryReference, v1.memoryReference);
+    // Without a frame, `v` is no global.
+    await assert.rejects(dc.evaluateRequest({ expression: 'v' }), /no variable or function named "v"/);
     // A data breakpoint on that local, from the Variables view (gdb's watch -l).
     const local = (await dc.dataBreakpointInfoRequest({ name: 'v', variablesReference: outer[0].variablesReference })).body;
     assert.equal(local.dataId, `addr:${v1.memoryReference}/8`, JSON.stringify(local));
@@ -130,6 +141,22 @@ test('a debug session: break on a variable by name, look around, continue, disco
     assert.equal(info.dataId, 'name:conns->next->state');
     assert.match(info.description, new RegExp(`4 bytes at ${hex(CONN1STATE)}`));
     await assert.rejects(dc.evaluateRequest({ expression: 'no_conn->state' }), /null pointer/);
+    // Casts to the program's own types: a heap object by its address, a
+    // value converted, a pointer made from a number; unknown type names.
+    const refs = (await dc.evaluateRequest({ expression: `((struct item *)${hex(ITEM)})->refs` })).body;
+    assert.equal(num(refs.result), 2n);
+    assert.equal(refs.type, 'int');
+    assert.equal(refs.memoryReference, hex(ITEM + 8n));
+    const flags = (await dc.evaluateRequest({ expression: '(int)g_sess.flags' })).body;
+    assert.equal(num(flags.result), -2n);
+    assert.equal(flags.type, 'int');
+    const made = (await dc.evaluateRequest({ expression: `(item_t *)${hex(ITEM)}` })).body;
+    assert.equal(made.result, hex(ITEM));
+    assert.equal(made.type, 'item_t *');
+    assert.equal((await dc.evaluateRequest({ expression: '&g_item->refs' })).body.result, hex(ITEM + 8n));
+    await assert.rejects(dc.evaluateRequest({ expression: '(struct itme *)0x10' }), /closest: struct item/);
+    info = (await dc.dataBreakpointInfoRequest({ name: `((item_t *)${hex(ITEM)})->refs` })).body;
+    assert.match(info.description, new RegExp(`4 bytes at ${hex(ITEM + 8n)}`));
     const mem = (await dc.customRequest('readMemory', { memoryReference: hex(COUNTER), count: 8 })).body;
     assert.equal(mem.address, hex(COUNTER));
     assert.equal(Buffer.from(mem.data, 'base64').readBigInt64LE(0), num(value.result));

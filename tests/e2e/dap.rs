@@ -53,6 +53,7 @@ async fn node_test_as(
         .env("TARGET_PID", t.pid.to_string())
         .env("COUNTER_ADDR", format!("{:#x}", t.addr("counter")))
         .env("CONN1STATE_ADDR", format!("{:#x}", t.addr("conn1state")))
+        .env("ITEM_ADDR", format!("{:#x}", t.addr("item")))
         .env("BUMP_LINE", line_of("bump_counter").1.to_string())
         .env("SPIN_LINE", line_of("spin_worker").1.to_string())
         .kill_on_drop(true);
@@ -146,6 +147,27 @@ async fn an_ide_session_from_attach_to_disconnect() -> Result<()> {
     t.cmd("spin 2").await?;
     let result = async {
         let out = node_test("session.test.mjs", &daemon, &t, &[]).await?;
+        eprintln!("{out}");
+        target_is_free(&daemon, &mut t).await
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// `evaluate` with a frameId: `c->refs` where `c` is a parameter of the
+/// frame the thread is held in (`tests/dap/locals.test.mjs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evaluate_in_a_frame_follows_a_local_pointer() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    require_node_dap();
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    t.cmd("spin 1").await?;
+    t.cmd("refspin").await?;
+    let result = async {
+        let out = node_test("locals.test.mjs", &daemon, &t, &[]).await?;
         eprintln!("{out}");
         target_is_free(&daemon, &mut t).await
     }

@@ -17,9 +17,17 @@ pub struct SymbolArgs {
     /// Process
     #[arg(long, value_parser = pid_parser())]
     pub pid: i32,
-    /// A name (`[MODULE:]NAME[.MEMBER][->MEMBER][[INDEX]][+OFFSET]`) or an address (0x…)
+    /// An expression (`[MODULE:]NAME[.MEMBER][->MEMBER][[INDEX]][+OFFSET]`, `&X`, `*P`, casts
+    /// `(struct T *)0x…`) or an address (0x…)
     #[arg(value_name = "NAME|ADDR")]
     pub what: String,
+    /// A thread held stopped: the expression may start from a parameter or local variable of
+    /// its frame --frame (`wpctl stack --locals` lists them)
+    #[arg(long, value_parser = pid_parser())]
+    pub tid: Option<i32>,
+    /// The frame of --tid (0: the innermost)
+    #[arg(long, default_value_t = 0, requires = "tid", value_parser = clap::value_parser!(u32).range(0..=127))]
+    pub frame: u32,
 }
 
 /// Runs `wpctl symbol`.
@@ -38,6 +46,8 @@ pub async fn run(ctx: &Ctx, args: &SymbolArgs) -> Result<(), Error> {
         } else {
             0
         },
+        tid: if by_address { 0 } else { args.tid.unwrap_or(0) },
+        frame: args.frame,
     };
     let resp = ctx
         .unary(request, |mut c, r| async move { c.resolve_symbol(r).await })
@@ -48,10 +58,37 @@ pub async fn run(ctx: &Ctx, args: &SymbolArgs) -> Result<(), Error> {
             "location": resp.location.as_ref().map(output::location_json),
             "kind": resp.kind,
             "offset": resp.offset,
+            "value": (resp.kind == "value").then(|| output::hex_bytes(&resp.value)),
         }))
     } else {
         output::emit(&to_text(&resp, by_address))
     }
+}
+
+/// A value as C would print it: a pointer in hex, an integer in decimal
+/// (signed unless its type says unsigned), anything else as bytes.
+fn value_text(type_name: &str, bytes: &[u8]) -> String {
+    let t = type_name.trim();
+    let Some(v) = output::le_value(bytes).filter(|_| (1..=8).contains(&bytes.len())) else {
+        return output::hex_bytes(bytes);
+    };
+    if t.ends_with('*') {
+        return hex(v);
+    }
+    if t == "float" || t == "double" || t.ends_with(" double") {
+        return format!("bytes {}", output::hex_bytes(bytes));
+    }
+    let unsigned = t.contains("unsigned") || t.starts_with("uint") || t == "size_t" || t == "_Bool";
+    if unsigned {
+        return v.to_string();
+    }
+    let width = bytes.len() as u32 * 8;
+    let signed = if width == 64 {
+        v as i64
+    } else {
+        ((v << (64 - width)) as i64) >> (64 - width)
+    };
+    signed.to_string()
 }
 
 /// For a name: `stats.errors: int, 4 bytes at 0x55…c128 in ct-pie
@@ -60,6 +97,14 @@ pub async fn run(ctx: &Ctx, args: &SymbolArgs) -> Result<(), Error> {
 fn to_text(r: &ResolveSymbolResponse, by_address: bool) -> String {
     let mut lines = Vec::new();
     match (&r.symbol, by_address) {
+        (Some(s), false) if r.kind == "value" => {
+            lines.push(format!(
+                "{} = {} ({}, a value: nothing in memory to watch)",
+                escape(&s.expression),
+                value_text(&s.type_name, &r.value),
+                escape(&s.type_name)
+            ));
+        }
         (Some(s), false) => {
             let mut head = format!("{}: ", escape(&s.expression));
             if !s.type_name.is_empty() {

@@ -49,7 +49,8 @@ pub struct WatchArgs {
           required_unless_present = "symbol", conflicts_with = "symbol")]
     pub addr: Option<u64>,
     /// Variable to watch, by name: `[MODULE:]NAME[.MEMBER][->MEMBER][[INDEX]][+OFFSET]`, e.g. `counter`,
-    /// `libfoo.so:stats.flags[2]`, `conns->next->state` (pointers are read when it is set);
+    /// `libfoo.so:stats.flags[2]`, `conns->next->state` (pointers are read when it is set),
+    /// `((struct conn *)0x7f3a…)->state`, `*(int *)&x` (C casts to the program's DWARF types);
     /// a global or static of the program or of any library it loaded. With --access exec, a
     /// function
     #[arg(long, value_name = "NAME")]

@@ -283,6 +283,8 @@ impl Watchpoints for Hostile {
             location: Some(Self::location()),
             kind: EVIL.into(),
             offset: 0,
+            value: EVIL.as_bytes().to_vec(),
+            from_frame: false,
         }))
     }
 

@@ -307,6 +307,8 @@ impl Watchpoints for Mock {
                 location: None,
                 kind: "variable".into(),
                 offset: 0,
+                value: Vec::new(),
+                from_frame: false,
             }));
         }
         if r.address != 0x5555_0000_1234 {
@@ -342,6 +344,8 @@ impl Watchpoints for Mock {
             }),
             kind: "function".into(),
             offset: 0x34,
+            value: Vec::new(),
+            from_frame: false,
         }))
     }
 

@@ -358,6 +358,33 @@ pub enum SymbolInput {
         /// Why.
         why: String,
     },
+    /// A type name no DWARF defines.
+    UnknownType {
+        /// Expression.
+        expr: String,
+        /// The type name.
+        name: String,
+        /// The module.
+        module: String,
+        /// Suggestions.
+        closest: Vec<String>,
+    },
+    /// Optimized out.
+    OptimizedOut {
+        /// The name.
+        name: String,
+        /// Its module.
+        module: String,
+    },
+    /// A value where an object is needed.
+    NotAnObject {
+        /// Expression.
+        expr: String,
+        /// Its type.
+        type_name: String,
+        /// What to watch instead.
+        hint: String,
+    },
 }
 
 impl From<SymbolInput> for SymbolError {
@@ -405,6 +432,27 @@ impl From<SymbolInput> for SymbolError {
                 slots: 4,
             },
             SymbolInput::Unreadable { pid, why } => SymbolError::Unreadable { pid, why },
+            SymbolInput::UnknownType {
+                expr,
+                name,
+                module,
+                closest,
+            } => SymbolError::UnknownType {
+                expr,
+                name,
+                module,
+                closest,
+            },
+            SymbolInput::OptimizedOut { name, module } => SymbolError::OptimizedOut { name, module },
+            SymbolInput::NotAnObject {
+                expr,
+                type_name,
+                hint,
+            } => SymbolError::NotAnObject {
+                expr,
+                type_name,
+                hint,
+            },
         }
     }
 }

@@ -239,17 +239,19 @@ impl Core {
         self.symbols.sweep();
         // The kernel cleared every breakpoint (kernel-facts §3). Watchpoints
         // set by name over the whole process are resolved again in the new
-        // program; the others go.
+        // program; the others go, and so do those whose expression starts
+        // from an address (`((struct x *)0x…)->f`): it names nothing there.
         let mut again = Vec::new();
         for id in proc.watch_ids() {
             let Some(w) = self.take_watch(op, id) else {
                 continue;
             };
             let resolve = w.process_wide
-                && w.spec
-                    .symbol
-                    .as_ref()
-                    .is_some_and(|b| b.on_exec == ExecPolicy::ResolveAgain);
+                && w.spec.symbol.as_ref().is_some_and(|b| {
+                    b.on_exec == ExecPolicy::ResolveAgain
+                        && crate::symbols::expr::Expr::parse(&b.expr)
+                            .is_ok_and(|e| !e.name.is_empty())
+                });
             if resolve {
                 again.push((w, Instant::now() + RESOLVE_AFTER_EXEC));
             } else {

@@ -619,6 +619,49 @@ impl Core {
         })
     }
 
+    /// What `name` is in frame `frame` of held thread `tid`: an expression
+    /// starting from one of the frame's parameters or locals, else from a
+    /// global (`Symbols::look_up_in_frame`; the flag says which). Blocking.
+    pub fn resolve_in_frame(
+        &self,
+        pid: Pid,
+        tid: Tid,
+        frame: usize,
+        name: &str,
+    ) -> Result<(crate::symbols::Resolved, crate::symbols::NameKind, bool), WpdError> {
+        let backend = self.stopping_backend(pid, "reading a frame's variables", &[tid])?;
+        let regs = backend.held_registers(pid, tid)?;
+        let (frames, _) =
+            self.symbols
+                .unwind_frames(pid, (regs.ip, regs.sp, regs.fp), frame, |at| {
+                    let b = procfs::read_memory(pid, tid, at, 8).ok()?;
+                    Some(u64::from_le_bytes(b.try_into().ok()?))
+                });
+        let Some(f) = frames.get(frame) else {
+            return Err(WpdError::InvalidArgument(format!(
+                "thread {tid} has {} frames: there is no frame {frame}",
+                frames.len()
+            )));
+        };
+        let general: Option<[u64; 18]> = regs
+            .general
+            .iter()
+            .map(|&(_, v)| v)
+            .collect::<Vec<_>>()
+            .try_into()
+            .ok();
+        let g = if frame == 0 { general.as_ref() } else { None };
+        let mut read = |at: u64, len: usize| procfs::read_memory(pid, tid, at, len).ok();
+        match self.symbols.frame_scope(pid, f, g, &mut read) {
+            Ok(scope) => Ok(self.symbols.look_up_in_frame(pid, name, &scope, frame)?),
+            // No DWARF for the frame: globals only.
+            Err(_) => {
+                let (r, k) = self.symbols.look_up(pid, name)?;
+                Ok((r, k, false))
+            }
+        }
+    }
+
     /// Up to `len` bytes of an attached process's memory from `addr`, and
     /// why the rest could not be read. Blocking.
     pub fn read_memory(

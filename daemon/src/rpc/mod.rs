@@ -883,9 +883,23 @@ impl Watchpoints for Service {
         }
         let symbols = self.core.symbols.clone();
         if !name.is_empty() {
-            let (resolved, kind) = blocking_as(&caller, move || {
+            let core = self.core.clone();
+            let in_frame = if r.tid != 0 {
+                let tid = convert::tids(&[r.tid])?[0];
+                let tid = nsview::tids_in(&caller, convert::pid(r.pid)?, pid, &[tid])?[0];
+                Some((tid, r.frame as usize))
+            } else {
+                None
+            };
+            let (resolved, kind, from_frame) = blocking_as(&caller, move || {
                 crate::procfs::check_process(pid)?;
-                symbols.look_up(pid, &name).map_err(WpdError::from)
+                match in_frame {
+                    Some((tid, frame)) => core.resolve_in_frame(pid, tid, frame, &name),
+                    None => symbols
+                        .look_up(pid, &name)
+                        .map(|(r, k)| (r, k, false))
+                        .map_err(WpdError::from),
+                }
             })
             .await?;
             return Ok(Response::new(pb::ResolveSymbolResponse {
@@ -893,6 +907,8 @@ impl Watchpoints for Service {
                 location: None,
                 kind: kind.as_str().into(),
                 offset: 0,
+                value: resolved.value.unwrap_or_default(),
+                from_frame,
             }));
         }
         let addr = r.address;
@@ -915,6 +931,8 @@ impl Watchpoints for Service {
             location,
             kind,
             offset,
+            value: Vec::new(),
+            from_frame: false,
         }))
     }
 }

@@ -57,7 +57,7 @@ pub fn to_status(e: &WpdError) -> Status {
     if let WpdError::Symbol(s) = e {
         use crate::symbols::SymbolError as S;
         match s {
-            S::Unknown { closest, .. } => {
+            S::Unknown { closest, .. } | S::UnknownType { closest, .. } => {
                 meta.insert("closest".to_string(), closest.join(","));
             }
             S::Ambiguous { modules, .. } => {
@@ -127,6 +127,9 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
                 S::Syntax(_) => (Code::InvalidArgument, r::BAD_SYMBOL),
                 S::NoSuchModule { .. } => (Code::NotFound, r::NO_SUCH_MODULE),
                 S::Unknown { .. } => (Code::NotFound, r::UNKNOWN_SYMBOL),
+                S::UnknownType { .. } => (Code::NotFound, r::UNKNOWN_TYPE),
+                S::OptimizedOut { .. } => (Code::NotFound, r::OPTIMIZED_OUT),
+                S::NotAnObject { .. } => (Code::InvalidArgument, r::NOT_AN_OBJECT),
                 S::Ambiguous { .. } => (Code::InvalidArgument, r::AMBIGUOUS_SYMBOL),
                 S::NotAVariable { .. } => (Code::InvalidArgument, r::NOT_A_VARIABLE),
                 S::ThreadLocal { .. } => (Code::InvalidArgument, r::THREAD_LOCAL),

@@ -9,9 +9,9 @@ use std::sync::OnceLock;
 
 use gimli::{AttributeValue, EndianSlice, RunTimeEndian, UnitOffset};
 use memmap2::Mmap;
-use object::{Object, ObjectSection};
 
-use super::expr::Step;
+pub use super::eval::TypeRef;
+use object::{Object, ObjectSection};
 
 pub(super) type R<'a> = EndianSlice<'a, RunTimeEndian>;
 
@@ -22,6 +22,9 @@ pub enum VarLoc {
     Addr(u64),
     /// In each thread's TLS block.
     Tls,
+    /// Nowhere: the compiler left it out (DWARF describes it without a
+    /// location).
+    OptimizedOut,
 }
 
 /// A variable with a static location: where its DIE is.
@@ -44,6 +47,7 @@ pub struct DwarfFile {
     map: Mmap,
     owned: HashMap<gimli::SectionId, Vec<u8>>,
     index: OnceLock<HashMap<String, Vec<VarDie>>>,
+    types: OnceLock<HashMap<String, Vec<(TypeRef, bool)>>>,
 }
 
 const SECTIONS: [gimli::SectionId; 12] = [
@@ -113,25 +117,86 @@ pub struct TypeInfo {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {
     /// `.member` of something that has none.
-    #[error("{what} is a {ty}, which has no members")]
+    #[error("{what} is {}, not a struct or union: it has no members{hint}", a(ty))]
     NotARecord {
         /// What was walked so far.
         what: String,
         /// Its type.
         ty: String,
+        /// More on why (empty, or a hint).
+        hint: &'static str,
     },
     /// No such member.
-    #[error("{ty} has no member {member:?} (members: {})", members.join(", "))]
+    #[error(
+        "{ty} has no member {member:?}{} (members: {})",
+        if closest.is_empty() { String::new() } else { format!("; closest: {}", closest.join(", ")) },
+        members.join(", ")
+    )]
     NoSuchMember {
         /// The record type.
         ty: String,
         /// Asked for.
         member: String,
-        /// Those it has.
+        /// The closest names among its members.
+        closest: Vec<String>,
+        /// Those it has (the first 24).
         members: Vec<String>,
     },
+    /// A type name the module's DWARF does not define.
+    #[error(
+        "no type named {name:?} in the module's debug information{}",
+        if closest.is_empty() { String::new() } else { format!(" (closest: {})", closest.join(", ")) }
+    )]
+    UnknownType {
+        /// As written.
+        name: String,
+        /// The closest type names.
+        closest: Vec<String>,
+    },
+    /// A number where an object is meant.
+    #[error(
+        "{what} is a number, not an object: cast it to a pointer type and follow it \
+         (((struct T *){what})->member, *(int *){what})"
+    )]
+    Number {
+        /// The number.
+        what: String,
+    },
+    /// `*` or `->` of a number.
+    #[error(
+        "{what} is a number, not a pointer: cast it to a pointer type first (*(int *){what}, \
+         ((struct T *){what})->member)"
+    )]
+    NumberNotPointer {
+        /// The number.
+        what: String,
+    },
+    /// `&` of something that is not in memory.
+    #[error("cannot take the address of {what}: it is a value, not an object in memory")]
+    AddressOfValue {
+        /// What `&` applied to.
+        what: String,
+    },
+    /// A local whose value cannot be had in this frame.
+    #[error("{what} cannot be read in this frame: {why}")]
+    LocalUnavailable {
+        /// The local.
+        what: String,
+        /// Why not.
+        why: String,
+    },
+    /// A cast C does not allow, or that cannot be made here.
+    #[error("cannot cast {what} to {to}: {why}")]
+    BadCast {
+        /// What was cast.
+        what: String,
+        /// To what.
+        to: String,
+        /// Why not.
+        why: String,
+    },
     /// `[i]` of something that is not an array.
-    #[error("{what} is a {ty}, not an array: it cannot be indexed{hint}")]
+    #[error("{what} is {}, not an array: it cannot be indexed{hint}", a(ty))]
     NotAnArray {
         /// What was walked so far.
         what: String,
@@ -151,7 +216,7 @@ pub enum PathError {
         count: u64,
     },
     /// `->` or `*` of something that is not a pointer.
-    #[error("{what} is a {ty}, not a pointer: it cannot be followed")]
+    #[error("{what} is {}, not a pointer: it cannot be followed", a(ty))]
     NotAPointer {
         /// What was walked so far.
         what: String,
@@ -188,17 +253,38 @@ pub enum PathError {
     Dwarf(String),
 }
 
-/// Reads the pointer at a runtime address of the process, for the walks
-/// that follow pointers.
-pub type ReadPointer<'a> = &'a mut dyn FnMut(u64) -> Result<u64, String>;
+/// `a int` is `an int`.
+fn a(ty: &str) -> String {
+    let vowel = ty.starts_with(|c: char| "aeiouAEIOU".contains(c));
+    format!("{} {ty}", if vowel { "an" } else { "a" })
+}
 
-/// Where a walk ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Place {
-    /// This many bytes into the variable (no pointer followed).
-    InVariable(u64),
-    /// At this runtime address, past a pointer.
-    At(u64),
+impl PathError {
+    /// No member `member` in record type `ty` of `members`: the closest
+    /// of them named, and the first 24 listed.
+    pub fn no_such_member(ty: String, member: &str, members: &[Member]) -> PathError {
+        let names: Vec<String> = members
+            .iter()
+            .filter(|x| !x.name.is_empty())
+            .map(|x| x.name.clone())
+            .collect();
+        let mut scored: Vec<(f64, &String)> = names
+            .iter()
+            .map(|n| (strsim::jaro_winkler(member, n), n))
+            .filter(|(s, n)| *s >= 0.8 || (member.len() >= 3 && n.contains(member)))
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        let mut listed: Vec<String> = names.iter().take(24).cloned().collect();
+        if names.len() > 24 {
+            listed.push(format!("and {} more", names.len() - 24));
+        }
+        PathError::NoSuchMember {
+            ty,
+            member: member.to_string(),
+            closest: scored.into_iter().take(3).map(|(_, n)| n.clone()).collect(),
+            members: listed,
+        }
+    }
 }
 
 impl From<gimli::Error> for PathError {
@@ -224,6 +310,7 @@ impl DwarfFile {
             map,
             owned,
             index: OnceLock::new(),
+            types: OnceLock::new(),
         })
     }
 
@@ -236,7 +323,75 @@ impl DwarfFile {
                 .map(|(k, v)| k.len() + 24 + v.len() * std::mem::size_of::<VarDie>() + 48)
                 .sum()
         });
-        sections + index
+        let types: usize = self.types.get().map_or(0, |t| {
+            t.iter()
+                .map(|(k, v)| k.len() + 24 + v.len() * 24 + 48)
+                .sum()
+        });
+        sections + index + types
+    }
+
+    /// The type named `name` (`struct conn`, `uint32_t`, `unsigned long`;
+    /// in C++ a class without its keyword): a definition rather than a
+    /// declaration where the module has one.
+    pub fn type_named(&self, name: &str) -> Option<TypeRef> {
+        let types = self.types();
+        let key = canonical_type(name);
+        let pick = |v: &Vec<(TypeRef, bool)>| {
+            v.iter()
+                .find(|(_, decl)| !decl)
+                .or_else(|| v.first())
+                .map(|(r, _)| *r)
+        };
+        if let Some(r) = types.get(&key).and_then(pick) {
+            return Some(r);
+        }
+        if !key.contains(' ') {
+            for kw in ["struct", "class", "union", "enum"] {
+                if let Some(r) = types.get(&format!("{kw} {key}")).and_then(pick) {
+                    return Some(r);
+                }
+            }
+        }
+        None
+    }
+
+    /// Up to three type names like `name`.
+    pub fn closest_types(&self, name: &str) -> Vec<String> {
+        let key = canonical_type(name);
+        let bare = key
+            .split_once(' ')
+            .filter(|(k, _)| ["struct", "class", "union", "enum"].contains(k))
+            .map_or(key.as_str(), |(_, n)| n);
+        let mut scored: Vec<(f64, &String)> = self
+            .types()
+            .keys()
+            .filter(|k| !k.starts_with("__") || bare.starts_with("__"))
+            .filter_map(|k| {
+                let kb = k
+                    .split_once(' ')
+                    .filter(|(kw, _)| ["struct", "class", "union", "enum"].contains(kw))
+                    .map_or(k.as_str(), |(_, n)| n);
+                let score = strsim::jaro_winkler(&key, k).max(strsim::jaro_winkler(bare, kb));
+                let contains = bare.len() >= 3 && kb.contains(bare);
+                (score >= 0.85 || contains)
+                    .then_some((score.max(if contains { 0.85 } else { 0.0 }), k))
+            })
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        scored.into_iter().take(3).map(|(_, k)| k.clone()).collect()
+    }
+
+    fn types(&self) -> &HashMap<String, Vec<(TypeRef, bool)>> {
+        self.types.get_or_init(|| {
+            let t0 = std::time::Instant::now();
+            let types = self
+                .dwarf()
+                .map(|d| build_type_index(&d).unwrap_or_default())
+                .unwrap_or_default();
+            tracing::debug!(names = types.len(), took = ?t0.elapsed(), "DWARF type index built");
+            types
+        })
     }
 
     pub(super) fn dwarf(&self) -> Option<gimli::Dwarf<R<'_>>> {
@@ -281,285 +436,24 @@ impl DwarfFile {
             index
         })
     }
-
-    /// The type of variable `v`, and the path walked from it: the byte
-    /// offset reached, and the type there.
-    pub fn walk(
-        &self,
-        v: &VarDie,
-        base: &str,
-        steps: &[Step],
-    ) -> Result<(u64, Option<TypeInfo>), PathError> {
-        match self.walk_from(v, base, steps, 0, None)? {
-            (Place::InVariable(off), info) => Ok((off, info)),
-            (Place::At(_), _) => unreachable!("no pointer is followed without a reader"),
-        }
-    }
-
-    /// [`DwarfFile::walk`], following pointers: the variable is at runtime
-    /// address `start`, and `read` gives the value of a pointer at a
-    /// runtime address (without it, following one is refused).
-    pub fn walk_from(
-        &self,
-        v: &VarDie,
-        base: &str,
-        steps: &[Step],
-        start: u64,
-        mut read: Option<ReadPointer<'_>>,
-    ) -> Result<(Place, Option<TypeInfo>), PathError> {
-        let dwarf = self
-            .dwarf()
-            .ok_or_else(|| PathError::Dwarf("no DWARF".into()))?;
-        let header = dwarf
-            .debug_info
-            .header_from_offset(gimli::DebugInfoOffset(v.unit))?;
-        let unit = dwarf.unit(header)?;
-        let die = unit.entry(UnitOffset(v.die))?;
-        let mut ty = type_ref(&die);
-        let mut what = base.to_string();
-        let mut offset = 0u64;
-        // Past a pointer: the runtime address `offset` is relative to.
-        let mut past: Option<u64> = None;
-        // The array dimensions still to index, once inside an array.
-        let mut pending: Option<(usize, Vec<Option<u64>>)> = None;
-        // The value of the pointer at `offset`, through `read`.
-        let mut follow = |what: &str, past: Option<u64>, offset: u64| -> Result<u64, PathError> {
-            let Some(read) = read.as_mut() else {
-                return Err(PathError::NotAnArray {
-                    what: what.to_string(),
-                    ty: "pointer".into(),
-                    hint: " (a pointer is followed only in a live process)",
-                });
-            };
-            let at = past.unwrap_or(start).wrapping_add(offset);
-            let p = read(at).map_err(|why| PathError::Unreadable {
-                what: what.to_string(),
-                addr: at,
-                why,
-            })?;
-            if p == 0 {
-                return Err(PathError::NullPointer {
-                    what: what.to_string(),
-                });
-            }
-            Ok(p)
-        };
-        let mut arrow = false;
-        for step in steps {
-            if pending.is_none()
-                && let Step::Index(i) = step
-            {
-                let info = type_info(&dwarf, &unit, ty)?;
-                match info.shape {
-                    Shape::Array { elem, dims } => pending = Some((elem, dims)),
-                    Shape::Pointer { target } => {
-                        // `p[i]`: the element `i` from where `p` points.
-                        let t = type_info(&dwarf, &unit, target)?;
-                        let size = t
-                            .size
-                            .filter(|&s| s > 0)
-                            .ok_or_else(|| PathError::Unsized {
-                                what: what.clone(),
-                                ty: t.name.clone(),
-                            })?;
-                        let p = follow(&what, past, offset)?;
-                        let o = i.checked_mul(size).ok_or_else(|| overflow(&what, *i))?;
-                        past = Some(p.wrapping_add(o));
-                        offset = 0;
-                        ty = target;
-                        what.push_str(&format!("[{i}]"));
-                        continue;
-                    }
-                    _ => {
-                        return Err(PathError::NotAnArray {
-                            what,
-                            ty: info.name,
-                            hint: "",
-                        });
-                    }
-                }
-            }
-            match (step, pending.take()) {
-                (Step::Deref, Some((elem, dims))) => {
-                    let t = describe_array(&dwarf, &unit, elem, &dims)?;
-                    return Err(PathError::NotAPointer { what, ty: t });
-                }
-                (Step::Deref, None) => {
-                    let info = type_info(&dwarf, &unit, ty)?;
-                    let Shape::Pointer { target } = info.shape else {
-                        return Err(PathError::NotAPointer {
-                            what,
-                            ty: info.name,
-                        });
-                    };
-                    past = Some(follow(&what, past, offset)?);
-                    offset = 0;
-                    ty = target;
-                    arrow = true;
-                }
-                (Step::Index(i), Some((elem, dims))) => {
-                    if let Some(c) = dims[0]
-                        && *i >= c
-                    {
-                        return Err(PathError::OutOfRange {
-                            what,
-                            index: *i,
-                            count: c,
-                        });
-                    }
-                    let elem_size = type_info(&dwarf, &unit, Some(elem))?.size.unwrap_or(0);
-                    offset = element_offset(*i, &dims[1..], elem_size)
-                        .and_then(|o| offset.checked_add(o))
-                        .ok_or_else(|| overflow(&what, *i))?;
-                    what.push_str(&format!("[{i}]"));
-                    if dims.len() > 1 {
-                        pending = Some((elem, dims[1..].to_vec()));
-                    } else {
-                        ty = Some(elem);
-                    }
-                }
-                (Step::Member(_), Some((elem, dims))) => {
-                    let t = describe_array(&dwarf, &unit, elem, &dims)?;
-                    return Err(PathError::NotARecord { what, ty: t });
-                }
-                (Step::Member(m), None) => {
-                    let info = type_info(&dwarf, &unit, ty)?;
-                    let Shape::Record(members) = &info.shape else {
-                        return Err(PathError::NotARecord {
-                            what,
-                            ty: info.name,
-                        });
-                    };
-                    let Some((off, mty)) = find_member(&dwarf, &unit, members, m)? else {
-                        return Err(PathError::NoSuchMember {
-                            ty: info.name.clone(),
-                            member: m.clone(),
-                            members: members
-                                .iter()
-                                .filter(|x| !x.name.is_empty())
-                                .map(|x| x.name.clone())
-                                .collect(),
-                        });
-                    };
-                    offset = offset
-                        .checked_add(off)
-                        .ok_or_else(|| overflow(&what, off))?;
-                    ty = mty;
-                    what.push_str(if std::mem::take(&mut arrow) {
-                        "->"
-                    } else {
-                        "."
-                    });
-                    what.push_str(m);
-                }
-                (Step::Index(_), None) => unreachable!("an index sets `pending` above"),
-            }
-            if !matches!(step, Step::Deref) && arrow {
-                arrow = false;
-            }
-            if matches!(step, Step::Deref) && !matches!(steps.last(), Some(Step::Deref)) {
-                // `->member` follows; a trailing `*` names the whole.
-            } else if matches!(step, Step::Deref) {
-                what = format!("*{what}");
-            }
-        }
-        let place = match past {
-            Some(p) => Place::At(p.wrapping_add(offset)),
-            None => Place::InVariable(offset),
-        };
-        let info = match pending {
-            Some((elem, dims)) => {
-                let e = type_info(&dwarf, &unit, Some(elem))?;
-                let n = count_of(&dims);
-                Some(TypeInfo {
-                    name: describe_array(&dwarf, &unit, elem, &dims)?,
-                    // An array too large to have a size has none.
-                    size: e.size.zip(n).and_then(|(s, n)| s.checked_mul(n)),
-                    shape: Shape::Array { elem, dims },
-                })
-            }
-            None => ty.map(|t| type_info(&dwarf, &unit, Some(t))).transpose()?,
-        };
-        Ok((place, info))
-    }
-
-    /// The innermost member of the type of `v` (after `steps`) that holds
-    /// byte `at` of it: its offset in the object and size (for `name+off`).
-    pub fn member_at(
-        &self,
-        v: &VarDie,
-        steps: &[Step],
-        at: u64,
-    ) -> Result<Option<(u64, u64, String, String)>, PathError> {
-        let (_, info) = self.walk(v, "", steps)?;
-        let Some(mut info) = info else {
-            return Ok(None);
-        };
-        let dwarf = self
-            .dwarf()
-            .ok_or_else(|| PathError::Dwarf("no DWARF".into()))?;
-        let header = dwarf
-            .debug_info
-            .header_from_offset(gimli::DebugInfoOffset(v.unit))?;
-        let unit = dwarf.unit(header)?;
-        let mut base = 0u64;
-        let mut name = String::new();
-        loop {
-            match &info.shape {
-                Shape::Record(members) => {
-                    let inner = members
-                        .iter()
-                        .filter(|m| m.offset <= at - base)
-                        .find_map(|m| {
-                            let t = type_info(&dwarf, &unit, m.ty).ok()?;
-                            let size = t.size?;
-                            (at - base < m.offset.saturating_add(size)).then_some((m.clone(), t))
-                        });
-                    let Some((m, t)) = inner else {
-                        return Ok(None);
-                    };
-                    base += m.offset;
-                    if !m.name.is_empty() {
-                        name.push('.');
-                        name.push_str(&m.name);
-                    }
-                    info = t;
-                }
-                Shape::Array { elem, dims } => {
-                    let e = type_info(&dwarf, &unit, Some(*elem))?;
-                    let Some(es) = e.size.filter(|s| *s > 0) else {
-                        return Ok(None);
-                    };
-                    let i = (at - base) / es;
-                    if count_of(dims).is_none_or(|n| i >= n) {
-                        return Ok(None);
-                    }
-                    base += i * es;
-                    name.push_str(&format!("[{i}]"));
-                    info = e;
-                }
-                _ => return Ok(info.size.map(|s| (base, s, name, info.name))),
-            }
-        }
-    }
 }
 
 /// Elements of an array of dimensions `dims` (an unknown bound counts 0),
 /// or None when the product overflows (debug information that is damaged
 /// or forged: a target's DWARF is its own choice).
-fn count_of(dims: &[Option<u64>]) -> Option<u64> {
+pub(super) fn count_of(dims: &[Option<u64>]) -> Option<u64> {
     dims.iter()
         .try_fold(1u64, |n, d| n.checked_mul(d.unwrap_or(0)))
 }
 
 /// The byte offset of element `i` of an array whose further dimensions are
 /// `inner` and whose elements are `elem_size` bytes, or None on overflow.
-fn element_offset(i: u64, inner: &[Option<u64>], elem_size: u64) -> Option<u64> {
+pub(super) fn element_offset(i: u64, inner: &[Option<u64>], elem_size: u64) -> Option<u64> {
     i.checked_mul(count_of(inner)?)?.checked_mul(elem_size)
 }
 
 /// The error for an offset past 64 bits.
-fn overflow(what: &str, step: u64) -> PathError {
+pub(super) fn overflow(what: &str, step: u64) -> PathError {
     PathError::Dwarf(format!(
         "the offset of {what} (+{step}) does not fit in 64 bits: the debug information is \
          damaged, or the index is far past any object"
@@ -583,7 +477,7 @@ pub(super) fn name_of(
     Some(s.to_string_lossy().into_owned())
 }
 
-fn find_member(
+pub(super) fn find_member(
     dwarf: &gimli::Dwarf<R<'_>>,
     unit: &gimli::Unit<R<'_>>,
     members: &[Member],
@@ -603,7 +497,7 @@ fn find_member(
     Ok(None)
 }
 
-fn describe_array(
+pub(super) fn describe_array(
     dwarf: &gimli::Dwarf<R<'_>>,
     unit: &gimli::Unit<R<'_>>,
     elem: usize,
@@ -830,11 +724,12 @@ fn build_index(dwarf: &gimli::Dwarf<R<'_>>) -> Result<HashMap<String, Vec<VarDie
         };
         let unit = dwarf.unit(header)?;
         let mut entries = unit.entries();
-        // Names of the enclosing namespaces and functions, by depth.
-        let mut scope: Vec<(isize, String)> = Vec::new();
+        // Names of the enclosing namespaces and functions, by depth (and
+        // whether it is a function).
+        let mut scope: Vec<(isize, String, bool)> = Vec::new();
         while let Some(e) = entries.next_dfs()? {
             let depth = e.depth();
-            while scope.last().is_some_and(|(d, _)| *d >= depth) {
+            while scope.last().is_some_and(|(d, _, _)| *d >= depth) {
                 scope.pop();
             }
             match e.tag() {
@@ -848,11 +743,24 @@ fn build_index(dwarf: &gimli::Dwarf<R<'_>>) -> Result<HashMap<String, Vec<VarDie
                             _ => None,
                         }
                     });
-                    scope.push((depth, n.unwrap_or_default()));
+                    scope.push((
+                        depth,
+                        n.unwrap_or_default(),
+                        e.tag() == gimli::DW_TAG_subprogram,
+                    ));
                 }
                 gimli::DW_TAG_variable => {
-                    let Some(loc) = location(dwarf, &unit, e) else {
-                        continue;
+                    let loc = match location(dwarf, &unit, e) {
+                        Some(loc) => loc,
+                        // A definition outside any function with no
+                        // location at all: the compiler left it out.
+                        None if e.attr_value(gimli::DW_AT_location).is_none()
+                            && e.attr_value(gimli::DW_AT_declaration).is_none()
+                            && !scope.iter().any(|(_, _, f)| *f) =>
+                        {
+                            VarLoc::OptimizedOut
+                        }
+                        None => continue,
                     };
                     let spec = match e.attr_value(gimli::DW_AT_specification) {
                         Some(AttributeValue::UnitRef(o)) => unit.entry(o).ok(),
@@ -876,7 +784,7 @@ fn build_index(dwarf: &gimli::Dwarf<R<'_>>) -> Result<HashMap<String, Vec<VarDie
                         )
                     });
                     let mut key = String::new();
-                    for (_, s) in &scope {
+                    for (_, s, _) in &scope {
                         if !s.is_empty() {
                             key.push_str(s);
                             key.push_str("::");
@@ -899,9 +807,122 @@ fn build_index(dwarf: &gimli::Dwarf<R<'_>>) -> Result<HashMap<String, Vec<VarDie
         // location is rare, but duplicates by address are one variable).
         v.sort_by_key(|d| match d.loc {
             VarLoc::Addr(a) => a,
-            VarLoc::Tls => 0,
+            VarLoc::Tls | VarLoc::OptimizedOut => 0,
         });
         v.dedup_by_key(|d| d.loc);
+        // A variable left out in one unit and defined in another is the
+        // defined one.
+        if v.iter().any(|d| d.loc != VarLoc::OptimizedOut) {
+            v.retain(|d| d.loc != VarLoc::OptimizedOut);
+        }
+    }
+    Ok(index)
+}
+
+/// A type name as the index keys it: the words of a C base type in one
+/// order (`long unsigned int` and `unsigned long` are `unsigned long`),
+/// anything else as written with single spaces.
+pub fn canonical_type(name: &str) -> String {
+    let words: Vec<&str> = name.split_whitespace().collect();
+    let base = [
+        "unsigned", "signed", "long", "short", "int", "char", "float", "double", "_Bool", "bool",
+    ];
+    if words.is_empty() || !words.iter().all(|w| base.contains(w)) {
+        return words.join(" ");
+    }
+    let has = |w: &str| words.contains(&w);
+    let longs = words.iter().filter(|w| **w == "long").count();
+    let sign = if has("unsigned") { "unsigned " } else { "" };
+    if has("_Bool") || has("bool") {
+        return "_Bool".into();
+    }
+    if has("char") {
+        return match (has("unsigned"), has("signed")) {
+            (true, _) => "unsigned char",
+            (_, true) => "signed char",
+            _ => "char",
+        }
+        .into();
+    }
+    if has("float") {
+        return "float".into();
+    }
+    if has("double") {
+        return if longs > 0 { "long double" } else { "double" }.into();
+    }
+    let size = if has("short") {
+        "short"
+    } else if longs >= 2 {
+        "long long"
+    } else if longs == 1 {
+        "long"
+    } else {
+        "int"
+    };
+    format!("{sign}{size}")
+}
+
+/// Every named type of the module: structs, unions, enums and classes
+/// (`struct NAME`), typedefs and base types, with namespaces (`ns::T`);
+/// each DIE with whether it is only a declaration.
+fn build_type_index(
+    dwarf: &gimli::Dwarf<R<'_>>,
+) -> Result<HashMap<String, Vec<(TypeRef, bool)>>, gimli::Error> {
+    let mut index: HashMap<String, Vec<(TypeRef, bool)>> = HashMap::new();
+    let mut units = dwarf.units();
+    while let Some(header) = units.next()? {
+        let Some(unit_off) = header.debug_info_offset() else {
+            continue;
+        };
+        let unit = dwarf.unit(header)?;
+        let mut entries = unit.entries();
+        let mut scope: Vec<(isize, String)> = Vec::new();
+        while let Some(e) = entries.next_dfs()? {
+            let depth = e.depth();
+            while scope.last().is_some_and(|(d, _)| *d >= depth) {
+                scope.pop();
+            }
+            let tag = e.tag();
+            let kw = match tag {
+                gimli::DW_TAG_structure_type => Some("struct "),
+                gimli::DW_TAG_union_type => Some("union "),
+                gimli::DW_TAG_enumeration_type => Some("enum "),
+                gimli::DW_TAG_class_type => Some("class "),
+                gimli::DW_TAG_typedef | gimli::DW_TAG_base_type => Some(""),
+                _ => None,
+            };
+            let name = name_of(dwarf, &unit, e);
+            if tag == gimli::DW_TAG_namespace {
+                scope.push((depth, name.clone().unwrap_or_default()));
+                continue;
+            }
+            let (Some(kw), Some(name)) = (kw, name) else {
+                continue;
+            };
+            let mut key = String::from(kw);
+            for (_, s) in &scope {
+                if !s.is_empty() {
+                    key.push_str(s);
+                    key.push_str("::");
+                }
+            }
+            if tag == gimli::DW_TAG_base_type {
+                key.push_str(&canonical_type(&name));
+            } else {
+                key.push_str(&name);
+            }
+            let decl = e.attr_value(gimli::DW_AT_declaration).is_some();
+            let v = index.entry(key).or_default();
+            if v.len() < 4 {
+                v.push((
+                    TypeRef {
+                        unit: unit_off.0,
+                        die: e.offset().0,
+                    },
+                    decl,
+                ));
+            }
+        }
     }
     Ok(index)
 }
@@ -909,6 +930,31 @@ fn build_index(dwarf: &gimli::Dwarf<R<'_>>) -> Result<HashMap<String, Vec<VarDie
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn base_type_names_have_one_spelling() {
+        for (a, b) in [
+            ("long unsigned int", "unsigned long"),
+            ("unsigned long", "unsigned long"),
+            ("unsigned", "unsigned int"),
+            ("unsigned int", "unsigned int"),
+            ("int", "int"),
+            ("signed", "int"),
+            ("short int", "short"),
+            ("short unsigned int", "unsigned short"),
+            ("long long int", "long long"),
+            ("long long unsigned int", "unsigned long long"),
+            ("char", "char"),
+            ("signed char", "signed char"),
+            ("unsigned char", "unsigned char"),
+            ("long double", "long double"),
+            ("bool", "_Bool"),
+            ("uint32_t", "uint32_t"),
+            ("struct  conn", "struct conn"),
+        ] {
+            assert_eq!(canonical_type(a), b, "{a}");
+        }
+    }
 
     #[test]
     fn array_arithmetic_never_overflows() {

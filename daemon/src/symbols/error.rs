@@ -141,6 +141,44 @@ pub enum SymbolError {
         /// Slots per thread.
         slots: usize,
     },
+    /// A type name the module's DWARF does not define.
+    #[error(
+        "{expr}: no type named {name:?} in {module}'s debug information{}",
+        if closest.is_empty() { String::new() } else { format!(" (closest: {})", closest.join(", ")) }
+    )]
+    UnknownType {
+        /// The expression.
+        expr: String,
+        /// The type name.
+        name: String,
+        /// The module searched.
+        module: String,
+        /// The closest type names.
+        closest: Vec<String>,
+    },
+    /// A variable the compiler left out: DWARF describes it, without a
+    /// place in memory.
+    #[error(
+        "{name:?} is optimized out in {module}: its debug information gives it no place in memory (build with -O0, or watch what it was folded into)"
+    )]
+    OptimizedOut {
+        /// The variable.
+        name: String,
+        /// Its module.
+        module: String,
+    },
+    /// An expression that computes a value where an object is needed.
+    #[error(
+        "{expr} is a value ({type_name}), not an object in memory: there is nothing to watch{hint}"
+    )]
+    NotAnObject {
+        /// The expression.
+        expr: String,
+        /// The value's type.
+        type_name: String,
+        /// What to watch instead.
+        hint: String,
+    },
     /// The process's files could not be read.
     #[error("cannot read the mappings of process {pid}: {why}")]
     Unreadable {

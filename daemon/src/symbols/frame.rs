@@ -24,6 +24,8 @@ pub struct LocalVar {
     pub address: Option<u64>,
     /// Its bytes, or why they cannot be read.
     pub value: Result<Vec<u8>, String>,
+    /// Its type's DIE (for expressions that start from it).
+    pub ty: Option<super::eval::TypeRef>,
 }
 
 /// What evaluating a frame's variables needs of the frame and the process.
@@ -182,12 +184,16 @@ fn in_unit<'d>(
             Ok(Place::Value(v)) => (None, Ok(v.to_le_bytes()[..size.min(8)].to_vec())),
             Ok(Place::Bytes(b)) => (None, Ok(b)),
         };
+        let unit_off = unit.header.debug_info_offset().map(|o| o.0);
         out.push(LocalVar {
             name,
             type_name,
             parameter,
             address,
             value,
+            ty: ty
+                .zip(unit_off)
+                .map(|(die, unit)| super::eval::TypeRef { unit, die }),
         });
     }
     Some(out)

@@ -11,7 +11,8 @@
 //!   `blazesym` on a thread of its own, off the hit path, and cached per
 //!   process image and per module.
 //!
-//! Rooms: `expr.rs` (the name grammar), `maps.rs` (`/proc/PID/maps`),
+//! Rooms: `expr.rs` (the expression grammar), `eval.rs` (expressions over
+//! DWARF types), `maps.rs` (`/proc/PID/maps`),
 //! `files.rs` (the module files held loaded), `elf.rs` (one module file,
 //! its debug file), `dwarf.rs` (variables and types), `resolve.rs` (a name
 //! to an address, in steps), `error.rs` (why a name does not resolve),
@@ -20,6 +21,7 @@
 pub mod dwarf;
 pub mod elf;
 mod error;
+pub mod eval;
 pub mod expr;
 mod files;
 pub mod frame;
@@ -83,6 +85,11 @@ pub struct Resolved {
     pub module_address: u64,
     /// Anything the caller should know (a choice made among several).
     pub note: Option<String>,
+    /// For an expression that computes a value rather than naming an
+    /// object (`&x`, `(T)x`): its bytes. `address` is then the address the
+    /// value holds when it is a pointer (else 0); such a result is never
+    /// watched ([`Symbols::resolve`] refuses it).
+    pub value: Option<Vec<u8>>,
 }
 
 /// What an address in a process is.
@@ -139,6 +146,8 @@ pub enum NameKind {
     Variable,
     /// A function (code).
     Function,
+    /// A value computed (`&x`, `(T)x`), in no object.
+    Value,
 }
 
 impl NameKind {
@@ -147,6 +156,7 @@ impl NameKind {
         match self {
             NameKind::Variable => "variable",
             NameKind::Function => "function",
+            NameKind::Value => "value",
         }
     }
 }
@@ -202,7 +212,8 @@ impl Symbols {
     /// variable (for a write watchpoint), or else a function (its entry,
     /// for an exec watchpoint); which one it is comes with it.
     pub fn look_up(&self, pid: Pid, name: &str) -> Result<(Resolved, NameKind), SymbolError> {
-        match self.resolve(pid, name, crate::model::Access::Write, 0) {
+        match self.evaluate(pid, name, crate::model::Access::Write, 0) {
+            Ok(r) if r.value.is_some() => Ok((r, NameKind::Value)),
             Ok(r) => Ok((r, NameKind::Variable)),
             Err(SymbolError::NotAVariable { .. }) => self
                 .resolve(pid, name, crate::model::Access::Exec, 0)

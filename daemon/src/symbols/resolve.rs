@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::dwarf::{self, VarLoc};
 use super::elf::{self, DebugSource, ElfFile, SymKind, SymTable};
+use super::eval;
 use super::expr::Expr;
 use super::files::FileKey;
 use super::maps::{self, MappedFile};
@@ -36,10 +37,10 @@ impl Candidate<'_> {
         }
     }
 
-    /// A variable one can watch (not thread-local).
+    /// A variable one can watch (not thread-local, not optimized out).
     fn variable(&self) -> bool {
         match &self.hit {
-            Hit::Var(v) => v.loc != VarLoc::Tls,
+            Hit::Var(v) => matches!(v.loc, VarLoc::Addr(_)),
             Hit::Sym(s) => s.kind == SymKind::Object,
         }
     }
@@ -165,7 +166,12 @@ fn refusal(
     found: &Found<'_>,
 ) -> SymbolError {
     let module = c.file.name().to_string();
-    if c.function() && access != Access::Exec {
+    if matches!(&c.hit, Hit::Var(v) if v.loc == VarLoc::OptimizedOut) {
+        SymbolError::OptimizedOut {
+            name: expr.name.clone(),
+            module,
+        }
+    } else if c.function() && access != Access::Exec {
         SymbolError::NotAVariable {
             name: expr.name.clone(),
             module,
@@ -187,9 +193,9 @@ fn refusal(
     }
 }
 
-/// The object a name designates in its module: link-time address (or,
-/// past a pointer, runtime address), size when known, type (DWARF), and
-/// where they came from.
+/// What an expression designates in its module: an object (link-time
+/// address, or past a pointer runtime address; size when known; type) or
+/// a value, and where they came from.
 struct Object {
     vaddr: u64,
     /// `vaddr` is a runtime address found by following pointers: the object
@@ -200,17 +206,174 @@ struct Object {
     source: Source,
     /// Set when the offset fell inside a member.
     note: Option<String>,
+    /// A value, not an object.
+    value: Option<Vec<u8>>,
 }
 
-/// The object `expr` designates in candidate `c`: the variable after its
-/// members and elements, then the byte offset (`stats+8`: from byte 8 to
-/// the end of the member holding it; outside the object only with a
-/// length given, `len > 0`).
+/// The error for a path that fails in module `module`.
+fn path_error(expr: &Expr, module: &str, error: dwarf::PathError) -> SymbolError {
+    match error {
+        dwarf::PathError::UnknownType { name, closest } => SymbolError::UnknownType {
+            expr: expr.to_string(),
+            name,
+            module: module.to_string(),
+            closest,
+        },
+        error => SymbolError::Path {
+            expr: expr.to_string(),
+            error,
+        },
+    }
+}
+
+/// What an expression starts from.
+enum Root<'v> {
+    /// A number.
+    Number,
+    /// A global or static: its unit, type DIE and link-time address.
+    Global(usize, usize, u64),
+    /// A local of a frame.
+    Local(&'v super::frame::LocalVar),
+}
+
+/// Evaluates `expr` in the module of `elf` (loaded with `bias`), from
+/// `root`: the object after members, elements and pointers, then the
+/// byte offset (`stats+8`: from byte 8 to the end of the member holding
+/// it; outside the object only with a length given, `len > 0`).
+fn evaluate(
+    expr: &Expr,
+    elf: &ElfFile,
+    module: &str,
+    bias: u64,
+    root: Root<'_>,
+    len: u32,
+    read: eval::ReadMemory<'_>,
+) -> Result<Object, SymbolError> {
+    let text = expr.to_string();
+    let fail = |e| path_error(expr, module, e);
+    let d = elf.dwarf.as_ref().ok_or_else(|| SymbolError::NoDebugInfo {
+        expr: text.clone(),
+        name: expr.name.clone(),
+        module: module.to_string(),
+        why: "no DWARF in it and no debug file found".into(),
+    })?;
+    let mut ev = eval::Eval::new(d, bias, read).map_err(fail)?;
+    match root {
+        Root::Number => {}
+        Root::Global(unit, die, addr) => ev = ev.with_variable(unit, die, addr).map_err(fail)?,
+        Root::Local(v) => {
+            let bytes = match (&v.value, v.address) {
+                (Ok(b), _) => b.clone(),
+                (Err(_), Some(_)) => Vec::new(),
+                (Err(why), None) if why.contains("optimized out") => {
+                    return Err(SymbolError::OptimizedOut {
+                        name: v.name.clone(),
+                        module: module.to_string(),
+                    });
+                }
+                (Err(why), None) => {
+                    return Err(SymbolError::Path {
+                        expr: text,
+                        error: dwarf::PathError::LocalUnavailable {
+                            what: v.name.clone(),
+                            why: why.clone(),
+                        },
+                    });
+                }
+            };
+            ev = ev.with_local(v.ty, v.address, bytes);
+        }
+    }
+    let (at, ty, type_name, size) = match ev.outcome(&expr.root).map_err(fail)? {
+        eval::Outcome::Value {
+            bytes,
+            type_name,
+            pointer,
+        } => {
+            if expr.offset != 0 {
+                return Err(SymbolError::Path {
+                    expr: text,
+                    error: dwarf::PathError::AddressOfValue {
+                        what: format!("{} (for the offset)", expr.root),
+                    },
+                });
+            }
+            return Ok(Object {
+                vaddr: pointer.unwrap_or(0),
+                followed: true,
+                size: Some(bytes.len() as u64),
+                type_name: Some(type_name),
+                source: Source::Dwarf,
+                note: None,
+                value: Some(bytes),
+            });
+        }
+        eval::Outcome::Object {
+            at,
+            ty,
+            type_name,
+            size,
+        } => (at, ty, type_name, size),
+    };
+    let (vaddr, followed) = match at {
+        eval::Place::InModule(a) => (a, false),
+        eval::Place::At(a) => (a, true),
+    };
+    let mut o = Object {
+        vaddr,
+        followed,
+        size,
+        type_name: Some(type_name),
+        source: Source::Dwarf,
+        note: (followed && expr.follows_pointers() && !expr.name.is_empty()).then(|| {
+            format!(
+                "{} was followed when the watchpoint was set: the watchpoint stays on \
+                 that object if the pointers change later",
+                expr.path()
+            )
+        }),
+        value: None,
+    };
+    if expr.offset == 0 {
+        return Ok(o);
+    }
+    let whole = o.size.unwrap_or(0);
+    match u64::try_from(expr.offset).ok().filter(|&o| o < whole) {
+        Some(at) => {
+            o.vaddr = o.vaddr.wrapping_add(at);
+            match ev.member_at(&ty, at) {
+                Ok(Some((m_off, m_size, m_path, m_type))) => {
+                    o.size = Some(m_off + m_size - at);
+                    o.type_name = Some(m_type);
+                    if !m_path.is_empty() {
+                        o.note = Some(format!("{} is in {}{m_path}", expr.path(), expr.root));
+                    }
+                }
+                _ => o.size = Some(whole - at),
+            }
+        }
+        None if len > 0 => {
+            o.vaddr = o.vaddr.wrapping_add_signed(expr.offset);
+            o.type_name = None;
+        }
+        None => {
+            return Err(SymbolError::Offset {
+                expr: text,
+                name: expr.root.to_string(),
+                offset: expr.offset,
+                size: whole,
+            });
+        }
+    }
+    Ok(o)
+}
+
+/// The object `expr` designates in candidate `c`.
 fn object(
     expr: &Expr,
     c: &Candidate<'_>,
     len: u32,
-    read: dwarf::ReadPointer<'_>,
+    read: eval::ReadMemory<'_>,
 ) -> Result<Object, SymbolError> {
     let text = expr.to_string();
     let outside = |whole: u64| SymbolError::Offset {
@@ -224,72 +387,20 @@ fn object(
     match &c.hit {
         Hit::Var(v) => {
             let VarLoc::Addr(a) = v.loc else {
-                unreachable!("TLS refused by pick")
+                unreachable!("TLS and optimized out refused by pick")
             };
-            let d = c.elf.dwarf.as_ref().expect("a DWARF hit has DWARF");
-            let (place, info) = d
-                .walk_from(
-                    v,
-                    &expr.name,
-                    &expr.steps,
-                    a.wrapping_add(c.bias),
-                    Some(read),
-                )
-                .map_err(|error| SymbolError::Path {
-                    expr: text.clone(),
-                    error,
-                })?;
-            let (vaddr, followed) = match place {
-                dwarf::Place::InVariable(off) => (a + off, false),
-                dwarf::Place::At(addr) => (addr, true),
-            };
-            let mut o = Object {
-                vaddr,
-                followed,
-                size: info.as_ref().and_then(|i| i.size),
-                type_name: info.map(|i| i.name),
-                source: Source::Dwarf,
-                note: followed.then(|| {
-                    format!(
-                        "{} was followed when the watchpoint was set: the watchpoint stays on \
-                         that object if the pointers change later",
-                        expr.path()
-                    )
-                }),
-            };
-            if expr.offset == 0 {
-                return Ok(o);
-            }
-            let whole = o.size.unwrap_or(0);
-            match inside(whole) {
-                Some(at) if followed => {
-                    o.vaddr += at;
-                    o.size = Some(whole - at);
-                }
-                Some(at) => {
-                    o.vaddr += at;
-                    match d.member_at(v, &expr.steps, at) {
-                        Ok(Some((m_off, m_size, m_path, m_type))) => {
-                            o.size = Some(m_off + m_size - at);
-                            o.type_name = Some(m_type);
-                            if !m_path.is_empty() {
-                                o.note =
-                                    Some(format!("{} is in {}{m_path}", expr.path(), expr.name));
-                            }
-                        }
-                        _ => o.size = Some(whole - at),
-                    }
-                }
-                None if len > 0 => {
-                    o.vaddr = o.vaddr.wrapping_add_signed(expr.offset);
-                    o.type_name = None;
-                }
-                None => return Err(outside(whole)),
-            }
-            Ok(o)
+            evaluate(
+                expr,
+                &c.elf,
+                c.file.name(),
+                c.bias,
+                Root::Global(v.unit, v.die, a),
+                len,
+                read,
+            )
         }
         Hit::Sym(s) => {
-            if !expr.steps.is_empty() {
+            if !expr.is_bare_name() {
                 return Err(SymbolError::NoDebugInfo {
                     expr: text,
                     name: expr.name.clone(),
@@ -310,6 +421,7 @@ fn object(
                     SymTable::Dynsym => Source::Dynsym,
                 },
                 note: None,
+                value: None,
             };
             if expr.offset != 0 {
                 match inside(s.size) {
@@ -328,8 +440,40 @@ fn object(
 
 impl Symbols {
     /// Resolves `text` in process `pid` for a watchpoint of kind `access`;
-    /// `len` is the length asked for (0: the object's size).
+    /// `len` is the length asked for (0: the object's size). An expression
+    /// that computes a value (`&x`, `(T)x`) is refused: there is nothing in
+    /// memory to watch.
     pub fn resolve(
+        &self,
+        pid: Pid,
+        text: &str,
+        access: Access,
+        len: u32,
+    ) -> Result<Resolved, SymbolError> {
+        let r = self.evaluate(pid, text, access, len)?;
+        if r.value.is_some() {
+            let (expr, hint) = match Expr::parse(text).map(|e| e.root) {
+                Ok(super::expr::Node::AddrOf(inner)) => (
+                    r.expr.clone(),
+                    format!(": the address of {inner}; watch {inner} itself"),
+                ),
+                Ok(super::expr::Node::Cast(t, inner)) => (
+                    r.expr.clone(),
+                    format!("; watch {inner}, or *({t} *)&{inner} to watch its bytes as {t}",),
+                ),
+                _ => (r.expr.clone(), String::new()),
+            };
+            return Err(SymbolError::NotAnObject {
+                expr,
+                type_name: r.type_name.unwrap_or_default(),
+                hint,
+            });
+        }
+        Ok(r)
+    }
+
+    /// [`Symbols::resolve`], values included (`Resolved::value`).
+    pub fn evaluate(
         &self,
         pid: Pid,
         text: &str,
@@ -342,6 +486,9 @@ impl Symbols {
             why: e.to_string(),
         })?;
         let searched = search_order(pid, &expr, &files)?;
+        if expr.root.root_name().is_none() {
+            return self.at_number(pid, &expr, &searched, len);
+        }
         let found = self.candidates(pid, &expr, access, &searched);
         if found.candidates.is_empty() {
             return Err(SymbolError::Unknown {
@@ -354,6 +501,114 @@ impl Symbols {
         }
         let (c, note) = pick(pid, &expr, access, &found, searched.len())?;
         self.finish(pid, &expr, c, access, len, note)
+    }
+
+    /// [`Symbols::look_up`] in a frame of a held thread: an expression
+    /// that starts from one of `scope`'s parameters or local variables (the
+    /// innermost of that name) is evaluated from it; any other is looked up
+    /// as a global. The flag says which.
+    pub fn look_up_in_frame(
+        &self,
+        pid: Pid,
+        text: &str,
+        scope: &super::unwind::FrameScope,
+        frame: usize,
+    ) -> Result<(Resolved, super::NameKind, bool), SymbolError> {
+        let expr = Expr::parse(text)?;
+        let local = expr
+            .root
+            .root_name()
+            .and_then(|n| scope.vars.iter().rev().find(|v| v.name == n));
+        let Some(v) = local else {
+            return self.look_up(pid, text).map(|(r, k)| (r, k, false));
+        };
+        let mut read = |at: u64, n: usize| crate::procfs::read_memory(pid, pid, at, n);
+        let mut o = evaluate(
+            &expr,
+            &scope.elf,
+            scope.file.name(),
+            scope.bias,
+            Root::Local(v),
+            0,
+            &mut read,
+        )?;
+        if o.value.is_none() {
+            o.note = Some(format!(
+                "{} starts from {} {:?} of frame {frame}: the object where it is now",
+                expr.path(),
+                if v.parameter {
+                    "parameter"
+                } else {
+                    "local variable"
+                },
+                v.name
+            ));
+        }
+        let r = self.finished(
+            &expr,
+            &scope.file,
+            &scope.elf,
+            scope.bias,
+            o,
+            Access::Write,
+            0,
+            None,
+        )?;
+        let kind = if r.value.is_some() {
+            super::NameKind::Value
+        } else {
+            super::NameKind::Variable
+        };
+        Ok((r, kind, true))
+    }
+
+    /// An expression starting from a number (`((struct conn *)0x…)->state`):
+    /// evaluated in the first module, in lookup order, whose DWARF defines
+    /// the type its outermost cast names.
+    fn at_number(
+        &self,
+        pid: Pid,
+        expr: &Expr,
+        searched: &[&MappedFile],
+        len: u32,
+    ) -> Result<Resolved, SymbolError> {
+        let wanted = expr.root.type_names().last().map(|t| t.base.clone());
+        let mut first: Option<(&MappedFile, Arc<ElfFile>, u64)> = None;
+        let mut chosen = None;
+        for &f in searched {
+            let Ok(elf) = self.file(pid, f) else { continue };
+            let Some(bias) = Self::bias(&elf, f) else {
+                continue;
+            };
+            let Some(d) = elf.dwarf.as_ref() else {
+                continue;
+            };
+            let has = match &wanted {
+                Some(w) => w == "void" || d.type_named(w).is_some(),
+                None => true,
+            };
+            if has {
+                chosen = Some((f, elf.clone(), bias));
+                break;
+            }
+            if first.is_none() {
+                first = Some((f, elf.clone(), bias));
+            }
+        }
+        let Some((f, elf, bias)) = chosen.or(first) else {
+            return Err(SymbolError::NoDebugInfo {
+                expr: expr.to_string(),
+                name: expr.root.to_string(),
+                module: searched
+                    .first()
+                    .map(|f| f.name().to_string())
+                    .unwrap_or_default(),
+                why: "no module searched has DWARF to read its types from".into(),
+            });
+        };
+        let mut read = |at: u64, n: usize| crate::procfs::read_memory(pid, pid, at, n);
+        let o = evaluate(expr, &elf, f.name(), bias, Root::Number, len, &mut read)?;
+        self.finished(expr, f, &elf, bias, o, Access::Write, len, None)
     }
 
     /// What each module of `searched` has under the name, in order. A
@@ -431,19 +686,31 @@ impl Symbols {
         len: u32,
         note: Option<String>,
     ) -> Result<Resolved, SymbolError> {
-        let mut read = |at: u64| -> Result<u64, String> {
-            let b = crate::procfs::read_memory(pid, pid, at, 8)?;
-            Ok(u64::from_le_bytes(
-                b.try_into().map_err(|_| "a short read")?,
-            ))
-        };
-        let mut o = object(expr, c, len, &mut read)?;
-        if access == Access::Exec {
+        let mut read = |at: u64, n: usize| crate::procfs::read_memory(pid, pid, at, n);
+        let o = object(expr, c, len, &mut read)?;
+        self.finished(expr, c.file, &c.elf, c.bias, o, access, len, note)
+    }
+
+    /// The resolution of `expr` to object `o` in module `f`.
+    #[allow(clippy::too_many_arguments)]
+    fn finished(
+        &self,
+        expr: &Expr,
+        f: &MappedFile,
+        elf: &ElfFile,
+        bias: u64,
+        mut o: Object,
+        access: Access,
+        len: u32,
+        note: Option<String>,
+    ) -> Result<Resolved, SymbolError> {
+        if access == Access::Exec && o.value.is_none() {
             o.size = Some(1);
             o.type_name = None;
         }
         let text = expr.to_string();
         let size = match (len, o.size) {
+            _ if o.value.is_some() => o.size.unwrap_or(0),
             (0, Some(s)) if s > 0 => s,
             (0, _) => {
                 return Err(SymbolError::NoSize {
@@ -459,13 +726,13 @@ impl Symbols {
         Ok(Resolved {
             expr: text,
             symbol: expr.name.clone(),
-            module: c.file.path.clone(),
-            module_key: FileKey::of(c.file),
-            build_id: c.elf.build_id.clone(),
+            module: f.path.clone(),
+            module_key: FileKey::of(f),
+            build_id: elf.build_id.clone(),
             address: if o.followed {
                 o.vaddr
             } else {
-                o.vaddr.wrapping_add(c.bias)
+                o.vaddr.wrapping_add(bias)
             },
             size,
             type_name: o.type_name,
@@ -473,6 +740,7 @@ impl Symbols {
             // Past a pointer the object is in no module's image.
             module_address: if o.followed { 0 } else { o.vaddr },
             note: o.note.or(note),
+            value: o.value,
         })
     }
 }

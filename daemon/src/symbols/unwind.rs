@@ -268,6 +268,17 @@ impl Symbols {
         general: Option<&[u64; 18]>,
         read: &mut dyn FnMut(u64, usize) -> Option<Vec<u8>>,
     ) -> Result<Vec<super::frame::LocalVar>, String> {
+        self.frame_scope(pid, frame, general, read).map(|s| s.vars)
+    }
+
+    /// [`Symbols::frame_locals`], with the module they are in.
+    pub fn frame_scope(
+        &self,
+        pid: Pid,
+        frame: &FrameRegs,
+        general: Option<&[u64; 18]>,
+        read: &mut dyn FnMut(u64, usize) -> Option<Vec<u8>>,
+    ) -> Result<FrameScope, String> {
         let pc = if general.is_some() {
             frame.ip
         } else {
@@ -301,10 +312,28 @@ impl Symbols {
             read,
             bias,
         };
-        dwarf
+        let vars = dwarf
             .frame_variables(pc.wrapping_sub(bias), &mut access)
-            .ok_or_else(|| "no function's debug information covers this address".into())
+            .ok_or("no function's debug information covers this address")?;
+        Ok(FrameScope {
+            file: f.clone(),
+            elf: elf.clone(),
+            bias,
+            vars,
+        })
     }
+}
+
+/// A frame's variables and the module whose DWARF describes them.
+pub struct FrameScope {
+    /// The module.
+    pub file: MappedFile,
+    /// Its file.
+    pub elf: Arc<super::elf::ElfFile>,
+    /// Its load bias.
+    pub bias: u64,
+    /// Parameters and variables, outermost scope first.
+    pub vars: Vec<super::frame::LocalVar>,
 }
 
 #[cfg(test)]

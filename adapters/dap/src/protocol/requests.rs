@@ -151,7 +151,8 @@ pub struct DataBreakpointInfoArguments {
     pub name: String,
     /// Container of `name`.
     pub variables_reference: Option<i64>,
-    /// Frame to evaluate in (globals only here: ignored).
+    /// Frame to evaluate in: its parameters and locals can start the
+    /// expression (watched by address, where the object is now).
     pub frame_id: Option<i64>,
     /// Bytes to watch from the address or variable.
     pub bytes: Option<u32>,
@@ -202,10 +203,10 @@ pub struct StackTraceArguments {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EvaluateArguments {
-    /// The expression: a global's name (`[module:]name[.member][[i]]`), or
-    /// `&name` for its address.
+    /// The expression, as the daemon reads it: globals (`[module:]name`),
+    /// `.member`, `->member`, `[i]`, `*`, `&`, casts to the program's types.
     pub expression: String,
-    /// Frame (globals only: ignored).
+    /// Frame: its parameters and locals can start the expression.
     pub frame_id: Option<i64>,
     /// `watch`, `repl`, `hover`...
     pub context: Option<String>,
@@ -315,7 +316,8 @@ pub struct EvaluateBody {
     pub type_name: String,
     /// Always 0: no children.
     pub variables_reference: i64,
-    /// Its address, for memory views.
+    /// Its address, for memory views (left out for a value in no memory).
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub memory_reference: String,
 }
 

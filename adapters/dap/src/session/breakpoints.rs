@@ -83,14 +83,34 @@ impl Handler<DataBreakpointInfo> for Session {
                 let len = a.bytes.unwrap_or(1);
                 (Target::Address { addr, len }, Known::address(addr, len))
             } else {
-                let r = self
-                    .client()
-                    .resolve_symbol(self.daemon.request(pb::ResolveSymbolRequest {
+                // With a frame of a held thread, the expression may start
+                // from one of its parameters or locals.
+                let frame = a.frame_id.and_then(|id| {
+                    Some((
+                        *self.frames.get(&id)?,
+                        self.frame_index.get(&id).copied().unwrap_or(0),
+                    ))
+                });
+                let ask = |(tid, frame): (i32, u32)| {
+                    self.daemon.request(pb::ResolveSymbolRequest {
                         pid,
                         name: expr.clone(),
                         address: 0,
-                    }))
-                    .await;
+                        tid,
+                        frame,
+                    })
+                };
+                let r = match self
+                    .client()
+                    .resolve_symbol(ask(frame.unwrap_or((0, 0))))
+                    .await
+                {
+                    // The frame's thread is no longer held: globals still resolve.
+                    Err(s) if frame.is_some() && s.code() == tonic::Code::FailedPrecondition => {
+                        self.client().resolve_symbol(ask((0, 0))).await
+                    }
+                    r => r,
+                };
                 let r = match r {
                     Ok(r) => r.into_inner(),
                     Err(s) => return none(status_text(&s)),
@@ -107,17 +127,29 @@ impl Handler<DataBreakpointInfo> for Session {
                 let size = a.bytes.map(u64::from).unwrap_or(sym.size);
                 let len = u32::try_from(size).unwrap_or(u32::MAX);
                 let target = match a.bytes {
-                    // A given size watches from the variable's address.
+                    // A given size watches from the variable's address; so
+                    // does a name that starts from a frame's local (the
+                    // object where it is now, gdb's `watch -l`).
                     Some(_) => Target::Address {
+                        addr: sym.address,
+                        len,
+                    },
+                    None if r.from_frame => Target::Address {
                         addr: sym.address,
                         len,
                     },
                     None => Target::Name(sym.expression.clone()),
                 };
+                let shown = match frame {
+                    Some((tid, index)) if r.from_frame => {
+                        format!("{} (frame {index} of thread {tid})", sym.expression)
+                    }
+                    _ => sym.expression.clone(),
+                };
                 (
                     target,
                     Known {
-                        expr: sym.expression.clone(),
+                        expr: shown,
                         addr: sym.address,
                         len,
                         type_name: sym.type_name,
@@ -302,6 +334,7 @@ impl Session {
                         pid,
                         name: n.clone(),
                         address: 0,
+                        ..Default::default()
                     }))
                     .await
                     .ok()?

@@ -251,30 +251,49 @@ impl Handler<Variables> for Session {
 impl Handler<Evaluate> for Session {
     async fn handle(&mut self, a: EvaluateArguments) -> Result<EvaluateBody, DapError> {
         let pid = self.pid()?;
-        let e = a.expression.trim();
-        let (want_address, name) = match e.strip_prefix('&') {
-            Some(n) => (true, n.trim()),
-            None => (false, e),
+        // The daemon reads the whole expression: `&x`, casts, `->`; with a
+        // frame of a held thread, from its parameters and locals too.
+        let name = a.expression.trim();
+        let (tid, frame) = match a.frame_id {
+            Some(id) => match self.frames.get(&id) {
+                Some(&tid) => (tid, self.frame_index.get(&id).copied().unwrap_or(0)),
+                None => return Err(DapError::StaleFrame),
+            },
+            None => (0, 0),
         };
-        let r = self
-            .client()
-            .resolve_symbol(self.daemon.request(pb::ResolveSymbolRequest {
+        let ask = |tid: i32, frame: u32| {
+            self.daemon.request(pb::ResolveSymbolRequest {
                 pid,
                 name: name.to_string(),
                 address: 0,
-            }))
-            .await?
-            .into_inner();
+                tid,
+                frame,
+            })
+        };
+        let r = match self.client().resolve_symbol(ask(tid, frame)).await {
+            // The frame's thread is no longer held: globals still read.
+            Err(s) if tid != 0 && s.code() == tonic::Code::FailedPrecondition => {
+                self.client().resolve_symbol(ask(0, 0)).await?
+            }
+            r => r?,
+        }
+        .into_inner();
         let sym = r.symbol.ok_or(DapError::NothingByThatName)?;
         let reference = format!("{:#x}", sym.address);
-        if want_address || r.kind != "variable" {
+        if r.kind == "value" {
+            // `&x`, `(T)x`: computed, in no object.
+            let pointer = sym.type_name.trim_end().ends_with('*');
+            return Ok(EvaluateBody {
+                result: spec::show_value(&sym.type_name, &r.value),
+                type_name: sym.type_name,
+                variables_reference: 0,
+                memory_reference: if pointer { reference } else { String::new() },
+            });
+        }
+        if r.kind != "variable" {
             return Ok(EvaluateBody {
                 result: reference.clone(),
-                type_name: if sym.type_name.is_empty() {
-                    r.kind
-                } else {
-                    format!("{} *", sym.type_name)
-                },
+                type_name: r.kind,
                 variables_reference: 0,
                 memory_reference: reference,
             });
