@@ -7,7 +7,7 @@ use std::process::Command;
 use wpd_tests::{find_bin, nats_server_bin, require_peer, require_root_perf};
 
 /// Every section heading of `wpd-bench`, and rows each must contain.
-const SECTIONS: [(&str, &[&str]); 24] = [
+const SECTIONS: [(&str, &[&str]); 25] = [
     (
         "## mass-arm: one process-wide write watchpoint, idle target",
         &[
@@ -124,6 +124,8 @@ const SECTIONS: [(&str, &[&str]); 24] = [
             "| alone (daemon idle) |",
             "| watched, never written (parser_limit: the cost of being watched) |",
             "| log, condition > 100 (judged at the trap; every input's memset stores it) |",
+            "| alone, memset without rep stosb (GLIBC_TUNABLES) |",
+            "| watched, never written, memset without rep stosb (GLIBC_TUNABLES) |",
         ],
     ),
     (
@@ -146,6 +148,15 @@ const SECTIONS: [(&str, &[&str]); 24] = [
     (
         "## drain: a process forking",
         &["| alone |", "| watched, --follow-forks |"],
+    ),
+    (
+        "## drain: a 64 KiB memset",
+        &[
+            "| alone |",
+            "| watched (another variable) |",
+            "| alone, GLIBC_TUNABLES without rep stosb |",
+            "| watched, GLIBC_TUNABLES without rep stosb |",
+        ],
     ),
     (
         "## drain: what a hit costs a thread storing now and then",

@@ -16,6 +16,7 @@ use wpd_tests::{Daemon, run_wpctl, unique_temp_dir};
 const DRAIN_TARGET: &str = r#"
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,6 +45,14 @@ int main(int argc, char **argv) {
             if (p == 0)
                 _exit(0);
             waitpid(p, NULL, 0);
+        }
+        printf("%.3f\n", (now_us(CLOCK_MONOTONIC) - t) / n);
+    } else if (mode[0] == 'm') { /* memset: n clears of 64 KiB (glibc picks rep stosb) */
+        static unsigned char big[65536];
+        double t = now_us(CLOCK_MONOTONIC);
+        for (long i = 0; i < n; i++) {
+            memset(big, (int)i, sizeof big);
+            __asm__ volatile("" : : "r"(big) : "memory");
         }
         printf("%.3f\n", (now_us(CLOCK_MONOTONIC) - t) / n);
     } else { /* paced: n stores, argv[4] µs apart; the store's own CPU and wall time */
@@ -100,6 +109,11 @@ struct Target {
 
 impl Target {
     fn start(bin: &Path, dir: &Path, args: &[&str]) -> Result<Target> {
+        Self::start_env(bin, dir, args, None)
+    }
+
+    /// With `GLIBC_TUNABLES` set to `tunables` when given.
+    fn start_env(bin: &Path, dir: &Path, args: &[&str], tunables: Option<&str>) -> Result<Target> {
         let go = dir.join(format!(
             "go-{}",
             std::time::SystemTime::now()
@@ -108,7 +122,11 @@ impl Target {
         ));
         let mut a: Vec<String> = vec![args[0].into(), args[1].into(), go.display().to_string()];
         a.extend(args[2..].iter().map(|s| s.to_string()));
-        let child = tokio::process::Command::new(bin)
+        let mut cmd = tokio::process::Command::new(bin);
+        if let Some(t) = tunables {
+            cmd.env("GLIBC_TUNABLES", t);
+        }
+        let child = cmd
             .args(&a)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
@@ -309,6 +327,56 @@ pub(crate) async fn section_drain(args: &Args) -> Result<()> {
                 "| {label} | {:.1} | {ratio} | {:.2} |",
                 median(per_fork[i].clone()),
                 median(per_child[i].clone())
+            );
+        }
+        flush();
+        println!();
+
+        let clears: u32 = if args.smoke { 2000 } else { 20000 };
+        println!(
+            "## drain: a 64 KiB memset, with a watchpoint armed that it never touches ({clears} memsets; medians of {} runs)\n",
+            args.reps
+        );
+        println!("| mode | µs per memset (median) | ratio to alone in the same round (median, min–max) |");
+        println!("|---|---:|---:|");
+        let memset_modes = [
+            ("alone", false, false),
+            ("watched (another variable)", true, false),
+            ("alone, GLIBC_TUNABLES without rep stosb", false, true),
+            ("watched, GLIBC_TUNABLES without rep stosb", true, true),
+        ];
+        let mut us: Vec<Vec<f64>> = vec![Vec::new(); memset_modes.len()];
+        for _ in 0..args.reps {
+            for (i, (_, watched, tuned)) in memset_modes.iter().enumerate() {
+                let t = Target::start_env(
+                    &bin,
+                    &dir,
+                    &["memset", &clears.to_string()],
+                    tuned.then_some(super::fuzzers::NO_REP_STOSB),
+                )?;
+                let pid = t.pid().to_string();
+                let id = if *watched {
+                    Some(watch(&daemon, &["--pid", &pid, "--symbol", "watched_var"]).await?)
+                } else {
+                    None
+                };
+                let out = t.run().await?;
+                if let Some(id) = id {
+                    let _ = unwatch(&daemon, id).await;
+                }
+                us[i].push(out.trim().parse::<f64>().context("memset output")?);
+            }
+        }
+        for (i, (label, _, _)) in memset_modes.iter().enumerate() {
+            // Each against the run alone with the same library settings.
+            let base = if i < 2 { 0 } else { 2 };
+            let p = spread(us[i].iter().zip(&us[base]).map(|(m, b)| m / b).collect());
+            println!(
+                "| {label} | {:.3} | {:.2} ({:.2}–{:.2}) |",
+                median(us[i].clone()),
+                p.med,
+                p.min,
+                p.max
             );
         }
         flush();

@@ -524,7 +524,11 @@ async fn libfuzzer(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Resul
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     flush();
-    let modes: [(&str, Option<&[&str]>); 3] = [
+    // The last two modes run libFuzzer with glibc's memset kept off
+    // `rep stosb` (NO_REP_STOSB): an armed data breakpoint takes the CPU
+    // out of its fast-string mode, and libFuzzer clears its counters with a
+    // large memset at every input (docs/kernel-facts.md §14).
+    let modes: [(&str, Option<&[&str]>); 5] = [
         ("alone (daemon idle)", None),
         (
             "watched, never written (parser_limit: the cost of being watched)",
@@ -534,12 +538,18 @@ async fn libfuzzer(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Resul
             "log, condition > 100 (judged at the trap; every input's memset stores it)",
             Some(&["--condition", "> 100"]),
         ),
+        ("alone, memset without rep stosb (GLIBC_TUNABLES)", None),
+        (
+            "watched, never written, memset without rep stosb (GLIBC_TUNABLES)",
+            Some(&["--symbol", "parser_limit"]),
+        ),
     ];
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); modes.len()];
     let mut n = 0;
     for _ in 0..args.reps {
-        for (i, (_, extra)) in modes.iter().enumerate() {
+        for (i, (label, extra)) in modes.iter().enumerate() {
             n += 1;
+            let tuned = label.contains("GLIBC_TUNABLES");
             // A fresh corpus each run: every run starts from the seed alone.
             let corpus = dir.join(format!("lf-corpus-{n}"));
             std::fs::create_dir_all(&corpus)?;
@@ -551,6 +561,9 @@ async fn libfuzzer(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Resul
                     .arg(format!("-artifact_prefix={}/", dir.display()))
                     .arg(&corpus)
                     .current_dir(dir);
+                if tuned {
+                    c.env("GLIBC_TUNABLES", NO_REP_STOSB);
+                }
                 let (o, wall) = run_timed(c, Duration::from_secs(secs * 4 + 60)).await?;
                 let log = String::from_utf8_lossy(&o.stderr);
                 ensure!(
@@ -590,10 +603,19 @@ async fn libfuzzer(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Resul
             },
         );
     }
-    println!();
+    println!(
+        "With glibc's memset kept off `rep stosb` in both: watched, never written / alone = {:.2} \
+         (ratio of medians); alone with the tunable / alone without = {:.2}.\n",
+        rows[4].rate.med / rows[3].rate.med.max(1e-9),
+        rows[3].rate.med / alone
+    );
     flush();
     Ok(())
 }
+
+/// glibc's tunable that keeps `memset` on vector stores below 1 TB: no
+/// `rep stosb`, whose fast-string mode an armed data breakpoint turns off.
+pub(crate) const NO_REP_STOSB: &str = "glibc.cpu.x86_rep_stosb_threshold=1000000000000";
 
 /// What the kernel's inherited breakpoint adds to a fork, µs.
 struct FloorExtra {
