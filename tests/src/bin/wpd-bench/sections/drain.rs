@@ -9,6 +9,7 @@ use crate::*;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::fuzzers::unwatch;
 use anyhow::{Context, Result, ensure};
 use wpd_tests::{Daemon, run_wpctl, unique_temp_dir};
 
@@ -166,18 +167,6 @@ async fn watch(daemon: &Daemon, args: &[&str]) -> Result<u64> {
         .or_else(|| v["watchpoint"]["id"].as_u64())
         .or_else(|| v["id"].as_u64())
         .with_context(|| format!("no id in {}", out.stdout))
-}
-
-async fn unwatch(daemon: &Daemon, id: u64) -> Result<()> {
-    let endpoint = daemon.endpoint();
-    let id = id.to_string();
-    let out = run_wpctl(
-        &["--endpoint", &endpoint, "unwatch", &id],
-        Duration::from_secs(20),
-    )
-    .await?;
-    ensure!(out.code == Some(0), "wpctl unwatch failed: {out:?}");
-    Ok(())
 }
 
 /// The daemon's CPU (ms per second) and wake-ups (context switches per

@@ -240,7 +240,8 @@ async fn watch(daemon: &Daemon, comm: &str, extra: &[&str]) -> Result<u64> {
     v["policy"]["id"].as_u64().context("no policy id")
 }
 
-async fn unwatch(daemon: &Daemon, id: u64) -> Result<()> {
+/// `wpctl unwatch ID`: a watchpoint or a policy removed.
+pub(crate) async fn unwatch(daemon: &Daemon, id: u64) -> Result<()> {
     let endpoint = daemon.endpoint();
     let id = id.to_string();
     let out = run_wpctl(
