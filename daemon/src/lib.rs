@@ -12,6 +12,7 @@ pub mod engine;
 pub mod error;
 pub mod events;
 pub mod export;
+pub mod faststrings;
 pub mod filter;
 pub mod journal;
 pub mod ledger;

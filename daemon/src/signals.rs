@@ -81,7 +81,8 @@ mod abi {
 }
 
 /// The program: a delivery whose handler is `SIG_DFL`, or of SIGTRAP, is
-/// written to `ring` as (pid_tgid, signal, code, handler).
+/// written to `ring` as (pid_tgid, signal, code, handler); the group-exit
+/// path's SIGKILLs, which carry no siginfo, are not.
 fn program(ring: &RingBuf) -> Result<Vec<Insn>, bpf::AsmError> {
     let mut p = Program::new();
     let (keep, out) = (p.label(), p.label());
@@ -99,6 +100,13 @@ fn program(ring: &RingBuf) -> Result<Vec<Insn>, bpf::AsmError> {
         asm::ldx_dw(3, 6, abi::ARG_INFO),
         asm::add_imm(3, abi::SI_CODE),
         asm::call(helper::PROBE_READ_KERNEL),
+    ]);
+    // No siginfo (`SEND_SIG_NOINFO`): the kernel's group-exit path, a
+    // SIGKILL each other thread takes when one calls `exit_group` or
+    // `exec`, or when a signal that dumps no core ends the process
+    // (kernel-facts §13). Not a crash of that thread: not recorded.
+    p.jne_imm(0, 0, out);
+    p.push([
         asm::mov(1, 10),
         asm::add_imm(1, -24),
         asm::mov_imm(2, 8),
@@ -395,10 +403,23 @@ mod tests {
         }
     }
 
+    extern "C" fn raises_term() {
+        // SAFETY: raise is async-signal-safe; SIGTERM's default action ends
+        // the process without a core.
+        unsafe { libc::raise(libc::SIGTERM) };
+    }
+
+    extern "C" fn raises_kill() {
+        // SAFETY: as above.
+        unsafe { libc::raise(libc::SIGKILL) };
+    }
+
     /// The program reads the tracepoint's arguments at the ABI's offsets:
     /// a default-action SIGABRT and a handled SIGTRAP are recorded with
     /// the signal, `si_code` (SI_TKILL: `raise` sends with tgkill) and the
-    /// action; a handled SIGUSR1 is not.
+    /// action; a handled SIGUSR1 is not, nor the SIGKILL that the kernel's
+    /// group-exit path delivers without a siginfo when SIGTERM or SIGKILL
+    /// ends a process (kernel-facts §13).
     #[test]
     fn deliveries_are_seen_with_their_code_and_action() {
         let Ok(watch) = SignalWatch::start() else {
@@ -409,11 +430,13 @@ mod tests {
         let abort = child(aborts);
         let trap = child(traps_handled);
         let usr1 = child(handles_usr1);
+        let term = child(raises_term);
+        let kill = child(raises_kill);
         let mut seen = Vec::new();
         watch.drain(&mut seen);
         let own: Vec<Delivery> = seen
             .into_iter()
-            .filter(|d| [abort, trap, usr1].contains(&d.pid))
+            .filter(|d| [abort, trap, usr1, term, kill].contains(&d.pid))
             .collect();
         assert_eq!(
             own,

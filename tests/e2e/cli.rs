@@ -239,3 +239,83 @@ async fn wpctl_without_daemon_exits_3() -> Result<()> {
     ensure!(!out.stderr.trim().is_empty(), "no explanation on stderr");
     Ok(())
 }
+
+/// Whether this CPU has the fast-string modes an armed breakpoint turns off (`erms`, `fsrm`).
+fn cpu_has_fast_strings() -> Result<bool> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").context("reading /proc/cpuinfo")?;
+    Ok(info
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .any(|l| l.split_whitespace().any(|f| f == "erms" || f == "fsrm")))
+}
+
+/// The first watchpoint on a glibc process says that its large memsets will run slowly
+/// while armed and how to start it so they do not (kernel-facts §14); the second watchpoint
+/// does not repeat it, and a process started with the tunable gets no such warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wpctl_watch_warns_of_slow_memset() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let fast = cpu_has_fast_strings()?;
+    let daemon = Daemon::start().await?;
+    let plain = TargetProc::start(&["--threads", "2"]).await?;
+    let bin = wpd_tests::find_bin("wpd-target")?;
+    let bin = bin.to_str().context("target path is not UTF-8")?;
+    let tuned = TargetProc::start_via(
+        std::path::Path::new("env"),
+        &[
+            "GLIBC_TUNABLES=glibc.cpu.x86_rep_stosb_threshold=1000000000000",
+            bin,
+            "--threads",
+            "2",
+        ],
+    )
+    .await?;
+    daemon.finish(
+        async {
+            let first = watch_var(&daemon, &plain, 0).await?;
+            ensure_exit(&first, 0, "first wpctl watch")?;
+            ensure!(
+                warns_of_memset(&first) == fast,
+                "first watch of a glibc process on a CPU {} fast strings: expected {} warning, \
+                 got stderr {:?}",
+                if fast { "with" } else { "without" },
+                if fast { "a" } else { "no" },
+                first.stderr
+            );
+            let second = watch_var(&daemon, &plain, 1).await?;
+            ensure_exit(&second, 0, "second wpctl watch")?;
+            ensure!(
+                !warns_of_memset(&second),
+                "the second watch repeats the warning: {:?}",
+                second.stderr
+            );
+
+            let out = watch_var(&daemon, &tuned, 0).await?;
+            ensure_exit(&out, 0, "wpctl watch of the tuned process")?;
+            ensure!(
+                !warns_of_memset(&out),
+                "a process started with the tunable is warned: {:?}",
+                out.stderr
+            );
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// `wpctl watch --pid T --addr VAR` of the target's variable `var`.
+async fn watch_var(daemon: &Daemon, t: &TargetProc, var: usize) -> Result<CmdOutput> {
+    let pid = t.pid.to_string();
+    let addr = format!("{:#x}", t.vars[var]);
+    wpctl(daemon, &["watch", "--pid", &pid, "--addr", &addr]).await
+}
+
+/// Whether `wpctl watch` warned of slow memsets and named the cure.
+fn warns_of_memset(out: &CmdOutput) -> bool {
+    out.stderr.contains("rep stosb")
+        && out
+            .stderr
+            .contains("GLIBC_TUNABLES=glibc.cpu.x86_rep_stosb_threshold=")
+}

@@ -131,6 +131,11 @@ async fn process_exit_removes_everything(backend: Backend) -> Result<()> {
                             );
                             Some(())
                         }
+                        // exit_group makes the kernel deliver SIGKILL to the other threads:
+                        // not a crash.
+                        Event::ProcessCrashed(c) if c.pid == pid => {
+                            anyhow::bail!("a clean exit reported as a crash: {c:?}")
+                        }
                         _ => None,
                     })
                 })

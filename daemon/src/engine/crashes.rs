@@ -1,6 +1,6 @@
 //! The `wpd-signals` thread: signals the kernel delivers to watched
 //! processes (`signals.rs`), turned into `ProcessCrashed` events — a fatal
-//! signal (a crash, a sanitizer's abort, a kill) seen as it is delivered,
+//! signal (a crash, a sanitizer's abort) seen as it is delivered,
 //! before the process is gone, and any SIGTRAP, which wpd never sends and
 //! which would otherwise kill a target without a word of why
 //! (kernel-facts §10).

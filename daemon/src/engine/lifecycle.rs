@@ -121,7 +121,11 @@ impl Core {
         let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
             return;
         };
-        let ids = self.release_process(&proc, "process exited");
+        // Its exit is seen by the pidfd watch and by the reconcile thread
+        // (no thread left): one of them reports it.
+        let Some(ids) = self.release_process(&proc, "process exited") else {
+            return;
+        };
         self.bus.publish_as(
             EventKind::ProcessExited {
                 pid,
@@ -143,19 +147,26 @@ impl Core {
         if let Some(t) = proc.exit_watch.lock().unwrap().take() {
             t.abort();
         }
-        let ids = self.release_process(&proc, "detached");
+        let ids = self
+            .release_process(&proc, "detached")
+            .ok_or(WpdError::NotAttached(pid))?;
         tracing::info!(pid, watchpoints = ids.len(), "detached");
         Ok((ids.len(), threads))
     }
 
-    /// Removes all watchpoints of a process and forgets it.
-    fn release_process(&self, proc: &Arc<Process>, reason: &'static str) -> Vec<WatchId> {
+    /// Ends the attachment: its watchpoints removed (each reported with
+    /// `reason`) and the process forgotten. `None` when another path (an
+    /// exit, a detach, a loss) ended it first: whoever ends it reports it,
+    /// once.
+    fn release_process(&self, proc: &Arc<Process>, reason: &'static str) -> Option<Vec<WatchId>> {
         let op = proc.lock_op();
-        proc.gone.store(true, Ordering::SeqCst);
+        if proc.gone.swap(true, Ordering::SeqCst) {
+            return None;
+        }
         let removed = self.remove_all_locked(&op, reason);
         drop(op);
         self.forget_process(proc);
-        removed
+        Some(removed)
     }
 
     /// Removes every watchpoint of the locked process, each reported with
@@ -368,7 +379,10 @@ impl Core {
     /// event saying why.
     pub(super) fn lose_locked(&self, op: &OpGuard<'_>, reason: String) {
         let proc = op.process();
-        proc.gone.store(true, Ordering::SeqCst);
+        if proc.gone.swap(true, Ordering::SeqCst) {
+            // Already ended (its exit or a detach), and reported.
+            return;
+        }
         let removed = self.remove_all_locked(op, "process lost");
         if let Some(t) = proc.exit_watch.lock().unwrap().take() {
             t.abort();

@@ -272,6 +272,15 @@ impl Core {
                 pieces.join(", ")
             ));
         }
+        // The first data breakpoint of a process turns its string
+        // instructions slow (kernel-facts §14): say so while the person can
+        // still restart it with the cure.
+        if spec.access != crate::model::Access::Exec
+            && proc.watches.lock().unwrap().is_empty()
+            && let Some(w) = crate::faststrings::memset_warning(pid)
+        {
+            warnings.push(w);
+        }
         let watch = Arc::new(Watch {
             id,
             spec: spec.clone(),
