@@ -7,8 +7,9 @@
  * condition "> 100" and the signal action makes that store a crash the
  * fuzzer saves.
  *
- * Built two ways by the tests: with afl-cc (a fork server: main reads one
- * input from stdin) and with clang -fsanitize=fuzzer -DFUZZ_LIBFUZZER
+ * Built three ways: with afl-cc (a fork server: main reads one input from
+ * stdin), with afl-cc -DFUZZ_AFL_PERSISTENT (AFL++'s persistent mode, for
+ * wpd-bench) and with clang -fsanitize=fuzzer -DFUZZ_LIBFUZZER
  * (LLVMFuzzerTestOneInput). Compiled with -g so that wpd finds state.level
  * by name.
  */
@@ -59,6 +60,20 @@ static void parse(const uint8_t *data, size_t len) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
     memset(&state, 0, sizeof state);
     parse(data, len);
+    return 0;
+}
+#elif defined(FUZZ_AFL_PERSISTENT)
+/* AFL++'s persistent mode (afl-cc only): the fork server forks once per
+ * 10,000 inputs, each read from shared memory by the loop. */
+__AFL_FUZZ_INIT();
+int main(void) {
+    __AFL_INIT();
+    const uint8_t *buf = __AFL_FUZZ_TESTCASE_BUF;
+    while (__AFL_LOOP(10000)) {
+        size_t len = (size_t)__AFL_FUZZ_TESTCASE_LEN;
+        memset(&state, 0, sizeof state);
+        parse(buf, len);
+    }
     return 0;
 }
 #else

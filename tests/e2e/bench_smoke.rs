@@ -7,7 +7,7 @@ use std::process::Command;
 use wpd_tests::{find_bin, nats_server_bin, require_peer, require_root_perf};
 
 /// Every section heading of `wpd-bench`, and rows each must contain.
-const SECTIONS: [(&str, &[&str]); 25] = [
+const SECTIONS: [(&str, &[&str]); 26] = [
     (
         "## mass-arm: one process-wide write watchpoint, idle target",
         &[
@@ -116,6 +116,17 @@ const SECTIONS: [(&str, &[&str]); 25] = [
             "| log, every store a hit (no condition) |",
             "| log, condition > 100 (judged at the trap) |",
             "| signal, condition > 100 |",
+        ],
+    ),
+    (
+        "## fuzzers: AFL++ in persistent mode",
+        &[
+            "| alone (daemon idle) |",
+            "| alone, tunable |",
+            "| watched, never written (parser_limit) |",
+            "| watched, never written, tunable |",
+            "| log, every store a hit, tunable |",
+            "| signal, condition > 100, tunable |",
         ],
     ),
     (

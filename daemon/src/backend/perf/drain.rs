@@ -212,6 +212,14 @@ impl PerfEngine {
                 // creator's, and a pass reads one ring after the other).
                 let exited = self.early_exits.lock().unwrap().take(tid, time);
                 if let Some(row) = ledger.on_fork(pid, ptid, tid, time) {
+                    if !self.trackers.contains_key(&pid) {
+                        // Detached between the check above and the row's
+                        // insertion: a detach forgets the ledger's rows after
+                        // it drops the trackers, so the row is this one's to
+                        // take back.
+                        ledger.remove_process(pid);
+                        return;
+                    }
                     // Certain and uncertain ones: the reconcile step arms any
                     // uncertain one that was not inherited.
                     let mut watchpoints: Vec<WatchId> = (0..arch::current::SLOTS)

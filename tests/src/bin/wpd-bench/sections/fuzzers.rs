@@ -382,33 +382,36 @@ struct AflExtra {
     signal_us: f64,
 }
 
+/// One mode of an AFL++ table: its label, the policy's `wpctl watch` options (`None`: no
+/// policy) and whether the fuzzer (and so the target) runs with [`NO_REP_STOSB`].
+type AflMode<'a> = (&'a str, Option<&'a [&'a str]>, bool);
+
 async fn afl(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Result<AflExtra> {
-    let comm = unique_comm('a');
-    let bin = compile(dir, FUZZPARSE, &comm, "afl-cc", &["-g", "-O1"])?;
     let seeds = dir.join("in");
     std::fs::create_dir_all(&seeds)?;
     std::fs::write(seeds.join("seed"), SEED)?;
+
+    let comm = unique_comm('a');
+    let bin = compile(dir, FUZZPARSE, &comm, "afl-cc", &["-g", "-O1"])?;
     println!(
         "## fuzzers: AFL++ on a fork server, alone and with a policy on state.level (afl-fuzz -V {secs}, fork-server children followed)\n"
     );
-    println!(
-        "| mode | execs/s (median) | min–max | ratio of medians to alone | ratio to alone in the same round (median, min–max) | executions | daemon CPU µs per execution | hits per execution | instances made | crashes saved |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    flush();
-    let modes: [(&str, Option<&[&str]>); 5] = [
-        ("alone (daemon idle)", None),
+    let forked: [AflMode; 5] = [
+        ("alone (daemon idle)", None, false),
         (
             "watched, never written (parser_limit: the cost of being watched)",
             Some(&["--symbol", "parser_limit", "--follow-forks"]),
+            false,
         ),
         (
             "log, every store a hit (no condition)",
             Some(&["--follow-forks"]),
+            false,
         ),
         (
             "log, condition > 100 (judged at the trap)",
             Some(&["--follow-forks", "--condition", "> 100"]),
+            false,
         ),
         (
             "signal, condition > 100",
@@ -419,27 +422,103 @@ async fn afl(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Result<AflE
                 "--action",
                 "signal",
             ]),
+            false,
         ),
     ];
+    let rows = afl_table(args, daemon, dir, secs, &bin, &comm, &seeds, &forked).await?;
+    let alone = rows[0].rate.med;
+    let extra_us = |r: &Row| 1e6 / r.rate.med - 1e6 / alone;
+    let extra = AflExtra {
+        every_hit_us: extra_us(&rows[2]),
+        condition_us: extra_us(&rows[3]),
+        signal_us: extra_us(&rows[4]),
+    };
+
+    let comm = unique_comm('p');
+    let bin = compile(
+        dir,
+        FUZZPARSE,
+        &comm,
+        "afl-cc",
+        &["-g", "-O1", "-DFUZZ_AFL_PERSISTENT"],
+    )?;
+    println!(
+        "## fuzzers: AFL++ in persistent mode (10,000 inputs per fork), alone and with a policy (afl-fuzz -V {secs}; \"tunable\": GLIBC_TUNABLES={NO_REP_STOSB})\n"
+    );
+    let persistent: [AflMode; 6] = [
+        ("alone (daemon idle)", None, false),
+        ("alone, tunable", None, true),
+        (
+            "watched, never written (parser_limit)",
+            Some(&["--symbol", "parser_limit", "--follow-forks"]),
+            false,
+        ),
+        (
+            "watched, never written, tunable",
+            Some(&["--symbol", "parser_limit", "--follow-forks"]),
+            true,
+        ),
+        (
+            "log, every store a hit, tunable",
+            Some(&["--follow-forks"]),
+            true,
+        ),
+        (
+            "signal, condition > 100, tunable",
+            Some(&[
+                "--follow-forks",
+                "--condition",
+                "> 100",
+                "--action",
+                "signal",
+            ]),
+            true,
+        ),
+    ];
+    afl_table(args, daemon, dir, secs, &bin, &comm, &seeds, &persistent).await?;
+    Ok(extra)
+}
+
+/// Runs AFL++ on `bin` (whose processes are called `comm`) in each of `modes`, `args.reps`
+/// rounds of them in turn, and prints the table; its rows, in the order of `modes`.
+#[allow(clippy::too_many_arguments)]
+async fn afl_table(
+    args: &Args,
+    daemon: &Daemon,
+    dir: &Path,
+    secs: u64,
+    bin: &Path,
+    comm: &str,
+    seeds: &Path,
+    modes: &[AflMode<'_>],
+) -> Result<Vec<Row>> {
+    println!(
+        "| mode | execs/s (median) | min–max | ratio of medians to alone | ratio to alone in the same round (median, min–max) | executions | daemon CPU µs per execution | hits per execution | instances made | crashes saved |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    flush();
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); modes.len()];
     let mut n = 0;
     for _ in 0..args.reps {
-        for (i, (_, extra)) in modes.iter().enumerate() {
+        for (i, (_, extra, tunable)) in modes.iter().enumerate() {
             n += 1;
-            let out = dir.join(format!("afl-out-{n}"));
-            let run = measured(daemon, &comm, *extra, async || {
+            let out = dir.join(format!("afl-out-{comm}-{n}"));
+            let run = measured(daemon, comm, *extra, async || {
                 let mut c = tokio::process::Command::new("afl-fuzz");
                 c.arg("-i")
-                    .arg(&seeds)
+                    .arg(seeds)
                     .arg("-o")
                     .arg(&out)
                     .args(["-V", &secs.to_string(), "--"])
-                    .arg(&bin)
+                    .arg(bin)
                     .current_dir(dir)
                     .env("AFL_NO_UI", "1")
                     .env("AFL_SKIP_CPUFREQ", "1")
                     .env("AFL_NO_AFFINITY", "1")
                     .env("AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES", "1");
+                if *tunable {
+                    c.env("GLIBC_TUNABLES", NO_REP_STOSB);
+                }
                 let (o, wall) = run_timed(c, Duration::from_secs(secs * 4 + 60)).await?;
                 ensure!(
                     o.status.success(),
@@ -467,7 +546,7 @@ async fn afl(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Result<AflE
     }
     let rows: Vec<Row> = runs.iter().map(|r| row(r, &runs[0])).collect();
     let alone = rows[0].rate.med;
-    for ((label, extra), r) in modes.iter().zip(&rows) {
+    for ((label, extra, _), r) in modes.iter().zip(&rows) {
         println!(
             "| {label} | {:.0} | {:.0}–{:.0} | {:.2} | {:.2} ({:.2}–{:.2}) | {:.0} | {:.2} | {:.2} | {} | {} |",
             r.rate.med,
@@ -490,12 +569,7 @@ async fn afl(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Result<AflE
     }
     println!();
     flush();
-    let extra_us = |r: &Row| 1e6 / r.rate.med - 1e6 / alone;
-    Ok(AflExtra {
-        every_hit_us: extra_us(&rows[2]),
-        condition_us: extra_us(&rows[3]),
-        signal_us: extra_us(&rows[4]),
-    })
+    Ok(rows)
 }
 
 /// The executions libFuzzer reports last on stderr (`#N: cov: ...` in fork mode, `#N\t...`
