@@ -13,6 +13,7 @@
 //! | `ct-stripped` | `ct-pie` with every symbol table stripped |
 //! | `ct-pie.debug` | `ct-pie`'s debug information alone (`objcopy --only-keep-debug`) |
 //! | `ct-nofp` | `-g -O2 -fomit-frame-pointer` (no frame-pointer chain) |
+//! | `ct-launch` | `launched.c`, `-g -O0` (PIE): the program the DAP tests launch |
 //! | `ct-ips` | generated: 1,000 functions that each store into `counter` (`sweep` calls them all), `-g -O0` |
 
 use std::path::{Path, PathBuf};
@@ -99,6 +100,7 @@ fn main() {
     tool("objcopy", &["--only-keep-debug", "ct-pie", "ct-pie.debug"]);
     std::fs::copy(out.join("ct-pie"), out.join("ct-stripped")).unwrap();
     tool("strip", &["--strip-all", "ct-stripped"]);
+    cc(&out, &["-g", "-O0", "-o", "ct-launch", &s("launched.c")]);
     std::fs::write(out.join("ct-ips.c"), ips_source(IPS)).unwrap();
     cc(&out, &["-g", "-O0", "-o", "ct-ips", "ct-ips.c"]);
     println!("cargo:rustc-env=WPD_CTARGETS={}", out.display());

@@ -31,8 +31,9 @@ request!(
     Attach, "attach", AttachArguments => ()
 );
 request!(
-    /// Start a program: refused (the adapter only attaches).
-    Launch, "launch", IgnoredAny => ()
+    /// Start a program, held before its first instruction until
+    /// `configurationDone`.
+    Launch, "launch", LaunchArguments => ()
 );
 request!(
     /// The client has sent its configuration.
@@ -119,11 +120,12 @@ request!(
     Goto, "goto", IgnoredAny => ()
 );
 request!(
-    /// End the session (the target keeps running).
+    /// End the session (an attached target keeps running, a launched
+    /// program is killed).
     Disconnect, "disconnect", IgnoredAny => ()
 );
 request!(
-    /// End the session, as `disconnect` (the target keeps running).
+    /// End the session, as `disconnect`.
     Terminate, "terminate", IgnoredAny => ()
 );
 
@@ -140,6 +142,30 @@ pub struct AttachArguments {
     pub backend: Option<String>,
     /// `"all"` (default): a hit stops every thread; `"thread"`: only the
     /// thread that hit.
+    pub stop_on_hit: Option<String>,
+}
+
+/// `launch` arguments (the IDE's launch configuration).
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct LaunchArguments {
+    /// The executable.
+    pub program: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment variables: an object (`null` removes a variable) or an
+    /// array of `NAME=VALUE` strings; added to the adapter's environment.
+    pub env: Option<serde_json::Value>,
+    /// Working directory.
+    pub cwd: Option<String>,
+    /// Stop before the program's first instruction (a `stopped` event with
+    /// reason `entry` after `configurationDone`).
+    #[serde(default)]
+    pub stop_on_entry: bool,
+    /// As in `attach`.
+    pub backend: Option<String>,
+    /// As in `attach`.
     pub stop_on_hit: Option<String>,
 }
 

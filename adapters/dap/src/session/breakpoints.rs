@@ -68,7 +68,9 @@ impl Handler<DataBreakpointInfo> for Session {
                     return none(format!("{name:?} is a property of the stop, not memory"));
                 }
                 Some(Container::Locals(..)) => unreachable!("handled above"),
-                Some(Container::Registers(_)) => {
+                Some(
+                    Container::Registers(_) | Container::GeneralRegisters(_) | Container::Flags(_),
+                ) => {
                     return none(format!(
                         "{name:?} is a register: a data breakpoint watches memory (watch the \
                          address it holds instead)"

@@ -1,5 +1,5 @@
 //! Running and stopping: `continue`, `pause`, and what the adapter refuses
-//! (`launch`, stepping).
+//! (stepping).
 
 use serde::de::IgnoredAny;
 use wpd_proto::v1 as pb;
@@ -51,12 +51,6 @@ impl Handler<Pause> for Session {
             ..Default::default()
         });
         Ok(())
-    }
-}
-
-impl Handler<Launch> for Session {
-    async fn handle(&mut self, _: IgnoredAny) -> Result<(), DapError> {
-        Err(DapError::LaunchUnsupported)
     }
 }
 

@@ -197,6 +197,19 @@ impl Handler<Variables> for Session {
                 }));
             }
             Container::Registers(tid) => {
+                // Groups, as lldb-dap shows them: the general-purpose
+                // registers are the ones the daemon reads.
+                let r = self.container(Container::GeneralRegisters(tid));
+                out.push(Variable {
+                    name: "General Purpose Registers".into(),
+                    value: String::new(),
+                    type_name: None,
+                    variables_reference: r,
+                    evaluate_name: None,
+                    memory_reference: None,
+                });
+            }
+            Container::GeneralRegisters(tid) => {
                 let r = self
                     .client()
                     .get_thread_stack(self.daemon.request(pb::GetThreadStackRequest {
@@ -208,13 +221,35 @@ impl Handler<Variables> for Session {
                     }))
                     .await?
                     .into_inner();
-                out.extend(r.registers.iter().map(|reg| Variable {
-                    name: reg.name.clone(),
-                    value: format!("{:#018x}", reg.value),
+                for reg in &r.registers {
+                    let flags = reg.name == spec::FLAGS_REGISTER;
+                    let children = if flags {
+                        self.container(Container::Flags(reg.value))
+                    } else {
+                        0
+                    };
+                    out.push(Variable {
+                        name: reg.name.clone(),
+                        value: if flags {
+                            spec::show_flags(reg.value)
+                        } else {
+                            format!("{:#018x}", reg.value)
+                        },
+                        type_name: None,
+                        variables_reference: children,
+                        evaluate_name: None,
+                        memory_reference: (!flags).then(|| format!("{:#x}", reg.value)),
+                    });
+                }
+            }
+            Container::Flags(value) => {
+                out.extend(spec::FLAGS.iter().map(|&(name, bit, _)| Variable {
+                    name: name.into(),
+                    value: ((value >> bit) & 1).to_string(),
                     type_name: None,
                     variables_reference: 0,
                     evaluate_name: None,
-                    memory_reference: Some(format!("{:#x}", reg.value)),
+                    memory_reference: None,
                 }));
             }
             Container::Hit(tid) => {

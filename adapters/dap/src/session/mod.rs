@@ -9,7 +9,7 @@
 //! Requests are typed ([`crate::protocol::requests`]): each has one handler,
 //! an `impl Handler<R> for Session`, in the room of this module its work
 //! belongs to — `attach.rs` (attach, end of the session), `breakpoints.rs`
-//! (data breakpoints), `inspect.rs` (threads, stacks, scopes, variables,
+//! (data breakpoints), `launch.rs` (a program started by the session), `inspect.rs` (threads, stacks, scopes, variables,
 //! evaluate, memory), `control.rs` (continue, pause, what is refused) — and
 //! one line in [`Session::route`]. Daemon events become DAP events in
 //! `events.rs`.
@@ -19,6 +19,7 @@ mod breakpoints;
 mod control;
 mod events;
 mod inspect;
+mod launch;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -52,6 +53,22 @@ enum Input {
     Event(Box<pb::StreamEventsResponse>),
     /// The daemon's event stream ended.
     EventsEnded(String),
+    /// Output of the launched program (category, text).
+    Output(&'static str, String),
+    /// The launched program exited with this code.
+    Exited(i32),
+}
+
+/// A program the session started (`launch`).
+#[derive(Debug, Clone, Copy)]
+struct Launched {
+    pid: i32,
+    /// Hold it at its entry at `configurationDone`.
+    stop_on_entry: bool,
+    /// Sent on its way (`configurationDone` came).
+    running: bool,
+    /// Its exit was reported.
+    exited: bool,
 }
 
 /// How hits stop the target.
@@ -97,8 +114,12 @@ struct StopInfo {
 enum Container {
     Watched,
     Hit(i32),
-    /// The registers of a held thread (its innermost frame).
+    /// The register groups of a held thread (its innermost frame).
     Registers(i32),
+    /// A held thread's general-purpose registers.
+    GeneralRegisters(i32),
+    /// The flags of an `eflags` value.
+    Flags(u64),
     /// The parameters and locals of frame `.1` (0: innermost) of thread `.0`.
     Locals(i32, u32),
 }
@@ -131,6 +152,8 @@ pub(crate) struct Session {
     inputs: mpsc::Sender<Input>,
     pid: Option<i32>,
     attached_by_us: bool,
+    /// The program `launch` started (killed when the session ends).
+    launched: Option<Launched>,
     mode: StopMode,
     /// The event stream's lease (watchpoints die with it).
     lease: u64,
@@ -197,6 +220,7 @@ where
         inputs: tx,
         pid: None,
         attached_by_us: false,
+        launched: None,
         mode: StopMode::All,
         lease: 0,
         armed: Vec::new(),
@@ -224,6 +248,11 @@ where
                 break;
             }
             Input::Event(ev) => s.event(*ev).await,
+            Input::Output(category, text) => s.send_event(&crate::protocol::events::Output {
+                category,
+                output: text,
+            }),
+            Input::Exited(code) => s.program_exited(code),
             Input::EventsEnded(e) => {
                 if s.pid.is_some() && !s.ended {
                     s.output("important", &format!("wpd: the event stream ended: {e}"));

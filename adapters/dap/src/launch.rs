@@ -1,0 +1,279 @@
+//! Starting the program of a `launch` request, held before its first
+//! instruction so that the daemon can attach and arm it first.
+//!
+//! One thread per program, the *parent thread*, does everything a parent
+//! must do itself:
+//! 1. fork; the child asks for `SIGKILL` at its parent thread's death
+//!    (`PR_SET_PDEATHSIG`: nothing outlives an adapter that dies) and to be
+//!    traced by it (`PTRACE_TRACEME`), then execs the program;
+//! 2. the exec stops the child with `SIGTRAP` before the program's (or its
+//!    dynamic linker's) first instruction;
+//! 3. the parent detaches with `SIGSTOP` (`PTRACE_DETACH`'s signal): the
+//!    child goes straight into a group-stop, still before that instruction,
+//!    where any tracer (the daemon) can seize it;
+//! 4. the pid is handed back; the session attaches the daemon, arms, and
+//!    sends `SIGCONT` at `configurationDone`;
+//! 5. the thread then waits for the program's exit and reports its code
+//!    (after the program's output, read by one thread per pipe).
+//!
+//! ptrace requires the tracer to be the very thread that forked, and the
+//! death signal follows that thread: hence one thread doing all of it.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::unix::process::CommandExt as _;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc as std_mpsc;
+use std::time::Duration;
+
+use nix::sys::ptrace;
+use nix::sys::signal::Signal;
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+/// What to start.
+#[derive(Debug, Clone, Default)]
+pub struct Program {
+    /// The executable (a path; a bare name is looked up in `PATH`).
+    pub program: String,
+    /// Its arguments (after `argv[0]`).
+    pub args: Vec<String>,
+    /// Variables set (`Some`) or removed (`None`) in the adapter's
+    /// environment.
+    pub env: HashMap<String, Option<String>>,
+    /// Its working directory (the adapter's when absent).
+    pub cwd: Option<PathBuf>,
+}
+
+/// Why a program could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// fork or exec failed (no such file, not executable, bad cwd...).
+    #[error("cannot start {program:?}: {why}")]
+    Spawn {
+        /// The program asked for.
+        program: String,
+        /// The system's answer.
+        why: String,
+    },
+    /// The child did not stop at its exec as expected.
+    #[error("{program:?} did not stop before its first instruction: {why}")]
+    NoEntryStop {
+        /// The program asked for.
+        program: String,
+        /// What happened instead.
+        why: String,
+    },
+}
+
+/// A line or chunk of the program's output.
+pub type OutputSink = Box<dyn Fn(&'static str, String) + Send + Sync>;
+
+/// The program's exit code (128 + the signal for a killed one).
+pub type ExitSink = Box<dyn FnOnce(i32) + Send>;
+
+/// Starts `p` stopped before its first instruction (group-stopped by
+/// `SIGSTOP`); returns its pid. Its stdout and stderr go to `output`
+/// (categories `stdout`, `stderr`); its exit code to `exited`, after its
+/// output. Async: the waiting happens on the parent thread.
+pub async fn start(p: Program, output: OutputSink, exited: ExitSink) -> Result<i32, LaunchError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let name = p.program.clone();
+    let spawned = std::thread::Builder::new()
+        .name("wpd-launch".into())
+        .spawn(move || parent(p, tx, output, exited));
+    if let Err(e) = spawned {
+        return Err(LaunchError::Spawn {
+            program: name,
+            why: e.to_string(),
+        });
+    }
+    rx.await.unwrap_or_else(|_| {
+        Err(LaunchError::Spawn {
+            program: name,
+            why: "the launching thread ended".into(),
+        })
+    })
+}
+
+/// The parent thread: steps 1 to 5 of the module's documentation.
+fn parent(
+    p: Program,
+    tx: tokio::sync::oneshot::Sender<Result<i32, LaunchError>>,
+    output: OutputSink,
+    exited: ExitSink,
+) {
+    let mut cmd = Command::new(&p.program);
+    cmd.args(&p.args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in &p.env {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    if let Some(cwd) = &p.cwd {
+        cmd.current_dir(cwd);
+    }
+    // SAFETY: between fork and exec, only async-signal-safe calls (prctl,
+    // ptrace) are made.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            ptrace::traceme()?;
+            Ok(())
+        });
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = tx.send(Err(LaunchError::Spawn {
+                program: p.program,
+                why: e.to_string(),
+            }));
+            return;
+        }
+    };
+    let pid = child.id() as i32;
+    let npid = Pid::from_raw(pid);
+    let fail = |why: String| LaunchError::NoEntryStop {
+        program: p.program.clone(),
+        why,
+    };
+    // 2: the exec's SIGTRAP stop. 3: detached into a SIGSTOP group-stop.
+    let held = match waitpid(npid, None) {
+        Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => {
+            match ptrace::detach(npid, Signal::SIGSTOP) {
+                Ok(()) => match waitpid(npid, Some(WaitPidFlag::WUNTRACED)) {
+                    Ok(WaitStatus::Stopped(_, Signal::SIGSTOP)) => Ok(pid),
+                    other => Err(fail(format!("after detaching: {other:?}"))),
+                },
+                Err(e) => Err(fail(format!("PTRACE_DETACH: {e}"))),
+            }
+        }
+        other => Err(fail(format!("{other:?}"))),
+    };
+    if held.is_err() {
+        let _ = nix::sys::signal::kill(npid, Signal::SIGKILL);
+        let _ = waitpid(npid, None);
+        let _ = tx.send(held);
+        return;
+    }
+    // The readers end at EOF (the program and whatever inherited its pipes
+    // closed them).
+    let output = std::sync::Arc::new(output);
+    let (done_tx, done_rx) = std_mpsc::channel::<()>();
+    let mut readers = 0;
+    let pipes: [(&'static str, Option<Box<dyn Read + Send>>); 2] = [
+        (
+            "stdout",
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        ),
+        (
+            "stderr",
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        ),
+    ];
+    for (category, pipe) in pipes {
+        let Some(pipe) = pipe else { continue };
+        let output = output.clone();
+        let done = done_tx.clone();
+        if std::thread::Builder::new()
+            .name("wpd-launch-out".into())
+            .spawn(move || {
+                read_output(pipe, category, &output);
+                let _ = done.send(());
+            })
+            .is_ok()
+        {
+            readers += 1;
+        }
+    }
+    drop(done_tx);
+    let _ = tx.send(held);
+    // 5: the exit (the daemon, its tracer, has let it go by then).
+    let code = loop {
+        match waitpid(npid, None) {
+            Ok(WaitStatus::Exited(_, code)) => break code,
+            Ok(WaitStatus::Signaled(_, sig, _)) => break 128 + sig as i32,
+            Ok(_) => continue,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => break -1,
+        }
+    };
+    // Its last output first; a descendant holding the pipes open does not
+    // hold the exit back for long.
+    for _ in 0..readers {
+        if done_rx.recv_timeout(Duration::from_secs(1)).is_err() {
+            break;
+        }
+    }
+    exited(code);
+}
+
+/// Sends what `pipe` carries to `output` as it comes, in valid UTF-8 (a
+/// character split between two reads waits for its end; invalid bytes
+/// become U+FFFD).
+fn read_output(mut pipe: Box<dyn Read + Send>, category: &'static str, output: &OutputSink) {
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut pending: Vec<u8> = Vec::new();
+    loop {
+        let n = match pipe.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        pending.extend_from_slice(&buf[..n]);
+        let keep = incomplete_tail(&pending);
+        let ready: Vec<u8> = pending.drain(..pending.len() - keep).collect();
+        if !ready.is_empty() {
+            output(category, String::from_utf8_lossy(&ready).into_owned());
+        }
+    }
+    if !pending.is_empty() {
+        output(category, String::from_utf8_lossy(&pending).into_owned());
+    }
+}
+
+/// Bytes at the end of `b` that begin a UTF-8 character not complete yet.
+fn incomplete_tail(b: &[u8]) -> usize {
+    match std::str::from_utf8(b) {
+        Ok(_) => 0,
+        Err(e) if e.error_len().is_none() => b.len() - e.valid_up_to(),
+        Err(_) => {
+            // Invalid bytes earlier: only a complete-able tail is kept.
+            let start = b.len().saturating_sub(3);
+            (start..b.len())
+                .find(|&i| {
+                    std::str::from_utf8(&b[i..])
+                        .is_err_and(|e| e.valid_up_to() == 0 && e.error_len().is_none())
+                })
+                .map_or(0, |i| b.len() - i)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_character_split_between_reads_waits_for_its_end() {
+        assert_eq!(incomplete_tail(b"abc"), 0);
+        assert_eq!(incomplete_tail("é".as_bytes()), 0);
+        assert_eq!(incomplete_tail(&"é".as_bytes()[..1]), 1);
+        assert_eq!(incomplete_tail(&"a€".as_bytes()[..3]), 2);
+        assert_eq!(incomplete_tail(b"\xffab\xe2\x82"), 2);
+        assert_eq!(incomplete_tail(b"\xffab"), 0);
+    }
+}
