@@ -110,10 +110,10 @@ async function checkScopes(dc, frameId) {
   assert.ok(eflags.variablesReference > 0, 'eflags has its flags as children');
   const flags = (await vars(eflags.variablesReference)).map((f) => f.name);
   assert.ok(flags.includes('ZF') && flags.includes('CF'), JSON.stringify(flags));
-  if (process.env.GLOBALS !== '0') await checkGlobals(byName, vars);
+  await checkGlobals(dc, byName, vars);
 }
 
-async function checkGlobals(byName, vars) {
+async function checkGlobals(dc, byName, vars) {
   assert.ok(byName.Globals, JSON.stringify(Object.keys(byName)));
   const globals = await vars(byName.Globals.variablesReference);
   const g = Object.fromEntries(globals.map((v) => [v.name, v]));
@@ -125,12 +125,23 @@ async function checkGlobals(byName, vars) {
   assert.equal(num(members.soft.value), 3n);
   assert.equal(num(members.hard.value), 1000n);
   assert.equal(members.hard.evaluateName, 'g_limits.hard');
+  assert.equal(members.hard.type, 'long int');
+  // A member can be watched from the view: by its expression.
+  const info = (await dc.dataBreakpointInfoRequest({
+    name: 'hard', variablesReference: limits.variablesReference,
+  })).body;
+  assert.equal(info.dataId, 'name:g_limits.hard', JSON.stringify(info));
   const range = Object.fromEntries((await vars(members.range.variablesReference)).map((v) => [v.name, v]));
   assert.equal(num(range.lo.value), -2n);
   assert.equal(num(range.hi.value), 9n);
   const table = await vars(g.g_table.variablesReference);
   assert.deepEqual(table.map((v) => v.name), ['[0]', '[1]', '[2]', '[3]']);
   assert.deepEqual(table.map((v) => num(v.value)), [10n, 20n, 30n, 40n]);
+  // A pointer: its value, and what it points to as its child.
+  assert.equal(g.g_name.type, 'const char *');
+  const [pointee] = await vars(g.g_name.variablesReference);
+  assert.equal(pointee.name, '*g_name');
+  assert.equal(num(pointee.value), 108n); // 'l'
 }
 
 test('stopOnEntry stops before the program\'s first instruction', async () => {

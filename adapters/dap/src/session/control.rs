@@ -82,6 +82,7 @@ impl Session {
                 self.frames.clear();
                 self.frame_index.clear();
                 self.vars.clear();
+                self.named.clear();
             }
         }
     }

@@ -122,6 +122,9 @@ enum Container {
     Flags(u64),
     /// The parameters and locals of frame `.1` (0: innermost) of thread `.0`.
     Locals(i32, u32),
+    /// What an expression has under it (the daemon's `ListVariables`); the
+    /// empty expression: the executable's globals.
+    Children(String),
 }
 
 /// What `dataBreakpointInfo` learnt of a target.
@@ -168,6 +171,9 @@ pub(crate) struct Session {
     frame_index: HashMap<i64, u32>,
     next_frame: i64,
     vars: HashMap<i64, Container>,
+    /// The expression of each variable listed in a `Children` container,
+    /// by (container, name): what `dataBreakpointInfo` watches.
+    named: HashMap<(i64, String), String>,
     next_var: i64,
     events: Option<tokio::task::JoinHandle<()>>,
     /// Events a handler sends after its response (`initialized` after
@@ -232,6 +238,7 @@ where
         frame_index: HashMap::new(),
         next_frame: 1,
         vars: HashMap::new(),
+        named: HashMap::new(),
         next_var: 1,
         events: None,
         after_response: Vec::new(),
