@@ -402,4 +402,37 @@ mod tests {
             serde_json::json!(["all", "thread"])
         );
     }
+
+    /// The same for `launch`.
+    #[test]
+    fn the_vscode_manifest_matches_the_launch_arguments() {
+        let text = include_str!("../../../vscode/package.json");
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        let props =
+            v["contributes"]["debuggers"][0]["configurationAttributes"]["launch"]["properties"]
+                .as_object()
+                .unwrap();
+        let mut names: Vec<&str> = props.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "args",
+                "backend",
+                "cwd",
+                "env",
+                "program",
+                "stopOnEntry",
+                "stopOnHit"
+            ]
+        );
+        let a: super::LaunchArguments = serde_json::from_value(serde_json::json!({
+            "program": "/bin/true", "args": ["a"], "env": {"A": "1"}, "cwd": "/",
+            "stopOnEntry": true, "backend": "ptrace", "stopOnHit": "all"
+        }))
+        .unwrap();
+        assert!(a.stop_on_entry);
+        assert_eq!(a.args, ["a"]);
+        assert_eq!(a.cwd.as_deref(), Some("/"));
+    }
 }
