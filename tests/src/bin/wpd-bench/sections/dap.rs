@@ -217,7 +217,9 @@ async fn locals_table(args: &Args) -> Result<()> {
         )
         .await?;
         let program = wpd_tests::ctarget_path("ct-locals");
+        let t = Instant::now();
         d.call("launch", json!({"program": program})).await?;
+        let launched = ms(t.elapsed());
         let process = d.event("process").await?;
         let pid = process["body"]["systemProcessId"]
             .as_i64()
@@ -229,8 +231,10 @@ async fn locals_table(args: &Args) -> Result<()> {
             json!({"breakpoints": [{"dataId": info["dataId"]}]}),
         )
         .await?;
+        let t = Instant::now();
         d.call("configurationDone", json!({})).await?;
         let stop = d.event("stopped").await?;
+        let first = ms(t.elapsed());
         let tid = stop["body"]["threadId"].clone();
         let st = d
             .call("stackTrace", json!({"threadId": tid, "levels": 1}))
@@ -274,6 +278,10 @@ async fn locals_table(args: &Args) -> Result<()> {
         println!("| wpctl dap: scopes + variables | {d50:.3} | {d90:.3} | {shown} |");
         println!("| gRPC direct: GetThreadStack, locals of 1 frame | {g50:.3} | {g90:.3} | 50 |");
         println!("| dap / gRPC | {:.2}× | {:.2}× | |\n", d50 / g50, d90 / g90);
+        println!(
+            "launch answered (started, held at its exec, attached): {launched:.1} ms; \
+             configurationDone → `hit`'s first store stopped: {first:.1} ms\n"
+        );
         d.call("disconnect", json!({})).await?;
         let _ = tokio::time::timeout(Duration::from_secs(10), d.child.wait()).await;
         Ok(())
