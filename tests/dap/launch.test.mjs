@@ -156,6 +156,11 @@ test('stopOnEntry stops before the program\'s first instruction', async () => {
     assert.equal(ev.body.threadId, pid);
     const threads = (await dc.threadsRequest()).body.threads;
     assert.deepEqual(threads.map((t) => t.id), [pid]);
+    // It runs with the default scheduling policy, not the adapter's
+    // SCHED_FIFO (field 41 of /proc/PID/stat: 0 is SCHED_OTHER).
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    assert.equal(fields[41 - 3], '0', `policy of ${stat}`);
     const frames = (await dc.stackTraceRequest({ threadId: pid })).body.stackFrames;
     assert.ok(frames.length >= 1);
     assert.notEqual(frames[0].name, 'main');

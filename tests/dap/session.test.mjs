@@ -109,7 +109,7 @@ test('a debug session: break on a variable by name, look around, continue, disco
     const local = (await dc.dataBreakpointInfoRequest({ name: 'v', variablesReference: outer[0].variablesReference })).body;
     assert.equal(local.dataId, `addr:${v1.memoryReference}/8`, JSON.stringify(local));
     assert.match(local.description, /v \(frame 1 of thread \d+\)/);
-    const onReg = await dc.dataBreakpointInfoRequest({ name: 'rax', variablesReference: scopes[3].variablesReference });
+    const onReg = await dc.dataBreakpointInfoRequest({ name: 'rax', variablesReference: groups[0].variablesReference });
     assert.equal(onReg.body.dataId, null);
     assert.match(onReg.body.description, /register/);
     const hit = (await dc.variablesRequest({ variablesReference: scopes[1].variablesReference })).body.variables;

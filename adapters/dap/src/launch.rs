@@ -3,9 +3,11 @@
 //!
 //! One thread per program, the *parent thread*, does everything a parent
 //! must do itself:
-//! 1. fork; the child asks for `SIGKILL` at its parent thread's death
-//!    (`PR_SET_PDEATHSIG`: nothing outlives an adapter that dies) and to be
-//!    traced by it (`PTRACE_TRACEME`), then execs the program;
+//! 1. fork; the child drops the adapter's real-time scheduling (`wpctl
+//!    dap --priority realtime`) for the default policy, asks for `SIGKILL`
+//!    at its parent thread's death (`PR_SET_PDEATHSIG`: nothing outlives an
+//!    adapter that dies) and to be traced by it (`PTRACE_TRACEME`), then
+//!    execs the program;
 //! 2. the exec stops the child with `SIGTRAP` before the program's (or its
 //!    dynamic linker's) first instruction;
 //! 3. the parent detaches with `SIGSTOP` (`PTRACE_DETACH`'s signal): the
@@ -118,10 +120,14 @@ fn parent(
     if let Some(cwd) = &p.cwd {
         cmd.current_dir(cwd);
     }
-    // SAFETY: between fork and exec, only async-signal-safe calls (prctl,
-    // ptrace) are made.
+    // SAFETY: between fork and exec, only async-signal-safe calls
+    // (sched_setscheduler, prctl, ptrace) are made.
     unsafe {
         cmd.pre_exec(|| {
+            let param = libc::sched_param { sched_priority: 0 };
+            if libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             ptrace::traceme()?;
             Ok(())
