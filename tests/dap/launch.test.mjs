@@ -10,6 +10,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { spawn } from 'node:child_process';
 import { client, nextStop, env, num } from './lib.mjs';
 
 const PROGRAM = env('LAUNCH_PROGRAM');
@@ -223,5 +224,66 @@ test('a program that cannot be started is a clear error, and nothing runs', asyn
     await dc.disconnectRequest({});
   } finally {
     dc._adapterProcess?.kill();
+  }
+});
+
+test('a client with a terminal runs the program there (runInTerminal)', async () => {
+  const dc = await client();
+  // The test client answers no reverse request: this one plays the IDE's
+  // terminal, running what it is asked to run with its stdout kept.
+  let term;
+  let termOut = '';
+  const dispatch = dc.dispatch.bind(dc);
+  const asked = new Promise((resolve) => {
+    dc.dispatch = (body) => {
+      const m = JSON.parse(body);
+      if (m.type !== 'request' || m.command !== 'runInTerminal') return dispatch(body);
+      const a = m.arguments;
+      term = spawn(a.args[0], a.args.slice(1), {
+        cwd: a.cwd, env: { ...process.env, ...a.env }, stdio: ['ignore', 'pipe', 'inherit'],
+      });
+      term.stdout.on('data', (d) => { termOut += d; });
+      const r = JSON.stringify({
+        seq: 0, type: 'response', request_seq: m.seq, success: true, command: 'runInTerminal',
+        body: { shellProcessId: term.pid },
+      });
+      dc.outputStream.write(`Content-Length: ${Buffer.byteLength(r)}\r\n\r\n${r}`);
+      resolve(a);
+    };
+  });
+  try {
+    const out = output(dc);
+    await dc.initializeRequest({
+      adapterID: 'wpd', clientID: 'node-test', pathFormat: 'path', supportsRunInTerminalRequest: true,
+    });
+    const initialized = dc.waitForEvent('initialized');
+    const proc = dc.waitForEvent('process');
+    await dc.launchRequest({ program: PROGRAM, args: ['5'], env: { WPD_LAUNCH_VAR: 'term' }, cwd: '/tmp' });
+    const a = await asked;
+    assert.equal(a.kind, 'integrated');
+    assert.equal(a.cwd, '/tmp');
+    await initialized;
+    const pid = (await proc).body.systemProcessId;
+    assert.notEqual(pid, term.pid, 'the program is the helper\'s child');
+    const info = (await dc.dataBreakpointInfoRequest({ name: 'early' })).body;
+    await dc.setDataBreakpointsRequest({ breakpoints: [{ dataId: info.dataId }] });
+    const stop = nextStop(dc);
+    await dc.configurationDoneRequest();
+    assert.equal((await stop).body.reason, 'data breakpoint');
+    assert.equal(termOut, '');
+    const termExit = new Promise((resolve) => term.once('exit', resolve));
+    const exited = dc.waitForEvent('exited');
+    const terminated = dc.waitForEvent('terminated');
+    await dc.setDataBreakpointsRequest({ breakpoints: [] });
+    await dc.continueRequest({ threadId: pid });
+    assert.equal((await exited).body.exitCode, 5);
+    await terminated;
+    assert.equal(await termExit, 5);
+    assert.equal(termOut, 'launched argc=2 [5] WPD_LAUNCH_VAR=term cwd=/tmp\n');
+    assert.equal(out.stdout, '', 'nothing of it came as output events');
+    await dc.disconnectRequest({});
+  } finally {
+    dc._adapterProcess?.kill();
+    term?.kill();
   }
 });

@@ -99,18 +99,16 @@ pub async fn start(p: Program, output: OutputSink, exited: ExitSink) -> Result<i
     })
 }
 
-/// The parent thread: steps 1 to 5 of the module's documentation.
-fn parent(
-    p: Program,
-    tx: tokio::sync::oneshot::Sender<Result<i32, LaunchError>>,
-    output: OutputSink,
-    exited: ExitSink,
-) {
+/// Steps 1 to 3: `p` started, held in a group-stop before its first
+/// instruction; its stdio captured (pipes) or inherited.
+fn held_child(p: &Program, capture: bool) -> Result<std::process::Child, LaunchError> {
     let mut cmd = Command::new(&p.program);
-    cmd.args(&p.args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.args(&p.args);
+    if capture {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+    }
     for (k, v) in &p.env {
         match v {
             Some(v) => cmd.env(k, v),
@@ -133,18 +131,11 @@ fn parent(
             Ok(())
         });
     }
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = tx.send(Err(LaunchError::Spawn {
-                program: p.program,
-                why: e.to_string(),
-            }));
-            return;
-        }
-    };
-    let pid = child.id() as i32;
-    let npid = Pid::from_raw(pid);
+    let child = cmd.spawn().map_err(|e| LaunchError::Spawn {
+        program: p.program.clone(),
+        why: e.to_string(),
+    })?;
+    let npid = Pid::from_raw(child.id() as i32);
     let fail = |why: String| LaunchError::NoEntryStop {
         program: p.program.clone(),
         why,
@@ -154,7 +145,7 @@ fn parent(
         Ok(WaitStatus::Stopped(_, Signal::SIGTRAP)) => {
             match ptrace::detach(npid, Signal::SIGSTOP) {
                 Ok(()) => match waitpid(npid, Some(WaitPidFlag::WUNTRACED)) {
-                    Ok(WaitStatus::Stopped(_, Signal::SIGSTOP)) => Ok(pid),
+                    Ok(WaitStatus::Stopped(_, Signal::SIGSTOP)) => Ok(()),
                     other => Err(fail(format!("after detaching: {other:?}"))),
                 },
                 Err(e) => Err(fail(format!("PTRACE_DETACH: {e}"))),
@@ -162,12 +153,78 @@ fn parent(
         }
         other => Err(fail(format!("{other:?}"))),
     };
-    if held.is_err() {
+    if let Err(e) = held {
         let _ = nix::sys::signal::kill(npid, Signal::SIGKILL);
         let _ = waitpid(npid, None);
-        let _ = tx.send(held);
-        return;
+        return Err(e);
     }
+    Ok(child)
+}
+
+/// Step 5: waits for `pid`'s end; its exit code (128 + the signal for a
+/// killed one).
+fn exit_code(pid: i32) -> i32 {
+    loop {
+        match waitpid(Pid::from_raw(pid), None) {
+            Ok(WaitStatus::Exited(_, code)) => return code,
+            Ok(WaitStatus::Signaled(_, sig, _)) => return 128 + sig as i32,
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return -1,
+        }
+    }
+}
+
+/// The program's side of a launch in the IDE's terminal (`runInTerminal`):
+/// run by `wpctl dap --launch-helper SOCKET -- PROGRAM ARGS...` in that
+/// terminal, it starts the program held (its stdio the terminal's), says
+/// `pid N` on the session's socket, then `exit CODE`, and returns the code.
+/// A program that cannot start is `error MESSAGE` there (and on stderr).
+pub fn terminal_helper(socket: &std::path::Path, p: Program) -> i32 {
+    use std::io::Write as _;
+    let mut s = match std::os::unix::net::UnixStream::connect(socket) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!(
+                "wpctl dap: cannot reach the debug session at {}: {e}",
+                socket.display()
+            );
+            return 127;
+        }
+    };
+    let child = match held_child(&p, false) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("wpctl dap: {e}");
+            let _ = writeln!(s, "error {}", e.to_string().replace('\n', " "));
+            return 127;
+        }
+    };
+    let pid = child.id() as i32;
+    if writeln!(s, "pid {pid}").is_err() {
+        // The session is gone: the program never runs.
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    let code = exit_code(pid);
+    let _ = writeln!(s, "exit {code}");
+    code
+}
+
+/// The parent thread: steps 1 to 5 of the module's documentation.
+fn parent(
+    p: Program,
+    tx: tokio::sync::oneshot::Sender<Result<i32, LaunchError>>,
+    output: OutputSink,
+    exited: ExitSink,
+) {
+    let mut child = match held_child(&p, true) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = tx.send(Err(e));
+            return;
+        }
+    };
+    let pid = child.id() as i32;
+    let held: Result<i32, LaunchError> = Ok(pid);
     // The readers end at EOF (the program and whatever inherited its pipes
     // closed them).
     let output = std::sync::Arc::new(output);
@@ -207,15 +264,7 @@ fn parent(
     drop(done_tx);
     let _ = tx.send(held);
     // 5: the exit (the daemon, its tracer, has let it go by then).
-    let code = loop {
-        match waitpid(npid, None) {
-            Ok(WaitStatus::Exited(_, code)) => break code,
-            Ok(WaitStatus::Signaled(_, sig, _)) => break 128 + sig as i32,
-            Ok(_) => continue,
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => break -1,
-        }
-    };
+    let code = exit_code(pid);
     // Its last output first; a descendant holding the pipes open does not
     // hold the exit back for long.
     for _ in 0..readers {

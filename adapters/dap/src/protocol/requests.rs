@@ -24,7 +24,7 @@ macro_rules! request {
 
 request!(
     /// The client's first request: what the adapter can do.
-    Initialize, "initialize", IgnoredAny => Capabilities
+    Initialize, "initialize", InitializeArguments => Capabilities
 );
 request!(
     /// Attach to a running process (the session's target).
@@ -128,6 +128,15 @@ request!(
     /// End the session, as `disconnect`.
     Terminate, "terminate", IgnoredAny => ()
 );
+
+/// `initialize` arguments: what the client can do.
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct InitializeArguments {
+    /// The client answers the `runInTerminal` reverse request.
+    #[serde(default)]
+    pub supports_run_in_terminal_request: bool,
+}
 
 /// `attach` arguments (the IDE's launch configuration).
 #[derive(Debug, Deserialize, Default)]

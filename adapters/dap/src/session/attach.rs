@@ -13,7 +13,8 @@ use crate::protocol::events::{Initialized, Process};
 use crate::protocol::requests::*;
 
 impl Handler<Initialize> for Session {
-    async fn handle(&mut self, _: IgnoredAny) -> Result<Capabilities, DapError> {
+    async fn handle(&mut self, a: InitializeArguments) -> Result<Capabilities, DapError> {
+        self.terminal = a.supports_run_in_terminal_request;
         Ok(Capabilities::wpd())
     }
 }

@@ -38,17 +38,11 @@ impl Handler<Launch> for Session {
             env: environment(a.env)?,
             cwd: a.cwd.filter(|c| !c.is_empty()).map(Into::into),
         };
-        let tx = self.inputs.clone();
-        let output: OutputSink = Box::new(move |category, text| {
-            let _ = tx.blocking_send(Input::Output(category, text));
-        });
-        let tx = self.inputs.clone();
-        let exited: ExitSink = Box::new(move |code| {
-            let _ = tx.blocking_send(Input::Exited(code));
-        });
-        let pid = launch::start(program, output, exited)
-            .await
-            .map_err(|e| DapError::Launch(e.to_string()))?;
+        let pid = if self.terminal {
+            self.start_in_terminal(program).await?
+        } else {
+            self.start_captured(program).await?
+        };
         self.launched = Some(Launched {
             pid,
             stop_on_entry: a.stop_on_entry,
@@ -65,6 +59,139 @@ impl Handler<Launch> for Session {
         Ok(())
     }
 }
+
+impl Session {
+    /// Starts `program` held, its output captured as `output` events.
+    async fn start_captured(&mut self, program: Program) -> Result<i32, DapError> {
+        let tx = self.inputs.clone();
+        let output: OutputSink = Box::new(move |category, text| {
+            let _ = tx.blocking_send(Input::Output(category, text));
+        });
+        let tx = self.inputs.clone();
+        let exited: ExitSink = Box::new(move |code| {
+            let _ = tx.blocking_send(Input::Exited(code));
+        });
+        launch::start(program, output, exited)
+            .await
+            .map_err(|e| DapError::Launch(e.to_string()))
+    }
+
+    /// Starts `program` held in the client's terminal: a `runInTerminal`
+    /// reverse request runs `wpctl dap --launch-helper SOCKET -- PROGRAM
+    /// ARGS...` there ([`launch::terminal_helper`]), which reports the
+    /// program's pid, then its exit code, on a socket of this session (in
+    /// a directory of mode 0700, served to the adapter's own uid only).
+    async fn start_in_terminal(&mut self, p: Program) -> Result<i32, DapError> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        use tokio::io::AsyncBufReadExt as _;
+        let fail = |why: String| DapError::Launch(format!("cannot start {:?}: {why}", p.program));
+        let dir = std::env::temp_dir().join(format!(
+            "wpd-dap-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| fail(format!("{}: {e}", dir.display())))?;
+        let sock = dir.join("launch.sock");
+        let listener = tokio::net::UnixListener::bind(&sock);
+        let exe = std::env::current_exe();
+        let (listener, exe) = match (listener, exe) {
+            (Ok(l), Ok(e)) => (l, e),
+            (Err(e), _) | (_, Err(e)) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(fail(e.to_string()));
+            }
+        };
+        let mut args = vec![
+            exe.display().to_string(),
+            "dap".into(),
+            "--launch-helper".into(),
+            sock.display().to_string(),
+            "--".into(),
+            p.program.clone(),
+        ];
+        args.extend(p.args.iter().cloned());
+        let env: serde_json::Map<String, Value> = p
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone().map_or(Value::Null, Value::String)))
+            .collect();
+        let cwd = p
+            .cwd
+            .clone()
+            .or_else(|| std::env::current_dir().ok())
+            .map(|c| c.display().to_string())
+            .unwrap_or_else(|| "/".into());
+        self.send(serde_json::json!({
+            "type": "request",
+            "command": "runInTerminal",
+            "arguments": {
+                "kind": "integrated",
+                "title": p.program,
+                "cwd": cwd,
+                "args": args,
+                "env": env,
+            }
+        }));
+        let accepted = tokio::time::timeout(TERMINAL_TIMEOUT, listener.accept()).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        let stream = match accepted {
+            Ok(Ok((s, _))) => s,
+            Ok(Err(e)) => return Err(fail(e.to_string())),
+            Err(_) => {
+                return Err(fail(format!(
+                    "the client's terminal did not start it within {} s",
+                    TERMINAL_TIMEOUT.as_secs()
+                )));
+            }
+        };
+        let me = nix::unistd::geteuid().as_raw();
+        match stream.peer_cred() {
+            Ok(c) if c.uid() == me => {}
+            Ok(c) => {
+                return Err(fail(format!(
+                    "the helper runs as uid {}, not {me}",
+                    c.uid()
+                )));
+            }
+            Err(e) => return Err(fail(e.to_string())),
+        }
+        let mut lines = tokio::io::BufReader::new(stream).lines();
+        let first = tokio::time::timeout(TERMINAL_TIMEOUT, lines.next_line()).await;
+        let pid = match first {
+            Ok(Ok(Some(l))) => match l.split_once(' ') {
+                Some(("pid", n)) => n.trim().parse::<i32>().map_err(|e| fail(e.to_string()))?,
+                Some(("error", why)) => return Err(DapError::Launch(why.to_string())),
+                _ => return Err(fail(format!("the helper said {l:?}"))),
+            },
+            Ok(Ok(None)) => return Err(fail("the helper ended without a word".into())),
+            Ok(Err(e)) => return Err(fail(e.to_string())),
+            Err(_) => return Err(fail("the helper said nothing".into())),
+        };
+        let tx = self.inputs.clone();
+        tokio::spawn(async move {
+            // `exit CODE`; a helper gone without it (its terminal closed)
+            // took the program with it (its death signal).
+            let code = match lines.next_line().await {
+                Ok(Some(l)) => l
+                    .strip_prefix("exit ")
+                    .and_then(|c| c.trim().parse().ok())
+                    .unwrap_or(-1),
+                _ => 128 + libc::SIGKILL,
+            };
+            let _ = tx.send(Input::Exited(code)).await;
+        });
+        Ok(pid)
+    }
+}
+
+/// How long the client's terminal may take to start the helper.
+const TERMINAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// `env` as an object (`null` removes a variable) or `NAME=VALUE` strings.
 fn environment(

@@ -157,6 +157,8 @@ pub(crate) struct Session {
     attached_by_us: bool,
     /// The program `launch` started (killed when the session ends).
     launched: Option<Launched>,
+    /// The client runs programs in its terminal (`runInTerminal`).
+    terminal: bool,
     mode: StopMode,
     /// The event stream's lease (watchpoints die with it).
     lease: u64,
@@ -227,6 +229,7 @@ where
         pid: None,
         attached_by_us: false,
         launched: None,
+        terminal: false,
         mode: StopMode::All,
         lease: 0,
         armed: Vec::new(),
@@ -320,6 +323,18 @@ impl Session {
     /// Answers one client message, then sends what its handler left for
     /// after the response.
     async fn request(&mut self, msg: Value) {
+        if msg.get("type").and_then(Value::as_str) == Some("response") {
+            // The answer to a reverse request (`runInTerminal`): what it
+            // started reports on its own socket; a refusal is told.
+            if msg.get("success") == Some(&Value::Bool(false)) {
+                let why = msg.get("message").and_then(Value::as_str).unwrap_or("");
+                self.output(
+                    "important",
+                    &format!("the client's terminal refused: {why}"),
+                );
+            }
+            return;
+        }
         let req = IncomingRequest::from_value(msg);
         let response = match self.route(&req).await {
             Ok(body) => Response::success(&req, body),
