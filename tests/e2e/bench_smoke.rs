@@ -7,7 +7,7 @@ use std::process::Command;
 use wpd_tests::{find_bin, nats_server_bin, require_peer, require_root_perf};
 
 /// Every section heading of `wpd-bench`, and rows each must contain.
-const SECTIONS: [(&str, &[&str]); 25] = [
+const SECTIONS: [(&str, &[&str]); 26] = [
     (
         "## mass-arm: one process-wide write watchpoint, idle target",
         &[
@@ -51,7 +51,15 @@ const SECTIONS: [(&str, &[&str]); 25] = [
         ],
     ),
     (
-        "## dap:",
+        "## dap: scopes + variables of a frame with 50 locals",
+        &[
+            "| wpctl dap: scopes + variables |",
+            "| gRPC direct: GetThreadStack, locals of 1 frame |",
+            "| dap / gRPC |",
+        ],
+    ),
+    (
+        "## dap: an IDE session",
         &[
             "| wpctl dap, stop all |",
             "| gRPC direct (SCHED_FIFO), stop all |",
