@@ -19,7 +19,8 @@
 //!    (after the program's output, read by one thread per pipe).
 //!
 //! ptrace requires the tracer to be the very thread that forked, and the
-//! death signal follows that thread: hence one thread doing all of it.
+//! death signal follows that thread: hence one thread doing all of it
+//! (kernel-facts §15).
 
 use std::collections::HashMap;
 use std::io::Read;
