@@ -68,16 +68,19 @@ test('a debug session: break on a variable by name, look around, continue, disco
     assert.equal(frames[1].name, 'spin_worker');
     assert.equal(frames[1].line, SPIN_LINE);
     const scopes = (await dc.scopesRequest({ frameId: frames[0].id })).body.scopes;
-    assert.deepEqual(scopes.map((s) => s.name), ['Locals', 'Data breakpoint hit', 'Watched', 'Registers']);
+    assert.deepEqual(scopes.map((s) => s.name), ['Locals', 'Data breakpoint hit', 'Watched', 'Globals', 'Registers']);
     assert.equal(scopes[0].presentationHint, 'locals');
-    assert.equal(scopes[3].presentationHint, 'registers');
+    assert.equal(scopes[4].presentationHint, 'registers');
     // bump_counter(long v): its parameter is the value it stored.
     const locals0 = (await dc.variablesRequest({ variablesReference: scopes[0].variablesReference })).body.variables;
     const v0 = locals0.find((v) => v.name === 'v');
     assert.ok(v0, JSON.stringify(locals0));
     assert.match(v0.type, /^long( int)?$/);
-    const regs = (await dc.variablesRequest({ variablesReference: scopes[3].variablesReference })).body.variables;
-    const reg = Object.fromEntries(regs.map((v) => [v.name, BigInt(v.value)]));
+    const groups = (await dc.variablesRequest({ variablesReference: scopes[4].variablesReference })).body.variables;
+    assert.deepEqual(groups.map((g) => g.name), ['General Purpose Registers']);
+    const regs = (await dc.variablesRequest({ variablesReference: groups[0].variablesReference })).body.variables;
+    // eflags shows its flags after its value ("0x246 [PF ZF IF]").
+    const reg = Object.fromEntries(regs.map((v) => [v.name, BigInt(v.value.split(' ')[0])]));
     for (const r of ['rax', 'rbx', 'rsp', 'rbp', 'r15', 'rip', 'eflags']) {
       assert.ok(r in reg, `register ${r}: ${JSON.stringify(regs.map((v) => v.name))}`);
     }
@@ -85,7 +88,7 @@ test('a debug session: break on a variable by name, look around, continue, disco
     assert.equal(reg.rip, BigInt(frames[0].instructionPointerReference));
     // Only the innermost frame has registers; every frame has its locals.
     const outer = (await dc.scopesRequest({ frameId: frames[1].id })).body.scopes;
-    assert.deepEqual(outer.map((s) => s.name), ['Locals', 'Watched']);
+    assert.deepEqual(outer.map((s) => s.name), ['Locals', 'Watched', 'Globals']);
     const locals1 = (await dc.variablesRequest({ variablesReference: outer[0].variablesReference })).body.variables;
     const v1 = locals1.find((v) => v.name === 'v');
     assert.ok(v1 && locals1.some((v) => v.name === 'arg'), JSON.stringify(locals1));
@@ -106,7 +109,7 @@ test('a debug session: break on a variable by name, look around, continue, disco
     const local = (await dc.dataBreakpointInfoRequest({ name: 'v', variablesReference: outer[0].variablesReference })).body;
     assert.equal(local.dataId, `addr:${v1.memoryReference}/8`, JSON.stringify(local));
     assert.match(local.description, /v \(frame 1 of thread \d+\)/);
-    const onReg = await dc.dataBreakpointInfoRequest({ name: 'rax', variablesReference: scopes[3].variablesReference });
+    const onReg = await dc.dataBreakpointInfoRequest({ name: 'rax', variablesReference: groups[0].variablesReference });
     assert.equal(onReg.body.dataId, null);
     assert.match(onReg.body.description, /register/);
     const hit = (await dc.variablesRequest({ variablesReference: scopes[1].variablesReference })).body.variables;

@@ -51,7 +51,15 @@ const SECTIONS: [(&str, &[&str]); 26] = [
         ],
     ),
     (
-        "## dap:",
+        "## dap: scopes + variables of a frame with 50 locals",
+        &[
+            "| wpctl dap: scopes + variables |",
+            "| gRPC direct: GetThreadStack, locals of 1 frame |",
+            "| dap / gRPC |",
+        ],
+    ),
+    (
+        "## dap: an IDE session",
         &[
             "| wpctl dap, stop all |",
             "| gRPC direct (SCHED_FIFO), stop all |",

@@ -16,8 +16,8 @@ use anyhow::{Context, Result, bail, ensure};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use wpd_proto::v1 as pb;
 use wpd_tests::{
-    CTarget, Daemon, find_bin, line_of, require_node_dap, require_root_perf, run_wpctl_as,
-    unique_temp_dir,
+    CTarget, Daemon, ctarget_path, find_bin, line_of, require_node_dap, require_root_perf,
+    run_wpctl_as, unique_temp_dir,
 };
 
 /// Runs `tests/dap/<script>` with node's test runner; returns its output.
@@ -38,6 +38,26 @@ async fn node_test_as(
     t: &CTarget,
     extra: &[(&str, String)],
 ) -> Result<String> {
+    let mut vars = vec![
+        ("TARGET_PID", t.pid.to_string()),
+        ("COUNTER_ADDR", format!("{:#x}", t.addr("counter"))),
+        ("CONN1STATE_ADDR", format!("{:#x}", t.addr("conn1state"))),
+        ("ITEM_ADDR", format!("{:#x}", t.addr("item"))),
+        ("BUMP_LINE", line_of("bump_counter").1.to_string()),
+        ("SPIN_LINE", line_of("spin_worker").1.to_string()),
+    ];
+    vars.extend(extra.iter().cloned());
+    node_run(uid, script, daemon, &vars).await
+}
+
+/// Runs `tests/dap/<script>` with `vars` set besides the adapter's and the
+/// daemon's.
+async fn node_run(
+    uid: Option<u32>,
+    script: &str,
+    daemon: &Daemon,
+    vars: &[(&str, String)],
+) -> Result<String> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("dap");
     let mut cmd = tokio::process::Command::new("node");
     if let Some(uid) = uid {
@@ -50,14 +70,8 @@ async fn node_test_as(
         .current_dir(&dir)
         .env("WPCTL", find_bin("wpctl")?)
         .env("WPD_ENDPOINT", daemon.endpoint())
-        .env("TARGET_PID", t.pid.to_string())
-        .env("COUNTER_ADDR", format!("{:#x}", t.addr("counter")))
-        .env("CONN1STATE_ADDR", format!("{:#x}", t.addr("conn1state")))
-        .env("ITEM_ADDR", format!("{:#x}", t.addr("item")))
-        .env("BUMP_LINE", line_of("bump_counter").1.to_string())
-        .env("SPIN_LINE", line_of("spin_worker").1.to_string())
         .kill_on_drop(true);
-    for (k, v) in extra {
+    for (k, v) in vars {
         cmd.env(k, v);
     }
     let out = tokio::time::timeout(Duration::from_secs(180), cmd.output())
@@ -173,6 +187,71 @@ async fn evaluate_in_a_frame_follows_a_local_pointer() -> Result<()> {
     }
     .await;
     daemon.finish(result)
+}
+
+/// `launch` (`tests/dap/launch.test.mjs`): the adapter starts
+/// `ct-launch` held before its first instruction; a data breakpoint by name
+/// set during configuration stops main's first store; `stopOnEntry`; the
+/// program's output and exit code; Registers and Globals; a program that
+/// cannot start. Afterwards no launched program runs, and the daemon
+/// watches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ide_launches_its_program() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    require_node_dap();
+    let daemon = Daemon::start().await?;
+    let program = ctarget_path("ct-launch");
+    let result = async {
+        let out = node_run(
+            None,
+            "launch.test.mjs",
+            &daemon,
+            &[
+                ("TARGET_PID", "0".into()),
+                ("LAUNCH_PROGRAM", program.display().to_string()),
+            ],
+        )
+        .await?;
+        eprintln!("{out}");
+        let left = launched_left(&program);
+        ensure!(left.is_empty(), "launched programs still running: {left:?}");
+        let mut client = daemon.client().await?;
+        let list = client
+            .list_watchpoints(pb::ListWatchpointsRequest { pid: 0 })
+            .await?
+            .into_inner();
+        ensure!(
+            list.watchpoints.is_empty(),
+            "watchpoints left: {:?}",
+            list.watchpoints
+        );
+        Ok(())
+    }
+    .await;
+    // Whatever failed, no launched program outlives the test.
+    for pid in launched_left(&program) {
+        // SAFETY: kill(2) on a pid that runs the test's own program.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    daemon.finish(result)
+}
+
+/// Live (not zombie) processes running `program`.
+fn launched_left(program: &std::path::Path) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == program)
+                && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+                    st.rsplit_once(") ")
+                        .is_some_and(|(_, rest)| rest.starts_with('Z'))
+                })
+        })
+        .collect()
 }
 
 /// A running `wpctl dap --listen ...` and what it wrote on stderr.
@@ -637,7 +716,11 @@ async fn failures_have_their_own_error_ids() -> Result<()> {
         let cases = [
             ("frobnicate", serde_json::json!({}), 100),
             ("stackTrace", serde_json::json!({"threadId": "x"}), 101),
-            ("launch", serde_json::json!({"program": "/bin/true"}), 102),
+            (
+                "launch",
+                serde_json::json!({"program": "/nonexistent/program"}),
+                102,
+            ),
             ("next", serde_json::json!({"threadId": 1}), 103),
             (
                 "readMemory",

@@ -7,9 +7,9 @@
 //! |-----|---------|
 //! | 100 | the request is not one the adapter answers |
 //! | 101 | the request's arguments do not fit it |
-//! | 102 | `launch`: the adapter only attaches |
+//! | 102 | `launch`: the program could not be started |
 //! | 103 | stepping (`next`, `stepIn`, ...): the adapter does not step |
-//! | 110 | not attached yet (`attach` first) |
+//! | 110 | not attached yet (`attach` or `launch` first) |
 //! | 111 | attached already (one process per session) |
 //! | 112 | a frame id from an earlier stop |
 //! | 113 | a `variablesReference` from an earlier stop |
@@ -55,14 +55,14 @@ pub enum DapError {
     /// Arguments that do not fit the request.
     #[error("bad arguments: {0}")]
     BadArguments(String),
-    /// `launch`.
-    #[error("wpctl dap attaches to running processes: use an \"attach\" configuration with a pid")]
-    LaunchUnsupported,
+    /// `launch`: the program could not be started (nothing is left running).
+    #[error("{0}")]
+    Launch(String),
     /// A stepping request.
     #[error("wpd does not step: continue runs to the next data breakpoint hit")]
     NoStepping,
     /// Not attached yet.
-    #[error("not attached: send `attach` with a pid first")]
+    #[error("not attached: send `attach` with a pid, or `launch`, first")]
     NotAttached,
     /// Attached already.
     #[error("this session is attached already")]
@@ -167,7 +167,7 @@ impl DapError {
         match self {
             DapError::UnknownRequest(_) => 100,
             DapError::BadArguments(_) => 101,
-            DapError::LaunchUnsupported => 102,
+            DapError::Launch(_) => 102,
             DapError::NoStepping => 103,
             DapError::NotAttached => 110,
             DapError::AlreadyAttached => 111,
@@ -235,7 +235,7 @@ mod tests {
         let all = [
             DapError::UnknownRequest(String::new()),
             DapError::BadArguments(String::new()),
-            DapError::LaunchUnsupported,
+            DapError::Launch(String::new()),
             DapError::NoStepping,
             DapError::NotAttached,
             DapError::AlreadyAttached,
@@ -301,6 +301,9 @@ mod tests {
         assert_eq!(r["success"], false);
         assert_eq!(r["request_seq"], 4);
         assert_eq!(r["body"]["error"]["id"], 110);
-        assert_eq!(r["message"], "not attached: send `attach` with a pid first");
+        assert_eq!(
+            r["message"],
+            "not attached: send `attach` with a pid, or `launch`, first"
+        );
     }
 }

@@ -13,6 +13,7 @@
 //! `WatchpointSpec.lease`), which ends with the adapter's connection.
 
 pub mod error;
+pub mod launch;
 pub mod listen;
 pub mod peer;
 pub mod protocol;

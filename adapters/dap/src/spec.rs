@@ -197,6 +197,33 @@ pub fn hit_condition(text: &str) -> Result<HitCount, SpecError> {
     })
 }
 
+/// The register whose bits are the flags (as the daemon names it).
+pub const FLAGS_REGISTER: &str = "eflags";
+
+/// The status and control flags of `eflags`: name, bit, meaning (Intel
+/// SDM Vol. 1, 3.4.3 "EFLAGS Register", Figure 3-8).
+pub const FLAGS: [(&str, u32, &str); 9] = [
+    ("CF", 0, "carry"),
+    ("PF", 2, "parity"),
+    ("AF", 4, "auxiliary carry"),
+    ("ZF", 6, "zero"),
+    ("SF", 7, "sign"),
+    ("TF", 8, "trap"),
+    ("IF", 9, "interrupt enable"),
+    ("DF", 10, "direction"),
+    ("OF", 11, "overflow"),
+];
+
+/// An `eflags` value: hex, then the flags set (`0x246 [PF ZF IF]`).
+pub fn show_flags(value: u64) -> String {
+    let set: Vec<&str> = FLAGS
+        .iter()
+        .filter(|&&(_, bit, _)| value >> bit & 1 == 1)
+        .map(|&(name, _, _)| name)
+        .collect();
+    format!("{value:#x} [{}]", set.join(" "))
+}
+
 /// Watched bytes as a person reads them: integers by their C type (signed
 /// unless the type says unsigned; with hex), floats, pointers in hex, and
 /// other things as bytes.
@@ -263,6 +290,12 @@ pub fn show_value(type_name: &str, bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flags_are_named() {
+        assert_eq!(show_flags(0x246), "0x246 [PF ZF IF]");
+        assert_eq!(show_flags(0x2), "0x2 []");
+    }
 
     #[test]
     fn data_ids_round_trip_and_foreign_ones_are_refused() {

@@ -30,6 +30,14 @@ pub struct DapArgs {
     /// CPUs until the stop is done), or normal
     #[arg(long, value_enum, default_value_t = DapPriority::Realtime)]
     pub priority: DapPriority,
+    /// What a `launch` runs in the IDE's terminal (`runInTerminal`): start
+    /// the program after `--` held before its first instruction and report
+    /// its pid and exit code to the session at this socket
+    #[arg(long, value_name = "SOCKET", hide = true, requires = "program")]
+    pub launch_helper: Option<std::path::PathBuf>,
+    /// The program and its arguments (with --launch-helper)
+    #[arg(last = true, hide = true)]
+    pub program: Vec<String>,
 }
 
 /// `wpctl dap --priority`.
@@ -43,6 +51,16 @@ pub enum DapPriority {
 
 /// Runs the adapter until its session ends (stdio) or forever (`--listen`).
 pub async fn run(ctx: &Ctx, args: &DapArgs) -> Result<(), Error> {
+    if let (Some(socket), Some((program, rest))) = (&args.launch_helper, args.program.split_first())
+    {
+        // In the IDE's terminal: the program's parent, nothing else.
+        let p = wpd_dap::launch::Program {
+            program: program.clone(),
+            args: rest.to_vec(),
+            ..Default::default()
+        };
+        std::process::exit(wpd_dap::launch::terminal_helper(socket, p));
+    }
     log_to_stderr();
     // A refused address is said before anything else is done.
     let endpoint: Option<wpd_dap::listen::Endpoint> = args

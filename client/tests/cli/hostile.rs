@@ -343,6 +343,13 @@ impl Watchpoints for Hostile {
         }))
     }
 
+    async fn list_variables(
+        &self,
+        _: Request<wpd_proto::v1::ListVariablesRequest>,
+    ) -> Result<Response<wpd_proto::v1::ListVariablesResponse>, Status> {
+        Err(Status::unimplemented("wpctl does not list variables"))
+    }
+
     async fn get_hit_aggregates(
         &self,
         _: Request<GetHitAggregatesRequest>,

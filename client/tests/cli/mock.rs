@@ -649,6 +649,13 @@ impl Watchpoints for Mock {
     }
 
     /// Watchpoint 7 is in aggregate mode: two instructions of two threads; others are not.
+    async fn list_variables(
+        &self,
+        _: Request<wpd_proto::v1::ListVariablesRequest>,
+    ) -> Result<Response<wpd_proto::v1::ListVariablesResponse>, Status> {
+        Err(Status::unimplemented("wpctl does not list variables"))
+    }
+
     async fn get_hit_aggregates(
         &self,
         r: Request<wpd_proto::v1::GetHitAggregatesRequest>,

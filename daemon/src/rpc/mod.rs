@@ -867,6 +867,40 @@ impl Watchpoints for Service {
         Ok(Response::new(self.stats(caller).await?))
     }
 
+    async fn list_variables(
+        &self,
+        req: Request<pb::ListVariablesRequest>,
+    ) -> Result<Response<pb::ListVariablesResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let pid = nsview::pid_in(&caller, convert::pid(r.pid)?)?;
+        self.allow(&caller, pid)?;
+        let symbols = self.core.symbols.clone();
+        let (views, total) = blocking_as(&caller, move || {
+            crate::procfs::check_process(pid)?;
+            symbols
+                .list_variables(pid, r.expression.trim(), r.start, r.count)
+                .map_err(WpdError::from)
+        })
+        .await?;
+        Ok(Response::new(pb::ListVariablesResponse {
+            variables: views
+                .into_iter()
+                .map(|v| pb::VariableView {
+                    name: v.name,
+                    expression: v.expression,
+                    type_name: v.type_name,
+                    address: v.address,
+                    size: v.size,
+                    value: v.value,
+                    error: v.error,
+                    children: v.children,
+                })
+                .collect(),
+            total,
+        }))
+    }
+
     async fn resolve_symbol(
         &self,
         req: Request<pb::ResolveSymbolRequest>,

@@ -83,6 +83,18 @@ pub enum Outcome {
     },
 }
 
+/// What an object has under it, as a variables view shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Children {
+    /// A record's members, by name (an anonymous member's own members in
+    /// its place, as C names them).
+    Members(Vec<String>),
+    /// An array's elements (`[i]`), this many.
+    Elements(u64),
+    /// A pointer's target (`*p`).
+    Pointee,
+}
+
 /// How a scalar's bits are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Enc {
@@ -665,6 +677,46 @@ impl<'a> Eval<'a> {
                 None
             },
         })
+    }
+
+    /// What an object of type `ty` has under it: `None` for a scalar, an
+    /// untyped pointer or a pointer to a function.
+    pub fn children(&mut self, ty: &Ty) -> Result<Option<Children>, PathError> {
+        let view = self.view(ty)?;
+        Ok(match view.kind {
+            Kind::Record(members, unit) => {
+                let mut names = Vec::new();
+                self.member_names(&members, unit, &mut names, 0)?;
+                Some(Children::Members(names))
+            }
+            Kind::Array(_, dims) => dims.first().copied().flatten().map(Children::Elements),
+            Kind::Pointer(t) => match self.view(&t)?.kind {
+                Kind::Other => None,
+                _ => Some(Children::Pointee),
+            },
+            Kind::Scalar(_) | Kind::Other => None,
+        })
+    }
+
+    /// The names of `members`, an anonymous member's members in its place
+    /// (up to 8 levels deep).
+    fn member_names(
+        &mut self,
+        members: &[Member],
+        unit: usize,
+        out: &mut Vec<String>,
+        depth: u32,
+    ) -> Result<(), PathError> {
+        for m in members {
+            if !m.name.is_empty() {
+                out.push(m.name.clone());
+            } else if let (Some(die), true) = (m.ty, depth < 8)
+                && let Kind::Record(inner, u) = self.view(&Ty::Die(TypeRef { unit, die }))?.kind
+            {
+                self.member_names(&inner, u, out, depth + 1)?;
+            }
+        }
+        Ok(())
     }
 
     /// The innermost member of an object of type `ty` holding byte `at` of

@@ -18,6 +18,7 @@
 //! to an address, in steps), `error.rs` (why a name does not resolve),
 //! `locate.rs` (symbolizing instruction pointers).
 
+pub mod children;
 pub mod dwarf;
 pub mod elf;
 mod error;
@@ -90,6 +91,9 @@ pub struct Resolved {
     /// value holds when it is a pointer (else 0); such a result is never
     /// watched ([`Symbols::resolve`] refuses it).
     pub value: Option<Vec<u8>>,
+    /// What the object has under it, for variables views (none for a
+    /// value, a scalar, or a name with a byte offset).
+    pub children: Option<eval::Children>,
 }
 
 /// What an address in a process is.

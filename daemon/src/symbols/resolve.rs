@@ -208,6 +208,8 @@ struct Object {
     note: Option<String>,
     /// A value, not an object.
     value: Option<Vec<u8>>,
+    /// What the object has under it (a variables view's children).
+    children: Option<eval::Children>,
 }
 
 /// The error for a path that fails in module `module`.
@@ -306,6 +308,7 @@ fn evaluate(
                 source: Source::Dwarf,
                 note: None,
                 value: Some(bytes),
+                children: None,
             });
         }
         eval::Outcome::Object {
@@ -333,8 +336,11 @@ fn evaluate(
             )
         }),
         value: None,
+        children: None,
     };
     if expr.offset == 0 {
+        // Unknown to the evaluation (a broken DIE): shown without children.
+        o.children = ev.children(&ty).ok().flatten();
         return Ok(o);
     }
     let whole = o.size.unwrap_or(0);
@@ -422,6 +428,7 @@ fn object(
                 },
                 note: None,
                 value: None,
+                children: None,
             };
             if expr.offset != 0 {
                 match inside(s.size) {
@@ -741,6 +748,7 @@ impl Symbols {
             module_address: if o.followed { 0 } else { o.vaddr },
             note: o.note.or(note),
             value: o.value,
+            children: o.children,
         })
     }
 }

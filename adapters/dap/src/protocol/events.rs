@@ -21,6 +21,18 @@ impl Event for Terminated {
     const EVENT: &'static str = "terminated";
 }
 
+/// The launched program exited.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Exited {
+    /// Its exit code (128 + the signal that killed it).
+    pub exit_code: i32,
+}
+
+impl Event for Exited {
+    const EVENT: &'static str = "exited";
+}
+
 /// A line in the debug console.
 #[derive(Debug, Serialize)]
 pub struct Output {
@@ -44,7 +56,7 @@ pub struct Process {
     pub system_process_id: i32,
     /// On this host.
     pub is_local_process: bool,
-    /// `attach`.
+    /// `attach` or `launch`.
     pub start_method: &'static str,
 }
 
@@ -56,7 +68,7 @@ impl Event for Process {
 #[derive(Debug, Serialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct Stopped {
-    /// `data breakpoint` or `pause`.
+    /// `data breakpoint`, `pause` or `entry`.
     pub reason: &'static str,
     /// What happened (the breakpoint, the old and new value).
     #[serde(skip_serializing_if = "Option::is_none")]

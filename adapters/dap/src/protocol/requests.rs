@@ -24,15 +24,16 @@ macro_rules! request {
 
 request!(
     /// The client's first request: what the adapter can do.
-    Initialize, "initialize", IgnoredAny => Capabilities
+    Initialize, "initialize", InitializeArguments => Capabilities
 );
 request!(
     /// Attach to a running process (the session's target).
     Attach, "attach", AttachArguments => ()
 );
 request!(
-    /// Start a program: refused (the adapter only attaches).
-    Launch, "launch", IgnoredAny => ()
+    /// Start a program, held before its first instruction until
+    /// `configurationDone`.
+    Launch, "launch", LaunchArguments => ()
 );
 request!(
     /// The client has sent its configuration.
@@ -119,13 +120,23 @@ request!(
     Goto, "goto", IgnoredAny => ()
 );
 request!(
-    /// End the session (the target keeps running).
+    /// End the session (an attached target keeps running, a launched
+    /// program is killed).
     Disconnect, "disconnect", IgnoredAny => ()
 );
 request!(
-    /// End the session, as `disconnect` (the target keeps running).
+    /// End the session, as `disconnect`.
     Terminate, "terminate", IgnoredAny => ()
 );
+
+/// `initialize` arguments: what the client can do.
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct InitializeArguments {
+    /// The client answers the `runInTerminal` reverse request.
+    #[serde(default)]
+    pub supports_run_in_terminal_request: bool,
+}
 
 /// `attach` arguments (the IDE's launch configuration).
 #[derive(Debug, Deserialize, Default)]
@@ -140,6 +151,30 @@ pub struct AttachArguments {
     pub backend: Option<String>,
     /// `"all"` (default): a hit stops every thread; `"thread"`: only the
     /// thread that hit.
+    pub stop_on_hit: Option<String>,
+}
+
+/// `launch` arguments (the IDE's launch configuration).
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct LaunchArguments {
+    /// The executable.
+    pub program: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment variables: an object (`null` removes a variable) or an
+    /// array of `NAME=VALUE` strings; added to the adapter's environment.
+    pub env: Option<serde_json::Value>,
+    /// Working directory.
+    pub cwd: Option<String>,
+    /// Stop before the program's first instruction (a `stopped` event with
+    /// reason `entry` after `configurationDone`).
+    #[serde(default)]
+    pub stop_on_entry: bool,
+    /// As in `attach`.
+    pub backend: Option<String>,
+    /// As in `attach`.
     pub stop_on_hit: Option<String>,
 }
 
@@ -375,5 +410,38 @@ mod tests {
             props["stopOnHit"]["enum"],
             serde_json::json!(["all", "thread"])
         );
+    }
+
+    /// The same for `launch`.
+    #[test]
+    fn the_vscode_manifest_matches_the_launch_arguments() {
+        let text = include_str!("../../../vscode/package.json");
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        let props =
+            v["contributes"]["debuggers"][0]["configurationAttributes"]["launch"]["properties"]
+                .as_object()
+                .unwrap();
+        let mut names: Vec<&str> = props.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "args",
+                "backend",
+                "cwd",
+                "env",
+                "program",
+                "stopOnEntry",
+                "stopOnHit"
+            ]
+        );
+        let a: super::LaunchArguments = serde_json::from_value(serde_json::json!({
+            "program": "/bin/true", "args": ["a"], "env": {"A": "1"}, "cwd": "/",
+            "stopOnEntry": true, "backend": "ptrace", "stopOnHit": "all"
+        }))
+        .unwrap();
+        assert!(a.stop_on_entry);
+        assert_eq!(a.args, ["a"]);
+        assert_eq!(a.cwd.as_deref(), Some("/"));
     }
 }

@@ -13,14 +13,16 @@ use crate::protocol::events::{Initialized, Process};
 use crate::protocol::requests::*;
 
 impl Handler<Initialize> for Session {
-    async fn handle(&mut self, _: IgnoredAny) -> Result<Capabilities, DapError> {
+    async fn handle(&mut self, a: InitializeArguments) -> Result<Capabilities, DapError> {
+        self.terminal = a.supports_run_in_terminal_request;
         Ok(Capabilities::wpd())
     }
 }
 
 impl Handler<ConfigurationDone> for Session {
     async fn handle(&mut self, _: IgnoredAny) -> Result<(), DapError> {
-        Ok(())
+        // A launched program starts now, its breakpoints armed.
+        self.run_launched().await
     }
 }
 
@@ -37,17 +39,42 @@ impl Handler<Attach> for Session {
         .and_then(|p| i32::try_from(p).ok())
         .filter(|&p| p > 0)
         .ok_or(DapError::BadPid)?;
-        let backend = match a.backend.as_deref() {
-            None | Some("ptrace") => pb::Backend::Ptrace,
-            Some("perf") => pb::Backend::Perf,
-            Some(b) => return Err(DapError::BadBackend(b.to_string())),
-        };
-        self.mode = match (backend, a.stop_on_hit.as_deref()) {
-            (pb::Backend::Perf, _) => StopMode::Never,
-            (_, None | Some("all")) => StopMode::All,
-            (_, Some("thread")) => StopMode::Thread,
-            (_, Some(m)) => return Err(DapError::BadStopOnHit(m.to_string())),
-        };
+        let (backend, mode) = modes(a.backend.as_deref(), a.stop_on_hit.as_deref())?;
+        self.attach_to(pid, backend, mode, "attach").await?;
+        self.event_after_response(&Initialized {});
+        Ok(())
+    }
+}
+
+/// The backend and stop mode an `attach` or `launch` asks for.
+pub(super) fn modes(
+    backend: Option<&str>,
+    stop_on_hit: Option<&str>,
+) -> Result<(pb::Backend, StopMode), DapError> {
+    let backend = match backend {
+        None | Some("ptrace") => pb::Backend::Ptrace,
+        Some("perf") => pb::Backend::Perf,
+        Some(b) => return Err(DapError::BadBackend(b.to_string())),
+    };
+    let mode = match (backend, stop_on_hit) {
+        (pb::Backend::Perf, _) => StopMode::Never,
+        (_, None | Some("all")) => StopMode::All,
+        (_, Some("thread")) => StopMode::Thread,
+        (_, Some(m)) => return Err(DapError::BadStopOnHit(m.to_string())),
+    };
+    Ok((backend, mode))
+}
+
+impl Session {
+    /// Subscribes to `pid`'s events with a lease, then attaches it.
+    pub(super) async fn attach_to(
+        &mut self,
+        pid: i32,
+        backend: pb::Backend,
+        mode: StopMode,
+        start_method: &'static str,
+    ) -> Result<(), DapError> {
+        self.mode = mode;
         // Subscribe first: no hit of ours can come before it.
         let mut stream = self
             .client()
@@ -110,10 +137,9 @@ impl Handler<Attach> for Session {
                 name: p.comm,
                 system_process_id: pid,
                 is_local_process: true,
-                start_method: "attach",
+                start_method,
             });
         }
-        self.event_after_response(&Initialized {});
         Ok(())
     }
 }
@@ -134,8 +160,16 @@ impl Handler<Terminate> for Session {
 
 impl Session {
     /// Removes the session's breakpoints and resumes what it held; detaches
-    /// a process the session attached and nobody else watches.
+    /// a process the session attached and nobody else watches; kills the
+    /// program it launched.
     pub(super) async fn cleanup(&mut self) -> Result<(), DapError> {
+        let r = self.release().await;
+        self.kill_launched();
+        r
+    }
+
+    /// [`Session::cleanup`] but the end of a launched program.
+    async fn release(&mut self) -> Result<(), DapError> {
         let Some(pid) = self.pid else {
             return Ok(());
         };

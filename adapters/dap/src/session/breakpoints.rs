@@ -64,11 +64,20 @@ impl Handler<DataBreakpointInfo> for Session {
                 .and_then(|r| self.vars.get(&r).cloned())
             {
                 Some(Container::Watched) => name.to_string(),
+                Some(Container::Children(_)) => {
+                    let r = a.variables_reference.unwrap_or(0);
+                    match self.named.get(&(r, name.to_string())) {
+                        Some(e) => e.clone(),
+                        None => return none(format!("no variable {name:?} was listed there")),
+                    }
+                }
                 Some(Container::Hit(_)) => {
                     return none(format!("{name:?} is a property of the stop, not memory"));
                 }
                 Some(Container::Locals(..)) => unreachable!("handled above"),
-                Some(Container::Registers(_)) => {
+                Some(
+                    Container::Registers(_) | Container::GeneralRegisters(_) | Container::Flags(_),
+                ) => {
                     return none(format!(
                         "{name:?} is a register: a data breakpoint watches memory (watch the \
                          address it holds instead)"

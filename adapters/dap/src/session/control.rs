@@ -1,5 +1,5 @@
 //! Running and stopping: `continue`, `pause`, and what the adapter refuses
-//! (`launch`, stepping).
+//! (stepping).
 
 use serde::de::IgnoredAny;
 use wpd_proto::v1 as pb;
@@ -54,12 +54,6 @@ impl Handler<Pause> for Session {
     }
 }
 
-impl Handler<Launch> for Session {
-    async fn handle(&mut self, _: IgnoredAny) -> Result<(), DapError> {
-        Err(DapError::LaunchUnsupported)
-    }
-}
-
 /// Stepping requests: each refused (the adapter runs to the next hit).
 macro_rules! no_stepping {
     ($($r:ty),*) => {
@@ -88,6 +82,7 @@ impl Session {
                 self.frames.clear();
                 self.frame_index.clear();
                 self.vars.clear();
+                self.named.clear();
             }
         }
     }

@@ -41,6 +41,12 @@ impl Session {
                     });
                 }
             }
+            Some(E::ProcessExited(_)) if self.launched.is_some() => {
+                // `exited` (with its code) and `terminated` come from its
+                // parent thread, after its last output.
+                self.armed.clear();
+                self.pid = None;
+            }
             Some(E::ProcessExited(_)) | Some(E::ProcessLost(_)) => {
                 self.armed.clear();
                 self.output("console", "the process exited or can no longer be watched");

@@ -11,6 +11,9 @@ use crate::protocol::requests::*;
 use crate::protocol::{Scope, Source, StackFrame, Thread, Variable};
 use crate::spec::{self, Target};
 
+/// Children a variables view lists.
+const CHILDREN: u32 = 256;
+
 /// Frames a `stackTrace` without `levels` gets.
 const DEFAULT_DEPTH: u32 = 64;
 
@@ -118,6 +121,15 @@ impl Handler<Scopes> for Session {
             expensive: false,
             presentation_hint: None,
         });
+        // The executable's globals and statics, with their members and
+        // elements (as lldb-dap shows them).
+        let r = self.container(Container::Children(String::new()));
+        scopes.push(Scope {
+            name: "Globals".into(),
+            variables_reference: r,
+            expensive: false,
+            presentation_hint: None,
+        });
         // The thread's registers where it is held: its innermost frame's.
         if self.frames.contains_key(&-frame_id) {
             let r = self.container(Container::Registers(tid));
@@ -196,7 +208,65 @@ impl Handler<Variables> for Session {
                     memory_reference: (v.address != 0).then(|| format!("{:#x}", v.address)),
                 }));
             }
+            Container::Children(expr) => {
+                let r = self
+                    .client()
+                    .list_variables(self.daemon.request(pb::ListVariablesRequest {
+                        pid,
+                        expression: expr,
+                        start: 0,
+                        count: CHILDREN,
+                    }))
+                    .await?
+                    .into_inner();
+                for v in r.variables {
+                    let children = if v.children > 0 {
+                        self.container(Container::Children(v.expression.clone()))
+                    } else {
+                        0
+                    };
+                    self.named.insert(
+                        (a.variables_reference, v.name.clone()),
+                        v.expression.clone(),
+                    );
+                    let pointer = v.type_name.trim_end().ends_with('*');
+                    out.push(Variable {
+                        value: if !v.error.is_empty() {
+                            format!("<{}>", v.error)
+                        } else if children > 0 && !pointer {
+                            // A record or an array: its children say it.
+                            "{…}".into()
+                        } else {
+                            spec::show_value(&v.type_name, &v.value)
+                        },
+                        name: v.name,
+                        type_name: (!v.type_name.is_empty()).then_some(v.type_name),
+                        variables_reference: children,
+                        evaluate_name: Some(v.expression),
+                        memory_reference: (v.address != 0).then(|| format!("{:#x}", v.address)),
+                    });
+                }
+                if r.total > u64::from(CHILDREN) {
+                    self.output(
+                        "console",
+                        &format!("{} of {} children shown", CHILDREN, r.total),
+                    );
+                }
+            }
             Container::Registers(tid) => {
+                // Groups, as lldb-dap shows them: the general-purpose
+                // registers are the ones the daemon reads.
+                let r = self.container(Container::GeneralRegisters(tid));
+                out.push(Variable {
+                    name: "General Purpose Registers".into(),
+                    value: String::new(),
+                    type_name: None,
+                    variables_reference: r,
+                    evaluate_name: None,
+                    memory_reference: None,
+                });
+            }
+            Container::GeneralRegisters(tid) => {
                 let r = self
                     .client()
                     .get_thread_stack(self.daemon.request(pb::GetThreadStackRequest {
@@ -208,13 +278,35 @@ impl Handler<Variables> for Session {
                     }))
                     .await?
                     .into_inner();
-                out.extend(r.registers.iter().map(|reg| Variable {
-                    name: reg.name.clone(),
-                    value: format!("{:#018x}", reg.value),
+                for reg in &r.registers {
+                    let flags = reg.name == spec::FLAGS_REGISTER;
+                    let children = if flags {
+                        self.container(Container::Flags(reg.value))
+                    } else {
+                        0
+                    };
+                    out.push(Variable {
+                        name: reg.name.clone(),
+                        value: if flags {
+                            spec::show_flags(reg.value)
+                        } else {
+                            format!("{:#018x}", reg.value)
+                        },
+                        type_name: None,
+                        variables_reference: children,
+                        evaluate_name: None,
+                        memory_reference: (!flags).then(|| format!("{:#x}", reg.value)),
+                    });
+                }
+            }
+            Container::Flags(value) => {
+                out.extend(spec::FLAGS.iter().map(|&(name, bit, _)| Variable {
+                    name: name.into(),
+                    value: ((value >> bit) & 1).to_string(),
                     type_name: None,
                     variables_reference: 0,
                     evaluate_name: None,
-                    memory_reference: Some(format!("{:#x}", reg.value)),
+                    memory_reference: None,
                 }));
             }
             Container::Hit(tid) => {

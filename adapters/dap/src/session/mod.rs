@@ -9,7 +9,7 @@
 //! Requests are typed ([`crate::protocol::requests`]): each has one handler,
 //! an `impl Handler<R> for Session`, in the room of this module its work
 //! belongs to — `attach.rs` (attach, end of the session), `breakpoints.rs`
-//! (data breakpoints), `inspect.rs` (threads, stacks, scopes, variables,
+//! (data breakpoints), `launch.rs` (a program started by the session), `inspect.rs` (threads, stacks, scopes, variables,
 //! evaluate, memory), `control.rs` (continue, pause, what is refused) — and
 //! one line in [`Session::route`]. Daemon events become DAP events in
 //! `events.rs`.
@@ -19,6 +19,7 @@ mod breakpoints;
 mod control;
 mod events;
 mod inspect;
+mod launch;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -52,6 +53,22 @@ enum Input {
     Event(Box<pb::StreamEventsResponse>),
     /// The daemon's event stream ended.
     EventsEnded(String),
+    /// Output of the launched program (category, text).
+    Output(&'static str, String),
+    /// The launched program exited with this code.
+    Exited(i32),
+}
+
+/// A program the session started (`launch`).
+#[derive(Debug, Clone, Copy)]
+struct Launched {
+    pid: i32,
+    /// Hold it at its entry at `configurationDone`.
+    stop_on_entry: bool,
+    /// Sent on its way (`configurationDone` came).
+    running: bool,
+    /// Its exit was reported.
+    exited: bool,
 }
 
 /// How hits stop the target.
@@ -97,10 +114,17 @@ struct StopInfo {
 enum Container {
     Watched,
     Hit(i32),
-    /// The registers of a held thread (its innermost frame).
+    /// The register groups of a held thread (its innermost frame).
     Registers(i32),
+    /// A held thread's general-purpose registers.
+    GeneralRegisters(i32),
+    /// The flags of an `eflags` value.
+    Flags(u64),
     /// The parameters and locals of frame `.1` (0: innermost) of thread `.0`.
     Locals(i32, u32),
+    /// What an expression has under it (the daemon's `ListVariables`); the
+    /// empty expression: the executable's globals.
+    Children(String),
 }
 
 /// What `dataBreakpointInfo` learnt of a target.
@@ -131,6 +155,10 @@ pub(crate) struct Session {
     inputs: mpsc::Sender<Input>,
     pid: Option<i32>,
     attached_by_us: bool,
+    /// The program `launch` started (killed when the session ends).
+    launched: Option<Launched>,
+    /// The client runs programs in its terminal (`runInTerminal`).
+    terminal: bool,
     mode: StopMode,
     /// The event stream's lease (watchpoints die with it).
     lease: u64,
@@ -145,6 +173,9 @@ pub(crate) struct Session {
     frame_index: HashMap<i64, u32>,
     next_frame: i64,
     vars: HashMap<i64, Container>,
+    /// The expression of each variable listed in a `Children` container,
+    /// by (container, name): what `dataBreakpointInfo` watches.
+    named: HashMap<(i64, String), String>,
     next_var: i64,
     events: Option<tokio::task::JoinHandle<()>>,
     /// Events a handler sends after its response (`initialized` after
@@ -197,6 +228,8 @@ where
         inputs: tx,
         pid: None,
         attached_by_us: false,
+        launched: None,
+        terminal: false,
         mode: StopMode::All,
         lease: 0,
         armed: Vec::new(),
@@ -208,6 +241,7 @@ where
         frame_index: HashMap::new(),
         next_frame: 1,
         vars: HashMap::new(),
+        named: HashMap::new(),
         next_var: 1,
         events: None,
         after_response: Vec::new(),
@@ -224,6 +258,11 @@ where
                 break;
             }
             Input::Event(ev) => s.event(*ev).await,
+            Input::Output(category, text) => s.send_event(&crate::protocol::events::Output {
+                category,
+                output: text,
+            }),
+            Input::Exited(code) => s.program_exited(code),
             Input::EventsEnded(e) => {
                 if s.pid.is_some() && !s.ended {
                     s.output("important", &format!("wpd: the event stream ended: {e}"));
@@ -284,6 +323,18 @@ impl Session {
     /// Answers one client message, then sends what its handler left for
     /// after the response.
     async fn request(&mut self, msg: Value) {
+        if msg.get("type").and_then(Value::as_str) == Some("response") {
+            // The answer to a reverse request (`runInTerminal`): what it
+            // started reports on its own socket; a refusal is told.
+            if msg.get("success") == Some(&Value::Bool(false)) {
+                let why = msg.get("message").and_then(Value::as_str).unwrap_or("");
+                self.output(
+                    "important",
+                    &format!("the client's terminal refused: {why}"),
+                );
+            }
+            return;
+        }
         let req = IncomingRequest::from_value(msg);
         let response = match self.route(&req).await {
             Ok(body) => Response::success(&req, body),

@@ -12,6 +12,10 @@
 //! - `threads` + `stackTrace` of the stopped thread, against ListThreads +
 //!   GetThreadStack.
 //!
+//! First, at one stop of a launched program inside a function with 50
+//! locals (`ct-locals`): `scopes` + `variables` of its Locals scope,
+//! against GetThreadStack with the locals of that one frame, its floor.
+//!
 //! With a hit stopping every thread, and only the thread that hit; the
 //! adapter at its default `--priority realtime` (SCHED_FIFO 1, the footing
 //! of the daemon and of this bench's direct client) and at `normal`.
@@ -127,6 +131,7 @@ struct Rep {
 
 pub(crate) async fn section_dap(args: &Args) -> Result<()> {
     let t0 = Instant::now();
+    locals_table(args).await?;
     let sizes: Vec<usize> = if args.threads.iter().all(|&n| n <= 100) {
         args.threads.clone()
     } else {
@@ -189,6 +194,101 @@ pub(crate) async fn section_dap(args: &Args) -> Result<()> {
     println!();
     section_done(t0);
     Ok(())
+}
+
+/// Requests timed per repetition of the locals table.
+const LOOKS: usize = 200;
+
+/// `scopes` + `variables` (Locals) of a frame with 50 locals, against
+/// GetThreadStack{locals} of that frame, at one stop; reps alternate.
+async fn locals_table(args: &Args) -> Result<()> {
+    println!(
+        "## dap: scopes + variables of a frame with 50 locals (a launched `ct-locals` held in `fifty()`; {LOOKS} requests each, per rep, {} reps)\n",
+        args.reps
+    );
+    println!("| path | ms p50 | ms p90 | variables |");
+    println!("|---|---|---|---|");
+    let daemon = Daemon::start().await?;
+    let result = async {
+        let mut d = Dap::start(&daemon, true).await?;
+        d.call(
+            "initialize",
+            json!({"adapterID": "wpd", "linesStartAt1": true}),
+        )
+        .await?;
+        let program = wpd_tests::ctarget_path("ct-locals");
+        let t = Instant::now();
+        d.call("launch", json!({"program": program})).await?;
+        let launched = ms(t.elapsed());
+        let process = d.event("process").await?;
+        let pid = process["body"]["systemProcessId"]
+            .as_i64()
+            .context("no pid")? as i32;
+        d.event("initialized").await?;
+        let info = d.call("dataBreakpointInfo", json!({"name": "hit"})).await?;
+        d.call(
+            "setDataBreakpoints",
+            json!({"breakpoints": [{"dataId": info["dataId"]}]}),
+        )
+        .await?;
+        let t = Instant::now();
+        d.call("configurationDone", json!({})).await?;
+        let stop = d.event("stopped").await?;
+        let first = ms(t.elapsed());
+        let tid = stop["body"]["threadId"].clone();
+        let st = d
+            .call("stackTrace", json!({"threadId": tid, "levels": 1}))
+            .await?;
+        ensure!(st["stackFrames"][0]["name"] == "fifty", "{st}");
+        let frame = st["stackFrames"][0]["id"].clone();
+        let mut c = daemon.client().await?;
+        let (mut dap, mut grpc) = (Vec::new(), Vec::new());
+        let mut shown = 0;
+        for _ in 0..args.reps {
+            for _ in 0..LOOKS {
+                let t = Instant::now();
+                let scopes = d.call("scopes", json!({"frameId": frame})).await?;
+                let r = scopes["scopes"][0]["variablesReference"].clone();
+                let vars = d
+                    .call("variables", json!({"variablesReference": r}))
+                    .await?;
+                dap.push(ms(t.elapsed()));
+                shown = vars["variables"].as_array().map_or(0, Vec::len);
+            }
+            for _ in 0..LOOKS {
+                let t = Instant::now();
+                let s = rpc_ok(
+                    "GetThreadStack",
+                    c.get_thread_stack(GetThreadStackRequest {
+                        pid,
+                        tid: tid.as_i64().context("tid")? as i32,
+                        depth: 1,
+                        raw: true,
+                        locals: true,
+                    }),
+                )
+                .await?;
+                grpc.push(ms(t.elapsed()));
+                ensure!(s.locals.first().map_or(0, |f| f.variables.len()) == 50);
+            }
+        }
+        ensure!(shown == 50, "the Locals scope showed {shown} variables");
+        let (d50, d90) = p50_p90(dap);
+        let (g50, g90) = p50_p90(grpc);
+        println!("| wpctl dap: scopes + variables | {d50:.3} | {d90:.3} | {shown} |");
+        println!("| gRPC direct: GetThreadStack, locals of 1 frame | {g50:.3} | {g90:.3} | 50 |");
+        println!("| dap / gRPC | {:.2}× | {:.2}× | |\n", d50 / g50, d90 / g90);
+        println!(
+            "launch answered (started, held at its exec, attached): {launched:.1} ms; \
+             configurationDone → `hit`'s first store stopped: {first:.1} ms\n"
+        );
+        d.call("disconnect", json!({})).await?;
+        let _ = tokio::time::timeout(Duration::from_secs(10), d.child.wait()).await;
+        Ok(())
+    }
+    .await;
+    flush();
+    daemon.finish(result)
 }
 
 fn p50_p90(mut v: Vec<f64>) -> (f64, f64) {
