@@ -7,7 +7,7 @@ use std::process::Command;
 use wpd_tests::{find_bin, nats_server_bin, require_peer, require_root_perf};
 
 /// Every section heading of `wpd-bench`, and rows each must contain.
-const SECTIONS: [(&str, &[&str]); 26] = [
+const SECTIONS: &[(&str, &[&str])] = &[
     (
         "## mass-arm: one process-wide write watchpoint, idle target",
         &[
@@ -208,7 +208,7 @@ fn bench_smoke_runs_every_measurement() {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    for (heading, rows) in SECTIONS {
+    for &(heading, rows) in SECTIONS {
         let start = stdout
             .find(heading)
             .unwrap_or_else(|| panic!("missing section {heading:?} in:\n{stdout}"));
