@@ -107,7 +107,7 @@ const SECTIONS: [(&str, &[&str]); 25] = [
         "## fleet: the journal at full hit rate",
         &["| journal (default) |", "| --state-dir none |"],
     ),
-    ("## fleet: export of a backlog", &["| backlog events |"]),
+    ("## export of a backlog", &["| backlog events |"]),
     (
         "## fuzzers: AFL++ on a fork server",
         &[
