@@ -10,8 +10,12 @@
 //!    `thread_started`, …), its payload the event as `StreamEvents` sends
 //!    it (`wpd.v1.StreamEventsResponse`, protobuf), its headers the host,
 //!    sequence number, pid, tid, process and thread names.
-//! 3. Up to [`WINDOW`] publishes wait for their acknowledgements at once;
-//!    the position acknowledged in order is kept in `<state dir>/export/`
+//! 3. Up to [`WINDOW`] publishes wait for their acknowledgements at once,
+//!    pipelined on the connection: each message's reply subject is
+//!    `<inbox>.<seq>` under one subscription of the connection's own, so an
+//!    acknowledgement names its event with no request state per message
+//!    ([`Window`]); none for [`ACK_TIMEOUT`] while some are awaited, or
+//!    a dropped connection while waiting, is an error. The position acknowledged in order is kept in `<state dir>/export/`
 //!    (`nats.cursor`). After an error (server gone, timeout) the exporter
 //!    waits, reconnects and publishes again from that position: JetStream
 //!    drops the repeats by their message id (`Nats-Msg-Id`: the journal's
@@ -27,10 +31,12 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use async_nats::jetstream;
 use prost::Message;
+use tokio_stream::{Stream, StreamExt};
 use wpd_proto::v1 as pb;
 use wpd_proto::v1::stream_events_response::Event as E;
 
@@ -40,6 +46,10 @@ use crate::journal::{Item, Journal, Start};
 pub const WINDOW: usize = 1024;
 /// Events read from the journal at once.
 const BATCH: usize = 1024;
+/// Longest wait for an acknowledgement while some are awaited.
+const ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// While waiting for one, how often the connection is checked.
+const LINK_CHECK: Duration = Duration::from_millis(100);
 
 /// How the exporter proves who it is to the server.
 #[derive(Debug, Clone, Default)]
@@ -274,8 +284,14 @@ fn write_cursor(dir: &Path, journal_id: &str, seq: u64) -> std::io::Result<()> {
     )
 }
 
-/// Starts the exporter on the runtime, counting into `stats` (made before
-/// the core, which reads them); it runs until the daemon exits.
+/// Starts the exporter, counting into `stats` (made before the core, which
+/// reads them); it runs until the daemon exits, on a thread of its own
+/// (`wpd-export`) with a single-threaded runtime that also runs its NATS
+/// connection: reading the journal, publishing and taking the
+/// acknowledgements make no wake-up of another thread and leave the gRPC
+/// runtime's workers alone (on the shared runtime, a third of the
+/// exporter's time went to switching between the workers that ran it and
+/// its connection).
 pub fn start(
     cfg: Config,
     journal: Arc<Journal>,
@@ -290,7 +306,10 @@ pub fn start(
     let from = start_position(&cfg.dir, journal.id(), journal.written_seq());
     stats.acked_seq.store(from, Ordering::Relaxed);
     let s = stats.clone();
-    tokio::spawn(async move {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let export = async move {
         let mut backoff = Duration::from_millis(100);
         loop {
             match run(&cfg, &journal, &namer, &s).await {
@@ -309,7 +328,10 @@ pub fn start(
                 }
             }
         }
-    });
+    };
+    std::thread::Builder::new()
+        .name("wpd-export".into())
+        .spawn(move || runtime.block_on(export))?;
     Ok(())
 }
 
@@ -325,7 +347,7 @@ async fn run(
         .await?
         .connect(cfg.url.as_str())
         .await?;
-    let js = jetstream::new(client);
+    let js = jetstream::new(client.clone());
     js.get_or_create_stream(jetstream::stream::Config {
         name: cfg.stream.clone(),
         subjects: vec![format!("{}.>", cfg.prefix)],
@@ -340,24 +362,23 @@ async fn run(
     let mut acked = stats.acked_seq.load(Ordering::Relaxed);
     let mut reader = journal.reader(Start::AfterSeq(acked));
     let mut progress = journal.progress();
-    let mut inflight: VecDeque<(u64, jetstream::context::PublishAckFuture)> = VecDeque::new();
+    // Acknowledgements come to `<inbox>.<seq>`.
+    let inbox = client.new_inbox();
+    let mut acks = client.subscribe(format!("{inbox}.*")).await?;
+    let mut window = Window::new(acked);
+    let link = Link::new(&client);
     let mut last_saved = acked;
     let mut saved_at = tokio::time::Instant::now();
     loop {
-        let (r, batch) = tokio::task::spawn_blocking(move || {
-            let b = reader.next_batch(BATCH, u64::MAX);
-            (reader, b)
-        })
-        .await?;
-        reader = r;
-        let batch = batch?;
+        // The exporter's own thread: reading the journal may block it.
+        let batch = reader.next_batch(BATCH, u64::MAX)?;
         if batch.is_empty() {
             // Caught up: settle what is in flight, keep the position, wait
             // for the writer.
-            while let Some((seq, ack)) = inflight.pop_front() {
-                ack.await?;
-                acked = seq;
+            while !window.is_empty() {
+                window.wait(&mut acks, &inbox, &link).await?;
             }
+            acked = window.acked();
             stats.acked_seq.store(acked, Ordering::Relaxed);
             if acked != last_saved {
                 write_cursor(&cfg.dir, journal.id(), acked)?;
@@ -425,22 +446,188 @@ async fn run(
                 .payload(rec.payload.into())
                 .headers(headers)
                 .message_id(format!("{}-{}", journal.id(), rec.seq));
-            let ack = js
-                .send_publish(format!("{}.{host}.{kind}", cfg.prefix), publish)
+            while window.len() >= WINDOW {
+                window.wait(&mut acks, &inbox, &link).await?;
+            }
+            let msg = publish.outbound_message(format!("{}.{host}.{kind}", cfg.prefix));
+            client
+                .publish_with_reply_and_headers(
+                    msg.subject,
+                    format!("{inbox}.{}", rec.seq),
+                    msg.headers.unwrap_or_default(),
+                    msg.payload,
+                )
                 .await?;
             stats.published.fetch_add(1, Ordering::Relaxed);
-            inflight.push_back((rec.seq, ack));
-            while inflight.len() >= WINDOW {
-                let (seq, ack) = inflight.pop_front().expect("non-empty");
-                ack.await?;
-                acked = seq;
-            }
+            window.sent(rec.seq);
+            window.take_ready(&mut acks, &inbox)?;
         }
+        acked = window.acked();
         stats.acked_seq.store(acked, Ordering::Relaxed);
         if acked != last_saved && saved_at.elapsed() >= Duration::from_millis(200) {
             write_cursor(&cfg.dir, journal.id(), acked)?;
             last_saved = acked;
             saved_at = tokio::time::Instant::now();
+        }
+    }
+}
+
+/// The connection the publishes went out on: the client reconnects by
+/// itself, but an acknowledgement sent while it was away never comes.
+struct Link {
+    client: async_nats::Client,
+    /// Connections made before the first publish.
+    connects: u64,
+}
+
+impl Link {
+    fn new(client: &async_nats::Client) -> Self {
+        Link {
+            client: client.clone(),
+            connects: client.statistics().connects.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether the connection dropped since [`Link::new`].
+    fn dropped(&self) -> bool {
+        self.client.connection_state() != async_nats::connection::State::Connected
+            || self.client.statistics().connects.load(Ordering::Relaxed) != self.connects
+    }
+}
+
+/// The publishes awaiting their acknowledgement, oldest first, and the
+/// position acknowledged in order: every event up to it is stored by the
+/// server (or was a gap of the journal, counted lost).
+#[derive(Debug)]
+struct Window {
+    /// Sequence numbers sent, increasing, each with whether it is
+    /// acknowledged yet.
+    sent: VecDeque<(u64, bool)>,
+    /// The position acknowledged in order.
+    acked: u64,
+}
+
+/// Why an acknowledgement ended the connection's export.
+#[derive(Debug, thiserror::Error)]
+enum AckError {
+    /// The server refused a message (its JetStream error, or a status
+    /// such as 503: no stream for the subject).
+    #[error("JetStream refused event {seq}: {why}")]
+    Refused { seq: u64, why: String },
+    /// Nothing came for [`ACK_TIMEOUT`].
+    #[error("no acknowledgement for {0:?}")]
+    TimedOut(Duration),
+    /// The connection dropped (and the client may have connected again):
+    /// what was in flight may never be acknowledged.
+    #[error("the connection dropped with {0} publishes unacknowledged")]
+    Dropped(usize),
+    /// The subscription ended (the connection closed).
+    #[error("the acknowledgements' subscription ended")]
+    Closed,
+}
+
+impl Window {
+    fn new(acked: u64) -> Self {
+        Window {
+            sent: VecDeque::with_capacity(WINDOW),
+            acked,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.sent.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.sent.is_empty()
+    }
+
+    /// The position acknowledged in order.
+    fn acked(&self) -> u64 {
+        self.acked
+    }
+
+    /// Event `seq` was published (after every one sent before).
+    fn sent(&mut self, seq: u64) {
+        debug_assert!(self.sent.back().is_none_or(|&(s, _)| s < seq));
+        self.sent.push_back((seq, false));
+    }
+
+    /// Event `seq` is acknowledged; the in-order position moves past every
+    /// acknowledged event at the front. An acknowledgement of an event not
+    /// awaited (a repeat) changes nothing.
+    fn ack(&mut self, seq: u64) {
+        if let Ok(i) = self.sent.binary_search_by_key(&seq, |&(s, _)| s) {
+            self.sent[i].1 = true;
+        }
+        while let Some(&(s, true)) = self.sent.front() {
+            self.acked = s;
+            self.sent.pop_front();
+        }
+    }
+
+    /// Applies one message of the acknowledgements' subscription.
+    fn receive(&mut self, m: &async_nats::Message, inbox: &str) -> Result<(), AckError> {
+        let Some(seq) = m
+            .subject
+            .as_str()
+            .strip_prefix(inbox)
+            .and_then(|s| s.strip_prefix('.'))
+            .and_then(|s| s.parse::<u64>().ok())
+        else {
+            return Ok(());
+        };
+        if let Some(status) = m.status {
+            return Err(AckError::Refused {
+                seq,
+                why: format!("status {status}"),
+            });
+        }
+        // `{"stream":…,"seq":…}`, with `"duplicate":true` for a repeat;
+        // `{"error":{…}}` for a refusal.
+        if m.payload.windows(8).any(|w| w == b"\"error\":") {
+            return Err(AckError::Refused {
+                seq,
+                why: String::from_utf8_lossy(&m.payload).into_owned(),
+            });
+        }
+        self.ack(seq);
+        Ok(())
+    }
+
+    /// Waits for the next acknowledgement (at most [`ACK_TIMEOUT`]) and
+    /// applies it with every other one already there.
+    async fn wait<S>(&mut self, acks: &mut S, inbox: &str, link: &Link) -> Result<(), AckError>
+    where
+        S: Stream<Item = async_nats::Message> + Unpin,
+    {
+        let mut waited = Duration::ZERO;
+        let m = loop {
+            match tokio::time::timeout(LINK_CHECK, acks.next()).await {
+                Ok(m) => break m.ok_or(AckError::Closed)?,
+                Err(_) if link.dropped() => return Err(AckError::Dropped(self.len())),
+                Err(_) if waited >= ACK_TIMEOUT => return Err(AckError::TimedOut(ACK_TIMEOUT)),
+                Err(_) => waited += LINK_CHECK,
+            }
+        };
+        self.receive(&m, inbox)?;
+        self.take_ready(acks, inbox)
+    }
+
+    /// Applies the acknowledgements already received, without waiting.
+    fn take_ready<S>(&mut self, acks: &mut S, inbox: &str) -> Result<(), AckError>
+    where
+        S: Stream<Item = async_nats::Message> + Unpin,
+    {
+        // A poll that finds nothing registers no one to wake: the next
+        // `wait` polls again with the task's own waker.
+        let mut cx = Context::from_waker(Waker::noop());
+        loop {
+            match std::pin::Pin::new(&mut *acks).poll_next(&mut cx) {
+                Poll::Ready(Some(m)) => self.receive(&m, inbox)?,
+                Poll::Ready(None) => return Err(AckError::Closed),
+                Poll::Pending => return Ok(()),
+            }
         }
     }
 }
@@ -479,6 +666,57 @@ mod tests {
         for good in ["nats://127.0.0.1:4222", "tls://h:1,nats://g:2/", "h:4222"] {
             assert!(check_url(good).is_ok(), "{good}");
         }
+    }
+
+    fn ack_message(subject: &str, payload: &str) -> async_nats::Message {
+        async_nats::Message {
+            subject: subject.into(),
+            reply: None,
+            payload: payload.to_string().into(),
+            headers: None,
+            status: None,
+            description: None,
+            length: 0,
+        }
+    }
+
+    #[test]
+    fn the_window_moves_only_past_events_acknowledged_in_order() {
+        let mut w = Window::new(10);
+        for seq in [11, 12, 15, 16] {
+            w.sent(seq);
+        }
+        let ok = r#"{"stream":"WPD","seq":7}"#;
+        // 15 first: 11 and 12 still wait.
+        w.receive(&ack_message("_INBOX.x.15", ok), "_INBOX.x")
+            .unwrap();
+        assert_eq!((w.acked(), w.len()), (10, 4));
+        w.receive(&ack_message("_INBOX.x.11", ok), "_INBOX.x")
+            .unwrap();
+        assert_eq!((w.acked(), w.len()), (11, 3));
+        // A repeat the server dropped as a duplicate is acknowledged too.
+        let dup = r#"{"stream":"WPD","seq":5,"duplicate":true}"#;
+        w.receive(&ack_message("_INBOX.x.12", dup), "_INBOX.x")
+            .unwrap();
+        assert_eq!((w.acked(), w.len()), (15, 1));
+        // Another inbox's subject, or an event not awaited: nothing moves.
+        w.receive(&ack_message("_INBOX.y.16", ok), "_INBOX.x")
+            .unwrap();
+        w.receive(&ack_message("_INBOX.x.99", ok), "_INBOX.x")
+            .unwrap();
+        assert_eq!((w.acked(), w.len()), (15, 1));
+        let refused = r#"{"type":"io.nats.jetstream.api.v1.pub_ack_response","error":{"code":503,"description":"insufficient resources"}}"#;
+        let e = w
+            .receive(&ack_message("_INBOX.x.16", refused), "_INBOX.x")
+            .unwrap_err();
+        assert!(matches!(e, AckError::Refused { seq: 16, .. }), "{e}");
+        assert_eq!((w.acked(), w.len()), (15, 1));
+        let mut no_stream = ack_message("_INBOX.x.16", "");
+        no_stream.status = Some(async_nats::StatusCode::NO_RESPONDERS);
+        assert!(w.receive(&no_stream, "_INBOX.x").is_err());
+        w.receive(&ack_message("_INBOX.x.16", ok), "_INBOX.x")
+            .unwrap();
+        assert_eq!((w.acked(), w.len()), (16, 0));
     }
 
     #[test]

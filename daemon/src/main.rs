@@ -104,6 +104,13 @@ struct Args {
     /// rings)
     #[arg(long, value_enum, env = "WPD_PERF_EVENTS", default_value = "auto")]
     perf_events: PerfEvents,
+    /// Size of each ring the perf backend reads hits from, in KiB (a power
+    /// of two): the per-thread path's one BPF ring (default 16384) or each
+    /// CPU's ring on the per-cpu path (default 2048). What a full ring
+    /// drops is counted (`wpctl stats`, kernel_lost); a larger ring takes
+    /// longer bursts
+    #[arg(long, env = "WPD_PERF_RING_KIB", value_name = "KIB", value_parser = parse_ring_kib)]
+    perf_ring_kib: Option<u32>,
     /// Directory of separate debug files, searched by build id
     /// (`DIR/.build-id/xx/yyyy.debug`) and by `.gnu_debuglink`; repeat for
     /// several, in order (default: /usr/lib/debug, /lib/debug)
@@ -300,6 +307,16 @@ enum PtraceStops {
     DebugRegisters,
 }
 
+/// A ring size in KiB: a power of two from 4 KiB (a page) to 1 GiB.
+fn parse_ring_kib(s: &str) -> Result<u32, String> {
+    let n: u32 = s.parse().map_err(|e| format!("{e}"))?;
+    if n.is_power_of_two() && (4..=1 << 20).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("{n}: a power of two from 4 to 1048576"))
+    }
+}
+
 /// The daemon's configuration from the flags, or the one line saying what
 /// is wrong with them.
 fn config(args: &Args) -> Result<wpd::startup::Config, String> {
@@ -367,6 +384,7 @@ fn config(args: &Args) -> Result<wpd::startup::Config, String> {
             PerfEvents::PerThread => wpd::backend::perf::EventsPolicy::PerThread,
             PerfEvents::PerCpu => wpd::backend::perf::EventsPolicy::PerCpu,
         },
+        perf_ring_kib: args.perf_ring_kib,
         ptrace_stops: match args.ptrace_stops {
             PtraceStops::Auto => wpd::backend::ptrace::signal_bp::Policy::Auto,
             PtraceStops::DebugRegisters => wpd::backend::ptrace::signal_bp::Policy::DebugRegisters,

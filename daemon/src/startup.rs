@@ -40,6 +40,9 @@ pub struct Config {
     pub state_file: Option<PathBuf>,
     /// How the perf backend opens breakpoints.
     pub perf_events: crate::backend::perf::EventsPolicy,
+    /// Size of the perf backend's rings in KiB (`--perf-ring-kib`; None:
+    /// each path's default).
+    pub perf_ring_kib: Option<u32>,
     /// How the ptrace backend stops threads.
     pub ptrace_stops: crate::backend::ptrace::signal_bp::Policy,
     /// Tracer threads of the ptrace backend (`WPD_PTRACE_SHARDS`; default
@@ -227,6 +230,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         backends: Backends::System(SystemOptions {
             state_file,
             perf_events: cfg.perf_events,
+            perf_ring_kib: cfg.perf_ring_kib,
             ptrace_stops: cfg.ptrace_stops,
             ptrace_shards: cfg.ptrace_shards,
             fault_panic_at_hit: cfg.faults.panic_at_hit,

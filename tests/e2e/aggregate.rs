@@ -69,32 +69,17 @@ async fn aggregate_mode_counts_every_hit_and_streams_samples() -> Result<()> {
             last = Some((a.hits, stats.kernel_lost));
             tokio::time::sleep(Duration::from_millis(1000)).await;
         };
+        // On the per-CPU path the two hammer threads' FORK and EXIT records share the ring
+        // with the hits, and may be among the records lost.
         let per_cpu = std::env::var("WPD_PERF_EVENTS").is_ok_and(|v| v == "per-cpu");
-        if per_cpu && stats.kernel_lost > 0 {
-            // The per-CPU path, its rings overflowing under this load: the kernel's
-            // PERF_RECORD_LOST counts do not cover every sample it dropped (seen: 5 to 10 %
-            // of the stores neither read nor counted). Every store read is aggregated, and
-            // the loss is reported; closing the gap is the event pipeline's open work.
-            ensure!(
-                agg.hits <= stores && agg.hits + stats.kernel_lost <= stores,
-                "{stores} stores, {} aggregated, {} lost by the kernel: more than stored",
-                agg.hits,
-                stats.kernel_lost
-            );
-            eprintln!(
-                "per-CPU path: {stores} stores, {} aggregated, {} reported lost, {} neither",
-                agg.hits,
-                stats.kernel_lost,
-                stores - agg.hits - stats.kernel_lost
-            );
-        } else {
-            ensure!(
-                agg.hits + stats.kernel_lost == stores,
-                "{stores} stores, {} aggregated, {} lost by the kernel (and reported)",
-                agg.hits,
-                stats.kernel_lost
-            );
-        }
+        let others = if per_cpu { 4 } else { 0 };
+        ensure!(
+            agg.hits + stats.kernel_lost >= stores
+                && agg.hits + stats.kernel_lost <= stores + others,
+            "{stores} stores, {} aggregated, {} lost by the kernel (and reported)",
+            agg.hits,
+            stats.kernel_lost
+        );
         let counted: u64 = agg.aggregates.iter().map(|a| a.count).sum::<u64>() + agg.overflow;
         ensure!(
             counted == agg.hits,

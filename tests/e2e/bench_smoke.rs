@@ -115,7 +115,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
         "## fleet: the journal at full hit rate",
         &["| journal (default) |", "| --state-dir none |"],
     ),
-    ("## fleet: export of a backlog", &["| backlog events |"]),
+    ("## export of a backlog", &["| backlog events |"]),
     (
         "## fuzzers: AFL++ on a fork server",
         &[

@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use wpd_proto::v1::stream_events_response::Event;
 use wpd_proto::v1::*;
-use wpd_tests::{Backend, Daemon, EventStream, TargetProc, require_root_perf, rpc_ok, write_spec};
+use wpd_tests::{
+    Backend, Daemon, EventStream, Sysctl, TargetProc, require_root_perf, rpc_ok, write_spec,
+};
 
 /// Load processes killed when dropped.
 struct Load(Vec<Child>);
@@ -66,26 +68,6 @@ impl Drop for Load {
         let _ = std::fs::remove_file(
             std::env::temp_dir().join(format!("wpd-sigtrap-io-{}", std::process::id())),
         );
-    }
-}
-
-/// Sets a sysctl and puts the old value back when dropped.
-struct Sysctl {
-    path: &'static str,
-    old: String,
-}
-
-impl Sysctl {
-    fn set(path: &'static str, value: &str) -> Result<Sysctl> {
-        let old = std::fs::read_to_string(path)?.trim().to_string();
-        std::fs::write(path, value)?;
-        Ok(Sysctl { path, old })
-    }
-}
-
-impl Drop for Sysctl {
-    fn drop(&mut self) {
-        let _ = std::fs::write(self.path, &self.old);
     }
 }
 

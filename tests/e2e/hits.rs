@@ -8,7 +8,7 @@ use anyhow::{Result, bail, ensure};
 use tonic::Code;
 use wpd_proto::v1::{RemoveWatchpointRequest, SlotState, StreamEventsRequest, Watchpoint};
 use wpd_tests::{
-    Backend, Daemon, Event, EventStream, SPAWN_MARK, TargetProc, both_backends, check_hit,
+    Backend, Daemon, Event, EventStream, SPAWN_MARK, Sysctl, TargetProc, both_backends, check_hit,
     count_slots, expect_status, hit_value_u64, hits_only, list_threads, ours, poll_until, rpc,
     rpc_ok, set_watchpoint, snapshot, write_spec,
 };
@@ -480,26 +480,6 @@ async fn losses_count_when_they_happen_and_name_their_sequence_numbers() -> Resu
         }
         .await,
     )
-}
-
-/// Sets a sysctl and puts the old value back when dropped (also on failure).
-struct Sysctl {
-    path: &'static str,
-    old: String,
-}
-
-impl Sysctl {
-    fn set(path: &'static str, value: &str) -> Result<Sysctl> {
-        let old = std::fs::read_to_string(path)?.trim().to_string();
-        std::fs::write(path, value)?;
-        Ok(Sysctl { path, old })
-    }
-}
-
-impl Drop for Sysctl {
-    fn drop(&mut self) {
-        let _ = std::fs::write(self.path, &self.old);
-    }
 }
 
 /// The kernel throttles a sampling perf event that fires more than

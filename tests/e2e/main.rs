@@ -36,6 +36,7 @@ mod journal;
 mod leader_exit;
 mod lifecycle;
 mod limits;
+mod losses;
 mod metrics;
 mod persist;
 mod pidns;

@@ -7,12 +7,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 use wpd_proto::v1::GetStatsRequest;
 use wpd_tests::{
-    Backend, Daemon, Event, EventStream, TargetProc, hits_only, peer_program, require_backend,
-    rpc_ok, set_watchpoint, unique_temp_dir, write_spec,
+    Backend, Daemon, Event, EventStream, TargetProc, hits_only, http_get, metrics_address,
+    peer_program, require_backend, rpc_ok, set_watchpoint, unique_temp_dir, write_spec,
 };
 
 /// How long Prometheus may take to start and scrape what the test waits for.
@@ -133,43 +132,6 @@ async fn prometheus_scrapes_what_getstats_reports() -> Result<()> {
         }
         .await,
     )
-}
-
-/// The address the daemon logged for its metrics (`wpd: metrics on http://ADDR/metrics`).
-fn metrics_address(log: &str) -> Result<std::net::SocketAddr> {
-    log.lines()
-        .find_map(|l| l.strip_prefix("wpd: metrics on http://"))
-        .and_then(|rest| rest.strip_suffix("/metrics"))
-        .ok_or_else(|| anyhow!("the daemon did not log its metrics address:\n{log}"))?
-        .parse()
-        .context("parsing the metrics address")
-}
-
-/// The body of `GET path` from `addr` (HTTP/1.0: the server closes after the answer), which must
-/// answer 200.
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<String> {
-    let exchange = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-            .await?;
-        let mut answer = Vec::new();
-        s.read_to_end(&mut answer).await?;
-        anyhow::Ok(String::from_utf8_lossy(&answer).into_owned())
-    };
-    let answer = tokio::time::timeout(Duration::from_secs(10), exchange)
-        .await
-        .map_err(|_| anyhow!("GET http://{addr}{path} timed out"))?
-        .with_context(|| format!("GET http://{addr}{path}"))?;
-    let (head, body) = answer
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow!("GET http://{addr}{path}: no header end in {answer:?}"))?;
-    ensure!(
-        head.lines()
-            .next()
-            .is_some_and(|l| l.split(' ').nth(1) == Some("200")),
-        "GET http://{addr}{path}: {head}"
-    );
-    Ok(body.to_string())
 }
 
 /// Percent-encodes a query parameter.

@@ -37,6 +37,7 @@ fn to_json(s: &GetStatsResponse) -> serde_json::Value {
         "uptime_s": s.uptime_s,
         "hits": s.hits,
         "kernel_lost": s.kernel_lost,
+        "kernel_throttled": s.kernel_throttled,
         "subscribers": s.subscribers,
         "subscriber_dropped": s.subscriber_dropped,
         "ledger_hold_p50_ns": s.ledger_hold_p50_ns,
@@ -82,10 +83,11 @@ fn to_text(s: &GetStatsResponse) -> String {
         (
             "hits",
             format!(
-                "{} delivered, {} lost in the kernel's rings; {} delivered to watched \
-                 processes by the kernel",
+                "{} delivered, {} lost in the kernel's rings, {} throttled by the kernel; \
+                 {} delivered to watched processes by the kernel",
                 s.hits,
                 plural(s.kernel_lost, "record"),
+                plural(s.kernel_throttled, "event"),
                 plural(s.sigtraps, "SIGTRAP")
             ),
         ),
@@ -210,7 +212,7 @@ mod tests {
             watchpoints: 2
             perf fds:    48
             uptime:      1m15s
-            hits:        9 delivered, 1 record lost in the kernel's rings; 0 SIGTRAPs delivered to watched processes by the kernel
+            hits:        9 delivered, 1 record lost in the kernel's rings, 0 events throttled by the kernel; 0 SIGTRAPs delivered to watched processes by the kernel
             subscribers: 2 now, 5 events dropped for being too slow
             ledger hold: p50 800 ns, p99 12.5 µs, max 4.2 ms
             connections: 3 open, 1 refused, 0 closed idle

@@ -99,8 +99,11 @@ pub enum Unavailable {
 /// A backend's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BackendStats {
-    /// Kernel records lost (perf rings overflowed).
+    /// Kernel records lost (perf rings overflowed, the per-thread path's
+    /// BPF ring full), reported or not yet.
     pub lost: u64,
+    /// Times the kernel throttled one of the backend's events.
+    pub throttled: u64,
     /// File descriptors the backend holds for events.
     pub fds: u64,
 }
@@ -318,6 +321,8 @@ pub struct SystemOptions {
     pub state_file: std::path::PathBuf,
     /// How the perf backend opens breakpoints (`--perf-events`).
     pub perf_events: perf::EventsPolicy,
+    /// Size of the perf backend's rings in KiB (`--perf-ring-kib`).
+    pub perf_ring_kib: Option<u32>,
     /// How the ptrace backend stops threads (`--ptrace-stops`).
     pub ptrace_stops: ptrace::signal_bp::Policy,
     /// Tracer threads of the ptrace backend (default 4).
@@ -333,6 +338,7 @@ impl SystemOptions {
         SystemOptions {
             state_file,
             perf_events: perf::EventsPolicy::Auto,
+            perf_ring_kib: None,
             ptrace_stops: ptrace::signal_bp::Policy::Auto,
             ptrace_shards: None,
             fault_panic_at_hit: None,
@@ -391,9 +397,8 @@ impl BackendTable {
         fd_headroom: u64,
         opts: &SystemOptions,
     ) -> BackendTable {
-        let perf =
-            perf::PerfEngine::new(host.clone(), probe.clone(), fd_headroom, opts.perf_events)
-                .map(|p| Arc::new(p) as Arc<dyn Backend>);
+        let perf = perf::PerfEngine::new(host.clone(), probe.clone(), fd_headroom, opts)
+            .map(|p| Arc::new(p) as Arc<dyn Backend>);
         if let Err(e) = &perf {
             tracing::warn!("perf backend: {e}");
         }

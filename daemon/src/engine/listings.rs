@@ -130,10 +130,11 @@ impl Core {
 
     /// Daemon-wide counters.
     pub fn stats(&self) -> Stats {
-        let (mut lost, mut fds) = (0, 0);
+        let (mut lost, mut throttled, mut fds) = (0, 0, 0);
         for b in self.backends.usable() {
             let s = b.stats();
             lost += s.lost;
+            throttled += s.throttled;
             fds += s.fds;
         }
         Stats {
@@ -142,6 +143,7 @@ impl Core {
             watchpoints: self.watches.len() as u32,
             hits: self.hits.load(Ordering::Relaxed),
             kernel_lost: lost,
+            kernel_throttled: throttled,
             perf_fds: fds,
             subscribers: self.bus.subscribers(None) as u32,
             subscriber_dropped: self.bus.dropped(None),

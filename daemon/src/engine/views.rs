@@ -84,6 +84,8 @@ pub struct Stats {
     pub hits: u64,
     /// Kernel ring losses.
     pub kernel_lost: u64,
+    /// Times the kernel throttled one of the daemon's events.
+    pub kernel_throttled: u64,
     /// Open perf fds.
     pub perf_fds: u64,
     /// Subscribers.

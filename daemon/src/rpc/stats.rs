@@ -54,6 +54,7 @@ impl Service {
             watchpoints: s.watchpoints,
             hits: s.hits,
             kernel_lost: s.kernel_lost,
+            kernel_throttled: s.kernel_throttled,
             perf_fds: s.perf_fds,
             subscribers: s.subscribers,
             subscriber_dropped: s.subscriber_dropped,

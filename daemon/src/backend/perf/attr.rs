@@ -27,6 +27,15 @@ pub const SAMPLE_TYPE: u64 = (b::PERF_SAMPLE_IDENTIFIER
     | b::PERF_SAMPLE_ADDR
     | b::PERF_SAMPLE_CPU) as u64;
 
+/// What `read(2)` of an event sharing the rings returns: its count, then
+/// the samples the kernel dropped because the ring was full
+/// (`PERF_FORMAT_LOST`, Linux 6.0). A full ring's `PERF_RECORD_LOST` comes
+/// only with the next record that fits (kernel-facts §16): the daemon reads
+/// these counts to know what was dropped before such a record comes.
+/// A kernel without it refuses the event; `sys::open` then opens it
+/// without.
+pub const READ_FORMAT: u64 = b::PERF_FORMAT_LOST as u64;
+
 /// Who gets a copy of a breakpoint the kernel makes at clone or fork.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Inherit {
@@ -59,6 +68,7 @@ fn base() -> b::perf_event_attr {
         ..Default::default()
     };
     a.sample_type = SAMPLE_TYPE;
+    a.read_format = READ_FORMAT;
     a.set_sample_id_all(1);
     a.set_exclude_kernel(1);
     a.set_exclude_hv(1);
@@ -204,6 +214,7 @@ mod tests {
         assert_eq!(a.sample_id_all(), 1);
         assert_eq!((a.exclude_kernel(), a.exclude_hv()), (1, 1));
         assert_eq!((a.use_clockid(), a.clockid), (1, libc::CLOCK_MONOTONIC));
+        assert_eq!(a.read_format, u64::from(b::PERF_FORMAT_LOST));
     }
 
     #[test]

@@ -41,14 +41,16 @@ impl Drop for Ring {
 
 impl Ring {
     /// Opens CPU `cpu`'s collector (seeing every task's lifecycle when
-    /// `see_tasks`) and maps its ring.
-    pub fn open(cpu: u32, see_tasks: bool) -> Result<Ring, PerfError> {
+    /// `see_tasks`) and maps its ring, of `bytes` (a power of two; None:
+    /// [`RING_DATA_PAGES`]).
+    pub fn open(cpu: u32, see_tasks: bool, bytes: Option<usize>) -> Result<Ring, PerfError> {
         let page = page_size();
+        let pages = bytes.map_or(RING_DATA_PAGES, |b| (b / page).max(1));
         // Wake the reader when a quarter of the ring is full; the drain
         // loop also polls on a short timeout for latency.
-        let mut a = attr::collector(see_tasks, (RING_DATA_PAGES * page / 4) as u32);
+        let mut a = attr::collector(see_tasks, (pages * page / 4) as u32);
         let collector = sys::open(&mut a, -1, cpu as i32, "perf_event_open(collector)")?;
-        let len = (RING_DATA_PAGES + 1) * page;
+        let len = (pages + 1) * page;
         // SAFETY: mapping a perf ring of 1 + 2^n pages on our own fd.
         let base = unsafe {
             libc::mmap(
@@ -72,7 +74,7 @@ impl Ring {
             let off = std::ptr::read_volatile(&(*meta).data_offset) as usize;
             let size = std::ptr::read_volatile(&(*meta).data_size) as usize;
             if size == 0 {
-                (page, RING_DATA_PAGES * page)
+                (page, pages * page)
             } else {
                 (off, size)
             }

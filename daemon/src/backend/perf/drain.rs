@@ -286,6 +286,14 @@ impl PerfEngine {
                 tracing::warn!(count, "kernel dropped records: ring full");
                 host.publish(EventKind::RecordsLost { count });
             }
+            Record::Throttle { id } => {
+                let watch = self.event_ids.get(&id).map(|k| k.id);
+                tracing::warn!(
+                    ?watch,
+                    "the kernel throttled a perf event (perf_event_max_sample_rate): its hits \
+                     until the next tick are not recorded"
+                );
+            }
         }
     }
 }

@@ -42,6 +42,18 @@ pub struct Drained {
     pub ring_hits: usize,
 }
 
+/// What the kernel dropped (`GetStats`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Lost {
+    /// Records a full perf ring dropped (per-CPU path: hits and thread
+    /// records; per-thread path: the collectors' task records).
+    pub perf_ring: u64,
+    /// Hits the per-thread path's program found no room for in its ring.
+    pub bpf_ring: u64,
+    /// Times an event of ours was throttled (`PERF_RECORD_THROTTLE`).
+    pub throttled: u64,
+}
+
 /// One breakpoint on one thread: an event per CPU.
 #[derive(Debug)]
 pub struct ThreadEvents {
@@ -63,7 +75,16 @@ pub struct Perf {
     rings: Mutex<Vec<Ring>>,
     scratch: Mutex<Vec<u8>>,
     fds: FdBudget,
-    lost: AtomicU64,
+    /// Records dropped by a full perf ring, as its `PERF_RECORD_LOST`
+    /// records said.
+    records_lost: AtomicU64,
+    /// Samples lost by events already closed, as they counted them
+    /// (`attr::READ_FORMAT`), read at close.
+    closed_lost: AtomicU64,
+    /// Hits the per-thread path's program found no room for.
+    bpf_dropped: AtomicU64,
+    /// `PERF_RECORD_THROTTLE` records read.
+    throttled: AtomicU64,
     /// The per-thread path's ring and programs (`ring.rs`), or why the
     /// per-CPU path is used.
     path: Result<super::ring::HitRing, String>,
@@ -100,11 +121,13 @@ pub(super) fn max_stack() -> u16 {
 
 impl Perf {
     /// Opens one collector ring per online CPU and, unless `policy` says
-    /// per CPU, the per-thread path's ring. Needs CAP_PERFMON (or root).
-    pub fn new(policy: EventsPolicy) -> Result<Self, PerfError> {
+    /// per CPU, the per-thread path's ring. `ring_bytes`: the size of
+    /// either (None: their defaults). Needs CAP_PERFMON (or root).
+    pub fn new(policy: EventsPolicy, ring_bytes: Option<usize>) -> Result<Self, PerfError> {
         let path = match policy {
             EventsPolicy::PerCpu => Err("--perf-events per-cpu".to_string()),
-            _ => super::ring::HitRing::new().map_err(|e| e.to_string()),
+            _ => super::ring::HitRing::with_size(ring_bytes.unwrap_or(super::ring::RING_BYTES))
+                .map_err(|e| e.to_string()),
         };
         if let (EventsPolicy::PerThread, Err(why)) = (policy, &path) {
             tracing::warn!("per-thread perf events: {why}");
@@ -117,7 +140,9 @@ impl Perf {
         let cpus = crate::cpus::online();
         let rings = cpus
             .iter()
-            .map(|&cpu| Ring::open(cpu, per_thread))
+            // On the per-thread path the collectors carry the machine's task
+            // records only: their size stays.
+            .map(|&cpu| Ring::open(cpu, per_thread, ring_bytes.filter(|_| !per_thread)))
             .collect::<Result<Vec<Ring>, PerfError>>()?;
         let collectors = rings.iter().map(|r| r.collector.as_raw_fd()).collect();
         let backend = Perf {
@@ -126,7 +151,10 @@ impl Perf {
             rings: Mutex::new(rings),
             scratch: Mutex::new(Vec::with_capacity(4096)),
             fds: FdBudget::default(),
-            lost: AtomicU64::new(0),
+            records_lost: AtomicU64::new(0),
+            closed_lost: AtomicU64::new(0),
+            bpf_dropped: AtomicU64::new(0),
+            throttled: AtomicU64::new(0),
             path,
         };
         // Grown once now, the table spares the first attaches their growth
@@ -170,9 +198,36 @@ impl Perf {
         self.fds.open()
     }
 
-    /// Records the kernel dropped because a ring was full.
-    pub fn lost(&self) -> u64 {
-        self.lost.load(Ordering::Relaxed)
+    /// What the kernel dropped because a ring was full, with `live` the
+    /// fds of the events writing into the perf rings now (breakpoints and
+    /// trackers of the per-CPU path; the collectors are added here).
+    pub fn lost(&self, live: &mut dyn Iterator<Item = RawFd>) -> Lost {
+        // What the events count as lost, the records not yet written
+        // included (a full ring says nothing until a record fits again).
+        let counted = self
+            .collectors
+            .iter()
+            .copied()
+            .chain(live)
+            .filter_map(sys::lost)
+            .sum::<u64>()
+            + self.closed_lost.load(Ordering::Relaxed);
+        let reported = self.records_lost.load(Ordering::Relaxed);
+        Lost {
+            perf_ring: counted.max(reported),
+            bpf_ring: self.bpf_dropped.load(Ordering::Relaxed),
+            throttled: self.throttled.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Events writing into the perf rings are being closed: keeps what
+    /// they lost.
+    pub fn closing<'a>(&self, fds: impl IntoIterator<Item = &'a OwnedFd>) {
+        let n: u64 = fds
+            .into_iter()
+            .filter_map(|f| sys::lost(f.as_raw_fd()))
+            .sum();
+        self.closed_lost.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Grows the daemon's fd table at once so that `more` event fds fit
@@ -269,8 +324,14 @@ impl Perf {
         let mut d = Drained::default();
         for ring in rings.iter() {
             d.ring_records += ring.drain(&mut scratch, &mut |r| {
-                if let Record::Lost { count } = r {
-                    self.lost.fetch_add(count, Ordering::Relaxed);
+                match r {
+                    Record::Lost { count } => {
+                        self.records_lost.fetch_add(count, Ordering::Relaxed);
+                    }
+                    Record::Throttle { .. } => {
+                        self.throttled.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => {}
                 }
                 sink(r)
             });
@@ -279,7 +340,7 @@ impl Perf {
             let (read, dropped) = hits.drain(&mut |h| sink(Record::Hit(h)));
             d.ring_hits = read;
             if dropped > 0 {
-                self.lost.fetch_add(dropped, Ordering::Relaxed);
+                self.bpf_dropped.fetch_add(dropped, Ordering::Relaxed);
                 sink(Record::Lost { count: dropped });
             }
         }

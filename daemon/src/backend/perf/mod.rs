@@ -43,7 +43,7 @@ use crate::model::{Pid, SlotKey, Tid, WatchId};
 use crate::procfs;
 use crate::state::{OpGuard, Process, Watch};
 pub use attr::Inherit;
-pub use kernel::{EventsPolicy, Perf, ThreadEvents};
+pub use kernel::{EventsPolicy, Lost, Perf, ThreadEvents};
 pub use record::Record;
 pub use sys::PerfError;
 
@@ -153,9 +153,10 @@ impl PerfEngine {
         host: Weak<dyn Host>,
         probe: Option<Arc<SlotProbe>>,
         fd_headroom: u64,
-        events: EventsPolicy,
+        opts: &crate::backend::SystemOptions,
     ) -> Result<PerfEngine, Unavailable> {
-        let perf = Perf::new(events).map_err(|e| Unavailable::Kernel {
+        let ring_bytes = opts.perf_ring_kib.map(|k| k as usize * 1024);
+        let perf = Perf::new(opts.perf_events, ring_bytes).map_err(|e| Unavailable::Kernel {
             op: e.op,
             errno: e.errno,
             needs: format!(
@@ -735,6 +736,10 @@ impl Backend for PerfEngine {
                 self.event_ids.remove(eid);
             }
         }
+        if self.perf.hit_ring().is_none() {
+            self.perf
+                .closing(events.iter().flat_map(|(_, ev)| ev.fds.iter()));
+        }
         drop(events);
         self.perf.forget_fds(n);
         // A drain pass that found the watchpoint before it left the tables
@@ -753,6 +758,9 @@ impl Backend for PerfEngine {
                 for eid in &ev.ids {
                     self.event_ids.remove(eid);
                 }
+                if self.perf.hit_ring().is_none() {
+                    self.perf.closing(&ev.fds);
+                }
                 false // closed here
             });
         }
@@ -770,6 +778,7 @@ impl Backend for PerfEngine {
         self.attached_at.remove(&proc.pid);
         if let Some((_, fds)) = self.trackers.remove(&proc.pid) {
             self.perf.forget_fds(fds.len());
+            self.perf.closing(&fds);
             drop(fds);
         }
     }
@@ -787,8 +796,26 @@ impl Backend for PerfEngine {
     }
 
     fn stats(&self) -> BackendStats {
+        // The per-CPU path's events count their own losses; the
+        // per-thread path's breakpoints write into no perf ring.
+        let lost = if self.perf.hit_ring().is_some() {
+            self.perf.lost(&mut std::iter::empty())
+        } else {
+            let events = self.events.iter().flat_map(|e| {
+                e.value()
+                    .iter()
+                    .flat_map(|(_, ev)| ev.fds.iter().map(|f| f.as_raw_fd()))
+                    .collect::<Vec<_>>()
+            });
+            let trackers = self
+                .trackers
+                .iter()
+                .flat_map(|e| e.value().iter().map(|f| f.as_raw_fd()).collect::<Vec<_>>());
+            self.perf.lost(&mut events.chain(trackers))
+        };
         BackendStats {
-            lost: self.perf.lost(),
+            lost: lost.perf_ring + lost.bpf_ring,
+            throttled: lost.throttled,
             fds: self.perf.open_fds(),
         }
     }

@@ -77,6 +77,13 @@ pub enum Record {
         /// How many.
         count: u64,
     },
+    /// The kernel throttled an event (`PERF_RECORD_THROTTLE`): it records
+    /// nothing until the next tick. wpd's breakpoints are never throttled
+    /// (kernel-facts §10); counted all the same.
+    Throttle {
+        /// The event's id.
+        id: u64,
+    },
 }
 
 struct Cursor<'a>(&'a [u8]);
@@ -188,6 +195,11 @@ pub fn parse_record(ty: u32, misc: u16, body: &[u8]) -> Option<Record> {
             let count = c.u64()?;
             Some(Record::Lost { count })
         }
+        b::PERF_RECORD_THROTTLE => {
+            let _time = c.u64()?;
+            let id = c.u64()?;
+            Some(Record::Throttle { id })
+        }
         _ => None,
     }
 }
@@ -198,6 +210,17 @@ mod tests {
 
     fn bytes(words: &[u64]) -> Vec<u8> {
         words.iter().flat_map(|w| w.to_ne_bytes()).collect()
+    }
+
+    #[test]
+    fn a_throttle_names_its_event() {
+        // time, id, stream id, then the sample_id_all trailer.
+        let body = bytes(&[1234, 42, 42, 5, 1234, 0, 42]);
+        assert_eq!(
+            parse_record(b::PERF_RECORD_THROTTLE, 0, &body),
+            Some(Record::Throttle { id: 42 })
+        );
+        assert_eq!(parse_record(b::PERF_RECORD_UNTHROTTLE, 0, &body), None);
     }
 
     #[test]

@@ -387,7 +387,13 @@ impl HitRing {
     /// The ring and its counter; loads one program as a check, so that a
     /// kernel refusing any part of it is known at start.
     pub fn new() -> Result<HitRing, NoRing> {
-        let ring = RingBuf::new(RING_BYTES).map_err(NoRing::Map)?;
+        Self::with_size(RING_BYTES)
+    }
+
+    /// As [`HitRing::new`], with a ring of `bytes` (a power of two, at
+    /// least a page).
+    pub fn with_size(bytes: usize) -> Result<HitRing, NoRing> {
+        let ring = RingBuf::new(bytes).map_err(NoRing::Map)?;
         let drops = Counters::new(1).map_err(NoRing::Map)?;
         let mut r = HitRing {
             ring,

@@ -74,9 +74,41 @@ pub(in crate::backend) fn open(
     cpu: i32,
     op: &'static str,
 ) -> Result<OwnedFd, PerfError> {
-    let fd = call(Call::Open { attr, pid, cpu }).map_err(|errno| PerfError { op, errno })?;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    /// The kernel refused `PERF_FORMAT_LOST` once (before Linux 6.0).
+    static NO_LOST_FORMAT: AtomicBool = AtomicBool::new(false);
+    let lost = u64::from(b::PERF_FORMAT_LOST);
+    if NO_LOST_FORMAT.load(Ordering::Relaxed) {
+        attr.read_format &= !lost;
+    }
+    let fd = match call(Call::Open { attr, pid, cpu }) {
+        Err(Errno::EINVAL) if attr.read_format & lost != 0 => {
+            attr.read_format &= !lost;
+            let fd =
+                call(Call::Open { attr, pid, cpu }).map_err(|errno| PerfError { op, errno })?;
+            if !NO_LOST_FORMAT.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "the kernel does not count the samples each perf event loses \
+                     (PERF_FORMAT_LOST, Linux 6.0): a full ring's losses are counted when \
+                     its PERF_RECORD_LOST comes"
+                );
+            }
+            fd
+        }
+        r => r.map_err(|errno| PerfError { op, errno })?,
+    };
     // SAFETY: a fresh descriptor, ours alone.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The samples `fd`'s event lost because its ring was full, counted by the
+/// kernel as it drops them (`PERF_FORMAT_LOST`, read through `read(2)`:
+/// the count, then the losses). None for an event opened without it.
+pub(in crate::backend) fn lost(fd: RawFd) -> Option<u64> {
+    let mut v = [0u64; 2];
+    // SAFETY: reads at most 16 bytes into a live 16-byte buffer.
+    let n = unsafe { libc::read(fd, v.as_mut_ptr().cast(), std::mem::size_of_val(&v)) };
+    (n == 16).then_some(v[1])
 }
 
 /// The id samples of `fd`'s event (and of its inherited copies) carry.

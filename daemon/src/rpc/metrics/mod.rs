@@ -231,6 +231,7 @@ pub struct Metrics {
     journal_torn: Counter,
     journal_write_errors: Counter,
     sigtraps: Counter,
+    kernel_throttled: Counter,
     export_acked_seq: GaugeU,
     export_published: Counter,
     export_errors: Counter,
@@ -290,6 +291,7 @@ impl Metrics {
             journal_torn: Counter::default(),
             journal_write_errors: Counter::default(),
             sigtraps: Counter::default(),
+            kernel_throttled: Counter::default(),
             export_acked_seq: GaugeU::default(),
             export_published: Counter::default(),
             export_errors: Counter::default(),
@@ -385,6 +387,12 @@ impl Metrics {
             "SIGTRAPs the kernel delivered to watched processes (wpd sends none; each is a \
              ProcessCrashed event saying what sent it)",
             m.sigtraps.clone(),
+        );
+        r.register(
+            "kernel_throttled",
+            "Times the kernel throttled one of the daemon's perf events (perf_event_max_sample_rate); \
+             a throttled event records nothing until the next tick",
+            m.kernel_throttled.clone(),
         );
         r.register(
             "export_acked_seq",
@@ -580,6 +588,7 @@ impl Metrics {
         set_counter(&self.journal_torn, s.journal_torn);
         set_counter(&self.journal_write_errors, s.journal_write_errors);
         set_counter(&self.sigtraps, s.sigtraps);
+        set_counter(&self.kernel_throttled, s.kernel_throttled);
         self.export_acked_seq.set(s.export_acked_seq);
         set_counter(&self.export_published, s.export_published);
         set_counter(&self.export_errors, s.export_errors);

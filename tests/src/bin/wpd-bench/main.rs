@@ -37,7 +37,9 @@
 //! - `farm`: one policy over many processes, fds and kernel memory per
 //!   watched thread, a fork server's children.
 //! - `fleet`: recovery after a SIGKILL with N armed threads, the journal's
-//!   cost at full hit rate, export of a backlog to NATS JetStream.
+//!   cost at full hit rate.
+//! - `export`: export of a backlog to NATS JetStream against the rate it
+//!   was produced at, and the daemon's CPU per exported event.
 //! - `fuzzers`: AFL++ (fork server) and libFuzzer (fork mode) on a parser,
 //!   alone and with a policy on its state (log on every store, a condition
 //!   judged at the trap, the signal action), runs alternating; daemon CPU
@@ -70,9 +72,9 @@ const USAGE: &str = "usage: wpd-bench [--threads N[,N...]] [--spin-threads N[,N.
      [--writes W] [--no-peers] \
      [--only S,..|--skip S,..] [--churn-threads K[,K...]] [--window-ms MS] [--rpc-pairs P] \
      [--list-calls L] [--peer-timeout-s S] [--smoke]\n\
-     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm fleet fuzzers drain";
+     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm fleet export fuzzers drain";
 
-const SECTIONS: [&str; 14] = [
+const SECTIONS: [&str; 15] = [
     "arm",
     "spin",
     "hitcost",
@@ -85,6 +87,7 @@ const SECTIONS: [&str; 14] = [
     "dap",
     "farm",
     "fleet",
+    "export",
     "fuzzers",
     "drain",
 ];
@@ -423,6 +426,9 @@ async fn run(args: Args) -> Result<()> {
     }
     if args.has("fleet") {
         section_fleet(&args).await?;
+    }
+    if args.has("export") {
+        section_export(&args).await?;
     }
     if args.has("fuzzers") {
         section_fuzzers(&args).await?;
