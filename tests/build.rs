@@ -13,6 +13,7 @@
 //! | `ct-stripped` | `ct-pie` with every symbol table stripped |
 //! | `ct-pie.debug` | `ct-pie`'s debug information alone (`objcopy --only-keep-debug`) |
 //! | `ct-nofp` | `-g -O2 -fomit-frame-pointer` (no frame-pointer chain) |
+//! | `ct-objects`, `ct-objects-nodebug` | `objects.c` (code events' heap objects), `-g -O0` and `-O0` |
 //! | `ct-ips` | generated: 1,000 functions that each store into `counter` (`sweep` calls them all), `-g -O0` |
 
 use std::path::{Path, PathBuf};
@@ -99,6 +100,15 @@ fn main() {
     tool("objcopy", &["--only-keep-debug", "ct-pie", "ct-pie.debug"]);
     std::fs::copy(out.join("ct-pie"), out.join("ct-stripped")).unwrap();
     tool("strip", &["--strip-all", "ct-stripped"]);
+    let objects = s("objects.c");
+    cc(
+        &out,
+        &["-g", "-O0", "-o", "ct-objects", &objects, "-lpthread"],
+    );
+    cc(
+        &out,
+        &["-O0", "-o", "ct-objects-nodebug", &objects, "-lpthread"],
+    );
     std::fs::write(out.join("ct-ips.c"), ips_source(IPS)).unwrap();
     cc(&out, &["-g", "-O0", "-o", "ct-ips", "ct-ips.c"]);
     println!("cargo:rustc-env=WPD_CTARGETS={}", out.display());

@@ -32,6 +32,9 @@ const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
 
+/// `BPF_PROG_TYPE_KPROBE`: runs at a kprobe or uprobe (attached to its perf
+/// event), the probed task's `struct pt_regs` as context.
+pub const PROG_TYPE_KPROBE: u32 = 2;
 /// `BPF_PROG_TYPE_PERF_EVENT`: runs at a perf event's overflow (a hit).
 pub const PROG_TYPE_PERF_EVENT: u32 = 7;
 /// `BPF_PROG_TYPE_RAW_TRACEPOINT`: runs at a tracepoint, its arguments (as

@@ -37,6 +37,7 @@ mod leader_exit;
 mod lifecycle;
 mod limits;
 mod metrics;
+mod objects;
 mod persist;
 mod pidns;
 mod policies;

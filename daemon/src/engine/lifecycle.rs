@@ -181,6 +181,7 @@ impl Core {
     /// Lets the process go: the backend detaches, the ledger forgets it.
     pub(super) fn forget_process(&self, proc: &Arc<Process>) {
         proc.gone.store(true, Ordering::SeqCst);
+        self.forget_object_watches(proc.pid);
         if let Ok(b) = self.backends.get(Some(proc.backend)) {
             b.detach(proc);
         }

@@ -18,6 +18,7 @@
 //! to an address, in steps), `error.rs` (why a name does not resolve),
 //! `locate.rs` (symbolizing instruction pointers).
 
+pub mod code;
 pub mod dwarf;
 pub mod elf;
 mod error;
