@@ -493,6 +493,8 @@ mod tests {
         SetWatchpointResponse {
             symbol: None,
             watchpoint: Some(Watchpoint {
+                objects: None,
+                object_watchpoints: vec![],
                 policy_id: 0,
                 forked_children: vec![],
                 pieces: vec![],

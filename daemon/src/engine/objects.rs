@@ -237,8 +237,10 @@ impl Core {
             &site,
             &code.expr,
             code.at_return,
-            NOWHERE,
-            &[NOWHERE; crate::symbols::code::ARG_REGISTERS],
+            &crate::symbols::code::CodeRegs {
+                ret: NOWHERE,
+                args: [NOWHERE; crate::symbols::code::ARG_REGISTERS],
+            },
             code.len,
         ) {
             Err(crate::symbols::SymbolError::Path {
@@ -468,8 +470,10 @@ impl Core {
             &w.site,
             &w.code.expr,
             w.code.at_return,
-            r.ret,
-            &r.args,
+            &crate::symbols::code::CodeRegs {
+                ret: r.ret,
+                args: r.args,
+            },
             w.code.len,
         );
         let (resolved, base) = match evaluated {

@@ -64,6 +64,15 @@ pub struct Signature {
     pub params: Vec<(String, Option<TypeRef>, String)>,
 }
 
+/// The registers a probe recorded that an expression can start from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodeRegs {
+    /// The return value (at a return).
+    pub ret: u64,
+    /// The argument registers in ABI order (at an entry).
+    pub args: [u64; ARG_REGISTERS],
+}
+
 /// The expression's root names a register (`$ret`, `$argN`) or a parameter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Root {
@@ -165,16 +174,15 @@ impl Symbols {
     }
 
     /// The object a code event's expression names, from the registers the
-    /// probe recorded (`ret`: the return value; `args`: the argument
-    /// registers). Also returns the base: the value of the root register.
+    /// probe recorded. Also returns the base: the value of the root
+    /// register.
     pub fn code_object(
         &self,
         pid: Pid,
         site: &CodeSite,
         text: &str,
         at_return: bool,
-        ret: u64,
-        args: &[u64; ARG_REGISTERS],
+        regs: &CodeRegs,
         len: u32,
     ) -> Result<(Resolved, u64), SymbolError> {
         let expr = Expr::parse(text)?;
@@ -187,8 +195,8 @@ impl Symbols {
             stripped: Vec::new(),
         })?;
         let base = match root {
-            Root::Ret => ret,
-            Root::Arg(i) => args[i],
+            Root::Ret => regs.ret,
+            Root::Arg(i) => regs.args[i],
         };
         // A bare register (`$ret`, `$arg0+8`): the bytes it points at.
         if matches!(expr.root, Node::Name(_)) {
@@ -316,7 +324,7 @@ fn closest_function(name: &str, files: &[Arc<ElfFile>]) -> Vec<String> {
     let mut scored: Vec<(f64, String)> = files
         .iter()
         .flat_map(|f| f.symbols.iter())
-        .filter(|s| s.kind == SymKind::Func && !(s.name.starts_with('_') && !name.starts_with('_')))
+        .filter(|s| s.kind == SymKind::Func && (name.starts_with('_') || !s.name.starts_with('_')))
         .map(|s| (strsim::jaro_winkler(name, &s.name), s.name.clone()))
         .filter(|(score, _)| *score >= 0.85)
         .collect();

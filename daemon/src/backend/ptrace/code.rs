@@ -101,9 +101,11 @@ struct Ring {
 
 static RING: OnceLock<Result<Ring, Errno>> = OnceLock::new();
 
-/// Open probes per process: (key, event, program).
-static PROBES: LazyLock<DashMap<Pid, Vec<(u64, OwnedFd, Arc<OwnedFd>)>>> =
-    LazyLock::new(DashMap::new);
+/// An open probe: its key, its event, its program.
+type OpenProbe = (u64, OwnedFd, Arc<OwnedFd>);
+
+/// Open probes per process.
+static PROBES: LazyLock<DashMap<Pid, Vec<OpenProbe>>> = LazyLock::new(DashMap::new);
 
 fn ring() -> Result<&'static Ring, Errno> {
     RING.get_or_init(|| {

@@ -526,7 +526,7 @@ impl Backend for PtraceEngine {
     }
 
     fn open_code_probe(&self, pid: Pid, probe: &super::CodeProbe) -> Result<(), WpdError> {
-        let mode = signal_bp::mode_of(pid).ok_or_else(|| WpdError::NeedsBackend {
+        let mode = signal_bp::mode_of(pid).ok_or(WpdError::NeedsBackend {
             feature: "code events",
             needs: None,
             hint: ": a code event holds the thread with a signal stop, and this process has \
