@@ -13,7 +13,12 @@
  *               right after conn_new returns (state = 0xdead)         -> FIRST
  *   keep N      N objects created and kept (never freed)             -> KEPT n=N
  *   rate N      conn_new + conn_free N times, timed                   -> RATE ns=<total ns>
+ *   pace N US   N objects, one every US µs: conn_new, then conn_free (the
+ *               object never written), each call timed       -> PACE new_ns=<mean>
+ *               free_ns=<mean> wall_ns=<total>
  *   quit        exits
+ *
+ * `objects pace N US` runs the pace command alone and exits (under gdb).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -61,6 +66,37 @@ __attribute__((noinline)) void conn_free(struct conn *c)
 
 static long per_thread;
 
+static long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* N objects, one every `us` µs (absolute ticks, so a slow call does not
+ * push the rest back): the mean time in conn_new and in conn_free. */
+static void pace(long n, long us)
+{
+    long new_ns = 0, free_ns = 0, start = now_ns();
+    for (long i = 0; i < n; i++) {
+        long tick = start + i * us * 1000;
+        long now = now_ns();
+        if (tick > now) {
+            struct timespec d = {(tick - now) / 1000000000L, (tick - now) % 1000000000L};
+            nanosleep(&d, NULL);
+        }
+        long t0 = now_ns();
+        struct conn *c = conn_new(i);
+        long t1 = now_ns();
+        conn_free(c);
+        long t2 = now_ns();
+        new_ns += t1 - t0;
+        free_ns += t2 - t1;
+    }
+    printf("PACE new_ns=%ld free_ns=%ld wall_ns=%ld\n", new_ns / n, free_ns / n,
+           now_ns() - start);
+}
+
 static void *worker(void *arg)
 {
     long base = (long)arg;
@@ -75,10 +111,14 @@ static void *worker(void *arg)
     return NULL;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     char line[256];
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc == 4 && strcmp(argv[1], "pace") == 0) {
+        pace(atol(argv[2]), atol(argv[3]));
+        return 0;
+    }
     printf("READY pid=%d\n", (int)getpid());
     while (fgets(line, sizeof line, stdin)) {
         long a = 0, b = 0;
@@ -109,6 +149,8 @@ int main(void)
             for (long i = 0; i < a; i++)
                 conn_set_state(conn_new(i), 1);
             printf("KEPT n=%ld\n", a);
+        } else if (sscanf(line, "pace %ld %ld", &a, &b) == 2) {
+            pace(a, b);
         } else if (sscanf(line, "rate %ld", &a) == 1) {
             struct timespec t0, t1;
             clock_gettime(CLOCK_MONOTONIC, &t0);

@@ -122,6 +122,13 @@ pub struct ObjectWatch {
     pub code: CodeSpec,
     /// Where its probe is.
     site: CodeSite,
+    /// The register the expression starts from.
+    root: crate::symbols::code::Root,
+    /// Where the expression ends when it reads no memory past its root
+    /// (`$ret->state`, `c->refs[2]`, `$arg0+8`): its offset from the root's
+    /// value and its size, found once at set. Events then cost no
+    /// evaluation.
+    linear: Option<(u64, u64)>,
     /// Live objects: base → their watchpoint.
     live: Mutex<HashMap<u64, WatchId>>,
     /// Its counts.
@@ -225,31 +232,44 @@ impl Core {
             ));
         }
         let site = self.symbols.code_site(spec.pid, &code.function)?;
-        crate::symbols::Symbols::check_code_expr(&site, &code.expr, code.at_return)
+        let root = crate::symbols::Symbols::check_code_expr(&site, &code.expr, code.at_return)
             .map_err(|why| WpdError::InvalidArgument(format!("--expr {:?}: {why}", code.expr)))?;
         // Members and casts are checked against the DWARF types now, with
-        // every register an address in the first page (never mapped): only
-        // a pointer that must be read (`$ret->next->state`) waits for a
-        // real event.
-        const NOWHERE: u64 = 0x100;
-        match self.symbols.code_object(
-            spec.pid,
-            &site,
-            &code.expr,
-            code.at_return,
-            &crate::symbols::code::CodeRegs {
-                ret: NOWHERE,
-                args: [NOWHERE; crate::symbols::code::ARG_REGISTERS],
-            },
-            code.len,
-        ) {
-            Err(crate::symbols::SymbolError::Path {
-                error: crate::symbols::dwarf::PathError::Unreadable { .. },
-                ..
-            })
-            | Ok(_) => {}
-            Err(e) => return Err(e.into()),
-        }
+        // every register an address below the lowest the kernel maps
+        // (`vm.mmap_min_addr`): only a pointer that must be read
+        // (`$ret->next->state`) waits for a real event. Evaluated from two
+        // such bases, an expression that reads nothing moves with its base:
+        // its offset and size are all an event needs.
+        let dry = |base: u64| {
+            self.symbols.code_object(
+                spec.pid,
+                &site,
+                &code.expr,
+                code.at_return,
+                &crate::symbols::code::CodeRegs {
+                    ret: base,
+                    args: [base; crate::symbols::code::ARG_REGISTERS],
+                },
+                code.len,
+            )
+        };
+        const NOWHERE: [u64; 2] = [0x100, 0x8100];
+        let linear = match (dry(NOWHERE[0]), dry(NOWHERE[1])) {
+            (Ok((a, _)), Ok((b, _)))
+                if b.address.wrapping_sub(a.address) == NOWHERE[1] - NOWHERE[0] =>
+            {
+                Some((a.address.wrapping_sub(NOWHERE[0]), a.size))
+            }
+            (Ok(_), Ok(_))
+            | (
+                Err(crate::symbols::SymbolError::Path {
+                    error: crate::symbols::dwarf::PathError::Unreadable { .. },
+                    ..
+                }),
+                _,
+            ) => None,
+            (Err(e), _) | (_, Err(e)) => return Err(e.into()),
+        };
         let disarm = match &code.disarm_on {
             Some(f) => Some(self.symbols.code_site(spec.pid, f)?),
             None => None,
@@ -264,6 +284,8 @@ impl Core {
             spec: spec.clone(),
             code: code.clone(),
             site: site.clone(),
+            root,
+            linear,
             live: Mutex::new(HashMap::new()),
             counts: ObjectCounts::default(),
         });
@@ -465,27 +487,44 @@ impl Core {
     fn arm_object(self: &Arc<Self>, w: &ObjectWatch, r: &CodeRecord) {
         let totals = &self.objects.totals;
         let pid = w.spec.pid;
-        let evaluated = self.symbols.code_object(
-            pid,
-            &w.site,
-            &w.code.expr,
-            w.code.at_return,
-            &crate::symbols::code::CodeRegs {
-                ret: r.ret,
-                args: r.args,
-            },
-            w.code.len,
-        );
-        let (resolved, base) = match evaluated {
-            Ok(x) => x,
-            Err(e) => {
+        let base = match w.root {
+            crate::symbols::code::Root::Ret => r.ret,
+            crate::symbols::code::Root::Arg(i) => r.args[i],
+        };
+        let (address, size) = match w.linear {
+            _ if base == 0 => {
                 bump(w, totals, |c| &c.failed);
-                tracing::warn!(id = w.id.0, pid, tid = r.tid, "object not armed: {e}");
+                tracing::warn!(
+                    id = w.id.0,
+                    pid,
+                    tid = r.tid,
+                    "object not armed: {} is a null pointer",
+                    w.code.expr
+                );
                 return;
             }
+            Some((offset, size)) => (base.wrapping_add(offset), size),
+            None => match self.symbols.code_object(
+                pid,
+                &w.site,
+                &w.code.expr,
+                w.code.at_return,
+                &crate::symbols::code::CodeRegs {
+                    ret: r.ret,
+                    args: r.args,
+                },
+                w.code.len,
+            ) {
+                Ok((resolved, _)) => (resolved.address, resolved.size),
+                Err(e) => {
+                    bump(w, totals, |c| &c.failed);
+                    tracing::warn!(id = w.id.0, pid, tid = r.tid, "object not armed: {e}");
+                    return;
+                }
+            },
         };
-        let len = u32::try_from(resolved.size).unwrap_or(u32::MAX);
-        let range = match crate::arch::validate(resolved.address, len, w.spec.access) {
+        let len = u32::try_from(size).unwrap_or(u32::MAX);
+        let range = match crate::arch::validate(address, len, w.spec.access) {
             Ok(r) => r,
             Err(e) => {
                 bump(w, totals, |c| &c.failed);
