@@ -7,7 +7,7 @@ use std::process::Command;
 use wpd_tests::{find_bin, nats_server_bin, require_peer, require_root_perf};
 
 /// Every section heading of `wpd-bench`, and rows each must contain.
-const SECTIONS: [(&str, &[&str]); 25] = [
+const SECTIONS: [(&str, &[&str]); 26] = [
     (
         "## mass-arm: one process-wide write watchpoint, idle target",
         &[
@@ -161,6 +161,10 @@ const SECTIONS: [(&str, &[&str]); 25] = [
     (
         "## drain: what a hit costs a thread storing now and then",
         &["| 2000 µs | no |", "| 2000 µs | yes |", "| 200 µs | yes |"],
+    ),
+    (
+        "## objects: a target creating 10,000 objects a second",
+        &["| alone | 500 |", "| wpd (ptrace): "],
     ),
 ];
 
