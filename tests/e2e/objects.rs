@@ -383,6 +383,20 @@ async fn bad_code_events_are_refused() -> Result<()> {
                 .is_empty(),
                 "a refused code event left a watch"
             );
+            // Not a policy (yet): refused, not an ordinary policy on "$ret".
+            let mut spec = code_spec(0, "conn_new", true, "$ret->state");
+            spec.backend = 0;
+            let s = rpc(client.set_policy(wpd_proto::v1::SetPolicyRequest {
+                selector: Some(wpd_proto::v1::ProcessSelector {
+                    comm: "ct-objects".into(),
+                    ..Default::default()
+                }),
+                spec: Some(spec),
+            }))
+            .await?
+            .err()
+            .context("a policy with a code event was set")?;
+            ensure!(s.message().contains("code events"), "{s:?}");
             // The perf backend cannot hold a thread at a probe.
             let mut spec = code_spec(0, "conn_new", true, "$ret->state");
             let t2 = CTarget::start("ct-objects").await?;

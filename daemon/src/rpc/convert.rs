@@ -772,6 +772,13 @@ pub fn policy_spec_from_pb(mut s: pb::WatchpointSpec) -> Result<WatchSpec, WpdEr
             "a policy's spec cannot name threads (tids are per process)".into(),
         ));
     }
+    if s.code_event.is_some() {
+        return Err(WpdError::InvalidArgument(
+            "a policy cannot arm by code events yet (code_event): set one per process with \
+             SetWatchpoint"
+                .into(),
+        ));
+    }
     // Checked as a watchpoint of some process; the pid is each instance's.
     s.pid = 1;
     let mut spec = WatchSpec::try_from(s)?;
