@@ -238,6 +238,8 @@ impl Core {
         }
         proc.new_image();
         self.symbols.sweep();
+        // Code events name functions of the old program: they go.
+        self.remove_object_watches_at_exec(op);
         // The kernel cleared every breakpoint (kernel-facts §3). Watchpoints
         // set by name over the whole process are resolved again in the new
         // program; the others go, and so do those whose expression starts

@@ -390,6 +390,37 @@ impl Core {
         Ok(view)
     }
 
+    /// The process called exec: its object watches (probes in the old
+    /// program's files) are removed, each with a `WatchpointRemoved`.
+    pub(super) fn remove_object_watches_at_exec(&self, op: &crate::state::OpGuard<'_>) {
+        let pid = op.pid();
+        let ids: Vec<WatchId> = self
+            .objects
+            .watches
+            .iter()
+            .filter(|w| w.spec.pid == pid)
+            .map(|w| w.id)
+            .collect();
+        for id in ids {
+            let Some((_, w)) = self.objects.watches.remove(&id) else {
+                continue;
+            };
+            if let Ok(b) = self.backends.get(Some(op.process().backend)) {
+                b.close_code_probes(pid, Some(event_key(id)));
+                b.close_code_probes(pid, Some(disarm_key(id)));
+            }
+            w.live.lock().unwrap().clear();
+            self.bus.publish_as(
+                crate::events::EventKind::WatchpointRemoved {
+                    id,
+                    pid,
+                    reason: "the process called exec: the code event's function is gone".into(),
+                },
+                Some(op.process().owner.clone()),
+            );
+        }
+    }
+
     /// The process is gone or detached: its object watches go too.
     pub(super) fn forget_object_watches(&self, pid: Pid) {
         self.objects.watches.retain(|_, w| w.spec.pid != pid);
