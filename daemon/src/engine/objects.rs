@@ -454,7 +454,8 @@ impl Core {
             }
             if w.code.max_live > 0 && w.live.lock().unwrap().len() >= w.code.max_live as usize {
                 bump(&w, &self.objects.totals, |c| &c.over_limit);
-                tracing::warn!(
+                // Counted (ObjectCounts.over_limit); at a high rate, by design.
+                tracing::debug!(
                     id = id.0,
                     pid,
                     tid,
