@@ -201,6 +201,10 @@ pub trait Backend: Send + Sync {
     /// Closes `pid`'s code-event probes of key `key` (every one: `None`).
     fn close_code_probes(&self, _pid: Pid, _key: Option<u64>) {}
 
+    /// Adds `value` to (or removes it from) the first-argument set of the
+    /// filtered probe of key `key`.
+    fn code_probe_member(&self, _key: u64, _value: u64, _member: bool) {}
+
     /// Lets held threads of `pid` run again (all held ones when `tids` is
     /// empty); returns those resumed.
     fn resume(&self, _pid: Pid, _tids: &[Tid]) -> Result<Vec<Tid>, WpdError> {

@@ -301,6 +301,7 @@ impl Core {
                     path: site.path.clone(),
                     offset: site.offset,
                     ret: code.at_return,
+                    first_arg_filter: false,
                 },
             )?;
             if let Some(d) = &disarm {
@@ -311,6 +312,7 @@ impl Core {
                         path: d.path.clone(),
                         offset: d.offset,
                         ret: false,
+                        first_arg_filter: true,
                     },
                 )?;
             }
@@ -336,6 +338,17 @@ impl Core {
             "object watch set"
         );
         Ok(self.object_view(&w))
+    }
+
+    /// The disarming probe of `id` stops a thread only for a live base:
+    /// `base` joins or leaves its set.
+    fn disarm_filter(&self, pid: Pid, id: WatchId, base: u64, member: bool) {
+        let kind = self.procs.get(&pid).map(|p| p.backend);
+        if let Some(kind) = kind
+            && let Ok(b) = self.backends.get(Some(kind))
+        {
+            b.code_probe_member(disarm_key(id), base, member);
+        }
     }
 
     fn has_object_watch(&self, pid: Pid) -> bool {
@@ -497,6 +510,7 @@ impl Core {
                     .get(&id)
                     .and_then(|w| w.live.lock().unwrap().remove(&base));
                 if let Some(child) = child {
+                    self.disarm_filter(pid, id, base, false);
                     let _ = self.remove_watchpoint(child);
                     if let Some(w) = self.objects.watches.get(&id) {
                         bump(&w, &self.objects.totals, |c| &c.disarmed);
@@ -579,12 +593,14 @@ impl Core {
         // handed out anew): the old object's watchpoint goes first.
         let old = w.live.lock().unwrap().remove(&base);
         if let Some(old) = old {
+            self.disarm_filter(pid, w.id, base, false);
             let _ = self.remove_watchpoint(old);
         }
         match self.set_watchpoint_on(&proc, spec, w.owner, None, None) {
             Ok(view) => {
                 bump(w, totals, |c| &c.armed);
                 w.live.lock().unwrap().insert(base, view.id);
+                self.disarm_filter(pid, w.id, base, true);
             }
             Err(e @ WpdError::OutOfSlots { .. }) => {
                 bump(w, totals, |c| &c.no_slot);

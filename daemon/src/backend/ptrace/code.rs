@@ -15,6 +15,11 @@
 //! probe: uprobes are breakpoint instructions the kernel writes into the
 //! process's copy of the page.
 //!
+//! A disarming probe (`disarm_on`, e.g. `free`) is filtered in the kernel:
+//! its program first looks the first argument up in a BPF hash set of the
+//! live objects' bases (`set_member`), and returns at once for any other
+//! call, so only a call that frees a watched object stops the thread.
+//!
 //! Record layout (u64s, native order): key, `tgid << 32 | tid`, rax, rdi,
 //! rsi, rdx, rcx, r8, r9, rsp, rip.
 
@@ -49,6 +54,10 @@ pub struct CodeProbe {
     pub offset: u64,
     /// At the function's return (else at its first instruction).
     pub ret: bool,
+    /// Stop only when the first argument is in the probe's set
+    /// ([`set_member`]): the kernel tests it, so other calls (every other
+    /// `free`) do not stop the thread.
+    pub first_arg_filter: bool,
 }
 
 /// What the program recorded at a probe.
@@ -107,6 +116,23 @@ type OpenProbe = (u64, OwnedFd, Arc<OwnedFd>);
 /// Open probes per process.
 static PROBES: LazyLock<DashMap<Pid, Vec<OpenProbe>>> = LazyLock::new(DashMap::new);
 
+/// The first-argument sets of filtered probes, by key.
+static SETS: LazyLock<DashMap<u64, bpf::U64Set>> = LazyLock::new(DashMap::new);
+
+/// Most values a probe's set holds.
+const SET_MAX: u32 = 1 << 16;
+
+/// Adds `v` to (or removes it from) the set of the probe of key `key`.
+pub fn set_member(key: u64, v: u64, member: bool) {
+    if let Some(s) = SETS.get(&key) {
+        if member {
+            let _ = s.insert(v);
+        } else {
+            s.remove(v);
+        }
+    }
+}
+
 fn ring() -> Result<&'static Ring, Errno> {
     RING.get_or_init(|| {
         RingBuf::new(RING_BYTES).map(|ring| Ring {
@@ -145,11 +171,26 @@ pub fn available() -> Result<(), String> {
     Ok(())
 }
 
-/// The program: record the registers under `key`, then send `sig`.
-fn program(key: u64, sig: i32, ring_fd: i32) -> Result<OwnedFd, Errno> {
+/// The program: record the registers under `key`, then send `sig`; with
+/// `set_fd`, only when the first argument is in that set.
+fn program(key: u64, sig: i32, ring_fd: i32, set_fd: Option<i32>) -> Result<OwnedFd, Errno> {
     let mut p = Program::new();
     let send = p.label();
+    let out = p.label();
     p.push([asm::mov(6, 1)]);
+    if let Some(fd) = set_fd {
+        p.push([
+            asm::ldx_dw(1, 6, uprobe_ctx::ARGS[0]),
+            asm::stx_dw(10, -16, 1),
+        ]);
+        p.push(asm::ld_map(1, fd));
+        p.push([
+            asm::mov(2, 10),
+            asm::add_imm(2, -16),
+            asm::call(helper::MAP_LOOKUP_ELEM),
+        ]);
+        p.jeq_imm(0, 0, out);
+    }
     p.push(asm::ld_map(1, ring_fd));
     p.push([
         asm::mov_imm(2, REC as i32),
@@ -177,12 +218,9 @@ fn program(key: u64, sig: i32, ring_fd: i32) -> Result<OwnedFd, Errno> {
         asm::call(helper::RINGBUF_SUBMIT),
     ]);
     p.place(send);
-    p.push([
-        asm::mov_imm(1, sig),
-        asm::call(helper::SEND_SIGNAL_THREAD),
-        asm::mov_imm(0, 0),
-        asm::exit(),
-    ]);
+    p.push([asm::mov_imm(1, sig), asm::call(helper::SEND_SIGNAL_THREAD)]);
+    p.place(out);
+    p.push([asm::mov_imm(0, 0), asm::exit()]);
     let insns = p.build().map_err(|_| Errno::EINVAL)?;
     bpf::load_program(bpf::PROG_TYPE_KPROBE, &insns).map_err(|e| {
         tracing::warn!(log = %e, "code event program refused");
@@ -196,7 +234,20 @@ pub fn open(pid: Pid, probe: &CodeProbe, mode: &SignalMode) -> Result<(), Errno>
     use crate::backend::perf::{attr, sys};
     let r = ring()?;
     let (pmu, bit) = uprobe_pmu().map_err(|_| Errno::ENOENT)?;
-    let prog = Arc::new(program(probe.key, mode.signal as i32, r.ring.raw_fd())?);
+    let set_fd = if probe.first_arg_filter {
+        let s = bpf::U64Set::new(SET_MAX)?;
+        let fd = s.raw_fd();
+        SETS.insert(probe.key, s);
+        Some(fd)
+    } else {
+        None
+    };
+    let prog = Arc::new(program(
+        probe.key,
+        mode.signal as i32,
+        r.ring.raw_fd(),
+        set_fd,
+    )?);
     let path = CString::new(probe.path.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
     let mut a = attr::uprobe(pmu, &path, probe.offset, probe.ret.then_some(bit));
     let fd = sys::open(&mut a, pid, -1, "perf_event_open(uprobe)").map_err(|e| e.errno)?;
@@ -209,12 +260,17 @@ pub fn open(pid: Pid, probe: &CodeProbe, mode: &SignalMode) -> Result<(), Errno>
 pub fn close(pid: Pid, key: Option<u64>) {
     match key {
         None => {
-            PROBES.remove(&pid);
+            if let Some((_, v)) = PROBES.remove(&pid) {
+                for (k, _, _) in v {
+                    SETS.remove(&k);
+                }
+            }
         }
         Some(k) => {
             if let Some(mut v) = PROBES.get_mut(&pid) {
                 v.retain(|(key, _, _)| *key != k);
             }
+            SETS.remove(&k);
         }
     }
 }

@@ -546,6 +546,10 @@ impl Backend for PtraceEngine {
         code::close(pid, key);
     }
 
+    fn code_probe_member(&self, key: u64, value: u64, member: bool) {
+        code::set_member(key, value, member);
+    }
+
     fn resume(&self, pid: Pid, tids: &[Tid]) -> Result<Vec<Tid>, WpdError> {
         Ok(self.shards.resume(pid, tids))
     }
