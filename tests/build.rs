@@ -15,6 +15,7 @@
 //! | `ct-nofp` | `-g -O2 -fomit-frame-pointer` (no frame-pointer chain) |
 //! | `ct-launch` | `launched.c`, `-g -O0` (PIE): the program the DAP tests launch |
 //! | `ct-locals` | generated: `fifty()` with 50 locals, which stores into `hit` in a loop (the DAP variables benchmark), `-g -O0` |
+//! | `ct-objects`, `ct-objects-nodebug` | `objects.c` (code events' heap objects), `-g -O0` and `-O0` |
 //! | `ct-ips` | generated: 1,000 functions that each store into `counter` (`sweep` calls them all), `-g -O0` |
 
 use std::path::{Path, PathBuf};
@@ -102,6 +103,15 @@ fn main() {
     std::fs::copy(out.join("ct-pie"), out.join("ct-stripped")).unwrap();
     tool("strip", &["--strip-all", "ct-stripped"]);
     cc(&out, &["-g", "-O0", "-o", "ct-launch", &s("launched.c")]);
+    let objects = s("objects.c");
+    cc(
+        &out,
+        &["-g", "-O0", "-o", "ct-objects", &objects, "-lpthread"],
+    );
+    cc(
+        &out,
+        &["-O0", "-o", "ct-objects-nodebug", &objects, "-lpthread"],
+    );
     std::fs::write(out.join("ct-ips.c"), ips_source(IPS)).unwrap();
     cc(&out, &["-g", "-O0", "-o", "ct-ips", "ct-ips.c"]);
     std::fs::write(out.join("ct-locals.c"), locals_source(LOCALS)).unwrap();

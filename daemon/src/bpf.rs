@@ -29,9 +29,14 @@ pub type Reg = u8;
 
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
 
+/// `BPF_PROG_TYPE_KPROBE`: runs at a kprobe or uprobe (attached to its perf
+/// event), the probed task's `struct pt_regs` as context.
+pub const PROG_TYPE_KPROBE: u32 = 2;
 /// `BPF_PROG_TYPE_PERF_EVENT`: runs at a perf event's overflow (a hit).
 pub const PROG_TYPE_PERF_EVENT: u32 = 7;
 /// `BPF_PROG_TYPE_RAW_TRACEPOINT`: runs at a tracepoint, its arguments (as
@@ -41,6 +46,7 @@ pub const PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
 
 /// Helper ids (`enum bpf_func_id`).
 pub mod helper {
+    pub const MAP_LOOKUP_ELEM: i32 = 1;
     pub const KTIME_GET_NS: i32 = 5;
     pub const GET_SMP_PROCESSOR_ID: i32 = 8;
     pub const GET_CURRENT_PID_TGID: i32 = 14;
@@ -476,6 +482,59 @@ pub fn load_program(prog_type: u32, insns: &[Insn]) -> Result<OwnedFd, LoadError
 }
 
 const MAP_TYPE_ARRAY: u32 = 2;
+const MAP_TYPE_HASH: u32 = 1;
+
+/// A set of u64s a program tests with `bpf_map_lookup_elem`
+/// (`BPF_MAP_TYPE_HASH`, 8-byte keys, 1-byte values), kept by the daemon.
+#[derive(Debug)]
+pub struct U64Set {
+    fd: OwnedFd,
+}
+
+impl U64Set {
+    /// An empty set of at most `max` values.
+    pub fn new(max: u32) -> Result<U64Set, Errno> {
+        let attr = MapCreateAttr {
+            map_type: MAP_TYPE_HASH,
+            key_size: 8,
+            value_size: 1,
+            max_entries: max,
+            ..Default::default()
+        };
+        let fd = sys_bpf(BPF_MAP_CREATE, &attr)?;
+        // SAFETY: a new fd the kernel just gave us.
+        Ok(U64Set {
+            fd: unsafe { OwnedFd::from_raw_fd(fd as i32) },
+        })
+    }
+
+    /// Its fd, for [`asm::ld_map`].
+    pub fn raw_fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    /// Adds `v`.
+    pub fn insert(&self, v: u64) -> Result<(), Errno> {
+        let one = 1u8;
+        let attr = MapElemAttr {
+            map_fd: self.fd.as_raw_fd() as u32,
+            key: (&raw const v) as u64,
+            value: (&raw const one) as u64,
+            ..Default::default()
+        };
+        sys_bpf(BPF_MAP_UPDATE_ELEM, &attr).map(|_| ())
+    }
+
+    /// Removes `v` (absent: nothing).
+    pub fn remove(&self, v: u64) {
+        let attr = MapElemAttr {
+            map_fd: self.fd.as_raw_fd() as u32,
+            key: (&raw const v) as u64,
+            ..Default::default()
+        };
+        let _ = sys_bpf(BPF_MAP_DELETE_ELEM, &attr);
+    }
+}
 const MAP_TYPE_RINGBUF: u32 = 27;
 
 /// A one-element array of u64 counters (`n` of them in its value).

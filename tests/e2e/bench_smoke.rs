@@ -181,6 +181,10 @@ const SECTIONS: &[(&str, &[&str])] = &[
         "## drain: what a hit costs a thread storing now and then",
         &["| 2000 µs | no |", "| 2000 µs | yes |", "| 200 µs | yes |"],
     ),
+    (
+        "## objects: a target creating 10,000 objects a second",
+        &["| alone | 500 |", "| wpd (ptrace): "],
+    ),
 ];
 
 #[test]

@@ -38,6 +38,7 @@ mod lifecycle;
 mod limits;
 mod losses;
 mod metrics;
+mod objects;
 mod persist;
 mod pidns;
 mod policies;

@@ -21,6 +21,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("ctarget.c", include_str!("../c/ctarget.c")),
     ("ctlib.c", include_str!("../c/ctlib.c")),
     ("ctplug.c", include_str!("../c/ctplug.c")),
+    ("objects.c", include_str!("../c/objects.c")),
 ];
 
 /// The file and 1-based line of the `LINE:<tag>` marker in the C sources.

@@ -37,6 +37,7 @@ fn to_json(c: &GetCapabilitiesResponse) -> serde_json::Value {
             "default": b.is_default,
             "stops": b.stops,
             "events": b.events,
+            "code_events": b.code_events,
         })).collect::<Vec<_>>(),
         "cpus": c.cpus,
         "kernel": c.kernel,
@@ -92,6 +93,13 @@ fn to_text(c: &GetCapabilitiesResponse) -> String {
             escape(&b.events)
         ));
     }
+    for b in c.backends.iter().filter(|b| !b.code_events.is_empty()) {
+        text.push_str(&format!(
+            "{} code events: {}\n",
+            output::backend_name(b.backend),
+            escape(&b.code_events)
+        ));
+    }
     text
 }
 
@@ -120,6 +128,7 @@ mod tests {
                     is_default: true,
                     stops: String::new(),
                     events: "per-thread (one breakpoint event per thread and slot)".into(),
+                    code_events: String::new(),
                 },
                 BackendInfo {
                     backend: Backend::Ptrace as i32,
@@ -128,6 +137,7 @@ mod tests {
                     is_default: false,
                     stops: "signal".into(),
                     events: String::new(),
+                    code_events: "uprobe + BPF signal stop".into(),
                 },
             ],
             version: "0.1.0".into(),

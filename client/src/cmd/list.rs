@@ -210,6 +210,8 @@ mod tests {
             policies: vec![],
             watchpoints: vec![
                 Watchpoint {
+                    objects: None,
+                    object_watchpoints: vec![],
                     policy_id: 0,
                     forked_children: vec![],
                     pieces: vec![],
@@ -236,6 +238,8 @@ mod tests {
                     backend: Backend::Ptrace as i32,
                 },
                 Watchpoint {
+                    objects: None,
+                    object_watchpoints: vec![],
                     policy_id: 0,
                     forked_children: vec![],
                     pieces: vec![],

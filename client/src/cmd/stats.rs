@@ -64,11 +64,28 @@ fn to_json(s: &GetStatsResponse) -> serde_json::Value {
         "journal_unsynced": s.journal_unsynced,
         "journal_write_errors": s.journal_write_errors,
         "sigtraps": s.sigtraps,
+        "objects": objects_json(s),
         "export_acked_seq": s.export_acked_seq,
         "export_published": s.export_published,
         "export_errors": s.export_errors,
         "export_lost": s.export_lost,
         "export_connected": s.export_connected,
+    })
+}
+
+/// GetStats' code-event counts.
+fn objects_json(s: &GetStatsResponse) -> serde_json::Value {
+    let Some(o) = s.objects else {
+        return serde_json::Value::Null;
+    };
+    json!({
+        "armed": o.armed,
+        "disarmed": o.disarmed,
+        "no_slot": o.no_slot,
+        "over_limit": o.over_limit,
+        "failed": o.failed,
+        "live": o.live,
+        "mean_hold_ns": o.mean_hold_ns,
     })
 }
 
@@ -90,6 +107,23 @@ fn to_text(s: &GetStatsResponse) -> String {
                 plural(s.kernel_throttled, "event"),
                 plural(s.sigtraps, "SIGTRAP")
             ),
+        ),
+        (
+            "objects",
+            match s.objects {
+                None => "-".into(),
+                Some(o) => format!(
+                    "{} armed by code events ({} live, {} disarmed, mean hold {}); not armed: \
+                     {} without a free slot, {} over max-live, {} failed",
+                    o.armed,
+                    o.live,
+                    o.disarmed,
+                    duration_ns(o.mean_hold_ns),
+                    o.no_slot,
+                    o.over_limit,
+                    o.failed
+                ),
+            },
         ),
         (
             "subscribers",
@@ -213,6 +247,7 @@ mod tests {
             perf fds:    48
             uptime:      1m15s
             hits:        9 delivered, 1 record lost in the kernel's rings, 0 events throttled by the kernel; 0 SIGTRAPs delivered to watched processes by the kernel
+            objects:     -
             subscribers: 2 now, 5 events dropped for being too slow
             ledger hold: p50 800 ns, p99 12.5 µs, max 4.2 ms
             connections: 3 open, 1 refused, 0 closed idle

@@ -46,15 +46,41 @@ pub struct WatchArgs {
     pub tids: Vec<i32>,
     /// Address to watch: hex with 0x prefix, or decimal
     #[arg(long, value_name = "ADDR", value_parser = parse_addr,
-          required_unless_present = "symbol", conflicts_with = "symbol")]
+          required_unless_present_any = ["symbol", "expr"], conflicts_with_all = ["symbol", "expr"])]
     pub addr: Option<u64>,
     /// Variable to watch, by name: `[MODULE:]NAME[.MEMBER][->MEMBER][[INDEX]][+OFFSET]`, e.g. `counter`,
     /// `libfoo.so:stats.flags[2]`, `conns->next->state` (pointers are read when it is set),
     /// `((struct conn *)0x7f3a…)->state`, `*(int *)&x` (C casts to the program's DWARF types);
     /// a global or static of the program or of any library it loaded. With --access exec, a
     /// function
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", conflicts_with = "expr")]
     pub symbol: Option<String>,
+    /// Every object FUNC returns gets a watchpoint on what --expr names in it (`$ret->state`):
+    /// the returning thread is held at the return until the object is armed (ptrace backend)
+    #[arg(long, value_name = "FUNC", conflicts_with_all = ["on_entry", "tids", "thread_name", "follow_forks"],
+          requires = "expr")]
+    pub on_return: Option<String>,
+    /// Like --on-return, at FUNC's entry: --expr starts from a parameter by its DWARF name
+    /// (`c->refs`), or from `$arg0`…`$arg5` (rdi, rsi, rdx, rcx, r8, r9) without DWARF
+    #[arg(long, value_name = "FUNC", conflicts_with_all = ["tids", "thread_name", "follow_forks"],
+          requires = "expr")]
+    pub on_entry: Option<String>,
+    /// With --on-return/--on-entry: the expression evaluated at each event (`$ret->state`,
+    /// `c->refs`, `$arg0+8`, `((struct conn *)$arg1)->state`)
+    #[arg(long, value_name = "EXPR")]
+    pub expr: Option<String>,
+    /// With --on-return/--on-entry: an object's watchpoint is removed when FUNC is called
+    /// with the object (the value --expr starts from) as first argument (`free`)
+    #[arg(long, value_name = "FUNC")]
+    pub disarm_on: Option<String>,
+    /// With --on-return/--on-entry: at most N objects armed at once; the others are counted
+    /// (`wpctl list`, `wpctl stats`)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_live: Option<u32>,
+    /// With --on-return/--on-entry: each object's watchpoint on every thread (all, the default)
+    /// or only on the thread that created it (creator)
+    #[arg(long, value_enum)]
+    pub scope: Option<ScopeArg>,
     /// Bytes to watch (default: 8 from --addr; the object's size for --symbol; exec: 1). A
     /// range one slot cannot watch (longer than 8 bytes, or unaligned) takes several slots
     /// on every thread, up to the 4 a thread has (32 aligned bytes)
@@ -127,6 +153,15 @@ pub struct WatchArgs {
 /// `--condition`: see [`wpd_proto::condition::parse`].
 pub fn parse_condition(s: &str) -> Result<wpd_proto::v1::HitCondition, String> {
     wpd_proto::condition::parse(s)
+}
+
+/// `--scope` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ScopeArg {
+    /// Every thread of the process, including later ones
+    All,
+    /// The thread that created the object
+    Creator,
 }
 
 /// `--access` values. `read` is passed through as ACCESS_READ so that the
@@ -218,15 +253,33 @@ pub async fn report(ctx: &Ctx, args: &WatchArgs) -> Result<Report, Error> {
                 .into(),
         ));
     }
+    let code_fn = args.on_return.as_ref().or(args.on_entry.as_ref());
+    if code_fn.is_none()
+        && (args.expr.is_some()
+            || args.disarm_on.is_some()
+            || args.max_live.is_some()
+            || args.scope.is_some())
+    {
+        return Err(Error::Local(
+            "--expr, --disarm-on, --max-live and --scope go with --on-return or --on-entry".into(),
+        ));
+    }
     let spec = WatchpointSpec {
+        code_event: code_fn.map(|f| wpd_proto::v1::CodeEvent {
+            function: f.clone(),
+            at_return: args.on_return.is_some(),
+            disarm_on: args.disarm_on.clone().unwrap_or_default(),
+            max_live: args.max_live.unwrap_or(0),
+            creator_only: args.scope == Some(ScopeArg::Creator),
+        }),
         lease: 0,
         pid: if policy { 0 } else { args.pids[0] },
         tids: args.tids.clone(),
         address: args.addr.unwrap_or(0),
-        length: match (args.len, &args.symbol) {
-            (Some(l), _) => l,
-            (None, Some(_)) => 0,
-            (None, None) => 8,
+        length: match (args.len, &args.symbol, &args.expr) {
+            (Some(l), _, _) => l,
+            (None, Some(_), _) | (None, _, Some(_)) => 0,
+            (None, None, None) => 8,
         },
         access: Access::from(args.access) as i32,
         backend: backend_value(args.backend),
@@ -240,7 +293,11 @@ pub async fn report(ctx: &Ctx, args: &WatchArgs) -> Result<Report, Error> {
         },
         only_on_change: args.on_change,
         allow_init: args.allow_init,
-        symbol: args.symbol.clone().unwrap_or_default(),
+        symbol: args
+            .symbol
+            .clone()
+            .or_else(|| args.expr.clone())
+            .unwrap_or_default(),
         on_exec: match args.on_exec {
             None => ExecPolicy::Unspecified,
             Some(OnExecArg::Resolve) => ExecPolicy::ResolveAgain,
@@ -258,6 +315,12 @@ pub async fn report(ctx: &Ctx, args: &WatchArgs) -> Result<Report, Error> {
         exemplars_per_second: args.exemplars.unwrap_or(0),
     };
     if policy {
+        if spec.code_event.is_some() {
+            return Err(Error::Local(
+                "--on-return and --on-entry take one --pid (a policy cannot arm by code events)"
+                    .into(),
+            ));
+        }
         return set_policy(ctx, args, spec).await;
     }
     let request = SetWatchpointRequest { spec: Some(spec) };
@@ -348,6 +411,35 @@ fn action_phrase(action: i32) -> Option<String> {
 fn to_text(resp: &SetWatchpointResponse) -> String {
     let wp = resp.watchpoint.clone().unwrap_or_default();
     let spec = wp.spec.clone().unwrap_or_default();
+    if let Some(c) = &spec.code_event {
+        let mut notes = vec![if c.creator_only {
+            "on its creating thread".to_string()
+        } else {
+            "process-wide".to_string()
+        }];
+        notes.extend(action_phrase(spec.action));
+        notes.extend(output::filter_phrases(&spec));
+        if !c.disarm_on.is_empty() {
+            notes.push(format!("disarmed at {}(object)", escape(&c.disarm_on)));
+        }
+        if c.max_live > 0 {
+            notes.push(format!("at most {} live", c.max_live));
+        }
+        return format!(
+            "watchpoint {}: {} {} of every object {} {} in pid {} ({})",
+            wp.id,
+            output::access_name(spec.access),
+            escape(&spec.symbol),
+            if c.at_return {
+                "returned by"
+            } else {
+                "passed to"
+            },
+            escape(&c.function),
+            spec.pid,
+            notes.join(", "),
+        );
+    }
     let mut notes = vec![if wp.process_wide {
         "process-wide".to_string()
     } else if !spec.thread_name.is_empty() {
@@ -407,6 +499,8 @@ mod tests {
         SetWatchpointResponse {
             symbol: None,
             watchpoint: Some(Watchpoint {
+                objects: None,
+                object_watchpoints: vec![],
                 policy_id: 0,
                 forked_children: vec![],
                 pieces: vec![],

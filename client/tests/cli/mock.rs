@@ -103,6 +103,8 @@ fn stopping_hit(seq: u64) -> StreamEventsResponse {
 
 fn watchpoint(id: u64, spec: WatchpointSpec, hits: u64) -> Watchpoint {
     Watchpoint {
+        objects: None,
+        object_watchpoints: vec![],
         policy_id: 0,
         forked_children: vec![],
         id,
@@ -185,6 +187,7 @@ impl Watchpoints for Mock {
                 is_default: true,
                 stops: String::new(),
                 events: String::new(),
+                code_events: String::new(),
             }],
             version: "9.9.9".into(),
             cpus: 2,

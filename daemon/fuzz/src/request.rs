@@ -191,6 +191,26 @@ fn set_watchpoint(body: &[u8]) {
         ));
         return;
     };
+    // A code event's own rules (`convert::code_from_pb`, checked before
+    // the spec's): what it refuses is refused with a mapped status.
+    let code_verdict = code_reference(&spec);
+    match convert::code_from_pb(&spec) {
+        Ok(c) => {
+            if let Err(rule) = code_verdict {
+                panic!("accepted a code event that breaks {rule}: {spec:?} → {c:?}");
+            }
+            if let Some(c) = c {
+                assert_eq!(c.expr, spec.symbol, "the expression is the spec's symbol");
+            }
+        }
+        Err(e) => {
+            if code_verdict.is_ok() {
+                panic!("refused a valid code event {spec:?}: {e}");
+            }
+            status::check(&e);
+            return;
+        }
+    }
     let verdict = reference(&spec);
     match WatchSpec::try_from(spec.clone()) {
         Ok(ws) => {
@@ -207,6 +227,27 @@ fn set_watchpoint(body: &[u8]) {
             status::check(&e);
         }
     }
+}
+
+/// Reference verdict of a code event (CodeEvent's comments): which rule,
+/// if any, `s` breaks.
+pub fn code_reference(s: &pb::WatchpointSpec) -> Result<(), &'static str> {
+    let Some(c) = &s.code_event else {
+        return Ok(());
+    };
+    if c.function.is_empty() {
+        return Err("code_event.function is required");
+    }
+    if s.symbol.is_empty() {
+        return Err("a code event's expression is symbol");
+    }
+    if s.address != 0 || !s.tids.is_empty() || !s.thread_name.is_empty() || s.follow_forks {
+        return Err("a code event has no address, tids, thread_name or follow_forks");
+    }
+    if s.lease != 0 || s.aggregate {
+        return Err("a code event has no lease and no aggregate mode");
+    }
+    Ok(())
 }
 
 /// Reference verdict: which documented rule, if any, `s` breaks.

@@ -116,6 +116,24 @@ pub mod perf_ctx {
     pub const ADDR: i16 = 22 * 8;
 }
 
+/// Offsets in `struct pt_regs`, the context of a BPF program attached to a
+/// uprobe (`BPF_PROG_TYPE_KPROBE`; `arch/x86/include/asm/ptrace.h`), of the
+/// registers a code event reads: the System V AMD64 ABI passes the first
+/// six integer arguments in rdi, rsi, rdx, rcx, r8, r9 and returns an
+/// integer or pointer in rax (psABI §3.2.3).
+pub mod uprobe_ctx {
+    /// `rax`: the return value, at a return probe.
+    pub const RET: i16 = 10 * 8;
+    /// The integer argument registers, in order: rdi, rsi, rdx, rcx, r8, r9.
+    pub const ARGS: [i16; 6] = [14 * 8, 13 * 8, 12 * 8, 11 * 8, 9 * 8, 8 * 8];
+    /// `rsp`.
+    pub const SP: i16 = 19 * 8;
+    /// `rip`: after a return probe, the return address.
+    pub const IP: i16 = 16 * 8;
+    /// The names of [`ARGS`], for messages.
+    pub const ARG_NAMES: [&str; 6] = ["rdi", "rsi", "rdx", "rcx", "r8", "r9"];
+}
+
 /// The general registers a debugger shows, in [`UserRegs::general`]'s order.
 pub const GENERAL_REGISTERS: [&str; 18] = [
     "rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", "r8", "r9", "r10", "r11", "r12", "r13",

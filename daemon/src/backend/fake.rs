@@ -115,6 +115,7 @@ impl FakeBackend {
         follow_forks: false,
         thread_names: false,
         signal_at_hit: false,
+        code_events: false,
     };
 
     /// A fake backend over `kernel`.

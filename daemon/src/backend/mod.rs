@@ -50,7 +50,12 @@ pub struct Features {
     /// Send the hitting thread a signal at the hit, before its next
     /// instruction (the signal action), with the filter judged there.
     pub signal_at_hit: bool,
+    /// Code events: a thread held at a function's entry or return
+    /// (a uprobe) until the daemon has armed what it names.
+    pub code_events: bool,
 }
+
+pub use ptrace::code::{CodeProbe, CodeRecord};
 
 /// Where a held thread is stopped: enough to walk its stack.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,6 +192,22 @@ pub trait Backend: Send + Sync {
         HashMap::new()
     }
 
+    /// Opens a code event's probe on the attached process `pid`.
+    fn open_code_probe(&self, _pid: Pid, _probe: &CodeProbe) -> Result<(), WpdError> {
+        Err(WpdError::NeedsBackend {
+            feature: "code events",
+            needs: None,
+            hint: ": this process's backend cannot hold a thread at a probe",
+        })
+    }
+
+    /// Closes `pid`'s code-event probes of key `key` (every one: `None`).
+    fn close_code_probes(&self, _pid: Pid, _key: Option<u64>) {}
+
+    /// Adds `value` to (or removes it from) the first-argument set of the
+    /// filtered probe of key `key`.
+    fn code_probe_member(&self, _key: u64, _value: u64, _member: bool) {}
+
     /// Lets held threads of `pid` run again (all held ones when `tids` is
     /// empty); returns those resumed.
     fn resume(&self, _pid: Pid, _tids: &[Tid]) -> Result<Vec<Tid>, WpdError> {
@@ -222,6 +243,11 @@ pub trait Backend: Send + Sync {
     /// How this backend's breakpoints are opened and its hits read
     /// (empty where there is only one way).
     fn events(&self) -> String {
+        String::new()
+    }
+
+    /// How code events are caught and held here (empty: not at all).
+    fn code_events(&self) -> String {
         String::new()
     }
 
@@ -289,6 +315,11 @@ pub trait Host: Send + Sync {
     /// A forked child reported by [`Host::process_forked`] exited or called
     /// exec: it carries nothing any more.
     fn forked_child_gone(&self, _pid: Pid) {}
+    /// A thread stopped at code-event probes: true to hold it until the
+    /// daemon has armed what they name (it then resumes it).
+    fn code_event(&self, _pid: Pid, _tid: Tid, _records: &[CodeRecord]) -> bool {
+        false
+    }
     /// Whether anyone wants [`Host::process_started`] calls (the backend
     /// then reads its system-wide records promptly).
     fn wants_processes(&self) -> bool {
@@ -386,6 +417,8 @@ pub struct Availability {
     pub stops: String,
     /// How its events are opened (see [`Backend::events`]).
     pub events: String,
+    /// How code events are held (see [`Backend::code_events`]).
+    pub code_events: String,
 }
 
 impl BackendTable {
@@ -532,6 +565,11 @@ impl BackendTable {
                 is_default: e.kind == self.default,
                 stops: e.backend.as_ref().map(|b| b.stops()).unwrap_or_default(),
                 events: e.backend.as_ref().map(|b| b.events()).unwrap_or_default(),
+                code_events: e
+                    .backend
+                    .as_ref()
+                    .map(|b| b.code_events())
+                    .unwrap_or_default(),
             })
             .collect()
     }

@@ -192,6 +192,7 @@ impl Core {
     /// Lets the process go: the backend detaches, the ledger forgets it.
     pub(super) fn forget_process(&self, proc: &Arc<Process>) {
         proc.gone.store(true, Ordering::SeqCst);
+        self.forget_object_watches(proc.pid);
         if let Ok(b) = self.backends.get(Some(proc.backend)) {
             b.detach(proc);
         }
@@ -248,6 +249,8 @@ impl Core {
         }
         proc.new_image();
         self.symbols.sweep();
+        // Code events name functions of the old program: they go.
+        self.remove_object_watches_at_exec(op);
         // The kernel cleared every breakpoint (kernel-facts §3). Watchpoints
         // set by name over the whole process are resolved again in the new
         // program; the others go, and so do those whose expression starts

@@ -20,6 +20,7 @@ mod jobs;
 mod lifecycle;
 mod listings;
 mod modules;
+pub mod objects;
 pub mod policy;
 mod views;
 mod watch;
@@ -115,6 +116,8 @@ pub struct Core {
     /// library's name resolves once the dynamic linker loaded it), with
     /// their deadlines.
     pending_resolve: DashMap<Pid, Vec<(Arc<Watch>, Instant)>>,
+    /// Object watches (`objects.rs`), by id (ids shared with watchpoints).
+    pub objects: objects::Objects,
     /// Policies (`policy.rs`), by id (ids shared with watchpoints).
     policies: DashMap<WatchId, Arc<policy::Policy>>,
     /// Work for the policy thread, once a policy was set.
@@ -200,6 +203,7 @@ impl Core {
                 symbols: Arc::new(crate::symbols::Symbols::with_debug_dirs(config.debug_dirs)),
                 pending_resolve: DashMap::new(),
                 policies: DashMap::new(),
+                objects: objects::Objects::default(),
                 policy_tx: Mutex::new(None),
                 names: DashMap::new(),
                 exited_names: Mutex::new(std::collections::VecDeque::new()),
@@ -432,6 +436,15 @@ impl Host for Core {
         read: &mut dyn FnMut(u64) -> Option<u64>,
     ) -> Option<(Vec<u64>, Option<&'static str>)> {
         Some(self.symbols.unwind(pid, regs, depth, read))
+    }
+
+    fn code_event(
+        &self,
+        pid: Pid,
+        tid: crate::model::Tid,
+        records: &[crate::backend::CodeRecord],
+    ) -> bool {
+        self.code_event_seen(pid, tid, records)
     }
 
     fn forked_child_gone(&self, pid: Pid) {

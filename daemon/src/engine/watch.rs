@@ -37,7 +37,7 @@ pub struct ThreadStack {
 impl Core {
     /// The error for a feature the process's backend lacks, naming one
     /// that has it.
-    fn lacks(
+    pub(super) fn lacks(
         &self,
         feature: &'static str,
         has: fn(&Features) -> bool,

@@ -270,6 +270,7 @@ impl TryFrom<pb::WatchpointSpec> for WatchSpec {
 /// Domain spec → wire.
 pub fn spec_to_pb(s: &WatchSpec) -> pb::WatchpointSpec {
     pb::WatchpointSpec {
+        code_event: None,
         follow_forks: s.follow_forks,
         aggregate: s.aggregate.is_some(),
         exemplars_per_second: s.aggregate.unwrap_or(0),
@@ -470,8 +471,89 @@ impl From<&WatchView> for pb::Watchpoint {
             symbol: w.symbol.as_ref().map(symbol_to_pb),
             hits_filtered: w.filtered.0,
             hits_rate_limited: w.filtered.1,
+            objects: None,
+            object_watchpoints: Vec::new(),
         }
     }
+}
+
+/// Object counts → wire.
+pub fn object_counts_to_pb(c: &crate::engine::objects::ObjectCountsView) -> pb::ObjectCounts {
+    pb::ObjectCounts {
+        armed: c.armed,
+        disarmed: c.disarmed,
+        no_slot: c.no_slot,
+        over_limit: c.over_limit,
+        failed: c.failed,
+        live: c.live,
+        mean_hold_ns: c.mean_hold_ns,
+    }
+}
+
+/// A code event's watch → wire.
+pub fn object_view_to_pb(v: &crate::engine::objects::ObjectView) -> pb::Watchpoint {
+    let mut spec = spec_to_pb(&v.spec);
+    spec.symbol = v.code.expr.clone();
+    spec.length = v.code.len;
+    spec.address = 0;
+    spec.code_event = Some(pb::CodeEvent {
+        function: v.code.function.clone(),
+        at_return: v.code.at_return,
+        disarm_on: v.code.disarm_on.clone().unwrap_or_default(),
+        max_live: v.code.max_live,
+        creator_only: v.code.creator_only,
+    });
+    pb::Watchpoint {
+        id: v.id.0,
+        spec: Some(spec),
+        process_wide: !v.code.creator_only,
+        objects: Some(object_counts_to_pb(&v.counts)),
+        object_watchpoints: v.live.iter().map(|w| w.0).collect(),
+        ..Default::default()
+    }
+}
+
+/// The code event of a wire spec, validated (`None`: an ordinary
+/// watchpoint).
+pub fn code_from_pb(
+    s: &pb::WatchpointSpec,
+) -> Result<Option<crate::engine::objects::CodeSpec>, WpdError> {
+    let Some(c) = &s.code_event else {
+        return Ok(None);
+    };
+    if c.function.is_empty() {
+        return Err(WpdError::InvalidArgument(
+            "code_event.function is required".into(),
+        ));
+    }
+    if s.symbol.is_empty() {
+        return Err(WpdError::InvalidArgument(
+            "a code event needs symbol: the expression evaluated at each event ($ret->state, \
+             c->refs, $arg0+8)"
+                .into(),
+        ));
+    }
+    if s.address != 0 || !s.tids.is_empty() || !s.thread_name.is_empty() || s.follow_forks {
+        return Err(WpdError::InvalidArgument(
+            "a code event takes no address, tids, thread_name or follow_forks: each object's \
+             address comes from its event"
+                .into(),
+        ));
+    }
+    if s.lease != 0 || s.aggregate {
+        return Err(WpdError::InvalidArgument(
+            "a code event takes no lease and no aggregate mode".into(),
+        ));
+    }
+    Ok(Some(crate::engine::objects::CodeSpec {
+        function: c.function.clone(),
+        at_return: c.at_return,
+        expr: s.symbol.clone(),
+        len: s.length,
+        disarm_on: (!c.disarm_on.is_empty()).then(|| c.disarm_on.clone()),
+        max_live: c.max_live,
+        creator_only: c.creator_only,
+    }))
 }
 
 impl From<&ProcessView> for pb::ProcessInfo {
@@ -688,6 +770,13 @@ pub fn policy_spec_from_pb(mut s: pb::WatchpointSpec) -> Result<WatchSpec, WpdEr
     if !s.tids.is_empty() {
         return Err(WpdError::InvalidArgument(
             "a policy's spec cannot name threads (tids are per process)".into(),
+        ));
+    }
+    if s.code_event.is_some() {
+        return Err(WpdError::InvalidArgument(
+            "a policy cannot arm by code events yet (code_event): set one per process with \
+             SetWatchpoint"
+                .into(),
         ));
     }
     // Checked as a watchpoint of some process; the pid is each instance's.

@@ -121,8 +121,32 @@ impl Service {
         // The daemon's numbers from here on (and on disk).
         let asked_pid = asked.pid;
         nsview::spec_in(&caller, &mut asked)?;
+        let code = convert::code_from_pb(&asked)?;
         let spec = WatchSpec::try_from(asked.clone())?;
         let attached = self.core.process_view(spec.pid).is_some();
+        if let Some(code) = code {
+            nsview::init_in(&caller, asked_pid, spec.allow_init, attached)?;
+            let checked = self.allow(&caller, spec.pid)?;
+            let core = self.core.clone();
+            let uid = caller.uid;
+            let view = blocking_as(&caller, move || {
+                let view = core.set_object_watch(spec, code, uid)?;
+                if let Err(e) = checked.unchanged() {
+                    let _ = core.remove_object_watch(view.id);
+                    return Err(e);
+                }
+                Ok(view)
+            })
+            .await?;
+            let mut w = convert::object_view_to_pb(&view);
+            if let Some(s) = w.spec.as_mut() {
+                s.pid = asked_pid;
+            }
+            return Ok(pb::SetWatchpointResponse {
+                watchpoint: Some(w),
+                ..Default::default()
+            });
+        }
         nsview::init_in(&caller, asked_pid, spec.allow_init, attached)?;
         let checked = self.allow(&caller, spec.pid)?;
         let lease = spec.lease;
@@ -340,6 +364,7 @@ impl Watchpoints for Service {
                 is_default: a.is_default,
                 stops: a.stops,
                 events: a.events,
+                code_events: a.code_events,
             })
             .collect();
         let kernel = nix::sys::utsname::uname()
@@ -473,6 +498,16 @@ impl Watchpoints for Service {
                 }),
             }));
         }
+        if let Some(o) = self.core.object_watch(id) {
+            self.allow_by_id(&caller, o.spec.pid, id)?;
+            let core = self.core.clone();
+            let view = blocking(move || core.remove_object_watch(id)).await?;
+            let mut w = convert::object_view_to_pb(&view);
+            nsview::watchpoint_out(&caller, &mut w);
+            return Ok(Response::new(pb::RemoveWatchpointResponse {
+                watchpoint: Some(w),
+            }));
+        }
         let pid = self
             .core
             .watch_pid(id)
@@ -533,6 +568,14 @@ impl Watchpoints for Service {
             });
         }
         let mut watchpoints: Vec<pb::Watchpoint> = ws.iter().map(Into::into).collect();
+        watchpoints.extend(
+            self.core
+                .object_watches()
+                .iter()
+                .filter(|o| pid == 0 || o.spec.pid == pid)
+                .filter(|o| ps.iter().any(|p| p.pid == o.spec.pid))
+                .map(convert::object_view_to_pb),
+        );
         let mut processes: Vec<pb::ProcessInfo> = ps.iter().map(Into::into).collect();
         processes.retain_mut(|p| nsview::process_out(&caller, p));
         watchpoints.retain_mut(|w| nsview::watchpoint_out(&caller, w));

@@ -79,6 +79,9 @@ impl Service {
             journal_write_lost: j.write_lost,
             journal_unsynced: j.unsynced,
             journal_write_errors: j.write_errors,
+            objects: Some(super::convert::object_counts_to_pb(
+                &self.core.objects.totals(),
+            )),
             sigtraps: self
                 .core
                 .sigtraps

@@ -82,7 +82,7 @@ impl DwarfFile {
     }
 }
 
-fn holds<'d>(
+pub(super) fn holds<'d>(
     dwarf: &gimli::Dwarf<R<'d>>,
     unit: &gimli::Unit<R<'d>>,
     e: &gimli::DebuggingInformationEntry<R<'d>>,

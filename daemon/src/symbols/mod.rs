@@ -19,6 +19,7 @@
 //! `locate.rs` (symbolizing instruction pointers).
 
 pub mod children;
+pub mod code;
 pub mod dwarf;
 pub mod elf;
 mod error;

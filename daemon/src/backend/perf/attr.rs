@@ -192,6 +192,32 @@ pub fn signal_stop(addr: u64, len: WatchLen, access: Access) -> b::perf_event_at
     a
 }
 
+/// A uprobe on the instruction at file offset `offset` of the file at
+/// `path` (a return probe: the function's return, with `retprobe`, the
+/// `config` bit `/sys/bus/event_source/devices/uprobe/format/retprobe`
+/// names) of the uprobe PMU `pmu` (its `type` file): it only runs the BPF
+/// program attached to it, counts nothing the daemon reads and samples
+/// nothing. `path` must outlive the `perf_event_open` call.
+pub fn uprobe(
+    pmu: u32,
+    path: &std::ffi::CStr,
+    offset: u64,
+    retprobe: Option<u32>,
+) -> b::perf_event_attr {
+    let mut a = b::perf_event_attr {
+        type_: pmu,
+        size: std::mem::size_of::<b::perf_event_attr>() as u32,
+        ..Default::default()
+    };
+    a.config = retprobe.map_or(0, |bit| 1u64 << bit);
+    a.__bindgen_anon_3.config1 = path.as_ptr() as u64;
+    a.__bindgen_anon_4.config2 = offset;
+    a.__bindgen_anon_1.sample_period = 1;
+    a.set_exclude_kernel(1);
+    a.set_exclude_hv(1);
+    a
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

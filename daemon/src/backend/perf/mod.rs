@@ -146,6 +146,7 @@ impl PerfEngine {
         follow_forks: true,
         thread_names: true,
         signal_at_hit: false,
+        code_events: false,
     };
 
     /// Opens the per-CPU rings; `fd_headroom` fds are never taken by events.
@@ -507,6 +508,7 @@ impl Backend for PerfEngine {
             // judges the filter and sends the signal there.
             exact_values: self.perf.hit_ring().is_some(),
             signal_at_hit: self.perf.hit_ring().is_some_and(|r| r.judges()),
+            code_events: false,
             ..Self::FEATURES
         }
     }

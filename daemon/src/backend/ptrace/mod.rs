@@ -19,6 +19,7 @@
 //! - this file: [`PtraceEngine`], the [`Backend`], and the callbacks
 //!   tracers make into it ([`TraceSink`]).
 
+pub mod code;
 pub mod park;
 pub mod recovery;
 pub mod regs;
@@ -101,6 +102,7 @@ impl PtraceEngine {
         follow_forks: false,
         thread_names: false,
         signal_at_hit: true,
+        code_events: true,
     };
 
     /// Starts the tracer shards, or says why ptrace cannot work here. The
@@ -470,6 +472,7 @@ impl Backend for PtraceEngine {
     fn detach(&self, proc: &Arc<Process>) {
         // DR7 = 0 (or the breakpoints closed) on every thread, then
         // PTRACE_DETACH.
+        code::close(proc.pid, None);
         self.shards.detach(proc.pid);
         self.state.remove(proc.pid);
         signal_bp::disable(proc.pid);
@@ -501,7 +504,7 @@ impl Backend for PtraceEngine {
             .into_iter()
             .map(|(tid, st)| {
                 let rs = match st.held {
-                    Some(Held::Hit) => RunState::StoppedAtHit,
+                    Some(Held::Hit | Held::Code) => RunState::StoppedAtHit,
                     Some(Held::Peer) => RunState::StoppedByPeer,
                     _ if st.group_stopped => RunState::JobStopped,
                     _ => RunState::Running,
@@ -509,6 +512,42 @@ impl Backend for PtraceEngine {
                 (tid, rs)
             })
             .collect()
+    }
+
+    fn code_events(&self) -> String {
+        match (self.stops, signal_bp::available(), code::available()) {
+            (signal_bp::Policy::DebugRegisters, _, _) => String::new(),
+            (_, Ok(()), Ok(())) => "uprobe + BPF signal stop: the thread is held at the probe \
+                 (its registers recorded by the probe's program) until its object is armed; \
+                 no debug-register slot is spent on the probe"
+                .into(),
+            _ => String::new(),
+        }
+    }
+
+    fn open_code_probe(&self, pid: Pid, probe: &super::CodeProbe) -> Result<(), WpdError> {
+        let mode = signal_bp::mode_of(pid).ok_or(WpdError::NeedsBackend {
+            feature: "code events",
+            needs: None,
+            hint: ": a code event holds the thread with a signal stop, and this process has \
+                   debug-register stops (bpf() refused, or it catches SIGURG and SIGWINCH)",
+        })?;
+        code::open(pid, probe, &mode).map_err(|e| {
+            WpdError::InvalidArgument(format!(
+                "the kernel refused a uprobe on {} at offset {:#x}: {}",
+                probe.path.display(),
+                probe.offset,
+                e.desc()
+            ))
+        })
+    }
+
+    fn close_code_probes(&self, pid: Pid, key: Option<u64>) {
+        code::close(pid, key);
+    }
+
+    fn code_probe_member(&self, key: u64, value: u64, member: bool) {
+        code::set_member(key, value, member);
     }
 
     fn resume(&self, pid: Pid, tids: &[Tid]) -> Result<Vec<Tid>, WpdError> {
@@ -604,6 +643,7 @@ impl TraceSink for PtraceEngine {
     }
 
     fn thread_exited(&self, pid: Pid, tid: Tid) {
+        code::forget(tid);
         let Some(host) = self.host.upgrade() else {
             return;
         };
@@ -708,6 +748,12 @@ impl TraceSink for PtraceEngine {
             self.shards.hold_all(pid, tid);
         }
         verdict
+    }
+
+    fn code_event(&self, pid: Pid, tid: Tid, records: &[super::CodeRecord]) -> bool {
+        self.host
+            .upgrade()
+            .is_some_and(|h| h.code_event(pid, tid, records))
     }
 
     fn exec(&self, pid: Pid, _tid: Tid) {

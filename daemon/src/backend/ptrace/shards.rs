@@ -93,6 +93,9 @@ pub enum Held {
     Hit,
     /// Because another thread of its process hit (until Resume).
     Peer,
+    /// At a code event's probe, until the daemon has armed what it names
+    /// and resumes it.
+    Code,
     /// Parked by [`Shards::park`] until [`Shards::unpark`] (the number of
     /// its park, to tell it from earlier ones).
     Parked(u32),
@@ -122,6 +125,11 @@ pub trait TraceSink: Send + Sync {
     fn hit(&self, pid: Pid, tid: Tid, ip: u64, keys: &[SlotKey]) -> HitVerdict;
     /// The process called exec: the kernel cleared the registers.
     fn exec(&self, pid: Pid, tid: Tid);
+    /// The thread stopped at code-event probes, with what they recorded.
+    /// True: hold it (the daemon resumes it once done); false: it runs on.
+    fn code_event(&self, _pid: Pid, _tid: Tid, _records: &[super::code::CodeRecord]) -> bool {
+        false
+    }
 }
 
 /// A request to a shard.

@@ -330,6 +330,30 @@ impl Tracer {
             && ptrace::getsiginfo(npid(tid)).is_ok_and(|i| i.si_code == libc::SI_KERNEL)
         {
             let ids = t.regs.signal_hits();
+            let pid = t.pid;
+            // A code event's record (its probe sent the same signal).
+            let records = if super::code::has_probes(pid) {
+                super::code::take(tid)
+            } else {
+                Vec::new()
+            };
+            if !records.is_empty() {
+                if !ids.is_empty() {
+                    // A hit and a code event in one stop (their signals
+                    // merged): the hit is reported, the thread is not held
+                    // for it.
+                    if let Some(s) = self.sink.upgrade() {
+                        let ip =
+                            ptrace::getregs(npid(tid)).map_or(0, |r| arch::UserRegs::from(&r).ip);
+                        let _ = s.hit(pid, tid, ip, &ids);
+                    }
+                }
+                self.code_stop(tid, pid, &records);
+                return;
+            }
+            let Some(t) = self.tracees.get_mut(&tid) else {
+                return;
+            };
             if ids.is_empty() {
                 // One of ours that raced a disarm (its count is gone with
                 // its event), or the kernel's own SIGURG: taken as ours if
@@ -343,6 +367,34 @@ impl Tracer {
         }
         // A signal-delivery-stop: deliver the signal unchanged.
         self.after_stop(tid, Some(sig));
+    }
+
+    /// A stop at code-event probes: held while the daemon arms what they
+    /// name (it releases the thread with a resume), or restarted.
+    fn code_stop(&mut self, tid: Tid, pid: crate::model::Pid, records: &[super::code::CodeRecord]) {
+        let detaching = self
+            .tracees
+            .get(&tid)
+            .is_some_and(|t| t.next.detach.is_some());
+        let hold = !detaching
+            && self
+                .sink
+                .upgrade()
+                .is_some_and(|s| s.code_event(pid, tid, records));
+        if hold {
+            if let Some(t) = self.tracees.get_mut(&tid) {
+                t.phase = Phase::Held(Held::Code);
+                t.next.hold = false;
+                // A park (another object being armed) waiting for this
+                // stop: it is stopped, and stays so past the unpark.
+                if let Some(id) = t.next.park.take() {
+                    self.parks.progress(id, |v| v.push(tid));
+                }
+            }
+            self.apply(tid);
+        } else {
+            self.after_stop(tid, None);
+        }
     }
 
     /// A hardware-breakpoint trap: ours if an armed slot of ours fired, or

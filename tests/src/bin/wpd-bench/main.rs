@@ -45,6 +45,9 @@
 //!   judged at the trap, the signal action), runs alternating; daemon CPU
 //!   per execution; the kernel's floor, a fork with an inherited breakpoint
 //!   against a bare fork.
+//! - `objects`: watchpoints armed by a code event (`--on-return`), per
+//!   object, in a target creating 10,000 objects a second, against the
+//!   target alone and gdb doing the same (`break` + `watch -l` + `continue`).
 //! - `drain`: the daemon at rest (CPU and wake-ups a second with nothing
 //!   tracked, one process watched, a policy), its CPU per child of a
 //!   forking process, and what a hit costs a thread storing now and then.
@@ -64,7 +67,7 @@ use anyhow::{Context, Result, bail, ensure};
 use procstat::*;
 use sections::{
     arm::*, churn::*, dap::*, drain::*, farm::*, fleet::*, fuzzers::*, hitcost::*, memory::*,
-    rpc::*, symbols::*, throughput::*,
+    objects::*, rpc::*, symbols::*, throughput::*,
 };
 use wpd_tests::Backend;
 
@@ -72,9 +75,9 @@ const USAGE: &str = "usage: wpd-bench [--threads N[,N...]] [--spin-threads N[,N.
      [--writes W] [--no-peers] \
      [--only S,..|--skip S,..] [--churn-threads K[,K...]] [--window-ms MS] [--rpc-pairs P] \
      [--list-calls L] [--peer-timeout-s S] [--smoke]\n\
-     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm fleet export fuzzers drain";
+     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm fleet export fuzzers drain objects";
 
-const SECTIONS: [&str; 15] = [
+const SECTIONS: [&str; 16] = [
     "arm",
     "spin",
     "hitcost",
@@ -90,6 +93,7 @@ const SECTIONS: [&str; 15] = [
     "export",
     "fuzzers",
     "drain",
+    "objects",
 ];
 
 /// Variable watched where no thread of the target writes (idle workers write
@@ -435,6 +439,9 @@ async fn run(args: Args) -> Result<()> {
     }
     if args.has("drain") {
         section_drain(&args).await?;
+    }
+    if args.has("objects") {
+        section_objects(&args).await?;
     }
     Ok(())
 }

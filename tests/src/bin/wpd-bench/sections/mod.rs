@@ -9,6 +9,7 @@ pub mod fleet;
 pub mod fuzzers;
 pub mod hitcost;
 pub mod memory;
+pub mod objects;
 pub mod rpc;
 pub mod symbols;
 pub mod throughput;

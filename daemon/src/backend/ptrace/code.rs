@@ -1,0 +1,302 @@
+//! Code events: a thread held at a function's entry or return while the
+//! daemon arms a watchpoint on what the function was given or returned.
+//!
+//! A probe is a uprobe perf event (the uprobe PMU's `type`, `config1` the
+//! file's path, `config2` the instruction's file offset, the `retprobe`
+//! bit of `config` for a return) opened on the process's leader, with a
+//! BPF program (`BPF_PROG_TYPE_KPROBE`, hand-assembled like the signal
+//! stops' one) that writes the registers a code event reads (the return
+//! value, the six argument registers, `rsp`, `rip`) with the probe's key
+//! and the thread's ids into one ring for the daemon, then sends the
+//! thread the process's signal-stop signal: the tracer finds the thread at
+//! its signal-delivery stop, before it runs another instruction of the
+//! program, takes the thread's record from the ring and asks the daemon
+//! what to do (kernel-facts §17). No debug-register slot is spent on a
+//! probe: uprobes are breakpoint instructions the kernel writes into the
+//! process's copy of the page.
+//!
+//! A disarming probe (`disarm_on`, e.g. `free`) is filtered in the kernel:
+//! its program first looks the first argument up in a BPF hash set of the
+//! live objects' bases (`set_member`), and returns at once for any other
+//! call, so only a call that frees a watched object stops the thread.
+//!
+//! Record layout (u64s, native order): key, `tgid << 32 | tid`, rax, rdi,
+//! rsi, rdx, rcx, r8, r9, rsp, rip.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::CString;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
+
+use dashmap::DashMap;
+use nix::errno::Errno;
+
+use super::signal_bp::SignalMode;
+use crate::arch::current::uprobe_ctx;
+use crate::bpf::{self, Program, RingBuf, asm, helper};
+use crate::model::{Pid, Tid};
+
+/// Ring size: 1 MiB (12,000 records; a thread's record is read at its
+/// own stop, so at most one per held thread is ever waiting).
+const RING_BYTES: usize = 1 << 20;
+/// Bytes of a record.
+const REC: usize = 11 * 8;
+
+/// One probe asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodeProbe {
+    /// The key its records carry.
+    pub key: u64,
+    /// The file, as the daemon opens it (through `/proc/PID/root`).
+    pub path: std::path::PathBuf,
+    /// The probed instruction's file offset.
+    pub offset: u64,
+    /// At the function's return (else at its first instruction).
+    pub ret: bool,
+    /// Stop only when the first argument is in the probe's set
+    /// ([`set_member`]): the kernel tests it, so other calls (every other
+    /// `free`) do not stop the thread.
+    pub first_arg_filter: bool,
+}
+
+/// What the program recorded at a probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodeRecord {
+    /// The probe's key.
+    pub key: u64,
+    /// Process (thread group) id.
+    pub pid: Pid,
+    /// Thread id.
+    pub tid: Tid,
+    /// The return value register (meaningful at a return).
+    pub ret: u64,
+    /// The argument registers, in ABI order (meaningful at an entry).
+    pub args: [u64; 6],
+    /// Stack pointer.
+    pub sp: u64,
+    /// Instruction pointer.
+    pub ip: u64,
+}
+
+impl CodeRecord {
+    fn parse(b: &[u8]) -> Option<CodeRecord> {
+        if b.len() < REC {
+            return None;
+        }
+        let w = |i: usize| u64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+        let mut args = [0u64; 6];
+        for (i, a) in args.iter_mut().enumerate() {
+            *a = w(3 + i);
+        }
+        Some(CodeRecord {
+            key: w(0),
+            pid: (w(1) >> 32) as Pid,
+            tid: w(1) as u32 as Tid,
+            ret: w(2),
+            args,
+            sp: w(9),
+            ip: w(10),
+        })
+    }
+}
+
+/// The ring and the records read from it but not yet claimed by their
+/// thread's stop (several threads stop at once; the ring is read whole).
+struct Ring {
+    ring: RingBuf,
+    waiting: Mutex<HashMap<Tid, VecDeque<CodeRecord>>>,
+}
+
+static RING: OnceLock<Result<Ring, Errno>> = OnceLock::new();
+
+/// An open probe: its key, its event, its program.
+type OpenProbe = (u64, OwnedFd, Arc<OwnedFd>);
+
+/// Open probes per process.
+static PROBES: LazyLock<DashMap<Pid, Vec<OpenProbe>>> = LazyLock::new(DashMap::new);
+
+/// The first-argument sets of filtered probes, by key.
+static SETS: LazyLock<DashMap<u64, bpf::U64Set>> = LazyLock::new(DashMap::new);
+
+/// Most values a probe's set holds.
+const SET_MAX: u32 = 1 << 16;
+
+/// Adds `v` to (or removes it from) the set of the probe of key `key`.
+pub fn set_member(key: u64, v: u64, member: bool) {
+    if let Some(s) = SETS.get(&key) {
+        if member {
+            let _ = s.insert(v);
+        } else {
+            s.remove(v);
+        }
+    }
+}
+
+fn ring() -> Result<&'static Ring, Errno> {
+    RING.get_or_init(|| {
+        RingBuf::new(RING_BYTES).map(|ring| Ring {
+            ring,
+            waiting: Mutex::new(HashMap::new()),
+        })
+    })
+    .as_ref()
+    .map_err(|e| *e)
+}
+
+/// The uprobe PMU's type and the `config` bit of a return probe, from
+/// sysfs.
+pub fn uprobe_pmu() -> Result<(u32, u32), String> {
+    let dir = "/sys/bus/event_source/devices/uprobe";
+    let ty = std::fs::read_to_string(format!("{dir}/type"))
+        .map_err(|e| format!("{dir}/type: {e} (a kernel without CONFIG_UPROBE_EVENTS)"))?;
+    let ty: u32 = ty
+        .trim()
+        .parse()
+        .map_err(|_| format!("{dir}/type: {ty:?}"))?;
+    let f = std::fs::read_to_string(format!("{dir}/format/retprobe"))
+        .map_err(|e| format!("{dir}/format/retprobe: {e}"))?;
+    let bit = f
+        .trim()
+        .strip_prefix("config:")
+        .and_then(|b| b.parse::<u32>().ok())
+        .ok_or_else(|| format!("{dir}/format/retprobe: {f:?}"))?;
+    Ok((ty, bit))
+}
+
+/// Whether probes can be opened here (the PMU, the ring).
+pub fn available() -> Result<(), String> {
+    uprobe_pmu()?;
+    ring().map_err(|e| format!("BPF ring buffer: {}", e.desc()))?;
+    Ok(())
+}
+
+/// The program: record the registers under `key`, then send `sig`; with
+/// `set_fd`, only when the first argument is in that set.
+fn program(key: u64, sig: i32, ring_fd: i32, set_fd: Option<i32>) -> Result<OwnedFd, Errno> {
+    let mut p = Program::new();
+    let send = p.label();
+    let out = p.label();
+    p.push([asm::mov(6, 1)]);
+    if let Some(fd) = set_fd {
+        p.push([
+            asm::ldx_dw(1, 6, uprobe_ctx::ARGS[0]),
+            asm::stx_dw(10, -16, 1),
+        ]);
+        p.push(asm::ld_map(1, fd));
+        p.push([
+            asm::mov(2, 10),
+            asm::add_imm(2, -16),
+            asm::call(helper::MAP_LOOKUP_ELEM),
+        ]);
+        p.jeq_imm(0, 0, out);
+    }
+    p.push(asm::ld_map(1, ring_fd));
+    p.push([
+        asm::mov_imm(2, REC as i32),
+        asm::mov_imm(3, 0),
+        asm::call(helper::RINGBUF_RESERVE),
+    ]);
+    p.jeq_imm(0, 0, send);
+    p.push([asm::mov(7, 0)]);
+    p.push(asm::ld_u64(1, key));
+    p.push([asm::stx_dw(7, 0, 1)]);
+    p.push(bpf::current_pid_tgid(crate::pidns::own(), -8));
+    p.push([asm::stx_dw(7, 8, 0)]);
+    let regs = std::iter::once(uprobe_ctx::RET)
+        .chain(uprobe_ctx::ARGS)
+        .chain([uprobe_ctx::SP, uprobe_ctx::IP]);
+    for (i, off) in regs.enumerate() {
+        p.push([
+            asm::ldx_dw(1, 6, off),
+            asm::stx_dw(7, (16 + 8 * i) as i16, 1),
+        ]);
+    }
+    p.push([
+        asm::mov(1, 7),
+        asm::mov_imm(2, 0),
+        asm::call(helper::RINGBUF_SUBMIT),
+    ]);
+    p.place(send);
+    p.push([asm::mov_imm(1, sig), asm::call(helper::SEND_SIGNAL_THREAD)]);
+    p.place(out);
+    p.push([asm::mov_imm(0, 0), asm::exit()]);
+    let insns = p.build().map_err(|_| Errno::EINVAL)?;
+    bpf::load_program(bpf::PROG_TYPE_KPROBE, &insns).map_err(|e| {
+        tracing::warn!(log = %e, "code event program refused");
+        e.errno
+    })
+}
+
+/// Opens `probe` on process `pid` (its leader's tid), whose threads stop
+/// with `mode`'s signal.
+pub fn open(pid: Pid, probe: &CodeProbe, mode: &SignalMode) -> Result<(), Errno> {
+    use crate::backend::perf::{attr, sys};
+    let r = ring()?;
+    let (pmu, bit) = uprobe_pmu().map_err(|_| Errno::ENOENT)?;
+    let set_fd = if probe.first_arg_filter {
+        let s = bpf::U64Set::new(SET_MAX)?;
+        let fd = s.raw_fd();
+        SETS.insert(probe.key, s);
+        Some(fd)
+    } else {
+        None
+    };
+    let prog = Arc::new(program(
+        probe.key,
+        mode.signal as i32,
+        r.ring.raw_fd(),
+        set_fd,
+    )?);
+    let path = CString::new(probe.path.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
+    let mut a = attr::uprobe(pmu, &path, probe.offset, probe.ret.then_some(bit));
+    let fd = sys::open(&mut a, pid, -1, "perf_event_open(uprobe)").map_err(|e| e.errno)?;
+    sys::set_bpf(&fd, &prog).map_err(|e| e.errno)?;
+    PROBES.entry(pid).or_default().push((probe.key, fd, prog));
+    Ok(())
+}
+
+/// Closes `pid`'s probes with key `key` (every one with `None`).
+pub fn close(pid: Pid, key: Option<u64>) {
+    match key {
+        None => {
+            if let Some((_, v)) = PROBES.remove(&pid) {
+                for (k, _, _) in v {
+                    SETS.remove(&k);
+                }
+            }
+        }
+        Some(k) => {
+            if let Some(mut v) = PROBES.get_mut(&pid) {
+                v.retain(|(key, _, _)| *key != k);
+            }
+            SETS.remove(&k);
+        }
+    }
+}
+
+/// Whether `pid` has probes open.
+pub fn has_probes(pid: Pid) -> bool {
+    PROBES.get(&pid).is_some_and(|v| !v.is_empty())
+}
+
+/// The records of `tid` written so far (its stop's), oldest first.
+pub fn take(tid: Tid) -> Vec<CodeRecord> {
+    let Ok(r) = ring() else {
+        return Vec::new();
+    };
+    let mut waiting = r.waiting.lock().unwrap();
+    r.ring.consume(&mut |b| {
+        if let Some(rec) = CodeRecord::parse(b) {
+            waiting.entry(rec.tid).or_default().push_back(rec);
+        }
+    });
+    waiting.remove(&tid).map(Vec::from).unwrap_or_default()
+}
+
+/// Records of threads that exited before their stop are dropped.
+pub fn forget(tid: Tid) {
+    if let Some(Ok(r)) = RING.get() {
+        r.waiting.lock().unwrap().remove(&tid);
+    }
+}

@@ -1,0 +1,615 @@
+//! Watchpoints armed by code events: every object a function returns (or
+//! is given) gets a watchpoint on what an expression names in it.
+//!
+//! An *object watch* is a template (a `WatchSpec` with its filter and
+//! action, an expression, a function) and a probe at the function's
+//! return or entry (`Backend::open_code_probe`). When a thread reaches the
+//! probe the backend holds it and calls `Host::code_event`; the core hands
+//! the record to the `wpd-objects` thread, which evaluates the expression
+//! from the recorded registers, sets an ordinary watchpoint (the ledger,
+//! all or nothing, like any other) and only then resumes the thread: the
+//! first store to the object after the function returns is seen.
+//!
+//! With `disarm_on`, a second probe at that function's entry: a call whose
+//! first argument is a live object's base (the value the expression
+//! started from, e.g. `$ret`) removes the object's watchpoint before the
+//! call runs. `max_live` bounds the live objects. Every object not armed
+//! (no slot, over the bound, an expression that could not be evaluated) is
+//! counted on the object watch and in `GetStats`, and logged.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+
+use dashmap::DashMap;
+
+use super::Core;
+use crate::backend::{CodeProbe, CodeRecord};
+use crate::error::WpdError;
+use crate::model::{Pid, Scope, Tid, WatchId, WatchSpec};
+use crate::symbols::code::CodeSite;
+
+/// What a code event is (the part of an object watch's spec beyond an
+/// ordinary watchpoint's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodeSpec {
+    /// The function, `[MODULE:]NAME`.
+    pub function: String,
+    /// At its return (else at its entry).
+    pub at_return: bool,
+    /// The expression (`$ret->state`, `c->refs`, `$arg0+8`).
+    pub expr: String,
+    /// Bytes watched (0: the object's size).
+    pub len: u32,
+    /// A function whose call with an object's base as first argument
+    /// removes that object's watchpoint (`free`).
+    pub disarm_on: Option<String>,
+    /// Most live objects (0: no bound).
+    pub max_live: u32,
+    /// Each object's watchpoint on its creating thread only.
+    pub creator_only: bool,
+}
+
+/// Counts of one object watch (or of all of them).
+#[derive(Debug, Default)]
+pub struct ObjectCounts {
+    /// Objects armed.
+    pub armed: AtomicU64,
+    /// Objects disarmed by `disarm_on`.
+    pub disarmed: AtomicU64,
+    /// Objects not armed: a thread had no free slot.
+    pub no_slot: AtomicU64,
+    /// Objects not armed: `max_live` objects were live.
+    pub over_limit: AtomicU64,
+    /// Objects not armed: the expression could not be evaluated, or the
+    /// watchpoint was refused for another reason.
+    pub failed: AtomicU64,
+    /// Total time threads were held for arming, in ns.
+    pub held_ns: AtomicU64,
+}
+
+/// A snapshot of [`ObjectCounts`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ObjectCountsView {
+    /// Objects armed.
+    pub armed: u64,
+    /// Objects disarmed by `disarm_on`.
+    pub disarmed: u64,
+    /// Not armed: no free slot.
+    pub no_slot: u64,
+    /// Not armed: over `max_live`.
+    pub over_limit: u64,
+    /// Not armed: evaluation or another refusal.
+    pub failed: u64,
+    /// Objects live now.
+    pub live: u64,
+    /// Mean time a thread was held to arm one object, ns.
+    pub mean_hold_ns: u64,
+}
+
+impl ObjectCounts {
+    fn view(&self, live: u64) -> ObjectCountsView {
+        let armed = self.armed.load(Ordering::Relaxed);
+        let tried =
+            armed + self.no_slot.load(Ordering::Relaxed) + self.failed.load(Ordering::Relaxed);
+        ObjectCountsView {
+            armed,
+            disarmed: self.disarmed.load(Ordering::Relaxed),
+            no_slot: self.no_slot.load(Ordering::Relaxed),
+            over_limit: self.over_limit.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+            live,
+            mean_hold_ns: self
+                .held_ns
+                .load(Ordering::Relaxed)
+                .checked_div(tried)
+                .unwrap_or(0),
+        }
+    }
+}
+
+/// One object watch.
+#[derive(Debug)]
+pub struct ObjectWatch {
+    /// Its id (shared with watchpoints).
+    pub id: WatchId,
+    /// Who set it.
+    pub owner: u32,
+    /// The template of each object's watchpoint (its range is set per
+    /// object).
+    pub spec: WatchSpec,
+    /// The code event.
+    pub code: CodeSpec,
+    /// Where its probe is.
+    site: CodeSite,
+    /// The register the expression starts from.
+    root: crate::symbols::code::Root,
+    /// Where the expression ends when it reads no memory past its root
+    /// (`$ret->state`, `c->refs[2]`, `$arg0+8`): its offset from the root's
+    /// value and its size, found once at set. Events then cost no
+    /// evaluation.
+    linear: Option<(u64, u64)>,
+    /// Live objects: base → their watchpoint.
+    live: Mutex<HashMap<u64, WatchId>>,
+    /// Its counts.
+    pub counts: ObjectCounts,
+}
+
+/// What the daemon says of an object watch.
+#[derive(Debug, Clone)]
+pub struct ObjectView {
+    /// Id.
+    pub id: WatchId,
+    /// The template spec.
+    pub spec: WatchSpec,
+    /// The code event.
+    pub code: CodeSpec,
+    /// Counts.
+    pub counts: ObjectCountsView,
+    /// The watchpoints of the live objects.
+    pub live: Vec<WatchId>,
+}
+
+/// Work for the objects thread.
+enum Msg {
+    /// Arm the object a probe's record names, then resume the thread.
+    Arm(WatchId, CodeRecord, std::time::Instant),
+    /// Disarm the object whose base is `u64`, then resume the thread.
+    Disarm(WatchId, Pid, Tid, u64),
+}
+
+/// The core's object watches.
+#[derive(Debug, Default)]
+pub struct Objects {
+    watches: DashMap<WatchId, Arc<ObjectWatch>>,
+    tx: Mutex<Option<mpsc::Sender<Msg>>>,
+    /// Every object watch's counts, summed (GetStats).
+    pub totals: ObjectCounts,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Msg")
+    }
+}
+
+fn event_key(id: WatchId) -> u64 {
+    id.0 << 1
+}
+
+fn disarm_key(id: WatchId) -> u64 {
+    id.0 << 1 | 1
+}
+
+impl Objects {
+    /// The summed counts (GetStats).
+    pub fn totals(&self) -> ObjectCountsView {
+        let live = self
+            .watches
+            .iter()
+            .map(|w| w.live.lock().unwrap().len() as u64)
+            .sum();
+        self.totals.view(live)
+    }
+}
+
+fn bump(w: &ObjectWatch, totals: &ObjectCounts, f: fn(&ObjectCounts) -> &AtomicU64) {
+    f(&w.counts).fetch_add(1, Ordering::Relaxed);
+    f(totals).fetch_add(1, Ordering::Relaxed);
+}
+
+impl Core {
+    /// Sets an object watch: `spec` is the template of each object's
+    /// watchpoint (its range unused), `code` the event. Blocking.
+    pub fn set_object_watch(
+        self: &Arc<Self>,
+        mut spec: WatchSpec,
+        code: CodeSpec,
+        owner: u32,
+    ) -> Result<ObjectView, WpdError> {
+        crate::procfs::check_process(spec.pid)?;
+        let kind = self
+            .procs
+            .get(&spec.pid)
+            .map(|p| p.backend)
+            .or(spec.backend);
+        if let Some(f) = self.backends.features(kind)
+            && !f.code_events
+        {
+            return Err(self.lacks(
+                "code events (--on-return, --on-entry)",
+                |f| f.code_events,
+                ", which holds the thread at the probe (a uprobe whose BPF program sends a \
+                 signal the tracer catches) until its object is armed; this process's backend \
+                 cannot hold a thread",
+            ));
+        }
+        if matches!(spec.scope, Scope::Named(_) | Scope::Threads(_)) {
+            return Err(WpdError::InvalidArgument(
+                "a code event arms each object on every thread, or on its creating thread \
+                 (creator_only); it takes no thread list or name"
+                    .into(),
+            ));
+        }
+        let site = self.symbols.code_site(spec.pid, &code.function)?;
+        let root = crate::symbols::Symbols::check_code_expr(&site, &code.expr, code.at_return)
+            .map_err(|why| WpdError::InvalidArgument(format!("--expr {:?}: {why}", code.expr)))?;
+        // Members and casts are checked against the DWARF types now, with
+        // every register an address below the lowest the kernel maps
+        // (`vm.mmap_min_addr`): only a pointer that must be read
+        // (`$ret->next->state`) waits for a real event. Evaluated from two
+        // such bases, an expression that reads nothing moves with its base:
+        // its offset and size are all an event needs.
+        let dry = |base: u64| {
+            self.symbols.code_object(
+                spec.pid,
+                &site,
+                &code.expr,
+                code.at_return,
+                &crate::symbols::code::CodeRegs {
+                    ret: base,
+                    args: [base; crate::symbols::code::ARG_REGISTERS],
+                },
+                code.len,
+            )
+        };
+        const NOWHERE: [u64; 2] = [0x100, 0x8100];
+        let linear = match (dry(NOWHERE[0]), dry(NOWHERE[1])) {
+            (Ok((a, _)), Ok((b, _)))
+                if b.address.wrapping_sub(a.address) == NOWHERE[1] - NOWHERE[0] =>
+            {
+                Some((a.address.wrapping_sub(NOWHERE[0]), a.size))
+            }
+            (Ok(_), Ok(_))
+            | (
+                Err(crate::symbols::SymbolError::Path {
+                    error: crate::symbols::dwarf::PathError::Unreadable { .. },
+                    ..
+                }),
+                _,
+            ) => None,
+            (Err(e), _) | (_, Err(e)) => return Err(e.into()),
+        };
+        let disarm = match &code.disarm_on {
+            Some(f) => Some(self.symbols.code_site(spec.pid, f)?),
+            None => None,
+        };
+        let (proc, newly) = self.attach(spec.pid, spec.backend, spec.allow_init)?;
+        let id = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        spec.symbol = None;
+        spec.policy = None;
+        let w = Arc::new(ObjectWatch {
+            id,
+            owner,
+            spec: spec.clone(),
+            code: code.clone(),
+            site: site.clone(),
+            root,
+            linear,
+            live: Mutex::new(HashMap::new()),
+            counts: ObjectCounts::default(),
+        });
+        self.objects.watches.insert(id, w.clone());
+        self.start_objects_thread();
+        let opened = (|| {
+            let backend = self.backends.get(Some(proc.backend))?;
+            let _op = proc.lock_op();
+            backend.open_code_probe(
+                spec.pid,
+                &CodeProbe {
+                    key: event_key(id),
+                    path: site.path.clone(),
+                    offset: site.offset,
+                    ret: code.at_return,
+                    first_arg_filter: false,
+                },
+            )?;
+            if let Some(d) = &disarm {
+                backend.open_code_probe(
+                    spec.pid,
+                    &CodeProbe {
+                        key: disarm_key(id),
+                        path: d.path.clone(),
+                        offset: d.offset,
+                        ret: false,
+                        first_arg_filter: true,
+                    },
+                )?;
+            }
+            Ok::<_, WpdError>(())
+        })();
+        if let Err(e) = opened {
+            self.objects.watches.remove(&id);
+            if let Ok(b) = self.backends.get(Some(proc.backend)) {
+                b.close_code_probes(spec.pid, Some(event_key(id)));
+                b.close_code_probes(spec.pid, Some(disarm_key(id)));
+            }
+            if newly && proc.watch_ids().is_empty() && !self.has_object_watch(spec.pid) {
+                self.forget_process(&proc);
+            }
+            return Err(e);
+        }
+        tracing::info!(
+            id = id.0,
+            pid = spec.pid,
+            function = %site.function,
+            module = %site.module.path,
+            offset = site.offset,
+            "object watch set"
+        );
+        Ok(self.object_view(&w))
+    }
+
+    /// The disarming probe of `id` stops a thread only for a live base:
+    /// `base` joins or leaves its set.
+    fn disarm_filter(&self, pid: Pid, id: WatchId, base: u64, member: bool) {
+        let kind = self.procs.get(&pid).map(|p| p.backend);
+        if let Some(kind) = kind
+            && let Ok(b) = self.backends.get(Some(kind))
+        {
+            b.code_probe_member(disarm_key(id), base, member);
+        }
+    }
+
+    fn has_object_watch(&self, pid: Pid) -> bool {
+        self.objects.watches.iter().any(|w| w.spec.pid == pid)
+    }
+
+    /// The object watch `id`, if it is one.
+    pub fn object_watch(&self, id: WatchId) -> Option<ObjectView> {
+        self.objects.watches.get(&id).map(|w| self.object_view(&w))
+    }
+
+    /// Every object watch.
+    pub fn object_watches(&self) -> Vec<ObjectView> {
+        self.objects
+            .watches
+            .iter()
+            .map(|w| self.object_view(&w))
+            .collect()
+    }
+
+    fn object_view(&self, w: &ObjectWatch) -> ObjectView {
+        let live: Vec<WatchId> = w.live.lock().unwrap().values().copied().collect();
+        ObjectView {
+            id: w.id,
+            spec: w.spec.clone(),
+            code: w.code.clone(),
+            counts: w.counts.view(live.len() as u64),
+            live,
+        }
+    }
+
+    /// Removes an object watch, its probes and every live object's
+    /// watchpoint. Blocking.
+    pub fn remove_object_watch(&self, id: WatchId) -> Result<ObjectView, WpdError> {
+        let (_, w) = self
+            .objects
+            .watches
+            .remove(&id)
+            .ok_or(WpdError::NoSuchWatchpoint(id))?;
+        let pid = w.spec.pid;
+        if let Some(proc) = self.procs.get(&pid).map(|p| p.clone())
+            && let Ok(b) = self.backends.get(Some(proc.backend))
+        {
+            b.close_code_probes(pid, Some(event_key(id)));
+            b.close_code_probes(pid, Some(disarm_key(id)));
+        }
+        let view = self.object_view(&w);
+        let live: Vec<WatchId> = w.live.lock().unwrap().drain().map(|(_, c)| c).collect();
+        for child in live {
+            let _ = self.remove_watchpoint(child);
+        }
+        Ok(view)
+    }
+
+    /// The process called exec: its object watches (probes in the old
+    /// program's files) are removed, each with a `WatchpointRemoved`.
+    pub(super) fn remove_object_watches_at_exec(&self, op: &crate::state::OpGuard<'_>) {
+        let pid = op.pid();
+        let ids: Vec<WatchId> = self
+            .objects
+            .watches
+            .iter()
+            .filter(|w| w.spec.pid == pid)
+            .map(|w| w.id)
+            .collect();
+        for id in ids {
+            let Some((_, w)) = self.objects.watches.remove(&id) else {
+                continue;
+            };
+            if let Ok(b) = self.backends.get(Some(op.process().backend)) {
+                b.close_code_probes(pid, Some(event_key(id)));
+                b.close_code_probes(pid, Some(disarm_key(id)));
+            }
+            w.live.lock().unwrap().clear();
+            self.bus.publish_as(
+                crate::events::EventKind::WatchpointRemoved {
+                    id,
+                    pid,
+                    reason: "the process called exec: the code event's function is gone".into(),
+                },
+                Some(op.process().owner.clone()),
+            );
+        }
+    }
+
+    /// The process is gone or detached: its object watches go too.
+    pub(super) fn forget_object_watches(&self, pid: Pid) {
+        self.objects.watches.retain(|_, w| w.spec.pid != pid);
+    }
+
+    /// A thread is stopped at probes: true to hold it (the objects thread
+    /// resumes it).
+    pub(super) fn code_event_seen(&self, pid: Pid, tid: Tid, records: &[CodeRecord]) -> bool {
+        let at = std::time::Instant::now();
+        let tx = self.objects.tx.lock().unwrap().clone();
+        let Some(tx) = tx else {
+            return false;
+        };
+        let mut hold = false;
+        for r in records {
+            let id = WatchId(r.key >> 1);
+            let Some(w) = self.objects.watches.get(&id).map(|w| w.clone()) else {
+                continue;
+            };
+            if w.spec.pid != pid {
+                continue;
+            }
+            if r.key & 1 == 1 {
+                // A call of the disarming function: ours only if its first
+                // argument is a live object's base.
+                let base = r.args[0];
+                if w.live.lock().unwrap().contains_key(&base) {
+                    hold |= tx.send(Msg::Disarm(id, pid, tid, base)).is_ok();
+                }
+                continue;
+            }
+            if w.code.max_live > 0 && w.live.lock().unwrap().len() >= w.code.max_live as usize {
+                bump(&w, &self.objects.totals, |c| &c.over_limit);
+                // Counted (ObjectCounts.over_limit); at a high rate, by design.
+                tracing::debug!(
+                    id = id.0,
+                    pid,
+                    tid,
+                    max_live = w.code.max_live,
+                    "object not armed: max_live objects are live"
+                );
+                continue;
+            }
+            hold |= tx.send(Msg::Arm(id, *r, at)).is_ok();
+        }
+        hold
+    }
+
+    fn start_objects_thread(self: &Arc<Self>) {
+        let mut tx = self.objects.tx.lock().unwrap();
+        if tx.is_some() {
+            return;
+        }
+        let (t, rx) = mpsc::channel();
+        *tx = Some(t);
+        let core = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("wpd-objects".into())
+            .spawn(move || {
+                while let Ok(m) = rx.recv() {
+                    let Some(c) = core.upgrade() else { break };
+                    c.object_work(m);
+                }
+            })
+            .expect("spawn objects thread");
+    }
+
+    fn object_work(self: &Arc<Self>, m: Msg) {
+        match m {
+            Msg::Disarm(id, pid, tid, base) => {
+                let child = self
+                    .objects
+                    .watches
+                    .get(&id)
+                    .and_then(|w| w.live.lock().unwrap().remove(&base));
+                if let Some(child) = child {
+                    self.disarm_filter(pid, id, base, false);
+                    let _ = self.remove_watchpoint(child);
+                    if let Some(w) = self.objects.watches.get(&id) {
+                        bump(&w, &self.objects.totals, |c| &c.disarmed);
+                    }
+                }
+                let _ = self.resume(pid, &[tid]);
+            }
+            Msg::Arm(id, r, at) => {
+                if let Some(w) = self.objects.watches.get(&id).map(|w| w.clone()) {
+                    self.arm_object(&w, &r);
+                    let ns = at.elapsed().as_nanos() as u64;
+                    w.counts.held_ns.fetch_add(ns, Ordering::Relaxed);
+                    self.objects.totals.held_ns.fetch_add(ns, Ordering::Relaxed);
+                }
+                let _ = self.resume(r.pid, &[r.tid]);
+            }
+        }
+    }
+
+    fn arm_object(self: &Arc<Self>, w: &ObjectWatch, r: &CodeRecord) {
+        let totals = &self.objects.totals;
+        let pid = w.spec.pid;
+        let base = match w.root {
+            crate::symbols::code::Root::Ret => r.ret,
+            crate::symbols::code::Root::Arg(i) => r.args[i],
+        };
+        let (address, size) = match w.linear {
+            _ if base == 0 => {
+                bump(w, totals, |c| &c.failed);
+                tracing::warn!(
+                    id = w.id.0,
+                    pid,
+                    tid = r.tid,
+                    "object not armed: {} is a null pointer",
+                    w.code.expr
+                );
+                return;
+            }
+            Some((offset, size)) => (base.wrapping_add(offset), size),
+            None => match self.symbols.code_object(
+                pid,
+                &w.site,
+                &w.code.expr,
+                w.code.at_return,
+                &crate::symbols::code::CodeRegs {
+                    ret: r.ret,
+                    args: r.args,
+                },
+                w.code.len,
+            ) {
+                Ok((resolved, _)) => (resolved.address, resolved.size),
+                Err(e) => {
+                    bump(w, totals, |c| &c.failed);
+                    tracing::warn!(id = w.id.0, pid, tid = r.tid, "object not armed: {e}");
+                    return;
+                }
+            },
+        };
+        let len = u32::try_from(size).unwrap_or(u32::MAX);
+        let range = match crate::arch::validate(address, len, w.spec.access) {
+            Ok(r) => r,
+            Err(e) => {
+                bump(w, totals, |c| &c.failed);
+                tracing::warn!(id = w.id.0, pid, tid = r.tid, "object not armed: {e}");
+                return;
+            }
+        };
+        let mut spec = w.spec.clone();
+        spec.range = range;
+        spec.symbol = None;
+        spec.scope = if w.code.creator_only {
+            Scope::Threads(vec![r.tid])
+        } else {
+            Scope::Process
+        };
+        let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
+            return;
+        };
+        // The same base again (freed without the disarming function, and
+        // handed out anew): the old object's watchpoint goes first.
+        let old = w.live.lock().unwrap().remove(&base);
+        if let Some(old) = old {
+            self.disarm_filter(pid, w.id, base, false);
+            let _ = self.remove_watchpoint(old);
+        }
+        match self.set_watchpoint_on(&proc, spec, w.owner, None, None) {
+            Ok(view) => {
+                bump(w, totals, |c| &c.armed);
+                w.live.lock().unwrap().insert(base, view.id);
+                self.disarm_filter(pid, w.id, base, true);
+            }
+            Err(e @ WpdError::OutOfSlots { .. }) => {
+                bump(w, totals, |c| &c.no_slot);
+                tracing::warn!(id = w.id.0, pid, tid = r.tid, "object not armed: {e}");
+            }
+            Err(e) => {
+                bump(w, totals, |c| &c.failed);
+                tracing::warn!(id = w.id.0, pid, tid = r.tid, "object not armed: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,172 @@
+/* objects: heap objects born in a function, for wpd's code-event tests.
+ *
+ * Built by tests/build.rs with -g (ct-objects) and without (ct-objects-nodebug).
+ * Prints "READY pid=N", then obeys one command per stdin line, answering
+ * each with one line:
+ *
+ *   run T N     T threads each create N objects with conn_new, update their
+ *               state legitimately through conn_set_state, take a reference
+ *               (conn_ref) and free them (conn_free)                -> RAN n=T*N
+ *   corrupt     one object created, updated, then corrupted by
+ *               conn_corrupt (state = 0xdead) and freed              -> CORRUPTED
+ *   first       one object created, its state written by the caller
+ *               right after conn_new returns (state = 0xdead)         -> FIRST
+ *   keep N      N objects created and kept (never freed)             -> KEPT n=N
+ *   rate N      conn_new + conn_free N times, timed                   -> RATE ns=<total ns>
+ *   pace N US   N objects, one every US µs: conn_new, then conn_free (the
+ *               object never written), each call timed       -> PACE new_ns=<mean>
+ *               free_ns=<mean> wall_ns=<total>
+ *   quit        exits
+ *
+ * `objects pace N US` runs the pace command alone and exits (under gdb).
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+struct conn {
+    long id;
+    long state;
+    long refs;
+    char pad[40];
+};
+
+__attribute__((noinline)) struct conn *conn_new(long id)
+{
+    struct conn *c = malloc(sizeof *c);
+    if (!c)
+        abort();
+    memset(c, 0, sizeof *c);
+    c->id = id;
+    return c;
+}
+
+__attribute__((noinline)) void conn_set_state(struct conn *c, long state)
+{
+    c->state = state; /* LINE:set_state */
+}
+
+__attribute__((noinline)) void conn_ref(struct conn *c)
+{
+    c->refs++; /* LINE:ref */
+}
+
+__attribute__((noinline)) void conn_corrupt(struct conn *c)
+{
+    c->state = 0xdead; /* LINE:corrupt */
+}
+
+__attribute__((noinline)) void conn_free(struct conn *c)
+{
+    free(c);
+}
+
+static long per_thread;
+
+static long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* N objects, one every `us` µs (absolute ticks, so a slow call does not
+ * push the rest back): the mean time in conn_new and in conn_free. */
+static void pace(long n, long us)
+{
+    long new_ns = 0, free_ns = 0, start = now_ns();
+    for (long i = 0; i < n; i++) {
+        long tick = start + i * us * 1000;
+        long now = now_ns();
+        if (tick > now) {
+            struct timespec d = {(tick - now) / 1000000000L, (tick - now) % 1000000000L};
+            nanosleep(&d, NULL);
+        }
+        long t0 = now_ns();
+        struct conn *c = conn_new(i);
+        long t1 = now_ns();
+        conn_free(c);
+        long t2 = now_ns();
+        new_ns += t1 - t0;
+        free_ns += t2 - t1;
+    }
+    printf("PACE new_ns=%ld free_ns=%ld wall_ns=%ld\n", new_ns / n, free_ns / n,
+           now_ns() - start);
+}
+
+static void *worker(void *arg)
+{
+    long base = (long)arg;
+    for (long i = 0; i < per_thread; i++) {
+        struct conn *c = conn_new(base + i);
+        conn_set_state(c, 1);
+        conn_ref(c);
+        conn_set_state(c, 2);
+        conn_set_state(c, 3);
+        conn_free(c);
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    char line[256];
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc == 4 && strcmp(argv[1], "pace") == 0) {
+        pace(atol(argv[2]), atol(argv[3]));
+        return 0;
+    }
+    printf("READY pid=%d\n", (int)getpid());
+    while (fgets(line, sizeof line, stdin)) {
+        long a = 0, b = 0;
+        if (sscanf(line, "run %ld %ld", &a, &b) == 2) {
+            pthread_t t[64];
+            if (a < 1 || a > 64) {
+                printf("ERR threads\n");
+                continue;
+            }
+            per_thread = b;
+            for (long i = 0; i < a; i++)
+                pthread_create(&t[i], NULL, worker, (void *)(i * 1000000));
+            for (long i = 0; i < a; i++)
+                pthread_join(t[i], NULL);
+            printf("RAN n=%ld\n", a * b);
+        } else if (strncmp(line, "corrupt", 7) == 0) {
+            struct conn *c = conn_new(7);
+            conn_set_state(c, 1);
+            conn_corrupt(c);
+            conn_free(c);
+            printf("CORRUPTED\n");
+        } else if (strncmp(line, "first", 5) == 0) {
+            struct conn *c = conn_new(8);
+            c->state = 0xdead; /* LINE:first */
+            conn_free(c);
+            printf("FIRST\n");
+        } else if (sscanf(line, "keep %ld", &a) == 1) {
+            for (long i = 0; i < a; i++)
+                conn_set_state(conn_new(i), 1);
+            printf("KEPT n=%ld\n", a);
+        } else if (sscanf(line, "pace %ld %ld", &a, &b) == 2) {
+            pace(a, b);
+        } else if (sscanf(line, "rate %ld", &a) == 1) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            for (long i = 0; i < a; i++) {
+                struct conn *c = conn_new(i);
+                c->state = 1;
+                conn_free(c);
+            }
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            printf("RATE ns=%ld\n",
+                   (t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec));
+        } else if (strncmp(line, "quit", 4) == 0) {
+            return 0;
+        } else {
+            printf("ERR unknown\n");
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,419 @@
+//! Watchpoints armed by code events (`--on-return`, `--on-entry`) against
+//! `tests/c/objects.c`: objects created by a function in several threads,
+//! each legitimately updated, and one rare path corrupting a field. A
+//! condition catches only the corruption, and the hit names its function
+//! and line; a store right after the function returns is caught (the thread
+//! is held at the probe until the object is armed); `--disarm-on free` and
+//! `unwatch` leave no slot held; parameters by their DWARF names, `$arg0`
+//! without DWARF; every bad expression and unknown function refused. Only
+//! the ptrace backend holds a thread at a probe: perf is refused, with the
+//! reason.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use wpd_proto::v1::{
+    Access, Backend as PbBackend, CodeEvent, GetStatsRequest, Hit, ListWatchpointsRequest,
+    ObjectCounts, SlotState, WatchpointSpec,
+};
+use wpd_tests::{
+    Backend, CTarget, Client, Daemon, EventStream, line_of, list_threads, require_backend, rpc,
+    rpc_ok, run_wpctl,
+};
+
+const HIT_TIMEOUT: Duration = Duration::from_secs(20);
+const CLI_TIMEOUT: Duration = Duration::from_secs(20);
+
+async fn wpctl(daemon: &Daemon, args: &[&str]) -> Result<wpd_tests::CmdOutput> {
+    let ep = daemon.endpoint();
+    let mut all = vec!["--endpoint", ep.as_str()];
+    all.extend_from_slice(args);
+    run_wpctl(&all, CLI_TIMEOUT).await
+}
+
+/// The id in `watchpoint 7: ...`.
+fn id_of(stdout: &str) -> Result<u64> {
+    stdout
+        .strip_prefix("watchpoint ")
+        .and_then(|s| s.split(':').next())
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("no watchpoint id in {stdout:?}"))
+}
+
+/// A code event's spec over gRPC.
+fn code_spec(pid: i32, function: &str, at_return: bool, expr: &str) -> WatchpointSpec {
+    WatchpointSpec {
+        pid,
+        symbol: expr.into(),
+        access: Access::Write as i32,
+        backend: PbBackend::Ptrace as i32,
+        code_event: Some(CodeEvent {
+            function: function.into(),
+            at_return,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+async fn counts(client: &mut Client, pid: i32, id: u64) -> Result<ObjectCounts> {
+    let l = rpc_ok(
+        "ListWatchpoints",
+        client.list_watchpoints(ListWatchpointsRequest { pid }),
+    )
+    .await?;
+    l.watchpoints
+        .iter()
+        .find(|w| w.id == id)
+        .and_then(|w| w.objects)
+        .with_context(|| format!("watchpoint {id} with object counts in {l:?}"))
+}
+
+/// Slots of ours held on `pid`'s threads.
+async fn slots_held(client: &mut Client, pid: i32) -> Result<usize> {
+    let t = list_threads(client, pid, false).await?;
+    Ok(t.threads
+        .iter()
+        .flat_map(|t| t.slots.iter())
+        .filter(|s| s.state == SlotState::Ours as i32)
+        .count())
+}
+
+fn check_line(hit: &Hit, function: &str, tag: &str) -> Result<()> {
+    let loc = hit.location.as_ref().context("a hit without location")?;
+    let (file, line) = line_of(tag);
+    ensure!(
+        loc.function == function && loc.line == line && loc.file.ends_with(file),
+        "expected {function} ({file}:{line}), got {loc:?}"
+    );
+    Ok(())
+}
+
+/// `--on-return conn_new --expr '$ret->state' --condition '== 0xdead'
+/// --disarm-on free`: of 3 threads × 200 objects, each updated three times,
+/// only the corruption is reported, at conn_corrupt's line; a store by the
+/// caller right after conn_new returns is caught; every object is disarmed
+/// at its free, and nothing is held after `unwatch`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_return_catches_only_the_corruption() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-objects").await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let mut events =
+                EventStream::subscribe(&mut client, wpd_tests::hits_only(t.pid)).await?;
+            let pid = t.pid.to_string();
+            let out = wpctl(
+                &daemon,
+                &[
+                    "watch",
+                    "--pid",
+                    &pid,
+                    "--backend",
+                    "ptrace",
+                    "--on-return",
+                    "conn_new",
+                    "--expr",
+                    "$ret->state",
+                    "--condition",
+                    "== 0xdead",
+                    "--disarm-on",
+                    "free",
+                ],
+            )
+            .await?;
+            ensure!(out.code == Some(0), "wpctl watch: {out:?}");
+            let id = id_of(&out.stdout)?;
+            ensure!(
+                out.stdout.contains("returned by conn_new"),
+                "{}",
+                out.stdout
+            );
+
+            t.cmd("run 3 200").await?;
+            t.cmd("corrupt").await?;
+            // Hits come in order, each reported while its thread is
+            // stopped: the first is the corruption, or a legitimate update
+            // got through.
+            let hit = events.collect_hits(1, HIT_TIMEOUT).await?.remove(0);
+            check_line(&hit, "conn_corrupt", "corrupt")?;
+            ensure!(hit.value == 0xdead_u64.to_le_bytes().to_vec(), "{hit:?}");
+
+            t.cmd("first").await?;
+            let hit = events.collect_hits(1, HIT_TIMEOUT).await?.remove(0);
+            check_line(&hit, "main", "first")?;
+
+            let c = counts(&mut client, t.pid, id).await?;
+            ensure!(
+                c.armed == 602 && c.disarmed == 602 && c.live == 0,
+                "every object armed and disarmed at free: {c:?}"
+            );
+            ensure!(
+                c.no_slot == 0 && c.over_limit == 0 && c.failed == 0,
+                "{c:?}"
+            );
+            ensure!(slots_held(&mut client, t.pid).await? == 0, "slots held");
+            let stats = rpc_ok("GetStats", client.get_stats(GetStatsRequest::default())).await?;
+            ensure!(
+                stats.objects.is_some_and(|o| o.armed == 602),
+                "GetStats: {:?}",
+                stats.objects
+            );
+
+            // Objects kept alive hold their slots until unwatch.
+            t.cmd("keep 2").await?;
+            ensure!(
+                slots_held(&mut client, t.pid).await? == 2,
+                "two live objects"
+            );
+            let out = wpctl(&daemon, &["unwatch", &id.to_string()]).await?;
+            ensure!(out.code == Some(0), "wpctl unwatch: {out:?}");
+            ensure!(
+                slots_held(&mut client, t.pid).await? == 0,
+                "slots held after unwatch"
+            );
+            // The probes went with it: new objects are not armed.
+            t.cmd("keep 1").await?;
+            ensure!(
+                slots_held(&mut client, t.pid).await? == 0,
+                "armed after unwatch"
+            );
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// `--on-entry conn_ref --expr 'c->refs'`: the parameter by its DWARF name;
+/// the increment inside conn_ref is caught at its line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_entry_by_parameter_name() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-objects").await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let mut events =
+                EventStream::subscribe(&mut client, wpd_tests::hits_only(t.pid)).await?;
+            let mut spec = code_spec(t.pid, "conn_ref", false, "c->refs");
+            spec.code_event.as_mut().unwrap().disarm_on = "conn_free".into();
+            rpc_ok(
+                "SetWatchpoint(on entry)",
+                client.set_watchpoint(wpd_proto::v1::SetWatchpointRequest { spec: Some(spec) }),
+            )
+            .await?;
+            t.cmd("run 1 1").await?;
+            let hit = events.collect_hits(1, HIT_TIMEOUT).await?.remove(0);
+            check_line(&hit, "conn_ref", "ref")?;
+            ensure!(hit.value == 1u64.to_le_bytes().to_vec(), "{hit:?}");
+            ensure!(
+                slots_held(&mut client, t.pid).await? == 0,
+                "disarmed at conn_free"
+            );
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// Without DWARF, `$arg0+16` (refs' offset) at conn_ref's entry: the
+/// increment is caught, in conn_ref.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arg0_without_dwarf() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-objects-nodebug").await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let mut events =
+                EventStream::subscribe(&mut client, wpd_tests::hits_only(t.pid)).await?;
+            let pid = t.pid.to_string();
+            let out = wpctl(
+                &daemon,
+                &[
+                    "watch",
+                    "--pid",
+                    &pid,
+                    "--backend",
+                    "ptrace",
+                    "--on-entry",
+                    "conn_ref",
+                    "--expr",
+                    "$arg0+16",
+                    "--len",
+                    "8",
+                    "--disarm-on",
+                    "conn_free",
+                ],
+            )
+            .await?;
+            ensure!(out.code == Some(0), "wpctl watch: {out:?}");
+            t.cmd("run 1 1").await?;
+            let hit = events.collect_hits(1, HIT_TIMEOUT).await?.remove(0);
+            let loc = hit.location.as_ref().context("no location")?;
+            ensure!(loc.function == "conn_ref", "{loc:?}");
+            ensure!(hit.value == 1u64.to_le_bytes().to_vec(), "{hit:?}");
+            // A parameter name means nothing without DWARF.
+            let out = wpctl(
+                &daemon,
+                &[
+                    "watch",
+                    "--pid",
+                    &pid,
+                    "--backend",
+                    "ptrace",
+                    "--on-entry",
+                    "conn_ref",
+                    "--expr",
+                    "c->refs",
+                ],
+            )
+            .await?;
+            ensure!(
+                out.code != Some(0) && out.stderr.contains("no DWARF"),
+                "{out:?}"
+            );
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// `--max-live 1`: the objects beyond the first are counted, not armed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_live_counts_what_is_not_armed() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-objects").await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let mut spec = code_spec(t.pid, "conn_new", true, "$ret->state");
+            spec.code_event.as_mut().unwrap().max_live = 1;
+            let r = rpc_ok(
+                "SetWatchpoint(max_live)",
+                client.set_watchpoint(wpd_proto::v1::SetWatchpointRequest { spec: Some(spec) }),
+            )
+            .await?;
+            let id = r.watchpoint.context("no watchpoint")?.id;
+            t.cmd("keep 5").await?;
+            let c = counts(&mut client, t.pid, id).await?;
+            ensure!(c.armed == 1 && c.over_limit == 4 && c.live == 1, "{c:?}");
+            ensure!(
+                slots_held(&mut client, t.pid).await? == 1,
+                "one object armed"
+            );
+            // No slot left: five live objects on 4 slots, the fifth counted.
+            let mut spec = code_spec(t.pid, "conn_new", true, "$ret->state");
+            spec.code_event.as_mut().unwrap().creator_only = true;
+            let r = rpc_ok(
+                "SetWatchpoint(creator)",
+                client.set_watchpoint(wpd_proto::v1::SetWatchpointRequest { spec: Some(spec) }),
+            )
+            .await?;
+            let id2 = r.watchpoint.context("no watchpoint")?.id;
+            t.cmd("keep 4").await?;
+            let c = counts(&mut client, t.pid, id2).await?;
+            ensure!(c.armed == 3 && c.no_slot == 1, "{c:?}");
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// Each bad request is refused with what is wrong, and leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_code_events_are_refused() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let t = CTarget::start("ct-objects").await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let cases: &[(&str, bool, &str, &str)] = &[
+                ("conn_nwe", true, "$ret->state", "conn_new"),
+                ("conn_new", false, "$ret->state", "only with --on-return"),
+                ("conn_new", true, "$arg0", "--on-entry"),
+                ("conn_ref", false, "$arg7", "$arg0…$arg5"),
+                ("conn_ref", false, "conn->refs", "its parameters: c"),
+                (
+                    "conn_ref",
+                    false,
+                    "c->",
+                    "must be followed by a member name",
+                ),
+                ("conn_ref", false, "c->nosuch", "nosuch"),
+            ];
+            for (function, at_return, expr, says) in cases {
+                let spec = code_spec(t.pid, function, *at_return, expr);
+                let got =
+                    rpc(client
+                        .set_watchpoint(wpd_proto::v1::SetWatchpointRequest { spec: Some(spec) }))
+                    .await?;
+                match got {
+                    Ok(r) => anyhow::bail!("{function} {expr}: set: {r:?}"),
+                    Err(s) => ensure!(
+                        s.message().contains(says),
+                        "{function} {expr}: {:?} does not say {says:?}",
+                        s.message()
+                    ),
+                }
+            }
+            ensure!(
+                rpc_ok(
+                    "ListWatchpoints",
+                    client.list_watchpoints(ListWatchpointsRequest { pid: 0 })
+                )
+                .await?
+                .watchpoints
+                .is_empty(),
+                "a refused code event left a watch"
+            );
+            // Not a policy (yet): refused, not an ordinary policy on "$ret".
+            let mut spec = code_spec(0, "conn_new", true, "$ret->state");
+            spec.backend = 0;
+            let s = rpc(client.set_policy(wpd_proto::v1::SetPolicyRequest {
+                selector: Some(wpd_proto::v1::ProcessSelector {
+                    comm: "ct-objects".into(),
+                    ..Default::default()
+                }),
+                spec: Some(spec),
+            }))
+            .await?
+            .err()
+            .context("a policy with a code event was set")?;
+            ensure!(s.message().contains("code events"), "{s:?}");
+            // The perf backend cannot hold a thread at a probe.
+            let mut spec = code_spec(0, "conn_new", true, "$ret->state");
+            let t2 = CTarget::start("ct-objects").await?;
+            spec.pid = t2.pid;
+            spec.backend = PbBackend::Perf as i32;
+            let s = rpc(
+                client.set_watchpoint(wpd_proto::v1::SetWatchpointRequest { spec: Some(spec) })
+            )
+            .await?
+            .err()
+            .context("perf accepted a code event")?;
+            ensure!(
+                s.message().contains("code events") && s.message().contains("ptrace"),
+                "{s:?}"
+            );
+            Ok(())
+        }
+        .await,
+    )
+}
