@@ -15,9 +15,15 @@ async fn every_handler_validates_its_request_and_changes_nothing_when_it_refuses
         .await
         .unwrap()
         .into_inner();
-    // Nothing is mapped at 0x1000: armed, with a warning that says so.
+    // Nothing is mapped at 0x1000: armed, with a warning that says so (and, the process's
+    // first watchpoint, the one about its memset where the CPU has fast strings).
+    let unmapped: Vec<&String> = set
+        .warnings
+        .iter()
+        .filter(|w| !w.contains("rep stosb"))
+        .collect();
     assert!(
-        set.warnings.len() == 1 && set.warnings[0].contains("0x1000 is not mapped"),
+        unmapped.len() == 1 && unmapped[0].contains("0x1000 is not mapped"),
         "{:?}",
         set.warnings
     );
