@@ -205,7 +205,6 @@ fn main() {
     {
         use prost::Message;
         let bus = EventBus::new(4);
-        let _rx = bus.journal_receiver();
         let ev = bus.publish_kept(hit(1), None);
         let mut payload = Vec::new();
         (wpd::rpc::replay::encoder())(&ev, &mut payload);

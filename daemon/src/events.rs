@@ -1,6 +1,10 @@
 //! Event fan-out: one bounded broadcast ring; every subscriber reads at its
 //! own pace and a subscriber that falls behind loses the oldest events,
 //! counted (tokio's `Lagged(n)`), and is told. Publishing never blocks.
+//!
+//! The journal is not a subscriber: it is a [`Sink`] the bus hands every
+//! event to as it numbers it (the journal encodes it there, once, into its
+//! queue), so that events with no subscriber never sit in the ring.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -288,8 +292,15 @@ impl Subscribers {
     }
 }
 
+/// Where every published event goes as it is numbered, subscribers or not
+/// (the journal). Called with the bus's order lock held, in sequence
+/// order: it must not block.
+pub trait Sink: Send + Sync {
+    /// Takes `ev` (encodes it, or counts it lost).
+    fn append(&self, ev: &Event);
+}
+
 /// The bus.
-#[derive(Debug)]
 pub struct EventBus {
     tx: broadcast::Sender<Arc<Event>>,
     closed: tokio::sync::watch::Sender<bool>,
@@ -299,6 +310,17 @@ pub struct EventBus {
     /// and the tracer shards: short, rarely contended.
     order: Mutex<u64>,
     subs: Arc<Subscribers>,
+    /// The journal, once attached.
+    sink: std::sync::OnceLock<Arc<dyn Sink>>,
+}
+
+impl std::fmt::Debug for EventBus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventBus")
+            .field("head", &self.subs.head.load(Ordering::Relaxed))
+            .field("sink", &self.sink.get().is_some())
+            .finish()
+    }
 }
 
 impl Default for EventBus {
@@ -318,6 +340,7 @@ impl EventBus {
                 capacity: capacity.next_power_of_two() as u64,
                 ..Subscribers::default()
             }),
+            sink: std::sync::OnceLock::new(),
         }
     }
 
@@ -328,9 +351,9 @@ impl EventBus {
     }
 
     /// Publishes `kind` about the process `owner` (never blocks; a no-op
-    /// without subscribers).
+    /// without subscribers and journal).
     pub fn publish_as(&self, kind: EventKind, owner: Option<Arc<Owner>>) {
-        if self.tx.receiver_count() == 0 {
+        if self.tx.receiver_count() == 0 && self.sink.get().is_none() {
             return;
         }
         self.publish_kept(kind, owner);
@@ -347,6 +370,9 @@ impl EventBus {
             owner,
             kind,
         };
+        if let Some(sink) = self.sink.get() {
+            sink.append(&ev);
+        }
         let ev = Arc::new(ev);
         let _ = self.tx.send(ev.clone());
         self.subs.head.store(*seq, Ordering::Relaxed);
@@ -366,12 +392,12 @@ impl EventBus {
         *self.order.lock().unwrap()
     }
 
-    /// A receiver of every event from the next one on, outside the
-    /// subscribers' accounting (the journal's writer: it keeps events
-    /// published even with no subscriber, and its losses are its own).
-    pub fn journal_receiver(&self) -> broadcast::Receiver<Arc<Event>> {
+    /// Hands every event from the next one on to `sink` (the journal),
+    /// outside the subscribers' accounting. One sink per bus: a second
+    /// is refused (returned).
+    pub fn attach(&self, sink: Arc<dyn Sink>) -> Result<(), Arc<dyn Sink>> {
         let _seq = self.order.lock().unwrap();
-        self.tx.subscribe()
+        self.sink.set(sink)
     }
 
     /// A new subscriber of `uid`, starting with the next event.

@@ -1,0 +1,173 @@
+//! The journal's queue: each event encoded once, as a whole record, by the
+//! thread that publishes it (the bus hands it over as it numbers it), and
+//! taken by the writer thread in batches.
+//!
+//! 1. The encoded bytes are the event's only encoding: the writer writes
+//!    them as they are, readers and the export read them back.
+//! 2. Publishing never waits for the writer: what the queue cannot take
+//!    (the writer is [`QUEUE_EVENTS`] events or [`QUEUE_BYTES`] behind, a
+//!    slow disk) is counted (`lagged`) and is a gap in the numbering.
+//! 3. The writer is woken by the first event after it went to sleep, then
+//!    lets [`GATHER`] pass before taking what is queued: one wake-up and one
+//!    `write(2)` per batch, not per event.
+
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+use super::Encoder;
+use super::segment;
+use crate::events::{Event, Sink};
+
+/// Events queued for the writer at most (as many as the bus's ring keeps
+/// for a subscriber).
+pub const QUEUE_EVENTS: usize = crate::events::BUS_CAPACITY;
+/// Bytes of records queued for the writer at most.
+pub const QUEUE_BYTES: usize = 32 << 20;
+/// How long the writer lets events gather after the first one woke it.
+pub const GATHER: Duration = Duration::from_millis(1);
+
+/// Records waiting for the writer (or, on the writer's side, being
+/// written).
+#[derive(Debug, Default)]
+pub(super) struct Batch {
+    /// Whole records, back to back.
+    pub buf: Vec<u8>,
+    /// Per record: its sequence number and where it ends in `buf`.
+    pub ends: Vec<(u64, usize)>,
+    /// Events published that the queue could not take.
+    pub lagged: u64,
+}
+
+impl Batch {
+    /// Empties it, keeping its memory.
+    pub fn clear(&mut self) {
+        self.buf.clear();
+        self.ends.clear();
+        self.lagged = 0;
+    }
+}
+
+struct State {
+    queued: Batch,
+    /// The writer sleeps until the next event.
+    waiting: bool,
+}
+
+/// The queue between the publishers and the writer.
+pub(super) struct Queue {
+    encode: Encoder,
+    state: Mutex<State>,
+    ready: Condvar,
+}
+
+impl Queue {
+    pub fn new(encode: Encoder) -> Queue {
+        Queue {
+            encode,
+            state: Mutex::new(State {
+                queued: Batch {
+                    buf: Vec::with_capacity(1 << 20),
+                    ends: Vec::with_capacity(4096),
+                    lagged: 0,
+                },
+                waiting: false,
+            }),
+            ready: Condvar::new(),
+        }
+    }
+
+    /// Swaps what is queued into `into` (which must be empty), first
+    /// waiting up to `wait` for an event if none is queued. When an event
+    /// wakes it, lets more gather for [`GATHER`].
+    pub fn take(&self, into: &mut Batch, wait: Duration) {
+        let mut s = self.state.lock().unwrap();
+        if s.queued.ends.is_empty() && s.queued.lagged == 0 && !wait.is_zero() {
+            s.waiting = true;
+            s = self.ready.wait_timeout(s, wait).unwrap().0;
+            s.waiting = false;
+            if !s.queued.ends.is_empty() {
+                drop(s);
+                std::thread::sleep(GATHER);
+                s = self.state.lock().unwrap();
+            }
+        }
+        std::mem::swap(&mut s.queued, into);
+    }
+
+    /// Wakes the writer if it sleeps (shutdown).
+    pub fn wake(&self) {
+        let _s = self.state.lock().unwrap();
+        self.ready.notify_one();
+    }
+
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        let s = self.state.lock().unwrap();
+        s.queued.ends.is_empty() && s.queued.lagged == 0
+    }
+}
+
+impl Sink for Queue {
+    fn append(&self, ev: &Event) {
+        let mut s = self.state.lock().unwrap();
+        let q = &mut s.queued;
+        if q.ends.len() >= QUEUE_EVENTS || q.buf.len() >= QUEUE_BYTES {
+            q.lagged += 1;
+            return;
+        }
+        segment::append_record(&mut q.buf, ev.seq, ev.time_ns, |b| (self.encode)(ev, b));
+        let end = q.buf.len();
+        q.ends.push((ev.seq, end));
+        if s.waiting {
+            s.waiting = false;
+            self.ready.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::events::EventKind;
+
+    fn exited(seq: u64) -> Event {
+        Event {
+            seq,
+            time_ns: seq * 10,
+            owner: None,
+            kind: EventKind::ThreadExited { pid: 1, tid: 2 },
+        }
+    }
+
+    #[test]
+    fn a_full_queue_counts_what_it_cannot_take_and_takes_again_once_emptied() {
+        let q = Queue::new(Arc::new(|e: &Event, b: &mut Vec<u8>| {
+            b.extend_from_slice(&e.seq.to_le_bytes())
+        }));
+        let extra = 3;
+        for seq in 1..=(QUEUE_EVENTS + extra) as u64 {
+            q.append(&exited(seq));
+        }
+        let mut got = Batch::default();
+        q.take(&mut got, Duration::ZERO);
+        assert_eq!(got.ends.len(), QUEUE_EVENTS);
+        assert_eq!(got.lagged, extra as u64);
+        // Whole records, back to back, each ending where it says.
+        let mut start = 0;
+        for (i, &(seq, end)) in got.ends.iter().enumerate() {
+            assert_eq!(seq, i as u64 + 1);
+            let mut want = Vec::new();
+            segment::encode_record(&mut want, seq, seq * 10, &seq.to_le_bytes());
+            assert_eq!(&got.buf[start..end], want.as_slice());
+            start = end;
+        }
+        assert_eq!(start, got.buf.len());
+        assert!(q.is_empty());
+        got.clear();
+        q.append(&exited(70_000));
+        q.take(&mut got, Duration::ZERO);
+        assert_eq!((got.ends.len(), got.lagged), (1, 0));
+    }
+}
