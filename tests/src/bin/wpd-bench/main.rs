@@ -38,6 +38,7 @@
 //!   watched thread, a fork server's children.
 //! - `fleet`: recovery after a SIGKILL with N armed threads, the journal's
 //!   cost at full hit rate, export of a backlog to NATS JetStream.
+//! - `journal`: the journal's cost at full hit rate alone (as in `fleet`).
 //! - `fuzzers`: AFL++ (fork server) and libFuzzer (fork mode) on a parser,
 //!   alone and with a policy on its state (log on every store, a condition
 //!   judged at the trap, the signal action), runs alternating; daemon CPU
@@ -70,9 +71,9 @@ const USAGE: &str = "usage: wpd-bench [--threads N[,N...]] [--spin-threads N[,N.
      [--writes W] [--no-peers] \
      [--only S,..|--skip S,..] [--churn-threads K[,K...]] [--window-ms MS] [--rpc-pairs P] \
      [--list-calls L] [--peer-timeout-s S] [--smoke]\n\
-     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm fleet fuzzers drain";
+     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm fleet journal fuzzers drain";
 
-const SECTIONS: [&str; 14] = [
+const SECTIONS: [&str; 15] = [
     "arm",
     "spin",
     "hitcost",
@@ -85,6 +86,7 @@ const SECTIONS: [&str; 14] = [
     "dap",
     "farm",
     "fleet",
+    "journal",
     "fuzzers",
     "drain",
 ];
@@ -423,6 +425,10 @@ async fn run(args: Args) -> Result<()> {
     }
     if args.has("fleet") {
         section_fleet(&args).await?;
+    }
+    // Part of `fleet` too: run once.
+    if args.has("journal") && !args.has("fleet") {
+        section_journal(&args).await?;
     }
     if args.has("fuzzers") {
         section_fuzzers(&args).await?;
