@@ -8,8 +8,10 @@
 //!    (the writer is [`QUEUE_EVENTS`] events or [`QUEUE_BYTES`] behind, a
 //!    slow disk) is counted (`lagged`) and is a gap in the numbering.
 //! 3. The writer is woken by the first event after it went to sleep, then
-//!    lets [`GATHER`] pass before taking what is queued: one wake-up and one
-//!    `write(2)` per batch, not per event.
+//!    lets [`GATHER`] pass before taking what is queued, and while events
+//!    keep coming takes them once per [`GATHER`]: one wake-up and one
+//!    `write(2)` per batch, not per event. An event waits in memory for at
+//!    most about that long (plus the write before it) before it is written.
 
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
@@ -23,7 +25,8 @@ use crate::events::{Event, Sink};
 pub const QUEUE_EVENTS: usize = crate::events::BUS_CAPACITY;
 /// Bytes of records queued for the writer at most.
 pub const QUEUE_BYTES: usize = 32 << 20;
-/// How long the writer lets events gather after the first one woke it.
+/// How long the writer lets events gather after the first one woke it, and
+/// the least time between two batches while events keep coming.
 pub const GATHER: Duration = Duration::from_millis(1);
 
 /// Records waiting for the writer (or, on the writer's side, being
