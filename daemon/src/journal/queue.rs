@@ -25,6 +25,8 @@ use crate::events::{Event, Sink};
 pub const QUEUE_EVENTS: usize = crate::events::BUS_CAPACITY;
 /// Bytes of records queued for the writer at most.
 pub const QUEUE_BYTES: usize = 32 << 20;
+/// Bytes a batch keeps allocated once written.
+const KEEP_BYTES: usize = 1 << 20;
 /// How long the writer lets events gather after the first one woke it, and
 /// the least time between two batches while events keep coming.
 pub const GATHER: Duration = Duration::from_millis(1);
@@ -42,11 +44,16 @@ pub(super) struct Batch {
 }
 
 impl Batch {
-    /// Empties it, keeping its memory.
+    /// Empties it, keeping its memory up to what a busy millisecond needs
+    /// (a backlog behind a slow disk does not stay allocated).
     pub fn clear(&mut self) {
         self.buf.clear();
         self.ends.clear();
         self.lagged = 0;
+        if self.buf.capacity() > KEEP_BYTES {
+            self.buf.shrink_to(KEEP_BYTES);
+            self.ends.shrink_to(KEEP_BYTES / 128);
+        }
     }
 }
 
