@@ -296,8 +296,26 @@ impl Subscribers {
 /// (the journal). Called with the bus's order lock held, in sequence
 /// order: it must not block.
 pub trait Sink: Send + Sync {
-    /// Takes `ev` (encodes it, or counts it lost).
-    fn append(&self, ev: &Event);
+    /// Takes `ev` (encodes it, or counts it lost). `in_burst`: more events
+    /// of the same burst follow, and [`Sink::burst_ended`] comes after the
+    /// last one (see [`EventBus::burst`]).
+    fn append(&self, ev: &Event, in_burst: bool);
+    /// A burst of events ended.
+    fn burst_ended(&self);
+}
+
+thread_local! {
+    /// This thread is publishing a burst ([`EventBus::burst`]).
+    static IN_BURST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Restores the thread's burst flag (also if the burst panics).
+struct BurstFlag(bool);
+
+impl Drop for BurstFlag {
+    fn drop(&mut self) {
+        IN_BURST.set(self.0);
+    }
 }
 
 /// The bus.
@@ -371,12 +389,28 @@ impl EventBus {
             kind,
         };
         if let Some(sink) = self.sink.get() {
-            sink.append(&ev);
+            sink.append(&ev, IN_BURST.get());
         }
         let ev = Arc::new(ev);
         let _ = self.tx.send(ev.clone());
         self.subs.head.store(*seq, Ordering::Relaxed);
         ev
+    }
+
+    /// Runs `f`, whose events from this thread are one burst: the sink
+    /// (the journal's writer) is woken once, at its end, instead of at its
+    /// first event (the perf drain publishes the hits of one pass over its
+    /// rings as one burst).
+    pub fn burst<R>(&self, f: impl FnOnce() -> R) -> R {
+        let outer = IN_BURST.replace(true);
+        let r = {
+            let _restore = BurstFlag(outer);
+            f()
+        };
+        if !outer && let Some(sink) = self.sink.get() {
+            sink.burst_ended();
+        }
+        r
     }
 
     /// Numbers the next event `seq + 1` (a journal recovered up to `seq`).
@@ -521,6 +555,48 @@ mod tests {
         assert_eq!(bus.dropped(None), 32, "the root reader lost as many");
         drop(reader);
         assert_eq!(bus.dropped(None), 32);
+    }
+
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<String>>);
+
+    impl Sink for Recorder {
+        fn append(&self, ev: &Event, in_burst: bool) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("{} {in_burst}", ev.seq));
+        }
+        fn burst_ended(&self) {
+            self.0.lock().unwrap().push("end".into());
+        }
+    }
+
+    #[test]
+    fn the_sink_gets_every_event_and_hears_of_a_burst_once_at_its_end() {
+        let bus = EventBus::new(4);
+        let sink = Arc::new(Recorder::default());
+        assert!(bus.attach(sink.clone()).is_ok());
+        assert!(bus.attach(sink.clone()).is_err(), "one sink per bus");
+        // No subscriber: published all the same, for the sink.
+        bus.publish(exit(1));
+        bus.burst(|| {
+            bus.publish(exit(2));
+            bus.burst(|| bus.publish(exit(3)));
+            bus.publish(exit(4));
+        });
+        bus.publish(exit(5));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            bus.burst(|| panic!("a burst that fails"))
+        }));
+        assert!(r.is_err());
+        bus.publish(exit(6));
+        assert_eq!(
+            *sink.0.lock().unwrap(),
+            [
+                "1 false", "2 true", "3 true", "4 true", "end", "5 false", "6 false"
+            ]
+        );
     }
 
     #[test]

@@ -62,7 +62,7 @@ use std::time::Duration;
 
 use crate::events::{Event, EventBus};
 use queue::Queue;
-pub use queue::{GATHER, QUEUE_BYTES, QUEUE_EVENTS};
+pub use queue::{QUEUE_BYTES, QUEUE_EVENTS};
 pub use reader::{Item, Reader, Start};
 use segment::SegmentFile;
 use writer::Writer;

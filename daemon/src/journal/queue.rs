@@ -7,11 +7,11 @@
 //! 2. Publishing never waits for the writer: what the queue cannot take
 //!    (the writer is [`QUEUE_EVENTS`] events or [`QUEUE_BYTES`] behind, a
 //!    slow disk) is counted (`lagged`) and is a gap in the numbering.
-//! 3. The writer is woken by the first event after it went to sleep, then
-//!    lets [`GATHER`] pass before taking what is queued, and while events
-//!    keep coming takes them once per [`GATHER`]: one wake-up and one
-//!    `write(2)` per batch, not per event. An event waits in memory for at
-//!    most about that long (plus the write before it) before it is written.
+//! 3. A sleeping writer is woken by an event published alone, or at the end
+//!    of a burst (`EventBus::burst`: the perf drain's pass over its rings),
+//!    not by every event of it: one wake-up and one `write(2)` per burst,
+//!    and an event waits in memory no longer than its burst lasts (plus the
+//!    write before it).
 
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
@@ -27,9 +27,6 @@ pub const QUEUE_EVENTS: usize = crate::events::BUS_CAPACITY;
 pub const QUEUE_BYTES: usize = 32 << 20;
 /// Bytes a batch keeps allocated once written.
 const KEEP_BYTES: usize = 1 << 20;
-/// How long the writer lets events gather after the first one woke it, and
-/// the least time between two batches while events keep coming.
-pub const GATHER: Duration = Duration::from_millis(1);
 
 /// Records waiting for the writer (or, on the writer's side, being
 /// written).
@@ -87,19 +84,14 @@ impl Queue {
     }
 
     /// Swaps what is queued into `into` (which must be empty), first
-    /// waiting up to `wait` for an event if none is queued. When an event
-    /// wakes it, lets more gather for [`GATHER`].
+    /// waiting up to `wait` for an event published alone or the end of a
+    /// burst if none is queued.
     pub fn take(&self, into: &mut Batch, wait: Duration) {
         let mut s = self.state.lock().unwrap();
         if s.queued.ends.is_empty() && s.queued.lagged == 0 && !wait.is_zero() {
             s.waiting = true;
             s = self.ready.wait_timeout(s, wait).unwrap().0;
             s.waiting = false;
-            if !s.queued.ends.is_empty() {
-                drop(s);
-                std::thread::sleep(GATHER);
-                s = self.state.lock().unwrap();
-            }
         }
         std::mem::swap(&mut s.queued, into);
     }
@@ -118,7 +110,7 @@ impl Queue {
 }
 
 impl Sink for Queue {
-    fn append(&self, ev: &Event) {
+    fn append(&self, ev: &Event, in_burst: bool) {
         let mut s = self.state.lock().unwrap();
         let q = &mut s.queued;
         if q.ends.len() >= QUEUE_EVENTS || q.buf.len() >= QUEUE_BYTES {
@@ -128,7 +120,15 @@ impl Sink for Queue {
         segment::append_record(&mut q.buf, ev.seq, ev.time_ns, |b| (self.encode)(ev, b));
         let end = q.buf.len();
         q.ends.push((ev.seq, end));
-        if s.waiting {
+        if s.waiting && !in_burst {
+            s.waiting = false;
+            self.ready.notify_one();
+        }
+    }
+
+    fn burst_ended(&self) {
+        let mut s = self.state.lock().unwrap();
+        if s.waiting && !s.queued.ends.is_empty() {
             s.waiting = false;
             self.ready.notify_one();
         }
@@ -158,7 +158,7 @@ mod tests {
         }));
         let extra = 3;
         for seq in 1..=(QUEUE_EVENTS + extra) as u64 {
-            q.append(&exited(seq));
+            q.append(&exited(seq), false);
         }
         let mut got = Batch::default();
         q.take(&mut got, Duration::ZERO);
@@ -176,7 +176,7 @@ mod tests {
         assert_eq!(start, got.buf.len());
         assert!(q.is_empty());
         got.clear();
-        q.append(&exited(70_000));
+        q.append(&exited(70_000), true);
         q.take(&mut got, Duration::ZERO);
         assert_eq!((got.ends.len(), got.lagged), (1, 0));
     }

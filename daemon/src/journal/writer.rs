@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::Journal;
-use super::queue::{self, Batch};
+use super::queue::Batch;
 use super::segment::{self, SegmentFile};
 
 /// The segment being appended to.
@@ -32,9 +32,6 @@ pub(super) struct Writer {
     unsynced_events: u64,
     /// Writing fails since then (None: it works).
     failing: Option<Failing>,
-    /// When the last batch that held events was taken (None: the last
-    /// take found nothing).
-    busy_since: Option<Instant>,
 }
 
 /// A stretch of failed writes.
@@ -60,7 +57,6 @@ impl Writer {
             last_written,
             unsynced_events: 0,
             failing: None,
-            busy_since: None,
         }
     }
 
@@ -83,15 +79,8 @@ impl Writer {
                 true => Duration::ZERO,
                 false => self.next_deadline().min(Duration::from_millis(200)),
             };
-            // While events keep coming, one batch per `GATHER` at most:
-            // otherwise the writer would go round taking a few events per
-            // `write` as fast as they are published.
-            if !stopping && let Some(t) = self.busy_since {
-                std::thread::sleep(queue::GATHER.saturating_sub(t.elapsed()));
-            }
             self.j.queue.take(&mut self.batch, wait);
             let took = !self.batch.ends.is_empty() || self.batch.lagged > 0;
-            self.busy_since = took.then(Instant::now);
             if self.batch.lagged > 0 {
                 let n = self.batch.lagged;
                 self.j.stats.lagged.fetch_add(n, Ordering::Relaxed);
