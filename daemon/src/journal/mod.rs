@@ -62,7 +62,7 @@ use std::time::Duration;
 
 use crate::events::{Event, EventBus};
 use queue::Queue;
-pub use queue::{QUEUE_BYTES, QUEUE_EVENTS};
+pub use queue::{MAX_WAIT, QUEUE_BYTES, QUEUE_EVENTS, WAKE_BYTES};
 pub use reader::{Item, Reader, Start};
 use segment::SegmentFile;
 use writer::Writer;

@@ -7,14 +7,18 @@
 //! 2. Publishing never waits for the writer: what the queue cannot take
 //!    (the writer is [`QUEUE_EVENTS`] events or [`QUEUE_BYTES`] behind, a
 //!    slow disk) is counted (`lagged`) and is a gap in the numbering.
-//! 3. A sleeping writer is woken by an event published alone, or at the end
-//!    of a burst (`EventBus::burst`: the perf drain's pass over its rings),
-//!    not by every event of it: one wake-up and one `write(2)` per burst,
-//!    and an event waits in memory no longer than its burst lasts (plus the
-//!    write before it).
+//! 3. A sleeping writer is woken by an event published alone; the events
+//!    of bursts (`EventBus::burst`: the perf drain's passes over its rings,
+//!    every millisecond while hits flow) are let gather until
+//!    [`WAKE_BYTES`] are queued, the oldest has waited [`MAX_WAIT`], or a
+//!    burst adds nothing (the hits stopped): a few wake-ups and `write(2)`s
+//!    a second at full hit rate, not one per event or per pass. An event
+//!    waits in memory about [`MAX_WAIT`] at most (plus a pass and the write
+//!    before it), which is what a crash of the daemon itself can take;
+//!    `fdatasync` still follows within `fsync_interval`.
 
 use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::Encoder;
 use super::segment;
@@ -25,6 +29,10 @@ use crate::events::{Event, Sink};
 pub const QUEUE_EVENTS: usize = crate::events::BUS_CAPACITY;
 /// Bytes of records queued for the writer at most.
 pub const QUEUE_BYTES: usize = 32 << 20;
+/// Bytes of bursts' records queued that wake the writer.
+pub const WAKE_BYTES: usize = 256 << 10;
+/// Longest time a burst's record waits for the writer while hits flow.
+pub const MAX_WAIT: Duration = Duration::from_millis(5);
 /// Bytes a batch keeps allocated once written.
 const KEEP_BYTES: usize = 1 << 20;
 
@@ -58,6 +66,10 @@ struct State {
     queued: Batch,
     /// The writer sleeps until the next event.
     waiting: bool,
+    /// When the oldest record queued was (None: none is).
+    first_at: Option<Instant>,
+    /// The current burst queued a record.
+    burst_added: bool,
 }
 
 /// The queue between the publishers and the writer.
@@ -78,6 +90,8 @@ impl Queue {
                     lagged: 0,
                 },
                 waiting: false,
+                first_at: None,
+                burst_added: false,
             }),
             ready: Condvar::new(),
         }
@@ -93,6 +107,7 @@ impl Queue {
             s = self.ready.wait_timeout(s, wait).unwrap().0;
             s.waiting = false;
         }
+        s.first_at = None;
         std::mem::swap(&mut s.queued, into);
     }
 
@@ -109,6 +124,17 @@ impl Queue {
     }
 }
 
+impl State {
+    /// Whether the writer is to take what is queued at the end of a burst
+    /// (that `added` records or not).
+    fn due(&self, added: bool) -> bool {
+        !self.queued.ends.is_empty()
+            && (!added
+                || self.queued.buf.len() >= WAKE_BYTES
+                || self.first_at.is_some_and(|t| t.elapsed() >= MAX_WAIT))
+    }
+}
+
 impl Sink for Queue {
     fn append(&self, ev: &Event, in_burst: bool) {
         let mut s = self.state.lock().unwrap();
@@ -119,7 +145,12 @@ impl Sink for Queue {
         }
         segment::append_record(&mut q.buf, ev.seq, ev.time_ns, |b| (self.encode)(ev, b));
         let end = q.buf.len();
+        let first = q.ends.is_empty();
         q.ends.push((ev.seq, end));
+        if first {
+            s.first_at = Some(Instant::now());
+        }
+        s.burst_added |= in_burst;
         if s.waiting && !in_burst {
             s.waiting = false;
             self.ready.notify_one();
@@ -128,7 +159,8 @@ impl Sink for Queue {
 
     fn burst_ended(&self) {
         let mut s = self.state.lock().unwrap();
-        if s.waiting && !s.queued.ends.is_empty() {
+        let added = std::mem::take(&mut s.burst_added);
+        if s.waiting && s.due(added) {
             s.waiting = false;
             self.ready.notify_one();
         }
@@ -149,6 +181,27 @@ mod tests {
             owner: None,
             kind: EventKind::ThreadExited { pid: 1, tid: 2 },
         }
+    }
+
+    #[test]
+    fn a_burst_wakes_the_writer_once_enough_is_queued_or_old_or_hits_stopped() {
+        let mut s = State {
+            queued: Batch::default(),
+            waiting: true,
+            first_at: None,
+            burst_added: false,
+        };
+        assert!(!s.due(false), "nothing queued");
+        s.queued.ends.push((1, 100));
+        s.queued.buf.resize(100, 0);
+        s.first_at = Some(Instant::now());
+        assert!(!s.due(true), "a young, small batch gathers more");
+        assert!(s.due(false), "a burst that added nothing: the hits stopped");
+        s.queued.buf.resize(WAKE_BYTES, 0);
+        assert!(s.due(true), "enough bytes");
+        s.queued.buf.truncate(100);
+        s.first_at = Instant::now().checked_sub(MAX_WAIT);
+        assert!(s.due(true), "old enough");
     }
 
     #[test]
