@@ -8,7 +8,7 @@
 //! (`Place::wire`). Other events go through prost.
 
 use prost::Message;
-use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
+use prost::encoding::{WireType, encoded_len_varint};
 
 use super::convert;
 use crate::events::{Event, EventKind, HitEvent, Owner};
@@ -24,12 +24,14 @@ pub fn encode_event(e: &Event, buf: &mut Vec<u8>) {
             .expect("a Vec grows as needed");
         return;
     };
+    buf.reserve(512);
     uint(buf, 1, e.seq);
     uint(buf, 2, e.time_ns);
     if let Some(o) = &e.owner {
         nested(buf, 3, |b| owner(b, o));
     }
-    nested(buf, 10, |b| hit(b, h));
+    // A hit's fields take 128 to 16,383 bytes: two bytes of length.
+    nested_sized(buf, 10, 2, |b| hit(b, h));
 }
 
 /// The fields of a `ProcessOwner`.
@@ -140,11 +142,27 @@ fn place(p: &Place) -> Vec<u8> {
     b
 }
 
+/// A base-128 varint, least significant group first.
+#[inline]
+fn varint(buf: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        buf.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    buf.push(v as u8);
+}
+
+/// A field's key: its number and wire type.
+#[inline]
+fn key(buf: &mut Vec<u8>, tag: u32, wire: WireType) {
+    varint(buf, u64::from(tag << 3 | wire as u32));
+}
+
 /// A varint field (uint64, uint32), left out when 0 as proto3 does.
 fn uint(buf: &mut Vec<u8>, tag: u32, v: u64) {
     if v != 0 {
-        encode_key(tag, WireType::Varint, buf);
-        encode_varint(v, buf);
+        key(buf, tag, WireType::Varint);
+        varint(buf, v);
     }
 }
 
@@ -160,8 +178,8 @@ fn boolean(buf: &mut Vec<u8>, tag: u32, v: bool) {
 /// A bytes or string field, left out when empty.
 fn bytes(buf: &mut Vec<u8>, tag: u32, v: &[u8]) {
     if !v.is_empty() {
-        encode_key(tag, WireType::LengthDelimited, buf);
-        encode_varint(v.len() as u64, buf);
+        key(buf, tag, WireType::LengthDelimited);
+        varint(buf, v.len() as u64);
         buf.extend_from_slice(v);
     }
 }
@@ -171,24 +189,32 @@ fn packed(buf: &mut Vec<u8>, tag: u32, v: &[u32]) {
     if !v.is_empty() {
         nested(buf, tag, |b| {
             for &x in v {
-                encode_varint(u64::from(x), b);
+                varint(b, u64::from(x));
             }
         });
     }
 }
 
 /// A length-delimited field whose body `body` appends: its length is
-/// written in front once known (one byte is set aside; a longer body
-/// moves along by the bytes its length needs beyond it).
+/// written in front once known.
 fn nested(buf: &mut Vec<u8>, tag: u32, body: impl FnOnce(&mut Vec<u8>)) {
-    encode_key(tag, WireType::LengthDelimited, buf);
+    nested_sized(buf, tag, 1, body);
+}
+
+/// [`nested`], with `guess` bytes set aside for the length: a body whose
+/// length needs another number of bytes is moved by the difference.
+fn nested_sized(buf: &mut Vec<u8>, tag: u32, guess: usize, body: impl FnOnce(&mut Vec<u8>)) {
+    key(buf, tag, WireType::LengthDelimited);
     let at = buf.len();
-    buf.push(0);
+    buf.resize(at + guess, 0);
     body(buf);
-    let len = buf.len() - at - 1;
+    let len = buf.len() - at - guess;
     let n = encoded_len_varint(len as u64);
-    if n > 1 {
-        buf.splice(at + 1..at + 1, std::iter::repeat_n(0, n - 1));
+    if n > guess {
+        buf.splice(at + guess..at + guess, std::iter::repeat_n(0, n - guess));
+    } else if n < guess {
+        buf.copy_within(at + guess.., at + n);
+        buf.truncate(at + n + len);
     }
     let mut v = len as u64;
     for b in &mut buf[at..at + n] {
@@ -361,6 +387,16 @@ mod tests {
             unknown.image = Some(image);
             check(&event(unknown, None));
         }
+    }
+
+    #[test]
+    fn short_hits_move_back_into_a_one_byte_length() {
+        let mut h = hit();
+        h.names = None;
+        h.value = Ok(Vec::new());
+        h.time_ns = 0;
+        h.value_read_ns = 0;
+        check(&event(h, None));
     }
 
     #[test]
