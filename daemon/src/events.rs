@@ -1,6 +1,10 @@
 //! Event fan-out: one bounded broadcast ring; every subscriber reads at its
 //! own pace and a subscriber that falls behind loses the oldest events,
 //! counted (tokio's `Lagged(n)`), and is told. Publishing never blocks.
+//!
+//! The journal is not a subscriber: it is a [`Sink`] the bus hands every
+//! event to as it numbers it (the journal encodes it there, once, into its
+//! queue), so that events with no subscriber never sit in the ring.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -288,8 +292,33 @@ impl Subscribers {
     }
 }
 
+/// Where every published event goes as it is numbered, subscribers or not
+/// (the journal). Called with the bus's order lock held, in sequence
+/// order: it must not block.
+pub trait Sink: Send + Sync {
+    /// Takes `ev` (encodes it, or counts it lost). `in_burst`: more events
+    /// of the same burst follow, and [`Sink::burst_ended`] comes after the
+    /// last one (see [`EventBus::burst`]).
+    fn append(&self, ev: &Event, in_burst: bool);
+    /// A burst of events ended.
+    fn burst_ended(&self);
+}
+
+thread_local! {
+    /// This thread is publishing a burst ([`EventBus::burst`]).
+    static IN_BURST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Restores the thread's burst flag (also if the burst panics).
+struct BurstFlag(bool);
+
+impl Drop for BurstFlag {
+    fn drop(&mut self) {
+        IN_BURST.set(self.0);
+    }
+}
+
 /// The bus.
-#[derive(Debug)]
 pub struct EventBus {
     tx: broadcast::Sender<Arc<Event>>,
     closed: tokio::sync::watch::Sender<bool>,
@@ -299,6 +328,17 @@ pub struct EventBus {
     /// and the tracer shards: short, rarely contended.
     order: Mutex<u64>,
     subs: Arc<Subscribers>,
+    /// The journal, once attached.
+    sink: std::sync::OnceLock<Arc<dyn Sink>>,
+}
+
+impl std::fmt::Debug for EventBus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventBus")
+            .field("head", &self.subs.head.load(Ordering::Relaxed))
+            .field("sink", &self.sink.get().is_some())
+            .finish()
+    }
 }
 
 impl Default for EventBus {
@@ -318,6 +358,7 @@ impl EventBus {
                 capacity: capacity.next_power_of_two() as u64,
                 ..Subscribers::default()
             }),
+            sink: std::sync::OnceLock::new(),
         }
     }
 
@@ -328,9 +369,9 @@ impl EventBus {
     }
 
     /// Publishes `kind` about the process `owner` (never blocks; a no-op
-    /// without subscribers).
+    /// without subscribers and journal).
     pub fn publish_as(&self, kind: EventKind, owner: Option<Arc<Owner>>) {
-        if self.tx.receiver_count() == 0 {
+        if self.tx.receiver_count() == 0 && self.sink.get().is_none() {
             return;
         }
         self.publish_kept(kind, owner);
@@ -347,10 +388,29 @@ impl EventBus {
             owner,
             kind,
         };
+        if let Some(sink) = self.sink.get() {
+            sink.append(&ev, IN_BURST.get());
+        }
         let ev = Arc::new(ev);
         let _ = self.tx.send(ev.clone());
         self.subs.head.store(*seq, Ordering::Relaxed);
         ev
+    }
+
+    /// Runs `f`, whose events from this thread are one burst: the sink
+    /// (the journal's writer) is woken once, at its end, instead of at its
+    /// first event (the perf drain publishes the hits of one pass over its
+    /// rings as one burst).
+    pub fn burst<R>(&self, f: impl FnOnce() -> R) -> R {
+        let outer = IN_BURST.replace(true);
+        let r = {
+            let _restore = BurstFlag(outer);
+            f()
+        };
+        if !outer && let Some(sink) = self.sink.get() {
+            sink.burst_ended();
+        }
+        r
     }
 
     /// Numbers the next event `seq + 1` (a journal recovered up to `seq`).
@@ -366,12 +426,12 @@ impl EventBus {
         *self.order.lock().unwrap()
     }
 
-    /// A receiver of every event from the next one on, outside the
-    /// subscribers' accounting (the journal's writer: it keeps events
-    /// published even with no subscriber, and its losses are its own).
-    pub fn journal_receiver(&self) -> broadcast::Receiver<Arc<Event>> {
+    /// Hands every event from the next one on to `sink` (the journal),
+    /// outside the subscribers' accounting. One sink per bus: a second
+    /// is refused (returned).
+    pub fn attach(&self, sink: Arc<dyn Sink>) -> Result<(), Arc<dyn Sink>> {
         let _seq = self.order.lock().unwrap();
-        self.tx.subscribe()
+        self.sink.set(sink)
     }
 
     /// A new subscriber of `uid`, starting with the next event.
@@ -495,6 +555,48 @@ mod tests {
         assert_eq!(bus.dropped(None), 32, "the root reader lost as many");
         drop(reader);
         assert_eq!(bus.dropped(None), 32);
+    }
+
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<String>>);
+
+    impl Sink for Recorder {
+        fn append(&self, ev: &Event, in_burst: bool) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("{} {in_burst}", ev.seq));
+        }
+        fn burst_ended(&self) {
+            self.0.lock().unwrap().push("end".into());
+        }
+    }
+
+    #[test]
+    fn the_sink_gets_every_event_and_hears_of_a_burst_once_at_its_end() {
+        let bus = EventBus::new(4);
+        let sink = Arc::new(Recorder::default());
+        assert!(bus.attach(sink.clone()).is_ok());
+        assert!(bus.attach(sink.clone()).is_err(), "one sink per bus");
+        // No subscriber: published all the same, for the sink.
+        bus.publish(exit(1));
+        bus.burst(|| {
+            bus.publish(exit(2));
+            bus.burst(|| bus.publish(exit(3)));
+            bus.publish(exit(4));
+        });
+        bus.publish(exit(5));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            bus.burst(|| panic!("a burst that fails"))
+        }));
+        assert!(r.is_err());
+        bus.publish(exit(6));
+        assert_eq!(
+            *sink.0.lock().unwrap(),
+            [
+                "1 false", "2 true", "3 true", "4 true", "end", "5 false", "6 false"
+            ]
+        );
     }
 
     #[test]

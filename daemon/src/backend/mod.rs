@@ -275,6 +275,11 @@ pub trait Host: Send + Sync {
     fn ledger(&self) -> &Ledger;
     /// Publishes an event to subscribers.
     fn publish(&self, ev: EventKind);
+    /// Runs `f`, whose events are published as one burst (the journal's
+    /// writer is woken at its end, not at its first event).
+    fn burst(&self, f: &mut dyn FnMut()) {
+        f()
+    }
     /// A watchpoint, if it still exists.
     fn watch(&self, id: WatchId) -> Option<Arc<Watch>>;
     /// An attached process.

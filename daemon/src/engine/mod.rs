@@ -388,6 +388,10 @@ impl Host for Core {
         self.bus.publish_as(ev, owner);
     }
 
+    fn burst(&self, f: &mut dyn FnMut()) {
+        self.bus.burst(f)
+    }
+
     fn renamed(&self, pid: Pid, tid: crate::model::Tid, name: &str) {
         if self.names.contains_key(&tid) {
             self.names.insert(tid, (pid, Arc::from(name)));

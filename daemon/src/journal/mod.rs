@@ -3,11 +3,14 @@
 //! under `DIR/journal/`, and read back for replays (`StreamEvents` with
 //! `after_seq` or `since_time_ns`) and for export.
 //!
-//! 1. The writer is a subscriber of the bus like any other: publishing
-//!    never waits for the disk. Events it falls too far behind to receive
-//!    are counted (`lagged`) and show as a gap in the sequence numbers,
-//!    which readers report.
-//! 2. Each batch of events is one `write(2)`; `fdatasync` runs at most
+//! 1. The bus hands every event to the journal's queue as it numbers it,
+//!    subscribers or not (`queue.rs`): the publishing thread encodes it
+//!    there, once, into a whole record, and never waits for the disk.
+//!    Events the queue cannot take while the writer is behind are counted
+//!    (`lagged`) and show as a gap in the sequence numbers, which readers
+//!    report.
+//! 2. Each batch of records is one `write(2)` of the bytes as they were
+//!    encoded; `fdatasync` runs at most
 //!    `fsync_interval` after the first write not yet synced, busy or not
 //!    (group commit). Written data survives a crash of the daemon (the page
 //!    cache holds it, kernel-facts §9); the interval bounds what a crash of
@@ -42,8 +45,10 @@
 //!    `write_lost`, `unsynced`).
 //!
 //! The payload of a record is opaque here: the RPC layer encodes events
-//! (`Encoder`) and decodes them when replaying.
+//! (`Encoder`) and decodes them when replaying; the export sends the
+//! payload as it was written.
 
+mod queue;
 mod reader;
 mod recovery;
 pub mod segment;
@@ -56,11 +61,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::events::{Event, EventBus};
+use queue::Queue;
+pub use queue::{MAX_WAIT, QUEUE_BYTES, QUEUE_EVENTS, WAKE_BYTES};
 pub use reader::{Item, Reader, Start};
 use segment::SegmentFile;
 use writer::Writer;
 
-/// Encodes one event's payload into the buffer.
+/// Appends one event's payload to the buffer (on the publishing thread,
+/// with the bus's order lock held: it must not block).
 pub type Encoder = Arc<dyn Fn(&Event, &mut Vec<u8>) + Send + Sync>;
 
 /// Journal settings.
@@ -137,7 +145,7 @@ pub struct Stats {
     pub bytes: AtomicU64,
     /// Segment files.
     pub segments: AtomicU64,
-    /// Events the writer never received (it fell behind the bus's ring).
+    /// Events the queue could not take (the writer fell behind).
     pub lagged: AtomicU64,
     /// Events deleted by retention.
     pub retired: AtomicU64,
@@ -216,6 +224,8 @@ pub struct Journal {
     written: Arc<Mutex<Written>>,
     /// Woken after every write (readers following the tail wait on it).
     progress: tokio::sync::watch::Sender<u64>,
+    /// Events encoded and waiting for the writer.
+    queue: Arc<Queue>,
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -235,7 +245,7 @@ impl Journal {
     pub fn start(cfg: Config, bus: &EventBus, encode: Encoder) -> io::Result<Arc<Journal>> {
         let rec = recovery::recover(&cfg.dir)?;
         bus.continue_after(rec.last_seq);
-        let rx = bus.journal_receiver();
+        let queue = Arc::new(Queue::new(encode));
         let stats = Arc::new(Stats::default());
         stats.written_seq.store(rec.last_seq, Ordering::Relaxed);
         stats.durable_seq.store(rec.last_seq, Ordering::Relaxed);
@@ -261,6 +271,7 @@ impl Journal {
             cfg,
             stats,
             written,
+            queue: queue.clone(),
             stop: Arc::new(AtomicBool::new(false)),
             thread: Mutex::new(None),
         });
@@ -270,12 +281,15 @@ impl Journal {
             segments = journal.stats.segments.load(Ordering::Relaxed),
             "journal opened"
         );
-        let handle = tokio::runtime::Handle::try_current().ok();
-        let writer = Writer::new(journal.clone(), rx, encode, rec.last_seq);
+        let writer = Writer::new(journal.clone(), rec.last_seq);
         let t = std::thread::Builder::new()
             .name("wpd-journal".into())
-            .spawn(move || writer.run(handle))?;
+            .spawn(move || writer.run())?;
         *journal.thread.lock().unwrap() = Some(t);
+        if bus.attach(queue).is_err() {
+            journal.shutdown();
+            return Err(io::Error::other("the event bus already has a journal"));
+        }
         Ok(journal)
     }
 
@@ -342,6 +356,7 @@ impl Journal {
     /// Stops the writer after it has written and synced what it received.
     pub fn shutdown(&self) {
         self.stop.store(true, Ordering::Release);
+        self.queue.wake();
         if let Some(t) = self.thread.lock().unwrap().take() {
             let _ = t.join();
         }

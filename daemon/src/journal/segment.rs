@@ -67,16 +67,27 @@ pub struct Record {
 
 /// Appends the record of one event to `buf`.
 pub fn encode_record(buf: &mut Vec<u8>, seq: u64, time_ns: u64, payload: &[u8]) {
-    let len = u32::try_from(payload.len()).expect("an event is far below 4 GiB");
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&seq.to_le_bytes());
-    crc.update(&time_ns.to_le_bytes());
-    crc.update(payload);
-    buf.extend_from_slice(&len.to_le_bytes());
-    buf.extend_from_slice(&crc.finalize().to_le_bytes());
+    append_record(buf, seq, time_ns, |b| b.extend_from_slice(payload));
+}
+
+/// Appends the record of one event to `buf`, its payload written in place
+/// by `payload` (which only appends): no copy of the payload is made.
+pub fn append_record(
+    buf: &mut Vec<u8>,
+    seq: u64,
+    time_ns: u64,
+    payload: impl FnOnce(&mut Vec<u8>),
+) {
+    let start = buf.len();
+    buf.extend_from_slice(&[0; 8]);
     buf.extend_from_slice(&seq.to_le_bytes());
     buf.extend_from_slice(&time_ns.to_le_bytes());
-    buf.extend_from_slice(payload);
+    payload(buf);
+    let len = buf.len() - start - RECORD_HEADER_LEN;
+    let len = u32::try_from(len).expect("an event is far below 4 GiB");
+    let crc = crc32fast::hash(&buf[start + 8..]);
+    buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// The header of a segment whose first record is `first_seq`.

@@ -7,11 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use tokio::sync::broadcast;
-
+use super::Journal;
+use super::queue::Batch;
 use super::segment::{self, SegmentFile};
-use super::{Encoder, Journal};
-use crate::events::Event;
 
 /// The segment being appended to.
 struct Active {
@@ -24,12 +22,10 @@ struct Active {
 /// The writer thread's state.
 pub(super) struct Writer {
     j: Arc<Journal>,
-    rx: broadcast::Receiver<Arc<Event>>,
-    encode: Encoder,
     active: Option<Active>,
     unsynced_since: Option<Instant>,
-    buf: Vec<u8>,
-    payload: Vec<u8>,
+    /// The records taken from the queue, being written.
+    batch: Batch,
     /// Sequence number of the last event written.
     last_written: u64,
     /// Events written since the last `fdatasync`.
@@ -47,33 +43,24 @@ struct Failing {
     logged: Instant,
 }
 
-/// Events or bytes in one write at most.
-const BATCH_EVENTS: usize = 4096;
-const BATCH_BYTES: usize = 1 << 20;
-
 impl Writer {
-    pub(super) fn new(
-        j: Arc<Journal>,
-        rx: broadcast::Receiver<Arc<Event>>,
-        encode: Encoder,
-        last_written: u64,
-    ) -> Writer {
+    pub(super) fn new(j: Arc<Journal>, last_written: u64) -> Writer {
         Writer {
             j,
-            rx,
-            encode,
             active: None,
             unsynced_since: None,
-            buf: Vec::with_capacity(1 << 20),
-            payload: Vec::with_capacity(1024),
+            batch: Batch {
+                buf: Vec::with_capacity(1 << 20),
+                ends: Vec::with_capacity(4096),
+                lagged: 0,
+            },
             last_written,
             unsynced_events: 0,
             failing: None,
         }
     }
 
-    pub(super) fn run(mut self, handle: Option<tokio::runtime::Handle>) {
-        let mut batch: Vec<Arc<Event>> = Vec::with_capacity(BATCH_EVENTS);
+    pub(super) fn run(mut self) {
         // The segment is open from the start (named by the next number: its
         // first record can only be later), so the daemon's files do not
         // change with its first event.
@@ -88,68 +75,23 @@ impl Writer {
             let stopping = self.j.stop.load(Ordering::Acquire);
             // Wait for an event, no longer than the next sync or rotation
             // is due (or a short poll of the stop flag).
-            let wait = self.next_deadline().min(Duration::from_millis(200));
-            let first = if stopping {
-                self.try_recv()
-            } else {
-                match &handle {
-                    Some(h) => {
-                        h.block_on(async { tokio::time::timeout(wait, self.rx.recv()).await.ok() })
-                    }
-                    None => {
-                        let r = self.try_recv();
-                        if r.is_none() {
-                            std::thread::sleep(wait.min(Duration::from_millis(2)));
-                        }
-                        r
-                    }
-                }
+            let wait = match stopping {
+                true => Duration::ZERO,
+                false => self.next_deadline().min(Duration::from_millis(200)),
             };
-            match first {
-                Some(Ok(ev)) => batch.push(ev),
-                Some(Err(broadcast::error::RecvError::Lagged(n))) => {
-                    self.j.stats.lagged.fetch_add(n, Ordering::Relaxed);
-                    tracing::warn!(events = n, "journal: the writer fell behind; events lost");
-                }
-                Some(Err(broadcast::error::RecvError::Closed)) => {
-                    self.finish(&mut batch);
-                    return;
-                }
-                None => {}
+            self.j.queue.take(&mut self.batch, wait);
+            let took = !self.batch.ends.is_empty() || self.batch.lagged > 0;
+            if self.batch.lagged > 0 {
+                let n = self.batch.lagged;
+                self.j.stats.lagged.fetch_add(n, Ordering::Relaxed);
+                tracing::warn!(events = n, "journal: the writer fell behind; events lost");
             }
-            while batch.len() < BATCH_EVENTS && self.buf.len() < BATCH_BYTES {
-                match self.try_recv() {
-                    Some(Ok(ev)) => batch.push(ev),
-                    Some(Err(broadcast::error::RecvError::Lagged(n))) => {
-                        self.j.stats.lagged.fetch_add(n, Ordering::Relaxed);
-                    }
-                    _ => break,
-                }
-            }
-            self.write(&mut batch);
+            self.write();
             self.housekeeping();
-            // Not paced (as subscribers' streams are): tried, a 1 ms pause
-            // between batches saved the publishers their futex wake-ups but
-            // cost the writer 1.4x per event (633-666 -> 900-933 ns at
-            // 100,000 events/s, `cargo bench --bench journal`): the events
-            // it reads a millisecond later are no longer in cache.
-            if stopping && batch.is_empty() && self.rx.is_empty() {
-                self.finish(&mut batch);
+            if stopping && !took && self.j.queue.is_empty() {
+                self.finish();
                 return;
             }
-        }
-    }
-
-    fn try_recv(&mut self) -> Option<Result<Arc<Event>, broadcast::error::RecvError>> {
-        match self.rx.try_recv() {
-            Ok(ev) => Some(Ok(ev)),
-            Err(broadcast::error::TryRecvError::Lagged(n)) => {
-                Some(Err(broadcast::error::RecvError::Lagged(n)))
-            }
-            Err(broadcast::error::TryRecvError::Closed) => {
-                Some(Err(broadcast::error::RecvError::Closed))
-            }
-            Err(broadcast::error::TryRecvError::Empty) => None,
         }
     }
 
@@ -167,8 +109,8 @@ impl Writer {
         d.max(Duration::from_millis(1))
     }
 
-    fn finish(&mut self, batch: &mut Vec<Arc<Event>>) {
-        self.write(batch);
+    fn finish(&mut self) {
+        self.write();
         self.sync();
         let mut w = self.j.written.lock().unwrap();
         w.stopped = true;
@@ -176,68 +118,67 @@ impl Writer {
         self.j.progress.send_replace(self.last_written);
     }
 
-    /// Encodes and writes `batch` (one `write` per segment it lands in).
-    /// Never fails: what cannot be written is counted (`write_lost`) and
-    /// logged, and the next batch tries again.
-    fn write(&mut self, batch: &mut Vec<Arc<Event>>) {
+    /// Writes the batch taken from the queue (one `write` per segment it
+    /// lands in), then empties it. Never fails: what cannot be written is
+    /// counted (`write_lost`) and logged, and the next batch tries again.
+    fn write(&mut self) {
+        let batch = std::mem::take(&mut self.batch);
+        let ends = &batch.ends;
         let mut i = 0;
-        while i < batch.len() {
+        let mut off = 0;
+        while i < ends.len() {
             if self.active.is_none()
-                && let Err(e) = self.create_segment(batch[i].seq)
+                && let Err(e) = self.create_segment(ends[i].0)
             {
-                self.lose(&batch[i..], "creating a segment", &e);
+                self.lose(&ends[i..], "creating a segment", &e);
                 break;
             }
             let (len, records) = {
                 let a = self.active.as_ref().expect("opened above");
                 (a.len, a.records)
             };
-            self.buf.clear();
             let start = i;
-            while i < batch.len() {
-                let ev = &batch[i];
-                self.payload.clear();
-                (self.encode)(ev, &mut self.payload);
-                let before = self.buf.len();
-                segment::encode_record(&mut self.buf, ev.seq, ev.time_ns, &self.payload);
+            while i < ends.len() {
                 // Rotation by size: a full segment is written out and
                 // closed before this record, which starts the next one.
                 if records + (i - start) as u64 > 0
-                    && len + self.buf.len() as u64 > self.j.cfg.segment_bytes
+                    && len + (ends[i].1 - off) as u64 > self.j.cfg.segment_bytes
                 {
-                    self.buf.truncate(before);
                     break;
                 }
                 i += 1;
             }
-            if i > start
-                && let Err(e) = self.append(&batch[start..i])
-            {
-                self.lose(&batch[start..], "writing", &e);
-                break;
+            if i > start {
+                let end = ends[i - 1].1;
+                if let Err(e) = self.append(&batch.buf[off..end], &ends[start..i]) {
+                    self.lose(&ends[start..], "writing", &e);
+                    break;
+                }
+                off = end;
             }
-            if i < batch.len() {
-                self.rotate(batch[i].seq);
+            if i < ends.len() {
+                self.rotate(ends[i].0);
             }
         }
-        self.buf.clear();
-        batch.clear();
+        self.batch = batch;
+        self.batch.clear();
     }
 
-    /// Writes `buf` (the records of `events`) to the active segment and
-    /// tells readers. On an error the segment is cut back to its last whole
-    /// record (or, if that fails too, closed: the next write starts a new
-    /// segment), so that nothing after a failed write is ever unreadable.
-    fn append(&mut self, events: &[Arc<Event>]) -> io::Result<()> {
+    /// Writes `buf` (the records of `events`: sequence number, end) to the
+    /// active segment and tells readers. On an error the segment is cut
+    /// back to its last whole record (or, if that fails too, closed: the
+    /// next write starts a new segment), so that nothing after a failed
+    /// write is ever unreadable.
+    fn append(&mut self, buf: &[u8], events: &[(u64, usize)]) -> io::Result<()> {
         let a = self.active.as_mut().expect("open");
         let fault = self.j.cfg.faults.take_write();
         let r = match fault {
             // As a full disk does: part of the bytes written, then ENOSPC.
             true => a
                 .file
-                .write_all(&self.buf[..self.buf.len() / 2])
+                .write_all(&buf[..buf.len() / 2])
                 .and(Err(io::Error::from_raw_os_error(libc::ENOSPC))),
-            false => a.file.write_all(&self.buf),
+            false => a.file.write_all(buf),
         };
         if let Err(e) = r {
             if let Err(cut) = a.file.set_len(a.len) {
@@ -253,15 +194,15 @@ impl Writer {
             }
             return Err(e);
         }
-        let last = events.last().map_or(self.last_written, |e| e.seq);
-        a.len += self.buf.len() as u64;
+        let last = events.last().map_or(self.last_written, |e| e.0);
+        a.len += buf.len() as u64;
         a.records += events.len() as u64;
         self.unsynced_events += events.len() as u64;
         self.last_written = last;
         let s = &self.j.stats;
-        s.bytes.fetch_add(self.buf.len() as u64, Ordering::Relaxed);
+        s.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         s.written_bytes
-            .fetch_add(self.buf.len() as u64, Ordering::Relaxed);
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         s.written_seq.store(last, Ordering::Relaxed);
         {
             let mut w = self.j.written.lock().unwrap();
@@ -286,7 +227,7 @@ impl Writer {
     /// Counts `events` as lost to a failed `what`, logs it (the first
     /// failure, then every few seconds while it lasts), and lets readers
     /// waiting for them go on: they will never be written.
-    fn lose(&mut self, events: &[Arc<Event>], what: &str, e: &io::Error) {
+    fn lose(&mut self, events: &[(u64, usize)], what: &str, e: &io::Error) {
         let n = events.len() as u64;
         let s = &self.j.stats;
         s.write_lost.fetch_add(n, Ordering::Relaxed);
@@ -321,7 +262,7 @@ impl Writer {
                 }
             }
         }
-        if let Some(last) = events.last().map(|e| e.seq) {
+        if let Some(last) = events.last().map(|e| e.0) {
             let mut w = self.j.written.lock().unwrap();
             w.seq = w.seq.max(last);
             drop(w);

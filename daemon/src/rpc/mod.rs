@@ -20,6 +20,7 @@ mod restore;
 pub mod serve;
 mod stats;
 pub mod status;
+pub mod wire;
 
 use std::pin::Pin;
 use std::sync::Arc;

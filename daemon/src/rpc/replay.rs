@@ -27,7 +27,7 @@ use wpd_proto::v1::stream_events_response::Event as E;
 use super::feed::EventFeed;
 use crate::authz::{self, Caller};
 use crate::engine::Core;
-use crate::events::{Event, EventKind, Subscription};
+use crate::events::Subscription;
 use crate::journal::{Encoder, Item, Journal, Start};
 use crate::model::Pid;
 
@@ -36,22 +36,10 @@ const BATCH: usize = 512;
 
 /// The journal's encoder: an event as `StreamEvents` sends it, with its
 /// location when the symbolizer already knows the hit's address (one cache
-/// probe; the journal never waits for symbols).
+/// probe; the journal never waits for symbols). Hits are encoded without a
+/// message built first (`wire.rs`).
 pub fn encoder() -> Encoder {
-    Arc::new(|e: &Event, buf: &mut Vec<u8>| {
-        let mut item = super::convert::event_to_pb(e);
-        if let EventKind::Hit(h) = &e.kind
-            && let Some(image) = &h.image
-        {
-            let mut ips = Vec::with_capacity(1 + h.callchain.len());
-            ips.push(h.ip);
-            ips.extend_from_slice(&h.callchain);
-            if let Some(frames) = crate::symbols::locate::cached_frames(image, &ips) {
-                super::convert::locate_hit(&mut item, &frames);
-            }
-        }
-        item.encode(buf).expect("a Vec grows as needed");
-    })
+    Arc::new(super::wire::encode_event)
 }
 
 /// Which replayed events a subscriber gets: the live feed's rules, on wire

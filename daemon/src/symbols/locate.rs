@@ -57,7 +57,30 @@ pub struct Place {
     pub module_address: u64,
     /// The file offset of the address, when the file holds it.
     pub file_offset: Option<u64>,
+    /// What the RPC layer sends of the place, encoded once by it on first
+    /// use (opaque here).
+    pub wire: Memo,
 }
+
+/// Bytes derived from a value once and kept with it; not part of what the
+/// value is (two values compare equal whatever their memos hold).
+#[derive(Debug, Clone, Default)]
+pub struct Memo(OnceLock<Box<[u8]>>);
+
+impl Memo {
+    /// The bytes, made by `make` the first time.
+    pub fn get_or_init(&self, make: impl FnOnce() -> Vec<u8>) -> &[u8] {
+        self.0.get_or_init(|| make().into_boxed_slice())
+    }
+}
+
+impl PartialEq for Memo {
+    fn eq(&self, _: &Memo) -> bool {
+        true
+    }
+}
+
+impl Eq for Memo {}
 
 /// A frame of a hit: the raw address, the address looked up, and what is
 /// there.
@@ -111,6 +134,12 @@ impl Image {
     /// more is read.
     pub fn retire(&self) {
         self.retired.store(true, Ordering::Release);
+    }
+
+    /// Caches `place` for `lookup`, as the symbolizer would.
+    #[cfg(test)]
+    pub fn insert_for_tests(&self, lookup: u64, place: Arc<Place>) {
+        self.frames.insert(lookup, place);
     }
 
     /// The frame cached for `lookup`.

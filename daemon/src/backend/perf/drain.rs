@@ -79,9 +79,13 @@ impl PerfEngine {
                 return;
             };
             let mut values = ValueCache::default();
-            let read = self
-                .perf
-                .drain(&mut |r| self.on_record(&*host, r, &mut values));
+            // One burst: the journal's writer is woken once per pass.
+            let mut read = Default::default();
+            host.burst(&mut || {
+                read = self
+                    .perf
+                    .drain(&mut |r| self.on_record(&*host, r, &mut values));
+            });
             // On the per-thread path the collectors carry task records only
             // (every fork and exit of the machine on a farm host, a fork
             // server's thousands a second among them): they do not make

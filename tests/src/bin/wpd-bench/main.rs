@@ -38,6 +38,7 @@
 //!   watched thread, a fork server's children.
 //! - `fleet`: recovery after a SIGKILL with N armed threads, the journal's
 //!   cost at full hit rate.
+//! - `journal`: the journal's cost at full hit rate alone (as in `fleet`).
 //! - `export`: export of a backlog to NATS JetStream against the rate it
 //!   was produced at, and the daemon's CPU per exported event.
 //! - `fuzzers`: AFL++ (fork server) and libFuzzer (fork mode) on a parser,
@@ -75,9 +76,9 @@ const USAGE: &str = "usage: wpd-bench [--threads N[,N...]] [--spin-threads N[,N.
      [--writes W] [--no-peers] \
      [--only S,..|--skip S,..] [--churn-threads K[,K...]] [--window-ms MS] [--rpc-pairs P] \
      [--list-calls L] [--peer-timeout-s S] [--smoke]\n\
-     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm fleet export fuzzers drain objects";
+     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm fleet journal export fuzzers drain objects";
 
-const SECTIONS: [&str; 16] = [
+const SECTIONS: [&str; 17] = [
     "arm",
     "spin",
     "hitcost",
@@ -90,6 +91,7 @@ const SECTIONS: [&str; 16] = [
     "dap",
     "farm",
     "fleet",
+    "journal",
     "export",
     "fuzzers",
     "drain",
@@ -430,6 +432,10 @@ async fn run(args: Args) -> Result<()> {
     }
     if args.has("fleet") {
         section_fleet(&args).await?;
+    }
+    // Part of `fleet` too: run once.
+    if args.has("journal") && !args.has("fleet") {
+        section_journal(&args).await?;
     }
     if args.has("export") {
         section_export(&args).await?;

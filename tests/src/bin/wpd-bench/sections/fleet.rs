@@ -30,6 +30,14 @@ pub(crate) async fn section_export(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// The journal's cost at full hit rate alone (`--only journal`).
+pub(crate) async fn section_journal(args: &Args) -> Result<()> {
+    let t0 = Instant::now();
+    journal_cost(args).await?;
+    section_done(t0);
+    Ok(())
+}
+
 fn counter(pid: i32) -> WatchpointSpec {
     WatchpointSpec {
         pid,
@@ -152,9 +160,9 @@ async fn journal_cost(args: &Args) -> Result<()> {
         spin_for(args).as_millis()
     );
     println!(
-        "| daemon | hits | daemon CPU µs/hit | journaled | lost by the journal | fdatasyncs (mean ms) |"
+        "| daemon | hits | daemon CPU µs/hit | of it, µs/hit: drain / journal writer / other threads | journaled | lost by the journal | fdatasyncs (mean ms) |"
     );
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---|---:|---:|---:|");
     let mut per_hit = Vec::new();
     for round in 0..args.reps.max(1) * 2 {
         let journal = round % 2 == 0;
@@ -172,22 +180,33 @@ async fn journal_cost(args: &Args) -> Result<()> {
         .await?;
         let before = stats(&mut c).await?;
         let cpu0 = daemon.cpu_time()?;
+        let roles0 = thread_cpu_us_by_role(daemon.pid())?;
         t.cmd("spin 2").await?;
         tokio::time::sleep(spin_for(args)).await;
         t.cmd("stop").await?;
         tokio::time::sleep(Duration::from_millis(300)).await;
         let cpu = daemon.cpu_time()? - cpu0;
+        let roles = thread_cpu_us_by_role(daemon.pid())?;
         let after = stats(&mut c).await?;
         let hits = after.hits - before.hits;
         let us = cpu.as_secs_f64() * 1e6 / hits.max(1) as f64;
         per_hit.push((journal, us));
+        // Where the daemon's CPU went, per hit: the drain thread (decoding,
+        // publishing, and encoding into the journal's queue), the journal's
+        // writer, everything else (tokio workers, other threads).
+        let role = |name: &str| {
+            (roles.get(name).copied().unwrap_or(0.0) - roles0.get(name).copied().unwrap_or(0.0))
+                / hits.max(1) as f64
+        };
+        let (drain, writer) = (role("wpd-drain"), role("wpd-journal"));
         println!(
-            "| {} | {hits} | {us:.2} | {} | {} | {} ({:.2}) |",
+            "| {} | {hits} | {us:.2} | {drain:.2} / {writer:.2} / {:.2} | {} | {} | {} ({:.2}) |",
             if journal {
                 "journal (default)"
             } else {
                 "--state-dir none"
             },
+            us - drain - writer,
             after.journal_written_seq - before.journal_written_seq,
             after.journal_lagged,
             after.journal_fsyncs,

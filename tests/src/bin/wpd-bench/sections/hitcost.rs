@@ -1,4 +1,6 @@
-//! Hit cost: what a hit costs the target, wpd against the kernel floor.
+//! Hit cost: what a hit costs the target, wpd against the kernel floor (for
+//! perf: the same breakpoint opened by the bench itself with an empty BPF
+//! program attached, no daemon).
 
 use crate::*;
 use std::time::{Duration, Instant};
@@ -11,9 +13,9 @@ pub(crate) async fn section_hit_cost(args: &Args) -> Result<()> {
     let t0 = Instant::now();
     println!("## hit cost: what one hit costs the writing thread\n");
     println!(
-        "| backend | ns per write, no watchpoint | ns per write, watched | cost of one hit (µs) | hits delivered |"
+        "| backend | ns per write, no watchpoint | ns per write, watched | cost of one hit (µs) | floor: a bare breakpoint + empty BPF program (µs per hit) | wpd / floor | hits delivered |"
     );
-    println!("|---|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     for backend in [Backend::Perf, Backend::Ptrace] {
         // A ptrace hit stops the thread (tens of µs): fewer writes.
         let writes = if backend == Backend::Ptrace {
@@ -21,9 +23,16 @@ pub(crate) async fn section_hit_cost(args: &Args) -> Result<()> {
         } else {
             args.writes
         };
-        let (base, watched, delivered) = hit_cost(backend, writes, args.reps).await?;
+        let (base, watched, floor, delivered) = hit_cost(backend, writes, args.reps).await?;
+        let (floor, ratio) = match floor {
+            Some(f) => (
+                format!("{:.2}", (f - base) / 1e3),
+                format!("{:.2}", (watched - base) / (f - base)),
+            ),
+            None => ("–".into(), "–".into()),
+        };
         println!(
-            "| {} | {base:.1} | {watched:.1} | {:.2} | {delivered} of {} |",
+            "| {} | {base:.1} | {watched:.1} | {:.2} | {floor} | {ratio} | {delivered} of {} |",
             backend_name(backend),
             (watched - base) / 1e3,
             writes
@@ -34,12 +43,13 @@ pub(crate) async fn section_hit_cost(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// (ns per write without a watchpoint, with one, hits delivered).
+/// (ns per write without a watchpoint, with one, with the perf floor's
+/// breakpoint (perf only), hits delivered).
 pub(crate) async fn hit_cost(
     backend: Backend,
     writes: u64,
     reps: usize,
-) -> Result<(f64, f64, u64)> {
+) -> Result<(f64, f64, Option<f64>, u64)> {
     let mut target = TargetProc::start(&["--threads", "1", "--interval-us", "1000000"]).await?;
     let daemon = Daemon::start().await?;
     let mut client = daemon.client().await?;
@@ -59,6 +69,24 @@ pub(crate) async fn hit_cost(
                 .await?
                 .context("no reply")?,
         )?);
+    }
+    // The kernel's part of a perf hit: the same write breakpoint on the
+    // writing thread, `sample_period` 1, a BPF program that returns at once.
+    let mut floor = None;
+    if backend == Backend::Perf {
+        let prog = wpd_tests::floor_bpf_program()?;
+        let bp = wpd_tests::floor_perf_arm_bpf(target.pid, target.vars[3], &prog)?;
+        let mut f = Vec::new();
+        for _ in 0..reps {
+            f.push(bench(
+                target
+                    .cmd_within(&cmd, Duration::from_secs(300))
+                    .await?
+                    .context("no reply")?,
+            )?);
+        }
+        drop(bp);
+        floor = Some(median(f));
     }
     attach(&mut client, target.pid, backend).await?;
     set_watchpoint_within(
@@ -90,7 +118,12 @@ pub(crate) async fn hit_cost(
     let _ = stats(&mut client).await?;
     drop(daemon);
     drop(target);
-    Ok((median(base), median(watched), delivered / reps as u64))
+    Ok((
+        median(base),
+        median(watched),
+        floor,
+        delivered / reps as u64,
+    ))
 }
 
 /// Hits the daemon counted on the watchpoints of `pid`.

@@ -1,0 +1,420 @@
+//! A hit encoded straight from the domain event into the bytes of its
+//! `wpd.v1.StreamEventsResponse`, without building the message first: the
+//! journal's encoding of the events that come by the hundred thousand a
+//! second. The bytes are the ones prost makes of `convert::event_to_pb`
+//! (with `convert::locate_hit` where the frames are cached), field for
+//! field and in the same order (checked by the tests below). A place's
+//! location fields are encoded once and kept with the cached place
+//! (`Place::wire`). Other events go through prost.
+
+use prost::Message;
+use prost::encoding::{WireType, encoded_len_varint};
+
+use super::convert;
+use crate::events::{Event, EventKind, HitEvent, Owner};
+use crate::symbols::locate::{self, Frame, Place};
+
+/// Appends `e` as `StreamEventsResponse` bytes to `buf`, its hit located
+/// where the symbolizer already knows the addresses (one cache probe per
+/// address; never waits for symbols).
+pub fn encode_event(e: &Event, buf: &mut Vec<u8>) {
+    let EventKind::Hit(h) = &e.kind else {
+        convert::event_to_pb(e)
+            .encode(buf)
+            .expect("a Vec grows as needed");
+        return;
+    };
+    buf.reserve(512);
+    uint(buf, 1, e.seq);
+    uint(buf, 2, e.time_ns);
+    if let Some(o) = &e.owner {
+        nested(buf, 3, |b| owner(b, o));
+    }
+    // A hit's fields take 128 to 16,383 bytes: two bytes of length.
+    nested_sized(buf, 10, 2, |b| hit(b, h));
+}
+
+/// The fields of a `ProcessOwner`.
+fn owner(buf: &mut Vec<u8>, o: &Owner) {
+    uint(buf, 1, o.start_time);
+    packed(buf, 2, &o.uids);
+    packed(buf, 3, &o.gids);
+    boolean(buf, 4, o.dumpable);
+}
+
+/// The fields of a `Hit`.
+fn hit(buf: &mut Vec<u8>, h: &HitEvent) {
+    uint(buf, 1, h.id.0);
+    int32(buf, 2, h.pid);
+    int32(buf, 3, h.tid);
+    uint(buf, 4, h.ip);
+    uint(buf, 5, h.addr);
+    uint(buf, 6, u64::from(h.len));
+    int32(buf, 7, convert::access_to_pb(h.access) as i32);
+    match &h.value {
+        Ok(v) => bytes(buf, 8, v),
+        Err(why) => bytes(buf, 9, why.as_bytes()),
+    }
+    uint(buf, 10, h.time_ns);
+    uint(buf, 11, h.value_read_ns);
+    uint(buf, 12, u64::from(h.cpu));
+    boolean(buf, 13, h.stopped);
+    if let Some(old) = &h.old_value {
+        bytes(buf, 14, old);
+    }
+    int32(buf, 15, convert::backend_to_pb(h.backend) as i32);
+    uint(buf, 16, u64::from(h.piece));
+    // Located when every address is cached; raw addresses otherwise.
+    let located = h.image.as_ref().and_then(|image| {
+        if h.callchain.is_empty() {
+            locate::cached_frame(image, h.ip).map(|f| vec![f])
+        } else {
+            let mut ips = Vec::with_capacity(1 + h.callchain.len());
+            ips.push(h.ip);
+            ips.extend_from_slice(&h.callchain);
+            locate::cached_frames(image, &ips)
+        }
+    });
+    match located.as_deref() {
+        Some([first, callers @ ..]) => {
+            location(buf, 17, first);
+            for f in callers {
+                location(buf, 18, f);
+            }
+        }
+        _ => {
+            for &ip in &h.callchain {
+                nested(buf, 18, |b| uint(b, 1, ip));
+            }
+        }
+    }
+    if let Some(note) = h.callchain_note {
+        bytes(buf, 19, note.as_bytes());
+    }
+    uint(buf, 20, h.rate_limited_before);
+    if let Some((process, thread)) = &h.names {
+        bytes(buf, 21, process.as_bytes());
+        bytes(buf, 22, thread.as_bytes());
+    }
+}
+
+/// A symbolized frame as a `Location` field: its addresses, then the
+/// place's fields, encoded once per cached place.
+fn location(buf: &mut Vec<u8>, tag: u32, f: &Frame) {
+    let place = f.place.wire.get_or_init(|| place(&f.place));
+    nested(buf, tag, |b| {
+        uint(b, 1, f.ip);
+        uint(b, 2, f.lookup);
+        b.extend_from_slice(place);
+    });
+}
+
+/// The fields of a `Location` that come from its place (3 to 13).
+fn place(p: &Place) -> Vec<u8> {
+    let mut b = Vec::with_capacity(256);
+    if let Some(function) = &p.function {
+        bytes(&mut b, 3, function.as_bytes());
+    }
+    uint(&mut b, 4, p.function_offset);
+    if let Some(file) = &p.file {
+        bytes(&mut b, 5, file.as_bytes());
+    }
+    uint(&mut b, 6, u64::from(p.line));
+    uint(&mut b, 7, u64::from(p.column));
+    for (function, file, line) in &p.inlined {
+        nested(&mut b, 8, |b| {
+            bytes(b, 1, function.as_bytes());
+            if let Some(file) = file {
+                bytes(b, 2, file.as_bytes());
+            }
+            uint(b, 3, u64::from(*line));
+        });
+    }
+    if let Some(module) = &p.module {
+        bytes(&mut b, 9, module.as_bytes());
+    }
+    if let Some(id) = &p.build_id {
+        bytes(&mut b, 10, id);
+    }
+    uint(&mut b, 11, p.module_address);
+    uint(&mut b, 12, p.file_offset.unwrap_or(0));
+    boolean(&mut b, 13, p.file_offset.is_some());
+    b
+}
+
+/// A base-128 varint, least significant group first.
+#[inline]
+fn varint(buf: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        buf.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    buf.push(v as u8);
+}
+
+/// A field's key: its number and wire type.
+#[inline]
+fn key(buf: &mut Vec<u8>, tag: u32, wire: WireType) {
+    varint(buf, u64::from(tag << 3 | wire as u32));
+}
+
+/// A varint field (uint64, uint32), left out when 0 as proto3 does.
+fn uint(buf: &mut Vec<u8>, tag: u32, v: u64) {
+    if v != 0 {
+        key(buf, tag, WireType::Varint);
+        varint(buf, v);
+    }
+}
+
+/// An int32 or enum field: negative values take ten bytes, as in protobuf.
+fn int32(buf: &mut Vec<u8>, tag: u32, v: i32) {
+    uint(buf, tag, i64::from(v) as u64);
+}
+
+fn boolean(buf: &mut Vec<u8>, tag: u32, v: bool) {
+    uint(buf, tag, u64::from(v));
+}
+
+/// A bytes or string field, left out when empty.
+fn bytes(buf: &mut Vec<u8>, tag: u32, v: &[u8]) {
+    if !v.is_empty() {
+        key(buf, tag, WireType::LengthDelimited);
+        varint(buf, v.len() as u64);
+        buf.extend_from_slice(v);
+    }
+}
+
+/// A packed repeated uint32 field, left out when empty.
+fn packed(buf: &mut Vec<u8>, tag: u32, v: &[u32]) {
+    if !v.is_empty() {
+        nested(buf, tag, |b| {
+            for &x in v {
+                varint(b, u64::from(x));
+            }
+        });
+    }
+}
+
+/// A length-delimited field whose body `body` appends: its length is
+/// written in front once known.
+fn nested(buf: &mut Vec<u8>, tag: u32, body: impl FnOnce(&mut Vec<u8>)) {
+    nested_sized(buf, tag, 1, body);
+}
+
+/// [`nested`], with `guess` bytes set aside for the length: a body whose
+/// length needs another number of bytes is moved by the difference.
+fn nested_sized(buf: &mut Vec<u8>, tag: u32, guess: usize, body: impl FnOnce(&mut Vec<u8>)) {
+    key(buf, tag, WireType::LengthDelimited);
+    let at = buf.len();
+    buf.resize(at + guess, 0);
+    body(buf);
+    let len = buf.len() - at - guess;
+    let n = encoded_len_varint(len as u64);
+    if n > guess {
+        buf.splice(at + guess..at + guess, std::iter::repeat_n(0, n - guess));
+    } else if n < guess {
+        buf.copy_within(at + guess.., at + n);
+        buf.truncate(at + n + len);
+    }
+    let mut v = len as u64;
+    for b in &mut buf[at..at + n] {
+        *b = (v as u8 & 0x7f) | if v >= 0x80 { 0x80 } else { 0 };
+        v >>= 7;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::model::{Access, BackendKind, WatchId};
+    use crate::symbols::Image;
+
+    /// What prost makes of the same event, located as the journal's
+    /// encoding has always located it.
+    fn by_prost(e: &Event) -> Vec<u8> {
+        let mut item = convert::event_to_pb(e);
+        if let EventKind::Hit(h) = &e.kind
+            && let Some(image) = &h.image
+        {
+            let mut ips = vec![h.ip];
+            ips.extend_from_slice(&h.callchain);
+            if let Some(frames) = locate::cached_frames(image, &ips) {
+                convert::locate_hit(&mut item, &frames);
+            }
+        }
+        item.encode_to_vec()
+    }
+
+    fn check(e: &Event) {
+        let mut fast = vec![0xEE];
+        encode_event(e, &mut fast);
+        assert_eq!(fast[0], 0xEE, "appended, not overwritten");
+        assert_eq!(&fast[1..], by_prost(e).as_slice(), "{e:?}");
+        // The place's memo in use: the same bytes again.
+        let mut again = Vec::new();
+        encode_event(e, &mut again);
+        assert_eq!(again, fast[1..]);
+    }
+
+    fn hit() -> HitEvent {
+        HitEvent {
+            id: WatchId(7),
+            piece: 0,
+            pid: 4242,
+            tid: 4243,
+            ip: 0x5555_5555_1234,
+            addr: 0x5555_5557_0040,
+            len: 8,
+            access: Access::Write,
+            value: Ok(vec![1, 0, 0, 0, 0, 0, 0, 0]),
+            time_ns: 1_800_000_000_000_000_000,
+            value_read_ns: 1_800_000_000_000_000_300,
+            cpu: 1,
+            stopped: false,
+            old_value: None,
+            backend: BackendKind::Perf,
+            image: None,
+            callchain: Vec::new(),
+            callchain_note: None,
+            rate_limited_before: 0,
+            names: Some((Arc::from("fuzzer"), Arc::from("pool-12"))),
+        }
+    }
+
+    fn event(h: HitEvent, owner: Option<Owner>) -> Event {
+        Event {
+            seq: 123_456,
+            time_ns: 1_800_000_000_000_001_000,
+            owner: owner.map(Arc::new),
+            kind: EventKind::Hit(h),
+        }
+    }
+
+    fn owner() -> Owner {
+        Owner {
+            start_time: 987_654,
+            uids: [1000, 0, 1000],
+            gids: [100, 100, 0],
+            dumpable: true,
+        }
+    }
+
+    /// A place with every field set, and a sparse one.
+    fn places() -> Vec<Place> {
+        vec![
+            Place {
+                function: Some("store".into()),
+                function_offset: 0x1c,
+                file: Some("/src/wpd-target.rs".into()),
+                line: 84,
+                column: 9,
+                inlined: vec![
+                    (
+                        "write_volatile<u64>".into(),
+                        Some("ptr/mod.rs".into()),
+                        2178,
+                    ),
+                    ("run".into(), None, 0),
+                ],
+                module: Some("/usr/bin/wpd-target".into()),
+                build_id: Some(Arc::from(&[0xab; 20][..])),
+                module_address: 0x1234,
+                file_offset: Some(0x234),
+                ..Place::default()
+            },
+            Place {
+                module_address: 0x99,
+                file_offset: Some(0),
+                ..Place::default()
+            },
+            Place::default(),
+        ]
+    }
+
+    #[test]
+    fn raw_hits_encode_as_prost_does() {
+        check(&event(hit(), Some(owner())));
+        check(&event(hit(), None));
+        let mut h = hit();
+        h.value = Err("EFAULT reading 8 bytes".into());
+        h.old_value = Some(vec![9; 8]);
+        h.stopped = true;
+        h.piece = 2;
+        h.rate_limited_before = 17;
+        h.names = None;
+        h.backend = BackendKind::Ptrace;
+        h.access = Access::ReadWrite;
+        h.pid = -1;
+        h.cpu = 0;
+        check(&event(h, Some(owner())));
+        let mut h = hit();
+        h.value = Ok(Vec::new());
+        h.old_value = Some(Vec::new());
+        h.names = Some((Arc::from(""), Arc::from("t")));
+        check(&event(h, None));
+        let mut h = hit();
+        h.callchain = vec![0x7000, 0x7100];
+        h.callchain_note = Some(crate::events::NO_FRAME_POINTER);
+        check(&event(h, None));
+        let mut o = owner();
+        o.uids = [0; 3];
+        o.dumpable = false;
+        check(&event(hit(), Some(o)));
+    }
+
+    #[test]
+    fn located_hits_encode_as_prost_does() {
+        for (n, place) in places().into_iter().enumerate() {
+            let image = Image::new(4242);
+            let h = hit();
+            image.insert_for_tests(h.ip - 1, Arc::new(place.clone()));
+            let mut located = hit();
+            located.image = Some(image.clone());
+            check(&event(located, Some(owner())));
+            // A call chain: located only when every address is cached.
+            let mut chain = hit();
+            chain.image = Some(image.clone());
+            chain.callchain = vec![0x7000 + n as u64, 0x7100];
+            check(&event(chain.clone(), None));
+            image.insert_for_tests(0x7000 + n as u64 - 1, Arc::new(places()[0].clone()));
+            image.insert_for_tests(0x7100 - 1, Arc::new(place));
+            check(&event(chain, None));
+            // An address not cached: raw.
+            let mut unknown = hit();
+            unknown.ip = 0x9999;
+            unknown.image = Some(image);
+            check(&event(unknown, None));
+        }
+    }
+
+    #[test]
+    fn short_hits_move_back_into_a_one_byte_length() {
+        let mut h = hit();
+        h.names = None;
+        h.value = Ok(Vec::new());
+        h.time_ns = 0;
+        h.value_read_ns = 0;
+        check(&event(h, None));
+    }
+
+    #[test]
+    fn long_bodies_get_their_whole_length() {
+        let mut h = hit();
+        h.value = Ok(vec![7; 300]);
+        h.names = Some((Arc::from("p".repeat(20_000)), Arc::from("t")));
+        check(&event(h, Some(owner())));
+    }
+
+    #[test]
+    fn other_events_go_through_prost() {
+        let e = Event {
+            seq: 9,
+            time_ns: 10,
+            owner: None,
+            kind: EventKind::ThreadExited { pid: 1, tid: 2 },
+        };
+        check(&e);
+    }
+}
