@@ -233,7 +233,8 @@ async fn journal_and_export_losses_are_counted() -> Result<()> {
             .await?
             .context("no reply to hammer")?;
         stores_of(&reply)?;
-        // The writer catches up with what it still has: past every hit's number, and still
+        // The writer catches up with what it still has (the queue's last events may be the
+        // ones it could not take: those stay counted as lagged, never written), and is still
         // there after more than one of its pauses.
         let mut last = 0;
         let s = poll_until(
@@ -241,9 +242,9 @@ async fn journal_and_export_losses_are_counted() -> Result<()> {
             "the journal's writer to settle",
             async || {
                 let s = stats(&mut c).await?;
-                let settled = s.journal_written_seq == last && last >= s.hits;
+                let settled = s.journal_written_seq == last && last > 0;
                 last = s.journal_written_seq;
-                tokio::time::sleep(Duration::from_millis(800)).await;
+                tokio::time::sleep(Duration::from_millis(1500)).await;
                 Ok(if settled {
                     Ok(s)
                 } else {
@@ -285,8 +286,10 @@ async fn journal_and_export_losses_are_counted() -> Result<()> {
             s.export_lost,
             s.journal_written_seq
         );
+        // What the export missed is what retention deleted, and what the writer could not
+        // take numbered before its last record (those after it were never written).
         ensure!(
-            s.journal_lagged < s.export_lost
+            s.journal_retired <= s.export_lost
                 && s.export_lost <= s.journal_lagged + s.journal_retired,
             "the export counted {} lost; the journal lagged {} and retired {}",
             s.export_lost,
