@@ -117,10 +117,20 @@ fn program(ring: &RingBuf) -> Result<Vec<Insn>, bpf::AsmError> {
     // An unreadable handler is not taken for the default action.
     p.jne_imm(0, 0, out);
     p.push([asm::ldx_dw(8, 10, -24)]);
-    // Default action: kept; a handled or ignored SIGTRAP too; anything
-    // else is not.
-    p.jeq_imm(8, 0, keep);
-    p.jne_imm(7, SIGTRAP, out);
+    // A handled or ignored SIGTRAP: kept. Any other handled signal: not.
+    let default = p.label();
+    p.jeq_imm(8, 0, default);
+    p.jeq_imm(7, SIGTRAP, keep);
+    p.goto(out);
+    // The default action: kept if it ends the process. Stops, continues
+    // and the ignored-by-default signals are dropped here, in the kernel:
+    // a program that stops itself at every input (AFL++'s persistent
+    // mode) would otherwise wake the daemon once per input, watched or
+    // not.
+    p.place(default);
+    for sig in NOT_FATAL {
+        p.jeq_imm(7, sig, out);
+    }
     p.place(keep);
     p.push(asm::ld_map(1, ring.raw_fd()));
     p.push([
@@ -293,18 +303,20 @@ pub fn name(n: i32) -> String {
 /// Whether the default action of `sig` ends the process (terminate or core
 /// dump), as opposed to ignore, stop or continue.
 pub fn fatal_by_default(sig: i32) -> bool {
-    !matches!(
-        sig,
-        libc::SIGCHLD
-            | libc::SIGCONT
-            | libc::SIGSTOP
-            | libc::SIGTSTP
-            | libc::SIGTTIN
-            | libc::SIGTTOU
-            | libc::SIGURG
-            | libc::SIGWINCH
-    )
+    !NOT_FATAL.contains(&sig)
 }
+
+/// The signals whose default action is to ignore, stop or continue.
+const NOT_FATAL: [i32; 8] = [
+    libc::SIGCHLD,
+    libc::SIGCONT,
+    libc::SIGSTOP,
+    libc::SIGTSTP,
+    libc::SIGTTIN,
+    libc::SIGTTOU,
+    libc::SIGURG,
+    libc::SIGWINCH,
+];
 
 /// What the kernel's `si_code` says of a SIGTRAP (kernel-facts §10).
 pub fn sigtrap_cause(code: i32) -> &'static str {
@@ -374,10 +386,28 @@ mod tests {
                 libc::_exit(0);
             }
         }
-        let mut status = 0;
-        // SAFETY: waits for our own child.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
+        // A child that stops itself is continued until it is gone.
+        loop {
+            let mut status = 0;
+            // SAFETY: waits for, and continues, our own child.
+            unsafe {
+                libc::waitpid(pid, &mut status, libc::WUNTRACED);
+                if !libc::WIFSTOPPED(status) {
+                    break;
+                }
+                libc::kill(pid, libc::SIGCONT);
+            }
+        }
         pid
+    }
+
+    extern "C" fn stops() {
+        // SAFETY: raise is async-signal-safe; the parent continues the
+        // child after each stop.
+        unsafe {
+            libc::raise(libc::SIGSTOP);
+            libc::raise(libc::SIGTSTP);
+        }
     }
 
     extern "C" fn aborts() {
@@ -419,7 +449,8 @@ mod tests {
     /// the signal, `si_code` (SI_TKILL: `raise` sends with tgkill) and the
     /// action; a handled SIGUSR1 is not, nor the SIGKILL that the kernel's
     /// group-exit path delivers without a siginfo when SIGTERM or SIGKILL
-    /// ends a process (kernel-facts §13).
+    /// ends a process (kernel-facts §13), nor a SIGSTOP or SIGTSTP taken at
+    /// its default action (a stop, not a death).
     #[test]
     fn deliveries_are_seen_with_their_code_and_action() {
         let Ok(watch) = SignalWatch::start() else {
@@ -432,11 +463,12 @@ mod tests {
         let usr1 = child(handles_usr1);
         let term = child(raises_term);
         let kill = child(raises_kill);
+        let stopped = child(stops);
         let mut seen = Vec::new();
         watch.drain(&mut seen);
         let own: Vec<Delivery> = seen
             .into_iter()
-            .filter(|d| [abort, trap, usr1, term, kill].contains(&d.pid))
+            .filter(|d| [abort, trap, usr1, term, kill, stopped].contains(&d.pid))
             .collect();
         assert_eq!(
             own,
