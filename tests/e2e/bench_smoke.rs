@@ -129,12 +129,11 @@ const SECTIONS: &[(&str, &[&str])] = &[
     (
         "## fuzzers: AFL++ in persistent mode",
         &[
-            "| alone (daemon idle) |",
-            "| alone, tunable |",
-            "| watched, never written (parser_limit) |",
-            "| watched, never written, tunable |",
+            "| alone (daemon idle), tunable |",
+            "| watched, never written (parser_limit), tunable |",
             "| log, every store a hit, tunable |",
             "| signal, condition > 100, tunable |",
+            "| alone (daemon idle), without the tunable |",
         ],
     ),
     (

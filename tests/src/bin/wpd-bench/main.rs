@@ -75,7 +75,7 @@ use wpd_tests::Backend;
 const USAGE: &str = "usage: wpd-bench [--threads N[,N...]] [--spin-threads N[,N...]] [--reps R] \
      [--writes W] [--no-peers] \
      [--only S,..|--skip S,..] [--churn-threads K[,K...]] [--window-ms MS] [--rpc-pairs P] \
-     [--list-calls L] [--peer-timeout-s S] [--smoke]\n\
+     [--list-calls L] [--peer-timeout-s S] [--fuzz-secs S] [--persistent-secs S] [--smoke]\n\
      sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm fleet journal export fuzzers drain objects";
 
 const SECTIONS: [&str; 17] = [
@@ -123,6 +123,10 @@ struct Args {
     settle: Duration,
     /// `--smoke`: sections that have no list argument run small.
     smoke: bool,
+    /// Seconds of each fuzzer run: fork server and libFuzzer, then AFL++'s
+    /// persistent mode (whose calibration takes the first seconds).
+    fuzz_secs: u64,
+    persistent_secs: u64,
 }
 
 impl Args {
@@ -167,6 +171,8 @@ fn parse_args() -> Result<Args> {
         peer_timeout: Duration::from_secs(300),
         settle: Duration::from_millis(500),
         smoke: false,
+        fuzz_secs: 10,
+        persistent_secs: 30,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -188,6 +194,8 @@ fn parse_args() -> Result<Args> {
             "--rpc-pairs" => a.rpc_pairs = val()?.parse()?,
             "--list-calls" => a.list_calls = val()?.parse()?,
             "--peer-timeout-s" => a.peer_timeout = Duration::from_secs(val()?.parse()?),
+            "--fuzz-secs" => a.fuzz_secs = val()?.parse()?,
+            "--persistent-secs" => a.persistent_secs = val()?.parse()?,
             // Seconds-long run for CI: checks every section works, measures little.
             "--smoke" => {
                 a.threads = vec![50];
@@ -200,6 +208,8 @@ fn parse_args() -> Result<Args> {
                 a.rpc_pairs = 20;
                 a.list_calls = 10;
                 a.settle = Duration::from_millis(50);
+                a.fuzz_secs = 2;
+                a.persistent_secs = 2;
                 a.smoke = true;
             }
             "-h" | "--help" => {
@@ -216,9 +226,11 @@ fn parse_args() -> Result<Args> {
         || a.rpc_pairs == 0
         || a.list_calls == 0
         || a.window.is_zero()
+        || a.fuzz_secs == 0
+        || a.persistent_secs == 0
     {
         bail!(
-            "--reps, --threads, --spin-threads, --churn-threads, --rpc-pairs, --list-calls and --window-ms must be positive"
+            "--reps, --threads, --spin-threads, --churn-threads, --rpc-pairs, --list-calls, --window-ms, --fuzz-secs and --persistent-secs must be positive"
         );
     }
     Ok(a)
