@@ -11,9 +11,12 @@
  * stdin), with afl-cc -DFUZZ_AFL_PERSISTENT (AFL++'s persistent mode, for
  * wpd-bench) and with clang -fsanitize=fuzzer -DFUZZ_LIBFUZZER
  * (LLVMFuzzerTestOneInput). Compiled with -g so that wpd finds state.level
- * by name.
+ * by name. -DFUZZ_ASSERT_LEVEL adds the range check the parser lacks, as
+ * an abort(): the crashes wpd's signal action makes, without wpd (the
+ * baseline of that action's cost in wpd-bench).
  */
 #include <stddef.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
@@ -41,6 +44,10 @@ static void parse(const uint8_t *data, size_t len) {
         switch (kind) {
         case 'L':
             state.level = value; /* the bug: no range check */
+#ifdef FUZZ_ASSERT_LEVEL
+            if (value > 100)
+                abort();
+#endif
             if (value > parser_limit)
                 state.checksum ^= 1;
             break;

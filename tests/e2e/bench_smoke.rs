@@ -134,6 +134,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "| log, every store a hit, tunable |",
             "| signal, condition > 100, tunable |",
             "| alone (daemon idle), without the tunable |",
+            "| alone, tunable, the target aborts at level > 100 itself (the signal action's crashes without wpd) |",
         ],
     ),
     (

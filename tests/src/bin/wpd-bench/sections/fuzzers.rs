@@ -425,7 +425,7 @@ async fn afl(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Result<AflE
             false,
         ),
     ];
-    let rows = afl_table(args, daemon, dir, secs, &bin, &comm, &seeds, &forked).await?;
+    let rows = afl_table(args, daemon, dir, secs, &[&bin; 5], &comm, &seeds, &forked).await?;
     let alone = rows[0].rate.med;
     let extra_us = |r: &Row| 1e6 / r.rate.med - 1e6 / alone;
     let extra = AflExtra {
@@ -442,6 +442,18 @@ async fn afl(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Result<AflE
         "afl-cc",
         &["-g", "-O1", "-DFUZZ_AFL_PERSISTENT"],
     )?;
+    // The same loop with the range check as an abort(), in a directory of
+    // its own under the same name: the crashes the signal action makes,
+    // without wpd.
+    let asserting_dir = dir.join("asserting");
+    std::fs::create_dir_all(&asserting_dir)?;
+    let asserting = compile(
+        &asserting_dir,
+        FUZZPARSE,
+        &comm,
+        "afl-cc",
+        &["-g", "-O1", "-DFUZZ_AFL_PERSISTENT", "-DFUZZ_ASSERT_LEVEL"],
+    )?;
     let secs = args.persistent_secs;
     println!(
         "## fuzzers: AFL++ in persistent mode (10,000 inputs per fork), alone and with a policy (afl-fuzz -V {secs}; \"tunable\": GLIBC_TUNABLES={NO_REP_STOSB}, in every row but the last)\n"
@@ -449,7 +461,7 @@ async fn afl(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Result<AflE
     // The baseline has the tunable too: AFL++ clears its coverage map with
     // a memset at every input, which `rep stosb` would slow once watched
     // (kernel-facts §14), so the README has the fuzzer run with it.
-    let persistent: [AflMode; 5] = [
+    let persistent: [AflMode; 6] = [
         ("alone (daemon idle), tunable", None, true),
         (
             "watched, never written (parser_limit), tunable",
@@ -473,24 +485,32 @@ async fn afl(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Result<AflE
             true,
         ),
         ("alone (daemon idle), without the tunable", None, false),
+        (
+            "alone, tunable, the target aborts at level > 100 itself (the signal action's crashes without wpd)",
+            None,
+            true,
+        ),
     ];
-    afl_table(args, daemon, dir, secs, &bin, &comm, &seeds, &persistent).await?;
+    let bins = [&bin, &bin, &bin, &bin, &bin, &asserting];
+    afl_table(args, daemon, dir, secs, &bins, &comm, &seeds, &persistent).await?;
     Ok(extra)
 }
 
-/// Runs AFL++ on `bin` (whose processes are called `comm`) in each of `modes`, `args.reps`
-/// rounds of them in turn, and prints the table; its rows, in the order of `modes`.
+/// Runs AFL++ in each of `modes` on the target of the same index in `bins` (whose processes
+/// are called `comm`), `args.reps` rounds of them in turn, and prints the table; its rows, in
+/// the order of `modes`.
 #[allow(clippy::too_many_arguments)]
 async fn afl_table(
     args: &Args,
     daemon: &Daemon,
     dir: &Path,
     secs: u64,
-    bin: &Path,
+    bins: &[&PathBuf],
     comm: &str,
     seeds: &Path,
     modes: &[AflMode<'_>],
 ) -> Result<Vec<Row>> {
+    ensure!(bins.len() == modes.len(), "one target per mode");
     println!(
         "| mode | execs/s (median) | min–max | ratio of medians to alone | ratio to alone in the same round (median, min–max) | executions | daemon CPU µs per execution | hits per execution | instances made | crashes saved |"
     );
@@ -509,7 +529,7 @@ async fn afl_table(
                     .arg("-o")
                     .arg(&out)
                     .args(["-V", &secs.to_string(), "--"])
-                    .arg(bin)
+                    .arg(bins[i])
                     .current_dir(dir)
                     .env("AFL_NO_UI", "1")
                     .env("AFL_SKIP_CPUFREQ", "1")
