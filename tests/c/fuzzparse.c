@@ -13,7 +13,8 @@
  * (LLVMFuzzerTestOneInput). Compiled with -g so that wpd finds state.level
  * by name. -DFUZZ_ASSERT_LEVEL adds the range check the parser lacks, as
  * an abort(): the crashes wpd's signal action makes, without wpd (the
- * baseline of that action's cost in wpd-bench).
+ * baseline of that action's cost in wpd-bench). -DFUZZ_FORK_STORM makes it a
+ * fork server driven by the tests themselves (below).
  */
 #include <stddef.h>
 #include <stdlib.h>
@@ -80,6 +81,34 @@ int main(void) {
         size_t len = (size_t)__AFL_FUZZ_TESTCASE_LEN;
         memset(&state, 0, sizeof state);
         parse(buf, len);
+    }
+    return 0;
+}
+#elif defined(FUZZ_FORK_STORM)
+/* A fork server without a fuzzer (the leak test's): for each byte read from
+ * stdin, forks argv[1] children one after the other, each of which parses
+ * an input that stores a level of 16 and exits; writes "done" once all of
+ * them are reaped. */
+#include <stdio.h>
+#include <sys/wait.h>
+int main(int argc, char **argv) {
+    static const uint8_t input[] = {'W', 'P', 'L', 16};
+    long children = argc > 1 ? atol(argv[1]) : 1000;
+    char c;
+    while (read(0, &c, 1) == 1) {
+        for (long i = 0; i < children; i++) {
+            pid_t pid = fork();
+            if (pid < 0)
+                return 1;
+            if (pid == 0) {
+                parse(input, sizeof input);
+                _exit(0);
+            }
+            if (waitpid(pid, NULL, 0) != pid)
+                return 1;
+        }
+        if (write(1, "done\n", 5) != 5)
+            return 1;
     }
     return 0;
 }

@@ -616,6 +616,167 @@ async fn afl_saves_the_inputs_that_break_the_invariant() -> Result<()> {
     daemon.finish(result)
 }
 
+/// Children forked per round of the fork-storm test.
+const STORM_CHILDREN: u64 = 15_000;
+/// Rounds of it: the first warms the daemon's maps and allocator, the last two must not grow it.
+const STORM_ROUNDS: usize = 3;
+/// Resident memory the daemon may gain over the last two rounds (30,000 children): 3 MiB, so
+/// that anything the daemon kept per child, 100 bytes or more, shows.
+const STORM_RSS_SLACK_KIB: u64 = 3 * 1024;
+
+/// A fork server's children by the ten thousand, each storing the watched level once (a hit
+/// per child): every hit is delivered, and each round leaves the daemon as the one before it:
+/// no child listed as covered, the same fds, threads and perf fds, and no resident memory
+/// gained beyond a bound far below what the children would leave if the daemon kept anything
+/// per child. The fork server stays the policy's one instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_storm_leaves_nothing_behind() -> Result<()> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let dir = unique_temp_dir("wpd-forkstorm")?;
+    let comm = unique_comm("fzstorm");
+    let bin = build_target(
+        &dir,
+        &comm,
+        "cc",
+        &["-g", "-O0", "-DFUZZ_FORK_STORM"],
+        "gcc",
+    )?;
+    let daemon = Daemon::start().await?;
+    let endpoint = daemon.endpoint();
+    let out = run_wpctl(
+        &[
+            "--endpoint",
+            endpoint.as_str(),
+            "--json",
+            "watch",
+            "--comm",
+            &comm,
+            "--symbol",
+            "state.level",
+            "--follow-forks",
+        ],
+        Duration::from_secs(20),
+    )
+    .await?;
+    ensure!(out.code == Some(0), "wpctl watch failed: {out:?}");
+    let v: serde_json::Value = serde_json::from_str(&out.stdout)?;
+    let id = v["policy"]["id"].as_u64().context("no policy id")?;
+    let mut server = tokio::process::Command::new(&bin)
+        .arg(STORM_CHILDREN.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting the fork server")?;
+    let pid = server.id().context("no pid")? as i32;
+    let result = async {
+        let mut client = daemon.client().await?;
+        poll_until(
+            Duration::from_secs(20),
+            "the fork server is the policy's instance",
+            async || {
+                let p = policy(&mut client, id).await?;
+                Ok(if p.instances.iter().any(|i| i.pid == pid) {
+                    Ok(())
+                } else {
+                    Err(format!("instances {:?}", p.instances))
+                })
+            },
+        )
+        .await?;
+        let mut stdin = server.stdin.take().context("no stdin")?;
+        let mut lines =
+            tokio::io::BufReader::new(server.stdout.take().context("no stdout")?).lines();
+        let hits0 = rpc_ok(
+            "GetStats",
+            client.get_stats(wpd_proto::v1::GetStatsRequest::default()),
+        )
+        .await?
+        .hits;
+        // After each round: (fds, RSS KiB, threads, perf fds).
+        let mut after = Vec::new();
+        for round in 1..=STORM_ROUNDS as u64 {
+            stdin.write_all(b"r").await?;
+            let line = tokio::time::timeout(Duration::from_secs(300), lines.next_line())
+                .await
+                .context("the round did not end within 300 s")??;
+            ensure!(
+                line.as_deref() == Some("done"),
+                "the fork server said {line:?}"
+            );
+            poll_until(
+                Duration::from_secs(30),
+                "every child's hit delivered and no child left covered",
+                async || {
+                    let s = rpc_ok(
+                        "GetStats",
+                        client.get_stats(wpd_proto::v1::GetStatsRequest::default()),
+                    )
+                    .await?;
+                    let l = rpc_ok(
+                        "ListWatchpoints",
+                        client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+                    )
+                    .await?;
+                    let listed: usize = l.watchpoints.iter().map(|w| w.forked_children.len()).sum();
+                    let covered = s.forked_children as usize + listed;
+                    Ok(
+                        if s.hits - hits0 == round * STORM_CHILDREN && covered == 0 {
+                            Ok(())
+                        } else {
+                            Err(format!(
+                                "{} hits of {} children, {covered} children still covered, \
+                                 {} lost by the kernel",
+                                s.hits - hits0,
+                                round * STORM_CHILDREN,
+                                s.kernel_lost
+                            ))
+                        },
+                    )
+                },
+            )
+            .await?;
+            let s = rpc_ok(
+                "GetStats",
+                client.get_stats(wpd_proto::v1::GetStatsRequest::default()),
+            )
+            .await?;
+            after.push((daemon.fd_count()?, daemon.rss_kib()?, s.threads, s.perf_fds));
+        }
+        let p = policy(&mut client, id).await?;
+        ensure!(
+            p.instances_made == 1,
+            "{} instances made: the children were not covered by the fork server's watchpoint",
+            p.instances_made
+        );
+        let (first, last) = (after[0], after[STORM_ROUNDS - 1]);
+        ensure!(
+            (first.0, first.2, first.3) == (last.0, last.2, last.3),
+            "fds, threads and perf fds after round 1 {first:?}, after round {STORM_ROUNDS} \
+             {last:?} (fds, RSS KiB, threads, perf fds)"
+        );
+        ensure!(
+            last.1 <= first.1 + STORM_RSS_SLACK_KIB,
+            "the daemon grew by {} KiB over {} children (rounds: {after:?})",
+            last.1.saturating_sub(first.1),
+            (STORM_ROUNDS as u64 - 1) * STORM_CHILDREN
+        );
+        drop(stdin);
+        let status = tokio::time::timeout(Duration::from_secs(10), server.wait())
+            .await
+            .context("the fork server did not exit")??;
+        ensure!(status.success(), "the fork server failed: {status:?}");
+        nothing_left(&daemon, &comm, id).await
+    }
+    .await;
+    let _ = server.start_kill();
+    let _ = std::fs::remove_dir_all(&dir);
+    daemon.finish(result)
+}
+
 /// libFuzzer in fork mode (`-fork=1`: jobs are processes of their own, started by the
 /// fuzzer with fork and exec): the policy on the target's name gives each job an instance,
 /// and the first store of a level over 100 is a deadly signal that libFuzzer saves as a

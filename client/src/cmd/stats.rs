@@ -32,6 +32,7 @@ fn to_json(s: &GetStatsResponse) -> serde_json::Value {
     json!({
         "processes": s.processes,
         "threads": s.threads,
+        "forked_children": s.forked_children,
         "watchpoints": s.watchpoints,
         "perf_fds": s.perf_fds,
         "uptime_s": s.uptime_s,
@@ -94,6 +95,13 @@ fn to_text(s: &GetStatsResponse) -> String {
     output::key_values(&[
         ("processes", s.processes.to_string()),
         ("threads", s.threads.to_string()),
+        (
+            "children",
+            format!(
+                "{} forked with inherited watchpoints, not yet gone",
+                s.forked_children
+            ),
+        ),
         ("watchpoints", s.watchpoints.to_string()),
         ("perf fds", s.perf_fds.to_string()),
         ("uptime", output::duration_s(s.uptime_s)),
@@ -243,6 +251,7 @@ mod tests {
         expect![[r#"
             processes:   1
             threads:     12
+            children:    0 forked with inherited watchpoints, not yet gone
             watchpoints: 2
             perf fds:    48
             uptime:      1m15s

@@ -420,7 +420,10 @@ impl Core {
     /// FORK record: a fork server's child lives a few hundred µs) was forked
     /// by a process `policy` covers with `follow_forks`: then it carries
     /// the instance's breakpoints already, and runs the same program (an
-    /// exec would have made it new). Recorded as covered.
+    /// exec would have made it new). Not recorded here: the drain records
+    /// it from its FORK record and forgets it at its EXIT, in that order
+    /// whatever order the rings give them; a record made here could come
+    /// after that EXIT and stay forever.
     fn forked_from_instance(&self, policy: &Policy, pid: Pid) -> bool {
         if !policy.spec.follow_forks {
             return false;
@@ -432,17 +435,7 @@ impl Core {
             let st = policy.state.lock().unwrap();
             st.instances.get(&ppid).map(|i| i.watch)
         };
-        let carried = match watch {
-            Some(w) => vec![w],
-            None => match self.covered.get(&ppid) {
-                Some(ids) if self.covered_by(ppid, policy.id) => ids.clone(),
-                _ => return false,
-            },
-        };
-        // Its exec, if it makes one, is seen by the drain, which forgets
-        // it then.
-        self.covered.insert(pid, carried);
-        true
+        watch.is_some() || self.covered_by(ppid, policy.id)
     }
 
     /// Whether `pid` is a forked child covered by an instance of `policy`
@@ -467,6 +460,11 @@ impl Core {
         if let Some(tx) = self.policy_tx.lock().unwrap().as_ref() {
             let _ = tx.send(PolicyMsg::Check(pid, at));
         }
+    }
+
+    /// Forked children known as covered now.
+    pub fn forked_children(&self) -> usize {
+        self.covered.len()
     }
 
     /// Whether a policy wants to hear of new processes.

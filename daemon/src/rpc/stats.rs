@@ -86,6 +86,11 @@ impl Service {
                 .core
                 .sigtraps
                 .load(std::sync::atomic::Ordering::Relaxed),
+            forked_children: if caller.privileged {
+                self.core.forked_children() as u64
+            } else {
+                0
+            },
             export_acked_seq: x.acked_seq,
             export_published: x.published,
             export_errors: x.errors,

@@ -38,6 +38,7 @@ impl PerfEngine {
             revents: 0,
         });
         let mut busy = false;
+        let mut pruned = std::time::Instant::now();
         while !self.stop.load(Ordering::Relaxed) {
             if busy {
                 // Hits are flowing: read them in batches every BUSY_PERIOD
@@ -95,6 +96,27 @@ impl PerfEngine {
             } else {
                 read.ring_records > 0
             };
+            // The per-CPU path reads no forked child's exit (its trackers
+            // follow threads, not forks): the children gone are dropped
+            // every second, so that a fork server's leave nothing behind
+            // once it stops, and never on a fork's path.
+            if !per_thread && !self.forked.is_empty() && pruned.elapsed() >= PRUNE_PERIOD {
+                pruned = std::time::Instant::now();
+                self.prune_forked(&*host);
+            }
+        }
+    }
+
+    /// Forgets the forked children no longer in `/proc`.
+    fn prune_forked(&self, host: &dyn Host) {
+        let gone: Vec<Pid> = self
+            .forked
+            .iter()
+            .map(|e| *e.key())
+            .filter(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+            .collect();
+        for p in gone {
+            self.forget_forked(host, p);
         }
     }
 
@@ -196,6 +218,11 @@ impl PerfEngine {
                         // Covered from its first instruction by what it
                         // inherited: no new process for the policies.
                         host.process_forked(pid, ppid, &carried, time);
+                        // Gone already: its EXIT was read first (see the
+                        // threads' case below); forgotten now, or never.
+                        if self.early_child_exits.lock().unwrap().take(pid, time) {
+                            self.forget_forked(host, pid);
+                        }
                     } else if self.perf.hit_ring().is_some() && host.wants_processes() {
                         // A new process: policies may want it (the
                         // per-thread path's collectors see every fork).
@@ -253,6 +280,12 @@ impl PerfEngine {
             }
             Record::Exit { pid, tid, time } => {
                 if pid == tid && self.forget_forked(host, pid) {
+                    return;
+                }
+                if pid == tid && !self.trackers.contains_key(&pid) {
+                    // A forked child whose FORK record is not read yet (a
+                    // tracked process's threads are the ledger's).
+                    self.early_child_exits.lock().unwrap().insert(pid, time);
                     return;
                 }
                 if let Some(row) = ledger.get(tid)
@@ -418,20 +451,15 @@ impl PerfEngine {
         // Children that exited unseen (the per-CPU path reads no record of
         // their exit) are dropped now and then.
         if self.forked.len() >= 4096 {
-            let gone: Vec<Pid> = self
-                .forked
-                .iter()
-                .map(|e| *e.key())
-                .filter(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
-                .collect();
-            for p in gone {
-                self.forget_forked(host, p);
-            }
+            self.prune_forked(host);
         }
         self.forked.insert(pid, carried.clone());
         carried
     }
 }
+
+/// How often the per-CPU path forgets forked children that are gone.
+const PRUNE_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Whether a new thread lacks one of its process's process-wide
 /// watchpoints.

@@ -78,6 +78,10 @@ pub struct PerfEngine {
     wake: OwnedFd,
     /// Threads whose EXIT record was read before their FORK record.
     early_exits: Mutex<drain::EarlyExits>,
+    /// The same for processes that are no tracked process's threads: forked
+    /// children, whose FORK sits in the parent's CPU ring and EXIT in the
+    /// child's.
+    early_child_exits: Mutex<drain::EarlyExits>,
     /// CLOCK_REALTIME − CLOCK_MONOTONIC at start, to date records.
     clock_offset: u64,
     stop: AtomicBool,
@@ -192,6 +196,7 @@ impl PerfEngine {
             forked: DashMap::new(),
             wake,
             early_exits: Mutex::new(drain::EarlyExits::default()),
+            early_child_exits: Mutex::new(drain::EarlyExits::default()),
             clock_offset: crate::clock::realtime_ns().saturating_sub(crate::clock::monotonic_ns()),
             stop: AtomicBool::new(false),
         })

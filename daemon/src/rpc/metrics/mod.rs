@@ -201,6 +201,7 @@ pub struct Metrics {
     registry: Registry,
     processes: GaugeU,
     threads: GaugeU,
+    forked_children: GaugeU,
     slots: Family<HolderLabel, GaugeU>,
     watchpoints: GaugeU,
     policies: GaugeU,
@@ -261,6 +262,7 @@ impl Metrics {
             registry: Registry::default(),
             processes: GaugeU::default(),
             threads: GaugeU::default(),
+            forked_children: GaugeU::default(),
             slots: Family::default(),
             watchpoints: GaugeU::default(),
             policies: GaugeU::default(),
@@ -323,6 +325,11 @@ impl Metrics {
             "tracked_threads",
             "Threads of attached processes the daemon tracks",
             m.threads.clone(),
+        );
+        r.register(
+            "forked_children",
+            "Forked children covered by the watchpoints they inherited, not yet seen to exit",
+            m.forked_children.clone(),
         );
         r.register(
             "slots_in_use",
@@ -540,6 +547,7 @@ impl Metrics {
     fn fill_stats(&self, s: &pb::GetStatsResponse) {
         self.processes.set(s.processes.into());
         self.threads.set(s.threads);
+        self.forked_children.set(s.forked_children);
         self.watchpoints.set(s.watchpoints.into());
         set_counter(&self.hits, s.hits);
         for (reason, n) in [
@@ -674,6 +682,7 @@ mod tests {
         pb::GetStatsResponse {
             processes: 2,
             threads: 17,
+            forked_children: 5,
             watchpoints: 3,
             hits: 1234,
             kernel_lost: 5,
@@ -730,6 +739,7 @@ mod tests {
             for (series, value) in [
                 ("wpd_attached_processes", 2.0),
                 ("wpd_tracked_threads", 17.0),
+                ("wpd_forked_children", 5.0),
                 ("wpd_slots_in_use{holder=\"ours\"}", 5.0),
                 ("wpd_slots_in_use{holder=\"foreign\"}", 2.0),
                 ("wpd_slots_in_use{holder=\"pending\"}", 0.0),
