@@ -268,6 +268,22 @@ pub(crate) fn to_text(ev: &StreamEventsResponse) -> String {
             output::plural(l.count, "record")
         ),
         Some(Event::Leased(l)) => format!("{t} leased lease={}", l.lease),
+        Some(Event::BreakpointHit(e)) => {
+            let p = e.place.clone().unwrap_or_default();
+            let mut text = format!(
+                "{t} breakpoint wp={} pid={} tid={} ip={} {}",
+                e.watchpoint_id,
+                e.pid,
+                e.tid,
+                hex(p.address),
+                escape(&p.function)
+            );
+            if !p.file.is_empty() {
+                text.push_str(&format!(" ({}:{})", escape(&p.file), p.line));
+            }
+            text.push_str(&format!(" count={} STOPPED", e.count));
+            text
+        }
         None => format!("{t} unknown-event seq={}", ev.seq),
     }
 }
@@ -366,6 +382,20 @@ pub(crate) fn to_json(ev: &StreamEventsResponse) -> Value {
             "count": l.count,
         }),
         Some(Event::Leased(l)) => json!({ "type": "leased", "lease": l.lease }),
+        Some(Event::BreakpointHit(e)) => {
+            let p = e.place.clone().unwrap_or_default();
+            json!({
+                "type": "breakpoint_hit",
+                "watchpoint_id": e.watchpoint_id,
+                "pid": e.pid,
+                "tid": e.tid,
+                "address": p.address,
+                "function": p.function,
+                "file": p.file,
+                "line": p.line,
+                "count": e.count,
+            })
+        }
         None => json!({ "type": "unknown" }),
     };
     v["seq"] = json!(ev.seq);

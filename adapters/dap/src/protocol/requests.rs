@@ -48,12 +48,12 @@ request!(
     SetDataBreakpoints, "setDataBreakpoints", SetDataBreakpointsArguments => BreakpointsBody
 );
 request!(
-    /// Source breakpoints: each one refused (data breakpoints only).
-    SetBreakpoints, "setBreakpoints", BreakpointList => BreakpointsBody
+    /// The whole set of line breakpoints of one source file.
+    SetBreakpoints, "setBreakpoints", SetBreakpointsArguments => BreakpointsBody
 );
 request!(
-    /// Function breakpoints: each one refused.
-    SetFunctionBreakpoints, "setFunctionBreakpoints", BreakpointList => BreakpointsBody
+    /// The whole set of function breakpoints.
+    SetFunctionBreakpoints, "setFunctionBreakpoints", SetFunctionBreakpointsArguments => BreakpointsBody
 );
 request!(
     /// Instruction breakpoints: each one refused.
@@ -273,6 +273,59 @@ pub struct DataBreakpointInfoBody {
     /// The dataId means the same thing in another debug session.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub can_persist: Option<bool>,
+}
+
+/// `setBreakpoints` arguments.
+#[derive(Debug, Deserialize)]
+pub struct SetBreakpointsArguments {
+    /// The source file.
+    pub source: SourceArgument,
+    /// Its breakpoints (the whole set for the file).
+    #[serde(default)]
+    pub breakpoints: Vec<SourceBreakpoint>,
+}
+
+/// A source as a request names it.
+#[derive(Debug, Deserialize, Default)]
+pub struct SourceArgument {
+    /// Path on this host.
+    pub path: Option<String>,
+    /// File name.
+    pub name: Option<String>,
+}
+
+/// One entry of `setBreakpoints`.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceBreakpoint {
+    /// 1-based line.
+    pub line: u32,
+    /// A condition (refused: code breakpoints stop unconditionally).
+    pub condition: Option<String>,
+    /// A hit condition (refused likewise).
+    pub hit_condition: Option<String>,
+    /// A log point's message (refused: every code breakpoint stops).
+    pub log_message: Option<String>,
+}
+
+/// `setFunctionBreakpoints` arguments.
+#[derive(Debug, Deserialize)]
+pub struct SetFunctionBreakpointsArguments {
+    /// The whole set.
+    #[serde(default)]
+    pub breakpoints: Vec<FunctionBreakpoint>,
+}
+
+/// One entry of `setFunctionBreakpoints`.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(rename_all = "camelCase")]
+pub struct FunctionBreakpoint {
+    /// `[MODULE:]FUNCTION`.
+    pub name: String,
+    /// A condition (refused).
+    pub condition: Option<String>,
+    /// A hit condition (refused).
+    pub hit_condition: Option<String>,
 }
 
 /// A list of breakpoints the adapter does not set (only their number is

@@ -15,6 +15,7 @@ impl Session {
         use pb::stream_events_response::Event as E;
         match ev.event {
             Some(E::Hit(h)) => self.hit(h).await,
+            Some(E::BreakpointHit(b)) => self.code_hit(b).await,
             Some(E::ThreadStarted(t)) => self.send_event(&ThreadEvent {
                 reason: "started",
                 thread_id: i64::from(t.tid),
@@ -45,10 +46,12 @@ impl Session {
                 // `exited` (with its code) and `terminated` come from its
                 // parent thread, after its last output.
                 self.armed.clear();
+                self.code.clear();
                 self.pid = None;
             }
             Some(E::ProcessExited(_)) | Some(E::ProcessLost(_)) => {
                 self.armed.clear();
+                self.code.clear();
                 self.output("console", "the process exited or can no longer be watched");
                 self.send_event(&Terminated {});
                 self.pid = None;
@@ -98,6 +101,7 @@ impl Session {
         };
         let description = format!("data breakpoint {} ({}): {change}", a.dap_id, a.expr);
         let info = StopInfo {
+            data: true,
             dap_id: a.dap_id,
             expr: a.expr.clone(),
             type_name: a.type_name.clone(),
@@ -139,7 +143,7 @@ impl Session {
     }
 
     /// True when `tid` is held stopped at a hit now.
-    async fn held(&self, pid: i32, tid: i32) -> bool {
+    pub(super) async fn held(&self, pid: i32, tid: i32) -> bool {
         let r = self
             .client()
             .list_threads(self.daemon.request(pb::ListThreadsRequest {
