@@ -502,6 +502,7 @@ mod tests {
             watchpoint: Some(Watchpoint {
                 objects: None,
                 object_watchpoints: vec![],
+                breakpoint: None,
                 policy_id: 0,
                 forked_children: vec![],
                 pieces: vec![],

@@ -465,6 +465,29 @@ mod tests {
         );
     }
 
+    /// Line breakpoints can be set in the languages the debugger names.
+    #[test]
+    fn the_vscode_manifest_allows_line_breakpoints() {
+        let text = include_str!("../../../vscode/package.json");
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        let langs: Vec<&str> = v["contributes"]["breakpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|b| b["language"].as_str())
+            .collect();
+        assert_eq!(
+            serde_json::json!(langs),
+            v["contributes"]["debuggers"][0]["languages"]
+        );
+        let a: super::SetBreakpointsArguments = serde_json::from_value(serde_json::json!({
+            "source": {"path": "/src/a.c"}, "breakpoints": [{"line": 3, "condition": "x"}]
+        }))
+        .unwrap();
+        assert_eq!(a.source.path.as_deref(), Some("/src/a.c"));
+        assert_eq!(a.breakpoints[0].line, 3);
+    }
+
     /// The same for `launch`.
     #[test]
     fn the_vscode_manifest_matches_the_launch_arguments() {
