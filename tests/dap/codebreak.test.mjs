@@ -60,11 +60,16 @@ test('a function breakpoint stops handle_conn; a data breakpoint from its locals
   try {
     const out = output(dc);
     const pid = await launch(dc);
-    // Unknown names and conditions are refused one by one; the good one is set.
+    // Unknown names and conditions are refused one by one; the good ones
+    // are set. set_state runs once: with its hit condition it never stops
+    // (else the stop in set_state below would be its, not the data
+    // breakpoint's).
+    const list = [{ name: 'handle_conn' }, { name: 'set_state', hitCondition: '>= 2' }];
     const set = (await dc.setFunctionBreakpointsRequest({
-      breakpoints: [{ name: 'handle_con' }, { name: 'handle_conn' }, { name: 'set_state', condition: 's == 7' }],
+      breakpoints: [{ name: 'handle_con' }, list[0], { name: 'set_state', condition: 's == 7' }, list[1]],
     })).body.breakpoints;
-    assert.equal(set.length, 3);
+    assert.equal(set.length, 4);
+    assert.equal(set[3].verified, true, JSON.stringify(set[3]));
     assert.equal(set[0].verified, false);
     assert.match(set[0].message, /handle_con.*closest: handle_conn/, JSON.stringify(set[0]));
     assert.equal(set[2].verified, false);
@@ -74,9 +79,9 @@ test('a function breakpoint stops handle_conn; a data breakpoint from its locals
     // Past the prologue: the body's first line.
     assert.equal(bp.line, lineOf('handle_first'));
     assert.equal(bp.source.name, 'breaks.c');
-    // Setting the same list again keeps the breakpoint (same id).
-    const again = (await dc.setFunctionBreakpointsRequest({ breakpoints: [{ name: 'handle_conn' }] })).body.breakpoints;
-    assert.equal(again[0].id, bp.id);
+    // Setting the same list again keeps the breakpoints (same ids).
+    const again = (await dc.setFunctionBreakpointsRequest({ breakpoints: list })).body.breakpoints;
+    assert.deepEqual(again.map((b) => b.id), [bp.id, set[3].id]);
 
     const stop = nextStop(dc);
     await dc.configurationDoneRequest();

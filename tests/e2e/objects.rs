@@ -545,6 +545,48 @@ async fn code_breakpoints_hold_the_thread_and_bad_ones_are_refused() -> Result<(
             );
             remove(&mut client, w.id).await?;
 
+            // With a hit count, every 2nd call of 5 is held (calls 2 and
+            // 4); the others go on.
+            let mut events = EventStream::for_pid(&mut client, t.pid).await?;
+            let w = rpc_ok(
+                "SetWatchpoint(hit count)",
+                client.set_watchpoint(set(WatchpointSpec {
+                    hit_count: 2,
+                    ..break_spec(t.pid, "conn_ref", "", 0)
+                })),
+            )
+            .await?
+            .watchpoint
+            .context("no watchpoint")?;
+            t.send("run 1 5")?;
+            for want in [2, 4] {
+                let hit = events
+                    .wait_for(HIT_TIMEOUT, "a BreakpointHit", |e| match e {
+                        wpd_tests::Event::BreakpointHit(b) => Ok(Some(b.clone())),
+                        _ => Ok(None),
+                    })
+                    .await?;
+                ensure!(
+                    hit.watchpoint_id == w.id && hit.count == want,
+                    "expected the stop of call {want}: {hit:?}"
+                );
+                rpc_ok(
+                    "Resume",
+                    client.resume(ResumeRequest {
+                        pid: t.pid,
+                        tids: vec![hit.tid],
+                    }),
+                )
+                .await?;
+            }
+            let reply = t.reply(HIT_TIMEOUT).await?;
+            ensure!(
+                reply.as_deref().is_some_and(|r| r.starts_with("RAN")),
+                "{reply:?}"
+            );
+            remove(&mut client, w.id).await?;
+            drop(events);
+
             // A function breakpoint holds the caller until Resume.
             let mut events = EventStream::for_pid(&mut client, t.pid).await?;
             let w = rpc_ok(

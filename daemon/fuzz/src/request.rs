@@ -250,8 +250,6 @@ pub fn code_reference(s: &pb::WatchpointSpec) -> Result<(), &'static str> {
             || s.follow_forks
             || s.aggregate
             || s.condition.is_some()
-            || s.ignore_count != 0
-            || s.hit_count != 0
             || c.at_return
             || !c.disarm_on.is_empty()
             || c.max_live != 0

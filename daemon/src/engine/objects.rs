@@ -58,6 +58,11 @@ pub struct CodeSpec {
     /// A code breakpoint at a source line (file, line) rather than at
     /// `function`.
     pub line: Option<(String, u32)>,
+    /// A code breakpoint lets the first `ignore` threads that reach it go
+    /// on, then holds every `every`th (0 and 1: each one).
+    pub ignore: u64,
+    /// See `ignore`.
+    pub every: u64,
 }
 
 /// Where a code breakpoint's probe is.
@@ -568,8 +573,13 @@ impl Core {
                 continue;
             }
             if let Some(place) = &w.place {
-                // A code breakpoint: held until a Resume.
+                // A code breakpoint: held until a Resume, if its hit count
+                // says so.
                 let count = w.hits.fetch_add(1, Ordering::Relaxed) + 1;
+                let (ignore, every) = (w.code.ignore, w.code.every);
+                if count <= ignore || (every > 1 && (count - ignore) % every != 0) {
+                    continue;
+                }
                 let owner = self.procs.get(&pid).map(|p| p.owner.clone());
                 self.bus.publish_as(
                     crate::events::EventKind::BreakpointHit {

@@ -585,6 +585,8 @@ pub fn code_from_pb(
         creator_only: c.creator_only,
         stop: false,
         line: None,
+        ignore: 0,
+        every: 0,
     }))
 }
 
@@ -620,8 +622,6 @@ fn breakpoint_from_pb(
         || s.follow_forks
         || s.aggregate
         || s.condition.is_some()
-        || s.ignore_count != 0
-        || s.hit_count != 0
         || c.at_return
         || !c.disarm_on.is_empty()
         || c.max_live != 0
@@ -630,8 +630,8 @@ fn breakpoint_from_pb(
         return Err(WpdError::InvalidArgument(
             "a code breakpoint (code_event.stop) holds the thread that reaches it and arms \
              nothing: it takes no symbol, length, address, tids, thread_name, follow_forks, \
-             aggregate, condition, ignore or hit count, at_return, disarm_on, max_live or \
-             creator_only"
+             aggregate, condition, at_return, disarm_on, max_live or creator_only (an \
+             ignore count and a hit count apply)"
                 .into(),
         ));
     }
@@ -645,6 +645,8 @@ fn breakpoint_from_pb(
         creator_only: false,
         stop: true,
         line,
+        ignore: s.ignore_count,
+        every: s.hit_count,
     })
 }
 

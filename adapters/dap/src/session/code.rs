@@ -12,30 +12,42 @@ use crate::error::{DapError, status_text};
 use crate::protocol::events::Stopped;
 use crate::protocol::requests::*;
 use crate::protocol::{Breakpoint, Source};
+use crate::spec;
 
-/// One entry asked for: where, and why it cannot be set as asked.
+/// One entry asked for: where, its hit count, and why it cannot be set as
+/// asked.
 struct Asked {
     at: CodeAt,
+    hits: spec::HitCount,
     refused: Option<String>,
 }
 
-/// Why a condition, hit condition or log message cannot be honoured.
-fn unsupported(
-    condition: &Option<String>,
-    hit: &Option<String>,
-    log: &Option<String>,
-) -> Option<String> {
-    let set = |o: &Option<String>| o.as_deref().is_some_and(|s| !s.trim().is_empty());
-    if set(condition) || set(hit) {
-        Some(
-            "code breakpoints stop every time: a condition or hit condition is not supported \
-             on them (data breakpoints take both)"
-                .into(),
-        )
-    } else if set(log) {
-        Some("code breakpoints stop the thread: log points are not supported".into())
-    } else {
-        None
+impl Asked {
+    fn new(
+        at: CodeAt,
+        condition: &Option<String>,
+        hit: &Option<String>,
+        log: &Option<String>,
+    ) -> Asked {
+        let set = |o: &Option<String>| o.as_deref().is_some_and(|s| !s.trim().is_empty());
+        let mut refused = None;
+        let hits = match hit.as_deref().map(str::trim) {
+            None | Some("") => spec::HitCount::default(),
+            Some(h) => spec::hit_condition(h).unwrap_or_else(|e| {
+                refused = Some(e.to_string());
+                spec::HitCount::default()
+            }),
+        };
+        if set(condition) {
+            refused = Some(
+                "a condition is not supported on code breakpoints (a hit condition is; data \
+                 breakpoints take both)"
+                    .into(),
+            );
+        } else if set(log) {
+            refused = Some("code breakpoints stop the thread: log points are not supported".into());
+        }
+        Asked { at, hits, refused }
     }
 }
 
@@ -56,9 +68,13 @@ impl Handler<SetFunctionBreakpoints> for Session {
         let asked = a
             .breakpoints
             .iter()
-            .map(|b| Asked {
-                at: CodeAt::Function(b.name.trim().to_string()),
-                refused: unsupported(&b.condition, &b.hit_condition, &None),
+            .map(|b| {
+                Asked::new(
+                    CodeAt::Function(b.name.trim().to_string()),
+                    &b.condition,
+                    &b.hit_condition,
+                    &None,
+                )
             })
             .collect();
         self.replace_code(|at| matches!(at, CodeAt::Function(_)), asked)
@@ -82,9 +98,13 @@ impl Handler<SetBreakpoints> for Session {
         let asked = a
             .breakpoints
             .iter()
-            .map(|b| Asked {
-                at: CodeAt::Line(path.clone(), b.line),
-                refused: unsupported(&b.condition, &b.hit_condition, &b.log_message),
+            .map(|b| {
+                Asked::new(
+                    CodeAt::Line(path.clone(), b.line),
+                    &b.condition,
+                    &b.hit_condition,
+                    &b.log_message,
+                )
             })
             .collect();
         self.replace_code(|at| matches!(at, CodeAt::Line(p, _) if *p == path), asked)
@@ -112,7 +132,7 @@ impl Session {
                 if a.refused.is_some() {
                     return None;
                 }
-                let pos = old.iter().position(|o| o.at == a.at)?;
+                let pos = old.iter().position(|o| o.at == a.at && o.hits == a.hits)?;
                 Some(old.swap_remove(pos))
             })
             .collect();
@@ -133,7 +153,7 @@ impl Session {
                 continue;
             }
             // The same place twice in one list: one breakpoint.
-            if let Some(same) = self.code.iter().find(|c| c.at == a.at) {
+            if let Some(same) = self.code.iter().find(|c| c.at == a.at && c.hits == a.hits) {
                 out.push(shown(same));
                 continue;
             }
@@ -147,7 +167,7 @@ impl Session {
             }
             let armed = match kept[i].take() {
                 Some(k) => Ok(k),
-                None => self.set_code(pid, a.at).await,
+                None => self.set_code(pid, a.at, a.hits).await,
             };
             match armed {
                 Ok(c) => {
@@ -162,7 +182,12 @@ impl Session {
 
     /// Sets one code breakpoint in the daemon; why not, as the daemon
     /// says it.
-    async fn set_code(&mut self, pid: i32, at: CodeAt) -> Result<CodeArmed, String> {
+    async fn set_code(
+        &mut self,
+        pid: i32,
+        at: CodeAt,
+        hits: spec::HitCount,
+    ) -> Result<CodeArmed, String> {
         let code = match &at {
             CodeAt::Function(name) if name.is_empty() => {
                 return Err("a function breakpoint needs a function name".into());
@@ -184,6 +209,8 @@ impl Session {
             pid,
             lease: self.lease,
             code_event: Some(code),
+            ignore_count: hits.ignore,
+            hit_count: hits.every,
             ..Default::default()
         };
         let wp = self
@@ -201,6 +228,7 @@ impl Session {
         self.next_id += 1;
         Ok(CodeArmed {
             at,
+            hits,
             dap_id,
             wp_id: wp.id,
             place: wp.breakpoint.unwrap_or_default(),

@@ -111,6 +111,8 @@ enum CodeAt {
 #[derive(Debug)]
 struct CodeArmed {
     at: CodeAt,
+    /// Its hit condition.
+    hits: crate::spec::HitCount,
     dap_id: i64,
     wp_id: u64,
     /// Where the daemon put it.
