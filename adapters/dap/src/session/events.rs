@@ -28,6 +28,20 @@ impl Session {
                 })
             }
             Some(E::WatchpointRemoved(w)) => {
+                if let Some(pos) = self.code.iter().position(|c| c.wp_id == w.watchpoint_id) {
+                    // A code breakpoint the daemon removed (an exec).
+                    let c = self.code.remove(pos);
+                    self.send_event(&BreakpointEvent {
+                        reason: "changed",
+                        breakpoint: Breakpoint {
+                            id: Some(c.dap_id),
+                            verified: false,
+                            reason: Some("failed"),
+                            message: Some(format!("removed by the daemon: {}", w.reason)),
+                            ..Default::default()
+                        },
+                    });
+                }
                 if let Some(pos) = self.armed.iter().position(|a| a.wp_id == w.watchpoint_id) {
                     let a = self.armed.remove(pos);
                     self.send_event(&BreakpointEvent {
