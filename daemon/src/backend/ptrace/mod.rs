@@ -518,7 +518,8 @@ impl Backend for PtraceEngine {
         match (self.stops, signal_bp::available(), code::available()) {
             (signal_bp::Policy::DebugRegisters, _, _) => String::new(),
             (_, Ok(()), Ok(())) => "uprobe + BPF signal stop: the thread is held at the probe \
-                 (its registers recorded by the probe's program) until its object is armed; \
+                 (its registers recorded by the probe's program) until its object is armed, \
+                 or, at a code breakpoint, until resumed; \
                  no debug-register slot is spent on the probe"
                 .into(),
             _ => String::new(),
