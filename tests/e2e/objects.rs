@@ -585,6 +585,67 @@ async fn code_breakpoints_hold_the_thread_and_bad_ones_are_refused() -> Result<(
                 "{reply:?}"
             );
             remove(&mut client, w.id).await?;
+
+            // With STOP_ALL the other threads are held too, until Resume.
+            let w = rpc_ok(
+                "SetWatchpoint(stop all)",
+                client.set_watchpoint(set(WatchpointSpec {
+                    action: wpd_proto::v1::HitAction::StopAll as i32,
+                    ..break_spec(t.pid, "conn_ref", "", 0)
+                })),
+            )
+            .await?
+            .watchpoint
+            .context("no watchpoint")?;
+            t.send("run 3 200")?;
+            let hit = events
+                .wait_for(HIT_TIMEOUT, "a BreakpointHit", |e| match e {
+                    wpd_tests::Event::BreakpointHit(b) if b.watchpoint_id == w.id => {
+                        Ok(Some(b.clone()))
+                    }
+                    _ => Ok(None),
+                })
+                .await?;
+            // Every thread stops (the peers as they are interrupted).
+            let deadline = tokio::time::Instant::now() + HIT_TIMEOUT;
+            loop {
+                let threads = list_threads(&mut client, t.pid, false).await?;
+                let running: Vec<i32> = threads
+                    .threads
+                    .iter()
+                    .filter(|x| {
+                        x.state != ThreadState::StoppedAtHit as i32
+                            && x.state != ThreadState::StoppedByPeer as i32
+                    })
+                    .map(|x| x.tid)
+                    .collect();
+                let at_hit = threads
+                    .threads
+                    .iter()
+                    .any(|x| x.tid == hit.tid && x.state == ThreadState::StoppedAtHit as i32);
+                if running.is_empty() && at_hit && threads.threads.len() > 1 {
+                    break;
+                }
+                ensure!(
+                    tokio::time::Instant::now() < deadline,
+                    "threads still running: {running:?} ({threads:?})"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            remove(&mut client, w.id).await?;
+            rpc_ok(
+                "Resume",
+                client.resume(ResumeRequest {
+                    pid: t.pid,
+                    tids: vec![],
+                }),
+            )
+            .await?;
+            let reply = t.reply(HIT_TIMEOUT).await?;
+            ensure!(
+                reply.as_deref().is_some_and(|r| r.starts_with("RAN")),
+                "{reply:?}"
+            );
             drop(events);
 
             // A function breakpoint holds the caller until Resume.

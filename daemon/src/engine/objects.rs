@@ -554,16 +554,24 @@ impl Core {
         self.objects.watches.retain(|_, w| w.spec.pid != pid);
     }
 
-    /// A thread is stopped at probes: true to hold it (the objects thread
-    /// resumes it).
-    pub(super) fn code_event_seen(&self, pid: Pid, tid: Tid, records: &[CodeRecord]) -> bool {
+    /// A thread is stopped at probes: whether to hold it (the objects
+    /// thread resumes it; a code breakpoint's stop lasts until a Resume),
+    /// and the process's other threads with it.
+    pub(super) fn code_event_seen(
+        &self,
+        pid: Pid,
+        tid: Tid,
+        records: &[CodeRecord],
+    ) -> crate::backend::CodeHold {
+        use crate::backend::CodeHold;
         let at = std::time::Instant::now();
         let tx = self.objects.tx.lock().unwrap().clone();
         let Some(tx) = tx else {
-            return false;
+            return CodeHold::Run;
         };
         let mut hold = false;
         let mut stop = false;
+        let mut stop_all = false;
         for r in records {
             let id = WatchId(r.key >> 1);
             let Some(w) = self.objects.watches.get(&id).map(|w| w.clone()) else {
@@ -592,6 +600,7 @@ impl Core {
                     owner,
                 );
                 stop = true;
+                stop_all |= w.spec.action == crate::model::HitAction::StopAll;
                 continue;
             }
             if r.key & 1 == 1 {
@@ -617,7 +626,11 @@ impl Core {
             }
             hold |= tx.send(Msg::Arm(id, *r, at)).is_ok();
         }
-        hold || stop
+        match (hold || stop, stop_all) {
+            (_, true) => CodeHold::HoldAll,
+            (true, false) => CodeHold::Hold,
+            (false, false) => CodeHold::Run,
+        }
     }
 
     fn start_objects_thread(self: &Arc<Self>) {

@@ -211,6 +211,11 @@ impl Session {
             code_event: Some(code),
             ignore_count: hits.ignore,
             hit_count: hits.every,
+            action: if self.mode == StopMode::All {
+                pb::HitAction::StopAll
+            } else {
+                pb::HitAction::Stop
+            } as i32,
             ..Default::default()
         };
         let wp = self
@@ -277,8 +282,7 @@ impl Session {
             description: Some(format!("{reason} {dap_id} at {location}")),
             text: Some(format!("thread {} at {location}", b.tid)),
             thread_id: i64::from(b.tid),
-            // Only the thread that reached it is held.
-            all_threads_stopped: false,
+            all_threads_stopped: self.mode == StopMode::All,
             preserve_focus_hint: Some(!first),
             hit_breakpoint_ids: Some(vec![dap_id]),
         });

@@ -752,9 +752,14 @@ impl TraceSink for PtraceEngine {
     }
 
     fn code_event(&self, pid: Pid, tid: Tid, records: &[super::CodeRecord]) -> bool {
-        self.host
+        let hold = self
+            .host
             .upgrade()
-            .is_some_and(|h| h.code_event(pid, tid, records))
+            .map_or(super::CodeHold::Run, |h| h.code_event(pid, tid, records));
+        if hold == super::CodeHold::HoldAll {
+            self.shards.hold_all(pid, tid);
+        }
+        hold != super::CodeHold::Run
     }
 
     fn exec(&self, pid: Pid, _tid: Tid) {
