@@ -204,7 +204,7 @@ impl Symbols {
                     {
                         site.vaddr = row.addr;
                         site.offset = offset;
-                        (file, line) = (row.file, row.line);
+                        (file, line) = (row.file.to_string(), row.line);
                     }
                 }
                 Ok(BreakSite { site, file, line })
@@ -272,7 +272,7 @@ impl Symbols {
                     };
                     return Ok(BreakSite {
                         site,
-                        file: row.file,
+                        file: row.file.to_string(),
                         line: row.line,
                     });
                 }

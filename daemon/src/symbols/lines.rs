@@ -4,6 +4,7 @@
 //! instruction of a source line.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::dwarf::{DwarfFile, R};
 
@@ -12,8 +13,9 @@ use super::dwarf::{DwarfFile, R};
 pub struct LineRow {
     /// Link-time address.
     pub addr: u64,
-    /// The source file, as the table names it (directory joined).
-    pub file: String,
+    /// The source file, as the table names it (directory joined; shared
+    /// by the rows of the file).
+    pub file: Arc<str>,
     /// 1-based line (0: no line).
     pub line: u32,
     /// A recommended breakpoint place (`is_stmt`).
@@ -65,7 +67,7 @@ impl DwarfFile {
             let Some(program) = unit.line_program.clone() else {
                 continue;
             };
-            let mut names: HashMap<u64, String> = HashMap::new();
+            let mut names: HashMap<u64, Arc<str>> = HashMap::new();
             let mut rows = program.rows();
             let mut seq = Vec::new();
             while let Ok(Some((header, row))) = rows.next_row() {
@@ -78,7 +80,11 @@ impl DwarfFile {
                 let index = row.file_index();
                 let file = names
                     .entry(index)
-                    .or_insert_with(|| file_name(&dwarf, &unit, header, row).unwrap_or_default())
+                    .or_insert_with(|| {
+                        file_name(&dwarf, &unit, header, row)
+                            .unwrap_or_default()
+                            .into()
+                    })
                     .clone();
                 seq.push(LineRow {
                     addr: row.address(),
@@ -134,7 +140,7 @@ impl DwarfFile {
                 .collect();
         }
         if rows.is_empty() {
-            let mut files: Vec<&str> = all().map(|r| r.file.as_str()).collect();
+            let mut files: Vec<&str> = all().map(|r| &*r.file).collect();
             files.sort_unstable();
             files.dedup();
             let mut scored: Vec<(f64, &str)> = files
