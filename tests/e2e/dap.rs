@@ -168,6 +168,28 @@ async fn an_ide_session_from_attach_to_disconnect() -> Result<()> {
     daemon.finish(result)
 }
 
+/// A function breakpoint on a running process
+/// (`tests/dap/codeattach.test.mjs`): it stops a spinning thread in
+/// `bump_counter`, and every thread with it; removed and continued, the
+/// target runs on with nothing of the session left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_function_breakpoint_stops_a_running_process() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    require_node_dap();
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    t.cmd("spin 2").await?;
+    let result = async {
+        let out = node_test("codeattach.test.mjs", &daemon, &t, &[]).await?;
+        eprintln!("{out}");
+        target_is_free(&daemon, &mut t).await
+    }
+    .await;
+    daemon.finish(result)
+}
+
 /// `evaluate` with a frameId: `c->refs` where `c` is a parameter of the
 /// frame the thread is held in (`tests/dap/locals.test.mjs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
