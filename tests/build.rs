@@ -14,6 +14,7 @@
 //! | `ct-pie.debug` | `ct-pie`'s debug information alone (`objcopy --only-keep-debug`) |
 //! | `ct-nofp` | `-g -O2 -fomit-frame-pointer` (no frame-pointer chain) |
 //! | `ct-launch` | `launched.c`, `-g -O0` (PIE): the program the DAP tests launch |
+//! | `ct-breaks` | `breaks.c`, `-g -O0` (PIE): the program the DAP code-breakpoint tests launch |
 //! | `ct-locals` | generated: `fifty()` with 50 locals, which stores into `hit` in a loop (the DAP variables benchmark), `-g -O0` |
 //! | `ct-objects`, `ct-objects-nodebug` | `objects.c` (code events' heap objects), `-g -O0` and `-O0` |
 //! | `ct-ips` | generated: 1,000 functions that each store into `counter` (`sweep` calls them all), `-g -O0` |
@@ -103,6 +104,7 @@ fn main() {
     std::fs::copy(out.join("ct-pie"), out.join("ct-stripped")).unwrap();
     tool("strip", &["--strip-all", "ct-stripped"]);
     cc(&out, &["-g", "-O0", "-o", "ct-launch", &s("launched.c")]);
+    cc(&out, &["-g", "-O0", "-o", "ct-breaks", &s("breaks.c")]);
     let objects = s("objects.c");
     cc(
         &out,

@@ -157,6 +157,19 @@ pub enum EventKind {
         /// Why it was resolved again.
         reason: &'static str,
     },
+    /// A thread reached a code breakpoint and is held until resumed.
+    BreakpointHit {
+        /// The breakpoint.
+        id: WatchId,
+        /// Process.
+        pid: Pid,
+        /// The thread held.
+        tid: Tid,
+        /// Where.
+        place: Arc<crate::engine::objects::BreakPlace>,
+        /// Times the breakpoint was reached, this one included.
+        count: u64,
+    },
 }
 
 impl EventKind {
@@ -170,6 +183,7 @@ impl EventKind {
             | EventKind::ProcessExited { pid, .. }
             | EventKind::ProcessLost { pid, .. }
             | EventKind::ProcessCrashed { pid, .. }
+            | EventKind::BreakpointHit { pid, .. }
             | EventKind::WatchpointRemoved { pid, .. }
             | EventKind::WatchpointResolved { pid, .. } => *pid,
         }

@@ -218,6 +218,7 @@ fn kind_of(ev: &E) -> (&'static str, i32, i32) {
         E::RecordsLost(_) => ("records_lost", 0, 0),
         E::ProcessLost(e) => ("process_lost", e.pid, 0),
         E::ProcessCrashed(e) => ("process_crashed", e.pid, e.tid),
+        E::BreakpointHit(e) => ("breakpoint_hit", e.pid, e.tid),
         E::WatchpointResolved(e) => ("watchpoint_resolved", e.pid, 0),
         E::Dropped(_) => ("dropped", 0, 0),
         E::Leased(_) => ("leased", 0, 0),

@@ -188,6 +188,9 @@ pub mod reason {
     pub const OBJECT_TOO_LARGE: &str = "OBJECT_TOO_LARGE";
     /// The process's mappings or files could not be read.
     pub const SYMBOLS_UNREADABLE: &str = "SYMBOLS_UNREADABLE";
+    /// A source line where no code is (a comment, a line between
+    /// functions or past the file's end), or a file no line table names.
+    pub const NO_CODE_AT_LINE: &str = "NO_CODE_AT_LINE";
 }
 
 /// Connecting to a daemon, for `wpctl`, tests and IDE-side Rust code.

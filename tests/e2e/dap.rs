@@ -168,6 +168,28 @@ async fn an_ide_session_from_attach_to_disconnect() -> Result<()> {
     daemon.finish(result)
 }
 
+/// A function breakpoint on a running process
+/// (`tests/dap/codeattach.test.mjs`): it stops a spinning thread in
+/// `bump_counter`, and every thread with it; removed and continued, the
+/// target runs on with nothing of the session left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_function_breakpoint_stops_a_running_process() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    require_node_dap();
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    t.cmd("spin 2").await?;
+    let result = async {
+        let out = node_test("codeattach.test.mjs", &daemon, &t, &[]).await?;
+        eprintln!("{out}");
+        target_is_free(&daemon, &mut t).await
+    }
+    .await;
+    daemon.finish(result)
+}
+
 /// `evaluate` with a frameId: `c->refs` where `c` is a parameter of the
 /// frame the thread is held in (`tests/dap/locals.test.mjs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -231,6 +253,55 @@ async fn an_ide_launches_its_program() -> Result<()> {
     }
     .await;
     // Whatever failed, no launched program outlives the test.
+    for pid in launched_left(&program) {
+        // SAFETY: kill(2) on a pid that runs the test's own program.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    daemon.finish(result)
+}
+
+/// Function and line breakpoints (`tests/dap/codebreak.test.mjs`) on
+/// `ct-breaks`, launched by the adapter: set during configuration, they
+/// stop the program's first call before it runs on; a data breakpoint set
+/// from the stop's locals catches the writer; names and lines without code
+/// are refused one by one. Afterwards nothing is left in the daemon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn function_and_line_breakpoints_stop_a_launched_program() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    require_node_dap();
+    let daemon = Daemon::start().await?;
+    let program = ctarget_path("ct-breaks");
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("c/breaks.c");
+    let result = async {
+        let out = node_run(
+            None,
+            "codebreak.test.mjs",
+            &daemon,
+            &[
+                ("TARGET_PID", "0".into()),
+                ("BREAKS_PROGRAM", program.display().to_string()),
+                ("BREAKS_SOURCE", source.display().to_string()),
+            ],
+        )
+        .await?;
+        eprintln!("{out}");
+        let left = launched_left(&program);
+        ensure!(left.is_empty(), "launched programs still running: {left:?}");
+        let mut client = daemon.client().await?;
+        let list = client
+            .list_watchpoints(pb::ListWatchpointsRequest { pid: 0 })
+            .await?
+            .into_inner();
+        ensure!(
+            list.watchpoints.is_empty(),
+            "watchpoints left: {:?}",
+            list.watchpoints
+        );
+        Ok(())
+    }
+    .await;
     for pid in launched_left(&program) {
         // SAFETY: kill(2) on a pid that runs the test's own program.
         unsafe { libc::kill(pid, libc::SIGKILL) };

@@ -417,3 +417,318 @@ async fn bad_code_events_are_refused() -> Result<()> {
         .await,
     )
 }
+
+/// A code breakpoint's spec over gRPC: at `function`, or at `file`:`line`.
+fn break_spec(pid: i32, function: &str, file: &str, line: u32) -> WatchpointSpec {
+    WatchpointSpec {
+        pid,
+        backend: PbBackend::Ptrace as i32,
+        code_event: Some(CodeEvent {
+            function: function.into(),
+            file: file.into(),
+            line,
+            stop: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Code breakpoints (`CodeEvent.stop`): one past `conn_corrupt`'s
+/// prologue holds the thread that calls it (`corrupt` gets no answer until
+/// Resume) and reports a `BreakpointHit` naming the thread and the line;
+/// one at a source line resolves to that line. Unknown functions (with the
+/// closest name), lines without code, unknown files, the perf backend and
+/// breakpoints with a watchpoint's fields are refused with their reasons,
+/// leaving nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn code_breakpoints_hold_the_thread_and_bad_ones_are_refused() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-objects").await?;
+    daemon.finish(
+        async {
+            use wpd_proto::reason as r;
+            use wpd_proto::v1::{
+                RemoveWatchpointRequest, ResumeRequest, SetWatchpointRequest, ThreadState,
+            };
+            use wpd_tests::leaks::{reason, remove};
+            let mut client = daemon.client().await?;
+            let set = |spec: WatchpointSpec| SetWatchpointRequest { spec: Some(spec) };
+            // Refusals first: each leaves nothing behind.
+            let (file, no_code) = ("objects.c", 2);
+            let cases: Vec<(WatchpointSpec, &str, &str)> = vec![
+                (
+                    break_spec(t.pid, "conn_corupt", "", 0),
+                    r::UNKNOWN_SYMBOL,
+                    "closest: conn_corrupt",
+                ),
+                (
+                    break_spec(t.pid, "", file, no_code),
+                    r::NO_CODE_AT_LINE,
+                    "no code at objects.c:2",
+                ),
+                (
+                    break_spec(t.pid, "", file, 100_000),
+                    r::NO_CODE_AT_LINE,
+                    "its last line with code is",
+                ),
+                (
+                    break_spec(t.pid, "", "nowhere.c", 3),
+                    r::NO_CODE_AT_LINE,
+                    "no line table names that file",
+                ),
+                (
+                    break_spec(t.pid, "conn_ref", file, 3),
+                    r::INVALID_ARGUMENT,
+                    "not both",
+                ),
+                (
+                    WatchpointSpec {
+                        symbol: "c->refs".into(),
+                        ..break_spec(t.pid, "conn_ref", "", 0)
+                    },
+                    r::INVALID_ARGUMENT,
+                    "arms nothing",
+                ),
+            ];
+            for (spec, want, says) in cases {
+                let what = format!("{:?}", spec.code_event);
+                let s = rpc(client.set_watchpoint(set(spec)))
+                    .await?
+                    .err()
+                    .with_context(|| format!("{what} was set"))?;
+                ensure!(
+                    reason(&s) == want && s.message().contains(says),
+                    "{what}: {} {:?}, expected {want} saying {says:?}",
+                    reason(&s),
+                    s.message()
+                );
+            }
+            // The perf backend cannot hold a thread: refused, with why.
+            let t2 = CTarget::start("ct-objects").await?;
+            let s = rpc(client.set_watchpoint(set(WatchpointSpec {
+                backend: PbBackend::Perf as i32,
+                ..break_spec(t2.pid, "conn_corrupt", "", 0)
+            })))
+            .await?
+            .err()
+            .context("perf accepted a code breakpoint")?;
+            ensure!(
+                reason(&s) == r::NEEDS_BACKEND
+                    && s.message().contains("code breakpoints")
+                    && s.message().contains("ptrace"),
+                "{s:?}"
+            );
+            let left = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            ensure!(left.watchpoints.is_empty(), "refusals left {left:?}");
+
+            // A line breakpoint resolves to its line.
+            let (_, ref_line) = line_of("ref");
+            let w = rpc_ok(
+                "SetWatchpoint(line)",
+                client.set_watchpoint(set(break_spec(t.pid, "", file, ref_line))),
+            )
+            .await?
+            .watchpoint
+            .context("no watchpoint")?;
+            let p = w.breakpoint.context("no place")?;
+            ensure!(
+                p.function == "conn_ref" && p.line == ref_line && p.file.ends_with(file),
+                "{p:?}"
+            );
+            remove(&mut client, w.id).await?;
+
+            // With a hit count, every 2nd call of 5 is held (calls 2 and
+            // 4); the others go on.
+            let mut events = EventStream::for_pid(&mut client, t.pid).await?;
+            let w = rpc_ok(
+                "SetWatchpoint(hit count)",
+                client.set_watchpoint(set(WatchpointSpec {
+                    hit_count: 2,
+                    ..break_spec(t.pid, "conn_ref", "", 0)
+                })),
+            )
+            .await?
+            .watchpoint
+            .context("no watchpoint")?;
+            t.send("run 1 5")?;
+            for want in [2, 4] {
+                let hit = events
+                    .wait_for(HIT_TIMEOUT, "a BreakpointHit", |e| match e {
+                        wpd_tests::Event::BreakpointHit(b) => Ok(Some(b.clone())),
+                        _ => Ok(None),
+                    })
+                    .await?;
+                ensure!(
+                    hit.watchpoint_id == w.id && hit.count == want,
+                    "expected the stop of call {want}: {hit:?}"
+                );
+                rpc_ok(
+                    "Resume",
+                    client.resume(ResumeRequest {
+                        pid: t.pid,
+                        tids: vec![hit.tid],
+                    }),
+                )
+                .await?;
+            }
+            let reply = t.reply(HIT_TIMEOUT).await?;
+            ensure!(
+                reply.as_deref().is_some_and(|r| r.starts_with("RAN")),
+                "{reply:?}"
+            );
+            remove(&mut client, w.id).await?;
+
+            // With STOP_ALL the other threads are held too, until Resume.
+            let w = rpc_ok(
+                "SetWatchpoint(stop all)",
+                client.set_watchpoint(set(WatchpointSpec {
+                    action: wpd_proto::v1::HitAction::StopAll as i32,
+                    ..break_spec(t.pid, "conn_ref", "", 0)
+                })),
+            )
+            .await?
+            .watchpoint
+            .context("no watchpoint")?;
+            t.send("run 3 200")?;
+            let hit = events
+                .wait_for(HIT_TIMEOUT, "a BreakpointHit", |e| match e {
+                    wpd_tests::Event::BreakpointHit(b) if b.watchpoint_id == w.id => {
+                        Ok(Some(b.clone()))
+                    }
+                    _ => Ok(None),
+                })
+                .await?;
+            // Every thread stops (the peers as they are interrupted).
+            let deadline = tokio::time::Instant::now() + HIT_TIMEOUT;
+            loop {
+                let threads = list_threads(&mut client, t.pid, false).await?;
+                let running: Vec<i32> = threads
+                    .threads
+                    .iter()
+                    .filter(|x| {
+                        x.state != ThreadState::StoppedAtHit as i32
+                            && x.state != ThreadState::StoppedByPeer as i32
+                    })
+                    .map(|x| x.tid)
+                    .collect();
+                let at_hit = threads
+                    .threads
+                    .iter()
+                    .any(|x| x.tid == hit.tid && x.state == ThreadState::StoppedAtHit as i32);
+                if running.is_empty() && at_hit && threads.threads.len() > 1 {
+                    break;
+                }
+                ensure!(
+                    tokio::time::Instant::now() < deadline,
+                    "threads still running: {running:?} ({threads:?})"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            remove(&mut client, w.id).await?;
+            rpc_ok(
+                "Resume",
+                client.resume(ResumeRequest {
+                    pid: t.pid,
+                    tids: vec![],
+                }),
+            )
+            .await?;
+            let reply = t.reply(HIT_TIMEOUT).await?;
+            ensure!(
+                reply.as_deref().is_some_and(|r| r.starts_with("RAN")),
+                "{reply:?}"
+            );
+            drop(events);
+
+            // A function breakpoint holds the caller until Resume.
+            let mut events = EventStream::for_pid(&mut client, t.pid).await?;
+            let w = rpc_ok(
+                "SetWatchpoint(function)",
+                client.set_watchpoint(set(break_spec(t.pid, "conn_corrupt", "", 0))),
+            )
+            .await?
+            .watchpoint
+            .context("no watchpoint")?;
+            let p = w.breakpoint.clone().context("no place")?;
+            let (_, corrupt_line) = line_of("corrupt");
+            ensure!(
+                p.function == "conn_corrupt" && p.line == corrupt_line,
+                "past the prologue, at the body's first line: {p:?}"
+            );
+            t.send("corrupt")?;
+            let hit = events
+                .wait_for(HIT_TIMEOUT, "a BreakpointHit", |e| match e {
+                    wpd_tests::Event::BreakpointHit(b) => Ok(Some(b.clone())),
+                    _ => Ok(None),
+                })
+                .await?;
+            ensure!(
+                hit.watchpoint_id == w.id && hit.pid == t.pid && hit.count == 1,
+                "{hit:?}"
+            );
+            ensure!(hit.place.as_ref() == Some(&p), "{hit:?}");
+            let threads = list_threads(&mut client, t.pid, false).await?;
+            let held = threads
+                .threads
+                .iter()
+                .find(|x| x.tid == hit.tid)
+                .context("the hit's thread")?;
+            ensure!(
+                held.state == ThreadState::StoppedAtHit as i32,
+                "not held: {held:?}"
+            );
+            let stack = rpc_ok(
+                "GetThreadStack",
+                client.get_thread_stack(wpd_proto::v1::GetThreadStackRequest {
+                    pid: t.pid,
+                    tid: hit.tid,
+                    depth: 2,
+                    locals: true,
+                    ..Default::default()
+                }),
+            )
+            .await?;
+            let top = stack.frames.first().context("no frame")?;
+            ensure!(
+                top.function == "conn_corrupt" && top.line == corrupt_line,
+                "{top:?}"
+            );
+            ensure!(
+                stack
+                    .locals
+                    .first()
+                    .is_some_and(|f| f.variables.iter().any(|v| v.name == "c")),
+                "the parameter c is readable: {:?}",
+                stack.locals
+            );
+            rpc_ok(
+                "RemoveWatchpoint",
+                client.remove_watchpoint(RemoveWatchpointRequest { id: w.id }),
+            )
+            .await?;
+            rpc_ok(
+                "Resume",
+                client.resume(ResumeRequest {
+                    pid: t.pid,
+                    tids: vec![hit.tid],
+                }),
+            )
+            .await?;
+            let reply = t.reply(HIT_TIMEOUT).await?;
+            ensure!(
+                reply.as_deref() == Some("CORRUPTED"),
+                "after Resume: {reply:?}"
+            );
+            Ok(())
+        }
+        .await,
+    )
+}

@@ -22,6 +22,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("ctlib.c", include_str!("../c/ctlib.c")),
     ("ctplug.c", include_str!("../c/ctplug.c")),
     ("objects.c", include_str!("../c/objects.c")),
+    ("breaks.c", include_str!("../c/breaks.c")),
 ];
 
 /// The file and 1-based line of the `LINE:<tag>` marker in the C sources.

@@ -268,6 +268,22 @@ pub(crate) fn to_text(ev: &StreamEventsResponse) -> String {
             output::plural(l.count, "record")
         ),
         Some(Event::Leased(l)) => format!("{t} leased lease={}", l.lease),
+        Some(Event::BreakpointHit(e)) => {
+            let p = e.place.clone().unwrap_or_default();
+            let mut text = format!(
+                "{t} breakpoint wp={} pid={} tid={} ip={} {}",
+                e.watchpoint_id,
+                e.pid,
+                e.tid,
+                hex(p.address),
+                escape(&p.function)
+            );
+            if !p.file.is_empty() {
+                text.push_str(&format!(" ({}:{})", escape(&p.file), p.line));
+            }
+            text.push_str(&format!(" count={} STOPPED", e.count));
+            text
+        }
         None => format!("{t} unknown-event seq={}", ev.seq),
     }
 }
@@ -366,6 +382,20 @@ pub(crate) fn to_json(ev: &StreamEventsResponse) -> Value {
             "count": l.count,
         }),
         Some(Event::Leased(l)) => json!({ "type": "leased", "lease": l.lease }),
+        Some(Event::BreakpointHit(e)) => {
+            let p = e.place.clone().unwrap_or_default();
+            json!({
+                "type": "breakpoint_hit",
+                "watchpoint_id": e.watchpoint_id,
+                "pid": e.pid,
+                "tid": e.tid,
+                "address": hex(p.address),
+                "function": p.function,
+                "file": p.file,
+                "line": p.line,
+                "count": e.count,
+            })
+        }
         None => json!({ "type": "unknown" }),
     };
     v["seq"] = json!(ev.seq);
@@ -464,6 +494,34 @@ mod tests {
             }))),
             "22:13:20.123456Z wp-removed wp=7 pid=1 (process exited)"
         );
+    }
+
+    #[test]
+    fn breakpoint_stops() {
+        let e = ev(Event::BreakpointHit(wpd_proto::v1::BreakpointHit {
+            watchpoint_id: 3,
+            pid: 123,
+            tid: 124,
+            place: Some(wpd_proto::v1::BreakpointPlace {
+                function: "handle_conn".into(),
+                file: "/src/breaks.c".into(),
+                line: 23,
+                address: 0x55d0c09f117d,
+                module: "/src/a.out".into(),
+                offset: 0x117d,
+            }),
+            count: 2,
+        }));
+        assert_eq!(
+            to_text(&e),
+            "22:13:20.123456Z breakpoint wp=3 pid=123 tid=124 ip=0x55d0c09f117d handle_conn \
+             (/src/breaks.c:23) count=2 STOPPED"
+        );
+        let v = to_json(&e);
+        assert_eq!(v["type"], "breakpoint_hit");
+        assert_eq!(v["address"], "0x55d0c09f117d");
+        assert_eq!(v["line"], 23);
+        assert_eq!(v["count"], 2);
     }
 
     #[test]

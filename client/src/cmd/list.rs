@@ -212,6 +212,7 @@ mod tests {
                 Watchpoint {
                     objects: None,
                     object_watchpoints: vec![],
+                    breakpoint: None,
                     policy_id: 0,
                     forked_children: vec![],
                     pieces: vec![],
@@ -240,6 +241,7 @@ mod tests {
                 Watchpoint {
                     objects: None,
                     object_watchpoints: vec![],
+                    breakpoint: None,
                     policy_id: 0,
                     forked_children: vec![],
                     pieces: vec![],

@@ -271,6 +271,7 @@ pub async fn report(ctx: &Ctx, args: &WatchArgs) -> Result<Report, Error> {
             disarm_on: args.disarm_on.clone().unwrap_or_default(),
             max_live: args.max_live.unwrap_or(0),
             creator_only: args.scope == Some(ScopeArg::Creator),
+            ..Default::default()
         }),
         lease: 0,
         pid: if policy { 0 } else { args.pids[0] },
@@ -501,6 +502,7 @@ mod tests {
             watchpoint: Some(Watchpoint {
                 objects: None,
                 object_watchpoints: vec![],
+                breakpoint: None,
                 policy_id: 0,
                 forked_children: vec![],
                 pieces: vec![],

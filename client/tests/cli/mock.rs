@@ -105,6 +105,7 @@ fn watchpoint(id: u64, spec: WatchpointSpec, hits: u64) -> Watchpoint {
     Watchpoint {
         objects: None,
         object_watchpoints: vec![],
+        breakpoint: None,
         policy_id: 0,
         forked_children: vec![],
         id,

@@ -235,6 +235,33 @@ pub fn code_reference(s: &pb::WatchpointSpec) -> Result<(), &'static str> {
     let Some(c) = &s.code_event else {
         return Ok(());
     };
+    if c.stop {
+        // A code breakpoint: a function, or a file and a line.
+        match (c.function.is_empty(), c.file.is_empty(), c.line) {
+            (false, true, 0) => {}
+            (true, false, l) if l > 0 => {}
+            _ => return Err("a code breakpoint is at a function, or at a file's line ≥ 1"),
+        }
+        if !s.symbol.is_empty()
+            || s.length != 0
+            || s.address != 0
+            || !s.tids.is_empty()
+            || !s.thread_name.is_empty()
+            || s.follow_forks
+            || s.aggregate
+            || s.condition.is_some()
+            || c.at_return
+            || !c.disarm_on.is_empty()
+            || c.max_live != 0
+            || c.creator_only
+        {
+            return Err("a code breakpoint arms nothing: no watchpoint field");
+        }
+        return Ok(());
+    }
+    if !c.file.is_empty() || c.line != 0 {
+        return Err("code_event.file and line need stop");
+    }
     if c.function.is_empty() {
         return Err("code_event.function is required");
     }

@@ -376,6 +376,17 @@ pub enum SymbolInput {
         /// Its module.
         module: String,
     },
+    /// A source line without code.
+    NoCodeAtLine {
+        /// Process.
+        pid: i32,
+        /// The file.
+        file: String,
+        /// The line.
+        line: u32,
+        /// Why.
+        why: String,
+    },
     /// A value where an object is needed.
     NotAnObject {
         /// Expression.
@@ -444,6 +455,17 @@ impl From<SymbolInput> for SymbolError {
                 closest,
             },
             SymbolInput::OptimizedOut { name, module } => SymbolError::OptimizedOut { name, module },
+            SymbolInput::NoCodeAtLine {
+                pid,
+                file,
+                line,
+                why,
+            } => SymbolError::NoCodeAtLine {
+                pid,
+                file,
+                line,
+                why,
+            },
             SymbolInput::NotAnObject {
                 expr,
                 type_name,

@@ -57,6 +57,18 @@ pub struct Features {
 
 pub use ptrace::code::{CodeProbe, CodeRecord};
 
+/// What becomes of a thread stopped at code-event probes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodeHold {
+    /// It runs on.
+    Run,
+    /// It is held.
+    Hold,
+    /// It is held, and so are the process's other threads (a code
+    /// breakpoint that stops every thread).
+    HoldAll,
+}
+
 /// Where a held thread is stopped: enough to walk its stack.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldRegisters {
@@ -320,10 +332,11 @@ pub trait Host: Send + Sync {
     /// A forked child reported by [`Host::process_forked`] exited or called
     /// exec: it carries nothing any more.
     fn forked_child_gone(&self, _pid: Pid) {}
-    /// A thread stopped at code-event probes: true to hold it until the
-    /// daemon has armed what they name (it then resumes it).
-    fn code_event(&self, _pid: Pid, _tid: Tid, _records: &[CodeRecord]) -> bool {
-        false
+    /// A thread stopped at code-event probes: hold it until the daemon has
+    /// armed what they name (it then resumes it) or until a Resume (a code
+    /// breakpoint), and with it the process's other threads, or let it run.
+    fn code_event(&self, _pid: Pid, _tid: Tid, _records: &[CodeRecord]) -> CodeHold {
+        CodeHold::Run
     }
     /// Whether anyone wants [`Host::process_started`] calls (the backend
     /// then reads its system-wide records promptly).

@@ -447,7 +447,7 @@ impl Host for Core {
         pid: Pid,
         tid: crate::model::Tid,
         records: &[crate::backend::CodeRecord],
-    ) -> bool {
+    ) -> crate::backend::CodeHold {
         self.code_event_seen(pid, tid, records)
     }
 

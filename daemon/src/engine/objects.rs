@@ -16,6 +16,11 @@
 //! call runs. `max_live` bounds the live objects. Every object not armed
 //! (no slot, over the bound, an expression that could not be evaluated) is
 //! counted on the object watch and in `GetStats`, and logged.
+//!
+//! A *code breakpoint* (`CodeSpec::stop`) is an object watch that arms
+//! nothing: its probe is past a function's prologue or at a source line's
+//! first instruction (`Symbols::break_site`), and a thread that reaches it
+//! stays held, reported by a `BreakpointHit` event, until a `Resume`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,6 +53,33 @@ pub struct CodeSpec {
     pub max_live: u32,
     /// Each object's watchpoint on its creating thread only.
     pub creator_only: bool,
+    /// A code breakpoint: hold the thread and report it, arm nothing.
+    pub stop: bool,
+    /// A code breakpoint at a source line (file, line) rather than at
+    /// `function`.
+    pub line: Option<(String, u32)>,
+    /// A code breakpoint lets the first `ignore` threads that reach it go
+    /// on, then holds every `every`th (0 and 1: each one).
+    pub ignore: u64,
+    /// See `ignore`.
+    pub every: u64,
+}
+
+/// Where a code breakpoint's probe is.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BreakPlace {
+    /// The function holding it.
+    pub function: String,
+    /// Its source file ("" without DWARF).
+    pub file: String,
+    /// Its line (0 without DWARF).
+    pub line: u32,
+    /// The probed instruction's runtime address.
+    pub address: u64,
+    /// The module's path.
+    pub module: String,
+    /// The instruction's offset in the module's file.
+    pub offset: u64,
 }
 
 /// Counts of one object watch (or of all of them).
@@ -133,6 +165,10 @@ pub struct ObjectWatch {
     live: Mutex<HashMap<u64, WatchId>>,
     /// Its counts.
     pub counts: ObjectCounts,
+    /// A code breakpoint's place.
+    place: Option<Arc<BreakPlace>>,
+    /// Times a code breakpoint was reached.
+    hits: AtomicU64,
 }
 
 /// What the daemon says of an object watch.
@@ -148,6 +184,10 @@ pub struct ObjectView {
     pub counts: ObjectCountsView,
     /// The watchpoints of the live objects.
     pub live: Vec<WatchId>,
+    /// A code breakpoint's place.
+    pub place: Option<BreakPlace>,
+    /// Times a code breakpoint was reached.
+    pub hits: u64,
 }
 
 /// Work for the objects thread.
@@ -215,6 +255,18 @@ impl Core {
             .or(spec.backend);
         if let Some(f) = self.backends.features(kind)
             && !f.code_events
+            && code.stop
+        {
+            return Err(self.lacks(
+                "code breakpoints",
+                |f| f.code_events,
+                ", which holds the thread that reaches the breakpoint (a uprobe whose BPF \
+                 program sends a signal the tracer catches) until it is resumed; this \
+                 process's backend cannot hold a thread",
+            ));
+        }
+        if let Some(f) = self.backends.features(kind)
+            && !f.code_events
         {
             return Err(self.lacks(
                 "code events (--on-return, --on-entry)",
@@ -230,6 +282,9 @@ impl Core {
                  (creator_only); it takes no thread list or name"
                     .into(),
             ));
+        }
+        if code.stop {
+            return self.set_code_breakpoint(spec, code, owner);
         }
         let site = self.symbols.code_site(spec.pid, &code.function)?;
         let root = crate::symbols::Symbols::check_code_expr(&site, &code.expr, code.at_return)
@@ -274,10 +329,66 @@ impl Core {
             Some(f) => Some(self.symbols.code_site(spec.pid, f)?),
             None => None,
         };
-        let (proc, newly) = self.attach(spec.pid, spec.backend, spec.allow_init)?;
-        let id = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
         spec.symbol = None;
         spec.policy = None;
+        self.open_object_watch(spec, code, owner, site, root, linear, disarm, None)
+    }
+
+    /// Sets a code breakpoint (`code.stop`): its probe past a function's
+    /// prologue or at a line's first instruction. Blocking.
+    fn set_code_breakpoint(
+        self: &Arc<Self>,
+        mut spec: WatchSpec,
+        code: CodeSpec,
+        owner: u32,
+    ) -> Result<ObjectView, WpdError> {
+        use crate::symbols::code::BreakAt;
+        let at = match &code.line {
+            Some((file, line)) => BreakAt::Line {
+                file: file.clone(),
+                line: *line,
+            },
+            None => BreakAt::Function(code.function.clone()),
+        };
+        let b = self.symbols.break_site(spec.pid, &at)?;
+        let place = BreakPlace {
+            function: b.site.function.clone(),
+            file: b.file,
+            line: b.line,
+            address: b.site.vaddr.wrapping_add(b.site.bias),
+            module: b.site.module.path.clone(),
+            offset: b.site.offset,
+        };
+        spec.symbol = None;
+        spec.policy = None;
+        self.open_object_watch(
+            spec,
+            code,
+            owner,
+            b.site,
+            crate::symbols::code::Root::Ret,
+            None,
+            None,
+            Some(place),
+        )
+    }
+
+    /// Attaches the process, registers the watch and opens its probes; a
+    /// refusal undoes all of it.
+    #[allow(clippy::too_many_arguments)]
+    fn open_object_watch(
+        self: &Arc<Self>,
+        spec: WatchSpec,
+        code: CodeSpec,
+        owner: u32,
+        site: CodeSite,
+        root: crate::symbols::code::Root,
+        linear: Option<(u64, u64)>,
+        disarm: Option<CodeSite>,
+        place: Option<BreakPlace>,
+    ) -> Result<ObjectView, WpdError> {
+        let (proc, newly) = self.attach(spec.pid, spec.backend, spec.allow_init)?;
+        let id = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let w = Arc::new(ObjectWatch {
             id,
             owner,
@@ -288,6 +399,8 @@ impl Core {
             linear,
             live: Mutex::new(HashMap::new()),
             counts: ObjectCounts::default(),
+            place: place.map(Arc::new),
+            hits: AtomicU64::new(0),
         });
         self.objects.watches.insert(id, w.clone());
         self.start_objects_thread();
@@ -377,6 +490,8 @@ impl Core {
             code: w.code.clone(),
             counts: w.counts.view(live.len() as u64),
             live,
+            place: w.place.as_deref().cloned(),
+            hits: w.hits.load(Ordering::Relaxed),
         }
     }
 
@@ -439,21 +554,53 @@ impl Core {
         self.objects.watches.retain(|_, w| w.spec.pid != pid);
     }
 
-    /// A thread is stopped at probes: true to hold it (the objects thread
-    /// resumes it).
-    pub(super) fn code_event_seen(&self, pid: Pid, tid: Tid, records: &[CodeRecord]) -> bool {
+    /// A thread is stopped at probes: whether to hold it (the objects
+    /// thread resumes it; a code breakpoint's stop lasts until a Resume),
+    /// and the process's other threads with it.
+    pub(super) fn code_event_seen(
+        &self,
+        pid: Pid,
+        tid: Tid,
+        records: &[CodeRecord],
+    ) -> crate::backend::CodeHold {
+        use crate::backend::CodeHold;
         let at = std::time::Instant::now();
         let tx = self.objects.tx.lock().unwrap().clone();
         let Some(tx) = tx else {
-            return false;
+            return CodeHold::Run;
         };
         let mut hold = false;
+        let mut stop = false;
+        let mut stop_all = false;
         for r in records {
             let id = WatchId(r.key >> 1);
             let Some(w) = self.objects.watches.get(&id).map(|w| w.clone()) else {
                 continue;
             };
             if w.spec.pid != pid {
+                continue;
+            }
+            if let Some(place) = &w.place {
+                // A code breakpoint: held until a Resume, if its hit count
+                // says so.
+                let count = w.hits.fetch_add(1, Ordering::Relaxed) + 1;
+                let (ignore, every) = (w.code.ignore, w.code.every);
+                if count <= ignore || (every > 1 && (count - ignore) % every != 0) {
+                    continue;
+                }
+                let owner = self.procs.get(&pid).map(|p| p.owner.clone());
+                self.bus.publish_as(
+                    crate::events::EventKind::BreakpointHit {
+                        id,
+                        pid,
+                        tid,
+                        place: place.clone(),
+                        count,
+                    },
+                    owner,
+                );
+                stop = true;
+                stop_all |= w.spec.action == crate::model::HitAction::StopAll;
                 continue;
             }
             if r.key & 1 == 1 {
@@ -479,7 +626,11 @@ impl Core {
             }
             hold |= tx.send(Msg::Arm(id, *r, at)).is_ok();
         }
-        hold
+        match (hold || stop, stop_all) {
+            (_, true) => CodeHold::HoldAll,
+            (true, false) => CodeHold::Hold,
+            (false, false) => CodeHold::Run,
+        }
     }
 
     fn start_objects_thread(self: &Arc<Self>) {

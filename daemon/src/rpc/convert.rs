@@ -473,6 +473,7 @@ impl From<&WatchView> for pb::Watchpoint {
             hits_rate_limited: w.filtered.1,
             objects: None,
             object_watchpoints: Vec::new(),
+            breakpoint: None,
         }
     }
 }
@@ -490,25 +491,46 @@ pub fn object_counts_to_pb(c: &crate::engine::objects::ObjectCountsView) -> pb::
     }
 }
 
+/// A code breakpoint's place → wire.
+pub fn place_to_pb(p: &crate::engine::objects::BreakPlace) -> pb::BreakpointPlace {
+    pb::BreakpointPlace {
+        function: p.function.clone(),
+        file: p.file.clone(),
+        line: p.line,
+        address: p.address,
+        module: p.module.clone(),
+        offset: p.offset,
+    }
+}
+
 /// A code event's watch → wire.
 pub fn object_view_to_pb(v: &crate::engine::objects::ObjectView) -> pb::Watchpoint {
     let mut spec = spec_to_pb(&v.spec);
     spec.symbol = v.code.expr.clone();
     spec.length = v.code.len;
     spec.address = 0;
+    let (file, line) = v.code.line.clone().unwrap_or_default();
     spec.code_event = Some(pb::CodeEvent {
         function: v.code.function.clone(),
         at_return: v.code.at_return,
         disarm_on: v.code.disarm_on.clone().unwrap_or_default(),
         max_live: v.code.max_live,
         creator_only: v.code.creator_only,
+        stop: v.code.stop,
+        file,
+        line,
     });
+    if v.code.stop {
+        spec.access = pb::Access::Unspecified as i32;
+    }
     pb::Watchpoint {
         id: v.id.0,
         spec: Some(spec),
         process_wide: !v.code.creator_only,
-        objects: Some(object_counts_to_pb(&v.counts)),
+        hits: v.hits,
+        objects: (!v.code.stop).then(|| object_counts_to_pb(&v.counts)),
         object_watchpoints: v.live.iter().map(|w| w.0).collect(),
+        breakpoint: v.place.as_ref().map(place_to_pb),
         ..Default::default()
     }
 }
@@ -521,6 +543,14 @@ pub fn code_from_pb(
     let Some(c) = &s.code_event else {
         return Ok(None);
     };
+    if c.stop {
+        return breakpoint_from_pb(s, c).map(Some);
+    }
+    if !c.file.is_empty() || c.line != 0 {
+        return Err(WpdError::InvalidArgument(
+            "code_event.file and line place a code breakpoint: they need code_event.stop".into(),
+        ));
+    }
     if c.function.is_empty() {
         return Err(WpdError::InvalidArgument(
             "code_event.function is required".into(),
@@ -553,7 +583,71 @@ pub fn code_from_pb(
         disarm_on: (!c.disarm_on.is_empty()).then(|| c.disarm_on.clone()),
         max_live: c.max_live,
         creator_only: c.creator_only,
+        stop: false,
+        line: None,
+        ignore: 0,
+        every: 0,
     }))
+}
+
+/// A code breakpoint's spec (`code_event.stop`), validated.
+fn breakpoint_from_pb(
+    s: &pb::WatchpointSpec,
+    c: &pb::CodeEvent,
+) -> Result<crate::engine::objects::CodeSpec, WpdError> {
+    let line = match (c.function.is_empty(), c.file.is_empty(), c.line) {
+        (false, true, 0) => None,
+        (true, false, l) if l > 0 => Some((c.file.clone(), l)),
+        (true, false, _) => {
+            return Err(WpdError::InvalidArgument(
+                "a code breakpoint at a file needs code_event.line (1-based)".into(),
+            ));
+        }
+        (true, true, _) => {
+            return Err(WpdError::InvalidArgument(
+                "a code breakpoint needs code_event.function, or code_event.file and line".into(),
+            ));
+        }
+        (false, _, _) => {
+            return Err(WpdError::InvalidArgument(
+                "a code breakpoint is at a function or at a file's line, not both".into(),
+            ));
+        }
+    };
+    if !s.symbol.is_empty()
+        || s.length != 0
+        || s.address != 0
+        || !s.tids.is_empty()
+        || !s.thread_name.is_empty()
+        || s.follow_forks
+        || s.aggregate
+        || s.condition.is_some()
+        || c.at_return
+        || !c.disarm_on.is_empty()
+        || c.max_live != 0
+        || c.creator_only
+    {
+        return Err(WpdError::InvalidArgument(
+            "a code breakpoint (code_event.stop) holds the thread that reaches it and arms \
+             nothing: it takes no symbol, length, address, tids, thread_name, follow_forks, \
+             aggregate, condition, at_return, disarm_on, max_live or creator_only (an \
+             ignore count and a hit count apply)"
+                .into(),
+        ));
+    }
+    Ok(crate::engine::objects::CodeSpec {
+        function: c.function.clone(),
+        at_return: false,
+        expr: String::new(),
+        len: 0,
+        disarm_on: None,
+        max_live: 0,
+        creator_only: false,
+        stop: true,
+        line,
+        ignore: s.ignore_count,
+        every: s.hit_count,
+    })
 }
 
 impl From<&ProcessView> for pb::ProcessInfo {
@@ -727,6 +821,19 @@ pub fn event_to_pb(e: &Event) -> pb::StreamEventsResponse {
             pid: *pid,
             symbol: Some(symbol_to_pb(symbol)),
             reason: reason.to_string(),
+        }),
+        EventKind::BreakpointHit {
+            id,
+            pid,
+            tid,
+            place,
+            count,
+        } => E::BreakpointHit(pb::BreakpointHit {
+            watchpoint_id: id.0,
+            pid: *pid,
+            tid: *tid,
+            place: Some(place_to_pb(place)),
+            count: *count,
         }),
     };
     pb::StreamEventsResponse {

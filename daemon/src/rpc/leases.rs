@@ -127,6 +127,15 @@ impl Leases {
 pub fn undo(core: &Core, watches: &[WatchId], paused: &BTreeSet<Pid>) {
     let mut pids: BTreeSet<Pid> = paused.clone();
     for &id in watches {
+        // A code breakpoint holds the threads that reach it.
+        if core.object_watch(id).is_some() {
+            if let Ok(view) = core.remove_object_watch(id)
+                && view.code.stop
+            {
+                pids.insert(view.spec.pid);
+            }
+            continue;
+        }
         // An error: removed already.
         if let Ok(view) = core.remove_watchpoint(id)
             && matches!(view.spec.action, HitAction::Stop | HitAction::StopAll)
@@ -139,6 +148,10 @@ pub fn undo(core: &Core, watches: &[WatchId], paused: &BTreeSet<Pid>) {
         if views
             .iter()
             .any(|w| matches!(w.spec.action, HitAction::Stop | HitAction::StopAll))
+            || core
+                .object_watches()
+                .iter()
+                .any(|o| o.spec.pid == pid && o.code.stop)
         {
             continue;
         }

@@ -123,11 +123,25 @@ impl Service {
         let asked_pid = asked.pid;
         nsview::spec_in(&caller, &mut asked)?;
         let code = convert::code_from_pb(&asked)?;
-        let spec = WatchSpec::try_from(asked.clone())?;
+        let spec = if code.as_ref().is_some_and(|c| c.stop) {
+            // A code breakpoint watches no memory: the rest of the spec
+            // (process, backend, lease) read as an object watch's.
+            WatchSpec::try_from(pb::WatchpointSpec {
+                access: pb::Access::Exec as i32,
+                symbol: "breakpoint".into(),
+                ..asked.clone()
+            })?
+        } else {
+            WatchSpec::try_from(asked.clone())?
+        };
         let attached = self.core.process_view(spec.pid).is_some();
         if let Some(code) = code {
             nsview::init_in(&caller, asked_pid, spec.allow_init, attached)?;
             let checked = self.allow(&caller, spec.pid)?;
+            let lease = spec.lease;
+            if lease != 0 {
+                self.leases.check(lease, caller.uid)?;
+            }
             let core = self.core.clone();
             let uid = caller.uid;
             let view = blocking_as(&caller, move || {
@@ -139,6 +153,20 @@ impl Service {
                 Ok(view)
             })
             .await?;
+            if lease != 0 && !self.leases.add_watch(lease, view.id) {
+                // The stream ended while the probe was being set.
+                let (core, id) = (self.core.clone(), view.id);
+                blocking(move || {
+                    leases::undo(&core, &[id], &Default::default());
+                    Ok(())
+                })
+                .await?;
+                return Err(status::to_status(&WpdError::LeaseEnded {
+                    lease,
+                    during: "while the code breakpoint was being set",
+                    undone: "it was removed",
+                }));
+            }
             let mut w = convert::object_view_to_pb(&view);
             if let Some(s) = w.spec.as_mut() {
                 s.pid = asked_pid;

@@ -307,6 +307,15 @@ pub fn event_out(caller: &Caller, item: &mut pb::StreamEventsResponse) -> bool {
             e.last_hits.retain_mut(|h| hit_out(ns, h, who, by));
             true
         }
+        E::BreakpointHit(e) => {
+            let pid = e.pid;
+            let (Some(p), Some(t)) = (pid_out(ns, pid, who), ns.tid_out(pid, who, e.tid, false))
+            else {
+                return false;
+            };
+            (e.pid, e.tid) = (p, t);
+            true
+        }
         E::ProcessExited(e) => set(ns, &mut e.pid, who),
         E::WatchpointRemoved(e) => set(ns, &mut e.pid, who),
         E::ProcessLost(e) => set(ns, &mut e.pid, who),

@@ -78,6 +78,7 @@ impl Filter {
             E::WatchpointRemoved(e) => e.pid,
             E::ProcessLost(e) => e.pid,
             E::ProcessCrashed(e) => e.pid,
+            E::BreakpointHit(e) => e.pid,
             E::WatchpointResolved(e) => e.pid,
             // Daemon-wide.
             E::RecordsLost(_) => 0,

@@ -139,6 +139,7 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
                 }
                 S::TooLarge { .. } => (Code::InvalidArgument, r::OBJECT_TOO_LARGE),
                 S::Unreadable { .. } => (Code::FailedPrecondition, r::SYMBOLS_UNREADABLE),
+                S::NoCodeAtLine { .. } => (Code::NotFound, r::NO_CODE_AT_LINE),
             }
         }
     }

@@ -14,6 +14,7 @@ use super::elf::{ElfFile, SymKind};
 use super::eval::TypeRef;
 use super::expr::{Expr, Node};
 use super::frame::LocalVar;
+use super::lines::NoCode;
 use super::maps::{self, MappedFile};
 use super::unwind::FrameScope;
 use super::{Resolved, SymbolError, Symbols};
@@ -62,6 +63,31 @@ pub struct Signature {
     pub ret_name: String,
     /// Its parameters in order: name, type, type as C writes it.
     pub params: Vec<(String, Option<TypeRef>, String)>,
+}
+
+/// Where a code breakpoint is asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BreakAt {
+    /// A function, `[MODULE:]NAME`: past its prologue.
+    Function(String),
+    /// The first instruction of a source line.
+    Line {
+        /// The file: a path or its last components.
+        file: String,
+        /// 1-based.
+        line: u32,
+    },
+}
+
+/// Where a code breakpoint's probe is.
+#[derive(Debug, Clone)]
+pub struct BreakSite {
+    /// The probe's module, offset and address (`vaddr`), its function.
+    pub site: CodeSite,
+    /// The source file of the probed instruction ("" without DWARF).
+    pub file: String,
+    /// Its line (0 without DWARF).
+    pub line: u32,
 }
 
 /// The registers a probe recorded that an expression can start from.
@@ -156,6 +182,123 @@ impl Symbols {
             closest: closest_function(function, &loaded),
             stripped,
         })
+    }
+
+    /// Where a code breakpoint's probe goes in process `pid`: past the
+    /// prologue of a function (`[MODULE:]NAME`), or at the first
+    /// instruction of a source line (the executable's line tables first,
+    /// then the libraries').
+    pub fn break_site(&self, pid: Pid, at: &BreakAt) -> Result<BreakSite, SymbolError> {
+        match at {
+            BreakAt::Function(name) => {
+                let mut site = self.code_site(pid, name)?;
+                let (mut file, mut line) = (String::new(), 0);
+                if let Some(d) = site.elf.dwarf.as_ref() {
+                    let end = site
+                        .elf
+                        .containing(site.vaddr)
+                        .filter(|s| s.vaddr == site.vaddr && s.size > 0)
+                        .map_or(u64::MAX, |s| s.vaddr + s.size);
+                    if let Some(row) = d.body_start(site.vaddr, end)
+                        && let Some(offset) = site.elf.file_offset(row.addr)
+                    {
+                        site.vaddr = row.addr;
+                        site.offset = offset;
+                        (file, line) = (row.file.to_string(), row.line);
+                    }
+                }
+                Ok(BreakSite { site, file, line })
+            }
+            BreakAt::Line { file, line } => self.line_site(pid, file, *line),
+        }
+    }
+
+    fn line_site(&self, pid: Pid, file: &str, line: u32) -> Result<BreakSite, SymbolError> {
+        let no_code = |why: String| SymbolError::NoCodeAtLine {
+            pid,
+            file: file.to_string(),
+            line,
+            why,
+        };
+        let files = maps::read(pid).map_err(|e| SymbolError::Unreadable {
+            pid,
+            why: e.to_string(),
+        })?;
+        let exe = Self::exe_file(pid);
+        let mut order: Vec<&MappedFile> = files
+            .iter()
+            .filter(|f| f.mappings.iter().any(|m| m.exec))
+            .collect();
+        order.sort_by_key(|f| {
+            exe.as_ref()
+                .is_none_or(|k| !(k.dev == f.dev && k.inode == f.inode))
+        });
+        let mut with_lines = 0;
+        let mut closest: Vec<String> = Vec::new();
+        let mut last_line: Option<u32> = None;
+        for f in order {
+            let Ok(elf) = self.file(pid, f) else { continue };
+            let Some(bias) = Self::bias(&elf, f) else {
+                continue;
+            };
+            let Some(d) = elf.dwarf.as_ref() else {
+                continue;
+            };
+            with_lines += 1;
+            let entry = |addr: u64| {
+                elf.containing(addr)
+                    .filter(|s| s.kind == SymKind::Func)
+                    .map(|s| s.vaddr)
+            };
+            match d.line_start(file, line, entry) {
+                Ok(row) => {
+                    let offset = elf
+                        .file_offset(row.addr)
+                        .ok_or_else(|| no_code(format!("{:#x} is in no segment", row.addr)))?;
+                    let function = elf
+                        .containing(row.addr)
+                        .filter(|s| s.kind == SymKind::Func)
+                        .map(|s| s.name.clone())
+                        .unwrap_or_default();
+                    let site = CodeSite {
+                        function,
+                        module: f.clone(),
+                        path: f.open_path(pid),
+                        bias,
+                        vaddr: row.addr,
+                        offset,
+                        signature: None,
+                        elf: elf.clone(),
+                    };
+                    return Ok(BreakSite {
+                        site,
+                        file: row.file.to_string(),
+                        line: row.line,
+                    });
+                }
+                Err(NoCode::NoFile(c)) => closest.extend(c),
+                Err(NoCode::NoLine(last)) => {
+                    last_line = last_line.max(last).or(Some(0));
+                }
+            }
+        }
+        Err(no_code(match (with_lines, last_line) {
+            (0, _) => "no module of the process has DWARF line tables (build with -g)".into(),
+            (_, Some(last)) => format!(
+                "the file has no code at or after that line in a function that holds it \
+                 (a comment, a declaration, between functions{})",
+                if last > 0 {
+                    format!("; its last line with code is {last}")
+                } else {
+                    String::new()
+                }
+            ),
+            (_, None) if closest.is_empty() => "no line table names that file".into(),
+            (_, None) => format!(
+                "no line table names that file (closest: {})",
+                closest.join(", ")
+            ),
+        }))
     }
 
     /// Checks a code event's expression against `site` before any probe

@@ -179,6 +179,19 @@ pub enum SymbolError {
         /// What to watch instead.
         hint: String,
     },
+    /// A source line with no code to break at, or a file no line table
+    /// names.
+    #[error("no code at {file}:{line} in process {pid}: {why}")]
+    NoCodeAtLine {
+        /// Process.
+        pid: Pid,
+        /// The file asked for.
+        file: String,
+        /// The line asked for.
+        line: u32,
+        /// Why, and what is there instead.
+        why: String,
+    },
     /// The process's files could not be read.
     #[error("cannot read the mappings of process {pid}: {why}")]
     Unreadable {

@@ -27,6 +27,7 @@ pub mod eval;
 pub mod expr;
 mod files;
 pub mod frame;
+pub mod lines;
 pub mod locate;
 pub mod maps;
 mod resolve;

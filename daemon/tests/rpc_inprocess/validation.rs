@@ -179,6 +179,82 @@ async fn every_handler_validates_its_request_and_changes_nothing_when_it_refuses
             "detach first",
         ),
     ];
+    let code_bp = |f: &dyn Fn(&mut pb::WatchpointSpec, &mut pb::CodeEvent)| {
+        let mut s = pb::WatchpointSpec {
+            pid,
+            ..Default::default()
+        };
+        let mut c = pb::CodeEvent {
+            function: "main".into(),
+            stop: true,
+            ..Default::default()
+        };
+        f(&mut s, &mut c);
+        s.code_event = Some(c);
+        pb::SetWatchpointRequest { spec: Some(s) }
+    };
+    let mut specs = specs;
+    specs.extend([
+        (
+            "a code breakpoint on a backend that cannot hold a thread",
+            code_bp(&|_, _| {}),
+            Code::InvalidArgument,
+            r::NEEDS_BACKEND,
+            "code breakpoints",
+        ),
+        (
+            "a code breakpoint with a watchpoint's expression",
+            code_bp(&|s, _| s.symbol = "x".into()),
+            Code::InvalidArgument,
+            r::INVALID_ARGUMENT,
+            "arms nothing",
+        ),
+        (
+            "a code breakpoint with a condition",
+            code_bp(&|s, _| s.condition = Some(pb::HitCondition::default())),
+            Code::InvalidArgument,
+            r::INVALID_ARGUMENT,
+            "no symbol, length",
+        ),
+        (
+            "a code breakpoint at a file without a line",
+            code_bp(&|_, c| {
+                c.function.clear();
+                c.file = "a.c".into();
+            }),
+            Code::InvalidArgument,
+            r::INVALID_ARGUMENT,
+            "needs code_event.line",
+        ),
+        (
+            "a code breakpoint at a function and a line",
+            code_bp(&|_, c| {
+                c.file = "a.c".into();
+                c.line = 3;
+            }),
+            Code::InvalidArgument,
+            r::INVALID_ARGUMENT,
+            "not both",
+        ),
+        (
+            "a code breakpoint nowhere",
+            code_bp(&|_, c| c.function.clear()),
+            Code::InvalidArgument,
+            r::INVALID_ARGUMENT,
+            "needs code_event.function",
+        ),
+        (
+            "a file and line without stop",
+            code_bp(&|_, c| {
+                c.stop = false;
+                c.file = "a.c".into();
+                c.line = 3;
+            }),
+            Code::InvalidArgument,
+            r::INVALID_ARGUMENT,
+            "need code_event.stop",
+        ),
+    ]);
     for (what, req, code, reason, needle) in specs {
         check_refusal(what, c.set_watchpoint(req).await, code, reason, needle);
         assert_eq!(listing(&mut c).await, before, "{what} changed something");

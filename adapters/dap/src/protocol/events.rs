@@ -68,7 +68,8 @@ impl Event for Process {
 #[derive(Debug, Serialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct Stopped {
-    /// `data breakpoint`, `pause` or `entry`.
+    /// `data breakpoint`, `function breakpoint`, `breakpoint`, `pause` or
+    /// `entry`.
     pub reason: &'static str,
     /// What happened (the breakpoint, the old and new value).
     #[serde(skip_serializing_if = "Option::is_none")]

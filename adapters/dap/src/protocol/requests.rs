@@ -48,12 +48,12 @@ request!(
     SetDataBreakpoints, "setDataBreakpoints", SetDataBreakpointsArguments => BreakpointsBody
 );
 request!(
-    /// Source breakpoints: each one refused (data breakpoints only).
-    SetBreakpoints, "setBreakpoints", BreakpointList => BreakpointsBody
+    /// The whole set of line breakpoints of one source file.
+    SetBreakpoints, "setBreakpoints", SetBreakpointsArguments => BreakpointsBody
 );
 request!(
-    /// Function breakpoints: each one refused.
-    SetFunctionBreakpoints, "setFunctionBreakpoints", BreakpointList => BreakpointsBody
+    /// The whole set of function breakpoints.
+    SetFunctionBreakpoints, "setFunctionBreakpoints", SetFunctionBreakpointsArguments => BreakpointsBody
 );
 request!(
     /// Instruction breakpoints: each one refused.
@@ -275,6 +275,59 @@ pub struct DataBreakpointInfoBody {
     pub can_persist: Option<bool>,
 }
 
+/// `setBreakpoints` arguments.
+#[derive(Debug, Deserialize)]
+pub struct SetBreakpointsArguments {
+    /// The source file.
+    pub source: SourceArgument,
+    /// Its breakpoints (the whole set for the file).
+    #[serde(default)]
+    pub breakpoints: Vec<SourceBreakpoint>,
+}
+
+/// A source as a request names it.
+#[derive(Debug, Deserialize, Default)]
+pub struct SourceArgument {
+    /// Path on this host.
+    pub path: Option<String>,
+    /// File name.
+    pub name: Option<String>,
+}
+
+/// One entry of `setBreakpoints`.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceBreakpoint {
+    /// 1-based line.
+    pub line: u32,
+    /// A condition (refused: code breakpoints stop unconditionally).
+    pub condition: Option<String>,
+    /// A hit condition (refused likewise).
+    pub hit_condition: Option<String>,
+    /// A log point's message (refused: every code breakpoint stops).
+    pub log_message: Option<String>,
+}
+
+/// `setFunctionBreakpoints` arguments.
+#[derive(Debug, Deserialize)]
+pub struct SetFunctionBreakpointsArguments {
+    /// The whole set.
+    #[serde(default)]
+    pub breakpoints: Vec<FunctionBreakpoint>,
+}
+
+/// One entry of `setFunctionBreakpoints`.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(rename_all = "camelCase")]
+pub struct FunctionBreakpoint {
+    /// `[MODULE:]FUNCTION`.
+    pub name: String,
+    /// A condition (refused).
+    pub condition: Option<String>,
+    /// A hit condition (refused).
+    pub hit_condition: Option<String>,
+}
+
 /// A list of breakpoints the adapter does not set (only their number is
 /// read).
 #[derive(Debug, Deserialize)]
@@ -410,6 +463,29 @@ mod tests {
             props["stopOnHit"]["enum"],
             serde_json::json!(["all", "thread"])
         );
+    }
+
+    /// Line breakpoints can be set in the languages the debugger names.
+    #[test]
+    fn the_vscode_manifest_allows_line_breakpoints() {
+        let text = include_str!("../../../vscode/package.json");
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        let langs: Vec<&str> = v["contributes"]["breakpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|b| b["language"].as_str())
+            .collect();
+        assert_eq!(
+            serde_json::json!(langs),
+            v["contributes"]["debuggers"][0]["languages"]
+        );
+        let a: super::SetBreakpointsArguments = serde_json::from_value(serde_json::json!({
+            "source": {"path": "/src/a.c"}, "breakpoints": [{"line": 3, "condition": "x"}]
+        }))
+        .unwrap();
+        assert_eq!(a.source.path.as_deref(), Some("/src/a.c"));
+        assert_eq!(a.breakpoints[0].line, 3);
     }
 
     /// The same for `launch`.

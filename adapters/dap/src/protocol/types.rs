@@ -35,6 +35,12 @@ pub struct Breakpoint {
     /// The address armed, for the client's disassembly views.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instruction_reference: Option<String>,
+    /// A code breakpoint's source file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<Source>,
+    /// A code breakpoint's line (the line it resolved to).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
 }
 
 /// A frame of `stackTrace`.
@@ -124,7 +130,8 @@ pub struct Capabilities {
     pub supports_data_breakpoints: bool,
     /// `asAddress` and `bytes` in `dataBreakpointInfo`.
     pub supports_data_breakpoint_bytes: bool,
-    /// `condition` on data breakpoints.
+    /// `condition` on data breakpoints (code breakpoints refuse one, each
+    /// with its message).
     pub supports_conditional_breakpoints: bool,
     /// `hitCondition` on data breakpoints.
     pub supports_hit_conditional_breakpoints: bool,
@@ -167,7 +174,7 @@ impl Capabilities {
             supports_restart_request: false,
             supports_set_variable: false,
             supports_step_back: false,
-            supports_function_breakpoints: false,
+            supports_function_breakpoints: true,
             supports_instruction_breakpoints: false,
         }
     }
@@ -196,7 +203,7 @@ mod tests {
                 "supportsRestartRequest": false,
                 "supportsSetVariable": false,
                 "supportsStepBack": false,
-                "supportsFunctionBreakpoints": false,
+                "supportsFunctionBreakpoints": true,
                 "supportsInstructionBreakpoints": false,
             })
         );

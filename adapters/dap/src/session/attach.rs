@@ -174,13 +174,15 @@ impl Session {
             return Ok(());
         };
         let mut errors = Vec::new();
-        for a in std::mem::take(&mut self.armed) {
+        let ids: Vec<u64> = std::mem::take(&mut self.armed)
+            .iter()
+            .map(|a| a.wp_id)
+            .chain(std::mem::take(&mut self.code).iter().map(|c| c.wp_id))
+            .collect();
+        for id in ids {
             if let Err(s) = self
                 .client()
-                .remove_watchpoint(
-                    self.daemon
-                        .request(pb::RemoveWatchpointRequest { id: a.wp_id }),
-                )
+                .remove_watchpoint(self.daemon.request(pb::RemoveWatchpointRequest { id }))
                 .await
                 && s.code() != tonic::Code::NotFound
             {

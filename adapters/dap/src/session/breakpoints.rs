@@ -1,6 +1,7 @@
 //! Data breakpoints: what can be watched (`dataBreakpointInfo`), the set
-//! armed (`setDataBreakpoints`, diffed against what is armed), and the
-//! other kinds of breakpoint, each refused.
+//! armed (`setDataBreakpoints`, diffed against what is armed), and
+//! instruction breakpoints, each refused (function and line breakpoints
+//! are `code.rs`'s).
 
 use serde::de::IgnoredAny;
 use wpd_proto::v1 as pb;
@@ -293,29 +294,11 @@ fn refused(n: usize, why: &str) -> BreakpointsBody {
     }
 }
 
-impl Handler<SetBreakpoints> for Session {
-    async fn handle(&mut self, a: BreakpointList) -> Result<BreakpointsBody, DapError> {
-        Ok(refused(
-            a.breakpoints.len(),
-            "wpd sets data breakpoints only (watch a variable instead)",
-        ))
-    }
-}
-
-impl Handler<SetFunctionBreakpoints> for Session {
-    async fn handle(&mut self, a: BreakpointList) -> Result<BreakpointsBody, DapError> {
-        Ok(refused(
-            a.breakpoints.len(),
-            "wpd sets data breakpoints only",
-        ))
-    }
-}
-
 impl Handler<SetInstructionBreakpoints> for Session {
     async fn handle(&mut self, a: BreakpointList) -> Result<BreakpointsBody, DapError> {
         Ok(refused(
             a.breakpoints.len(),
-            "wpd sets data breakpoints only",
+            "wpd sets data, function and line breakpoints, not instruction breakpoints",
         ))
     }
 }
@@ -503,6 +486,36 @@ impl Session {
         index: u32,
         name: &str,
     ) -> Result<Result<Known, String>, DapError> {
+        if !name.chars().all(|c| c.is_alphanumeric() || c == '_') {
+            // An expression that starts from the frame's variables
+            // (`c->state`): the object it names there now.
+            let r = self
+                .client()
+                .resolve_symbol(self.daemon.request(pb::ResolveSymbolRequest {
+                    pid,
+                    name: name.to_string(),
+                    address: 0,
+                    tid,
+                    frame: index,
+                }))
+                .await;
+            let r = match r {
+                Ok(r) => r.into_inner(),
+                Err(s) => return Ok(Err(status_text(&s))),
+            };
+            let Some(sym) = r.symbol.filter(|_| r.kind == "variable") else {
+                return Ok(Err(format!(
+                    "{name} is a {}, not a variable: data breakpoints watch memory",
+                    if r.kind.is_empty() { "value" } else { &r.kind }
+                )));
+            };
+            return Ok(Ok(Known {
+                expr: format!("{} (frame {index} of thread {tid})", sym.expression),
+                addr: sym.address,
+                len: u32::try_from(sym.size).unwrap_or(u32::MAX),
+                type_name: sym.type_name,
+            }));
+        }
         let r = self
             .client()
             .get_thread_stack(self.daemon.request(pb::GetThreadStackRequest {

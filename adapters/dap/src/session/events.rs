@@ -15,6 +15,7 @@ impl Session {
         use pb::stream_events_response::Event as E;
         match ev.event {
             Some(E::Hit(h)) => self.hit(h).await,
+            Some(E::BreakpointHit(b)) => self.code_hit(b).await,
             Some(E::ThreadStarted(t)) => self.send_event(&ThreadEvent {
                 reason: "started",
                 thread_id: i64::from(t.tid),
@@ -27,6 +28,20 @@ impl Session {
                 })
             }
             Some(E::WatchpointRemoved(w)) => {
+                if let Some(pos) = self.code.iter().position(|c| c.wp_id == w.watchpoint_id) {
+                    // A code breakpoint the daemon removed (an exec).
+                    let c = self.code.remove(pos);
+                    self.send_event(&BreakpointEvent {
+                        reason: "changed",
+                        breakpoint: Breakpoint {
+                            id: Some(c.dap_id),
+                            verified: false,
+                            reason: Some("failed"),
+                            message: Some(format!("removed by the daemon: {}", w.reason)),
+                            ..Default::default()
+                        },
+                    });
+                }
                 if let Some(pos) = self.armed.iter().position(|a| a.wp_id == w.watchpoint_id) {
                     let a = self.armed.remove(pos);
                     self.send_event(&BreakpointEvent {
@@ -45,10 +60,12 @@ impl Session {
                 // `exited` (with its code) and `terminated` come from its
                 // parent thread, after its last output.
                 self.armed.clear();
+                self.code.clear();
                 self.pid = None;
             }
             Some(E::ProcessExited(_)) | Some(E::ProcessLost(_)) => {
                 self.armed.clear();
+                self.code.clear();
                 self.output("console", "the process exited or can no longer be watched");
                 self.send_event(&Terminated {});
                 self.pid = None;
@@ -98,6 +115,7 @@ impl Session {
         };
         let description = format!("data breakpoint {} ({}): {change}", a.dap_id, a.expr);
         let info = StopInfo {
+            data: true,
             dap_id: a.dap_id,
             expr: a.expr.clone(),
             type_name: a.type_name.clone(),
@@ -139,7 +157,7 @@ impl Session {
     }
 
     /// True when `tid` is held stopped at a hit now.
-    async fn held(&self, pid: i32, tid: i32) -> bool {
+    pub(super) async fn held(&self, pid: i32, tid: i32) -> bool {
         let r = self
             .client()
             .list_threads(self.daemon.request(pb::ListThreadsRequest {

@@ -105,7 +105,7 @@ impl Handler<Scopes> for Session {
             expensive: false,
             presentation_hint: Some("locals"),
         });
-        if self.frames.contains_key(&-frame_id) && self.stops.contains_key(&tid) {
+        if self.frames.contains_key(&-frame_id) && self.stops.get(&tid).is_some_and(|s| s.data) {
             let r = self.container(Container::Hit(tid));
             scopes.push(Scope {
                 name: "Data breakpoint hit".into(),
@@ -194,19 +194,30 @@ impl Handler<Variables> for Session {
                 if !frame.note.is_empty() {
                     self.output("console", &format!("frame {index}: {}", frame.note));
                 }
-                out.extend(frame.variables.iter().map(|v| Variable {
-                    name: v.name.clone(),
-                    value: if v.error.is_empty() {
-                        spec::show_value(&v.r#type, &v.value)
-                    } else {
-                        format!("<{}>", v.error)
-                    },
-                    type_name: (!v.r#type.is_empty()).then(|| v.r#type.clone()),
-                    variables_reference: 0,
-                    // A variable in memory can be watched by its address.
-                    evaluate_name: None,
-                    memory_reference: (v.address != 0).then(|| format!("{:#x}", v.address)),
-                }));
+                for v in &frame.variables {
+                    // A pointer to a record, or a record in memory: its
+                    // members, as the daemon lists what the object at that
+                    // address has under it.
+                    let children = match object_of(v) {
+                        Some(expr) => self.container(Container::Children(expr)),
+                        None => 0,
+                    };
+                    out.push(Variable {
+                        name: v.name.clone(),
+                        value: if !v.error.is_empty() {
+                            format!("<{}>", v.error)
+                        } else if children > 0 && !v.r#type.trim_end().ends_with('*') {
+                            "{…}".into()
+                        } else {
+                            spec::show_value(&v.r#type, &v.value)
+                        },
+                        type_name: (!v.r#type.is_empty()).then(|| v.r#type.clone()),
+                        variables_reference: children,
+                        // A variable in memory can be watched by its address.
+                        evaluate_name: None,
+                        memory_reference: (v.address != 0).then(|| format!("{:#x}", v.address)),
+                    });
+                }
             }
             Container::Children(expr) => {
                 let r = self
@@ -486,4 +497,27 @@ fn stack_frame(id: i64, l: &pb::Location) -> StackFrame {
         column: l.column,
         instruction_pointer_reference: format!("{:#x}", l.ip),
     }
+}
+
+/// The object a frame's variable leads to, as an expression the daemon's
+/// `ListVariables` reads without the frame: what a pointer to a record
+/// points at (`*(struct conn *)0x5581…`), or a record where it is
+/// (`*(struct conn *)0x7ffd…`). None for scalars, unreadable values and
+/// null pointers.
+fn object_of(v: &pb::LocalVariable) -> Option<String> {
+    if !v.error.is_empty() {
+        return None;
+    }
+    let ty = v.r#type.trim();
+    let record = |t: &str| ["struct ", "union "].iter().any(|k| t.starts_with(k));
+    if let Some(target) = ty.strip_suffix('*') {
+        let target = target.trim_end();
+        if !record(target) || target.ends_with('*') {
+            return None;
+        }
+        let bytes: [u8; 8] = v.value.get(..8)?.try_into().ok()?;
+        let ptr = u64::from_le_bytes(bytes);
+        return (ptr != 0).then(|| format!("*({ty}){ptr:#x}"));
+    }
+    (record(ty) && v.address != 0).then(|| format!("*({ty} *){:#x}", v.address))
 }

@@ -9,13 +9,14 @@
 //! Requests are typed ([`crate::protocol::requests`]): each has one handler,
 //! an `impl Handler<R> for Session`, in the room of this module its work
 //! belongs to — `attach.rs` (attach, end of the session), `breakpoints.rs`
-//! (data breakpoints), `launch.rs` (a program started by the session), `inspect.rs` (threads, stacks, scopes, variables,
+//! (data breakpoints), `code.rs` (function and line breakpoints), `launch.rs` (a program started by the session), `inspect.rs` (threads, stacks, scopes, variables,
 //! evaluate, memory), `control.rs` (continue, pause, what is refused) — and
 //! one line in [`Session::route`]. Daemon events become DAP events in
 //! `events.rs`.
 
 mod attach;
 mod breakpoints;
+mod code;
 mod control;
 mod events;
 mod inspect;
@@ -97,9 +98,33 @@ struct Armed {
     last: Option<Vec<u8>>,
 }
 
-/// The last hit a thread stopped at.
-#[derive(Debug, Clone)]
+/// Where a code breakpoint was asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum CodeAt {
+    /// `setFunctionBreakpoints`: a function.
+    Function(String),
+    /// `setBreakpoints`: a source file (as the client names it) and line.
+    Line(String, u32),
+}
+
+/// A code breakpoint set in the daemon.
+#[derive(Debug)]
+struct CodeArmed {
+    at: CodeAt,
+    /// Its hit condition.
+    hits: crate::spec::HitCount,
+    dap_id: i64,
+    wp_id: u64,
+    /// Where the daemon put it.
+    place: pb::BreakpointPlace,
+}
+
+/// The last hit a thread stopped at (a data breakpoint's, with its values;
+/// a code breakpoint's, with its place only).
+#[derive(Debug, Clone, Default)]
 struct StopInfo {
+    /// A data breakpoint's hit (its values are a scope of the stop).
+    data: bool,
     dap_id: i64,
     expr: String,
     type_name: String,
@@ -163,6 +188,11 @@ pub(crate) struct Session {
     /// The event stream's lease (watchpoints die with it).
     lease: u64,
     armed: Vec<Armed>,
+    /// Function and line breakpoints.
+    code: Vec<CodeArmed>,
+    /// Code breakpoints this session removed (a thread that reached one
+    /// meanwhile is let go).
+    gone_code: std::collections::HashSet<u64>,
     next_id: i64,
     known: HashMap<Target, Known>,
     /// A stop is being shown (until continue).
@@ -233,6 +263,8 @@ where
         mode: StopMode::All,
         lease: 0,
         armed: Vec::new(),
+        code: Vec::new(),
+        gone_code: Default::default(),
         next_id: 1,
         known: HashMap::new(),
         stopped: false,

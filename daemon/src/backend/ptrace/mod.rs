@@ -518,7 +518,8 @@ impl Backend for PtraceEngine {
         match (self.stops, signal_bp::available(), code::available()) {
             (signal_bp::Policy::DebugRegisters, _, _) => String::new(),
             (_, Ok(()), Ok(())) => "uprobe + BPF signal stop: the thread is held at the probe \
-                 (its registers recorded by the probe's program) until its object is armed; \
+                 (its registers recorded by the probe's program) until its object is armed, \
+                 or, at a code breakpoint, until resumed; \
                  no debug-register slot is spent on the probe"
                 .into(),
             _ => String::new(),
@@ -751,9 +752,14 @@ impl TraceSink for PtraceEngine {
     }
 
     fn code_event(&self, pid: Pid, tid: Tid, records: &[super::CodeRecord]) -> bool {
-        self.host
+        let hold = self
+            .host
             .upgrade()
-            .is_some_and(|h| h.code_event(pid, tid, records))
+            .map_or(super::CodeHold::Run, |h| h.code_event(pid, tid, records));
+        if hold == super::CodeHold::HoldAll {
+            self.shards.hold_all(pid, tid);
+        }
+        hold != super::CodeHold::Run
     }
 
     fn exec(&self, pid: Pid, _tid: Tid) {
