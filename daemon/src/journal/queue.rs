@@ -12,15 +12,10 @@
 //!    every millisecond while hits flow) are let gather until
 //!    [`WAKE_BYTES`] are queued, the oldest has waited [`MAX_WAIT`], or a
 //!    burst adds nothing (the hits stopped): a few wake-ups and `write(2)`s
-//!    a second at full hit rate, not one per event or per pass. While hits
-//!    flow the writer finds records queued when it comes back for more, and
-//!    sleeps on its own timer until the oldest of them has waited
-//!    [`MAX_WAIT`] (`Wait::Gathering`): the publisher then wakes it only for
-//!    [`WAKE_BYTES`], an event alone or the end of the hits, not for the
-//!    age of a batch. An event waits in memory about [`MAX_WAIT`] at most
-//!    (plus a pass and the write before it), which is what a crash of the
-//!    daemon itself can take; `fdatasync` still follows within
-//!    `fsync_interval`.
+//!    a second at full hit rate, not one per event or per pass. An event
+//!    waits in memory about [`MAX_WAIT`] at most (plus a pass and the write
+//!    before it), which is what a crash of the daemon itself can take;
+//!    `fdatasync` still follows within `fsync_interval`.
 
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -67,20 +62,10 @@ impl Batch {
     }
 }
 
-/// How the writer sleeps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Wait {
-    /// Nothing was queued: until a publisher wakes it (or its deadline).
-    Idle,
-    /// Records are queued: until the oldest has waited [`MAX_WAIT`], on
-    /// its own timer.
-    Gathering,
-}
-
 struct State {
     queued: Batch,
-    /// The writer sleeps, and how (None: it does not).
-    waiting: Option<Wait>,
+    /// The writer sleeps until the next event.
+    waiting: bool,
     /// When the oldest record queued was (None: none is).
     first_at: Option<Instant>,
     /// The current burst queued a record.
@@ -104,7 +89,7 @@ impl Queue {
                     ends: Vec::with_capacity(4096),
                     lagged: 0,
                 },
-                waiting: None,
+                waiting: false,
                 first_at: None,
                 burst_added: false,
             }),
@@ -113,15 +98,14 @@ impl Queue {
     }
 
     /// Swaps what is queued into `into` (which must be empty), first
-    /// waiting up to `wait`: for an event published alone or the end of a
-    /// burst if none is queued, or until the records queued are due (see
-    /// the module's point 3).
+    /// waiting up to `wait` for an event published alone or the end of a
+    /// burst if none is queued.
     pub fn take(&self, into: &mut Batch, wait: Duration) {
         let mut s = self.state.lock().unwrap();
-        if let Some((how, sleep)) = s.sleep(wait) {
-            s.waiting = Some(how);
-            s = self.ready.wait_timeout(s, sleep).unwrap().0;
-            s.waiting = None;
+        if s.queued.ends.is_empty() && s.queued.lagged == 0 && !wait.is_zero() {
+            s.waiting = true;
+            s = self.ready.wait_timeout(s, wait).unwrap().0;
+            s.waiting = false;
         }
         s.first_at = None;
         std::mem::swap(&mut s.queued, into);
@@ -141,33 +125,13 @@ impl Queue {
 }
 
 impl State {
-    /// How long and in what way a writer coming for records sleeps first
-    /// (None: it takes what is queued at once), waiting `wait` at most.
-    fn sleep(&self, wait: Duration) -> Option<(Wait, Duration)> {
-        if wait.is_zero() || self.queued.lagged > 0 {
-            return None;
-        }
-        let Some(first_at) = self.first_at.filter(|_| !self.queued.ends.is_empty()) else {
-            return Some((Wait::Idle, wait));
-        };
-        let left = MAX_WAIT.saturating_sub(first_at.elapsed());
-        if left.is_zero() || self.queued.buf.len() >= WAKE_BYTES {
-            return None;
-        }
-        Some((Wait::Gathering, left.min(wait)))
-    }
-
-    /// Whether the sleeping writer is to be woken at the end of a burst
-    /// (that `added` records or not). A gathering writer wakes on its own
-    /// when the oldest record is due.
+    /// Whether the writer is to take what is queued at the end of a burst
+    /// (that `added` records or not).
     fn due(&self, added: bool) -> bool {
-        let Some(how) = self.waiting else {
-            return false;
-        };
         !self.queued.ends.is_empty()
             && (!added
                 || self.queued.buf.len() >= WAKE_BYTES
-                || (how == Wait::Idle && self.first_at.is_some_and(|t| t.elapsed() >= MAX_WAIT)))
+                || self.first_at.is_some_and(|t| t.elapsed() >= MAX_WAIT))
     }
 }
 
@@ -187,8 +151,8 @@ impl Sink for Queue {
             s.first_at = Some(Instant::now());
         }
         s.burst_added |= in_burst;
-        if s.waiting.is_some() && !in_burst {
-            s.waiting = None;
+        if s.waiting && !in_burst {
+            s.waiting = false;
             self.ready.notify_one();
         }
     }
@@ -196,8 +160,8 @@ impl Sink for Queue {
     fn burst_ended(&self) {
         let mut s = self.state.lock().unwrap();
         let added = std::mem::take(&mut s.burst_added);
-        if s.due(added) {
-            s.waiting = None;
+        if s.waiting && s.due(added) {
+            s.waiting = false;
             self.ready.notify_one();
         }
     }
@@ -223,7 +187,7 @@ mod tests {
     fn a_burst_wakes_the_writer_once_enough_is_queued_or_old_or_hits_stopped() {
         let mut s = State {
             queued: Batch::default(),
-            waiting: Some(Wait::Idle),
+            waiting: true,
             first_at: None,
             burst_added: false,
         };
@@ -238,64 +202,6 @@ mod tests {
         s.queued.buf.truncate(100);
         s.first_at = Instant::now().checked_sub(MAX_WAIT);
         assert!(s.due(true), "old enough");
-        // A gathering writer wakes on its own for the age, not for the rest.
-        s.waiting = Some(Wait::Gathering);
-        assert!(!s.due(true), "its timer takes care of the age");
-        assert!(s.due(false), "the hits stopped");
-        s.queued.buf.resize(WAKE_BYTES, 0);
-        assert!(s.due(true), "enough bytes");
-        s.waiting = None;
-        assert!(!s.due(false), "a writer that does not sleep is not woken");
-    }
-
-    #[test]
-    fn a_writer_sleeps_until_the_oldest_record_is_due() {
-        let wait = Duration::from_millis(200);
-        let mut s = State {
-            queued: Batch::default(),
-            waiting: None,
-            first_at: None,
-            burst_added: false,
-        };
-        assert_eq!(s.sleep(wait), Some((Wait::Idle, wait)), "nothing queued");
-        assert_eq!(s.sleep(Duration::ZERO), None, "stopping: no sleep");
-        s.queued.ends.push((1, 100));
-        s.queued.buf.resize(100, 0);
-        s.first_at = Some(Instant::now());
-        let (how, left) = s.sleep(wait).expect("a young batch");
-        assert_eq!(how, Wait::Gathering);
-        assert!(left <= MAX_WAIT && !left.is_zero(), "{left:?}");
-        assert_eq!(
-            s.sleep(Duration::from_micros(10)),
-            Some((Wait::Gathering, Duration::from_micros(10))),
-            "no longer than the writer's own deadline"
-        );
-        s.first_at = Instant::now().checked_sub(MAX_WAIT);
-        assert_eq!(s.sleep(wait), None, "the oldest waited long enough");
-        s.first_at = Some(Instant::now());
-        s.queued.buf.resize(WAKE_BYTES, 0);
-        assert_eq!(s.sleep(wait), None, "enough bytes");
-        s.queued.buf.truncate(100);
-        s.queued.lagged = 1;
-        assert_eq!(s.sleep(wait), None, "losses are told at once");
-    }
-
-    #[test]
-    fn a_writer_coming_back_to_queued_records_takes_them_on_its_own_timer() {
-        let q = Queue::new(Arc::new(|e: &Event, b: &mut Vec<u8>| {
-            b.extend_from_slice(&e.seq.to_le_bytes())
-        }));
-        // Hits flowing: bursts that keep adding ask for no wake-up.
-        for seq in 1..=3 {
-            q.append(&exited(seq), true);
-            q.burst_ended();
-        }
-        // The writer comes back for more: it sleeps until the oldest is due
-        // (far below its own 600 s deadline), then takes all of them.
-        let mut got = Batch::default();
-        q.take(&mut got, Duration::from_secs(600));
-        assert_eq!(got.ends.iter().map(|e| e.0).collect::<Vec<_>>(), [1, 2, 3]);
-        assert!(q.is_empty());
     }
 
     #[test]
