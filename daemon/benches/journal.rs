@@ -4,15 +4,36 @@
 //! 100,000 events a second cost (writer CPU per event, the publishing
 //! thread's CPU per event with the journal, which encodes there, and
 //! without, fdatasync count and time, losses); how long reopening a journal of 1,000,000 events takes.
-//! Events are hits as the daemon publishes them (8-byte value, names).
+//! Events are hits as the daemon publishes them (8-byte value, names, the
+//! process's owner and program image, nothing symbolized in it).
 
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wpd::events::{EventBus, EventKind, HitEvent};
+use wpd::events::{EventBus, EventKind, HitEvent, Owner};
 use wpd::journal::{Config, Journal};
 use wpd::model::{Access, BackendKind, WatchId};
+
+/// The hits' process: its owner and its program image, one of each per
+/// process as in the daemon.
+fn process() -> &'static (Arc<Owner>, Arc<wpd::symbols::Image>) {
+    static P: std::sync::OnceLock<(Arc<Owner>, Arc<wpd::symbols::Image>)> =
+        std::sync::OnceLock::new();
+    P.get_or_init(|| {
+        let owner = Owner {
+            start_time: 123_456_789,
+            uids: [1000; 3],
+            gids: [1000; 3],
+            dumpable: true,
+        };
+        (Arc::new(owner), wpd::symbols::Image::new(4242))
+    })
+}
+
+fn owner() -> Option<Arc<Owner>> {
+    Some(process().0.clone())
+}
 
 fn hit(i: u64) -> EventKind {
     EventKind::Hit(HitEvent {
@@ -31,7 +52,7 @@ fn hit(i: u64) -> EventKind {
         stopped: false,
         old_value: None,
         backend: BackendKind::Perf,
-        image: None,
+        image: Some(process().1.clone()),
         callchain: Vec::new(),
         callchain_note: None,
         rate_limited_before: 0,
@@ -87,7 +108,7 @@ fn max_rate(n: u64) -> (f64, u64) {
         }
         bus.burst(|| {
             for i in start..(start + 4096).min(n) {
-                bus.publish(hit(i));
+                bus.publish_as(hit(i), owner());
             }
         });
     }
@@ -156,7 +177,7 @@ fn paced_without_journal(secs: u64) -> u64 {
         }
         let c = own_cpu_ns();
         for _ in 0..100 {
-            drop(bus.publish_kept(hit(i), None));
+            drop(bus.publish_kept(hit(i), owner()));
             i += 1;
         }
         spent += own_cpu_ns() - c;
@@ -186,7 +207,7 @@ fn paced(secs: u64) {
         // One burst, as the drain publishes what one pass read.
         bus.burst(|| {
             for _ in 0..100 {
-                drop(bus.publish_kept(hit(i), None));
+                drop(bus.publish_kept(hit(i), owner()));
                 i += 1;
             }
         });
@@ -221,7 +242,7 @@ fn reopen(n: u64) {
     let bus = EventBus::new(1 << 16);
     let j = start(&d, &bus);
     for i in 0..n {
-        bus.publish(hit(i));
+        bus.publish_as(hit(i), owner());
         if i % 4096 == 0 {
             while bus.head() - j.written_seq() > 1 << 15 {
                 std::thread::yield_now();
@@ -254,7 +275,7 @@ fn main() {
     {
         use prost::Message;
         let bus = EventBus::new(4);
-        let ev = bus.publish_kept(hit(1), None);
+        let ev = bus.publish_kept(hit(1), owner());
         let mut payload = Vec::new();
         (wpd::rpc::replay::encoder())(&ev, &mut payload);
         wpd::journal::segment::encode_record(&mut record, 1, 1, &payload);

@@ -7,6 +7,8 @@
 //! location fields are encoded once and kept with the cached place
 //! (`Place::wire`). Other events go through prost.
 
+use std::sync::Arc;
+
 use prost::Message;
 use prost::encoding::{WireType, encoded_len_varint};
 
@@ -28,10 +30,33 @@ pub fn encode_event(e: &Event, buf: &mut Vec<u8>) {
     uint(buf, 1, e.seq);
     uint(buf, 2, e.time_ns);
     if let Some(o) = &e.owner {
-        nested(buf, 3, |b| owner(b, o));
+        owner_field(buf, o);
     }
     // A hit's fields take 128 to 16,383 bytes: two bytes of length.
     nested_sized(buf, 10, 2, |b| hit(b, h));
+}
+
+thread_local! {
+    /// The owner field last encoded on this thread, and its bytes: the
+    /// hits of one process share their owner (one `Arc` per process), so
+    /// a stream of hits encodes it once.
+    static LAST_OWNER: std::cell::RefCell<Option<(Arc<Owner>, Vec<u8>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The `owner` field (3) of `o`, from this thread's last encoding when it
+/// is the same owner (the same `Arc`, kept alive by the memo: its address
+/// cannot be reused while it is kept).
+fn owner_field(buf: &mut Vec<u8>, o: &Arc<Owner>) {
+    LAST_OWNER.with_borrow_mut(|last| match last {
+        Some((kept, bytes)) if Arc::ptr_eq(kept, o) => buf.extend_from_slice(bytes),
+        _ => {
+            let mut bytes = Vec::with_capacity(32);
+            nested(&mut bytes, 3, |b| owner(b, o));
+            buf.extend_from_slice(&bytes);
+            *last = Some((o.clone(), bytes));
+        }
+    });
 }
 
 /// The fields of a `ProcessOwner`.
@@ -225,8 +250,6 @@ fn nested_sized(buf: &mut Vec<u8>, tag: u32, guess: usize, body: impl FnOnce(&mu
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use crate::model::{Access, BackendKind, WatchId};
     use crate::symbols::Image;
@@ -387,6 +410,33 @@ mod tests {
             unknown.image = Some(image);
             check(&event(unknown, None));
         }
+    }
+
+    #[test]
+    fn an_owner_is_encoded_again_once_another_one_comes() {
+        let first = Arc::new(owner());
+        let mut o = owner();
+        o.uids = [0; 3];
+        o.start_time = 5;
+        let second = Arc::new(o);
+        let same_as_first = Arc::new(owner());
+        for o in [&first, &first, &second, &first, &same_as_first, &second] {
+            let e = Event {
+                seq: 1,
+                time_ns: 2,
+                owner: Some(o.clone()),
+                kind: EventKind::Hit(hit()),
+            };
+            check(&e);
+        }
+        // Another thread's memo is its own.
+        let e = Event {
+            seq: 1,
+            time_ns: 2,
+            owner: Some(second.clone()),
+            kind: EventKind::Hit(hit()),
+        };
+        std::thread::spawn(move || check(&e)).join().unwrap();
     }
 
     #[test]

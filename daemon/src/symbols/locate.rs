@@ -108,6 +108,10 @@ pub struct Image {
     /// Superseded (the process called exec) or gone: never read its maps
     /// again.
     retired: AtomicBool,
+    /// Some place is cached (set after the first insert): a hit of a
+    /// process nobody asked to symbolize is not looked up (the journal
+    /// encodes every hit and tries its location).
+    any: AtomicBool,
 }
 
 impl std::fmt::Debug for Image {
@@ -127,6 +131,7 @@ impl Image {
             files: Mutex::new(None),
             frames: DashMap::default(),
             retired: AtomicBool::new(false),
+            any: AtomicBool::new(false),
         })
     }
 
@@ -139,11 +144,20 @@ impl Image {
     /// Caches `place` for `lookup`, as the symbolizer would.
     #[cfg(test)]
     pub fn insert_for_tests(&self, lookup: u64, place: Arc<Place>) {
+        self.put(lookup, place);
+    }
+
+    /// Caches `place` for `lookup`.
+    fn put(&self, lookup: u64, place: Arc<Place>) {
         self.frames.insert(lookup, place);
+        self.any.store(true, Ordering::Release);
     }
 
     /// The frame cached for `lookup`.
     pub fn cached(&self, lookup: u64) -> Option<Arc<Place>> {
+        if !self.any.load(Ordering::Acquire) {
+            return None;
+        }
         self.frames.get(&lookup).map(|p| p.clone())
     }
 
@@ -412,7 +426,7 @@ fn worker(symbols: std::sync::Weak<Symbols>, rx: mpsc::Receiver<Msg>, debug_dirs
                         .push(a);
                 }
                 None => {
-                    image.frames.insert(a, Arc::new(Place::default()));
+                    image.put(a, Arc::new(Place::default()));
                 }
             }
         }
@@ -438,7 +452,7 @@ fn worker(symbols: std::sync::Weak<Symbols>, rx: mpsc::Receiver<Msg>, debug_dirs
                 let v = a.wrapping_sub(bias);
                 match places.get(&(key.clone(), v)) {
                     Some(p) => {
-                        image.frames.insert(a, p.clone());
+                        image.put(a, p.clone());
                     }
                     None => todo.push((a, v)),
                 }
@@ -507,9 +521,33 @@ fn worker(symbols: std::sync::Weak<Symbols>, rx: mpsc::Receiver<Msg>, debug_dirs
                     .fetch_add(place_bytes(&place), Ordering::Relaxed);
                 let p = Arc::new(place);
                 places.insert((key.clone(), *v), p.clone());
-                image.frames.insert(*a, p);
+                image.put(*a, p);
             }
         }
         let _ = job.reply.send(());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_image_finds_what_was_cached_once_anything_is() {
+        let image = Image::new(1);
+        assert!(image.cached(0x1000).is_none(), "nothing cached");
+        assert!(cached_frame(&image, 0x1001).is_none());
+        let place = Arc::new(Place {
+            function: Some("f".into()),
+            ..Place::default()
+        });
+        image.insert_for_tests(0x1000, place.clone());
+        assert_eq!(image.cached(0x1000), Some(place.clone()));
+        assert!(image.cached(0x2000).is_none(), "another address");
+        let f = cached_frame(&image, 0x1001).expect("cached at ip - 1");
+        assert_eq!((f.ip, f.lookup, &f.place), (0x1001, 0x1000, &place));
+        // The images of other processes (or of this one before an exec)
+        // are their own.
+        assert!(Image::new(1).cached(0x1000).is_none());
     }
 }
