@@ -55,6 +55,7 @@ pub struct Features {
     pub code_events: bool,
 }
 
+pub use ptrace::ProgramResult;
 pub use ptrace::code::{CodeProbe, CodeRecord};
 
 /// Where a held thread is stopped: enough to walk its stack.
@@ -268,6 +269,22 @@ pub trait Backend: Send + Sync {
     fn shutdown(&self) {}
 }
 
+/// Slots programmed at a code event's stop by the thread that holds the
+/// stopped thread (the ptrace backend's tracer): no park, no free-slot
+/// probe, no round trip to another thread. Only threads it [`reaches`]
+/// are programmed; the core falls back to an ordinary arm for the others.
+///
+/// [`reaches`]: StopArmer::reaches
+pub trait StopArmer {
+    /// Whether `tid`'s slots can be programmed from here, now.
+    fn reaches(&self, tid: Tid) -> bool;
+    /// Arms each reservation with its piece of `watch`: the outcome of
+    /// each, in order.
+    fn arm(&mut self, watch: &Watch, res: &[Reservation]) -> Vec<ProgramResult>;
+    /// Clears these slots (tid, slot).
+    fn clear(&mut self, slots: &[(Tid, u8)]);
+}
+
 /// What a backend may see and change of the daemon's state. Implemented by
 /// the core; backends hold it weakly (the core owns them).
 pub trait Host: Send + Sync {
@@ -321,8 +338,15 @@ pub trait Host: Send + Sync {
     /// exec: it carries nothing any more.
     fn forked_child_gone(&self, _pid: Pid) {}
     /// A thread stopped at code-event probes: true to hold it until the
-    /// daemon has armed what they name (it then resumes it).
-    fn code_event(&self, _pid: Pid, _tid: Tid, _records: &[CodeRecord]) -> bool {
+    /// daemon has armed what they name (it then resumes it); false once
+    /// it is done, through `armer`, before the thread runs on.
+    fn code_event(
+        &self,
+        _pid: Pid,
+        _tid: Tid,
+        _records: &[CodeRecord],
+        _armer: &mut dyn StopArmer,
+    ) -> bool {
         false
     }
     /// Whether anyone wants [`Host::process_started`] calls (the backend

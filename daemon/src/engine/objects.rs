@@ -24,9 +24,10 @@ use std::sync::{Arc, Mutex, mpsc};
 use dashmap::DashMap;
 
 use super::Core;
-use crate::backend::{CodeProbe, CodeRecord};
+use crate::backend::{CodeProbe, CodeRecord, ProgramResult, StopArmer};
 use crate::error::WpdError;
 use crate::model::{Pid, Scope, Tid, WatchId, WatchSpec};
+use crate::state::OpGuard;
 use crate::symbols::code::CodeSite;
 
 /// What a code event is (the part of an object watch's spec beyond an
@@ -440,8 +441,16 @@ impl Core {
     }
 
     /// A thread is stopped at probes: true to hold it (the objects thread
-    /// resumes it).
-    pub(super) fn code_event_seen(&self, pid: Pid, tid: Tid, records: &[CodeRecord]) -> bool {
+    /// resumes it), false when it may run on. Called on the tracer thread
+    /// that holds it: what can be done there is done there (see
+    /// [`Core::arm_at_stop`]); the rest goes to the objects thread.
+    pub(super) fn code_event_seen(
+        &self,
+        pid: Pid,
+        tid: Tid,
+        records: &[CodeRecord],
+        armer: &mut dyn StopArmer,
+    ) -> bool {
         let at = std::time::Instant::now();
         let tx = self.objects.tx.lock().unwrap().clone();
         let Some(tx) = tx else {
@@ -460,7 +469,12 @@ impl Core {
                 // A call of the disarming function: ours only if its first
                 // argument is a live object's base.
                 let base = r.args[0];
-                if w.live.lock().unwrap().contains_key(&base) {
+                if !w.live.lock().unwrap().contains_key(&base) {
+                    continue;
+                }
+                // Once one record waits for the objects thread, those after
+                // it wait too: they are done in order.
+                if hold || !self.disarm_at_stop(&w, base, armer) {
                     hold |= tx.send(Msg::Disarm(id, pid, tid, base)).is_ok();
                 }
                 continue;
@@ -477,9 +491,235 @@ impl Core {
                 );
                 continue;
             }
+            if !hold && self.arm_at_stop(&w, r, armer) {
+                let ns = at.elapsed().as_nanos() as u64;
+                w.counts.held_ns.fetch_add(ns, Ordering::Relaxed);
+                self.objects.totals.held_ns.fetch_add(ns, Ordering::Relaxed);
+                continue;
+            }
             hold |= tx.send(Msg::Arm(id, *r, at)).is_ok();
         }
         hold
+    }
+
+    /// Arms the object of record `r` from the tracer thread holding its
+    /// thread, if that thread can do it all: the process's operation lock
+    /// free, the expression read no memory, every thread to arm one of that
+    /// tracer's (`armer.reaches`). The ledger is used as by any arm (all
+    /// or nothing: the slots reserved on every thread, armed, committed,
+    /// or every one undone), without a park or a free-slot probe: the
+    /// tracer opens each breakpoint, and a refusal (`ENOSPC`) leaves no
+    /// slot behind. False: nothing was done, the objects thread does it.
+    fn arm_at_stop(&self, w: &ObjectWatch, r: &CodeRecord, armer: &mut dyn StopArmer) -> bool {
+        let totals = &self.objects.totals;
+        let pid = w.spec.pid;
+        let Some((offset, size)) = w.linear else {
+            return false;
+        };
+        let base = match w.root {
+            crate::symbols::code::Root::Ret => r.ret,
+            crate::symbols::code::Root::Arg(i) => r.args[i],
+        };
+        let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
+            return false;
+        };
+        let Some(op) = proc.try_lock_op() else {
+            return false;
+        };
+        if proc.is_gone() {
+            return false;
+        }
+        let tids: Vec<Tid> = if w.code.creator_only {
+            vec![r.tid]
+        } else {
+            let mut t = self.ledger.tids(pid);
+            t.sort_unstable();
+            t
+        };
+        if !tids.iter().all(|&t| armer.reaches(t)) {
+            return false;
+        }
+        // The same base again (freed without the disarming function, and
+        // handed out anew): the old object's watchpoint goes first.
+        let old = w.live.lock().unwrap().get(&base).copied();
+        if let Some(old) = old {
+            if !self.drop_at_stop(&op, old, armer) {
+                return false;
+            }
+            w.live.lock().unwrap().remove(&base);
+            self.disarm_filter(pid, w.id, base, false);
+        }
+        if base == 0 {
+            bump(w, totals, |c| &c.failed);
+            tracing::warn!(
+                id = w.id.0,
+                pid,
+                tid = r.tid,
+                "object not armed: {} is a null pointer",
+                w.code.expr
+            );
+            return true;
+        }
+        let address = base.wrapping_add(offset);
+        let len = u32::try_from(size).unwrap_or(u32::MAX);
+        let range = match crate::arch::validate(address, len, w.spec.access) {
+            Ok(r) => r,
+            Err(e) => {
+                bump(w, totals, |c| &c.failed);
+                tracing::warn!(id = w.id.0, pid, tid = r.tid, "object not armed: {e}");
+                return true;
+            }
+        };
+        let Ok(backend) = self.backends.get(Some(proc.backend)) else {
+            return false;
+        };
+        let retained = backend.retained();
+        let mut spec = w.spec.clone();
+        spec.range = range;
+        spec.symbol = None;
+        spec.scope = if w.code.creator_only {
+            Scope::Threads(vec![r.tid])
+        } else {
+            Scope::Process
+        };
+        let id = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let watch = super::watch::new_watch(id, spec, proc.backend, w.owner, None);
+        if watch.spec.only_on_change {
+            *watch.last_value.lock().unwrap() = crate::procfs::read_memory(
+                pid,
+                r.tid,
+                watch.spec.range.addr,
+                watch.spec.range.len as usize,
+            )
+            .ok();
+        }
+        // Registered first, as any arm: a thread born from here on gets it
+        // at birth (its first stop, handled by this same tracer).
+        self.watches.insert(id, watch.clone());
+        proc.watches.lock().unwrap().insert(id);
+        let unregister = || {
+            self.watches.remove(&id);
+            proc.watches.lock().unwrap().remove(&id);
+        };
+        let res = match self.ledger.reserve_all(
+            &tids,
+            id,
+            watch.spec.range.slots() as u8,
+            watch.process_wide,
+            retained,
+        ) {
+            Ok(res) => res,
+            Err(conflicts) => {
+                unregister();
+                bump(w, totals, |c| &c.no_slot);
+                let e = WpdError::OutOfSlots {
+                    pid,
+                    needed: watch.spec.range.slots(),
+                    conflicts,
+                };
+                tracing::warn!(id = w.id.0, pid, tid = r.tid, "object not armed: {e}");
+                return true;
+            }
+        };
+        let outcomes = armer.arm(&watch, &res);
+        let (mut ok, mut gone, mut full, mut failed) = (Vec::new(), Vec::new(), Vec::new(), None);
+        for (res, o) in res.iter().zip(outcomes) {
+            match o {
+                ProgramResult::Done => ok.push(*res),
+                ProgramResult::Gone => gone.push(*res),
+                ProgramResult::NoSpace => {
+                    self.ledger.mark_foreign(*res);
+                    full.push(res.tid);
+                }
+                ProgramResult::Failed(e) => {
+                    self.ledger.rollback(&[*res]);
+                    failed = Some(e);
+                }
+            }
+        }
+        self.ledger.rollback(&gone);
+        self.ledger.commit(&ok, None);
+        if full.is_empty() && failed.is_none() {
+            bump(w, totals, |c| &c.armed);
+            w.live.lock().unwrap().insert(base, id);
+            self.disarm_filter(pid, w.id, base, true);
+            return true;
+        }
+        // All or nothing: what was armed is cleared, every slot released.
+        unregister();
+        armer.clear(&self.ledger.slots_on(&tids, id));
+        self.release_slots(&watch, retained);
+        let e = match failed {
+            Some(e) => {
+                bump(w, totals, |c| &c.failed);
+                WpdError::kernel("perf_event_open(signal stop)", e)
+            }
+            None => {
+                bump(w, totals, |c| &c.no_slot);
+                WpdError::OutOfSlots {
+                    pid,
+                    needed: watch.spec.range.slots(),
+                    conflicts: self.ledger.conflicts(full),
+                }
+            }
+        };
+        tracing::warn!(id = w.id.0, pid, tid = r.tid, "object not armed: {e}");
+        true
+    }
+
+    /// Removes the watchpoint of the live object `base` from the tracer
+    /// thread holding the thread that frees it, if that tracer reaches
+    /// every thread holding it (see [`Core::arm_at_stop`]). False: nothing
+    /// was done.
+    fn disarm_at_stop(&self, w: &ObjectWatch, base: u64, armer: &mut dyn StopArmer) -> bool {
+        let pid = w.spec.pid;
+        let Some(child) = w.live.lock().unwrap().get(&base).copied() else {
+            return true;
+        };
+        let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
+            return false;
+        };
+        let Some(op) = proc.try_lock_op() else {
+            return false;
+        };
+        if !self.drop_at_stop(&op, child, armer) {
+            return false;
+        }
+        if w.live.lock().unwrap().remove(&base).is_some() {
+            self.disarm_filter(pid, w.id, base, false);
+            bump(w, &self.objects.totals, |c| &c.disarmed);
+        }
+        true
+    }
+
+    /// Takes watchpoint `id` off the locked process through `armer`
+    /// (cleared, slots released, `WatchpointRemoved` published), if it
+    /// reaches every thread holding it; false (nothing done) if not.
+    fn drop_at_stop(&self, op: &OpGuard<'_>, id: WatchId, armer: &mut dyn StopArmer) -> bool {
+        let Some(w) = self.watches.get(&id).map(|w| w.clone()) else {
+            return true; // gone already
+        };
+        let Ok(backend) = self.backends.get(Some(w.backend)) else {
+            return false;
+        };
+        let slots = self.ledger.slots_on(&self.watch_tids(&w), id);
+        if !slots.iter().all(|&(t, _)| armer.reaches(t)) {
+            return false;
+        }
+        self.watches.remove(&id);
+        let proc = op.process();
+        proc.watches.lock().unwrap().remove(&id);
+        armer.clear(&slots);
+        self.release_slots(&w, backend.retained());
+        self.bus.publish_as(
+            crate::events::EventKind::WatchpointRemoved {
+                id,
+                pid: proc.pid,
+                reason: "removed".into(),
+            },
+            Some(proc.owner.clone()),
+        );
+        true
     }
 
     fn start_objects_thread(self: &Arc<Self>) {

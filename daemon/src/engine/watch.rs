@@ -281,22 +281,7 @@ impl Core {
         {
             warnings.push(w);
         }
-        let watch = Arc::new(Watch {
-            id,
-            spec: spec.clone(),
-            process_wide,
-            created_at_ns: crate::clock::realtime_ns(),
-            hits: AtomicU64::new(0),
-            last_value: Mutex::new(None),
-            recent: Mutex::new(std::collections::VecDeque::new()),
-            forked: Mutex::new(Default::default()),
-            forked_total: std::sync::atomic::AtomicU64::new(0),
-            aggregates: spec.aggregate.map(crate::aggregate::Aggregates::new),
-            backend: proc.backend,
-            owner,
-            resolved,
-            filter: Default::default(),
-        });
+        let watch = new_watch(id, spec.clone(), proc.backend, owner, resolved);
         if spec.only_on_change {
             *watch.last_value.lock().unwrap() = procfs::live_thread(pid).and_then(|via| {
                 procfs::read_memory(pid, via, spec.range.addr, spec.range.len as usize).ok()
@@ -403,7 +388,7 @@ impl Core {
     }
 
     /// Frees the ledger's slots of `w` on every thread that has them.
-    fn release_slots(&self, w: &Watch, retained: Retained) {
+    pub(super) fn release_slots(&self, w: &Watch, retained: Retained) {
         let mut tids: Vec<Tid> = self
             .ledger
             .slots_on(&self.watch_tids(w), w.id)
@@ -730,4 +715,30 @@ impl Core {
 /// The spec's hit filter fits its range and access.
 fn check_filter(spec: &WatchSpec) -> Result<(), WpdError> {
     crate::filter::check(&spec.filter, &spec.range, spec.access).map_err(WpdError::InvalidArgument)
+}
+
+/// A new watchpoint's state, not registered anywhere yet.
+pub(super) fn new_watch(
+    id: WatchId,
+    spec: WatchSpec,
+    backend: crate::model::BackendKind,
+    owner: u32,
+    resolved: Option<Resolved>,
+) -> Arc<Watch> {
+    Arc::new(Watch {
+        id,
+        process_wide: spec.scope == Scope::Process,
+        created_at_ns: crate::clock::realtime_ns(),
+        hits: AtomicU64::new(0),
+        last_value: Mutex::new(None),
+        recent: Mutex::new(std::collections::VecDeque::new()),
+        forked: Mutex::new(Default::default()),
+        forked_total: std::sync::atomic::AtomicU64::new(0),
+        aggregates: spec.aggregate.map(crate::aggregate::Aggregates::new),
+        backend,
+        owner,
+        resolved,
+        filter: Default::default(),
+        spec,
+    })
 }

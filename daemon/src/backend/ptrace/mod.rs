@@ -235,17 +235,22 @@ impl PtraceEngine {
     }
 
     fn program_for(r: &Reservation, w: &Watch) -> SlotProgram {
-        let piece = w.spec.range.piece(r.key.piece);
-        SlotProgram {
-            tid: r.tid,
-            slot: r.slot,
-            arm: Some(shards::Arm {
-                addr: piece.addr,
-                len: piece.len,
-                access: w.spec.access,
-                key: r.key,
-            }),
-        }
+        program_for(r, w)
+    }
+}
+
+/// The program arming reservation `r` with its piece of `w`.
+pub(super) fn program_for(r: &Reservation, w: &Watch) -> SlotProgram {
+    let piece = w.spec.range.piece(r.key.piece);
+    SlotProgram {
+        tid: r.tid,
+        slot: r.slot,
+        arm: Some(shards::Arm {
+            addr: piece.addr,
+            len: piece.len,
+            access: w.spec.access,
+            key: r.key,
+        }),
     }
 }
 
@@ -750,10 +755,16 @@ impl TraceSink for PtraceEngine {
         verdict
     }
 
-    fn code_event(&self, pid: Pid, tid: Tid, records: &[super::CodeRecord]) -> bool {
+    fn code_event(
+        &self,
+        pid: Pid,
+        tid: Tid,
+        records: &[super::CodeRecord],
+        armer: &mut dyn super::StopArmer,
+    ) -> bool {
         self.host
             .upgrade()
-            .is_some_and(|h| h.code_event(pid, tid, records))
+            .is_some_and(|h| h.code_event(pid, tid, records, armer))
     }
 
     fn exec(&self, pid: Pid, _tid: Tid) {

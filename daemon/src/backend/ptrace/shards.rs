@@ -126,8 +126,15 @@ pub trait TraceSink: Send + Sync {
     /// The process called exec: the kernel cleared the registers.
     fn exec(&self, pid: Pid, tid: Tid);
     /// The thread stopped at code-event probes, with what they recorded.
-    /// True: hold it (the daemon resumes it once done); false: it runs on.
-    fn code_event(&self, _pid: Pid, _tid: Tid, _records: &[super::code::CodeRecord]) -> bool {
+    /// True: hold it (the daemon resumes it once done); false: it runs on
+    /// (what the records asked was done through `armer`, or nothing was).
+    fn code_event(
+        &self,
+        _pid: Pid,
+        _tid: Tid,
+        _records: &[super::code::CodeRecord],
+        _armer: &mut dyn crate::backend::StopArmer,
+    ) -> bool {
         false
     }
 }
@@ -386,14 +393,39 @@ impl Shards {
 
     /// Resumes held tracees of `pid` (all held ones when `tids` is empty).
     pub fn resume(&self, pid: Pid, tids: &[Tid]) -> Vec<Tid> {
-        self.broadcast(|reply| Cmd::Resume {
-            pid,
-            tids: tids.to_vec(),
-            reply,
-        })
-        .into_iter()
-        .flatten()
-        .collect()
+        if tids.is_empty() {
+            return self
+                .broadcast(|reply| Cmd::Resume {
+                    pid,
+                    tids: Vec::new(),
+                    reply,
+                })
+                .into_iter()
+                .flatten()
+                .collect();
+        }
+        // Named threads: only their tracers are asked.
+        let mut per: HashMap<usize, Vec<Tid>> = HashMap::new();
+        for &t in tids {
+            if let Some(s) = self.owner.get(&t).map(|s| *s) {
+                per.entry(s).or_default().push(t);
+            }
+        }
+        let (tx, rx) = mpsc::channel();
+        let waiting = per.len();
+        for (s, tids) in per {
+            self.send(
+                s,
+                Cmd::Resume {
+                    pid,
+                    tids,
+                    reply: tx.clone(),
+                },
+            );
+        }
+        (0..waiting)
+            .flat_map(|_| rx.recv().unwrap_or_default())
+            .collect()
     }
 
     /// Stops every tracee of `pid` except `except` (peer stop after a hit).
