@@ -86,6 +86,8 @@ fn objects_json(s: &GetStatsResponse) -> serde_json::Value {
         "failed": o.failed,
         "live": o.live,
         "mean_hold_ns": o.mean_hold_ns,
+        "armed_at_stop": o.armed_at_stop,
+        "disarmed_at_stop": o.disarmed_at_stop,
     })
 }
 

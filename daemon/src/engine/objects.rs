@@ -67,6 +67,10 @@ pub struct ObjectCounts {
     pub failed: AtomicU64,
     /// Total time threads were held for arming, in ns.
     pub held_ns: AtomicU64,
+    /// Of `armed`, those armed at the stop by the tracer holding the thread.
+    pub armed_at_stop: AtomicU64,
+    /// Of `disarmed`, those disarmed at the stop.
+    pub disarmed_at_stop: AtomicU64,
 }
 
 /// A snapshot of [`ObjectCounts`].
@@ -86,6 +90,10 @@ pub struct ObjectCountsView {
     pub live: u64,
     /// Mean time a thread was held to arm one object, ns.
     pub mean_hold_ns: u64,
+    /// Of `armed`, those armed at the stop by the tracer holding the thread.
+    pub armed_at_stop: u64,
+    /// Of `disarmed`, those disarmed at the stop.
+    pub disarmed_at_stop: u64,
 }
 
 impl ObjectCounts {
@@ -105,6 +113,8 @@ impl ObjectCounts {
                 .load(Ordering::Relaxed)
                 .checked_div(tried)
                 .unwrap_or(0),
+            armed_at_stop: self.armed_at_stop.load(Ordering::Relaxed),
+            disarmed_at_stop: self.disarmed_at_stop.load(Ordering::Relaxed),
         }
     }
 }
@@ -157,13 +167,27 @@ enum Msg {
     Arm(WatchId, CodeRecord, std::time::Instant),
     /// Disarm the object whose base is `u64`, then resume the thread.
     Disarm(WatchId, Pid, Tid, u64),
+    /// Removals are waiting in `Objects::removed`: publish them soon.
+    Flush,
 }
+
+/// How long the removals of objects disarmed at their stop wait to be
+/// published together (one wake-up of the journal's writer per batch,
+/// not per object).
+const PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// A `WatchpointRemoved` to publish: the watchpoint, its process's owner.
+type Removed = (WatchId, Arc<crate::state::Process>);
 
 /// The core's object watches.
 #[derive(Debug, Default)]
 pub struct Objects {
     watches: DashMap<WatchId, Arc<ObjectWatch>>,
     tx: Mutex<Option<mpsc::Sender<Msg>>>,
+    /// Objects' watchpoints removed at their stop whose `WatchpointRemoved`
+    /// is not published yet (within [`PUBLISH_EVERY`], by the objects
+    /// thread).
+    removed: Mutex<Vec<Removed>>,
     /// Every object watch's counts, summed (GetStats).
     pub totals: ObjectCounts,
 }
@@ -183,6 +207,11 @@ fn disarm_key(id: WatchId) -> u64 {
 }
 
 impl Objects {
+    /// Whether `id` is an object watch.
+    pub fn watch_exists(&self, id: WatchId) -> bool {
+        self.watches.contains_key(&id)
+    }
+
     /// The summed counts (GetStats).
     pub fn totals(&self) -> ObjectCountsView {
         let live = self
@@ -278,7 +307,6 @@ impl Core {
         let (proc, newly) = self.attach(spec.pid, spec.backend, spec.allow_init)?;
         let id = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
         spec.symbol = None;
-        spec.policy = None;
         let w = Arc::new(ObjectWatch {
             id,
             owner,
@@ -397,6 +425,8 @@ impl Core {
             b.close_code_probes(pid, Some(disarm_key(id)));
         }
         let view = self.object_view(&w);
+        // Removals at earlier stops are reported before these.
+        self.publish_removed();
         let live: Vec<WatchId> = w.live.lock().unwrap().drain().map(|(_, c)| c).collect();
         for child in live {
             let _ = self.remove_watchpoint(child);
@@ -577,6 +607,7 @@ impl Core {
         let mut spec = w.spec.clone();
         spec.range = range;
         spec.symbol = None;
+        spec.policy = None;
         spec.scope = if w.code.creator_only {
             Scope::Threads(vec![r.tid])
         } else {
@@ -641,6 +672,7 @@ impl Core {
         self.ledger.commit(&ok, None);
         if full.is_empty() && failed.is_none() {
             bump(w, totals, |c| &c.armed);
+            bump(w, totals, |c| &c.armed_at_stop);
             w.live.lock().unwrap().insert(base, id);
             self.disarm_filter(pid, w.id, base, true);
             return true;
@@ -688,6 +720,7 @@ impl Core {
         if w.live.lock().unwrap().remove(&base).is_some() {
             self.disarm_filter(pid, w.id, base, false);
             bump(w, &self.objects.totals, |c| &c.disarmed);
+            bump(w, &self.objects.totals, |c| &c.disarmed_at_stop);
         }
         true
     }
@@ -711,15 +744,35 @@ impl Core {
         proc.watches.lock().unwrap().remove(&id);
         armer.clear(&slots);
         self.release_slots(&w, backend.retained());
-        self.bus.publish_as(
-            crate::events::EventKind::WatchpointRemoved {
-                id,
-                pid: proc.pid,
-                reason: "removed".into(),
-            },
-            Some(proc.owner.clone()),
-        );
+        let first = {
+            let mut r = self.objects.removed.lock().unwrap();
+            r.push((id, proc.clone()));
+            r.len() == 1
+        };
+        if first && let Some(tx) = self.objects.tx.lock().unwrap().as_ref() {
+            let _ = tx.send(Msg::Flush);
+        }
         true
+    }
+
+    /// Publishes the removals waiting in `Objects::removed`, as one burst.
+    fn publish_removed(&self) {
+        let removed = std::mem::take(&mut *self.objects.removed.lock().unwrap());
+        if removed.is_empty() {
+            return;
+        }
+        self.bus.burst(|| {
+            for (id, proc) in removed {
+                self.bus.publish_as(
+                    crate::events::EventKind::WatchpointRemoved {
+                        id,
+                        pid: proc.pid,
+                        reason: "removed".into(),
+                    },
+                    Some(proc.owner.clone()),
+                );
+            }
+        });
     }
 
     fn start_objects_thread(self: &Arc<Self>) {
@@ -733,9 +786,35 @@ impl Core {
         std::thread::Builder::new()
             .name("wpd-objects".into())
             .spawn(move || {
-                while let Ok(m) = rx.recv() {
+                let mut flush_at: Option<std::time::Instant> = None;
+                loop {
+                    let m = match flush_at {
+                        None => match rx.recv() {
+                            Ok(m) => m,
+                            Err(_) => break,
+                        },
+                        Some(at) => {
+                            let left = at.saturating_duration_since(std::time::Instant::now());
+                            match rx.recv_timeout(left) {
+                                Ok(m) => m,
+                                Err(mpsc::RecvTimeoutError::Timeout) => {
+                                    flush_at = None;
+                                    let Some(c) = core.upgrade() else { break };
+                                    c.publish_removed();
+                                    continue;
+                                }
+                                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                            }
+                        }
+                    };
                     let Some(c) = core.upgrade() else { break };
-                    c.object_work(m);
+                    match m {
+                        Msg::Flush => {
+                            flush_at
+                                .get_or_insert_with(|| std::time::Instant::now() + PUBLISH_EVERY);
+                        }
+                        m => c.object_work(m),
+                    }
                 }
             })
             .expect("spawn objects thread");
@@ -743,6 +822,7 @@ impl Core {
 
     fn object_work(self: &Arc<Self>, m: Msg) {
         match m {
+            Msg::Flush => self.publish_removed(),
             Msg::Disarm(id, pid, tid, base) => {
                 let child = self
                     .objects
@@ -821,6 +901,7 @@ impl Core {
         let mut spec = w.spec.clone();
         spec.range = range;
         spec.symbol = None;
+        spec.policy = None;
         spec.scope = if w.code.creator_only {
             Scope::Threads(vec![r.tid])
         } else {

@@ -324,19 +324,22 @@ impl Tracer {
             t.job_stopped = false;
         }
         // Signal stops: the signal our breakpoints' program sends (by the
-        // kernel, SI_KERNEL), for the breakpoints whose counts rose.
+        // kernel, SI_KERNEL), for the breakpoints whose counts rose. A code
+        // event's record of this thread says the same (its probe's program
+        // sent the signal just after writing it): then no GETSIGINFO.
+        let records = match self.tracees.get(&tid) {
+            Some(t) if t.regs.is_signal_stop(sig) && super::code::has_probes(t.pid) => {
+                super::code::take(tid)
+            }
+            _ => Vec::new(),
+        };
         if let Some(t) = self.tracees.get_mut(&tid)
             && t.regs.is_signal_stop(sig)
-            && ptrace::getsiginfo(npid(tid)).is_ok_and(|i| i.si_code == libc::SI_KERNEL)
+            && (!records.is_empty()
+                || ptrace::getsiginfo(npid(tid)).is_ok_and(|i| i.si_code == libc::SI_KERNEL))
         {
             let ids = t.regs.signal_hits();
             let pid = t.pid;
-            // A code event's record (its probe sent the same signal).
-            let records = if super::code::has_probes(pid) {
-                super::code::take(tid)
-            } else {
-                Vec::new()
-            };
             if !records.is_empty() {
                 if !ids.is_empty() {
                     // A hit and a code event in one stop (their signals
