@@ -614,7 +614,7 @@ impl Core {
             Scope::Process
         };
         let id = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
-        let watch = super::watch::new_watch(id, spec, proc.backend, w.owner, None);
+        let watch = super::watch::new_watch(id, spec, proc.backend, w.owner, None, true);
         if watch.spec.only_on_change {
             *watch.last_value.lock().unwrap() = crate::procfs::read_memory(
                 pid,
@@ -917,7 +917,7 @@ impl Core {
             self.disarm_filter(pid, w.id, base, false);
             let _ = self.remove_watchpoint(old);
         }
-        match self.set_watchpoint_on(&proc, spec, w.owner, None, None) {
+        match self.set_object_child(&proc, spec, w.owner) {
             Ok(view) => {
                 bump(w, totals, |c| &c.armed);
                 w.live.lock().unwrap().insert(base, view.id);

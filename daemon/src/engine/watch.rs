@@ -211,6 +211,18 @@ impl Core {
         self.set_locked(&op, spec, owner, resolved, reuse)
     }
 
+    /// Sets the watchpoint of one object of an object watch (see
+    /// `Watch::object`) on an attached process.
+    pub(super) fn set_object_child(
+        self: &Arc<Self>,
+        proc: &Arc<Process>,
+        spec: WatchSpec,
+        owner: u32,
+    ) -> Result<WatchView, WpdError> {
+        let op = proc.lock_op();
+        self.set_locked_as(&op, spec, owner, None, None, true)
+    }
+
     /// Ids up to `last` are never handed out as new ones (they belong to
     /// saved watchpoints and policies, and to the journal's events).
     pub fn reserve_ids(&self, last: u64) {
@@ -230,6 +242,19 @@ impl Core {
         owner: u32,
         resolved: Option<Resolved>,
         reuse: Option<WatchId>,
+    ) -> Result<WatchView, WpdError> {
+        self.set_locked_as(op, spec, owner, resolved, reuse, false)
+    }
+
+    /// [`Core::set_locked`]; `object`: the watchpoint of one object.
+    fn set_locked_as(
+        self: &Arc<Self>,
+        op: &OpGuard<'_>,
+        spec: WatchSpec,
+        owner: u32,
+        resolved: Option<Resolved>,
+        reuse: Option<WatchId>,
+        object: bool,
     ) -> Result<WatchView, WpdError> {
         let proc = op.process();
         let backend = self.backends.get(Some(proc.backend))?.clone();
@@ -281,7 +306,7 @@ impl Core {
         {
             warnings.push(w);
         }
-        let watch = new_watch(id, spec.clone(), proc.backend, owner, resolved);
+        let watch = new_watch(id, spec.clone(), proc.backend, owner, resolved, object);
         if spec.only_on_change {
             *watch.last_value.lock().unwrap() = procfs::live_thread(pid).and_then(|via| {
                 procfs::read_memory(pid, via, spec.range.addr, spec.range.len as usize).ok()
@@ -724,6 +749,7 @@ pub(super) fn new_watch(
     backend: crate::model::BackendKind,
     owner: u32,
     resolved: Option<Resolved>,
+    object: bool,
 ) -> Arc<Watch> {
     Arc::new(Watch {
         id,
@@ -739,6 +765,7 @@ pub(super) fn new_watch(
         owner,
         resolved,
         filter: Default::default(),
+        object,
         spec,
     })
 }

@@ -147,9 +147,11 @@ pub(super) enum Cmd {
         tids: Vec<Tid>,
         reply: mpsc::Sender<Vec<(Tid, Result<(), Errno>)>>,
     },
-    /// Apply these programs (at each tracee's next stop).
+    /// Apply these programs (at each tracee's next stop; with `in_place`,
+    /// at once on tracees with signal stops, stopped or running).
     Program {
         items: Vec<SlotProgram>,
+        in_place: bool,
         reply: mpsc::Sender<Vec<(SlotProgram, ProgramResult)>>,
     },
     /// Restart held tracees of `pid` (all when `tids` is empty).
@@ -300,7 +302,13 @@ impl Shards {
     }
 
     /// Programs slots; waits until every change is applied (or failed).
-    pub fn program(&self, items: Vec<SlotProgram>) -> Vec<(SlotProgram, ProgramResult)> {
+    /// `in_place`: tracees with signal stops are programmed at once,
+    /// without a stop (their slots are perf breakpoints, kernel-facts §17).
+    pub fn program(
+        &self,
+        items: Vec<SlotProgram>,
+        in_place: bool,
+    ) -> Vec<(SlotProgram, ProgramResult)> {
         let mut per: HashMap<usize, Vec<SlotProgram>> = HashMap::new();
         let mut out = Vec::new();
         for it in items {
@@ -316,6 +324,7 @@ impl Shards {
                 s,
                 Cmd::Program {
                     items,
+                    in_place,
                     reply: tx.clone(),
                 },
             );
