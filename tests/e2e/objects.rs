@@ -5,9 +5,12 @@
 //! and line; a store right after the function returns is caught (the thread
 //! is held at the probe until the object is armed); `--disarm-on free` and
 //! `unwatch` leave no slot held; parameters by their DWARF names, `$arg0`
-//! without DWARF; every bad expression and unknown function refused. Only
-//! the ptrace backend holds a thread at a probe: perf is refused, with the
-//! reason.
+//! without DWARF; every bad expression and unknown function refused; slots
+//! exact after many objects on several threads in both scopes, armed at
+//! the probe's stop by its tracer or, for threads of other tracers, by the
+//! objects thread; policies with a code event, one object watch per
+//! process, set again after a restart. Only the ptrace backend holds a
+//! thread at a probe: perf is refused, with the reason.
 
 use std::time::Duration;
 
@@ -400,6 +403,75 @@ async fn policy_with_a_code_event_arms_each_process() -> Result<()> {
         }
         .await,
     )
+}
+
+/// A policy with a code event is saved like any policy: after a SIGKILL of
+/// the daemon, the restarted one sets it again with its code event, the
+/// process gets its object watch back, and the store right after
+/// `conn_new` returns is caught again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_with_a_code_event_is_set_again_after_a_restart() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let mut first = Daemon::start().await?;
+    let mut t = CTarget::start("ct-objects").await?;
+    let result = async {
+        let mut client = first.client().await?;
+        let mut spec = code_spec(0, "conn_new", true, "$ret->state");
+        spec.code_event.as_mut().unwrap().disarm_on = "free".into();
+        let p = rpc_ok(
+            "SetPolicy(code event)",
+            client.set_policy(wpd_proto::v1::SetPolicyRequest {
+                selector: Some(wpd_proto::v1::ProcessSelector {
+                    pids: vec![t.pid],
+                    ..Default::default()
+                }),
+                spec: Some(spec),
+            }),
+        )
+        .await?
+        .policy
+        .context("no policy")?;
+        ensure!(p.instances.len() == 1, "{p:?}");
+        first.kill().await?;
+
+        let second = Daemon::restart_from(&first, &[]).await?;
+        let result = async {
+            let mut client = second.client().await?;
+            let mut events =
+                EventStream::subscribe(&mut client, wpd_tests::hits_only(t.pid)).await?;
+            let inst = wpd_tests::poll_until(HIT_TIMEOUT, "the policy's instance", async || {
+                let l = rpc_ok(
+                    "ListWatchpoints",
+                    client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+                )
+                .await?;
+                Ok(match l.policies.first() {
+                    Some(q)
+                        if q.id == p.id
+                            && q.spec.as_ref().is_some_and(|s| s.code_event.is_some())
+                            && !q.instances.is_empty() =>
+                    {
+                        Ok(q.instances[0].watchpoint_id)
+                    }
+                    _ => Err(format!("{l:?}")),
+                })
+            })
+            .await?;
+            t.cmd("first").await?;
+            let hit = events.collect_hits(1, HIT_TIMEOUT).await?.remove(0);
+            check_line(&hit, "main", "first")?;
+            ensure!(hit.watchpoint_id != inst, "a hit of an object's watchpoint");
+            let c = counts(&mut client, t.pid, inst).await?;
+            ensure!(c.armed == 1 && c.disarmed == 1, "{c:?}");
+            Ok(())
+        }
+        .await;
+        second.finish(result)
+    }
+    .await;
+    first.finish(result)
 }
 
 /// `--on-entry conn_ref --expr 'c->refs'`: the parameter by its DWARF name;
