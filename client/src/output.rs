@@ -627,6 +627,19 @@ pub fn filter_phrases(spec: &wpd_proto::v1::WatchpointSpec) -> Vec<String> {
 /// What a policy watches: `write counter` or `write 8 bytes at 0x4010`.
 pub fn policy_what(p: &wpd_proto::v1::Policy) -> String {
     let spec = p.spec.clone().unwrap_or_default();
+    if let Some(c) = &spec.code_event {
+        return format!(
+            "{} {} of every object {} {}",
+            access_name(spec.access),
+            escape(&spec.symbol),
+            if c.at_return {
+                "returned by"
+            } else {
+                "passed to"
+            },
+            escape(&c.function)
+        );
+    }
     if spec.symbol.is_empty() {
         format!(
             "{} {} at {}",

@@ -118,6 +118,21 @@ impl Process {
         }
     }
 
+    /// Takes the process's operation lock if nobody holds it (a tracer
+    /// thread, which must never wait for an operation that may be waiting
+    /// for it).
+    pub fn try_lock_op(self: &Arc<Self>) -> Option<OpGuard<'_>> {
+        let held = match self.op.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(OpGuard {
+            proc: self,
+            _held: held,
+        })
+    }
+
     /// Detached, exited or lost.
     pub fn is_gone(&self) -> bool {
         self.gone.load(Ordering::SeqCst)
@@ -182,6 +197,10 @@ pub struct Watch {
     pub forked_total: std::sync::atomic::AtomicU64,
     /// Aggregate mode's table (`spec.aggregate`).
     pub aggregates: Option<crate::aggregate::Aggregates>,
+    /// The watchpoint of one object of an object watch (`engine/objects.rs`):
+    /// a backend may program it without stopping the threads where it can
+    /// (ptrace with signal stops); its refusals are counted, not reported.
+    pub object: bool,
 }
 
 impl Watch {

@@ -16,6 +16,9 @@
  *   pace N US   N objects, one every US µs: conn_new, then conn_free (the
  *               object never written), each call timed       -> PACE new_ns=<mean>
  *               free_ns=<mean> wall_ns=<total>
+ *   sleepers T  T more threads that only sleep until the process exits
+ *               (they create no object, but hold slots of
+ *               process-wide watchpoints)                         -> SLEEPING n=T
  *   quit        exits
  *
  * `objects pace N US` runs the pace command alone and exits (under gdb).
@@ -97,6 +100,14 @@ static void pace(long n, long us)
            now_ns() - start);
 }
 
+static void *sleeper(void *arg)
+{
+    (void)arg;
+    for (;;)
+        pause();
+    return NULL;
+}
+
 static void *worker(void *arg)
 {
     long base = (long)arg;
@@ -162,6 +173,13 @@ int main(int argc, char **argv)
             clock_gettime(CLOCK_MONOTONIC, &t1);
             printf("RATE ns=%ld\n",
                    (t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec));
+        } else if (sscanf(line, "sleepers %ld", &a) == 1) {
+            for (long i = 0; i < a; i++) {
+                pthread_t t;
+                pthread_create(&t, NULL, sleeper, NULL);
+                pthread_detach(t);
+            }
+            printf("SLEEPING n=%ld\n", a);
         } else if (strncmp(line, "quit", 4) == 0) {
             return 0;
         } else {

@@ -183,7 +183,13 @@ const SECTIONS: &[(&str, &[&str])] = &[
     ),
     (
         "## objects: a target creating 10,000 objects a second",
-        &["| alone | 500 |", "| wpd (ptrace): "],
+        &[
+            "| alone | 500 |",
+            "| wpd (ptrace): ",
+            "| wpd (ptrace), the same with `--scope creator` |",
+            "| wpd (ptrace), every thread, 4 more threads started after the attach |",
+            "| wpd (ptrace), every thread, 4 more threads started before the attach |",
+        ],
     ),
 ];
 

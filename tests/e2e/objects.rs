@@ -5,9 +5,12 @@
 //! and line; a store right after the function returns is caught (the thread
 //! is held at the probe until the object is armed); `--disarm-on free` and
 //! `unwatch` leave no slot held; parameters by their DWARF names, `$arg0`
-//! without DWARF; every bad expression and unknown function refused. Only
-//! the ptrace backend holds a thread at a probe: perf is refused, with the
-//! reason.
+//! without DWARF; every bad expression and unknown function refused; slots
+//! exact after many objects on several threads in both scopes, armed at
+//! the probe's stop by its tracer or, for threads of other tracers, by the
+//! objects thread; policies with a code event, one object watch per
+//! process, set again after a restart. Only the ptrace backend holds a
+//! thread at a probe: perf is refused, with the reason.
 
 use std::time::Duration;
 
@@ -156,6 +159,9 @@ async fn on_return_catches_only_the_corruption() -> Result<()> {
                 c.no_slot == 0 && c.over_limit == 0 && c.failed == 0,
                 "{c:?}"
             );
+            // Every thread was created after the attach by the main thread:
+            // all belong to its tracer, which arms every object at its stop.
+            ensure!(c.armed_at_stop == 602 && c.disarmed_at_stop == 602, "{c:?}");
             ensure!(slots_held(&mut client, t.pid).await? == 0, "slots held");
             let stats = rpc_ok("GetStats", client.get_stats(GetStatsRequest::default())).await?;
             ensure!(
@@ -186,6 +192,321 @@ async fn on_return_catches_only_the_corruption() -> Result<()> {
         }
         .await,
     )
+}
+
+/// Sets an object watch of `conn_new`'s `$ret->state` reporting the value
+/// 0xdead, disarmed at `free`, on the creating thread only or on every
+/// thread; its id.
+async fn watch_conns(client: &mut Client, pid: i32, creator_only: bool) -> Result<u64> {
+    let mut spec = code_spec(pid, "conn_new", true, "$ret->state");
+    let ce = spec.code_event.as_mut().unwrap();
+    ce.creator_only = creator_only;
+    ce.disarm_on = "free".into();
+    // Only the corruption's value is reported (not conn_set_state's).
+    spec.condition = Some(wpd_proto::v1::HitCondition {
+        op: wpd_proto::v1::hit_condition::Op::Eq as i32,
+        operand: 0xdead,
+        mask: 0,
+    });
+    let r = rpc_ok(
+        "SetWatchpoint(conn_new)",
+        client.set_watchpoint(wpd_proto::v1::SetWatchpointRequest { spec: Some(spec) }),
+    )
+    .await?;
+    Ok(r.watchpoint.context("no watchpoint")?.id)
+}
+
+/// Many objects on several threads, in both scopes: every object armed is
+/// disarmed at its `free`, no slot stays held, and the caller's store right
+/// after `conn_new` returns is still caught. On the creating thread only,
+/// each object is armed and disarmed by the tracer holding the thread, at
+/// the probe's stop. On every thread, with threads that existed at attach
+/// (spread over the tracer threads, four by default, one each), the
+/// tracer cannot reach them all: the daemon's objects thread arms instead,
+/// with the same counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_exact_on_many_threads_in_both_scopes() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-objects").await?;
+    let r = t.cmd("sleepers 3").await?;
+    ensure!(r == "SLEEPING n=3", "{r}");
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let mut events =
+                EventStream::subscribe(&mut client, wpd_tests::hits_only(t.pid)).await?;
+
+            let id = watch_conns(&mut client, t.pid, true).await?;
+            let r = t.cmd("run 4 250").await?;
+            ensure!(r == "RAN n=1000", "{r}");
+            let c = counts(&mut client, t.pid, id).await?;
+            ensure!(
+                c.armed == 1000 && c.disarmed == 1000 && c.live == 0,
+                "creator scope: {c:?}"
+            );
+            ensure!(
+                c.no_slot == 0 && c.over_limit == 0 && c.failed == 0,
+                "creator scope: {c:?}"
+            );
+            ensure!(
+                c.armed_at_stop == 1000 && c.disarmed_at_stop == 1000,
+                "creator scope, every object at its stop: {c:?}"
+            );
+            ensure!(slots_held(&mut client, t.pid).await? == 0, "slots held");
+            t.cmd("first").await?;
+            let hit = events.collect_hits(1, HIT_TIMEOUT).await?.remove(0);
+            check_line(&hit, "main", "first")?;
+            ensure!(hit.value == 0xdead_u64.to_le_bytes().to_vec(), "{hit:?}");
+            rpc_ok(
+                "RemoveWatchpoint",
+                client.remove_watchpoint(wpd_proto::v1::RemoveWatchpointRequest { id }),
+            )
+            .await?;
+
+            let id = watch_conns(&mut client, t.pid, false).await?;
+            let r = t.cmd("run 2 100").await?;
+            ensure!(r == "RAN n=200", "{r}");
+            let c = counts(&mut client, t.pid, id).await?;
+            ensure!(
+                c.armed == 200 && c.disarmed == 200 && c.live == 0,
+                "every thread: {c:?}"
+            );
+            ensure!(
+                c.no_slot == 0 && c.over_limit == 0 && c.failed == 0,
+                "every thread: {c:?}"
+            );
+            ensure!(
+                c.armed_at_stop == 0,
+                "the sleepers belong to other tracers: {c:?}"
+            );
+            ensure!(slots_held(&mut client, t.pid).await? == 0, "slots held");
+            t.cmd("first").await?;
+            let hit = events.collect_hits(1, HIT_TIMEOUT).await?.remove(0);
+            check_line(&hit, "main", "first")?;
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// A policy with a code event (`wpctl watch --pid A --pid B --on-return
+/// conn_new ...`): each process it selects gets its own object watch, whose
+/// objects are armed and disarmed as one set per process would be; the
+/// policy lists the code event, and removing it removes every instance
+/// with its objects' watchpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_with_a_code_event_arms_each_process() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut a = CTarget::start("ct-objects").await?;
+    let mut b = CTarget::start("ct-objects").await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let mut hits_b =
+                EventStream::subscribe(&mut client, wpd_tests::hits_only(b.pid)).await?;
+            let (pa, pb) = (a.pid.to_string(), b.pid.to_string());
+            let out = wpctl(
+                &daemon,
+                &[
+                    "watch",
+                    "--pid",
+                    &pa,
+                    "--pid",
+                    &pb,
+                    "--backend",
+                    "ptrace",
+                    "--on-return",
+                    "conn_new",
+                    "--expr",
+                    "$ret->state",
+                    "--condition",
+                    "== 0xdead",
+                    "--disarm-on",
+                    "free",
+                ],
+            )
+            .await?;
+            ensure!(out.code == Some(0), "wpctl watch (policy): {out:?}");
+            ensure!(
+                out.stdout.starts_with("policy ") && out.stdout.contains("2 instances"),
+                "{}",
+                out.stdout
+            );
+            ensure!(
+                out.stdout.contains("returned by conn_new"),
+                "{}",
+                out.stdout
+            );
+            let l = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            let policy = l.policies.first().context("no policy listed")?.clone();
+            let code = policy
+                .spec
+                .as_ref()
+                .and_then(|s| s.code_event.clone())
+                .context("the policy lists no code event")?;
+            ensure!(code.function == "conn_new" && code.at_return, "{code:?}");
+            let inst = |pid: i32| {
+                policy
+                    .instances
+                    .iter()
+                    .find(|i| i.pid == pid)
+                    .map(|i| i.watchpoint_id)
+                    .with_context(|| format!("no instance in {pid}: {policy:?}"))
+            };
+            let (ia, ib) = (inst(a.pid)?, inst(b.pid)?);
+
+            let r = a.cmd("run 2 50").await?;
+            ensure!(r == "RAN n=100", "{r}");
+            let c = counts(&mut client, a.pid, ia).await?;
+            ensure!(
+                c.armed == 100 && c.disarmed == 100 && c.live == 0,
+                "instance in a: {c:?}"
+            );
+            let c = counts(&mut client, b.pid, ib).await?;
+            ensure!(c.armed == 0, "instance in b, before it made any: {c:?}");
+            b.cmd("first").await?;
+            let hit = hits_b.collect_hits(1, HIT_TIMEOUT).await?.remove(0);
+            check_line(&hit, "main", "first")?;
+
+            // Removing the policy removes the instances and their objects.
+            a.cmd("keep 2").await?;
+            ensure!(slots_held(&mut client, a.pid).await? == 2, "two live");
+            rpc_ok(
+                "RemoveWatchpoint(policy)",
+                client.remove_watchpoint(wpd_proto::v1::RemoveWatchpointRequest { id: policy.id }),
+            )
+            .await?;
+            ensure!(
+                slots_held(&mut client, a.pid).await? == 0,
+                "slots held after the policy's removal"
+            );
+            let l = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            ensure!(
+                l.watchpoints.is_empty() && l.policies.is_empty(),
+                "left after the policy's removal: {l:?}"
+            );
+
+            // A code breakpoint holds a thread until a client resumes it:
+            // one process at a time, never a policy's.
+            let refused = client
+                .set_policy(wpd_proto::v1::SetPolicyRequest {
+                    selector: Some(wpd_proto::v1::ProcessSelector {
+                        pids: vec![a.pid],
+                        ..Default::default()
+                    }),
+                    spec: Some(WatchpointSpec {
+                        backend: PbBackend::Ptrace as i32,
+                        code_event: Some(CodeEvent {
+                            function: "conn_new".into(),
+                            stop: true,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                })
+                .await;
+            wpd_tests::expect_status(
+                "SetPolicy with a code breakpoint",
+                refused,
+                tonic::Code::InvalidArgument,
+                &["code breakpoint", "not in a policy"],
+            )?;
+            let l = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            ensure!(
+                l.watchpoints.is_empty() && l.policies.is_empty(),
+                "a refused policy left something: {l:?}"
+            );
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// A policy with a code event is saved like any policy: after a SIGKILL of
+/// the daemon, the restarted one sets it again with its code event, the
+/// process gets its object watch back, and the store right after
+/// `conn_new` returns is caught again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_with_a_code_event_is_set_again_after_a_restart() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let mut first = Daemon::start().await?;
+    let mut t = CTarget::start("ct-objects").await?;
+    let result = async {
+        let mut client = first.client().await?;
+        let mut spec = code_spec(0, "conn_new", true, "$ret->state");
+        spec.code_event.as_mut().unwrap().disarm_on = "free".into();
+        let p = rpc_ok(
+            "SetPolicy(code event)",
+            client.set_policy(wpd_proto::v1::SetPolicyRequest {
+                selector: Some(wpd_proto::v1::ProcessSelector {
+                    pids: vec![t.pid],
+                    ..Default::default()
+                }),
+                spec: Some(spec),
+            }),
+        )
+        .await?
+        .policy
+        .context("no policy")?;
+        ensure!(p.instances.len() == 1, "{p:?}");
+        first.kill().await?;
+
+        let second = Daemon::restart_from(&first, &[]).await?;
+        let result = async {
+            let mut client = second.client().await?;
+            let mut events =
+                EventStream::subscribe(&mut client, wpd_tests::hits_only(t.pid)).await?;
+            let inst = wpd_tests::poll_until(HIT_TIMEOUT, "the policy's instance", async || {
+                let l = rpc_ok(
+                    "ListWatchpoints",
+                    client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+                )
+                .await?;
+                Ok(match l.policies.first() {
+                    Some(q)
+                        if q.id == p.id
+                            && q.spec.as_ref().is_some_and(|s| s.code_event.is_some())
+                            && !q.instances.is_empty() =>
+                    {
+                        Ok(q.instances[0].watchpoint_id)
+                    }
+                    _ => Err(format!("{l:?}")),
+                })
+            })
+            .await?;
+            t.cmd("first").await?;
+            let hit = events.collect_hits(1, HIT_TIMEOUT).await?.remove(0);
+            check_line(&hit, "main", "first")?;
+            ensure!(hit.watchpoint_id != inst, "a hit of an object's watchpoint");
+            let c = counts(&mut client, t.pid, inst).await?;
+            ensure!(c.armed == 1 && c.disarmed == 1, "{c:?}");
+            Ok(())
+        }
+        .await;
+        second.finish(result)
+    }
+    .await;
+    first.finish(result)
 }
 
 /// `--on-entry conn_ref --expr 'c->refs'`: the parameter by its DWARF name;
@@ -383,20 +704,6 @@ async fn bad_code_events_are_refused() -> Result<()> {
                 .is_empty(),
                 "a refused code event left a watch"
             );
-            // Not a policy (yet): refused, not an ordinary policy on "$ret".
-            let mut spec = code_spec(0, "conn_new", true, "$ret->state");
-            spec.backend = 0;
-            let s = rpc(client.set_policy(wpd_proto::v1::SetPolicyRequest {
-                selector: Some(wpd_proto::v1::ProcessSelector {
-                    comm: "ct-objects".into(),
-                    ..Default::default()
-                }),
-                spec: Some(spec),
-            }))
-            .await?
-            .err()
-            .context("a policy with a code event was set")?;
-            ensure!(s.message().contains("code events"), "{s:?}");
             // The perf backend cannot hold a thread at a probe.
             let mut spec = code_spec(0, "conn_new", true, "$ret->state");
             let t2 = CTarget::start("ct-objects").await?;

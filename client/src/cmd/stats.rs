@@ -87,6 +87,8 @@ fn objects_json(s: &GetStatsResponse) -> serde_json::Value {
         "failed": o.failed,
         "live": o.live,
         "mean_hold_ns": o.mean_hold_ns,
+        "armed_at_stop": o.armed_at_stop,
+        "disarmed_at_stop": o.disarmed_at_stop,
     })
 }
 
@@ -121,12 +123,15 @@ fn to_text(s: &GetStatsResponse) -> String {
             match s.objects {
                 None => "-".into(),
                 Some(o) => format!(
-                    "{} armed by code events ({} live, {} disarmed, mean hold {}); not armed: \
+                    "{} armed by code events ({} live, {} disarmed, mean hold {}; {} armed and \
+                     {} disarmed at the probe's stop); not armed: \
                      {} without a free slot, {} over max-live, {} failed",
                     o.armed,
                     o.live,
                     o.disarmed,
                     duration_ns(o.mean_hold_ns),
+                    o.armed_at_stop,
+                    o.disarmed_at_stop,
                     o.no_slot,
                     o.over_limit,
                     o.failed

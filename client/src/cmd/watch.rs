@@ -316,12 +316,6 @@ pub async fn report(ctx: &Ctx, args: &WatchArgs) -> Result<Report, Error> {
         exemplars_per_second: args.exemplars.unwrap_or(0),
     };
     if policy {
-        if spec.code_event.is_some() {
-            return Err(Error::Local(
-                "--on-return and --on-entry take one --pid (a policy cannot arm by code events)"
-                    .into(),
-            ));
-        }
         return set_policy(ctx, args, spec).await;
     }
     let request = SetWatchpointRequest { spec: Some(spec) };

@@ -55,6 +55,7 @@ pub struct Features {
     pub code_events: bool,
 }
 
+pub use ptrace::ProgramResult;
 pub use ptrace::code::{CodeProbe, CodeRecord};
 
 /// What becomes of a thread stopped at code-event probes.
@@ -280,6 +281,22 @@ pub trait Backend: Send + Sync {
     fn shutdown(&self) {}
 }
 
+/// Slots programmed at a code event's stop by the thread that holds the
+/// stopped thread (the ptrace backend's tracer): no park, no free-slot
+/// probe, no round trip to another thread. Only threads it [`reaches`]
+/// are programmed; the core falls back to an ordinary arm for the others.
+///
+/// [`reaches`]: StopArmer::reaches
+pub trait StopArmer {
+    /// Whether `tid`'s slots can be programmed from here, now.
+    fn reaches(&self, tid: Tid) -> bool;
+    /// Arms each reservation with its piece of `watch`: the outcome of
+    /// each, in order.
+    fn arm(&mut self, watch: &Watch, res: &[Reservation]) -> Vec<ProgramResult>;
+    /// Clears these slots (tid, slot).
+    fn clear(&mut self, slots: &[(Tid, u8)]);
+}
+
 /// What a backend may see and change of the daemon's state. Implemented by
 /// the core; backends hold it weakly (the core owns them).
 pub trait Host: Send + Sync {
@@ -335,7 +352,15 @@ pub trait Host: Send + Sync {
     /// A thread stopped at code-event probes: hold it until the daemon has
     /// armed what they name (it then resumes it) or until a Resume (a code
     /// breakpoint), and with it the process's other threads, or let it run.
-    fn code_event(&self, _pid: Pid, _tid: Tid, _records: &[CodeRecord]) -> CodeHold {
+    /// What can be armed or disarmed before the thread runs on is done
+    /// through `armer`, on the tracer thread that holds it.
+    fn code_event(
+        &self,
+        _pid: Pid,
+        _tid: Tid,
+        _records: &[CodeRecord],
+        _armer: &mut dyn StopArmer,
+    ) -> CodeHold {
         CodeHold::Run
     }
     /// Whether anyone wants [`Host::process_started`] calls (the backend

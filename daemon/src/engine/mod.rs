@@ -447,8 +447,9 @@ impl Host for Core {
         pid: Pid,
         tid: crate::model::Tid,
         records: &[crate::backend::CodeRecord],
+        armer: &mut dyn crate::backend::StopArmer,
     ) -> crate::backend::CodeHold {
-        self.code_event_seen(pid, tid, records)
+        self.code_event_seen(pid, tid, records, armer)
     }
 
     fn forked_child_gone(&self, pid: Pid) {

@@ -29,9 +29,10 @@ use std::sync::{Arc, Mutex, mpsc};
 use dashmap::DashMap;
 
 use super::Core;
-use crate::backend::{CodeProbe, CodeRecord};
+use crate::backend::{CodeProbe, CodeRecord, ProgramResult, StopArmer};
 use crate::error::WpdError;
 use crate::model::{Pid, Scope, Tid, WatchId, WatchSpec};
+use crate::state::OpGuard;
 use crate::symbols::code::CodeSite;
 
 /// What a code event is (the part of an object watch's spec beyond an
@@ -98,6 +99,10 @@ pub struct ObjectCounts {
     pub failed: AtomicU64,
     /// Total time threads were held for arming, in ns.
     pub held_ns: AtomicU64,
+    /// Of `armed`, those armed at the stop by the tracer holding the thread.
+    pub armed_at_stop: AtomicU64,
+    /// Of `disarmed`, those disarmed at the stop.
+    pub disarmed_at_stop: AtomicU64,
 }
 
 /// A snapshot of [`ObjectCounts`].
@@ -117,6 +122,10 @@ pub struct ObjectCountsView {
     pub live: u64,
     /// Mean time a thread was held to arm one object, ns.
     pub mean_hold_ns: u64,
+    /// Of `armed`, those armed at the stop by the tracer holding the thread.
+    pub armed_at_stop: u64,
+    /// Of `disarmed`, those disarmed at the stop.
+    pub disarmed_at_stop: u64,
 }
 
 impl ObjectCounts {
@@ -136,6 +145,8 @@ impl ObjectCounts {
                 .load(Ordering::Relaxed)
                 .checked_div(tried)
                 .unwrap_or(0),
+            armed_at_stop: self.armed_at_stop.load(Ordering::Relaxed),
+            disarmed_at_stop: self.disarmed_at_stop.load(Ordering::Relaxed),
         }
     }
 }
@@ -196,13 +207,27 @@ enum Msg {
     Arm(WatchId, CodeRecord, std::time::Instant),
     /// Disarm the object whose base is `u64`, then resume the thread.
     Disarm(WatchId, Pid, Tid, u64),
+    /// Removals are waiting in `Objects::removed`: publish them soon.
+    Flush,
 }
+
+/// How long the removals of objects disarmed at their stop wait to be
+/// published together (one wake-up of the journal's writer per batch,
+/// not per object).
+const PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// A `WatchpointRemoved` to publish: the watchpoint, its process's owner.
+type Removed = (WatchId, Arc<crate::state::Process>);
 
 /// The core's object watches.
 #[derive(Debug, Default)]
 pub struct Objects {
     watches: DashMap<WatchId, Arc<ObjectWatch>>,
     tx: Mutex<Option<mpsc::Sender<Msg>>>,
+    /// Objects' watchpoints removed at their stop whose `WatchpointRemoved`
+    /// is not published yet (within [`PUBLISH_EVERY`], by the objects
+    /// thread).
+    removed: Mutex<Vec<Removed>>,
     /// Every object watch's counts, summed (GetStats).
     pub totals: ObjectCounts,
 }
@@ -222,6 +247,11 @@ fn disarm_key(id: WatchId) -> u64 {
 }
 
 impl Objects {
+    /// Whether `id` is an object watch.
+    pub fn watch_exists(&self, id: WatchId) -> bool {
+        self.watches.contains_key(&id)
+    }
+
     /// The summed counts (GetStats).
     pub fn totals(&self) -> ObjectCountsView {
         let live = self
@@ -330,7 +360,6 @@ impl Core {
             None => None,
         };
         spec.symbol = None;
-        spec.policy = None;
         self.open_object_watch(spec, code, owner, site, root, linear, disarm, None)
     }
 
@@ -511,6 +540,8 @@ impl Core {
             b.close_code_probes(pid, Some(disarm_key(id)));
         }
         let view = self.object_view(&w);
+        // Removals at earlier stops are reported before these.
+        self.publish_removed();
         let live: Vec<WatchId> = w.live.lock().unwrap().drain().map(|(_, c)| c).collect();
         for child in live {
             let _ = self.remove_watchpoint(child);
@@ -556,12 +587,15 @@ impl Core {
 
     /// A thread is stopped at probes: whether to hold it (the objects
     /// thread resumes it; a code breakpoint's stop lasts until a Resume),
-    /// and the process's other threads with it.
+    /// and the process's other threads with it. Called on the tracer thread
+    /// that holds it: what can be armed or disarmed there is done there
+    /// (see [`Core::arm_at_stop`]); the rest goes to the objects thread.
     pub(super) fn code_event_seen(
         &self,
         pid: Pid,
         tid: Tid,
         records: &[CodeRecord],
+        armer: &mut dyn StopArmer,
     ) -> crate::backend::CodeHold {
         use crate::backend::CodeHold;
         let at = std::time::Instant::now();
@@ -607,7 +641,12 @@ impl Core {
                 // A call of the disarming function: ours only if its first
                 // argument is a live object's base.
                 let base = r.args[0];
-                if w.live.lock().unwrap().contains_key(&base) {
+                if !w.live.lock().unwrap().contains_key(&base) {
+                    continue;
+                }
+                // Once one record waits for the objects thread, those after
+                // it wait too: they are done in order.
+                if hold || !self.disarm_at_stop(&w, base, armer) {
                     hold |= tx.send(Msg::Disarm(id, pid, tid, base)).is_ok();
                 }
                 continue;
@@ -624,6 +663,12 @@ impl Core {
                 );
                 continue;
             }
+            if !hold && self.arm_at_stop(&w, r, armer) {
+                let ns = at.elapsed().as_nanos() as u64;
+                w.counts.held_ns.fetch_add(ns, Ordering::Relaxed);
+                self.objects.totals.held_ns.fetch_add(ns, Ordering::Relaxed);
+                continue;
+            }
             hold |= tx.send(Msg::Arm(id, *r, at)).is_ok();
         }
         match (hold || stop, stop_all) {
@@ -631,6 +676,249 @@ impl Core {
             (true, false) => CodeHold::Hold,
             (false, false) => CodeHold::Run,
         }
+    }
+
+    /// Arms the object of record `r` from the tracer thread holding its
+    /// thread, if that thread can do it all: the process's operation lock
+    /// free, the expression read no memory, every thread to arm one of that
+    /// tracer's (`armer.reaches`). The ledger is used as by any arm (all
+    /// or nothing: the slots reserved on every thread, armed, committed,
+    /// or every one undone), without a park or a free-slot probe: the
+    /// tracer opens each breakpoint, and a refusal (`ENOSPC`) leaves no
+    /// slot behind. False: nothing was done, the objects thread does it.
+    fn arm_at_stop(&self, w: &ObjectWatch, r: &CodeRecord, armer: &mut dyn StopArmer) -> bool {
+        let totals = &self.objects.totals;
+        let pid = w.spec.pid;
+        let Some((offset, size)) = w.linear else {
+            return false;
+        };
+        let base = match w.root {
+            crate::symbols::code::Root::Ret => r.ret,
+            crate::symbols::code::Root::Arg(i) => r.args[i],
+        };
+        let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
+            return false;
+        };
+        let Some(op) = proc.try_lock_op() else {
+            return false;
+        };
+        if proc.is_gone() {
+            return false;
+        }
+        let tids: Vec<Tid> = if w.code.creator_only {
+            vec![r.tid]
+        } else {
+            let mut t = self.ledger.tids(pid);
+            t.sort_unstable();
+            t
+        };
+        if !tids.iter().all(|&t| armer.reaches(t)) {
+            return false;
+        }
+        // The same base again (freed without the disarming function, and
+        // handed out anew): the old object's watchpoint goes first.
+        let old = w.live.lock().unwrap().get(&base).copied();
+        if let Some(old) = old {
+            if !self.drop_at_stop(&op, old, armer) {
+                return false;
+            }
+            w.live.lock().unwrap().remove(&base);
+            self.disarm_filter(pid, w.id, base, false);
+        }
+        if base == 0 {
+            bump(w, totals, |c| &c.failed);
+            tracing::warn!(
+                id = w.id.0,
+                pid,
+                tid = r.tid,
+                "object not armed: {} is a null pointer",
+                w.code.expr
+            );
+            return true;
+        }
+        let address = base.wrapping_add(offset);
+        let len = u32::try_from(size).unwrap_or(u32::MAX);
+        let range = match crate::arch::validate(address, len, w.spec.access) {
+            Ok(r) => r,
+            Err(e) => {
+                bump(w, totals, |c| &c.failed);
+                tracing::warn!(id = w.id.0, pid, tid = r.tid, "object not armed: {e}");
+                return true;
+            }
+        };
+        let Ok(backend) = self.backends.get(Some(proc.backend)) else {
+            return false;
+        };
+        let retained = backend.retained();
+        let mut spec = w.spec.clone();
+        spec.range = range;
+        spec.symbol = None;
+        spec.policy = None;
+        spec.scope = if w.code.creator_only {
+            Scope::Threads(vec![r.tid])
+        } else {
+            Scope::Process
+        };
+        let id = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let watch = super::watch::new_watch(id, spec, proc.backend, w.owner, None, true);
+        if watch.spec.only_on_change {
+            *watch.last_value.lock().unwrap() = crate::procfs::read_memory(
+                pid,
+                r.tid,
+                watch.spec.range.addr,
+                watch.spec.range.len as usize,
+            )
+            .ok();
+        }
+        // Registered first, as any arm: a thread born from here on gets it
+        // at birth (its first stop, handled by this same tracer).
+        self.watches.insert(id, watch.clone());
+        proc.watches.lock().unwrap().insert(id);
+        let unregister = || {
+            self.watches.remove(&id);
+            proc.watches.lock().unwrap().remove(&id);
+        };
+        let res = match self.ledger.reserve_all(
+            &tids,
+            id,
+            watch.spec.range.slots() as u8,
+            watch.process_wide,
+            retained,
+        ) {
+            Ok(res) => res,
+            Err(conflicts) => {
+                unregister();
+                bump(w, totals, |c| &c.no_slot);
+                let e = WpdError::OutOfSlots {
+                    pid,
+                    needed: watch.spec.range.slots(),
+                    conflicts,
+                };
+                tracing::warn!(id = w.id.0, pid, tid = r.tid, "object not armed: {e}");
+                return true;
+            }
+        };
+        let outcomes = armer.arm(&watch, &res);
+        let (mut ok, mut gone, mut full, mut failed) = (Vec::new(), Vec::new(), Vec::new(), None);
+        for (res, o) in res.iter().zip(outcomes) {
+            match o {
+                ProgramResult::Done => ok.push(*res),
+                ProgramResult::Gone => gone.push(*res),
+                ProgramResult::NoSpace => {
+                    self.ledger.mark_foreign(*res);
+                    full.push(res.tid);
+                }
+                ProgramResult::Failed(e) => {
+                    self.ledger.rollback(&[*res]);
+                    failed = Some(e);
+                }
+            }
+        }
+        self.ledger.rollback(&gone);
+        self.ledger.commit(&ok, None);
+        if full.is_empty() && failed.is_none() {
+            bump(w, totals, |c| &c.armed);
+            bump(w, totals, |c| &c.armed_at_stop);
+            w.live.lock().unwrap().insert(base, id);
+            self.disarm_filter(pid, w.id, base, true);
+            return true;
+        }
+        // All or nothing: what was armed is cleared, every slot released.
+        unregister();
+        armer.clear(&self.ledger.slots_on(&tids, id));
+        self.release_slots(&watch, retained);
+        let e = match failed {
+            Some(e) => {
+                bump(w, totals, |c| &c.failed);
+                WpdError::kernel("perf_event_open(signal stop)", e)
+            }
+            None => {
+                bump(w, totals, |c| &c.no_slot);
+                WpdError::OutOfSlots {
+                    pid,
+                    needed: watch.spec.range.slots(),
+                    conflicts: self.ledger.conflicts(full),
+                }
+            }
+        };
+        tracing::warn!(id = w.id.0, pid, tid = r.tid, "object not armed: {e}");
+        true
+    }
+
+    /// Removes the watchpoint of the live object `base` from the tracer
+    /// thread holding the thread that frees it, if that tracer reaches
+    /// every thread holding it (see [`Core::arm_at_stop`]). False: nothing
+    /// was done.
+    fn disarm_at_stop(&self, w: &ObjectWatch, base: u64, armer: &mut dyn StopArmer) -> bool {
+        let pid = w.spec.pid;
+        let Some(child) = w.live.lock().unwrap().get(&base).copied() else {
+            return true;
+        };
+        let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
+            return false;
+        };
+        let Some(op) = proc.try_lock_op() else {
+            return false;
+        };
+        if !self.drop_at_stop(&op, child, armer) {
+            return false;
+        }
+        if w.live.lock().unwrap().remove(&base).is_some() {
+            self.disarm_filter(pid, w.id, base, false);
+            bump(w, &self.objects.totals, |c| &c.disarmed);
+            bump(w, &self.objects.totals, |c| &c.disarmed_at_stop);
+        }
+        true
+    }
+
+    /// Takes watchpoint `id` off the locked process through `armer`
+    /// (cleared, slots released, `WatchpointRemoved` published), if it
+    /// reaches every thread holding it; false (nothing done) if not.
+    fn drop_at_stop(&self, op: &OpGuard<'_>, id: WatchId, armer: &mut dyn StopArmer) -> bool {
+        let Some(w) = self.watches.get(&id).map(|w| w.clone()) else {
+            return true; // gone already
+        };
+        let Ok(backend) = self.backends.get(Some(w.backend)) else {
+            return false;
+        };
+        let slots = self.ledger.slots_on(&self.watch_tids(&w), id);
+        if !slots.iter().all(|&(t, _)| armer.reaches(t)) {
+            return false;
+        }
+        self.watches.remove(&id);
+        let proc = op.process();
+        proc.watches.lock().unwrap().remove(&id);
+        armer.clear(&slots);
+        self.release_slots(&w, backend.retained());
+        let first = {
+            let mut r = self.objects.removed.lock().unwrap();
+            r.push((id, proc.clone()));
+            r.len() == 1
+        };
+        if first && let Some(tx) = self.objects.tx.lock().unwrap().as_ref() {
+            let _ = tx.send(Msg::Flush);
+        }
+        true
+    }
+
+    /// Publishes the removals waiting in `Objects::removed`, as one burst.
+    fn publish_removed(&self) {
+        let removed = std::mem::take(&mut *self.objects.removed.lock().unwrap());
+        if removed.is_empty() {
+            return;
+        }
+        self.bus.burst(|| {
+            for (id, proc) in removed {
+                self.bus.publish_as(
+                    crate::events::EventKind::WatchpointRemoved {
+                        id,
+                        pid: proc.pid,
+                        reason: "removed".into(),
+                    },
+                    Some(proc.owner.clone()),
+                );
+            }
+        });
     }
 
     fn start_objects_thread(self: &Arc<Self>) {
@@ -644,9 +932,35 @@ impl Core {
         std::thread::Builder::new()
             .name("wpd-objects".into())
             .spawn(move || {
-                while let Ok(m) = rx.recv() {
+                let mut flush_at: Option<std::time::Instant> = None;
+                loop {
+                    let m = match flush_at {
+                        None => match rx.recv() {
+                            Ok(m) => m,
+                            Err(_) => break,
+                        },
+                        Some(at) => {
+                            let left = at.saturating_duration_since(std::time::Instant::now());
+                            match rx.recv_timeout(left) {
+                                Ok(m) => m,
+                                Err(mpsc::RecvTimeoutError::Timeout) => {
+                                    flush_at = None;
+                                    let Some(c) = core.upgrade() else { break };
+                                    c.publish_removed();
+                                    continue;
+                                }
+                                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                            }
+                        }
+                    };
                     let Some(c) = core.upgrade() else { break };
-                    c.object_work(m);
+                    match m {
+                        Msg::Flush => {
+                            flush_at
+                                .get_or_insert_with(|| std::time::Instant::now() + PUBLISH_EVERY);
+                        }
+                        m => c.object_work(m),
+                    }
                 }
             })
             .expect("spawn objects thread");
@@ -654,6 +968,7 @@ impl Core {
 
     fn object_work(self: &Arc<Self>, m: Msg) {
         match m {
+            Msg::Flush => self.publish_removed(),
             Msg::Disarm(id, pid, tid, base) => {
                 let child = self
                     .objects
@@ -732,6 +1047,7 @@ impl Core {
         let mut spec = w.spec.clone();
         spec.range = range;
         spec.symbol = None;
+        spec.policy = None;
         spec.scope = if w.code.creator_only {
             Scope::Threads(vec![r.tid])
         } else {
@@ -747,7 +1063,7 @@ impl Core {
             self.disarm_filter(pid, w.id, base, false);
             let _ = self.remove_watchpoint(old);
         }
-        match self.set_watchpoint_on(&proc, spec, w.owner, None, None) {
+        match self.set_object_child(&proc, spec, w.owner) {
             Ok(view) => {
                 bump(w, totals, |c| &c.armed);
                 w.live.lock().unwrap().insert(base, view.id);

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::Core;
+use super::objects::CodeSpec;
 use crate::authz::Caller;
 use crate::error::WpdError;
 use crate::model::{Pid, WatchId, WatchSpec};
@@ -239,6 +240,8 @@ pub struct Policy {
     pub selector: Selector,
     /// The instances' spec (pid 0).
     pub spec: WatchSpec,
+    /// Each instance is an object watch with this code event.
+    pub code: Option<CodeSpec>,
     /// Who set it: each instance is authorised as theirs.
     pub caller: Caller,
     pub created_at_ns: u64,
@@ -266,6 +269,7 @@ pub struct PolicyView {
     pub id: WatchId,
     pub selector: Selector,
     pub spec: WatchSpec,
+    pub code: Option<CodeSpec>,
     pub created_at_ns: u64,
     pub instances: Vec<Instance>,
     pub refusals: Vec<Refusal>,
@@ -288,9 +292,10 @@ impl Core {
         self: &Arc<Self>,
         selector: Selector,
         spec: WatchSpec,
+        code: Option<CodeSpec>,
         caller: Caller,
     ) -> Result<PolicyView, WpdError> {
-        self.set_policy_with_id(selector, spec, caller, None)
+        self.set_policy_with_id(selector, spec, code, caller, None)
     }
 
     /// [`Core::set_policy`] under a given id (a policy of a previous run
@@ -299,6 +304,7 @@ impl Core {
         self: &Arc<Self>,
         selector: Selector,
         mut spec: WatchSpec,
+        code: Option<CodeSpec>,
         caller: Caller,
         id: Option<WatchId>,
     ) -> Result<PolicyView, WpdError> {
@@ -333,6 +339,7 @@ impl Core {
             id,
             selector,
             spec,
+            code,
             caller,
             created_at_ns: crate::clock::realtime_ns(),
             state: Mutex::new(State::default()),
@@ -363,7 +370,7 @@ impl Core {
         let view = self.policy_view(&policy);
         for inst in &view.instances {
             // Gone with its process meanwhile: nothing to undo.
-            let _ = self.remove_watchpoint(inst.watch);
+            self.remove_instance(inst.watch);
         }
         Ok(view)
     }
@@ -384,12 +391,12 @@ impl Core {
         let mut st = p.state.lock().unwrap();
         // Instances whose watchpoint went (its process exited, or exec
         // removed it) are forgotten.
-        st.instances
-            .retain(|_, i| self.watches.contains_key(&i.watch));
+        st.instances.retain(|_, i| self.instance_exists(i.watch));
         PolicyView {
             id: p.id,
             selector: p.selector.clone(),
             spec: p.spec.clone(),
+            code: p.code.clone(),
             created_at_ns: p.created_at_ns,
             instances: st.instances.values().cloned().collect(),
             refusals: st.refusals.iter().cloned().collect(),
@@ -505,7 +512,7 @@ impl Core {
             let st = policy.state.lock().unwrap();
             if let Some(i) = st.instances.get(&pid)
                 && i.start_time == start
-                && self.watches.contains_key(&i.watch)
+                && self.instance_exists(i.watch)
             {
                 return;
             }
@@ -549,12 +556,20 @@ impl Core {
         let mut spec = policy.spec.clone();
         spec.pid = pid;
         spec.policy = Some(policy.id);
-        match self.set_watchpoint(spec, policy.caller.uid) {
-            Ok((view, _))
+        let set = match &policy.code {
+            Some(code) => self
+                .set_object_watch(spec, code.clone(), policy.caller.uid)
+                .map(|v| (v.id, 0)),
+            None => self
+                .set_watchpoint(spec, policy.caller.uid)
+                .map(|(v, _)| (v.id, v.armed_threads)),
+        };
+        match set {
+            Ok((watch, _))
                 if !policy.caller.privileged
                     && (procfs::creds(pid) != creds || procfs::start_time(pid) != Some(start)) =>
             {
-                let _ = self.remove_watchpoint(view.id);
+                self.remove_instance(watch);
                 self.refuse(
                     policy,
                     pid,
@@ -566,7 +581,7 @@ impl Core {
                     },
                 );
             }
-            Ok((view, _)) => {
+            Ok((watch, armed)) => {
                 let now = crate::clock::monotonic_ns();
                 let mut st = policy.state.lock().unwrap();
                 st.made += 1;
@@ -576,7 +591,7 @@ impl Core {
                     Instance {
                         pid,
                         comm,
-                        watch: view.id,
+                        watch,
                         armed_at_ns: crate::clock::realtime_ns(),
                         latency_ns: now.saturating_sub(seen),
                         start_time: start,
@@ -586,8 +601,8 @@ impl Core {
                 tracing::info!(
                     policy = policy.id.0,
                     pid,
-                    id = view.id.0,
-                    armed = view.armed_threads,
+                    id = watch.0,
+                    armed,
                     "policy instance armed"
                 );
             }
@@ -604,6 +619,21 @@ impl Core {
                 }
             }
             Err(e) => self.refuse(policy, pid, start, comm, e),
+        }
+    }
+
+    /// Whether an instance's watchpoint (or object watch) still exists.
+    fn instance_exists(&self, id: WatchId) -> bool {
+        self.watches.contains_key(&id) || self.objects.watch_exists(id)
+    }
+
+    /// Removes an instance's watchpoint or object watch (gone already:
+    /// nothing to do).
+    fn remove_instance(&self, id: WatchId) {
+        if self.objects.watch_exists(id) {
+            let _ = self.remove_object_watch(id);
+        } else {
+            let _ = self.remove_watchpoint(id);
         }
     }
 

@@ -211,6 +211,18 @@ impl Core {
         self.set_locked(&op, spec, owner, resolved, reuse)
     }
 
+    /// Sets the watchpoint of one object of an object watch (see
+    /// `Watch::object`) on an attached process.
+    pub(super) fn set_object_child(
+        self: &Arc<Self>,
+        proc: &Arc<Process>,
+        spec: WatchSpec,
+        owner: u32,
+    ) -> Result<WatchView, WpdError> {
+        let op = proc.lock_op();
+        self.set_locked_as(&op, spec, owner, None, None, true)
+    }
+
     /// Ids up to `last` are never handed out as new ones (they belong to
     /// saved watchpoints and policies, and to the journal's events).
     pub fn reserve_ids(&self, last: u64) {
@@ -230,6 +242,19 @@ impl Core {
         owner: u32,
         resolved: Option<Resolved>,
         reuse: Option<WatchId>,
+    ) -> Result<WatchView, WpdError> {
+        self.set_locked_as(op, spec, owner, resolved, reuse, false)
+    }
+
+    /// [`Core::set_locked`]; `object`: the watchpoint of one object.
+    fn set_locked_as(
+        self: &Arc<Self>,
+        op: &OpGuard<'_>,
+        spec: WatchSpec,
+        owner: u32,
+        resolved: Option<Resolved>,
+        reuse: Option<WatchId>,
+        object: bool,
     ) -> Result<WatchView, WpdError> {
         let proc = op.process();
         let backend = self.backends.get(Some(proc.backend))?.clone();
@@ -281,22 +306,7 @@ impl Core {
         {
             warnings.push(w);
         }
-        let watch = Arc::new(Watch {
-            id,
-            spec: spec.clone(),
-            process_wide,
-            created_at_ns: crate::clock::realtime_ns(),
-            hits: AtomicU64::new(0),
-            last_value: Mutex::new(None),
-            recent: Mutex::new(std::collections::VecDeque::new()),
-            forked: Mutex::new(Default::default()),
-            forked_total: std::sync::atomic::AtomicU64::new(0),
-            aggregates: spec.aggregate.map(crate::aggregate::Aggregates::new),
-            backend: proc.backend,
-            owner,
-            resolved,
-            filter: Default::default(),
-        });
+        let watch = new_watch(id, spec.clone(), proc.backend, owner, resolved, object);
         if spec.only_on_change {
             *watch.last_value.lock().unwrap() = procfs::live_thread(pid).and_then(|via| {
                 procfs::read_memory(pid, via, spec.range.addr, spec.range.len as usize).ok()
@@ -403,7 +413,7 @@ impl Core {
     }
 
     /// Frees the ledger's slots of `w` on every thread that has them.
-    fn release_slots(&self, w: &Watch, retained: Retained) {
+    pub(super) fn release_slots(&self, w: &Watch, retained: Retained) {
         let mut tids: Vec<Tid> = self
             .ledger
             .slots_on(&self.watch_tids(w), w.id)
@@ -730,4 +740,32 @@ impl Core {
 /// The spec's hit filter fits its range and access.
 fn check_filter(spec: &WatchSpec) -> Result<(), WpdError> {
     crate::filter::check(&spec.filter, &spec.range, spec.access).map_err(WpdError::InvalidArgument)
+}
+
+/// A new watchpoint's state, not registered anywhere yet.
+pub(super) fn new_watch(
+    id: WatchId,
+    spec: WatchSpec,
+    backend: crate::model::BackendKind,
+    owner: u32,
+    resolved: Option<Resolved>,
+    object: bool,
+) -> Arc<Watch> {
+    Arc::new(Watch {
+        id,
+        process_wide: spec.scope == Scope::Process,
+        created_at_ns: crate::clock::realtime_ns(),
+        hits: AtomicU64::new(0),
+        last_value: Mutex::new(None),
+        recent: Mutex::new(std::collections::VecDeque::new()),
+        forked: Mutex::new(Default::default()),
+        forked_total: std::sync::atomic::AtomicU64::new(0),
+        aggregates: spec.aggregate.map(crate::aggregate::Aggregates::new),
+        backend,
+        owner,
+        resolved,
+        filter: Default::default(),
+        object,
+        spec,
+    })
 }

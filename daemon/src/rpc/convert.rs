@@ -488,6 +488,8 @@ pub fn object_counts_to_pb(c: &crate::engine::objects::ObjectCountsView) -> pb::
         failed: c.failed,
         live: c.live,
         mean_hold_ns: c.mean_hold_ns,
+        armed_at_stop: c.armed_at_stop,
+        disarmed_at_stop: c.disarmed_at_stop,
     }
 }
 
@@ -506,23 +508,7 @@ pub fn place_to_pb(p: &crate::engine::objects::BreakPlace) -> pb::BreakpointPlac
 /// A code event's watch → wire.
 pub fn object_view_to_pb(v: &crate::engine::objects::ObjectView) -> pb::Watchpoint {
     let mut spec = spec_to_pb(&v.spec);
-    spec.symbol = v.code.expr.clone();
-    spec.length = v.code.len;
-    spec.address = 0;
-    let (file, line) = v.code.line.clone().unwrap_or_default();
-    spec.code_event = Some(pb::CodeEvent {
-        function: v.code.function.clone(),
-        at_return: v.code.at_return,
-        disarm_on: v.code.disarm_on.clone().unwrap_or_default(),
-        max_live: v.code.max_live,
-        creator_only: v.code.creator_only,
-        stop: v.code.stop,
-        file,
-        line,
-    });
-    if v.code.stop {
-        spec.access = pb::Access::Unspecified as i32;
-    }
+    code_to_pb(&mut spec, &v.code);
     pb::Watchpoint {
         id: v.id.0,
         spec: Some(spec),
@@ -532,6 +518,28 @@ pub fn object_view_to_pb(v: &crate::engine::objects::ObjectView) -> pb::Watchpoi
         object_watchpoints: v.live.iter().map(|w| w.0).collect(),
         breakpoint: v.place.as_ref().map(place_to_pb),
         ..Default::default()
+    }
+}
+
+/// A code event into its wire spec: the expression as `symbol`, no
+/// address.
+pub fn code_to_pb(spec: &mut pb::WatchpointSpec, code: &crate::engine::objects::CodeSpec) {
+    spec.symbol = code.expr.clone();
+    spec.length = code.len;
+    spec.address = 0;
+    let (file, line) = code.line.clone().unwrap_or_default();
+    spec.code_event = Some(pb::CodeEvent {
+        function: code.function.clone(),
+        at_return: code.at_return,
+        disarm_on: code.disarm_on.clone().unwrap_or_default(),
+        max_live: code.max_live,
+        creator_only: code.creator_only,
+        stop: code.stop,
+        file,
+        line,
+    });
+    if code.stop {
+        spec.access = pb::Access::Unspecified as i32;
     }
 }
 
@@ -879,13 +887,6 @@ pub fn policy_spec_from_pb(mut s: pb::WatchpointSpec) -> Result<WatchSpec, WpdEr
             "a policy's spec cannot name threads (tids are per process)".into(),
         ));
     }
-    if s.code_event.is_some() {
-        return Err(WpdError::InvalidArgument(
-            "a policy cannot arm by code events yet (code_event): set one per process with \
-             SetWatchpoint"
-                .into(),
-        ));
-    }
     // Checked as a watchpoint of some process; the pid is each instance's.
     s.pid = 1;
     let mut spec = WatchSpec::try_from(s)?;
@@ -920,7 +921,13 @@ impl From<&crate::engine::policy::PolicyView> for pb::Policy {
         pb::Policy {
             id: p.id.0,
             selector: Some(selector_to_pb(&p.selector)),
-            spec: Some(spec_to_pb(&p.spec)),
+            spec: Some({
+                let mut spec = spec_to_pb(&p.spec);
+                if let Some(code) = &p.code {
+                    code_to_pb(&mut spec, code);
+                }
+                spec
+            }),
             created_at_ns: p.created_at_ns,
             instances: p
                 .instances

@@ -255,6 +255,13 @@ impl Service {
         let asked = r.spec.ok_or_else(|| {
             status::to_status(&WpdError::InvalidArgument("spec is required".into()))
         })?;
+        let code = convert::code_from_pb(&asked)?;
+        if code.as_ref().is_some_and(|c| c.stop) {
+            return Err(status::to_status(&WpdError::InvalidArgument(
+                "a code breakpoint (code_event.stop) holds a thread until a client resumes it:                  set it on one process with SetWatchpoint, not in a policy"
+                    .into(),
+            )));
+        }
         let spec = convert::policy_spec_from_pb(asked.clone())?;
         // In the daemon's terms (pids, cgroup path) from here on, and on
         // disk. Whatever it selects, a caller the daemon cannot number would
@@ -272,7 +279,7 @@ impl Service {
         let core = self.core.clone();
         let who = caller.clone();
         let view = blocking_as(&caller, move || {
-            core.set_policy_with_id(selector, spec, who, id.map(WatchId))
+            core.set_policy_with_id(selector, spec, code, who, id.map(WatchId))
         })
         .await?;
         if let Some(p) = &self.persist {

@@ -235,17 +235,22 @@ impl PtraceEngine {
     }
 
     fn program_for(r: &Reservation, w: &Watch) -> SlotProgram {
-        let piece = w.spec.range.piece(r.key.piece);
-        SlotProgram {
-            tid: r.tid,
-            slot: r.slot,
-            arm: Some(shards::Arm {
-                addr: piece.addr,
-                len: piece.len,
-                access: w.spec.access,
-                key: r.key,
-            }),
-        }
+        program_for(r, w)
+    }
+}
+
+/// The program arming reservation `r` with its piece of `w`.
+pub(super) fn program_for(r: &Reservation, w: &Watch) -> SlotProgram {
+    let piece = w.spec.range.piece(r.key.piece);
+    SlotProgram {
+        tid: r.tid,
+        slot: r.slot,
+        arm: Some(shards::Arm {
+            addr: piece.addr,
+            len: piece.len,
+            access: w.spec.access,
+            key: r.key,
+        }),
     }
 }
 
@@ -350,10 +355,18 @@ impl Backend for PtraceEngine {
         // slow to come, and parked they are programmed at once, with no
         // second stop. Many threads are parked even without the check: all
         // stopped before any restarts (see `Shards::detach`).
+        //
+        // An object's watchpoint with signal stops needs none of this: a
+        // slot is a perf breakpoint, opened on each thread where it runs,
+        // and one the kernel refuses (ENOSPC) holds nothing (kernel-facts
+        // §17). (Others keep the check: a refused request then marks no
+        // slot of a thread it never reached as retained.)
+        let in_place = watch.object && signal_bp::mode_of(op.pid()).is_some();
         let mut tids: Vec<Tid> = res.iter().map(|r| r.tid).collect();
         tids.dedup(); // a thread's reservations are adjacent, one per piece
-        let _parked = (self.probe.is_some() || tids.len() > 1).then(|| Unpark::park(pt, &tids));
-        if let Some(probe) = &self.probe {
+        let _parked = (!in_place && (self.probe.is_some() || tids.len() > 1))
+            .then(|| Unpark::park(pt, &tids));
+        if !in_place && let Some(probe) = &self.probe {
             // From one thread per CPU, as perf arm passes: each open and
             // close interrupts the CPU the thread last ran on.
             let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -399,7 +412,7 @@ impl Backend for PtraceEngine {
             }
         }
         let items: Vec<SlotProgram> = res.iter().map(|r| Self::program_for(r, watch)).collect();
-        let results = pt.program(items);
+        let results = pt.program(items, in_place);
         let mut ok = Vec::new();
         let mut gone = Vec::new();
         let mut full = Vec::new();
@@ -463,10 +476,11 @@ impl Backend for PtraceEngine {
         // Stopped all first, then cleared, then restarted: cleared at their
         // own stops one by one, busy threads would each wait for the CPU
         // behind those already restarted (see `Shards::detach`).
+        let in_place = watch.object && signal_bp::mode_of(op.pid()).is_some();
         let mut tids: Vec<Tid> = items.iter().map(|p| p.tid).collect();
         tids.dedup(); // one item per piece, a thread's together
-        let _parked = (tids.len() > 1).then(|| Unpark::park(&self.shards, &tids));
-        self.shards.program(items);
+        let _parked = (!in_place && tids.len() > 1).then(|| Unpark::park(&self.shards, &tids));
+        self.shards.program(items, in_place);
     }
 
     fn detach(&self, proc: &Arc<Process>) {
@@ -751,11 +765,16 @@ impl TraceSink for PtraceEngine {
         verdict
     }
 
-    fn code_event(&self, pid: Pid, tid: Tid, records: &[super::CodeRecord]) -> bool {
-        let hold = self
-            .host
-            .upgrade()
-            .map_or(super::CodeHold::Run, |h| h.code_event(pid, tid, records));
+    fn code_event(
+        &self,
+        pid: Pid,
+        tid: Tid,
+        records: &[super::CodeRecord],
+        armer: &mut dyn super::StopArmer,
+    ) -> bool {
+        let hold = self.host.upgrade().map_or(super::CodeHold::Run, |h| {
+            h.code_event(pid, tid, records, armer)
+        });
         if hold == super::CodeHold::HoldAll {
             self.shards.hold_all(pid, tid);
         }

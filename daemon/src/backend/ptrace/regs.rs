@@ -57,6 +57,12 @@ impl Regs {
         }
     }
 
+    /// Whether this tracee's slots are perf breakpoints (signal stops):
+    /// they can then be programmed while it runs.
+    pub(super) fn has_signal_stops(&self) -> bool {
+        self.signal.is_some()
+    }
+
     /// The signal a hit of this tracee arrives as.
     pub(super) fn hit_signal(&self) -> Signal {
         self.signal.as_ref().map_or(Signal::SIGTRAP, |m| m.signal)

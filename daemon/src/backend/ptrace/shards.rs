@@ -126,8 +126,15 @@ pub trait TraceSink: Send + Sync {
     /// The process called exec: the kernel cleared the registers.
     fn exec(&self, pid: Pid, tid: Tid);
     /// The thread stopped at code-event probes, with what they recorded.
-    /// True: hold it (the daemon resumes it once done); false: it runs on.
-    fn code_event(&self, _pid: Pid, _tid: Tid, _records: &[super::code::CodeRecord]) -> bool {
+    /// True: hold it (the daemon resumes it once done); false: it runs on
+    /// (what the records asked was done through `armer`, or nothing was).
+    fn code_event(
+        &self,
+        _pid: Pid,
+        _tid: Tid,
+        _records: &[super::code::CodeRecord],
+        _armer: &mut dyn crate::backend::StopArmer,
+    ) -> bool {
         false
     }
 }
@@ -140,9 +147,11 @@ pub(super) enum Cmd {
         tids: Vec<Tid>,
         reply: mpsc::Sender<Vec<(Tid, Result<(), Errno>)>>,
     },
-    /// Apply these programs (at each tracee's next stop).
+    /// Apply these programs (at each tracee's next stop; with `in_place`,
+    /// at once on tracees with signal stops, stopped or running).
     Program {
         items: Vec<SlotProgram>,
+        in_place: bool,
         reply: mpsc::Sender<Vec<(SlotProgram, ProgramResult)>>,
     },
     /// Restart held tracees of `pid` (all when `tids` is empty).
@@ -293,7 +302,13 @@ impl Shards {
     }
 
     /// Programs slots; waits until every change is applied (or failed).
-    pub fn program(&self, items: Vec<SlotProgram>) -> Vec<(SlotProgram, ProgramResult)> {
+    /// `in_place`: tracees with signal stops are programmed at once,
+    /// without a stop (their slots are perf breakpoints, kernel-facts §17).
+    pub fn program(
+        &self,
+        items: Vec<SlotProgram>,
+        in_place: bool,
+    ) -> Vec<(SlotProgram, ProgramResult)> {
         let mut per: HashMap<usize, Vec<SlotProgram>> = HashMap::new();
         let mut out = Vec::new();
         for it in items {
@@ -309,6 +324,7 @@ impl Shards {
                 s,
                 Cmd::Program {
                     items,
+                    in_place,
                     reply: tx.clone(),
                 },
             );
@@ -386,14 +402,39 @@ impl Shards {
 
     /// Resumes held tracees of `pid` (all held ones when `tids` is empty).
     pub fn resume(&self, pid: Pid, tids: &[Tid]) -> Vec<Tid> {
-        self.broadcast(|reply| Cmd::Resume {
-            pid,
-            tids: tids.to_vec(),
-            reply,
-        })
-        .into_iter()
-        .flatten()
-        .collect()
+        if tids.is_empty() {
+            return self
+                .broadcast(|reply| Cmd::Resume {
+                    pid,
+                    tids: Vec::new(),
+                    reply,
+                })
+                .into_iter()
+                .flatten()
+                .collect();
+        }
+        // Named threads: only their tracers are asked.
+        let mut per: HashMap<usize, Vec<Tid>> = HashMap::new();
+        for &t in tids {
+            if let Some(s) = self.owner.get(&t).map(|s| *s) {
+                per.entry(s).or_default().push(t);
+            }
+        }
+        let (tx, rx) = mpsc::channel();
+        let waiting = per.len();
+        for (s, tids) in per {
+            self.send(
+                s,
+                Cmd::Resume {
+                    pid,
+                    tids,
+                    reply: tx.clone(),
+                },
+            );
+        }
+        (0..waiting)
+            .flat_map(|_| rx.recv().unwrap_or_default())
+            .collect()
     }
 
     /// Stops every tracee of `pid` except `except` (peer stop after a hit).

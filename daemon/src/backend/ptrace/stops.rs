@@ -324,19 +324,22 @@ impl Tracer {
             t.job_stopped = false;
         }
         // Signal stops: the signal our breakpoints' program sends (by the
-        // kernel, SI_KERNEL), for the breakpoints whose counts rose.
+        // kernel, SI_KERNEL), for the breakpoints whose counts rose. A code
+        // event's record of this thread says the same (its probe's program
+        // sent the signal just after writing it): then no GETSIGINFO.
+        let records = match self.tracees.get(&tid) {
+            Some(t) if t.regs.is_signal_stop(sig) && super::code::has_probes(t.pid) => {
+                super::code::take(tid)
+            }
+            _ => Vec::new(),
+        };
         if let Some(t) = self.tracees.get_mut(&tid)
             && t.regs.is_signal_stop(sig)
-            && ptrace::getsiginfo(npid(tid)).is_ok_and(|i| i.si_code == libc::SI_KERNEL)
+            && (!records.is_empty()
+                || ptrace::getsiginfo(npid(tid)).is_ok_and(|i| i.si_code == libc::SI_KERNEL))
         {
             let ids = t.regs.signal_hits();
             let pid = t.pid;
-            // A code event's record (its probe sent the same signal).
-            let records = if super::code::has_probes(pid) {
-                super::code::take(tid)
-            } else {
-                Vec::new()
-            };
             if !records.is_empty() {
                 if !ids.is_empty() {
                     // A hit and a code event in one stop (their signals
@@ -376,11 +379,9 @@ impl Tracer {
             .tracees
             .get(&tid)
             .is_some_and(|t| t.next.detach.is_some());
+        let sink = self.sink.upgrade();
         let hold = !detaching
-            && self
-                .sink
-                .upgrade()
-                .is_some_and(|s| s.code_event(pid, tid, records));
+            && sink.is_some_and(|s| s.code_event(pid, tid, records, &mut AtStop { tracer: self }));
         if hold {
             if let Some(t) = self.tracees.get_mut(&tid) {
                 t.phase = Phase::Held(Held::Code);
@@ -502,5 +503,65 @@ impl Tracer {
             return;
         }
         self.restart(tid, sig);
+    }
+}
+
+/// Programs slots for the daemon at a code event's stop, on this tracer's
+/// own tracees: the stopped thread, and (signal stops) any other, running
+/// or not: a perf breakpoint is opened on a running thread as well, so
+/// neither a park nor an interrupt is needed. A perf breakpoint that
+/// cannot be opened takes no slot (unlike a debug-register poke), so no
+/// free-slot probe comes first: its `ENOSPC` is the answer.
+pub(super) struct AtStop<'a> {
+    pub(super) tracer: &'a mut Tracer,
+}
+
+impl crate::backend::StopArmer for AtStop<'_> {
+    fn reaches(&self, tid: Tid) -> bool {
+        self.tracer.tracees.get(&tid).is_some_and(|t| {
+            t.regs.has_signal_stops()
+                && t.next.detach.is_none()
+                && !matches!(t.phase, Phase::Newborn { .. })
+        })
+    }
+
+    fn arm(
+        &mut self,
+        watch: &crate::state::Watch,
+        res: &[crate::ledger::Reservation],
+    ) -> Vec<super::shards::ProgramResult> {
+        use super::shards::ProgramResult;
+        let mut out = Vec::with_capacity(res.len());
+        // A thread's reservations are adjacent (one per piece).
+        for chunk in res.chunk_by(|a, b| a.tid == b.tid) {
+            let tid = chunk[0].tid;
+            if !self.reaches(tid) {
+                out.extend(chunk.iter().map(|_| ProgramResult::Gone));
+                continue;
+            }
+            let Some(t) = self.tracer.tracees.get_mut(&tid) else {
+                out.extend(chunk.iter().map(|_| ProgramResult::Gone));
+                continue;
+            };
+            let staged = chunk
+                .iter()
+                .map(|r| (0, super::program_for(r, watch)))
+                .collect();
+            out.extend(t.regs.apply(tid, staged, false).into_iter().map(|o| o.2));
+        }
+        out
+    }
+
+    fn clear(&mut self, slots: &[(Tid, u8)]) {
+        for &(tid, slot) in slots {
+            if let Some(t) = self.tracer.tracees.get_mut(&tid) {
+                let p = super::shards::SlotProgram {
+                    tid,
+                    slot,
+                    arm: None,
+                };
+                t.regs.apply(tid, vec![(0, p)], false);
+            }
+        }
     }
 }

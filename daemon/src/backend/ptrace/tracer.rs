@@ -335,12 +335,30 @@ impl Tracer {
                 }
                 let _ = reply.send(out);
             }
-            Cmd::Program { items, reply } => {
+            Cmd::Program {
+                items,
+                in_place,
+                reply,
+            } => {
                 let id = self.fresh_id();
                 let mut gone = Vec::new();
                 let mut touched = Vec::new();
                 for it in items {
                     match self.tracees.get_mut(&it.tid) {
+                        // Signal stops: a perf breakpoint opens and closes
+                        // on a running thread too. Only a tracee with
+                        // nothing pending (programs apply in order), past
+                        // its birth (its first stop arms it).
+                        Some(t)
+                            if in_place
+                                && t.next.detach.is_none()
+                                && t.pending.is_empty()
+                                && t.regs.has_signal_stops()
+                                && !matches!(t.phase, Phase::Newborn { .. }) =>
+                        {
+                            let r = t.regs.apply(it.tid, vec![(id, it)], false);
+                            gone.extend(r.into_iter().map(|(_, p, r)| (p, r)));
+                        }
                         Some(t) if t.next.detach.is_none() => {
                             t.pending.push((id, it));
                             touched.push(it.tid);

@@ -47,33 +47,65 @@ async fn bare(n: usize, us: u64) -> Result<Pace> {
     parse_pace(String::from_utf8_lossy(&out.stdout).trim())
 }
 
+/// How the target is watched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    /// Every thread (the default scope); the target has one thread.
+    Default,
+    /// `--scope creator`.
+    Creator,
+    /// Every thread, with this many sleeping threads started after the
+    /// attach (created by the main thread: the same tracer thread holds
+    /// them, and arms each object on all of them at the stop).
+    SleepersAfter(u32),
+    /// Every thread, with this many sleeping threads started before the
+    /// attach (seized at attach, spread over the tracer threads: each
+    /// object is armed by the daemon's objects thread instead).
+    SleepersBefore(u32),
+}
+
+/// What a run under wpd gave: the target's times, the daemon's mean hold
+/// per object (GetStats), and how many objects were armed at their stop.
+struct WpdRun {
+    pace: Pace,
+    hold_ns: f64,
+    at_stop: f64,
+}
+
 /// The target with `--on-return conn_new --expr '$ret->state' --disarm-on
-/// free`; also the daemon's mean hold per object (GetStats).
-async fn with_wpd(n: usize, us: u64) -> Result<(Pace, f64)> {
+/// free`, as `v` says.
+async fn with_wpd(n: usize, us: u64, v: Variant) -> Result<WpdRun> {
     let daemon = Daemon::start().await?;
     let mut t = CTarget::start("ct-objects").await?;
+    if let Variant::SleepersBefore(k) = v {
+        t.cmd(&format!("sleepers {k}")).await?;
+    }
     let pid = t.pid.to_string();
-    let out = run_wpctl(
-        &[
-            "--endpoint",
-            &daemon.endpoint(),
-            "watch",
-            "--pid",
-            &pid,
-            "--backend",
-            "ptrace",
-            "--on-return",
-            "conn_new",
-            "--expr",
-            "$ret->state",
-            "--disarm-on",
-            "free",
-        ],
-        Duration::from_secs(30),
-    )
-    .await?;
+    let mut args = vec![
+        "--endpoint".to_string(),
+        daemon.endpoint(),
+        "watch".into(),
+        "--pid".into(),
+        pid,
+        "--backend".into(),
+        "ptrace".into(),
+        "--on-return".into(),
+        "conn_new".into(),
+        "--expr".into(),
+        "$ret->state".into(),
+        "--disarm-on".into(),
+        "free".into(),
+    ];
+    if v == Variant::Creator {
+        args.extend(["--scope".into(), "creator".into()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run_wpctl(&args, Duration::from_secs(30)).await?;
     if out.code != Some(0) {
         bail!("wpctl watch: {out:?}");
+    }
+    if let Variant::SleepersAfter(k) = v {
+        t.cmd(&format!("sleepers {k}")).await?;
     }
     t.send(&format!("pace {n} {us}"))?;
     let line = t
@@ -90,7 +122,11 @@ async fn with_wpd(n: usize, us: u64) -> Result<(Pace, f64)> {
     if o.armed < n as u64 {
         bail!("{} of {n} objects armed: {o:?}", o.armed);
     }
-    Ok((pace, o.mean_hold_ns as f64))
+    Ok(WpdRun {
+        pace,
+        hold_ns: o.mean_hold_ns as f64,
+        at_stop: o.armed_at_stop as f64 / o.armed.max(1) as f64,
+    })
 }
 
 /// The target under gdb.
@@ -166,16 +202,33 @@ pub(crate) async fn section_objects(args: &Args) -> Result<()> {
         "| how | objects | in conn_new, µs | in conn_free, µs | per object, µs | wall for the run, s | slowdown |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|");
+    let variants = [
+        (
+            Variant::Default,
+            "wpd (ptrace): `--on-return conn_new --expr '$ret->state' --disarm-on free`",
+        ),
+        (
+            Variant::Creator,
+            "wpd (ptrace), the same with `--scope creator`",
+        ),
+        (
+            Variant::SleepersAfter(4),
+            "wpd (ptrace), every thread, 4 more threads started after the attach",
+        ),
+        (
+            Variant::SleepersBefore(4),
+            "wpd (ptrace), every thread, 4 more threads started before the attach",
+        ),
+    ];
     let mut bares = Vec::new();
-    let mut wpds = Vec::new();
-    let mut holds = Vec::new();
+    let mut wpds: Vec<Vec<WpdRun>> = variants.iter().map(|_| Vec::new()).collect();
     let mut gdbs = Vec::new();
     let mut gdb_why = None;
     for _ in 0..args.reps {
         bares.push(bare(n, us).await?);
-        let (p, hold) = with_wpd(n, us).await?;
-        wpds.push(p);
-        holds.push(hold);
+        for (i, (v, _)) in variants.iter().enumerate() {
+            wpds[i].push(with_wpd(n, us, *v).await?);
+        }
         if args.peers {
             match with_gdb(n_gdb, us, args.peer_timeout).await? {
                 Ok(p) => gdbs.push(p),
@@ -198,11 +251,12 @@ pub(crate) async fn section_objects(args: &Args) -> Result<()> {
         new + free
     };
     let b = row("alone", &bares, n);
-    let w = row(
-        "wpd (ptrace): `--on-return conn_new --expr '$ret->state' --disarm-on free`",
-        &wpds,
-        n,
-    );
+    let mut ws = Vec::new();
+    for (i, (_, what)) in variants.iter().enumerate() {
+        let paces: Vec<Pace> = wpds[i].iter().map(|r| r.pace).collect();
+        ws.push(row(what, &paces, n));
+    }
+    let w = ws[0];
     let g = if gdbs.is_empty() {
         println!(
             "| gdb | {n_gdb} | {} |  |  |  |  |",
@@ -217,11 +271,21 @@ pub(crate) async fn section_objects(args: &Args) -> Result<()> {
         ))
     };
     println!();
+    for (i, (v, _)) in variants.iter().enumerate() {
+        println!(
+            "- {v:?}: the daemon's hold per object (from the probe's stop to the release, \
+             GetStats mean_hold_ns) {:.1} µs; armed at the stop by the tracer: {:.0} % of \
+             the objects",
+            median(wpds[i].iter().map(|r| r.hold_ns).collect()) / 1e3,
+            median(wpds[i].iter().map(|r| r.at_stop * 100.0).collect()),
+        );
+    }
+    println!();
     println!(
-        "wpd's own part per object (the daemon's hold, from the probe's stop to the release, \
-         GetStats mean_hold_ns): {:.1} µs; per object beyond the target's own time: wpd {:.1} µs{}",
-        median(holds) / 1e3,
+        "Per object beyond the target's own time: wpd {:.1} µs (every thread; {:.1} µs with \
+         --scope creator){}",
         w - b,
+        ws[1] - b,
         match g {
             Some(g) => format!(
                 ", gdb {:.1} µs: gdb takes {:.0}× as long",
