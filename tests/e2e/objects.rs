@@ -296,7 +296,8 @@ async fn slots_exact_on_many_threads_in_both_scopes() -> Result<()> {
 /// conn_new ...`): each process it selects gets its own object watch, whose
 /// objects are armed and disarmed as one set per process would be; the
 /// policy lists the code event, and removing it removes every instance
-/// with its objects' watchpoints.
+/// with its objects' watchpoints. No backend is named: the instances go to
+/// the one that can hold a thread, whatever the default.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_with_a_code_event_arms_each_process() -> Result<()> {
     if !require_backend(Backend::Ptrace) {
@@ -319,8 +320,6 @@ async fn policy_with_a_code_event_arms_each_process() -> Result<()> {
                     &pa,
                     "--pid",
                     &pb,
-                    "--backend",
-                    "ptrace",
                     "--on-return",
                     "conn_new",
                     "--expr",
@@ -364,6 +363,19 @@ async fn policy_with_a_code_event_arms_each_process() -> Result<()> {
                     .with_context(|| format!("no instance in {pid}: {policy:?}"))
             };
             let (ia, ib) = (inst(a.pid)?, inst(b.pid)?);
+            // No backend named: each instance went to the one that can
+            // hold a thread at a probe, not to the default.
+            ensure!(
+                l.processes.len() == 2
+                    && l.processes
+                        .iter()
+                        .all(|p| p.backend == PbBackend::Ptrace as i32),
+                "instances attached with {:?}",
+                l.processes
+                    .iter()
+                    .map(|p| (p.pid, p.backend))
+                    .collect::<Vec<_>>()
+            );
 
             let r = a.cmd("run 2 50").await?;
             ensure!(r == "RAN n=100", "{r}");

@@ -278,11 +278,20 @@ impl Core {
         owner: u32,
     ) -> Result<ObjectView, WpdError> {
         crate::procfs::check_process(spec.pid)?;
-        let kind = self
+        let mut kind = self
             .procs
             .get(&spec.pid)
             .map(|p| p.backend)
             .or(spec.backend);
+        // Asked for no backend, on a process not attached yet: the one that
+        // can hold a thread at a probe, rather than a default that cannot.
+        if kind.is_none()
+            && !self.backends.features(None).is_some_and(|f| f.code_events)
+            && let Some(holds) = self.backends.with_feature(|f| f.code_events)
+        {
+            spec.backend = Some(holds);
+            kind = Some(holds);
+        }
         if let Some(f) = self.backends.features(kind)
             && !f.code_events
             && code.stop
