@@ -626,7 +626,7 @@ const STORM_RSS_SLACK_KIB: u64 = 3 * 1024;
 
 /// A fork server's children by the ten thousand, each storing the watched level once (a hit
 /// per child): every hit is delivered, and each round leaves the daemon as the one before it:
-/// no child listed as covered, the same fds, threads and perf fds, and no resident memory
+/// no child listed as covered, no fd more, the same threads and perf fds, and no resident memory
 /// gained beyond a bound far below what the children would leave if the daemon kept anything
 /// per child. The fork server stays the policy's one instance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -744,7 +744,12 @@ async fn a_fork_storm_leaves_nothing_behind() -> Result<()> {
                 client.get_stats(wpd_proto::v1::GetStatsRequest::default()),
             )
             .await?;
-            after.push((daemon.fd_count()?, daemon.rss_kib()?, s.threads, s.perf_fds));
+            after.push((
+                steady_fd_count(&daemon).await?,
+                daemon.rss_kib()?,
+                s.threads,
+                s.perf_fds,
+            ));
         }
         let p = policy(&mut client, id).await?;
         ensure!(
@@ -754,7 +759,7 @@ async fn a_fork_storm_leaves_nothing_behind() -> Result<()> {
         );
         let (first, last) = (after[0], after[STORM_ROUNDS - 1]);
         ensure!(
-            (first.0, first.2, first.3) == (last.0, last.2, last.3),
+            last.0 <= first.0 && (first.2, first.3) == (last.2, last.3),
             "fds, threads and perf fds after round 1 {first:?}, after round {STORM_ROUNDS} \
              {last:?} (fds, RSS KiB, threads, perf fds)"
         );
@@ -775,6 +780,18 @@ async fn a_fork_storm_leaves_nothing_behind() -> Result<()> {
     let _ = server.start_kill();
     let _ = std::fs::remove_dir_all(&dir);
     daemon.finish(result)
+}
+
+/// The daemon's open descriptors without the ones it holds for a moment (a policy's scan of
+/// `/proc`, a connection being closed): the fewest seen over a fifth of a second. A descriptor
+/// kept per child would be in every sample.
+async fn steady_fd_count(daemon: &Daemon) -> Result<usize> {
+    let mut fewest = daemon.fd_count()?;
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        fewest = fewest.min(daemon.fd_count()?);
+    }
+    Ok(fewest)
 }
 
 /// libFuzzer in fork mode (`-fork=1`: jobs are processes of their own, started by the
