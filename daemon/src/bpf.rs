@@ -47,6 +47,8 @@ pub const PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
 /// Helper ids (`enum bpf_func_id`).
 pub mod helper {
     pub const MAP_LOOKUP_ELEM: i32 = 1;
+    pub const MAP_UPDATE_ELEM: i32 = 2;
+    pub const MAP_DELETE_ELEM: i32 = 3;
     pub const KTIME_GET_NS: i32 = 5;
     pub const GET_SMP_PROCESSOR_ID: i32 = 8;
     pub const GET_CURRENT_PID_TGID: i32 = 14;
@@ -484,27 +486,31 @@ pub fn load_program(prog_type: u32, insns: &[Insn]) -> Result<OwnedFd, LoadError
 const MAP_TYPE_ARRAY: u32 = 2;
 const MAP_TYPE_HASH: u32 = 1;
 
-/// A set of u64s a program tests with `bpf_map_lookup_elem`
-/// (`BPF_MAP_TYPE_HASH`, 8-byte keys, 1-byte values), kept by the daemon.
+/// A map of u64s to arrays of u64s a program looks up with
+/// `bpf_map_lookup_elem` (`BPF_MAP_TYPE_HASH`, 8-byte keys, values of a
+/// fixed number of u64s), kept by the daemon: a set whose members each
+/// carry a value.
 #[derive(Debug)]
-pub struct U64Set {
+pub struct U64Map {
     fd: OwnedFd,
+    words: usize,
 }
 
-impl U64Set {
-    /// An empty set of at most `max` values.
-    pub fn new(max: u32) -> Result<U64Set, Errno> {
+impl U64Map {
+    /// An empty map of at most `max` entries, each value `words` u64s.
+    pub fn new(max: u32, words: usize) -> Result<U64Map, Errno> {
         let attr = MapCreateAttr {
             map_type: MAP_TYPE_HASH,
             key_size: 8,
-            value_size: 1,
+            value_size: (8 * words) as u32,
             max_entries: max,
             ..Default::default()
         };
         let fd = sys_bpf(BPF_MAP_CREATE, &attr)?;
         // SAFETY: a new fd the kernel just gave us.
-        Ok(U64Set {
+        Ok(U64Map {
             fd: unsafe { OwnedFd::from_raw_fd(fd as i32) },
+            words,
         })
     }
 
@@ -513,23 +519,37 @@ impl U64Set {
         self.fd.as_raw_fd()
     }
 
-    /// Adds `v`.
-    pub fn insert(&self, v: u64) -> Result<(), Errno> {
-        let one = 1u8;
+    /// Sets `k` to `v` (its first words; the others 0).
+    pub fn insert(&self, k: u64, v: &[u64]) -> Result<(), Errno> {
+        let mut value = vec![0u64; self.words];
+        let n = v.len().min(self.words);
+        value[..n].copy_from_slice(&v[..n]);
         let attr = MapElemAttr {
             map_fd: self.fd.as_raw_fd() as u32,
-            key: (&raw const v) as u64,
-            value: (&raw const one) as u64,
+            key: (&raw const k) as u64,
+            value: value.as_ptr() as u64,
             ..Default::default()
         };
         sys_bpf(BPF_MAP_UPDATE_ELEM, &attr).map(|_| ())
     }
 
-    /// Removes `v` (absent: nothing).
-    pub fn remove(&self, v: u64) {
+    /// The value of `k`, if it is in the map.
+    pub fn get(&self, k: u64) -> Option<Vec<u64>> {
+        let mut value = vec![0u64; self.words];
         let attr = MapElemAttr {
             map_fd: self.fd.as_raw_fd() as u32,
-            key: (&raw const v) as u64,
+            key: (&raw const k) as u64,
+            value: value.as_mut_ptr() as u64,
+            ..Default::default()
+        };
+        sys_bpf(BPF_MAP_LOOKUP_ELEM, &attr).ok().map(|_| value)
+    }
+
+    /// Removes `k` (absent: nothing).
+    pub fn remove(&self, k: u64) {
+        let attr = MapElemAttr {
+            map_fd: self.fd.as_raw_fd() as u32,
+            key: (&raw const k) as u64,
             ..Default::default()
         };
         let _ = sys_bpf(BPF_MAP_DELETE_ELEM, &attr);

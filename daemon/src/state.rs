@@ -201,6 +201,9 @@ pub struct Watch {
     /// a backend may program it without stopping the threads where it can
     /// (ptrace with signal stops); its refusals are counted, not reported.
     pub object: bool,
+    /// The object of an object watch's watchpoint was freed: its hits are
+    /// no longer reported while its breakpoints are being closed.
+    pub freed: std::sync::atomic::AtomicBool,
 }
 
 impl Watch {

@@ -16,6 +16,11 @@
  *   pace N US   N objects, one every US µs: conn_new, then conn_free (the
  *               object never written), each call timed       -> PACE new_ns=<mean>
  *               free_ns=<mean> wall_ns=<total>
+ *   afterfree N N objects, each with its state written once while live
+ *               (state = 5), then freed, then written again through the
+ *               dangling pointer (state = 0xdead): the voluntary context
+ *               switches of the thread over the loop (a stop of the thread
+ *               by its tracer is one)                         -> AFTERFREE csw=<n>
  *   sleepers T  T more threads that only sleep until the process exits
  *               (they create no object, but hold slots of
  *               process-wide watchpoints)                         -> SLEEPING n=T
@@ -23,8 +28,10 @@
  *
  * `objects pace N US` runs the pace command alone and exits (under gdb).
  */
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -173,6 +180,18 @@ int main(int argc, char **argv)
             clock_gettime(CLOCK_MONOTONIC, &t1);
             printf("RATE ns=%ld\n",
                    (t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec));
+        } else if (sscanf(line, "afterfree %ld", &a) == 1) {
+            struct rusage r0, r1;
+            getrusage(RUSAGE_THREAD, &r0);
+            for (long i = 0; i < a; i++) {
+                struct conn *c = conn_new(i);
+                c->state = 5; /* LINE:live */
+                struct conn *volatile dangling = c;
+                conn_free(c);
+                dangling->state = 0xdead; /* LINE:afterfree */
+            }
+            getrusage(RUSAGE_THREAD, &r1);
+            printf("AFTERFREE csw=%ld\n", r1.ru_nvcsw - r0.ru_nvcsw);
         } else if (sscanf(line, "sleepers %ld", &a) == 1) {
             for (long i = 0; i < a; i++) {
                 pthread_t t;

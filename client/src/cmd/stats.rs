@@ -89,6 +89,7 @@ fn objects_json(s: &GetStatsResponse) -> serde_json::Value {
         "mean_hold_ns": o.mean_hold_ns,
         "armed_at_stop": o.armed_at_stop,
         "disarmed_at_stop": o.disarmed_at_stop,
+        "freed_without_stop": o.freed_without_stop,
     })
 }
 
@@ -124,7 +125,7 @@ fn to_text(s: &GetStatsResponse) -> String {
                 None => "-".into(),
                 Some(o) => format!(
                     "{} armed by code events ({} live, {} disarmed, mean hold {}; {} armed and \
-                     {} disarmed at the probe's stop); not armed: \
+                     {} disarmed at a stop, {} freed without one); not armed: \
                      {} without a free slot, {} over max-live, {} failed",
                     o.armed,
                     o.live,
@@ -132,6 +133,7 @@ fn to_text(s: &GetStatsResponse) -> String {
                     duration_ns(o.mean_hold_ns),
                     o.armed_at_stop,
                     o.disarmed_at_stop,
+                    o.freed_without_stop,
                     o.no_slot,
                     o.over_limit,
                     o.failed

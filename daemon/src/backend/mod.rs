@@ -56,7 +56,7 @@ pub struct Features {
 }
 
 pub use ptrace::ProgramResult;
-pub use ptrace::code::{CodeProbe, CodeRecord};
+pub use ptrace::code::{CodeProbe, CodeRecord, FREED_SWEEP};
 
 /// What becomes of a thread stopped at code-event probes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,9 +217,21 @@ pub trait Backend: Send + Sync {
     /// Closes `pid`'s code-event probes of key `key` (every one: `None`).
     fn close_code_probes(&self, _pid: Pid, _key: Option<u64>) {}
 
-    /// Adds `value` to (or removes it from) the first-argument set of the
+    /// Adds `base` with `value` (a watchpoint id, then its breakpoints'
+    /// addresses) to (or removes it from) the first-argument set of the
     /// filtered probe of key `key`.
-    fn code_probe_member(&self, _key: u64, _value: u64, _member: bool) {}
+    fn code_probe_member(&self, _key: u64, _base: u64, _value: &[u64], _member: bool) {}
+
+    /// Takes `addrs` out of `pid`'s muted addresses (the breakpoints of a
+    /// freed object closed, or a new object about to be armed there).
+    fn unmute(&self, _pid: Pid, _addrs: &[u64]) {}
+
+    /// The records of disarming probes' calls that stopped no one, not yet
+    /// read at a stop (see `ptrace::code`), oldest first; with `aged_only`,
+    /// those a previous call already saw.
+    fn take_freed(&self, _aged_only: bool) -> Vec<CodeRecord> {
+        Vec::new()
+    }
 
     /// Lets held threads of `pid` run again (all held ones when `tids` is
     /// empty); returns those resumed.
@@ -363,6 +375,12 @@ pub trait Host: Send + Sync {
     ) -> CodeHold {
         CodeHold::Run
     }
+    /// Objects were freed (records of disarming probes that stopped no
+    /// one, `CodeRecord::freed`): their watchpoints are taken off, through
+    /// `armer` where it reaches their threads (the tracer of a stopped
+    /// thread, before that stop's hits are looked at), else by the
+    /// daemon's objects thread; until then their hits are not reported.
+    fn objects_freed(&self, _records: &[CodeRecord], _armer: Option<&mut dyn StopArmer>) {}
     /// Whether anyone wants [`Host::process_started`] calls (the backend
     /// then reads its system-wide records promptly).
     fn wants_processes(&self) -> bool {

@@ -452,6 +452,14 @@ impl Host for Core {
         self.code_event_seen(pid, tid, records, armer)
     }
 
+    fn objects_freed(
+        &self,
+        records: &[crate::backend::CodeRecord],
+        armer: Option<&mut dyn crate::backend::StopArmer>,
+    ) {
+        self.objects_freed_seen(records, armer)
+    }
+
     fn forked_child_gone(&self, pid: Pid) {
         // The signal that ended it, if one did, is reported first (while it
         // is still known as covered).

@@ -12,8 +12,13 @@
 //!
 //! With `disarm_on`, a second probe at that function's entry: a call whose
 //! first argument is a live object's base (the value the expression
-//! started from, e.g. `$ret`) removes the object's watchpoint before the
-//! call runs. `max_live` bounds the live objects. Every object not armed
+//! started from, e.g. `$ret`) ends the object. That call stops no one: the
+//! probe's program takes the base out of the kernel's set of live bases
+//! and records the call; from then on the object's hits are not reported,
+//! and its watchpoint is removed at the next stop of a thread of the
+//! process (by the tracer holding it, before that stop's hits are looked
+//! at) or by the objects thread within two `FREED_SWEEP`s, whichever comes
+//! first. `max_live` bounds the live objects. Every object not armed
 //! (no slot, over the bound, an expression that could not be evaluated) is
 //! counted on the object watch and in `GetStats`, and logged.
 //!
@@ -32,7 +37,7 @@ use super::Core;
 use crate::backend::{CodeProbe, CodeRecord, ProgramResult, StopArmer};
 use crate::error::WpdError;
 use crate::model::{Pid, Scope, Tid, WatchId, WatchSpec};
-use crate::state::OpGuard;
+use crate::state::{OpGuard, Watch};
 use crate::symbols::code::CodeSite;
 
 /// What a code event is (the part of an object watch's spec beyond an
@@ -103,6 +108,9 @@ pub struct ObjectCounts {
     pub armed_at_stop: AtomicU64,
     /// Of `disarmed`, those disarmed at the stop.
     pub disarmed_at_stop: AtomicU64,
+    /// Freeing calls of watched objects recorded in the kernel without a
+    /// stop.
+    pub freed_without_stop: AtomicU64,
 }
 
 /// A snapshot of [`ObjectCounts`].
@@ -126,6 +134,8 @@ pub struct ObjectCountsView {
     pub armed_at_stop: u64,
     /// Of `disarmed`, those disarmed at the stop.
     pub disarmed_at_stop: u64,
+    /// Freeing calls of watched objects recorded without a stop.
+    pub freed_without_stop: u64,
 }
 
 impl ObjectCounts {
@@ -147,6 +157,7 @@ impl ObjectCounts {
                 .unwrap_or(0),
             armed_at_stop: self.armed_at_stop.load(Ordering::Relaxed),
             disarmed_at_stop: self.disarmed_at_stop.load(Ordering::Relaxed),
+            freed_without_stop: self.freed_without_stop.load(Ordering::Relaxed),
         }
     }
 }
@@ -207,6 +218,9 @@ enum Msg {
     Arm(WatchId, CodeRecord, std::time::Instant),
     /// Disarm the object whose base is `u64`, then resume the thread.
     Disarm(WatchId, Pid, Tid, u64),
+    /// The object of base `u64` was freed without a stop: remove its
+    /// watchpoint (the second id) if it is still that base's.
+    Freed(WatchId, u64, WatchId),
     /// Removals are waiting in `Objects::removed`: publish them soon.
     Flush,
 }
@@ -260,6 +274,28 @@ impl Objects {
             .map(|w| w.live.lock().unwrap().len() as u64)
             .sum();
         self.totals.view(live)
+    }
+}
+
+/// The addresses of `w`'s breakpoints (one per piece).
+fn piece_addrs(w: &Watch) -> impl Iterator<Item = u64> + '_ {
+    range_addrs(&w.spec.range)
+}
+
+/// The addresses of a range's breakpoints (one per piece).
+fn range_addrs(r: &crate::model::Range) -> impl Iterator<Item = u64> + '_ {
+    (0..r.slots()).map(|i| r.piece(i as u8).addr)
+}
+
+/// Takes `base` out of `w`'s live objects if `child` is its object: true
+/// if it was.
+fn live_remove_if(w: &ObjectWatch, base: u64, child: WatchId) -> bool {
+    let mut live = w.live.lock().unwrap();
+    if live.get(&base) == Some(&child) {
+        live.remove(&base);
+        true
+    } else {
+        false
     }
 }
 
@@ -453,6 +489,7 @@ impl Core {
                     offset: site.offset,
                     ret: code.at_return,
                     first_arg_filter: false,
+                    without_stop: false,
                 },
             )?;
             if let Some(d) = &disarm {
@@ -464,6 +501,7 @@ impl Core {
                         offset: d.offset,
                         ret: false,
                         first_arg_filter: true,
+                        without_stop: true,
                     },
                 )?;
             }
@@ -491,15 +529,133 @@ impl Core {
         Ok(self.object_view(&w))
     }
 
-    /// The disarming probe of `id` stops a thread only for a live base:
-    /// `base` joins or leaves its set.
-    fn disarm_filter(&self, pid: Pid, id: WatchId, base: u64, member: bool) {
+    /// The disarming probe of `id` acts only on a live base: `base` joins
+    /// its set with its object's watchpoint `child` (its id and its
+    /// breakpoints' addresses), or leaves it (`None`).
+    fn disarm_filter(&self, pid: Pid, id: WatchId, base: u64, child: Option<&Watch>) {
         let kind = self.procs.get(&pid).map(|p| p.backend);
         if let Some(kind) = kind
             && let Ok(b) = self.backends.get(Some(kind))
         {
-            b.code_probe_member(disarm_key(id), base, member);
+            let value: Vec<u64> = child
+                .map(|c| std::iter::once(c.id.0).chain(piece_addrs(c)).collect())
+                .unwrap_or_default();
+            b.code_probe_member(disarm_key(id), base, &value, child.is_some());
         }
+    }
+
+    /// Takes the addresses of `w`'s breakpoints out of its process's muted
+    /// ones (see [`crate::backend::Backend::unmute`]).
+    fn unmute(&self, w: &Watch) {
+        self.unmute_range(w.spec.pid, w.backend, &w.spec.range);
+    }
+
+    fn unmute_range(&self, pid: Pid, kind: crate::model::BackendKind, range: &crate::model::Range) {
+        if let Ok(b) = self.backends.get(Some(kind)) {
+            b.unmute(pid, &range_addrs(range).collect::<Vec<_>>());
+        }
+    }
+
+    /// Objects freed without a stop (see [`crate::backend::Host::objects_freed`]):
+    /// each object's watchpoint stops reporting at once, and is removed
+    /// through `armer` where it reaches the watchpoint's threads, else by
+    /// the objects thread. A record whose object is no longer its base's
+    /// live one (removed already, the base handed out anew) changes
+    /// nothing.
+    pub(super) fn objects_freed_seen(
+        &self,
+        records: &[CodeRecord],
+        mut armer: Option<&mut dyn StopArmer>,
+    ) {
+        let tx = self.objects.tx.lock().unwrap().clone();
+        for r in records.iter().filter(|r| r.freed) {
+            let id = WatchId(r.key >> 1);
+            let Some(w) = self.objects.watches.get(&id).map(|w| w.clone()) else {
+                continue;
+            };
+            let (base, child) = (r.args[0], WatchId(r.ret));
+            if w.spec.pid != r.pid || w.live.lock().unwrap().get(&base) != Some(&child) {
+                continue;
+            }
+            if let Some(cw) = self.watches.get(&child) {
+                cw.freed.store(true, Ordering::Relaxed);
+            }
+            bump(&w, &self.objects.totals, |c| &c.freed_without_stop);
+            let done = armer
+                .as_deref_mut()
+                .is_some_and(|a| self.freed_at_stop(&w, base, child, a));
+            if !done && let Some(tx) = &tx {
+                let _ = tx.send(Msg::Freed(id, base, child));
+            }
+        }
+    }
+
+    /// Removes the freed object `child` of base `base` from a tracer thread
+    /// at a stop, if it reaches every thread holding it; false: nothing
+    /// was done.
+    fn freed_at_stop(
+        &self,
+        w: &ObjectWatch,
+        base: u64,
+        child: WatchId,
+        armer: &mut dyn StopArmer,
+    ) -> bool {
+        let Some(proc) = self.procs.get(&w.spec.pid).map(|p| p.clone()) else {
+            return false;
+        };
+        let Some(op) = proc.try_lock_op() else {
+            return false;
+        };
+        if w.live.lock().unwrap().get(&base) != Some(&child) {
+            return true; // taken off meanwhile
+        }
+        let cw = self.watches.get(&child).map(|c| c.clone());
+        if !self.drop_at_stop(&op, child, armer) {
+            return false;
+        }
+        if let Some(cw) = cw {
+            self.unmute(&cw);
+        }
+        if live_remove_if(w, base, child) {
+            bump(w, &self.objects.totals, |c| &c.disarmed);
+            bump(w, &self.objects.totals, |c| &c.disarmed_at_stop);
+        }
+        true
+    }
+
+    /// Reads the records of freeing calls no stop has read for a whole
+    /// `FREED_SWEEP` (the objects thread, every `FREED_SWEEP` while an
+    /// object watch has a disarming probe): within two periods of its
+    /// call, an object nobody's stop took off is taken off here.
+    fn sweep_freed(&self) {
+        // The backends of the processes with disarming probes.
+        let mut kinds = Vec::new();
+        for w in self.objects.watches.iter() {
+            if w.code.disarm_on.is_some()
+                && w.place.is_none()
+                && let Some(p) = self.procs.get(&w.spec.pid)
+                && !kinds.contains(&p.backend)
+            {
+                kinds.push(p.backend);
+            }
+        }
+        for kind in kinds {
+            if let Ok(b) = self.backends.get(Some(kind)) {
+                let freed = b.take_freed(true);
+                if !freed.is_empty() {
+                    self.objects_freed_seen(&freed, None);
+                }
+            }
+        }
+    }
+
+    /// Whether an object watch has a disarming probe (its freeing calls
+    /// are then swept).
+    fn has_disarming(&self) -> bool {
+        self.objects
+            .watches
+            .iter()
+            .any(|w| w.code.disarm_on.is_some() && w.place.is_none())
     }
 
     fn has_object_watch(&self, pid: Pid) -> bool {
@@ -732,7 +888,7 @@ impl Core {
                 return false;
             }
             w.live.lock().unwrap().remove(&base);
-            self.disarm_filter(pid, w.id, base, false);
+            self.disarm_filter(pid, w.id, base, None);
         }
         if base == 0 {
             bump(w, totals, |c| &c.failed);
@@ -807,6 +963,8 @@ impl Core {
                 return true;
             }
         };
+        // Its addresses may still be muted from an object freed there.
+        self.unmute(&watch);
         let outcomes = armer.arm(&watch, &res);
         let (mut ok, mut gone, mut full, mut failed) = (Vec::new(), Vec::new(), Vec::new(), None);
         for (res, o) in res.iter().zip(outcomes) {
@@ -829,7 +987,7 @@ impl Core {
             bump(w, totals, |c| &c.armed);
             bump(w, totals, |c| &c.armed_at_stop);
             w.live.lock().unwrap().insert(base, id);
-            self.disarm_filter(pid, w.id, base, true);
+            self.disarm_filter(pid, w.id, base, Some(&watch));
             return true;
         }
         // All or nothing: what was armed is cleared, every slot released.
@@ -873,7 +1031,7 @@ impl Core {
             return false;
         }
         if w.live.lock().unwrap().remove(&base).is_some() {
-            self.disarm_filter(pid, w.id, base, false);
+            self.disarm_filter(pid, w.id, base, None);
             bump(w, &self.objects.totals, |c| &c.disarmed);
             bump(w, &self.objects.totals, |c| &c.disarmed_at_stop);
         }
@@ -941,34 +1099,47 @@ impl Core {
         std::thread::Builder::new()
             .name("wpd-objects".into())
             .spawn(move || {
-                let mut flush_at: Option<std::time::Instant> = None;
+                use std::time::Instant;
+                let mut flush_at: Option<Instant> = None;
+                let mut swept = Instant::now();
                 loop {
-                    let m = match flush_at {
+                    // Never holds the core across a wait: the core's end
+                    // (its sender dropped) ends this thread.
+                    let sweep = match core.upgrade() {
+                        Some(c) => c.has_disarming(),
+                        None => break,
+                    };
+                    let sweep_at = sweep.then(|| swept + crate::backend::FREED_SWEEP);
+                    let wake = flush_at.into_iter().chain(sweep_at).min();
+                    let m = match wake {
                         None => match rx.recv() {
-                            Ok(m) => m,
+                            Ok(m) => Some(m),
                             Err(_) => break,
                         },
                         Some(at) => {
-                            let left = at.saturating_duration_since(std::time::Instant::now());
-                            match rx.recv_timeout(left) {
-                                Ok(m) => m,
-                                Err(mpsc::RecvTimeoutError::Timeout) => {
-                                    flush_at = None;
-                                    let Some(c) = core.upgrade() else { break };
-                                    c.publish_removed();
-                                    continue;
-                                }
+                            match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                                Ok(m) => Some(m),
+                                Err(mpsc::RecvTimeoutError::Timeout) => None,
                                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
                             }
                         }
                     };
                     let Some(c) = core.upgrade() else { break };
+                    let now = Instant::now();
+                    if flush_at.is_some_and(|at| at <= now) {
+                        flush_at = None;
+                        c.publish_removed();
+                    }
+                    if sweep && now >= swept + crate::backend::FREED_SWEEP {
+                        swept = now;
+                        c.sweep_freed();
+                    }
                     match m {
-                        Msg::Flush => {
-                            flush_at
-                                .get_or_insert_with(|| std::time::Instant::now() + PUBLISH_EVERY);
+                        None => {}
+                        Some(Msg::Flush) => {
+                            flush_at.get_or_insert_with(|| Instant::now() + PUBLISH_EVERY);
                         }
-                        m => c.object_work(m),
+                        Some(m) => c.object_work(m),
                     }
                 }
             })
@@ -985,13 +1156,26 @@ impl Core {
                     .get(&id)
                     .and_then(|w| w.live.lock().unwrap().remove(&base));
                 if let Some(child) = child {
-                    self.disarm_filter(pid, id, base, false);
+                    self.disarm_filter(pid, id, base, None);
                     let _ = self.remove_watchpoint(child);
                     if let Some(w) = self.objects.watches.get(&id) {
                         bump(&w, &self.objects.totals, |c| &c.disarmed);
                     }
                 }
                 let _ = self.resume(pid, &[tid]);
+            }
+            Msg::Freed(id, base, child) => {
+                let w = self.objects.watches.get(&id).map(|w| w.clone());
+                if let Some(w) = w
+                    && live_remove_if(&w, base, child)
+                {
+                    let cw = self.watches.get(&child).map(|c| c.clone());
+                    let _ = self.remove_watchpoint(child);
+                    if let Some(cw) = cw {
+                        self.unmute(&cw);
+                    }
+                    bump(&w, &self.objects.totals, |c| &c.disarmed);
+                }
             }
             Msg::Arm(id, r, at) => {
                 if let Some(w) = self.objects.watches.get(&id).map(|w| w.clone()) {
@@ -1069,14 +1253,18 @@ impl Core {
         // handed out anew): the old object's watchpoint goes first.
         let old = w.live.lock().unwrap().remove(&base);
         if let Some(old) = old {
-            self.disarm_filter(pid, w.id, base, false);
+            self.disarm_filter(pid, w.id, base, None);
             let _ = self.remove_watchpoint(old);
         }
+        // Its addresses may still be muted from an object freed there.
+        self.unmute_range(pid, proc.backend, &spec.range);
         match self.set_object_child(&proc, spec, w.owner) {
             Ok(view) => {
                 bump(w, totals, |c| &c.armed);
                 w.live.lock().unwrap().insert(base, view.id);
-                self.disarm_filter(pid, w.id, base, true);
+                if let Some(child) = self.watches.get(&view.id).map(|c| c.clone()) {
+                    self.disarm_filter(pid, w.id, base, Some(&child));
+                }
             }
             Err(e @ WpdError::OutOfSlots { .. }) => {
                 bump(w, totals, |c| &c.no_slot);

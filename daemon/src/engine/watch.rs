@@ -766,6 +766,7 @@ pub(super) fn new_watch(
         resolved,
         filter: Default::default(),
         object,
+        freed: Default::default(),
         spec,
     })
 }

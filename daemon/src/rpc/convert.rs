@@ -490,6 +490,7 @@ pub fn object_counts_to_pb(c: &crate::engine::objects::ObjectCountsView) -> pb::
         mean_hold_ns: c.mean_hold_ns,
         armed_at_stop: c.armed_at_stop,
         disarmed_at_stop: c.disarmed_at_stop,
+        freed_without_stop: c.freed_without_stop,
     }
 }
 

@@ -561,8 +561,18 @@ impl Backend for PtraceEngine {
         code::close(pid, key);
     }
 
-    fn code_probe_member(&self, key: u64, value: u64, member: bool) {
-        code::set_member(key, value, member);
+    fn code_probe_member(&self, key: u64, base: u64, value: &[u64], member: bool) {
+        code::set_member(key, base, value, member);
+    }
+
+    fn unmute(&self, pid: Pid, addrs: &[u64]) {
+        if let Some(m) = signal_bp::mode_of(pid) {
+            m.unmute(addrs);
+        }
+    }
+
+    fn take_freed(&self, aged_only: bool) -> Vec<super::CodeRecord> {
+        code::take_freed(aged_only)
     }
 
     fn resume(&self, pid: Pid, tids: &[Tid]) -> Result<Vec<Tid>, WpdError> {
@@ -681,6 +691,10 @@ impl TraceSink for PtraceEngine {
             let Some(w) = host.watch(key.id) else {
                 continue;
             };
+            if w.freed.load(std::sync::atomic::Ordering::Relaxed) {
+                // Its object was freed; its breakpoints are being closed.
+                continue;
+            }
             let piece = w.spec.range.piece(key.piece);
             let value = Self::hit_value(pid, tid, piece);
             let mut old_value = None;
@@ -779,6 +793,12 @@ impl TraceSink for PtraceEngine {
             self.shards.hold_all(pid, tid);
         }
         hold != super::CodeHold::Run
+    }
+
+    fn objects_freed(&self, records: &[super::CodeRecord], armer: &mut dyn super::StopArmer) {
+        if let Some(h) = self.host.upgrade() {
+            h.objects_freed(records, Some(armer));
+        }
     }
 
     fn exec(&self, pid: Pid, _tid: Tid) {

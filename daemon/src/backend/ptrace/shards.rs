@@ -137,6 +137,17 @@ pub trait TraceSink: Send + Sync {
     ) -> bool {
         false
     }
+    /// Objects were freed without a stop (see [`Host::objects_freed`]);
+    /// called at a stop of a thread of a process with probes, before its
+    /// hits are looked at.
+    ///
+    /// [`Host::objects_freed`]: crate::backend::Host::objects_freed
+    fn objects_freed(
+        &self,
+        _records: &[super::code::CodeRecord],
+        _armer: &mut dyn crate::backend::StopArmer,
+    ) {
+    }
 }
 
 /// A request to a shard.

@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 
 use dashmap::DashMap;
 use nix::errno::Errno;
@@ -38,6 +38,52 @@ pub struct SignalMode {
     pub signal: Signal,
     /// The BPF program sending it (shared by every breakpoint).
     prog: Arc<OwnedFd>,
+    /// Once the process has a disarming probe: its breakpoints' program
+    /// sends nothing for an address its freed objects had.
+    mute: OnceLock<Mute>,
+}
+
+/// Stores into freed objects muted in the kernel: a disarming probe's
+/// program (`code`) puts the freed object's watched addresses in `dead`,
+/// and the process's breakpoints' program sends no signal for a
+/// breakpoint whose address is there, until the daemon has closed the
+/// object's breakpoints and taken the addresses out.
+#[derive(Debug)]
+pub struct Mute {
+    /// The addresses muted (value: 1).
+    pub dead: crate::bpf::U64Map,
+    prog: OwnedFd,
+}
+
+/// Most addresses muted at once in one process.
+const DEAD_MAX: u32 = 1 << 16;
+
+impl SignalMode {
+    /// The process's muting (made the first time).
+    pub fn mute(&self) -> Result<&Mute, Errno> {
+        if let Some(m) = self.mute.get() {
+            return Ok(m);
+        }
+        let dead = crate::bpf::U64Map::new(DEAD_MAX, 1)?;
+        let prog = load_muting(self.signal as i32, dead.raw_fd())?;
+        let _ = self.mute.set(Mute { dead, prog });
+        Ok(self.mute.get().expect("set just now"))
+    }
+
+    /// Takes `addrs` out of the muted addresses (their breakpoints closed,
+    /// or about to be opened for a new object).
+    pub fn unmute(&self, addrs: &[u64]) {
+        if let Some(m) = self.mute.get() {
+            for &a in addrs {
+                m.dead.remove(a);
+            }
+        }
+    }
+
+    /// Whether a breakpoint at `addr` is muted now.
+    pub fn muted(&self, addr: u64) -> bool {
+        self.mute.get().is_some_and(|m| m.dead.get(addr).is_some())
+    }
 }
 
 /// Processes whose tracees use signal stops (set at attach, before the
@@ -86,7 +132,14 @@ pub enum Policy {
 pub fn enable(pid: Pid) -> Result<Signal, NoSignalStops> {
     let signal = choose_signal(pid)?;
     let prog = program(signal).map_err(NoSignalStops::Bpf)?;
-    MODES.insert(pid, Arc::new(SignalMode { signal, prog }));
+    MODES.insert(
+        pid,
+        Arc::new(SignalMode {
+            signal,
+            prog,
+            mute: OnceLock::new(),
+        }),
+    );
     Ok(signal)
 }
 
@@ -216,6 +269,34 @@ fn load(sig: i32) -> Result<OwnedFd, Errno> {
     crate::bpf::load_program(crate::bpf::PROG_TYPE_PERF_EVENT, &insns).map_err(|e| e.errno)
 }
 
+/// `if lookup(dead, ctx->addr) == NULL: send_signal_thread(sig); return 0`.
+fn load_muting(sig: i32, dead_fd: i32) -> Result<OwnedFd, Errno> {
+    use crate::arch::current::perf_ctx;
+    use crate::bpf::{Program, asm, helper};
+    let mut p = Program::new();
+    let out = p.label();
+    p.push([
+        asm::mov(6, 1),
+        asm::ldx_dw(1, 6, perf_ctx::ADDR),
+        asm::stx_dw(10, -8, 1),
+    ]);
+    p.push(asm::ld_map(1, dead_fd));
+    p.push([
+        asm::mov(2, 10),
+        asm::add_imm(2, -8),
+        asm::call(helper::MAP_LOOKUP_ELEM),
+    ]);
+    p.jne_imm(0, 0, out);
+    p.push([asm::mov_imm(1, sig), asm::call(helper::SEND_SIGNAL_THREAD)]);
+    p.place(out);
+    p.push([asm::mov_imm(0, 0), asm::exit()]);
+    let insns = p.build().map_err(|_| Errno::EINVAL)?;
+    crate::bpf::load_program(crate::bpf::PROG_TYPE_PERF_EVENT, &insns).map_err(|e| {
+        tracing::warn!(log = %e, "muting breakpoint program refused");
+        e.errno
+    })
+}
+
 /// A per-thread breakpoint on `len` bytes at `addr` whose hits run `mode`'s
 /// program (and count: read its fd). Removed at exec.
 pub fn open_breakpoint(
@@ -228,7 +309,8 @@ pub fn open_breakpoint(
     use crate::backend::perf::{attr, sys};
     let mut a = attr::signal_stop(addr, len, access);
     let fd = sys::open(&mut a, tid, -1, "perf_event_open(signal stop)").map_err(|e| e.errno)?;
-    sys::set_bpf(&fd, &mode.prog).map_err(|e| e.errno)?;
+    let prog = mode.mute.get().map_or(&*mode.prog, |m| &m.prog);
+    sys::set_bpf(&fd, prog).map_err(|e| e.errno)?;
     Ok(fd)
 }
 
@@ -263,6 +345,7 @@ mod kernel_tests {
         let mode = SignalMode {
             signal: CANDIDATES[0],
             prog,
+            mute: OnceLock::new(),
         };
         static DATA: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         // SAFETY: gettid has no preconditions.

@@ -323,6 +323,20 @@ impl Tracer {
         {
             t.job_stopped = false;
         }
+        // Objects freed since the last look go first: their breakpoints
+        // are closed here where this tracer holds their threads, so that
+        // a store into a freed object is not taken for a hit.
+        if let Some(t) = self.tracees.get(&tid)
+            && t.regs.is_signal_stop(sig)
+            && super::code::has_probes(t.pid)
+        {
+            let freed = super::code::take_freed(false);
+            if !freed.is_empty()
+                && let Some(s) = self.sink.upgrade()
+            {
+                s.objects_freed(&freed, &mut AtStop { tracer: self });
+            }
+        }
         // Signal stops: the signal our breakpoints' program sends (by the
         // kernel, SI_KERNEL), for the breakpoints whose counts rose. A code
         // event's record of this thread says the same (its probe's program
