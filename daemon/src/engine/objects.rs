@@ -180,6 +180,12 @@ pub struct ObjectWatch {
     place: Option<Arc<BreakPlace>>,
     /// Times a code breakpoint was reached.
     hits: AtomicU64,
+    /// A code breakpoint's last reported stops (`BreakpointHit` events),
+    /// oldest first, at most `spec.keep_recent` (GetRecentHits).
+    recent: Mutex<std::collections::VecDeque<Arc<crate::events::Event>>>,
+    /// Stops a code breakpoint reported (those its ignore and hit counts
+    /// let go on are not).
+    reported: AtomicU64,
 }
 
 /// What the daemon says of an object watch.
@@ -439,6 +445,8 @@ impl Core {
             counts: ObjectCounts::default(),
             place: place.map(Arc::new),
             hits: AtomicU64::new(0),
+            recent: Mutex::new(std::collections::VecDeque::new()),
+            reported: AtomicU64::new(0),
         });
         self.objects.watches.insert(id, w.clone());
         self.start_objects_thread();
@@ -509,6 +517,29 @@ impl Core {
     /// The object watch `id`, if it is one.
     pub fn object_watch(&self, id: WatchId) -> Option<ObjectView> {
         self.objects.watches.get(&id).map(|w| self.object_view(&w))
+    }
+
+    /// The stops code breakpoint `id` kept (the last `limit`, or all with
+    /// 0), oldest first, its process, and how many it reported in all;
+    /// `None` when `id` is no code breakpoint.
+    pub fn breakpoint_recent(
+        &self,
+        id: WatchId,
+        limit: usize,
+    ) -> Option<(Vec<Arc<crate::events::Event>>, Pid, u64)> {
+        let w = self.objects.watches.get(&id).map(|w| w.clone())?;
+        w.place.as_ref()?;
+        let kept = w.recent.lock().unwrap();
+        let skip = match limit {
+            0 => 0,
+            n => kept.len().saturating_sub(n),
+        };
+        let reported = w.reported.load(Ordering::Relaxed);
+        Some((
+            kept.iter().skip(skip).cloned().collect(),
+            w.spec.pid,
+            reported,
+        ))
     }
 
     /// Every object watch.
@@ -632,7 +663,7 @@ impl Core {
                     continue;
                 }
                 let owner = self.procs.get(&pid).map(|p| p.owner.clone());
-                self.bus.publish_as(
+                let ev = self.bus.publish_kept(
                     crate::events::EventKind::BreakpointHit {
                         id,
                         pid,
@@ -642,6 +673,15 @@ impl Core {
                     },
                     owner,
                 );
+                w.reported.fetch_add(1, Ordering::Relaxed);
+                let keep = w.spec.keep_recent as usize;
+                let mut recent = w.recent.lock().unwrap();
+                while keep > 0 && recent.len() >= keep {
+                    recent.pop_front();
+                }
+                if keep > 0 {
+                    recent.push_back(ev);
+                }
                 stop = true;
                 stop_all |= w.spec.action == crate::model::HitAction::StopAll;
                 continue;
