@@ -34,7 +34,7 @@ pub struct BreakArgs {
     /// Let the first N threads that reach it go on
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub ignore: u64,
-    /// Then hold every Nth thread that reaches it (the others go on)
+    /// After those, hold every Nth thread that reaches it (the others go on)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub hit_count: Option<u64>,
     /// Keep its last N stops in the daemon for `wpctl last` (default 16, at most 4096)
@@ -46,9 +46,9 @@ pub struct BreakArgs {
     /// Allow pid 1 (the init process, whose stop takes the system with it)
     #[arg(long)]
     pub allow_init: bool,
-    /// Then wait until a thread reaches it, print where it stopped (thread, function,
-    /// file:line) and exit, the thread held; exit 5 if the process exits or the breakpoint is
-    /// removed first
+    /// Once it is set, wait until a thread reaches it, print where it stopped (thread, function,
+    /// file:line) and exit, leaving the thread held (with --json: one document, after the stop);
+    /// exit 5 if the process exits or the breakpoint is removed first
     #[arg(long)]
     pub wait: bool,
 }
