@@ -224,7 +224,14 @@ async fn function_breakpoint_waits_then_stack_resume_unwatch() -> Result<()> {
                 out.stdout
                     .contains(&format!("breakpoint wp={id} pid={pid} tid={tid} ip=0x"))
                     && out.stdout.contains("conn_new (")
-                    && out.stdout.contains("count=1 STOPPED"),
+                    && out.stdout.contains("count=1 STOPPED")
+                    // The other worker may be held there too by now.
+                    && (out
+                        .stdout
+                        .ends_with(&format!("breakpoint {id}: 1 stop of 1 shown\n"))
+                        || out
+                            .stdout
+                            .ends_with(&format!("breakpoint {id}: 2 stops of 2 shown\n"))),
                 "{:?}",
                 out.stdout
             );
