@@ -186,6 +186,9 @@ pub struct ObjectWatch {
     /// Stops a code breakpoint reported (those its ignore and hit counts
     /// let go on are not).
     reported: AtomicU64,
+    /// Its probes are open: until then it is registered (a probe that
+    /// fires at once finds it) but not listed.
+    ready: std::sync::atomic::AtomicBool,
 }
 
 /// What the daemon says of an object watch.
@@ -205,6 +208,8 @@ pub struct ObjectView {
     pub place: Option<BreakPlace>,
     /// Times a code breakpoint was reached.
     pub hits: u64,
+    /// Its probes are open (a watch being set is not listed yet).
+    pub ready: bool,
 }
 
 /// Work for the objects thread.
@@ -447,6 +452,7 @@ impl Core {
             hits: AtomicU64::new(0),
             recent: Mutex::new(std::collections::VecDeque::new()),
             reported: AtomicU64::new(0),
+            ready: std::sync::atomic::AtomicBool::new(false),
         });
         self.objects.watches.insert(id, w.clone());
         self.start_objects_thread();
@@ -488,6 +494,7 @@ impl Core {
             }
             return Err(e);
         }
+        w.ready.store(true, Ordering::Release);
         tracing::info!(
             id = id.0,
             pid = spec.pid,
@@ -561,6 +568,7 @@ impl Core {
             live,
             place: w.place.as_deref().cloned(),
             hits: w.hits.load(Ordering::Relaxed),
+            ready: w.ready.load(Ordering::Acquire),
         }
     }
 

@@ -615,7 +615,7 @@ impl Watchpoints for Service {
             self.core
                 .object_watches()
                 .iter()
-                .filter(|o| pid == 0 || o.spec.pid == pid)
+                .filter(|o| o.ready && (pid == 0 || o.spec.pid == pid))
                 .filter_map(|o| {
                     let p = ps.iter().find(|p| p.pid == o.spec.pid)?;
                     let mut w = convert::object_view_to_pb(o);
