@@ -127,6 +127,9 @@ pub enum Error {
     Output(io::Error),
     /// A local problem with what was given (e.g. an unreadable token file).
     Local(String),
+    /// What a command waited for can no longer come (`wpctl break --wait`:
+    /// the process exited, or the breakpoint was removed).
+    Gone(String),
 }
 
 impl Error {
@@ -215,6 +218,7 @@ impl Error {
             Error::Output(e) if e.kind() == io::ErrorKind::BrokenPipe => Exit::Ok,
             Error::Output(_) => Exit::Other,
             Error::Local(_) => Exit::Usage,
+            Error::Gone(_) => Exit::NotFound,
         }
     }
 
@@ -288,7 +292,7 @@ impl Error {
                 format!("wpd at {endpoint} sent too much: {}", escape(detail))
             }
             Error::Output(e) => format!("cannot write output: {e}"),
-            Error::Local(m) => m.clone(),
+            Error::Local(m) | Error::Gone(m) => m.clone(),
         }
     }
 
@@ -306,6 +310,7 @@ impl Error {
                 Error::TooLarge { .. } => "RESOURCE_EXHAUSTED",
                 Error::Output(_) => "INTERNAL",
                 Error::Local(_) => "INVALID_ARGUMENT",
+                Error::Gone(_) => "NOT_FOUND",
             },
             "message": self.message(),
             "reason": Value::Null,
@@ -323,7 +328,7 @@ impl Error {
                 err["endpoint"] = json!(endpoint);
                 err["health"] = json!(status);
             }
-            Error::Output(_) | Error::Local(_) => {}
+            Error::Output(_) | Error::Local(_) | Error::Gone(_) => {}
         }
         if let Error::Status { status, .. } | Error::NoJournal { status, .. } = self
             && let Some(info) = status.get_details_error_info()

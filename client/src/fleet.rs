@@ -53,6 +53,7 @@ pub fn single_daemon_only(command: &Command) -> Option<&'static str> {
         | Command::Completions(_)
         | Command::Man(_) => None,
         Command::Attach(_) => Some("attach"),
+        Command::Break(_) => Some("break"),
         Command::Detach(_) => Some("detach"),
         Command::Resume(_) => Some("resume"),
         Command::Last(_) => Some("last"),

@@ -120,7 +120,13 @@ pub enum Command {
     Detach(cmd::detach::DetachArgs),
     /// Set a hardware watchpoint on a process (all threads, or chosen ones)
     Watch(Box<cmd::watch::WatchArgs>),
-    /// Remove a watchpoint and print its final hit count
+    /// Set a code breakpoint: hold the thread that reaches a function or a source line
+    ///
+    /// The thread stays held until `wpctl resume`; `wpctl stack --locals` shows where it is.
+    /// `wpctl unwatch ID` removes the breakpoint (threads it holds stay held until resumed). It
+    /// lives until then, but not across a restart of the daemon. Needs the ptrace backend.
+    Break(Box<cmd::breakpoint::BreakArgs>),
+    /// Remove a watchpoint or breakpoint and print its final hit count
     Unwatch(cmd::unwatch::UnwatchArgs),
     /// List watchpoints and attached processes
     List(cmd::list::ListArgs),
@@ -161,6 +167,7 @@ async fn dispatch(ctx: &Ctx, command: &Command) -> Result<(), Error> {
         Command::Attach(a) => cmd::attach::run(ctx, a).await,
         Command::Detach(a) => cmd::detach::run(ctx, a).await,
         Command::Watch(a) => cmd::watch::run(ctx, a).await,
+        Command::Break(a) => cmd::breakpoint::run(ctx, a).await,
         Command::Unwatch(a) => cmd::unwatch::run(ctx, a).await,
         Command::List(a) => cmd::list::run(ctx, a).await,
         Command::Threads(a) => cmd::threads::run(ctx, a).await,

@@ -562,6 +562,29 @@ pub fn watchpoint_json(wp: &Watchpoint) -> Value {
         "hits": wp.hits,
         "created_at_ns": wp.created_at_ns,
         "policy_id": wp.policy_id,
+        "breakpoint": wp.breakpoint.as_ref().map(place_json),
+    })
+}
+
+/// A code breakpoint's place: `conn_new at /src/objects.c:48`, or
+/// `conn_new` without a line table.
+pub fn place_text(p: &wpd_proto::v1::BreakpointPlace) -> String {
+    let mut text = escape(&p.function).into_owned();
+    if !p.file.is_empty() && p.line > 0 {
+        text.push_str(&format!(" at {}:{}", escape(&p.file), p.line));
+    }
+    text
+}
+
+/// A code breakpoint's place as JSON.
+pub fn place_json(p: &wpd_proto::v1::BreakpointPlace) -> Value {
+    json!({
+        "function": p.function,
+        "file": p.file,
+        "line": p.line,
+        "address": hex(p.address),
+        "module": p.module,
+        "offset": hex(p.offset),
     })
 }
 
@@ -603,6 +626,18 @@ pub fn condition_text(c: &wpd_proto::v1::HitCondition) -> String {
     }
 }
 
+/// `2nd`, `3rd`, `11th`, `21st`.
+pub fn ordinal(n: u64) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
 /// What a spec's hit filter does, as phrases for a confirmation line.
 pub fn filter_phrases(spec: &wpd_proto::v1::WatchpointSpec) -> Vec<String> {
     let mut v = Vec::new();
@@ -616,7 +651,7 @@ pub fn filter_phrases(spec: &wpd_proto::v1::WatchpointSpec) -> Vec<String> {
         ));
     }
     if spec.hit_count > 1 {
-        v.push(format!("every {}th hit", spec.hit_count));
+        v.push(format!("every {} hit", ordinal(spec.hit_count)));
     }
     if spec.max_hits_per_second > 0 {
         v.push(format!("at most {}/s", spec.max_hits_per_second));

@@ -46,7 +46,7 @@ struct conn {
 
 __attribute__((noinline)) struct conn *conn_new(long id)
 {
-    struct conn *c = malloc(sizeof *c);
+    struct conn *c = malloc(sizeof *c); /* LINE:new_body */
     if (!c)
         abort();
     memset(c, 0, sizeof *c);

@@ -10,6 +10,7 @@
 mod aggregate;
 mod bad_input;
 mod bench_smoke;
+mod breaks;
 mod cli;
 mod dap;
 mod deploy;

@@ -47,10 +47,25 @@ pub async fn run(ctx: &Ctx, args: &LastArgs) -> Result<(), Error> {
         text.push_str(&super::events::to_text(h));
         text.push('\n');
     }
+    // A code breakpoint keeps its stops.
+    let stops = !resp.hits.is_empty()
+        && resp.hits.iter().all(|h| {
+            matches!(
+                h.event,
+                Some(wpd_proto::v1::stream_events_response::Event::BreakpointHit(
+                    _
+                ))
+            )
+        });
+    let (what, unit) = if stops {
+        ("breakpoint", "stop")
+    } else {
+        ("watchpoint", "hit")
+    };
     text.push_str(&format!(
-        "watchpoint {}: {} of {} shown",
+        "{what} {}: {} of {} shown",
         args.id,
-        output::plural(resp.hits.len() as u64, "hit"),
+        output::plural(resp.hits.len() as u64, unit),
         resp.total
     ));
     output::emit(&text)

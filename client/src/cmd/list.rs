@@ -134,7 +134,10 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
         text.push_str("no watchpoints\n");
     } else {
         // NAME only when some watchpoint was set by name.
-        let named = resp.watchpoints.iter().any(|w| w.symbol.is_some());
+        let named = resp
+            .watchpoints
+            .iter()
+            .any(|w| w.symbol.is_some() || w.breakpoint.is_some());
         let mut header = vec![
             "ID", "PID", "SCOPE", "ADDRESS", "LEN", "ACCESS", "ACTION", "THREADS", "HITS",
             "BACKEND",
@@ -145,6 +148,10 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
         let mut t = Table::new(header);
         for wp in &resp.watchpoints {
             let spec = wp.spec.clone().unwrap_or_default();
+            if let Some(p) = &wp.breakpoint {
+                t.row(breakpoint_row(wp, &spec, p, named));
+                continue;
+            }
             let mut row = vec![
                 wp.id.to_string(),
                 spec.pid.to_string(),
@@ -196,6 +203,41 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
         text.push_str(&t.render());
     }
     text
+}
+
+/// A code breakpoint's row: its probe's address, `break` for the access,
+/// THREADS `-` (it spends no slot) and, as its name, the function and the
+/// file's name and line.
+fn breakpoint_row(
+    wp: &wpd_proto::v1::Watchpoint,
+    spec: &wpd_proto::v1::WatchpointSpec,
+    p: &wpd_proto::v1::BreakpointPlace,
+    named: bool,
+) -> Vec<String> {
+    let mut row = vec![
+        wp.id.to_string(),
+        spec.pid.to_string(),
+        output::scope(wp),
+        hex(p.address),
+        "-".into(),
+        "break".into(),
+        output::action_short(spec),
+        "-".into(),
+        wp.hits.to_string(),
+        output::backend_name(wp.backend),
+    ];
+    if named {
+        let mut name = escape(&p.function).into_owned();
+        if !p.file.is_empty() && p.line > 0 {
+            name.push_str(&format!(
+                " ({}:{})",
+                escape(output::file_name(&p.file)),
+                p.line
+            ));
+        }
+        row.push(name);
+    }
+    row
 }
 
 #[cfg(test)]
@@ -298,6 +340,48 @@ mod tests {
             to_text(&ListWatchpointsResponse::default()),
             "no watchpoints\n\nno attached processes\n"
         );
+    }
+
+    #[test]
+    fn breakpoints_show_their_place() {
+        let resp = ListWatchpointsResponse {
+            watchpoints: vec![Watchpoint {
+                id: 9,
+                process_wide: true,
+                hits: 2,
+                backend: Backend::Ptrace as i32,
+                breakpoint: Some(wpd_proto::v1::BreakpointPlace {
+                    function: "conn_new".into(),
+                    file: "/src/tests/c/objects.c".into(),
+                    line: 48,
+                    address: 0x55d0c0a0127d,
+                    module: "/src/ct-objects".into(),
+                    offset: 0x127d,
+                }),
+                spec: Some(WatchpointSpec {
+                    pid: 123,
+                    action: HitAction::Stop as i32,
+                    code_event: Some(wpd_proto::v1::CodeEvent {
+                        function: "conn_new".into(),
+                        stop: true,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        expect![[r#"
+            ID  PID  SCOPE    ADDRESS         LEN  ACCESS  ACTION  THREADS  HITS  BACKEND  NAME
+            9   123  process  0x55d0c0a0127d  -    break   stop    -        2     ptrace   conn_new (objects.c:48)
+
+            no attached processes
+        "#]]
+        .assert_eq(&to_text(&resp));
+        let v = to_json(&resp);
+        assert_eq!(v["watchpoints"][0]["breakpoint"]["line"], 48);
+        assert_eq!(v["watchpoints"][0]["breakpoint"]["function"], "conn_new");
     }
 
     #[test]

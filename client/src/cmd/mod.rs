@@ -3,6 +3,7 @@
 
 pub mod aggregates;
 pub mod attach;
+pub mod breakpoint;
 pub mod caps;
 pub mod completions;
 pub mod dap;

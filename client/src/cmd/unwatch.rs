@@ -61,6 +61,20 @@ pub async fn report(ctx: &Ctx, args: &UnwatchArgs) -> Result<Report, Error> {
     }
     let mut v = output::watchpoint_json(&wp);
     v["id"] = json!(id);
+    if let Some(p) = &wp.breakpoint {
+        let pid = wp.spec.as_ref().map_or(0, |s| s.pid);
+        let mut text = format!(
+            "removed breakpoint {id} ({} in pid {pid}): {}",
+            output::place_text(p),
+            output::plural(wp.hits, "hit")
+        );
+        if wp.hits > 0 {
+            text.push_str(&format!(
+                "; a thread it still holds runs on after wpctl resume --pid {pid}"
+            ));
+        }
+        return Ok(Report::new(text, json!({ "watchpoint": v })));
+    }
     let text = format!(
         "removed watchpoint {id} ({}): {}",
         output::describe(&wp),

@@ -31,6 +31,32 @@ fn event(seq: u64, event: Event) -> StreamEventsResponse {
     }
 }
 
+/// Where the mock's code breakpoints are (id 9).
+fn break_place() -> BreakpointPlace {
+    BreakpointPlace {
+        function: "conn_new".into(),
+        file: "/src/conn.c".into(),
+        line: 41,
+        address: 0x5555_0000_127d,
+        module: "/opt/server".into(),
+        offset: 0x127d,
+    }
+}
+
+/// Breakpoint 9 holds thread `tid` of pid 8.
+fn break_stop(seq: u64, tid: i32) -> StreamEventsResponse {
+    event(
+        seq,
+        Event::BreakpointHit(BreakpointHit {
+            watchpoint_id: 9,
+            pid: 8,
+            tid,
+            place: Some(break_place()),
+            count: 1,
+        }),
+    )
+}
+
 fn hit(seq: u64) -> StreamEventsResponse {
     event(
         seq,
@@ -237,6 +263,19 @@ impl Watchpoints for Mock {
         r: Request<SetWatchpointRequest>,
     ) -> Result<Response<SetWatchpointResponse>, Status> {
         let mut spec = r.into_inner().spec.unwrap_or_default();
+        if spec.code_event.as_ref().is_some_and(|c| c.stop) {
+            return Ok(Response::new(SetWatchpointResponse {
+                watchpoint: Some(Watchpoint {
+                    id: 9,
+                    process_wide: true,
+                    backend: Backend::Ptrace as i32,
+                    breakpoint: Some(break_place()),
+                    spec: Some(spec),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }));
+        }
         let mut symbol = None;
         if !spec.symbol.is_empty() {
             if spec.symbol != "counter" {
@@ -526,6 +565,40 @@ impl Watchpoints for Mock {
             )),
         ];
         let stream: EventStream = match r.into_inner().pid {
+            // Code breakpoints (id 9): pid 8's stop is lost to a drop (the
+            // stream goes on), pid 9's comes after another breakpoint's,
+            // pid 10 exits.
+            8 => Box::pin(
+                tokio_stream::iter(vec![Ok(event(
+                    1,
+                    Event::Dropped(EventsDropped {
+                        count: 1,
+                        first_seq: 1,
+                        last_seq: 1,
+                    }),
+                ))])
+                .chain(tokio_stream::pending()),
+            ),
+            9 => {
+                let mut other = break_stop(1, 90);
+                if let Some(Event::BreakpointHit(b)) = other.event.as_mut() {
+                    b.watchpoint_id = 4;
+                }
+                Box::pin(
+                    tokio_stream::iter(vec![Ok(other), Ok(break_stop(2, 91))])
+                        .chain(tokio_stream::pending()),
+                )
+            }
+            10 => Box::pin(
+                tokio_stream::iter(vec![Ok(event(
+                    1,
+                    Event::ProcessExited(ProcessExited {
+                        pid: 10,
+                        watchpoint_ids: vec![9],
+                    }),
+                ))])
+                .chain(tokio_stream::pending()),
+            ),
             1 => Box::pin(tokio_stream::iter(first)),
             3 => Box::pin(tokio_stream::iter(vec![Ok(stopping_hit(1))])),
             4 => Box::pin(tokio_stream::iter(vec![Ok(located_hit(1))])),
@@ -728,6 +801,12 @@ impl Watchpoints for Mock {
         r: Request<GetRecentHitsRequest>,
     ) -> Result<Response<GetRecentHitsResponse>, Status> {
         let r = r.into_inner();
+        if r.watchpoint_id == 9 {
+            return Ok(Response::new(GetRecentHitsResponse {
+                hits: vec![break_stop(30, 81)],
+                total: 1,
+            }));
+        }
         if r.watchpoint_id != 7 {
             return Err(Status::not_found(format!(
                 "no watchpoint #{}",

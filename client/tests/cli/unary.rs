@@ -652,3 +652,48 @@ async fn health_checks_the_standard_service() {
         format!("wpctl: [down] wpd at {down} is not serving (health status NOT_SERVING)\n")
     );
 }
+
+/// `wpctl break`: the place it printed, `--wait` returning with the stop
+/// (read from the stream, or from the kept stops when the stream dropped
+/// it), exit 5 when the process exits first, a LOCATION refused in one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_prints_the_place_and_waits_for_the_stop() {
+    let (ep, _dir) = start_mock().await;
+    let r = wpctl(&ep, &["break", "--pid", "8", "conn_new"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout,
+        "breakpoint 9: conn_new at /src/conn.c:41, 0x55550000127d (server+0x127d), in pid 8: \
+         holds the thread that reaches it\n"
+    );
+    // The stop comes after another breakpoint's.
+    let r = wpctl(&ep, &["break", "--pid", "9", "conn_new", "--wait"]).await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{}", r.stdout);
+    assert_eq!(
+        lines[1],
+        "thread 91 of pid 8 stopped at conn_new at /src/conn.c:41 (breakpoint 9, hit 1)"
+    );
+    // Lost to a drop: the stops the daemon kept.
+    let r = wpctl(
+        &ep,
+        &["--json", "break", "--pid", "8", "conn.c:41", "--wait"],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["stopped"]["tid"], 81);
+    assert_eq!(v["breakpoint"]["id"], 9);
+    assert_eq!(v["breakpoint"]["place"]["line"], 41);
+    let r = wpctl(&ep, &["break", "--pid", "10", "conn_new", "--wait"]).await;
+    assert_eq!(r.code, 5, "{}", r.stderr);
+    assert_eq!(
+        r.stderr,
+        "wpctl: process 10 exited before a thread reached breakpoint 9\n"
+    );
+    let r = wpctl(&ep, &["break", "--pid", "8", "conn.c:conn_new"]).await;
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert!(r.stderr.contains("not a source file"), "{}", r.stderr);
+}

@@ -191,6 +191,15 @@ pub struct ObjectWatch {
     place: Option<Arc<BreakPlace>>,
     /// Times a code breakpoint was reached.
     hits: AtomicU64,
+    /// A code breakpoint's last reported stops (`BreakpointHit` events),
+    /// oldest first, at most `spec.keep_recent` (GetRecentHits).
+    recent: Mutex<std::collections::VecDeque<Arc<crate::events::Event>>>,
+    /// Stops a code breakpoint reported (those its ignore and hit counts
+    /// let go on are not).
+    reported: AtomicU64,
+    /// Its probes are open: until then it is registered (a probe that
+    /// fires at once finds it) but not listed.
+    ready: std::sync::atomic::AtomicBool,
 }
 
 /// What the daemon says of an object watch.
@@ -210,6 +219,8 @@ pub struct ObjectView {
     pub place: Option<BreakPlace>,
     /// Times a code breakpoint was reached.
     pub hits: u64,
+    /// Its probes are open (a watch being set is not listed yet).
+    pub ready: bool,
 }
 
 /// Work for the objects thread.
@@ -475,6 +486,9 @@ impl Core {
             counts: ObjectCounts::default(),
             place: place.map(Arc::new),
             hits: AtomicU64::new(0),
+            recent: Mutex::new(std::collections::VecDeque::new()),
+            reported: AtomicU64::new(0),
+            ready: std::sync::atomic::AtomicBool::new(false),
         });
         self.objects.watches.insert(id, w.clone());
         self.start_objects_thread();
@@ -518,6 +532,7 @@ impl Core {
             }
             return Err(e);
         }
+        w.ready.store(true, Ordering::Release);
         tracing::info!(
             id = id.0,
             pid = spec.pid,
@@ -667,6 +682,29 @@ impl Core {
         self.objects.watches.get(&id).map(|w| self.object_view(&w))
     }
 
+    /// The stops code breakpoint `id` kept (the last `limit`, or all with
+    /// 0), oldest first, its process, and how many it reported in all;
+    /// `None` when `id` is no code breakpoint.
+    pub fn breakpoint_recent(
+        &self,
+        id: WatchId,
+        limit: usize,
+    ) -> Option<(Vec<Arc<crate::events::Event>>, Pid, u64)> {
+        let w = self.objects.watches.get(&id).map(|w| w.clone())?;
+        w.place.as_ref()?;
+        let kept = w.recent.lock().unwrap();
+        let skip = match limit {
+            0 => 0,
+            n => kept.len().saturating_sub(n),
+        };
+        let reported = w.reported.load(Ordering::Relaxed);
+        Some((
+            kept.iter().skip(skip).cloned().collect(),
+            w.spec.pid,
+            reported,
+        ))
+    }
+
     /// Every object watch.
     pub fn object_watches(&self) -> Vec<ObjectView> {
         self.objects
@@ -686,6 +724,7 @@ impl Core {
             live,
             place: w.place.as_deref().cloned(),
             hits: w.hits.load(Ordering::Relaxed),
+            ready: w.ready.load(Ordering::Acquire),
         }
     }
 
@@ -788,7 +827,7 @@ impl Core {
                     continue;
                 }
                 let owner = self.procs.get(&pid).map(|p| p.owner.clone());
-                self.bus.publish_as(
+                let ev = self.bus.publish_kept(
                     crate::events::EventKind::BreakpointHit {
                         id,
                         pid,
@@ -798,6 +837,15 @@ impl Core {
                     },
                     owner,
                 );
+                w.reported.fetch_add(1, Ordering::Relaxed);
+                let keep = w.spec.keep_recent as usize;
+                let mut recent = w.recent.lock().unwrap();
+                while keep > 0 && recent.len() >= keep {
+                    recent.pop_front();
+                }
+                if keep > 0 {
+                    recent.push_back(ev);
+                }
                 stop = true;
                 stop_all |= w.spec.action == crate::model::HitAction::StopAll;
                 continue;

@@ -566,11 +566,11 @@ impl Core {
         id: WatchId,
         limit: usize,
     ) -> Result<(Vec<Arc<crate::events::Event>>, Pid, u64), WpdError> {
-        let w = self
-            .watches
-            .get(&id)
-            .map(|w| w.clone())
-            .ok_or(WpdError::NoSuchWatchpoint(id))?;
+        let Some(w) = self.watches.get(&id).map(|w| w.clone()) else {
+            return self
+                .breakpoint_recent(id, limit)
+                .ok_or(WpdError::NoSuchWatchpoint(id));
+        };
         let kept = w.recent.lock().unwrap();
         let skip = match limit {
             0 => 0,

@@ -168,6 +168,9 @@ impl Service {
                 }));
             }
             let mut w = convert::object_view_to_pb(&view);
+            if let Some(p) = self.core.process_view(view.spec.pid) {
+                w.backend = convert::backend_to_pb(p.backend) as i32;
+            }
             if let Some(s) = w.spec.as_mut() {
                 s.pid = asked_pid;
             }
@@ -537,8 +540,12 @@ impl Watchpoints for Service {
         if let Some(o) = self.core.object_watch(id) {
             self.allow_by_id(&caller, o.spec.pid, id)?;
             let core = self.core.clone();
+            let backend = self.core.process_view(o.spec.pid).map(|p| p.backend);
             let view = blocking(move || core.remove_object_watch(id)).await?;
             let mut w = convert::object_view_to_pb(&view);
+            if let Some(b) = backend {
+                w.backend = convert::backend_to_pb(b) as i32;
+            }
             nsview::watchpoint_out(&caller, &mut w);
             return Ok(Response::new(pb::RemoveWatchpointResponse {
                 watchpoint: Some(w),
@@ -608,9 +615,13 @@ impl Watchpoints for Service {
             self.core
                 .object_watches()
                 .iter()
-                .filter(|o| pid == 0 || o.spec.pid == pid)
-                .filter(|o| ps.iter().any(|p| p.pid == o.spec.pid))
-                .map(convert::object_view_to_pb),
+                .filter(|o| o.ready && (pid == 0 || o.spec.pid == pid))
+                .filter_map(|o| {
+                    let p = ps.iter().find(|p| p.pid == o.spec.pid)?;
+                    let mut w = convert::object_view_to_pb(o);
+                    w.backend = convert::backend_to_pb(p.backend) as i32;
+                    Some(w)
+                }),
         );
         let mut processes: Vec<pb::ProcessInfo> = ps.iter().map(Into::into).collect();
         processes.retain_mut(|p| nsview::process_out(&caller, p));

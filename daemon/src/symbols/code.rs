@@ -99,6 +99,19 @@ pub struct CodeRegs {
     pub args: [u64; ARG_REGISTERS],
 }
 
+/// `[MODULE:]FUNCTION` into its parts: the module ends at the first `:`
+/// that is not half of a `::` (C++ and Rust paths: `ns::f` is a function,
+/// `libfoo.so:ns::f` one of `libfoo.so`).
+pub fn split_module(name: &str) -> (Option<&str>, &str) {
+    let b = name.as_bytes();
+    let single = (0..b.len())
+        .find(|&i| b[i] == b':' && (i == 0 || b[i - 1] != b':') && b.get(i + 1) != Some(&b':'));
+    match single {
+        Some(i) => (Some(&name[..i]), &name[i + 1..]),
+        None => (None, name),
+    }
+}
+
 /// The expression's root names a register (`$ret`, `$argN`) or a parameter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Root {
@@ -112,10 +125,7 @@ impl Symbols {
     /// The function `name` (`[MODULE:]FUNCTION`) of process `pid`: the
     /// executable's first, then the libraries' in the order mapped.
     pub fn code_site(&self, pid: Pid, name: &str) -> Result<CodeSite, SymbolError> {
-        let (module, function) = match name.split_once(':') {
-            Some((m, f)) => (Some(m), f),
-            None => (None, name),
-        };
+        let (module, function) = split_module(name);
         let files = maps::read(pid).map_err(|e| SymbolError::Unreadable {
             pid,
             why: e.to_string(),
@@ -552,5 +562,21 @@ impl DwarfFile {
             }
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_module;
+
+    #[test]
+    fn module_prefix_is_a_single_colon() {
+        assert_eq!(split_module("conn_new"), (None, "conn_new"));
+        assert_eq!(split_module("libc.so.6:free"), (Some("libc.so.6"), "free"));
+        assert_eq!(split_module("ns::conn::open"), (None, "ns::conn::open"));
+        assert_eq!(
+            split_module("libfoo.so:ns::open"),
+            (Some("libfoo.so"), "ns::open")
+        );
     }
 }
