@@ -5,10 +5,15 @@
 //! The journal is not a subscriber: it is a [`Sink`] the bus hands every
 //! event to as it numbers it (the journal encodes it there, once, into its
 //! queue), so that events with no subscriber never sit in the ring.
+//!
+//! An event carries its wire bytes ([`Wire`]), made once by the first that
+//! needs them (the journal's encoder, or the first subscriber that sends
+//! them) and shared by every subscriber that sends them as they are.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
+use bytes::Bytes;
 use tokio::sync::broadcast;
 
 use crate::model::{Access, Pid, Tid, WatchId};
@@ -219,6 +224,24 @@ pub struct Event {
     pub owner: Option<Arc<Owner>>,
     /// What happened.
     pub kind: EventKind,
+    /// Its encodings, made once (see [`Wire`]).
+    pub wire: Wire,
+}
+
+/// An event's `wpd.v1.StreamEventsResponse` bytes, each form made once by
+/// the first that needs it (`rpc/wire.rs` makes them; this module only
+/// carries them) and then shared: by the journal's record and every
+/// subscriber that sends the event as it is.
+#[derive(Debug, Clone, Default)]
+pub struct Wire {
+    /// The bus sends the event to subscribers: the journal's encoder keeps
+    /// what it makes for them (with nobody subscribed it encodes straight
+    /// into its record and keeps nothing).
+    pub subscribed: bool,
+    /// The event with no location (a hit's addresses raw).
+    pub plain: OnceLock<Bytes>,
+    /// A hit with its location and backtrace (a hit of a known program).
+    pub located: OnceLock<Bytes>,
 }
 
 /// One subscriber's accounting, shared between its stream and the bus (so
@@ -401,6 +424,10 @@ impl EventBus {
             time_ns: crate::clock::realtime_ns(),
             owner,
             kind,
+            wire: Wire {
+                subscribed: self.tx.receiver_count() > 0,
+                ..Wire::default()
+            },
         };
         if let Some(sink) = self.sink.get() {
             sink.append(&ev, IN_BURST.get());
