@@ -10,7 +10,7 @@
 //! needs them (the journal's encoder, or the first subscriber that sends
 //! them) and shared by every subscriber that sends them as they are.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
@@ -234,9 +234,10 @@ pub struct Event {
 /// subscriber that sends the event as it is.
 #[derive(Debug, Clone, Default)]
 pub struct Wire {
-    /// The bus sends the event to subscribers: the journal's encoder keeps
-    /// what it makes for them (with nobody subscribed it encodes straight
-    /// into its record and keeps nothing).
+    /// Someone was subscribed when the bus numbered the event: the
+    /// journal's encoder keeps what it makes for them (with nobody
+    /// subscribed it encodes straight into its record and keeps nothing).
+    /// A hint only: whoever needs a form that is not kept makes it.
     pub subscribed: bool,
     /// The event with no location (a hit's addresses raw).
     pub plain: OnceLock<Bytes>,
@@ -313,6 +314,8 @@ impl Drop for SubGuard {
 #[derive(Debug, Default)]
 struct Subscribers {
     live: Mutex<Vec<Arc<SubState>>>,
+    /// How many are live (read without the lock, per event).
+    count: AtomicUsize,
     retired: Mutex<std::collections::HashMap<u32, u64>>,
     /// Sequence number of the last event published.
     head: AtomicU64,
@@ -323,6 +326,7 @@ impl Subscribers {
     fn retire(&self, s: &Arc<SubState>) {
         let lost = s.dropped(self.head.load(Ordering::Relaxed), self.capacity);
         self.live.lock().unwrap().retain(|x| !Arc::ptr_eq(x, s));
+        self.count.fetch_sub(1, Ordering::Relaxed);
         if lost > 0 {
             *self.retired.lock().unwrap().entry(s.uid).or_default() += lost;
         }
@@ -425,7 +429,7 @@ impl EventBus {
             owner,
             kind,
             wire: Wire {
-                subscribed: self.tx.receiver_count() > 0,
+                subscribed: self.subs.count.load(Ordering::Relaxed) > 0,
                 ..Wire::default()
             },
         };
@@ -486,6 +490,7 @@ impl EventBus {
             told: AtomicU64::new(0),
         });
         self.subs.live.lock().unwrap().push(state.clone());
+        self.subs.count.fetch_add(1, Ordering::Relaxed);
         Subscription {
             start_seq: *seq,
             rx,
