@@ -31,14 +31,16 @@ pub fn encode_event(e: &Event, buf: &mut Vec<u8>) {
         EventKind::Hit(h) => cached_frames(h),
         _ => None,
     };
-    if !e.wire.subscribed {
-        return write(e, frames.as_deref(), buf);
+    let start = buf.len();
+    write(e, frames.as_deref(), buf);
+    if e.wire.subscribed {
+        // Encoded in place, and kept: one allocation of its exact size.
+        let slot = match frames {
+            Some(_) => &e.wire.located,
+            None => &e.wire.plain,
+        };
+        let _ = slot.set(Bytes::copy_from_slice(&buf[start..]));
     }
-    let kept = match frames.as_deref() {
-        Some(frames) => located(e, frames),
-        None => plain(e),
-    };
-    buf.extend_from_slice(kept);
 }
 
 /// The bytes of `e` with no location (a hit's addresses raw), made once.
@@ -67,10 +69,24 @@ pub fn cached_frames(h: &HitEvent) -> Option<Vec<Frame>> {
     }
 }
 
+thread_local! {
+    /// Where a subscriber's thread encodes an event before keeping it.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `e` encoded into an allocation of its exact size (through this
+/// thread's scratch buffer: no growth of the kept one).
 fn encoded(e: &Event, frames: Option<&[Frame]>) -> Bytes {
-    let mut buf = Vec::new();
-    write(e, frames, &mut buf);
-    Bytes::from(buf)
+    SCRATCH.with_borrow_mut(|buf| {
+        buf.clear();
+        write(e, frames, buf);
+        let kept = Bytes::copy_from_slice(buf);
+        if buf.capacity() > 1 << 16 {
+            // A huge event (a 64 KiB value): not kept allocated.
+            *buf = Vec::new();
+        }
+        kept
+    })
 }
 
 /// Appends `e` to `buf`, a hit located with `frames` when given (and not
