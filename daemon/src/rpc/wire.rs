@@ -23,9 +23,9 @@ use crate::symbols::locate::{self, Frame, Place};
 
 /// Appends `e` as `StreamEventsResponse` bytes to `buf` (the journal's
 /// encoder), its hit located where the symbolizer already knows the
-/// addresses (one cache probe per address; never waits for symbols). An
-/// event the bus sends to subscribers is encoded into its `events::Wire`
-/// and copied from there, for them to send as it is.
+/// addresses (one cache probe per address; never waits for symbols). Of
+/// an event someone is subscribed to, a copy of those bytes is kept in its
+/// `events::Wire`, for the subscribers to send as they are.
 pub fn encode_event(e: &Event, buf: &mut Vec<u8>) {
     let frames = match &e.kind {
         EventKind::Hit(h) => cached_frames(h),
