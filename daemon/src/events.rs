@@ -5,10 +5,15 @@
 //! The journal is not a subscriber: it is a [`Sink`] the bus hands every
 //! event to as it numbers it (the journal encodes it there, once, into its
 //! queue), so that events with no subscriber never sit in the ring.
+//!
+//! An event carries its wire bytes ([`Wire`]), made once by the first that
+//! needs them (the journal's encoder, or the first subscriber that sends
+//! them) and shared by every subscriber that sends them as they are.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
+use bytes::Bytes;
 use tokio::sync::broadcast;
 
 use crate::model::{Access, Pid, Tid, WatchId};
@@ -219,6 +224,25 @@ pub struct Event {
     pub owner: Option<Arc<Owner>>,
     /// What happened.
     pub kind: EventKind,
+    /// Its encodings, made once (see [`Wire`]).
+    pub wire: Wire,
+}
+
+/// An event's `wpd.v1.StreamEventsResponse` bytes, each form made once by
+/// the first that needs it (`rpc/wire.rs` makes them; this module only
+/// carries them) and then shared: by the journal's record and every
+/// subscriber that sends the event as it is.
+#[derive(Debug, Clone, Default)]
+pub struct Wire {
+    /// Someone was subscribed when the bus numbered the event: the
+    /// journal's encoder keeps what it makes for them (with nobody
+    /// subscribed it encodes straight into its record and keeps nothing).
+    /// A hint only: whoever needs a form that is not kept makes it.
+    pub subscribed: bool,
+    /// The event with no location (a hit's addresses raw).
+    pub plain: OnceLock<Bytes>,
+    /// A hit with its location and backtrace (a hit of a known program).
+    pub located: OnceLock<Bytes>,
 }
 
 /// One subscriber's accounting, shared between its stream and the bus (so
@@ -290,6 +314,8 @@ impl Drop for SubGuard {
 #[derive(Debug, Default)]
 struct Subscribers {
     live: Mutex<Vec<Arc<SubState>>>,
+    /// How many are live (read without the lock, per event).
+    count: AtomicUsize,
     retired: Mutex<std::collections::HashMap<u32, u64>>,
     /// Sequence number of the last event published.
     head: AtomicU64,
@@ -300,6 +326,7 @@ impl Subscribers {
     fn retire(&self, s: &Arc<SubState>) {
         let lost = s.dropped(self.head.load(Ordering::Relaxed), self.capacity);
         self.live.lock().unwrap().retain(|x| !Arc::ptr_eq(x, s));
+        self.count.fetch_sub(1, Ordering::Relaxed);
         if lost > 0 {
             *self.retired.lock().unwrap().entry(s.uid).or_default() += lost;
         }
@@ -401,6 +428,10 @@ impl EventBus {
             time_ns: crate::clock::realtime_ns(),
             owner,
             kind,
+            wire: Wire {
+                subscribed: self.subs.count.load(Ordering::Relaxed) > 0,
+                ..Wire::default()
+            },
         };
         if let Some(sink) = self.sink.get() {
             sink.append(&ev, IN_BURST.get());
@@ -459,6 +490,7 @@ impl EventBus {
             told: AtomicU64::new(0),
         });
         self.subs.live.lock().unwrap().push(state.clone());
+        self.subs.count.fetch_add(1, Ordering::Relaxed);
         Subscription {
             start_seq: *seq,
             rx,

@@ -7,6 +7,9 @@
 pub mod v1 {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("wpd.v1");
+    // The server, apart: its `StreamEvents` sends `StreamEventsItem`s.
+    include!(concat!(env!("OUT_DIR"), "/server/wpd.v1.rs"));
+    pub use crate::stream::StreamEventsItem;
 
     /// Encoded `FileDescriptorSet` of the API, for gRPC server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("wpd_v1_descriptor");
@@ -23,6 +26,7 @@ pub const SERVICE_NAME: &str = "wpd.v1.Watchpoints";
 pub const MAX_TOKEN_LEN: usize = 4096;
 
 pub mod condition;
+mod stream;
 pub mod text;
 
 /// The canonical upper-snake-case name of a gRPC status code (`NOT_FOUND`),

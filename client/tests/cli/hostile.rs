@@ -10,6 +10,7 @@ use wpd_proto::v1::stream_events_response::Event;
 use wpd_proto::v1::watchpoints_server::{Watchpoints, WatchpointsServer};
 use wpd_proto::v1::*;
 
+use super::mock::served;
 use super::{EventStream, Run, TempDir, endpoints_file, wpctl};
 
 /// A thread or process name as a hostile program would choose it: a newline
@@ -256,11 +257,9 @@ impl Watchpoints for Hostile {
         if self.endless {
             let me = self.clone();
             let more = tokio_stream::iter(4u64..).map(move |seq| Ok(me.hit(seq)));
-            return Ok(Response::new(Box::pin(
-                tokio_stream::iter(first).chain(more),
-            )));
+            return Ok(Response::new(served(tokio_stream::iter(first).chain(more))));
         }
-        Ok(Response::new(Box::pin(tokio_stream::iter(first))))
+        Ok(Response::new(served(tokio_stream::iter(first))))
     }
 
     async fn get_stats(

@@ -19,8 +19,17 @@ use super::TempDir;
 struct Mock;
 
 /// The event streams the mock (and the hostile daemon) serve.
-pub(crate) type EventStream =
-    Pin<Box<dyn Stream<Item = Result<StreamEventsResponse, Status>> + Send>>;
+pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<StreamEventsItem, Status>> + Send>>;
+
+/// The messages the mock scripts, before they are served.
+type Events = Pin<Box<dyn Stream<Item = Result<StreamEventsResponse, Status>> + Send>>;
+
+/// `events` as the server trait sends them.
+pub(crate) fn served(
+    events: impl Stream<Item = Result<StreamEventsResponse, Status>> + Send + 'static,
+) -> EventStream {
+    Box::pin(events.map(|r| r.map(StreamEventsItem::from)))
+}
 
 fn event(seq: u64, event: Event) -> StreamEventsResponse {
     StreamEventsResponse {
@@ -542,7 +551,7 @@ impl Watchpoints for Mock {
                 }
                 (None, None) => vec![],
             };
-            return Ok(Response::new(Box::pin(tokio_stream::iter(events))));
+            return Ok(Response::new(served(tokio_stream::iter(events))));
         }
         let first = vec![
             Ok(hit(1)),
@@ -564,7 +573,7 @@ impl Watchpoints for Mock {
                 }),
             )),
         ];
-        let stream: EventStream = match r.into_inner().pid {
+        let stream: Events = match r.into_inner().pid {
             // Code breakpoints (id 9): pid 8's stop is lost to a drop (the
             // stream goes on), pid 9's comes after another breakpoint's,
             // pid 10 exits.
@@ -614,7 +623,7 @@ impl Watchpoints for Mock {
             }
             _ => Box::pin(tokio_stream::iter(first).chain(tokio_stream::pending())),
         };
-        Ok(Response::new(stream))
+        Ok(Response::new(served(stream)))
     }
 
     /// pid 123 holds threads 124, 125 and 126 stopped (every call finds them

@@ -180,6 +180,7 @@ mod tests {
             time_ns: seq * 10,
             owner: None,
             kind: EventKind::ThreadExited { pid: 1, tid: 2 },
+            wire: Default::default(),
         }
     }
 

@@ -2,6 +2,12 @@
 //! reads the event bus, keeps what this subscriber may see and asked for,
 //! symbolizes hits on the way out, and is paced ([`Pacer`]) so that a busy
 //! bus wakes the connection at most once per [`PACE`].
+//!
+//! An event goes out as its wire bytes (`wire.rs`), made once per event and
+//! shared with the journal and every other subscriber, unless this
+//! subscriber numbers processes differently (a caller in a nested pid
+//! namespace): then it goes out as a message of its own, translated
+//! (`nsview.rs`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -32,6 +38,9 @@ const PACE: std::time::Duration = std::time::Duration::from_millis(1);
 pub(super) struct EventFeed {
     /// Sent before any event (the lease's name).
     greeting: Option<pb::StreamEventsResponse>,
+    /// The subscriber's numbers are translated (`nsview`): each event is a
+    /// message of its own, never the shared bytes.
+    translated: bool,
     /// Ends with the stream (dropped with it).
     _lease: Option<leases::LeaseGuard>,
     events: tokio_stream::wrappers::BroadcastStream<Arc<Event>>,
@@ -54,7 +63,15 @@ pub(super) struct EventFeed {
     /// Symbolizes hits (None: the subscriber asked for raw hits).
     symbols: Option<Arc<crate::symbols::Symbols>>,
     /// A hit waiting for the symbolizer (its addresses were not cached).
-    locating: Option<(pb::StreamEventsResponse, Locating)>,
+    locating: Option<(Waiting, Locating)>,
+}
+
+/// A hit waiting for its frames.
+enum Waiting {
+    /// To go out as its shared bytes.
+    Event(Arc<Event>),
+    /// To go out as this subscriber's own message.
+    Message(Box<pb::StreamEventsResponse>),
 }
 
 /// The symbolizer's answer for one hit.
@@ -117,6 +134,7 @@ impl EventFeed {
     ) -> Self {
         EventFeed {
             greeting,
+            translated: nsview::translated(&caller),
             _lease: lease,
             events: tokio_stream::wrappers::BroadcastStream::new(sub.rx),
             sub: sub.guard,
@@ -134,11 +152,12 @@ impl EventFeed {
         }
     }
 
-    /// The message for `ev`, or None if this subscriber does not get it.
-    fn pass(&mut self, ev: &Event) -> Option<pb::StreamEventsResponse> {
+    /// Whether this subscriber gets `ev`: its filters, and its right to
+    /// see the process.
+    fn admits(&mut self, ev: &Event) -> bool {
         let global = matches!(ev.kind, EventKind::RecordsLost { .. });
         if self.pid != 0 && ev.kind.pid() != self.pid && !global {
-            return None;
+            return false;
         }
         if !global && !self.caller.privileged {
             let pid = ev.kind.pid();
@@ -155,23 +174,77 @@ impl EventFeed {
                 self.visible.forget(pid);
             }
             if !self.visible.may_see(&self.caller, pid, ev.owner.as_deref()) {
-                return None;
+                return false;
             }
         }
-        let mut item = match &ev.kind {
-            EventKind::Hit(h) if !self.ids.is_empty() && !self.ids.contains(&h.id) => None,
-            EventKind::Hit(_) => Some(convert::event_to_pb(ev)),
-            _ if self.hits_only => None,
-            _ => Some(convert::event_to_pb(ev)),
-        }?;
-        // In the subscriber's numbers (a nested pid namespace's), or not at
-        // all.
+        match &ev.kind {
+            EventKind::Hit(h) => self.ids.is_empty() || self.ids.contains(&h.id),
+            _ => !self.hits_only,
+        }
+    }
+
+    /// `ev` as this subscriber's own message, in its numbers (a nested
+    /// pid namespace's), or None if it has no number for the process.
+    fn message(&self, ev: &Event) -> Option<pb::StreamEventsResponse> {
+        let mut item = convert::event_to_pb(ev);
         nsview::event_out(&self.caller, &mut item).then_some(item)
+    }
+
+    /// What goes out for `ev`, which this subscriber gets; None when
+    /// nothing goes out now: the subscriber has no number for its process,
+    /// or its hit waits for the symbolizer (`locating` is set then).
+    fn deliver(&mut self, ev: Arc<Event>) -> Option<pb::StreamEventsItem> {
+        use pb::StreamEventsItem::Encoded;
+        let image = match (&ev.kind, &self.symbols) {
+            (EventKind::Hit(h), Some(_)) => h.image.as_ref(),
+            _ => None,
+        };
+        let Some(image) = image else {
+            // Not a hit to locate: as it is.
+            return if self.translated {
+                self.message(&ev).map(pb::StreamEventsItem::from)
+            } else {
+                Some(Encoded(super::wire::plain(&ev).clone()))
+            };
+        };
+        if !self.translated
+            && let Some(bytes) = ev.wire.located.get()
+        {
+            // Located already, by the journal or another subscriber.
+            return Some(Encoded(bytes.clone()));
+        }
+        let EventKind::Hit(h) = &ev.kind else {
+            unreachable!("only hits have an image")
+        };
+        // The common case, a hit at a known address: one lookup per
+        // address, nothing to wait for.
+        let cached = super::wire::cached_frames(h);
+        let waiting = if self.translated {
+            let mut item = self.message(&ev)?;
+            if let Some(frames) = &cached {
+                convert::locate_hit(&mut item, frames);
+                return Some(item.into());
+            }
+            Waiting::Message(Box::new(item))
+        } else {
+            if let Some(frames) = &cached {
+                return Some(Encoded(super::wire::located(&ev, frames).clone()));
+            }
+            Waiting::Event(ev.clone())
+        };
+        let mut ips = Vec::with_capacity(1 + h.callchain.len());
+        ips.push(h.ip);
+        ips.extend_from_slice(&h.callchain);
+        let symbols = self.symbols.clone().expect("a hit to locate");
+        let image = image.clone();
+        let fut: Locating = Box::pin(async move { symbols.frames(&image, &ips).await });
+        self.locating = Some((waiting, fut));
+        None
     }
 }
 
 impl Stream for EventFeed {
-    type Item = Result<pb::StreamEventsResponse, Status>;
+    type Item = Result<pb::StreamEventsItem, Status>;
 
     fn poll_next(
         self: Pin<&mut Self>,
@@ -186,14 +259,21 @@ impl Stream for EventFeed {
             }
         }
         if let Some(g) = this.greeting.take() {
-            return Poll::Ready(Some(Ok(g)));
+            return Poll::Ready(Some(Ok(g.into())));
         }
         if let Some((_, fut)) = &mut this.locating {
             let Poll::Ready(frames) = fut.as_mut().poll(cx) else {
                 return Poll::Pending;
             };
-            let (mut item, _) = this.locating.take().expect("just polled");
-            convert::locate_hit(&mut item, &frames);
+            let item = match this.locating.take().expect("just polled").0 {
+                Waiting::Message(mut item) => {
+                    convert::locate_hit(&mut item, &frames);
+                    pb::StreamEventsItem::Message(item)
+                }
+                Waiting::Event(ev) => {
+                    pb::StreamEventsItem::Encoded(super::wire::located(&ev, &frames).clone())
+                }
+            };
             return Poll::Ready(Some(Ok(item)));
         }
         if this.pacer.poll_wait(cx).is_pending() {
@@ -226,39 +306,19 @@ impl Stream for EventFeed {
             match got {
                 Ok(ev) => {
                     this.sub.state.received(ev.seq);
-                    if let Some(mut item) = this.pass(&ev) {
-                        if let (EventKind::Hit(h), Some(symbols)) = (&ev.kind, &this.symbols)
-                            && let Some(image) = &h.image
-                        {
-                            // The common case, a hit without a call chain at a
-                            // known address: one lookup, nothing allocated.
-                            if h.callchain.is_empty()
-                                && let Some(frame) =
-                                    crate::symbols::locate::cached_frame(image, h.ip)
-                            {
-                                convert::locate_hit(&mut item, std::slice::from_ref(&frame));
-                                return Poll::Ready(Some(Ok(item)));
-                            }
-                            let mut ips = Vec::with_capacity(1 + h.callchain.len());
-                            ips.push(h.ip);
-                            ips.extend_from_slice(&h.callchain);
-                            match crate::symbols::locate::cached_frames(image, &ips) {
-                                Some(frames) => convert::locate_hit(&mut item, &frames),
-                                None => {
-                                    let (symbols, image) = (symbols.clone(), image.clone());
-                                    let fut: Locating =
-                                        Box::pin(async move { symbols.frames(&image, &ips).await });
-                                    this.locating = Some((item, fut));
-                                    return Pin::new(this).poll_next(cx);
-                                }
-                            }
-                        }
+                    if !this.admits(&ev) {
+                        continue;
+                    }
+                    if let Some(item) = this.deliver(ev) {
                         return Poll::Ready(Some(Ok(item)));
+                    }
+                    if this.locating.is_some() {
+                        return Pin::new(this).poll_next(cx);
                     }
                 }
                 Err(BroadcastStreamRecvError::Lagged(n)) => {
                     let (first_seq, last_seq) = this.sub.state.lost(n);
-                    return Poll::Ready(Some(Ok(pb::StreamEventsResponse {
+                    let dropped = pb::StreamEventsResponse {
                         seq: last_seq,
                         time_ns: crate::clock::realtime_ns(),
                         owner: None,
@@ -269,7 +329,8 @@ impl Stream for EventFeed {
                                 last_seq,
                             },
                         )),
-                    })));
+                    };
+                    return Poll::Ready(Some(Ok(dropped.into())));
                 }
             }
         }
@@ -311,5 +372,163 @@ mod tests {
 
         tokio::time::advance(PACE * 5).await;
         assert!(p.woken(&mut cx).is_ready(), "after a quiet spell, at once");
+    }
+
+    /// The journal as the bus sees it: each event encoded as the journal's
+    /// encoder does, the records kept.
+    #[derive(Default)]
+    struct Journaling(std::sync::Mutex<Vec<Vec<u8>>>);
+
+    impl crate::events::Sink for Journaling {
+        fn append(&self, ev: &crate::events::Event, _: bool) {
+            let mut b = Vec::new();
+            super::super::wire::encode_event(ev, &mut b);
+            self.0.lock().unwrap().push(b);
+        }
+        fn burst_ended(&self) {}
+    }
+
+    /// What a subscriber gets, raw or symbolized, and the bytes prost makes
+    /// of its message.
+    async fn stream_and_compare(journal: bool) {
+        use super::super::wire::tests::{hit, owner, places};
+        use super::{EventFeed, convert};
+        use crate::authz::Caller;
+        use crate::events::{EventBus, EventKind, Owner};
+        use crate::symbols::{Image, Symbols};
+        use prost::Message;
+        use std::sync::Arc;
+        use tokio_stream::StreamExt;
+        use wpd_proto::v1 as pb;
+
+        let bus = EventBus::new(64);
+        let sink = Arc::new(Journaling::default());
+        if journal {
+            assert!(bus.attach(sink.clone()).is_ok());
+        }
+        let symbols = Arc::new(Symbols::new());
+        let feed = |raw: bool| {
+            let r = pb::StreamEventsRequest {
+                raw,
+                ..Default::default()
+            };
+            let sub = bus.subscribe(0, true);
+            EventFeed::new(
+                Caller::privileged(),
+                &r,
+                sub,
+                None,
+                None,
+                bus.closed(),
+                (!raw).then(|| symbols.clone()),
+            )
+        };
+        let (mut raw, mut located) = (feed(true), feed(false));
+
+        // A known program with cached places; a process no longer there,
+        // whose addresses go through the symbolizer.
+        let image = Image::new(4242);
+        let gone = Image::new(i32::MAX);
+        let mut events: Vec<(EventKind, Option<Arc<Owner>>)> = Vec::new();
+        let o = Arc::new(owner());
+        events.push((EventKind::Hit(hit()), Some(o.clone())));
+        for (n, place) in places().into_iter().enumerate() {
+            let mut h = hit();
+            h.ip += n as u64 * 16;
+            image.insert_for_tests(h.ip - 1, Arc::new(place.clone()));
+            h.image = Some(image.clone());
+            events.push((EventKind::Hit(h.clone()), Some(o.clone())));
+            h.callchain = vec![0x7000 + n as u64, 0x7100];
+            image.insert_for_tests(0x7000 + n as u64 - 1, Arc::new(place));
+            image.insert_for_tests(0x7100 - 1, Arc::new(places()[0].clone()));
+            events.push((EventKind::Hit(h), None));
+        }
+        let mut h = hit();
+        h.image = Some(gone.clone());
+        h.callchain = vec![0x9000];
+        events.push((EventKind::Hit(h), Some(o.clone())));
+        events.push((
+            EventKind::ThreadExited {
+                pid: 4242,
+                tid: 4243,
+            },
+            Some(o.clone()),
+        ));
+        events.push((EventKind::RecordsLost { count: 3 }, None));
+        events.push((
+            EventKind::ProcessExited {
+                pid: 4242,
+                watchpoints: vec![crate::model::WatchId(7)],
+            },
+            Some(o),
+        ));
+        // A subscriber of the bus itself, to look at the events.
+        let mut probe = bus.subscribe(0, true);
+        let n = events.len();
+        for (kind, owner) in events {
+            bus.publish_as(kind, owner);
+        }
+        let published: Vec<_> = (0..n).map(|_| probe.rx.try_recv().unwrap()).collect();
+        for (i, ev) in published.iter().enumerate() {
+            let cached = match &ev.kind {
+                EventKind::Hit(h) => super::super::wire::cached_frames(h).is_some(),
+                _ => false,
+            };
+            let (plain, loc) = (ev.wire.plain.get(), ev.wire.located.get());
+            if journal {
+                // Encoded by the journal's encoder and kept, once.
+                let record = &sink.0.lock().unwrap()[i];
+                let kept = if cached { loc } else { plain };
+                assert_eq!(kept.map(|b| &b[..]), Some(&record[..]), "journaled {i}");
+                assert!(if cached { plain } else { loc }.is_none(), "one form: {i}");
+            } else {
+                assert!(plain.is_none() && loc.is_none(), "not encoded yet: {i}");
+            }
+        }
+
+        for (i, ev) in published.iter().enumerate() {
+            let got_raw = raw.next().await.unwrap().unwrap();
+            let got_located = located.next().await.unwrap().unwrap();
+            let (pb::StreamEventsItem::Encoded(r), pb::StreamEventsItem::Encoded(l)) =
+                (&got_raw, &got_located)
+            else {
+                panic!("a caller in the daemon's namespace gets the shared bytes: {got_raw:?}");
+            };
+            let want_raw = convert::event_to_pb(ev);
+            assert_eq!(&r[..], want_raw.encode_to_vec().as_slice(), "raw {i}");
+            let mut want = want_raw.clone();
+            let image = match &ev.kind {
+                EventKind::Hit(h) => h.image.as_ref().map(|image| (h, image)),
+                _ => None,
+            };
+            if let Some((h, image)) = image {
+                let mut ips = vec![h.ip];
+                ips.extend_from_slice(&h.callchain);
+                // Cached by now, or symbolized again the same way.
+                let frames = symbols.frames(image, &ips).await;
+                convert::locate_hit(&mut want, &frames);
+            }
+            assert_eq!(&l[..], want.encode_to_vec().as_slice(), "located {i}");
+            // The bytes sent are the ones kept with the event: each form
+            // made once, whoever made it.
+            let plain = ev.wire.plain.get().expect("sent raw");
+            assert_eq!(r.as_ptr(), plain.as_ptr(), "raw {i} shared");
+            let loc = if image.is_some() {
+                ev.wire.located.get().expect("sent located")
+            } else {
+                plain
+            };
+            assert_eq!(l.as_ptr(), loc.as_ptr(), "located {i} shared");
+        }
+    }
+
+    #[tokio::test]
+    async fn streamed_bytes_are_prost_s_encoding_of_the_event_message() {
+        stream_and_compare(false).await;
+    }
+
+    #[tokio::test]
+    async fn with_the_journal_the_streamed_bytes_are_the_journal_s() {
+        stream_and_compare(true).await;
     }
 }

@@ -383,7 +383,7 @@ async fn blocking_as<T: Send + 'static>(
     }
 }
 
-type EventStream = Pin<Box<dyn Stream<Item = Result<pb::StreamEventsResponse, Status>> + Send>>;
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::StreamEventsItem, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Watchpoints for Service {

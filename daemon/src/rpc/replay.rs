@@ -11,7 +11,9 @@
 //! 4. go on with the subscription, as a live `StreamEvents` does.
 //!
 //! Filters (process, watchpoint ids, hits only) and the caller's right to
-//! see each process apply to replayed events as to live ones.
+//! see each process apply to replayed events as to live ones. A replayed
+//! event goes out as the bytes the journal holds, unless the caller's
+//! numbers are translated (a nested pid namespace).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -131,7 +133,7 @@ fn gap(first: u64, last: u64) -> pb::StreamEventsResponse {
 /// What the replay task hands the stream.
 pub(super) enum Step {
     /// A replayed event (or gap).
-    Item(Box<pb::StreamEventsResponse>),
+    Item(pb::StreamEventsItem),
     /// Replay done: go on with this subscription.
     Live(Subscription),
     /// The replay failed.
@@ -185,10 +187,7 @@ pub(super) fn start(
         };
         if let Some(c) = covered
             && head > c
-            && tx
-                .send(Step::Item(Box::new(gap(c + 1, head))))
-                .await
-                .is_err()
+            && tx.send(Step::Item(gap(c + 1, head).into())).await.is_err()
         {
             return;
         }
@@ -206,6 +205,7 @@ async fn pump(
     filter: &mut Filter,
     tx: &mpsc::Sender<Step>,
 ) -> Result<Option<crate::journal::Reader>, Status> {
+    let translated = super::nsview::translated(&filter.caller);
     loop {
         let (r, batch) = tokio::task::spawn_blocking(move || {
             let b = reader.next_batch(BATCH, until);
@@ -220,25 +220,30 @@ async fn pump(
         }
         for item in batch {
             let msg = match item {
-                Item::Gap { first, last } => gap(first, last),
+                Item::Gap { first, last } => gap(first, last).into(),
                 Item::Event(rec) => {
                     match pb::StreamEventsResponse::decode(rec.payload.as_slice()) {
                         Ok(mut m) => {
                             if !filter.pass(&mut m) {
                                 continue;
                             }
-                            m
+                            if translated {
+                                m.into()
+                            } else {
+                                // Untouched by the filter: the bytes read.
+                                pb::StreamEventsItem::Encoded(rec.payload.into())
+                            }
                         }
                         Err(e) => {
                             // A record whose checksum holds but whose event
                             // does not decode: written by another version.
                             tracing::warn!(seq = rec.seq, error = %e, "journal: undecodable event");
-                            gap(rec.seq, rec.seq)
+                            gap(rec.seq, rec.seq).into()
                         }
                     }
                 }
             };
-            if tx.send(Step::Item(Box::new(msg))).await.is_err() {
+            if tx.send(Step::Item(msg)).await.is_err() {
                 return Ok(None);
             }
         }
@@ -257,7 +262,7 @@ pub(super) struct ReplayFeed {
 }
 
 impl Stream for ReplayFeed {
-    type Item = Result<pb::StreamEventsResponse, Status>;
+    type Item = Result<pb::StreamEventsItem, Status>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
@@ -270,12 +275,12 @@ impl Stream for ReplayFeed {
             }
         }
         if let Some(g) = this.greeting.take() {
-            return Poll::Ready(Some(Ok(g)));
+            return Poll::Ready(Some(Ok(g.into())));
         }
         match this.steps.poll_recv(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(None) => Poll::Ready(None),
-            Poll::Ready(Some(Step::Item(m))) => Poll::Ready(Some(Ok(*m))),
+            Poll::Ready(Some(Step::Item(m))) => Poll::Ready(Some(Ok(m))),
             Poll::Ready(Some(Step::Failed(s))) => Poll::Ready(Some(Err(s))),
             Poll::Ready(Some(Step::Live(sub))) => {
                 let make = this.make_live.take().expect("one switch");

@@ -1,14 +1,19 @@
 //! A hit encoded straight from the domain event into the bytes of its
 //! `wpd.v1.StreamEventsResponse`, without building the message first: the
-//! journal's encoding of the events that come by the hundred thousand a
-//! second. The bytes are the ones prost makes of `convert::event_to_pb`
-//! (with `convert::locate_hit` where the frames are cached), field for
-//! field and in the same order (checked by the tests below). A place's
-//! location fields are encoded once and kept with the cached place
+//! encoding of the events that come by the hundred thousand a second, for
+//! the journal and for `StreamEvents`. The bytes are the ones prost makes
+//! of `convert::event_to_pb` (with `convert::locate_hit` when located),
+//! field for field and in the same order (checked by the tests below). A
+//! place's location fields are encoded once and kept with the cached place
 //! (`Place::wire`). Other events go through prost.
+//!
+//! Each form of an event's bytes (plain, located) is made once and kept
+//! with the event (`events::Wire`): the journal's record and every
+//! subscriber that sends the event as it is share them.
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use prost::Message;
 use prost::encoding::{WireType, encoded_len_varint};
 
@@ -16,10 +21,77 @@ use super::convert;
 use crate::events::{Event, EventKind, HitEvent, Owner};
 use crate::symbols::locate::{self, Frame, Place};
 
-/// Appends `e` as `StreamEventsResponse` bytes to `buf`, its hit located
-/// where the symbolizer already knows the addresses (one cache probe per
-/// address; never waits for symbols).
+/// Appends `e` as `StreamEventsResponse` bytes to `buf` (the journal's
+/// encoder), its hit located where the symbolizer already knows the
+/// addresses (one cache probe per address; never waits for symbols). Of
+/// an event someone is subscribed to, a copy of those bytes is kept in its
+/// `events::Wire`, for the subscribers to send as they are.
 pub fn encode_event(e: &Event, buf: &mut Vec<u8>) {
+    let frames = match &e.kind {
+        EventKind::Hit(h) => cached_frames(h),
+        _ => None,
+    };
+    let start = buf.len();
+    write(e, frames.as_deref(), buf);
+    if e.wire.subscribed {
+        // Encoded in place, and kept: one allocation of its exact size.
+        let slot = match frames {
+            Some(_) => &e.wire.located,
+            None => &e.wire.plain,
+        };
+        let _ = slot.set(Bytes::copy_from_slice(&buf[start..]));
+    }
+}
+
+/// The bytes of `e` with no location (a hit's addresses raw), made once.
+pub fn plain(e: &Event) -> &Bytes {
+    e.wire.plain.get_or_init(|| encoded(e, None))
+}
+
+/// The bytes of hit `e` located with `frames` (its address's, then its
+/// callers'), made once: the frames of a hit's addresses are the same for
+/// every subscriber. Plain bytes when `frames` is empty.
+pub fn located<'a>(e: &'a Event, frames: &[Frame]) -> &'a Bytes {
+    e.wire.located.get_or_init(|| encoded(e, Some(frames)))
+}
+
+/// The frames of every address of `h` if the symbolizer's cache knows
+/// them all.
+pub fn cached_frames(h: &HitEvent) -> Option<Vec<Frame>> {
+    let image = h.image.as_ref()?;
+    if h.callchain.is_empty() {
+        locate::cached_frame(image, h.ip).map(|f| vec![f])
+    } else {
+        let mut ips = Vec::with_capacity(1 + h.callchain.len());
+        ips.push(h.ip);
+        ips.extend_from_slice(&h.callchain);
+        locate::cached_frames(image, &ips)
+    }
+}
+
+thread_local! {
+    /// Where a subscriber's thread encodes an event before keeping it.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `e` encoded into an allocation of its exact size (through this
+/// thread's scratch buffer: no growth of the kept one).
+fn encoded(e: &Event, frames: Option<&[Frame]>) -> Bytes {
+    SCRATCH.with_borrow_mut(|buf| {
+        buf.clear();
+        write(e, frames, buf);
+        let kept = Bytes::copy_from_slice(buf);
+        if buf.capacity() > 1 << 16 {
+            // A huge event (a 64 KiB value): not kept allocated.
+            *buf = Vec::new();
+        }
+        kept
+    })
+}
+
+/// Appends `e` to `buf`, a hit located with `frames` when given (and not
+/// empty), raw otherwise.
+fn write(e: &Event, frames: Option<&[Frame]>, buf: &mut Vec<u8>) {
     let EventKind::Hit(h) = &e.kind else {
         convert::event_to_pb(e)
             .encode(buf)
@@ -33,7 +105,7 @@ pub fn encode_event(e: &Event, buf: &mut Vec<u8>) {
         owner_field(buf, o);
     }
     // A hit's fields take 128 to 16,383 bytes: two bytes of length.
-    nested_sized(buf, 10, 2, |b| hit(b, h));
+    nested_sized(buf, 10, 2, |b| hit(b, h, frames));
 }
 
 thread_local! {
@@ -68,7 +140,7 @@ fn owner(buf: &mut Vec<u8>, o: &Owner) {
 }
 
 /// The fields of a `Hit`.
-fn hit(buf: &mut Vec<u8>, h: &HitEvent) {
+fn hit(buf: &mut Vec<u8>, h: &HitEvent, frames: Option<&[Frame]>) {
     uint(buf, 1, h.id.0);
     int32(buf, 2, h.pid);
     int32(buf, 3, h.tid);
@@ -89,18 +161,7 @@ fn hit(buf: &mut Vec<u8>, h: &HitEvent) {
     }
     int32(buf, 15, convert::backend_to_pb(h.backend) as i32);
     uint(buf, 16, u64::from(h.piece));
-    // Located when every address is cached; raw addresses otherwise.
-    let located = h.image.as_ref().and_then(|image| {
-        if h.callchain.is_empty() {
-            locate::cached_frame(image, h.ip).map(|f| vec![f])
-        } else {
-            let mut ips = Vec::with_capacity(1 + h.callchain.len());
-            ips.push(h.ip);
-            ips.extend_from_slice(&h.callchain);
-            locate::cached_frames(image, &ips)
-        }
-    });
-    match located.as_deref() {
+    match frames {
         Some([first, callers @ ..]) => {
             location(buf, 17, first);
             for f in callers {
@@ -249,7 +310,7 @@ fn nested_sized(buf: &mut Vec<u8>, tag: u32, guess: usize, body: impl FnOnce(&mu
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::model::{Access, BackendKind, WatchId};
     use crate::symbols::Image;
@@ -275,13 +336,28 @@ mod tests {
         encode_event(e, &mut fast);
         assert_eq!(fast[0], 0xEE, "appended, not overwritten");
         assert_eq!(&fast[1..], by_prost(e).as_slice(), "{e:?}");
+        assert!(
+            e.wire.plain.get().is_none() && e.wire.located.get().is_none(),
+            "nothing kept with nobody subscribed"
+        );
         // The place's memo in use: the same bytes again.
         let mut again = Vec::new();
         encode_event(e, &mut again);
         assert_eq!(again, fast[1..]);
+        // Subscribed: the same bytes, kept with the event.
+        let mut shared = e.clone();
+        shared.wire.subscribed = true;
+        let mut kept = vec![0xEE];
+        encode_event(&shared, &mut kept);
+        assert_eq!(kept, fast);
+        let slot = match &shared.kind {
+            EventKind::Hit(h) if cached_frames(h).is_some() => &shared.wire.located,
+            _ => &shared.wire.plain,
+        };
+        assert_eq!(slot.get().map(|b| &b[..]), Some(&fast[1..]));
     }
 
-    fn hit() -> HitEvent {
+    pub(in crate::rpc) fn hit() -> HitEvent {
         HitEvent {
             id: WatchId(7),
             piece: 0,
@@ -312,10 +388,11 @@ mod tests {
             time_ns: 1_800_000_000_000_001_000,
             owner: owner.map(Arc::new),
             kind: EventKind::Hit(h),
+            wire: Default::default(),
         }
     }
 
-    fn owner() -> Owner {
+    pub(in crate::rpc) fn owner() -> Owner {
         Owner {
             start_time: 987_654,
             uids: [1000, 0, 1000],
@@ -325,7 +402,7 @@ mod tests {
     }
 
     /// A place with every field set, and a sparse one.
-    fn places() -> Vec<Place> {
+    pub(in crate::rpc) fn places() -> Vec<Place> {
         vec![
             Place {
                 function: Some("store".into()),
@@ -426,6 +503,7 @@ mod tests {
                 time_ns: 2,
                 owner: Some(o.clone()),
                 kind: EventKind::Hit(hit()),
+                wire: Default::default(),
             };
             check(&e);
         }
@@ -435,6 +513,7 @@ mod tests {
             time_ns: 2,
             owner: Some(second.clone()),
             kind: EventKind::Hit(hit()),
+            wire: Default::default(),
         };
         std::thread::spawn(move || check(&e)).join().unwrap();
     }
@@ -464,7 +543,51 @@ mod tests {
             time_ns: 10,
             owner: None,
             kind: EventKind::ThreadExited { pid: 1, tid: 2 },
+            wire: Default::default(),
         };
         check(&e);
+    }
+
+    #[test]
+    fn the_kept_forms_are_prost_s_and_made_once() {
+        let image = Image::new(4242);
+        let mut h = hit();
+        h.callchain = vec![0x7000, 0x7100];
+        h.image = Some(image.clone());
+        let e = event(h.clone(), Some(owner()));
+        // Plain: no location even where the addresses are cached.
+        for (n, place) in places().into_iter().enumerate() {
+            image.insert_for_tests(h.ip - 1, Arc::new(place.clone()));
+            image.insert_for_tests(0x7000 - 1, Arc::new(places()[n % 2].clone()));
+            image.insert_for_tests(0x7100 - 1, Arc::new(place));
+        }
+        let raw = convert::event_to_pb(&e).encode_to_vec();
+        assert_eq!(&plain(&e)[..], raw.as_slice());
+        assert_eq!(plain(&e).as_ptr(), plain(&e).as_ptr(), "made once");
+        let frames = cached_frames(&h).expect("cached");
+        let mut item = convert::event_to_pb(&e);
+        convert::locate_hit(&mut item, &frames);
+        assert_eq!(&located(&e, &frames)[..], item.encode_to_vec().as_slice());
+        assert_ne!(&located(&e, &frames)[..], raw.as_slice());
+        // No frames: the plain bytes.
+        let again = event(h, None);
+        assert_eq!(
+            &located(&again, &[])[..],
+            convert::event_to_pb(&again).encode_to_vec().as_slice()
+        );
+        let exited = Event {
+            seq: 3,
+            time_ns: 4,
+            owner: Some(Arc::new(owner())),
+            kind: EventKind::ProcessExited {
+                pid: 5,
+                watchpoints: vec![WatchId(1), WatchId(2)],
+            },
+            wire: Default::default(),
+        };
+        assert_eq!(
+            &plain(&exited)[..],
+            convert::event_to_pb(&exited).encode_to_vec().as_slice()
+        );
     }
 }

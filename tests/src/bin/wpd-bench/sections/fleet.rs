@@ -11,14 +11,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use wpd_proto::v1::{
     Access, GetStatsRequest, GetStatsResponse, ListWatchpointsRequest, SetWatchpointRequest,
-    WatchpointSpec,
+    StreamEventsRequest, WatchpointSpec,
 };
 use wpd_tests::{Backend, CTarget, Client, Daemon, NatsServer, nats_server_bin};
 
 pub(crate) async fn section_fleet(args: &Args) -> Result<()> {
     let t0 = Instant::now();
     recovery(args).await?;
-    journal_cost(args).await?;
+    journal_cost(args, false).await?;
+    journal_cost(args, true).await?;
     section_done(t0);
     Ok(())
 }
@@ -33,7 +34,8 @@ pub(crate) async fn section_export(args: &Args) -> Result<()> {
 /// The journal's cost at full hit rate alone (`--only journal`).
 pub(crate) async fn section_journal(args: &Args) -> Result<()> {
     let t0 = Instant::now();
-    journal_cost(args).await?;
+    journal_cost(args, false).await?;
+    journal_cost(args, true).await?;
     section_done(t0);
     Ok(())
 }
@@ -153,11 +155,17 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// Daemon CPU per hit with a journal and without, writers storing as fast
-/// as they can for 2 s, nobody subscribed.
-async fn journal_cost(args: &Args) -> Result<()> {
+/// as they can for 2 s, nobody subscribed or one raw subscriber of the
+/// hits (which gets the bytes the journal encoded).
+async fn journal_cost(args: &Args, subscribed: bool) -> Result<()> {
     println!(
-        "## fleet: the journal at full hit rate (perf, 2 writers for {} ms, nobody subscribed)\n",
-        spin_for(args).as_millis()
+        "## fleet: the journal at full hit rate (perf, 2 writers for {} ms, {})\n",
+        spin_for(args).as_millis(),
+        if subscribed {
+            "one raw subscriber of the hits"
+        } else {
+            "nobody subscribed"
+        }
     );
     println!(
         "| daemon | hits | daemon CPU µs/hit | of it, µs/hit: drain / journal writer / other threads | journaled | lost by the journal | fdatasyncs (mean ms) |"
@@ -178,6 +186,26 @@ async fn journal_cost(args: &Args) -> Result<()> {
             spec: Some(counter(t.pid)),
         })
         .await?;
+        // The subscriber reads and drops every message, on its own
+        // connection, until the daemon goes.
+        let reader = if subscribed {
+            let mut stream = daemon
+                .client()
+                .await?
+                .stream_events(StreamEventsRequest {
+                    raw: true,
+                    pid: t.pid,
+                    hits_only: true,
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            Some(tokio::spawn(async move {
+                while let Ok(Some(_)) = stream.message().await {}
+            }))
+        } else {
+            None
+        };
         let before = stats(&mut c).await?;
         let cpu0 = daemon.cpu_time()?;
         let roles0 = thread_cpu_us_by_role(daemon.pid())?;
@@ -188,6 +216,9 @@ async fn journal_cost(args: &Args) -> Result<()> {
         let cpu = daemon.cpu_time()? - cpu0;
         let roles = thread_cpu_us_by_role(daemon.pid())?;
         let after = stats(&mut c).await?;
+        if let Some(r) = reader {
+            r.abort();
+        }
         let hits = after.hits - before.hits;
         let us = cpu.as_secs_f64() * 1e6 / hits.max(1) as f64;
         per_hit.push((journal, us));
