@@ -37,8 +37,6 @@ use std::time::Duration;
 use async_nats::jetstream;
 use prost::Message;
 use tokio_stream::{Stream, StreamExt};
-use wpd_proto::v1 as pb;
-use wpd_proto::v1::stream_events_response::Event as E;
 
 use crate::journal::{Item, Journal, Start};
 
@@ -207,22 +205,309 @@ async fn connect_options(cfg: &Config) -> std::io::Result<async_nats::ConnectOpt
     Ok(o)
 }
 
-/// The subject kind and the (pid, tid) of an event.
-fn kind_of(ev: &E) -> (&'static str, i32, i32) {
-    match ev {
-        E::Hit(h) => ("hit", h.pid, h.tid),
-        E::ThreadStarted(e) => ("thread_started", e.pid, e.tid),
-        E::ThreadExited(e) => ("thread_exited", e.pid, e.tid),
-        E::ProcessExited(e) => ("process_exited", e.pid, 0),
-        E::WatchpointRemoved(e) => ("watchpoint_removed", e.pid, 0),
-        E::RecordsLost(_) => ("records_lost", 0, 0),
-        E::ProcessLost(e) => ("process_lost", e.pid, 0),
-        E::ProcessCrashed(e) => ("process_crashed", e.pid, e.tid),
-        E::BreakpointHit(e) => ("breakpoint_hit", e.pid, e.tid),
-        E::WatchpointResolved(e) => ("watchpoint_resolved", e.pid, 0),
-        E::Dropped(_) => ("dropped", 0, 0),
-        E::Leased(_) => ("leased", 0, 0),
+/// What the exporter reads of an event for its subject and headers: its
+/// kind, pid, tid and a hit's names. Declared here with only those fields,
+/// so that prost skips the rest of the event (its value, owner, location)
+/// instead of decoding it; the tags are `wpd.v1.StreamEventsResponse`'s
+/// (checked against the full decoding by the tests below).
+mod head {
+    /// A `StreamEventsResponse` with only its event's kind.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Head {
+        /// The event.
+        #[prost(
+            oneof = "Event",
+            tags = "10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21"
+        )]
+        pub event: Option<Event>,
     }
+
+    /// The event's kind, and who it is about.
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum Event {
+        /// `hit`.
+        #[prost(message, tag = "10")]
+        Hit(Hit),
+        /// `thread_started`.
+        #[prost(message, tag = "11")]
+        ThreadStarted(PidTid),
+        /// `thread_exited`.
+        #[prost(message, tag = "12")]
+        ThreadExited(PidTid),
+        /// `process_exited`.
+        #[prost(message, tag = "13")]
+        ProcessExited(Pid1),
+        /// `watchpoint_removed`.
+        #[prost(message, tag = "14")]
+        WatchpointRemoved(Pid2),
+        /// `dropped`.
+        #[prost(message, tag = "15")]
+        Dropped(Nobody),
+        /// `records_lost`.
+        #[prost(message, tag = "16")]
+        RecordsLost(Nobody),
+        /// `process_lost`.
+        #[prost(message, tag = "17")]
+        ProcessLost(Pid1),
+        /// `watchpoint_resolved`.
+        #[prost(message, tag = "18")]
+        WatchpointResolved(Pid2),
+        /// `leased`.
+        #[prost(message, tag = "19")]
+        Leased(Nobody),
+        /// `process_crashed`.
+        #[prost(message, tag = "20")]
+        ProcessCrashed(PidTid),
+        /// `breakpoint_hit`.
+        #[prost(message, tag = "21")]
+        BreakpointHit(PidTid23),
+    }
+
+    /// A hit's pid 2, tid 3 and names 21, 22.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Hit {
+        /// Process.
+        #[prost(int32, tag = "2")]
+        pub pid: i32,
+        /// Thread.
+        #[prost(int32, tag = "3")]
+        pub tid: i32,
+        /// Process name.
+        #[prost(string, tag = "21")]
+        pub process_name: String,
+        /// Thread name.
+        #[prost(string, tag = "22")]
+        pub thread_name: String,
+    }
+
+    /// Pid 1 and tid 2.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct PidTid {
+        /// Process.
+        #[prost(int32, tag = "1")]
+        pub pid: i32,
+        /// Thread.
+        #[prost(int32, tag = "2")]
+        pub tid: i32,
+    }
+
+    /// Pid 2 and tid 3.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct PidTid23 {
+        /// Process.
+        #[prost(int32, tag = "2")]
+        pub pid: i32,
+        /// Thread.
+        #[prost(int32, tag = "3")]
+        pub tid: i32,
+    }
+
+    /// Pid 1.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Pid1 {
+        /// Process.
+        #[prost(int32, tag = "1")]
+        pub pid: i32,
+    }
+
+    /// Pid 2.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Pid2 {
+        /// Process.
+        #[prost(int32, tag = "2")]
+        pub pid: i32,
+    }
+
+    /// A daemon-wide event.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Nobody {}
+
+    impl Event {
+        /// The subject kind, pid and tid (0: none).
+        pub fn kind(&self) -> (&'static str, i32, i32) {
+            match self {
+                Event::Hit(h) => ("hit", h.pid, h.tid),
+                Event::ThreadStarted(e) => ("thread_started", e.pid, e.tid),
+                Event::ThreadExited(e) => ("thread_exited", e.pid, e.tid),
+                Event::ProcessExited(e) => ("process_exited", e.pid, 0),
+                Event::WatchpointRemoved(e) => ("watchpoint_removed", e.pid, 0),
+                Event::RecordsLost(_) => ("records_lost", 0, 0),
+                Event::ProcessLost(e) => ("process_lost", e.pid, 0),
+                Event::ProcessCrashed(e) => ("process_crashed", e.pid, e.tid),
+                Event::BreakpointHit(e) => ("breakpoint_hit", e.pid, e.tid),
+                Event::WatchpointResolved(e) => ("watchpoint_resolved", e.pid, 0),
+                Event::Dropped(_) => ("dropped", 0, 0),
+                Event::Leased(_) => ("leased", 0, 0),
+            }
+        }
+
+        /// A hit's process and thread names, taken (empty: not given).
+        pub fn take_names(&mut self) -> (Option<String>, Option<String>) {
+            match self {
+                Event::Hit(h) => (
+                    Some(std::mem::take(&mut h.process_name)).filter(|s| !s.is_empty()),
+                    Some(std::mem::take(&mut h.thread_name)).filter(|s| !s.is_empty()),
+                ),
+                _ => (None, None),
+            }
+        }
+    }
+}
+
+/// Subject kinds, in the order of [`Subjects`].
+const KINDS: [&str; 12] = [
+    "hit",
+    "thread_started",
+    "thread_exited",
+    "process_exited",
+    "watchpoint_removed",
+    "records_lost",
+    "process_lost",
+    "process_crashed",
+    "breakpoint_hit",
+    "watchpoint_resolved",
+    "dropped",
+    "leased",
+];
+
+/// The subject of each kind, `<prefix>.<host>.<kind>`, made once.
+struct Subjects(Vec<async_nats::Subject>);
+
+impl Subjects {
+    fn new(prefix: &str, host: &str) -> Subjects {
+        Subjects(
+            KINDS
+                .iter()
+                .map(|k| async_nats::Subject::from(format!("{prefix}.{host}.{k}")))
+                .collect(),
+        )
+    }
+
+    fn of(&self, kind: &str) -> async_nats::Subject {
+        let i = KINDS
+            .iter()
+            .position(|k| *k == kind)
+            .expect("a kind of KINDS");
+        self.0[i].clone()
+    }
+}
+
+/// Header names, parsed once (`HeaderName::from_static`).
+mod names {
+    use async_nats::HeaderName;
+    pub const HOST: HeaderName = HeaderName::from_static("Wpd-Host");
+    pub const SEQ: HeaderName = HeaderName::from_static("Wpd-Seq");
+    pub const TIME: HeaderName = HeaderName::from_static("Wpd-Time-Ns");
+    pub const KIND: HeaderName = HeaderName::from_static("Wpd-Kind");
+    pub const PID: HeaderName = HeaderName::from_static("Wpd-Pid");
+    pub const TID: HeaderName = HeaderName::from_static("Wpd-Tid");
+    pub const PROCESS: HeaderName = HeaderName::from_static("Wpd-Process");
+    pub const THREAD: HeaderName = HeaderName::from_static("Wpd-Thread");
+    pub const CONTENT_TYPE: HeaderName = HeaderName::from_static("Content-Type");
+}
+
+/// Content type of every message.
+const CONTENT_TYPE: &str = "application/x-protobuf; messageType=wpd.v1.StreamEventsResponse";
+
+/// The headers of each message: a clone of a map made once, which holds
+/// the values every message of this exporter shares (host, content type)
+/// and every other name with no value yet, so that an event's values are
+/// appended to names already in its table: no table grows and no name is
+/// parsed per message. A name left without a value is not sent.
+struct Headers {
+    template: async_nats::HeaderMap,
+    /// `<journal id>-`, the message id's prefix.
+    id_prefix: String,
+}
+
+impl Headers {
+    fn new(host: &str, journal_id: &str) -> Headers {
+        Headers {
+            template: template(host).unwrap_or_else(|| {
+                let mut h = async_nats::HeaderMap::new();
+                h.insert(names::HOST, host);
+                h.insert(names::CONTENT_TYPE, CONTENT_TYPE);
+                h
+            }),
+            id_prefix: format!("{journal_id}-"),
+        }
+    }
+
+    /// The headers of event `seq`.
+    #[allow(clippy::too_many_arguments)]
+    fn of(
+        &self,
+        seq: u64,
+        time_ns: u64,
+        kind: &'static str,
+        pid: i32,
+        tid: i32,
+        process: Option<&str>,
+        thread: Option<&str>,
+    ) -> async_nats::HeaderMap {
+        let mut h = self.template.clone();
+        h.append(names::SEQ, number(seq));
+        h.append(names::TIME, number(time_ns));
+        h.append(names::KIND, kind);
+        if pid > 0 {
+            h.append(names::PID, number(pid));
+        }
+        if tid > 0 {
+            h.append(names::TID, number(tid));
+        }
+        // Names are the target's choice (`prctl(PR_SET_NAME)`): a line
+        // break in a header value would end the header block (and
+        // async-nats panics on one), so they go out escaped.
+        if let Some(p) = process {
+            h.append(names::PROCESS, header_text(p));
+        }
+        if let Some(t) = thread {
+            h.append(names::THREAD, header_text(t));
+        }
+        let mut id = String::with_capacity(self.id_prefix.len() + 20);
+        id.push_str(&self.id_prefix);
+        id.push_str(itoa::Buffer::new().format(seq));
+        h.append(async_nats::header::NATS_MESSAGE_ID, id);
+        h
+    }
+}
+
+/// The map [`Headers`] clones: every name of a message, those shared
+/// with their value. `HeaderMap` has no way to make a table of a given
+/// size or a name without a value but its `Deserialize` (a map of names to
+/// lists of values, the table sized for them all); `None` if that fails,
+/// and the headers are then inserted one by one.
+fn template(host: &str) -> Option<async_nats::HeaderMap> {
+    use serde::Deserialize;
+    use serde::de::value::{Error, MapDeserializer};
+    let none = Vec::new;
+    let entries: Vec<(&str, Vec<&str>)> = vec![
+        ("Wpd-Host", vec![host]),
+        ("Content-Type", vec![CONTENT_TYPE]),
+        ("Wpd-Seq", none()),
+        ("Wpd-Time-Ns", none()),
+        ("Wpd-Kind", none()),
+        ("Wpd-Pid", none()),
+        ("Wpd-Tid", none()),
+        ("Wpd-Process", none()),
+        ("Wpd-Thread", none()),
+        ("Nats-Msg-Id", none()),
+    ];
+    async_nats::HeaderMap::deserialize(MapDeserializer::<_, Error>::new(entries.into_iter())).ok()
+}
+
+/// `n` in decimal, as an owned header value.
+fn number(n: impl itoa::Integer) -> String {
+    itoa::Buffer::new().format(n).to_owned()
+}
+
+/// The reply subject of event `seq`'s acknowledgement: `<inbox>.<seq>`.
+fn reply_subject(inbox: &str, seq: u64) -> async_nats::Subject {
+    let mut s = String::with_capacity(inbox.len() + 21);
+    s.push_str(inbox);
+    s.push('.');
+    s.push_str(itoa::Buffer::new().format(seq));
+    async_nats::Subject::from(s)
 }
 
 /// The acknowledged position kept on disk.
@@ -359,7 +644,8 @@ async fn run(
     .await?;
     stats.connected.store(true, Ordering::Relaxed);
     tracing::info!(url = %cfg.url, stream = %cfg.stream, "export: connected");
-    let host = token(&cfg.host);
+    let subjects = Subjects::new(&cfg.prefix, &token(&cfg.host));
+    let heads = Headers::new(&cfg.host, journal.id());
     let mut acked = stats.acked_seq.load(Ordering::Relaxed);
     let mut reader = journal.reader(Start::AfterSeq(acked));
     let mut progress = journal.progress();
@@ -398,65 +684,39 @@ async fn run(
                 }
                 Item::Event(rec) => rec,
             };
-            let msg = match pb::StreamEventsResponse::decode(rec.payload.as_slice()) {
-                Ok(m) => m,
+            let mut ev = match head::Head::decode(rec.payload.as_slice()) {
+                Ok(head::Head { event: Some(ev) }) => ev,
+                Ok(_) => continue,
                 Err(_) => {
                     stats.lost.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
             };
-            let Some(ev) = &msg.event else { continue };
-            let (kind, pid, tid) = kind_of(ev);
-            let (mut process, mut thread) = match ev {
-                E::Hit(h) => (
-                    Some(h.process_name.clone()).filter(|s| !s.is_empty()),
-                    Some(h.thread_name.clone()).filter(|s| !s.is_empty()),
-                ),
-                _ => (None, None),
-            };
+            let (kind, pid, tid) = ev.kind();
+            let (mut process, mut thread) = ev.take_names();
             if pid > 0 && (process.is_none() || (tid > 0 && thread.is_none())) {
                 let (p, t) = namer(pid, tid);
                 process = process.or(p);
                 thread = thread.or(t);
             }
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert("Wpd-Host", cfg.host.as_str());
-            headers.insert("Wpd-Seq", rec.seq.to_string().as_str());
-            headers.insert("Wpd-Time-Ns", rec.time_ns.to_string().as_str());
-            headers.insert("Wpd-Kind", kind);
-            if pid > 0 {
-                headers.insert("Wpd-Pid", pid.to_string().as_str());
-            }
-            if tid > 0 {
-                headers.insert("Wpd-Tid", tid.to_string().as_str());
-            }
-            // Names are the target's choice (`prctl(PR_SET_NAME)`): a line
-            // break in a header value would end the header block (and
-            // async-nats panics on one), so they go out escaped.
-            if let Some(p) = &process {
-                headers.insert("Wpd-Process", header_text(p));
-            }
-            if let Some(t) = &thread {
-                headers.insert("Wpd-Thread", header_text(t));
-            }
-            headers.insert(
-                "Content-Type",
-                "application/x-protobuf; messageType=wpd.v1.StreamEventsResponse",
+            let headers = heads.of(
+                rec.seq,
+                rec.time_ns,
+                kind,
+                pid,
+                tid,
+                process.as_deref(),
+                thread.as_deref(),
             );
-            let publish = jetstream::message::PublishMessage::build()
-                .payload(rec.payload.into())
-                .headers(headers)
-                .message_id(format!("{}-{}", journal.id(), rec.seq));
             while window.len() >= WINDOW {
                 window.wait(&mut acks, &inbox, &link).await?;
             }
-            let msg = publish.outbound_message(format!("{}.{host}.{kind}", cfg.prefix));
             client
                 .publish_with_reply_and_headers(
-                    msg.subject,
-                    format!("{inbox}.{}", rec.seq),
-                    msg.headers.unwrap_or_default(),
-                    msg.payload,
+                    subjects.of(kind),
+                    reply_subject(&inbox, rec.seq),
+                    headers,
+                    rec.payload.into(),
                 )
                 .await?;
             stats.published.fetch_add(1, Ordering::Relaxed);
@@ -636,6 +896,169 @@ impl Window {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use wpd_proto::v1 as pb;
+    use wpd_proto::v1::stream_events_response::Event as E;
+
+    /// The kind, pid and tid of an event decoded in full.
+    fn kind_of(ev: &E) -> (&'static str, i32, i32) {
+        match ev {
+            E::Hit(h) => ("hit", h.pid, h.tid),
+            E::ThreadStarted(e) => ("thread_started", e.pid, e.tid),
+            E::ThreadExited(e) => ("thread_exited", e.pid, e.tid),
+            E::ProcessExited(e) => ("process_exited", e.pid, 0),
+            E::WatchpointRemoved(e) => ("watchpoint_removed", e.pid, 0),
+            E::RecordsLost(_) => ("records_lost", 0, 0),
+            E::ProcessLost(e) => ("process_lost", e.pid, 0),
+            E::ProcessCrashed(e) => ("process_crashed", e.pid, e.tid),
+            E::BreakpointHit(e) => ("breakpoint_hit", e.pid, e.tid),
+            E::WatchpointResolved(e) => ("watchpoint_resolved", e.pid, 0),
+            E::Dropped(_) => ("dropped", 0, 0),
+            E::Leased(_) => ("leased", 0, 0),
+        }
+    }
+
+    /// One event of every kind, with its other fields set too (a field
+    /// the head declares with another wire type would fail to decode).
+    fn every_kind() -> Vec<E> {
+        let place = pb::Location {
+            function: "conn_new".into(),
+            file: "conn.c".into(),
+            line: 42,
+            ..Default::default()
+        };
+        vec![
+            E::Hit(pb::Hit {
+                watchpoint_id: 3,
+                pid: 41,
+                tid: 42,
+                ip: 0x401000,
+                address: 0x7000,
+                length: 8,
+                value: vec![1, 2, 3, 4, 5, 6, 7, 8],
+                old_value: vec![9; 8],
+                location: Some(place.clone()),
+                backtrace: vec![place.clone()],
+                backtrace_note: "note".into(),
+                process_name: "server".into(),
+                thread_name: "worker 1".into(),
+                ..Default::default()
+            }),
+            E::ThreadStarted(pb::ThreadStarted {
+                pid: 43,
+                tid: 44,
+                ..Default::default()
+            }),
+            E::ThreadExited(pb::ThreadExited { pid: 45, tid: 46 }),
+            E::ProcessExited(pb::ProcessExited {
+                pid: 47,
+                ..Default::default()
+            }),
+            E::WatchpointRemoved(pb::WatchpointRemoved {
+                watchpoint_id: 5,
+                pid: 48,
+                reason: "exec".into(),
+            }),
+            E::RecordsLost(pb::RecordsLost {
+                ..Default::default()
+            }),
+            E::ProcessLost(pb::ProcessLost {
+                pid: 49,
+                ..Default::default()
+            }),
+            E::ProcessCrashed(pb::ProcessCrashed {
+                pid: 50,
+                tid: 51,
+                ..Default::default()
+            }),
+            E::BreakpointHit(pb::BreakpointHit {
+                watchpoint_id: 6,
+                pid: 52,
+                tid: 53,
+                count: 2,
+                place: Some(pb::BreakpointPlace {
+                    function: "conn_new".into(),
+                    ..Default::default()
+                }),
+            }),
+            E::WatchpointResolved(pb::WatchpointResolved {
+                pid: 54,
+                ..Default::default()
+            }),
+            E::Dropped(pb::EventsDropped {
+                ..Default::default()
+            }),
+            E::Leased(pb::Leased {
+                ..Default::default()
+            }),
+        ]
+    }
+
+    #[test]
+    fn the_head_reads_what_the_full_decoding_reads() {
+        let kinds = every_kind();
+        assert_eq!(kinds.len(), KINDS.len());
+        for ev in kinds {
+            let msg = pb::StreamEventsResponse {
+                seq: 9,
+                time_ns: 10,
+                owner: Some(pb::ProcessOwner {
+                    start_time: 11,
+                    uids: vec![0, 1000, 1000, 1000],
+                    ..Default::default()
+                }),
+                event: Some(ev.clone()),
+            };
+            let bytes = msg.encode_to_vec();
+            let mut head = head::Head::decode(bytes.as_slice())
+                .unwrap_or_else(|e| panic!("{ev:?}: {e}"))
+                .event
+                .expect("an event");
+            assert_eq!(head.kind(), kind_of(&ev), "{ev:?}");
+            assert!(KINDS.contains(&head.kind().0));
+            let names = match &ev {
+                E::Hit(h) => (Some(h.process_name.clone()), Some(h.thread_name.clone())),
+                _ => (None, None),
+            };
+            assert_eq!(head.take_names(), names, "{ev:?}");
+        }
+    }
+
+    #[test]
+    fn headers_name_the_event_and_its_message_id() {
+        // The fast path: every name in one table, two with their values.
+        let t = template("host.1").expect("HeaderMap deserializes");
+        assert_eq!(t.len(), 10);
+        assert_eq!(t.iter().map(|(_, v)| v.len()).sum::<usize>(), 2);
+        let h = Headers::new("host.1", "abcd");
+        let m = h.of(
+            12,
+            1_700_000_000_000_000_123,
+            "hit",
+            41,
+            42,
+            Some("srv\nx"),
+            Some("w"),
+        );
+        let get = |k: &str| m.get(k).map(|v| v.as_str().to_string());
+        assert_eq!(get("Wpd-Host").as_deref(), Some("host.1"));
+        assert_eq!(get("Wpd-Seq").as_deref(), Some("12"));
+        assert_eq!(get("Wpd-Time-Ns").as_deref(), Some("1700000000000000123"));
+        assert_eq!(get("Wpd-Kind").as_deref(), Some("hit"));
+        assert_eq!(get("Wpd-Pid").as_deref(), Some("41"));
+        assert_eq!(get("Wpd-Tid").as_deref(), Some("42"));
+        assert_eq!(get("Wpd-Process").as_deref(), Some("srv\\nx"));
+        assert_eq!(get("Wpd-Thread").as_deref(), Some("w"));
+        assert_eq!(get("Nats-Msg-Id").as_deref(), Some("abcd-12"));
+        assert!(get("Content-Type").is_some());
+        // A daemon-wide event: no pid, tid or names.
+        let m = h.of(13, 1, "records_lost", 0, 0, None, None);
+        for k in ["Wpd-Pid", "Wpd-Tid", "Wpd-Process", "Wpd-Thread"] {
+            assert!(m.get(k).is_none(), "{k}");
+        }
+        assert_eq!(reply_subject("_INBOX.x", 77).as_str(), "_INBOX.x.77");
+        let s = Subjects::new("wpd", "h_1");
+        assert_eq!(s.of("breakpoint_hit").as_str(), "wpd.h_1.breakpoint_hit");
+    }
 
     #[test]
     fn subject_tokens_hold_no_separator_or_wildcard() {

@@ -140,8 +140,31 @@ async fn every_event_reaches_jetstream_once_across_a_server_restart() -> Result<
             let seq: u64 = get("Wpd-Seq").context("no Wpd-Seq")?.parse()?;
             ensure!(seqs.insert(seq), "event {seq} twice in the stream");
             ensure!(get("Wpd-Host").as_deref() == Some("farm-host.7"), "{h:?}");
+            // Each header is there with a value, or not at all.
+            ensure!(
+                h.iter()
+                    .all(|(_, vs)| vs.iter().all(|v| !v.as_str().is_empty())),
+                "a header without a value: {h:?}"
+            );
+            let kind = get("Wpd-Kind").context("no Wpd-Kind")?;
+            ensure!(
+                m.subject.as_str() == format!("wpd.farm-host_7.{kind}"),
+                "subject {} for kind {kind}",
+                m.subject
+            );
+            ensure!(
+                get("Nats-Msg-Id").is_some_and(|id| id.ends_with(&format!("-{seq}"))),
+                "{h:?}"
+            );
             let ev = StreamEventsResponse::decode(m.payload.as_ref())?;
             ensure!(ev.seq == seq, "payload seq {} under header {seq}", ev.seq);
+            ensure!(
+                get("Wpd-Time-Ns") == Some(ev.time_ns.to_string()),
+                "{h:?} {ev:?}"
+            );
+            if let Some(E::ProcessExited(_) | E::WatchpointRemoved(_)) = &ev.event {
+                ensure!(get("Wpd-Tid").is_none(), "a thread for {kind}: {h:?}");
+            }
             if let Some(E::Hit(hit)) = &ev.event {
                 hits += 1;
                 ensure!(
