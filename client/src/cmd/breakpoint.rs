@@ -224,23 +224,11 @@ async fn open_stream(
     ctx: &Ctx,
     pid: i32,
 ) -> Result<tonic::Streaming<wpd_proto::v1::StreamEventsResponse>, Error> {
-    let request = ctx.request(StreamEventsRequest {
+    let request = StreamEventsRequest {
         pid,
         ..Default::default()
-    })?;
-    let mut client = ctx
-        .connect()
-        .await?
-        .max_decoding_message_size(super::EVENT_LIMIT);
-    let endpoint = &ctx.endpoint.text;
-    match tokio::time::timeout(ctx.timeout, client.stream_events(request)).await {
-        Ok(Ok(response)) => Ok(response.into_inner()),
-        Ok(Err(status)) => Err(Error::from_stream_status(endpoint, status)),
-        Err(_) => Err(Error::Timeout {
-            endpoint: endpoint.clone(),
-            secs: ctx.timeout.as_secs_f64(),
-        }),
-    }
+    };
+    super::events::stream(ctx, request).await
 }
 
 /// Reads events until breakpoint `id` holds a thread; fails when the

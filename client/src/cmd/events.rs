@@ -87,6 +87,15 @@ pub async fn open(
         after_seq: replay.after_seq,
         since_time_ns: replay.since_time_ns,
     };
+    stream(ctx, request).await
+}
+
+/// Opens the event stream `request` asks for, within the timeout (the
+/// stream itself has none), its messages up to [`super::EVENT_LIMIT`].
+pub async fn stream(
+    ctx: &Ctx,
+    request: StreamEventsRequest,
+) -> Result<Streaming<StreamEventsResponse>, Error> {
     let request = ctx.request(request)?;
     let mut client = ctx
         .connect()
