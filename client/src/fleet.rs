@@ -406,9 +406,12 @@ async fn events(
             if tx.send((i, Item::Opened)).await.is_err() {
                 return;
             }
+            // This host's stream numbers its own places.
+            let mut places = wpd_proto::places::Places::new();
             loop {
                 let item = match stream.message().await {
-                    Ok(Some(ev)) => {
+                    Ok(Some(mut ev)) => {
+                        places.fill_event(&mut ev);
                         let line = out.event(&host.label, &ev);
                         drop(ev);
                         let share = line.len().clamp(1, EVENT_BUFFER) as u32;

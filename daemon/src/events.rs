@@ -243,6 +243,9 @@ pub struct Wire {
     pub plain: OnceLock<Bytes>,
     /// A hit with its location and backtrace (a hit of a known program).
     pub located: OnceLock<Bytes>,
+    /// A located hit whose places are given by number only, for the
+    /// streams that asked for places once and know them all.
+    pub numbered: OnceLock<Bytes>,
 }
 
 /// One subscriber's accounting, shared between its stream and the bus (so

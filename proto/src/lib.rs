@@ -26,6 +26,7 @@ pub const SERVICE_NAME: &str = "wpd.v1.Watchpoints";
 pub const MAX_TOKEN_LEN: usize = 4096;
 
 pub mod condition;
+pub mod places;
 mod stream;
 pub mod text;
 

@@ -782,6 +782,99 @@ async fn backtraces_follow_frame_pointers(backend: Backend) -> Result<()> {
     )
 }
 
+/// Hits at the same places, to a stream that asked for each place once:
+/// the first hit there carries the places' fields, later ones their
+/// numbers alone, and filled in from the first they say what a stream
+/// with every field says. A stream opened later gets the fields again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn places_go_once_per_stream() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let mut full = EventStream::subscribe(&mut client, wpd_tests::hits_only(t.pid)).await?;
+            let once = |pid| StreamEventsRequest {
+                places_once: true,
+                ..wpd_tests::hits_only(pid)
+            };
+            let mut numbered = EventStream::subscribe(&mut client, once(t.pid)).await?;
+            let mut spec = by_name(Backend::Perf, t.pid, "counter");
+            spec.backtrace_depth = 8;
+            set_watchpoint(&mut client, spec).await?;
+            let mut places = wpd_proto::places::Places::new();
+            // Each location's fields with its number left out.
+            let bare = |h: &Hit| -> Vec<Location> {
+                h.location
+                    .iter()
+                    .chain(&h.backtrace)
+                    .map(|l| Location {
+                        place_id: 0,
+                        ..l.clone()
+                    })
+                    .collect()
+            };
+            let mut first_ids = Vec::new();
+            for round in 0..3 {
+                t.cmd("deep").await?;
+                let want = one_hit(&mut full, "deep, every field").await?;
+                let mut got = one_hit(&mut numbered, "deep, places once").await?;
+                let locs: Vec<&Location> = got.location.iter().chain(&got.backtrace).collect();
+                ensure!(locs.len() >= 4, "{got:?}");
+                ensure!(locs.iter().all(|l| l.place_id != 0), "{got:?}");
+                let ids: Vec<u64> = locs.iter().map(|l| l.place_id).collect();
+                if round == 0 {
+                    ensure!(
+                        locs.iter()
+                            .all(|l| !l.function.is_empty() && !l.module.is_empty()),
+                        "the first hit there carries the fields: {got:?}"
+                    );
+                    first_ids = ids;
+                } else {
+                    ensure!(ids == first_ids, "the same places: {ids:?} {first_ids:?}");
+                    ensure!(
+                        locs.iter().all(|l| l.function.is_empty()
+                            && l.module.is_empty()
+                            && l.build_id.is_empty()
+                            && l.ip != 0),
+                        "a later hit carries the numbers alone: {got:?}"
+                    );
+                }
+                let mut ev = wpd_proto::v1::StreamEventsResponse {
+                    event: Some(Event::Hit(got)),
+                    ..Default::default()
+                };
+                places.fill_event(&mut ev);
+                let Some(Event::Hit(h)) = ev.event else {
+                    unreachable!()
+                };
+                got = h;
+                ensure!(
+                    bare(&got) == bare(&want),
+                    "round {round}: {got:?}\n{want:?}"
+                );
+                check_location(
+                    got.location.as_ref().context("no location")?,
+                    "deep_c",
+                    "deep_c",
+                    "ct-pie",
+                )?;
+            }
+            // A stream opened now has had none of them.
+            let mut late = EventStream::subscribe(&mut client, once(t.pid)).await?;
+            t.cmd("deep").await?;
+            let got = one_hit(&mut late, "deep, a new stream").await?;
+            let want = one_hit(&mut full, "deep, every field").await?;
+            ensure!(bare(&got) == bare(&want), "{got:?}\n{want:?}");
+            Ok(())
+        }
+        .await,
+    )
+}
+
 both_backends!(a_library_loaded_later_is_watched_until_unloaded);
 
 /// A library `dlopen`ed after the attach is found by name; its watchpoint

@@ -45,14 +45,16 @@ pub async fn run(ctx: &Ctx, args: &EventsArgs) -> Result<(), Error> {
     let mut stream = open(ctx, args, replay).await?;
     let endpoint = &ctx.endpoint.text;
     let mut printed = 0u64;
+    let mut places = wpd_proto::places::Places::new();
     while args.count.is_none_or(|n| printed < n) {
-        let Some(ev) = stream
+        let Some(mut ev) = stream
             .message()
             .await
             .map_err(|status| Error::from_status(endpoint, status))?
         else {
             break;
         };
+        places.fill_event(&mut ev);
         if ctx.json {
             output::emit_json_line(&to_json(&ev))?;
         } else {
@@ -86,6 +88,8 @@ pub async fn open(
         lease: false,
         after_seq: replay.after_seq,
         since_time_ns: replay.since_time_ns,
+        // Each place's fields once: `run` fills the later hits in.
+        places_once: !args.raw,
     };
     stream(ctx, request).await
 }

@@ -113,12 +113,34 @@ fn located_hit(seq: u64) -> StreamEventsResponse {
         module_address: (ip - 1) & 0xffff,
         file_offset: (ip - 1) & 0xffff,
         has_file_offset: true,
+        place_id: 0,
     };
     let mut ev = hit(seq);
     if let Some(Event::Hit(h)) = &mut ev.event {
         h.ip = 0x5555_0000_1111;
         h.location = Some(frame(0x5555_0000_1111, "set_counter", 17));
         h.backtrace = vec![frame(0x5555_0000_1222, "main", 42)];
+    }
+    ev
+}
+
+/// `located_hit(seq)` as a stream with places once sends it: its place
+/// numbered 1, its caller's 2, and when the stream has had them
+/// (`first` false) nothing else of them.
+fn numbered_hit(seq: u64, first: bool) -> StreamEventsResponse {
+    let mut ev = located_hit(seq);
+    if let Some(Event::Hit(h)) = &mut ev.event {
+        for (loc, id) in h.location.iter_mut().chain(&mut h.backtrace).zip(1..) {
+            loc.place_id = id;
+            if !first {
+                *loc = Location {
+                    ip: loc.ip,
+                    lookup_address: loc.lookup_address,
+                    place_id: id,
+                    ..Default::default()
+                };
+            }
+        }
     }
     ev
 }
@@ -393,6 +415,7 @@ impl Watchpoints for Mock {
                 module_address: 0x1234,
                 file_offset: 0x1234,
                 has_file_offset: true,
+                place_id: 0,
             }),
             kind: "function".into(),
             offset: 0x34,
@@ -525,6 +548,8 @@ impl Watchpoints for Mock {
     /// pid 6: no journal (a replay is refused with reason NO_JOURNAL).
     /// pid 7: echoes the replay fields: `after_seq` N gives the hits N+1 and
     /// N+2, `since_time_ns` T one hit at time T (seq 1), then the end.
+    /// pid 4: two hits at the same places, sent once (`places_once`, which
+    /// the caller must ask for).
     /// Otherwise: a hit, a drop notice, a thread start, then silence.
     async fn stream_events(
         &self,
@@ -532,6 +557,11 @@ impl Watchpoints for Mock {
     ) -> Result<Response<EventStream>, Status> {
         let req = r.get_ref();
         let replaying = req.after_seq.is_some() || req.since_time_ns.is_some();
+        if req.pid == 4 && !req.places_once {
+            return Err(Status::invalid_argument(
+                "the located hits of pid 4 are for a stream with places once",
+            ));
+        }
         if req.pid == 6 && replaying {
             let mut details = ErrorDetails::new();
             details.set_error_info(wpd_proto::reason::NO_JOURNAL, "wpd.v1", HashMap::new());
@@ -610,7 +640,10 @@ impl Watchpoints for Mock {
             ),
             1 => Box::pin(tokio_stream::iter(first)),
             3 => Box::pin(tokio_stream::iter(vec![Ok(stopping_hit(1))])),
-            4 => Box::pin(tokio_stream::iter(vec![Ok(located_hit(1))])),
+            4 => Box::pin(tokio_stream::iter(vec![
+                Ok(numbered_hit(1, true)),
+                Ok(numbered_hit(2, false)),
+            ])),
             2 => {
                 let ticks = tokio_stream::wrappers::IntervalStream::new(tokio::time::interval(
                     Duration::from_millis(5),

@@ -394,31 +394,43 @@ async fn names_in_watch_symbol_and_events() {
     let r = wpctl(&ep, &["symbol", "--pid", "123", "0xzz"]).await;
     assert_eq!(r.code, 2, "{}", r.stderr);
 
-    // A symbolized hit: function (file:line), then the backtrace.
+    // A symbolized hit: function (file:line), then the backtrace; the
+    // second hit at the same places, which the stream sent once, reads
+    // the same.
     let r = wpctl(&ep, &["events", "--pid", "4"]).await;
     assert_eq!(r.code, 0, "{}", r.stderr);
     let lines: Vec<&str> = r.stdout.lines().collect();
-    assert_eq!(lines.len(), 2, "{}", r.stdout);
-    assert!(
-        lines[0].ends_with(
-            " hit wp=7 pid=123 tid=124 at set_counter (target.c:17) addr=0x601040 value=42 (0x2a)"
-        ),
-        "{}",
-        lines[0]
-    );
-    assert_eq!(lines[1], "    #1 main (target.c:42)");
+    assert_eq!(lines.len(), 4, "{}", r.stdout);
+    for i in [0, 2] {
+        assert!(
+            lines[i].ends_with(
+                " hit wp=7 pid=123 tid=124 at set_counter (target.c:17) addr=0x601040 value=42 (0x2a)"
+            ),
+            "{}",
+            lines[i]
+        );
+        assert_eq!(lines[i + 1], "    #1 main (target.c:42)");
+    }
     // --json: every field of the location, the raw ip and the address
-    // symbolized (one byte before it).
+    // symbolized (one byte before it), for both hits.
     let r = wpctl(&ep, &["events", "--pid", "4", "--json"]).await;
-    let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
-    assert_eq!(v["ip"], "0x555500001111");
-    assert_eq!(v["location"]["lookup_address"], "0x555500001110");
-    assert_eq!(v["location"]["function"], "set_counter");
-    assert_eq!(v["location"]["file"], "/src/target.c");
-    assert_eq!(v["location"]["line"], 17);
-    assert_eq!(v["location"]["build_id"], "abcd01");
-    assert_eq!(v["location"]["file_offset"], 0x1110);
-    assert_eq!(v["backtrace"][0]["function"], "main");
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let hits: Vec<serde_json::Value> = r
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(hits.len(), 2, "{}", r.stdout);
+    for v in &hits {
+        assert_eq!(v["ip"], "0x555500001111");
+        assert_eq!(v["location"]["lookup_address"], "0x555500001110");
+        assert_eq!(v["location"]["function"], "set_counter");
+        assert_eq!(v["location"]["file"], "/src/target.c");
+        assert_eq!(v["location"]["line"], 17);
+        assert_eq!(v["location"]["build_id"], "abcd01");
+        assert_eq!(v["location"]["file_offset"], 0x1110);
+        assert_eq!(v["backtrace"][0]["function"], "main");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -432,6 +432,8 @@ pub fn frame_to_pb(f: &Frame) -> pb::Location {
         module_address: p.module_address,
         file_offset: p.file_offset.unwrap_or(0),
         has_file_offset: p.file_offset.is_some(),
+        // Numbers are for the streams that send places once (`wire.rs`).
+        place_id: 0,
     }
 }
 

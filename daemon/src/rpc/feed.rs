@@ -21,6 +21,7 @@ use super::{convert, leases, nsview};
 use crate::authz::{self, Caller};
 use crate::events::{Event, EventKind};
 use crate::model::{Pid, WatchId};
+use crate::symbols::locate::Frame;
 
 /// Least time between two wake-ups of a subscriber's stream while events
 /// keep coming. An event after a quiet spell goes out at once; the next
@@ -64,6 +65,10 @@ pub(super) struct EventFeed {
     symbols: Option<Arc<crate::symbols::Symbols>>,
     /// A hit waiting for the symbolizer (its addresses were not cached).
     locating: Option<(Waiting, Locating)>,
+    /// The places this stream has had, when it asked for each place once
+    /// (`places_once`; not for translated messages, which carry every
+    /// field).
+    places: Option<super::wire::PlaceSet>,
 }
 
 /// A hit waiting for its frames.
@@ -132,9 +137,10 @@ impl EventFeed {
         closed: tokio::sync::watch::Receiver<bool>,
         symbols: Option<Arc<crate::symbols::Symbols>>,
     ) -> Self {
+        let translated = nsview::translated(&caller);
         EventFeed {
             greeting,
-            translated: nsview::translated(&caller),
+            translated,
             _lease: lease,
             events: tokio_stream::wrappers::BroadcastStream::new(sub.rx),
             sub: sub.guard,
@@ -149,6 +155,16 @@ impl EventFeed {
             pacer: Pacer::default(),
             symbols,
             locating: None,
+            places: (r.places_once && !translated).then(super::wire::PlaceSet::default),
+        }
+    }
+
+    /// The bytes of located hit `ev` for this stream: its places by number
+    /// if it asked for places once, with every field otherwise.
+    fn located(&mut self, ev: &Event, frames: &[Frame]) -> bytes::Bytes {
+        match &mut self.places {
+            Some(sent) => super::wire::numbered(ev, frames, sent),
+            None => super::wire::located(ev, frames).clone(),
         }
     }
 
@@ -208,6 +224,7 @@ impl EventFeed {
             };
         };
         if !self.translated
+            && self.places.is_none()
             && let Some(bytes) = ev.wire.located.get()
         {
             // Located already, by the journal or another subscriber.
@@ -228,7 +245,7 @@ impl EventFeed {
             Waiting::Message(Box::new(item))
         } else {
             if let Some(frames) = &cached {
-                return Some(Encoded(super::wire::located(&ev, frames).clone()));
+                return Some(Encoded(self.located(&ev, frames)));
             }
             Waiting::Event(ev.clone())
         };
@@ -270,9 +287,7 @@ impl Stream for EventFeed {
                     convert::locate_hit(&mut item, &frames);
                     pb::StreamEventsItem::Message(item)
                 }
-                Waiting::Event(ev) => {
-                    pb::StreamEventsItem::Encoded(super::wire::located(&ev, &frames).clone())
-                }
+                Waiting::Event(ev) => pb::StreamEventsItem::Encoded(this.located(&ev, &frames)),
             };
             return Poll::Ready(Some(Ok(item)));
         }
@@ -407,9 +422,10 @@ mod tests {
             assert!(bus.attach(sink.clone()).is_ok());
         }
         let symbols = Arc::new(Symbols::new());
-        let feed = |raw: bool| {
+        let feed = |raw: bool, places_once: bool| {
             let r = pb::StreamEventsRequest {
                 raw,
+                places_once,
                 ..Default::default()
             };
             let sub = bus.subscribe(0, true);
@@ -423,7 +439,18 @@ mod tests {
                 (!raw).then(|| symbols.clone()),
             )
         };
-        let (mut raw, mut located) = (feed(true), feed(false));
+        let (mut raw, mut located) = (feed(true, false), feed(false, false));
+        // Two streams with places once, each with its own numbers.
+        let (mut numbered, mut numbered_too) = (feed(false, true), feed(false, true));
+        let (mut sent, mut sent_too) = (
+            wpd_proto::places::Places::new(),
+            wpd_proto::places::Places::new(),
+        );
+        let mut seen_places = std::collections::HashSet::new();
+        let mut repeats = 0;
+        let mut shared_forms = 0;
+        // Their bytes against the same hits with every field.
+        let mut shared_bytes = (0, 0);
 
         // A known program with cached places; a process no longer there,
         // whose addresses go through the symbolizer.
@@ -443,6 +470,11 @@ mod tests {
             image.insert_for_tests(0x7100 - 1, Arc::new(places()[0].clone()));
             events.push((EventKind::Hit(h), None));
         }
+        // Hits at places every stream has had: the first located one (its
+        // place has every field) and the last two.
+        let mut again = vec![events[1].clone()];
+        again.extend_from_slice(&events[events.len() - 2..]);
+        events.extend(again);
         let mut h = hit();
         h.image = Some(gone.clone());
         h.callchain = vec![0x9000];
@@ -519,7 +551,63 @@ mod tests {
                 plain
             };
             assert_eq!(l.as_ptr(), loc.as_ptr(), "located {i} shared");
+
+            // Places once: each place's fields go out the first time only,
+            // and filled in from them the stream says what `located` says.
+            let got = numbered.next().await.unwrap().unwrap();
+            let got_too = numbered_too.next().await.unwrap().unwrap();
+            let (pb::StreamEventsItem::Encoded(n), pb::StreamEventsItem::Encoded(n_too)) =
+                (&got, &got_too)
+            else {
+                panic!("shared bytes: {got:?}");
+            };
+            let mut m = pb::StreamEventsResponse::decode(&n[..]).unwrap();
+            if let Some(pb::stream_events_response::Event::Hit(h)) = &m.event {
+                for loc in h.location.iter().chain(&h.backtrace) {
+                    assert_ne!(loc.place_id, 0, "numbered {i}");
+                    if !seen_places.insert(loc.place_id) {
+                        repeats += 1;
+                        let bare = pb::Location {
+                            ip: loc.ip,
+                            lookup_address: loc.lookup_address,
+                            place_id: loc.place_id,
+                            ..Default::default()
+                        };
+                        assert_eq!(loc, &bare, "a place sent again, event {i}");
+                    }
+                }
+            }
+            sent.fill_event(&mut m);
+            let mut m_too = pb::StreamEventsResponse::decode(&n_too[..]).unwrap();
+            sent_too.fill_event(&mut m_too);
+            assert_eq!(m, m_too, "numbered {i}, two streams");
+            if let Some(pb::stream_events_response::Event::Hit(h)) = &mut m.event {
+                for loc in h.location.iter_mut().chain(&mut h.backtrace) {
+                    loc.place_id = 0;
+                }
+            }
+            assert_eq!(m, want, "numbered {i} filled in");
+            if let Some(shared) = ev.wire.numbered.get() {
+                // Both streams had every place: the form made once.
+                assert_eq!(n.as_ptr(), shared.as_ptr(), "numbered {i} shared");
+                assert_eq!(n_too.as_ptr(), shared.as_ptr(), "numbered {i} shared");
+                shared_forms += 1;
+                shared_bytes.0 += n.len();
+                shared_bytes.1 += l.len();
+            }
         }
+        assert!(repeats >= 3, "{repeats} places repeated");
+        assert!(
+            shared_forms >= 3,
+            "{shared_forms} hits of places both streams had"
+        );
+        assert!(
+            shared_bytes.0 < shared_bytes.1,
+            "numbered {} bytes against {} with every field",
+            shared_bytes.0,
+            shared_bytes.1
+        );
+        assert_eq!(sent.len(), seen_places.len());
     }
 
     #[tokio::test]

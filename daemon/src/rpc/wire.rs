@@ -32,7 +32,7 @@ pub fn encode_event(e: &Event, buf: &mut Vec<u8>) {
         _ => None,
     };
     let start = buf.len();
-    write(e, frames.as_deref(), buf);
+    write(e, frames.as_deref(), Form::Fields, buf);
     if e.wire.subscribed {
         // Encoded in place, and kept: one allocation of its exact size.
         let slot = match frames {
@@ -45,14 +45,16 @@ pub fn encode_event(e: &Event, buf: &mut Vec<u8>) {
 
 /// The bytes of `e` with no location (a hit's addresses raw), made once.
 pub fn plain(e: &Event) -> &Bytes {
-    e.wire.plain.get_or_init(|| encoded(e, None))
+    e.wire.plain.get_or_init(|| encoded(e, None, Form::Fields))
 }
 
 /// The bytes of hit `e` located with `frames` (its address's, then its
 /// callers'), made once: the frames of a hit's addresses are the same for
 /// every subscriber. Plain bytes when `frames` is empty.
 pub fn located<'a>(e: &'a Event, frames: &[Frame]) -> &'a Bytes {
-    e.wire.located.get_or_init(|| encoded(e, Some(frames)))
+    e.wire
+        .located
+        .get_or_init(|| encoded(e, Some(frames), Form::Fields))
 }
 
 /// The frames of every address of `h` if the symbolizer's cache knows
@@ -74,12 +76,48 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// The bytes of hit `e` located with `frames` for a stream that asked
+/// for places once and has had the places numbered in `sent`: each place
+/// by its number, with its fields too where the stream has not had it
+/// (its number is then added to `sent`). The form in which the stream has
+/// had every place is made once, for every such stream.
+pub fn numbered(e: &Event, frames: &[Frame], sent: &mut PlaceSet) -> Bytes {
+    if frames.iter().all(|f| sent.contains(&f.place.wire.number())) {
+        return e
+            .wire
+            .numbered
+            .get_or_init(|| encoded(e, Some(frames), Form::Numbered(&|_| false)))
+            .clone();
+    }
+    let had = sent.clone();
+    let bytes = encoded(
+        e,
+        Some(frames),
+        Form::Numbered(&|f| !had.contains(&f.place.wire.number())),
+    );
+    sent.extend(frames.iter().map(|f| f.place.wire.number()));
+    bytes
+}
+
+/// The place numbers a stream has had.
+pub type PlaceSet = std::collections::HashSet<u64, foldhash::fast::RandomState>;
+
+/// How a located hit gives its places.
+#[derive(Clone, Copy)]
+enum Form<'a> {
+    /// Every field of each (the journal, replays, streams that did not ask
+    /// for places once).
+    Fields,
+    /// By number, and with its fields where this says so.
+    Numbered(&'a dyn Fn(&Frame) -> bool),
+}
+
 /// `e` encoded into an allocation of its exact size (through this
 /// thread's scratch buffer: no growth of the kept one).
-fn encoded(e: &Event, frames: Option<&[Frame]>) -> Bytes {
+fn encoded(e: &Event, frames: Option<&[Frame]>, form: Form<'_>) -> Bytes {
     SCRATCH.with_borrow_mut(|buf| {
         buf.clear();
-        write(e, frames, buf);
+        write(e, frames, form, buf);
         let kept = Bytes::copy_from_slice(buf);
         if buf.capacity() > 1 << 16 {
             // A huge event (a 64 KiB value): not kept allocated.
@@ -91,7 +129,7 @@ fn encoded(e: &Event, frames: Option<&[Frame]>) -> Bytes {
 
 /// Appends `e` to `buf`, a hit located with `frames` when given (and not
 /// empty), raw otherwise.
-fn write(e: &Event, frames: Option<&[Frame]>, buf: &mut Vec<u8>) {
+fn write(e: &Event, frames: Option<&[Frame]>, form: Form<'_>, buf: &mut Vec<u8>) {
     let EventKind::Hit(h) = &e.kind else {
         convert::event_to_pb(e)
             .encode(buf)
@@ -105,7 +143,7 @@ fn write(e: &Event, frames: Option<&[Frame]>, buf: &mut Vec<u8>) {
         owner_field(buf, o);
     }
     // A hit's fields take 128 to 16,383 bytes: two bytes of length.
-    nested_sized(buf, 10, 2, |b| hit(b, h, frames));
+    nested_sized(buf, 10, 2, |b| hit(b, h, frames, form));
 }
 
 thread_local! {
@@ -140,7 +178,7 @@ fn owner(buf: &mut Vec<u8>, o: &Owner) {
 }
 
 /// The fields of a `Hit`.
-fn hit(buf: &mut Vec<u8>, h: &HitEvent, frames: Option<&[Frame]>) {
+fn hit(buf: &mut Vec<u8>, h: &HitEvent, frames: Option<&[Frame]>, form: Form<'_>) {
     uint(buf, 1, h.id.0);
     int32(buf, 2, h.pid);
     int32(buf, 3, h.tid);
@@ -163,9 +201,9 @@ fn hit(buf: &mut Vec<u8>, h: &HitEvent, frames: Option<&[Frame]>) {
     uint(buf, 16, u64::from(h.piece));
     match frames {
         Some([first, callers @ ..]) => {
-            location(buf, 17, first);
+            location(buf, 17, first, form);
             for f in callers {
-                location(buf, 18, f);
+                location(buf, 18, f, form);
             }
         }
         _ => {
@@ -185,13 +223,21 @@ fn hit(buf: &mut Vec<u8>, h: &HitEvent, frames: Option<&[Frame]>) {
 }
 
 /// A symbolized frame as a `Location` field: its addresses, then the
-/// place's fields, encoded once per cached place.
-fn location(buf: &mut Vec<u8>, tag: u32, f: &Frame) {
-    let place = f.place.wire.get_or_init(|| place(&f.place));
+/// place's fields (encoded once per cached place), its number, or both.
+fn location(buf: &mut Vec<u8>, tag: u32, f: &Frame, form: Form<'_>) {
+    let fields = match form {
+        Form::Fields => true,
+        Form::Numbered(new) => new(f),
+    };
     nested(buf, tag, |b| {
         uint(b, 1, f.ip);
         uint(b, 2, f.lookup);
-        b.extend_from_slice(place);
+        if fields {
+            b.extend_from_slice(f.place.wire.get_or_init(|| place(&f.place)));
+        }
+        if let Form::Numbered(_) = form {
+            uint(b, 14, f.place.wire.number());
+        }
     });
 }
 

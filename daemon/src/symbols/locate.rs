@@ -62,15 +62,30 @@ pub struct Place {
     pub wire: Memo,
 }
 
-/// Bytes derived from a value once and kept with it; not part of what the
-/// value is (two values compare equal whatever their memos hold).
+/// Bytes derived from a value once and kept with it, and a number given
+/// to it on first asking; not part of what the value is (two values
+/// compare equal whatever their memos hold).
 #[derive(Debug, Clone, Default)]
-pub struct Memo(OnceLock<Box<[u8]>>);
+pub struct Memo {
+    bytes: OnceLock<Box<[u8]>>,
+    number: OnceLock<u64>,
+}
+
+/// The last number [`Memo::number`] gave.
+static NUMBERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Memo {
     /// The bytes, made by `make` the first time.
     pub fn get_or_init(&self, make: impl FnOnce() -> Vec<u8>) -> &[u8] {
-        self.0.get_or_init(|| make().into_boxed_slice())
+        self.bytes.get_or_init(|| make().into_boxed_slice())
+    }
+
+    /// A number of its own, daemon-wide (never 0, never given to another
+    /// memo), the same at every call.
+    pub fn number(&self) -> u64 {
+        *self
+            .number
+            .get_or_init(|| NUMBERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1)
     }
 }
 

@@ -81,6 +81,9 @@ pub(crate) async fn throughput_once(
             pid: target.pid,
             watchpoint_ids: vec![wp.id],
             hits_only: true,
+            // Each place's fields once, as a client that shows many hits
+            // asks (`wpctl events` does); the subscriber fills them in.
+            places_once: !raw,
             ..Default::default()
         })
         .await?
@@ -91,14 +94,16 @@ pub(crate) async fn throughput_once(
     let task = {
         let counts = counts.clone();
         tokio::spawn(async move {
+            let mut places = wpd_proto::places::Places::new();
             loop {
                 tokio::select! {
                     biased;
                     _ = &mut stop_rx => return Ok(()),
                     msg = stream.message() => match msg? {
                         None => bail!("the event stream ended"),
-                        Some(m) => match m.event {
+                        Some(mut m) => match m.event {
                             Some(Event::Hit(_)) => {
+                                places.fill_event(&mut m);
                                 counts.hits.fetch_add(1, Ordering::Relaxed);
                                 counts.last_hit_ns.store(
                                     sub_start.elapsed().as_nanos() as u64,
