@@ -6,6 +6,13 @@ use std::collections::HashMap;
 
 use crate::v1::{Location, StreamEventsResponse, stream_events_response::Event};
 
+/// Places a stream sends before it starts over: the daemon forgets the
+/// places a stream has had when they reach this many, before the next hit
+/// with numbered places (whose places then carry their fields again), and
+/// a client forgets its own at the same hit, so that neither end keeps
+/// more than this per stream however long it runs.
+pub const PLACES_PER_STREAM: usize = 65_536;
+
 /// The places one stream has sent (one per stream: numbers are the
 /// stream's own).
 #[derive(Debug, Default, Clone)]
@@ -55,6 +62,15 @@ impl Places {
     /// Fills in every location of `ev` (a hit's place and backtrace).
     pub fn fill_event(&mut self, ev: &mut StreamEventsResponse) {
         if let Some(Event::Hit(h)) = &mut ev.event {
+            let numbered = h
+                .location
+                .iter()
+                .chain(&h.backtrace)
+                .any(|l| l.place_id != 0);
+            if numbered && self.known.len() >= PLACES_PER_STREAM {
+                // Where the daemon started over for this stream.
+                self.known.clear();
+            }
             if let Some(loc) = &mut h.location {
                 self.fill(loc);
             }

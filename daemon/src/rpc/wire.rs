@@ -79,9 +79,15 @@ thread_local! {
 /// The bytes of hit `e` located with `frames` for a stream that asked
 /// for places once and has had the places numbered in `sent`: each place
 /// by its number, with its fields too where the stream has not had it
-/// (its number is then added to `sent`). The form in which the stream has
-/// had every place is made once, for every such stream.
+/// (its number is then added to `sent`; a full set is emptied first,
+/// [`wpd_proto::places::PLACES_PER_STREAM`]). The form in which the stream
+/// has had every place is made once, for every such stream.
 pub fn numbered(e: &Event, frames: &[Frame], sent: &mut PlaceSet) -> Bytes {
+    if sent.len() >= wpd_proto::places::PLACES_PER_STREAM {
+        // Start over, as the client does at this hit: neither end keeps
+        // more than that many places per stream.
+        sent.clear();
+    }
     if frames.iter().all(|f| sent.contains(&f.place.wire.number())) {
         return e
             .wire
@@ -401,6 +407,53 @@ pub(super) mod tests {
             _ => &shared.wire.plain,
         };
         assert_eq!(slot.get().map(|b| &b[..]), Some(&fast[1..]));
+    }
+
+    /// A stream and its client forget their places at the same hit: a
+    /// place sent before the start-over and named again after it is sent
+    /// with its fields again, and every hit fills in.
+    #[test]
+    fn a_stream_and_its_client_start_over_together() {
+        use wpd_proto::places::{PLACES_PER_STREAM, Places};
+        use wpd_proto::v1::stream_events_response::Event as E;
+        let mut sent = PlaceSet::default();
+        let mut client = Places::new();
+        let made: Vec<Arc<Place>> = (0..PLACES_PER_STREAM + 3)
+            .map(|i| {
+                let mut p = places()[0].clone();
+                p.function = Some(format!("f{i}"));
+                Arc::new(p)
+            })
+            .collect();
+        // Every place once, then the first three again (after the start
+        // over), then a hit at the last one (known on both ends).
+        let order = (0..made.len()).chain(0..3).chain([made.len() - 1]);
+        let mut with_fields = 0;
+        for i in order {
+            let frames = [Frame {
+                ip: 0x1000 + i as u64,
+                lookup: 0xfff + i as u64,
+                place: made[i].clone(),
+            }];
+            let e = event(hit(), None);
+            let bytes = numbered(&e, &frames, &mut sent);
+            let mut m = wpd_proto::v1::StreamEventsResponse::decode(&bytes[..]).unwrap();
+            let Some(E::Hit(h)) = &m.event else {
+                unreachable!()
+            };
+            let loc = h.location.as_ref().unwrap();
+            assert_eq!(loc.place_id, made[i].wire.number());
+            with_fields += usize::from(!loc.function.is_empty());
+            client.fill_event(&mut m);
+            let Some(E::Hit(h)) = &m.event else {
+                unreachable!()
+            };
+            let loc = h.location.as_ref().unwrap();
+            assert_eq!(loc.function, format!("f{i}"), "hit at place {i}");
+            assert!(sent.len() <= PLACES_PER_STREAM && client.len() <= PLACES_PER_STREAM);
+        }
+        // Every place's first time, and the three after the start over.
+        assert_eq!(with_fields, made.len() + 3);
     }
 
     pub(in crate::rpc) fn hit() -> HitEvent {
