@@ -474,6 +474,7 @@ impl From<&WatchView> for pb::Watchpoint {
             objects: None,
             object_watchpoints: Vec::new(),
             breakpoint: None,
+            pending: false,
         }
     }
 }
@@ -518,6 +519,7 @@ pub fn object_view_to_pb(v: &crate::engine::objects::ObjectView) -> pb::Watchpoi
         objects: (!v.code.stop).then(|| object_counts_to_pb(&v.counts)),
         object_watchpoints: v.live.iter().map(|w| w.0).collect(),
         breakpoint: v.place.as_ref().map(place_to_pb),
+        pending: v.pending,
         ..Default::default()
     }
 }
@@ -538,6 +540,7 @@ pub fn code_to_pb(spec: &mut pb::WatchpointSpec, code: &crate::engine::objects::
         stop: code.stop,
         file,
         line,
+        pending: code.pending,
     });
     if code.stop {
         spec.access = pb::Access::Unspecified as i32;
@@ -596,6 +599,7 @@ pub fn code_from_pb(
         line: None,
         ignore: 0,
         every: 0,
+        pending: c.pending,
     }))
 }
 
@@ -623,6 +627,13 @@ fn breakpoint_from_pb(
             ));
         }
     };
+    if c.pending && line.is_some() {
+        return Err(WpdError::InvalidArgument(
+            "code_event.pending applies to a function (a library's function may be pending \
+             until it is loaded), not to a file's line"
+                .into(),
+        ));
+    }
     if !s.symbol.is_empty()
         || s.length != 0
         || s.address != 0
@@ -656,6 +667,7 @@ fn breakpoint_from_pb(
         line,
         ignore: s.ignore_count,
         every: s.hit_count,
+        pending: c.pending,
     })
 }
 
@@ -824,12 +836,14 @@ pub fn event_to_pb(e: &Event) -> pb::StreamEventsResponse {
             id,
             pid,
             symbol,
+            place,
             reason,
         } => E::WatchpointResolved(pb::WatchpointResolved {
             watchpoint_id: id.0,
             pid: *pid,
-            symbol: Some(symbol_to_pb(symbol)),
+            symbol: symbol.as_ref().map(symbol_to_pb),
             reason: reason.to_string(),
+            breakpoint: place.as_deref().map(place_to_pb),
         }),
         EventKind::BreakpointHit {
             id,

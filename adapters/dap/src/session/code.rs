@@ -192,9 +192,12 @@ impl Session {
             CodeAt::Function(name) if name.is_empty() => {
                 return Err("a function breakpoint needs a function name".into());
             }
+            // Pending if its library is not loaded yet (a launched program
+            // before its dynamic linker ran, a plugin loaded later).
             CodeAt::Function(name) => pb::CodeEvent {
                 function: name.clone(),
                 stop: true,
+                pending: true,
                 ..Default::default()
             },
             CodeAt::Line(_, 0) => return Err("lines start at 1".into()),
@@ -237,7 +240,23 @@ impl Session {
             dap_id,
             wp_id: wp.id,
             place: wp.breakpoint.unwrap_or_default(),
+            pending: wp.pending,
         })
+    }
+
+    /// The daemon set a pending code breakpoint (its library was loaded):
+    /// the client is told it is verified now, and where.
+    pub(super) fn code_resolved(&mut self, r: pb::WatchpointResolved) {
+        let Some(c) = self.code.iter_mut().find(|c| c.wp_id == r.watchpoint_id) else {
+            return;
+        };
+        c.pending = false;
+        c.place = r.breakpoint.unwrap_or_default();
+        let breakpoint = shown(c);
+        self.send_event(&crate::protocol::events::BreakpointEvent {
+            reason: "changed",
+            breakpoint,
+        });
     }
 
     /// A thread reached one of the session's code breakpoints: a `stopped`
@@ -291,6 +310,20 @@ impl Session {
 
 /// A code breakpoint as the client is told of it.
 fn shown(c: &CodeArmed) -> Breakpoint {
+    if c.pending {
+        let CodeAt::Function(name) = &c.at else {
+            return failed("pending".into());
+        };
+        return Breakpoint {
+            id: Some(c.dap_id),
+            verified: false,
+            reason: Some("pending"),
+            message: Some(format!(
+                "{name}: its library is not loaded yet; set when the program loads it"
+            )),
+            ..Default::default()
+        };
+    }
     let p = &c.place;
     let source = match &c.at {
         // The file the client named, at the line it resolved to.
