@@ -92,6 +92,34 @@ pub struct Pending {
     pub spec: WatchSpec,
     /// The code event.
     pub code: CodeSpec,
+    /// Why it is pending (what the names did not resolve to).
+    pub why: String,
+}
+
+/// Why a name leaves a code event pending, in words that name no pid.
+fn pending_reason(e: &crate::symbols::SymbolError) -> String {
+    use crate::symbols::SymbolError as S;
+    match e {
+        S::NoSuchModule { module, .. } | S::ModuleNotLoaded { module, .. } => {
+            format!("no module {module:?} is loaded yet")
+        }
+        S::Unknown {
+            name,
+            searched,
+            closest,
+            ..
+        } => {
+            let mut s = format!(
+                "no function named {name:?} in the {searched} module{} loaded",
+                if *searched == 1 { "" } else { "s" }
+            );
+            if !closest.is_empty() {
+                s.push_str(&format!(" (closest: {})", closest.join(", ")));
+            }
+            s
+        }
+        other => other.to_string(),
+    }
 }
 
 /// The debugger hook's function in the dynamic linker.
@@ -249,6 +277,8 @@ pub struct ObjectView {
     pub ready: bool,
     /// Pending: its module is not loaded yet, no probe is open.
     pub pending: bool,
+    /// Why it is pending.
+    pub pending_why: Option<String>,
 }
 
 /// Work for the objects thread.
@@ -310,6 +340,7 @@ fn pending_view(p: &Pending) -> ObjectView {
         hits: 0,
         ready: true,
         pending: true,
+        pending_why: Some(p.why.clone()),
     }
 }
 
@@ -382,7 +413,7 @@ impl Core {
         let pid = spec.pid;
         match self.set_object_watch_as(spec.clone(), code.clone(), owner, None) {
             Err(WpdError::Symbol(e)) if code.pending && e.may_resolve_later() => {
-                self.set_pending(spec, code, owner)
+                self.set_pending(spec, code, owner, pending_reason(&e))
             }
             Err(WpdError::Symbol(crate::symbols::SymbolError::NoSuchModule {
                 module,
@@ -648,6 +679,7 @@ impl Core {
         mut spec: WatchSpec,
         code: CodeSpec,
         owner: u32,
+        why: String,
     ) -> Result<ObjectView, WpdError> {
         let pid = spec.pid;
         self.code_backend(&mut spec);
@@ -658,6 +690,7 @@ impl Core {
             owner,
             spec,
             code,
+            why,
         };
         self.start_objects_thread();
         let view = pending_view(&p);
@@ -980,6 +1013,7 @@ impl Core {
             hits: w.hits.load(Ordering::Relaxed),
             ready: w.ready.load(Ordering::Acquire),
             pending: false,
+            pending_why: None,
         }
     }
 

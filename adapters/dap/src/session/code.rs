@@ -221,7 +221,7 @@ impl Session {
             } as i32,
             ..Default::default()
         };
-        let wp = self
+        let resp = self
             .client()
             .set_watchpoint(
                 self.daemon
@@ -229,7 +229,9 @@ impl Session {
             )
             .await
             .map_err(|s| status_text(&s))?
-            .into_inner()
+            .into_inner();
+        let why = resp.warnings.join("; ");
+        let wp = resp
             .watchpoint
             .ok_or("the daemon answered without the breakpoint")?;
         let dap_id = self.next_id;
@@ -240,7 +242,7 @@ impl Session {
             dap_id,
             wp_id: wp.id,
             place: wp.breakpoint.unwrap_or_default(),
-            pending: wp.pending,
+            pending: wp.pending.then_some(why),
         })
     }
 
@@ -250,7 +252,7 @@ impl Session {
         let Some(c) = self.code.iter_mut().find(|c| c.wp_id == r.watchpoint_id) else {
             return;
         };
-        c.pending = false;
+        c.pending = None;
         c.place = r.breakpoint.unwrap_or_default();
         let breakpoint = shown(c);
         self.send_event(&crate::protocol::events::BreakpointEvent {
@@ -310,17 +312,16 @@ impl Session {
 
 /// A code breakpoint as the client is told of it.
 fn shown(c: &CodeArmed) -> Breakpoint {
-    if c.pending {
-        let CodeAt::Function(name) = &c.at else {
-            return failed("pending".into());
+    if let Some(why) = &c.pending {
+        let name = match &c.at {
+            CodeAt::Function(name) => name.as_str(),
+            CodeAt::Line(path, _) => path.as_str(),
         };
         return Breakpoint {
             id: Some(c.dap_id),
             verified: false,
             reason: Some("pending"),
-            message: Some(format!(
-                "{name}: its library is not loaded yet; set when the program loads it"
-            )),
+            message: Some(format!("{name}: {why}")),
             ..Default::default()
         };
     }
