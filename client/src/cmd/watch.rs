@@ -509,6 +509,7 @@ mod tests {
                 objects: None,
                 object_watchpoints: vec![],
                 breakpoint: None,
+                pending: false,
                 policy_id: 0,
                 forked_children: vec![],
                 pieces: vec![],
