@@ -8,6 +8,7 @@
  *   new         o = plugin_new(1), then o->state = 0xdead by this program
  *               (the first store into the object)         -> NEW
  *   unload      dlclose                                   -> UNLOADED
+ *   exec        execs this program again (which prints READY again)
  *   quit        exits
  */
 #include <dlfcn.h>
@@ -49,8 +50,9 @@ static void plugin_path(char *out, size_t n)
     snprintf(out, n, "%s/libplugin.so", self);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    (void)argc;
     char line[256];
     setvbuf(stdout, NULL, _IOLBF, 0);
     printf("READY pid=%d\n", (int)getpid());
@@ -98,6 +100,9 @@ int main(void)
             work = NULL;
             make = NULL;
             printf("UNLOADED\n");
+        } else if (strncmp(line, "exec", 4) == 0) {
+            execv("/proc/self/exe", argv);
+            printf("ERR exec\n");
         } else if (strncmp(line, "quit", 4) == 0) {
             return 0;
         } else {

@@ -329,6 +329,67 @@ async fn pending_on_return_watch_catches_the_first_store() -> Result<()> {
     )
 }
 
+/// A pending event goes at an exec (its library names the old program's),
+/// with a `WatchpointRemoved` saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_event_goes_at_exec() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-plugins").await?;
+    daemon.finish(
+        async {
+            let pid = t.pid;
+            let p = pid.to_string();
+            let mut client = daemon.client().await?;
+            let mut events = EventStream::for_pid(&mut client, pid).await?;
+            let out = wpctl(
+                &daemon,
+                &[
+                    "break",
+                    "--pid",
+                    &p,
+                    "--pending",
+                    "libplugin.so:plugin_work",
+                ],
+            )
+            .await?;
+            ensure_ok(&out, "wpctl break --pending")?;
+            let id = id_of(out.stdout.lines().next().unwrap_or_default())?;
+            t.send("exec")?;
+            let reason = events
+                .wait_for(EVENT_TIMEOUT, "its WatchpointRemoved", |e| match e {
+                    Event::WatchpointRemoved(r) if r.watchpoint_id == id => {
+                        Ok(Some(r.reason.clone()))
+                    }
+                    _ => Ok(None),
+                })
+                .await?;
+            ensure!(reason.contains("exec"), "{reason:?}");
+            let ready = t.reply(EVENT_TIMEOUT).await?;
+            ensure!(
+                ready
+                    .as_deref()
+                    .is_some_and(|r| r == format!("READY pid={pid}")),
+                "{ready:?}"
+            );
+            let l = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid }),
+            )
+            .await?;
+            ensure!(l.watchpoints.is_empty(), "still listed: {l:?}");
+            // The new program loads the plugin: nothing of the old event
+            // holds it.
+            let reply = t.cmd("load").await?;
+            ensure!(reply == "LOADED calls=1", "{reply}");
+            Ok(())
+        }
+        .await,
+    )
+}
+
 /// A pending event goes with its process: after the exit nothing is
 /// listed, and the loader hook went with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
