@@ -320,6 +320,9 @@ pub struct Objects {
     pending: DashMap<WatchId, Pending>,
     /// Processes with pending events: the key of their loader-hook probe.
     hooks: DashMap<Pid, WatchId>,
+    /// Held while pending events are looked for (at a hook's stop, or
+    /// right after one is set): one event is never armed twice.
+    resolving: Mutex<()>,
 }
 
 impl std::fmt::Debug for Msg {
@@ -769,6 +772,7 @@ impl Core {
     /// cannot be armed is removed, with a `WatchpointRemoved` saying why.
     /// Blocking.
     fn resolve_pending(self: &Arc<Self>, pid: Pid) {
+        let _one = self.objects.resolving.lock().unwrap();
         let todo: Vec<Pending> = self
             .objects
             .pending
@@ -782,6 +786,8 @@ impl Core {
                 self.set_object_watch_as(p.spec.clone(), p.code.clone(), p.owner, Some(p.id));
             match armed {
                 Err(WpdError::Symbol(e)) if e.may_resolve_later() => continue,
+                // Whatever else came of it, it is pending no more (the guard
+                // takes it out), unless it was removed meanwhile.
                 _ if self.objects.pending.remove(&p.id).is_none() => {
                     // Removed meanwhile: what was just set goes too.
                     if let Ok(v) = &armed {
@@ -995,9 +1001,17 @@ impl Core {
             .iter()
             .map(|w| self.object_view(&w))
             .collect();
-        // One being armed is listed as pending until its probes are open.
+        // One being armed is listed as pending until its probes are open,
+        // as armed from then on.
         all.retain(|v| v.ready || !self.objects.pending.contains_key(&v.id));
-        all.extend(self.objects.pending.iter().map(|p| pending_view(&p)));
+        let armed: std::collections::HashSet<WatchId> = all.iter().map(|v| v.id).collect();
+        all.extend(
+            self.objects
+                .pending
+                .iter()
+                .filter(|p| !armed.contains(&p.id))
+                .map(|p| pending_view(&p)),
+        );
         all
     }
 

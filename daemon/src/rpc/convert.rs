@@ -1024,6 +1024,43 @@ mod tests {
     }
 
     #[test]
+    fn pending_goes_with_a_function_and_round_trips() {
+        let at = |function: &str, file: &str, line: u32, stop: bool| pb::WatchpointSpec {
+            pid: 7,
+            symbol: if stop {
+                String::new()
+            } else {
+                "$ret->state".into()
+            },
+            code_event: Some(pb::CodeEvent {
+                function: function.into(),
+                file: file.into(),
+                line,
+                stop,
+                pending: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let b = code_from_pb(&at("libplugin.so:plugin_work", "", 0, true))
+            .unwrap()
+            .unwrap();
+        assert!(b.pending && b.stop);
+        let w = code_from_pb(&at("libplugin.so:plugin_new", "", 0, false))
+            .unwrap()
+            .unwrap();
+        assert!(w.pending && !w.stop);
+        let mut back = pb::WatchpointSpec::default();
+        code_to_pb(&mut back, &w);
+        assert!(back.code_event.unwrap().pending);
+        let e = code_from_pb(&at("", "plugin.c", 12, true)).unwrap_err();
+        assert!(
+            matches!(&e, WpdError::InvalidArgument(m) if m.contains("pending applies to a function")),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn signal_goes_with_the_signal_action_only() {
         let with = |action: pb::HitAction, signal: i32| pb::WatchpointSpec {
             action: action as i32,
