@@ -184,6 +184,24 @@ async fn pending_breakpoint_catches_the_constructors_call() -> Result<()> {
             );
             ensure!(daemon.log().contains("loader hook set"), "no loader hook");
 
+            // A second one, removed before the load.
+            let out = wpctl(
+                &daemon,
+                &["break", "--pid", &p, "--pending", "libplugin.so:plugin_new"],
+            )
+            .await?;
+            ensure_ok(&out, "wpctl break --pending plugin_new")?;
+            let other = id_of(out.stdout.lines().next().unwrap_or_default())?;
+            let out = wpctl(&daemon, &["unwatch", &other.to_string()]).await?;
+            ensure_ok(&out, "wpctl unwatch (pending)")?;
+            ensure!(
+                out.stdout.starts_with(&format!(
+                    "removed pending breakpoint {other} (libplugin.so:plugin_new in pid {pid})"
+                )),
+                "{:?}",
+                out.stdout
+            );
+
             // The load: armed before the constructor's call.
             t.send("load")?;
             let r = resolved(&mut events, id).await?;
