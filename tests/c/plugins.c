@@ -8,6 +8,7 @@
  *   new         o = plugin_new(1), then o->state = 0xdead by this program
  *               (the first store into the object)         -> NEW
  *   unload      dlclose                                   -> UNLOADED
+ *   cycle N     N times dlopen then dlclose, timed        -> CYCLE ns=<total ns>
  *   exec        execs this program again (which prints READY again)
  *   quit        exits
  */
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 struct pobj {
@@ -100,6 +102,19 @@ int main(int argc, char **argv)
             work = NULL;
             make = NULL;
             printf("UNLOADED\n");
+        } else if (sscanf(line, "cycle %ld", &a) == 1) {
+            char p[PATH_MAX + 32];
+            struct timespec t0, t1;
+            plugin_path(p, sizeof p);
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            for (long i = 0; i < a; i++) {
+                void *h = dlopen(p, RTLD_NOW);
+                if (!h || dlclose(h) != 0)
+                    break;
+            }
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            printf("CYCLE ns=%ld\n",
+                   (t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec));
         } else if (strncmp(line, "exec", 4) == 0) {
             execv("/proc/self/exe", argv);
             printf("ERR exec\n");
