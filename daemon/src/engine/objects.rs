@@ -125,6 +125,28 @@ fn pending_reason(e: &crate::symbols::SymbolError) -> String {
 /// The debugger hook's function in the dynamic linker.
 const LOADER_HOOK: &str = "_dl_debug_state";
 
+/// The dynamic linker's `struct r_debug`, whose `r_state` says why the
+/// hook is called.
+const LOADER_DEBUG: &str = "_r_debug";
+
+/// `r_state`'s offset in `struct r_debug` (after `int r_version`, padded,
+/// `r_map` and `r_brk`).
+const R_STATE_OFFSET: u64 = 3 * std::mem::size_of::<u64>() as u64;
+
+/// `r_state` once the loader's list is consistent again (`RT_CONSISTENT`):
+/// the other values (`RT_ADD`, `RT_DELETE`) come before a change, with
+/// nothing new mapped yet.
+const RT_CONSISTENT: u32 = 0;
+
+/// A process's probe at its dynamic linker's hook.
+#[derive(Debug, Clone, Copy)]
+struct LoaderHook {
+    /// Its key's id.
+    id: WatchId,
+    /// Where `r_state` is in the process, if the loader names `_r_debug`.
+    r_state: Option<u64>,
+}
+
 /// Where a code breakpoint's probe is.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct BreakPlace {
@@ -318,8 +340,8 @@ pub struct Objects {
     pub totals: ObjectCounts,
     /// Code events waiting for their module.
     pending: DashMap<WatchId, Pending>,
-    /// Processes with pending events: the key of their loader-hook probe.
-    hooks: DashMap<Pid, WatchId>,
+    /// Processes with pending events: their loader-hook probe.
+    hooks: DashMap<Pid, LoaderHook>,
     /// Held while pending events are looked for (at a hook's stop, or
     /// right after one is set): one event is never armed twice.
     resolving: Mutex<()>,
@@ -726,10 +748,17 @@ impl Core {
             ))
         })?;
         let hook = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let r_state = site
+            .elf
+            .lookup(LOADER_DEBUG)
+            .first()
+            .map(|s| s.vaddr.wrapping_add(site.bias) + R_STATE_OFFSET);
         let backend = self.backends.get(Some(proc.backend))?;
         // Registered first: a thread at the probe as soon as it is open
         // finds it.
-        self.objects.hooks.insert(pid, hook);
+        self.objects
+            .hooks
+            .insert(pid, LoaderHook { id: hook, r_state });
         let opened = backend.open_code_probe(
             pid,
             &CodeProbe {
@@ -762,7 +791,7 @@ impl Core {
         if let Some(proc) = self.procs.get(&pid).map(|p| p.clone())
             && let Ok(b) = self.backends.get(Some(proc.backend))
         {
-            b.close_code_probes(pid, Some(event_key(hook)));
+            b.close_code_probes(pid, Some(event_key(hook.id)));
         }
         tracing::info!(pid, "loader hook closed");
     }
@@ -1115,7 +1144,7 @@ impl Core {
         if let Some((_, hook)) = self.objects.hooks.remove(&pid)
             && let Ok(b) = self.backends.get(Some(op.process().backend))
         {
-            b.close_code_probes(pid, Some(event_key(hook)));
+            b.close_code_probes(pid, Some(event_key(hook.id)));
         }
     }
 
@@ -1149,10 +1178,23 @@ impl Core {
         let mut stop_all = false;
         for r in records {
             let id = WatchId(r.key >> 1);
-            if self.objects.hooks.get(&pid).is_some_and(|h| *h == id) {
-                // The loader changed its list of objects: the thread waits
-                // while the pending events are looked for.
-                hold |= tx.send(Msg::Loaded(pid, tid)).is_ok();
+            let hook = self.objects.hooks.get(&pid).map(|h| *h);
+            if let Some(hook) = hook
+                && hook.id == id
+            {
+                // The loader is about to change its list of objects (read
+                // here, at the stop: nothing new is mapped yet), or has
+                // changed it: then the thread waits while the pending
+                // events are looked for.
+                let before_change = hook.r_state.is_some_and(|at| {
+                    crate::procfs::read_memory(pid, tid, at, 4).is_ok_and(|b| {
+                        b.len() == 4
+                            && u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) != RT_CONSISTENT
+                    })
+                });
+                if !before_change {
+                    hold |= tx.send(Msg::Loaded(pid, tid)).is_ok();
+                }
                 continue;
             }
             let Some(w) = self.objects.watches.get(&id).map(|w| w.clone()) else {
