@@ -4,13 +4,13 @@
 // dynamic linker ran, `libctlib.so:lib_addr` is answered verified:false
 // (reason "pending"); once the program runs, the library is mapped, a
 // `breakpoint` event `changed` says it is verified, and the call stops
-// there. With stopOnEntry the same, from the entry stop.
+// there. With stopOnEntry the same from the entry stop, for `lib_addr`
+// named alone (found in none of the modules mapped then).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { client, nextStop, env } from './lib.mjs';
 
 const PROGRAM = env('PENDING_PROGRAM');
-const FUNCTION = 'libctlib.so:lib_addr';
 
 async function launch(dc, args = {}) {
   await dc.initializeRequest({
@@ -24,16 +24,17 @@ async function launch(dc, args = {}) {
   return (await proc).body.systemProcessId;
 }
 
-/// Sets the pending breakpoint; returns it as answered.
-async function setPending(dc) {
+/// Sets the pending breakpoint `name`; returns it as answered, its
+/// message saying why it is pending (`why`).
+async function setPending(dc, name, why) {
   const set = (await dc.setFunctionBreakpointsRequest({
-    breakpoints: [{ name: FUNCTION }],
+    breakpoints: [{ name }],
   })).body.breakpoints;
   assert.equal(set.length, 1);
   const bp = set[0];
   assert.equal(bp.verified, false, JSON.stringify(bp));
   assert.equal(bp.reason, 'pending', JSON.stringify(bp));
-  assert.match(bp.message, /no module "libctlib\.so" is loaded yet/, JSON.stringify(bp));
+  assert.match(bp.message, why, JSON.stringify(bp));
   assert.ok(bp.id > 0);
   return bp;
 }
@@ -66,21 +67,23 @@ test('a function breakpoint in a library not loaded yet is pending, then stops',
   const dc = await client();
   try {
     const pid = await launch(dc);
-    const bp = await setPending(dc);
+    const bp = await setPending(dc, 'libctlib.so:lib_addr', /no module "libctlib\.so" is loaded yet/);
     await resolvesThenStops(dc, pid, bp, () => dc.configurationDoneRequest());
   } finally {
     dc._adapterProcess?.kill();
   }
 });
 
-test('set at the entry stop, it is pending, then stops', async () => {
+test('by its name alone, set at the entry stop, it is pending, then stops', async () => {
   const dc = await client();
   try {
     const pid = await launch(dc, { stopOnEntry: true });
     const entry = nextStop(dc);
     await dc.configurationDoneRequest();
     assert.equal((await entry).body.reason, 'entry');
-    const bp = await setPending(dc);
+    // Only the executable and the dynamic linker are mapped: the name is
+    // found nowhere yet.
+    const bp = await setPending(dc, 'lib_addr', /no function named "lib_addr" in the 2 modules loaded/);
     await resolvesThenStops(dc, pid, bp, () => dc.continueRequest({ threadId: pid }));
   } finally {
     dc._adapterProcess?.kill();
