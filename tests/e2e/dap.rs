@@ -310,11 +310,11 @@ async fn function_and_line_breakpoints_stop_a_launched_program() -> Result<()> {
 }
 
 /// Pending function breakpoints (`tests/dap/pending.test.mjs`) on
-/// `ct-pie`, launched by the adapter: `libctlib.so:lib_addr`, set before
-/// the dynamic linker mapped the library (during configuration, and at the
-/// entry stop), is answered unverified and pending, then verified by a
-/// `changed` event once the library is mapped, and main's call stops
-/// there. Afterwards nothing is left in the daemon.
+/// `ct-pie`, launched by the adapter: `libctlib.so:lib_addr` (during
+/// configuration) and `lib_addr` alone (at the entry stop), set before the
+/// dynamic linker mapped the library, are answered unverified and pending,
+/// then verified by a `changed` event once the library is mapped, and the
+/// program's call stops there. Afterwards nothing is left in the daemon.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_function_breakpoints_in_a_launched_program() -> Result<()> {
     if !require_root_perf() {
