@@ -743,8 +743,7 @@ impl Core {
         let site = self.symbols.code_site(pid, LOADER_HOOK).map_err(|e| {
             WpdError::InvalidArgument(format!(
                 "a pending code event waits for the dynamic linker to load its module, and \
-                 process {pid} has no dynamic linker's debugger hook ({LOADER_HOOK}: {e}); \
-                 a statically linked program loads no library"
+                 process {pid} has no dynamic linker's debugger hook ({LOADER_HOOK}: {e})"
             ))
         })?;
         let hook = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
