@@ -652,6 +652,7 @@ impl Core {
                     ret: code.at_return,
                     first_arg_filter: false,
                     without_stop: false,
+                    gate: None,
                 },
             )?;
             if let Some(d) = &disarm {
@@ -664,6 +665,7 @@ impl Core {
                         ret: false,
                         first_arg_filter: true,
                         without_stop: true,
+                        gate: None,
                     },
                 )?;
             }
@@ -767,6 +769,8 @@ impl Core {
                 ret: false,
                 first_arg_filter: false,
                 without_stop: false,
+                // Only the calls made once the list is consistent again.
+                gate: r_state.map(|at| (at, RT_CONSISTENT)),
             },
         );
         if let Err(e) = opened {
