@@ -15,6 +15,7 @@
 //! | `ct-nofp` | `-g -O2 -fomit-frame-pointer` (no frame-pointer chain) |
 //! | `ct-launch` | `launched.c`, `-g -O0` (PIE): the program the DAP tests launch |
 //! | `ct-breaks` | `breaks.c`, `-g -O0` (PIE): the program the DAP code-breakpoint tests launch |
+//! | `ct-plugins`, `libplugin.so` | `plugins.c` and `plugin.c`, `-g -O0`: a program that dlopens a plugin on command (pending code events) |
 //! | `ct-locals` | generated: `fifty()` with 50 locals, which stores into `hit` in a loop (the DAP variables benchmark), `-g -O0` |
 //! | `ct-objects`, `ct-objects-nodebug` | `objects.c` (code events' heap objects), `-g -O0` and `-O0` |
 //! | `ct-ips` | generated: 1,000 functions that each store into `counter` (`sweep` calls them all), `-g -O0` |
@@ -105,6 +106,30 @@ fn main() {
     tool("strip", &["--strip-all", "ct-stripped"]);
     cc(&out, &["-g", "-O0", "-o", "ct-launch", &s("launched.c")]);
     cc(&out, &["-g", "-O0", "-o", "ct-breaks", &s("breaks.c")]);
+    cc(
+        &out,
+        &[
+            "-g",
+            "-O0",
+            "-fPIC",
+            "-shared",
+            "-o",
+            "libplugin.so",
+            &s("plugin.c"),
+        ],
+    );
+    cc(
+        &out,
+        &[
+            "-g",
+            "-O0",
+            "-o",
+            "ct-plugins",
+            &s("plugins.c"),
+            "-ldl",
+            "-lpthread",
+        ],
+    );
     let objects = s("objects.c");
     cc(
         &out,

@@ -563,6 +563,8 @@ pub fn watchpoint_json(wp: &Watchpoint) -> Value {
         "created_at_ns": wp.created_at_ns,
         "policy_id": wp.policy_id,
         "breakpoint": wp.breakpoint.as_ref().map(place_json),
+        "pending": wp.pending,
+        "function": spec.code_event.as_ref().map(|c| c.function.clone()),
     })
 }
 

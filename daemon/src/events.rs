@@ -157,8 +157,10 @@ pub enum EventKind {
         id: WatchId,
         /// Process.
         pid: Pid,
-        /// What the name resolved to.
-        symbol: crate::symbols::Resolved,
+        /// What the name resolved to (a data watchpoint).
+        symbol: Option<crate::symbols::Resolved>,
+        /// Where a pending code breakpoint's probe went.
+        place: Option<std::sync::Arc<crate::engine::objects::BreakPlace>>,
         /// Why it was resolved again.
         reason: &'static str,
     },

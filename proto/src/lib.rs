@@ -167,6 +167,9 @@ pub mod reason {
     pub const BAD_SYMBOL: &str = "BAD_SYMBOL";
     /// No module of that name in the process (metadata `loaded`).
     pub const NO_SUCH_MODULE: &str = "NO_SUCH_MODULE";
+    /// A code event on a module the process has not loaded yet, asked for
+    /// without `CodeEvent.pending` (metadata `loaded`).
+    pub const MODULE_NOT_LOADED: &str = "MODULE_NOT_LOADED";
     /// No such name in the process (metadata `closest`: similar names).
     pub const UNKNOWN_SYMBOL: &str = "UNKNOWN_SYMBOL";
     /// A type name (in a cast) that the module's DWARF does not define

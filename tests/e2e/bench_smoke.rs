@@ -191,6 +191,14 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "| wpd (ptrace), every thread, 4 more threads started before the attach |",
         ],
     ),
+    (
+        "## pending: what a pending code event costs",
+        &[
+            "| not attached |",
+            "| attached (ptrace), nothing pending |",
+            "| a pending code event (loader hook) |",
+        ],
+    ),
 ];
 
 #[test]

@@ -309,6 +309,54 @@ async fn function_and_line_breakpoints_stop_a_launched_program() -> Result<()> {
     daemon.finish(result)
 }
 
+/// Pending function breakpoints (`tests/dap/pending.test.mjs`) on
+/// `ct-pie`, launched by the adapter: `libctlib.so:lib_addr` (during
+/// configuration) and `lib_addr` alone (at the entry stop), set before the
+/// dynamic linker mapped the library, are answered unverified and pending,
+/// then verified by a `changed` event once the library is mapped, and the
+/// program's call stops there. Afterwards nothing is left in the daemon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_function_breakpoints_in_a_launched_program() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    require_node_dap();
+    let daemon = Daemon::start().await?;
+    let program = ctarget_path("ct-pie");
+    let result = async {
+        let out = node_run(
+            None,
+            "pending.test.mjs",
+            &daemon,
+            &[
+                ("TARGET_PID", "0".into()),
+                ("PENDING_PROGRAM", program.display().to_string()),
+            ],
+        )
+        .await?;
+        eprintln!("{out}");
+        let left = launched_left(&program);
+        ensure!(left.is_empty(), "launched programs still running: {left:?}");
+        let mut client = daemon.client().await?;
+        let list = client
+            .list_watchpoints(pb::ListWatchpointsRequest { pid: 0 })
+            .await?
+            .into_inner();
+        ensure!(
+            list.watchpoints.is_empty(),
+            "watchpoints left: {:?}",
+            list.watchpoints
+        );
+        Ok(())
+    }
+    .await;
+    for pid in launched_left(&program) {
+        // SAFETY: kill(2) on a pid that runs the test's own program.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    daemon.finish(result)
+}
+
 /// Live (not zombie) processes running `program`.
 fn launched_left(program: &std::path::Path) -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {

@@ -40,6 +40,7 @@ mod limits;
 mod losses;
 mod metrics;
 mod objects;
+mod pending;
 mod persist;
 mod pidns;
 mod policies;

@@ -23,6 +23,8 @@ const SOURCES: &[(&str, &str)] = &[
     ("ctplug.c", include_str!("../c/ctplug.c")),
     ("objects.c", include_str!("../c/objects.c")),
     ("breaks.c", include_str!("../c/breaks.c")),
+    ("plugin.c", include_str!("../c/plugin.c")),
+    ("plugins.c", include_str!("../c/plugins.c")),
 ];
 
 /// The file and 1-based line of the `LINE:<tag>` marker in the C sources.

@@ -51,6 +51,11 @@ pub struct BreakArgs {
     /// exit 5 if the process exits or the breakpoint is removed first
     #[arg(long)]
     pub wait: bool,
+    /// Accept a MODULE:FUNCTION (or FUNCTION) of a library the process has not loaded yet: the
+    /// breakpoint is pending (`wpctl list`), and set when the dynamic linker maps the library
+    /// (a dlopen, or startup), before any of its code runs
+    #[arg(long)]
+    pub pending: bool,
 }
 
 /// Where a code breakpoint goes.
@@ -170,6 +175,7 @@ impl BreakArgs {
                 file,
                 line,
                 stop: true,
+                pending: self.pending,
                 ..Default::default()
             }),
             ..Default::default()
@@ -306,6 +312,15 @@ async fn first_kept_stop(ctx: &Ctx, id: u64) -> Result<Option<BreakpointHit>, Er
 /// (ct-objects+0x127d), in pid 123: holds the thread that reaches it`.
 pub fn set_text(wp: &Watchpoint) -> String {
     let spec = wp.spec.clone().unwrap_or_default();
+    if wp.pending {
+        let code = spec.code_event.clone().unwrap_or_default();
+        return format!(
+            "breakpoint {}: {} in pid {}: pending (its module is not loaded yet; set when it is)",
+            wp.id,
+            escape(&code.function),
+            spec.pid
+        );
+    }
     let p = wp.breakpoint.clone().unwrap_or_default();
     let mut notes = vec![if spec.action == HitAction::StopAll as i32 {
         "holds every thread when one reaches it".to_string()
@@ -370,6 +385,7 @@ fn breakpoint_json(wp: &Watchpoint) -> Value {
         "backend": output::backend_name(wp.backend),
         "hits": wp.hits,
         "place": wp.breakpoint.as_ref().map(output::place_json),
+        "pending": wp.pending,
     })
 }
 

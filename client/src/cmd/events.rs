@@ -198,6 +198,20 @@ pub(crate) fn to_text(ev: &StreamEventsResponse) -> String {
             }
             line
         }
+        Some(Event::WatchpointResolved(e)) if e.symbol.is_none() => format!(
+            "{t} wp-resolved wp={} pid={} ({}): now {}",
+            e.watchpoint_id,
+            e.pid,
+            escape(&e.reason),
+            match &e.breakpoint {
+                Some(p) => format!(
+                    "a breakpoint at {}, {}",
+                    output::place_text(p),
+                    hex(p.address)
+                ),
+                None => "armed (its function's module is loaded)".into(),
+            }
+        ),
         Some(Event::WatchpointResolved(e)) => format!(
             "{t} wp-resolved wp={} pid={} ({}): now {} at {}",
             e.watchpoint_id,
@@ -342,6 +356,7 @@ pub(crate) fn to_json(ev: &StreamEventsResponse) -> Value {
             "pid": e.pid,
             "reason": e.reason,
             "symbol": e.symbol.as_ref().map(output::symbol_json),
+            "breakpoint": e.breakpoint.as_ref().map(output::place_json),
         }),
         Some(Event::ThreadStarted(e)) => json!({
             "type": "thread_started",

@@ -137,7 +137,7 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
         let named = resp
             .watchpoints
             .iter()
-            .any(|w| w.symbol.is_some() || w.breakpoint.is_some());
+            .any(|w| w.symbol.is_some() || w.breakpoint.is_some() || w.pending);
         let mut header = vec![
             "ID", "PID", "SCOPE", "ADDRESS", "LEN", "ACCESS", "ACTION", "THREADS", "HITS",
             "BACKEND",
@@ -150,6 +150,10 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
             let spec = wp.spec.clone().unwrap_or_default();
             if let Some(p) = &wp.breakpoint {
                 t.row(breakpoint_row(wp, &spec, p, named));
+                continue;
+            }
+            if wp.pending {
+                t.row(pending_row(wp, &spec, named));
                 continue;
             }
             let mut row = vec![
@@ -205,6 +209,39 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
     text
 }
 
+/// A pending code event's row: `pending` for its address (its module is
+/// not loaded yet), its function as its name.
+fn pending_row(
+    wp: &wpd_proto::v1::Watchpoint,
+    spec: &wpd_proto::v1::WatchpointSpec,
+    named: bool,
+) -> Vec<String> {
+    let code = spec.code_event.clone().unwrap_or_default();
+    let mut row = vec![
+        wp.id.to_string(),
+        spec.pid.to_string(),
+        output::scope(wp),
+        "pending".into(),
+        "-".into(),
+        if code.stop {
+            "break".into()
+        } else {
+            output::access_name(spec.access)
+        },
+        output::action_short(spec),
+        "-".into(),
+        "0".into(),
+        output::backend_name(wp.backend),
+    ];
+    if named {
+        row.push(format!(
+            "{} (pending: not loaded yet)",
+            escape(&code.function)
+        ));
+    }
+    row
+}
+
 /// A code breakpoint's row: its probe's address, `break` for the access,
 /// THREADS `-` (it spends no slot) and, as its name, the function and the
 /// file's name and line.
@@ -255,6 +292,7 @@ mod tests {
                     objects: None,
                     object_watchpoints: vec![],
                     breakpoint: None,
+                    pending: false,
                     policy_id: 0,
                     forked_children: vec![],
                     pieces: vec![],
@@ -284,6 +322,7 @@ mod tests {
                     objects: None,
                     object_watchpoints: vec![],
                     breakpoint: None,
+                    pending: false,
                     policy_id: 0,
                     forked_children: vec![],
                     pieces: vec![],

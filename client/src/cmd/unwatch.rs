@@ -7,6 +7,7 @@ use wpd_proto::v1::RemoveWatchpointRequest;
 use crate::cmd::{Ctx, Report};
 use crate::error::Error;
 use crate::output;
+use wpd_proto::text::escape;
 
 /// `wpctl unwatch`.
 #[derive(Debug, Args)]
@@ -61,6 +62,17 @@ pub async fn report(ctx: &Ctx, args: &UnwatchArgs) -> Result<Report, Error> {
     }
     let mut v = output::watchpoint_json(&wp);
     v["id"] = json!(id);
+    if wp.pending {
+        let spec = wp.spec.clone().unwrap_or_default();
+        let code = spec.code_event.unwrap_or_default();
+        let text = format!(
+            "removed pending {} {id} ({} in pid {}): its module was never loaded",
+            if code.stop { "breakpoint" } else { "watch" },
+            escape(&code.function),
+            spec.pid
+        );
+        return Ok(Report::new(text, json!({ "watchpoint": v })));
+    }
     if let Some(p) = &wp.breakpoint {
         let pid = wp.spec.as_ref().map_or(0, |s| s.pid);
         let mut text = format!(

@@ -73,6 +73,11 @@ pub struct WatchArgs {
     /// with the object (the value --expr starts from) as first argument (`free`)
     #[arg(long, value_name = "FUNC")]
     pub disarm_on: Option<String>,
+    /// With --on-return/--on-entry: accept a function of a library the process has not loaded
+    /// yet; the watch is pending (`wpctl list`) and set when the dynamic linker maps it, before
+    /// any of its code runs
+    #[arg(long)]
+    pub pending: bool,
     /// With --on-return/--on-entry: at most N objects armed at once; the others are counted
     /// (`wpctl list`, `wpctl stats`)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -258,10 +263,13 @@ pub async fn report(ctx: &Ctx, args: &WatchArgs) -> Result<Report, Error> {
         && (args.expr.is_some()
             || args.disarm_on.is_some()
             || args.max_live.is_some()
-            || args.scope.is_some())
+            || args.scope.is_some()
+            || args.pending)
     {
         return Err(Error::Local(
-            "--expr, --disarm-on, --max-live and --scope go with --on-return or --on-entry".into(),
+            "--expr, --disarm-on, --max-live, --scope and --pending go with --on-return or \
+             --on-entry"
+                .into(),
         ));
     }
     let spec = WatchpointSpec {
@@ -271,6 +279,7 @@ pub async fn report(ctx: &Ctx, args: &WatchArgs) -> Result<Report, Error> {
             disarm_on: args.disarm_on.clone().unwrap_or_default(),
             max_live: args.max_live.unwrap_or(0),
             creator_only: args.scope == Some(ScopeArg::Creator),
+            pending: args.pending,
             ..Default::default()
         }),
         lease: 0,
@@ -420,6 +429,9 @@ fn to_text(resp: &SetWatchpointResponse) -> String {
         if c.max_live > 0 {
             notes.push(format!("at most {} live", c.max_live));
         }
+        if wp.pending {
+            notes.push("pending: its module is not loaded yet, set when it is".into());
+        }
         return format!(
             "watchpoint {}: {} {} of every object {} {} in pid {} ({})",
             wp.id,
@@ -497,6 +509,7 @@ mod tests {
                 objects: None,
                 object_watchpoints: vec![],
                 breakpoint: None,
+                pending: false,
                 policy_id: 0,
                 forked_children: vec![],
                 pieces: vec![],

@@ -163,6 +163,7 @@ fn watchpoint(id: u64, spec: WatchpointSpec, hits: u64) -> Watchpoint {
         objects: None,
         object_watchpoints: vec![],
         breakpoint: None,
+        pending: false,
         policy_id: 0,
         forked_children: vec![],
         id,

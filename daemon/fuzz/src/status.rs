@@ -304,6 +304,15 @@ pub enum SymbolInput {
         /// Mapped.
         loaded: Vec<String>,
     },
+    /// A code event's module not loaded yet.
+    ModuleNotLoaded {
+        /// Process.
+        pid: i32,
+        /// Asked for.
+        module: String,
+        /// Mapped.
+        loaded: Vec<String>,
+    },
     /// Nothing of that name.
     Unknown {
         /// Process.
@@ -406,6 +415,15 @@ impl From<SymbolInput> for SymbolError {
                 module,
                 loaded,
             } => SymbolError::NoSuchModule {
+                pid,
+                module,
+                loaded,
+            },
+            SymbolInput::ModuleNotLoaded {
+                pid,
+                module,
+                loaded,
+            } => SymbolError::ModuleNotLoaded {
                 pid,
                 module,
                 loaded,

@@ -314,7 +314,8 @@ impl Core {
                             EventKind::WatchpointResolved {
                                 id: w.id,
                                 pid: proc.pid,
-                                symbol,
+                                symbol: Some(symbol),
+                                place: None,
                                 reason: "exec",
                             },
                             Some(proc.owner.clone()),

@@ -69,6 +69,82 @@ pub struct CodeSpec {
     pub ignore: u64,
     /// See `ignore`.
     pub every: u64,
+    /// Accepted while its module is not loaded: armed when it is (see
+    /// [`Pending`]).
+    pub pending: bool,
+}
+
+/// A code event set `pending` whose function's module the process has not
+/// loaded yet: no probe is open. While a process has one, a probe at its
+/// dynamic linker's debugger hook (`_dl_debug_state`, which glibc's
+/// loader calls after each change of its list of objects, with
+/// `r_state == RT_CONSISTENT` once new objects are mapped and before they
+/// are relocated or their constructors run) holds the thread that loads
+/// a library while the objects thread looks for the names again; a name
+/// found gets its probes under the same id, before that thread goes on.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    /// Its id (the one it keeps once armed).
+    pub id: WatchId,
+    /// Who set it.
+    pub owner: u32,
+    /// As asked.
+    pub spec: WatchSpec,
+    /// The code event.
+    pub code: CodeSpec,
+    /// Why it is pending (what the names did not resolve to).
+    pub why: String,
+}
+
+/// Why a name leaves a code event pending, in words that name no pid.
+fn pending_reason(e: &crate::symbols::SymbolError) -> String {
+    use crate::symbols::SymbolError as S;
+    match e {
+        S::NoSuchModule { module, .. } | S::ModuleNotLoaded { module, .. } => {
+            format!("no module {module:?} is loaded yet")
+        }
+        S::Unknown {
+            name,
+            searched,
+            closest,
+            ..
+        } => {
+            let mut s = format!(
+                "no function named {name:?} in the {searched} module{} loaded",
+                if *searched == 1 { "" } else { "s" }
+            );
+            if !closest.is_empty() {
+                s.push_str(&format!(" (closest: {})", closest.join(", ")));
+            }
+            s
+        }
+        other => other.to_string(),
+    }
+}
+
+/// The debugger hook's function in the dynamic linker.
+const LOADER_HOOK: &str = "_dl_debug_state";
+
+/// The dynamic linker's `struct r_debug`, whose `r_state` says why the
+/// hook is called.
+const LOADER_DEBUG: &str = "_r_debug";
+
+/// `r_state`'s offset in `struct r_debug` (after `int r_version`, padded,
+/// `r_map` and `r_brk`).
+const R_STATE_OFFSET: u64 = 3 * std::mem::size_of::<u64>() as u64;
+
+/// `r_state` once the loader's list is consistent again (`RT_CONSISTENT`):
+/// the other values (`RT_ADD`, `RT_DELETE`) come before a change, with
+/// nothing new mapped yet.
+const RT_CONSISTENT: u32 = 0;
+
+/// A process's probe at its dynamic linker's hook.
+#[derive(Debug, Clone, Copy)]
+struct LoaderHook {
+    /// Its key's id.
+    id: WatchId,
+    /// Where `r_state` is in the process, if the loader names `_r_debug`.
+    r_state: Option<u64>,
 }
 
 /// Where a code breakpoint's probe is.
@@ -221,12 +297,19 @@ pub struct ObjectView {
     pub hits: u64,
     /// Its probes are open (a watch being set is not listed yet).
     pub ready: bool,
+    /// Pending: its module is not loaded yet, no probe is open.
+    pub pending: bool,
+    /// Why it is pending.
+    pub pending_why: Option<String>,
 }
 
 /// Work for the objects thread.
 enum Msg {
     /// Arm the object a probe's record names, then resume the thread.
     Arm(WatchId, CodeRecord, std::time::Instant),
+    /// A thread of the process is at its loader's hook: arm the pending
+    /// events whose module is mapped now, then resume the thread.
+    Loaded(Pid, Tid),
     /// Disarm the object whose base is `u64`, then resume the thread.
     Disarm(WatchId, Pid, Tid, u64),
     /// The object of base `u64` was freed without a stop: remove its
@@ -255,11 +338,34 @@ pub struct Objects {
     removed: Mutex<Vec<Removed>>,
     /// Every object watch's counts, summed (GetStats).
     pub totals: ObjectCounts,
+    /// Code events waiting for their module.
+    pending: DashMap<WatchId, Pending>,
+    /// Processes with pending events: their loader-hook probe.
+    hooks: DashMap<Pid, LoaderHook>,
+    /// Held while pending events are looked for (at a hook's stop, or
+    /// right after one is set): one event is never armed twice.
+    resolving: Mutex<()>,
 }
 
 impl std::fmt::Debug for Msg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Msg")
+    }
+}
+
+/// What the daemon says of a pending code event.
+fn pending_view(p: &Pending) -> ObjectView {
+    ObjectView {
+        id: p.id,
+        spec: p.spec.clone(),
+        code: p.code.clone(),
+        counts: ObjectCountsView::default(),
+        live: Vec::new(),
+        place: None,
+        hits: 0,
+        ready: true,
+        pending: true,
+        pending_why: Some(p.why.clone()),
     }
 }
 
@@ -274,7 +380,12 @@ fn disarm_key(id: WatchId) -> u64 {
 impl Objects {
     /// Whether `id` is an object watch.
     pub fn watch_exists(&self, id: WatchId) -> bool {
-        self.watches.contains_key(&id)
+        self.watches.contains_key(&id) || self.pending.contains_key(&id)
+    }
+
+    /// Whether process `pid` has a probe at its loader's hook.
+    pub fn has_loader_hook(&self, pid: Pid) -> bool {
+        self.hooks.contains_key(&pid)
     }
 
     /// The summed counts (GetStats).
@@ -320,25 +431,59 @@ impl Core {
     /// watchpoint (its range unused), `code` the event. Blocking.
     pub fn set_object_watch(
         self: &Arc<Self>,
-        mut spec: WatchSpec,
+        spec: WatchSpec,
         code: CodeSpec,
         owner: u32,
     ) -> Result<ObjectView, WpdError> {
-        crate::procfs::check_process(spec.pid)?;
-        let mut kind = self
+        let pid = spec.pid;
+        match self.set_object_watch_as(spec.clone(), code.clone(), owner, None) {
+            Err(WpdError::Symbol(e)) if code.pending && e.may_resolve_later() => {
+                self.set_pending(spec, code, owner, pending_reason(&e))
+            }
+            Err(WpdError::Symbol(crate::symbols::SymbolError::NoSuchModule {
+                module,
+                loaded,
+                ..
+            })) => Err(crate::symbols::SymbolError::ModuleNotLoaded {
+                pid,
+                module,
+                loaded,
+            }
+            .into()),
+            r => r,
+        }
+    }
+
+    /// The backend of a code event's process: its own, else the one asked
+    /// for, else (asked for none, on a process not attached yet) the one
+    /// that can hold a thread at a probe rather than a default that cannot
+    /// (written into `spec`).
+    fn code_backend(&self, spec: &mut WatchSpec) -> Option<crate::model::BackendKind> {
+        let kind = self
             .procs
             .get(&spec.pid)
             .map(|p| p.backend)
             .or(spec.backend);
-        // Asked for no backend, on a process not attached yet: the one that
-        // can hold a thread at a probe, rather than a default that cannot.
         if kind.is_none()
             && !self.backends.features(None).is_some_and(|f| f.code_events)
             && let Some(holds) = self.backends.with_feature(|f| f.code_events)
         {
             spec.backend = Some(holds);
-            kind = Some(holds);
+            return Some(holds);
         }
+        kind
+    }
+
+    /// Sets an object watch, under `id` if given (a pending one armed).
+    fn set_object_watch_as(
+        self: &Arc<Self>,
+        mut spec: WatchSpec,
+        code: CodeSpec,
+        owner: u32,
+        id: Option<WatchId>,
+    ) -> Result<ObjectView, WpdError> {
+        crate::procfs::check_process(spec.pid)?;
+        let kind = self.code_backend(&mut spec);
         if let Some(f) = self.backends.features(kind)
             && !f.code_events
             && code.stop
@@ -370,7 +515,7 @@ impl Core {
             ));
         }
         if code.stop {
-            return self.set_code_breakpoint(spec, code, owner);
+            return self.set_code_breakpoint(spec, code, owner, id);
         }
         let site = self.symbols.code_site(spec.pid, &code.function)?;
         let root = crate::symbols::Symbols::check_code_expr(&site, &code.expr, code.at_return)
@@ -416,7 +561,7 @@ impl Core {
             None => None,
         };
         spec.symbol = None;
-        self.open_object_watch(spec, code, owner, site, root, linear, disarm, None)
+        self.open_object_watch(spec, code, owner, site, root, linear, disarm, None, id)
     }
 
     /// Sets a code breakpoint (`code.stop`): its probe past a function's
@@ -426,6 +571,7 @@ impl Core {
         mut spec: WatchSpec,
         code: CodeSpec,
         owner: u32,
+        id: Option<WatchId>,
     ) -> Result<ObjectView, WpdError> {
         use crate::symbols::code::BreakAt;
         let at = match &code.line {
@@ -455,6 +601,7 @@ impl Core {
             None,
             None,
             Some(place),
+            id,
         )
     }
 
@@ -471,9 +618,10 @@ impl Core {
         linear: Option<(u64, u64)>,
         disarm: Option<CodeSite>,
         place: Option<BreakPlace>,
+        id: Option<WatchId>,
     ) -> Result<ObjectView, WpdError> {
         let (proc, newly) = self.attach(spec.pid, spec.backend, spec.allow_init)?;
-        let id = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let id = id.unwrap_or_else(|| WatchId(self.next_id.fetch_add(1, Ordering::Relaxed)));
         let w = Arc::new(ObjectWatch {
             id,
             owner,
@@ -504,6 +652,7 @@ impl Core {
                     ret: code.at_return,
                     first_arg_filter: false,
                     without_stop: false,
+                    gate: None,
                 },
             )?;
             if let Some(d) = &disarm {
@@ -516,6 +665,7 @@ impl Core {
                         ret: false,
                         first_arg_filter: true,
                         without_stop: true,
+                        gate: None,
                     },
                 )?;
             }
@@ -527,7 +677,11 @@ impl Core {
                 b.close_code_probes(spec.pid, Some(event_key(id)));
                 b.close_code_probes(spec.pid, Some(disarm_key(id)));
             }
-            if newly && proc.watch_ids().is_empty() && !self.has_object_watch(spec.pid) {
+            if newly
+                && proc.watch_ids().is_empty()
+                && !self.has_object_watch(spec.pid)
+                && !self.objects.hooks.contains_key(&spec.pid)
+            {
                 self.forget_process(&proc);
             }
             return Err(e);
@@ -542,6 +696,164 @@ impl Core {
             "object watch set"
         );
         Ok(self.object_view(&w))
+    }
+
+    /// Registers a pending code event (its module not loaded yet) and
+    /// makes sure its process has a probe at its loader's hook; then looks
+    /// once more, for a module mapped meanwhile. Blocking.
+    fn set_pending(
+        self: &Arc<Self>,
+        mut spec: WatchSpec,
+        code: CodeSpec,
+        owner: u32,
+        why: String,
+    ) -> Result<ObjectView, WpdError> {
+        let pid = spec.pid;
+        self.code_backend(&mut spec);
+        let (proc, newly) = self.attach(pid, spec.backend, spec.allow_init)?;
+        let id = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let p = Pending {
+            id,
+            owner,
+            spec,
+            code,
+            why,
+        };
+        self.start_objects_thread();
+        let view = pending_view(&p);
+        self.objects.pending.insert(id, p);
+        if let Err(e) = self.open_loader_hook(&proc) {
+            self.objects.pending.remove(&id);
+            if newly && proc.watch_ids().is_empty() && !self.has_object_watch(pid) {
+                self.forget_process(&proc);
+            }
+            return Err(e);
+        }
+        tracing::info!(id = id.0, pid, function = %view.code.function, "code event pending");
+        // A library mapped between the first look and the hook's probe.
+        self.resolve_pending(pid);
+        Ok(self.object_watch(id).unwrap_or(view))
+    }
+
+    /// Opens the probe at process `pid`'s loader hook, unless it has one.
+    fn open_loader_hook(&self, proc: &Arc<crate::state::Process>) -> Result<(), WpdError> {
+        let pid = proc.pid;
+        let _op = proc.lock_op();
+        if self.objects.hooks.contains_key(&pid) {
+            return Ok(());
+        }
+        let site = self.symbols.code_site(pid, LOADER_HOOK).map_err(|e| {
+            WpdError::InvalidArgument(format!(
+                "a pending code event waits for the dynamic linker to load its module, and \
+                 process {pid} has no dynamic linker's debugger hook ({LOADER_HOOK}: {e})"
+            ))
+        })?;
+        let hook = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let r_state = site
+            .elf
+            .lookup(LOADER_DEBUG)
+            .first()
+            .map(|s| s.vaddr.wrapping_add(site.bias) + R_STATE_OFFSET);
+        let backend = self.backends.get(Some(proc.backend))?;
+        // Registered first: a thread at the probe as soon as it is open
+        // finds it.
+        self.objects
+            .hooks
+            .insert(pid, LoaderHook { id: hook, r_state });
+        let opened = backend.open_code_probe(
+            pid,
+            &CodeProbe {
+                key: event_key(hook),
+                path: site.path.clone(),
+                offset: site.offset,
+                ret: false,
+                first_arg_filter: false,
+                without_stop: false,
+                // Only the calls made once the list is consistent again.
+                gate: r_state.map(|at| (at, RT_CONSISTENT)),
+            },
+        );
+        if let Err(e) = opened {
+            self.objects.hooks.remove(&pid);
+            backend.close_code_probes(pid, Some(event_key(hook)));
+            return Err(e);
+        }
+        tracing::info!(pid, module = %site.module.path, offset = site.offset, "loader hook set");
+        Ok(())
+    }
+
+    /// Closes process `pid`'s loader-hook probe if no pending event is
+    /// left.
+    fn close_loader_hook_if_idle(&self, pid: Pid) {
+        if self.objects.pending.iter().any(|p| p.spec.pid == pid) {
+            return;
+        }
+        let Some((_, hook)) = self.objects.hooks.remove(&pid) else {
+            return;
+        };
+        if let Some(proc) = self.procs.get(&pid).map(|p| p.clone())
+            && let Ok(b) = self.backends.get(Some(proc.backend))
+        {
+            b.close_code_probes(pid, Some(event_key(hook.id)));
+        }
+        tracing::info!(pid, "loader hook closed");
+    }
+
+    /// Arms process `pid`'s pending events whose names resolve now, each
+    /// under its id, with a `WatchpointResolved`; one that resolves but
+    /// cannot be armed is removed, with a `WatchpointRemoved` saying why.
+    /// Blocking.
+    fn resolve_pending(self: &Arc<Self>, pid: Pid) {
+        let _one = self.objects.resolving.lock().unwrap();
+        let todo: Vec<Pending> = self
+            .objects
+            .pending
+            .iter()
+            .filter(|p| p.spec.pid == pid)
+            .map(|p| p.clone())
+            .collect();
+        let owner = self.procs.get(&pid).map(|p| p.owner.clone());
+        for p in todo {
+            let armed =
+                self.set_object_watch_as(p.spec.clone(), p.code.clone(), p.owner, Some(p.id));
+            match armed {
+                Err(WpdError::Symbol(e)) if e.may_resolve_later() => continue,
+                // Whatever else came of it, it is pending no more (the guard
+                // takes it out), unless it was removed meanwhile.
+                _ if self.objects.pending.remove(&p.id).is_none() => {
+                    // Removed meanwhile: what was just set goes too.
+                    if let Ok(v) = &armed {
+                        let _ = self.remove_object_watch(v.id);
+                    }
+                }
+                Ok(view) => {
+                    tracing::info!(id = p.id.0, pid, function = %p.code.function, "pending code event armed");
+                    self.bus.publish_as(
+                        crate::events::EventKind::WatchpointResolved {
+                            id: p.id,
+                            pid,
+                            symbol: None,
+                            place: view.place.map(Arc::new),
+                            reason: "loaded",
+                        },
+                        owner.clone(),
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(id = p.id.0, pid, "pending code event dropped: {e}");
+                    self.bus.publish_as(
+                        crate::events::EventKind::WatchpointRemoved {
+                            id: p.id,
+                            pid,
+                            reason: format!("its module was loaded, but it cannot be armed: {e}")
+                                .into(),
+                        },
+                        owner.clone(),
+                    );
+                }
+            }
+        }
+        self.close_loader_hook_if_idle(pid);
     }
 
     /// The disarming probe of `id` acts only on a live base: `base` joins
@@ -679,7 +991,15 @@ impl Core {
 
     /// The object watch `id`, if it is one.
     pub fn object_watch(&self, id: WatchId) -> Option<ObjectView> {
-        self.objects.watches.get(&id).map(|w| self.object_view(&w))
+        match self.objects.watches.get(&id) {
+            Some(w) if w.ready.load(Ordering::Acquire) => Some(self.object_view(&w)),
+            w => self
+                .objects
+                .pending
+                .get(&id)
+                .map(|p| pending_view(&p))
+                .or_else(|| w.map(|w| self.object_view(&w))),
+        }
     }
 
     /// The stops code breakpoint `id` kept (the last `limit`, or all with
@@ -707,11 +1027,24 @@ impl Core {
 
     /// Every object watch.
     pub fn object_watches(&self) -> Vec<ObjectView> {
-        self.objects
+        let mut all: Vec<ObjectView> = self
+            .objects
             .watches
             .iter()
             .map(|w| self.object_view(&w))
-            .collect()
+            .collect();
+        // One being armed is listed as pending until its probes are open,
+        // as armed from then on.
+        all.retain(|v| v.ready || !self.objects.pending.contains_key(&v.id));
+        let armed: std::collections::HashSet<WatchId> = all.iter().map(|v| v.id).collect();
+        all.extend(
+            self.objects
+                .pending
+                .iter()
+                .filter(|p| !armed.contains(&p.id))
+                .map(|p| pending_view(&p)),
+        );
+        all
     }
 
     fn object_view(&self, w: &ObjectWatch) -> ObjectView {
@@ -725,12 +1058,18 @@ impl Core {
             place: w.place.as_deref().cloned(),
             hits: w.hits.load(Ordering::Relaxed),
             ready: w.ready.load(Ordering::Acquire),
+            pending: false,
+            pending_why: None,
         }
     }
 
     /// Removes an object watch, its probes and every live object's
     /// watchpoint. Blocking.
     pub fn remove_object_watch(&self, id: WatchId) -> Result<ObjectView, WpdError> {
+        if let Some((_, p)) = self.objects.pending.remove(&id) {
+            self.close_loader_hook_if_idle(p.spec.pid);
+            return Ok(pending_view(&p));
+        }
         let (_, w) = self
             .objects
             .watches
@@ -782,11 +1121,41 @@ impl Core {
                 Some(op.process().owner.clone()),
             );
         }
+        // Pending ones named libraries of the old program; its loader (the
+        // hook's file) is gone too.
+        let pending: Vec<WatchId> = self
+            .objects
+            .pending
+            .iter()
+            .filter(|p| p.spec.pid == pid)
+            .map(|p| p.id)
+            .collect();
+        for id in pending {
+            if self.objects.pending.remove(&id).is_some() {
+                self.bus.publish_as(
+                    crate::events::EventKind::WatchpointRemoved {
+                        id,
+                        pid,
+                        reason: "the process called exec before the pending code event's module \
+                                 was loaded"
+                            .into(),
+                    },
+                    Some(op.process().owner.clone()),
+                );
+            }
+        }
+        if let Some((_, hook)) = self.objects.hooks.remove(&pid)
+            && let Ok(b) = self.backends.get(Some(op.process().backend))
+        {
+            b.close_code_probes(pid, Some(event_key(hook.id)));
+        }
     }
 
     /// The process is gone or detached: its object watches go too.
     pub(super) fn forget_object_watches(&self, pid: Pid) {
         self.objects.watches.retain(|_, w| w.spec.pid != pid);
+        self.objects.pending.retain(|_, p| p.spec.pid != pid);
+        self.objects.hooks.remove(&pid);
     }
 
     /// A thread is stopped at probes: whether to hold it (the objects
@@ -812,6 +1181,25 @@ impl Core {
         let mut stop_all = false;
         for r in records {
             let id = WatchId(r.key >> 1);
+            let hook = self.objects.hooks.get(&pid).map(|h| *h);
+            if let Some(hook) = hook
+                && hook.id == id
+            {
+                // The loader is about to change its list of objects (read
+                // here, at the stop: nothing new is mapped yet), or has
+                // changed it: then the thread waits while the pending
+                // events are looked for.
+                let before_change = hook.r_state.is_some_and(|at| {
+                    crate::procfs::read_memory(pid, tid, at, 4).is_ok_and(|b| {
+                        b.len() == 4
+                            && u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) != RT_CONSISTENT
+                    })
+                });
+                if !before_change {
+                    hold |= tx.send(Msg::Loaded(pid, tid)).is_ok();
+                }
+                continue;
+            }
             let Some(w) = self.objects.watches.get(&id).map(|w| w.clone()) else {
                 continue;
             };
@@ -1197,6 +1585,10 @@ impl Core {
     fn object_work(self: &Arc<Self>, m: Msg) {
         match m {
             Msg::Flush => self.publish_removed(),
+            Msg::Loaded(pid, tid) => {
+                self.resolve_pending(pid);
+                let _ = self.resume(pid, &[tid]);
+            }
             Msg::Disarm(id, pid, tid, base) => {
                 let child = self
                     .objects

@@ -476,6 +476,7 @@ impl From<&WatchView> for pb::Watchpoint {
             objects: None,
             object_watchpoints: Vec::new(),
             breakpoint: None,
+            pending: false,
         }
     }
 }
@@ -520,6 +521,7 @@ pub fn object_view_to_pb(v: &crate::engine::objects::ObjectView) -> pb::Watchpoi
         objects: (!v.code.stop).then(|| object_counts_to_pb(&v.counts)),
         object_watchpoints: v.live.iter().map(|w| w.0).collect(),
         breakpoint: v.place.as_ref().map(place_to_pb),
+        pending: v.pending,
         ..Default::default()
     }
 }
@@ -540,6 +542,7 @@ pub fn code_to_pb(spec: &mut pb::WatchpointSpec, code: &crate::engine::objects::
         stop: code.stop,
         file,
         line,
+        pending: code.pending,
     });
     if code.stop {
         spec.access = pb::Access::Unspecified as i32;
@@ -598,6 +601,7 @@ pub fn code_from_pb(
         line: None,
         ignore: 0,
         every: 0,
+        pending: c.pending,
     }))
 }
 
@@ -625,6 +629,13 @@ fn breakpoint_from_pb(
             ));
         }
     };
+    if c.pending && line.is_some() {
+        return Err(WpdError::InvalidArgument(
+            "code_event.pending applies to a function (a library's function may be pending \
+             until it is loaded), not to a file's line"
+                .into(),
+        ));
+    }
     if !s.symbol.is_empty()
         || s.length != 0
         || s.address != 0
@@ -658,6 +669,7 @@ fn breakpoint_from_pb(
         line,
         ignore: s.ignore_count,
         every: s.hit_count,
+        pending: c.pending,
     })
 }
 
@@ -826,12 +838,14 @@ pub fn event_to_pb(e: &Event) -> pb::StreamEventsResponse {
             id,
             pid,
             symbol,
+            place,
             reason,
         } => E::WatchpointResolved(pb::WatchpointResolved {
             watchpoint_id: id.0,
             pid: *pid,
-            symbol: Some(symbol_to_pb(symbol)),
+            symbol: symbol.as_ref().map(symbol_to_pb),
             reason: reason.to_string(),
+            breakpoint: place.as_deref().map(place_to_pb),
         }),
         EventKind::BreakpointHit {
             id,
@@ -1009,6 +1023,43 @@ mod tests {
             (Err(e), Err(w)) => assert!(e.contains(w), "{s:?}: {e:?} lacks {w:?}"),
             (g, w) => panic!("{s:?}: got {g:?}, want {w:?}"),
         }
+    }
+
+    #[test]
+    fn pending_goes_with_a_function_and_round_trips() {
+        let at = |function: &str, file: &str, line: u32, stop: bool| pb::WatchpointSpec {
+            pid: 7,
+            symbol: if stop {
+                String::new()
+            } else {
+                "$ret->state".into()
+            },
+            code_event: Some(pb::CodeEvent {
+                function: function.into(),
+                file: file.into(),
+                line,
+                stop,
+                pending: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let b = code_from_pb(&at("libplugin.so:plugin_work", "", 0, true))
+            .unwrap()
+            .unwrap();
+        assert!(b.pending && b.stop);
+        let w = code_from_pb(&at("libplugin.so:plugin_new", "", 0, false))
+            .unwrap()
+            .unwrap();
+        assert!(w.pending && !w.stop);
+        let mut back = pb::WatchpointSpec::default();
+        code_to_pb(&mut back, &w);
+        assert!(back.code_event.unwrap().pending);
+        let e = code_from_pb(&at("", "plugin.c", 12, true)).unwrap_err();
+        assert!(
+            matches!(&e, WpdError::InvalidArgument(m) if m.contains("pending applies to a function")),
+            "{e}"
+        );
     }
 
     #[test]

@@ -174,8 +174,19 @@ impl Service {
             if let Some(s) = w.spec.as_mut() {
                 s.pid = asked_pid;
             }
+            let warnings = view
+                .pending_why
+                .iter()
+                .map(|why| {
+                    format!(
+                        "pending: {why}; it is set when the process loads a library that \
+                         defines it"
+                    )
+                })
+                .collect();
             return Ok(pb::SetWatchpointResponse {
                 watchpoint: Some(w),
+                warnings,
                 ..Default::default()
             });
         }

@@ -485,6 +485,15 @@ fn symbol_error_out(ns: &Nested, s: crate::symbols::SymbolError) -> crate::symbo
             module,
             loaded,
         },
+        S::ModuleNotLoaded {
+            pid: p,
+            module,
+            loaded,
+        } => S::ModuleNotLoaded {
+            pid: pid(p),
+            module,
+            loaded,
+        },
         S::Unknown {
             pid: p,
             name,

@@ -63,7 +63,7 @@ pub fn to_status(e: &WpdError) -> Status {
             S::Ambiguous { modules, .. } => {
                 meta.insert("modules".to_string(), modules.join(","));
             }
-            S::NoSuchModule { loaded, .. } => {
+            S::NoSuchModule { loaded, .. } | S::ModuleNotLoaded { loaded, .. } => {
                 meta.insert("loaded".to_string(), loaded.join(","));
             }
             S::TooLarge { needed, .. } => {
@@ -126,6 +126,7 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
             match s {
                 S::Syntax(_) => (Code::InvalidArgument, r::BAD_SYMBOL),
                 S::NoSuchModule { .. } => (Code::NotFound, r::NO_SUCH_MODULE),
+                S::ModuleNotLoaded { .. } => (Code::NotFound, r::MODULE_NOT_LOADED),
                 S::Unknown { .. } => (Code::NotFound, r::UNKNOWN_SYMBOL),
                 S::UnknownType { .. } => (Code::NotFound, r::UNKNOWN_TYPE),
                 S::OptimizedOut { .. } => (Code::NotFound, r::OPTIMIZED_OUT),

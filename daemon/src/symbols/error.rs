@@ -32,6 +32,20 @@ pub enum SymbolError {
         /// The modules it maps.
         loaded: Vec<String>,
     },
+    /// A code event's module that the process has not loaded (yet), asked
+    /// for without `pending`.
+    #[error(
+        "process {pid} has not loaded a module {module:?} (it maps {}): to arm this code event when the module is loaded (at a dlopen, or by the dynamic linker at startup), set it pending (wpctl --pending; CodeEvent.pending)",
+        loaded.join(", ")
+    )]
+    ModuleNotLoaded {
+        /// Process.
+        pid: Pid,
+        /// Asked for.
+        module: String,
+        /// The modules it maps.
+        loaded: Vec<String>,
+    },
     /// Nothing of that name.
     #[error("{}", unknown_message(name, *pid, *searched, closest, stripped))]
     Unknown {

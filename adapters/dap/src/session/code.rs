@@ -192,9 +192,12 @@ impl Session {
             CodeAt::Function(name) if name.is_empty() => {
                 return Err("a function breakpoint needs a function name".into());
             }
+            // Pending if its library is not loaded yet (a launched program
+            // before its dynamic linker ran, a plugin loaded later).
             CodeAt::Function(name) => pb::CodeEvent {
                 function: name.clone(),
                 stop: true,
+                pending: true,
                 ..Default::default()
             },
             CodeAt::Line(_, 0) => return Err("lines start at 1".into()),
@@ -218,7 +221,7 @@ impl Session {
             } as i32,
             ..Default::default()
         };
-        let wp = self
+        let resp = self
             .client()
             .set_watchpoint(
                 self.daemon
@@ -226,7 +229,9 @@ impl Session {
             )
             .await
             .map_err(|s| status_text(&s))?
-            .into_inner()
+            .into_inner();
+        let why = resp.warnings.join("; ");
+        let wp = resp
             .watchpoint
             .ok_or("the daemon answered without the breakpoint")?;
         let dap_id = self.next_id;
@@ -237,7 +242,23 @@ impl Session {
             dap_id,
             wp_id: wp.id,
             place: wp.breakpoint.unwrap_or_default(),
+            pending: wp.pending.then_some(why),
         })
+    }
+
+    /// The daemon set a pending code breakpoint (its library was loaded):
+    /// the client is told it is verified now, and where.
+    pub(super) fn code_resolved(&mut self, r: pb::WatchpointResolved) {
+        let Some(c) = self.code.iter_mut().find(|c| c.wp_id == r.watchpoint_id) else {
+            return;
+        };
+        c.pending = None;
+        c.place = r.breakpoint.unwrap_or_default();
+        let breakpoint = shown(c);
+        self.send_event(&crate::protocol::events::BreakpointEvent {
+            reason: "changed",
+            breakpoint,
+        });
     }
 
     /// A thread reached one of the session's code breakpoints: a `stopped`
@@ -291,6 +312,19 @@ impl Session {
 
 /// A code breakpoint as the client is told of it.
 fn shown(c: &CodeArmed) -> Breakpoint {
+    if let Some(why) = &c.pending {
+        let name = match &c.at {
+            CodeAt::Function(name) => name.as_str(),
+            CodeAt::Line(path, _) => path.as_str(),
+        };
+        return Breakpoint {
+            id: Some(c.dap_id),
+            verified: false,
+            reason: Some("pending"),
+            message: Some(format!("{name}: {why}")),
+            ..Default::default()
+        };
+    }
     let p = &c.place;
     let source = match &c.at {
         // The file the client named, at the line it resolved to.

@@ -16,6 +16,7 @@ impl Session {
         match ev.event {
             Some(E::Hit(h)) => self.hit(h).await,
             Some(E::BreakpointHit(b)) => self.code_hit(b).await,
+            Some(E::WatchpointResolved(r)) => self.code_resolved(r),
             Some(E::ThreadStarted(t)) => self.send_event(&ThreadEvent {
                 reason: "started",
                 thread_id: i64::from(t.tid),

@@ -117,6 +117,9 @@ struct CodeArmed {
     wp_id: u64,
     /// Where the daemon put it.
     place: pb::BreakpointPlace,
+    /// Its library is not loaded yet, and why: the daemon sets it when it
+    /// is (a `WatchpointResolved`, then a `breakpoint` event `changed`).
+    pending: Option<String>,
 }
 
 /// The last hit a thread stopped at (a data breakpoint's, with its values;

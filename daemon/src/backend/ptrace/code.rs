@@ -76,6 +76,11 @@ pub struct CodeProbe {
     /// stops no one; the program takes it out of the set and writes a
     /// [`FREED`] record (a disarming probe).
     pub without_stop: bool,
+    /// Stop only when the 4 bytes at this address of the process, read by
+    /// the probe's program (`bpf_probe_read_user`), equal this value; a
+    /// read that fails does not hold the stop back (the dynamic linker's
+    /// hook: only its `RT_CONSISTENT` calls stop).
+    pub gate: Option<(u64, u32)>,
 }
 
 /// What the program recorded at a probe.
@@ -241,12 +246,24 @@ fn program(
     ring_fd: i32,
     set_fd: Option<i32>,
     dead_fd: Option<i32>,
+    gate: Option<(u64, u32)>,
 ) -> Result<OwnedFd, Errno> {
     let freed = dead_fd.is_some() && set_fd.is_some();
     let mut p = Program::new();
     let send = p.label();
     let out = p.label();
     p.push([asm::mov(6, 1)]);
+    if let Some((addr, want)) = gate {
+        // The gate's word, read into the stack: not `want`, no stop.
+        let open = p.label();
+        p.push([asm::mov(1, 10), asm::add_imm(1, -40), asm::mov_imm(2, 4)]);
+        p.push(asm::ld_u64(3, addr));
+        p.push([asm::call(helper::PROBE_READ_USER)]);
+        p.jne_imm(0, 0, open);
+        p.push([asm::ldx_w(1, 10, -40)]);
+        p.jne_imm(1, want as i32, out);
+        p.place(open);
+    }
     if let Some(fd) = set_fd {
         p.push([
             asm::ldx_dw(1, 6, uprobe_ctx::ARGS[0]),
@@ -364,6 +381,7 @@ pub fn open(pid: Pid, probe: &CodeProbe, mode: &SignalMode) -> Result<(), Errno>
         r.ring.raw_fd(),
         set_fd,
         dead_fd,
+        probe.gate,
     )?);
     let path = CString::new(probe.path.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
     let mut a = attr::uprobe(pmu, &path, probe.offset, probe.ret.then_some(bit));

@@ -534,7 +534,10 @@ impl Backend for PtraceEngine {
             (_, Ok(()), Ok(())) => "uprobe + BPF signal stop: the thread is held at the probe \
                  (its registers recorded by the probe's program) until its object is armed, \
                  or, at a code breakpoint, until resumed; \
-                 no debug-register slot is spent on the probe"
+                 no debug-register slot is spent on the probe; pending events \
+                 (CodeEvent.pending) on a library not loaded yet are armed at the \
+                 dynamic linker's debugger hook (_dl_debug_state), before the \
+                 library's code runs"
                 .into(),
             _ => String::new(),
         }

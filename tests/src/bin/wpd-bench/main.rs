@@ -52,6 +52,9 @@
 //! - `drain`: the daemon at rest (CPU and wake-ups a second with nothing
 //!   tracked, one process watched, a policy), its CPU per child of a
 //!   forking process, and what a hit costs a thread storing now and then.
+//! - `pending`: a dlopen + dlclose of a library in a process not attached,
+//!   attached with nothing pending, and with a pending code event (the
+//!   probe at its dynamic linker's debugger hook).
 //!
 //! Timings are medians over `--reps` runs unless a table says otherwise.
 //! Nothing here asserts a time.
@@ -68,7 +71,7 @@ use anyhow::{Context, Result, bail, ensure};
 use procstat::*;
 use sections::{
     arm::*, churn::*, dap::*, drain::*, farm::*, fleet::*, fuzzers::*, hitcost::*, memory::*,
-    objects::*, rpc::*, symbols::*, throughput::*,
+    objects::*, pending::*, rpc::*, symbols::*, throughput::*,
 };
 use wpd_tests::Backend;
 
@@ -76,9 +79,9 @@ const USAGE: &str = "usage: wpd-bench [--threads N[,N...]] [--spin-threads N[,N.
      [--writes W] [--no-peers] \
      [--only S,..|--skip S,..] [--churn-threads K[,K...]] [--window-ms MS] [--rpc-pairs P] \
      [--list-calls L] [--peer-timeout-s S] [--fuzz-secs S] [--persistent-secs S] [--smoke]\n\
-     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm fleet journal export fuzzers drain objects";
+     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm fleet journal export fuzzers drain objects pending";
 
-const SECTIONS: [&str; 17] = [
+const SECTIONS: [&str; 18] = [
     "arm",
     "spin",
     "hitcost",
@@ -96,6 +99,7 @@ const SECTIONS: [&str; 17] = [
     "fuzzers",
     "drain",
     "objects",
+    "pending",
 ];
 
 /// Variable watched where no thread of the target writes (idle workers write
@@ -460,6 +464,9 @@ async fn run(args: Args) -> Result<()> {
     }
     if args.has("objects") {
         section_objects(&args).await?;
+    }
+    if args.has("pending") {
+        section_pending(&args).await?;
     }
     Ok(())
 }

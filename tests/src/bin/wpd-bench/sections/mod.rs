@@ -10,6 +10,7 @@ pub mod fuzzers;
 pub mod hitcost;
 pub mod memory;
 pub mod objects;
+pub mod pending;
 pub mod rpc;
 pub mod symbols;
 pub mod throughput;

@@ -1,0 +1,128 @@
+/* plugins: a program that loads libplugin.so (from its own directory)
+ * with dlopen on command, for wpd's pending code events. Prints
+ * "READY pid=N", then obeys one command per stdin line:
+ *
+ *   load        dlopen(libplugin.so) (its constructor calls plugin_work)
+ *                                                        -> LOADED calls=<n>
+ *   work T N    T threads each call plugin_work N times  -> WORKED n=<T*N>
+ *   new         o = plugin_new(1), then o->state = 0xdead by this program
+ *               (the first store into the object)         -> NEW
+ *   unload      dlclose                                   -> UNLOADED
+ *   cycle N     N times dlopen then dlclose, timed        -> CYCLE ns=<total ns>
+ *   exec        execs this program again (which prints READY again)
+ *   quit        exits
+ */
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+struct pobj {
+    long id;
+    long state;
+};
+
+static void *plugin;
+static long (*work)(long);
+static struct pobj *(*make)(long);
+static long per_thread;
+
+static void *worker(void *arg)
+{
+    long base = (long)arg;
+    for (long i = 0; i < per_thread; i++)
+        work(base + i);
+    return NULL;
+}
+
+static void plugin_path(char *out, size_t n)
+{
+    char self[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len < 0)
+        len = 0;
+    self[len] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash)
+        *slash = 0;
+    snprintf(out, n, "%s/libplugin.so", self);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    char line[256];
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    printf("READY pid=%d\n", (int)getpid());
+    while (fgets(line, sizeof line, stdin)) {
+        long a = 0, b = 0;
+        if (strncmp(line, "load", 4) == 0) {
+            char p[PATH_MAX + 32];
+            plugin_path(p, sizeof p);
+            plugin = dlopen(p, RTLD_NOW);
+            if (!plugin) {
+                printf("ERR dlopen %s\n", dlerror());
+                continue;
+            }
+            work = (long (*)(long))dlsym(plugin, "plugin_work");
+            make = (struct pobj * (*)(long)) dlsym(plugin, "plugin_new");
+            long *calls = (long *)dlsym(plugin, "plugin_calls");
+            printf("LOADED calls=%ld\n", calls ? *calls : -1);
+        } else if (sscanf(line, "work %ld %ld", &a, &b) == 2) {
+            pthread_t t[16];
+            if (!work || a < 1 || a > 16) {
+                printf("ERR work\n");
+                continue;
+            }
+            per_thread = b;
+            for (long i = 0; i < a; i++)
+                pthread_create(&t[i], NULL, worker, (void *)(i * 1000));
+            for (long i = 0; i < a; i++)
+                pthread_join(t[i], NULL);
+            printf("WORKED n=%ld\n", a * b);
+        } else if (strncmp(line, "new", 3) == 0) {
+            if (!make) {
+                printf("ERR new\n");
+                continue;
+            }
+            struct pobj *o = make(1);
+            o->state = 0xdead; /* LINE:plugin_first */
+            free(o);
+            printf("NEW\n");
+        } else if (strncmp(line, "unload", 6) == 0) {
+            if (!plugin || dlclose(plugin) != 0) {
+                printf("ERR unload\n");
+                continue;
+            }
+            plugin = NULL;
+            work = NULL;
+            make = NULL;
+            printf("UNLOADED\n");
+        } else if (sscanf(line, "cycle %ld", &a) == 1) {
+            char p[PATH_MAX + 32];
+            struct timespec t0, t1;
+            plugin_path(p, sizeof p);
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            for (long i = 0; i < a; i++) {
+                void *h = dlopen(p, RTLD_NOW);
+                if (!h || dlclose(h) != 0)
+                    break;
+            }
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            printf("CYCLE ns=%ld\n",
+                   (t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec));
+        } else if (strncmp(line, "exec", 4) == 0) {
+            execv("/proc/self/exe", argv);
+            printf("ERR exec\n");
+        } else if (strncmp(line, "quit", 4) == 0) {
+            return 0;
+        } else {
+            printf("ERR unknown\n");
+        }
+    }
+    return 0;
+}

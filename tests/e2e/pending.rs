@@ -1,0 +1,460 @@
+//! Pending code events: a code event on a function of a library the process
+//! has not loaded yet (`wpctl break --pending`, `wpctl watch --on-return ...
+//! --pending`, `CodeEvent.pending`). `tests/c/plugins.c` loads
+//! `libplugin.so` with dlopen on command; the plugin's constructor calls
+//! `plugin_work` before dlopen returns. A pending breakpoint set before the
+//! load is armed at the loader's debugger hook, before the constructor
+//! runs: the constructor's call is its first stop (its stack shows
+//! `plugin_init`), then the calls of several threads. A pending
+//! `--on-return` watch arms the object `plugin_new` returns and catches the
+//! first store into it. Without `--pending` the refusal names the flag; a
+//! dlclose and a second dlopen keep the breakpoint; a pending event goes
+//! with its process's exit. Everything waits on events, never on time.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use wpd_proto::v1::{
+    GetThreadStackRequest, ListWatchpointsRequest, ResumeRequest, WatchpointResolved,
+};
+use wpd_tests::{
+    Backend, CTarget, CmdOutput, Daemon, Event, EventStream, line_of, require_backend, rpc_ok,
+    run_wpctl,
+};
+
+const CLI_TIMEOUT: Duration = Duration::from_secs(20);
+const EVENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+async fn wpctl(daemon: &Daemon, args: &[&str]) -> Result<CmdOutput> {
+    let ep = daemon.endpoint();
+    let mut all = vec!["--endpoint", ep.as_str()];
+    all.extend_from_slice(args);
+    run_wpctl(&all, CLI_TIMEOUT).await
+}
+
+fn ensure_ok(out: &CmdOutput, what: &str) -> Result<()> {
+    ensure!(
+        out.code == Some(0),
+        "{what}: exit {:?}\nstdout: {}\nstderr: {}",
+        out.code,
+        out.stdout,
+        out.stderr
+    );
+    Ok(())
+}
+
+/// The id in `breakpoint 7: ...` / `watchpoint 7: ...`.
+fn id_of(line: &str) -> Result<u64> {
+    line.split_once(' ')
+        .and_then(|(_, r)| r.split(':').next())
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("no id in {line:?}"))
+}
+
+/// Waits for the `WatchpointResolved` of `id`.
+async fn resolved(events: &mut EventStream, id: u64) -> Result<WatchpointResolved> {
+    events
+        .wait_for(EVENT_TIMEOUT, "a WatchpointResolved", |e| match e {
+            Event::WatchpointResolved(r) if r.watchpoint_id == id => Ok(Some(r.clone())),
+            _ => Ok(None),
+        })
+        .await
+}
+
+/// Waits for a stop at breakpoint `id`: (tid, count).
+async fn stop_at(events: &mut EventStream, id: u64) -> Result<(i32, u64)> {
+    events
+        .wait_for(EVENT_TIMEOUT, "a BreakpointHit", |e| match e {
+            Event::BreakpointHit(b) if b.watchpoint_id == id => Ok(Some((b.tid, b.count))),
+            _ => Ok(None),
+        })
+        .await
+}
+
+async fn resume(daemon: &Daemon, pid: i32, tid: i32) -> Result<()> {
+    let mut client = daemon.client().await?;
+    rpc_ok(
+        "Resume",
+        client.resume(ResumeRequest {
+            pid,
+            tids: vec![tid],
+        }),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The function names of `tid`'s stack, innermost first.
+async fn stack(daemon: &Daemon, pid: i32, tid: i32) -> Result<Vec<String>> {
+    let mut client = daemon.client().await?;
+    let s = rpc_ok(
+        "GetThreadStack",
+        client.get_thread_stack(GetThreadStackRequest {
+            pid,
+            tid,
+            depth: 16,
+            ..Default::default()
+        }),
+    )
+    .await?;
+    Ok(s.frames.into_iter().map(|f| f.function).collect())
+}
+
+/// Without `--pending` a function of a library not loaded is refused with
+/// one line naming the flag, and nothing is set (not even the loader
+/// hook); with it the breakpoint is listed pending, armed at the dlopen
+/// before the plugin's constructor runs (its call of `plugin_work` is the
+/// first stop, on the thread calling dlopen, with `plugin_init` on its
+/// stack), then every worker thread's first call stops too; the loader hook
+/// is closed once nothing is pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_breakpoint_catches_the_constructors_call() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-plugins").await?;
+    daemon.finish(
+        async {
+            let pid = t.pid;
+            let p = pid.to_string();
+            let at = "libplugin.so:plugin_work";
+
+            let out = wpctl(&daemon, &["break", "--pid", &p, at]).await?;
+            ensure!(out.code == Some(5), "refusal exit code: {out:?}");
+            let lines: Vec<&str> = out.stderr.lines().filter(|l| !l.is_empty()).collect();
+            ensure!(
+                lines.len() == 1
+                    && lines[0].starts_with("wpctl: ")
+                    && lines[0].contains("has not loaded a module \"libplugin.so\"")
+                    && lines[0].contains("--pending"),
+                "{:?}",
+                out.stderr
+            );
+            let out = wpctl(
+                &daemon,
+                &[
+                    "watch",
+                    "--pid",
+                    &p,
+                    "--on-return",
+                    "libplugin.so:plugin_new",
+                    "--expr",
+                    "$ret->state",
+                ],
+            )
+            .await?;
+            ensure!(
+                out.code == Some(5) && out.stderr.contains("--pending"),
+                "{out:?}"
+            );
+            let mut client = daemon.client().await?;
+            let l = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            ensure!(l.watchpoints.is_empty(), "a refusal left {l:?}");
+            ensure!(
+                !daemon.log().contains("loader hook set"),
+                "a refusal opened the loader hook"
+            );
+
+            let mut events = EventStream::for_pid(&mut client, pid).await?;
+            let out = wpctl(&daemon, &["break", "--pid", &p, "--pending", at]).await?;
+            ensure_ok(&out, "wpctl break --pending")?;
+            ensure!(
+                out.stdout.contains(&format!("{at} in pid {pid}: pending")),
+                "{:?}",
+                out.stdout
+            );
+            let id = id_of(out.stdout.lines().next().unwrap_or_default())?;
+            let out = wpctl(&daemon, &["list", "--pid", &p]).await?;
+            ensure_ok(&out, "wpctl list")?;
+            let row = out
+                .stdout
+                .lines()
+                .find(|l| l.starts_with(&format!("{id} ")))
+                .with_context(|| format!("no row {id}: {:?}", out.stdout))?;
+            ensure!(
+                row.contains(" pending ")
+                    && row.contains(" break ")
+                    && row.ends_with(&format!("{at} (pending: not loaded yet)")),
+                "{row:?}"
+            );
+            ensure!(daemon.log().contains("loader hook set"), "no loader hook");
+
+            // A second one, removed before the load.
+            let out = wpctl(
+                &daemon,
+                &["break", "--pid", &p, "--pending", "libplugin.so:plugin_new"],
+            )
+            .await?;
+            ensure_ok(&out, "wpctl break --pending plugin_new")?;
+            let other = id_of(out.stdout.lines().next().unwrap_or_default())?;
+            let out = wpctl(&daemon, &["unwatch", &other.to_string()]).await?;
+            ensure_ok(&out, "wpctl unwatch (pending)")?;
+            ensure!(
+                out.stdout.starts_with(&format!(
+                    "removed pending breakpoint {other} (libplugin.so:plugin_new in pid {pid})"
+                )),
+                "{:?}",
+                out.stdout
+            );
+
+            // The load: armed before the constructor's call.
+            t.send("load")?;
+            let r = resolved(&mut events, id).await?;
+            let (_, line) = line_of("plugin_work");
+            let place = r.breakpoint.context("no place")?;
+            ensure!(
+                r.reason == "loaded"
+                    && place.function == "plugin_work"
+                    && place.line == line
+                    && place.module.ends_with("/libplugin.so"),
+                "{place:?}"
+            );
+            let (tid, count) = stop_at(&mut events, id).await?;
+            ensure!(
+                tid == pid && count == 1,
+                "the first stop is the main thread's, in dlopen: tid {tid}, count {count}"
+            );
+            let frames = stack(&daemon, pid, tid).await?;
+            ensure!(
+                frames.first().is_some_and(|f| f == "plugin_work")
+                    && frames.iter().any(|f| f == "plugin_init"),
+                "the constructor's call: {frames:?}"
+            );
+            resume(&daemon, pid, tid).await?;
+            let reply = t.reply(EVENT_TIMEOUT).await?;
+            ensure!(reply.as_deref() == Some("LOADED calls=1"), "{reply:?}");
+
+            // Every worker thread's call stops.
+            t.send("work 3 1")?;
+            let mut tids = Vec::new();
+            for _ in 0..3 {
+                let (tid, _) = stop_at(&mut events, id).await?;
+                ensure!(tid != pid && !tids.contains(&tid), "{tid} in {tids:?}");
+                tids.push(tid);
+                resume(&daemon, pid, tid).await?;
+            }
+            let reply = t.reply(EVENT_TIMEOUT).await?;
+            ensure!(reply.as_deref() == Some("WORKED n=3"), "{reply:?}");
+
+            // Listed at its place now; the hook is gone.
+            let out = wpctl(&daemon, &["list", "--pid", &p]).await?;
+            ensure_ok(&out, "wpctl list")?;
+            ensure!(
+                out.stdout.contains("plugin_work (plugin.c:") && !out.stdout.contains("pending"),
+                "{:?}",
+                out.stdout
+            );
+            ensure!(
+                daemon.log().contains("loader hook closed"),
+                "hook left open"
+            );
+
+            // dlclose, then dlopen again: the probe (on the file's inode and
+            // offset) is there again, before the constructor.
+            let reply = t.cmd("unload").await?;
+            ensure!(reply == "UNLOADED", "{reply}");
+            t.send("load")?;
+            let (tid, count) = stop_at(&mut events, id).await?;
+            ensure!(tid == pid && count == 5, "tid {tid} count {count}");
+            let frames = stack(&daemon, pid, tid).await?;
+            ensure!(frames.iter().any(|f| f == "plugin_init"), "{frames:?}");
+            resume(&daemon, pid, tid).await?;
+            let reply = t.reply(EVENT_TIMEOUT).await?;
+            ensure!(reply.as_deref() == Some("LOADED calls=1"), "{reply:?}");
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// A pending `--on-return` watch: once the plugin is loaded, the object
+/// `plugin_new` returns is armed before the caller's first store into it,
+/// which is a hit with its value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_on_return_watch_catches_the_first_store() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-plugins").await?;
+    daemon.finish(
+        async {
+            let pid = t.pid;
+            let p = pid.to_string();
+            let mut client = daemon.client().await?;
+            let mut events = EventStream::for_pid(&mut client, pid).await?;
+            let out = wpctl(
+                &daemon,
+                &[
+                    "watch",
+                    "--pid",
+                    &p,
+                    "--on-return",
+                    "libplugin.so:plugin_new",
+                    "--expr",
+                    "$ret->state",
+                    "--pending",
+                ],
+            )
+            .await?;
+            ensure_ok(&out, "wpctl watch --on-return --pending")?;
+            ensure!(out.stdout.contains("pending"), "{:?}", out.stdout);
+            let id = id_of(out.stdout.lines().next().unwrap_or_default())?;
+
+            let reply = t.cmd("load").await?;
+            ensure!(reply == "LOADED calls=1", "{reply}");
+            let r = resolved(&mut events, id).await?;
+            ensure!(r.reason == "loaded" && r.breakpoint.is_none(), "{r:?}");
+            let reply = t.cmd("new").await?;
+            ensure!(reply == "NEW", "{reply}");
+            let (_, line) = line_of("plugin_first");
+            let hit = events
+                .wait_for(EVENT_TIMEOUT, "the first store's hit", |e| match e {
+                    Event::Hit(h) => Ok(Some(h.clone())),
+                    _ => Ok(None),
+                })
+                .await?;
+            let mut v = [0u8; 8];
+            v[..hit.value.len().min(8)].copy_from_slice(&hit.value[..hit.value.len().min(8)]);
+            ensure!(u64::from_le_bytes(v) == 0xdead, "{hit:?}");
+            let loc = hit.location.clone().unwrap_or_default();
+            ensure!(
+                loc.function == "main" && loc.line == line,
+                "the store in plugins.c:{line}: {loc:?}"
+            );
+            let l = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid }),
+            )
+            .await?;
+            let w = l
+                .watchpoints
+                .iter()
+                .find(|w| w.id == id)
+                .context("the watch is not listed")?;
+            ensure!(
+                !w.pending && w.objects.as_ref().is_some_and(|o| o.armed == 1),
+                "{w:?}"
+            );
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// A pending event goes at an exec (its library names the old program's),
+/// with a `WatchpointRemoved` saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_event_goes_at_exec() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-plugins").await?;
+    daemon.finish(
+        async {
+            let pid = t.pid;
+            let p = pid.to_string();
+            let mut client = daemon.client().await?;
+            let mut events = EventStream::for_pid(&mut client, pid).await?;
+            let out = wpctl(
+                &daemon,
+                &[
+                    "break",
+                    "--pid",
+                    &p,
+                    "--pending",
+                    "libplugin.so:plugin_work",
+                ],
+            )
+            .await?;
+            ensure_ok(&out, "wpctl break --pending")?;
+            let id = id_of(out.stdout.lines().next().unwrap_or_default())?;
+            t.send("exec")?;
+            let reason = events
+                .wait_for(EVENT_TIMEOUT, "its WatchpointRemoved", |e| match e {
+                    Event::WatchpointRemoved(r) if r.watchpoint_id == id => {
+                        Ok(Some(r.reason.clone()))
+                    }
+                    _ => Ok(None),
+                })
+                .await?;
+            ensure!(reason.contains("exec"), "{reason:?}");
+            let ready = t.reply(EVENT_TIMEOUT).await?;
+            ensure!(
+                ready
+                    .as_deref()
+                    .is_some_and(|r| r == format!("READY pid={pid}")),
+                "{ready:?}"
+            );
+            let l = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid }),
+            )
+            .await?;
+            ensure!(l.watchpoints.is_empty(), "still listed: {l:?}");
+            // The new program loads the plugin: nothing of the old event
+            // holds it.
+            let reply = t.cmd("load").await?;
+            ensure!(reply == "LOADED calls=1", "{reply}");
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// A pending event goes with its process: after the exit nothing is
+/// listed, and the loader hook went with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_event_goes_with_its_process() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-plugins").await?;
+    daemon.finish(
+        async {
+            let pid = t.pid;
+            let p = pid.to_string();
+            let mut client = daemon.client().await?;
+            let mut events = EventStream::for_pid(&mut client, pid).await?;
+            let out = wpctl(
+                &daemon,
+                &[
+                    "break",
+                    "--pid",
+                    &p,
+                    "--pending",
+                    "libplugin.so:plugin_work",
+                ],
+            )
+            .await?;
+            ensure_ok(&out, "wpctl break --pending")?;
+            let id = id_of(out.stdout.lines().next().unwrap_or_default())?;
+            t.send("quit")?;
+            events
+                .wait_for(EVENT_TIMEOUT, "ProcessExited", |e| {
+                    Ok(matches!(e, Event::ProcessExited(x) if x.pid == pid).then_some(()))
+                })
+                .await?;
+            let l = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            ensure!(
+                l.watchpoints.iter().all(|w| w.id != id),
+                "still listed: {l:?}"
+            );
+            let out = wpctl(&daemon, &["unwatch", &id.to_string()]).await?;
+            ensure!(out.code != Some(0), "removed after the exit: {out:?}");
+            Ok(())
+        }
+        .await,
+    )
+}
