@@ -899,24 +899,6 @@ mod tests {
     use wpd_proto::v1 as pb;
     use wpd_proto::v1::stream_events_response::Event as E;
 
-    /// The kind, pid and tid of an event decoded in full.
-    fn kind_of(ev: &E) -> (&'static str, i32, i32) {
-        match ev {
-            E::Hit(h) => ("hit", h.pid, h.tid),
-            E::ThreadStarted(e) => ("thread_started", e.pid, e.tid),
-            E::ThreadExited(e) => ("thread_exited", e.pid, e.tid),
-            E::ProcessExited(e) => ("process_exited", e.pid, 0),
-            E::WatchpointRemoved(e) => ("watchpoint_removed", e.pid, 0),
-            E::RecordsLost(_) => ("records_lost", 0, 0),
-            E::ProcessLost(e) => ("process_lost", e.pid, 0),
-            E::ProcessCrashed(e) => ("process_crashed", e.pid, e.tid),
-            E::BreakpointHit(e) => ("breakpoint_hit", e.pid, e.tid),
-            E::WatchpointResolved(e) => ("watchpoint_resolved", e.pid, 0),
-            E::Dropped(_) => ("dropped", 0, 0),
-            E::Leased(_) => ("leased", 0, 0),
-        }
-    }
-
     /// One event of every kind, with its other fields set too (a field
     /// the head declares with another wire type would fail to decode).
     fn every_kind() -> Vec<E> {
@@ -996,8 +978,24 @@ mod tests {
     #[test]
     fn the_head_reads_what_the_full_decoding_reads() {
         let kinds = every_kind();
+        // What each one's head must give, in the same order.
+        let wanted = [
+            ("hit", 41, 42),
+            ("thread_started", 43, 44),
+            ("thread_exited", 45, 46),
+            ("process_exited", 47, 0),
+            ("watchpoint_removed", 48, 0),
+            ("records_lost", 0, 0),
+            ("process_lost", 49, 0),
+            ("process_crashed", 50, 51),
+            ("breakpoint_hit", 52, 53),
+            ("watchpoint_resolved", 54, 0),
+            ("dropped", 0, 0),
+            ("leased", 0, 0),
+        ];
         assert_eq!(kinds.len(), KINDS.len());
-        for ev in kinds {
+        assert_eq!(kinds.len(), wanted.len());
+        for (ev, want) in kinds.into_iter().zip(wanted) {
             let msg = pb::StreamEventsResponse {
                 seq: 9,
                 time_ns: 10,
@@ -1013,7 +1011,7 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{ev:?}: {e}"))
                 .event
                 .expect("an event");
-            assert_eq!(head.kind(), kind_of(&ev), "{ev:?}");
+            assert_eq!(head.kind(), want, "{ev:?}");
             assert!(KINDS.contains(&head.kind().0));
             let names = match &ev {
                 E::Hit(h) => (Some(h.process_name.clone()), Some(h.thread_name.clone())),

@@ -52,6 +52,15 @@ fn id_of(line: &str) -> Result<u64> {
 }
 
 /// Waits for the `WatchpointResolved` of `id`.
+/// `wpctl break --pending libplugin.so:plugin_work` on `pid`: the id.
+async fn pending_plugin_break(daemon: &Daemon, pid: i32) -> Result<u64> {
+    let p = pid.to_string();
+    let at = "libplugin.so:plugin_work";
+    let out = wpctl(daemon, &["break", "--pid", &p, "--pending", at]).await?;
+    ensure_ok(&out, "wpctl break --pending")?;
+    id_of(out.stdout.lines().next().unwrap_or_default())
+}
+
 async fn resolved(events: &mut EventStream, id: u64) -> Result<WatchpointResolved> {
     events
         .wait_for(EVENT_TIMEOUT, "a WatchpointResolved", |e| match e {
@@ -359,22 +368,9 @@ async fn pending_event_goes_at_exec() -> Result<()> {
     daemon.finish(
         async {
             let pid = t.pid;
-            let p = pid.to_string();
             let mut client = daemon.client().await?;
             let mut events = EventStream::for_pid(&mut client, pid).await?;
-            let out = wpctl(
-                &daemon,
-                &[
-                    "break",
-                    "--pid",
-                    &p,
-                    "--pending",
-                    "libplugin.so:plugin_work",
-                ],
-            )
-            .await?;
-            ensure_ok(&out, "wpctl break --pending")?;
-            let id = id_of(out.stdout.lines().next().unwrap_or_default())?;
+            let id = pending_plugin_break(&daemon, pid).await?;
             t.send("exec")?;
             let reason = events
                 .wait_for(EVENT_TIMEOUT, "its WatchpointRemoved", |e| match e {
@@ -420,22 +416,9 @@ async fn pending_event_goes_with_its_process() -> Result<()> {
     daemon.finish(
         async {
             let pid = t.pid;
-            let p = pid.to_string();
             let mut client = daemon.client().await?;
             let mut events = EventStream::for_pid(&mut client, pid).await?;
-            let out = wpctl(
-                &daemon,
-                &[
-                    "break",
-                    "--pid",
-                    &p,
-                    "--pending",
-                    "libplugin.so:plugin_work",
-                ],
-            )
-            .await?;
-            ensure_ok(&out, "wpctl break --pending")?;
-            let id = id_of(out.stdout.lines().next().unwrap_or_default())?;
+            let id = pending_plugin_break(&daemon, pid).await?;
             t.send("quit")?;
             events
                 .wait_for(EVENT_TIMEOUT, "ProcessExited", |e| {
