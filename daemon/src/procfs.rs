@@ -106,6 +106,44 @@ pub fn thread_exited(pid: Pid, tid: Tid) -> bool {
     matches!(thread_state(pid, tid), None | Some('Z') | Some('X'))
 }
 
+/// The kernel's flag on a task that has begun to exit (`PF_EXITING`, set
+/// first thing in `do_exit`): it never runs user code again.
+const PF_EXITING: u64 = 0x4;
+
+/// True if thread `tid` of `pid` has begun to exit or is gone: a thread
+/// killed with its process leaves `/proc` only once the kernel has taken
+/// it down (closing its perf events, whose EXIT records the daemon may
+/// read first), and meanwhile shows a running state; field 9 of its
+/// `stat`, the task's flags, has `PF_EXITING` from the start.
+pub fn thread_exiting(pid: Pid, tid: Tid) -> bool {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) else {
+        return true;
+    };
+    let Some((_, rest)) = s.rsplit_once(')') else {
+        return true;
+    };
+    let mut fields = rest.split_whitespace();
+    if matches!(fields.next(), None | Some("Z") | Some("X")) {
+        return true;
+    }
+    // state, ppid, pgrp, session, tty_nr, tpgid, flags.
+    fields
+        .nth(5)
+        .and_then(|f| f.parse::<u64>().ok())
+        .is_none_or(|flags| flags & PF_EXITING != 0)
+}
+
+/// A thread of `pid` that has not begun to exit ([`thread_exiting`]).
+pub fn running_thread(pid: Pid) -> Option<Tid> {
+    if !thread_exiting(pid, pid) {
+        return Some(pid);
+    }
+    tasks(pid)
+        .ok()?
+        .into_iter()
+        .find(|&t| t != pid && !thread_exiting(pid, t))
+}
+
 /// A live thread of `pid`: the leader if it still runs, else another one.
 pub fn live_thread(pid: Pid) -> Option<Tid> {
     if !thread_exited(pid, pid) {
@@ -392,6 +430,25 @@ mod tests {
             check_process(0),
             Err(WpdError::InvalidArgument(_))
         ));
+    }
+
+    /// This process runs; a child that has exited and is not reaped yet (a
+    /// zombie) and a tid that does not exist are exiting.
+    #[test]
+    fn running_and_exiting_threads() {
+        let me = std::process::id() as Pid;
+        assert!(!thread_exiting(me, me));
+        assert_eq!(running_thread(me), Some(me));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as Pid;
+        // Not reaped: it stays a zombie until `wait` below.
+        while thread_state(pid, pid) != Some('Z') {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(thread_exiting(pid, pid));
+        assert_eq!(running_thread(pid), None);
+        child.wait().unwrap();
+        assert!(thread_exiting(pid, pid), "gone");
     }
 
     #[test]

@@ -354,18 +354,19 @@ impl Core {
             if self.ledger.thread_count(pid) > 0 {
                 return;
             }
-            if procfs::live_thread(pid).is_none() {
-                // Gone: its exit (seen here first) ends the attachment.
+            if procfs::running_thread(pid).is_none() {
+                // Gone or going: its exit (seen here first) ends the
+                // attachment.
                 self.process_exited(pid);
                 return;
             }
             std::thread::sleep(Duration::from_millis(10));
-            if self.ledger.thread_count(pid) == 0 && procfs::live_thread(pid).is_some() {
+            if self.ledger.thread_count(pid) == 0 && procfs::running_thread(pid).is_some() {
                 let op = proc.lock_op();
                 if proc.is_gone() {
                     return;
                 }
-                if procfs::live_thread(pid).is_some() && self.ledger.thread_count(pid) == 0 {
+                if procfs::running_thread(pid).is_some() && self.ledger.thread_count(pid) == 0 {
                     self.lose_locked(
                         &op,
                         "the kernel detached every perf event from it (it executed a setuid or \

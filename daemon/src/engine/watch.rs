@@ -363,8 +363,17 @@ impl Core {
             return Ok(view);
         }
         if tids.is_empty() {
-            // Nothing to arm: never a success that can never fire.
-            return unregister(if procfs::live_thread(pid).is_some() {
+            // Nothing to arm: never a success that can never fire. A process
+            // being killed has had its threads' exits read while some still
+            // show in /proc: lost only if a thread that is not exiting stays.
+            let running = (0..10).all(|_| {
+                let running = procfs::running_thread(pid).is_some();
+                if running {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                running
+            }) && procfs::running_thread(pid).is_some();
+            return unregister(if running {
                 WpdError::ProcessLost {
                     pid,
                     why:
