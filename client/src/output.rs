@@ -568,6 +568,16 @@ pub fn watchpoint_json(wp: &Watchpoint) -> Value {
     })
 }
 
+/// Where a code event is, as asked (escaped): `[MODULE:]NAME`, or
+/// `FILE:LINE` for a code breakpoint at a source line.
+pub fn code_at(code: &wpd_proto::v1::CodeEvent) -> String {
+    if code.file.is_empty() {
+        escape(&code.function).into_owned()
+    } else {
+        format!("{}:{}", escape(&code.file), code.line)
+    }
+}
+
 /// A code breakpoint's place: `conn_new at /src/objects.c:48`, or
 /// `conn_new` without a line table.
 pub fn place_text(p: &wpd_proto::v1::BreakpointPlace) -> String {

@@ -236,7 +236,7 @@ fn pending_row(
     if named {
         row.push(format!(
             "{} (pending: not loaded yet)",
-            escape(&code.function)
+            output::code_at(&code)
         ));
     }
     row

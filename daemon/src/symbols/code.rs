@@ -292,9 +292,8 @@ impl Symbols {
                 }
             }
         }
-        Err(no_code(match (with_lines, last_line) {
-            (0, _) => "no module of the process has DWARF line tables (build with -g)".into(),
-            (_, Some(last)) => format!(
+        match last_line {
+            Some(last) => Err(no_code(format!(
                 "the file has no code at or after that line in a function that holds it \
                  (a comment, a declaration, between functions{})",
                 if last > 0 {
@@ -302,13 +301,22 @@ impl Symbols {
                 } else {
                     String::new()
                 }
-            ),
-            (_, None) if closest.is_empty() => "no line table names that file".into(),
-            (_, None) => format!(
-                "no line table names that file (closest: {})",
-                closest.join(", ")
-            ),
-        }))
+            ))),
+            // No module loaded names the file: misspelled, or a library's
+            // source that a pending breakpoint waits for.
+            None => Err(SymbolError::SourceNotLoaded {
+                closest: {
+                    let mut seen = std::collections::HashSet::new();
+                    closest.retain(|c| seen.insert(c.clone()));
+                    closest.truncate(3);
+                    closest
+                },
+                pid,
+                file: file.to_string(),
+                line,
+                searched: with_lines,
+            }),
+        }
     }
 
     /// Checks a code event's expression against `site` before any probe

@@ -201,10 +201,13 @@ impl Session {
                 ..Default::default()
             },
             CodeAt::Line(_, 0) => return Err("lines start at 1".into()),
+            // Pending too if no module loaded has the file in its line
+            // tables (a library's source, loaded later).
             CodeAt::Line(file, line) => pb::CodeEvent {
                 file: file.clone(),
                 line: *line,
                 stop: true,
+                pending: true,
                 ..Default::default()
             },
         };
@@ -314,8 +317,8 @@ impl Session {
 fn shown(c: &CodeArmed) -> Breakpoint {
     if let Some(why) = &c.pending {
         let name = match &c.at {
-            CodeAt::Function(name) => name.as_str(),
-            CodeAt::Line(path, _) => path.as_str(),
+            CodeAt::Function(name) => name.clone(),
+            CodeAt::Line(path, line) => format!("{path}:{line}"),
         };
         return Breakpoint {
             id: Some(c.dap_id),
