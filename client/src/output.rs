@@ -564,6 +564,7 @@ pub fn watchpoint_json(wp: &Watchpoint) -> Value {
         "policy_id": wp.policy_id,
         "breakpoint": wp.breakpoint.as_ref().map(place_json),
         "pending": wp.pending,
+        "pending_reason": wp.pending.then(|| wp.pending_reason.clone()),
         "function": spec.code_event.as_ref().map(|c| c.function.clone()),
     })
 }

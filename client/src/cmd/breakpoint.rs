@@ -387,6 +387,7 @@ fn breakpoint_json(wp: &Watchpoint) -> Value {
         "hits": wp.hits,
         "place": wp.breakpoint.as_ref().map(output::place_json),
         "pending": wp.pending,
+        "pending_reason": wp.pending.then(|| wp.pending_reason.clone()),
     })
 }
 

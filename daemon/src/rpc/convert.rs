@@ -477,6 +477,7 @@ impl From<&WatchView> for pb::Watchpoint {
             object_watchpoints: Vec::new(),
             breakpoint: None,
             pending: false,
+            pending_reason: String::new(),
         }
     }
 }
@@ -522,6 +523,7 @@ pub fn object_view_to_pb(v: &crate::engine::objects::ObjectView) -> pb::Watchpoi
         object_watchpoints: v.live.iter().map(|w| w.0).collect(),
         breakpoint: v.place.as_ref().map(place_to_pb),
         pending: v.pending,
+        pending_reason: v.pending_why.clone().unwrap_or_default(),
         ..Default::default()
     }
 }
