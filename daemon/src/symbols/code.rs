@@ -483,13 +483,8 @@ fn root_of(site: &CodeSite, name: &str, ret: bool) -> Result<Root, String> {
 
 /// Up to three function names like `name` in `files`.
 fn closest_function(name: &str, files: &[Arc<ElfFile>]) -> Vec<String> {
-    let mut scored: Vec<(f64, String)> = files
-        .iter()
-        .flat_map(|f| f.symbols.iter())
-        .filter(|s| s.kind == SymKind::Func && (name.starts_with('_') || !s.name.starts_with('_')))
-        .map(|s| (strsim::jaro_winkler(name, &s.name), s.name.clone()))
-        .filter(|(score, _)| *score >= 0.85)
-        .collect();
+    let mut scored: Vec<(f64, String)> =
+        files.iter().flat_map(|f| f.functions_like(name)).collect();
     scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
     scored.dedup_by(|a, b| a.1 == b.1);
     scored.into_iter().take(3).map(|(_, n)| n).collect()
