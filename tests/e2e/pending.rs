@@ -56,6 +56,23 @@ fn id_of(line: &str) -> Result<u64> {
         .with_context(|| format!("no id in {line:?}"))
 }
 
+/// `Watchpoint.pending_reason` of `id` as `wpctl --json list` shows it.
+async fn pending_reason(daemon: &Daemon, pid: i32, id: u64) -> Result<String> {
+    let out = wpctl(daemon, &["--json", "list", "--pid", &pid.to_string()]).await?;
+    ensure_ok(&out, "wpctl --json list")?;
+    let v: serde_json::Value =
+        serde_json::from_str(&out.stdout).with_context(|| format!("not JSON: {:?}", out.stdout))?;
+    let w = v["watchpoints"]
+        .as_array()
+        .and_then(|a| a.iter().find(|w| w["id"] == id))
+        .with_context(|| format!("{id} is not listed: {v}"))?;
+    ensure!(w["pending"] == true, "{id} is not pending: {w}");
+    w["pending_reason"]
+        .as_str()
+        .map(str::to_string)
+        .with_context(|| format!("no pending_reason: {w}"))
+}
+
 /// Waits for the `WatchpointResolved` of `id`.
 /// `wpctl break --pending libplugin.so:plugin_work` on `pid`: the id.
 async fn pending_plugin_break(daemon: &Daemon, pid: i32) -> Result<u64> {
@@ -559,6 +576,11 @@ async fn pending_line_breakpoint_stops_the_worker_threads() -> Result<()> {
                 "{row:?}"
             );
             ensure!(daemon.log().contains("loader hook set"), "no loader hook");
+            let why = pending_reason(&daemon, pid, id).await?;
+            ensure!(
+                why.starts_with("no line table names \"plugin.c\""),
+                "{why:?}"
+            );
 
             t.send("load")?;
             let r = resolved(&mut events, id).await?;
@@ -636,7 +658,9 @@ async fn pending_line_breakpoint_stops_the_worker_threads() -> Result<()> {
 /// line that says so and names `--pending` with `LIBRARY:NAME`
 /// (`UNKNOWN_SYMBOL`, its closest names); a pending line of the plugin's
 /// source that has no code (its opening comment) goes at the load, with a
-/// `WatchpointRemoved` saying why, and the loader hook with it.
+/// `WatchpointRemoved` saying why; a misspelled pending name stays, its
+/// reason naming the plugin's function among the closest once the plugin
+/// is loaded; removed, the loader hook goes with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_name_pending_and_a_line_without_code_goes_at_the_load() -> Result<()> {
     if !require_backend(Backend::Ptrace) {
@@ -674,6 +698,17 @@ async fn refusals_name_pending_and_a_line_without_code_goes_at_the_load() -> Res
             let out = wpctl(&daemon, &["break", "--pid", &p, "--pending", "plugin.c:1"]).await?;
             ensure_ok(&out, "wpctl break --pending plugin.c:1")?;
             let id = id_of(out.stdout.lines().next().unwrap_or_default())?;
+            // A misspelled name: the plugin's own name is not among the
+            // closest until the plugin is loaded, then it is.
+            let out = wpctl(&daemon, &["break", "--pid", &p, "--pending", "plugin_wrok"]).await?;
+            ensure_ok(&out, "wpctl break --pending plugin_wrok")?;
+            let typo = id_of(out.stdout.lines().next().unwrap_or_default())?;
+            let why = pending_reason(&daemon, pid, typo).await?;
+            ensure!(
+                why.starts_with("no function named \"plugin_wrok\"")
+                    && !why.contains("plugin_work"),
+                "{why:?}"
+            );
             t.send("load")?;
             let reason = events
                 .wait_for(EVENT_TIMEOUT, "its WatchpointRemoved", |e| match e {
@@ -690,6 +725,15 @@ async fn refusals_name_pending_and_a_line_without_code_goes_at_the_load() -> Res
             );
             let reply = t.reply(EVENT_TIMEOUT).await?;
             ensure!(reply.as_deref() == Some("LOADED calls=1"), "{reply:?}");
+            let why = pending_reason(&daemon, pid, typo).await?;
+            ensure!(
+                why.starts_with("no function named \"plugin_wrok\"")
+                    && why.contains("closest: ")
+                    && why.contains("plugin_work"),
+                "{why:?}"
+            );
+            let out = wpctl(&daemon, &["unwatch", &typo.to_string()]).await?;
+            ensure_ok(&out, "wpctl unwatch (pending)")?;
             let l = rpc_ok(
                 "ListWatchpoints",
                 client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
