@@ -564,8 +564,19 @@ pub fn watchpoint_json(wp: &Watchpoint) -> Value {
         "policy_id": wp.policy_id,
         "breakpoint": wp.breakpoint.as_ref().map(place_json),
         "pending": wp.pending,
+        "pending_reason": wp.pending.then(|| wp.pending_reason.clone()),
         "function": spec.code_event.as_ref().map(|c| c.function.clone()),
     })
+}
+
+/// Where a code event is, as asked (escaped): `[MODULE:]NAME`, or
+/// `FILE:LINE` for a code breakpoint at a source line.
+pub fn code_at(code: &wpd_proto::v1::CodeEvent) -> String {
+    if code.file.is_empty() {
+        escape(&code.function).into_owned()
+    } else {
+        format!("{}:{}", escape(&code.file), code.line)
+    }
 }
 
 /// A code breakpoint's place: `conn_new at /src/objects.c:48`, or

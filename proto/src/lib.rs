@@ -197,8 +197,14 @@ pub mod reason {
     /// The process's mappings or files could not be read.
     pub const SYMBOLS_UNREADABLE: &str = "SYMBOLS_UNREADABLE";
     /// A source line where no code is (a comment, a line between
-    /// functions or past the file's end), or a file no line table names.
+    /// functions or past the file's end) in a file a loaded module's line
+    /// table names.
     pub const NO_CODE_AT_LINE: &str = "NO_CODE_AT_LINE";
+    /// A code breakpoint's source file that no line table of the modules
+    /// the process has loaded names: misspelled, or a source of a library
+    /// loaded later, asked for without `CodeEvent.pending` (metadata
+    /// `closest`: the files named closest to it).
+    pub const SOURCE_NOT_LOADED: &str = "SOURCE_NOT_LOADED";
 }
 
 /// Connecting to a daemon, for `wpctl`, tests and IDE-side Rust code.

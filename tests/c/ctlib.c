@@ -12,7 +12,7 @@ void lib_set(long v)
 
 long *lib_addr(void)
 {
-    return &lib_counter;
+    return &lib_counter; /* LINE:lib_addr */
 }
 
 long lib_twin(void)

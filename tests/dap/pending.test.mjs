@@ -5,12 +5,19 @@
 // (reason "pending"); once the program runs, the library is mapped, a
 // `breakpoint` event `changed` says it is verified, and the call stops
 // there. With stopOnEntry the same from the entry stop, for `lib_addr`
-// named alone (found in none of the modules mapped then).
+// named alone (found in none of the modules mapped then). A line
+// breakpoint in ctlib.c (setBreakpoints), whose file no line table of the
+// modules mapped during configuration names, is pending the same way and
+// stops the same call. A misspelled name stays pending (a library loaded
+// later may define it); at the next stop its message names the closest
+// names among the libraries loaded by then.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { client, nextStop, env } from './lib.mjs';
 
 const PROGRAM = env('PENDING_PROGRAM');
+const LIB_SOURCE = env('CTLIB_SOURCE');
+const LIB_ADDR_LINE = Number(env('LIB_ADDR_LINE'));
 
 async function launch(dc, args = {}) {
   await dc.initializeRequest({
@@ -40,8 +47,8 @@ async function setPending(dc, name, why) {
 }
 
 /// After `go`, the `changed` event verifying `bp`, then the stop in
-/// lib_addr (called by ready()); continues to the end.
-async function resolvesThenStops(dc, pid, bp, go) {
+/// lib_addr (called by ready()), a `reason` stop; continues to the end.
+async function resolvesThenStops(dc, pid, bp, go, reason = 'function breakpoint') {
   const changed = dc.waitForEvent('breakpoint');
   const stop = nextStop(dc);
   await go();
@@ -52,7 +59,7 @@ async function resolvesThenStops(dc, pid, bp, go) {
   assert.match(ev.breakpoint.message, /^lib_addr/, JSON.stringify(ev));
   assert.equal(ev.breakpoint.source.name, 'ctlib.c');
   const st = (await stop).body;
-  assert.equal(st.reason, 'function breakpoint', JSON.stringify(st));
+  assert.equal(st.reason, reason, JSON.stringify(st));
   assert.equal(st.threadId, pid);
   assert.deepEqual(st.hitBreakpointIds, [bp.id]);
   const frames = (await dc.stackTraceRequest({ threadId: pid })).body.stackFrames;
@@ -85,6 +92,72 @@ test('by its name alone, set at the entry stop, it is pending, then stops', asyn
     // found nowhere yet.
     const bp = await setPending(dc, 'lib_addr', /no function named "lib_addr" in the 2 modules loaded/);
     await resolvesThenStops(dc, pid, bp, () => dc.continueRequest({ threadId: pid }));
+  } finally {
+    dc._adapterProcess?.kill();
+  }
+});
+
+test('a line of a library not loaded yet is pending, then stops', async () => {
+  const dc = await client();
+  try {
+    const pid = await launch(dc);
+    const set = (await dc.setBreakpointsRequest({
+      source: { path: LIB_SOURCE },
+      breakpoints: [{ line: LIB_ADDR_LINE }],
+    })).body.breakpoints;
+    assert.equal(set.length, 1);
+    const bp = set[0];
+    assert.equal(bp.verified, false, JSON.stringify(bp));
+    assert.equal(bp.reason, 'pending', JSON.stringify(bp));
+    assert.match(bp.message, /ctlib\.c:\d+: pending: no line table names ".*ctlib\.c"/, JSON.stringify(bp));
+    assert.match(bp.message, /whose line table has that line/, JSON.stringify(bp));
+    assert.ok(bp.id > 0);
+    const changed = dc.waitForEvent('breakpoint');
+    await resolvesThenStops(dc, pid, bp, () => dc.configurationDoneRequest(), 'breakpoint');
+    const ev = (await changed).body;
+    assert.equal(ev.breakpoint.line, LIB_ADDR_LINE, JSON.stringify(ev));
+    assert.equal(ev.breakpoint.source.path, LIB_SOURCE, JSON.stringify(ev));
+  } finally {
+    dc._adapterProcess?.kill();
+  }
+});
+
+test('a misspelled function breakpoint stays pending, with the closest names once loaded', async () => {
+  const dc = await client();
+  try {
+    const pid = await launch(dc);
+    const events = [];
+    dc.on('breakpoint', (ev) => events.push(ev.body));
+    const set = (await dc.setFunctionBreakpointsRequest({
+      breakpoints: [{ name: 'lib_adr' }, { name: 'libctlib.so:lib_addr' }],
+    })).body.breakpoints;
+    assert.equal(set.length, 2);
+    const [typo, good] = set;
+    for (const bp of set) {
+      assert.equal(bp.verified, false, JSON.stringify(bp));
+      assert.equal(bp.reason, 'pending', JSON.stringify(bp));
+    }
+    // Only the executable and the dynamic linker are mapped yet.
+    assert.match(typo.message, /no function named "lib_adr" in the 2 modules loaded/);
+    assert.doesNotMatch(typo.message, /lib_addr/);
+    const stop = nextStop(dc);
+    await dc.configurationDoneRequest();
+    const st = (await stop).body;
+    assert.deepEqual(st.hitBreakpointIds, [good.id], JSON.stringify(st));
+    // Told before the stop: the good one verified, the misspelled one
+    // still pending, now with the library's name among the closest.
+    const mine = (id) => events.filter((e) => e.breakpoint.id === id);
+    assert.ok(mine(good.id).some((e) => e.breakpoint.verified), JSON.stringify(events));
+    const changed = mine(typo.id);
+    assert.equal(changed.length, 1, JSON.stringify(events));
+    assert.equal(changed[0].reason, 'changed');
+    assert.equal(changed[0].breakpoint.verified, false);
+    assert.equal(changed[0].breakpoint.reason, 'pending');
+    assert.match(changed[0].breakpoint.message,
+      /^lib_adr: pending: no function named "lib_adr" in the \d+ modules loaded \(closest: [^)]*\blib_addr\b/);
+    const exited = dc.waitForEvent('exited');
+    await dc.continueRequest({ threadId: pid });
+    assert.equal((await exited).body.exitCode, 0);
   } finally {
     dc._adapterProcess?.kill();
   }

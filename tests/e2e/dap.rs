@@ -309,20 +309,22 @@ async fn function_and_line_breakpoints_stop_a_launched_program() -> Result<()> {
     daemon.finish(result)
 }
 
-/// Pending function breakpoints (`tests/dap/pending.test.mjs`) on
-/// `ct-pie`, launched by the adapter: `libctlib.so:lib_addr` (during
-/// configuration) and `lib_addr` alone (at the entry stop), set before the
-/// dynamic linker mapped the library, are answered unverified and pending,
-/// then verified by a `changed` event once the library is mapped, and the
-/// program's call stops there. Afterwards nothing is left in the daemon.
+/// Pending breakpoints (`tests/dap/pending.test.mjs`) on `ct-pie`,
+/// launched by the adapter: `libctlib.so:lib_addr` (during configuration),
+/// `lib_addr` alone (at the entry stop) and a line of `ctlib.c` (during
+/// configuration), set before the dynamic linker mapped the library, are
+/// answered unverified and pending, then verified by a `changed` event once
+/// the library is mapped, and the program's call stops there. Afterwards
+/// nothing is left in the daemon.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pending_function_breakpoints_in_a_launched_program() -> Result<()> {
+async fn pending_function_and_line_breakpoints_in_a_launched_program() -> Result<()> {
     if !require_root_perf() {
         return Ok(());
     }
     require_node_dap();
     let daemon = Daemon::start().await?;
     let program = ctarget_path("ct-pie");
+    let lib_source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("c/ctlib.c");
     let result = async {
         let out = node_run(
             None,
@@ -331,6 +333,8 @@ async fn pending_function_breakpoints_in_a_launched_program() -> Result<()> {
             &[
                 ("TARGET_PID", "0".into()),
                 ("PENDING_PROGRAM", program.display().to_string()),
+                ("CTLIB_SOURCE", lib_source.display().to_string()),
+                ("LIB_ADDR_LINE", line_of("lib_addr").1.to_string()),
             ],
         )
         .await?;

@@ -894,7 +894,7 @@ async fn code_breakpoints_hold_the_thread_and_bad_ones_are_refused() -> Result<(
                 ),
                 (
                     break_spec(t.pid, "", "nowhere.c", 3),
-                    r::NO_CODE_AT_LINE,
+                    r::SOURCE_NOT_LOADED,
                     "no line table names that file",
                 ),
                 (

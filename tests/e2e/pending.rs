@@ -9,7 +9,12 @@
 //! `--on-return` watch arms the object `plugin_new` returns and catches the
 //! first store into it. Without `--pending` the refusal names the flag; a
 //! dlclose and a second dlopen keep the breakpoint; a pending event goes
-//! with its process's exit. Everything waits on events, never on time.
+//! with its process's exit. A source line of the plugin (`plugin.c:LINE`)
+//! is pending the same way (no loaded module's line table names the file)
+//! and stops the worker threads once loaded; a pending line the loaded
+//! plugin has no code at goes at the load, saying why. Refusals without
+//! `--pending` (a file no line table names, a function no module defines)
+//! name the flag. Everything waits on events, never on time.
 
 use std::time::Duration;
 
@@ -49,6 +54,23 @@ fn id_of(line: &str) -> Result<u64> {
         .and_then(|(_, r)| r.split(':').next())
         .and_then(|s| s.parse().ok())
         .with_context(|| format!("no id in {line:?}"))
+}
+
+/// `Watchpoint.pending_reason` of `id` as `wpctl --json list` shows it.
+async fn pending_reason(daemon: &Daemon, pid: i32, id: u64) -> Result<String> {
+    let out = wpctl(daemon, &["--json", "list", "--pid", &pid.to_string()]).await?;
+    ensure_ok(&out, "wpctl --json list")?;
+    let v: serde_json::Value =
+        serde_json::from_str(&out.stdout).with_context(|| format!("not JSON: {:?}", out.stdout))?;
+    let w = v["watchpoints"]
+        .as_array()
+        .and_then(|a| a.iter().find(|w| w["id"] == id))
+        .with_context(|| format!("{id} is not listed: {v}"))?;
+    ensure!(w["pending"] == true, "{id} is not pending: {w}");
+    w["pending_reason"]
+        .as_str()
+        .map(str::to_string)
+        .with_context(|| format!("no pending_reason: {w}"))
 }
 
 /// Waits for the `WatchpointResolved` of `id`.
@@ -356,8 +378,8 @@ async fn pending_on_return_watch_catches_the_first_store() -> Result<()> {
     )
 }
 
-/// A pending event goes at an exec (its library names the old program's),
-/// with a `WatchpointRemoved` saying so.
+/// A pending event, at a function or at a line, goes at an exec (its
+/// library names the old program's), with a `WatchpointRemoved` saying so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_event_goes_at_exec() -> Result<()> {
     if !require_backend(Backend::Ptrace) {
@@ -371,16 +393,27 @@ async fn pending_event_goes_at_exec() -> Result<()> {
             let mut client = daemon.client().await?;
             let mut events = EventStream::for_pid(&mut client, pid).await?;
             let id = pending_plugin_break(&daemon, pid).await?;
+            let (file, line) = line_of("plugin_work");
+            let at = format!("{file}:{line}");
+            let p = pid.to_string();
+            let out = wpctl(&daemon, &["break", "--pid", &p, "--pending", &at]).await?;
+            ensure_ok(&out, "wpctl break --pending FILE:LINE")?;
+            let by_line = id_of(out.stdout.lines().next().unwrap_or_default())?;
             t.send("exec")?;
-            let reason = events
-                .wait_for(EVENT_TIMEOUT, "its WatchpointRemoved", |e| match e {
-                    Event::WatchpointRemoved(r) if r.watchpoint_id == id => {
-                        Ok(Some(r.reason.clone()))
-                    }
-                    _ => Ok(None),
-                })
-                .await?;
-            ensure!(reason.contains("exec"), "{reason:?}");
+            // Both go, in either order.
+            let mut left = vec![id, by_line];
+            while !left.is_empty() {
+                let (gone, reason) = events
+                    .wait_for(EVENT_TIMEOUT, "their WatchpointRemoved", |e| match e {
+                        Event::WatchpointRemoved(r) if left.contains(&r.watchpoint_id) => {
+                            Ok(Some((r.watchpoint_id, r.reason.clone())))
+                        }
+                        _ => Ok(None),
+                    })
+                    .await?;
+                ensure!(reason.contains("exec"), "{gone}: {reason:?}");
+                left.retain(|&x| x != gone);
+            }
             let ready = t.reply(EVENT_TIMEOUT).await?;
             ensure!(
                 ready
@@ -436,6 +469,281 @@ async fn pending_event_goes_with_its_process() -> Result<()> {
             );
             let out = wpctl(&daemon, &["unwatch", &id.to_string()]).await?;
             ensure!(out.code != Some(0), "removed after the exit: {out:?}");
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// A FILE:LINE of the plugin: without `--pending` it is refused in one
+/// line (`SOURCE_NOT_LOADED`: no line table of the loaded modules names
+/// the file; the closest file is named) that names the flag, leaving
+/// nothing; with it the breakpoint is pending, listed by its FILE:LINE,
+/// armed at the dlopen at that line's first instruction in `plugin_work`
+/// (the constructor's call is its first stop), then holds each worker
+/// thread's call; removed, it leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_line_breakpoint_stops_the_worker_threads() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-plugins").await?;
+    daemon.finish(
+        async {
+            use wpd_proto::v1::{CodeEvent, HitAction, SetWatchpointRequest, WatchpointSpec};
+            let pid = t.pid;
+            let p = pid.to_string();
+            let (file, line) = line_of("plugin_work");
+            ensure!(file == "plugin.c", "{file}");
+            let at = format!("{file}:{line}");
+
+            let out = wpctl(&daemon, &["break", "--pid", &p, &at]).await?;
+            ensure!(out.code == Some(5), "refusal exit code: {out:?}");
+            let lines: Vec<&str> = out.stderr.lines().filter(|l| !l.is_empty()).collect();
+            ensure!(
+                lines.len() == 1
+                    && lines[0].starts_with(&format!("wpctl: no code at {at} in process {pid}"))
+                    && lines[0].contains("no line table names that file")
+                    && lines[0].contains("closest: ")
+                    && lines[0].contains("plugins.c")
+                    && lines[0].contains("--pending"),
+                "{:?}",
+                out.stderr
+            );
+            let mut client = daemon.client().await?;
+            let spec = WatchpointSpec {
+                pid,
+                action: HitAction::Stop as i32,
+                code_event: Some(CodeEvent {
+                    file: file.into(),
+                    line,
+                    stop: true,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            let st = client
+                .set_watchpoint(SetWatchpointRequest {
+                    spec: Some(spec.clone()),
+                })
+                .await
+                .err()
+                .context("set without pending")?;
+            ensure!(
+                st.code() == tonic::Code::NotFound
+                    && wpd_tests::leaks::reason(&st) == wpd_proto::reason::SOURCE_NOT_LOADED,
+                "{st:?}"
+            );
+            let l = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            ensure!(l.watchpoints.is_empty(), "a refusal left {l:?}");
+            ensure!(
+                !daemon.log().contains("loader hook set"),
+                "a refusal opened the loader hook"
+            );
+
+            let mut events = EventStream::for_pid(&mut client, pid).await?;
+            let out = wpctl(&daemon, &["break", "--pid", &p, "--pending", &at]).await?;
+            ensure_ok(&out, "wpctl break --pending FILE:LINE")?;
+            ensure!(
+                out.stdout.contains(&format!("{at} in pid {pid}: pending")),
+                "{:?}",
+                out.stdout
+            );
+            ensure!(
+                out.stderr
+                    .contains(&format!("pending: no line table names \"{file}\""))
+                    && out.stderr.contains("whose line table has that line"),
+                "{:?}",
+                out.stderr
+            );
+            let id = id_of(out.stdout.lines().next().unwrap_or_default())?;
+            let out = wpctl(&daemon, &["list", "--pid", &p]).await?;
+            ensure_ok(&out, "wpctl list")?;
+            let row = out
+                .stdout
+                .lines()
+                .find(|l| l.starts_with(&format!("{id} ")))
+                .with_context(|| format!("no row {id}: {:?}", out.stdout))?;
+            ensure!(
+                row.contains(" pending ")
+                    && row.contains(" break ")
+                    && row.ends_with(&format!("{at} (pending: not loaded yet)")),
+                "{row:?}"
+            );
+            ensure!(daemon.log().contains("loader hook set"), "no loader hook");
+            let why = pending_reason(&daemon, pid, id).await?;
+            ensure!(
+                why.starts_with("no line table names \"plugin.c\""),
+                "{why:?}"
+            );
+
+            t.send("load")?;
+            let r = resolved(&mut events, id).await?;
+            let place = r.breakpoint.context("no place")?;
+            ensure!(
+                r.reason == "loaded"
+                    && place.function == "plugin_work"
+                    && place.line == line
+                    && place.file.ends_with("/plugin.c")
+                    && place.module.ends_with("/libplugin.so"),
+                "{place:?}"
+            );
+            let (tid, count) = stop_at(&mut events, id).await?;
+            ensure!(
+                tid == pid && count == 1,
+                "the first stop is the constructor's call, in dlopen: tid {tid}, count {count}"
+            );
+            let frames = stack(&daemon, pid, tid).await?;
+            ensure!(
+                frames.first().is_some_and(|f| f == "plugin_work")
+                    && frames.iter().any(|f| f == "plugin_init"),
+                "{frames:?}"
+            );
+            resume(&daemon, pid, tid).await?;
+            let reply = t.reply(EVENT_TIMEOUT).await?;
+            ensure!(reply.as_deref() == Some("LOADED calls=1"), "{reply:?}");
+
+            t.send("work 3 1")?;
+            let mut tids = Vec::new();
+            for _ in 0..3 {
+                let (tid, _) = stop_at(&mut events, id).await?;
+                ensure!(tid != pid && !tids.contains(&tid), "{tid} in {tids:?}");
+                tids.push(tid);
+                let frames = stack(&daemon, pid, tid).await?;
+                ensure!(
+                    frames.first().is_some_and(|f| f == "plugin_work")
+                        && frames.iter().any(|f| f == "worker"),
+                    "{frames:?}"
+                );
+                resume(&daemon, pid, tid).await?;
+            }
+            let reply = t.reply(EVENT_TIMEOUT).await?;
+            ensure!(reply.as_deref() == Some("WORKED n=3"), "{reply:?}");
+
+            let out = wpctl(&daemon, &["list", "--pid", &p]).await?;
+            ensure_ok(&out, "wpctl list")?;
+            ensure!(
+                out.stdout.contains(&format!("plugin_work ({at})"))
+                    && !out.stdout.contains("pending"),
+                "{:?}",
+                out.stdout
+            );
+            ensure!(
+                daemon.log().contains("loader hook closed"),
+                "hook left open"
+            );
+            let out = wpctl(&daemon, &["unwatch", &id.to_string()]).await?;
+            ensure_ok(&out, "wpctl unwatch")?;
+            let l = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            ensure!(l.watchpoints.is_empty(), "left {l:?}");
+            t.send("work 2 1")?;
+            let reply = t.reply(EVENT_TIMEOUT).await?;
+            ensure!(reply.as_deref() == Some("WORKED n=2"), "{reply:?}");
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// A function named alone that no loaded module defines is refused in one
+/// line that says so and names `--pending` with `LIBRARY:NAME`
+/// (`UNKNOWN_SYMBOL`, its closest names); a pending line of the plugin's
+/// source that has no code (its opening comment) goes at the load, with a
+/// `WatchpointRemoved` saying why; a misspelled pending name stays, its
+/// reason naming the plugin's function among the closest once the plugin
+/// is loaded; removed, the loader hook goes with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_name_pending_and_a_line_without_code_goes_at_the_load() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-plugins").await?;
+    daemon.finish(
+        async {
+            let pid = t.pid;
+            let p = pid.to_string();
+            let out = wpctl(&daemon, &["break", "--pid", &p, "plugin_work"]).await?;
+            ensure!(out.code == Some(5), "refusal exit code: {out:?}");
+            let lines: Vec<&str> = out.stderr.lines().filter(|l| !l.is_empty()).collect();
+            ensure!(
+                lines.len() == 1
+                    && lines[0].starts_with("wpctl: no function named \"plugin_work\" in the ")
+                    && lines[0].contains(&format!("process {pid} has loaded"))
+                    && lines[0].contains("--pending LIBRARY:plugin_work"),
+                "{:?}",
+                out.stderr
+            );
+            let out = wpctl(&daemon, &["--json", "break", "--pid", &p, "plugin_work"]).await?;
+            ensure!(
+                out.code == Some(5) && out.stderr.contains(wpd_proto::reason::UNKNOWN_SYMBOL),
+                "{out:?}"
+            );
+            ensure!(
+                !daemon.log().contains("loader hook set"),
+                "a refusal opened the loader hook"
+            );
+
+            let mut client = daemon.client().await?;
+            let mut events = EventStream::for_pid(&mut client, pid).await?;
+            let out = wpctl(&daemon, &["break", "--pid", &p, "--pending", "plugin.c:1"]).await?;
+            ensure_ok(&out, "wpctl break --pending plugin.c:1")?;
+            let id = id_of(out.stdout.lines().next().unwrap_or_default())?;
+            // A misspelled name: the plugin's own name is not among the
+            // closest until the plugin is loaded, then it is.
+            let out = wpctl(&daemon, &["break", "--pid", &p, "--pending", "plugin_wrok"]).await?;
+            ensure_ok(&out, "wpctl break --pending plugin_wrok")?;
+            let typo = id_of(out.stdout.lines().next().unwrap_or_default())?;
+            let why = pending_reason(&daemon, pid, typo).await?;
+            ensure!(
+                why.starts_with("no function named \"plugin_wrok\"")
+                    && !why.contains("plugin_work"),
+                "{why:?}"
+            );
+            t.send("load")?;
+            let reason = events
+                .wait_for(EVENT_TIMEOUT, "its WatchpointRemoved", |e| match e {
+                    Event::WatchpointRemoved(r) if r.watchpoint_id == id => {
+                        Ok(Some(r.reason.clone()))
+                    }
+                    _ => Ok(None),
+                })
+                .await?;
+            ensure!(
+                reason.contains("its module was loaded, but it cannot be armed")
+                    && reason.contains("no code at plugin.c:1"),
+                "{reason:?}"
+            );
+            let reply = t.reply(EVENT_TIMEOUT).await?;
+            ensure!(reply.as_deref() == Some("LOADED calls=1"), "{reply:?}");
+            let why = pending_reason(&daemon, pid, typo).await?;
+            ensure!(
+                why.starts_with("no function named \"plugin_wrok\"")
+                    && why.contains("closest: ")
+                    && why.contains("plugin_work"),
+                "{why:?}"
+            );
+            let out = wpctl(&daemon, &["unwatch", &typo.to_string()]).await?;
+            ensure_ok(&out, "wpctl unwatch (pending)")?;
+            let l = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            ensure!(l.watchpoints.is_empty(), "left {l:?}");
+            ensure!(
+                daemon.log().contains("loader hook closed"),
+                "hook left open"
+            );
             Ok(())
         }
         .await,

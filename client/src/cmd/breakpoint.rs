@@ -51,9 +51,10 @@ pub struct BreakArgs {
     /// exit 5 if the process exits or the breakpoint is removed first
     #[arg(long)]
     pub wait: bool,
-    /// Accept a MODULE:FUNCTION (or FUNCTION) of a library the process has not loaded yet: the
-    /// breakpoint is pending (`wpctl list`), and set when the dynamic linker maps the library
-    /// (a dlopen, or startup), before any of its code runs
+    /// Accept a MODULE:FUNCTION (or FUNCTION) of a library the process has not loaded yet, or a
+    /// FILE:LINE that no loaded module's line table names: the breakpoint is pending (`wpctl
+    /// list`), and set when the dynamic linker maps a library that has it (a dlopen, or
+    /// startup), before any of its code runs; the first such library takes it
     #[arg(long)]
     pub pending: bool,
 }
@@ -317,7 +318,7 @@ pub fn set_text(wp: &Watchpoint) -> String {
         return format!(
             "breakpoint {}: {} in pid {}: pending (its module is not loaded yet; set when it is)",
             wp.id,
-            escape(&code.function),
+            output::code_at(&code),
             spec.pid
         );
     }
@@ -386,6 +387,7 @@ fn breakpoint_json(wp: &Watchpoint) -> Value {
         "hits": wp.hits,
         "place": wp.breakpoint.as_ref().map(output::place_json),
         "pending": wp.pending,
+        "pending_reason": wp.pending.then(|| wp.pending_reason.clone()),
     })
 }
 

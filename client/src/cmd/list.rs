@@ -236,7 +236,7 @@ fn pending_row(
     if named {
         row.push(format!(
             "{} (pending: not loaded yet)",
-            escape(&code.function)
+            output::code_at(&code)
         ));
     }
     row
@@ -293,6 +293,7 @@ mod tests {
                     object_watchpoints: vec![],
                     breakpoint: None,
                     pending: false,
+                    pending_reason: String::new(),
                     policy_id: 0,
                     forked_children: vec![],
                     pieces: vec![],
@@ -323,6 +324,7 @@ mod tests {
                     object_watchpoints: vec![],
                     breakpoint: None,
                     pending: false,
+                    pending_reason: String::new(),
                     policy_id: 0,
                     forked_children: vec![],
                     pieces: vec![],

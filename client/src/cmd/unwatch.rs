@@ -7,7 +7,6 @@ use wpd_proto::v1::RemoveWatchpointRequest;
 use crate::cmd::{Ctx, Report};
 use crate::error::Error;
 use crate::output;
-use wpd_proto::text::escape;
 
 /// `wpctl unwatch`.
 #[derive(Debug, Args)]
@@ -68,7 +67,7 @@ pub async fn report(ctx: &Ctx, args: &UnwatchArgs) -> Result<Report, Error> {
         let text = format!(
             "removed pending {} {id} ({} in pid {}): its module was never loaded",
             if code.stop { "breakpoint" } else { "watch" },
-            escape(&code.function),
+            output::code_at(&code),
             spec.pid
         );
         return Ok(Report::new(text, json!({ "watchpoint": v })));

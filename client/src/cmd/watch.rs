@@ -510,6 +510,7 @@ mod tests {
                 object_watchpoints: vec![],
                 breakpoint: None,
                 pending: false,
+                pending_reason: String::new(),
                 policy_id: 0,
                 forked_children: vec![],
                 pieces: vec![],

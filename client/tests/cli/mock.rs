@@ -164,6 +164,7 @@ fn watchpoint(id: u64, spec: WatchpointSpec, hits: u64) -> Watchpoint {
         object_watchpoints: vec![],
         breakpoint: None,
         pending: false,
+        pending_reason: String::new(),
         policy_id: 0,
         forked_children: vec![],
         id,

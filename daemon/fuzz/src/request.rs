@@ -242,9 +242,6 @@ pub fn code_reference(s: &pb::WatchpointSpec) -> Result<(), &'static str> {
             (true, false, l) if l > 0 => {}
             _ => return Err("a code breakpoint is at a function, or at a file's line ≥ 1"),
         }
-        if c.pending && !c.file.is_empty() {
-            return Err("pending applies to a function, not to a file's line");
-        }
         if !s.symbol.is_empty()
             || s.length != 0
             || s.address != 0

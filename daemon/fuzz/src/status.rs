@@ -396,6 +396,32 @@ pub enum SymbolInput {
         /// Why.
         why: String,
     },
+    /// A code event's function that no loaded module defines.
+    UnknownFunction {
+        /// Process.
+        pid: i32,
+        /// The name.
+        name: String,
+        /// Modules searched.
+        searched: usize,
+        /// Suggestions.
+        closest: Vec<String>,
+        /// Stripped modules.
+        stripped: Vec<String>,
+    },
+    /// A source file no loaded module's line table names.
+    SourceNotLoaded {
+        /// Process.
+        pid: i32,
+        /// The file.
+        file: String,
+        /// The line.
+        line: u32,
+        /// Modules with line tables searched.
+        searched: usize,
+        /// Suggestions.
+        closest: Vec<String>,
+    },
     /// A value where an object is needed.
     NotAnObject {
         /// Expression.
@@ -483,6 +509,32 @@ impl From<SymbolInput> for SymbolError {
                 file,
                 line,
                 why,
+            },
+            SymbolInput::UnknownFunction {
+                pid,
+                name,
+                searched,
+                closest,
+                stripped,
+            } => SymbolError::UnknownFunction {
+                pid,
+                name,
+                searched,
+                closest,
+                stripped,
+            },
+            SymbolInput::SourceNotLoaded {
+                pid,
+                file,
+                line,
+                searched,
+                closest,
+            } => SymbolError::SourceNotLoaded {
+                pid,
+                file,
+                line,
+                searched,
+                closest,
             },
             SymbolInput::NotAnObject {
                 expr,

@@ -74,6 +74,16 @@ pub struct CodeSpec {
     pub pending: bool,
 }
 
+impl CodeSpec {
+    /// Where it is, as asked: `[MODULE:]NAME`, or `FILE:LINE`.
+    pub fn at(&self) -> String {
+        match &self.line {
+            Some((file, line)) => format!("{file}:{line}"),
+            None => self.function.clone(),
+        }
+    }
+}
+
 /// A code event set `pending` whose function's module the process has not
 /// loaded yet: no probe is open. While a process has one, a probe at its
 /// dynamic linker's debugger hook (`_dl_debug_state`, which glibc's
@@ -116,6 +126,22 @@ fn pending_reason(e: &crate::symbols::SymbolError) -> String {
             if !closest.is_empty() {
                 s.push_str(&format!(" (closest: {})", closest.join(", ")));
             }
+            s
+        }
+        S::SourceNotLoaded {
+            file,
+            searched,
+            closest,
+            ..
+        } => {
+            let mut s = format!(
+                "no line table names {file:?} ({searched} module{} with line tables loaded",
+                if *searched == 1 { "" } else { "s" }
+            );
+            if !closest.is_empty() {
+                s.push_str(&format!("; closest: {}", closest.join(", ")));
+            }
+            s.push(')');
             s
         }
         other => other.to_string(),
@@ -450,6 +476,26 @@ impl Core {
                 loaded,
             }
             .into()),
+            // The event's own function, named without its module: it may
+            // be a library's, loaded later.
+            Err(WpdError::Symbol(crate::symbols::SymbolError::Unknown {
+                pid,
+                name,
+                searched,
+                closest,
+                stripped,
+            })) if code.line.is_none()
+                && crate::symbols::code::split_module(&code.function) == (None, name.as_str()) =>
+            {
+                Err(crate::symbols::SymbolError::UnknownFunction {
+                    pid,
+                    name,
+                    searched,
+                    closest,
+                    stripped,
+                }
+                .into())
+            }
             r => r,
         }
     }
@@ -729,7 +775,7 @@ impl Core {
             }
             return Err(e);
         }
-        tracing::info!(id = id.0, pid, function = %view.code.function, "code event pending");
+        tracing::info!(id = id.0, pid, at = %view.code.at(), "code event pending");
         // A library mapped between the first look and the hook's probe.
         self.resolve_pending(pid);
         Ok(self.object_watch(id).unwrap_or(view))
@@ -817,7 +863,13 @@ impl Core {
             let armed =
                 self.set_object_watch_as(p.spec.clone(), p.code.clone(), p.owner, Some(p.id));
             match armed {
-                Err(WpdError::Symbol(e)) if e.may_resolve_later() => continue,
+                // Still found nowhere: why, as of the modules loaded now.
+                Err(WpdError::Symbol(e)) if e.may_resolve_later() => {
+                    if let Some(mut q) = self.objects.pending.get_mut(&p.id) {
+                        q.why = pending_reason(&e);
+                    }
+                    continue;
+                }
                 // Whatever else came of it, it is pending no more (the guard
                 // takes it out), unless it was removed meanwhile.
                 _ if self.objects.pending.remove(&p.id).is_none() => {
@@ -827,7 +879,7 @@ impl Core {
                     }
                 }
                 Ok(view) => {
-                    tracing::info!(id = p.id.0, pid, function = %p.code.function, "pending code event armed");
+                    tracing::info!(id = p.id.0, pid, at = %p.code.at(), "pending code event armed");
                     self.bus.publish_as(
                         crate::events::EventKind::WatchpointResolved {
                             id: p.id,

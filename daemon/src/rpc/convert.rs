@@ -477,6 +477,7 @@ impl From<&WatchView> for pb::Watchpoint {
             object_watchpoints: Vec::new(),
             breakpoint: None,
             pending: false,
+            pending_reason: String::new(),
         }
     }
 }
@@ -522,6 +523,7 @@ pub fn object_view_to_pb(v: &crate::engine::objects::ObjectView) -> pb::Watchpoi
         object_watchpoints: v.live.iter().map(|w| w.0).collect(),
         breakpoint: v.place.as_ref().map(place_to_pb),
         pending: v.pending,
+        pending_reason: v.pending_why.clone().unwrap_or_default(),
         ..Default::default()
     }
 }
@@ -629,13 +631,6 @@ fn breakpoint_from_pb(
             ));
         }
     };
-    if c.pending && line.is_some() {
-        return Err(WpdError::InvalidArgument(
-            "code_event.pending applies to a function (a library's function may be pending \
-             until it is loaded), not to a file's line"
-                .into(),
-        ));
-    }
     if !s.symbol.is_empty()
         || s.length != 0
         || s.address != 0
@@ -1026,7 +1021,7 @@ mod tests {
     }
 
     #[test]
-    fn pending_goes_with_a_function_and_round_trips() {
+    fn pending_goes_with_a_function_or_a_line_and_round_trips() {
         let at = |function: &str, file: &str, line: u32, stop: bool| pb::WatchpointSpec {
             pid: 7,
             symbol: if stop {
@@ -1055,11 +1050,14 @@ mod tests {
         let mut back = pb::WatchpointSpec::default();
         code_to_pb(&mut back, &w);
         assert!(back.code_event.unwrap().pending);
-        let e = code_from_pb(&at("", "plugin.c", 12, true)).unwrap_err();
-        assert!(
-            matches!(&e, WpdError::InvalidArgument(m) if m.contains("pending applies to a function")),
-            "{e}"
-        );
+        let l = code_from_pb(&at("", "plugin.c", 12, true))
+            .unwrap()
+            .unwrap();
+        assert!(l.pending && l.line == Some(("plugin.c".into(), 12)));
+        let mut back = pb::WatchpointSpec::default();
+        code_to_pb(&mut back, &l);
+        let c = back.code_event.unwrap();
+        assert!(c.pending && c.file == "plugin.c" && c.line == 12, "{c:?}");
     }
 
     #[test]

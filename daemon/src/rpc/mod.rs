@@ -178,10 +178,12 @@ impl Service {
                 .pending_why
                 .iter()
                 .map(|why| {
-                    format!(
-                        "pending: {why}; it is set when the process loads a library that \
-                         defines it"
-                    )
+                    let what = if view.code.line.is_some() {
+                        "whose line table has that line"
+                    } else {
+                        "that defines it"
+                    };
+                    format!("pending: {why}; it is set when the process loads a library {what}")
                 })
                 .collect();
             return Ok(pb::SetWatchpointResponse {

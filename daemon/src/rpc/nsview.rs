@@ -507,6 +507,19 @@ fn symbol_error_out(ns: &Nested, s: crate::symbols::SymbolError) -> crate::symbo
             closest,
             stripped,
         },
+        S::UnknownFunction {
+            pid: p,
+            name,
+            searched,
+            closest,
+            stripped,
+        } => S::UnknownFunction {
+            pid: pid(p),
+            name,
+            searched,
+            closest,
+            stripped,
+        },
         S::Ambiguous {
             pid: p,
             name,
@@ -515,6 +528,30 @@ fn symbol_error_out(ns: &Nested, s: crate::symbols::SymbolError) -> crate::symbo
             pid: pid(p),
             name,
             modules,
+        },
+        S::NoCodeAtLine {
+            pid: p,
+            file,
+            line,
+            why,
+        } => S::NoCodeAtLine {
+            pid: pid(p),
+            file,
+            line,
+            why,
+        },
+        S::SourceNotLoaded {
+            pid: p,
+            file,
+            line,
+            searched,
+            closest,
+        } => S::SourceNotLoaded {
+            pid: pid(p),
+            file,
+            line,
+            searched,
+            closest,
         },
         other => other,
     }

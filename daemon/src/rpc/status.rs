@@ -57,7 +57,10 @@ pub fn to_status(e: &WpdError) -> Status {
     if let WpdError::Symbol(s) = e {
         use crate::symbols::SymbolError as S;
         match s {
-            S::Unknown { closest, .. } | S::UnknownType { closest, .. } => {
+            S::Unknown { closest, .. }
+            | S::UnknownFunction { closest, .. }
+            | S::UnknownType { closest, .. }
+            | S::SourceNotLoaded { closest, .. } => {
                 meta.insert("closest".to_string(), closest.join(","));
             }
             S::Ambiguous { modules, .. } => {
@@ -127,7 +130,9 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
                 S::Syntax(_) => (Code::InvalidArgument, r::BAD_SYMBOL),
                 S::NoSuchModule { .. } => (Code::NotFound, r::NO_SUCH_MODULE),
                 S::ModuleNotLoaded { .. } => (Code::NotFound, r::MODULE_NOT_LOADED),
-                S::Unknown { .. } => (Code::NotFound, r::UNKNOWN_SYMBOL),
+                S::Unknown { .. } | S::UnknownFunction { .. } => {
+                    (Code::NotFound, r::UNKNOWN_SYMBOL)
+                }
                 S::UnknownType { .. } => (Code::NotFound, r::UNKNOWN_TYPE),
                 S::OptimizedOut { .. } => (Code::NotFound, r::OPTIMIZED_OUT),
                 S::NotAnObject { .. } => (Code::InvalidArgument, r::NOT_AN_OBJECT),
@@ -141,6 +146,7 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
                 S::TooLarge { .. } => (Code::InvalidArgument, r::OBJECT_TOO_LARGE),
                 S::Unreadable { .. } => (Code::FailedPrecondition, r::SYMBOLS_UNREADABLE),
                 S::NoCodeAtLine { .. } => (Code::NotFound, r::NO_CODE_AT_LINE),
+                S::SourceNotLoaded { .. } => (Code::NotFound, r::SOURCE_NOT_LOADED),
             }
         }
     }
@@ -377,6 +383,65 @@ mod tests {
             Code::Internal,
             r::KERNEL_ERROR,
             "open failed",
+        );
+    }
+
+    #[test]
+    fn what_pending_would_wait_for_names_the_flag() {
+        use crate::symbols::SymbolError as S;
+        let unknown = || {
+            WpdError::Symbol(S::UnknownFunction {
+                pid: 7,
+                name: "plugin_work".into(),
+                searched: 3,
+                closest: vec!["plugin_new".into()],
+                stripped: vec![],
+            })
+        };
+        check(
+            unknown(),
+            Code::NotFound,
+            r::UNKNOWN_SYMBOL,
+            "no function named \"plugin_work\" in the 3 modules process 7 has loaded (closest: plugin_new)",
+        );
+        check(
+            unknown(),
+            Code::NotFound,
+            r::UNKNOWN_SYMBOL,
+            "--pending LIBRARY:plugin_work",
+        );
+        let e = WpdError::Symbol(S::SourceNotLoaded {
+            pid: 7,
+            file: "plugin.c".into(),
+            line: 14,
+            searched: 2,
+            closest: vec!["/src/plugins.c".into()],
+        });
+        let s = to_status(&e);
+        assert_eq!(
+            s.get_details_error_info().unwrap().metadata["closest"],
+            "/src/plugins.c"
+        );
+        check(
+            e,
+            Code::NotFound,
+            r::SOURCE_NOT_LOADED,
+            "no code at plugin.c:14 in process 7: no line table names that file (2 modules \
+             with line tables loaded; closest: /src/plugins.c); if it is a source of a library \
+             the process loads later, set the breakpoint pending (wpctl --pending",
+        );
+        let none = WpdError::Symbol(S::SourceNotLoaded {
+            pid: 7,
+            file: "plugin.c".into(),
+            line: 14,
+            searched: 0,
+            closest: vec![],
+        });
+        check(
+            none,
+            Code::NotFound,
+            r::SOURCE_NOT_LOADED,
+            "has DWARF line tables (build with -g); if it",
         );
     }
 

@@ -292,9 +292,8 @@ impl Symbols {
                 }
             }
         }
-        Err(no_code(match (with_lines, last_line) {
-            (0, _) => "no module of the process has DWARF line tables (build with -g)".into(),
-            (_, Some(last)) => format!(
+        match last_line {
+            Some(last) => Err(no_code(format!(
                 "the file has no code at or after that line in a function that holds it \
                  (a comment, a declaration, between functions{})",
                 if last > 0 {
@@ -302,13 +301,22 @@ impl Symbols {
                 } else {
                     String::new()
                 }
-            ),
-            (_, None) if closest.is_empty() => "no line table names that file".into(),
-            (_, None) => format!(
-                "no line table names that file (closest: {})",
-                closest.join(", ")
-            ),
-        }))
+            ))),
+            // No module loaded names the file: misspelled, or a library's
+            // source that a pending breakpoint waits for.
+            None => Err(SymbolError::SourceNotLoaded {
+                closest: {
+                    let mut seen = std::collections::HashSet::new();
+                    closest.retain(|c| seen.insert(c.clone()));
+                    closest.truncate(3);
+                    closest
+                },
+                pid,
+                file: file.to_string(),
+                line,
+                searched: with_lines,
+            }),
+        }
     }
 
     /// Checks a code event's expression against `site` before any probe
@@ -475,13 +483,8 @@ fn root_of(site: &CodeSite, name: &str, ret: bool) -> Result<Root, String> {
 
 /// Up to three function names like `name` in `files`.
 fn closest_function(name: &str, files: &[Arc<ElfFile>]) -> Vec<String> {
-    let mut scored: Vec<(f64, String)> = files
-        .iter()
-        .flat_map(|f| f.symbols.iter())
-        .filter(|s| s.kind == SymKind::Func && (name.starts_with('_') || !s.name.starts_with('_')))
-        .map(|s| (strsim::jaro_winkler(name, &s.name), s.name.clone()))
-        .filter(|(score, _)| *score >= 0.85)
-        .collect();
+    let mut scored: Vec<(f64, String)> =
+        files.iter().flat_map(|f| f.functions_like(name)).collect();
     scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
     scored.dedup_by(|a, b| a.1 == b.1);
     scored.into_iter().take(3).map(|(_, n)| n).collect()

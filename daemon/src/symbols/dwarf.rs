@@ -48,6 +48,12 @@ pub struct DwarfFile {
     owned: HashMap<gimli::SectionId, Vec<u8>>,
     index: OnceLock<HashMap<String, Vec<VarDie>>>,
     types: OnceLock<HashMap<String, Vec<(TypeRef, bool)>>>,
+    /// The source files its line tables name (`DwarfFile::line_files`).
+    pub(super) files: OnceLock<Vec<std::sync::Arc<str>>>,
+    /// The files named closest to a file it does not name, by the file
+    /// asked for (a pending breakpoint's file is asked for again at each
+    /// library loaded).
+    pub(super) closest: std::sync::Mutex<HashMap<String, Vec<String>>>,
 }
 
 const SECTIONS: [gimli::SectionId; 12] = [
@@ -311,6 +317,8 @@ impl DwarfFile {
             owned,
             index: OnceLock::new(),
             types: OnceLock::new(),
+            files: OnceLock::new(),
+            closest: Default::default(),
         })
     }
 
@@ -328,7 +336,11 @@ impl DwarfFile {
                 .map(|(k, v)| k.len() + 24 + v.len() * 24 + 48)
                 .sum()
         });
-        sections + index + types
+        let files: usize = self
+            .files
+            .get()
+            .map_or(0, |f| f.iter().map(|n| n.len() + 32).sum());
+        sections + index + types + files
     }
 
     /// The type named `name` (`struct conn`, `uint32_t`, `unsigned long`;

@@ -103,6 +103,9 @@ pub struct ElfFile {
     pub file_size: u64,
     /// Its call frame information (`.eh_frame`), for unwinding stacks.
     pub cfi: Option<super::unwind::Cfi>,
+    /// Its functions named like a name it does not define, by that name
+    /// (`ElfFile::functions_like`).
+    pub(super) like: std::sync::Mutex<std::collections::HashMap<String, Vec<(f64, String)>>>,
 }
 
 impl std::fmt::Debug for ElfFile {
@@ -295,7 +298,35 @@ impl ElfFile {
             has_symtab,
             file_size: m.len() as u64,
             cfi,
+            like: Default::default(),
         })
+    }
+
+    /// Its functions named like `name` (Jaro-Winkler 0.85 or more; names
+    /// starting with `_` only for a name that does): kept by name, as a
+    /// pending event's name found nowhere is looked for again at each
+    /// library loaded.
+    pub fn functions_like(&self, name: &str) -> Vec<(f64, String)> {
+        /// Names whose answers a file keeps.
+        const KEPT: usize = 64;
+        if let Some(v) = self.like.lock().unwrap().get(name) {
+            return v.clone();
+        }
+        let v: Vec<(f64, String)> = self
+            .symbols
+            .iter()
+            .filter(|s| {
+                s.kind == SymKind::Func && (name.starts_with('_') || !s.name.starts_with('_'))
+            })
+            .map(|s| (strsim::jaro_winkler(name, &s.name), s.name.clone()))
+            .filter(|(score, _)| *score >= 0.85)
+            .collect();
+        let mut like = self.like.lock().unwrap();
+        if like.len() >= KEPT {
+            like.clear();
+        }
+        like.insert(name.to_string(), v.clone());
+        v
     }
 
     /// The load bias of this file in a process, from one of its mappings

@@ -11,7 +11,9 @@ impl SymbolError {
     pub fn may_resolve_later(&self) -> bool {
         matches!(
             self,
-            SymbolError::NoSuchModule { .. } | SymbolError::Unknown { .. }
+            SymbolError::NoSuchModule { .. }
+                | SymbolError::Unknown { .. }
+                | SymbolError::SourceNotLoaded { .. }
         )
     }
 }
@@ -49,6 +51,22 @@ pub enum SymbolError {
     /// Nothing of that name.
     #[error("{}", unknown_message(name, *pid, *searched, closest, stripped))]
     Unknown {
+        /// Process.
+        pid: Pid,
+        /// The name.
+        name: String,
+        /// Modules searched.
+        searched: usize,
+        /// The closest names found.
+        closest: Vec<String>,
+        /// Modules searched that have no symbol table and no debug file.
+        stripped: Vec<String>,
+    },
+    /// A code event's function (named without its module) that no module
+    /// the process has loaded defines, asked for without `pending`: like
+    /// [`SymbolError::Unknown`], naming the way to wait for a library.
+    #[error("{}", unknown_function_message(name, *pid, *searched, closest, stripped))]
+    UnknownFunction {
         /// Process.
         pid: Pid,
         /// The name.
@@ -206,6 +224,22 @@ pub enum SymbolError {
         /// Why, and what is there instead.
         why: String,
     },
+    /// A source file that no line table of the modules the process has
+    /// loaded names: misspelled, or a source of a library loaded later
+    /// (which `pending` waits for).
+    #[error("{}", source_not_loaded_message(file, *line, *pid, *searched, closest))]
+    SourceNotLoaded {
+        /// Process.
+        pid: Pid,
+        /// The file asked for.
+        file: String,
+        /// The line asked for.
+        line: u32,
+        /// Modules with line tables searched.
+        searched: usize,
+        /// The files named closest to it.
+        closest: Vec<String>,
+    },
     /// The process's files could not be read.
     #[error("cannot read the mappings of process {pid}: {why}")]
     Unreadable {
@@ -239,5 +273,67 @@ fn unknown_message(
             if stripped.len() == 1 { "its" } else { "their" }
         ));
     }
+    s
+}
+
+/// `UnknownFunction`'s text: `Unknown`'s, then how to wait for a library.
+fn unknown_function_message(
+    name: &str,
+    pid: Pid,
+    searched: usize,
+    closest: &[String],
+    stripped: &[String],
+) -> String {
+    let mut s = format!(
+        "no function named {name:?} in the {searched} module{} process {pid} has loaded",
+        if searched == 1 { "" } else { "s" }
+    );
+    if !closest.is_empty() {
+        s.push_str(&format!(" (closest: {})", closest.join(", ")));
+    }
+    if !stripped.is_empty() {
+        s.push_str(&format!(
+            "; {} {} stripped (only exported names are known)",
+            stripped.join(", "),
+            if stripped.len() == 1 { "is" } else { "are" },
+        ));
+    }
+    s.push_str(&format!(
+        ": if a library it loads later defines it, set it pending (wpctl --pending \
+         LIBRARY:{name}, e.g. libfoo.so:{name}; CodeEvent.pending)"
+    ));
+    s
+}
+
+/// `SourceNotLoaded`'s text.
+fn source_not_loaded_message(
+    file: &str,
+    line: u32,
+    pid: Pid,
+    searched: usize,
+    closest: &[String],
+) -> String {
+    let mut s = if searched == 0 {
+        format!(
+            "no code at {file}:{line} in process {pid}: no module it has loaded has DWARF \
+             line tables (build with -g)"
+        )
+    } else {
+        format!(
+            "no code at {file}:{line} in process {pid}: no line table names that file ({searched} \
+             module{} with line tables loaded",
+            if searched == 1 { "" } else { "s" }
+        )
+    };
+    if searched > 0 {
+        if !closest.is_empty() {
+            s.push_str(&format!("; closest: {}", closest.join(", ")));
+        }
+        s.push(')');
+    }
+    s.push_str(
+        "; if it is a source of a library the process loads later, set the breakpoint \
+         pending (wpctl --pending; CodeEvent.pending)",
+    );
     s
 }

@@ -47,11 +47,45 @@ fn same_file(full: &str, asked: &str) -> bool {
             .is_some_and(|head| head.ends_with('/'))
 }
 
+/// Files asked for whose closest names a module keeps.
+const CLOSEST_KEPT: usize = 64;
+
 fn base_name(p: &str) -> &str {
     p.rsplit('/').next().unwrap_or(p)
 }
 
 impl DwarfFile {
+    /// The source files its line tables' headers name, sorted, each once;
+    /// read once per file (a look for a file that the module does not
+    /// name, as a pending breakpoint's at each library loaded, reads no
+    /// line table's rows).
+    pub fn line_files(&self) -> &[Arc<str>] {
+        self.files.get_or_init(|| {
+            let Some(dwarf) = self.dwarf() else {
+                return Vec::new();
+            };
+            let mut out: Vec<Arc<str>> = Vec::new();
+            let mut units = dwarf.units();
+            while let Ok(Some(header)) = units.next() {
+                let Ok(unit) = dwarf.unit(header) else {
+                    continue;
+                };
+                let Some(program) = unit.line_program.as_ref() else {
+                    continue;
+                };
+                let header = program.header();
+                for entry in header.file_names() {
+                    if let Some(name) = entry_name(&dwarf, &unit, header, entry) {
+                        out.push(name.into());
+                    }
+                }
+            }
+            out.sort_unstable();
+            out.dedup();
+            out
+        })
+    }
+
     /// Every line table's sequences, each its rows in address order (the
     /// end-of-sequence row left out).
     pub fn line_sequences(&self) -> Vec<Vec<LineRow>> {
@@ -130,6 +164,23 @@ impl DwarfFile {
         line: u32,
         function_entry: impl Fn(u64) -> Option<u64>,
     ) -> Result<LineRow, NoCode> {
+        // A file it does not name, asked for before: what was answered.
+        if let Some(closest) = self.closest.lock().unwrap().get(file) {
+            return Err(NoCode::NoFile(closest.clone()));
+        }
+        let names = self.line_files();
+        if !names
+            .iter()
+            .any(|f| same_file(f, file) || base_name(f) == base_name(file))
+        {
+            let closest = closest_files(names, file);
+            let mut seen = self.closest.lock().unwrap();
+            if seen.len() >= CLOSEST_KEPT {
+                seen.clear();
+            }
+            seen.insert(file.to_string(), closest.clone());
+            return Err(NoCode::NoFile(closest));
+        }
         let seqs = self.line_sequences();
         let all = || seqs.iter().flatten();
         let mut rows: Vec<&LineRow> = all().filter(|r| same_file(&r.file, file)).collect();
@@ -140,18 +191,10 @@ impl DwarfFile {
                 .collect();
         }
         if rows.is_empty() {
-            let mut files: Vec<&str> = all().map(|r| &*r.file).collect();
+            let mut files: Vec<Arc<str>> = all().map(|r| r.file.clone()).collect();
             files.sort_unstable();
             files.dedup();
-            let mut scored: Vec<(f64, &str)> = files
-                .into_iter()
-                .map(|f| (strsim::jaro_winkler(base_name(file), base_name(f)), f))
-                .filter(|(s, _)| *s >= 0.8)
-                .collect();
-            scored.sort_by(|a, b| b.0.total_cmp(&a.0));
-            return Err(NoCode::NoFile(
-                scored.into_iter().take(3).map(|(_, f)| f.into()).collect(),
-            ));
+            return Err(NoCode::NoFile(closest_files(&files, file)));
         }
         let lowest = |l: u32| {
             rows.iter()
@@ -187,6 +230,17 @@ impl DwarfFile {
     }
 }
 
+/// The three files named closest to `file` (by their names alone).
+fn closest_files(files: &[Arc<str>], file: &str) -> Vec<String> {
+    let mut scored: Vec<(f64, &str)> = files
+        .iter()
+        .map(|f| (strsim::jaro_winkler(base_name(file), base_name(f)), &**f))
+        .filter(|(s, _)| *s >= 0.8)
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    scored.into_iter().take(3).map(|(_, f)| f.into()).collect()
+}
+
 /// The path of the file a row names: its directory and the unit's
 /// directory joined where the name is relative.
 fn file_name<'d>(
@@ -195,7 +249,16 @@ fn file_name<'d>(
     header: &gimli::LineProgramHeader<R<'d>>,
     row: &gimli::LineRow,
 ) -> Option<String> {
-    let entry = row.file(header)?;
+    entry_name(dwarf, unit, header, row.file(header)?)
+}
+
+/// The path of a line table's file entry (see [`file_name`]).
+fn entry_name<'d>(
+    dwarf: &gimli::Dwarf<R<'d>>,
+    unit: &gimli::Unit<R<'d>>,
+    header: &gimli::LineProgramHeader<R<'d>>,
+    entry: &gimli::FileEntry<R<'d>>,
+) -> Option<String> {
     let text = |v: gimli::AttributeValue<R<'d>>| -> Option<String> {
         let s = dwarf.attr_string(unit, v).ok()?;
         Some(s.to_string_lossy().into_owned())

@@ -201,10 +201,13 @@ impl Session {
                 ..Default::default()
             },
             CodeAt::Line(_, 0) => return Err("lines start at 1".into()),
+            // Pending too if no module loaded has the file in its line
+            // tables (a library's source, loaded later).
             CodeAt::Line(file, line) => pb::CodeEvent {
                 file: file.clone(),
                 line: *line,
                 stop: true,
+                pending: true,
                 ..Default::default()
             },
         };
@@ -243,7 +246,54 @@ impl Session {
             wp_id: wp.id,
             place: wp.breakpoint.unwrap_or_default(),
             pending: wp.pending.then_some(why),
+            reason: wp.pending_reason,
         })
+    }
+
+    /// Brings the messages of the session's pending code breakpoints up to
+    /// date before a stop is shown: the daemon looks for their names again
+    /// at each library the program loads, and a name still found nowhere
+    /// gets the closest names among the modules loaded by then (a
+    /// misspelled name set before the program's libraries were loaded
+    /// shows what it may have meant). A `breakpoint` event `changed` for
+    /// each whose reason changed.
+    pub(super) async fn refresh_pending(&mut self) {
+        if !self.code.iter().any(|c| c.pending.is_some()) {
+            return;
+        }
+        let Ok(pid) = self.pid() else { return };
+        let Ok(list) = self
+            .client()
+            .list_watchpoints(self.daemon.request(pb::ListWatchpointsRequest { pid }))
+            .await
+        else {
+            return;
+        };
+        for w in list.into_inner().watchpoints {
+            if !w.pending || w.pending_reason.is_empty() {
+                continue;
+            }
+            let Some(c) = self
+                .code
+                .iter_mut()
+                .find(|c| c.wp_id == w.id && c.pending.is_some())
+            else {
+                continue;
+            };
+            if c.reason == w.pending_reason {
+                continue;
+            }
+            c.pending = Some(format!(
+                "pending: {}; looked for again at each library the program loads",
+                w.pending_reason
+            ));
+            c.reason = w.pending_reason;
+            let breakpoint = shown(c);
+            self.send_event(&crate::protocol::events::BreakpointEvent {
+                reason: "changed",
+                breakpoint,
+            });
+        }
     }
 
     /// The daemon set a pending code breakpoint (its library was loaded):
@@ -287,6 +337,7 @@ impl Session {
         if self.stops.contains_key(&b.tid) || !self.held(b.pid, b.tid).await {
             return;
         }
+        self.refresh_pending().await;
         let first = !self.stopped;
         self.stopped = true;
         self.stops.insert(
@@ -314,8 +365,8 @@ impl Session {
 fn shown(c: &CodeArmed) -> Breakpoint {
     if let Some(why) = &c.pending {
         let name = match &c.at {
-            CodeAt::Function(name) => name.as_str(),
-            CodeAt::Line(path, _) => path.as_str(),
+            CodeAt::Function(name) => name.clone(),
+            CodeAt::Line(path, line) => format!("{path}:{line}"),
         };
         return Breakpoint {
             id: Some(c.dap_id),

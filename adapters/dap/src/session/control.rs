@@ -44,6 +44,7 @@ impl Handler<Pause> for Session {
             }))
             .await?;
         self.stopped = true;
+        self.refresh_pending().await;
         self.event_after_response(&Stopped {
             reason: "pause",
             thread_id: a.thread_id,

@@ -143,6 +143,7 @@ impl Session {
         if !self.held(h.pid, h.tid).await {
             return;
         }
+        self.refresh_pending().await;
         let first = !self.stopped;
         self.stopped = true;
         self.stops.insert(h.tid, info);

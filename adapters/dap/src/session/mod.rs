@@ -120,6 +120,9 @@ struct CodeArmed {
     /// Its library is not loaded yet, and why: the daemon sets it when it
     /// is (a `WatchpointResolved`, then a `breakpoint` event `changed`).
     pending: Option<String>,
+    /// The daemon's reason while pending (`Watchpoint.pending_reason`), as
+    /// last seen.
+    reason: String,
 }
 
 /// The last hit a thread stopped at (a data breakpoint's, with its values;

@@ -3,13 +3,14 @@
 //! linker's `_dl_debug_state`, which stops the loading thread twice per
 //! dlopen and twice per dlclose while the daemon looks for the pending
 //! names), against the same process not attached and attached with
-//! nothing pending (no probe).
+//! nothing pending (no probe); and with a pending source line instead,
+//! for which every module's line tables are read at each stop.
 
 use crate::*;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use wpd_proto::v1::{CodeEvent, SetWatchpointRequest, WatchpointSpec};
+use wpd_proto::v1::{CodeEvent, RemoveWatchpointRequest, SetWatchpointRequest, WatchpointSpec};
 use wpd_tests::{Backend, CTarget, Daemon, attach, rpc_ok};
 
 /// µs per dlopen + dlclose of `libplugin.so`, median over `reps` runs of
@@ -50,28 +51,59 @@ pub(crate) async fn section_pending(args: &Args) -> Result<()> {
         "| attached (ptrace), nothing pending | {attached:.1} | {:.2} |",
         attached / bare
     );
-    // A name no library defines: pending through every cycle.
-    rpc_ok(
-        "SetWatchpoint(pending)",
-        client.set_watchpoint(SetWatchpointRequest {
-            spec: Some(WatchpointSpec {
-                pid: t.pid,
-                code_event: Some(CodeEvent {
-                    function: "libnever.so:never".into(),
-                    stop: true,
-                    pending: true,
+    // Pending through every cycle: a library never loaded (no module is
+    // opened), a function no module defines (every module's symbols, and
+    // the closest names, at each stop), a source file no line table names
+    // (every module's list of source files, read once per file).
+    let rows: [(&str, CodeEvent); 3] = [
+        (
+            "a pending MODULE:NAME (loader hook)",
+            CodeEvent {
+                function: "libnever.so:never".into(),
+                ..Default::default()
+            },
+        ),
+        (
+            "a pending NAME, in no module",
+            CodeEvent {
+                function: "never_defined".into(),
+                ..Default::default()
+            },
+        ),
+        (
+            "a pending FILE:LINE, in no line table",
+            CodeEvent {
+                file: "never.c".into(),
+                line: 1,
+                ..Default::default()
+            },
+        ),
+    ];
+    for (what, code) in rows {
+        let set = rpc_ok(
+            "SetWatchpoint(pending)",
+            client.set_watchpoint(SetWatchpointRequest {
+                spec: Some(WatchpointSpec {
+                    pid: t.pid,
+                    code_event: Some(CodeEvent {
+                        stop: true,
+                        pending: true,
+                        ..code
+                    }),
                     ..Default::default()
                 }),
-                ..Default::default()
             }),
-        }),
-    )
-    .await?;
-    let pending = cycles(&mut t, n, args.reps).await?;
-    println!(
-        "| a pending code event (loader hook) | {pending:.1} | {:.2} |",
-        pending / bare
-    );
+        )
+        .await?;
+        let us = cycles(&mut t, n, args.reps).await?;
+        println!("| {what} | {us:.1} | {:.2} |", us / bare);
+        let id = set.watchpoint.map(|w| w.id).context("no watchpoint")?;
+        rpc_ok(
+            "RemoveWatchpoint(pending)",
+            client.remove_watchpoint(RemoveWatchpointRequest { id }),
+        )
+        .await?;
+    }
     flush();
     drop(t);
     drop(daemon);
