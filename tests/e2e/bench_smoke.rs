@@ -131,6 +131,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
         &[
             "| alone (daemon idle), tunable |",
             "| watched, never written (parser_limit), tunable |",
+            "| the kernel's floor: no wpd, the same inherited breakpoint and no-op program opened by the target itself (preloaded), tunable |",
             "| log, every store a hit, tunable |",
             "| signal, condition > 100, tunable |",
             "| alone (daemon idle), without the tunable |",
@@ -196,7 +197,9 @@ const SECTIONS: &[(&str, &[&str])] = &[
         &[
             "| not attached |",
             "| attached (ptrace), nothing pending |",
-            "| a pending code event (loader hook) |",
+            "| a pending MODULE:NAME (loader hook) |",
+            "| a pending NAME, in no module |",
+            "| a pending FILE:LINE, in no line table |",
         ],
     ),
 ];

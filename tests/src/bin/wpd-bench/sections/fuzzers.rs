@@ -109,6 +109,58 @@ int main(int argc, char **argv) {
 }
 "#;
 
+/// The kernel's floor under persistent mode, with the real fuzzer: a library preloaded into
+/// the target (`AFL_PRELOAD`) whose constructor opens on the process, before AFL++'s fork
+/// server starts, the breakpoint wpd opens for a watchpoint that follows forks (inherited,
+/// a no-op BPF program attached as on wpd's per-thread path) on a variable nobody writes.
+/// The persistent child inherits it as it inherits wpd's: what is left is the kernel's
+/// scheduling of a task whose perf context holds an event, at every stop and continue
+/// (`docs/experiments/switch-with-breakpoint.c`).
+const FLOOR_PRELOAD: &str = r#"
+#include <linux/bpf.h>
+#include <linux/hw_breakpoint.h>
+#include <linux/perf_event.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static volatile uint64_t never_written;
+
+__attribute__((constructor)) static void arm(void) {
+    struct perf_event_attr a;
+    memset(&a, 0, sizeof a);
+    a.type = PERF_TYPE_BREAKPOINT;
+    a.size = sizeof a;
+    a.sample_period = 1;
+    a.bp_type = HW_BREAKPOINT_W;
+    a.bp_addr = (uintptr_t)&never_written;
+    a.bp_len = HW_BREAKPOINT_LEN_8;
+    a.exclude_kernel = 1;
+    a.exclude_hv = 1;
+    a.inherit = 1;
+    int fd = (int)syscall(SYS_perf_event_open, &a, 0, -1, -1, 0);
+    struct bpf_insn insns[2];
+    memset(insns, 0, sizeof insns);
+    insns[0].code = BPF_ALU64 | BPF_MOV | BPF_K; /* r0 = 0 */
+    insns[1].code = BPF_JMP | BPF_EXIT;
+    union bpf_attr b;
+    memset(&b, 0, sizeof b);
+    b.prog_type = BPF_PROG_TYPE_PERF_EVENT;
+    b.insn_cnt = 2;
+    b.insns = (uintptr_t)insns;
+    b.license = (uintptr_t)"GPL";
+    int prog = (int)syscall(SYS_bpf, BPF_PROG_LOAD, &b, sizeof b);
+    if (fd < 0 || prog < 0 || ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog) != 0) {
+        perror("the floor's breakpoint");
+        abort();
+    }
+}
+"#;
+
 pub(crate) async fn section_fuzzers(args: &Args) -> Result<()> {
     let t0 = Instant::now();
     for (tool, package) in [
@@ -383,8 +435,9 @@ struct AflExtra {
 }
 
 /// One mode of an AFL++ table: its label, the policy's `wpctl watch` options (`None`: no
-/// policy) and whether the fuzzer (and so the target) runs with [`NO_REP_STOSB`].
-type AflMode<'a> = (&'a str, Option<&'a [&'a str]>, bool);
+/// policy), whether the fuzzer (and so the target) runs with [`NO_REP_STOSB`], and a library
+/// to preload into the target (`AFL_PRELOAD`).
+type AflMode<'a> = (&'a str, Option<&'a [&'a str]>, bool, Option<&'a Path>);
 
 async fn afl(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Result<AflExtra> {
     let seeds = dir.join("in");
@@ -397,21 +450,24 @@ async fn afl(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Result<AflE
         "## fuzzers: AFL++ on a fork server, alone and with a policy on state.level (afl-fuzz -V {secs}, fork-server children followed)\n"
     );
     let forked: [AflMode; 5] = [
-        ("alone (daemon idle)", None, false),
+        ("alone (daemon idle)", None, false, None),
         (
             "watched, never written (parser_limit: the cost of being watched)",
             Some(&["--symbol", "parser_limit", "--follow-forks"]),
             false,
+            None,
         ),
         (
             "log, every store a hit (no condition)",
             Some(&["--follow-forks"]),
             false,
+            None,
         ),
         (
             "log, condition > 100 (judged at the trap)",
             Some(&["--follow-forks", "--condition", "> 100"]),
             false,
+            None,
         ),
         (
             "signal, condition > 100",
@@ -423,6 +479,7 @@ async fn afl(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Result<AflE
                 "signal",
             ]),
             false,
+            None,
         ),
     ];
     let rows = afl_table(args, daemon, dir, secs, &[&bin; 5], &comm, &seeds, &forked).await?;
@@ -461,17 +518,35 @@ async fn afl(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Result<AflE
     // The baseline has the tunable too: AFL++ clears its coverage map with
     // a memset at every input, which `rep stosb` would slow once watched
     // (kernel-facts §14), so the README has the fuzzer run with it.
-    let persistent: [AflMode; 6] = [
-        ("alone (daemon idle), tunable", None, true),
+    // The kernel's floor in the same run: the breakpoint wpd would open, opened by the target
+    // itself before the fork server starts.
+    let floor_lib = dir.join("libwpdfloor.so");
+    compile(
+        dir,
+        FLOOR_PRELOAD,
+        "libwpdfloor.so",
+        "cc",
+        &["-O2", "-shared", "-fPIC"],
+    )?;
+    let persistent: [AflMode; 7] = [
+        ("alone (daemon idle), tunable", None, true, None),
         (
             "watched, never written (parser_limit), tunable",
             Some(&["--symbol", "parser_limit", "--follow-forks"]),
             true,
+            None,
+        ),
+        (
+            "the kernel's floor: no wpd, the same inherited breakpoint and no-op program opened by the target itself (preloaded), tunable",
+            None,
+            true,
+            Some(&floor_lib),
         ),
         (
             "log, every store a hit, tunable",
             Some(&["--follow-forks"]),
             true,
+            None,
         ),
         (
             "signal, condition > 100, tunable",
@@ -483,16 +558,35 @@ async fn afl(args: &Args, daemon: &Daemon, dir: &Path, secs: u64) -> Result<AflE
                 "signal",
             ]),
             true,
+            None,
         ),
-        ("alone (daemon idle), without the tunable", None, false),
+        (
+            "alone (daemon idle), without the tunable",
+            None,
+            false,
+            None,
+        ),
         (
             "alone, tunable, the target aborts at level > 100 itself (the signal action's crashes without wpd)",
             None,
             true,
+            None,
         ),
     ];
-    let bins = [&bin, &bin, &bin, &bin, &bin, &asserting];
-    afl_table(args, daemon, dir, secs, &bins, &comm, &seeds, &persistent).await?;
+    let bins = [&bin, &bin, &bin, &bin, &bin, &bin, &asserting];
+    let rows = afl_table(args, daemon, dir, secs, &bins, &comm, &seeds, &persistent).await?;
+    let us = |r: &Row| 1e6 / r.rate.med.max(1e-9);
+    println!(
+        "Persistent mode, from the medians: an execution takes {:.1} µs alone, {:.1} µs watched \
+         and {:.1} µs with the kernel's floor (the breakpoint without wpd): the floor is {:.2}× \
+         alone, and watched is {:.2}× the floor.\n",
+        us(&rows[0]),
+        us(&rows[1]),
+        us(&rows[2]),
+        rows[2].rate.med / rows[0].rate.med.max(1e-9),
+        rows[1].rate.med / rows[2].rate.med.max(1e-9),
+    );
+    flush();
     Ok(extra)
 }
 
@@ -519,7 +613,7 @@ async fn afl_table(
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); modes.len()];
     let mut n = 0;
     for _ in 0..args.reps {
-        for (i, (_, extra, tunable)) in modes.iter().enumerate() {
+        for (i, (_, extra, tunable, preload)) in modes.iter().enumerate() {
             n += 1;
             let out = dir.join(format!("afl-out-{comm}-{n}"));
             let run = measured(daemon, comm, *extra, async || {
@@ -533,10 +627,17 @@ async fn afl_table(
                     .current_dir(dir)
                     .env("AFL_NO_UI", "1")
                     .env("AFL_SKIP_CPUFREQ", "1")
-                    .env("AFL_NO_AFFINITY", "1")
                     .env("AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES", "1");
+                // afl-fuzz binds itself (and so its target) to a free CPU, as it does
+                // unless told not to; the smoke run, alongside other tests, may find none.
+                if args.smoke {
+                    c.env("AFL_NO_AFFINITY", "1");
+                }
                 if *tunable {
                     c.env("GLIBC_TUNABLES", NO_REP_STOSB);
+                }
+                if let Some(lib) = preload {
+                    c.env("AFL_PRELOAD", lib);
                 }
                 let (o, wall) = run_timed(c, Duration::from_secs(secs * 4 + 60)).await?;
                 ensure!(
@@ -565,7 +666,7 @@ async fn afl_table(
     }
     let rows: Vec<Row> = runs.iter().map(|r| row(r, &runs[0])).collect();
     let alone = rows[0].rate.med;
-    for ((label, extra, _), r) in modes.iter().zip(&rows) {
+    for ((label, extra, _, _), r) in modes.iter().zip(&rows) {
         println!(
             "| {label} | {:.0} | {:.0}–{:.0} | {:.2} | {:.2} ({:.2}–{:.2}) | {:.0} | {:.2} | {:.2} | {} | {} |",
             r.rate.med,
