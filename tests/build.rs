@@ -15,6 +15,7 @@
 //! | `ct-nofp` | `-g -O2 -fomit-frame-pointer` (no frame-pointer chain) |
 //! | `ct-launch` | `launched.c`, `-g -O0` (PIE): the program the DAP tests launch |
 //! | `ct-breaks` | `breaks.c`, `-g -O0` (PIE): the program the DAP code-breakpoint tests launch |
+//! | `ct-nolibc` | `nolibc.c`, `-static -nostdlib`: no dynamic linker, no C library (no loader hook) |
 //! | `ct-plugins`, `libplugin.so` | `plugins.c` and `plugin.c`, `-g -O0`: a program that dlopens a plugin on command (pending code events) |
 //! | `ct-locals` | generated: `fifty()` with 50 locals, which stores into `hit` in a loop (the DAP variables benchmark), `-g -O0` |
 //! | `ct-objects`, `ct-objects-nodebug` | `objects.c` (code events' heap objects), `-g -O0` and `-O0` |
@@ -105,6 +106,21 @@ fn main() {
     std::fs::copy(out.join("ct-pie"), out.join("ct-stripped")).unwrap();
     tool("strip", &["--strip-all", "ct-stripped"]);
     cc(&out, &["-g", "-O0", "-o", "ct-launch", &s("launched.c")]);
+    cc(
+        &out,
+        &[
+            "-g",
+            "-O1",
+            "-static",
+            "-nostdlib",
+            "-fno-stack-protector",
+            "-fno-pie",
+            "-no-pie",
+            "-o",
+            "ct-nolibc",
+            &s("nolibc.c"),
+        ],
+    );
     cc(&out, &["-g", "-O0", "-o", "ct-breaks", &s("breaks.c")]);
     cc(
         &out,

@@ -223,6 +223,18 @@ pub enum WpdError {
         /// What happened.
         why: String,
     },
+    /// A pending code event needs the dynamic linker's debugger hook, and
+    /// the process has none (a program no glibc loader runs).
+    #[error(
+        "a pending code event waits for the dynamic linker to load its module, and process \
+         {pid} has no dynamic linker's debugger hook (_dl_debug_state: {detail})"
+    )]
+    NoLoaderHook {
+        /// Process.
+        pid: Pid,
+        /// Why the hook was not found.
+        detail: String,
+    },
     /// A name that does not resolve to something watchable.
     #[error("{0}")]
     Symbol(#[from] crate::symbols::SymbolError),

@@ -145,6 +145,10 @@ pub mod reason {
     /// The process can no longer be watched (e.g. it executed a setuid
     /// program, and the kernel detached every perf event).
     pub const PROCESS_LOST: &str = "PROCESS_LOST";
+    /// A pending code event was asked of a process without the dynamic
+    /// linker's debugger hook (`_dl_debug_state`): nothing would tell the
+    /// daemon when its module is loaded.
+    pub const NO_LOADER_HOOK: &str = "NO_LOADER_HOOK";
     /// Another tracer traces a thread.
     pub const ALREADY_TRACED: &str = "ALREADY_TRACED";
     /// A per-caller or daemon-wide limit.

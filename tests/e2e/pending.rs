@@ -14,7 +14,9 @@
 //! and stops the worker threads once loaded; a pending line the loaded
 //! plugin has no code at goes at the load, saying why. Refusals without
 //! `--pending` (a file no line table names, a function no module defines)
-//! name the flag. Everything waits on events, never on time.
+//! name the flag; a process without the loader's hook (a static program
+//! without a C library) is refused pending events and left as it was.
+//! Everything waits on events, never on time.
 
 use std::time::Duration;
 
@@ -743,6 +745,57 @@ async fn refusals_name_pending_and_a_line_without_code_goes_at_the_load() -> Res
             ensure!(
                 daemon.log().contains("loader hook closed"),
                 "hook left open"
+            );
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// A process no dynamic linker runs (`ct-nolibc`: static, no C library)
+/// has no loader hook to wait at: a pending event is refused
+/// (FAILED_PRECONDITION, `NO_LOADER_HOOK`) in one line that says why, and
+/// leaves nothing: nothing listed, the process not left attached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_without_a_loader_hook_refuses_pending_events() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let t = CTarget::start("ct-nolibc").await?;
+    daemon.finish(
+        async {
+            let pid = t.pid;
+            let p = pid.to_string();
+            let at = "libplugin.so:plugin_work";
+            let out = wpctl(&daemon, &["break", "--pid", &p, "--pending", at]).await?;
+            ensure!(out.code == Some(8), "refusal exit code: {out:?}");
+            let lines: Vec<&str> = out.stderr.lines().filter(|l| !l.is_empty()).collect();
+            ensure!(
+                lines.len() == 1
+                    && lines[0].contains(&format!(
+                        "process {pid} has no dynamic linker's debugger hook (_dl_debug_state"
+                    )),
+                "{:?}",
+                out.stderr
+            );
+            let out = wpctl(&daemon, &["--json", "break", "--pid", &p, "--pending", at]).await?;
+            ensure!(
+                out.code == Some(8) && out.stderr.contains(wpd_proto::reason::NO_LOADER_HOOK),
+                "{out:?}"
+            );
+            let out = wpctl(&daemon, &["--json", "list"]).await?;
+            ensure_ok(&out, "wpctl --json list")?;
+            let v: serde_json::Value = serde_json::from_str(&out.stdout)
+                .with_context(|| format!("not JSON: {:?}", out.stdout))?;
+            ensure!(
+                v["watchpoints"].as_array().is_none_or(|a| a.is_empty())
+                    && v["processes"].as_array().is_none_or(|a| a.is_empty()),
+                "the refusals left something: {v}"
+            );
+            ensure!(
+                !daemon.log().contains("loader hook set"),
+                "a refusal opened the loader hook"
             );
             Ok(())
         }

@@ -256,6 +256,13 @@ pub enum ErrorInput {
         /// Why.
         why: String,
     },
+    /// `WpdError::NoLoaderHook`.
+    NoLoaderHook {
+        /// Process.
+        pid: i32,
+        /// Why.
+        detail: String,
+    },
     /// `WpdError::Kernel` (any raw errno, known or not).
     Kernel {
         /// Operation.
@@ -678,6 +685,7 @@ impl ErrorInput {
                 outcome: outcome.get(),
             },
             ErrorInput::ProcessLost { pid, why } => WpdError::ProcessLost { pid, why },
+            ErrorInput::NoLoaderHook { pid, detail } => WpdError::NoLoaderHook { pid, detail },
             ErrorInput::Kernel { op, errno } => WpdError::Kernel {
                 op,
                 err: nix::errno::Errno::from_raw(errno),
@@ -731,6 +739,7 @@ pub fn variant(e: &WpdError) -> &'static str {
         WpdError::NoJournal => "NoJournal",
         WpdError::NotSaved { .. } => "NotSaved",
         WpdError::ProcessLost { .. } => "ProcessLost",
+        WpdError::NoLoaderHook { .. } => "NoLoaderHook",
         WpdError::Kernel { .. } => "Kernel",
         WpdError::Symbol(_) => "Symbol",
         WpdError::LeaseEnded { .. } => "LeaseEnded",

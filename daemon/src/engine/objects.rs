@@ -788,12 +788,13 @@ impl Core {
         if self.objects.hooks.contains_key(&pid) {
             return Ok(());
         }
-        let site = self.symbols.code_site(pid, LOADER_HOOK).map_err(|e| {
-            WpdError::InvalidArgument(format!(
-                "a pending code event waits for the dynamic linker to load its module, and \
-                 process {pid} has no dynamic linker's debugger hook ({LOADER_HOOK}: {e})"
-            ))
-        })?;
+        let site =
+            self.symbols
+                .code_site(pid, LOADER_HOOK)
+                .map_err(|e| WpdError::NoLoaderHook {
+                    pid,
+                    detail: e.to_string(),
+                })?;
         let hook = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let r_state = site
             .elf

@@ -467,6 +467,10 @@ pub fn error_out(caller: &Caller, e: WpdError) -> WpdError {
             Some(n) => WpdError::ProcessLost { pid: n, why },
             None => gone,
         },
+        WpdError::NoLoaderHook { pid: p, detail } => match pid(p) {
+            Some(n) => WpdError::NoLoaderHook { pid: n, detail },
+            None => gone,
+        },
         WpdError::Symbol(s) => WpdError::Symbol(symbol_error_out(ns, s)),
         other => other,
     }

@@ -117,6 +117,7 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
         WpdError::NotSaved { .. } => (Code::Unavailable, r::NOT_SAVED),
         WpdError::ProcessExited(_) => (Code::NotFound, r::PROCESS_EXITED),
         WpdError::ProcessLost { .. } => (Code::FailedPrecondition, r::PROCESS_LOST),
+        WpdError::NoLoaderHook { .. } => (Code::FailedPrecondition, r::NO_LOADER_HOOK),
         WpdError::AlreadyTraced { .. } => (Code::FailedPrecondition, r::ALREADY_TRACED),
         WpdError::LimitReached { .. } => (Code::ResourceExhausted, r::LIMIT_REACHED),
         WpdError::FdLimit { .. } => (Code::ResourceExhausted, r::FD_LIMIT),
@@ -368,6 +369,17 @@ mod tests {
             "NOT_SAVED",
             "watchpoint 7 could not be saved in the state directory (No space left on device \
              (os error 28)): it was removed again",
+        );
+        check(
+            WpdError::NoLoaderHook {
+                pid: 5,
+                detail: "no symbol named it in the 2 modules it maps".into(),
+            },
+            Code::FailedPrecondition,
+            r::NO_LOADER_HOOK,
+            "a pending code event waits for the dynamic linker to load its module, and process 5 \
+             has no dynamic linker's debugger hook (_dl_debug_state: no symbol named it in the 2 \
+             modules it maps)",
         );
         check(
             WpdError::ProcessLost {
