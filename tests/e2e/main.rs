@@ -13,6 +13,7 @@ mod bench_smoke;
 mod breaks;
 mod cli;
 mod dap;
+mod demo;
 mod deploy;
 mod disk_full;
 mod export;
