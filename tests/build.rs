@@ -16,7 +16,7 @@
 //! | `ct-launch` | `launched.c`, `-g -O0` (PIE): the program the DAP tests launch |
 //! | `ct-breaks` | `breaks.c`, `-g -O0` (PIE): the program the DAP code-breakpoint tests launch |
 //! | `ct-nolibc` | `nolibc.c`, `-static -nostdlib`: no dynamic linker, no C library (no loader hook) |
-//! | `ct-plugins`, `libplugin.so` | `plugins.c` and `plugin.c`, `-g -O0`: a program that dlopens a plugin on command (pending code events) |
+//! | `ct-plugins`, `libplugin.so`, `libplugin2.so` | `plugins.c` and `plugin.c` (both libraries built from it, `-fPIC -shared`), `-g -O0`: a program that dlopens a plugin on command (pending code events) |
 //! | `ct-locals` | generated: `fifty()` with 50 locals, which stores into `hit` in a loop (the DAP variables benchmark), `-g -O0` |
 //! | `ct-objects`, `ct-objects-nodebug` | `objects.c` (code events' heap objects), `-g -O0` and `-O0` |
 //! | `ct-ips` | generated: 1,000 functions that each store into `counter` (`sweep` calls them all), `-g -O0` |
@@ -131,6 +131,19 @@ fn main() {
             "-shared",
             "-o",
             "libplugin.so",
+            &s("plugin.c"),
+        ],
+    );
+    // The same source again: a second module whose line table names plugin.c.
+    cc(
+        &out,
+        &[
+            "-g",
+            "-O0",
+            "-fPIC",
+            "-shared",
+            "-o",
+            "libplugin2.so",
             &s("plugin.c"),
         ],
     );

@@ -1,10 +1,16 @@
 /* plugins: a program that loads libplugin.so (from its own directory)
- * with dlopen on command, for wpd's pending code events. Prints
- * "READY pid=N", then obeys one command per stdin line:
+ * with dlopen on command, for wpd's pending code events; libplugin2.so,
+ * built from the same source, is a second module whose line table names
+ * plugin.c. Both are opened RTLD_NOW | RTLD_LOCAL, so each library's calls
+ * of plugin_work go to its own. Prints "READY pid=N", then obeys one
+ * command per stdin line:
  *
  *   load        dlopen(libplugin.so) (its constructor calls plugin_work)
  *                                                        -> LOADED calls=<n>
+ *   load2       dlopen(libplugin2.so) (its constructor calls its own
+ *               plugin_work)                             -> LOADED2 calls=<n>
  *   work T N    T threads each call plugin_work N times  -> WORKED n=<T*N>
+ *   work2 T N   the same with libplugin2.so's plugin_work -> WORKED2 n=<T*N>
  *   new         o = plugin_new(1), then o->state = 0xdead by this program
  *               (the first store into the object)         -> NEW
  *   unload      dlclose                                   -> UNLOADED
@@ -29,17 +35,35 @@ struct pobj {
 static void *plugin;
 static long (*work)(long);
 static struct pobj *(*make)(long);
+static void *plugin2;
+static long (*work2)(long);
+static long (*thread_work)(long);
 static long per_thread;
 
 static void *worker(void *arg)
 {
     long base = (long)arg;
     for (long i = 0; i < per_thread; i++)
-        work(base + i);
+        thread_work(base + i);
     return NULL;
 }
 
-static void plugin_path(char *out, size_t n)
+/* T threads each call fn N times. */
+static int run_workers(long (*fn)(long), long t_count, long n)
+{
+    pthread_t t[16];
+    if (!fn || t_count < 1 || t_count > 16)
+        return -1;
+    thread_work = fn;
+    per_thread = n;
+    for (long i = 0; i < t_count; i++)
+        pthread_create(&t[i], NULL, worker, (void *)(i * 1000));
+    for (long i = 0; i < t_count; i++)
+        pthread_join(t[i], NULL);
+    return 0;
+}
+
+static void lib_path(char *out, size_t n, const char *name)
 {
     char self[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -49,7 +73,12 @@ static void plugin_path(char *out, size_t n)
     char *slash = strrchr(self, '/');
     if (slash)
         *slash = 0;
-    snprintf(out, n, "%s/libplugin.so", self);
+    snprintf(out, n, "%s/%s", self, name);
+}
+
+static void plugin_path(char *out, size_t n)
+{
+    lib_path(out, n, "libplugin.so");
 }
 
 int main(int argc, char **argv)
@@ -60,7 +89,25 @@ int main(int argc, char **argv)
     printf("READY pid=%d\n", (int)getpid());
     while (fgets(line, sizeof line, stdin)) {
         long a = 0, b = 0;
-        if (strncmp(line, "load", 4) == 0) {
+        /* "load2" and "work2" first: "load" and "work %ld %ld" match them too. */
+        if (strncmp(line, "load2", 5) == 0) {
+            char p[PATH_MAX + 32];
+            lib_path(p, sizeof p, "libplugin2.so");
+            plugin2 = dlopen(p, RTLD_NOW | RTLD_LOCAL);
+            if (!plugin2) {
+                printf("ERR dlopen %s\n", dlerror());
+                continue;
+            }
+            work2 = (long (*)(long))dlsym(plugin2, "plugin_work");
+            long *calls = (long *)dlsym(plugin2, "plugin_calls");
+            printf("LOADED2 calls=%ld\n", calls ? *calls : -1);
+        } else if (sscanf(line, "work2 %ld %ld", &a, &b) == 2) {
+            if (run_workers(work2, a, b) != 0) {
+                printf("ERR work2\n");
+                continue;
+            }
+            printf("WORKED2 n=%ld\n", a * b);
+        } else if (strncmp(line, "load", 4) == 0) {
             char p[PATH_MAX + 32];
             plugin_path(p, sizeof p);
             plugin = dlopen(p, RTLD_NOW);
@@ -73,16 +120,10 @@ int main(int argc, char **argv)
             long *calls = (long *)dlsym(plugin, "plugin_calls");
             printf("LOADED calls=%ld\n", calls ? *calls : -1);
         } else if (sscanf(line, "work %ld %ld", &a, &b) == 2) {
-            pthread_t t[16];
-            if (!work || a < 1 || a > 16) {
+            if (run_workers(work, a, b) != 0) {
                 printf("ERR work\n");
                 continue;
             }
-            per_thread = b;
-            for (long i = 0; i < a; i++)
-                pthread_create(&t[i], NULL, worker, (void *)(i * 1000));
-            for (long i = 0; i < a; i++)
-                pthread_join(t[i], NULL);
             printf("WORKED n=%ld\n", a * b);
         } else if (strncmp(line, "new", 3) == 0) {
             if (!make) {

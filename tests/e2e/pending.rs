@@ -11,8 +11,11 @@
 //! dlclose and a second dlopen keep the breakpoint; a pending event goes
 //! with its process's exit. A source line of the plugin (`plugin.c:LINE`)
 //! is pending the same way (no loaded module's line table names the file)
-//! and stops the worker threads once loaded; a pending line the loaded
-//! plugin has no code at goes at the load, saying why. Refusals without
+//! and stops the worker threads once loaded; when two modules built from
+//! that source are loaded one after the other (`libplugin.so`, then
+//! `libplugin2.so`), the first takes it and the second's calls never stop;
+//! a pending line the loaded plugin has no code at goes at the load,
+//! saying why. Refusals without
 //! `--pending` (a file no line table names, a function no module defines)
 //! name the flag; a process without the loader's hook (a static program
 //! without a C library) is refused pending events and left as it was.
@@ -650,6 +653,160 @@ async fn pending_line_breakpoint_stops_the_worker_threads() -> Result<()> {
             t.send("work 2 1")?;
             let reply = t.reply(EVENT_TIMEOUT).await?;
             ensure!(reply.as_deref() == Some("WORKED n=2"), "{reply:?}");
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// `id`'s row of `wpctl --json list --pid PID`.
+async fn listed(daemon: &Daemon, pid: i32, id: u64) -> Result<serde_json::Value> {
+    let out = wpctl(daemon, &["--json", "list", "--pid", &pid.to_string()]).await?;
+    ensure_ok(&out, "wpctl --json list")?;
+    let v: serde_json::Value =
+        serde_json::from_str(&out.stdout).with_context(|| format!("not JSON: {:?}", out.stdout))?;
+    v["watchpoints"]
+        .as_array()
+        .and_then(|a| a.iter().find(|w| w["id"] == id))
+        .cloned()
+        .with_context(|| format!("{id} is not listed: {v}"))
+}
+
+/// Two modules built from the same source (`libplugin.so`, then
+/// `libplugin2.so`) both name `plugin.c` in their line tables: a pending
+/// `plugin.c:LINE` goes to the first one loaded, with one probe there
+/// (listed and announced with that module; the constructor's call stops).
+/// The second module is loaded while the loader hook is still open (a
+/// pending breakpoint on `libplugin2.so:plugin_new` keeps it so, and
+/// resolves at that load, which shows the daemon looked at the module):
+/// the line breakpoint stays where it is, and neither the second module's
+/// constructor nor its threads' calls of its own `plugin_work` stop or
+/// count; the next call in the first module is the breakpoint's second
+/// hit. Removed, nothing is left and neither module stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_line_goes_to_the_first_module_that_names_its_file() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-plugins").await?;
+    daemon.finish(
+        async {
+            let pid = t.pid;
+            let p = pid.to_string();
+            let (file, line) = line_of("plugin_work");
+            ensure!(file == "plugin.c", "{file}");
+            let at = format!("{file}:{line}");
+            let mut client = daemon.client().await?;
+            let mut events = EventStream::for_pid(&mut client, pid).await?;
+
+            let out = wpctl(&daemon, &["break", "--pid", &p, "--pending", &at]).await?;
+            ensure_ok(&out, "wpctl break --pending FILE:LINE")?;
+            let id = id_of(out.stdout.lines().next().unwrap_or_default())?;
+            let second = "libplugin2.so:plugin_new";
+            let out = wpctl(&daemon, &["break", "--pid", &p, "--pending", second]).await?;
+            ensure_ok(&out, "wpctl break --pending libplugin2.so:plugin_new")?;
+            let witness = id_of(out.stdout.lines().next().unwrap_or_default())?;
+
+            // The first module takes it.
+            t.send("load")?;
+            let r = resolved(&mut events, id).await?;
+            let place = r.breakpoint.context("no place")?;
+            ensure!(
+                r.reason == "loaded"
+                    && place.function == "plugin_work"
+                    && place.line == line
+                    && place.module.ends_with("/libplugin.so"),
+                "{place:?}"
+            );
+            let (tid, count) = stop_at(&mut events, id).await?;
+            ensure!(tid == pid && count == 1, "tid {tid} count {count}");
+            let frames = stack(&daemon, pid, tid).await?;
+            ensure!(
+                frames.first().is_some_and(|f| f == "plugin_work")
+                    && frames.iter().any(|f| f == "plugin_init"),
+                "{frames:?}"
+            );
+            resume(&daemon, pid, tid).await?;
+            let reply = t.reply(EVENT_TIMEOUT).await?;
+            ensure!(reply.as_deref() == Some("LOADED calls=1"), "{reply:?}");
+            let w = listed(&daemon, pid, id).await?;
+            let address = w["breakpoint"]["address"].clone();
+            ensure!(
+                w["pending"] == false
+                    && w["hits"] == 1
+                    && w["breakpoint"]["module"]
+                        .as_str()
+                        .is_some_and(|m| m.ends_with("/libplugin.so"))
+                    && w["breakpoint"]["line"] == line
+                    && address.is_string(),
+                "{w}"
+            );
+            let why = pending_reason(&daemon, pid, witness).await?;
+            ensure!(!why.is_empty(), "the witness has no reason");
+            ensure!(
+                !daemon.log().contains("loader hook closed"),
+                "the hook closed while {witness} is pending"
+            );
+
+            // The second module, loaded with the hook open: its constructor's
+            // call of its own plugin_work is not held (else no LOADED2).
+            t.send("load2")?;
+            let r = resolved(&mut events, witness).await?;
+            let place = r.breakpoint.context("no place for the witness")?;
+            ensure!(
+                place.function == "plugin_new" && place.module.ends_with("/libplugin2.so"),
+                "{place:?}"
+            );
+            let reply = t.reply(EVENT_TIMEOUT).await?;
+            ensure!(
+                reply.as_deref() == Some("LOADED2 calls=1"),
+                "libplugin2.so's constructor: {reply:?}"
+            );
+            let reply = t.cmd("work2 2 1").await?;
+            ensure!(reply == "WORKED2 n=2", "{reply}");
+            let w = listed(&daemon, pid, id).await?;
+            ensure!(
+                w["hits"] == 1
+                    && w["breakpoint"]["address"] == address
+                    && w["breakpoint"]["module"]
+                        .as_str()
+                        .is_some_and(|m| m.ends_with("/libplugin.so")),
+                "after libplugin2.so's calls: {w}"
+            );
+            ensure!(
+                daemon.log().contains("loader hook closed"),
+                "hook left open"
+            );
+
+            // The first module's next call is its second hit.
+            t.send("work 1 1")?;
+            let (tid, count) = stop_at(&mut events, id).await?;
+            ensure!(tid != pid && count == 2, "tid {tid} count {count}");
+            let frames = stack(&daemon, pid, tid).await?;
+            ensure!(
+                frames.first().is_some_and(|f| f == "plugin_work")
+                    && frames.iter().any(|f| f == "worker"),
+                "{frames:?}"
+            );
+            resume(&daemon, pid, tid).await?;
+            let reply = t.reply(EVENT_TIMEOUT).await?;
+            ensure!(reply.as_deref() == Some("WORKED n=1"), "{reply:?}");
+
+            for which in [id, witness] {
+                let out = wpctl(&daemon, &["unwatch", &which.to_string()]).await?;
+                ensure_ok(&out, "wpctl unwatch")?;
+            }
+            let l = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            ensure!(l.watchpoints.is_empty(), "left {l:?}");
+            let reply = t.cmd("work 2 1").await?;
+            ensure!(reply == "WORKED n=2", "{reply}");
+            let reply = t.cmd("work2 2 1").await?;
+            ensure!(reply == "WORKED2 n=2", "{reply}");
             Ok(())
         }
         .await,
