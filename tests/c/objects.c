@@ -24,6 +24,11 @@
  *   sleepers T  T more threads that only sleep until the process exits
  *               (they create no object, but hold slots of
  *               process-wide watchpoints)                         -> SLEEPING n=T
+ *   writers T   T more threads (at most 8) that wait for objects handed
+ *               to them                                           -> WRITERS n=T
+ *   handoff K   one object created by the main thread, handed to writer
+ *               K, which stores into its state (state = 0xdead), then
+ *               freed by the main thread           -> HANDOFF tid=<writer's tid>
  *   quit        exits
  *
  * `objects pace N US` runs the pace command alone and exits (under gdb).
@@ -115,6 +120,31 @@ static void *sleeper(void *arg)
     return NULL;
 }
 
+/* Writers: each waits for an object in its slot, stores into it, and
+ * gives the slot back empty. */
+#define MAX_WRITERS 8
+static pthread_mutex_t hand_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hand_cond = PTHREAD_COND_INITIALIZER;
+static struct conn *handed[MAX_WRITERS];
+static pid_t writer_tid[MAX_WRITERS];
+static long writers;
+
+static void *writer(void *arg)
+{
+    long k = (long)arg;
+    pthread_mutex_lock(&hand_lock);
+    writer_tid[k] = gettid();
+    pthread_cond_broadcast(&hand_cond);
+    for (;;) {
+        while (!handed[k])
+            pthread_cond_wait(&hand_cond, &hand_lock);
+        handed[k]->state = 0xdead; /* LINE:handoff */
+        handed[k] = NULL;
+        pthread_cond_broadcast(&hand_cond);
+    }
+    return NULL;
+}
+
 static void *worker(void *arg)
 {
     long base = (long)arg;
@@ -199,6 +229,36 @@ int main(int argc, char **argv)
                 pthread_detach(t);
             }
             printf("SLEEPING n=%ld\n", a);
+        } else if (sscanf(line, "writers %ld", &a) == 1) {
+            if (a < 1 || writers + a > MAX_WRITERS) {
+                printf("ERR writers\n");
+                continue;
+            }
+            for (long i = 0; i < a; i++) {
+                pthread_t t;
+                pthread_create(&t, NULL, writer, (void *)writers);
+                pthread_detach(t);
+                pthread_mutex_lock(&hand_lock);
+                while (!writer_tid[writers])
+                    pthread_cond_wait(&hand_cond, &hand_lock);
+                pthread_mutex_unlock(&hand_lock);
+                writers++;
+            }
+            printf("WRITERS n=%ld\n", a);
+        } else if (sscanf(line, "handoff %ld", &a) == 1) {
+            if (a < 0 || a >= writers) {
+                printf("ERR writer\n");
+                continue;
+            }
+            struct conn *c = conn_new(9);
+            pthread_mutex_lock(&hand_lock);
+            handed[a] = c;
+            pthread_cond_broadcast(&hand_cond);
+            while (handed[a])
+                pthread_cond_wait(&hand_cond, &hand_lock);
+            pthread_mutex_unlock(&hand_lock);
+            conn_free(c);
+            printf("HANDOFF tid=%d\n", (int)writer_tid[a]);
         } else if (strncmp(line, "quit", 4) == 0) {
             return 0;
         } else {

@@ -256,9 +256,10 @@ async fn watch_conns(client: &mut Client, pid: i32, creator_only: bool) -> Resul
 /// after `conn_new` returns is still caught. On the creating thread only,
 /// each object is armed and disarmed by the tracer holding the thread, at
 /// the probe's stop. On every thread, with threads that existed at attach
-/// (spread over the tracer threads, four by default, one each), the
-/// tracer cannot reach them all: the daemon's objects thread arms instead,
-/// with the same counts.
+/// (spread over the tracer threads, four by default, one each), the same:
+/// the tracer holding the creator opens the breakpoints of the other
+/// tracers' threads itself, and a store by each of those threads into an
+/// object it is handed is a hit, with that thread's tid, at its line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slots_exact_on_many_threads_in_both_scopes() -> Result<()> {
     if !require_backend(Backend::Ptrace) {
@@ -266,8 +267,8 @@ async fn slots_exact_on_many_threads_in_both_scopes() -> Result<()> {
     }
     let daemon = Daemon::start().await?;
     let mut t = CTarget::start("ct-objects").await?;
-    let r = t.cmd("sleepers 3").await?;
-    ensure!(r == "SLEEPING n=3", "{r}");
+    let r = t.cmd("writers 3").await?;
+    ensure!(r == "WRITERS n=3", "{r}");
     daemon.finish(
         async {
             let mut client = daemon.client().await?;
@@ -313,12 +314,34 @@ async fn slots_exact_on_many_threads_in_both_scopes() -> Result<()> {
                 "every thread: {c:?}"
             );
             ensure!(
-                c.armed_at_stop == 0 && c.freed_without_stop == 200,
-                "the sleepers belong to other tracers: {c:?}"
+                c.armed_at_stop > 0 && c.disarmed_at_stop > 0 && c.freed_without_stop == 200,
+                "objects armed and disarmed at their stops, though the writers belong to \
+                 other tracers: {c:?}"
             );
             t.cmd("first").await?;
             let hit = events.collect_hits(1, HIT_TIMEOUT).await?.remove(0);
             check_line(&hit, "main", "first")?;
+            // Each writer (another tracer's thread) stores into an object
+            // it is handed: its breakpoint, opened by the creator's tracer,
+            // is reported by its own.
+            for k in 0..3 {
+                let r = t.cmd(&format!("handoff {k}")).await?;
+                let tid: i32 = r
+                    .strip_prefix("HANDOFF tid=")
+                    .and_then(|v| v.parse().ok())
+                    .with_context(|| format!("handoff {k}: {r}"))?;
+                let hit = events.collect_hits(1, HIT_TIMEOUT).await?.remove(0);
+                check_line(&hit, "writer", "handoff")?;
+                ensure!(
+                    hit.tid == tid && hit.value == 0xdead_u64.to_le_bytes().to_vec(),
+                    "writer {k} (tid {tid}): {hit:?}"
+                );
+            }
+            let c = counts_settled(&mut client, t.pid, id, 204, Some(0)).await?;
+            ensure!(
+                c.armed == 204 && c.live == 0 && c.no_slot == 0 && c.failed == 0,
+                "the first and the handed objects: {c:?}"
+            );
             Ok(())
         }
         .await,

@@ -8,10 +8,15 @@
 //!
 //! A process with signal stops (`signal_bp`) gets a perf breakpoint per
 //! slot instead: the same programs, applied by opening and closing events;
-//! DR7 is never written for it.
+//! DR7 is never written for it. Such a tracee's registers are shared
+//! ([`SharedRegs`]): a perf breakpoint can be opened on a running thread
+//! from any thread, so another tracer holding a thread at a code event may
+//! program them (`stops::AtStop`) while their own tracer lets it
+//! ([`Regs::others`]: set and cleared by the owning tracer under the same
+//! lock, so no breakpoint is ever opened on a tracee being detached).
 
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use nix::errno::Errno;
 use nix::sys::ptrace;
@@ -42,6 +47,26 @@ pub(super) struct Regs {
     /// the hit count last seen.
     signal: Option<Arc<SignalMode>>,
     events: [Option<(OwnedFd, u64)>; arch::SLOTS],
+    /// Its tracer lets other tracers program it (signal stops, past its
+    /// birth, nothing pending, not leaving).
+    others: bool,
+}
+
+/// A tracee's registers, owned by its tracer and reachable by the others
+/// (see the module doc).
+#[derive(Debug, Default, Clone)]
+pub(super) struct SharedRegs(Arc<Mutex<Regs>>);
+
+impl SharedRegs {
+    pub(super) fn new(regs: Regs) -> Self {
+        SharedRegs(Arc::new(Mutex::new(regs)))
+    }
+
+    /// The registers (a tracer that panicked while holding them aborts the
+    /// daemon, so a poisoned lock holds nothing half-done that matters).
+    pub(super) fn lock(&self) -> MutexGuard<'_, Regs> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// A staged program of a batch: (batch id, program).
@@ -61,6 +86,16 @@ impl Regs {
     /// they can then be programmed while it runs.
     pub(super) fn has_signal_stops(&self) -> bool {
         self.signal.is_some()
+    }
+
+    /// Whether a tracer other than its own may program it now.
+    pub(super) fn others(&self) -> bool {
+        self.others && self.signal.is_some()
+    }
+
+    /// Its tracer opens it to the other tracers, or closes it.
+    pub(super) fn set_others(&mut self, open: bool) {
+        self.others = open;
     }
 
     /// The signal a hit of this tracee arrives as.

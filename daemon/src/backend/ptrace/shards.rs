@@ -209,6 +209,8 @@ pub struct Shards {
     shards: Vec<Shard>,
     /// Tracee → shard index (a tracee's requests must go to its tracer).
     owner: Arc<DashMap<Tid, usize>>,
+    /// The registers tracers may program across shards (`Tracer::reach`).
+    reach: Arc<DashMap<Tid, super::regs::SharedRegs>>,
     next: AtomicU64,
 }
 
@@ -234,6 +236,7 @@ impl Shards {
             install_sigchld_handler();
         }
         let owner = Arc::new(DashMap::new());
+        let reach = Arc::new(DashMap::new());
         // Shard indices are per backend; with one backend per process (the
         // daemon) they match the bell order. Another backend (tests) falls
         // back to ringing every shard.
@@ -248,7 +251,14 @@ impl Shards {
             let (tx, rx) = mpsc::channel();
             let bell = Arc::new(Bell::new());
             router.lock().unwrap().bells.push(bell.clone());
-            let mut tracer = Tracer::new(i, rx, bell.clone(), sink.clone(), owner.clone());
+            let mut tracer = Tracer::new(
+                i,
+                rx,
+                bell.clone(),
+                sink.clone(),
+                owner.clone(),
+                reach.clone(),
+            );
             std::thread::Builder::new()
                 .name(format!("wpd-tracer-{i}"))
                 .spawn(move || {
@@ -274,6 +284,7 @@ impl Shards {
         Shards {
             shards: v,
             owner,
+            reach,
             next: AtomicU64::new(0),
         }
     }
@@ -495,6 +506,7 @@ impl Shards {
     /// went away).
     pub fn shrink(&self) {
         self.owner.shrink_to_fit();
+        self.reach.shrink_to_fit();
     }
 
     /// True if `tid` is one of our tracees.

@@ -17,6 +17,7 @@ use nix::sys::ptrace;
 use nix::sys::signal::Signal;
 use nix::sys::wait::WaitStatus;
 
+use super::regs::SharedRegs;
 use super::shards::{Held, HitVerdict};
 use super::tracer::{DetachFor, Phase, Tracee, Tracer, base_options, npid, seize_options};
 use crate::arch::current as arch;
@@ -219,14 +220,16 @@ impl Tracer {
             && let Some(old) = self.tracees.remove(&former)
         {
             self.owner.remove(&former);
+            self.unreach(former, &old);
             let mut t = old;
             t.pid = tid;
             self.tracees.insert(tid, t);
             self.owner.insert(tid, self.index);
         }
         if let Some(t) = self.tracees.get_mut(&tid) {
-            t.regs.reset_after_exec();
+            t.regs.lock().reset_after_exec();
         }
+        self.regate(tid);
         let pid = self.tracees.get(&tid).map(|t| t.pid).unwrap_or(tid);
         // The thread that called exec is the leader now (it took the pid):
         // it must report its exit as leaders do.
@@ -269,6 +272,7 @@ impl Tracer {
             return;
         };
         self.owner.remove(&tid);
+        self.unreach(tid, &t);
         let _ = ptrace::detach(npid(tid), None);
         self.finish_requests(tid, &t);
         if let Some(sink) = self.sink.upgrade() {
@@ -310,6 +314,8 @@ impl Tracer {
             sink.thread_armed(pid, tid, &results);
         }
         self.after_stop(tid, None);
+        // Armed: the other tracers may program it from now on.
+        self.regate(tid);
     }
 
     fn signal_stop(&mut self, tid: Tid, sig: Signal) {
@@ -327,7 +333,7 @@ impl Tracer {
         // are closed here where this tracer holds their threads, so that
         // a store into a freed object is not taken for a hit.
         if let Some(t) = self.tracees.get(&tid)
-            && t.regs.is_signal_stop(sig)
+            && t.regs.lock().is_signal_stop(sig)
             && super::code::has_probes(t.pid)
         {
             let freed = super::code::take_freed(false);
@@ -342,17 +348,17 @@ impl Tracer {
         // event's record of this thread says the same (its probe's program
         // sent the signal just after writing it): then no GETSIGINFO.
         let records = match self.tracees.get(&tid) {
-            Some(t) if t.regs.is_signal_stop(sig) && super::code::has_probes(t.pid) => {
+            Some(t) if t.regs.lock().is_signal_stop(sig) && super::code::has_probes(t.pid) => {
                 super::code::take(tid)
             }
             _ => Vec::new(),
         };
         if let Some(t) = self.tracees.get_mut(&tid)
-            && t.regs.is_signal_stop(sig)
+            && t.regs.lock().is_signal_stop(sig)
             && (!records.is_empty()
                 || ptrace::getsiginfo(npid(tid)).is_ok_and(|i| i.si_code == libc::SI_KERNEL))
         {
-            let ids = t.regs.signal_hits();
+            let ids = t.regs.lock().signal_hits();
             let pid = t.pid;
             if !records.is_empty() {
                 if !ids.is_empty() {
@@ -375,7 +381,7 @@ impl Tracer {
                 // One of ours that raced a disarm (its count is gone with
                 // its event), or the kernel's own SIGURG: taken as ours if
                 // this tracee ever had a breakpoint.
-                let ours = t.regs.ever_armed != 0;
+                let ours = t.regs.lock().ever_armed != 0;
                 self.after_stop(tid, if ours { None } else { Some(sig) });
             } else {
                 self.hit_stop(tid, ids);
@@ -420,9 +426,12 @@ impl Tracer {
             let _ = ptrace::cont(npid(tid), Some(Signal::SIGTRAP));
             return;
         };
-        let ids = t.regs.watches_hit(dr6);
+        let (ids, ours) = {
+            let regs = t.regs.lock();
+            (regs.watches_hit(dr6), regs.was_ours(dr6))
+        };
         if ids.is_empty() {
-            if t.regs.was_ours(dr6) {
+            if ours {
                 self.after_stop(tid, None);
             } else {
                 self.after_stop(tid, Some(Signal::SIGTRAP));
@@ -520,23 +529,39 @@ impl Tracer {
     }
 }
 
-/// Programs slots for the daemon at a code event's stop, on this tracer's
-/// own tracees: the stopped thread, and (signal stops) any other, running
-/// or not: a perf breakpoint is opened on a running thread as well, so
-/// neither a park nor an interrupt is needed. A perf breakpoint that
+/// Programs slots for the daemon at a code event's stop: the stopped
+/// thread, and (signal stops) any other of the process, running or not,
+/// this tracer's own tracees or the other tracers' that they let be
+/// programmed (`Regs::others`): a perf breakpoint is opened on a running
+/// thread as well, and from any thread, so neither a park, an interrupt
+/// nor a round trip to another tracer is needed. A perf breakpoint that
 /// cannot be opened takes no slot (unlike a debug-register poke), so no
 /// free-slot probe comes first: its `ENOSPC` is the answer.
 pub(super) struct AtStop<'a> {
     pub(super) tracer: &'a mut Tracer,
 }
 
+impl AtStop<'_> {
+    /// Another tracer's tracee `tid`, if that tracer ever let the others
+    /// program it (its `Regs::others` says whether it does now).
+    fn elsewhere(&self, tid: Tid) -> Option<SharedRegs> {
+        if self.tracer.tracees.contains_key(&tid) {
+            return None;
+        }
+        self.tracer.reach.get(&tid).map(|r| r.clone())
+    }
+}
+
 impl crate::backend::StopArmer for AtStop<'_> {
     fn reaches(&self, tid: Tid) -> bool {
-        self.tracer.tracees.get(&tid).is_some_and(|t| {
-            t.regs.has_signal_stops()
-                && t.next.detach.is_none()
-                && !matches!(t.phase, Phase::Newborn { .. })
-        })
+        match self.tracer.tracees.get(&tid) {
+            Some(t) => {
+                t.regs.lock().has_signal_stops()
+                    && t.next.detach.is_none()
+                    && !matches!(t.phase, Phase::Newborn { .. })
+            }
+            None => self.elsewhere(tid).is_some_and(|r| r.lock().others()),
+        }
     }
 
     fn arm(
@@ -549,6 +574,24 @@ impl crate::backend::StopArmer for AtStop<'_> {
         // A thread's reservations are adjacent (one per piece).
         for chunk in res.chunk_by(|a, b| a.tid == b.tid) {
             let tid = chunk[0].tid;
+            let staged = || {
+                chunk
+                    .iter()
+                    .map(|r| (0, super::program_for(r, watch)))
+                    .collect()
+            };
+            if let Some(regs) = self.elsewhere(tid) {
+                // Another tracer's: programmed here, under the lock its
+                // tracer takes to close it (a detach, an exit, a program
+                // of its own pending), so never on a tracee it has let go.
+                let mut regs = regs.lock();
+                if regs.others() {
+                    out.extend(regs.apply(tid, staged(), false).into_iter().map(|o| o.2));
+                } else {
+                    out.extend(chunk.iter().map(|_| ProgramResult::Gone));
+                }
+                continue;
+            }
             if !self.reaches(tid) {
                 out.extend(chunk.iter().map(|_| ProgramResult::Gone));
                 continue;
@@ -557,24 +600,28 @@ impl crate::backend::StopArmer for AtStop<'_> {
                 out.extend(chunk.iter().map(|_| ProgramResult::Gone));
                 continue;
             };
-            let staged = chunk
-                .iter()
-                .map(|r| (0, super::program_for(r, watch)))
-                .collect();
-            out.extend(t.regs.apply(tid, staged, false).into_iter().map(|o| o.2));
+            out.extend(
+                t.regs
+                    .lock()
+                    .apply(tid, staged(), false)
+                    .into_iter()
+                    .map(|o| o.2),
+            );
         }
         out
     }
 
     fn clear(&mut self, slots: &[(Tid, u8)]) {
         for &(tid, slot) in slots {
+            let p = super::shards::SlotProgram {
+                tid,
+                slot,
+                arm: None,
+            };
             if let Some(t) = self.tracer.tracees.get_mut(&tid) {
-                let p = super::shards::SlotProgram {
-                    tid,
-                    slot,
-                    arm: None,
-                };
-                t.regs.apply(tid, vec![(0, p)], false);
+                t.regs.lock().apply(tid, vec![(0, p)], false);
+            } else if let Some(regs) = self.elsewhere(tid) {
+                regs.lock().apply(tid, vec![(0, p)], false);
             }
         }
     }

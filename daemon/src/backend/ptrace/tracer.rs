@@ -20,7 +20,7 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid as NixPid;
 
 use super::park::{Countdowns, PARK_MAX, ParkQueue};
-use super::regs::{Regs, Staged};
+use super::regs::{Regs, SharedRegs, Staged};
 use super::shards::{Cmd, Held, ProgramResult, SlotProgram, TraceSink, TraceeState};
 use super::wake::{
     Bell, CATCH_ALL, FULL_SCAN_EVERY, NAMED, OWED, STRAY_FD, bell_of, scan_all, sigchld_quiet,
@@ -75,7 +75,7 @@ pub(super) struct Tracee {
     /// Its process.
     pub(super) pid: Pid,
     /// Its debug registers.
-    pub(super) regs: Regs,
+    pub(super) regs: SharedRegs,
     /// Programs waiting for its next stop.
     pub(super) pending: Vec<Staged>,
     pub(super) phase: Phase,
@@ -91,7 +91,7 @@ impl Tracee {
     pub(super) fn new(pid: Pid, phase: Phase) -> Self {
         Tracee {
             pid,
-            regs: Regs::for_process(pid),
+            regs: SharedRegs::new(Regs::for_process(pid)),
             pending: Vec::new(),
             phase,
             next: NextStop::default(),
@@ -130,6 +130,9 @@ pub struct Tracer {
     pub(super) parked: ParkQueue,
     pub(super) sink: std::sync::Weak<dyn TraceSink>,
     pub(super) owner: Arc<DashMap<Tid, usize>>,
+    /// The registers of every shard's tracees that their tracer lets the
+    /// others program (`Regs::others`), by tid.
+    pub(super) reach: Arc<DashMap<Tid, SharedRegs>>,
 }
 
 pub(super) fn npid(t: Tid) -> NixPid {
@@ -171,6 +174,7 @@ impl Tracer {
         bell: Arc<Bell>,
         sink: std::sync::Weak<dyn TraceSink>,
         owner: Arc<DashMap<Tid, usize>>,
+        reach: Arc<DashMap<Tid, SharedRegs>>,
     ) -> Self {
         Tracer {
             index,
@@ -184,7 +188,42 @@ impl Tracer {
             parked: ParkQueue::default(),
             sink,
             owner,
+            reach,
         }
+    }
+
+    /// Opens tracee `tid` to the other tracers' arming at their stops, or
+    /// closes it, as its state now allows: signal stops, past its birth
+    /// (its first stop arms it), nothing pending (programs apply in
+    /// order), no detach asked. A tracee no longer here is closed. Once
+    /// opened, its registers stay in `reach` until it leaves: a closed
+    /// tracee's slots can still be cleared by the others (closing a
+    /// breakpoint is safe in any state; a slot is reserved to one
+    /// watchpoint at a time, so no program pending here is for it).
+    pub(super) fn regate(&self, tid: Tid) {
+        let Some(t) = self.tracees.get(&tid) else {
+            if let Some((_, r)) = self.reach.remove(&tid) {
+                r.lock().set_others(false);
+            }
+            return;
+        };
+        let mut regs = t.regs.lock();
+        let open = regs.has_signal_stops()
+            && t.next.detach.is_none()
+            && t.pending.is_empty()
+            && !matches!(t.phase, Phase::Newborn { .. });
+        regs.set_others(open);
+        drop(regs);
+        if open {
+            self.reach.entry(tid).or_insert_with(|| t.regs.clone());
+        }
+    }
+
+    /// Tracee `t` (`tid`) is leaving this tracer: closed to the others
+    /// first.
+    pub(super) fn unreach(&self, tid: Tid, t: &Tracee) {
+        t.regs.lock().set_others(false);
+        self.reach.remove(&tid);
     }
 
     fn fresh_id(&mut self) -> u64 {
@@ -330,6 +369,7 @@ impl Tracer {
                     if r.is_ok() {
                         self.tracees.insert(tid, Tracee::new(pid, Phase::Running));
                         self.owner.insert(tid, self.index);
+                        self.regate(tid);
                     }
                     out.push((tid, r));
                 }
@@ -353,10 +393,10 @@ impl Tracer {
                             if in_place
                                 && t.next.detach.is_none()
                                 && t.pending.is_empty()
-                                && t.regs.has_signal_stops()
+                                && t.regs.lock().has_signal_stops()
                                 && !matches!(t.phase, Phase::Newborn { .. }) =>
                         {
-                            let r = t.regs.apply(it.tid, vec![(id, it)], false);
+                            let r = t.regs.lock().apply(it.tid, vec![(id, it)], false);
                             gone.extend(r.into_iter().map(|(_, p, r)| (p, r)));
                         }
                         Some(t) if t.next.detach.is_none() => {
@@ -372,6 +412,7 @@ impl Tracer {
                 touched.dedup();
                 // Interrupt all first; apply as the stops come in.
                 for tid in touched {
+                    self.regate(tid);
                     self.kick(tid);
                 }
             }
@@ -538,7 +579,8 @@ impl Tracer {
     /// would receive it untraced and die.
     pub(super) fn trap_queued(&self, tid: Tid) -> bool {
         self.tracees.get(&tid).is_some_and(|t| {
-            t.regs.ever_armed != 0 && super::signal_bp::pending(tid, t.regs.hit_signal())
+            let regs = t.regs.lock();
+            regs.ever_armed != 0 && super::signal_bp::pending(tid, regs.hit_signal())
         })
     }
 
@@ -550,7 +592,11 @@ impl Tracer {
             return;
         };
         t.next.detach = Some(done);
-        t.regs.clear();
+        // Closed to the other tracers before its slots are let go.
+        self.regate(tid);
+        if let Some(t) = self.tracees.get(&tid) {
+            t.regs.lock().clear();
+        }
         self.kick(tid);
     }
 
@@ -560,10 +606,14 @@ impl Tracer {
             return;
         };
         let pending = std::mem::take(&mut t.pending);
+        let had = !pending.is_empty();
         let detaching = t.next.detach.is_some();
-        let outcome = t.regs.apply(tid, pending, detaching);
+        let outcome = t.regs.lock().apply(tid, pending, detaching);
         for (batch, p, r) in outcome {
             self.batches.progress(batch, |v| v.push((p, r)));
+        }
+        if had {
+            self.regate(tid);
         }
     }
 
@@ -617,6 +667,7 @@ impl Tracer {
     pub(super) fn forget(&mut self, tid: Tid) {
         if let Some(t) = self.tracees.remove(&tid) {
             self.owner.remove(&tid);
+            self.unreach(tid, &t);
             self.finish_requests(tid, &t);
             if let Some(sink) = self.sink.upgrade() {
                 sink.thread_exited(t.pid, tid);
@@ -646,6 +697,7 @@ impl Tracer {
             return;
         };
         self.owner.remove(&tid);
+        self.unreach(tid, &t);
         let _ = ptrace::detach(npid(tid), sig);
         self.finish_requests(tid, &t);
     }
