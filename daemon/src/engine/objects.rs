@@ -1334,8 +1334,9 @@ impl Core {
 
     /// Arms the object of record `r` from the tracer thread holding its
     /// thread, if that thread can do it all: the process's operation lock
-    /// free, the expression read no memory, every thread to arm one of that
-    /// tracer's (`armer.reaches`). The ledger is used as by any arm (all
+    /// free, the expression read no memory, every thread to arm reachable
+    /// from that tracer (`armer.reaches`: with signal stops, any tracer's
+    /// thread past its birth). The ledger is used as by any arm (all
     /// or nothing: the slots reserved on every thread, armed, committed,
     /// or every one undone), without a park or a free-slot probe: the
     /// tracer opens each breakpoint, and a refusal (`ENOSPC`) leaves no
