@@ -19,6 +19,7 @@
 //! | `ct-plugins`, `libplugin.so`, `libplugin2.so` | `plugins.c` and `plugin.c` (both libraries built from it, `-fPIC -shared`), `-g -O0`: a program that dlopens a plugin on command (pending code events) |
 //! | `ct-locals` | generated: `fifty()` with 50 locals, which stores into `hit` in a loop (the DAP variables benchmark), `-g -O0` |
 //! | `ct-objects`, `ct-objects-nodebug` | `objects.c` (code events' heap objects), `-g -O0` and `-O0` |
+//! | `ct-objfloor` | `objfloor.c`, `-O2`: the floor of the objects benchmark (a bare tracer doing the kernel's part of `--on-return`) |
 //! | `ct-ips` | generated: 1,000 functions that each store into `counter` (`sweep` calls them all), `-g -O0` |
 
 use std::path::{Path, PathBuf};
@@ -168,6 +169,7 @@ fn main() {
         &out,
         &["-O0", "-o", "ct-objects-nodebug", &objects, "-lpthread"],
     );
+    cc(&out, &["-O2", "-o", "ct-objfloor", &s("objfloor.c")]);
     std::fs::write(out.join("ct-ips.c"), ips_source(IPS)).unwrap();
     cc(&out, &["-g", "-O0", "-o", "ct-ips", "ct-ips.c"]);
     std::fs::write(out.join("ct-locals.c"), locals_source(LOCALS)).unwrap();

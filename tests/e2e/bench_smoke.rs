@@ -190,6 +190,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "| wpd (ptrace), the same with `--scope creator` |",
             "| wpd (ptrace), every thread, 4 more threads started after the attach |",
             "| wpd (ptrace), every thread, 4 more threads started before the attach |",
+            "| the kernel's floor: the same probes, stop and breakpoints from a bare tracer (`ct-objfloor`, no wpd) |",
         ],
     ),
     (

@@ -6,7 +6,11 @@
 //! commands set `watch -l ((struct conn *)$rax)->state` and continue, and a
 //! breakpoint on `conn_free` whose commands delete it (gdb ignores the
 //! commands after `finish` in a command list, so the return is caught at
-//! the `ret` itself).
+//! the `ret` itself). The kernel's floor of the job is measured in the same
+//! run: `tests/c/objfloor.c`, a bare tracer doing the kernel's part of what
+//! wpd does for one object (a uretprobe signalling the thread, a breakpoint
+//! opened at that stop and closed at the next, a uprobe at `free`) and
+//! nothing else.
 
 use crate::*;
 use std::time::Duration;
@@ -47,6 +51,28 @@ async fn bare(n: usize, us: u64) -> Result<Pace> {
     parse_pace(String::from_utf8_lossy(&out.stdout).trim())
 }
 
+/// The target under `ct-objfloor`: the kernel's part of the job alone.
+async fn floor(n: usize, us: u64) -> Result<Pace> {
+    let out = tokio::process::Command::new(ctarget_path("ct-objfloor"))
+        .arg(ctarget_path("ct-objects"))
+        .args([n.to_string(), us.to_string()])
+        .kill_on_drop(true)
+        .output()
+        .await?;
+    if !out.status.success() {
+        bail!(
+            "ct-objfloor: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    parse_pace(
+        text.lines()
+            .find(|l| l.starts_with("PACE "))
+            .with_context(|| format!("no PACE line from ct-objfloor: {text:?}"))?,
+    )
+}
+
 /// How the target is watched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Variant {
@@ -59,8 +85,8 @@ enum Variant {
     /// them, and arms each object on all of them at the stop).
     SleepersAfter(u32),
     /// Every thread, with this many sleeping threads started before the
-    /// attach (seized at attach, spread over the tracer threads: each
-    /// object is armed by the daemon's objects thread instead).
+    /// attach (seized at attach, spread over the tracer threads: the
+    /// tracer holding the creator opens the other tracers' breakpoints).
     SleepersBefore(u32),
 }
 
@@ -221,11 +247,13 @@ pub(crate) async fn section_objects(args: &Args) -> Result<()> {
         ),
     ];
     let mut bares = Vec::new();
+    let mut floors = Vec::new();
     let mut wpds: Vec<Vec<WpdRun>> = variants.iter().map(|_| Vec::new()).collect();
     let mut gdbs = Vec::new();
     let mut gdb_why = None;
     for _ in 0..args.reps {
         bares.push(bare(n, us).await?);
+        floors.push(floor(n, us).await?);
         for (i, (v, _)) in variants.iter().enumerate() {
             wpds[i].push(with_wpd(n, us, *v).await?);
         }
@@ -257,6 +285,12 @@ pub(crate) async fn section_objects(args: &Args) -> Result<()> {
         ws.push(row(what, &paces, n));
     }
     let w = ws[0];
+    let f = row(
+        "the kernel's floor: the same probes, stop and breakpoints from a bare tracer \
+         (`ct-objfloor`, no wpd)",
+        &floors,
+        n,
+    );
     let g = if gdbs.is_empty() {
         println!(
             "| gdb | {n_gdb} | {} |  |  |  |  |",
@@ -291,6 +325,21 @@ pub(crate) async fn section_objects(args: &Args) -> Result<()> {
                 ", gdb {:.1} µs: gdb takes {:.0}× as long",
                 g - b,
                 (g - b) / (w - b).max(1e-9)
+            ),
+            None => String::new(),
+        }
+    );
+    println!();
+    println!(
+        "The kernel's floor: {:.1} µs per object beyond the target's own time; wpd (every \
+         thread) is {:.2}× the floor{}",
+        f - b,
+        (w - b) / (f - b).max(1e-9),
+        match g {
+            Some(g) => format!(
+                "; gdb is {:.0}× the floor, the most any tool arming each object at a stop \
+                 could gain on gdb here",
+                (g - b) / (f - b).max(1e-9)
             ),
             None => String::new(),
         }
