@@ -136,6 +136,82 @@ async fn stack(daemon: &Daemon, pid: i32, tid: i32) -> Result<Vec<String>> {
     Ok(s.frames.into_iter().map(|f| f.function).collect())
 }
 
+/// The first stop at breakpoint `id` after `load`: the plugin's
+/// constructor calling `plugin_work` inside dlopen, on the main thread,
+/// as the breakpoint's `count`th hit (`plugin_work` innermost,
+/// `plugin_init` below it); resumed, the load completes (`LOADED calls=1`).
+async fn constructors_call(
+    daemon: &Daemon,
+    t: &mut CTarget,
+    events: &mut EventStream,
+    id: u64,
+    count: u64,
+) -> Result<()> {
+    let pid = t.pid;
+    let (tid, n) = stop_at(events, id).await?;
+    ensure!(
+        tid == pid && n == count,
+        "the first stop is the constructor's call, in dlopen, on the main thread {pid}, \
+         hit {count}: tid {tid}, count {n}"
+    );
+    let frames = stack(daemon, pid, tid).await?;
+    ensure!(
+        frames.first().is_some_and(|f| f == "plugin_work")
+            && frames.iter().any(|f| f == "plugin_init"),
+        "the constructor's call: {frames:?}"
+    );
+    resume(daemon, pid, tid).await?;
+    let reply = t.reply(EVENT_TIMEOUT).await?;
+    ensure!(reply.as_deref() == Some("LOADED calls=1"), "{reply:?}");
+    Ok(())
+}
+
+/// `work N 1`: each of the `n` worker threads stops once at breakpoint
+/// `id` (never the main thread, no thread twice, `plugin_work` innermost
+/// and `worker` below it) and is resumed; the hits are counted `first`,
+/// `first + 1`, ... in some order; then the target answers `WORKED n=N`.
+async fn each_worker_stops_once(
+    daemon: &Daemon,
+    t: &mut CTarget,
+    events: &mut EventStream,
+    id: u64,
+    n: u64,
+    first: u64,
+) -> Result<()> {
+    let pid = t.pid;
+    t.send(&format!("work {n} 1"))?;
+    let mut tids = Vec::new();
+    let mut counts = Vec::new();
+    for _ in 0..n {
+        let (tid, count) = stop_at(events, id).await?;
+        ensure!(
+            tid != pid && !tids.contains(&tid),
+            "{tid} (count {count}) in {tids:?}"
+        );
+        tids.push(tid);
+        counts.push(count);
+        let frames = stack(daemon, pid, tid).await?;
+        ensure!(
+            frames.first().is_some_and(|f| f == "plugin_work")
+                && frames.iter().any(|f| f == "worker"),
+            "{frames:?}"
+        );
+        resume(daemon, pid, tid).await?;
+    }
+    counts.sort_unstable();
+    ensure!(
+        counts.iter().copied().eq(first..first + n),
+        "the workers' hits are counted {first}..{}: {counts:?}",
+        first + n - 1
+    );
+    let reply = t.reply(EVENT_TIMEOUT).await?;
+    ensure!(
+        reply.as_deref() == Some(format!("WORKED n={n}").as_str()),
+        "{reply:?}"
+    );
+    Ok(())
+}
+
 /// Without `--pending` a function of a library not loaded is refused with
 /// one line naming the flag, and nothing is set (not even the loader
 /// hook); with it the breakpoint is listed pending, armed at the dlopen
@@ -250,32 +326,10 @@ async fn pending_breakpoint_catches_the_constructors_call() -> Result<()> {
                     && place.module.ends_with("/libplugin.so"),
                 "{place:?}"
             );
-            let (tid, count) = stop_at(&mut events, id).await?;
-            ensure!(
-                tid == pid && count == 1,
-                "the first stop is the main thread's, in dlopen: tid {tid}, count {count}"
-            );
-            let frames = stack(&daemon, pid, tid).await?;
-            ensure!(
-                frames.first().is_some_and(|f| f == "plugin_work")
-                    && frames.iter().any(|f| f == "plugin_init"),
-                "the constructor's call: {frames:?}"
-            );
-            resume(&daemon, pid, tid).await?;
-            let reply = t.reply(EVENT_TIMEOUT).await?;
-            ensure!(reply.as_deref() == Some("LOADED calls=1"), "{reply:?}");
+            constructors_call(&daemon, &mut t, &mut events, id, 1).await?;
 
             // Every worker thread's call stops.
-            t.send("work 3 1")?;
-            let mut tids = Vec::new();
-            for _ in 0..3 {
-                let (tid, _) = stop_at(&mut events, id).await?;
-                ensure!(tid != pid && !tids.contains(&tid), "{tid} in {tids:?}");
-                tids.push(tid);
-                resume(&daemon, pid, tid).await?;
-            }
-            let reply = t.reply(EVENT_TIMEOUT).await?;
-            ensure!(reply.as_deref() == Some("WORKED n=3"), "{reply:?}");
+            each_worker_stops_once(&daemon, &mut t, &mut events, id, 3, 2).await?;
 
             // Listed at its place now; the hook is gone.
             let out = wpctl(&daemon, &["list", "--pid", &p]).await?;
@@ -295,13 +349,7 @@ async fn pending_breakpoint_catches_the_constructors_call() -> Result<()> {
             let reply = t.cmd("unload").await?;
             ensure!(reply == "UNLOADED", "{reply}");
             t.send("load")?;
-            let (tid, count) = stop_at(&mut events, id).await?;
-            ensure!(tid == pid && count == 5, "tid {tid} count {count}");
-            let frames = stack(&daemon, pid, tid).await?;
-            ensure!(frames.iter().any(|f| f == "plugin_init"), "{frames:?}");
-            resume(&daemon, pid, tid).await?;
-            let reply = t.reply(EVENT_TIMEOUT).await?;
-            ensure!(reply.as_deref() == Some("LOADED calls=1"), "{reply:?}");
+            constructors_call(&daemon, &mut t, &mut events, id, 5).await?;
             Ok(())
         }
         .await,
@@ -598,37 +646,8 @@ async fn pending_line_breakpoint_stops_the_worker_threads() -> Result<()> {
                     && place.module.ends_with("/libplugin.so"),
                 "{place:?}"
             );
-            let (tid, count) = stop_at(&mut events, id).await?;
-            ensure!(
-                tid == pid && count == 1,
-                "the first stop is the constructor's call, in dlopen: tid {tid}, count {count}"
-            );
-            let frames = stack(&daemon, pid, tid).await?;
-            ensure!(
-                frames.first().is_some_and(|f| f == "plugin_work")
-                    && frames.iter().any(|f| f == "plugin_init"),
-                "{frames:?}"
-            );
-            resume(&daemon, pid, tid).await?;
-            let reply = t.reply(EVENT_TIMEOUT).await?;
-            ensure!(reply.as_deref() == Some("LOADED calls=1"), "{reply:?}");
-
-            t.send("work 3 1")?;
-            let mut tids = Vec::new();
-            for _ in 0..3 {
-                let (tid, _) = stop_at(&mut events, id).await?;
-                ensure!(tid != pid && !tids.contains(&tid), "{tid} in {tids:?}");
-                tids.push(tid);
-                let frames = stack(&daemon, pid, tid).await?;
-                ensure!(
-                    frames.first().is_some_and(|f| f == "plugin_work")
-                        && frames.iter().any(|f| f == "worker"),
-                    "{frames:?}"
-                );
-                resume(&daemon, pid, tid).await?;
-            }
-            let reply = t.reply(EVENT_TIMEOUT).await?;
-            ensure!(reply.as_deref() == Some("WORKED n=3"), "{reply:?}");
+            constructors_call(&daemon, &mut t, &mut events, id, 1).await?;
+            each_worker_stops_once(&daemon, &mut t, &mut events, id, 3, 2).await?;
 
             let out = wpctl(&daemon, &["list", "--pid", &p]).await?;
             ensure_ok(&out, "wpctl list")?;
@@ -719,17 +738,7 @@ async fn a_pending_line_goes_to_the_first_module_that_names_its_file() -> Result
                     && place.module.ends_with("/libplugin.so"),
                 "{place:?}"
             );
-            let (tid, count) = stop_at(&mut events, id).await?;
-            ensure!(tid == pid && count == 1, "tid {tid} count {count}");
-            let frames = stack(&daemon, pid, tid).await?;
-            ensure!(
-                frames.first().is_some_and(|f| f == "plugin_work")
-                    && frames.iter().any(|f| f == "plugin_init"),
-                "{frames:?}"
-            );
-            resume(&daemon, pid, tid).await?;
-            let reply = t.reply(EVENT_TIMEOUT).await?;
-            ensure!(reply.as_deref() == Some("LOADED calls=1"), "{reply:?}");
+            constructors_call(&daemon, &mut t, &mut events, id, 1).await?;
             let w = listed(&daemon, pid, id).await?;
             let address = w["breakpoint"]["address"].clone();
             ensure!(
@@ -780,18 +789,7 @@ async fn a_pending_line_goes_to_the_first_module_that_names_its_file() -> Result
             );
 
             // The first module's next call is its second hit.
-            t.send("work 1 1")?;
-            let (tid, count) = stop_at(&mut events, id).await?;
-            ensure!(tid != pid && count == 2, "tid {tid} count {count}");
-            let frames = stack(&daemon, pid, tid).await?;
-            ensure!(
-                frames.first().is_some_and(|f| f == "plugin_work")
-                    && frames.iter().any(|f| f == "worker"),
-                "{frames:?}"
-            );
-            resume(&daemon, pid, tid).await?;
-            let reply = t.reply(EVENT_TIMEOUT).await?;
-            ensure!(reply.as_deref() == Some("WORKED n=1"), "{reply:?}");
+            each_worker_stops_once(&daemon, &mut t, &mut events, id, 1, 2).await?;
 
             for which in [id, witness] {
                 let out = wpctl(&daemon, &["unwatch", &which.to_string()]).await?;
