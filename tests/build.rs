@@ -16,7 +16,7 @@
 //! | `ct-launch` | `launched.c`, `-g -O0` (PIE): the program the DAP tests launch |
 //! | `ct-breaks` | `breaks.c`, `-g -O0` (PIE): the program the DAP code-breakpoint tests launch |
 //! | `ct-nolibc` | `nolibc.c`, `-static -nostdlib`: no dynamic linker, no C library (no loader hook) |
-//! | `ct-plugins`, `libplugin.so`, `libplugin2.so` | `plugins.c` and `plugin.c` (both libraries built from it, `-fPIC -shared`), `-g -O0`: a program that dlopens a plugin on command (pending code events) |
+//! | `ct-plugins`, `libplugin.so`, `libplugin2.so`, `libplugin3.so` | `plugins.c` and `plugin.c` (the libraries built from it, `-fPIC -shared`), `-g -O0`: a program that dlopens a plugin on command (pending code events); `libplugin3.so` has the plugin's names renamed (`-Dplugin_work=plugin3_work`...) and needs `libplugin2.so` (rpath `$ORIGIN`): one dlopen, two modules whose line tables name `plugin.c` |
 //! | `ct-locals` | generated: `fifty()` with 50 locals, which stores into `hit` in a loop (the DAP variables benchmark), `-g -O0` |
 //! | `ct-objects`, `ct-objects-nodebug` | `objects.c` (code events' heap objects), `-g -O0` and `-O0` |
 //! | `ct-objfloor` | `objfloor.c`, `-O2`: the floor of the objects benchmark (a bare tracer doing the kernel's part of `--on-return`) |
@@ -146,6 +146,28 @@ fn main() {
             "-o",
             "libplugin2.so",
             &s("plugin.c"),
+        ],
+    );
+    // The same source a third time, its names renamed so that none
+    // interposes on libplugin2.so's, needing libplugin2.so (kept even where
+    // the linker drops unused libraries): one dlopen loads both.
+    cc(
+        &out,
+        &[
+            "-g",
+            "-O0",
+            "-fPIC",
+            "-shared",
+            "-Dplugin_work=plugin3_work",
+            "-Dplugin_calls=plugin3_calls",
+            "-Dplugin_new=plugin3_new",
+            "-o",
+            "libplugin3.so",
+            &s("plugin.c"),
+            "-L.",
+            "-Wl,--no-as-needed",
+            "-lplugin2",
+            "-Wl,-rpath,$ORIGIN",
         ],
     );
     cc(

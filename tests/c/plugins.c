@@ -1,16 +1,26 @@
 /* plugins: a program that loads libplugin.so (from its own directory)
  * with dlopen on command, for wpd's pending code events; libplugin2.so,
  * built from the same source, is a second module whose line table names
- * plugin.c. Both are opened RTLD_NOW | RTLD_LOCAL, so each library's calls
- * of plugin_work go to its own. Prints "READY pid=N", then obeys one
- * command per stdin line:
+ * plugin.c; libplugin3.so, built from it too with its names renamed
+ * (plugin3_work, plugin3_calls, plugin3_new), needs libplugin2.so: one
+ * dlopen loads two modules whose line tables name plugin.c. All are opened
+ * RTLD_NOW | RTLD_LOCAL, so each library's calls of plugin_work go to its
+ * own (libplugin3.so defines no plugin_work: libplugin2.so's calls, its
+ * constructor's included, bind to libplugin2.so's). Prints "READY pid=N",
+ * then obeys one command per stdin line:
  *
  *   load        dlopen(libplugin.so) (its constructor calls plugin_work)
  *                                                        -> LOADED calls=<n>
  *   load2       dlopen(libplugin2.so) (its constructor calls its own
  *               plugin_work)                             -> LOADED2 calls=<n>
+ *   load3       dlopen(libplugin3.so), which loads libplugin2.so with it
+ *               (each constructor calls its own library's copy of the
+ *               function, libplugin2.so's first)
+ *                  -> LOADED3 calls=<libplugin3.so's> calls2=<libplugin2.so's>
  *   work T N    T threads each call plugin_work N times  -> WORKED n=<T*N>
- *   work2 T N   the same with libplugin2.so's plugin_work -> WORKED2 n=<T*N>
+ *   work2 T N   the same with libplugin2.so's plugin_work (after load2 or
+ *               load3)                                    -> WORKED2 n=<T*N>
+ *   work3 T N   the same with libplugin3.so's plugin3_work -> WORKED3 n=<T*N>
  *   new         o = plugin_new(1), then o->state = 0xdead by this program
  *               (the first store into the object)         -> NEW
  *   unload      dlclose                                   -> UNLOADED
@@ -37,6 +47,8 @@ static long (*work)(long);
 static struct pobj *(*make)(long);
 static void *plugin2;
 static long (*work2)(long);
+static void *plugin3;
+static long (*work3)(long);
 static long (*thread_work)(long);
 static long per_thread;
 
@@ -89,8 +101,30 @@ int main(int argc, char **argv)
     printf("READY pid=%d\n", (int)getpid());
     while (fgets(line, sizeof line, stdin)) {
         long a = 0, b = 0;
-        /* "load2" and "work2" first: "load" and "work %ld %ld" match them too. */
-        if (strncmp(line, "load2", 5) == 0) {
+        /* "load2", "load3", "work2" and "work3" first: "load" and
+         * "work %ld %ld" match them too. */
+        if (strncmp(line, "load3", 5) == 0) {
+            char p[PATH_MAX + 32];
+            lib_path(p, sizeof p, "libplugin3.so");
+            plugin3 = dlopen(p, RTLD_NOW | RTLD_LOCAL);
+            if (!plugin3) {
+                printf("ERR dlopen %s\n", dlerror());
+                continue;
+            }
+            work3 = (long (*)(long))dlsym(plugin3, "plugin3_work");
+            /* Looked up from libplugin3.so: found in what it needs. */
+            work2 = (long (*)(long))dlsym(plugin3, "plugin_work");
+            long *calls = (long *)dlsym(plugin3, "plugin3_calls");
+            long *calls2 = (long *)dlsym(plugin3, "plugin_calls");
+            printf("LOADED3 calls=%ld calls2=%ld\n", calls ? *calls : -1,
+                   calls2 ? *calls2 : -1);
+        } else if (sscanf(line, "work3 %ld %ld", &a, &b) == 2) {
+            if (run_workers(work3, a, b) != 0) {
+                printf("ERR work3\n");
+                continue;
+            }
+            printf("WORKED3 n=%ld\n", a * b);
+        } else if (strncmp(line, "load2", 5) == 0) {
             char p[PATH_MAX + 32];
             lib_path(p, sizeof p, "libplugin2.so");
             plugin2 = dlopen(p, RTLD_NOW | RTLD_LOCAL);

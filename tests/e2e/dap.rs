@@ -323,7 +323,14 @@ async fn pending_function_and_line_breakpoints_in_a_launched_program() -> Result
     }
     require_node_dap();
     let daemon = Daemon::start().await?;
-    let program = ctarget_path("ct-pie");
+    // A copy of its own (with the library it loads from its directory):
+    // what is left running, and killed, afterwards is found by the
+    // program's path, which other tests' ct-pie targets must not share.
+    let dir = unique_temp_dir("wpd-dap-pending")?;
+    for f in ["ct-pie", "libctlib.so"] {
+        std::fs::copy(ctarget_path(f), dir.join(f)).with_context(|| format!("copying {f}"))?;
+    }
+    let program = dir.join("ct-pie");
     let lib_source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("c/ctlib.c");
     let result = async {
         let out = node_run(
@@ -358,6 +365,7 @@ async fn pending_function_and_line_breakpoints_in_a_launched_program() -> Result
         // SAFETY: kill(2) on a pid that runs the test's own program.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
+    let _ = std::fs::remove_dir_all(&dir);
     daemon.finish(result)
 }
 

@@ -14,6 +14,10 @@
 //! and stops the worker threads once loaded; when two modules built from
 //! that source are loaded one after the other (`libplugin.so`, then
 //! `libplugin2.so`), the first takes it and the second's calls never stop;
+//! when one dlopen loads two such modules (`libplugin3.so`, its names
+//! renamed, and `libplugin2.so`, which it needs), the one the dynamic
+//! linker loaded first (the library opened) takes it, whatever their
+//! addresses, and the other's copy of the line never stops;
 //! a pending line the loaded plugin has no code at goes at the load,
 //! saying why. Refusals without
 //! `--pending` (a file no line table names, a function no module defines)
@@ -136,6 +140,116 @@ async fn stack(daemon: &Daemon, pid: i32, tid: i32) -> Result<Vec<String>> {
     Ok(s.frames.into_iter().map(|f| f.function).collect())
 }
 
+/// A build of `plugin.c` as `ct-plugins` drives it.
+struct Plugin {
+    /// Its copy of `plugin_work`, by its name in that build.
+    work_fn: &'static str,
+    /// The target's answer to the load whose constructor's call is the
+    /// breakpoint's.
+    loaded: &'static str,
+    /// The command whose threads call its copy (`work T N`), and the
+    /// first word of the answer.
+    work: &'static str,
+    worked: &'static str,
+}
+
+/// `libplugin.so`, loaded by `load`.
+const LIBPLUGIN: Plugin = Plugin {
+    work_fn: "plugin_work",
+    loaded: "LOADED calls=1",
+    work: "work",
+    worked: "WORKED",
+};
+
+/// `libplugin3.so` (its names renamed), loaded by `load3` with
+/// `libplugin2.so`, whose constructor's call ran too (`calls2=1`).
+const LIBPLUGIN3: Plugin = Plugin {
+    work_fn: "plugin3_work",
+    loaded: "LOADED3 calls=1 calls2=1",
+    work: "work3",
+    worked: "WORKED3",
+};
+
+/// The first stop at breakpoint `id` after a load: `plugin`'s
+/// constructor calling its copy of `plugin_work` inside dlopen, on the
+/// main thread, as the breakpoint's `count`th hit (that copy innermost,
+/// `plugin_init` below it); resumed, the load completes (`plugin.loaded`).
+async fn constructors_call(
+    daemon: &Daemon,
+    t: &mut CTarget,
+    events: &mut EventStream,
+    plugin: &Plugin,
+    id: u64,
+    count: u64,
+) -> Result<()> {
+    let pid = t.pid;
+    let (tid, n) = stop_at(events, id).await?;
+    ensure!(
+        tid == pid && n == count,
+        "the first stop is the constructor's call, in dlopen, on the main thread {pid}, \
+         hit {count}: tid {tid}, count {n}"
+    );
+    let frames = stack(daemon, pid, tid).await?;
+    ensure!(
+        frames.first().is_some_and(|f| f == plugin.work_fn)
+            && frames.iter().any(|f| f == "plugin_init"),
+        "the constructor's call of {}: {frames:?}",
+        plugin.work_fn
+    );
+    resume(daemon, pid, tid).await?;
+    let reply = t.reply(EVENT_TIMEOUT).await?;
+    ensure!(reply.as_deref() == Some(plugin.loaded), "{reply:?}");
+    Ok(())
+}
+
+/// `work N 1` (`plugin.work`): each of the `n` worker threads stops once
+/// at breakpoint `id` (never the main thread, no thread twice, `plugin`'s
+/// copy of `plugin_work` innermost and `worker` below it) and is resumed;
+/// the hits are counted `first`, `first + 1`, ... in some order; then the
+/// target answers `WORKED n=N`.
+async fn each_worker_stops_once(
+    daemon: &Daemon,
+    t: &mut CTarget,
+    events: &mut EventStream,
+    plugin: &Plugin,
+    id: u64,
+    n: u64,
+    first: u64,
+) -> Result<()> {
+    let pid = t.pid;
+    t.send(&format!("{} {n} 1", plugin.work))?;
+    let mut tids = Vec::new();
+    let mut counts = Vec::new();
+    for _ in 0..n {
+        let (tid, count) = stop_at(events, id).await?;
+        ensure!(
+            tid != pid && !tids.contains(&tid),
+            "{tid} (count {count}) in {tids:?}"
+        );
+        tids.push(tid);
+        counts.push(count);
+        let frames = stack(daemon, pid, tid).await?;
+        ensure!(
+            frames.first().is_some_and(|f| f == plugin.work_fn)
+                && frames.iter().any(|f| f == "worker"),
+            "{frames:?}"
+        );
+        resume(daemon, pid, tid).await?;
+    }
+    counts.sort_unstable();
+    ensure!(
+        counts.iter().copied().eq(first..first + n),
+        "the workers' hits are counted {first}..{}: {counts:?}",
+        first + n - 1
+    );
+    let reply = t.reply(EVENT_TIMEOUT).await?;
+    ensure!(
+        reply.as_deref() == Some(format!("{} n={n}", plugin.worked).as_str()),
+        "{reply:?}"
+    );
+    Ok(())
+}
+
 /// Without `--pending` a function of a library not loaded is refused with
 /// one line naming the flag, and nothing is set (not even the loader
 /// hook); with it the breakpoint is listed pending, armed at the dlopen
@@ -250,32 +364,10 @@ async fn pending_breakpoint_catches_the_constructors_call() -> Result<()> {
                     && place.module.ends_with("/libplugin.so"),
                 "{place:?}"
             );
-            let (tid, count) = stop_at(&mut events, id).await?;
-            ensure!(
-                tid == pid && count == 1,
-                "the first stop is the main thread's, in dlopen: tid {tid}, count {count}"
-            );
-            let frames = stack(&daemon, pid, tid).await?;
-            ensure!(
-                frames.first().is_some_and(|f| f == "plugin_work")
-                    && frames.iter().any(|f| f == "plugin_init"),
-                "the constructor's call: {frames:?}"
-            );
-            resume(&daemon, pid, tid).await?;
-            let reply = t.reply(EVENT_TIMEOUT).await?;
-            ensure!(reply.as_deref() == Some("LOADED calls=1"), "{reply:?}");
+            constructors_call(&daemon, &mut t, &mut events, &LIBPLUGIN, id, 1).await?;
 
             // Every worker thread's call stops.
-            t.send("work 3 1")?;
-            let mut tids = Vec::new();
-            for _ in 0..3 {
-                let (tid, _) = stop_at(&mut events, id).await?;
-                ensure!(tid != pid && !tids.contains(&tid), "{tid} in {tids:?}");
-                tids.push(tid);
-                resume(&daemon, pid, tid).await?;
-            }
-            let reply = t.reply(EVENT_TIMEOUT).await?;
-            ensure!(reply.as_deref() == Some("WORKED n=3"), "{reply:?}");
+            each_worker_stops_once(&daemon, &mut t, &mut events, &LIBPLUGIN, id, 3, 2).await?;
 
             // Listed at its place now; the hook is gone.
             let out = wpctl(&daemon, &["list", "--pid", &p]).await?;
@@ -295,13 +387,7 @@ async fn pending_breakpoint_catches_the_constructors_call() -> Result<()> {
             let reply = t.cmd("unload").await?;
             ensure!(reply == "UNLOADED", "{reply}");
             t.send("load")?;
-            let (tid, count) = stop_at(&mut events, id).await?;
-            ensure!(tid == pid && count == 5, "tid {tid} count {count}");
-            let frames = stack(&daemon, pid, tid).await?;
-            ensure!(frames.iter().any(|f| f == "plugin_init"), "{frames:?}");
-            resume(&daemon, pid, tid).await?;
-            let reply = t.reply(EVENT_TIMEOUT).await?;
-            ensure!(reply.as_deref() == Some("LOADED calls=1"), "{reply:?}");
+            constructors_call(&daemon, &mut t, &mut events, &LIBPLUGIN, id, 5).await?;
             Ok(())
         }
         .await,
@@ -598,37 +684,8 @@ async fn pending_line_breakpoint_stops_the_worker_threads() -> Result<()> {
                     && place.module.ends_with("/libplugin.so"),
                 "{place:?}"
             );
-            let (tid, count) = stop_at(&mut events, id).await?;
-            ensure!(
-                tid == pid && count == 1,
-                "the first stop is the constructor's call, in dlopen: tid {tid}, count {count}"
-            );
-            let frames = stack(&daemon, pid, tid).await?;
-            ensure!(
-                frames.first().is_some_and(|f| f == "plugin_work")
-                    && frames.iter().any(|f| f == "plugin_init"),
-                "{frames:?}"
-            );
-            resume(&daemon, pid, tid).await?;
-            let reply = t.reply(EVENT_TIMEOUT).await?;
-            ensure!(reply.as_deref() == Some("LOADED calls=1"), "{reply:?}");
-
-            t.send("work 3 1")?;
-            let mut tids = Vec::new();
-            for _ in 0..3 {
-                let (tid, _) = stop_at(&mut events, id).await?;
-                ensure!(tid != pid && !tids.contains(&tid), "{tid} in {tids:?}");
-                tids.push(tid);
-                let frames = stack(&daemon, pid, tid).await?;
-                ensure!(
-                    frames.first().is_some_and(|f| f == "plugin_work")
-                        && frames.iter().any(|f| f == "worker"),
-                    "{frames:?}"
-                );
-                resume(&daemon, pid, tid).await?;
-            }
-            let reply = t.reply(EVENT_TIMEOUT).await?;
-            ensure!(reply.as_deref() == Some("WORKED n=3"), "{reply:?}");
+            constructors_call(&daemon, &mut t, &mut events, &LIBPLUGIN, id, 1).await?;
+            each_worker_stops_once(&daemon, &mut t, &mut events, &LIBPLUGIN, id, 3, 2).await?;
 
             let out = wpctl(&daemon, &["list", "--pid", &p]).await?;
             ensure_ok(&out, "wpctl list")?;
@@ -719,17 +776,7 @@ async fn a_pending_line_goes_to_the_first_module_that_names_its_file() -> Result
                     && place.module.ends_with("/libplugin.so"),
                 "{place:?}"
             );
-            let (tid, count) = stop_at(&mut events, id).await?;
-            ensure!(tid == pid && count == 1, "tid {tid} count {count}");
-            let frames = stack(&daemon, pid, tid).await?;
-            ensure!(
-                frames.first().is_some_and(|f| f == "plugin_work")
-                    && frames.iter().any(|f| f == "plugin_init"),
-                "{frames:?}"
-            );
-            resume(&daemon, pid, tid).await?;
-            let reply = t.reply(EVENT_TIMEOUT).await?;
-            ensure!(reply.as_deref() == Some("LOADED calls=1"), "{reply:?}");
+            constructors_call(&daemon, &mut t, &mut events, &LIBPLUGIN, id, 1).await?;
             let w = listed(&daemon, pid, id).await?;
             let address = w["breakpoint"]["address"].clone();
             ensure!(
@@ -780,18 +827,7 @@ async fn a_pending_line_goes_to_the_first_module_that_names_its_file() -> Result
             );
 
             // The first module's next call is its second hit.
-            t.send("work 1 1")?;
-            let (tid, count) = stop_at(&mut events, id).await?;
-            ensure!(tid != pid && count == 2, "tid {tid} count {count}");
-            let frames = stack(&daemon, pid, tid).await?;
-            ensure!(
-                frames.first().is_some_and(|f| f == "plugin_work")
-                    && frames.iter().any(|f| f == "worker"),
-                "{frames:?}"
-            );
-            resume(&daemon, pid, tid).await?;
-            let reply = t.reply(EVENT_TIMEOUT).await?;
-            ensure!(reply.as_deref() == Some("WORKED n=1"), "{reply:?}");
+            each_worker_stops_once(&daemon, &mut t, &mut events, &LIBPLUGIN, id, 1, 2).await?;
 
             for which in [id, witness] {
                 let out = wpctl(&daemon, &["unwatch", &which.to_string()]).await?;
@@ -805,6 +841,122 @@ async fn a_pending_line_goes_to_the_first_module_that_names_its_file() -> Result
             ensure!(l.watchpoints.is_empty(), "left {l:?}");
             let reply = t.cmd("work 2 1").await?;
             ensure!(reply == "WORKED n=2", "{reply}");
+            let reply = t.cmd("work2 2 1").await?;
+            ensure!(reply == "WORKED2 n=2", "{reply}");
+            Ok(())
+        }
+        .await,
+    )
+}
+
+/// One dlopen, two modules built from the same source: `load3` opens
+/// `libplugin3.so`, which needs `libplugin2.so`, and the dynamic linker
+/// maps both before its hook is called. A pending `plugin.c:LINE` set
+/// before goes to the one the linker loaded first (its list of loaded
+/// objects: the library opened, then those it needs), `libplugin3.so`,
+/// whatever the addresses (the library needed is mapped after, usually
+/// below) and though `libplugin2.so`'s constructor runs first: announced
+/// and listed with `libplugin3.so`, its constructor's call is the first
+/// stop and its threads' calls stop; `libplugin2.so`'s copy of the line
+/// (its constructor's call, its threads' calls) never stops nor counts.
+/// Removed, neither stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_line_in_one_load_of_two_modules_goes_to_the_first_loaded() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-plugins").await?;
+    daemon.finish(
+        async {
+            let pid = t.pid;
+            let p = pid.to_string();
+            let (file, line) = line_of("plugin_work");
+            ensure!(file == "plugin.c", "{file}");
+            let at = format!("{file}:{line}");
+            let mut client = daemon.client().await?;
+            let mut events = EventStream::for_pid(&mut client, pid).await?;
+
+            let out = wpctl(&daemon, &["break", "--pid", &p, "--pending", &at]).await?;
+            ensure_ok(&out, "wpctl break --pending FILE:LINE")?;
+            let id = id_of(out.stdout.lines().next().unwrap_or_default())?;
+            let why = pending_reason(&daemon, pid, id).await?;
+            ensure!(
+                why.starts_with("no line table names \"plugin.c\""),
+                "{why:?}"
+            );
+
+            // One load, both modules: libplugin3.so takes it.
+            t.send("load3")?;
+            let r = resolved(&mut events, id).await?;
+            let place = r.breakpoint.context("no place")?;
+            ensure!(
+                r.reason == "loaded"
+                    && place.function == "plugin3_work"
+                    && place.line == line
+                    && place.file.ends_with("/plugin.c")
+                    && place.module.ends_with("/libplugin3.so"),
+                "the library opened, loaded before the one it needs, takes it: {place:?}"
+            );
+            // libplugin2.so's constructor ran first, not held (else no
+            // LOADED3, or a first stop in its copy): calls2=1.
+            constructors_call(&daemon, &mut t, &mut events, &LIBPLUGIN3, id, 1).await?;
+            let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+            ensure!(
+                maps.contains("/libplugin2.so") && maps.contains("/libplugin3.so"),
+                "one load mapped both: {maps}"
+            );
+            let w = listed(&daemon, pid, id).await?;
+            let address = w["breakpoint"]["address"].clone();
+            ensure!(
+                w["pending"] == false
+                    && w["hits"] == 1
+                    && w["breakpoint"]["function"] == "plugin3_work"
+                    && w["breakpoint"]["module"]
+                        .as_str()
+                        .is_some_and(|m| m.ends_with("/libplugin3.so"))
+                    && w["breakpoint"]["line"] == line
+                    && address.is_string(),
+                "{w}"
+            );
+            let out = wpctl(&daemon, &["list", "--pid", &p]).await?;
+            ensure_ok(&out, "wpctl list")?;
+            ensure!(
+                out.stdout.contains(&format!("plugin3_work ({at})"))
+                    && !out.stdout.contains("pending"),
+                "{:?}",
+                out.stdout
+            );
+            ensure!(
+                daemon.log().contains("loader hook closed"),
+                "hook left open"
+            );
+
+            // libplugin2.so's copy: its threads are not held (else no
+            // WORKED2), nothing counts.
+            let reply = t.cmd("work2 2 1").await?;
+            ensure!(reply == "WORKED2 n=2", "{reply}");
+            let w = listed(&daemon, pid, id).await?;
+            ensure!(
+                w["hits"] == 1 && w["breakpoint"]["address"] == address,
+                "after libplugin2.so's calls: {w}"
+            );
+
+            // libplugin3.so's copy: each thread stops, hits 2 and 3.
+            each_worker_stops_once(&daemon, &mut t, &mut events, &LIBPLUGIN3, id, 2, 2).await?;
+            let w = listed(&daemon, pid, id).await?;
+            ensure!(w["hits"] == 3, "{w}");
+
+            let out = wpctl(&daemon, &["unwatch", &id.to_string()]).await?;
+            ensure_ok(&out, "wpctl unwatch")?;
+            let l = rpc_ok(
+                "ListWatchpoints",
+                client.list_watchpoints(ListWatchpointsRequest { pid: 0 }),
+            )
+            .await?;
+            ensure!(l.watchpoints.is_empty(), "left {l:?}");
+            let reply = t.cmd("work3 2 1").await?;
+            ensure!(reply == "WORKED3 n=2", "{reply}");
             let reply = t.cmd("work2 2 1").await?;
             ensure!(reply == "WORKED2 n=2", "{reply}");
             Ok(())

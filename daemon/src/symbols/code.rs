@@ -123,15 +123,15 @@ pub enum Root {
 
 impl Symbols {
     /// The function `name` (`[MODULE:]FUNCTION`) of process `pid`: the
-    /// executable's first, then the libraries' in the order mapped.
+    /// executable's first, then the libraries' in the order loaded
+    /// (`Symbols::load_order`).
     pub fn code_site(&self, pid: Pid, name: &str) -> Result<CodeSite, SymbolError> {
         let (module, function) = split_module(name);
         let files = maps::read(pid).map_err(|e| SymbolError::Unreadable {
             pid,
             why: e.to_string(),
         })?;
-        let exe = Self::exe_file(pid);
-        let mut order: Vec<&MappedFile> = files
+        let order: Vec<&MappedFile> = files
             .iter()
             .filter(|f| f.mappings.iter().any(|m| m.exec))
             .filter(|f| {
@@ -140,10 +140,7 @@ impl Symbols {
                 })
             })
             .collect();
-        order.sort_by_key(|f| {
-            exe.as_ref()
-                .is_none_or(|k| !(k.dev == f.dev && k.inode == f.inode))
-        });
+        let order = self.load_order(pid, &files, order);
         if let Some(m) = module
             && order.is_empty()
         {
@@ -197,7 +194,8 @@ impl Symbols {
     /// Where a code breakpoint's probe goes in process `pid`: past the
     /// prologue of a function (`[MODULE:]NAME`), or at the first
     /// instruction of a source line (the executable's line tables first,
-    /// then the libraries').
+    /// then the libraries' in the order loaded: the first that names the
+    /// file decides).
     pub fn break_site(&self, pid: Pid, at: &BreakAt) -> Result<BreakSite, SymbolError> {
         match at {
             BreakAt::Function(name) => {
@@ -234,15 +232,11 @@ impl Symbols {
             pid,
             why: e.to_string(),
         })?;
-        let exe = Self::exe_file(pid);
-        let mut order: Vec<&MappedFile> = files
+        let order: Vec<&MappedFile> = files
             .iter()
             .filter(|f| f.mappings.iter().any(|m| m.exec))
             .collect();
-        order.sort_by_key(|f| {
-            exe.as_ref()
-                .is_none_or(|k| !(k.dev == f.dev && k.inode == f.inode))
-        });
+        let order = self.load_order(pid, &files, order);
         let mut with_lines = 0;
         let mut closest: Vec<String> = Vec::new();
         let mut last_line: Option<u32> = None;

@@ -15,7 +15,8 @@
 //! DWARF types), `maps.rs` (`/proc/PID/maps`),
 //! `files.rs` (the module files held loaded), `elf.rs` (one module file,
 //! its debug file), `dwarf.rs` (variables and types), `resolve.rs` (a name
-//! to an address, in steps), `error.rs` (why a name does not resolve),
+//! to an address, in steps), `linkmap.rs` (the order the dynamic linker
+//! loaded the modules in), `error.rs` (why a name does not resolve),
 //! `locate.rs` (symbolizing instruction pointers).
 
 pub mod children;
@@ -28,6 +29,7 @@ pub mod expr;
 mod files;
 pub mod frame;
 pub mod lines;
+mod linkmap;
 pub mod locate;
 pub mod maps;
 mod resolve;
@@ -210,6 +212,51 @@ impl Symbols {
     fn bias(elf: &ElfFile, f: &MappedFile) -> Option<u64> {
         let m = f.mappings.first()?;
         elf.bias(m.start, m.offset)
+    }
+
+    /// `some` of process `pid`'s modules `files` in the order its dynamic
+    /// linker loaded them: the executable first, then the libraries as its
+    /// list of loaded objects has them (at a dlopen, the library opened
+    /// before those it needs, whatever their addresses), then any the list
+    /// does not name in address order; in address order after the
+    /// executable when the list cannot be read (no dynamic linker).
+    fn load_order<'f>(
+        &self,
+        pid: Pid,
+        files: &[MappedFile],
+        some: Vec<&'f MappedFile>,
+    ) -> Vec<&'f MappedFile> {
+        let exe = Self::exe_file(pid);
+        if some.len() < 2 {
+            return some;
+        }
+        let lds = self
+            .r_debug(pid, files, exe.as_ref())
+            .map(|at| {
+                linkmap::dynamic_addrs(at, |a, n| crate::procfs::read_memory(pid, pid, a, n).ok())
+            })
+            .unwrap_or_default();
+        linkmap::load_order(some, exe.as_ref(), &lds)
+    }
+
+    /// Where process `pid`'s dynamic linker keeps its `struct r_debug`:
+    /// the executable's `_r_debug` if it has one (a copy relocation, which
+    /// the linker then uses, or a static program's own), else that of the
+    /// dynamic linker (the file loaded at `AT_BASE`).
+    fn r_debug(&self, pid: Pid, files: &[MappedFile], exe: Option<&FileKey>) -> Option<u64> {
+        let base = std::fs::read(format!("/proc/{pid}/auxv"))
+            .ok()
+            .and_then(|auxv| linkmap::at_base(&auxv));
+        let is_exe = |f: &&MappedFile| exe.is_some_and(|k| k.dev == f.dev && k.inode == f.inode);
+        let loader = base.and_then(|b| files.iter().find(|f| f.contains(b)));
+        files.iter().filter(is_exe).chain(loader).find_map(|f| {
+            let elf = self.file(pid, f).ok()?;
+            let bias = Self::bias(&elf, f)?;
+            elf.lookup(linkmap::R_DEBUG)
+                .into_iter()
+                .find(|s| s.kind == SymKind::Object && s.vaddr != 0)
+                .map(|s| s.vaddr.wrapping_add(bias))
+        })
     }
 
     /// What `addr` is in process `pid`: its module and the symbol holding

@@ -20,11 +20,35 @@ const FUZZPARSE: &str = include_str!("../../../../c/fuzzparse.c");
 /// The seed: a valid input with an in-range level (16).
 const SEED: &[u8] = b"WPL\x10M\x01";
 
+/// C: `noop_prog()` loads a BPF program of type `PERF_EVENT` that only returns 0 (the kind of
+/// program wpd attaches to a breakpoint on its per-thread path, doing nothing); its fd, or -1.
+/// Needs `<linux/bpf.h>`, `<stdint.h>`, `<string.h>`, `<sys/syscall.h>` and
+/// `<unistd.h>`. Spliced into [`FORK_FLOOR`] and [`FLOOR_PRELOAD`] with `concat!`.
+macro_rules! noop_bpf_prog_c {
+    () => {
+        r#"static int noop_prog(void) {
+    struct bpf_insn insns[2];
+    memset(insns, 0, sizeof insns);
+    insns[0].code = BPF_ALU64 | BPF_MOV | BPF_K; /* r0 = 0 */
+    insns[1].code = BPF_JMP | BPF_EXIT;
+    union bpf_attr a;
+    memset(&a, 0, sizeof a);
+    a.prog_type = BPF_PROG_TYPE_PERF_EVENT;
+    a.insn_cnt = 2;
+    a.insns = (uintptr_t)insns;
+    a.license = (uintptr_t)"GPL";
+    return (int)syscall(SYS_bpf, BPF_PROG_LOAD, &a, sizeof a);
+}
+"#
+    };
+}
+
 /// The kernel's floor: `forkfloor MODE N` opens, on itself, the breakpoint wpd opens for a
 /// process-wide watchpoint that follows forks (MODE `inherit`, `inherit-bpf` with a no-op BPF
 /// program attached as on wpd's per-thread path), the same without inheritance (`bp`), or
 /// nothing (`bare`); then times N fork + _exit + waitpid cycles and prints µs per cycle.
-const FORK_FLOOR: &str = r#"
+const FORK_FLOOR: &str = concat!(
+    r#"
 #include <linux/bpf.h>
 #include <linux/hw_breakpoint.h>
 #include <linux/perf_event.h>
@@ -40,20 +64,9 @@ const FORK_FLOOR: &str = r#"
 
 volatile uint8_t watched;
 
-static int noop_prog(void) {
-    struct bpf_insn insns[2];
-    memset(insns, 0, sizeof insns);
-    insns[0].code = BPF_ALU64 | BPF_MOV | BPF_K; /* r0 = 0 */
-    insns[1].code = BPF_JMP | BPF_EXIT;
-    union bpf_attr a;
-    memset(&a, 0, sizeof a);
-    a.prog_type = BPF_PROG_TYPE_PERF_EVENT;
-    a.insn_cnt = 2;
-    a.insns = (uintptr_t)insns;
-    a.license = (uintptr_t)"GPL";
-    return (int)syscall(SYS_bpf, BPF_PROG_LOAD, &a, sizeof a);
-}
-
+"#,
+    noop_bpf_prog_c!(),
+    r#"
 int main(int argc, char **argv) {
     if (argc != 3)
         return 2;
@@ -107,7 +120,8 @@ int main(int argc, char **argv) {
     printf("%.3f\n", ns / 1e3 / n);
     return 0;
 }
-"#;
+"#
+);
 
 /// The kernel's floor under persistent mode, with the real fuzzer: a library preloaded into
 /// the target (`AFL_PRELOAD`) whose constructor opens on the process, before AFL++'s fork
@@ -116,7 +130,8 @@ int main(int argc, char **argv) {
 /// The persistent child inherits it as it inherits wpd's: what is left is the kernel's
 /// scheduling of a task whose perf context holds an event, at every stop and continue
 /// (`docs/experiments/switch-with-breakpoint.c`).
-const FLOOR_PRELOAD: &str = r#"
+const FLOOR_PRELOAD: &str = concat!(
+    r#"
 #include <linux/bpf.h>
 #include <linux/hw_breakpoint.h>
 #include <linux/perf_event.h>
@@ -128,6 +143,9 @@ const FLOOR_PRELOAD: &str = r#"
 #include <sys/syscall.h>
 #include <unistd.h>
 
+"#,
+    noop_bpf_prog_c!(),
+    r#"
 static volatile uint64_t never_written;
 
 __attribute__((constructor)) static void arm(void) {
@@ -143,23 +161,14 @@ __attribute__((constructor)) static void arm(void) {
     a.exclude_hv = 1;
     a.inherit = 1;
     int fd = (int)syscall(SYS_perf_event_open, &a, 0, -1, -1, 0);
-    struct bpf_insn insns[2];
-    memset(insns, 0, sizeof insns);
-    insns[0].code = BPF_ALU64 | BPF_MOV | BPF_K; /* r0 = 0 */
-    insns[1].code = BPF_JMP | BPF_EXIT;
-    union bpf_attr b;
-    memset(&b, 0, sizeof b);
-    b.prog_type = BPF_PROG_TYPE_PERF_EVENT;
-    b.insn_cnt = 2;
-    b.insns = (uintptr_t)insns;
-    b.license = (uintptr_t)"GPL";
-    int prog = (int)syscall(SYS_bpf, BPF_PROG_LOAD, &b, sizeof b);
+    int prog = noop_prog();
     if (fd < 0 || prog < 0 || ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog) != 0) {
         perror("the floor's breakpoint");
         abort();
     }
 }
-"#;
+"#
+);
 
 pub(crate) async fn section_fuzzers(args: &Args) -> Result<()> {
     let t0 = Instant::now();
@@ -883,4 +892,38 @@ async fn fork_floor(args: &Args, dir: &Path) -> Result<FloorExtra> {
         inherit_us: s[2].med - bare,
         bpf_us: s[3].med - bare,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both floors carry the one no-op program, and each is C that compiles
+    /// (`-Wall -Werror`: `noop_prog` is used in both).
+    #[test]
+    fn the_floors_share_the_noop_program_and_compile() {
+        let noop = noop_bpf_prog_c!();
+        assert!(noop.starts_with("static int noop_prog(void) {"));
+        let dir = unique_temp_dir("wpd-bench-floors").unwrap();
+        for (name, source) in [("forkfloor", FORK_FLOOR), ("floorpreload", FLOOR_PRELOAD)] {
+            assert_eq!(source.matches(noop).count(), 1, "{name}");
+            assert!(
+                source.contains("int prog = noop_prog();"),
+                "{name} calls it"
+            );
+            let src = dir.join(format!("{name}.c"));
+            std::fs::write(&src, source).unwrap();
+            let o = std::process::Command::new("cc")
+                .args(["-fsyntax-only", "-Wall", "-Werror", "-O2", "-fPIC"])
+                .arg(&src)
+                .output()
+                .expect("cc (scripts/setup installs gcc)");
+            assert!(
+                o.status.success(),
+                "{name}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
