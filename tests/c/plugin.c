@@ -9,6 +9,8 @@ struct pobj {
 };
 
 long plugin_calls;
+/* Not renamed in libplugin3.so: one name defined by each library. */
+long plugin_shared;
 
 __attribute__((noinline)) long plugin_work(long x)
 {

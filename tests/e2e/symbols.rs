@@ -1626,3 +1626,39 @@ async fn expressions_start_from_a_held_frames_locals() -> Result<()> {
     .await;
     daemon.finish(result)
 }
+
+/// A global two libraries both define, loaded by one dlopen (`ct-plugins`'
+/// `load3`: `libplugin3.so`, which needs `libplugin2.so`): the name is the
+/// one the process uses, the first in the dynamic linker's load order
+/// (the library opened, then those it needs), not the lower address (the
+/// library needed is mapped after the one opened, usually below it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_two_libraries_define_is_the_first_loaded() -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-plugins").await?;
+    let result = async {
+        let r = t.cmd("load3").await?;
+        ensure!(r == "LOADED3 calls=1 calls2=1", "{r}");
+        let mut c = daemon.client().await?;
+        let sym = resolve(&mut c, t.pid, "plugin_shared")
+            .await?
+            .symbol
+            .context("no symbol")?;
+        ensure!(
+            sym.module.ends_with("/libplugin3.so"),
+            "the library loaded first defines it for the process: {sym:?}"
+        );
+        // Named with its module, the other library's is there too.
+        let other = resolve(&mut c, t.pid, "libplugin2.so:plugin_shared")
+            .await?
+            .symbol
+            .context("no symbol")?;
+        ensure!(
+            other.module.ends_with("/libplugin2.so") && other.address != sym.address,
+            "{other:?}"
+        );
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}

@@ -1,5 +1,5 @@
 //! Resolution of a name in a process, in steps: the modules to search in
-//! the dynamic linker's lookup order ([`search_order`]), what each has
+//! the dynamic linker's lookup order ([`search_order`], `Symbols::load_order`), what each has
 //! under the name ([`Symbols::candidates`]), the one the process uses
 //! ([`pick`]), and the object it names after members, elements and
 //! offset ([`object`], [`Symbols::finish`]).
@@ -83,9 +83,10 @@ fn matches_module(f: &MappedFile, want: &str) -> bool {
             .is_some_and(|rest| rest.starts_with('.'))
 }
 
-/// The modules to search, in the order the dynamic linker looks names up
-/// (the executable first: its definitions interpose on the libraries'),
-/// only those `MODULE:` names if it names one.
+/// The modules to search: the executable first (its definitions interpose
+/// on the libraries'), then the libraries in address order (put in the
+/// dynamic linker's load order by [`Symbols::evaluate`] when more than one
+/// defines the name); only those `MODULE:` names if it names one.
 fn search_order<'f>(
     pid: Pid,
     expr: &Expr,
@@ -492,11 +493,11 @@ impl Symbols {
             pid,
             why: e.to_string(),
         })?;
-        let searched = search_order(pid, &expr, &files)?;
+        let mut searched = search_order(pid, &expr, &files)?;
         if expr.root.root_name().is_none() {
             return self.at_number(pid, &expr, &searched, len);
         }
-        let found = self.candidates(pid, &expr, access, &searched);
+        let mut found = self.candidates(pid, &expr, access, &searched);
         if found.candidates.is_empty() {
             return Err(SymbolError::Unknown {
                 pid,
@@ -505,6 +506,28 @@ impl Symbols {
                 closest: closest(&expr.name, &found.loaded),
                 stripped: found.stripped,
             });
+        }
+        if expr.module.is_none()
+            && searched.len() > 2
+            && found
+                .candidates
+                .last()
+                .is_some_and(|c| Some(FileKey::of(c.file)) != exe_key(pid))
+        {
+            // Found in a library: the libraries in the order the dynamic
+            // linker loaded them (its list, read only then), not their
+            // addresses (a library a dlopen needs is mapped after the one
+            // opened, usually below it), and the search again if that
+            // order differs.
+            let order = self.load_order(pid, &files, searched.clone());
+            if order
+                .iter()
+                .zip(&searched)
+                .any(|(a, b)| !std::ptr::eq(*a, *b))
+            {
+                searched = order;
+                found = self.candidates(pid, &expr, access, &searched);
+            }
         }
         let (c, note) = pick(pid, &expr, access, &found, searched.len())?;
         self.finish(pid, &expr, c, access, len, note)
