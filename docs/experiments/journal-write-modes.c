@@ -18,7 +18,7 @@
  * tasks reclaimed meanwhile (pgsteal_direct of /proc/vmstat: a write that
  * has to free page cache to get a page costs many times more).
  *
- * Modes 4-7 write the same batches through a shared mapping of the
+ * Modes 4-8 write the same batches through a shared mapping of the
  * segment instead: the file is given its whole length first with
  * fallocate(mode 0) (blocks allocated, so a full disk fails there and not
  * as a SIGBUS on a store), mapped MAP_SHARED, and each batch memcpy'd into
@@ -29,6 +29,9 @@
  *      when the writer enters a 2 MiB chunk, msync(MS_SYNC) of the range
  *   6  as 5, with fdatasync(fd) instead of msync
  *   7  as 4, with fdatasync(fd) instead of msync
+ *   8  as 5, the pre-faulting done by a thread on the other CPU, kept
+ *      2-4 MiB ahead of the writer (which waits for it if it is behind);
+ *      its CPU is printed on a line of its own and as "populate"
  * The line printed then splits the writer's CPU into the copy (with its
  * page faults in modes 4 and 7), the madvise pre-faulting and the syncs,
  * and counts the thread's minor faults. After each batch (outside the
@@ -37,7 +40,7 @@
  * (coherence, before any msync); at the end the file's size and the
  * bytes after the last record are reported.
  *
- *   uptime; for r in 1 2 3; do for c in 0 1; do for m in 0 1 3 4 5 6 7; do
+ *   uptime; for r in 1 2 3; do for c in 0 1; do for m in 0 1 3 4 5 6 7 8; do
  *     /tmp/jwm $m 400000 /var/tmp/jwm.dat $c; done; done; done; uptime
  *
  * What a crash leaves for the journal's recovery when the segment was
@@ -110,6 +113,46 @@ static double thread_cpu(void)
 	return t.tv_sec + t.tv_nsec / 1e9;
 }
 
+static long thread_minflt(void);
+
+/* Mode 8: a thread on the other CPU keeps the mapping faulted in ahead of
+ * the writer. Guarded by pm. */
+static pthread_mutex_t pm = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pc = PTHREAD_COND_INITIALIZER;
+static char *pmap;
+static size_t pmaplen, prefaulted, pwanted;
+static int pdone;
+static double helper_cpu;
+static long helper_faults;
+
+static void *prefault(void *arg)
+{
+	(void)arg;
+	pin(0);
+	double c0 = thread_cpu();
+	long f0 = thread_minflt();
+	pthread_mutex_lock(&pm);
+	for (;;) {
+		while (!pdone && prefaulted >= pwanted + 2 * chunk)
+			pthread_cond_wait(&pc, &pm);
+		if (pdone || prefaulted >= pmaplen)
+			break;
+		size_t at = prefaulted;
+		pthread_mutex_unlock(&pm);
+		if (madvise(pmap + at, chunk, MADV_POPULATE_WRITE)) {
+			perror("madvise");
+			exit(1);
+		}
+		pthread_mutex_lock(&pm);
+		prefaulted = at + chunk;
+		pthread_cond_broadcast(&pc);
+	}
+	pthread_mutex_unlock(&pm);
+	helper_cpu = thread_cpu() - c0;
+	helper_faults = thread_minflt() - f0;
+	return NULL;
+}
+
 /* Pages reclaimed by allocating tasks, machine-wide (/proc/vmstat). */
 static long direct_reclaim(void)
 {
@@ -180,7 +223,7 @@ int main(int argc, char **argv)
 		return make_segment(argv[2], atol(argv[3]), atol(argv[4]));
 	if (argc != 5) {
 		fprintf(stderr, "usage: %s MODE(0 buffered, 1 fallocate, 3 O_DIRECT, "
-				"4-7 mapping: see the source) RECORDS FILE COLD(0|1)\n"
+				"4-8 mapping: see the source) RECORDS FILE COLD(0|1)\n"
 				"       %s segment FILE RECORDS SIZE\n",
 			argv[0], argv[0]);
 		return 2;
@@ -190,9 +233,9 @@ int main(int argc, char **argv)
 	const char *path = argv[3];
 	cold = atoi(argv[4]);
 	rounds = records * 144 / batch / NB;
-	int mapped = mode >= 4 && mode <= 7;
+	int mapped = mode >= 4 && mode <= 8;
 	int populate = mode == 5 || mode == 6;
-	int use_msync = mode == 4 || mode == 5;
+	int use_msync = mode == 4 || mode == 5 || mode == 8;
 	for (int i = 0; i < NB; i++)
 		if (posix_memalign((void **)&bufs[i], 4096, batch))
 			return 1;
@@ -225,8 +268,14 @@ int main(int argc, char **argv)
 	}
 	pin(1);
 	pthread_barrier_init(&barrier, NULL, 2);
-	pthread_t filler;
+	pthread_t filler, helper;
 	pthread_create(&filler, NULL, fill, NULL);
+	long stalls = 0;
+	if (mode == 8) {
+		pmap = map;
+		pmaplen = maplen;
+		pthread_create(&helper, NULL, prefault, NULL);
+	}
 	double spent = 0, t_copy = 0, t_pop = 0, t_sync = 0;
 	long flt0 = thread_minflt();
 	long reclaim0 = direct_reclaim();
@@ -266,6 +315,16 @@ int main(int argc, char **argv)
 					populated += chunk;
 					t_pop += thread_cpu() - p0;
 				}
+				if (mode == 8) {
+					pthread_mutex_lock(&pm);
+					pwanted = (size_t)off + batch;
+					pthread_cond_broadcast(&pc);
+					if (prefaulted < pwanted)
+						stalls++;
+					while (prefaulted < pwanted)
+						pthread_cond_wait(&pc, &pm);
+					pthread_mutex_unlock(&pm);
+				}
 				double c0 = thread_cpu();
 				memcpy(map + off, bufs[i], batch);
 				t_copy += thread_cpu() - c0;
@@ -299,6 +358,14 @@ int main(int argc, char **argv)
 	long flt = thread_minflt() - flt0;
 	long reclaimed = direct_reclaim() - reclaim0;
 	pthread_join(filler, NULL);
+	if (mode == 8) {
+		pthread_mutex_lock(&pm);
+		pdone = 1;
+		pthread_cond_broadcast(&pc);
+		pthread_mutex_unlock(&pm);
+		pthread_join(helper, NULL);
+		t_pop = helper_cpu;
+	}
 	double n = rounds * NB * batch / 144.0;
 	if (!mapped) {
 		printf("mode %d %s: writer CPU %.1f ns per 144-byte record (write %.1f, sync %.1f; "
@@ -316,6 +383,11 @@ int main(int argc, char **argv)
 			for (ssize_t j = 0; j < k; j++)
 				nonzero += tail[j] != 0;
 		}
+		if (mode == 8)
+			printf("mode 8 %s: pre-faulting thread on the other CPU %.1f ns per record, "
+			       "%ld minor faults; the writer waited for it at %ld of %ld batches\n",
+			       cold ? "cold" : "warm", helper_cpu * 1e9 / n, helper_faults, stalls,
+			       rounds * NB);
 		printf("mode %d %s: writer CPU %.1f ns per 144-byte record "
 		       "(copy %.1f, populate %.1f, sync %.1f; minor faults %ld = %.2f per 4 KiB written); "
 		       "pread != mapping: %ld of %ld batches; file size %lld for %lld written, "
