@@ -207,13 +207,21 @@ impl Cmp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Label(usize);
 
-/// Why a [`Program`] cannot be built: a label placed other than once, or
-/// a jump the instruction cannot encode.
+/// Why a [`Program`] cannot be built: a label jumped to but never placed,
+/// a label placed twice, a jump the instruction cannot encode, or code no
+/// path reaches (the kernel's verifier refuses a program with any).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AsmError {
-    /// A label declared but never placed.
+    /// A label jumped to but never placed.
     #[error("label {0} is never placed")]
     Unplaced(usize),
+    /// An instruction no path reaches: the verifier refuses the program
+    /// ("unreachable insn").
+    #[error("instruction {at} is unreachable")]
+    Unreachable {
+        /// Its index.
+        at: usize,
+    },
     /// A label placed twice.
     #[error("label {0} is placed twice")]
     PlacedTwice(usize),
@@ -262,6 +270,12 @@ impl Program {
     pub fn label(&mut self) -> Label {
         self.labels.push(None);
         Label(self.labels.len() - 1)
+    }
+
+    /// Whether a jump to `l` was emitted: code placed at a label nothing
+    /// jumps to, after a `goto` or an `exit`, is unreachable.
+    pub fn used(&self, l: Label) -> bool {
+        self.jumps.iter().any(|&(_, j)| j == l)
     }
 
     /// Places `l` at the next instruction.
@@ -313,15 +327,28 @@ impl Program {
         if let Some(l) = self.twice {
             return Err(AsmError::PlacedTwice(l));
         }
-        if let Some(l) = self.labels.iter().position(Option::is_none) {
-            return Err(AsmError::Unplaced(l));
-        }
+        let mut targets = vec![false; self.insns.len() + 1];
         for &(at, Label(l)) in &self.jumps {
-            let to = self.labels[l].expect("every label placed, checked above");
+            let to = self.labels[l].ok_or(AsmError::Unplaced(l))?;
             if to <= at {
                 return Err(AsmError::Backward { at, label: l });
             }
             self.insns[at].off = i16::try_from(to - at - 1).map_err(|_| AsmError::TooFar { at })?;
+            targets[to] = true;
+        }
+        // Every instruction is reached by falling through or by a jump
+        // (all jumps go forward, so one pass in order sees every way in).
+        let mut falls_in = true;
+        let mut i = 0;
+        while i < self.insns.len() {
+            if !falls_in && !targets[i] {
+                return Err(AsmError::Unreachable { at: i });
+            }
+            let code = self.insns[i].code;
+            // `goto` (BPF_JMP|BPF_JA) and `exit` end the straight line.
+            falls_in = code != 0x05 && code != 0x95;
+            // A 64-bit immediate load takes two slots.
+            i += if code == 0x18 { 2 } else { 1 };
         }
         Ok(self.insns)
     }
@@ -767,6 +794,39 @@ fn page_size() -> usize {
 #[cfg(test)]
 mod tests {
     use super::asm::*;
+
+    /// Code after a `goto` or an `exit` that no jump reaches is refused
+    /// when the program is built, as the kernel's verifier would refuse
+    /// it; reached by a jump, or after a conditional jump, it is fine.
+    #[test]
+    fn unreachable_code_is_refused_at_build() {
+        use super::{AsmError, Program};
+        let mut p = Program::new();
+        let l = p.label();
+        p.push([mov_imm(0, 0)]);
+        p.goto(l);
+        p.push([mov_imm(0, 1)]);
+        p.place(l);
+        p.push([exit()]);
+        assert_eq!(p.build(), Err(AsmError::Unreachable { at: 2 }));
+
+        let mut p = Program::new();
+        let l = p.label();
+        p.jne_imm(1, 0, l);
+        p.push(ld_u64(0, 1));
+        p.push([exit()]);
+        p.place(l);
+        p.push([mov_imm(0, 0), exit()]);
+        assert!(p.build().is_ok());
+
+        // A label nothing jumps to need not be placed; one jumped to must.
+        let mut p = Program::new();
+        let _unused = p.label();
+        let l = p.label();
+        p.jne_imm(1, 0, l);
+        p.push([exit()]);
+        assert_eq!(p.build(), Err(AsmError::Unplaced(1)));
+    }
 
     #[test]
     fn encodes_as_the_kernel_reads_it() {

@@ -83,15 +83,24 @@ async fn the_signal_action_reaches_the_writer_when_the_condition_holds(
             usr1_count(&mut target).await? == before,
             "stores of 5 sent the signal"
         );
-        target.cmd("write 2 7").await?;
-        // The handler ran at the store, on the storing thread, before the answer.
+        // A thread other than the main one (the process's leader, where a signal sent to
+        // the process would most likely land) stores 7.
+        let (writer, on_writer) = thread_write(&mut target, 2, 7).await?;
+        ensure!(
+            writer != target.pid,
+            "the writer is the main thread ({writer})"
+        );
+        // The handler ran at the store, on the storing thread, before it exited.
+        ensure!(
+            on_writer == 1,
+            "the writer {writer}'s own handler ran {on_writer} times for its store of 7"
+        );
         let after = usr1_count(&mut target).await?;
         ensure!(
             after == before + 1,
             "a store of 7 ran the handler {} times",
             after - before
         );
-        let pid = target.pid;
         let hit = events
             .wait_for(HIT_TIMEOUT, "the hit of the store of 7", |e| {
                 Ok(match e {
@@ -101,9 +110,112 @@ async fn the_signal_action_reaches_the_writer_when_the_condition_holds(
             })
             .await?;
         ensure!(
-            hit.tid == pid && hit.value == 7u64.to_le_bytes(),
-            "the reported hit is not the main thread's store of 7: {hit:?}"
+            hit.tid == writer && hit.value == 7u64.to_le_bytes(),
+            "the reported hit is not thread {writer}'s store of 7: {hit:?}"
         );
+        target.ensure_alive()
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// `thread-write I V`: a new thread of `target` stores V into `VARS[I]`; (its tid, the SIGUSR1
+/// its own handler ran).
+async fn thread_write(target: &mut TargetProc, i: usize, v: u64) -> Result<(i32, u64)> {
+    let reply = target.cmd(&format!("thread-write {i} {v}")).await?;
+    let field = |k: &str| {
+        reply
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|n| n.parse::<u64>().ok())
+    };
+    match (
+        reply.starts_with("THREAD-WROTE"),
+        field("tid="),
+        field("usr1="),
+    ) {
+        (true, Some(tid), Some(n)) => Ok((tid as i32, n)),
+        _ => bail!("unexpected reply to thread-write: {reply:?}"),
+    }
+}
+
+wpd_tests::both_backends!(
+    /// Every combination of action (report, signal), condition (none, `changed`, a comparison),
+    /// ignore count, hit count and rate limit is armed (on perf, a program the kernel's
+    /// verifier takes), and the signal reaches the writing thread at the hit when it should:
+    /// each combination's watchpoint is set on a quiet variable, a new thread stores into it
+    /// once, and its own handler must have run exactly when the action signals, the hit is
+    /// not skipped and the comparison (`== 7`) or `changed` holds.
+    every_combination_of_filter_and_action_is_armed
+);
+async fn every_combination_of_filter_and_action_is_armed(backend: Backend) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--threads", "2", "--interval-us", "1000000"]).await?;
+    let result = async {
+        let mut client = daemon.client().await?;
+        let conditions = [
+            None,
+            Some(HitCondition {
+                op: Op::Changed as i32,
+                ..Default::default()
+            }),
+            Some(HitCondition {
+                op: Op::Eq as i32,
+                operand: 7,
+                mask: 0,
+            }),
+        ];
+        let mut n = 0;
+        for signal in [false, true] {
+            for condition in &conditions {
+                for ignore in [0u64, 2] {
+                    for every in [0u64, 3] {
+                        for rate in [0u32, 1000] {
+                            let mut spec = write_spec(backend, target.pid, target.vars[3]);
+                            if signal {
+                                spec.action = HitAction::Signal as i32;
+                                spec.signal = SIGUSR1;
+                            }
+                            spec.condition = condition.clone();
+                            spec.ignore_count = ignore;
+                            spec.hit_count = every;
+                            spec.max_hits_per_second = rate;
+                            let what = format!(
+                                "signal {signal}, condition {condition:?}, ignore {ignore}, \
+                                 every {every}, rate {rate}"
+                            );
+                            let wp = rpc_ok(
+                                &format!("SetWatchpoint({what})"),
+                                client.set_watchpoint(SetWatchpointRequest { spec: Some(spec) }),
+                            )
+                            .await?
+                            .watchpoint
+                            .context("no watchpoint")?;
+                            // The first store after the watchpoint is set: judged, then
+                            // skipped by an ignore count of 2 or a hit count of 3 (which
+                            // reports the 3rd, 6th, ...).
+                            let (_, on_writer) = thread_write(&mut target, 3, 7).await?;
+                            let expected = u64::from(signal && ignore == 0 && every <= 1);
+                            ensure!(
+                                on_writer == expected,
+                                "{what}: the writer's handler ran {on_writer} times, not {expected}"
+                            );
+                            rpc_ok(
+                                "RemoveWatchpoint",
+                                client.remove_watchpoint(wpd_proto::v1::RemoveWatchpointRequest {
+                                    id: wp.id,
+                                }),
+                            )
+                            .await?;
+                            // Back to a value the next `changed` sees change from.
+                            target.cmd("write 3 0").await?;
+                            n += 1;
+                        }
+                    }
+                }
+            }
+        }
+        ensure!(n == 48, "{n} combinations tried");
         target.ensure_alive()
     }
     .await;

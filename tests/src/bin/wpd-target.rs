@@ -29,6 +29,7 @@
 //! | `spawn`          | new thread: first action is one store of 0xC0FFEE to `VARS[1]`, then it parks until quit | `SPAWNED tid=T` |
 //! | `spawn-worker`   | one more worker like the initial ones                         | `SPAWNED tid=T`           |
 //! | `write I V`      | the main thread stores V (decimal or 0x-hex) into `VARS[I]`  | `WROTE`                   |
+//! | `thread-write I V` | a new thread stores V into `VARS[I]`, counts the SIGUSR1 its own handler ran, and exits; joined | `THREAD-WROTE tid=T usr1=N` |
 //! | `stop-workers`   | every worker (initial and spawned) exits and is joined        | `STOPPED remaining=K`     |
 //! | `ping`           | nothing                                                       | `PONG counter=C threads=K`|
 //! | `usr1count`      | nothing                                                       | `USR1 N`                  |
@@ -133,9 +134,18 @@ static CHURNED: Churned = Churned(AtomicU64::new(0));
 /// SIGUSR1 deliveries counted by [`on_usr1`].
 static USR1_COUNT: AtomicU64 = AtomicU64::new(0);
 
+thread_local! {
+    /// SIGUSR1 deliveries [`on_usr1`] ran on this thread (`thread-write`
+    /// reports its writer's: a signal sent to the process instead of the
+    /// writing thread would run on another).
+    static THREAD_USR1: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 extern "C" fn on_usr1(_sig: libc::c_int) {
-    // Async-signal-safe: one atomic add.
+    // Async-signal-safe: one atomic add, and a constant-initialized
+    // thread-local cell (no lazy registration, no destructor).
     USR1_COUNT.fetch_add(1, Ordering::SeqCst);
+    THREAD_USR1.with(|c| c.set(c.get() + 1));
 }
 
 /// Installs [`on_usr1`] for SIGUSR1 (`SA_RESTART`: stdin reads and sleeps carry on).
@@ -459,6 +469,23 @@ impl State {
                     "WROTE".to_string()
                 }
                 _ => format!("ERR usage: write <0..{}> <value>", VARS.len() - 1),
+            },
+            ["thread-write", index, value] => match (index.parse::<usize>(), parse_u64(value)) {
+                (Ok(i), Some(v)) if i < VARS.len() => {
+                    let writer = thread::Builder::new()
+                        .name("writer".into())
+                        .stack_size(STACK_SIZE)
+                        .spawn(move || {
+                            VARS[i].store(v);
+                            (gettid(), THREAD_USR1.with(|c| c.get()))
+                        });
+                    match writer.map(|h| h.join()) {
+                        Ok(Ok((tid, n))) => format!("THREAD-WROTE tid={tid} usr1={n}"),
+                        Ok(Err(_)) => "ERR thread-write: the writer panicked".to_string(),
+                        Err(e) => format!("ERR thread-write: {e}"),
+                    }
+                }
+                _ => format!("ERR usage: thread-write <0..{}> <value>", VARS.len() - 1),
             },
             ["stop-workers"] => {
                 STOP.store(true, Ordering::Relaxed);

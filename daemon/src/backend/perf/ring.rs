@@ -233,7 +233,6 @@ fn judge(p: &mut Program, j: &Judge, state: i32, len: u32, report: bpf::Label) {
         }
     }
     if let Some(sig) = j.signal {
-        let send = p.label();
         if j.spacing_ns > 0 {
             p.push([
                 asm::call(helper::KTIME_GET_NS),
@@ -246,7 +245,6 @@ fn judge(p: &mut Program, j: &Judge, state: i32, len: u32, report: bpf::Label) {
             p.jump_if(Cmp::Lt, 2, 3, report);
             p.push([asm::stx_dw(9, 32, 0)]);
         }
-        p.place(send);
         p.push([
             asm::mov_imm(1, sig),
             asm::call(helper::SEND_SIGNAL_THREAD),
@@ -255,13 +253,18 @@ fn judge(p: &mut Program, j: &Judge, state: i32, len: u32, report: bpf::Label) {
         ]);
     }
     p.goto(report);
-    p.place(filtered);
-    p.push([
-        asm::mov_imm(1, 1),
-        asm::atomic_add_dw(9, 8, 1),
-        asm::mov_imm(0, 0),
-        asm::exit(),
-    ]);
+    // Only a condition, an ignore count or a hit count filters: a judge of
+    // a signal alone has no such block (the verifier refuses unreachable
+    // code).
+    if p.used(filtered) {
+        p.place(filtered);
+        p.push([
+            asm::mov_imm(1, 1),
+            asm::atomic_add_dw(9, 8, 1),
+            asm::mov_imm(0, 0),
+            asm::exit(),
+        ]);
+    }
 }
 
 /// The program recording a hit of `key` (`len` watched bytes, up to
@@ -566,6 +569,53 @@ mod tests {
             assert_eq!(p[jne + 6], asm::exit());
             assert_eq!(p[jne + 7], asm::mov(7, 0));
         }
+    }
+
+    /// Every judge a watchpoint can ask for assembles, with no code the
+    /// verifier would find unreachable (`AsmError::Unreachable`): a signal
+    /// with nothing that filters used to leave the filtered block behind.
+    #[test]
+    fn every_judge_assembles_with_no_unreachable_code() {
+        use crate::filter::{CmpOp, Condition};
+        let key = SlotKey::new(crate::model::WatchId(7), 0);
+        let conditions = [
+            None,
+            Some(Condition::Changed),
+            Some(Condition::Compare {
+                op: CmpOp::Ge,
+                operand: 3,
+                mask: u64::MAX,
+            }),
+        ];
+        let mut filtering = 0;
+        for condition in conditions {
+            for ignore in [0, 2] {
+                for every in [0, 1, 3] {
+                    for signal in [None, Some(libc::SIGUSR1)] {
+                        for spacing_ns in [0, 1_000_000] {
+                            let j = Judge {
+                                condition,
+                                ignore,
+                                every,
+                                signal,
+                                spacing_ns,
+                            };
+                            let p = program(3, 4, key, 8, 0, Some((&j, 5)), None)
+                                .unwrap_or_else(|e| panic!("{j:?}: {e}"));
+                            // The filtered block (count, return 0) is there
+                            // exactly when something filters.
+                            let filters = condition.is_some() || ignore > 0 || every > 1;
+                            let counts = p.windows(2).any(|w| {
+                                w[0] == asm::mov_imm(1, 1) && w[1] == asm::atomic_add_dw(9, 8, 1)
+                            });
+                            assert_eq!(counts, filters, "{j:?}");
+                            filtering += usize::from(filters);
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(filtering, 64);
     }
 
     #[test]
