@@ -33,6 +33,17 @@ const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
+const BPF_LINK_CREATE: libc::c_long = 28;
+
+/// `BPF_TRACE_UPROBE_MULTI` (`enum bpf_attach_type`, Linux 6.6): a
+/// `BPF_PROG_TYPE_KPROBE` program attached to uprobes through a BPF link
+/// ([`uprobe_link`]).
+pub const TRACE_UPROBE_MULTI: u32 = 48;
+/// `BPF_F_UPROBE_MULTI_RETURN`: the link's uprobes are return probes.
+const UPROBE_MULTI_RETURN: u32 = 1;
+/// `BPF_F_NO_PREALLOC`: a hash map's entries are allocated as they are
+/// added, not all at its creation.
+const F_NO_PREALLOC: u32 = 1;
 
 /// `BPF_PROG_TYPE_KPROBE`: runs at a kprobe or uprobe (attached to its perf
 /// event), the probed task's `struct pt_regs` as context.
@@ -391,7 +402,10 @@ struct ProgLoadAttr {
     log_buf: u64,
     kern_version: u32,
     prog_flags: u32,
-    _rest: [u64; 12],
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+    _rest: [u64; 9],
 }
 
 /// `union bpf_attr` as BPF_MAP_CREATE reads it.
@@ -429,6 +443,54 @@ fn sys_bpf<T>(cmd: libc::c_long, attr: &T) -> Result<libc::c_long, Errno> {
         )
     };
     if r < 0 { Err(Errno::last()) } else { Ok(r) }
+}
+
+/// `union bpf_attr` as BPF_LINK_CREATE reads it for
+/// `BPF_TRACE_UPROBE_MULTI`.
+#[repr(C)]
+#[derive(Default)]
+struct UprobeLinkAttr {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+    path: u64,
+    offsets: u64,
+    ref_ctr_offsets: u64,
+    cookies: u64,
+    cnt: u32,
+    uprobe_flags: u32,
+    pid: u32,
+    _pad: u32,
+}
+
+/// Attaches `prog` (loaded for [`TRACE_UPROBE_MULTI`]) to a uprobe at file
+/// offset `offset` of `path` (a return probe with `ret`) that runs for
+/// process `pid` only (the kernel matches its memory): a BPF link, whose
+/// fd keeps it. Unlike a uprobe perf event, a link's close does not take
+/// the kernel's trace-event mutex, so closes made at once share one RCU
+/// grace period (kernel-facts §21).
+pub fn uprobe_link(
+    prog: &impl AsRawFd,
+    path: &std::ffi::CStr,
+    offset: u64,
+    ret: bool,
+    pid: i32,
+) -> Result<OwnedFd, Errno> {
+    let offsets = [offset];
+    let attr = UprobeLinkAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        attach_type: TRACE_UPROBE_MULTI,
+        path: path.as_ptr() as u64,
+        offsets: offsets.as_ptr() as u64,
+        cnt: 1,
+        uprobe_flags: if ret { UPROBE_MULTI_RETURN } else { 0 },
+        pid: pid as u32,
+        ..Default::default()
+    };
+    let fd = sys_bpf(BPF_LINK_CREATE, &attr)?;
+    // SAFETY: a new fd the kernel just gave us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// `union bpf_attr` as BPF_RAW_TRACEPOINT_OPEN reads it.
@@ -477,12 +539,23 @@ fn verifier_note(log: &str) -> String {
 /// Loads a GPL program (its helpers are GPL-only) of `prog_type`. A
 /// refusal by the verifier is loaded again with the log on, to say why.
 pub fn load_program(prog_type: u32, insns: &[Insn]) -> Result<OwnedFd, LoadError> {
+    load_program_for(prog_type, 0, insns)
+}
+
+/// [`load_program`] of a program attached as `expected_attach_type` says
+/// (`enum bpf_attach_type`, e.g. [`TRACE_UPROBE_MULTI`]; 0: unspecified).
+pub fn load_program_for(
+    prog_type: u32,
+    expected_attach_type: u32,
+    insns: &[Insn],
+) -> Result<OwnedFd, LoadError> {
     let license = c"GPL";
     let mut attr = ProgLoadAttr {
         prog_type,
         insn_cnt: insns.len() as u32,
         insns: insns.as_ptr() as u64,
         license: license.as_ptr() as u64,
+        expected_attach_type,
         ..Default::default()
     };
     match sys_bpf(BPF_PROG_LOAD, &attr) {
@@ -511,6 +584,10 @@ pub fn load_program(prog_type: u32, insns: &[Insn]) -> Result<OwnedFd, LoadError
 }
 
 const MAP_TYPE_ARRAY: u32 = 2;
+/// Bytes a hash map entry takes beyond its value, its 8-byte key
+/// included: measured 104 per entry of 40-byte values (the fdinfo's
+/// `memlock` after 100 entries), rounded up (kernel-facts §21).
+pub const HASH_ENTRY_BYTES: u64 = 72;
 const MAP_TYPE_HASH: u32 = 1;
 
 /// A map of u64s to arrays of u64s a program looks up with
@@ -525,12 +602,15 @@ pub struct U64Map {
 
 impl U64Map {
     /// An empty map of at most `max` entries, each value `words` u64s.
+    /// Entries take kernel memory as they are added
+    /// ([`U64Map::kernel_bytes`]), not all at creation.
     pub fn new(max: u32, words: usize) -> Result<U64Map, Errno> {
         let attr = MapCreateAttr {
             map_type: MAP_TYPE_HASH,
             key_size: 8,
             value_size: (8 * words) as u32,
             max_entries: max,
+            map_flags: F_NO_PREALLOC,
             ..Default::default()
         };
         let fd = sys_bpf(BPF_MAP_CREATE, &attr)?;
@@ -544,6 +624,15 @@ impl U64Map {
     /// Its fd, for [`asm::ld_map`].
     pub fn raw_fd(&self) -> i32 {
         self.fd.as_raw_fd()
+    }
+
+    /// Most kernel memory a map of `max` entries of `words` u64s can hold:
+    /// its bucket array (16 bytes per bucket, a power of two of them),
+    /// the map itself, and `max` entries of at most [`HASH_ENTRY_BYTES`]
+    /// plus the value (kernel-facts §21).
+    pub fn kernel_bytes(max: u32, words: usize) -> u64 {
+        let buckets = u64::from(max.max(1).next_power_of_two());
+        16 * buckets + 1024 + u64::from(max) * (HASH_ENTRY_BYTES + 8 * words as u64)
     }
 
     /// Sets `k` to `v` (its first words; the others 0).

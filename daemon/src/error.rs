@@ -126,20 +126,21 @@ pub enum WpdError {
         /// What to do.
         hint: &'static str,
     },
-    /// The perf backend would exceed the daemon's file-descriptor limit
-    /// (one event per thread and CPU for each watchpoint, as many again to
-    /// track the threads). Nothing was changed.
+    /// The fds a request needs (perf events, breakpoints, uprobes and
+    /// their BPF programs and maps) would take the fds the daemon keeps
+    /// free for connections and its own files, or the kernel said EMFILE.
+    /// Nothing was changed.
     #[error(
-        "not enough file descriptors for the perf backend: {what} needs {needed} more events ({threads} threads × {cpus} CPUs); wpd has {open} fds open, keeps {headroom} free for connections, and RLIMIT_NOFILE is {limit} (nothing was changed). Raise wpd's limit (LimitNOFILE= in its service unit, or ulimit -n before starting it), watch fewer threads, or attach with the ptrace backend"
+        "not enough file descriptors: {what} needs {needed} more ({detail}); wpd has {open} fds open, keeps {headroom} free for connections, and RLIMIT_NOFILE is {limit} (nothing was changed). Remove watchpoints or breakpoints, raise wpd's limit (LimitNOFILE= in its service unit, or ulimit -n before starting it), or watch fewer threads"
     )]
     FdLimit {
-        /// What was being done ("attach", "this watchpoint").
+        /// What was being done ("attach", "this watchpoint", "this code
+        /// event").
         what: &'static str,
-        /// Threads it covered.
-        threads: usize,
-        /// CPUs the backend opens an event on, per thread.
-        cpus: usize,
-        /// Event fds it needed.
+        /// What the fds are ("10001 threads × 2 CPUs", "a uprobe and its
+        /// BPF program").
+        detail: String,
+        /// Fds it needed.
         needed: u64,
         /// The daemon's open fds, without the request's.
         open: u64,
@@ -147,8 +148,9 @@ pub enum WpdError {
         limit: u64,
         /// Fds kept free for connections and the daemon's own files.
         headroom: u64,
-        /// The kernel said EMFILE (else the daemon's own count of its perf
-        /// fds already showed they could not fit, and nothing was tried).
+        /// The kernel said EMFILE or ENFILE (else the daemon's own count
+        /// of the fds open for callers already showed they could not fit,
+        /// and nothing was tried).
         by_kernel: bool,
     },
     /// No caller identity, or a bad or missing token.

@@ -225,8 +225,7 @@ impl Backend for FakeBackend {
                 ledger.rollback(res);
                 return Err(WpdError::FdLimit {
                     what: "this watchpoint",
-                    threads: res.len(),
-                    cpus: 1,
+                    detail: format!("{} breakpoints", res.len()),
                     needed: res.len() as u64,
                     open: 0,
                     limit: 0,

@@ -19,6 +19,7 @@
 
 pub mod fake;
 pub mod fanout;
+pub mod fds;
 pub mod perf;
 pub mod probe;
 pub mod ptrace;
@@ -215,12 +216,15 @@ pub trait Backend: Send + Sync {
     }
 
     /// Closes `pid`'s code-event probes of key `key` (every one: `None`).
-    fn close_code_probes(&self, _pid: Pid, _key: Option<u64>) {}
+    fn close_code_probes(&self, _pid: Pid, _keys: Option<&[u64]>) {}
 
     /// Adds `base` with `value` (a watchpoint id, then its breakpoints'
     /// addresses) to (or removes it from) the first-argument set of the
-    /// filtered probe of key `key`.
-    fn code_probe_member(&self, _key: u64, _base: u64, _value: &[u64], _member: bool) {}
+    /// filtered probe of key `key` (none: nothing to do). False: the set
+    /// did not take it.
+    fn code_probe_member(&self, _key: u64, _base: u64, _value: &[u64], _member: bool) -> bool {
+        true
+    }
 
     /// Takes `addrs` out of `pid`'s muted addresses (the breakpoints of a
     /// freed object closed, or a new object about to be armed there).
@@ -491,12 +495,16 @@ impl BackendTable {
         fd_headroom: u64,
         opts: &SystemOptions,
     ) -> BackendTable {
-        let perf = perf::PerfEngine::new(host.clone(), probe.clone(), fd_headroom, opts)
+        // One budget for every fd opened for a caller, whichever backend
+        // opens it: the headroom is the daemon's, not a backend's.
+        let fds = fds::FdBudget::new(fd_headroom);
+        let perf = perf::PerfEngine::new(host.clone(), probe.clone(), fds.clone(), opts)
             .map(|p| Arc::new(p) as Arc<dyn Backend>);
         if let Err(e) = &perf {
             tracing::warn!("perf backend: {e}");
         }
-        let ptrace = ptrace::PtraceEngine::new(host, probe, opts).map(|p| p as Arc<dyn Backend>);
+        let ptrace =
+            ptrace::PtraceEngine::new(host, probe, fds, opts).map(|p| p as Arc<dyn Backend>);
         if let Err(e) = &ptrace {
             tracing::warn!("ptrace backend: {e}");
         }

@@ -449,11 +449,30 @@ impl Core {
 
     /// Detaches everything (shutdown). Every target keeps running.
     pub fn shutdown(&self) {
+        /// Threads detaching processes at once at shutdown.
+        const SHUTDOWN_DETACHERS: usize = 16;
         self.stop.store(true, Ordering::SeqCst);
         let pids: Vec<Pid> = self.procs.iter().map(|p| *p.key()).collect();
-        for pid in pids {
-            let _ = self.detach(pid);
-        }
+        // Every process at once: a process's detach waits for the kernel
+        // to close its code events' uprobes (a grace period), and the
+        // waits of processes detached together overlap.
+        std::thread::scope(|s| {
+            for chunk in pids.chunks(pids.len().div_ceil(SHUTDOWN_DETACHERS).max(1)) {
+                let spawned = std::thread::Builder::new()
+                    .name("wpd-detach".into())
+                    .spawn_scoped(s, move || {
+                        for &pid in chunk {
+                            let _ = self.detach(pid);
+                        }
+                    });
+                if let Err(e) = spawned {
+                    tracing::warn!("detaching on the shutting-down thread: {e}");
+                    for &pid in chunk {
+                        let _ = self.detach(pid);
+                    }
+                }
+            }
+        });
         for b in self.backends.usable() {
             b.shutdown();
         }

@@ -452,6 +452,22 @@ fn bump(w: &ObjectWatch, totals: &ObjectCounts, f: fn(&ObjectCounts) -> &AtomicU
     f(totals).fetch_add(1, Ordering::Relaxed);
 }
 
+/// Most live objects of an object watch with a disarming function that
+/// names no bound (`max_live` 0): the size of the kernel's set of live
+/// bases its disarming probe filters on (kernel memory is taken per live
+/// object, up to about 0.5 MiB at this bound: kernel-facts §21).
+pub const DISARM_MAX_LIVE: u32 = 4096;
+
+/// The bound on `code`'s live objects (0: none): its `max_live`, else
+/// [`DISARM_MAX_LIVE`] with a disarming function.
+pub fn live_bound(code: &CodeSpec) -> u32 {
+    match (code.max_live, code.disarm_on.is_some()) {
+        (0, true) => DISARM_MAX_LIVE,
+        (n, true) => n.min(crate::backend::ptrace::code::SET_MAX),
+        (n, false) => n,
+    }
+}
+
 impl Core {
     /// Sets an object watch: `spec` is the template of each object's
     /// watchpoint (its range unused), `code` the event. Blocking.
@@ -699,6 +715,7 @@ impl Core {
                     first_arg_filter: false,
                     without_stop: false,
                     gate: None,
+                    set_max: 0,
                 },
             )?;
             if let Some(d) = &disarm {
@@ -712,6 +729,7 @@ impl Core {
                         first_arg_filter: true,
                         without_stop: true,
                         gate: None,
+                        set_max: live_bound(&code),
                     },
                 )?;
             }
@@ -720,8 +738,7 @@ impl Core {
         if let Err(e) = opened {
             self.objects.watches.remove(&id);
             if let Ok(b) = self.backends.get(Some(proc.backend)) {
-                b.close_code_probes(spec.pid, Some(event_key(id)));
-                b.close_code_probes(spec.pid, Some(disarm_key(id)));
+                b.close_code_probes(spec.pid, Some(&[event_key(id), disarm_key(id)]));
             }
             if newly
                 && proc.watch_ids().is_empty()
@@ -818,11 +835,12 @@ impl Core {
                 without_stop: false,
                 // Only the calls made once the list is consistent again.
                 gate: r_state.map(|at| (at, RT_CONSISTENT)),
+                set_max: 0,
             },
         );
         if let Err(e) = opened {
             self.objects.hooks.remove(&pid);
-            backend.close_code_probes(pid, Some(event_key(hook)));
+            backend.close_code_probes(pid, Some(&[event_key(hook)]));
             return Err(e);
         }
         tracing::info!(pid, module = %site.module.path, offset = site.offset, "loader hook set");
@@ -841,7 +859,7 @@ impl Core {
         if let Some(proc) = self.procs.get(&pid).map(|p| p.clone())
             && let Ok(b) = self.backends.get(Some(proc.backend))
         {
-            b.close_code_probes(pid, Some(event_key(hook.id)));
+            b.close_code_probes(pid, Some(&[event_key(hook.id)]));
         }
         tracing::info!(pid, "loader hook closed");
     }
@@ -911,17 +929,28 @@ impl Core {
 
     /// The disarming probe of `id` acts only on a live base: `base` joins
     /// its set with its object's watchpoint `child` (its id and its
-    /// breakpoints' addresses), or leaves it (`None`).
-    fn disarm_filter(&self, pid: Pid, id: WatchId, base: u64, child: Option<&Watch>) {
+    /// breakpoints' addresses), or leaves it (`None`). False: it could not
+    /// join (the kernel refused the entry: its memory), and the object's
+    /// free would not be seen: the caller drops the object.
+    fn disarm_filter(&self, pid: Pid, id: WatchId, base: u64, child: Option<&Watch>) -> bool {
         let kind = self.procs.get(&pid).map(|p| p.backend);
-        if let Some(kind) = kind
-            && let Ok(b) = self.backends.get(Some(kind))
-        {
-            let value: Vec<u64> = child
-                .map(|c| std::iter::once(c.id.0).chain(piece_addrs(c)).collect())
-                .unwrap_or_default();
-            b.code_probe_member(disarm_key(id), base, &value, child.is_some());
+        let Some(b) = kind.and_then(|k| self.backends.get(Some(k)).ok()) else {
+            return true;
+        };
+        let value: Vec<u64> = child
+            .map(|c| std::iter::once(c.id.0).chain(piece_addrs(c)).collect())
+            .unwrap_or_default();
+        let ok = b.code_probe_member(disarm_key(id), base, &value, child.is_some());
+        if !ok && let Some(c) = child {
+            tracing::warn!(
+                id = id.0,
+                pid,
+                child = c.id.0,
+                "object not armed: the kernel did not take its base into the disarming \
+                 probe's set"
+            );
         }
+        ok
     }
 
     /// Takes the addresses of `w`'s breakpoints out of its process's muted
@@ -1132,8 +1161,7 @@ impl Core {
         if let Some(proc) = self.procs.get(&pid).map(|p| p.clone())
             && let Ok(b) = self.backends.get(Some(proc.backend))
         {
-            b.close_code_probes(pid, Some(event_key(id)));
-            b.close_code_probes(pid, Some(disarm_key(id)));
+            b.close_code_probes(pid, Some(&[event_key(id), disarm_key(id)]));
         }
         let view = self.object_view(&w);
         // Removals at earlier stops are reported before these.
@@ -1161,8 +1189,7 @@ impl Core {
                 continue;
             };
             if let Ok(b) = self.backends.get(Some(op.process().backend)) {
-                b.close_code_probes(pid, Some(event_key(id)));
-                b.close_code_probes(pid, Some(disarm_key(id)));
+                b.close_code_probes(pid, Some(&[event_key(id), disarm_key(id)]));
             }
             w.live.lock().unwrap().clear();
             self.bus.publish_as(
@@ -1200,7 +1227,7 @@ impl Core {
         if let Some((_, hook)) = self.objects.hooks.remove(&pid)
             && let Ok(b) = self.backends.get(Some(op.process().backend))
         {
-            b.close_code_probes(pid, Some(event_key(hook.id)));
+            b.close_code_probes(pid, Some(&[event_key(hook.id)]));
         }
     }
 
@@ -1305,14 +1332,15 @@ impl Core {
                 }
                 continue;
             }
-            if w.code.max_live > 0 && w.live.lock().unwrap().len() >= w.code.max_live as usize {
+            let bound = live_bound(&w.code);
+            if bound > 0 && w.live.lock().unwrap().len() >= bound as usize {
                 bump(&w, &self.objects.totals, |c| &c.over_limit);
                 // Counted (ObjectCounts.over_limit); at a high rate, by design.
                 tracing::debug!(
                     id = id.0,
                     pid,
                     tid,
-                    max_live = w.code.max_live,
+                    max_live = bound,
                     "object not armed: max_live objects are live"
                 );
                 continue;
@@ -1477,7 +1505,12 @@ impl Core {
             bump(w, totals, |c| &c.armed);
             bump(w, totals, |c| &c.armed_at_stop);
             w.live.lock().unwrap().insert(base, id);
-            self.disarm_filter(pid, w.id, base, Some(&watch));
+            if !self.disarm_filter(pid, w.id, base, Some(&watch))
+                && self.drop_at_stop(&op, id, armer)
+            {
+                w.live.lock().unwrap().remove(&base);
+                bump(w, totals, |c| &c.failed);
+            }
             return true;
         }
         // All or nothing: what was armed is cleared, every slot released.
@@ -1756,8 +1789,12 @@ impl Core {
             Ok(view) => {
                 bump(w, totals, |c| &c.armed);
                 w.live.lock().unwrap().insert(base, view.id);
-                if let Some(child) = self.watches.get(&view.id).map(|c| c.clone()) {
-                    self.disarm_filter(pid, w.id, base, Some(&child));
+                if let Some(child) = self.watches.get(&view.id).map(|c| c.clone())
+                    && !self.disarm_filter(pid, w.id, base, Some(&child))
+                {
+                    w.live.lock().unwrap().remove(&base);
+                    let _ = self.remove_watchpoint(view.id);
+                    bump(w, totals, |c| &c.failed);
                 }
             }
             Err(e @ WpdError::OutOfSlots { .. }) => {

@@ -274,8 +274,7 @@ mod tests {
         check(
             WpdError::FdLimit {
                 what: "attach",
-                threads: 10_001,
-                cpus: 2,
+                detail: "10001 threads × 2 CPUs".into(),
                 needed: 20_002,
                 open: 30,
                 limit: 20_000,
@@ -284,7 +283,7 @@ mod tests {
             },
             Code::ResourceExhausted,
             r::FD_LIMIT,
-            "attach needs 20002 more events (10001 threads × 2 CPUs); wpd has 30 fds open, keeps 640 free for connections, and RLIMIT_NOFILE is 20000",
+            "attach needs 20002 more (10001 threads × 2 CPUs); wpd has 30 fds open, keeps 640 free for connections, and RLIMIT_NOFILE is 20000",
         );
         check(
             WpdError::ProcessExited(3),

@@ -19,17 +19,17 @@
 //!   new thread inside `clone()`, before it runs any instruction.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use nix::errno::Errno;
 use perf_event_open_sys::bindings as b;
 
 use super::attr::{self, Inherit};
 use super::collector::Ring;
-use super::fds::FdBudget;
 use super::record::Record;
 use super::sys::{self, PerfError};
+use crate::backend::fds::FdBudget;
 use crate::model::{Access, Piece, Tid};
 
 /// What one drain pass read.
@@ -74,7 +74,7 @@ pub struct Perf {
     collectors: Vec<RawFd>,
     rings: Mutex<Vec<Ring>>,
     scratch: Mutex<Vec<u8>>,
-    fds: FdBudget,
+    fds: Arc<FdBudget>,
     /// Records dropped by a full perf ring, as its `PERF_RECORD_LOST`
     /// records said.
     records_lost: AtomicU64,
@@ -123,7 +123,11 @@ impl Perf {
     /// Opens one collector ring per online CPU and, unless `policy` says
     /// per CPU, the per-thread path's ring. `ring_bytes`: the size of
     /// either (None: their defaults). Needs CAP_PERFMON (or root).
-    pub fn new(policy: EventsPolicy, ring_bytes: Option<usize>) -> Result<Self, PerfError> {
+    pub fn new(
+        policy: EventsPolicy,
+        ring_bytes: Option<usize>,
+        fds: Arc<FdBudget>,
+    ) -> Result<Self, PerfError> {
         let path = match policy {
             EventsPolicy::PerCpu => Err("--perf-events per-cpu".to_string()),
             _ => super::ring::HitRing::with_size(ring_bytes.unwrap_or(super::ring::RING_BYTES))
@@ -150,13 +154,14 @@ impl Perf {
             collectors,
             rings: Mutex::new(rings),
             scratch: Mutex::new(Vec::with_capacity(4096)),
-            fds: FdBudget::default(),
+            fds,
             records_lost: AtomicU64::new(0),
             closed_lost: AtomicU64::new(0),
             bpf_dropped: AtomicU64::new(0),
             throttled: AtomicU64::new(0),
             path,
         };
+        backend.fds.set_fixed(backend.collectors.len());
         // Grown once now, the table spares the first attaches their growth
         // and its RCU wait (128 KiB of kernel memory).
         backend.reserve_fds(STARTUP_FD_ROOM);
@@ -233,27 +238,18 @@ impl Perf {
     /// Grows the daemon's fd table at once so that `more` event fds fit
     /// beside those open now ([`FdBudget::reserve`]).
     pub fn reserve_fds(&self, more: usize) {
-        self.fds.reserve(
-            self.collectors.first().copied(),
-            self.collectors.len(),
-            more,
-        );
+        self.fds.reserve(self.collectors.first().copied(), more);
     }
 
-    /// Whether `more` event fds can fit beside the event fds and collectors
-    /// open now, leaving the headroom free ([`FdBudget::fits`]).
+    /// Whether `more` event fds can fit beside the fds open for callers and
+    /// the collectors, leaving the headroom free ([`FdBudget::fits`]).
     pub fn fd_room(&self, more: usize) -> bool {
-        self.fds.fits(self.collectors.len(), more)
+        self.fds.fits(more)
     }
 
-    /// Sets the fds perf events never take ([`FdBudget::set_headroom`]).
-    pub fn set_fd_headroom(&self, fds: u64) {
-        self.fds.set_headroom(fds);
-    }
-
-    /// The headroom set by [`Perf::set_fd_headroom`].
-    pub fn fd_headroom(&self) -> u64 {
-        self.fds.headroom()
+    /// The daemon's fd budget, shared with the other backends.
+    pub fn fds(&self) -> &FdBudget {
+        &self.fds
     }
 
     /// Accounts for event fds being closed by the caller.

@@ -19,7 +19,6 @@
 pub mod attr;
 pub mod collector;
 pub mod drain;
-pub mod fds;
 pub mod kernel;
 pub mod record;
 pub mod ring;
@@ -100,16 +99,12 @@ impl std::fmt::Debug for PerfEngine {
 /// Called after what the request opened was closed.
 fn fd_limit(perf: &Perf, what: &'static str, threads: usize, by_kernel: bool) -> WpdError {
     let cpus = perf.fds_per_thread();
-    WpdError::FdLimit {
-        what,
-        threads,
-        cpus,
-        needed: (threads * cpus) as u64,
-        open: fds::open_fd_count(),
-        limit: fds::nofile_limit(),
-        headroom: perf.fd_headroom(),
-        by_kernel,
-    }
+    let detail = if cpus == 1 {
+        format!("{threads} threads × 1 event")
+    } else {
+        format!("{threads} threads × {cpus} CPUs")
+    };
+    perf.fds().refusal(what, threads * cpus, detail, by_kernel)
 }
 
 fn perf_err(e: PerfError) -> WpdError {
@@ -153,26 +148,27 @@ impl PerfEngine {
         code_events: false,
     };
 
-    /// Opens the per-CPU rings; `fd_headroom` fds are never taken by events.
+    /// Opens the per-CPU rings; its events are counted in `fds`, the
+    /// daemon's budget.
     pub fn new(
         host: Weak<dyn Host>,
         probe: Option<Arc<SlotProbe>>,
-        fd_headroom: u64,
+        fds: Arc<crate::backend::fds::FdBudget>,
         opts: &crate::backend::SystemOptions,
     ) -> Result<PerfEngine, Unavailable> {
         let ring_bytes = opts.perf_ring_kib.map(|k| k as usize * 1024);
-        let perf = Perf::new(opts.perf_events, ring_bytes).map_err(|e| Unavailable::Kernel {
-            op: e.op,
-            errno: e.errno,
-            needs: format!(
-                "the perf backend needs CAP_PERFMON or root for its per-CPU rings \
+        let perf =
+            Perf::new(opts.perf_events, ring_bytes, fds).map_err(|e| Unavailable::Kernel {
+                op: e.op,
+                errno: e.errno,
+                needs: format!(
+                    "the perf backend needs CAP_PERFMON or root for its per-CPU rings \
                  (perf_event_paranoid={})",
-                std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
-                    .unwrap_or_default()
-                    .trim()
-            ),
-        })?;
-        perf.set_fd_headroom(fd_headroom);
+                    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+                        .unwrap_or_default()
+                        .trim()
+                ),
+            })?;
         // SAFETY: eventfd has no memory-safety preconditions; the fd is new
         // and owned here.
         let wake = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };

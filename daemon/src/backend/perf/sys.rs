@@ -139,7 +139,7 @@ pub(super) fn set_output(fd: &OwnedFd, collector: RawFd) -> Result<(), PerfError
 }
 
 /// Attaches program `prog` to `fd`'s event.
-pub(in crate::backend) fn set_bpf(fd: &OwnedFd, prog: &OwnedFd) -> Result<(), PerfError> {
+pub(in crate::backend) fn set_bpf(fd: &impl AsRawFd, prog: &impl AsRawFd) -> Result<(), PerfError> {
     call(Call::SetBpf {
         fd: fd.as_raw_fd(),
         prog: prog.as_raw_fd(),

@@ -66,6 +66,9 @@ pub struct PtraceEngine {
     panic_at_hit: u64,
     /// Hits seen, for `panic_at_hit`.
     hits_seen: std::sync::atomic::AtomicU64,
+    /// The daemon's fd budget (shared with the perf backend): signal
+    /// stops' breakpoints and code events' probes, programs and maps.
+    fds: Arc<crate::backend::fds::FdBudget>,
 }
 
 impl std::fmt::Debug for PtraceEngine {
@@ -110,6 +113,7 @@ impl PtraceEngine {
     pub fn new(
         host: Weak<dyn Host>,
         probe: Option<Arc<SlotProbe>>,
+        fds: Arc<crate::backend::fds::FdBudget>,
         opts: &crate::backend::SystemOptions,
     ) -> Result<Arc<PtraceEngine>, Unavailable> {
         let scope = crate::authz::yama_scope();
@@ -140,6 +144,7 @@ impl PtraceEngine {
                 stops: opts.ptrace_stops,
                 panic_at_hit: opts.fault_panic_at_hit.unwrap_or(0),
                 hits_seen: std::sync::atomic::AtomicU64::new(0),
+                fds,
             }
         }))
     }
@@ -316,7 +321,7 @@ impl Backend for PtraceEngine {
         // the process is created with them.
         let signal = match self.stops {
             signal_bp::Policy::DebugRegisters => Err(signal_bp::NoSignalStops::Off),
-            _ => signal_bp::enable(op.pid()),
+            _ => signal_bp::enable(op.pid(), self.fds.clone()),
         };
         match &signal {
             Ok(sig) => tracing::info!(pid = op.pid(), signal = ?sig, "signal stops"),
@@ -361,7 +366,20 @@ impl Backend for PtraceEngine {
         // and one the kernel refuses (ENOSPC) holds nothing (kernel-facts
         // §17). (Others keep the check: a refused request then marks no
         // slot of a thread it never reached as retained.)
-        let in_place = watch.object && signal_bp::mode_of(op.pid()).is_some();
+        let mode = signal_bp::mode_of(op.pid());
+        // With signal stops each slot is a perf breakpoint's fd: they must
+        // fit the daemon's budget, leaving the fds kept for connections.
+        if mode.is_some()
+            && let Err(e) = self.fds.check(
+                "this watchpoint",
+                res.len(),
+                format!("a breakpoint per thread and piece, {} in all", res.len()),
+            )
+        {
+            ledger.rollback(res);
+            return Err(e);
+        }
+        let in_place = watch.object && mode.is_some();
         let mut tids: Vec<Tid> = res.iter().map(|r| r.tid).collect();
         tids.dedup(); // a thread's reservations are adjacent, one per piece
         let _parked = (!in_place && (self.probe.is_some() || tids.len() > 1))
@@ -444,7 +462,16 @@ impl Backend for PtraceEngine {
         }
         // The caller undoes what was armed (also on threads born meanwhile).
         if let Some(e) = failed {
-            return Err(WpdError::kernel("PTRACE_POKEUSER", e));
+            return Err(match mode {
+                Some(_) if crate::backend::fds::is_out_of_fds(e) => self.fds.refusal(
+                    "this watchpoint",
+                    res.len(),
+                    format!("a breakpoint per thread and piece, {} in all", res.len()),
+                    true,
+                ),
+                Some(_) => WpdError::kernel("perf_event_open(signal stop)", e),
+                None => WpdError::kernel("PTRACE_POKEUSER", e),
+            });
         }
         Err(WpdError::OutOfSlots {
             pid: op.pid(),
@@ -485,9 +512,13 @@ impl Backend for PtraceEngine {
 
     fn detach(&self, proc: &Arc<Process>) {
         // DR7 = 0 (or the breakpoints closed) on every thread, then
-        // PTRACE_DETACH.
-        code::close(proc.pid, None);
+        // PTRACE_DETACH: threads held at a hit or a breakpoint run on at
+        // once. Then the code events' uprobes, whose closes take a grace
+        // period each (together, see `code::close`); one reached meanwhile
+        // sends a signal the process neither catches nor blocks, whose
+        // default action is to ignore it.
         self.shards.detach(proc.pid);
+        code::close(proc.pid, None);
         self.state.remove(proc.pid);
         signal_bp::disable(proc.pid);
     }
@@ -550,22 +581,23 @@ impl Backend for PtraceEngine {
             hint: ": a code event holds the thread with a signal stop, and this process has \
                    debug-register stops (bpf() refused, or it catches SIGURG and SIGWINCH)",
         })?;
-        code::open(pid, probe, &mode).map_err(|e| {
-            WpdError::InvalidArgument(format!(
+        code::open(pid, probe, &mode).map_err(|e| match e {
+            code::OpenError::Fds(e) => e,
+            code::OpenError::Kernel(e) => WpdError::InvalidArgument(format!(
                 "the kernel refused a uprobe on {} at offset {:#x}: {}",
                 probe.path.display(),
                 probe.offset,
                 e.desc()
-            ))
+            )),
         })
     }
 
-    fn close_code_probes(&self, pid: Pid, key: Option<u64>) {
-        code::close(pid, key);
+    fn close_code_probes(&self, pid: Pid, keys: Option<&[u64]>) {
+        code::close(pid, keys);
     }
 
-    fn code_probe_member(&self, key: u64, base: u64, value: &[u64], member: bool) {
-        code::set_member(key, base, value, member);
+    fn code_probe_member(&self, key: u64, base: u64, value: &[u64], member: bool) -> bool {
+        code::set_member(key, base, value, member)
     }
 
     fn unmute(&self, pid: Pid, addrs: &[u64]) {

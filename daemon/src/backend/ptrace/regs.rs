@@ -15,7 +15,6 @@
 //! ([`Regs::others`]: set and cleared by the owning tracer under the same
 //! lock, so no breakpoint is ever opened on a tracee being detached).
 
-use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use nix::errno::Errno;
@@ -24,6 +23,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid as NixPid;
 
 use super::signal_bp::{self, SignalMode};
+use crate::backend::fds::CountedFd;
 
 use super::shards::{ProgramResult, SlotProgram};
 use crate::arch::current as arch;
@@ -46,7 +46,7 @@ pub(super) struct Regs {
     /// Signal stops: the process's mode, and each slot's breakpoint with
     /// the hit count last seen.
     signal: Option<Arc<SignalMode>>,
-    events: [Option<(OwnedFd, u64)>; arch::SLOTS],
+    events: [Option<(CountedFd, u64)>; arch::SLOTS],
     /// Its tracer lets other tracers program it (signal stops, past its
     /// birth, nothing pending, not leaving).
     others: bool,

@@ -23,6 +23,7 @@ use dashmap::DashMap;
 use nix::errno::Errno;
 use nix::sys::signal::Signal;
 
+use crate::backend::fds::{CountedFd, FdBudget};
 use crate::model::{Access, Pid, Tid, WatchLen};
 use crate::procfs;
 
@@ -41,6 +42,9 @@ pub struct SignalMode {
     /// Once the process has a disarming probe: its breakpoints' program
     /// sends nothing for an address its freed objects had.
     mute: OnceLock<Mute>,
+    /// The daemon's fd budget: every breakpoint, probe, program and map
+    /// opened for the process's watchpoints and code events is counted.
+    pub fds: Arc<FdBudget>,
 }
 
 /// Stores into freed objects muted in the kernel: a disarming probe's
@@ -128,8 +132,9 @@ pub enum Policy {
     DebugRegisters,
 }
 
-/// Chooses signal stops for `pid` if possible and registers them.
-pub fn enable(pid: Pid) -> Result<Signal, NoSignalStops> {
+/// Chooses signal stops for `pid` if possible and registers them; what
+/// they open is counted in `fds`.
+pub fn enable(pid: Pid, fds: Arc<FdBudget>) -> Result<Signal, NoSignalStops> {
     let signal = choose_signal(pid)?;
     let prog = program(signal).map_err(NoSignalStops::Bpf)?;
     MODES.insert(
@@ -138,6 +143,7 @@ pub fn enable(pid: Pid) -> Result<Signal, NoSignalStops> {
             signal,
             prog,
             mute: OnceLock::new(),
+            fds,
         }),
     );
     Ok(signal)
@@ -298,24 +304,31 @@ fn load_muting(sig: i32, dead_fd: i32) -> Result<OwnedFd, Errno> {
 }
 
 /// A per-thread breakpoint on `len` bytes at `addr` whose hits run `mode`'s
-/// program (and count: read its fd). Removed at exec.
+/// program (and count: read its fd), counted in `mode`'s fd budget.
+/// Removed at exec.
 pub fn open_breakpoint(
     tid: Tid,
     addr: u64,
     len: WatchLen,
     access: Access,
     mode: &SignalMode,
-) -> Result<OwnedFd, Errno> {
+) -> Result<CountedFd, Errno> {
     use crate::backend::perf::{attr, sys};
+    // The fds kept for connections are never taken (the budget's own
+    // EMFILE, reported as the kernel's would be).
+    if !mode.fds.fits(1) {
+        return Err(Errno::EMFILE);
+    }
     let mut a = attr::signal_stop(addr, len, access);
     let fd = sys::open(&mut a, tid, -1, "perf_event_open(signal stop)").map_err(|e| e.errno)?;
+    let fd = mode.fds.adopt(fd);
     let prog = mode.mute.get().map_or(&*mode.prog, |m| &m.prog);
     sys::set_bpf(&fd, prog).map_err(|e| e.errno)?;
     Ok(fd)
 }
 
 /// Hits counted by a breakpoint so far.
-pub fn count(fd: &OwnedFd) -> u64 {
+pub fn count(fd: &impl AsRawFd) -> u64 {
     let mut v = 0u64;
     // SAFETY: reads 8 bytes into v from a perf event fd.
     let n = unsafe { libc::read(fd.as_raw_fd(), (&raw mut v).cast(), 8) };
@@ -346,6 +359,7 @@ mod kernel_tests {
             signal: CANDIDATES[0],
             prog,
             mute: OnceLock::new(),
+            fds: FdBudget::new(0),
         };
         static DATA: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         // SAFETY: gettid has no preconditions.
@@ -359,6 +373,23 @@ mod kernel_tests {
             let len = WatchLen::new(len).unwrap();
             let r = open_breakpoint(me, addr, len, access, &mode);
             assert!(r.is_ok(), "{access:?}: {r:?}");
+            // Counted while open.
+            assert_eq!(mode.fds.open(), 1);
+            drop(r);
+            assert_eq!(mode.fds.open(), 0);
         }
+        // A budget with one fd left beside its headroom: one breakpoint
+        // opens, the next is refused before the kernel is asked, and the
+        // refused one is not counted.
+        let mode = SignalMode {
+            fds: FdBudget::limited(11, 10),
+            ..mode
+        };
+        let len = WatchLen::new(8).unwrap();
+        let first = open_breakpoint(me, DATA.as_ptr() as u64, len, Access::Write, &mode);
+        assert!(first.is_ok(), "{first:?}");
+        let second = open_breakpoint(me, DATA.as_ptr() as u64, len, Access::Write, &mode);
+        assert_eq!(second.unwrap_err(), Errno::EMFILE);
+        assert_eq!(mode.fds.open(), 1);
     }
 }
