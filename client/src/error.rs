@@ -106,6 +106,8 @@ pub enum Error {
         endpoint: String,
         /// The status it answered (`NOT_SERVING`, `UNKNOWN`, `SERVICE_UNKNOWN`).
         status: String,
+        /// Why, as the daemon says (`GetStats.degraded`), when it could say.
+        why: String,
     },
     /// `--since` asked for a replay from a daemon that keeps no journal.
     NoJournal {
@@ -281,9 +283,18 @@ impl Error {
                     msg
                 }
             }
-            Error::NotServing { endpoint, status } => {
+            Error::NotServing {
+                endpoint,
+                status,
+                why,
+            } if why.is_empty() => {
                 format!("wpd at {endpoint} is not serving (health status {status})")
             }
+            Error::NotServing {
+                endpoint,
+                status,
+                why,
+            } => format!("wpd at {endpoint} is not serving (health status {status}): {why}"),
             Error::NoJournal { endpoint, .. } => format!(
                 "wpd at {endpoint} keeps no event journal, so --since has nothing to replay \
                  (start wpd with --state-dir DIR, or leave out --since for live events)"
@@ -324,9 +335,16 @@ impl Error {
             | Error::TooLarge { endpoint, .. } => {
                 err["endpoint"] = json!(endpoint);
             }
-            Error::NotServing { endpoint, status } => {
+            Error::NotServing {
+                endpoint,
+                status,
+                why,
+            } => {
                 err["endpoint"] = json!(endpoint);
                 err["health"] = json!(status);
+                if !why.is_empty() {
+                    err["degraded"] = json!(why);
+                }
             }
             Error::Output(_) | Error::Local(_) | Error::Gone(_) => {}
         }
@@ -518,6 +536,7 @@ mod tests {
         let e = Error::NotServing {
             endpoint: "unix:/run/wpd/wpd.sock".into(),
             status: "NOT_SERVING".into(),
+            why: String::new(),
         };
         assert_eq!(
             e.message(),
@@ -525,6 +544,17 @@ mod tests {
         );
         assert_eq!(e.to_json()["error"]["health"], "NOT_SERVING");
         check(e, Exit::Unreachable);
+        let e = Error::NotServing {
+            endpoint: "unix:/run/wpd/wpd.sock".into(),
+            status: "NOT_SERVING".into(),
+            why: "out of file descriptors".into(),
+        };
+        assert_eq!(
+            e.message(),
+            "wpd at unix:/run/wpd/wpd.sock is not serving (health status NOT_SERVING): out of \
+             file descriptors"
+        );
+        assert_eq!(e.to_json()["error"]["degraded"], "out of file descriptors");
     }
 
     #[test]

@@ -126,6 +126,20 @@ pub enum WpdError {
         /// What to do.
         hint: &'static str,
     },
+    /// A caller's code events would take more kernel memory than it may
+    /// hold (`--max-code-event-memory-per-caller`).
+    #[error(
+        "limit reached: kernel memory for code events per caller: this one takes up to {} beside the {} your code events take (limit {}); remove some code events, or bound the live objects of one with a disarming function (--max-live)",
+        mib(*needed), mib(*held), mib(*limit)
+    )]
+    KernelMemory {
+        /// Most bytes the new code event takes.
+        needed: u64,
+        /// Most bytes the caller's code events take now.
+        held: u64,
+        /// The caller's limit.
+        limit: u64,
+    },
     /// The fds a request needs (perf events, breakpoints, uprobes and
     /// their BPF programs and maps) would take the fds the daemon keeps
     /// free for connections and its own files, or the kernel said EMFILE.
@@ -153,6 +167,11 @@ pub enum WpdError {
         /// and nothing was tried).
         by_kernel: bool,
     },
+    /// The daemon cannot serve the request now: it could not tell who the
+    /// caller is (out of file descriptors when the connection was
+    /// accepted). Reconnect once it can (`wpctl health`).
+    #[error("wpd cannot serve this connection: {0}; reconnect once `wpctl health` says serving")]
+    Degraded(String),
     /// No caller identity, or a bad or missing token.
     #[error("unauthenticated: {0}")]
     Unauthenticated(String),
@@ -270,6 +289,16 @@ pub enum WpdError {
     /// it, or a thread blocks it.
     #[error("{0}")]
     SignalUnusable(String),
+}
+
+/// `bytes` in MiB, for a message ("0.5 MiB").
+fn mib(bytes: u64) -> String {
+    let m = bytes as f64 / f64::from(1u32 << 20);
+    if m < 10.0 {
+        format!("{m:.1} MiB")
+    } else {
+        format!("{m:.0} MiB")
+    }
 }
 
 fn needs_text(b: Option<BackendKind>) -> String {

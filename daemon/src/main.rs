@@ -44,9 +44,17 @@ struct Args {
     /// Watchpoints one caller (uid) may hold.
     #[arg(long, default_value_t = wpd::engine::Limits::default().watchpoints_per_caller)]
     max_watchpoints_per_caller: usize,
-    /// Processes attached at once.
+    /// Processes attached at once (the last 16, or a quarter of a smaller
+    /// limit, only by root).
     #[arg(long, default_value_t = wpd::engine::Limits::default().processes)]
     max_processes: usize,
+    /// Processes one caller other than root may have attached at once.
+    #[arg(long, default_value_t = wpd::engine::Limits::default().processes_per_caller)]
+    max_processes_per_caller: usize,
+    /// Kernel memory one caller's code events may take (their uprobes, BPF
+    /// programs and sets of live objects, counted at most), in MiB.
+    #[arg(long, default_value_t = wpd::engine::Limits::default().code_event_bytes_per_caller >> 20)]
+    max_code_event_memory_per_caller: u64,
     /// Event subscribers at once (the last 16 are kept for privileged
     /// callers).
     #[arg(long, default_value_t = wpd::engine::Limits::default().subscribers)]
@@ -374,6 +382,8 @@ fn config(args: &Args) -> Result<wpd::startup::Config, String> {
         limits: wpd::engine::Limits {
             watchpoints_per_caller: args.max_watchpoints_per_caller,
             processes: args.max_processes,
+            processes_per_caller: args.max_processes_per_caller,
+            code_event_bytes_per_caller: args.max_code_event_memory_per_caller << 20,
             subscribers: args.max_subscribers,
             subscribers_per_caller: args.max_subscribers_per_caller,
             fd_headroom,

@@ -25,6 +25,9 @@ pub struct Process {
     pub pid: Pid,
     /// Backend programming it.
     pub backend: BackendKind,
+    /// The caller (uid) whose request attached it, or whose policy did: it
+    /// counts against that caller's share of `--max-processes`.
+    pub attached_by: u32,
     /// When it was attached (Unix ns).
     pub attached_at_ns: u64,
     /// Command name at attach time.
@@ -75,10 +78,11 @@ pub fn owner_of(pid: Pid) -> crate::events::Owner {
 
 impl Process {
     /// A process being attached now.
-    pub fn new(pid: Pid, backend: BackendKind) -> Process {
+    pub fn new(pid: Pid, backend: BackendKind, attached_by: u32) -> Process {
         Process {
             pid,
             backend,
+            attached_by,
             attached_at_ns: crate::clock::realtime_ns(),
             comm: crate::procfs::comm(pid, pid).unwrap_or_default(),
             start_time: crate::procfs::start_time(pid).unwrap_or(0),

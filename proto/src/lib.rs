@@ -153,8 +153,13 @@ pub mod reason {
     pub const ALREADY_TRACED: &str = "ALREADY_TRACED";
     /// A per-caller or daemon-wide limit.
     pub const LIMIT_REACHED: &str = "LIMIT_REACHED";
-    /// Not enough file descriptors for perf events.
+    /// Not enough file descriptors for the fds a request needs (perf
+    /// events, breakpoints, uprobes, BPF programs and maps).
     pub const FD_LIMIT: &str = "FD_LIMIT";
+    /// The daemon cannot serve the request now (it could not identify the
+    /// caller: out of file descriptors); the health service says
+    /// NOT_SERVING meanwhile.
+    pub const DEGRADED: &str = "DEGRADED";
     /// An unexpected kernel error.
     pub const KERNEL_ERROR: &str = "KERNEL_ERROR";
     /// The lease a request named ended while the request ran (its stream

@@ -71,7 +71,7 @@ fn expect_fd_limit(
         "{what}: {}, expected RESOURCE_EXHAUSTED / FD_LIMIT",
         status_line(&s)
     );
-    let want = format!("needs {needed} more events");
+    let want = format!("needs {needed} more (");
     ensure!(
         s.message().contains(&want)
             && s.message().contains(&format!("RLIMIT_NOFILE is {limit}"))

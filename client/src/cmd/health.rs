@@ -5,6 +5,7 @@ use serde_json::json;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
+use wpd_proto::v1::GetStatsRequest;
 
 use crate::cmd::{Ctx, Report};
 use crate::error::Error;
@@ -28,9 +29,20 @@ pub async fn report(ctx: &Ctx) -> Result<Report, Error> {
         .await?;
     let status = ServingStatus::try_from(resp.status).unwrap_or(ServingStatus::Unknown);
     if status != ServingStatus::Serving {
+        // The daemon says why in its stats, when it can answer them.
+        let why = match ctx
+            .unary(GetStatsRequest {}, |mut c, r| async move {
+                c.get_stats(r).await
+            })
+            .await
+        {
+            Ok(s) => s.degraded,
+            Err(_) => String::new(),
+        };
         return Err(Error::NotServing {
             endpoint: ctx.endpoint.text.clone(),
             status: status.as_str_name().to_string(),
+            why,
         });
     }
     Ok(Report::new(

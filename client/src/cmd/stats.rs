@@ -29,7 +29,7 @@ pub async fn report(ctx: &Ctx) -> Result<Report, Error> {
 
 /// Every field, under its name in the message.
 fn to_json(s: &GetStatsResponse) -> serde_json::Value {
-    json!({
+    let mut v = json!({
         "processes": s.processes,
         "threads": s.threads,
         "forked_children": s.forked_children,
@@ -71,7 +71,22 @@ fn to_json(s: &GetStatsResponse) -> serde_json::Value {
         "export_errors": s.export_errors,
         "export_lost": s.export_lost,
         "export_connected": s.export_connected,
-    })
+    });
+    // A second object: one json! of every field passes the macro's
+    // recursion limit.
+    let more = json!({
+        "code_events": s.code_events,
+        "code_event_bytes": s.code_event_bytes,
+        "code_event_bytes_limit": s.code_event_bytes_limit,
+        "held": s.held,
+        "held_limit": s.held_limit,
+        "caller_fds": s.caller_fds,
+        "degraded": s.degraded,
+    });
+    if let (Some(all), serde_json::Value::Object(more)) = (v.as_object_mut(), more) {
+        all.extend(more);
+    }
+    v
 }
 
 /// GetStats' code-event counts.
@@ -93,123 +108,150 @@ fn objects_json(s: &GetStatsResponse) -> serde_json::Value {
     })
 }
 
-/// `key: value` lines, one per group of fields.
+/// `key: value` lines, one per group of fields (the daemon's degraded
+/// state first, when it is).
 fn to_text(s: &GetStatsResponse) -> String {
-    output::key_values(&[
-        ("processes", s.processes.to_string()),
-        ("threads", s.threads.to_string()),
-        (
-            "children",
-            format!(
-                "{} forked with inherited watchpoints, not yet gone",
-                s.forked_children
+    let degraded = if s.degraded.is_empty() {
+        String::new()
+    } else {
+        format!("DEGRADED: {}\n", s.degraded)
+    };
+    degraded
+        + &output::key_values(&[
+            ("processes", s.processes.to_string()),
+            ("threads", s.threads.to_string()),
+            (
+                "children",
+                format!(
+                    "{} forked with inherited watchpoints, not yet gone",
+                    s.forked_children
+                ),
             ),
-        ),
-        ("watchpoints", s.watchpoints.to_string()),
-        ("perf fds", s.perf_fds.to_string()),
-        ("uptime", output::duration_s(s.uptime_s)),
-        (
-            "hits",
-            format!(
-                "{} delivered, {} lost in the kernel's rings, {} throttled by the kernel; \
+            ("watchpoints", s.watchpoints.to_string()),
+            (
+                "held",
+                format!(
+                    "{} of {} watchpoints, code events and policies for this caller",
+                    s.held, s.held_limit
+                ),
+            ),
+            (
+                "code events",
+                format!(
+                    "{}, taking at most {} of kernel memory (a caller may take {})",
+                    s.code_events,
+                    bytes(s.code_event_bytes),
+                    bytes(s.code_event_bytes_limit)
+                ),
+            ),
+            ("perf fds", s.perf_fds.to_string()),
+            (
+                "fds",
+                format!("{} held for watchpoints and code events", s.caller_fds),
+            ),
+            ("uptime", output::duration_s(s.uptime_s)),
+            (
+                "hits",
+                format!(
+                    "{} delivered, {} lost in the kernel's rings, {} throttled by the kernel; \
                  {} delivered to watched processes by the kernel",
-                s.hits,
-                plural(s.kernel_lost, "record"),
-                plural(s.kernel_throttled, "event"),
-                plural(s.sigtraps, "SIGTRAP")
+                    s.hits,
+                    plural(s.kernel_lost, "record"),
+                    plural(s.kernel_throttled, "event"),
+                    plural(s.sigtraps, "SIGTRAP")
+                ),
             ),
-        ),
-        (
-            "objects",
-            match s.objects {
-                None => "-".into(),
-                Some(o) => format!(
-                    "{} armed by code events ({} live, {} disarmed, mean hold {}; {} armed and \
+            (
+                "objects",
+                match s.objects {
+                    None => "-".into(),
+                    Some(o) => format!(
+                        "{} armed by code events ({} live, {} disarmed, mean hold {}; {} armed and \
                      {} disarmed at a stop, {} freed without one); not armed: \
                      {} without a free slot, {} over max-live, {} failed",
-                    o.armed,
-                    o.live,
-                    o.disarmed,
-                    duration_ns(o.mean_hold_ns),
-                    o.armed_at_stop,
-                    o.disarmed_at_stop,
-                    o.freed_without_stop,
-                    o.no_slot,
-                    o.over_limit,
-                    o.failed
-                ),
-            },
-        ),
-        (
-            "subscribers",
-            format!(
-                "{} now, {} dropped for being too slow",
-                s.subscribers,
-                plural(s.subscriber_dropped, "event")
-            ),
-        ),
-        (
-            "ledger hold",
-            format!(
-                "p50 {}, p99 {}, max {}",
-                duration_ns(s.ledger_hold_p50_ns),
-                duration_ns(s.ledger_hold_p99_ns),
-                duration_ns(s.ledger_hold_max_ns)
-            ),
-        ),
-        (
-            "connections",
-            format!(
-                "{} open, {} refused, {} closed idle",
-                s.connections, s.connections_refused, s.connections_idled
-            ),
-        ),
-        (
-            "symbols",
-            format!(
-                "{} loaded ({}), {} code addresses ({}), {} maps reads",
-                plural(s.symbol_files, "module"),
-                bytes(s.symbol_bytes),
-                s.locations,
-                bytes(s.location_bytes),
-                s.symbol_maps_reads
-            ),
-        ),
-        (
-            "journal",
-            format!(
-                "written to seq {}, durable to seq {}; {} ({}); {} ({}); \
-                 {} lagged, {} retired, {} torn; {}, {} lost to them, {} not synced",
-                s.journal_written_seq,
-                s.journal_durable_seq,
-                plural(s.journal_segments, "segment"),
-                bytes(s.journal_bytes),
-                plural(s.journal_fsyncs, "fsync"),
-                duration_ns(s.journal_fsync_us.saturating_mul(1_000)),
-                s.journal_lagged,
-                s.journal_retired,
-                s.journal_torn,
-                plural(s.journal_write_errors, "write error"),
-                s.journal_write_lost,
-                s.journal_unsynced
-            ),
-        ),
-        (
-            "export",
-            format!(
-                "{}; acked to seq {}; {} published, {}, {} lost",
-                if s.export_connected {
-                    "connected"
-                } else {
-                    "not connected"
+                        o.armed,
+                        o.live,
+                        o.disarmed,
+                        duration_ns(o.mean_hold_ns),
+                        o.armed_at_stop,
+                        o.disarmed_at_stop,
+                        o.freed_without_stop,
+                        o.no_slot,
+                        o.over_limit,
+                        o.failed
+                    ),
                 },
-                s.export_acked_seq,
-                s.export_published,
-                plural(s.export_errors, "error"),
-                s.export_lost
             ),
-        ),
-    ])
+            (
+                "subscribers",
+                format!(
+                    "{} now, {} dropped for being too slow",
+                    s.subscribers,
+                    plural(s.subscriber_dropped, "event")
+                ),
+            ),
+            (
+                "ledger hold",
+                format!(
+                    "p50 {}, p99 {}, max {}",
+                    duration_ns(s.ledger_hold_p50_ns),
+                    duration_ns(s.ledger_hold_p99_ns),
+                    duration_ns(s.ledger_hold_max_ns)
+                ),
+            ),
+            (
+                "connections",
+                format!(
+                    "{} open, {} refused, {} closed idle",
+                    s.connections, s.connections_refused, s.connections_idled
+                ),
+            ),
+            (
+                "symbols",
+                format!(
+                    "{} loaded ({}), {} code addresses ({}), {} maps reads",
+                    plural(s.symbol_files, "module"),
+                    bytes(s.symbol_bytes),
+                    s.locations,
+                    bytes(s.location_bytes),
+                    s.symbol_maps_reads
+                ),
+            ),
+            (
+                "journal",
+                format!(
+                    "written to seq {}, durable to seq {}; {} ({}); {} ({}); \
+                 {} lagged, {} retired, {} torn; {}, {} lost to them, {} not synced",
+                    s.journal_written_seq,
+                    s.journal_durable_seq,
+                    plural(s.journal_segments, "segment"),
+                    bytes(s.journal_bytes),
+                    plural(s.journal_fsyncs, "fsync"),
+                    duration_ns(s.journal_fsync_us.saturating_mul(1_000)),
+                    s.journal_lagged,
+                    s.journal_retired,
+                    s.journal_torn,
+                    plural(s.journal_write_errors, "write error"),
+                    s.journal_write_lost,
+                    s.journal_unsynced
+                ),
+            ),
+            (
+                "export",
+                format!(
+                    "{}; acked to seq {}; {} published, {}, {} lost",
+                    if s.export_connected {
+                        "connected"
+                    } else {
+                        "not connected"
+                    },
+                    s.export_acked_seq,
+                    s.export_published,
+                    plural(s.export_errors, "error"),
+                    s.export_lost
+                ),
+            ),
+        ])
 }
 
 #[cfg(test)]
@@ -260,7 +302,10 @@ mod tests {
             threads:     12
             children:    0 forked with inherited watchpoints, not yet gone
             watchpoints: 2
+            held:        0 of 0 watchpoints, code events and policies for this caller
+            code events: 0, taking at most 0 B of kernel memory (a caller may take 0 B)
             perf fds:    48
+            fds:         0 held for watchpoints and code events
             uptime:      1m15s
             hits:        9 delivered, 1 record lost in the kernel's rings, 0 events throttled by the kernel; 0 SIGTRAPs delivered to watched processes by the kernel
             objects:     -

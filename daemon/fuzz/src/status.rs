@@ -195,14 +195,23 @@ pub enum ErrorInput {
         /// What to do.
         hint: StaticText,
     },
+    /// `WpdError::KernelMemory`.
+    KernelMemory {
+        /// Bytes needed.
+        needed: u64,
+        /// Bytes held.
+        held: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// `WpdError::Degraded`.
+    Degraded(String),
     /// `WpdError::FdLimit`.
     FdLimit {
         /// What was being done.
         what: StaticText,
-        /// Threads.
-        threads: usize,
-        /// CPUs.
-        cpus: usize,
+        /// What the fds are.
+        detail: String,
         /// Fds needed.
         needed: u64,
         /// Fds open.
@@ -641,10 +650,19 @@ impl ErrorInput {
                 limit,
                 hint: hint.get(),
             },
+            ErrorInput::KernelMemory {
+                needed,
+                held,
+                limit,
+            } => WpdError::KernelMemory {
+                needed,
+                held,
+                limit,
+            },
+            ErrorInput::Degraded(m) => WpdError::Degraded(m),
             ErrorInput::FdLimit {
                 what,
-                threads,
-                cpus,
+                detail,
                 needed,
                 open,
                 limit,
@@ -652,8 +670,7 @@ impl ErrorInput {
                 by_kernel,
             } => WpdError::FdLimit {
                 what: what.get(),
-                threads,
-                cpus,
+                detail,
                 needed,
                 open,
                 limit,
@@ -730,6 +747,8 @@ pub fn variant(e: &WpdError) -> &'static str {
         WpdError::AlreadyTraced { .. } => "AlreadyTraced",
         WpdError::LimitReached { .. } => "LimitReached",
         WpdError::FdLimit { .. } => "FdLimit",
+        WpdError::KernelMemory { .. } => "KernelMemory",
+        WpdError::Degraded(_) => "Degraded",
         WpdError::ProcessExited(_) => "ProcessExited",
         WpdError::Unauthenticated(_) => "Unauthenticated",
         WpdError::NeedsBackend { .. } => "NeedsBackend",
@@ -809,6 +828,16 @@ pub fn check(e: &WpdError) -> Status {
         assert_eq!(info.metadata.get("slots_needed"), Some(&needed.to_string()));
         let tids: Vec<String> = conflicts.iter().map(|c| c.tid.to_string()).collect();
         assert_eq!(info.metadata.get("tids"), Some(&tids.join(",")));
+    }
+    if let WpdError::KernelMemory {
+        needed,
+        held,
+        limit,
+    } = e
+    {
+        assert_eq!(info.metadata.get("needed_bytes"), Some(&needed.to_string()));
+        assert_eq!(info.metadata.get("held_bytes"), Some(&held.to_string()));
+        assert_eq!(info.metadata.get("limit_bytes"), Some(&limit.to_string()));
     }
     if let WpdError::FdLimit {
         needed,

@@ -116,14 +116,46 @@ impl FdBudget {
             <= self.limit()
     }
 
-    /// [`FdBudget::fits`], or the typed refusal of `what`, which needed
+    /// Fds only root's requests may take: a quarter of what callers may
+    /// hold (the limit less the headroom and the fixed fds), at most 4,096.
+    /// One user's watchpoints and code events cannot take every fd.
+    pub fn root_reserve(&self) -> u64 {
+        let callers = self
+            .limit()
+            .saturating_sub(self.headroom())
+            .saturating_sub(self.fixed.load(Ordering::Relaxed));
+        (callers / 4).min(4096)
+    }
+
+    /// Whether `more` fds for a request of caller `uid` fit: any caller's
+    /// leave the headroom free, and a caller other than root's also leave
+    /// [`FdBudget::root_reserve`].
+    pub fn fits_for(&self, uid: u32, more: usize) -> bool {
+        let reserve = if uid == 0 { 0 } else { self.root_reserve() };
+        self.fits(more.saturating_add(reserve as usize))
+    }
+
+    /// [`FdBudget::fits_for`], or the typed refusal of `what`, which needed
     /// `more` fds (`detail` says what they are).
-    pub fn check(&self, what: &'static str, more: usize, detail: String) -> Result<(), WpdError> {
-        if self.fits(more) {
-            Ok(())
-        } else {
-            Err(self.refusal(what, more, detail, false))
+    pub fn check_for(
+        &self,
+        uid: u32,
+        what: &'static str,
+        more: usize,
+        detail: String,
+    ) -> Result<(), WpdError> {
+        if self.fits_for(uid, more) {
+            return Ok(());
         }
+        let detail = if uid != 0 && self.fits(more) {
+            format!(
+                "{detail}; the last {} are kept for root",
+                self.root_reserve()
+            )
+        } else {
+            detail
+        };
+        Err(self.refusal(what, more, detail, false))
     }
 
     /// The typed refusal of `what`, which needed `more` fds (`detail` says
@@ -251,7 +283,7 @@ mod tests {
         b.opened(5);
         assert!(!b.fits(10));
         assert!(matches!(
-            b.check("this watchpoint", 10, "10 breakpoints".into()),
+            b.check_for(0, "this watchpoint", 10, "10 breakpoints".into()),
             Err(WpdError::FdLimit {
                 needed: 10,
                 limit: 100,
@@ -262,6 +294,24 @@ mod tests {
         ));
         b.closed(5);
         assert!(b.fits(10));
+    }
+
+    #[test]
+    fn a_quarter_of_what_callers_may_hold_is_roots() {
+        let b = limited(1000);
+        b.set_fixed(100);
+        b.set_headroom(100);
+        assert_eq!(b.root_reserve(), 200);
+        assert!(b.fits_for(0, 800));
+        assert!(b.fits_for(1000, 600));
+        assert!(!b.fits_for(1000, 601));
+        match b.check_for(1000, "this code event", 601, "601 uprobes".into()) {
+            Err(WpdError::FdLimit { detail, .. }) => {
+                assert_eq!(detail, "601 uprobes; the last 200 are kept for root")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(limited(1 << 20).root_reserve(), 4096);
     }
 
     #[test]

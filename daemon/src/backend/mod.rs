@@ -57,7 +57,7 @@ pub struct Features {
 }
 
 pub use ptrace::ProgramResult;
-pub use ptrace::code::{CodeProbe, CodeRecord, FREED_SWEEP};
+pub use ptrace::code::{CodeProbe, CodeRecord, FREED_SWEEP, kernel_bytes as code_probe_bytes};
 
 /// What becomes of a thread stopped at code-event probes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -447,6 +447,8 @@ impl SystemOptions {
 pub struct BackendTable {
     entries: Vec<Entry>,
     default: BackendKind,
+    /// The fds every backend opens for callers.
+    fds: Arc<fds::FdBudget>,
 }
 
 /// One backend of the table.
@@ -503,8 +505,8 @@ impl BackendTable {
         if let Err(e) = &perf {
             tracing::warn!("perf backend: {e}");
         }
-        let ptrace =
-            ptrace::PtraceEngine::new(host, probe, fds, opts).map(|p| p as Arc<dyn Backend>);
+        let ptrace = ptrace::PtraceEngine::new(host, probe, fds.clone(), opts)
+            .map(|p| p as Arc<dyn Backend>);
         if let Err(e) = &ptrace {
             tracing::warn!("ptrace backend: {e}");
         }
@@ -537,6 +539,7 @@ impl BackendTable {
                 },
             ],
             default,
+            fds,
         )
     }
 
@@ -559,12 +562,22 @@ impl BackendTable {
                 },
             ],
             BackendKind::Perf,
+            fds::FdBudget::new(0),
         )
     }
 
     /// A table; `default` is used when a request names no backend.
-    pub fn new(entries: Vec<Entry>, default: BackendKind) -> Self {
-        BackendTable { entries, default }
+    pub fn new(entries: Vec<Entry>, default: BackendKind, fds: Arc<fds::FdBudget>) -> Self {
+        BackendTable {
+            entries,
+            default,
+            fds,
+        }
+    }
+
+    /// The daemon's fd budget, every backend's.
+    pub fn fds(&self) -> &fds::FdBudget {
+        &self.fds
     }
 
     /// The backend of `kind` (the default when `None`), or why it is not

@@ -19,8 +19,9 @@ impl Core {
     /// Attaches `pid` (idempotent). Returns the process and whether this call
     /// attached it. The daemon itself is refused, and pid 1 unless
     /// `allow_init`. Blocking.
-    pub fn attach(
+    pub fn attach_for(
         self: &Arc<Self>,
+        by: u32,
         pid: Pid,
         backend: Option<BackendKind>,
         allow_init: bool,
@@ -45,14 +46,8 @@ impl Core {
         if pid == 1 && !allow_init {
             return Err(WpdError::InitProcess);
         }
-        if self.procs.len() >= self.limits.processes {
-            return Err(WpdError::LimitReached {
-                what: "attached processes",
-                limit: self.limits.processes,
-                hint: "detach a process first",
-            });
-        }
-        let proc = Arc::new(Process::new(pid, b.kind()));
+        self.check_process_share(by)?;
+        let proc = Arc::new(Process::new(pid, b.kind(), by));
         match self.procs.entry(pid) {
             dashmap::Entry::Occupied(o) => return Ok((o.get().clone(), false)),
             dashmap::Entry::Vacant(v) => {
@@ -84,6 +79,41 @@ impl Core {
         self.watch_exit(&proc);
         tracing::info!(pid, threads = self.ledger.thread_count(pid), "attached");
         Ok((proc, true))
+    }
+
+    /// Refuses a new attach for caller `by` past `--max-processes`, past
+    /// the processes kept for root ([`super::process_reserve`]) when `by`
+    /// is not root, or past its own share (`--max-processes-per-caller`).
+    fn check_process_share(&self, by: u32) -> Result<(), WpdError> {
+        let limit = self.limits.processes;
+        let total = self.procs.len();
+        if total >= limit {
+            return Err(WpdError::LimitReached {
+                what: "attached processes",
+                limit,
+                hint: "detach a process first",
+            });
+        }
+        if by == 0 {
+            return Ok(());
+        }
+        let reserve = super::process_reserve(limit);
+        if total + reserve >= limit {
+            return Err(WpdError::LimitReached {
+                what: "attached processes (the last ones are kept for root)",
+                limit: limit - reserve,
+                hint: "detach a process first",
+            });
+        }
+        let share = self.limits.processes_per_caller;
+        if self.procs.iter().filter(|p| p.attached_by == by).count() >= share {
+            return Err(WpdError::LimitReached {
+                what: "attached processes per caller",
+                limit: share,
+                hint: "detach one of yours first",
+            });
+        }
+        Ok(())
     }
 
     fn watch_exit(self: &Arc<Self>, proc: &Arc<Process>) {

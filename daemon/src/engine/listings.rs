@@ -150,6 +150,36 @@ impl Core {
             ledger_hold: self.ledger.hold_summary(),
             uptime: self.started.elapsed(),
             journal: self.journal.as_ref().map(|j| j.figures()),
+            code_events: self.objects.count() as u32,
+            code_event_bytes: self.objects.kernel_bytes(),
+            objects: self.objects.totals(),
+        }
+    }
+
+    /// Fds the daemon holds for callers (every backend's events, uprobes,
+    /// programs and maps).
+    pub fn caller_fds(&self) -> u64 {
+        self.backends.fds().open()
+    }
+
+    /// Why the daemon cannot serve every request now, if it cannot: out
+    /// of file descriptors (a request that names a process reads `/proc`,
+    /// a connection needs one). `None`: it can.
+    pub fn degraded(&self) -> Option<String> {
+        match std::fs::File::open("/dev/null") {
+            Ok(_) => None,
+            Err(e) => {
+                let errno = nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0));
+                crate::backend::fds::is_out_of_fds(errno).then(|| {
+                    format!(
+                        "out of file descriptors ({}): {} held for watchpoints and code events, \
+                         RLIMIT_NOFILE {}",
+                        errno.desc(),
+                        self.caller_fds(),
+                        crate::backend::fds::nofile_limit()
+                    )
+                })
+            }
         }
     }
 
@@ -181,6 +211,9 @@ impl Core {
             subscribers: self.bus.subscribers(Some(uid)) as u32,
             subscriber_dropped: self.bus.dropped(Some(uid)),
             uptime: self.started.elapsed(),
+            code_events: self.objects.held_by(uid) as u32,
+            code_event_bytes: self.objects.kernel_bytes_of(uid),
+            objects: self.objects.totals_for(uid),
             ..Stats::default()
         }
     }

@@ -38,7 +38,10 @@ use crate::events::{EventBus, EventKind};
 use crate::ledger::Ledger;
 use crate::model::{Pid, WatchId};
 use crate::state::{Job, Process, Watch};
-pub use views::{Limits, ProcessView, SUBSCRIBER_RESERVE, SlotView, Stats, ThreadView, WatchView};
+pub use views::{
+    Limits, ProcessView, SUBSCRIBER_RESERVE, SlotView, Stats, ThreadView, WatchView,
+    process_reserve,
+};
 
 /// Which backends the core runs.
 #[derive(Debug, Clone)]

@@ -302,6 +302,9 @@ pub struct ObjectWatch {
     /// Its probes are open: until then it is registered (a probe that
     /// fires at once finds it) but not listed.
     ready: std::sync::atomic::AtomicBool,
+    /// Most kernel memory its probes, programs and sets take
+    /// (`code::kernel_bytes`), counted against its owner's limit.
+    pub kernel_bytes: u64,
 }
 
 /// What the daemon says of an object watch.
@@ -415,6 +418,55 @@ impl Objects {
     }
 
     /// The summed counts (GetStats).
+    /// Code events `owner` holds (object watches and code breakpoints,
+    /// pending ones included).
+    pub fn held_by(&self, owner: u32) -> usize {
+        self.watches.iter().filter(|w| w.owner == owner).count()
+            + self.pending.iter().filter(|p| p.owner == owner).count()
+    }
+
+    /// Most kernel memory `owner`'s code events take (their probes,
+    /// programs and sets).
+    pub fn kernel_bytes_of(&self, owner: u32) -> u64 {
+        self.watches
+            .iter()
+            .filter(|w| w.owner == owner)
+            .map(|w| w.kernel_bytes)
+            .sum()
+    }
+
+    /// Most kernel memory every code event takes.
+    pub fn kernel_bytes(&self) -> u64 {
+        self.watches.iter().map(|w| w.kernel_bytes).sum()
+    }
+
+    /// The counts of `owner`'s object watches (those removed are gone).
+    pub fn totals_for(&self, owner: u32) -> ObjectCountsView {
+        let mut t = ObjectCountsView::default();
+        let (mut held_ns, mut tried) = (0u64, 0u64);
+        for w in self.watches.iter().filter(|w| w.owner == owner) {
+            let v = w.counts.view(w.live.lock().unwrap().len() as u64);
+            t.armed += v.armed;
+            t.disarmed += v.disarmed;
+            t.no_slot += v.no_slot;
+            t.over_limit += v.over_limit;
+            t.failed += v.failed;
+            t.live += v.live;
+            t.armed_at_stop += v.armed_at_stop;
+            t.disarmed_at_stop += v.disarmed_at_stop;
+            t.freed_without_stop += v.freed_without_stop;
+            held_ns += w.counts.held_ns.load(Ordering::Relaxed);
+            tried += v.armed + v.no_slot + v.failed;
+        }
+        t.mean_hold_ns = held_ns.checked_div(tried).unwrap_or(0);
+        t
+    }
+
+    /// Code events held, every caller's.
+    pub fn count(&self) -> usize {
+        self.watches.len() + self.pending.len()
+    }
+
     pub fn totals(&self) -> ObjectCountsView {
         let live = self
             .watches
@@ -452,6 +504,42 @@ fn bump(w: &ObjectWatch, totals: &ObjectCounts, f: fn(&ObjectCounts) -> &AtomicU
     f(totals).fetch_add(1, Ordering::Relaxed);
 }
 
+/// The probes of object watch `id`: at its function (entry or return),
+/// and at its disarming function's entry, filtered on the live objects.
+fn object_probes(
+    id: WatchId,
+    owner: u32,
+    code: &CodeSpec,
+    site: &CodeSite,
+    disarm: Option<&CodeSite>,
+) -> Vec<CodeProbe> {
+    let mut v = vec![CodeProbe {
+        key: event_key(id),
+        path: site.path.clone(),
+        offset: site.offset,
+        ret: code.at_return,
+        first_arg_filter: false,
+        without_stop: false,
+        gate: None,
+        set_max: 0,
+        owner,
+    }];
+    if let Some(d) = disarm {
+        v.push(CodeProbe {
+            key: disarm_key(id),
+            path: d.path.clone(),
+            offset: d.offset,
+            ret: false,
+            first_arg_filter: true,
+            without_stop: true,
+            gate: None,
+            set_max: live_bound(code),
+            owner,
+        });
+    }
+    v
+}
+
 /// Most live objects of an object watch with a disarming function that
 /// names no bound (`max_live` 0): the size of the kernel's set of live
 /// bases its disarming probe filters on (kernel memory is taken per live
@@ -478,6 +566,7 @@ impl Core {
         owner: u32,
     ) -> Result<ObjectView, WpdError> {
         let pid = spec.pid;
+        self.check_held(owner)?;
         match self.set_object_watch_as(spec.clone(), code.clone(), owner, None) {
             Err(WpdError::Symbol(e)) if code.pending && e.may_resolve_later() => {
                 self.set_pending(spec, code, owner, pending_reason(&e))
@@ -682,7 +771,18 @@ impl Core {
         place: Option<BreakPlace>,
         id: Option<WatchId>,
     ) -> Result<ObjectView, WpdError> {
-        let (proc, newly) = self.attach(spec.pid, spec.backend, spec.allow_init)?;
+        let probes = object_probes(WatchId(0), owner, &code, &site, disarm.as_ref());
+        let kernel_bytes: u64 = probes.iter().map(crate::backend::code_probe_bytes).sum();
+        let held = self.objects.kernel_bytes_of(owner);
+        let limit = self.limits.code_event_bytes_per_caller;
+        if held.saturating_add(kernel_bytes) > limit {
+            return Err(WpdError::KernelMemory {
+                needed: kernel_bytes,
+                held,
+                limit,
+            });
+        }
+        let (proc, newly) = self.attach_for(owner, spec.pid, spec.backend, spec.allow_init)?;
         let id = id.unwrap_or_else(|| WatchId(self.next_id.fetch_add(1, Ordering::Relaxed)));
         let w = Arc::new(ObjectWatch {
             id,
@@ -699,39 +799,15 @@ impl Core {
             recent: Mutex::new(std::collections::VecDeque::new()),
             reported: AtomicU64::new(0),
             ready: std::sync::atomic::AtomicBool::new(false),
+            kernel_bytes,
         });
         self.objects.watches.insert(id, w.clone());
         self.start_objects_thread();
         let opened = (|| {
             let backend = self.backends.get(Some(proc.backend))?;
             let _op = proc.lock_op();
-            backend.open_code_probe(
-                spec.pid,
-                &CodeProbe {
-                    key: event_key(id),
-                    path: site.path.clone(),
-                    offset: site.offset,
-                    ret: code.at_return,
-                    first_arg_filter: false,
-                    without_stop: false,
-                    gate: None,
-                    set_max: 0,
-                },
-            )?;
-            if let Some(d) = &disarm {
-                backend.open_code_probe(
-                    spec.pid,
-                    &CodeProbe {
-                        key: disarm_key(id),
-                        path: d.path.clone(),
-                        offset: d.offset,
-                        ret: false,
-                        first_arg_filter: true,
-                        without_stop: true,
-                        gate: None,
-                        set_max: live_bound(&code),
-                    },
-                )?;
+            for p in object_probes(id, owner, &code, &site, disarm.as_ref()) {
+                backend.open_code_probe(spec.pid, &p)?;
             }
             Ok::<_, WpdError>(())
         })();
@@ -773,7 +849,7 @@ impl Core {
     ) -> Result<ObjectView, WpdError> {
         let pid = spec.pid;
         self.code_backend(&mut spec);
-        let (proc, newly) = self.attach(pid, spec.backend, spec.allow_init)?;
+        let (proc, newly) = self.attach_for(owner, pid, spec.backend, spec.allow_init)?;
         let id = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let p = Pending {
             id,
@@ -836,6 +912,7 @@ impl Core {
                 // Only the calls made once the list is consistent again.
                 gate: r_state.map(|at| (at, RT_CONSISTENT)),
                 set_max: 0,
+                owner: proc.attached_by,
             },
         );
         if let Err(e) = opened {

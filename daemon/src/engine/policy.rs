@@ -313,6 +313,7 @@ impl Core {
         {
             return Err(WpdError::InvalidArgument(format!("id {id} is in use")));
         }
+        self.check_held(caller.uid)?;
         if spec.pid != 0 {
             return Err(WpdError::InvalidArgument(format!(
                 "a policy's spec must have pid 0 (its selector picks the processes), got {}",

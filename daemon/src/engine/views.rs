@@ -98,6 +98,12 @@ pub struct Stats {
     pub uptime: Duration,
     /// The journal's figures, when there is one (privileged callers).
     pub journal: Option<crate::journal::Figures>,
+    /// Code events (object watches, code breakpoints, pending ones).
+    pub code_events: u32,
+    /// Most kernel memory their probes, programs and sets take, bytes.
+    pub code_event_bytes: u64,
+    /// Objects armed by code events and what became of them.
+    pub objects: super::objects::ObjectCountsView,
 }
 
 /// Resource limits (every one has a specific error when reached).
@@ -107,6 +113,12 @@ pub struct Limits {
     pub watchpoints_per_caller: usize,
     /// Processes attached at once.
     pub processes: usize,
+    /// Processes one caller other than root may have attached at once (of
+    /// `processes`, less [`process_reserve`]).
+    pub processes_per_caller: usize,
+    /// Kernel memory one caller's code events may take (their uprobes,
+    /// BPF programs and sets, counted at most), bytes.
+    pub code_event_bytes_per_caller: u64,
     /// Event subscribers at once.
     pub subscribers: usize,
     /// Event subscribers one unprivileged caller (uid) may have at once.
@@ -114,6 +126,13 @@ pub struct Limits {
     /// File descriptors perf events leave free under `RLIMIT_NOFILE` for
     /// connections and the daemon's own files.
     pub fd_headroom: u64,
+}
+
+/// Attached processes only root may add (of `processes`): one user's
+/// attaches, or their policy's, cannot lock root out. 16, or a quarter of
+/// a smaller limit (at least one).
+pub fn process_reserve(processes: usize) -> usize {
+    (processes / 4).clamp(1, 16)
 }
 
 /// Event subscriptions only privileged callers may take (of
@@ -125,6 +144,8 @@ impl Default for Limits {
         Limits {
             watchpoints_per_caller: 4096,
             processes: 1024,
+            processes_per_caller: 256,
+            code_event_bytes_per_caller: 64 << 20,
             subscribers: 256,
             subscribers_per_caller: 32,
             fd_headroom: 64,

@@ -63,6 +63,36 @@ impl Core {
     /// [`Core::set_watchpoint`] under a given id (a watchpoint of a previous
     /// run set again: ids above every saved one are never handed out, see
     /// [`Core::reserve_ids`]), or a new one.
+    /// What `owner` holds against `--max-watchpoints-per-caller`: its
+    /// watchpoints (not the objects' own, which their object watch arms
+    /// and bounds), its code events (object watches and code breakpoints,
+    /// pending ones included) and its policies.
+    pub fn held_by(&self, owner: u32) -> usize {
+        self.watches
+            .iter()
+            .filter(|w| w.owner == owner && !w.object)
+            .count()
+            + self.objects.held_by(owner)
+            + self
+                .policies
+                .iter()
+                .filter(|p| p.caller.uid == owner)
+                .count()
+    }
+
+    /// Refuses a new watchpoint, code event or policy of `owner` when it
+    /// holds as many as it may.
+    pub(super) fn check_held(&self, owner: u32) -> Result<(), WpdError> {
+        if self.held_by(owner) >= self.limits.watchpoints_per_caller {
+            return Err(WpdError::LimitReached {
+                what: "watchpoints, code events and policies per caller",
+                limit: self.limits.watchpoints_per_caller,
+                hint: "remove some first",
+            });
+        }
+        Ok(())
+    }
+
     pub fn set_watchpoint_with_id(
         self: &Arc<Self>,
         spec: WatchSpec,
@@ -76,14 +106,7 @@ impl Core {
         }
         let t_start = Instant::now();
         let (spec, resolved) = self.resolve_spec(spec)?;
-        let held = self.watches.iter().filter(|w| w.owner == owner).count();
-        if held >= self.limits.watchpoints_per_caller {
-            return Err(WpdError::LimitReached {
-                what: "watchpoints per caller",
-                limit: self.limits.watchpoints_per_caller,
-                hint: "remove some first",
-            });
-        }
+        self.check_held(owner)?;
         // What the process's backend (attached, or to be) cannot do is
         // refused before anything is attached.
         let kind = self
@@ -137,7 +160,7 @@ impl Core {
                 ));
             }
         }
-        let (proc, newly) = self.attach(spec.pid, spec.backend, spec.allow_init)?;
+        let (proc, newly) = self.attach_for(owner, spec.pid, spec.backend, spec.allow_init)?;
         let set = self.set_watchpoint_on(&proc, spec, owner, resolved, id);
         if set.is_err() && newly {
             // A refused request changes nothing: the attach it made goes too

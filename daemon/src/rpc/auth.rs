@@ -37,11 +37,11 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// The caller of `req`.
 pub fn caller<T>(cfg: &AuthConfig, req: &Request<T>) -> Result<Caller, WpdError> {
-    if let Some(caller) = req
-        .extensions()
-        .get::<PeerInfo>()
-        .and_then(|p| p.caller.clone())
-    {
+    let peer = req.extensions().get::<PeerInfo>();
+    if let Some(why) = peer.and_then(|p| p.unidentified.clone()) {
+        return Err(WpdError::Degraded(why));
+    }
+    if let Some(caller) = peer.and_then(|p| p.caller.clone()) {
         return Ok(caller);
     }
     let values: Vec<&[u8]> = req

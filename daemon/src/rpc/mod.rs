@@ -450,8 +450,9 @@ impl Watchpoints for Service {
         let backend = convert::backend(r.backend)?;
         let checked = self.allow(&caller, pid)?;
         let core = self.core.clone();
+        let caller_uid = caller.uid;
         let (view, newly) = blocking_as(&caller, move || {
-            let (_, newly) = core.attach(pid, backend, r.allow_init)?;
+            let (_, newly) = core.attach_for(caller_uid, pid, backend, r.allow_init)?;
             if let Err(e) = checked.unchanged() {
                 if newly {
                     let _ = core.detach(pid);

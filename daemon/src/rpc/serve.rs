@@ -147,6 +147,10 @@ pub struct Options {
     pub metrics_listen: Option<SocketAddr>,
 }
 
+/// How often the health service's answer is checked against the daemon's
+/// state ([`Core::degraded`]).
+const HEALTH_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What the server is handed by the startup: the saved state, if the
 /// daemon keeps one, and what the last run saved.
 pub type Saved = Option<(
@@ -169,6 +173,30 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<WatchpointsServer<Service>>().await;
+    // NOT_SERVING while the daemon cannot serve every request (out of fds:
+    // `GetStats.degraded` says why), so that a probe or an operator sees it.
+    let watched = core.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(HEALTH_CHECK);
+        let mut was = None;
+        loop {
+            tick.tick().await;
+            let now = watched.degraded();
+            if now.is_some() != was.is_some() {
+                match &now {
+                    Some(why) => {
+                        tracing::warn!("health: NOT_SERVING: {why}");
+                        health.set_not_serving::<WatchpointsServer<Service>>().await;
+                    }
+                    None => {
+                        tracing::info!("health: SERVING again");
+                        health.set_serving::<WatchpointsServer<Service>>().await;
+                    }
+                }
+            }
+            was = now;
+        }
+    });
     // Reflection in both versions: v1, and v1alpha, which many clients
     // still speak (grpcio-reflection, older grpcurl).
     let reflection_builder = || {

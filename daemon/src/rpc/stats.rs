@@ -79,13 +79,25 @@ impl Service {
             journal_write_lost: j.write_lost,
             journal_unsynced: j.unsynced,
             journal_write_errors: j.write_errors,
-            objects: Some(super::convert::object_counts_to_pb(
-                &self.core.objects.totals(),
-            )),
-            sigtraps: self
-                .core
-                .sigtraps
-                .load(std::sync::atomic::Ordering::Relaxed),
+            objects: Some(super::convert::object_counts_to_pb(&s.objects)),
+            code_events: s.code_events,
+            code_event_bytes: s.code_event_bytes,
+            code_event_bytes_limit: self.core.limits.code_event_bytes_per_caller,
+            held: self.core.held_by(caller.uid) as u32,
+            held_limit: self.core.limits.watchpoints_per_caller as u32,
+            caller_fds: if caller.privileged {
+                self.core.caller_fds()
+            } else {
+                0
+            },
+            degraded: self.core.degraded().unwrap_or_default(),
+            sigtraps: if caller.privileged {
+                self.core
+                    .sigtraps
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            } else {
+                0
+            },
             forked_children: if caller.privileged {
                 self.core.forked_children() as u64
             } else {

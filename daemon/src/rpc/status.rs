@@ -38,6 +38,16 @@ pub fn to_status(e: &WpdError) -> Status {
             foreign.to_string(),
         );
     }
+    if let WpdError::KernelMemory {
+        needed,
+        held,
+        limit,
+    } = e
+    {
+        meta.insert("needed_bytes".to_string(), needed.to_string());
+        meta.insert("held_bytes".to_string(), held.to_string());
+        meta.insert("limit_bytes".to_string(), limit.to_string());
+    }
     if let WpdError::FdLimit {
         needed,
         open,
@@ -105,6 +115,7 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
         WpdError::OutOfSlots { .. } => (Code::ResourceExhausted, r::OUT_OF_SLOTS),
         WpdError::PermissionDenied { .. } => (Code::PermissionDenied, r::PERMISSION_DENIED),
         WpdError::Unauthenticated(_) => (Code::Unauthenticated, r::UNAUTHENTICATED),
+        WpdError::Degraded(_) => (Code::Unavailable, r::DEGRADED),
         WpdError::BackendUnavailable { .. } => (Code::FailedPrecondition, r::BACKEND_UNAVAILABLE),
         WpdError::BackendMismatch { .. } => (Code::FailedPrecondition, r::BACKEND_MISMATCH),
         WpdError::NeedsBackend { .. } => (Code::InvalidArgument, r::NEEDS_BACKEND),
@@ -120,6 +131,7 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
         WpdError::NoLoaderHook { .. } => (Code::FailedPrecondition, r::NO_LOADER_HOOK),
         WpdError::AlreadyTraced { .. } => (Code::FailedPrecondition, r::ALREADY_TRACED),
         WpdError::LimitReached { .. } => (Code::ResourceExhausted, r::LIMIT_REACHED),
+        WpdError::KernelMemory { .. } => (Code::ResourceExhausted, r::LIMIT_REACHED),
         WpdError::FdLimit { .. } => (Code::ResourceExhausted, r::FD_LIMIT),
         WpdError::Kernel { .. } => (Code::Internal, r::KERNEL_ERROR),
         WpdError::LeaseEnded { .. } => (Code::Aborted, r::LEASE_ENDED),

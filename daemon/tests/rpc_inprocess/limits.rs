@@ -29,7 +29,7 @@ async fn limits_are_refused_with_their_names() {
         .await,
         Code::ResourceExhausted,
         r::LIMIT_REACHED,
-        "watchpoints per caller (limit 2)",
+        "watchpoints, code events and policies per caller (limit 2)",
     );
     check_refusal(
         "a second process",

@@ -241,10 +241,11 @@ impl Perf {
         self.fds.reserve(self.collectors.first().copied(), more);
     }
 
-    /// Whether `more` event fds can fit beside the fds open for callers and
-    /// the collectors, leaving the headroom free ([`FdBudget::fits`]).
-    pub fn fd_room(&self, more: usize) -> bool {
-        self.fds.fits(more)
+    /// Whether `more` event fds for caller `uid` can fit beside the fds
+    /// open for callers and the collectors, leaving the headroom (and, but
+    /// for root, root's reserve) free ([`FdBudget::fits_for`]).
+    pub fn fd_room(&self, uid: u32, more: usize) -> bool {
+        self.fds.fits_for(uid, more)
     }
 
     /// The daemon's fd budget, shared with the other backends.

@@ -535,6 +535,7 @@ impl Backend for PerfEngine {
         let host = self.host()?;
         let ledger = host.ledger();
         let pid = op.pid();
+        let by = op.process().attached_by;
         let perf = &self.perf;
         let mut tracked: HashSet<Tid> = HashSet::new();
         let result = (|| {
@@ -546,7 +547,7 @@ impl Backend for PerfEngine {
                     break;
                 }
                 // The trackers must fit (what was tracked is undone below).
-                if !perf.fd_room(tids.len() * perf.cpus().len()) {
+                if !perf.fd_room(by, tids.len() * perf.cpus().len()) {
                     return Err(fd_limit(perf, "attach", tids.len(), false));
                 }
                 // Room for the trackers and a first watchpoint's breakpoints.
@@ -620,7 +621,7 @@ impl Backend for PerfEngine {
         let perf = &self.perf;
         let spec = &watch.spec;
         let (pid, id, process_wide) = (op.pid(), watch.id, watch.process_wide);
-        if !perf.fd_room(res.len() * perf.fds_per_thread()) {
+        if !perf.fd_room(watch.owner, res.len() * perf.fds_per_thread()) {
             ledger.rollback(res);
             return Err(fd_limit(perf, "this watchpoint", res.len(), false));
         }

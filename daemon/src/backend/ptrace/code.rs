@@ -92,6 +92,9 @@ pub struct CodeProbe {
     /// With `first_arg_filter`: most members its set holds (at most
     /// [`SET_MAX`]).
     pub set_max: u32,
+    /// The caller (uid) it is opened for: only root's may take the fds kept
+    /// for root.
+    pub owner: u32,
 }
 
 /// What the program recorded at a probe.
@@ -454,7 +457,7 @@ pub fn open(pid: Pid, probe: &CodeProbe, mode: &SignalMode) -> Result<(), OpenEr
             }
         )
     };
-    fds.check("this code event", needed, what())
+    fds.check_for(probe.owner, "this code event", needed, what())
         .map_err(OpenError::Fds)?;
     let kernel = |e: Errno| {
         if crate::backend::fds::is_out_of_fds(e) {

@@ -370,7 +370,8 @@ impl Backend for PtraceEngine {
         // With signal stops each slot is a perf breakpoint's fd: they must
         // fit the daemon's budget, leaving the fds kept for connections.
         if mode.is_some()
-            && let Err(e) = self.fds.check(
+            && let Err(e) = self.fds.check_for(
+                watch.owner,
                 "this watchpoint",
                 res.len(),
                 format!("a breakpoint per thread and piece, {} in all", res.len()),

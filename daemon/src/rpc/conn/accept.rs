@@ -16,20 +16,24 @@ use super::{Budget, Conn, ConnLimits, PeerInfo, Registry};
 use crate::authz::{self, Caller};
 use crate::rpc::authority::AuthorityFix;
 
-/// A spare fd, freed to accept (and close) a connection when the daemon
-/// is out of fds.
-struct Spare(Option<OwnedFd>);
+/// Spare fds, freed to accept (and close) a connection when the daemon
+/// is out of fds, and to identify each caller (its `/proc` files and pid
+/// namespace take a few fds at once).
+struct Spare(Vec<OwnedFd>);
+
+/// Fds kept spare: as many as identifying a caller opens at once.
+const SPARE_FDS: usize = 8;
 
 impl Spare {
     fn new() -> Self {
-        Spare(open_devnull())
+        Spare((0..SPARE_FDS).filter_map(|_| open_devnull()).collect())
     }
 
-    /// Frees the spare fd, runs `f` (an accept), and takes the fd again.
+    /// Frees the spare fds, runs `f`, and takes the fds again.
     fn with_room<T>(&mut self, f: impl FnOnce() -> T) -> T {
-        self.0 = None;
+        self.0.clear();
         let r = f();
-        self.0 = open_devnull();
+        self.0 = (0..SPARE_FDS).filter_map(|_| open_devnull()).collect();
         r
     }
 }
@@ -118,7 +122,10 @@ pub fn unix_incoming(
                     continue;
                 }
             };
-            let caller = identify(&stream);
+            let (caller, unidentified) = spare.with_room(|| identify(&stream));
+            if let Some(why) = &unidentified {
+                tracing::warn!(uid = caller.uid, "connection not identified: {why}");
+            }
             let budget = Budget::Uid(caller.uid);
             let conn = match registry.admit(budget, caller.privileged, &limits) {
                 Ok(c) => c,
@@ -130,6 +137,7 @@ pub fn unix_incoming(
             };
             let info = PeerInfo {
                 caller: Some(caller),
+                unidentified,
                 remote: None,
                 conn,
             };
@@ -146,14 +154,33 @@ pub fn unix_incoming(
 }
 
 /// The caller on a Unix stream: SO_PEERCRED, and SO_PEERPIDFD to read the
-/// peer's real ids and capabilities safely.
-fn identify(stream: &UnixStream) -> Caller {
+/// peer's real ids and capabilities safely. With why it could not be
+/// identified when the daemon ran out of fds reading it (then it is no
+/// one: every request is refused saying so, never served as an
+/// unprivileged caller or one of another pid namespace).
+fn identify(stream: &UnixStream) -> (Caller, Option<String>) {
     let Ok(cred) = stream.peer_cred() else {
         // No credentials: nobody in particular, with no rights.
-        return Caller::unprivileged(u32::MAX, u32::MAX, None);
+        return (Caller::unprivileged(u32::MAX, u32::MAX, None), None);
     };
     let pidfd = authz::peer_pidfd(stream);
-    Caller::from_peer(cred.uid(), cred.gid(), cred.pid(), pidfd.as_ref())
+    let caller = Caller::from_peer(cred.uid(), cred.gid(), cred.pid(), pidfd.as_ref());
+    // Its files read (and closed): if no fd can be opened now, the reads
+    // failed for the daemon's want of fds, not for anything of the caller.
+    let unidentified = match open_devnull() {
+        Some(_) => None,
+        None => {
+            let e = io::Error::last_os_error();
+            out_of_fds(&e).then(|| {
+                format!(
+                    "the daemon ran out of file descriptors ({e}) while identifying the caller \
+                     (uid {})",
+                    cred.uid()
+                )
+            })
+        }
+    };
+    (caller, unidentified)
 }
 
 /// Accepts on TCP; every connection counts against the shared TCP budget.
@@ -214,6 +241,7 @@ pub fn tcp_incoming(
             };
             let info = PeerInfo {
                 caller: None,
+                unidentified: None,
                 remote: Some(remote),
                 conn,
             };

@@ -379,6 +379,10 @@ pub struct PeerInfo {
     /// The caller on the Unix socket, identified once at accept; `None` on
     /// TCP, where the token decides.
     pub caller: Option<Caller>,
+    /// Why the caller on the Unix socket could not be identified (the
+    /// daemon out of file descriptors): every request is refused with it,
+    /// rather than served as another caller's.
+    pub unidentified: Option<String>,
     /// The TCP peer.
     pub remote: Option<SocketAddr>,
     /// The connection.
@@ -425,6 +429,7 @@ impl<S> Conn<S> {
             io,
             PeerInfo {
                 caller,
+                unidentified: None,
                 remote: None,
                 conn,
             },
