@@ -176,7 +176,7 @@ async fn every_combination_of_filter_and_action_is_armed(backend: Backend) -> Re
                                 spec.action = HitAction::Signal as i32;
                                 spec.signal = SIGUSR1;
                             }
-                            spec.condition = condition.clone();
+                            spec.condition = *condition;
                             spec.ignore_count = ignore;
                             spec.hit_count = every;
                             spec.max_hits_per_second = rate;
