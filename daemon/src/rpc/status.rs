@@ -72,6 +72,16 @@ pub fn to_status(e: &WpdError) -> Status {
             S::TooLarge { needed, .. } => {
                 meta.insert("slots_needed".to_string(), needed.to_string());
             }
+            S::ModuleLoading { module, .. } => {
+                meta.insert("module".to_string(), module.clone());
+            }
+            S::TooManyLoads {
+                module, uid, max, ..
+            } => {
+                meta.insert("module".to_string(), module.clone());
+                meta.insert("uid".to_string(), uid.to_string());
+                meta.insert("max_loads".to_string(), max.to_string());
+            }
             _ => {}
         }
     }
@@ -148,6 +158,8 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
                 S::Unreadable { .. } => (Code::FailedPrecondition, r::SYMBOLS_UNREADABLE),
                 S::NoCodeAtLine { .. } => (Code::NotFound, r::NO_CODE_AT_LINE),
                 S::SourceNotLoaded { .. } => (Code::NotFound, r::SOURCE_NOT_LOADED),
+                S::ModuleLoading { .. } => (Code::Unavailable, r::MODULE_LOADING),
+                S::TooManyLoads { .. } => (Code::ResourceExhausted, r::TOO_MANY_LOADS),
             }
         }
     }
