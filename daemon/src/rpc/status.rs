@@ -411,6 +411,43 @@ mod tests {
     }
 
     #[test]
+    fn a_module_loading_is_retried_later_and_too_many_loads_exhausted() {
+        use crate::symbols::SymbolError as S;
+        let e = WpdError::Symbol(S::ModuleLoading {
+            pid: 7,
+            module: "/home/u/dl".into(),
+            since_ms: 5000,
+        });
+        assert_eq!(
+            to_status(&e).get_details_error_info().unwrap().metadata["module"],
+            "/home/u/dl"
+        );
+        check(
+            e,
+            Code::Unavailable,
+            r::MODULE_LOADING,
+            "module /home/u/dl of process 7 is still loading (for 5000 ms",
+        );
+        let e = WpdError::Symbol(S::TooManyLoads {
+            pid: 7,
+            module: "/home/u/dl".into(),
+            uid: 1001,
+            in_flight: 4,
+            max: 4,
+        });
+        assert_eq!(
+            to_status(&e).get_details_error_info().unwrap().metadata["uid"],
+            "1001"
+        );
+        check(
+            e,
+            Code::ResourceExhausted,
+            r::TOO_MANY_LOADS,
+            "4 module files of processes of uid 1001 are loading already (at most 4 at once)",
+        );
+    }
+
+    #[test]
     fn what_pending_would_wait_for_names_the_flag() {
         use crate::symbols::SymbolError as S;
         let unknown = || {
