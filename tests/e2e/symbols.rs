@@ -1838,6 +1838,13 @@ async fn a_fifo_named_by_a_debug_link_delays_no_one() -> Result<()> {
                 !waits.iter().any(|(_, w)| w == "wait_for_partner"),
                 "a daemon thread waits in a FIFO's open: {waits:?}"
             );
+            // Each owner's hits were symbolized on a thread of its own.
+            for owner in ["wpd-sym-0", "wpd-sym-65534"] {
+                ensure!(
+                    waits.iter().any(|(name, _)| name == owner),
+                    "no symbolizer thread {owner}: {waits:?}"
+                );
+            }
             Ok(())
         }
         .await;
