@@ -416,7 +416,7 @@ impl<T: Clone + Send + 'static> Loads<T> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// A module file this test process maps, loaded for `pids`.
@@ -596,5 +596,35 @@ mod tests {
             "kept by the loader"
         );
         assert!(files.file_within(me, f, Duration::ZERO).is_ok());
+    }
+
+    /// A load of `key` that started `ago` and never ends (a file on a
+    /// server that does not answer).
+    pub(in crate::symbols) fn stall(files: &Files, key: FileKey, ago: Duration) {
+        let l = Arc::new(Load {
+            started: Instant::now() - ago,
+            done: Mutex::new(None),
+            cv: Condvar::new(),
+        });
+        files.2.0.lock().unwrap().by_key.insert(key, l);
+    }
+
+    #[test]
+    fn a_request_needing_a_module_still_loading_is_told_so_at_once() {
+        let symbols = crate::symbols::Symbols::new();
+        let me = std::process::id() as Pid;
+        let exe = super::super::resolve::exe_key(me).expect("this process's executable");
+        stall(&symbols.files, exe, REQUEST_WAIT + Duration::from_secs(1));
+        let t = Instant::now();
+        let e = symbols
+            .resolve(me, "counter", crate::model::Access::Write, 0)
+            .unwrap_err();
+        assert!(
+            matches!(&e, crate::symbols::SymbolError::ModuleLoading { pid, since_ms, .. }
+                if *pid == me && *since_ms >= REQUEST_WAIT.as_millis() as u64),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("is still loading"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     }
 }

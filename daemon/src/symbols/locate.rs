@@ -625,4 +625,46 @@ mod tests {
         // are their own.
         assert!(Image::new(1).cached(0x1000).is_none());
     }
+
+    /// A hit in a module whose load has not finished within the wait goes
+    /// out at once naming its module only, and nothing is kept for it: a
+    /// later hit, once the module is loaded, gets its place.
+    #[tokio::test]
+    async fn a_hit_in_a_module_still_loading_names_the_module_only() {
+        let symbols = Arc::new(Symbols::new());
+        let me = std::process::id() as Pid;
+        let exe = super::super::resolve::exe_key(me).expect("this process's executable");
+        let exe_file = maps::read(me)
+            .unwrap()
+            .into_iter()
+            .find(|f| FileKey::of(f) == exe)
+            .expect("the executable is mapped");
+        let ip = exe_file
+            .mappings
+            .iter()
+            .find(|m| m.exec)
+            .expect("code")
+            .start
+            + 0x11;
+        super::super::files::tests::stall(
+            &symbols.files,
+            exe,
+            EVENT_WAIT + std::time::Duration::from_secs(1),
+        );
+        let image = Image::new(me);
+        let t = std::time::Instant::now();
+        let frames = symbols.frames(&image, &[ip]).await;
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(2),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(
+            frames[0].place.module.as_deref(),
+            Some(exe_file.path.as_str())
+        );
+        assert_eq!(frames[0].place.function, None);
+        assert!(image.cached(ip - 1).is_none(), "not kept");
+        assert_eq!(symbols.symbolizer_threads(), 1);
+    }
 }
