@@ -12,6 +12,7 @@
 //! | `ct-debuglink` (+ `ct-debuglink.debug`) | `ct-pie` stripped, its debug info in a separate file named by `.gnu_debuglink` |
 //! | `ct-stripped` | `ct-pie` with every symbol table stripped |
 //! | `ct-pie.debug` | `ct-pie`'s debug information alone (`objcopy --only-keep-debug`) |
+//! | `ct-fifolink` | `-O0 -fPIE -pie`, no `-g`, no build id, and a `.gnu_debuglink` naming `ct-fifolink.debug` (which a test makes a FIFO) |
 //! | `ct-nofp` | `-g -O2 -fomit-frame-pointer` (no frame-pointer chain) |
 //! | `ct-launch` | `launched.c`, `-g -O0` (PIE): the program the DAP tests launch |
 //! | `ct-breaks` | `breaks.c`, `-g -O0` (PIE): the program the DAP code-breakpoint tests launch |
@@ -106,6 +107,18 @@ fn main() {
     tool("objcopy", &["--only-keep-debug", "ct-pie", "ct-pie.debug"]);
     std::fs::copy(out.join("ct-pie"), out.join("ct-stripped")).unwrap();
     tool("strip", &["--strip-all", "ct-stripped"]);
+    // No DWARF, no build id: its debug file is looked for by its debug link
+    // only, beside it, where a test puts a FIFO.
+    exe(
+        "ct-fifolink",
+        &["-O0", "-fPIE", "-pie", "-Wl,--build-id=none"],
+    );
+    std::fs::write(out.join("ct-fifolink.debug"), "x\n").unwrap();
+    tool(
+        "objcopy",
+        &["--add-gnu-debuglink=ct-fifolink.debug", "ct-fifolink"],
+    );
+    std::fs::remove_file(out.join("ct-fifolink.debug")).unwrap();
     cc(&out, &["-g", "-O0", "-o", "ct-launch", &s("launched.c")]);
     cc(
         &out,

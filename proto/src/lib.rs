@@ -214,6 +214,14 @@ pub mod reason {
     /// loaded later, asked for without `CodeEvent.pending` (metadata
     /// `closest`: the files named closest to it).
     pub const SOURCE_NOT_LOADED: &str = "SOURCE_NOT_LOADED";
+    /// A module file the answer needs is still loading (its file is slow
+    /// to open or read; metadata `module`): the same request may succeed
+    /// later.
+    pub const MODULE_LOADING: &str = "MODULE_LOADING";
+    /// A module file the answer needs was not loaded: the processes of its
+    /// owner have as many loads in flight as they may (metadata `module`,
+    /// `uid`, `max_loads`).
+    pub const TOO_MANY_LOADS: &str = "TOO_MANY_LOADS";
 }
 
 /// Connecting to a daemon, for `wpctl`, tests and IDE-side Rust code.

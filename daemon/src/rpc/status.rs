@@ -82,6 +82,16 @@ pub fn to_status(e: &WpdError) -> Status {
             S::TooLarge { needed, .. } => {
                 meta.insert("slots_needed".to_string(), needed.to_string());
             }
+            S::ModuleLoading { module, .. } => {
+                meta.insert("module".to_string(), module.clone());
+            }
+            S::TooManyLoads {
+                module, uid, max, ..
+            } => {
+                meta.insert("module".to_string(), module.clone());
+                meta.insert("uid".to_string(), uid.to_string());
+                meta.insert("max_loads".to_string(), max.to_string());
+            }
             _ => {}
         }
     }
@@ -160,6 +170,8 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
                 S::Unreadable { .. } => (Code::FailedPrecondition, r::SYMBOLS_UNREADABLE),
                 S::NoCodeAtLine { .. } => (Code::NotFound, r::NO_CODE_AT_LINE),
                 S::SourceNotLoaded { .. } => (Code::NotFound, r::SOURCE_NOT_LOADED),
+                S::ModuleLoading { .. } => (Code::Unavailable, r::MODULE_LOADING),
+                S::TooManyLoads { .. } => (Code::ResourceExhausted, r::TOO_MANY_LOADS),
             }
         }
     }
@@ -406,6 +418,43 @@ mod tests {
             Code::Internal,
             r::KERNEL_ERROR,
             "open failed",
+        );
+    }
+
+    #[test]
+    fn a_module_loading_is_retried_later_and_too_many_loads_exhausted() {
+        use crate::symbols::SymbolError as S;
+        let e = WpdError::Symbol(S::ModuleLoading {
+            pid: 7,
+            module: "/home/u/dl".into(),
+            since_ms: 5000,
+        });
+        assert_eq!(
+            to_status(&e).get_details_error_info().unwrap().metadata["module"],
+            "/home/u/dl"
+        );
+        check(
+            e,
+            Code::Unavailable,
+            r::MODULE_LOADING,
+            "module /home/u/dl of process 7 is still loading (for 5000 ms",
+        );
+        let e = WpdError::Symbol(S::TooManyLoads {
+            pid: 7,
+            module: "/home/u/dl".into(),
+            uid: 1001,
+            in_flight: 4,
+            max: 4,
+        });
+        assert_eq!(
+            to_status(&e).get_details_error_info().unwrap().metadata["uid"],
+            "1001"
+        );
+        check(
+            e,
+            Code::ResourceExhausted,
+            r::TOO_MANY_LOADS,
+            "4 module files of processes of uid 1001 are loading already (at most 4 at once)",
         );
     }
 

@@ -160,7 +160,7 @@ impl Symbols {
         let elf = self
             .files
             .file(pid, f)
-            .map_err(|e| unreadable(e.to_string()))?;
+            .map_err(|e| SymbolError::loading(pid, e))?;
         let Some(d) = &elf.dwarf else {
             return Ok(Vec::new());
         };

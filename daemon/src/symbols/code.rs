@@ -153,7 +153,9 @@ impl Symbols {
         let mut loaded = Vec::new();
         let mut stripped = Vec::new();
         for f in &order {
-            let Ok(elf) = self.file(pid, f) else { continue };
+            let Some(elf) = self.module(pid, f)? else {
+                continue;
+            };
             let Some(bias) = Self::bias(&elf, f) else {
                 continue;
             };
@@ -241,7 +243,9 @@ impl Symbols {
         let mut closest: Vec<String> = Vec::new();
         let mut last_line: Option<u32> = None;
         for f in order {
-            let Ok(elf) = self.file(pid, f) else { continue };
+            let Some(elf) = self.module(pid, f)? else {
+                continue;
+            };
             let Some(bias) = Self::bias(&elf, f) else {
                 continue;
             };

@@ -2,12 +2,16 @@
 //! its kind and program headers (for the load bias), build id, symbol
 //! tables, and where its DWARF is (in the file itself, or in a separate
 //! debug file found by build id or `.gnu_debuglink`, checked by CRC).
+//! Every file is opened through `open.rs`: regular files only, without
+//! blocking, without following a link out of the directory searched.
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
+
+use super::open::{self, Links, OpenError, Opened};
 
 /// Where debug files are looked for by default, as gdb does:
 /// `<dir>/.build-id/xx/….debug` and `<dir>/<binary's dir>/<debuglink name>`.
@@ -106,6 +110,20 @@ pub struct ElfFile {
     /// Its functions named like a name it does not define, by that name
     /// (`ElfFile::functions_like`).
     pub(super) like: std::sync::Mutex<std::collections::HashMap<String, Vec<(f64, String)>>>,
+    /// Debug files looked for and refused (not a regular file, a link out
+    /// of the directory searched, too large, a debug link that is not a
+    /// file name), in the order they were looked for.
+    pub debug_refused: Vec<OpenError>,
+    /// The file the hit symbolizer reads (the separate debug file, else the
+    /// module), held open: `blazesym` is given `/proc/self/fd/N`, the file
+    /// checked here, never a path it would resolve (or follow links from)
+    /// itself.
+    symbolizer_file: std::fs::File,
+    /// Whether `blazesym` may read that file's DWARF: it has some, and
+    /// names no other file (`.gnu_debuglink`, `.gnu_debugaltlink`,
+    /// `.debug_sup`), which `blazesym` would open by path without these
+    /// checks. Else only its symbol tables are read.
+    symbolizer_dwarf: bool,
 }
 
 impl std::fmt::Debug for ElfFile {
@@ -128,16 +146,40 @@ pub struct ElfError {
     pub why: String,
 }
 
-fn map(path: &Path) -> Result<Mmap, ElfError> {
-    let err = |why: String| ElfError {
-        path: path.display().to_string(),
-        why,
-    };
-    let f = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
+impl From<OpenError> for ElfError {
+    fn from(e: OpenError) -> ElfError {
+        let path = match &e {
+            OpenError::NotRegular { path, .. }
+            | OpenError::Escapes { path, .. }
+            | OpenError::TooLarge { path, .. }
+            | OpenError::NotMapped { path }
+            | OpenError::Io { path, .. } => path.clone(),
+            OpenError::BadLinkName { name } => name.clone(),
+        };
+        ElfError {
+            path,
+            why: e.to_string(),
+        }
+    }
+}
+
+/// A checked file, mapped.
+fn map(f: &std::fs::File, path: &Path) -> Result<Mmap, ElfError> {
     // SAFETY: the mapping is read-only and private; a file truncated under
     // us would fault, which is why only files of mapped modules and debug
     // files are mapped (never written while in use).
-    unsafe { Mmap::map(&f) }.map_err(|e| err(e.to_string()))
+    unsafe { Mmap::map(f) }.map_err(|e| ElfError {
+        path: path.display().to_string(),
+        why: e.to_string(),
+    })
+}
+
+/// Whether `file` names other files that a DWARF reader would open:
+/// `.gnu_debuglink`, `.gnu_debugaltlink` (dwz), `.debug_sup`.
+fn names_other_files(file: &object::File<'_>) -> bool {
+    [".gnu_debuglink", ".gnu_debugaltlink", ".debug_sup"]
+        .iter()
+        .any(|n| file.section_by_name(n).is_some())
 }
 
 fn symbols_of<'d>(file: &object::File<'d>, table: SymTable) -> Vec<Sym> {
@@ -169,71 +211,194 @@ fn symbols_of<'d>(file: &object::File<'d>, table: SymTable) -> Vec<Sym> {
         .collect()
 }
 
-/// The `.gnu_debuglink` of `file`: (file name, CRC32).
-fn debuglink(file: &object::File<'_>) -> Option<(String, u32)> {
+/// The `.gnu_debuglink` of `file`: (file name as stored, CRC32).
+fn debuglink(file: &object::File<'_>) -> Option<(Vec<u8>, u32)> {
     let (name, crc) = file.gnu_debuglink().ok()??;
-    Some((String::from_utf8_lossy(name).into_owned(), crc))
+    Some((name.to_vec(), crc))
 }
 
-/// A separate debug file for `binary` (opened from `open_path`; `ns_path`
-/// is its path in the process's namespace), found as gdb finds it.
+/// A separate debug file found, checked and mapped.
+struct DebugFile {
+    path: PathBuf,
+    map: Mmap,
+    file: std::fs::File,
+    names_others: bool,
+}
+
+/// What a debug file must match: the module's build id, or its debug
+/// link's CRC.
+#[derive(Clone, Copy)]
+enum Want<'a> {
+    BuildId(&'a [u8]),
+    Crc(u32),
+}
+
+/// Where a module is, for its debug files.
+pub struct Place<'a> {
+    /// The module's directory as the daemon reaches it (in the process's
+    /// mount namespace: `/proc/PID/root/DIR`), where `.gnu_debuglink` is
+    /// looked for first; `None` to look in the debug directories only.
+    pub dir: Option<&'a Path>,
+    /// The module's directory in the process's namespace (for
+    /// `<debug dir>/<dir>/<name>`).
+    pub ns_dir: &'a Path,
+}
+
+/// A candidate debug file: opened (`open.rs`), not the module itself, at
+/// most [`open::MAX_DEBUG_FILE_BYTES`], an ELF file with `.debug_info`, of
+/// the module's build id or the debug link's CRC (checked last: it reads
+/// the whole file). Refusals are kept in `refused`; a file that is not
+/// there is no refusal.
+fn check_candidate(
+    opened: Result<Opened, OpenError>,
+    shown: PathBuf,
+    module: (u64, u64),
+    want: Want<'_>,
+    refused: &mut Vec<OpenError>,
+) -> Option<DebugFile> {
+    let o = match opened {
+        Ok(o) => o,
+        Err(e) if e.is_absent() => return None,
+        Err(e) => {
+            tracing::warn!(error = %e, "debug file refused");
+            refused.push(e);
+            return None;
+        }
+    };
+    if (o.dev, o.ino) == module {
+        return None;
+    }
+    if o.size > open::MAX_DEBUG_FILE_BYTES {
+        let e = OpenError::TooLarge {
+            path: shown.display().to_string(),
+            size: o.size,
+            max: open::MAX_DEBUG_FILE_BYTES,
+        };
+        tracing::warn!(error = %e, "debug file refused");
+        refused.push(e);
+        return None;
+    }
+    let map = map(&o.file, &shown).ok()?;
+    let names_others = {
+        let f = object::File::parse(&*map).ok()?;
+        f.section_by_name(".debug_info")?;
+        if let Want::BuildId(id) = want
+            && f.build_id().ok().flatten() != Some(id)
+        {
+            tracing::debug!(path = ?shown, "debug file of another build id: skipped");
+            return None;
+        }
+        names_other_files(&f)
+    };
+    if let Want::Crc(crc) = want
+        && crc32fast::hash(&map) != crc
+    {
+        tracing::debug!(path = ?shown, "debug file CRC does not match: skipped");
+        return None;
+    }
+    Some(DebugFile {
+        path: shown,
+        map,
+        file: o.file,
+        names_others,
+    })
+}
+
+/// A separate debug file for a module (device and inode `module`), found
+/// as gdb finds it: `<debug dir>/.build-id/xx/….debug` (links beneath the
+/// debug directory followed), then the debug link's name (a file name,
+/// nothing else) in the module's directory and its `.debug/` (no link
+/// followed: the process's owner controls them), then under each debug
+/// directory as `<debug dir>/<module's dir>/<name>`.
 fn find_debug_file(
     debug_dirs: &[PathBuf],
-    ns_path: &Path,
-    open_path: &Path,
+    at: &Place<'_>,
+    module: (u64, u64),
     build_id: Option<&[u8]>,
-    link: Option<&(String, u32)>,
-) -> Option<(PathBuf, Mmap)> {
-    let check = |p: &Path, crc: Option<u32>| -> Option<(PathBuf, Mmap)> {
-        if p == open_path {
-            return None;
-        }
-        let m = map(p).ok()?;
-        if let Some(want) = crc
-            && crc32fast::hash(&m) != want
-        {
-            tracing::debug!(path = ?p, "debug file CRC does not match: skipped");
-            return None;
-        }
-        let f = object::File::parse(&*m).ok()?;
-        f.section_by_name(".debug_info")?;
-        Some((p.to_path_buf(), m))
-    };
+    link: Option<&(Vec<u8>, u32)>,
+    refused: &mut Vec<OpenError>,
+) -> Option<DebugFile> {
+    let dirs: Vec<(&PathBuf, std::os::fd::OwnedFd)> = debug_dirs
+        .iter()
+        .filter_map(|d| open::open_dir(d).ok().map(|fd| (d, fd)))
+        .collect();
     if let Some(id) = build_id.filter(|id| id.len() >= 2) {
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-        for d in debug_dirs {
-            let p = d
-                .join(".build-id")
-                .join(&hex[..2])
-                .join(format!("{}.debug", &hex[2..]));
-            if let Some(found) = check(&p, None) {
+        let rel = Path::new(".build-id")
+            .join(&hex[..2])
+            .join(format!("{}.debug", &hex[2..]));
+        for (d, fd) in &dirs {
+            let opened = open::open_beneath(fd, d, &rel, Links::Beneath);
+            if let Some(found) =
+                check_candidate(opened, d.join(&rel), module, Want::BuildId(id), refused)
+            {
                 return Some(found);
             }
         }
     }
     let (name, crc) = link?;
-    let dir = open_path.parent()?;
-    let ns_dir = ns_path.parent().unwrap_or(Path::new("/"));
-    let mut candidates = vec![dir.join(name), dir.join(".debug").join(name)];
-    for d in debug_dirs {
-        candidates.push(
-            d.join(ns_dir.strip_prefix("/").unwrap_or(ns_dir))
-                .join(name),
-        );
+    let name = match open::link_name(name) {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(error = %e, "debug link refused");
+            refused.push(e);
+            return None;
+        }
+    };
+    let want = Want::Crc(*crc);
+    if let Some(dir) = at.dir
+        && let Ok(fd) = open::open_dir(dir)
+    {
+        for rel in [
+            Path::new(name).to_path_buf(),
+            Path::new(".debug").join(name),
+        ] {
+            let opened = open::open_beneath(&fd, dir, &rel, Links::None);
+            if let Some(found) = check_candidate(opened, dir.join(&rel), module, want, refused) {
+                return Some(found);
+            }
+        }
     }
-    candidates.into_iter().find_map(|p| check(&p, Some(*crc)))
+    let rel = at.ns_dir.strip_prefix("/").unwrap_or(at.ns_dir).join(name);
+    for (d, fd) in &dirs {
+        let opened = open::open_beneath(fd, d, &rel, Links::Beneath);
+        if let Some(found) = check_candidate(opened, d.join(&rel), module, want, refused) {
+            return Some(found);
+        }
+    }
+    None
 }
 
 impl ElfFile {
-    /// Reads the file at `open_path` (its path in the process's namespace
-    /// is `ns_path`, for debuglink directories), looking for a separate
-    /// debug file in `debug_dirs`.
+    /// Reads the file at `open_path` (checked by `open.rs`: a regular
+    /// file, the last component not a link), looking for a separate debug
+    /// file beside it and in `debug_dirs` (its path in the process's
+    /// namespace is `ns_path`, for `<debug dir>/<dir>/<name>`).
     pub fn load(
         open_path: &Path,
         ns_path: &Path,
         debug_dirs: &[PathBuf],
     ) -> Result<ElfFile, ElfError> {
-        let m = map(open_path)?;
+        let opened = open::open_file(open_path)?;
+        let ns_dir = ns_path.parent().unwrap_or(Path::new("/"));
+        let at = Place {
+            dir: open_path.parent(),
+            ns_dir,
+        };
+        Self::from_opened(opened, open_path, ns_path, &at, debug_dirs)
+    }
+
+    /// Reads the module file `opened` (opened from `open_path`; its path in
+    /// the process's namespace is `ns_path`), looking for a separate debug
+    /// file `at` its place and in `debug_dirs`.
+    pub fn from_opened(
+        opened: Opened,
+        open_path: &Path,
+        ns_path: &Path,
+        at: &Place<'_>,
+        debug_dirs: &[PathBuf],
+    ) -> Result<ElfFile, ElfError> {
+        let m = map(&opened.file, ns_path)?;
         let err = |why: String| ElfError {
             path: ns_path.display().to_string(),
             why,
@@ -260,30 +425,41 @@ impl ElfFile {
         let link = debuglink(&file);
         let mut symbols = symbols_of(&file, SymTable::Symtab);
         let own_dwarf = file.section_by_name(".debug_info").is_some();
-        let (dwarf, debug_source) = if own_dwarf {
+        let mut debug_refused = Vec::new();
+        let (dwarf, debug_source, symbolizer_file, names_others) = if own_dwarf {
             (
-                super::dwarf::DwarfFile::new(m_clone(&m, open_path)?),
+                // A second mapping of the same file: the DWARF keeps its own.
+                super::dwarf::DwarfFile::new(map(&opened.file, ns_path)?),
                 DebugSource::Own,
+                opened.file,
+                names_other_files(&file),
             )
         } else {
             match find_debug_file(
                 debug_dirs,
-                ns_path,
-                open_path,
+                at,
+                (opened.dev, opened.ino),
                 build_id.as_deref(),
                 link.as_ref(),
+                &mut debug_refused,
             ) {
-                Some((p, dm)) => {
+                Some(d) => {
                     if symbols.is_empty()
-                        && let Ok(df) = object::File::parse(&*dm)
+                        && let Ok(df) = object::File::parse(&*d.map)
                     {
                         symbols = symbols_of(&df, SymTable::Symtab);
                     }
-                    (super::dwarf::DwarfFile::new(dm), DebugSource::Separate(p))
+                    (
+                        super::dwarf::DwarfFile::new(d.map),
+                        DebugSource::Separate(d.path),
+                        d.file,
+                        d.names_others,
+                    )
                 }
-                None => (None, DebugSource::None),
+                None => (None, DebugSource::None, opened.file, true),
             }
         };
+        let symbolizer_dwarf = dwarf.is_some() && !names_others;
         let has_symtab = !symbols.is_empty();
         symbols.extend(symbols_of(&file, SymTable::Dynsym));
         let cfi = super::unwind::Cfi::of(&file);
@@ -299,7 +475,26 @@ impl ElfFile {
             file_size: m.len() as u64,
             cfi,
             like: Default::default(),
+            debug_refused,
+            symbolizer_file,
+            symbolizer_dwarf,
         })
+    }
+
+    /// What the hit symbolizer is given: the path of the file it reads
+    /// (`/proc/self/fd/N` of the file held open here, so that it opens
+    /// exactly the file checked, and its `<path>.dwp` lookup finds
+    /// nothing), and whether it may read that file's DWARF (it has some and
+    /// names no other file: `blazesym` would open those by path itself).
+    pub fn symbolizer_source(&self) -> (PathBuf, bool) {
+        use std::os::fd::AsRawFd;
+        (
+            PathBuf::from(format!(
+                "/proc/self/fd/{}",
+                self.symbolizer_file.as_raw_fd()
+            )),
+            self.symbolizer_dwarf,
+        )
     }
 
     /// Its functions named like `name` (Jaro-Winkler 0.85 or more; names
@@ -380,12 +575,303 @@ impl ElfFile {
     }
 }
 
-/// A second mapping of the same file (the DWARF keeps its own).
-fn m_clone(_m: &Mmap, path: &Path) -> Result<Mmap, ElfError> {
-    map(path)
-}
-
 /// Section bytes: borrowed from the mapping, or decompressed.
 pub fn section_bytes<'d>(file: &object::File<'d>, name: &str) -> Option<Cow<'d, [u8]>> {
     file.section_by_name(name)?.uncompressed_data().ok()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::symbols::open::tests::{Scratch, mkfifo, within};
+
+    /// A minimal 64-bit little-endian ELF file (no segments) with these
+    /// sections: (name, `sh_type`, contents).
+    pub(crate) fn elf(sections: &[(&str, u32, Vec<u8>)]) -> Vec<u8> {
+        let mut names = vec![0u8];
+        let mut name_at = Vec::new();
+        for (n, _, _) in sections {
+            name_at.push(names.len() as u32);
+            names.extend_from_slice(n.as_bytes());
+            names.push(0);
+        }
+        let shstrtab_name = names.len() as u32;
+        names.extend_from_slice(b".shstrtab\0");
+        let mut out = vec![0u8; 64];
+        let mut placed = Vec::new();
+        for (_, _, data) in sections {
+            while !out.len().is_multiple_of(8) {
+                out.push(0);
+            }
+            placed.push((out.len() as u64, data.len() as u64));
+            out.extend_from_slice(data);
+        }
+        let names_at = out.len() as u64;
+        out.extend_from_slice(&names);
+        while !out.len().is_multiple_of(8) {
+            out.push(0);
+        }
+        let shoff = out.len() as u64;
+        let shnum = sections.len() as u16 + 2;
+        let mut sh = |name: u32, ty: u32, off: u64, size: u64| {
+            out.extend_from_slice(&name.to_le_bytes());
+            out.extend_from_slice(&ty.to_le_bytes());
+            out.extend_from_slice(&0u64.to_le_bytes()); // flags
+            out.extend_from_slice(&0u64.to_le_bytes()); // addr
+            out.extend_from_slice(&off.to_le_bytes());
+            out.extend_from_slice(&size.to_le_bytes());
+            out.extend_from_slice(&0u32.to_le_bytes()); // link
+            out.extend_from_slice(&0u32.to_le_bytes()); // info
+            out.extend_from_slice(&(if ty == 7 { 4u64 } else { 1u64 }).to_le_bytes());
+            out.extend_from_slice(&0u64.to_le_bytes()); // entsize
+        };
+        sh(0, 0, 0, 0);
+        for (i, (_, ty, _)) in sections.iter().enumerate() {
+            sh(name_at[i], *ty, placed[i].0, placed[i].1);
+        }
+        sh(shstrtab_name, 3, names_at, names.len() as u64);
+        let mut h = Vec::new();
+        h.extend_from_slice(b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0");
+        h.extend_from_slice(&3u16.to_le_bytes()); // ET_DYN
+        h.extend_from_slice(&62u16.to_le_bytes()); // EM_X86_64
+        h.extend_from_slice(&1u32.to_le_bytes());
+        h.extend_from_slice(&0u64.to_le_bytes()); // entry
+        h.extend_from_slice(&0u64.to_le_bytes()); // phoff
+        h.extend_from_slice(&shoff.to_le_bytes());
+        h.extend_from_slice(&0u32.to_le_bytes()); // flags
+        h.extend_from_slice(&64u16.to_le_bytes());
+        h.extend_from_slice(&56u16.to_le_bytes());
+        h.extend_from_slice(&0u16.to_le_bytes()); // phnum
+        h.extend_from_slice(&64u16.to_le_bytes());
+        h.extend_from_slice(&shnum.to_le_bytes());
+        h.extend_from_slice(&(shnum - 1).to_le_bytes()); // shstrndx
+        out[..64].copy_from_slice(&h);
+        out
+    }
+
+    /// A `.gnu_debuglink` section naming `name` with `crc`.
+    fn link(name: &[u8], crc: u32) -> (&'static str, u32, Vec<u8>) {
+        let mut d = name.to_vec();
+        d.push(0);
+        while !d.len().is_multiple_of(4) {
+            d.push(0);
+        }
+        d.extend_from_slice(&crc.to_le_bytes());
+        (".gnu_debuglink", 1, d)
+    }
+
+    /// A `.note.gnu.build-id` section.
+    fn build_id(id: &[u8]) -> (&'static str, u32, Vec<u8>) {
+        let mut d = Vec::new();
+        d.extend_from_slice(&4u32.to_le_bytes());
+        d.extend_from_slice(&(id.len() as u32).to_le_bytes());
+        d.extend_from_slice(&3u32.to_le_bytes()); // NT_GNU_BUILD_ID
+        d.extend_from_slice(b"GNU\0");
+        d.extend_from_slice(id);
+        while !d.len().is_multiple_of(4) {
+            d.push(0);
+        }
+        (".note.gnu.build-id", 7, d)
+    }
+
+    /// A debug file: `.debug_info` (empty of units) and maybe a build id.
+    fn debug_file(id: Option<&[u8]>) -> Vec<u8> {
+        let mut s = vec![(".debug_info", 1, Vec::new())];
+        s.extend(id.map(build_id));
+        elf(&s)
+    }
+
+    /// A module without DWARF whose debug link names `name`, the CRC
+    /// that of `debug`.
+    fn module(name: &[u8], debug: &[u8]) -> Vec<u8> {
+        elf(&[link(name, crc32fast::hash(debug))])
+    }
+
+    fn load(dir: &Path, dirs: &[PathBuf]) -> ElfFile {
+        let (p, dirs) = (dir.join("dl"), dirs.to_vec());
+        within("loading the module", move || {
+            ElfFile::load(&p, Path::new("/home/u/dl"), &dirs).unwrap()
+        })
+    }
+
+    #[test]
+    fn a_debug_link_beside_the_module_is_found() {
+        let s = Scratch::new("elf-beside");
+        let d = debug_file(None);
+        std::fs::write(s.0.join("dl"), module(b"dl.debug", &d)).unwrap();
+        std::fs::write(s.0.join("dl.debug"), &d).unwrap();
+        let e = load(&s.0, &[]);
+        assert_eq!(e.debug_source, DebugSource::Separate(s.0.join("dl.debug")));
+        assert!(e.debug_refused.is_empty(), "{:?}", e.debug_refused);
+        std::fs::remove_file(s.0.join("dl.debug")).unwrap();
+        std::fs::create_dir(s.0.join(".debug")).unwrap();
+        std::fs::write(s.0.join(".debug/dl.debug"), &d).unwrap();
+        let e = load(&s.0, &[]);
+        assert_eq!(
+            e.debug_source,
+            DebugSource::Separate(s.0.join(".debug/dl.debug"))
+        );
+        let (path, dwarf) = e.symbolizer_source();
+        assert!(path.starts_with("/proc/self/fd/"), "{path:?}");
+        assert!(
+            dwarf,
+            "a debug file naming no other file: its DWARF is read"
+        );
+    }
+
+    #[test]
+    fn a_fifo_named_by_the_debug_link_is_not_opened() {
+        let s = Scratch::new("elf-fifo");
+        std::fs::write(s.0.join("dl"), module(b"dl.debug", b"x\n")).unwrap();
+        mkfifo(&s.0.join("dl.debug"));
+        let e = load(&s.0, &[]);
+        assert_eq!(e.debug_source, DebugSource::None);
+        assert!(
+            matches!(
+                &e.debug_refused[..],
+                [OpenError::NotRegular {
+                    kind: open::FileKind::Fifo,
+                    ..
+                }]
+            ),
+            "{:?}",
+            e.debug_refused
+        );
+        // The symbolizer reads the module's symbol tables only: it would
+        // follow the debug link itself.
+        assert!(!e.symbolizer_source().1);
+    }
+
+    #[test]
+    fn a_debug_link_name_with_a_slash_is_refused() {
+        let s = Scratch::new("elf-abs");
+        let other = Scratch::new("elf-abs-target");
+        let d = debug_file(None);
+        let target = other.0.join("real.debug");
+        std::fs::write(&target, &d).unwrap();
+        for name in [
+            target.display().to_string(),
+            "../x/real.debug".into(),
+            "..".into(),
+        ] {
+            std::fs::write(s.0.join("dl"), module(name.as_bytes(), &d)).unwrap();
+            let e = load(&s.0, &[]);
+            assert_eq!(e.debug_source, DebugSource::None, "{name}");
+            assert!(
+                matches!(&e.debug_refused[..], [OpenError::BadLinkName { .. }]),
+                "{name}: {:?}",
+                e.debug_refused
+            );
+        }
+    }
+
+    #[test]
+    fn a_link_beside_the_module_is_not_followed() {
+        let s = Scratch::new("elf-link");
+        let other = Scratch::new("elf-link-target");
+        let d = debug_file(None);
+        std::fs::write(other.0.join("real.debug"), &d).unwrap();
+        std::fs::write(s.0.join("dl"), module(b"dl.debug", &d)).unwrap();
+        std::os::unix::fs::symlink(other.0.join("real.debug"), s.0.join("dl.debug")).unwrap();
+        let e = load(&s.0, &[]);
+        assert_eq!(e.debug_source, DebugSource::None);
+        assert!(
+            matches!(
+                &e.debug_refused[..],
+                [OpenError::NotRegular {
+                    kind: open::FileKind::Symlink,
+                    ..
+                }]
+            ),
+            "{:?}",
+            e.debug_refused
+        );
+        // A device, likewise never opened.
+        std::fs::remove_file(s.0.join("dl.debug")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", s.0.join("dl.debug")).unwrap();
+        let e = load(&s.0, &[]);
+        assert_eq!(e.debug_source, DebugSource::None);
+        assert_eq!(e.debug_refused.len(), 1, "{:?}", e.debug_refused);
+    }
+
+    #[test]
+    fn a_debug_file_over_the_bound_is_not_read() {
+        let s = Scratch::new("elf-large");
+        let d = debug_file(None);
+        std::fs::write(s.0.join("dl"), module(b"dl.debug", &d)).unwrap();
+        let f = std::fs::File::create(s.0.join("dl.debug")).unwrap();
+        use std::io::Write;
+        (&f).write_all(&d).unwrap();
+        // Sparse: no disk used, and never read.
+        f.set_len(open::MAX_DEBUG_FILE_BYTES + 1).unwrap();
+        let t = std::time::Instant::now();
+        let e = load(&s.0, &[]);
+        assert_eq!(e.debug_source, DebugSource::None);
+        assert!(
+            matches!(
+                &e.debug_refused[..],
+                [OpenError::TooLarge { size, max, .. }]
+                    if *size == open::MAX_DEBUG_FILE_BYTES + 1 && *max == open::MAX_DEBUG_FILE_BYTES
+            ),
+            "{:?}",
+            e.debug_refused
+        );
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_build_id_file_is_found_through_a_link_beneath_the_debug_dir() {
+        let s = Scratch::new("elf-bid");
+        let dbg = Scratch::new("elf-bid-dir");
+        let id = [0xab, 0xcd, 0xef, 0x01, 0x23];
+        std::fs::write(s.0.join("dl"), elf(&[build_id(&id)])).unwrap();
+        // Fedora's layout: .build-id/ab/cdef0123.debug a relative link to
+        // the debug file elsewhere under the debug directory.
+        std::fs::create_dir_all(dbg.0.join(".build-id/ab")).unwrap();
+        std::fs::create_dir_all(dbg.0.join("usr/bin")).unwrap();
+        std::fs::write(dbg.0.join("usr/bin/dl.debug"), debug_file(Some(&id))).unwrap();
+        std::os::unix::fs::symlink(
+            "../../usr/bin/dl.debug",
+            dbg.0.join(".build-id/ab/cdef0123.debug"),
+        )
+        .unwrap();
+        let e = load(&s.0, std::slice::from_ref(&dbg.0));
+        assert_eq!(
+            e.debug_source,
+            DebugSource::Separate(dbg.0.join(".build-id/ab/cdef0123.debug"))
+        );
+        // Another build id's file under that name is not the module's.
+        std::fs::write(dbg.0.join("usr/bin/dl.debug"), debug_file(Some(&[1, 2, 3]))).unwrap();
+        assert_eq!(
+            load(&s.0, std::slice::from_ref(&dbg.0)).debug_source,
+            DebugSource::None
+        );
+        // A link out of the debug directory is not followed.
+        std::fs::remove_file(dbg.0.join(".build-id/ab/cdef0123.debug")).unwrap();
+        let outside = s.0.join("outside.debug");
+        std::fs::write(&outside, debug_file(Some(&id))).unwrap();
+        std::os::unix::fs::symlink(&outside, dbg.0.join(".build-id/ab/cdef0123.debug")).unwrap();
+        let e = load(&s.0, std::slice::from_ref(&dbg.0));
+        assert_eq!(e.debug_source, DebugSource::None);
+        assert!(
+            matches!(&e.debug_refused[..], [OpenError::Escapes { .. }]),
+            "{:?}",
+            e.debug_refused
+        );
+    }
+
+    #[test]
+    fn a_module_that_is_a_fifo_is_refused() {
+        let s = Scratch::new("elf-modfifo");
+        mkfifo(&s.0.join("dl"));
+        let p = s.0.join("dl");
+        let e = within("loading a FIFO", move || {
+            ElfFile::load(&p, Path::new("/home/u/dl"), &[]).unwrap_err()
+        });
+        assert!(e.why.contains("is a FIFO, not a regular file"), "{e}");
+    }
 }

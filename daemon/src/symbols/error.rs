@@ -248,6 +248,72 @@ pub enum SymbolError {
         /// Why.
         why: String,
     },
+    /// A module file the answer needs has been loading for longer than a
+    /// request waits (its file is slow to open or read): its load goes on,
+    /// and the same request may succeed later.
+    #[error(
+        "module {module} of process {pid} is still loading (for {since_ms} ms: its file is slow \
+         to open or read); ask again later"
+    )]
+    ModuleLoading {
+        /// Process.
+        pid: Pid,
+        /// The module's path in the process.
+        module: String,
+        /// How long it has been loading.
+        since_ms: u64,
+    },
+    /// A module file the answer needs was not loaded: the processes of its
+    /// owner have as many loads in flight as they may (or the daemon has).
+    #[error(
+        "module {module} of process {pid} was not loaded: {in_flight} module files of processes \
+         of uid {uid} are loading already (at most {max} at once); ask again once they are \
+         loaded"
+    )]
+    TooManyLoads {
+        /// Process.
+        pid: Pid,
+        /// The module's path in the process.
+        module: String,
+        /// The owner (real uid) whose loads count together.
+        uid: u32,
+        /// Loads in flight.
+        in_flight: usize,
+        /// The bound reached.
+        max: usize,
+    },
+}
+
+impl SymbolError {
+    /// The error for a module file of `pid` still loading or not loaded
+    /// for the loads in flight; [`SymbolError::Unreadable`] for one that
+    /// cannot be read.
+    pub fn loading(pid: Pid, e: super::LoadError) -> SymbolError {
+        use super::LoadError as L;
+        match e {
+            L::Loading { module, since } => SymbolError::ModuleLoading {
+                pid,
+                module,
+                since_ms: since.as_millis() as u64,
+            },
+            L::Busy {
+                module,
+                uid,
+                in_flight,
+                max,
+            } => SymbolError::TooManyLoads {
+                pid,
+                module,
+                uid,
+                in_flight,
+                max,
+            },
+            L::Unreadable(e) => SymbolError::Unreadable {
+                pid,
+                why: e.to_string(),
+            },
+        }
+    }
 }
 
 fn unknown_message(

@@ -1,6 +1,17 @@
 //! Where hits come from: instruction pointers symbolized by `blazesym` on a
 //! thread of its own (its symbolizer is `!Send`), never on the hit path.
 //!
+//! One such thread per owner (real uid) of the processes symbolized
+//! (`wpd-sym-UID`): the files a process maps and the debug files they name
+//! are its owner's choice, and a file that is slow to read (on a FUSE or NFS
+//! server that stalls) delays only its owner's events. `blazesym` is given
+//! only files the loader (`files.rs`) opened and checked, as
+//! `/proc/self/fd/N`, and never a file naming other files (which it would
+//! open by path itself): their symbol tables only. A module whose file has
+//! not loaded within [`EVENT_WAIT`](super::files::EVENT_WAIT) of its load's
+//! start gives its hits a place naming the module only, not kept: later
+//! hits get the places once it is loaded.
+//!
 //! A hit carries its process's [`Image`] (one per exec): the image reads
 //! `/proc/PID/maps` once, and again only for an address no mapping of the
 //! last read holds (a library loaded since); it caches every frame it has
@@ -24,6 +35,7 @@ use std::sync::{Arc, Mutex, OnceLock, mpsc};
 
 use dashmap::DashMap;
 
+use super::files::{EVENT_WAIT, LoadError};
 use super::maps::{self, MappedFile};
 use super::{FileKey, Symbols};
 use crate::model::Pid;
@@ -127,6 +139,9 @@ pub struct Image {
     /// process nobody asked to symbolize is not looked up (the journal
     /// encodes every hit and tries its location).
     any: AtomicBool,
+    /// The process's owner (real uid), read at its first symbolization:
+    /// which symbolizer thread it goes to.
+    owner: OnceLock<u32>,
 }
 
 impl std::fmt::Debug for Image {
@@ -147,7 +162,16 @@ impl Image {
             frames: DashMap::default(),
             retired: AtomicBool::new(false),
             any: AtomicBool::new(false),
+            owner: OnceLock::new(),
         })
+    }
+
+    /// The process's owner (real uid; `u32::MAX` when it is gone before
+    /// its first symbolization).
+    fn owner(&self) -> u32 {
+        *self
+            .owner
+            .get_or_init(|| crate::procfs::creds(self.pid).map_or(u32::MAX, |(uids, _, _)| uids[0]))
     }
 
     /// The process called exec or is gone: what is cached stays, nothing
@@ -200,7 +224,9 @@ impl Image {
 struct Job {
     image: Arc<Image>,
     lookups: Vec<u64>,
-    reply: tokio::sync::oneshot::Sender<()>,
+    /// Done; with the places given for now (not kept) to addresses whose
+    /// module has not loaded yet.
+    reply: tokio::sync::oneshot::Sender<Vec<(u64, Arc<Place>)>>,
 }
 
 /// What the symbolizer thread is asked.
@@ -212,10 +238,11 @@ enum Msg {
     Sweep,
 }
 
-/// The symbolizer: a thread owning a `blazesym::symbolize::Symbolizer`,
-/// fed through a channel.
+/// The symbolizer: a thread per owner of the processes symbolized, each
+/// owning a `blazesym::symbolize::Symbolizer`, fed through a channel.
 pub struct Locator {
-    tx: OnceLock<Mutex<mpsc::Sender<Msg>>>,
+    /// The threads' channels, by owner (started on first use).
+    tx: Mutex<HashMap<u32, mpsc::Sender<Msg>>>,
     places: AtomicU64,
     place_bytes: AtomicU64,
     /// Where the symbolizer looks for separate debug files.
@@ -232,7 +259,7 @@ impl Locator {
     /// A locator whose symbolizer looks for debug files in `debug_dirs`.
     pub fn with_debug_dirs(debug_dirs: Vec<PathBuf>) -> Self {
         Locator {
-            tx: OnceLock::new(),
+            tx: Mutex::default(),
             places: AtomicU64::new(0),
             place_bytes: AtomicU64::new(0),
             debug_dirs,
@@ -291,14 +318,21 @@ impl Symbols {
             lookups: at.iter().map(|&(_, lookup)| lookup).collect(),
             reply,
         };
-        if self.sender().lock().unwrap().send(Msg::Locate(job)).is_ok() {
-            let _ = done.await;
+        let mut for_now = Vec::new();
+        if self.send(image.owner(), Msg::Locate(job)) {
+            for_now = done.await.unwrap_or_default();
         }
         at.iter()
             .map(|&(ip, lookup)| Frame {
                 ip,
                 lookup,
-                place: image.cached(lookup).unwrap_or_default(),
+                place: image.cached(lookup).unwrap_or_else(|| {
+                    for_now
+                        .iter()
+                        .find(|(a, _)| *a == lookup)
+                        .map(|(_, p)| p.clone())
+                        .unwrap_or_default()
+                }),
             })
             .collect()
     }
@@ -314,41 +348,47 @@ impl Symbols {
     /// the symbolizer drops what it holds for modules that no current image
     /// maps, closing their files. Nothing to do before the first hit.
     pub fn sweep(&self) {
-        if let Some(tx) = self.locator.tx.get() {
-            let _ = tx.lock().unwrap().send(Msg::Sweep);
+        for tx in self.locator.tx.lock().unwrap().values() {
+            let _ = tx.send(Msg::Sweep);
         }
     }
 
-    fn sender(self: &Arc<Self>) -> &Mutex<mpsc::Sender<Msg>> {
-        self.locator.tx.get_or_init(|| {
-            let (tx, rx) = mpsc::channel::<Msg>();
-            let me = Arc::downgrade(self);
-            let dirs = self.locator.debug_dirs.clone();
-            std::thread::Builder::new()
-                .name("wpd-symbols".into())
-                .spawn(move || worker(me, rx, dirs))
-                .expect("spawn the symbolizer thread");
-            Mutex::new(tx)
-        })
-    }
-}
-
-/// A stable path for a module file, so that every process mapping it
-/// shares the symbolizer's parse of it: its plain path when that is the
-/// same file, else the one through the process's root.
-fn stable_path(pid: Pid, f: &MappedFile) -> PathBuf {
-    let plain = PathBuf::from(&f.path);
-    let via_root = f.open_path(pid);
-    if via_root.starts_with(format!("/proc/{pid}/root")) {
-        use std::os::unix::fs::MetadataExt;
-        if let (Ok(a), Ok(b)) = (std::fs::metadata(&plain), std::fs::metadata(&via_root))
-            && a.ino() == b.ino()
-            && a.dev() == b.dev()
+    /// Sends `msg` to the symbolizer thread of `owner`'s processes,
+    /// starting it on first use; false when it cannot be.
+    fn send(self: &Arc<Self>, owner: u32, msg: Msg) -> bool {
+        let mut txs = self.locator.tx.lock().unwrap();
+        if let Some(tx) = txs.get(&owner) {
+            return tx.send(msg).is_ok();
+        }
+        let (tx, rx) = mpsc::channel::<Msg>();
+        let me = Arc::downgrade(self);
+        let dirs = self.locator.debug_dirs.clone();
+        let name = if owner == u32::MAX {
+            "wpd-sym-gone".to_string()
+        } else {
+            format!("wpd-sym-{owner}")
+        };
+        match std::thread::Builder::new()
+            .name(name)
+            .spawn(move || worker(me, rx, dirs))
         {
-            return plain;
+            Ok(_) => {
+                let sent = tx.send(msg).is_ok();
+                txs.insert(owner, tx);
+                sent
+            }
+            Err(e) => {
+                tracing::error!(owner, error = %e, "cannot start a symbolizer thread");
+                false
+            }
         }
     }
-    via_root
+
+    /// The symbolizer threads running (one per owner of the processes
+    /// symbolized).
+    pub fn symbolizer_threads(&self) -> usize {
+        self.locator.tx.lock().unwrap().len()
+    }
 }
 
 /// (file with its directory, line, column).
@@ -422,6 +462,7 @@ fn worker(symbols: std::sync::Weak<Symbols>, rx: mpsc::Receiver<Msg>, debug_dirs
             }
         };
         let image = &job.image;
+        let mut for_now: Vec<(u64, Arc<Place>)> = Vec::new();
         // The addresses not cached yet, by module.
         let mut by_file: HashMap<FileKey, (MappedFile, Vec<u64>)> = HashMap::new();
         for &a in &job.lookups {
@@ -454,7 +495,23 @@ fn worker(symbols: std::sync::Weak<Symbols>, rx: mpsc::Receiver<Msg>, debug_dirs
                 seen.retain(|w| w.strong_count() > 0);
                 seen.push(Arc::downgrade(image));
             }
-            let elf = symbols.files.file(image.pid, &f).ok();
+            let elf = match symbols.files.file_within(image.pid, &f, EVENT_WAIT) {
+                Ok(e) => Some(e),
+                Err(LoadError::Unreadable(e)) => {
+                    tracing::debug!(pid = image.pid, error = %e, "module not symbolized");
+                    None
+                }
+                Err(e) => {
+                    // Not loaded yet: the module only, for now, not kept.
+                    tracing::debug!(pid = image.pid, error = %e, "hits go out unsymbolized");
+                    let p = Arc::new(Place {
+                        module: Some(f.path.clone()),
+                        ..Place::default()
+                    });
+                    for_now.extend(addrs.iter().map(|&a| (a, p.clone())));
+                    continue;
+                }
+            };
             let bias = elf
                 .as_ref()
                 .and_then(|e| f.mappings.first().and_then(|m| e.bias(m.start, m.offset)))
@@ -475,21 +532,24 @@ fn worker(symbols: std::sync::Weak<Symbols>, rx: mpsc::Receiver<Msg>, debug_dirs
             if todo.is_empty() {
                 continue;
             }
-            // A separate debug file found by build id (or any we found that
-            // the module itself does not name in a debug link, which is all
-            // blazesym follows) is symbolized directly: it has the module's
-            // addresses, its symbol table and its DWARF.
-            let path = match elf.as_ref().map(|e| &e.debug_source) {
-                Some(super::elf::DebugSource::Separate(p)) => p.clone(),
-                _ => stable_path(image.pid, &f),
+            // The file the loader checked and holds open: the separate debug
+            // file when one was found (it has the module's addresses, its
+            // symbol table and its DWARF), else the module; its DWARF read
+            // only when it names no other file. A module that could not be
+            // read is not symbolized (its place names the module only).
+            let found = match elf.as_ref() {
+                Some(e) => {
+                    let (path, dwarf) = e.symbolizer_source();
+                    let mut src = blazesym::symbolize::source::Elf::new(&path);
+                    src.debug_syms = dwarf;
+                    let src = blazesym::symbolize::source::Source::Elf(src);
+                    let vaddrs: Vec<u64> = todo.iter().map(|(_, v)| *v).collect();
+                    symbolizer
+                        .symbolize(&src, blazesym::symbolize::Input::VirtOffset(&vaddrs))
+                        .unwrap_or_default()
+                }
+                None => Vec::new(),
             };
-            let src = blazesym::symbolize::source::Source::Elf(
-                blazesym::symbolize::source::Elf::new(&path),
-            );
-            let vaddrs: Vec<u64> = todo.iter().map(|(_, v)| *v).collect();
-            let found = symbolizer
-                .symbolize(&src, blazesym::symbolize::Input::VirtOffset(&vaddrs))
-                .unwrap_or_default();
             for (i, (a, v)) in todo.iter().enumerate() {
                 let mut place = Place {
                     module: Some(f.path.clone()),
@@ -539,7 +599,7 @@ fn worker(symbols: std::sync::Weak<Symbols>, rx: mpsc::Receiver<Msg>, debug_dirs
                 image.put(*a, p);
             }
         }
-        let _ = job.reply.send(());
+        let _ = job.reply.send(for_now);
     }
 }
 
@@ -564,5 +624,47 @@ mod tests {
         // The images of other processes (or of this one before an exec)
         // are their own.
         assert!(Image::new(1).cached(0x1000).is_none());
+    }
+
+    /// A hit in a module whose load has not finished within the wait goes
+    /// out at once naming its module only, and nothing is kept for it: a
+    /// later hit, once the module is loaded, gets its place.
+    #[tokio::test]
+    async fn a_hit_in_a_module_still_loading_names_the_module_only() {
+        let symbols = Arc::new(Symbols::new());
+        let me = std::process::id() as Pid;
+        let exe = super::super::resolve::exe_key(me).expect("this process's executable");
+        let exe_file = maps::read(me)
+            .unwrap()
+            .into_iter()
+            .find(|f| FileKey::of(f) == exe)
+            .expect("the executable is mapped");
+        let ip = exe_file
+            .mappings
+            .iter()
+            .find(|m| m.exec)
+            .expect("code")
+            .start
+            + 0x11;
+        super::super::files::tests::stall(
+            &symbols.files,
+            exe,
+            EVENT_WAIT + std::time::Duration::from_secs(1),
+        );
+        let image = Image::new(me);
+        let t = std::time::Instant::now();
+        let frames = symbols.frames(&image, &[ip]).await;
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(2),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(
+            frames[0].place.module.as_deref(),
+            Some(exe_file.path.as_str())
+        );
+        assert_eq!(frames[0].place.function, None);
+        assert!(image.cached(ip - 1).is_none(), "not kept");
+        assert_eq!(symbols.symbolizer_threads(), 1);
     }
 }

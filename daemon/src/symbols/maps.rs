@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::open::{OpenError, Opened};
 use crate::model::Pid;
 
 /// One line of `/proc/PID/maps` that maps a file.
@@ -73,6 +74,15 @@ impl MappedFile {
     }
 }
 
+/// A device number as `/proc/PID/maps` prints it (`fd:01`).
+fn dev_text(dev: u64) -> String {
+    let (maj, min) = (
+        ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff),
+        (dev & 0xff) | ((dev >> 12) & !0xff),
+    );
+    format!("{maj:02x}:{min:02x}")
+}
+
 /// Whether `path` is the file `dev`/`inode` (a library upgraded in place
 /// keeps its name, not its inode).
 fn same_file(path: &Path, dev: &str, inode: u64) -> bool {
@@ -80,11 +90,55 @@ fn same_file(path: &Path, dev: &str, inode: u64) -> bool {
     let Ok(md) = std::fs::metadata(path) else {
         return false;
     };
-    let (maj, min) = (
-        ((md.dev() >> 8) & 0xfff) | ((md.dev() >> 32) & !0xfff),
-        (md.dev() & 0xff) | ((md.dev() >> 12) & !0xff),
-    );
-    md.ino() == inode && format!("{maj:02x}:{min:02x}") == dev
+    md.ino() == inode && dev_text(md.dev()) == dev
+}
+
+impl MappedFile {
+    /// The file opened for reading by the daemon (`open.rs`: a regular
+    /// file, without blocking), checked to be the file mapped (device and
+    /// inode): through the process's root, its last component not followed
+    /// if a link, or else through its mapping in `map_files` (deleted or
+    /// replaced since). Also where the daemon reaches the directory it is
+    /// in, for its debug link: the process's root and the directory of its
+    /// path.
+    pub fn open(&self, pid: Pid) -> Result<(Opened, PathBuf), OpenError> {
+        let mapped = |o: &Opened| o.ino == self.inode && dev_text(o.dev) == self.dev;
+        let root = PathBuf::from(format!("/proc/{pid}/root{}", self.path));
+        let mut refused = None;
+        if !self.path.ends_with(" (deleted)") {
+            match super::open::open_file(&root) {
+                Ok(o) if mapped(&o) => return Ok((o, root)),
+                Ok(_) => {}
+                Err(e) if e.is_absent() => {}
+                Err(e) => refused = Some(e),
+            }
+        }
+        let Some(m) = self.mappings.first() else {
+            return Err(refused.unwrap_or(OpenError::NotMapped {
+                path: root.display().to_string(),
+            }));
+        };
+        let via = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end));
+        match super::open::open_magic(&via) {
+            Ok(o) if mapped(&o) => Ok((o, via)),
+            Ok(_) => Err(OpenError::NotMapped {
+                path: via.display().to_string(),
+            }),
+            Err(e) => Err(refused.unwrap_or(e)),
+        }
+    }
+
+    /// Its directory as the daemon reaches it: through the process's root.
+    pub fn dir_path(&self, pid: Pid) -> (PathBuf, PathBuf) {
+        let ns_dir = Path::new(&self.path)
+            .parent()
+            .unwrap_or(Path::new("/"))
+            .to_path_buf();
+        (
+            PathBuf::from(format!("/proc/{pid}/root{}", ns_dir.display())),
+            ns_dir,
+        )
+    }
 }
 
 /// Parses one line of `/proc/PID/maps`; `None` for anonymous and special

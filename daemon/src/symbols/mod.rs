@@ -13,7 +13,9 @@
 //!
 //! Rooms: `expr.rs` (the expression grammar), `eval.rs` (expressions over
 //! DWARF types), `maps.rs` (`/proc/PID/maps`),
-//! `files.rs` (the module files held loaded), `elf.rs` (one module file,
+//! `files.rs` (the module files held loaded, each loaded on a thread of
+//! its own), `open.rs` (how any file is opened: regular files only,
+//! without blocking), `elf.rs` (one module file,
 //! its debug file), `dwarf.rs` (variables and types), `resolve.rs` (a name
 //! to an address, in steps), `linkmap.rs` (the order the dynamic linker
 //! loaded the modules in), `error.rs` (why a name does not resolve),
@@ -32,6 +34,7 @@ pub mod lines;
 mod linkmap;
 pub mod locate;
 pub mod maps;
+pub mod open;
 mod resolve;
 pub mod unwind;
 
@@ -40,7 +43,7 @@ use std::sync::Arc;
 use crate::model::Pid;
 use elf::{ElfFile, SymKind};
 pub use error::SymbolError;
-pub use files::{FileKey, Files};
+pub use files::{FileKey, Files, LoadError};
 pub use locate::{Frame, Image, Locator};
 use maps::MappedFile;
 
@@ -191,8 +194,23 @@ impl Symbols {
         Self::default()
     }
 
-    fn file(&self, pid: Pid, f: &MappedFile) -> Result<Arc<ElfFile>, elf::ElfError> {
+    fn file(&self, pid: Pid, f: &MappedFile) -> Result<Arc<ElfFile>, files::LoadError> {
         self.files.file(pid, f)
+    }
+
+    /// The file of a module `pid` maps, for an answer that needs it: `None`
+    /// when it cannot be read (the module is passed over, as one without
+    /// symbols), an error when it is still loading or could not be loaded
+    /// yet (an answer without it could be wrong).
+    fn module(&self, pid: Pid, f: &MappedFile) -> Result<Option<Arc<ElfFile>>, SymbolError> {
+        match self.file(pid, f) {
+            Ok(e) => Ok(Some(e)),
+            Err(files::LoadError::Unreadable(e)) => {
+                tracing::debug!(pid, error = %e, "module file skipped");
+                Ok(None)
+            }
+            Err(e) => Err(SymbolError::loading(pid, e)),
+        }
     }
 
     /// Counters.
@@ -297,7 +315,7 @@ impl Symbols {
             })
         });
         let Some(f) = f else { return Ok(info) };
-        let Ok(elf) = self.file(pid, f) else {
+        let Some(elf) = self.module(pid, f)? else {
             return Ok(info);
         };
         let Some(bias) = Self::bias(&elf, f) else {

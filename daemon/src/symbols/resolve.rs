@@ -497,7 +497,7 @@ impl Symbols {
         if expr.root.root_name().is_none() {
             return self.at_number(pid, &expr, &searched, len);
         }
-        let mut found = self.candidates(pid, &expr, access, &searched);
+        let mut found = self.candidates(pid, &expr, access, &searched)?;
         if found.candidates.is_empty() {
             return Err(SymbolError::Unknown {
                 pid,
@@ -526,7 +526,7 @@ impl Symbols {
                 .any(|(a, b)| !std::ptr::eq(*a, *b))
             {
                 searched = order;
-                found = self.candidates(pid, &expr, access, &searched);
+                found = self.candidates(pid, &expr, access, &searched)?;
             }
         }
         let (c, note) = pick(pid, &expr, access, &found, searched.len())?;
@@ -606,7 +606,9 @@ impl Symbols {
         let mut first: Option<(&MappedFile, Arc<ElfFile>, u64)> = None;
         let mut chosen = None;
         for &f in searched {
-            let Ok(elf) = self.file(pid, f) else { continue };
+            let Some(elf) = self.module(pid, f)? else {
+                continue;
+            };
             let Some(bias) = Self::bias(&elf, f) else {
                 continue;
             };
@@ -651,19 +653,17 @@ impl Symbols {
         expr: &Expr,
         access: Access,
         searched: &[&'f MappedFile],
-    ) -> Found<'f> {
+    ) -> Result<Found<'f>, SymbolError> {
         let mut found = Found {
             candidates: Vec::new(),
             stripped: Vec::new(),
             loaded: Vec::new(),
         };
         for &f in searched {
-            let elf = match self.file(pid, f) {
-                Ok(e) => e,
-                Err(e) => {
-                    tracing::debug!(pid, error = ?e.to_string(), "module file skipped");
-                    continue;
-                }
+            // A module still loading fails the answer: the name might be
+            // its, or bound by it.
+            let Some(elf) = self.module(pid, f)? else {
+                continue;
             };
             let Some(bias) = Self::bias(&elf, f) else {
                 continue;
@@ -701,7 +701,7 @@ impl Symbols {
                 break;
             }
         }
-        found
+        Ok(found)
     }
 
     /// The resolution of `expr` to candidate `c`: its object, the length

@@ -183,8 +183,12 @@ impl Symbols {
             if let Some((_, hit)) = cache.iter().find(|(j, _)| *j == i) {
                 return hit.clone();
             }
+            // On the hit path (a tracer's backtraces): a module not
+            // loaded within the symbolizer's wait is unwound by frame
+            // pointers.
             let got = self
-                .file(pid, f)
+                .files
+                .file_within(pid, f, super::files::EVENT_WAIT)
                 .ok()
                 .and_then(|e| Some((e.clone(), Self::bias(&e, f)?)));
             cache.push((i, got.clone()));
