@@ -83,8 +83,10 @@ struct Args {
     /// received is closed.
     #[arg(long, default_value_t = ConnLimits::default().idle.as_secs())]
     idle_timeout: u64,
-    /// File descriptors perf events leave free for connections and the
-    /// daemon's own files (default: the connection limits plus 64).
+    /// File descriptors callers' watchpoints and code events leave free for
+    /// connections and the daemon's own files (default: the connection
+    /// limits, the module files the symbol layer holds open and loads at
+    /// once, plus 64).
     #[arg(long)]
     fd_headroom: Option<u64>,
     /// File listing the ptrace-attached processes, for a restarted daemon to
@@ -368,7 +370,7 @@ fn config(args: &Args) -> Result<wpd::startup::Config, String> {
     };
     let fd_headroom = args
         .fd_headroom
-        .unwrap_or((conns.total + conns.privileged_reserve) as u64 + 64);
+        .unwrap_or((conns.total + conns.privileged_reserve + wpd::symbols::FILES_HELD) as u64 + 64);
     Ok(wpd::startup::Config {
         listen,
         server: wpd::rpc::serve::Options {

@@ -29,6 +29,10 @@ mod error;
 pub mod eval;
 pub mod expr;
 mod files;
+
+/// Module files the symbol layer holds open at most, and loads in flight:
+/// the daemon's own fds its default `--fd-headroom` leaves room for.
+pub const FILES_HELD: usize = files::MAX_FILES + files::LOADS_IN_FLIGHT;
 pub mod frame;
 pub mod lines;
 mod linkmap;
