@@ -29,6 +29,11 @@ pub struct Agg {
     pub values: Vec<Vec<u8>>,
     /// The thread's name at its first hit here.
     pub thread_name: std::sync::Arc<str>,
+    /// The process of its thread (the watched one, or a forked child).
+    pub pid: crate::model::Pid,
+    /// Who that process was at its latest hit here: who may see the entry
+    /// (`authz::Visibility::admits`), as for the hits themselves.
+    pub owner: Option<std::sync::Arc<crate::events::Owner>>,
 }
 
 /// A watchpoint's aggregates.
@@ -58,10 +63,12 @@ impl Aggregates {
 
     /// Counts a hit (`name` gives the thread's name for a new pair); true
     /// when it is to be streamed as a sample.
+    #[allow(clippy::too_many_arguments)]
     pub fn record(
         &self,
         ip: u64,
-        tid: Tid,
+        (pid, tid): (crate::model::Pid, Tid),
+        owner: Option<&std::sync::Arc<crate::events::Owner>>,
         value: Option<&[u8]>,
         time_ns: u64,
         now_ns: u64,
@@ -72,11 +79,18 @@ impl Aggregates {
             let mut t = self.table.lock().unwrap();
             let len = t.len();
             match t.get_mut(&(ip, tid)) {
-                Some(a) => update(a, value, time_ns),
+                Some(a) => {
+                    update(a, value, time_ns);
+                    if a.owner.as_ref() != owner {
+                        a.owner = owner.cloned();
+                    }
+                }
                 None if len < MAX_ENTRIES => {
                     let mut a = Agg {
                         first_ns: time_ns,
                         thread_name: name(),
+                        pid,
+                        owner: owner.cloned(),
                         ..Default::default()
                     };
                     update(&mut a, value, time_ns);
@@ -156,9 +170,15 @@ mod tests {
         for i in 0..1_000u64 {
             let t = i * 1_000_000;
             let v = (i % 10).to_le_bytes();
-            if a.record(0x10 + (i % 2), 7 + (i % 2) as i32, Some(&v), t, t, || {
-                "w".into()
-            }) {
+            if a.record(
+                0x10 + (i % 2),
+                (7, 7 + (i % 2) as i32),
+                None,
+                Some(&v),
+                t,
+                t,
+                || "w".into(),
+            ) {
                 sampled += 1;
             }
         }
@@ -179,7 +199,7 @@ mod tests {
     fn beyond_the_table_hits_are_counted_in_overflow() {
         let a = Aggregates::new(1);
         for i in 0..(MAX_ENTRIES as u64 + 10) {
-            a.record(i, 1, None, i, i, || "w".into());
+            a.record(i, (1, 1), None, None, i, i, || "w".into());
         }
         let (hits, _, over) = a.totals();
         assert_eq!(hits, MAX_ENTRIES as u64 + 10);

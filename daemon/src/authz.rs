@@ -519,6 +519,30 @@ impl Visibility {
     pub fn forget(&mut self, pid: Pid) {
         self.decided.retain(|(p, _), _| *p != pid);
     }
+
+    /// The one rule every read of events goes by (live streams, replays
+    /// from the journal, `GetRecentHits`, `GetHitAggregates`): whether
+    /// `caller` may see an event about `pid`, whose process was `owner`
+    /// when it happened (a forked child's hit: the child's own). A
+    /// privileged caller sees every event; another, those of processes the
+    /// kernel would let it trace ([`Visibility::may_see`]). `resets`: the
+    /// event may change who may see the process (an exec's, an exit's, a
+    /// removal's), so the decision is made again.
+    pub fn admits(
+        &mut self,
+        caller: &Caller,
+        pid: Pid,
+        owner: Option<&crate::events::Owner>,
+        resets: bool,
+    ) -> bool {
+        if caller.privileged {
+            return true;
+        }
+        if resets {
+            self.forget(pid);
+        }
+        self.may_see(caller, pid, owner)
+    }
 }
 
 /// The ownership part of the kernel's rule on a gone process's recorded

@@ -73,10 +73,8 @@ impl Core {
         let (watchpoints, owner) = match self.procs.get(&d.pid).map(|p| p.clone()) {
             Some(proc) => (proc.watch_ids(), Some(proc.owner.clone())),
             None => match self.covered.get(&d.pid).map(|c| c.clone()) {
-                Some(ids) => {
-                    let owner = ids.first().and_then(|id| self.owner_through(*id));
-                    (ids, owner)
-                }
+                // Judged on the child itself, as its hits are.
+                Some(ids) => (ids, self.child_owner(d.pid)),
                 None => return,
             },
         };

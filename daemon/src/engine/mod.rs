@@ -123,6 +123,9 @@ pub struct Core {
     pub objects: objects::Objects,
     /// Policies (`policy.rs`), by id (ids shared with watchpoints).
     policies: DashMap<WatchId, Arc<policy::Policy>>,
+    /// Forked children's identities, read for their hits
+    /// ([`Core::child_owner`]).
+    child_owners: DashMap<Pid, (Arc<crate::events::Owner>, Instant)>,
     /// Work for the policy thread, once a policy was set.
     policy_tx: Mutex<Option<mpsc::Sender<policy::PolicyMsg>>>,
     /// Thread names (`comm`) by tid, for hits: read once per thread, kept
@@ -206,6 +209,7 @@ impl Core {
                 symbols: Arc::new(crate::symbols::Symbols::with_debug_dirs(config.debug_dirs)),
                 pending_resolve: DashMap::new(),
                 policies: DashMap::new(),
+                child_owners: DashMap::new(),
                 objects: objects::Objects::default(),
                 policy_tx: Mutex::new(None),
                 names: DashMap::new(),
@@ -332,11 +336,36 @@ impl Core {
     }
 }
 
+/// How long a forked child's identity read for its hits is used before it
+/// is read again (a child may make itself undumpable at any time; one that
+/// is undumpable stays so until it execs, and then it has no watchpoints).
+const CHILD_OWNER_FRESH: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Forked children's identities kept at most (then all are read again).
+const CHILD_OWNERS: usize = 4096;
+
 impl Core {
-    /// The owner of the process watchpoint `id` is set on.
-    fn owner_through(&self, id: WatchId) -> Option<Arc<crate::events::Owner>> {
-        let pid = self.watches.get(&id)?.spec.pid;
-        self.procs.get(&pid).map(|p| p.owner.clone())
+    /// The identity of forked child `pid` for its hits: read from `/proc`,
+    /// again after [`CHILD_OWNER_FRESH`] unless it was undumpable already.
+    /// `None` once it is gone unread: its hits are then privileged callers'
+    /// only.
+    pub(super) fn child_owner(&self, pid: Pid) -> Option<Arc<crate::events::Owner>> {
+        if let Some(e) = self.child_owners.get(&pid)
+            && (!e.0.dumpable || e.1.elapsed() < CHILD_OWNER_FRESH)
+        {
+            return Some(e.0.clone());
+        }
+        let o = crate::state::owner_of(pid);
+        if o.start_time == 0 {
+            self.child_owners.remove(&pid);
+            return None;
+        }
+        let o = Arc::new(o);
+        if self.child_owners.len() >= CHILD_OWNERS {
+            self.child_owners.clear();
+        }
+        self.child_owners.insert(pid, (o.clone(), Instant::now()));
+        Some(o)
     }
 }
 
@@ -350,12 +379,12 @@ impl Host for Core {
         let mut owner = (pid != 0)
             .then(|| self.procs.get(&pid).map(|p| p.owner.clone()))
             .flatten();
-        // A forked child's hit: judged on the watched process it copies
-        // (`follow_forks`; it is not attached).
+        // A forked child's hit (`follow_forks`; it is not attached): judged
+        // on the child itself, which may have made itself undumpable.
         if owner.is_none()
             && let EventKind::Hit(h) = &ev
         {
-            owner = self.owner_through(h.id);
+            owner = self.child_owner(h.pid);
         }
         match &mut ev {
             EventKind::Hit(h) => {
@@ -365,7 +394,16 @@ impl Host for Core {
                     let now = crate::clock::realtime_ns();
                     let value = h.value.as_ref().ok().map(|v| &v[..]);
                     let (pid, tid) = (h.pid, h.tid);
-                    if !a.record(h.ip, tid, value, h.time_ns, now, || self.name_of(pid, tid)) {
+                    let name = || self.name_of(pid, tid);
+                    if !a.record(
+                        h.ip,
+                        (pid, tid),
+                        owner.as_ref(),
+                        value,
+                        h.time_ns,
+                        now,
+                        name,
+                    ) {
                         return;
                     }
                 }

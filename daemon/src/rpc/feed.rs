@@ -175,23 +175,21 @@ impl EventFeed {
         if self.pid != 0 && ev.kind.pid() != self.pid && !global {
             return false;
         }
-        if !global && !self.caller.privileged {
-            let pid = ev.kind.pid();
-            // An exec may have changed who may see the process (a setuid
-            // program), an exit ends it: decide again from the next event
-            // on.
-            if matches!(
-                &ev.kind,
-                EventKind::WatchpointRemoved { .. }
-                    | EventKind::WatchpointResolved { .. }
-                    | EventKind::ProcessLost { .. }
-                    | EventKind::ProcessExited { .. }
-            ) {
-                self.visible.forget(pid);
-            }
-            if !self.visible.may_see(&self.caller, pid, ev.owner.as_deref()) {
-                return false;
-            }
+        // An exec may have changed who may see the process (a setuid
+        // program), an exit ends it: decided again from the next event on.
+        let resets = matches!(
+            &ev.kind,
+            EventKind::WatchpointRemoved { .. }
+                | EventKind::WatchpointResolved { .. }
+                | EventKind::ProcessLost { .. }
+                | EventKind::ProcessExited { .. }
+        );
+        if !global
+            && !self
+                .visible
+                .admits(&self.caller, ev.kind.pid(), ev.owner.as_deref(), resets)
+        {
+            return false;
         }
         match &ev.kind {
             EventKind::Hit(h) => self.ids.is_empty() || self.ids.contains(&h.id),

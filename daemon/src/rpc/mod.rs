@@ -903,7 +903,13 @@ impl Watchpoints for Service {
         let (kept, pid, total) = self.core.recent_hits(id, r.limit as usize)?;
         self.allow_by_id(&caller, pid, id)?;
         let mut hits = Vec::with_capacity(kept.len());
+        // Each hit as a stream would show it: a forked child's only to a
+        // caller who may see that child.
+        let mut visible = authz::Visibility::default();
         for ev in kept {
+            if !visible.admits(&caller, ev.kind.pid(), ev.owner.as_deref(), false) {
+                continue;
+            }
             let mut item = convert::event_to_pb(&ev);
             if !nsview::event_out(&caller, &mut item) {
                 continue;
@@ -929,9 +935,13 @@ impl Watchpoints for Service {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
         let id = WatchId(r.watchpoint_id);
-        let (pid, (hits, exemplars, overflow), top, image) =
+        let (pid, (hits, exemplars, overflow), mut top, image) =
             self.core.hit_aggregates(id, r.limit as usize)?;
         self.allow_by_id(&caller, pid, id)?;
+        // Each place as a stream would show its hits: a forked child's only
+        // to a caller who may see that child.
+        let mut visible = authz::Visibility::default();
+        top.retain(|(_, a)| visible.admits(&caller, a.pid, a.owner.as_deref(), false));
         let frames = match (&image, r.raw) {
             (Some(image), false) => {
                 let ips: Vec<u64> = top.iter().map(|t| t.0.0).collect();

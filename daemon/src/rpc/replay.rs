@@ -92,20 +92,20 @@ impl Filter {
         if self.pid != 0 && pid != self.pid && !global {
             return false;
         }
-        if !global && !self.caller.privileged {
-            if matches!(
-                ev,
-                E::WatchpointRemoved(_)
-                    | E::WatchpointResolved(_)
-                    | E::ProcessLost(_)
-                    | E::ProcessExited(_)
-            ) {
-                self.visible.forget(pid);
-            }
-            let owner = item.owner.as_ref().and_then(super::convert::owner_from_pb);
-            if !self.visible.may_see(&self.caller, pid, owner.as_ref()) {
-                return false;
-            }
+        let resets = matches!(
+            ev,
+            E::WatchpointRemoved(_)
+                | E::WatchpointResolved(_)
+                | E::ProcessLost(_)
+                | E::ProcessExited(_)
+        );
+        let owner = item.owner.as_ref().and_then(super::convert::owner_from_pb);
+        if !global
+            && !self
+                .visible
+                .admits(&self.caller, pid, owner.as_ref(), resets)
+        {
+            return false;
         }
         let wanted = match ev {
             E::Hit(h) => self.ids.is_empty() || self.ids.contains(&h.watchpoint_id),
