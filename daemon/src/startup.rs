@@ -178,18 +178,34 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| state_file_for(&listen));
 
-    // 2. The only daemon.
+    // 2. The only daemon: the state directory checked from outside (nothing
+    // in it looked at), then the locks, then what the directory holds.
     let bound = serve::bind(&listen, activated, &cfg.server).await?;
-    let _ptrace_lock =
-        crate::backend::ptrace::recovery::lock_state_file(&state_file).map_err(|e| anyhow!(e))?;
-    let _state_lock = match &cfg.state {
+    let refused = "refusing the state directory (--state-dir)";
+    let state_dir = match &cfg.state {
         Some(state) => {
-            crate::statedir::StateDir::open(&state.dir)
-                .with_context(|| "refusing the state directory (--state-dir)".to_string())?;
-            Some(lock_state_dir(&state.dir)?)
+            Some(crate::statedir::StateDir::prepare(&state.dir).with_context(|| refused)?)
         }
         None => None,
     };
+    let ptrace_lock =
+        crate::backend::ptrace::recovery::lock_state_file(&state_file).map_err(|e| anyhow!(e))?;
+    let _state_lock = match &state_dir {
+        Some(dir) => {
+            // A daemon refused here leaves no lock file of its own behind.
+            let locked = lock_state_dir(dir.path())
+                .and_then(|l| dir.check().with_context(|| refused).map(|()| l));
+            match locked {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    ptrace_lock.discard();
+                    return Err(e);
+                }
+            }
+        }
+        None => None,
+    };
+    let _ptrace_lock = ptrace_lock;
 
     // 3. A previous daemon killed with ptrace registers armed left targets
     // that die on their next hit: clear them before anything else.

@@ -129,44 +129,65 @@ fn check_owned(path: &Path, meta: &std::fs::Metadata, euid: u32) -> Result<(), S
 }
 
 /// Checks every directory above `path`: owned by root or `euid`, and not
-/// writable by others unless sticky (as `/tmp`).
+/// writable by others unless sticky (as `/tmp`). A symbolic link among
+/// them must be root's or `euid`'s too (another user could repoint it
+/// while the daemon runs, and steer its files elsewhere), and what it
+/// points to is checked the same way.
 fn check_ancestors(path: &Path, euid: u32) -> Result<(), StateDirError> {
     let mut cur = path.parent();
     while let Some(dir) = cur {
         if dir.as_os_str().is_empty() {
             break;
         }
-        let meta = std::fs::metadata(dir).map_err(io_err("reading", dir))?;
-        let mode = meta.mode() & 0o7777;
+        let meta = std::fs::symlink_metadata(dir).map_err(io_err("reading", dir))?;
         if meta.uid() != 0 && meta.uid() != euid {
             return Err(StateDirError::UnsafeAncestor {
                 path: dir.to_path_buf(),
-                why: format!("belongs to uid {}", meta.uid()),
+                why: if meta.file_type().is_symlink() {
+                    format!("is a symbolic link of uid {}", meta.uid())
+                } else {
+                    format!("belongs to uid {}", meta.uid())
+                },
             });
         }
-        if mode & 0o022 != 0 && mode & 0o1000 == 0 {
-            return Err(StateDirError::UnsafeAncestor {
-                path: dir.to_path_buf(),
-                why: format!("is writable by others without the sticky bit (mode {mode:04o})"),
-            });
+        if meta.file_type().is_symlink() {
+            // The link is safe; what it points to must be too, with every
+            // directory above that.
+            let target = std::fs::canonicalize(dir).map_err(io_err("resolving", dir))?;
+            let tmeta = std::fs::metadata(&target).map_err(io_err("reading", &target))?;
+            check_dir_above(&target, &tmeta, euid)?;
+            return check_ancestors(&target, euid);
         }
+        check_dir_above(dir, &meta, euid)?;
         cur = dir.parent();
     }
     Ok(())
 }
 
+/// One directory above the state directory (`meta` its own, not a link's).
+fn check_dir_above(dir: &Path, meta: &std::fs::Metadata, euid: u32) -> Result<(), StateDirError> {
+    let mode = meta.mode() & 0o7777;
+    if meta.uid() != 0 && meta.uid() != euid {
+        return Err(StateDirError::UnsafeAncestor {
+            path: dir.to_path_buf(),
+            why: format!("belongs to uid {}", meta.uid()),
+        });
+    }
+    if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+        return Err(StateDirError::UnsafeAncestor {
+            path: dir.to_path_buf(),
+            why: format!("is writable by others without the sticky bit (mode {mode:04o})"),
+        });
+    }
+    Ok(())
+}
+
 /// Creates `path` (0700) and whatever is missing above it, or checks the
-/// directory that is there.
+/// directory that is there (narrowing its mode).
 fn make_dir(path: &Path, euid: u32) -> Result<(), StateDirError> {
     match std::fs::symlink_metadata(path) {
         Ok(meta) => {
-            check_owned(path, &meta, euid)?;
-            if !meta.is_dir() {
-                return Err(StateDirError::WrongKind {
-                    path: path.to_path_buf(),
-                    expected: "directory",
-                });
-            }
+            check_dir(path, &meta, euid)?;
             narrow(path, &meta, DIR_MODE)
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -194,6 +215,19 @@ fn make_dir(path: &Path, euid: u32) -> Result<(), StateDirError> {
         }
         Err(e) => Err(io_err("reading", path)(e)),
     }
+}
+
+/// Checks that `path` (`meta` its own) is a directory the daemon's user
+/// owns and nobody else may write.
+fn check_dir(path: &Path, meta: &std::fs::Metadata, euid: u32) -> Result<(), StateDirError> {
+    check_owned(path, meta, euid)?;
+    if !meta.is_dir() {
+        return Err(StateDirError::WrongKind {
+            path: path.to_path_buf(),
+            expected: "directory",
+        });
+    }
+    Ok(())
 }
 
 /// Narrows `path`'s mode to at most `max` (what an earlier version or an
@@ -241,18 +275,41 @@ impl StateDir {
     /// Opens the state directory at `path`, creating it (0700) if missing,
     /// after checking it and everything in it (the module's rules).
     pub fn open(path: &Path) -> Result<StateDir, StateDirError> {
+        let d = StateDir::prepare(path)?;
+        d.check()?;
+        Ok(d)
+    }
+
+    /// The first half of [`StateDir::open`]: the path absolute, every
+    /// directory above it safe, the directory itself created if missing or
+    /// else checked (kind, owner, nobody else may write it), and nothing in
+    /// it looked at or changed: what a daemon does before it holds the
+    /// directory's lock. [`StateDir::check`] does the rest.
+    pub fn prepare(path: &Path) -> Result<StateDir, StateDirError> {
         if !path.is_absolute() {
             return Err(StateDirError::Relative {
                 path: path.to_path_buf(),
             });
         }
         let euid = euid();
-        make_dir(path, euid)?;
         check_ancestors(path, euid)?;
-        check_tree(path, euid, 2)?;
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) => check_dir(path, &meta, euid)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => make_dir(path, euid)?,
+            Err(e) => return Err(io_err("reading", path)(e)),
+        }
         Ok(StateDir {
             path: path.to_path_buf(),
         })
+    }
+
+    /// The second half of [`StateDir::open`], once the directory's lock is
+    /// held: its mode narrowed, and everything in it checked (narrowing
+    /// modes an earlier version left wider).
+    pub fn check(&self) -> Result<(), StateDirError> {
+        let euid = euid();
+        make_dir(&self.path, euid)?;
+        check_tree(&self.path, euid, 2)
     }
 
     /// The directory.
@@ -531,6 +588,62 @@ mod tests {
             "{e}"
         );
         assert!(e.to_string().contains("uid 65534"), "{e}");
+    }
+
+    /// A symbolic link above the state directory is followed only if it
+    /// is root's or the daemon's user's (another user could repoint it),
+    /// and what it points to is checked as any directory above is.
+    #[test]
+    fn a_link_above_the_directory_must_be_safe_too() {
+        if euid() != 0 {
+            eprintln!("skipped: needs root to give a link to another uid");
+            return;
+        }
+        let t = Tmp::new("linkabove");
+        let real = t.0.join("real");
+        std::fs::create_dir_all(&real).unwrap();
+        std::fs::set_permissions(&t.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let link = t.0.join("lnk");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        // Root's own link: followed, and the directory made behind it.
+        StateDir::open(&link.join("sub")).unwrap();
+        assert!(real.join("sub").is_dir());
+        // Another user's link to the same place: refused, naming the link.
+        std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+        let e = StateDir::open(&link.join("sub2")).unwrap_err();
+        assert!(
+            matches!(&e, StateDirError::UnsafeAncestor { path, why }
+                if path == &link && why.contains("symbolic link of uid 65534")),
+            "{e}"
+        );
+        assert!(!real.join("sub2").exists(), "nothing made behind it");
+        // A link of root's to a directory another user may write: refused
+        // there.
+        std::os::unix::fs::lchown(&link, Some(0), Some(0)).unwrap();
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = StateDir::open(&link.join("sub3")).unwrap_err();
+        assert!(
+            matches!(&e, StateDirError::UnsafeAncestor { path, .. } if path == &real),
+            "{e}"
+        );
+    }
+
+    /// `prepare` (what a daemon does before it holds the lock) looks at
+    /// nothing inside the directory and changes nothing there: a file of
+    /// another daemon's, left wide, keeps its mode until `check`.
+    #[test]
+    fn prepare_touches_nothing_inside() {
+        let t = Tmp::new("prepare");
+        StateDir::open(&t.0).unwrap();
+        let f = t.0.join("watchpoints.pb");
+        replace(&f, b"x").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::set_permissions(&t.0, std::fs::Permissions::from_mode(0o750)).unwrap();
+        let d = StateDir::prepare(&t.0).unwrap();
+        assert_eq!((mode(&f), mode(&t.0)), (0o644, 0o750));
+        d.check().unwrap();
+        assert_eq!((mode(&f), mode(&t.0)), (0o600, 0o700));
     }
 
     #[test]

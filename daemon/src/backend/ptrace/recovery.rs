@@ -78,6 +78,63 @@ impl StateFile {
 #[derive(Debug)]
 pub struct StateLock {
     _file: std::fs::File,
+    /// The lock file.
+    path: PathBuf,
+}
+
+impl StateLock {
+    /// Lets the lock go and removes its file: the daemon that took it is
+    /// refused and never ran (no state file of its is left to clean up).
+    pub fn discard(self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Opens the lock file `lock`. A name planted in a directory others may
+/// write (a symbolic link, a file of another user or with other links,
+/// something not a file) is not the daemon's: it is removed and the file
+/// made anew, exclusively, before anything is written to it. The socket
+/// beside it was bound already, so no other daemon uses the name.
+fn open_lock(lock: &std::path::Path) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::MetadataExt;
+    let euid = nix::unistd::geteuid().as_raw();
+    let ours = |m: &std::fs::Metadata| {
+        !m.file_type().is_symlink() && m.is_file() && m.uid() == euid && m.nlink() == 1
+    };
+    if let Ok(m) = std::fs::symlink_metadata(lock)
+        && !ours(&m)
+    {
+        tracing::warn!(
+            path = %lock.display(),
+            "a lock file the daemon did not make was there: replaced"
+        );
+        std::fs::remove_file(lock).map_err(|e| format!("removing {}: {e}", lock.display()))?;
+    }
+    let open = |create_new: bool| {
+        crate::statedir::open(
+            lock,
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(!create_new)
+                .create_new(create_new)
+                .truncate(false),
+        )
+    };
+    let f = match open(true) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            open(false).map_err(|e| format!("opening {}: {e}", lock.display()))?
+        }
+        Err(e) => return Err(format!("creating {}: {e}", lock.display())),
+    };
+    match f.metadata() {
+        Ok(m) if ours(&m) => Ok(f),
+        _ => Err(format!(
+            "{} changed while the daemon opened it: another user may write its directory",
+            lock.display()
+        )),
+    }
 }
 
 /// Takes the lock of the state file at `path`, or names the daemon (pid)
@@ -93,15 +150,7 @@ pub fn lock_state_file(path: &std::path::Path) -> Result<StateLock, String> {
     {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     }
-    let mut f = crate::statedir::open(
-        &lock,
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false),
-    )
-    .map_err(|e| format!("opening {}: {e}", lock.display()))?;
+    let mut f = open_lock(&lock)?;
     // SAFETY: flock on an fd we own.
     if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let mut holder = String::new();
@@ -116,7 +165,10 @@ pub fn lock_state_file(path: &std::path::Path) -> Result<StateLock, String> {
     let _ = f.set_len(0);
     let _ = f.rewind();
     let _ = writeln!(f, "{}", std::process::id());
-    Ok(StateLock { _file: f })
+    Ok(StateLock {
+        _file: f,
+        path: lock,
+    })
 }
 
 /// What a state file line names: every thread of a process (`pid P start
@@ -211,6 +263,42 @@ fn clear_stale_registers(pid: Pid, tid: Tid) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lock name planted beside the socket (a link to a file of root's,
+    /// a file of another user, a hard link) is replaced, never opened
+    /// through or written; a refused daemon's `discard` removes its lock.
+    #[test]
+    fn a_planted_lock_is_replaced_and_a_discarded_one_removed() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = std::env::temp_dir().join(format!("wpd-lock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"precious\n").unwrap();
+        let state = dir.join("wpd.sock.ptrace-armed");
+        let lock = dir.join("wpd.sock.ptrace-armed.lock");
+        let euid = nix::unistd::geteuid().as_raw();
+        let mut plants: Vec<Box<dyn Fn()>> = vec![
+            Box::new(|| std::os::unix::fs::symlink(&victim, &lock).unwrap()),
+            Box::new(|| std::fs::hard_link(&victim, &lock).unwrap()),
+        ];
+        if euid == 0 {
+            plants.push(Box::new(|| {
+                std::fs::write(&lock, b"").unwrap();
+                std::os::unix::fs::chown(&lock, Some(65534), Some(65534)).unwrap();
+            }));
+        }
+        for plant in plants {
+            plant();
+            let l = lock_state_file(&state).unwrap();
+            let m = std::fs::symlink_metadata(&lock).unwrap();
+            assert!(m.is_file() && m.uid() == euid && m.nlink() == 1, "{m:?}");
+            assert_eq!(std::fs::read(&victim).unwrap(), b"precious\n");
+            l.discard();
+            assert!(std::fs::symlink_metadata(&lock).is_err(), "discarded");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn state_lines_of_both_formats_parse() {
