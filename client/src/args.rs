@@ -11,7 +11,7 @@ use wpd_proto::v1::Backend;
 pub enum BackendArg {
     /// perf_event_open hardware breakpoints; the target never stops
     Perf,
-    /// PTRACE_POKEUSER of the debug registers
+    /// ptrace: a hit holds its thread (a breakpoint whose BPF program signals it, or the debug registers where bpf() is refused)
     Ptrace,
 }
 

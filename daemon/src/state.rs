@@ -30,7 +30,7 @@ pub struct Process {
     pub attached_by: u32,
     /// When it was attached (Unix ns).
     pub attached_at_ns: u64,
-    /// Command name at attach time.
+    /// Command name at attach time (listings read the current one).
     pub comm: String,
     /// Start time (`/proc/PID/stat` field 22), to tell the process from a
     /// later one with the same pid (0 if unknown).

@@ -193,7 +193,20 @@ impl Core {
         if proc.gone.swap(true, Ordering::SeqCst) {
             return None;
         }
-        let removed = self.remove_all_locked(&op, reason);
+        let mut removed = self.remove_all_locked(&op, reason);
+        // Its code events (object watches, code breakpoints, pending ones)
+        // end with it too: reported as its watchpoints are.
+        for id in self.objects.ids_on(proc.pid) {
+            self.bus.publish_as(
+                EventKind::WatchpointRemoved {
+                    id,
+                    pid: proc.pid,
+                    reason: reason.into(),
+                },
+                Some(proc.owner.clone()),
+            );
+            removed.push(id);
+        }
         drop(op);
         self.forget_process(proc);
         Some(removed)
@@ -205,6 +218,11 @@ impl Core {
         let mut removed = Vec::new();
         for id in op.process().watch_ids() {
             if let Some(w) = self.take_watch(op, id) {
+                // An object's watchpoint goes with its object watch, which
+                // the caller lists: not an event, not in the list.
+                if w.object {
+                    continue;
+                }
                 self.bus.publish_as(
                     EventKind::WatchpointRemoved {
                         id: w.id,
@@ -298,7 +316,9 @@ impl Core {
                 });
             if resolve {
                 again.push((w, Instant::now() + RESOLVE_AFTER_EXEC));
-            } else {
+            } else if !w.object {
+                // An object's watchpoint goes with its object, silently
+                // (counted on its object watch).
                 self.bus.publish_as(
                     EventKind::WatchpointRemoved {
                         id: w.id,

@@ -62,7 +62,8 @@ impl Core {
                 backend: p.backend,
                 threads: self.ledger.thread_count(p.pid) as u32,
                 watchpoints: p.watches.lock().unwrap().len() as u32,
-                comm: p.comm.clone(),
+                // Now: an exec changes it.
+                comm: crate::procfs::comm(p.pid, p.pid).unwrap_or_else(|| p.comm.clone()),
                 attached_at_ns: p.attached_at_ns,
                 stops: self
                     .backends

@@ -344,27 +344,13 @@ enum Msg {
     /// The object of base `u64` was freed without a stop: remove its
     /// watchpoint (the second id) if it is still that base's.
     Freed(WatchId, u64, WatchId),
-    /// Removals are waiting in `Objects::removed`: publish them soon.
-    Flush,
 }
-
-/// How long the removals of objects disarmed at their stop wait to be
-/// published together (one wake-up of the journal's writer per batch,
-/// not per object).
-const PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_millis(2);
-
-/// A `WatchpointRemoved` to publish: the watchpoint, its process's owner.
-type Removed = (WatchId, Arc<crate::state::Process>);
 
 /// The core's object watches.
 #[derive(Debug, Default)]
 pub struct Objects {
     watches: DashMap<WatchId, Arc<ObjectWatch>>,
     tx: Mutex<Option<mpsc::Sender<Msg>>>,
-    /// Objects' watchpoints removed at their stop whose `WatchpointRemoved`
-    /// is not published yet (within [`PUBLISH_EVERY`], by the objects
-    /// thread).
-    removed: Mutex<Vec<Removed>>,
     /// Every object watch's counts, summed (GetStats).
     pub totals: ObjectCounts,
     /// Code events waiting for their module.
@@ -460,6 +446,25 @@ impl Objects {
         }
         t.mean_hold_ns = held_ns.checked_div(tried).unwrap_or(0);
         t
+    }
+
+    /// The ids of process `pid`'s code events (object watches, code
+    /// breakpoints, pending ones), in order.
+    pub fn ids_on(&self, pid: Pid) -> Vec<WatchId> {
+        let mut v: Vec<WatchId> = self
+            .watches
+            .iter()
+            .filter(|w| w.spec.pid == pid)
+            .map(|w| w.id)
+            .chain(
+                self.pending
+                    .iter()
+                    .filter(|p| p.spec.pid == pid)
+                    .map(|p| p.id),
+            )
+            .collect();
+        v.sort_unstable();
+        v
     }
 
     /// Code events held, every caller's.
@@ -1241,8 +1246,6 @@ impl Core {
             b.close_code_probes(pid, Some(&[event_key(id), disarm_key(id)]));
         }
         let view = self.object_view(&w);
-        // Removals at earlier stops are reported before these.
-        self.publish_removed();
         let live: Vec<WatchId> = w.live.lock().unwrap().drain().map(|(_, c)| c).collect();
         for child in live {
             let _ = self.remove_watchpoint(child);
@@ -1639,8 +1642,9 @@ impl Core {
     }
 
     /// Takes watchpoint `id` off the locked process through `armer`
-    /// (cleared, slots released, `WatchpointRemoved` published), if it
-    /// reaches every thread holding it; false (nothing done) if not.
+    /// (cleared, slots released), if it reaches every thread holding it;
+    /// false (nothing done) if not. An object's watchpoint comes and goes
+    /// with its object: counted (`ObjectCounts`), never an event.
     fn drop_at_stop(&self, op: &OpGuard<'_>, id: WatchId, armer: &mut dyn StopArmer) -> bool {
         let Some(w) = self.watches.get(&id).map(|w| w.clone()) else {
             return true; // gone already
@@ -1657,35 +1661,7 @@ impl Core {
         proc.watches.lock().unwrap().remove(&id);
         armer.clear(&slots);
         self.release_slots(&w, backend.retained());
-        let first = {
-            let mut r = self.objects.removed.lock().unwrap();
-            r.push((id, proc.clone()));
-            r.len() == 1
-        };
-        if first && let Some(tx) = self.objects.tx.lock().unwrap().as_ref() {
-            let _ = tx.send(Msg::Flush);
-        }
         true
-    }
-
-    /// Publishes the removals waiting in `Objects::removed`, as one burst.
-    fn publish_removed(&self) {
-        let removed = std::mem::take(&mut *self.objects.removed.lock().unwrap());
-        if removed.is_empty() {
-            return;
-        }
-        self.bus.burst(|| {
-            for (id, proc) in removed {
-                self.bus.publish_as(
-                    crate::events::EventKind::WatchpointRemoved {
-                        id,
-                        pid: proc.pid,
-                        reason: "removed".into(),
-                    },
-                    Some(proc.owner.clone()),
-                );
-            }
-        });
     }
 
     fn start_objects_thread(self: &Arc<Self>) {
@@ -1700,7 +1676,6 @@ impl Core {
             .name("wpd-objects".into())
             .spawn(move || {
                 use std::time::Instant;
-                let mut flush_at: Option<Instant> = None;
                 let mut swept = Instant::now();
                 loop {
                     // Never holds the core across a wait: the core's end
@@ -1710,8 +1685,7 @@ impl Core {
                         None => break,
                     };
                     let sweep_at = sweep.then(|| swept + crate::backend::FREED_SWEEP);
-                    let wake = flush_at.into_iter().chain(sweep_at).min();
-                    let m = match wake {
+                    let m = match sweep_at {
                         None => match rx.recv() {
                             Ok(m) => Some(m),
                             Err(_) => break,
@@ -1726,20 +1700,12 @@ impl Core {
                     };
                     let Some(c) = core.upgrade() else { break };
                     let now = Instant::now();
-                    if flush_at.is_some_and(|at| at <= now) {
-                        flush_at = None;
-                        c.publish_removed();
-                    }
                     if sweep && now >= swept + crate::backend::FREED_SWEEP {
                         swept = now;
                         c.sweep_freed();
                     }
-                    match m {
-                        None => {}
-                        Some(Msg::Flush) => {
-                            flush_at.get_or_insert_with(|| Instant::now() + PUBLISH_EVERY);
-                        }
-                        Some(m) => c.object_work(m),
+                    if let Some(m) = m {
+                        c.object_work(m);
                     }
                 }
             })
@@ -1748,7 +1714,6 @@ impl Core {
 
     fn object_work(self: &Arc<Self>, m: Msg) {
         match m {
-            Msg::Flush => self.publish_removed(),
             Msg::Loaded(pid, tid) => {
                 self.resolve_pending(pid);
                 let _ = self.resume(pid, &[tid]);

@@ -570,14 +570,18 @@ impl Core {
         let w = self
             .take_watch(&op, id)
             .ok_or(WpdError::NoSuchWatchpoint(id))?;
-        self.bus.publish_as(
-            EventKind::WatchpointRemoved {
-                id: w.id,
-                pid,
-                reason: "removed".into(),
-            },
-            Some(proc.owner.clone()),
-        );
+        // An object's watchpoint goes with its object (counted on its
+        // object watch): the stream reports the watches callers set.
+        if !w.object {
+            self.bus.publish_as(
+                EventKind::WatchpointRemoved {
+                    id: w.id,
+                    pid,
+                    reason: "removed".into(),
+                },
+                Some(proc.owner.clone()),
+            );
+        }
         Ok(WatchView {
             hits: w.hits.load(Ordering::Relaxed),
             armed_threads: 0,

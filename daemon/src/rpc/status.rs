@@ -95,6 +95,12 @@ pub fn to_status(e: &WpdError) -> Status {
             _ => {}
         }
     }
+    // Bounded: the status travels in HTTP/2 trailers, and a client refuses
+    // header lists over 16 KiB (tonic's default) as a broken connection,
+    // whatever quotes a long input or names thousands of threads.
+    for v in meta.values_mut() {
+        bound(v, MAX_META);
+    }
     let details = ErrorDetails::with_error_info(reason, DOMAIN, meta);
     // A status always says something: an error built from an empty text
     // still names its reason.
@@ -102,7 +108,29 @@ pub fn to_status(e: &WpdError) -> Status {
     if message.trim().is_empty() {
         message = format!("{reason} (no detail given)");
     }
+    bound(&mut message, MAX_MESSAGE);
     Status::with_error_details(code, message, details)
+}
+
+/// Most bytes of a status message (its `grpc-message` trailer may take up
+/// to three times as many, percent-encoded).
+pub const MAX_MESSAGE: usize = 2048;
+/// Most bytes of one metadata value of a status's `ErrorInfo`.
+pub const MAX_META: usize = 512;
+
+/// Cuts `s` to at most `max` bytes (at a character boundary), saying how
+/// much was left out.
+fn bound(s: &mut String, max: usize) {
+    if s.len() <= max {
+        return;
+    }
+    let total = s.len();
+    let mut end = max.saturating_sub(40);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s.push_str(&format!("… ({} more bytes)", total - end));
 }
 
 impl From<WpdError> for Status {
@@ -183,6 +211,37 @@ mod tests {
     use crate::arch::SpecError;
     use crate::error::SlotConflict;
     use crate::model::{BackendKind, WatchId};
+
+    /// A message quoting a long input, and metadata naming thousands of
+    /// threads, are bounded (the whole status stays far below a client's
+    /// 16 KiB of headers), saying how much was left out; short ones are
+    /// untouched.
+    #[test]
+    fn long_texts_are_bounded() {
+        let long = "é".repeat(3000);
+        let st = to_status(&WpdError::InvalidArgument(format!(
+            "unknown function {long}"
+        )));
+        assert!(st.message().len() <= MAX_MESSAGE, "{}", st.message().len());
+        assert!(st.message().ends_with("more bytes)"), "{}", st.message());
+        let conflicts: Vec<SlotConflict> = (1..=5000)
+            .map(|tid| SlotConflict {
+                tid: 100_000 + tid,
+                holders: vec![Holder::Foreign; 4],
+            })
+            .collect();
+        let st = to_status(&WpdError::OutOfSlots {
+            pid: 1,
+            needed: 1,
+            conflicts,
+        });
+        assert!(st.message().len() <= MAX_MESSAGE);
+        let info = st.get_details_error_info().unwrap();
+        assert!(info.metadata["tids"].len() <= MAX_META);
+        assert!(st.details().len() < 8 * 1024, "{}", st.details().len());
+        let st = to_status(&WpdError::InvalidArgument("short".into()));
+        assert_eq!(st.message(), "short");
+    }
     use wpd_proto::reason as r;
 
     fn check(e: WpdError, code: Code, reason: &str, msg: &str) {
