@@ -262,6 +262,15 @@ async fn wait_for_stop(
         };
         match ev.event {
             Some(Event::BreakpointHit(h)) if h.watchpoint_id == id => return Ok(h),
+            // Removed because its process exited: said as such (the
+            // ProcessExited event follows the removals it causes).
+            Some(Event::WatchpointRemoved(r))
+                if r.watchpoint_id == id && r.reason == "process exited" =>
+            {
+                return Err(Error::Gone(format!(
+                    "process {pid} exited before a thread reached breakpoint {id}"
+                )));
+            }
             Some(Event::WatchpointRemoved(r)) if r.watchpoint_id == id => {
                 return Err(Error::Gone(format!(
                     "breakpoint {id} was removed before a thread reached it ({})",

@@ -344,6 +344,10 @@ enum Msg {
     /// The object of base `u64` was freed without a stop: remove its
     /// watchpoint (the second id) if it is still that base's.
     Freed(WatchId, u64, WatchId),
+    /// An object watch was set: the thread (waiting without a deadline
+    /// while no watch has a disarming probe) looks again whether it must
+    /// sweep.
+    Wake,
 }
 
 /// The core's object watches.
@@ -808,6 +812,9 @@ impl Core {
         });
         self.objects.watches.insert(id, w.clone());
         self.start_objects_thread();
+        if let Some(tx) = self.objects.tx.lock().unwrap().as_ref() {
+            let _ = tx.send(Msg::Wake);
+        }
         let opened = (|| {
             let backend = self.backends.get(Some(proc.backend))?;
             let _op = proc.lock_op();
@@ -1714,6 +1721,7 @@ impl Core {
 
     fn object_work(self: &Arc<Self>, m: Msg) {
         match m {
+            Msg::Wake => {}
             Msg::Loaded(pid, tid) => {
                 self.resolve_pending(pid);
                 let _ = self.resume(pid, &[tid]);
