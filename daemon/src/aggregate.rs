@@ -81,7 +81,7 @@ impl Aggregates {
             match t.get_mut(&(ip, tid)) {
                 Some(a) => {
                     update(a, value, time_ns);
-                    if a.owner.as_ref() != owner {
+                    if owner.is_some() && a.owner.as_ref() != owner {
                         a.owner = owner.cloned();
                     }
                 }

@@ -48,6 +48,7 @@ mod policies;
 mod ptrace;
 mod recent_hits;
 mod security;
+mod shares;
 mod slots;
 mod symbols;
 mod sysboot;

@@ -712,7 +712,43 @@ async fn the_state_directory_is_private_and_others_are_refused() -> Result<()> {
                 !out.status.success() && err.contains(want),
                 "{want}: {out:?}"
             );
+            ensure!(
+                !dir.join("pa.lock").exists(),
+                "{want}: the refused daemon left its ptrace lock file behind"
+            );
         }
+        // Refused: a directory of root's reached through another user's link
+        // in a sticky directory all may write (the link's owner could repoint
+        // it); nothing made behind the link, no lock left.
+        let sticky = dir.join("sticky");
+        let roots = dir.join("roots");
+        std::fs::create_dir_all(&sticky)?;
+        std::fs::create_dir_all(&roots)?;
+        std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777))?;
+        std::fs::set_permissions(&roots, std::fs::Permissions::from_mode(0o700))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+        let link = sticky.join("lnk");
+        std::os::unix::fs::symlink(&roots, &link)?;
+        std::os::unix::fs::lchown(&link, Some(65534), Some(65534))?;
+        let out = tokio::process::Command::new(wpd_tests::bin_path("wpd"))
+            .args([
+                "--listen",
+                &format!("unix:{}", dir.join("y.sock").display()),
+            ])
+            .args(["--state-dir", &link.join("sub").display().to_string()])
+            .env("WPD_STATE_FILE", dir.join("pa"))
+            .kill_on_drop(true)
+            .output()
+            .await?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success() && err.contains("symbolic link of uid 65534"),
+            "a state directory below another user's link: {out:?}"
+        );
+        ensure!(
+            !roots.join("sub").exists() && !dir.join("pa.lock").exists(),
+            "the refused daemon made the directory behind the link or left its lock"
+        );
         let _ = std::fs::remove_dir_all(&dir);
         Ok(())
     }

@@ -60,6 +60,20 @@ impl Daemon {
         Ok(d)
     }
 
+    /// [`Daemon::start_open`] with a fixed `RLIMIT_NOFILE` (see
+    /// [`Daemon::start_with_fd_limit`]).
+    pub async fn start_open_with_fd_limit(extra: &[&str], limit: u64) -> Result<Daemon> {
+        use std::os::unix::fs::PermissionsExt;
+        let args: Vec<&str> = ["--socket-mode", "666"]
+            .iter()
+            .chain(extra)
+            .copied()
+            .collect();
+        let d = Self::spawn(&args, None, None, Some(limit), &[], None).await?;
+        fs::set_permissions(&d.dir, fs::Permissions::from_mode(0o755))?;
+        Ok(d)
+    }
+
     /// Extra arguments and a fixed `RLIMIT_NOFILE` (see [`Daemon::start_with_fd_limit`]).
     pub async fn start_with_args_and_fd_limit(extra: &[&str], limit: u64) -> Result<Daemon> {
         Self::spawn(extra, None, None, Some(limit), &[], None).await

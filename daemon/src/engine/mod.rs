@@ -346,9 +346,9 @@ const CHILD_OWNERS: usize = 4096;
 
 impl Core {
     /// The identity of forked child `pid` for its hits: read from `/proc`,
-    /// again after [`CHILD_OWNER_FRESH`] unless it was undumpable already.
-    /// `None` once it is gone unread: its hits are then privileged callers'
-    /// only.
+    /// again after [`CHILD_OWNER_FRESH`] unless it was undumpable already;
+    /// once it is gone, the last one read. `None`: gone unread (its hits
+    /// are then privileged callers' only).
     pub(super) fn child_owner(&self, pid: Pid) -> Option<Arc<crate::events::Owner>> {
         if let Some(e) = self.child_owners.get(&pid)
             && (!e.0.dumpable || e.1.elapsed() < CHILD_OWNER_FRESH)
@@ -357,8 +357,9 @@ impl Core {
         }
         let o = crate::state::owner_of(pid);
         if o.start_time == 0 {
-            self.child_owners.remove(&pid);
-            return None;
+            // Gone: who it was when last read (its hits still being
+            // reported were made before).
+            return self.child_owners.get(&pid).map(|e| e.0.clone());
         }
         let o = Arc::new(o);
         if self.child_owners.len() >= CHILD_OWNERS {

@@ -45,6 +45,7 @@
 //! | `exec N`         | exec itself with N workers (same pid)                         | a new `READY ...` line    |
 //! | `exec-path P N`  | exec the program at P (a copy of this one, e.g. setuid) with N workers | a new `READY ...` line |
 //! | `fork`           | fork a child process (only the main thread is copied) that stores 1..=50 into `VARS[0]` 2 ms apart, prints nothing and exits 0 | `FORKED pid=C` |
+//! | `fork-undumpable` | as `fork`, the child first making itself non-dumpable (`prctl(PR_SET_DUMPABLE, 0)`): only root may trace it | `FORKED pid=C` |
 //! | `wait-child C`   | waitpid for that child                                        | `CHILD pid=C code=N` or `CHILD pid=C signal=S` |
 //! | `leader-exit`    | the main thread ends alone (the `exit` syscall, as `pthread_exit` does): the process lives on with a zombie leader; a new thread takes over the commands | `LEADER-EXITED commander=T` once `/proc` shows the leader a zombie |
 //! | `quit` / EOF     | exit 0                                                        | `BYE` (quit only)         |
@@ -394,13 +395,17 @@ const FORK_STORE_PAUSE_NS: libc::c_long = 2_000_000;
 /// `1..=FORK_STORES` into `VARS[0]`, pausing between stores, then exits 0. The child runs
 /// only async-signal-safe code (volatile stores, `nanosleep`, `_exit`): the parent has other
 /// threads, whose locks may be held at the fork.
-fn fork_storer() -> io::Result<libc::pid_t> {
+fn fork_storer(undumpable: bool) -> io::Result<libc::pid_t> {
     // SAFETY: fork has no preconditions; the child below calls only async-signal-safe code.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(io::Error::last_os_error());
     }
     if pid == 0 {
+        if undumpable {
+            // SAFETY: prctl with integer arguments.
+            unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+        }
         let pause = libc::timespec {
             tv_sec: 0,
             tv_nsec: FORK_STORE_PAUSE_NS,
@@ -501,7 +506,11 @@ impl State {
                 }
                 format!("STOPPED remaining={}", task_count())
             }
-            ["fork"] => match fork_storer() {
+            ["fork"] => match fork_storer(false) {
+                Ok(child) => format!("FORKED pid={child}"),
+                Err(e) => format!("ERR fork: {e}"),
+            },
+            ["fork-undumpable"] => match fork_storer(true) {
                 Ok(child) => format!("FORKED pid={child}"),
                 Err(e) => format!("ERR fork: {e}"),
             },

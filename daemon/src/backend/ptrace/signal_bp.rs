@@ -59,8 +59,13 @@ pub struct Mute {
     prog: OwnedFd,
 }
 
-/// Most addresses muted at once in one process.
-const DEAD_MAX: u32 = 1 << 16;
+/// Most addresses muted at once in one process: the freed objects whose
+/// breakpoints are not closed yet (within a sweep), a few per object. The
+/// map takes memory as entries are added (16 bytes a bucket up front, 64
+/// KiB at this size: kernel-facts §21); a full map mutes no more, and the
+/// daemon then drops such hits itself (it reads the freeing calls' records
+/// before a stop's hits).
+const DEAD_MAX: u32 = 4096;
 
 impl SignalMode {
     /// The process's muting (made the first time).
