@@ -121,8 +121,10 @@ pub struct WatchArgs {
     #[arg(long)]
     pub allow_init: bool,
     /// Report (and, with a stop action, stop on) only hits where the value satisfies this:
-    /// `OP N` with OP one of == != < <= > >= (`'>= 0x10'`), optionally masked first
-    /// (`'&0xff == 3'`), or `changed`. Unsigned, on the watched bytes (one slot at most)
+    /// `OP VALUE` with OP one of == != < <= > >= and VALUE read as the variable's type
+    /// (`'< -1'`, `'>= -273.15'`, `'== DONE'`, `'== true'`; 0x hex is the type's bits),
+    /// optionally masked first (`'&0xff == 3'`: unsigned bits), or `changed`. One slot at most;
+    /// without a type (--addr, no DWARF) the bytes compare as an unsigned integer
     #[arg(long, value_name = "COND", value_parser = parse_condition)]
     pub condition: Option<wpd_proto::v1::HitCondition>,
     /// Skip the first N hits (those whose condition held)
@@ -314,7 +316,7 @@ pub async fn report(ctx: &Ctx, args: &WatchArgs) -> Result<Report, Error> {
             Some(OnExecArg::Remove) => ExecPolicy::Remove,
         } as i32,
         backtrace_depth: args.backtrace.unwrap_or(0),
-        condition: args.condition,
+        condition: args.condition.clone(),
         ignore_count: args.ignore,
         hit_count: args.hit_count.unwrap_or(0),
         max_hits_per_second: args.max_rate.unwrap_or(0),
@@ -506,6 +508,7 @@ mod tests {
         SetWatchpointResponse {
             symbol: None,
             watchpoint: Some(Watchpoint {
+                value_type: None,
                 objects: None,
                 object_watchpoints: vec![],
                 breakpoint: None,
@@ -642,13 +645,21 @@ mod tests {
     #[test]
     fn conditions_parse() {
         use wpd_proto::v1::hit_condition::Op;
-        let c = |s: &str| parse_condition(s).map(|c| (c.op, c.operand, c.mask));
-        assert_eq!(c("== 42"), Ok((Op::Eq as i32, 42, 0)));
-        assert_eq!(c(">=0x10"), Ok((Op::Ge as i32, 16, 0)));
-        assert_eq!(c("&0xff != 3"), Ok((Op::Ne as i32, 3, 0xff)));
-        assert_eq!(c(" < 1_000 "), Ok((Op::Lt as i32, 1000, 0)));
-        assert_eq!(c("CHANGED"), Ok((Op::Changed as i32, 0, 0)));
-        for bad in ["", "42", "= 1", "== -1", "== x", "&0 == 1", "&0xff", "=> 3"] {
+        let c = |s: &str| parse_condition(s).map(|c| (c.op, c.operand, c.mask, c.value));
+        let v = |s: &str| s.to_string();
+        assert_eq!(c("== 42"), Ok((Op::Eq as i32, 42, 0, v("42"))));
+        assert_eq!(c(">=0x10"), Ok((Op::Ge as i32, 16, 0, v("0x10"))));
+        assert_eq!(c("&0xff != 3"), Ok((Op::Ne as i32, 3, 0xff, v("3"))));
+        assert_eq!(c(" < 1_000 "), Ok((Op::Lt as i32, 1000, 0, v("1_000"))));
+        assert_eq!(c("CHANGED"), Ok((Op::Changed as i32, 0, 0, v(""))));
+        // Read by the daemon as the variable's type.
+        assert_eq!(c("== -1"), Ok((Op::Eq as i32, 0, 0, v("-1"))));
+        assert_eq!(c("< -273.15"), Ok((Op::Lt as i32, 0, 0, v("-273.15"))));
+        assert_eq!(c("== 3.5"), Ok((Op::Eq as i32, 0, 0, v("3.5"))));
+        assert_eq!(c("== DONE"), Ok((Op::Eq as i32, 0, 0, v("DONE"))));
+        for bad in [
+            "", "42", "= 1", "== a.b", "== 1 2", "&0 == 1", "&0xff", "=> 3",
+        ] {
             assert!(parse_condition(bad).is_err(), "{bad:?} accepted");
         }
     }

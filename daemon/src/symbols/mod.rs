@@ -84,6 +84,8 @@ pub struct Resolved {
     pub size: u64,
     /// Its type, when DWARF gives it.
     pub type_name: Option<String>,
+    /// How its value reads, when DWARF gives its type.
+    pub value_type: Option<crate::value::ValueType>,
     /// Where the address and size came from.
     pub source: Source,
     /// The link-time address in the module (`address` − load bias).
@@ -281,6 +283,30 @@ impl Symbols {
             pid,
             why: e.to_string(),
         })?;
+        Ok(self.describe_in(pid, &files, addr))
+    }
+
+    /// The symbols the addresses `addrs` of `pid` point into, each as
+    /// `name` or `name+offset` (none: in no symbol, e.g. the heap): what a
+    /// pointer's value is shown with. One read of the process's maps.
+    pub fn points_into(&self, pid: Pid, addrs: &[u64]) -> Vec<Option<String>> {
+        let Ok(files) = maps::read(pid) else {
+            return vec![None; addrs.len()];
+        };
+        addrs
+            .iter()
+            .map(|&a| {
+                let (name, start, _, _) = self.describe_in(pid, &files, a).symbol?;
+                Some(match a.wrapping_sub(start) {
+                    0 => name,
+                    off => format!("{name}+{off}"),
+                })
+            })
+            .collect()
+    }
+
+    /// [`Symbols::describe_address`] in the mapped `files` of `pid`.
+    fn describe_in(&self, pid: Pid, files: &[MappedFile], addr: u64) -> AddressInfo {
         let mut info = AddressInfo {
             module: None,
             build_id: None,
@@ -296,12 +322,12 @@ impl Symbols {
                 lo <= addr && addr < hi.saturating_add(16 << 20)
             })
         });
-        let Some(f) = f else { return Ok(info) };
+        let Some(f) = f else { return info };
         let Ok(elf) = self.file(pid, f) else {
-            return Ok(info);
+            return info;
         };
         let Some(bias) = Self::bias(&elf, f) else {
-            return Ok(info);
+            return info;
         };
         let vaddr = addr.wrapping_sub(bias);
         let Some(sym) = elf.containing(vaddr) else {
@@ -311,7 +337,7 @@ impl Symbols {
                 info.module_address = vaddr;
                 info.file_offset = elf.file_offset(vaddr);
             }
-            return Ok(info);
+            return info;
         };
         info.module = Some(f.path.clone());
         info.build_id = elf.build_id.clone();
@@ -327,7 +353,7 @@ impl Symbols {
                 SymKind::Tls => "thread-local",
             },
         ));
-        Ok(info)
+        info
     }
 
     /// The files `pid` maps now (one read of its maps); `None` when the
