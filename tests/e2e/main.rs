@@ -52,4 +52,5 @@ mod slots;
 mod symbols;
 mod sysboot;
 mod thread_names;
+mod typed;
 mod unprivileged;
