@@ -89,6 +89,21 @@ pub fn show(kind: i32, bytes: &[u8], name: &str) -> String {
     }
 }
 
+/// A value as its type reads it, without the raw bytes (for a table cell,
+/// or a value the line names its type beside): `-1`, `-273.15`, `true`,
+/// `DONE` (an enumerator: `name`), `0x55d0c0a01040 <g_table+16>`; more
+/// than 8 bytes in memory order (`[01 02 ff]`).
+pub fn short(kind: i32, bytes: &[u8], name: &str) -> String {
+    let name = crate::text::escape(name);
+    match typed(kind, bytes) {
+        Some(p @ Typed::Pointer(_)) if !name.is_empty() => format!("{p} <{name}>"),
+        Some(p @ Typed::Pointer(_)) => p.to_string(),
+        Some(_) if !name.is_empty() => name.into_owned(),
+        Some(v) => v.to_string(),
+        None => show(kind, bytes, ""),
+    }
+}
+
 /// The name of `kind` as `wpctl --json` and listings say it: `signed`,
 /// `unsigned`, `float`, `bool`, `pointer`, or `untyped`.
 pub fn kind_name(kind: i32) -> &'static str {
@@ -179,6 +194,21 @@ mod tests {
         );
         // A name the target chose is escaped.
         check(Unsigned, &[1], "A\x1b[2J", "A\\x1b[2J (0x1)");
+    }
+
+    #[test]
+    fn short_values_leave_the_bytes_out() {
+        use ValueKind::*;
+        let short = |kind: ValueKind, b: &[u8], name: &str| short(kind as i32, b, name);
+        assert_eq!(short(Signed, &(-2i32).to_le_bytes(), ""), "-2");
+        assert_eq!(short(Float, &(-273.15f64).to_le_bytes(), ""), "-273.15");
+        assert_eq!(short(Unsigned, &2u32.to_le_bytes(), "DONE"), "DONE");
+        assert_eq!(short(Pointer, &0x10u64.to_le_bytes(), "t+8"), "0x10 <t+8>");
+        assert_eq!(short(Bool, &[0], ""), "false");
+        assert_eq!(
+            short(Unspecified, &[1; 9], ""),
+            "[01 01 01 01 01 01 01 01 01]"
+        );
     }
 
     #[test]

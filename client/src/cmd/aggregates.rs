@@ -8,7 +8,6 @@ use crate::cmd::Ctx;
 use crate::cmd::last::LastArgs;
 use crate::error::Error;
 use crate::output::{self, Table, hex};
-use wpd_proto::text::escape;
 
 /// Runs `wpctl aggregates ID [--limit N] [--raw]`.
 pub async fn run(ctx: &Ctx, args: &LastArgs) -> Result<(), Error> {
@@ -40,20 +39,6 @@ fn value_text(v: &[u8]) -> String {
 /// How the watchpoint's values read (`ValueKind`; 0: no type).
 fn kind(r: &GetHitAggregatesResponse) -> i32 {
     r.value_type.as_ref().map_or(0, |t| t.kind)
-}
-
-/// A value as its type reads it, short for a table cell: `-1`, `-273.15`,
-/// `true`, `DONE`, `0x55d0c0a01040 <g_table+16>`.
-fn typed_text(kind: i32, v: &[u8], name: &str) -> String {
-    use wpd_proto::value::Typed;
-    let name = escape(name);
-    match wpd_proto::value::typed(kind, v) {
-        Some(p @ Typed::Pointer(_)) if !name.is_empty() => format!("{p} <{name}>"),
-        Some(Typed::Pointer(p)) => hex(p),
-        Some(_) if !name.is_empty() => name.into_owned(),
-        Some(t) => t.to_string(),
-        None => output::hex_bytes(v),
-    }
 }
 
 fn to_json(r: &GetHitAggregatesResponse) -> serde_json::Value {
@@ -95,7 +80,7 @@ fn to_text(r: &GetHitAggregatesResponse) -> String {
                 .enumerate()
                 .map(|(i, v)| {
                     let name = a.value_names.get(i).map_or("", String::as_str);
-                    typed_text(kind(r), v, name)
+                    wpd_proto::value::short(kind(r), v, name)
                 })
                 .collect::<Vec<_>>()
                 .join(" "),

@@ -97,7 +97,7 @@ fn to_text(r: &ResolveSymbolResponse, by_address: bool) -> String {
             lines.push(format!(
                 "{} = {} ({}, a value: nothing in memory to watch)",
                 escape(&s.expression),
-                value_text(r),
+                wpd_proto::value::short(value_kind(r), &r.value, &r.value_name),
                 escape(&s.type_name)
             ));
         }

@@ -485,6 +485,16 @@ fn to_text(resp: &SetWatchpointResponse) -> String {
     {
         text.push_str(&format!("\nnote: {}", escape(note)));
     }
+    // A condition on a value of no type compares its bytes unsigned: why.
+    if let Some(t) = wp.value_type.as_ref().filter(|t| {
+        t.kind == wpd_proto::v1::ValueKind::Unspecified as i32
+            && !t.note.is_empty()
+            && spec.condition.as_ref().is_some_and(|c| {
+                c.op != 0 && c.op != wpd_proto::v1::hit_condition::Op::Changed as i32
+            })
+    }) {
+        text.push_str(&format!("\nnote: {}", escape(&t.note)));
+    }
     text
 }
 
@@ -570,6 +580,39 @@ mod tests {
         assert_eq!(v["watchpoint"]["action"], "log");
         assert_eq!(v["watchpoint"]["only_on_change"], false);
         assert_eq!(v["arm_duration_ns"], 4_200_000);
+    }
+
+    #[test]
+    fn a_condition_without_a_type_says_it_compares_unsigned() {
+        let mut r = response(vec![], HitAction::Log, false);
+        let wp = r.watchpoint.as_mut().unwrap();
+        wp.value_type = Some(wpd_proto::v1::ValueType {
+            size: 8,
+            note: "set by address: no type is known; values and conditions read its bytes as \
+                   an unsigned integer"
+                .into(),
+            ..Default::default()
+        });
+        let spec = wp.spec.as_mut().unwrap();
+        spec.condition = Some(parse_condition("> 100").unwrap());
+        assert_eq!(
+            to_text(&r),
+            "watchpoint 7: write 8 bytes at 0x55d0c0a01040 in pid 123, armed on 1001 threads \
+             (process-wide, when value > 100, 4.2 ms)\n\
+             note: set by address: no type is known; values and conditions read its bytes as an \
+             unsigned integer"
+        );
+        let v = to_json(&r);
+        assert_eq!(v["watchpoint"]["value_type"]["kind"], "untyped");
+        // Typed: nothing to say.
+        let wp = r.watchpoint.as_mut().unwrap();
+        wp.value_type = Some(wpd_proto::v1::ValueType {
+            kind: wpd_proto::v1::ValueKind::Signed as i32,
+            size: 8,
+            name: "long".into(),
+            ..Default::default()
+        });
+        assert!(!to_text(&r).contains("note:"));
     }
 
     #[test]

@@ -395,13 +395,11 @@ impl Handler<Evaluate> for Session {
         if r.kind == "value" {
             // `&x`, `(T)x`: computed, in no object.
             let pointer = sym.type_name.trim_end().ends_with('*');
+            // A pointer's result is its address alone (the IDE reads it
+            // as one); an enumerator's name goes with its value.
+            let name = if pointer { "" } else { r.value_name.as_str() };
             return Ok(EvaluateBody {
-                result: spec::show_typed(
-                    sym.value_type.as_ref(),
-                    &sym.type_name,
-                    &r.value,
-                    &r.value_name,
-                ),
+                result: spec::show_typed(sym.value_type.as_ref(), &sym.type_name, &r.value, name),
                 type_name: sym.type_name,
                 variables_reference: 0,
                 memory_reference: if pointer { reference } else { String::new() },
@@ -416,14 +414,15 @@ impl Handler<Evaluate> for Session {
             });
         }
         let len = u32::try_from(sym.size.clamp(1, 4096)).unwrap_or(4096);
-        // The daemon's reading when it read the value (up to 64 bytes).
+        // The daemon's reading when it read the value (up to 64 bytes); a
+        // pointer's result is its address alone.
+        let pointer = sym
+            .value_type
+            .as_ref()
+            .is_some_and(|t| t.kind == pb::ValueKind::Pointer as i32);
+        let name = if pointer { "" } else { r.value_name.as_str() };
         let value = if r.value.len() as u64 == sym.size {
-            spec::show_typed(
-                sym.value_type.as_ref(),
-                &sym.type_name,
-                &r.value,
-                &r.value_name,
-            )
+            spec::show_typed(sym.value_type.as_ref(), &sym.type_name, &r.value, name)
         } else {
             spec::show_value(&sym.type_name, &self.read(pid, sym.address, len).await?)
         };
