@@ -22,6 +22,7 @@
 //! | `ct-objects`, `ct-objects-nodebug` | `objects.c` (code events' heap objects), `-g -O0` and `-O0` |
 //! | `ct-objfloor` | `objfloor.c`, `-O2`: the floor of the objects benchmark (a bare tracer doing the kernel's part of `--on-return`) |
 //! | `ct-ips` | generated: 1,000 functions that each store into `counter` (`sweep` calls them all), `-g -O0` |
+//! | `ct-typed` | `typed.c`, `-g -O0` (PIE): a global of each kind a value reads as (`long`, `int`, `double`, `float`, `bool`, an enum, a pointer) |
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -205,6 +206,7 @@ fn main() {
         &["-O0", "-o", "ct-objects-nodebug", &objects, "-lpthread"],
     );
     cc(&out, &["-O2", "-o", "ct-objfloor", &s("objfloor.c")]);
+    cc(&out, &["-g", "-O0", "-o", "ct-typed", &s("typed.c")]);
     std::fs::write(out.join("ct-ips.c"), ips_source(IPS)).unwrap();
     cc(&out, &["-g", "-O0", "-o", "ct-ips", "ct-ips.c"]);
     std::fs::write(out.join("ct-locals.c"), locals_source(LOCALS)).unwrap();

@@ -408,10 +408,12 @@ async fn events(
             }
             // This host's stream numbers its own places.
             let mut places = wpd_proto::places::Places::new();
+            let mut pointers = cmd::events::PointerNames::default();
             loop {
                 let item = match stream.message().await {
                     Ok(Some(mut ev)) => {
                         places.fill_event(&mut ev);
+                        pointers.fill(ctx, &mut ev).await;
                         let line = out.event(&host.label, &ev);
                         drop(ev);
                         let share = line.len().clamp(1, EVENT_BUFFER) as u32;

@@ -434,6 +434,7 @@ pub fn symbol_json(s: &Symbol) -> Value {
         "source": source_name(s.source),
         "module_address": hex(s.module_address),
         "note": if s.note.is_empty() { Value::Null } else { json!(s.note) },
+        "value_type": s.value_type.as_ref().map(value_type_json),
     })
 }
 
@@ -552,6 +553,7 @@ pub fn watchpoint_json(wp: &Watchpoint) -> Value {
         "backtrace_depth": spec.backtrace_depth,
         "only_on_change": spec.only_on_change,
         "condition": spec.condition.as_ref().filter(|c| c.op != 0).map(condition_text),
+        "value_type": wp.value_type.as_ref().map(value_type_json),
         "ignore_count": spec.ignore_count,
         "hit_count": spec.hit_count,
         "max_hits_per_second": spec.max_hits_per_second,
@@ -614,29 +616,38 @@ pub fn process_json(p: &ProcessInfo) -> Value {
     })
 }
 
-/// `value & 0xff == 3`, `value changed`.
+/// `value & 0xff == 3`, `value < -1`, `value == DONE`, `value changed`.
 pub fn condition_text(c: &wpd_proto::v1::HitCondition) -> String {
-    use wpd_proto::v1::hit_condition::Op;
-    let op = match Op::try_from(c.op) {
-        Ok(Op::Changed) => return "value changed".into(),
-        Ok(Op::Eq) => "==",
-        Ok(Op::Ne) => "!=",
-        Ok(Op::Lt) => "<",
-        Ok(Op::Le) => "<=",
-        Ok(Op::Gt) => ">",
-        Ok(Op::Ge) => ">=",
-        _ => "?",
-    };
-    let operand = if c.operand > 9 {
-        format!("{:#x}", c.operand)
-    } else {
-        c.operand.to_string()
-    };
-    if c.mask == 0 {
-        format!("value {op} {operand}")
-    } else {
-        format!("value & {:#x} {op} {operand}", c.mask)
+    wpd_proto::condition::text(c)
+}
+
+/// A value read as its type (`kind`, a `ValueKind`) as JSON: a number
+/// (signed, unsigned, floating point; a float that is not finite as a
+/// string, `"NaN"`, `"inf"`), `true`/`false`, a pointer as a hex string;
+/// null when nothing was read or it is no number.
+pub fn typed_json(kind: i32, bytes: &[u8]) -> Value {
+    use wpd_proto::value::Typed;
+    match wpd_proto::value::typed(kind, bytes) {
+        None => Value::Null,
+        Some(Typed::Signed(v)) => json!(v),
+        Some(Typed::Unsigned(v)) => json!(v),
+        Some(Typed::Float(v)) if v.is_finite() => json!(v),
+        Some(t @ Typed::Float(_)) => json!(t.to_string()),
+        Some(Typed::Bool(v)) => json!(v),
+        Some(Typed::Pointer(v)) => json!(hex(v)),
     }
+}
+
+/// A value type as JSON: kind, size, C name, enumerators, and why there is
+/// none (`note`).
+pub fn value_type_json(t: &wpd_proto::v1::ValueType) -> Value {
+    json!({
+        "kind": wpd_proto::value::kind_name(t.kind),
+        "size": t.size,
+        "name": if t.name.is_empty() { Value::Null } else { json!(t.name) },
+        "enumerators": t.enumeration.then(|| t.enumerators.iter().map(|e| json!({"name": e.name, "value": e.value})).collect::<Vec<_>>()),
+        "note": if t.note.is_empty() { Value::Null } else { json!(t.note) },
+    })
 }
 
 /// `2nd`, `3rd`, `11th`, `21st`.

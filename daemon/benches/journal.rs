@@ -57,6 +57,7 @@ fn hit(i: u64) -> EventKind {
         callchain_note: None,
         rate_limited_before: 0,
         names: Some((Arc::from("fuzzer"), Arc::from("pool-12"))),
+        value_type: None,
     })
 }
 

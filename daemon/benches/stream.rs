@@ -67,6 +67,7 @@ fn event(i: u64, subscribed: bool, at: Option<&Frame>, image: Option<&Arc<Image>
             callchain_note: None,
             rate_limited_before: 0,
             names: Some((Arc::from("ct-pie"), Arc::from("ct-pie"))),
+            value_type: None,
         }),
         wire: Wire {
             subscribed,

@@ -163,6 +163,22 @@ pub mod asm {
     pub fn sub(dst: Reg, src: Reg) -> Insn {
         insn(ALU64 | 0x10 | X, dst, src, 0, 0)
     }
+    /// `dst ^= src`.
+    pub fn xor(dst: Reg, src: Reg) -> Insn {
+        insn(ALU64 | 0xa0 | X, dst, src, 0, 0)
+    }
+    /// `dst <<= imm`.
+    pub fn lsh_imm(dst: Reg, imm: i32) -> Insn {
+        insn(ALU64 | 0x60 | K, dst, 0, 0, imm)
+    }
+    /// `dst >>= imm` (logical: zeroes come in).
+    pub fn rsh_imm(dst: Reg, imm: i32) -> Insn {
+        insn(ALU64 | 0x70 | K, dst, 0, 0, imm)
+    }
+    /// `dst >>= imm` (arithmetic: copies of the sign bit come in).
+    pub fn arsh_imm(dst: Reg, imm: i32) -> Insn {
+        insn(ALU64 | 0xc0 | K, dst, 0, 0, imm)
+    }
     /// `dst %= src` (unsigned; the verifier makes `x % 0` leave `x`).
     pub fn modulo(dst: Reg, src: Reg) -> Insn {
         insn(ALU64 | 0x90 | X, dst, src, 0, 0)
@@ -181,7 +197,8 @@ pub mod asm {
     }
 }
 
-/// An unsigned comparison of two registers (`BPF_JMP | op | BPF_X`).
+/// A comparison of two 64-bit registers (`BPF_JMP | op | BPF_X`):
+/// unsigned, or signed (`S…`, two's complement).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Cmp {
@@ -189,14 +206,22 @@ pub enum Cmp {
     Eq = 0x10,
     /// `!=`.
     Ne = 0x50,
-    /// `>`.
+    /// `>` (unsigned).
     Gt = 0x20,
-    /// `>=`.
+    /// `>=` (unsigned).
     Ge = 0x30,
-    /// `<`.
+    /// `<` (unsigned).
     Lt = 0xa0,
-    /// `<=`.
+    /// `<=` (unsigned).
     Le = 0xb0,
+    /// `>` (signed, `BPF_JSGT`).
+    SGt = 0x60,
+    /// `>=` (signed, `BPF_JSGE`).
+    SGe = 0x70,
+    /// `<` (signed, `BPF_JSLT`).
+    SLt = 0xc0,
+    /// `<=` (signed, `BPF_JSLE`).
+    SLe = 0xd0,
 }
 
 impl Cmp {
@@ -209,6 +234,10 @@ impl Cmp {
             Cmp::Ge => Cmp::Lt,
             Cmp::Lt => Cmp::Ge,
             Cmp::Le => Cmp::Gt,
+            Cmp::SGt => Cmp::SLe,
+            Cmp::SGe => Cmp::SLt,
+            Cmp::SLt => Cmp::SGe,
+            Cmp::SLe => Cmp::SGt,
         }
     }
 }
@@ -310,7 +339,7 @@ impl Program {
         self.insns.push(asm::jeq_imm(dst, imm, 0));
     }
 
-    /// `if dst <cmp> src goto l` (unsigned comparisons of 64 bits).
+    /// `if dst <cmp> src goto l` (comparisons of 64 bits).
     pub fn jump_if(&mut self, cmp: Cmp, dst: Reg, src: Reg, l: Label) {
         self.jumps.push((self.insns.len(), l));
         self.insns.push(Insn {
@@ -716,6 +745,82 @@ impl Counters {
         }
         out
     }
+}
+
+#[cfg(test)]
+impl Counters {
+    /// Sets the counters (tests feed a program its input through them).
+    pub fn write(&self, v: &[u64]) -> Result<(), Errno> {
+        let key = 0u32;
+        let mut value = vec![0u64; self.n];
+        let n = v.len().min(self.n);
+        value[..n].copy_from_slice(&v[..n]);
+        let attr = MapElemAttr {
+            map_fd: self.fd.as_raw_fd() as u32,
+            key: (&raw const key) as u64,
+            value: value.as_ptr() as u64,
+            ..Default::default()
+        };
+        sys_bpf(BPF_MAP_UPDATE_ELEM, &attr).map(|_| ())
+    }
+}
+
+/// `BPF_PROG_TYPE_SOCKET_FILTER`: a program the kernel can run on demand
+/// (`BPF_PROG_TEST_RUN`), which perf event programs cannot: the tests run
+/// pieces of the hit program's code this way.
+#[cfg(test)]
+pub const PROG_TYPE_SOCKET_FILTER: u32 = 1;
+
+/// `union bpf_attr` as BPF_PROG_TEST_RUN reads it.
+#[cfg(test)]
+#[repr(C)]
+#[derive(Default)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+    _pad: u32,
+}
+
+/// Runs a [`PROG_TYPE_SOCKET_FILTER`] program once on a zeroed packet
+/// (`BPF_PROG_TEST_RUN`); returns what it returned.
+#[cfg(test)]
+pub fn test_run(prog: &OwnedFd) -> Result<u32, Errno> {
+    const BPF_PROG_TEST_RUN: libc::c_long = 10;
+    let packet = [0u8; 64];
+    let mut attr = TestRunAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        data_size_in: packet.len() as u32,
+        data_in: packet.as_ptr() as u64,
+        repeat: 1,
+        ..Default::default()
+    };
+    // SAFETY: attr is a valid bpf_attr prefix of the size given, which the
+    // kernel writes the result into; the packet outlives the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_TEST_RUN,
+            &raw mut attr,
+            std::mem::size_of::<TestRunAttr>(),
+        )
+    };
+    if r < 0 {
+        return Err(Errno::last());
+    }
+    Ok(attr.retval)
 }
 
 /// A BPF ring buffer (`BPF_MAP_TYPE_RINGBUF`): many producers (programs on

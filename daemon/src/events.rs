@@ -74,6 +74,9 @@ pub struct HitEvent {
     /// The process's and the thread's names (`comm`), filled in by the
     /// core when the hit is published.
     pub names: Option<(Arc<str>, Arc<str>)>,
+    /// The type its value reads as (its watchpoint's, when it reads one),
+    /// filled in by the core when the hit is published.
+    pub value_type: Option<Arc<crate::value::ValueType>>,
 }
 
 /// What happened.

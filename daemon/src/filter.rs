@@ -6,10 +6,17 @@
 //!
 //! Order, as debuggers do it: the condition first; the ignore count and
 //! the hit count count the hits whose condition held; the rate limit last,
-//! on what would be reported. The value is the watched piece's bytes as a
-//! little-endian unsigned integer (perf: read just after the hit; ptrace:
-//! read while the thread is stopped). A hit whose value could not be read
-//! is reported, with its error: a condition it cannot judge hides nothing.
+//! on what would be reported. The value is the watched piece's bytes
+//! (perf: read at the trap or just after the hit; ptrace: read while the
+//! thread is stopped), compared as the watched type reads them ([`View`]:
+//! `value.rs` binds a condition's text to the type). A hit whose value
+//! could not be read is reported, with its error: a condition it cannot
+//! judge hides nothing.
+//!
+//! This module is the definition of what a condition means; the perf
+//! backend's BPF program (`backend/perf/ring.rs`) computes the same with
+//! [`sign_extend`] and [`float_key`], and its tests run that program in the
+//! kernel against [`Condition::holds`].
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,40 +38,159 @@ pub enum CmpOp {
     Ge,
 }
 
+impl CmpOp {
+    /// Whether `a OP b` holds for `a`, `b` in that order.
+    pub fn of(self, order: std::cmp::Ordering) -> bool {
+        use std::cmp::Ordering::*;
+        match self {
+            CmpOp::Eq => order == Equal,
+            CmpOp::Ne => order != Equal,
+            CmpOp::Lt => order == Less,
+            CmpOp::Le => order != Greater,
+            CmpOp::Gt => order == Greater,
+            CmpOp::Ge => order != Less,
+        }
+    }
+
+    /// As C writes it.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            CmpOp::Eq => "==",
+            CmpOp::Ne => "!=",
+            CmpOp::Lt => "<",
+            CmpOp::Le => "<=",
+            CmpOp::Gt => ">",
+            CmpOp::Ge => ">=",
+        }
+    }
+}
+
+/// How the value at a hit and a condition's operand compare: as the
+/// watched type reads its bytes (as many as the watched piece has).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum View {
+    /// A little-endian unsigned integer, masked: what a watchpoint with no
+    /// type reads, and any masked comparison.
+    Unsigned,
+    /// A two's-complement signed integer (sign-extended to 64 bits).
+    Signed,
+    /// IEEE 754 floating point: a `float` in 4 bytes, a `double` in 8. As
+    /// IEEE 754 compares: -0.0 equals 0.0, and a NaN is unordered (only
+    /// `!=` holds).
+    Float,
+}
+
 /// A condition on the value at the hit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Condition {
-    /// `(value & mask) OP operand`, unsigned.
+    /// `value OP operand`, the value read as `view` reads it.
     Compare {
         /// The comparison.
         op: CmpOp,
-        /// The right-hand side.
+        /// The right-hand side, as `view` holds it: unsigned bits, a
+        /// signed value's 64-bit two's complement, a float's bits in the
+        /// watched size (an `f32`'s in the low 32 bits).
         operand: u64,
-        /// Bits of the value compared (all: `u64::MAX`).
+        /// Bits of the value compared (all: `u64::MAX`); only with
+        /// [`View::Unsigned`].
         mask: u64,
+        /// How value and operand compare.
+        view: View,
     },
-    /// The value differs from the one seen at the previous hit (the first
-    /// hit is reported).
+    /// The value's bytes differ from those seen at the previous hit (the
+    /// first hit is reported).
     Changed,
 }
 
+/// The `len`-byte (1 to 8) little-endian value `raw` as a signed integer.
+pub fn sign_extend(raw: u64, len: usize) -> i64 {
+    let shift = 64 - 8 * len.clamp(1, 8) as u32;
+    ((raw << shift) as i64) >> shift
+}
+
+/// A float's bits (`len` 4: an `f32`'s in the low 32 bits; 8: an `f64`'s)
+/// as an integer that orders as IEEE 754 orders the floats: the sign and
+/// magnitude turned into a two's-complement number (the magnitude, negated
+/// for a negative float). Over the floats that are not NaN, `a < b` exactly
+/// when `float_key(a) < float_key(b)`, and `a == b` when the keys are equal
+/// (so -0.0 and 0.0 are both 0); a NaN has no key. Exact: the magnitude's
+/// bit pattern orders as the magnitudes do, and it fits 63 bits, so its
+/// negation never overflows. The perf backend's BPF program computes it
+/// with shifts, an xor and a subtraction, and compares keys signed.
+pub fn float_key(bits: u64, len: usize) -> Option<i64> {
+    let (negative, magnitude, infinity) = match len {
+        4 => (bits >> 31 & 1 == 1, bits & 0x7fff_ffff, 0x7f80_0000),
+        _ => (
+            bits >> 63 == 1,
+            bits & (u64::MAX >> 1),
+            0x7ff0_0000_0000_0000,
+        ),
+    };
+    if magnitude > infinity {
+        return None;
+    }
+    let m = magnitude as i64;
+    Some(if negative { -m } else { m })
+}
+
 impl Condition {
-    fn holds(&self, value: u64, previous: Option<u64>) -> bool {
+    /// Whether it holds for the value `bytes` (the watched piece's), the
+    /// previous value's bytes being `previous` (`Changed`).
+    pub fn holds(&self, bytes: &[u8], previous: Option<u64>) -> bool {
+        let value = value_u64(bytes);
         match *self {
             Condition::Changed => previous != Some(value),
-            Condition::Compare { op, operand, mask } => {
-                let v = value & mask;
-                match op {
-                    CmpOp::Eq => v == operand,
-                    CmpOp::Ne => v != operand,
-                    CmpOp::Lt => v < operand,
-                    CmpOp::Le => v <= operand,
-                    CmpOp::Gt => v > operand,
-                    CmpOp::Ge => v >= operand,
+            Condition::Compare {
+                op,
+                operand,
+                mask,
+                view,
+            } => match (view, bytes.len()) {
+                (View::Signed, n) => op.of(sign_extend(value, n).cmp(&(operand as i64))),
+                // Unordered (a NaN on either side): only `!=` holds.
+                (View::Float, 4) => {
+                    let (v, o) = (f32::from_bits(value as u32), f32::from_bits(operand as u32));
+                    v.partial_cmp(&o)
+                        .map_or(op == CmpOp::Ne, |order| op.of(order))
                 }
-            }
+                (View::Float, 8) => {
+                    let (v, o) = (f64::from_bits(value), f64::from_bits(operand));
+                    v.partial_cmp(&o)
+                        .map_or(op == CmpOp::Ne, |order| op.of(order))
+                }
+                // A float of another size is never bound; its bits compare.
+                (View::Unsigned | View::Float, _) => op.of((value & mask).cmp(&operand)),
+            },
         }
     }
+}
+
+/// A condition as a client asked for it, before it is bound to the watched
+/// type (`value::bind`, when the watchpoint is set and each time its name
+/// is resolved again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Asked {
+    /// `changed`.
+    Changed,
+    /// `[& mask] OP rhs`.
+    Compare {
+        /// The comparison.
+        op: CmpOp,
+        /// The mask, if any (never 0).
+        mask: Option<u64>,
+        /// The right-hand side.
+        rhs: Rhs,
+    },
+}
+
+/// A condition's right-hand side as asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rhs {
+    /// As written (`-1`, `-273.15`, `DONE`): read against the type.
+    Text(String),
+    /// A number compared with the bytes as an unsigned integer, whatever
+    /// the type (`HitCondition.operand` of clients that predate `value`).
+    Unsigned(u64),
 }
 
 /// What a watchpoint reports of its hits.
@@ -161,9 +287,8 @@ impl FilterState {
             return Verdict::Report { limited_before: 0 };
         }
         if let (Some(c), Some(v)) = (&f.condition, value) {
-            let v = value_u64(v);
             let previous = if matches!(c, Condition::Changed) {
-                self.previous.lock().unwrap().replace(v)
+                self.previous.lock().unwrap().replace(value_u64(v))
             } else {
                 None
             };
@@ -232,7 +357,12 @@ mod tests {
     #[test]
     fn conditions_compare_the_masked_value() {
         let cmp = |op, operand, mask| HitFilter {
-            condition: Some(Condition::Compare { op, operand, mask }),
+            condition: Some(Condition::Compare {
+                op,
+                operand,
+                mask,
+                view: View::Unsigned,
+            }),
             ..Default::default()
         };
         let v = [5, 7, 9, 7, 0x107];
@@ -250,6 +380,210 @@ mod tests {
         assert_eq!(run(changed, &[1, 1, 2, 2, 2, 1]), [0, 2, 5]);
     }
 
+    /// `value OP operand` read as `view` holds exactly for the `values`
+    /// marked true (each a value's bytes: their length is the watched
+    /// size).
+    fn check(view: View, op: CmpOp, operand: u64, values: &[(&[u8], bool)]) {
+        let c = Condition::Compare {
+            op,
+            operand,
+            mask: u64::MAX,
+            view,
+        };
+        for &(bytes, expected) in values {
+            assert_eq!(
+                c.holds(bytes, None),
+                expected,
+                "{bytes:02x?} {} {operand:#x} as {view:?}",
+                op.symbol()
+            );
+        }
+    }
+
+    #[test]
+    fn conditions_compare_as_the_type_reads_the_value() {
+        let long = |v: i64| v.to_le_bytes();
+        let int = |v: i32| v.to_le_bytes();
+        // `> 100` on a long holding -1: not as signed, as the bytes were.
+        check(
+            View::Signed,
+            CmpOp::Gt,
+            100,
+            &[(&long(-1), false), (&long(101), true)],
+        );
+        check(View::Unsigned, CmpOp::Gt, 100, &[(&long(-1), true)]);
+        // `< 0` on an int holding -7 (4 bytes, sign-extended).
+        check(
+            View::Signed,
+            CmpOp::Lt,
+            0,
+            &[(&int(-7), true), (&int(7), false), (&int(0), false)],
+        );
+        // `== -1` on each size.
+        let minus_one = -1i64 as u64;
+        for bytes in [&[0xffu8][..], &[0xff; 2], &[0xff; 4], &[0xff; 8]] {
+            check(View::Signed, CmpOp::Eq, minus_one, &[(bytes, true)]);
+        }
+        check(
+            View::Signed,
+            CmpOp::Eq,
+            minus_one,
+            &[(&[0xff, 0x7f], false), (&[0x7f], false)],
+        );
+        check(
+            View::Signed,
+            CmpOp::Ge,
+            i64::MIN as u64,
+            &[(&long(i64::MIN), true), (&long(i64::MAX), true)],
+        );
+        check(
+            View::Signed,
+            CmpOp::Le,
+            -128i64 as u64,
+            &[(&[0x80], true), (&[0x81], false)],
+        );
+        // Doubles: `< -273` on -273.15 and on -272.9, NaN, the zeros.
+        let d = |v: f64| v.to_le_bytes();
+        let f = |v: f32| v.to_le_bytes();
+        let minus_273 = (-273.0f64).to_bits();
+        check(
+            View::Float,
+            CmpOp::Lt,
+            minus_273,
+            &[
+                (&d(-273.15), true),
+                (&d(-272.9), false),
+                (&d(-273.0), false),
+                (&d(f64::NEG_INFINITY), true),
+                (&d(f64::NAN), false),
+                (&d(-f64::NAN), false),
+            ],
+        );
+        check(
+            View::Float,
+            CmpOp::Ne,
+            minus_273,
+            &[(&d(f64::NAN), true), (&d(-273.0), false)],
+        );
+        check(
+            View::Float,
+            CmpOp::Eq,
+            0.0f64.to_bits(),
+            &[(&d(-0.0), true), (&d(0.0), true)],
+        );
+        check(
+            View::Float,
+            CmpOp::Lt,
+            0.0f64.to_bits(),
+            &[(&d(-0.0), false), (&d(-5e-324), true)],
+        );
+        check(
+            View::Float,
+            CmpOp::Ge,
+            u64::from(3.5f32.to_bits()),
+            &[
+                (&f(3.5), true),
+                (&f(3.4999998), false),
+                (&f(f32::INFINITY), true),
+                (&f(f32::NAN), false),
+            ],
+        );
+        check(
+            View::Float,
+            CmpOp::Eq,
+            u64::from((-0.0f32).to_bits()),
+            &[(&f(0.0), true)],
+        );
+    }
+
+    /// Floats in IEEE 754 order, NaNs left out: for each exponent (every
+    /// one of an `f32`'s, a spread of an `f64`'s), both signs, and the
+    /// mantissas at its ends and between.
+    fn ladder(len: usize) -> Vec<u64> {
+        let (exp_bits, man_bits) = if len == 4 { (8, 23) } else { (11, 52) };
+        let exps: Vec<u64> = if len == 4 {
+            (0..1 << exp_bits).collect()
+        } else {
+            (0..1u64 << exp_bits)
+                .filter(|e| *e < 4 || *e > 2043 || e % 61 == 0 || (1019..1030).contains(e))
+                .collect()
+        };
+        let top = (1u64 << man_bits) - 1;
+        let mans = [0, 1, 2, top / 3, top / 2, top - 1, top];
+        let mut up = Vec::new();
+        for e in exps {
+            for &m in &mans {
+                let bits = e << man_bits | m;
+                // Past infinity: NaNs.
+                if e == (1 << exp_bits) - 1 && m != 0 {
+                    continue;
+                }
+                up.push(bits);
+            }
+        }
+        up.dedup();
+        let sign = 1u64 << (8 * len - 1);
+        let mut all: Vec<u64> = up.iter().rev().map(|b| b | sign).collect();
+        all.extend(up);
+        all
+    }
+
+    /// The key of every float of the ladder orders as the floats do (both
+    /// zeros 0), and NaNs have none: the encoding the BPF program
+    /// compares is IEEE 754's order, checked pair by pair against the
+    /// floats' own comparison.
+    #[test]
+    fn float_keys_order_as_ieee_754_does() {
+        for len in [4, 8] {
+            let floats = ladder(len);
+            let value = |b: u64| {
+                if len == 4 {
+                    f64::from(f32::from_bits(b as u32))
+                } else {
+                    f64::from_bits(b)
+                }
+            };
+            let keys: Vec<i64> = floats.iter().map(|&b| float_key(b, len).unwrap()).collect();
+            for (i, (&a, &ka)) in floats.iter().zip(&keys).enumerate() {
+                // Neighbours first (cheap and the likeliest to break).
+                if let Some(&kb) = keys.get(i + 1) {
+                    assert!(ka < kb || (ka == 0 && kb == 0), "{a:#x}: {ka} then {kb}");
+                }
+                for (&b, &kb) in floats.iter().zip(&keys).step_by(7) {
+                    assert_eq!(
+                        value(a).partial_cmp(&value(b)),
+                        Some(ka.cmp(&kb)),
+                        "{a:#x} against {b:#x}"
+                    );
+                }
+            }
+            let (nan, inf) = if len == 4 {
+                (0x7fc0_0000u64, 0x7f80_0000u64)
+            } else {
+                (0x7ff8_0000_0000_0000, 0x7ff0_0000_0000_0000)
+            };
+            let sign = 1u64 << (8 * len - 1);
+            for b in [
+                nan,
+                nan | sign,
+                inf + 1,
+                (inf + 1) | sign,
+                inf | (inf >> 1) | sign,
+            ] {
+                assert_eq!(float_key(b, len), None, "{b:#x} is a NaN");
+            }
+        }
+    }
+
+    #[test]
+    fn narrow_values_sign_extend() {
+        assert_eq!(sign_extend(0xff, 1), -1);
+        assert_eq!(sign_extend(0x7f, 1), 127);
+        assert_eq!(sign_extend(0x8000, 2), -32768);
+        assert_eq!(sign_extend(0xffff_fff9, 4), -7);
+        assert_eq!(sign_extend(u64::MAX, 8), -1);
+    }
+
     #[test]
     fn ignore_and_every_count_the_hits_whose_condition_held() {
         let f = HitFilter {
@@ -257,6 +591,7 @@ mod tests {
                 op: CmpOp::Ne,
                 operand: 0,
                 mask: u64::MAX,
+                view: View::Unsigned,
             }),
             ignore: 2,
             every: 3,

@@ -27,3 +27,4 @@ pub mod startup;
 pub mod state;
 pub mod statedir;
 pub mod symbols;
+pub mod value;

@@ -239,8 +239,15 @@ pub struct WatchSpec {
     pub symbol: Option<ByName>,
     /// Frames of the call chain to capture with each hit (0: none).
     pub backtrace: u8,
-    /// Which hits are reported.
+    /// Which hits are reported (its condition bound to `value_type` when
+    /// the watchpoint is set: `value::bind`).
     pub filter: crate::filter::HitFilter,
+    /// The condition as asked, bound again each time the name resolves.
+    pub condition: Option<crate::filter::Asked>,
+    /// The watched name's type (set by name, with DWARF), as resolved;
+    /// values and the condition read as it when it covers the watched
+    /// bytes (`ValueType::reads`).
+    pub value_type: Option<std::sync::Arc<crate::value::ValueType>>,
     /// The event-stream lease it lives under (0: none). The RPC layer
     /// checks it is the caller's and removes the watchpoint when it ends.
     pub lease: u64,
@@ -252,6 +259,28 @@ pub struct WatchSpec {
     pub follow_forks: bool,
     /// Aggregate mode: samples streamed per second (`None`: every hit).
     pub aggregate: Option<u32>,
+}
+
+impl WatchSpec {
+    /// The type its values read as, if they read as one.
+    pub fn reading(&self) -> Option<&std::sync::Arc<crate::value::ValueType>> {
+        self.value_type.as_ref().filter(|t| t.reads(&self.range))
+    }
+
+    /// Binds the condition asked to the type resolved (`value_type`) and
+    /// the range: what the hits are judged by.
+    pub fn bind_condition(&mut self) -> Result<(), String> {
+        self.filter.condition = match &self.condition {
+            None => None,
+            Some(asked) => Some(crate::value::bind(
+                asked,
+                self.value_type.as_deref(),
+                &self.range,
+                self.symbol.is_some(),
+            )?),
+        };
+        Ok(())
+    }
 }
 
 /// Hits a watchpoint keeps when its spec says 0.

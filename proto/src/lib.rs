@@ -29,6 +29,7 @@ pub mod condition;
 pub mod places;
 mod stream;
 pub mod text;
+pub mod value;
 
 /// The canonical upper-snake-case name of a gRPC status code (`NOT_FOUND`),
 /// as the gRPC specification spells it: what `wpctl --json` reports and

@@ -29,6 +29,7 @@ fn spec(backend: Backend, pid: i32, name: &str) -> WatchpointSpec {
 
 fn cond(op: Op, operand: u64, mask: u64) -> Option<HitCondition> {
     Some(HitCondition {
+        value: String::new(),
         op: op as i32,
         operand,
         mask,
@@ -135,7 +136,7 @@ async fn conditions_and_counts_choose_the_hits(backend: Backend) -> Result<()> {
             let c = w
                 .spec
                 .as_ref()
-                .and_then(|s| s.condition)
+                .and_then(|s| s.condition.clone())
                 .context("no condition listed")?;
             ensure!(c.op == Op::Eq as i32 && c.operand == 7, "{c:?}");
             remove(&mut client, id).await?;
@@ -298,6 +299,7 @@ async fn conditions_it_cannot_judge_are_refused() -> Result<()> {
             exec.condition = cond(Op::Eq, 1, 0);
             let mut unknown = spec(Backend::Perf, t.pid, "counter");
             unknown.condition = Some(HitCondition {
+                value: String::new(),
                 op: 99,
                 operand: 0,
                 mask: 0,

@@ -37,6 +37,7 @@ fn signal_spec(
     spec.action = HitAction::Signal as i32;
     spec.signal = signal;
     spec.condition = Some(HitCondition {
+        value: String::new(),
         op: Op::Eq as i32,
         operand: 7,
         mask: 0,
@@ -160,6 +161,7 @@ async fn every_combination_of_filter_and_action_is_armed(backend: Backend) -> Re
                 ..Default::default()
             }),
             Some(HitCondition {
+                value: String::new(),
                 op: Op::Eq as i32,
                 operand: 7,
                 mask: 0,
@@ -176,7 +178,7 @@ async fn every_combination_of_filter_and_action_is_armed(backend: Backend) -> Re
                                 spec.action = HitAction::Signal as i32;
                                 spec.signal = SIGUSR1;
                             }
-                            spec.condition = *condition;
+                            spec.condition = condition.clone();
                             spec.ignore_count = ignore;
                             spec.hit_count = every;
                             spec.max_hits_per_second = rate;

@@ -53,4 +53,5 @@ mod slots;
 mod symbols;
 mod sysboot;
 mod thread_names;
+mod typed;
 mod unprivileged;

@@ -239,6 +239,7 @@ async fn watch_conns(client: &mut Client, pid: i32, creator_only: bool) -> Resul
     ce.disarm_on = "free".into();
     // Only the corruption's value is reported (not conn_set_state's).
     spec.condition = Some(wpd_proto::v1::HitCondition {
+        value: String::new(),
         op: wpd_proto::v1::hit_condition::Op::Eq as i32,
         operand: 0xdead,
         mask: 0,

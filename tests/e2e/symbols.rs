@@ -1256,9 +1256,10 @@ async fn expressions_take_addresses_casts_and_parentheses() -> Result<()> {
             let out = wpctl_symbol(&daemon, t.pid, "&g_sess.mode").await?;
             ensure!(
                 out.code == Some(0)
-                    && out
-                        .stdout
-                        .contains(&format!("&g_sess.mode = {:#x} (enum mode *", sess + 4)),
+                    && out.stdout.contains(&format!(
+                        "&g_sess.mode = {:#x} <g_sess+4> (enum mode *",
+                        sess + 4
+                    )),
                 "{out:?}"
             );
             let out = wpctl_symbol(&daemon, t.pid, "(int)g_sess.flags").await?;

@@ -25,6 +25,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("breaks.c", include_str!("../c/breaks.c")),
     ("plugin.c", include_str!("../c/plugin.c")),
     ("plugins.c", include_str!("../c/plugins.c")),
+    ("typed.c", include_str!("../c/typed.c")),
 ];
 
 /// The file and 1-based line of the `LINE:<tag>` marker in the C sources.

@@ -3,6 +3,7 @@
 //! length), its condition and hit condition translated to the daemon's, and
 //! how watched bytes are shown.
 
+use wpd_proto::v1 as pb;
 use wpd_proto::v1::HitCondition;
 use wpd_proto::v1::hit_condition::Op;
 
@@ -98,17 +99,24 @@ pub fn slots_needed(addr: u64, len: u64) -> usize {
 }
 
 /// A DAP `condition` as the daemon's [`HitCondition`]: what
-/// `wpctl --condition` takes (`== 42`, `&0xff != 0`, `changed`), optionally
-/// after the watched name or `value` (`x == 10`, as lldb's tests write it),
-/// and with negative numbers for `==`/`!=` (taken in `size` bytes, two's
-/// complement).
-pub fn condition(text: &str, name: Option<&str>, size: u64) -> Result<HitCondition, SpecError> {
+/// `wpctl --condition` takes (`== 42`, `< -1`, `>= -273.15`, `== DONE`,
+/// `&0xff != 0`, `changed`), optionally after the watched name or `value`
+/// (`x == 10`, as lldb's tests write it). The daemon reads the value as the
+/// watched variable's type; a target of no type (`typed` false: watched by
+/// address) compares its `size` bytes unsigned, so a negative number for
+/// `==`/`!=` is taken there as its two's complement in those bytes.
+pub fn condition(
+    text: &str,
+    name: Option<&str>,
+    size: u64,
+    typed: bool,
+) -> Result<HitCondition, SpecError> {
     let t = text.trim();
     let rest = strip_subject(t, name);
-    // Negative operands: two's complement in the watched size.
-    if let Some((op, v)) = [("==", Op::Eq), ("!=", Op::Ne)]
-        .iter()
-        .find_map(|(sym, op)| rest.strip_prefix(sym).map(|v| (*op, v.trim())))
+    if !typed
+        && let Some((op, v)) = [("==", Op::Eq), ("!=", Op::Ne)]
+            .iter()
+            .find_map(|(sym, op)| rest.strip_prefix(sym).map(|v| (*op, v.trim())))
         && let Some(neg) = v.strip_prefix('-')
     {
         let n = wpd_proto::condition::parse_number(neg.trim()).map_err(|e| syntax(text, &e))?;
@@ -118,10 +126,12 @@ pub fn condition(text: &str, name: Option<&str>, size: u64) -> Result<HitConditi
         } else {
             (1u64 << bits) - 1
         };
+        let operand = n.wrapping_neg() & mask;
         return Ok(HitCondition {
             op: op as i32,
-            operand: n.wrapping_neg() & mask,
+            operand,
             mask: 0,
+            value: format!("{operand:#x}"),
         });
     }
     wpd_proto::condition::parse(rest).map_err(|e| syntax(text, &e))
@@ -224,11 +234,52 @@ pub fn show_flags(value: u64) -> String {
     format!("{value:#x} [{}]", set.join(" "))
 }
 
+/// Watched bytes as their type reads them, when the daemon gave the type
+/// (`t`, the watchpoint's or the symbol's `value_type`, covering exactly
+/// these bytes): `-2 (0xfffffffe)`, `-273.15`, `true`, `DONE (2)`,
+/// `0x1000 <g_table>` (`name`: the daemon's name for the value, an
+/// enumerator or the symbol a pointer points into); else by the type's
+/// name ([`show_value`]).
+pub fn show_typed(t: Option<&pb::ValueType>, type_name: &str, bytes: &[u8], name: &str) -> String {
+    use wpd_proto::value::{Typed, le_u64, typed};
+    let t =
+        t.filter(|t| t.kind != pb::ValueKind::Unspecified as i32 && t.size as usize == bytes.len());
+    let Some(v) = t.and_then(|t| typed(t.kind, bytes)) else {
+        return show_value(type_name, bytes);
+    };
+    let raw = le_u64(bytes).unwrap_or(0);
+    let enumerator = t
+        .filter(|t| t.enumeration)
+        .and_then(|t| {
+            let n = match v {
+                Typed::Signed(n) => n,
+                _ => raw as i64,
+            };
+            t.enumerators.iter().find(|e| e.value == n)
+        })
+        .map(|e| e.name.as_str())
+        .unwrap_or(name);
+    let name = wpd_proto::text::escape(enumerator);
+    match v {
+        Typed::Pointer(_) if name.is_empty() => v.to_string(),
+        Typed::Pointer(_) => format!("{v} <{name}>"),
+        Typed::Float(_) | Typed::Bool(_) => v.to_string(),
+        _ if name.is_empty() => format!("{v} ({raw:#x})"),
+        _ => format!("{name} ({v})"),
+    }
+}
+
 /// Watched bytes as a person reads them: integers by their C type (signed
 /// unless the type says unsigned; with hex), floats, pointers in hex, and
 /// other things as bytes.
 pub fn show_value(type_name: &str, bytes: &[u8]) -> String {
-    let t = type_name.trim();
+    // Qualifiers change nothing of how the bytes read.
+    let unqualified: Vec<&str> = type_name
+        .split_whitespace()
+        .filter(|w| !matches!(*w, "const" | "volatile" | "_Atomic"))
+        .collect();
+    let unqualified = unqualified.join(" ");
+    let t = unqualified.as_str();
     let n = bytes.len();
     if n == 0 {
         return "(nothing read)".into();
@@ -331,22 +382,37 @@ mod tests {
     }
 
     #[test]
-    fn conditions_take_a_subject_and_negative_numbers() {
-        let c = |s: &str| condition(s, Some("x"), 4).map(|c| (c.op, c.operand, c.mask));
-        assert_eq!(c("== 10"), Ok((Op::Eq as i32, 10, 0)));
-        assert_eq!(c("x==10"), Ok((Op::Eq as i32, 10, 0)));
-        assert_eq!(c("value >= 0x10"), Ok((Op::Ge as i32, 16, 0)));
-        assert_eq!(c("x != -1"), Ok((Op::Ne as i32, 0xffff_ffff, 0)));
-        assert_eq!(c("&0xff == 3"), Ok((Op::Eq as i32, 3, 0xff)));
-        assert_eq!(c("changed"), Ok((Op::Changed as i32, 0, 0)));
+    fn conditions_take_a_subject_and_typed_values() {
+        let c = |s: &str, typed| {
+            condition(s, Some("x"), 4, typed).map(|c| (c.op, c.operand, c.mask, c.value))
+        };
+        let v = |s: &str| s.to_string();
+        assert_eq!(c("== 10", true), Ok((Op::Eq as i32, 10, 0, v("10"))));
+        assert_eq!(c("x==10", true), Ok((Op::Eq as i32, 10, 0, v("10"))));
         assert_eq!(
-            condition("libx.so:x == 1", Some("libx.so:x"), 8)
+            c("value >= 0x10", true),
+            Ok((Op::Ge as i32, 16, 0, v("0x10")))
+        );
+        assert_eq!(c("&0xff == 3", true), Ok((Op::Eq as i32, 3, 0xff, v("3"))));
+        assert_eq!(c("changed", true), Ok((Op::Changed as i32, 0, 0, v(""))));
+        // Typed: as written, for the daemon to read as the type.
+        assert_eq!(c("x != -1", true), Ok((Op::Ne as i32, 0, 0, v("-1"))));
+        assert_eq!(c("x < -1", true), Ok((Op::Lt as i32, 0, 0, v("-1"))));
+        assert_eq!(c("x >= -2.5", true), Ok((Op::Ge as i32, 0, 0, v("-2.5"))));
+        assert_eq!(c("x == DONE", true), Ok((Op::Eq as i32, 0, 0, v("DONE"))));
+        // By address, no type: two's complement in the watched bytes.
+        assert_eq!(
+            c("x != -1", false),
+            Ok((Op::Ne as i32, 0xffff_ffff, 0, v("0xffffffff")))
+        );
+        assert_eq!(
+            condition("libx.so:x == 1", Some("libx.so:x"), 8, true)
                 .unwrap()
                 .operand,
             1
         );
-        for bad in ["y == 1", "x = 1", "x == foo", "x < -1", ""] {
-            let e = c(bad).unwrap_err().to_string();
+        for bad in ["y == 1", "x = 1", "x == a.b", ""] {
+            let e = c(bad, true).unwrap_err().to_string();
             assert!(e.contains("Conditions compare"), "{bad:?}: {e}");
         }
     }
@@ -375,5 +441,66 @@ mod tests {
         assert_eq!(show_value("_Bool", &[1]), "true");
         assert_eq!(show_value("struct stats", &[1, 2, 0xff]), "[01 02 ff]");
         assert_eq!(show_value("int", &[]), "(nothing read)");
+        assert_eq!(show_value("volatile double", &1.5f64.to_le_bytes()), "1.5");
+        assert_eq!(
+            show_value("const volatile int", &(-3i32).to_le_bytes()),
+            "-3 (0xfffffffd)"
+        );
+    }
+
+    #[test]
+    fn values_by_the_daemon_s_type() {
+        let t = |kind: pb::ValueKind, size: u32| pb::ValueType {
+            kind: kind as i32,
+            size,
+            ..Default::default()
+        };
+        let state = pb::ValueType {
+            enumeration: true,
+            enumerators: vec![
+                pb::Enumerator {
+                    name: "IDLE".into(),
+                    value: 0,
+                },
+                pb::Enumerator {
+                    name: "DONE".into(),
+                    value: 2,
+                },
+            ],
+            ..t(pb::ValueKind::Unsigned, 4)
+        };
+        let show = |ty: &pb::ValueType, b: &[u8], name: &str| show_typed(Some(ty), "", b, name);
+        assert_eq!(
+            show(&t(pb::ValueKind::Signed, 8), &(-1i64).to_le_bytes(), ""),
+            "-1 (0xffffffffffffffff)"
+        );
+        assert_eq!(
+            show(&t(pb::ValueKind::Float, 8), &(-273.15f64).to_le_bytes(), ""),
+            "-273.15"
+        );
+        assert_eq!(
+            show(&t(pb::ValueKind::Float, 4), &3.5f32.to_le_bytes(), ""),
+            "3.5"
+        );
+        assert_eq!(show(&t(pb::ValueKind::Bool, 1), &[1], ""), "true");
+        assert_eq!(show(&state, &2u32.to_le_bytes(), ""), "DONE (2)");
+        assert_eq!(show(&state, &7u32.to_le_bytes(), ""), "7 (0x7)");
+        assert_eq!(
+            show(
+                &t(pb::ValueKind::Pointer, 8),
+                &0x1000u64.to_le_bytes(),
+                "g_table"
+            ),
+            "0x1000 <g_table>"
+        );
+        // Another size than the type's (a piece): by the type's name.
+        assert_eq!(
+            show(&t(pb::ValueKind::Signed, 8), &[0xff], ""),
+            "255 (0xff)"
+        );
+        assert_eq!(
+            show_typed(None, "int", &(-2i32).to_le_bytes(), ""),
+            "-2 (0xfffffffe)"
+        );
     }
 }

@@ -36,6 +36,11 @@ fn value_text(v: &[u8]) -> String {
     u64::from_le_bytes(b).to_string()
 }
 
+/// How the watchpoint's values read (`ValueKind`; 0: no type).
+fn kind(r: &GetHitAggregatesResponse) -> i32 {
+    r.value_type.as_ref().map_or(0, |t| t.kind)
+}
+
 fn to_json(r: &GetHitAggregatesResponse) -> serde_json::Value {
     json!({
         "watchpoint_id": r.watchpoint_id,
@@ -52,7 +57,10 @@ fn to_json(r: &GetHitAggregatesResponse) -> serde_json::Value {
             "first_ns": a.first_ns,
             "last_ns": a.last_ns,
             "values": a.values.iter().map(|v| value_text(v)).collect::<Vec<_>>(),
+            "typed_values": a.values.iter().map(|v| output::typed_json(kind(r), v)).collect::<Vec<_>>(),
+            "value_names": a.value_names,
         })).collect::<Vec<_>>(),
+        "value_type": r.value_type.as_ref().map(output::value_type_json),
     })
 }
 
@@ -69,7 +77,11 @@ fn to_text(r: &GetHitAggregatesResponse) -> String {
                 .unwrap_or_else(|| hex(a.ip)),
             a.values
                 .iter()
-                .map(|v| value_text(v))
+                .enumerate()
+                .map(|(i, v)| {
+                    let name = a.value_names.get(i).map_or("", String::as_str);
+                    wpd_proto::value::short(kind(r), v, name)
+                })
                 .collect::<Vec<_>>()
                 .join(" "),
             output::ago(a.last_ns),
@@ -94,4 +106,71 @@ fn to_text(r: &GetHitAggregatesResponse) -> String {
         ));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wpd_proto::v1::{HitAggregate, ValueKind, ValueType};
+
+    fn response(kind: ValueKind, values: Vec<Vec<u8>>, names: &[&str]) -> GetHitAggregatesResponse {
+        GetHitAggregatesResponse {
+            watchpoint_id: 4,
+            pid: 42,
+            hits: 3,
+            aggregates: vec![HitAggregate {
+                ip: 0x1000,
+                tid: 43,
+                count: 3,
+                values,
+                value_names: names.iter().map(|n| n.to_string()).collect(),
+                ..Default::default()
+            }],
+            value_type: Some(ValueType {
+                kind: kind as i32,
+                size: 8,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn latest_values_read_as_their_type() {
+        let r = response(
+            ValueKind::Signed,
+            vec![(-1i64).to_le_bytes().to_vec(), 7i64.to_le_bytes().to_vec()],
+            &["", ""],
+        );
+        assert!(to_text(&r).contains(" -1 7 "), "{}", to_text(&r));
+        let v = to_json(&r);
+        assert_eq!(v["aggregates"][0]["typed_values"], json!([-1, 7]));
+        assert_eq!(
+            v["aggregates"][0]["values"],
+            json!([u64::MAX.to_string(), "7"])
+        );
+        assert_eq!(v["value_type"]["kind"], "signed");
+        let r = response(
+            ValueKind::Float,
+            vec![(-273.15f64).to_le_bytes().to_vec()],
+            &[""],
+        );
+        assert!(to_text(&r).contains(" -273.15 "), "{}", to_text(&r));
+        let r = response(
+            ValueKind::Unsigned,
+            vec![2u64.to_le_bytes().to_vec()],
+            &["DONE"],
+        );
+        assert!(to_text(&r).contains(" DONE "), "{}", to_text(&r));
+        let r = response(
+            ValueKind::Pointer,
+            vec![0x4010u64.to_le_bytes().to_vec()],
+            &["g_table+16"],
+        );
+        assert!(
+            to_text(&r).contains(" 0x4010 <g_table+16> "),
+            "{}",
+            to_text(&r)
+        );
+    }
 }

@@ -46,6 +46,7 @@ pub async fn run(ctx: &Ctx, args: &EventsArgs) -> Result<(), Error> {
     let endpoint = &ctx.endpoint.text;
     let mut printed = 0u64;
     let mut places = wpd_proto::places::Places::new();
+    let mut pointers = PointerNames::default();
     while args.count.is_none_or(|n| printed < n) {
         let Some(mut ev) = stream
             .message()
@@ -55,6 +56,7 @@ pub async fn run(ctx: &Ctx, args: &EventsArgs) -> Result<(), Error> {
             break;
         };
         places.fill_event(&mut ev);
+        pointers.fill(ctx, &mut ev).await;
         if ctx.json {
             output::emit_json_line(&to_json(&ev))?;
         } else {
@@ -63,6 +65,69 @@ pub async fn run(ctx: &Ctx, args: &EventsArgs) -> Result<(), Error> {
         printed += 1;
     }
     Ok(())
+}
+
+/// The most pointer values a stream names (the daemon is asked once for
+/// each): past them, pointers show as addresses alone.
+const POINTER_NAMES: usize = 4096;
+
+/// Names of the pointer values a stream's hits carry: the symbol each
+/// points into (`g_table+16`), asked of the daemon (`ResolveSymbol` by
+/// address) once per process and value. A stream's hits carry an
+/// enumerator's name but not a pointer's, which would cost the daemon a
+/// look-up in the process's maps per hit.
+#[derive(Default)]
+pub struct PointerNames {
+    /// By (pid, address): the name, empty where none.
+    known: std::collections::HashMap<(i32, u64), String>,
+    client: Option<super::Client>,
+}
+
+impl PointerNames {
+    /// Fills in `Hit.value_name` of a pointer hit of `ev` where the daemon
+    /// names its value; anything that fails leaves the address alone.
+    pub async fn fill(&mut self, ctx: &Ctx, ev: &mut StreamEventsResponse) {
+        let Some(Event::Hit(h)) = &mut ev.event else {
+            return;
+        };
+        let pointer = wpd_proto::v1::ValueKind::Pointer as i32;
+        if h.value_kind != pointer || !h.value_name.is_empty() || h.value.len() != 8 {
+            return;
+        }
+        let addr = output::le_value(&h.value).unwrap_or(0);
+        if addr == 0 {
+            return;
+        }
+        let key = (h.pid, addr);
+        if !self.known.contains_key(&key) {
+            if self.known.len() >= POINTER_NAMES {
+                return;
+            }
+            let name = self.ask(ctx, h.pid, addr).await.unwrap_or_default();
+            self.known.insert(key, name);
+        }
+        h.value_name = self.known[&key].clone();
+    }
+
+    async fn ask(&mut self, ctx: &Ctx, pid: i32, addr: u64) -> Option<String> {
+        if self.client.is_none() {
+            self.client = ctx.connect().await.ok();
+        }
+        let client = self.client.as_mut()?;
+        let request = ctx
+            .deadline_request(wpd_proto::v1::ResolveSymbolRequest {
+                pid,
+                address: addr,
+                ..Default::default()
+            })
+            .ok()?;
+        let r = client.resolve_symbol(request).await.ok()?.into_inner();
+        let s = r.symbol?;
+        Some(match r.offset {
+            0 => s.name,
+            off => format!("{}+{off}", s.name),
+        })
+    }
 }
 
 /// The replay fields for `--since`, an age counted back from now.
@@ -116,17 +181,10 @@ pub async fn stream(
     }
 }
 
-/// A value as a person reads it: for 1 to 8 bytes the (little-endian)
-/// integer, in decimal and hex (`42 (0x2a)`); otherwise the bytes in memory
-/// order. The raw bytes are in `--json`.
-fn integer_text(bytes: &[u8]) -> String {
-    match output::le_value(bytes) {
-        Some(v) => format!("{v} ({v:#x})"),
-        None => output::hex_bytes(bytes),
-    }
-}
-
-/// The value read at the hit: `value=42 (0x2a)`, or why it is missing.
+/// The value read at the hit, as its type reads it, the raw bytes beside
+/// it (`value=-1 (0xffffffffffffffff)`, `value=DONE (0x2)`,
+/// `value=-273.15 (0xc071126666666666)`; `value=42 (0x2a)` with no type;
+/// see [`wpd_proto::value::show`]), or why it is missing.
 fn value_text(hit: &Hit) -> String {
     if !hit.value_error.is_empty() {
         return format!("value=? ({})", escape(&hit.value_error));
@@ -134,7 +192,10 @@ fn value_text(hit: &Hit) -> String {
     if hit.value.is_empty() {
         return "value=?".into();
     }
-    format!("value={}", integer_text(&hit.value))
+    format!(
+        "value={}",
+        wpd_proto::value::show(hit.value_kind, &hit.value, &hit.value_name)
+    )
 }
 
 /// The value part of a hit line: `value=…`, preceded by `old=… → `
@@ -143,7 +204,10 @@ fn value_text(hit: &Hit) -> String {
 fn hit_value_text(hit: &Hit) -> String {
     let mut text = String::new();
     if !hit.old_value.is_empty() {
-        text.push_str(&format!("old={} → ", integer_text(&hit.old_value)));
+        text.push_str(&format!(
+            "old={} → ",
+            wpd_proto::value::show(hit.value_kind, &hit.old_value, "")
+        ));
     }
     text.push_str(&value_text(hit));
     if hit.stopped {
@@ -331,6 +395,9 @@ fn hit_json(h: &Hit) -> Value {
         "access": output::access_name(h.access),
         "value": if h.value.is_empty() { Value::Null } else { json!(output::hex_bytes(&h.value)) },
         "value_le": output::le_value(&h.value),
+        "value_kind": wpd_proto::value::kind_name(h.value_kind),
+        "value_typed": output::typed_json(h.value_kind, &h.value),
+        "value_name": if h.value_name.is_empty() { Value::Null } else { json!(h.value_name) },
         "value_error": if h.value_error.is_empty() { Value::Null } else { json!(h.value_error) },
         "hit_time_ns": h.time_ns,
         "value_read_at_ns": h.value_read_at_ns,
@@ -338,6 +405,7 @@ fn hit_json(h: &Hit) -> Value {
         "stopped": h.stopped,
         "old_value": if h.old_value.is_empty() { Value::Null } else { json!(output::hex_bytes(&h.old_value)) },
         "old_value_le": output::le_value(&h.old_value),
+        "old_value_typed": output::typed_json(h.value_kind, &h.old_value),
         "backend": output::backend_name(h.backend),
         "location": h.location.as_ref().map(output::location_json),
         "backtrace": h.backtrace.iter().map(output::location_json).collect::<Vec<_>>(),
@@ -434,7 +502,9 @@ pub(crate) fn to_json(ev: &StreamEventsResponse) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wpd_proto::v1::{Access, Backend, EventsDropped, ThreadStarted, WatchpointRemoved};
+    use wpd_proto::v1::{
+        Access, Backend, EventsDropped, ThreadStarted, ValueKind, WatchpointRemoved,
+    };
 
     fn ev(event: Event) -> StreamEventsResponse {
         StreamEventsResponse {
@@ -469,7 +539,65 @@ mod tests {
             stopped: false,
             old_value: vec![],
             backend: Backend::Perf as i32,
+            value_kind: 0,
+            value_name: String::new(),
         })
+    }
+
+    /// A hit of a typed watchpoint: `value` read as `kind`, named `name`.
+    fn typed(kind: ValueKind, value: Vec<u8>, name: &str) -> Event {
+        let Event::Hit(mut h) = hit(value, "") else {
+            unreachable!()
+        };
+        h.value_kind = kind as i32;
+        h.value_name = name.into();
+        Event::Hit(h)
+    }
+
+    #[test]
+    fn typed_values() {
+        let line = |e| to_text(&ev(e)).split(" value=").nth(1).unwrap().to_string();
+        let json = |e| to_json(&ev(e));
+        let minus_one = typed(ValueKind::Signed, (-1i64).to_le_bytes().to_vec(), "");
+        assert_eq!(line(minus_one.clone()), "-1 (0xffffffffffffffff)");
+        let v = json(minus_one);
+        assert_eq!(
+            (v["value_kind"].clone(), v["value_typed"].clone()),
+            (json!("signed"), json!(-1))
+        );
+        assert_eq!(v["value_le"], json!(u64::MAX));
+        let cold = typed(ValueKind::Float, (-273.15f64).to_le_bytes().to_vec(), "");
+        assert_eq!(line(cold.clone()), "-273.15 (0xc071126666666666)");
+        assert_eq!(json(cold)["value_typed"], json!(-273.15));
+        let nan = typed(ValueKind::Float, f64::NAN.to_le_bytes().to_vec(), "");
+        assert_eq!(json(nan)["value_typed"], json!("NaN"));
+        let half = typed(ValueKind::Float, 3.5f32.to_le_bytes().to_vec(), "");
+        assert_eq!(line(half), "3.5 (0x40600000)");
+        let done = typed(ValueKind::Unsigned, 2u32.to_le_bytes().to_vec(), "DONE");
+        assert_eq!(line(done.clone()), "DONE (0x2)");
+        assert_eq!(
+            (
+                json(done.clone())["value_typed"].clone(),
+                json(done)["value_name"].clone()
+            ),
+            (json!(2), json!("DONE"))
+        );
+        let yes = typed(ValueKind::Bool, vec![1], "");
+        assert_eq!(line(yes.clone()), "true (0x1)");
+        assert_eq!(json(yes)["value_typed"], json!(true));
+        let p = typed(
+            ValueKind::Pointer,
+            0x5555_0000_1040u64.to_le_bytes().to_vec(),
+            "g_table+16",
+        );
+        assert_eq!(line(p.clone()), "0x555500001040 <g_table+16>");
+        assert_eq!(json(p)["value_typed"], json!("0x555500001040"));
+        // No type: as before.
+        let v = json(hit(vec![42, 0, 0, 0, 0, 0, 0, 0], ""));
+        assert_eq!(
+            (v["value_kind"].clone(), v["value_typed"].clone()),
+            (json!("untyped"), json!(42))
+        );
     }
 
     /// A hit of a `--action stop --on-change` watchpoint (ptrace backend).

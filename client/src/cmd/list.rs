@@ -289,6 +289,7 @@ mod tests {
             policies: vec![],
             watchpoints: vec![
                 Watchpoint {
+                    value_type: None,
                     objects: None,
                     object_watchpoints: vec![],
                     breakpoint: None,
@@ -320,6 +321,7 @@ mod tests {
                     backend: Backend::Ptrace as i32,
                 },
                 Watchpoint {
+                    value_type: None,
                     objects: None,
                     object_watchpoints: vec![],
                     breakpoint: None,

@@ -53,42 +53,38 @@ pub async fn run(ctx: &Ctx, args: &SymbolArgs) -> Result<(), Error> {
         .unary(request, |mut c, r| async move { c.resolve_symbol(r).await })
         .await?;
     if ctx.json {
+        let kind = value_kind(&resp);
+        let read = !resp.value.is_empty();
         output::emit_json(&json!({
             "symbol": resp.symbol.as_ref().map(output::symbol_json),
             "location": resp.location.as_ref().map(output::location_json),
             "kind": resp.kind,
             "offset": resp.offset,
-            "value": (resp.kind == "value").then(|| output::hex_bytes(&resp.value)),
+            "value": read.then(|| output::hex_bytes(&resp.value)),
+            "value_typed": if read { output::typed_json(kind, &resp.value) } else { serde_json::Value::Null },
+            "value_name": (!resp.value_name.is_empty()).then_some(&resp.value_name),
+            "value_error": (!resp.value_error.is_empty()).then_some(&resp.value_error),
         }))
     } else {
         output::emit(&to_text(&resp, by_address))
     }
 }
 
-/// A value as C would print it: a pointer in hex, an integer in decimal
-/// (signed unless its type says unsigned), anything else as bytes.
-fn value_text(type_name: &str, bytes: &[u8]) -> String {
-    let t = type_name.trim();
-    let Some(v) = output::le_value(bytes).filter(|_| (1..=8).contains(&bytes.len())) else {
-        return output::hex_bytes(bytes);
-    };
-    if t.ends_with('*') {
-        return hex(v);
-    }
-    if t == "float" || t == "double" || t.ends_with(" double") {
-        return format!("bytes {}", output::hex_bytes(bytes));
-    }
-    let unsigned = t.contains("unsigned") || t.starts_with("uint") || t == "size_t" || t == "_Bool";
-    if unsigned {
-        return v.to_string();
-    }
-    let width = bytes.len() as u32 * 8;
-    let signed = if width == 64 {
-        v as i64
-    } else {
-        ((v << (64 - width)) as i64) >> (64 - width)
-    };
-    signed.to_string()
+/// How the answer's value reads: its symbol's value type's kind, when the
+/// value is exactly an object of that type (0: no type).
+fn value_kind(r: &ResolveSymbolResponse) -> i32 {
+    r.symbol
+        .as_ref()
+        .and_then(|s| s.value_type.as_ref())
+        .filter(|t| t.size as usize == r.value.len())
+        .map_or(0, |t| t.kind)
+}
+
+/// A value as its type reads it (`-1 (0xffffffffffffffff)`, `-273.15
+/// (0xc071…)`, `DONE (0x2)`, `0x55… <g_table+16>`, `42 (0x2a)` with no
+/// type); larger than 8 bytes, in memory order.
+fn value_text(r: &ResolveSymbolResponse) -> String {
+    wpd_proto::value::show(value_kind(r), &r.value, &r.value_name)
 }
 
 /// For a name: `stats.errors: int, 4 bytes at 0x55…c128 in ct-pie
@@ -101,7 +97,7 @@ fn to_text(r: &ResolveSymbolResponse, by_address: bool) -> String {
             lines.push(format!(
                 "{} = {} ({}, a value: nothing in memory to watch)",
                 escape(&s.expression),
-                value_text(&s.type_name, &r.value),
+                wpd_proto::value::short(value_kind(r), &r.value, &r.value_name),
                 escape(&s.type_name)
             ));
         }
@@ -122,6 +118,16 @@ fn to_text(r: &ResolveSymbolResponse, by_address: bool) -> String {
                 head.push_str(" [function: watch it with --access exec]");
             }
             lines.push(head);
+            // Its value now, as gdb's `print` shows it.
+            if !r.value.is_empty() {
+                lines.push(format!("{} = {}", escape(&s.expression), value_text(r)));
+            } else if !r.value_error.is_empty() {
+                lines.push(format!(
+                    "{}: value not read: {}",
+                    escape(&s.expression),
+                    escape(&r.value_error)
+                ));
+            }
             if !s.note.is_empty() {
                 lines.push(format!("note: {}", escape(&s.note)));
             }
@@ -161,4 +167,89 @@ fn to_text(r: &ResolveSymbolResponse, by_address: bool) -> String {
         }
     }
     lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wpd_proto::v1::{Symbol, ValueKind, ValueType};
+
+    fn variable(
+        kind: ValueKind,
+        type_name: &str,
+        value: Vec<u8>,
+        name: &str,
+    ) -> ResolveSymbolResponse {
+        ResolveSymbolResponse {
+            symbol: Some(Symbol {
+                expression: "x".into(),
+                name: "x".into(),
+                module: "/t/ct-typed".into(),
+                address: 0x4010,
+                size: value.len() as u64,
+                type_name: type_name.into(),
+                module_address: 0x4010,
+                value_type: Some(ValueType {
+                    kind: kind as i32,
+                    size: value.len() as u32,
+                    name: type_name.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            kind: "variable".into(),
+            value,
+            value_name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    /// The second line of `wpctl symbol x`: its value now.
+    fn check(r: ResolveSymbolResponse, expected: &str) {
+        let text = to_text(&r, false);
+        assert_eq!(text.lines().nth(1), Some(expected), "{text}");
+    }
+
+    #[test]
+    fn variables_show_their_value_as_their_type_reads_it() {
+        use ValueKind::*;
+        check(
+            variable(Signed, "volatile long", (-1i64).to_le_bytes().to_vec(), ""),
+            "x = -1 (0xffffffffffffffff)",
+        );
+        check(
+            variable(
+                Float,
+                "volatile double",
+                (-273.15f64).to_le_bytes().to_vec(),
+                "",
+            ),
+            "x = -273.15 (0xc071126666666666)",
+        );
+        check(
+            variable(Float, "float", 3.5f32.to_le_bytes().to_vec(), ""),
+            "x = 3.5 (0x40600000)",
+        );
+        check(variable(Bool, "_Bool", vec![1], ""), "x = true (0x1)");
+        check(
+            variable(Unsigned, "enum state", 2u32.to_le_bytes().to_vec(), "DONE"),
+            "x = DONE (0x2)",
+        );
+        check(
+            variable(
+                Pointer,
+                "long *",
+                0x4020u64.to_le_bytes().to_vec(),
+                "table+8",
+            ),
+            "x = 0x4020 <table+8>",
+        );
+        // No DWARF type: unsigned.
+        let mut r = variable(Signed, "", (-1i32).to_le_bytes().to_vec(), "");
+        r.symbol.as_mut().unwrap().value_type = None;
+        check(r, "x = 4294967295 (0xffffffff)");
+        let mut r = variable(Signed, "long", Vec::new(), "");
+        r.value_error = "unreadable".into();
+        check(r, "x: value not read: unreadable");
+    }
 }

@@ -121,8 +121,10 @@ pub struct WatchArgs {
     #[arg(long)]
     pub allow_init: bool,
     /// Report (and, with a stop action, stop on) only hits where the value satisfies this:
-    /// `OP N` with OP one of == != < <= > >= (`'>= 0x10'`), optionally masked first
-    /// (`'&0xff == 3'`), or `changed`. Unsigned, on the watched bytes (one slot at most)
+    /// `OP VALUE` with OP one of == != < <= > >= and VALUE read as the variable's type
+    /// (`'< -1'`, `'>= -273.15'`, `'== DONE'`, `'== true'`; 0x hex is the type's bits),
+    /// optionally masked first (`'&0xff == 3'`: unsigned bits), or `changed`. One slot at most;
+    /// without a type (--addr, no DWARF) the bytes compare as an unsigned integer
     #[arg(long, value_name = "COND", value_parser = parse_condition)]
     pub condition: Option<wpd_proto::v1::HitCondition>,
     /// Skip the first N hits (those whose condition held)
@@ -314,7 +316,7 @@ pub async fn report(ctx: &Ctx, args: &WatchArgs) -> Result<Report, Error> {
             Some(OnExecArg::Remove) => ExecPolicy::Remove,
         } as i32,
         backtrace_depth: args.backtrace.unwrap_or(0),
-        condition: args.condition,
+        condition: args.condition.clone(),
         ignore_count: args.ignore,
         hit_count: args.hit_count.unwrap_or(0),
         max_hits_per_second: args.max_rate.unwrap_or(0),
@@ -483,6 +485,16 @@ fn to_text(resp: &SetWatchpointResponse) -> String {
     {
         text.push_str(&format!("\nnote: {}", escape(note)));
     }
+    // A condition on a value of no type compares its bytes unsigned: why.
+    if let Some(t) = wp.value_type.as_ref().filter(|t| {
+        t.kind == wpd_proto::v1::ValueKind::Unspecified as i32
+            && !t.note.is_empty()
+            && spec.condition.as_ref().is_some_and(|c| {
+                c.op != 0 && c.op != wpd_proto::v1::hit_condition::Op::Changed as i32
+            })
+    }) {
+        text.push_str(&format!("\nnote: {}", escape(&t.note)));
+    }
     text
 }
 
@@ -506,6 +518,7 @@ mod tests {
         SetWatchpointResponse {
             symbol: None,
             watchpoint: Some(Watchpoint {
+                value_type: None,
                 objects: None,
                 object_watchpoints: vec![],
                 breakpoint: None,
@@ -567,6 +580,39 @@ mod tests {
         assert_eq!(v["watchpoint"]["action"], "log");
         assert_eq!(v["watchpoint"]["only_on_change"], false);
         assert_eq!(v["arm_duration_ns"], 4_200_000);
+    }
+
+    #[test]
+    fn a_condition_without_a_type_says_it_compares_unsigned() {
+        let mut r = response(vec![], HitAction::Log, false);
+        let wp = r.watchpoint.as_mut().unwrap();
+        wp.value_type = Some(wpd_proto::v1::ValueType {
+            size: 8,
+            note: "set by address: no type is known; values and conditions read its bytes as \
+                   an unsigned integer"
+                .into(),
+            ..Default::default()
+        });
+        let spec = wp.spec.as_mut().unwrap();
+        spec.condition = Some(parse_condition("> 100").unwrap());
+        assert_eq!(
+            to_text(&r),
+            "watchpoint 7: write 8 bytes at 0x55d0c0a01040 in pid 123, armed on 1001 threads \
+             (process-wide, when value > 100, 4.2 ms)\n\
+             note: set by address: no type is known; values and conditions read its bytes as an \
+             unsigned integer"
+        );
+        let v = to_json(&r);
+        assert_eq!(v["watchpoint"]["value_type"]["kind"], "untyped");
+        // Typed: nothing to say.
+        let wp = r.watchpoint.as_mut().unwrap();
+        wp.value_type = Some(wpd_proto::v1::ValueType {
+            kind: wpd_proto::v1::ValueKind::Signed as i32,
+            size: 8,
+            name: "long".into(),
+            ..Default::default()
+        });
+        assert!(!to_text(&r).contains("note:"));
     }
 
     #[test]
@@ -642,13 +688,21 @@ mod tests {
     #[test]
     fn conditions_parse() {
         use wpd_proto::v1::hit_condition::Op;
-        let c = |s: &str| parse_condition(s).map(|c| (c.op, c.operand, c.mask));
-        assert_eq!(c("== 42"), Ok((Op::Eq as i32, 42, 0)));
-        assert_eq!(c(">=0x10"), Ok((Op::Ge as i32, 16, 0)));
-        assert_eq!(c("&0xff != 3"), Ok((Op::Ne as i32, 3, 0xff)));
-        assert_eq!(c(" < 1_000 "), Ok((Op::Lt as i32, 1000, 0)));
-        assert_eq!(c("CHANGED"), Ok((Op::Changed as i32, 0, 0)));
-        for bad in ["", "42", "= 1", "== -1", "== x", "&0 == 1", "&0xff", "=> 3"] {
+        let c = |s: &str| parse_condition(s).map(|c| (c.op, c.operand, c.mask, c.value));
+        let v = |s: &str| s.to_string();
+        assert_eq!(c("== 42"), Ok((Op::Eq as i32, 42, 0, v("42"))));
+        assert_eq!(c(">=0x10"), Ok((Op::Ge as i32, 16, 0, v("0x10"))));
+        assert_eq!(c("&0xff != 3"), Ok((Op::Ne as i32, 3, 0xff, v("3"))));
+        assert_eq!(c(" < 1_000 "), Ok((Op::Lt as i32, 1000, 0, v("1_000"))));
+        assert_eq!(c("CHANGED"), Ok((Op::Changed as i32, 0, 0, v(""))));
+        // Read by the daemon as the variable's type.
+        assert_eq!(c("== -1"), Ok((Op::Eq as i32, 0, 0, v("-1"))));
+        assert_eq!(c("< -273.15"), Ok((Op::Lt as i32, 0, 0, v("-273.15"))));
+        assert_eq!(c("== 3.5"), Ok((Op::Eq as i32, 0, 0, v("3.5"))));
+        assert_eq!(c("== DONE"), Ok((Op::Eq as i32, 0, 0, v("DONE"))));
+        for bad in [
+            "", "42", "= 1", "== a.b", "== 1 2", "&0 == 1", "&0xff", "=> 3",
+        ] {
             assert!(parse_condition(bad).is_err(), "{bad:?} accepted");
         }
     }

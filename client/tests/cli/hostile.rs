@@ -278,6 +278,8 @@ impl Watchpoints for Hostile {
         _: Request<ResolveSymbolRequest>,
     ) -> Result<Response<ResolveSymbolResponse>, Status> {
         Ok(Response::new(ResolveSymbolResponse {
+            value_error: String::new(),
+            value_name: String::new(),
             symbol: Some(Self::symbol()),
             location: Some(Self::location()),
             kind: EVIL.into(),
@@ -328,6 +330,7 @@ impl Watchpoints for Hostile {
         _: Request<GetRecentHitsRequest>,
     ) -> Result<Response<GetRecentHitsResponse>, Status> {
         Ok(Response::new(GetRecentHitsResponse {
+            value_type: None,
             hits: vec![self.hit(1)],
             total: 1,
         }))

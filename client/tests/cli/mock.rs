@@ -70,6 +70,8 @@ fn hit(seq: u64) -> StreamEventsResponse {
     event(
         seq,
         Event::Hit(Hit {
+            value_kind: 0,
+            value_name: String::new(),
             process_name: String::new(),
             thread_name: String::new(),
             watchpoint_id: 7,
@@ -160,6 +162,7 @@ fn stopping_hit(seq: u64) -> StreamEventsResponse {
 
 fn watchpoint(id: u64, spec: WatchpointSpec, hits: u64) -> Watchpoint {
     Watchpoint {
+        value_type: None,
         objects: None,
         object_watchpoints: vec![],
         breakpoint: None,
@@ -196,6 +199,12 @@ fn watchpoint(id: u64, spec: WatchpointSpec, hits: u64) -> Watchpoint {
 /// executable `/opt/t/target`, loaded at 0x5555_0000_0000.
 fn counter_symbol(expression: &str) -> Symbol {
     Symbol {
+        value_type: Some(wpd_proto::v1::ValueType {
+            kind: wpd_proto::v1::ValueKind::Signed as i32,
+            size: 4,
+            name: "int".into(),
+            ..Default::default()
+        }),
         expression: expression.into(),
         name: "counter".into(),
         module: "/opt/t/target".into(),
@@ -378,12 +387,15 @@ impl Watchpoints for Mock {
             if r.name != "counter" {
                 return Err(unknown_symbol(&r.name));
             }
+            // Its value now: -7.
             return Ok(Response::new(ResolveSymbolResponse {
+                value_error: String::new(),
+                value_name: String::new(),
                 symbol: Some(counter_symbol(&r.name)),
                 location: None,
                 kind: "variable".into(),
                 offset: 0,
-                value: Vec::new(),
+                value: (-7i32).to_le_bytes().to_vec(),
                 from_frame: false,
             }));
         }
@@ -391,7 +403,10 @@ impl Watchpoints for Mock {
             return Ok(Response::new(ResolveSymbolResponse::default()));
         }
         Ok(Response::new(ResolveSymbolResponse {
+            value_error: String::new(),
+            value_name: String::new(),
             symbol: Some(Symbol {
+                value_type: None,
                 expression: String::new(),
                 name: "main".into(),
                 module: "/opt/t/target".into(),
@@ -789,6 +804,7 @@ impl Watchpoints for Mock {
             )));
         }
         let agg = |tid: i32, name: &str, count: u64, v: u8| wpd_proto::v1::HitAggregate {
+            value_names: Vec::new(),
             ip: 0x401000 + tid as u64,
             location: None,
             tid,
@@ -799,6 +815,7 @@ impl Watchpoints for Mock {
             values: vec![vec![v, 0, 0, 0, 0, 0, 0, 0]],
         };
         Ok(Response::new(wpd_proto::v1::GetHitAggregatesResponse {
+            value_type: None,
             watchpoint_id: 7,
             pid: 123,
             hits: 1_500,
@@ -847,6 +864,7 @@ impl Watchpoints for Mock {
         let r = r.into_inner();
         if r.watchpoint_id == 9 {
             return Ok(Response::new(GetRecentHitsResponse {
+                value_type: None,
                 hits: vec![break_stop(30, 81)],
                 total: 1,
             }));
@@ -878,7 +896,11 @@ impl Watchpoints for Mock {
         if r.limit == 1 {
             hits.remove(0);
         }
-        Ok(Response::new(GetRecentHitsResponse { hits, total: 42 }))
+        Ok(Response::new(GetRecentHitsResponse {
+            hits,
+            total: 42,
+            value_type: None,
+        }))
     }
 
     async fn get_stats(

@@ -375,9 +375,24 @@ async fn names_in_watch_symbol_and_events() {
 
     // `wpctl symbol`: a name, an address in code, an address in nothing.
     let r = wpctl(&ep, &["symbol", "--pid", "123", "counter"]).await;
+    expect![[r#"
+        counter: int, 4 bytes at 0x555500004010 in target (0x4010 in the module, DWARF)
+        counter = -7 (0xfffffff9)
+    "#]]
+    .assert_eq(&r.stdout);
+    let r = wpctl(&ep, &["--json", "symbol", "--pid", "123", "counter"]).await;
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(
-        r.stdout,
-        "counter: int, 4 bytes at 0x555500004010 in target (0x4010 in the module, DWARF)\n"
+        (
+            &v["value"],
+            &v["value_typed"],
+            &v["symbol"]["value_type"]["kind"]
+        ),
+        (
+            &serde_json::json!("f9ffffff"),
+            &serde_json::json!(-7),
+            &serde_json::json!("signed")
+        )
     );
     let r = wpctl(&ep, &["symbol", "--pid", "123", "0x555500001234"]).await;
     expect![[r#"

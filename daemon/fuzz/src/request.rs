@@ -299,6 +299,13 @@ pub fn reference(s: &pb::WatchpointSpec) -> Result<(), &'static str> {
     {
         return Err("condition operator known");
     }
+    if s.condition.as_ref().is_some_and(|c| {
+        (1..=6).contains(&c.op)
+            && !c.value.trim().is_empty()
+            && wpd_proto::condition::literal(&c.value).is_err()
+    }) {
+        return Err("condition value a number or a name");
+    }
     if !s.symbol.trim().is_empty() {
         // By name: the range is the daemon's to find in the process.
         if s.address != 0 {
@@ -426,8 +433,10 @@ fn check_valid(s: &pb::WatchpointSpec, w: &WatchSpec) {
         (s.ignore_count, s.hit_count, s.max_hits_per_second),
         "hit counts changed"
     );
+    // Bound to the watched type when the watchpoint is set, not here.
+    assert!(f.condition.is_none(), "a condition bound before its type is known");
     assert_eq!(
-        f.condition.is_some(),
+        w.condition.is_some(),
         s.condition.as_ref().is_some_and(|c| c.op != 0),
         "condition dropped or invented"
     );

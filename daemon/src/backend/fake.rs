@@ -181,6 +181,7 @@ pub fn fake_hit(
         callchain_note: None,
         rate_limited_before,
         names: None,
+        value_type: None,
     }));
     true
 }

@@ -44,6 +44,12 @@ impl Core {
         }
     }
 
+    /// The spec of data watchpoint `id` as it is now (its range and value
+    /// type as last resolved).
+    pub fn watch_spec(&self, id: crate::model::WatchId) -> Option<crate::model::WatchSpec> {
+        self.watches.get(&id).map(|w| w.spec.clone())
+    }
+
     /// Watchpoints (and processes), optionally of one pid, by id.
     pub fn list(&self, pid: Option<Pid>) -> (Vec<WatchView>, Vec<ProcessView>) {
         let mut ws: Vec<WatchView> = self

@@ -409,6 +409,7 @@ impl Host for Core {
                     }
                 }
                 h.names = Some((self.name_of(h.pid, h.pid), self.name_of(h.pid, h.tid)));
+                h.value_type = w.as_ref().and_then(|w| w.spec.reading().cloned());
                 // A hit is kept by its watchpoint too (GetRecentHits),
                 // subscribers or not.
                 if let Some(w) = w {

@@ -720,6 +720,17 @@ impl Core {
             Some(f) => Some(self.symbols.code_site(spec.pid, f)?),
             None => None,
         };
+        // The objects' type, as evaluated at set: their values and the
+        // condition read as it (`value::bind`).
+        let mut object = spec.clone();
+        if let Ok((r, _)) = dry(NOWHERE[0]) {
+            if let Ok(range) = crate::arch::validate(r.address, r.size as u32, spec.access) {
+                object.range = range;
+            }
+            object.value_type = r.value_type.map(Arc::new);
+        }
+        object.bind_condition().map_err(WpdError::InvalidArgument)?;
+        (spec.value_type, spec.filter.condition) = (object.value_type, object.filter.condition);
         spec.symbol = None;
         self.open_object_watch(spec, code, owner, site, root, linear, disarm, None, id)
     }

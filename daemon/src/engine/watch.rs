@@ -189,7 +189,7 @@ impl Core {
                 range, spec.range,
                 "the RPC layer splits ranges the same way"
             );
-            check_filter(&spec)?;
+            check_filter(&mut spec, None)?;
             return Ok((spec, None));
         };
         procfs::check_process(spec.pid)?;
@@ -207,7 +207,7 @@ impl Core {
             }),
             other => other.into(),
         })?;
-        check_filter(&spec)?;
+        check_filter(&mut spec, Some(&r))?;
         Ok((spec, Some(r)))
     }
 
@@ -773,8 +773,11 @@ impl Core {
     }
 }
 
-/// The spec's hit filter fits its range and access.
-fn check_filter(spec: &WatchSpec) -> Result<(), WpdError> {
+/// The spec's hit filter fits its range and access, its condition bound
+/// to the type `r` resolved to (`None`: set by address).
+fn check_filter(spec: &mut WatchSpec, r: Option<&Resolved>) -> Result<(), WpdError> {
+    spec.value_type = r.and_then(|r| r.value_type.clone()).map(Arc::new);
+    spec.bind_condition().map_err(WpdError::InvalidArgument)?;
     crate::filter::check(&spec.filter, &spec.range, spec.access).map_err(WpdError::InvalidArgument)
 }
 

@@ -1,7 +1,7 @@
 //! Wire ⇄ domain conversions. Validation happens here, once: a domain value
 //! that exists is valid.
 
-use crate::filter::{CmpOp, Condition, HitFilter};
+use crate::filter::{Asked, CmpOp, HitFilter, Rhs};
 use wpd_proto::v1 as pb;
 
 use crate::arch::{self, SpecError};
@@ -227,6 +227,11 @@ impl TryFrom<pb::WatchpointSpec> for WatchSpec {
             symbol,
             backtrace: s.backtrace_depth as u8,
             filter: filter_from_pb(&s)?,
+            condition: match &s.condition {
+                Some(c) => asked_from_pb(c)?,
+                None => None,
+            },
+            value_type: None,
             lease: s.lease,
             keep_recent: match s.keep_recent {
                 0 => crate::model::DEFAULT_KEEP_RECENT,
@@ -314,61 +319,68 @@ pub fn spec_to_pb(s: &WatchSpec) -> pb::WatchpointSpec {
             Some(ExecPolicy::ResolveAgain) => pb::ExecPolicy::ResolveAgain,
         } as i32,
         backtrace_depth: u32::from(s.backtrace),
-        condition: s.filter.condition.map(condition_to_pb),
+        condition: s.condition.as_ref().map(condition_to_pb),
         ignore_count: s.filter.ignore,
         hit_count: s.filter.every,
         max_hits_per_second: s.filter.max_per_second,
     }
 }
 
-/// The hit filter of a wire spec.
+/// The hit filter of a wire spec; its condition is bound to the watched
+/// type when the watchpoint is set (`WatchSpec::bind_condition`).
 fn filter_from_pb(s: &pb::WatchpointSpec) -> Result<HitFilter, WpdError> {
-    use pb::hit_condition::Op;
-    let condition = match &s.condition {
-        None => None,
-        Some(c) => {
-            let cmp = |op| {
-                Some(Condition::Compare {
-                    op,
-                    operand: c.operand,
-                    mask: if c.mask == 0 { u64::MAX } else { c.mask },
-                })
-            };
-            match Op::try_from(c.op) {
-                Ok(Op::Unspecified) => None,
-                Ok(Op::Eq) => cmp(CmpOp::Eq),
-                Ok(Op::Ne) => cmp(CmpOp::Ne),
-                Ok(Op::Lt) => cmp(CmpOp::Lt),
-                Ok(Op::Le) => cmp(CmpOp::Le),
-                Ok(Op::Gt) => cmp(CmpOp::Gt),
-                Ok(Op::Ge) => cmp(CmpOp::Ge),
-                Ok(Op::Changed) => Some(Condition::Changed),
-                Err(_) => {
-                    return Err(WpdError::InvalidArgument(format!(
-                        "unknown condition operator value {}",
-                        c.op
-                    )));
-                }
-            }
-        }
-    };
     Ok(HitFilter {
-        condition,
+        condition: None,
         ignore: s.ignore_count,
         every: s.hit_count,
         max_per_second: s.max_hits_per_second,
     })
 }
 
-fn condition_to_pb(c: Condition) -> pb::HitCondition {
+/// A wire condition as asked (its text's form checked; what it means for
+/// the type is decided when the watchpoint is set); `None`: no condition.
+pub fn asked_from_pb(c: &pb::HitCondition) -> Result<Option<Asked>, WpdError> {
+    use pb::hit_condition::Op;
+    let op = match Op::try_from(c.op) {
+        Ok(Op::Unspecified) => return Ok(None),
+        Ok(Op::Changed) => return Ok(Some(Asked::Changed)),
+        Ok(Op::Eq) => CmpOp::Eq,
+        Ok(Op::Ne) => CmpOp::Ne,
+        Ok(Op::Lt) => CmpOp::Lt,
+        Ok(Op::Le) => CmpOp::Le,
+        Ok(Op::Gt) => CmpOp::Gt,
+        Ok(Op::Ge) => CmpOp::Ge,
+        Err(_) => {
+            return Err(WpdError::InvalidArgument(format!(
+                "unknown condition operator value {}",
+                c.op
+            )));
+        }
+    };
+    let rhs = if c.value.trim().is_empty() {
+        Rhs::Unsigned(c.operand)
+    } else {
+        let text = wpd_proto::condition::literal(&c.value)
+            .map_err(|e| WpdError::InvalidArgument(format!("condition value: {e}")))?;
+        Rhs::Text(text.to_string())
+    };
+    Ok(Some(Asked::Compare {
+        op,
+        mask: (c.mask != 0).then_some(c.mask),
+        rhs,
+    }))
+}
+
+fn condition_to_pb(c: &Asked) -> pb::HitCondition {
     use pb::hit_condition::Op;
     match c {
-        Condition::Changed => pb::HitCondition {
+        Asked::Changed => pb::HitCondition {
             op: Op::Changed as i32,
             operand: 0,
             mask: 0,
+            value: String::new(),
         },
-        Condition::Compare { op, operand, mask } => pb::HitCondition {
+        Asked::Compare { op, mask, rhs } => pb::HitCondition {
             op: match op {
                 CmpOp::Eq => Op::Eq,
                 CmpOp::Ne => Op::Ne,
@@ -377,9 +389,81 @@ fn condition_to_pb(c: Condition) -> pb::HitCondition {
                 CmpOp::Gt => Op::Gt,
                 CmpOp::Ge => Op::Ge,
             } as i32,
-            operand,
-            mask: if mask == u64::MAX { 0 } else { mask },
+            operand: match rhs {
+                Rhs::Unsigned(n) => *n,
+                Rhs::Text(t) => wpd_proto::condition::parse_number(t).unwrap_or(0),
+            },
+            mask: mask.unwrap_or(0),
+            value: match rhs {
+                Rhs::Unsigned(_) => String::new(),
+                Rhs::Text(t) => t.clone(),
+            },
         },
+    }
+}
+
+/// A value type → wire.
+pub fn value_type_to_pb(t: &crate::value::ValueType) -> pb::ValueType {
+    use crate::value::Kind;
+    pb::ValueType {
+        kind: match t.kind {
+            Kind::Signed => pb::ValueKind::Signed,
+            Kind::Unsigned => pb::ValueKind::Unsigned,
+            Kind::Float => pb::ValueKind::Float,
+            Kind::Bool => pb::ValueKind::Bool,
+            Kind::Pointer => pb::ValueKind::Pointer,
+            Kind::Other => pb::ValueKind::Unspecified,
+        } as i32,
+        size: u32::try_from(t.size).unwrap_or(u32::MAX),
+        name: t.name.clone(),
+        enumeration: t.enumerators.is_some(),
+        enumerators: t
+            .enumerators
+            .iter()
+            .flatten()
+            .map(|(name, value)| pb::Enumerator {
+                name: name.clone(),
+                value: *value,
+            })
+            .collect(),
+        note: String::new(),
+    }
+}
+
+/// How a watchpoint of `spec` reads its values → wire: its type, or why it
+/// has none.
+pub fn reading_to_pb(spec: &WatchSpec) -> pb::ValueType {
+    match spec.reading() {
+        Some(t) => value_type_to_pb(t),
+        None => pb::ValueType {
+            kind: pb::ValueKind::Unspecified as i32,
+            size: spec.range.len,
+            name: spec
+                .value_type
+                .as_ref()
+                .map(|t| t.name.clone())
+                .unwrap_or_default(),
+            enumeration: false,
+            enumerators: Vec::new(),
+            note: crate::value::untyped_note(
+                spec.value_type.as_deref(),
+                &spec.range,
+                spec.symbol.is_some(),
+            ),
+        },
+    }
+}
+
+/// The kind a hit's value reads as (`Hit.value_kind`).
+pub fn value_kind_of(t: Option<&crate::value::ValueType>) -> pb::ValueKind {
+    use crate::value::Kind;
+    match t.map(|t| t.kind) {
+        Some(Kind::Signed) => pb::ValueKind::Signed,
+        Some(Kind::Unsigned) => pb::ValueKind::Unsigned,
+        Some(Kind::Float) => pb::ValueKind::Float,
+        Some(Kind::Bool) => pb::ValueKind::Bool,
+        Some(Kind::Pointer) => pb::ValueKind::Pointer,
+        Some(Kind::Other) | None => pb::ValueKind::Unspecified,
     }
 }
 
@@ -400,6 +484,7 @@ pub fn symbol_to_pb(r: &Resolved) -> pb::Symbol {
         } as i32,
         module_address: r.module_address,
         note: r.note.clone().unwrap_or_default(),
+        value_type: r.value_type.as_ref().map(value_type_to_pb),
     }
 }
 
@@ -478,6 +563,7 @@ impl From<&WatchView> for pb::Watchpoint {
             breakpoint: None,
             pending: false,
             pending_reason: String::new(),
+            value_type: Some(reading_to_pb(&w.spec)),
         }
     }
 }
@@ -524,6 +610,8 @@ pub fn object_view_to_pb(v: &crate::engine::objects::ObjectView) -> pb::Watchpoi
         breakpoint: v.place.as_ref().map(place_to_pb),
         pending: v.pending,
         pending_reason: v.pending_why.clone().unwrap_or_default(),
+        // Its objects' type, when the expression's evaluation at set gave it.
+        value_type: v.spec.value_type.as_deref().map(value_type_to_pb),
         ..Default::default()
     }
 }
@@ -718,6 +806,13 @@ impl From<&ThreadView> for pb::ThreadInfo {
     }
 }
 
+/// The name of a hit's value its type gives (an enumerator).
+pub fn hit_value_name(h: &crate::events::HitEvent) -> Option<&str> {
+    h.value_type
+        .as_deref()?
+        .enumerator(h.value.as_deref().ok()?)
+}
+
 /// Domain event → wire.
 /// A hit as sent: raw addresses (the stream fills in locations).
 fn hit_to_pb(h: &crate::events::HitEvent) -> pb::Hit {
@@ -748,6 +843,8 @@ fn hit_to_pb(h: &crate::events::HitEvent) -> pb::Hit {
             .as_ref()
             .map(|n| n.1.to_string())
             .unwrap_or_default(),
+        value_kind: value_kind_of(h.value_type.as_deref()) as i32,
+        value_name: hit_value_name(h).unwrap_or_default().to_string(),
         // Filled in by the stream once symbolized; raw addresses here.
         location: None,
         backtrace: h
@@ -986,6 +1083,7 @@ pub fn address_to_pb(
                 source: pb::SymbolSource::Symtab as i32,
                 module_address: info.module_address.wrapping_sub(addr - start),
                 note: String::new(),
+                value_type: None,
             }),
             kind.to_string(),
             addr - start,

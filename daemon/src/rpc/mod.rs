@@ -20,6 +20,7 @@ mod restore;
 pub mod serve;
 mod stats;
 pub mod status;
+mod values;
 pub mod wire;
 
 use std::pin::Pin;
@@ -925,7 +926,13 @@ impl Watchpoints for Service {
             }
             hits.push(item);
         }
-        Ok(Response::new(pb::GetRecentHitsResponse { hits, total }))
+        let value_type = values::reading(&self.core, id).map(|r| r.0);
+        values::name_pointers(self.core.symbols.clone(), pid, &mut hits).await;
+        Ok(Response::new(pb::GetRecentHitsResponse {
+            hits,
+            total,
+            value_type,
+        }))
     }
 
     async fn get_hit_aggregates(
@@ -949,6 +956,15 @@ impl Watchpoints for Service {
             }
             _ => Vec::new(),
         };
+        let (value_type, reading) = values::reading(&self.core, id).unzip();
+        let values: Vec<&[Vec<u8>]> = top.iter().map(|(_, a)| &a.values[..]).collect();
+        let names = values::names_of_values(
+            self.core.symbols.clone(),
+            pid,
+            reading.flatten().as_deref(),
+            &values,
+        )
+        .await;
         let aggregates = top
             .iter()
             .enumerate()
@@ -961,6 +977,7 @@ impl Watchpoints for Service {
                 first_ns: a.first_ns,
                 last_ns: a.last_ns,
                 values: a.values.clone(),
+                value_names: names.get(i).cloned().unwrap_or_default(),
             })
             .collect();
         Ok(Response::new(pb::GetHitAggregatesResponse {
@@ -970,6 +987,7 @@ impl Watchpoints for Service {
             exemplars,
             overflow,
             aggregates,
+            value_type,
         }))
     }
 
@@ -1022,7 +1040,7 @@ impl Watchpoints for Service {
         let caller = self.caller(&req)?;
         let r = req.into_inner();
         let pid = nsview::pid_in(&caller, convert::pid(r.pid)?)?;
-        self.allow(&caller, pid)?;
+        let checked = self.allow(&caller, pid)?;
         let name = r.name.trim().to_string();
         if name.is_empty() == (r.address == 0) {
             return Err(status::to_status(&WpdError::InvalidArgument(
@@ -1039,24 +1057,29 @@ impl Watchpoints for Service {
             } else {
                 None
             };
-            let (resolved, kind, from_frame) = blocking_as(&caller, move || {
-                crate::procfs::check_process(pid)?;
-                match in_frame {
-                    Some((tid, frame)) => core.resolve_in_frame(pid, tid, frame, &name),
-                    None => symbols
-                        .look_up(pid, &name)
-                        .map(|(r, k)| (r, k, false))
-                        .map_err(WpdError::from),
-                }
-            })
-            .await?;
+            let (resolved, kind, from_frame, (value, value_error, value_name)) =
+                blocking_as(&caller, move || {
+                    crate::procfs::check_process(pid)?;
+                    let (r, kind, from_frame) = match in_frame {
+                        Some((tid, frame)) => core.resolve_in_frame(pid, tid, frame, &name)?,
+                        None => symbols.look_up(pid, &name).map(|(r, k)| (r, k, false))?,
+                    };
+                    // The value now, read as ReadMemory reads (the same
+                    // right, checked above), of the process checked.
+                    let now = values::of_name(&symbols, pid, &r, kind);
+                    checked.unchanged()?;
+                    Ok((r, kind, from_frame, now))
+                })
+                .await?;
             return Ok(Response::new(pb::ResolveSymbolResponse {
                 symbol: Some(convert::symbol_to_pb(&resolved)),
                 location: None,
                 kind: kind.as_str().into(),
                 offset: 0,
-                value: resolved.value.unwrap_or_default(),
+                value,
                 from_frame,
+                value_error,
+                value_name,
             }));
         }
         let addr = r.address;
@@ -1081,6 +1104,8 @@ impl Watchpoints for Service {
             offset,
             value: Vec::new(),
             from_frame: false,
+            value_error: String::new(),
+            value_name: String::new(),
         }))
     }
 }

@@ -226,6 +226,14 @@ fn hit(buf: &mut Vec<u8>, h: &HitEvent, frames: Option<&[Frame]>, form: Form<'_>
         bytes(buf, 21, process.as_bytes());
         bytes(buf, 22, thread.as_bytes());
     }
+    int32(
+        buf,
+        23,
+        convert::value_kind_of(h.value_type.as_deref()) as i32,
+    );
+    if let Some(name) = convert::hit_value_name(h) {
+        bytes(buf, 24, name.as_bytes());
+    }
 }
 
 /// A symbolized frame as a `Location` field: its addresses, then the
@@ -478,6 +486,7 @@ pub(super) mod tests {
             callchain_note: None,
             rate_limited_before: 0,
             names: Some((Arc::from("fuzzer"), Arc::from("pool-12"))),
+            value_type: None,
         }
     }
 
@@ -561,6 +570,33 @@ pub(super) mod tests {
         o.uids = [0; 3];
         o.dumpable = false;
         check(&event(hit(), Some(o)));
+        // Typed values: the kind, and an enumerator's name when one has the
+        // value (a negative kind's varint included).
+        let state = Arc::new(crate::value::ValueType {
+            kind: crate::value::Kind::Signed,
+            size: 8,
+            name: "enum state".into(),
+            enumerators: Some(vec![("IDLE".into(), 0), ("ONE".into(), 1)]),
+        });
+        for (t, value) in [
+            (state.clone(), 1u64),
+            (state, 7),
+            (double(), 0xc071126666666666),
+        ] {
+            let mut h = hit();
+            h.value = Ok(value.to_le_bytes().to_vec());
+            h.value_type = Some(t);
+            check(&event(h, Some(owner())));
+        }
+    }
+
+    fn double() -> Arc<crate::value::ValueType> {
+        Arc::new(crate::value::ValueType {
+            kind: crate::value::Kind::Float,
+            size: 8,
+            name: "volatile double".into(),
+            enumerators: None,
+        })
     }
 
     #[test]

@@ -374,6 +374,7 @@ impl Symbols {
                     address: addr,
                     size,
                     type_name: None,
+                    value_type: None,
                     source: super::Source::Dwarf,
                     module_address: 0,
                     note: None,

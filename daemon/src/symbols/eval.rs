@@ -80,6 +80,8 @@ pub enum Outcome {
         type_name: String,
         /// For a pointer: the address it holds.
         pointer: Option<u64>,
+        /// How it reads.
+        value_type: Option<crate::value::ValueType>,
     },
 }
 
@@ -296,6 +298,34 @@ impl<'a> Eval<'a> {
         }
     }
 
+    /// How a value of type `ty` reads: its kind, size and name, and an
+    /// enumeration's enumerators.
+    pub fn value_type(&mut self, ty: &Ty) -> Result<crate::value::ValueType, PathError> {
+        use crate::value::Kind as K;
+        let v = self.view(ty)?;
+        let kind = match v.kind {
+            Kind::Scalar(Enc::Signed) => K::Signed,
+            Kind::Scalar(Enc::Unsigned) => K::Unsigned,
+            Kind::Scalar(Enc::Float) => K::Float,
+            Kind::Scalar(Enc::Bool) => K::Bool,
+            Kind::Pointer(_) => K::Pointer,
+            Kind::Record(..) | Kind::Array(..) | Kind::Other => K::Other,
+        };
+        let enumerators = match (ty, kind) {
+            (Ty::Die(r), K::Signed | K::Unsigned) => {
+                let u = &self.units[&r.unit];
+                enumerators(&self.dwarf, u, r.die, kind == K::Signed)
+            }
+            _ => None,
+        };
+        Ok(crate::value::ValueType {
+            kind,
+            size: v.size.unwrap_or(0),
+            name: v.name,
+            enumerators,
+        })
+    }
+
     /// The type a cast names, from the module's DWARF.
     fn named_type(&mut self, t: &TypeName) -> Result<Ty, PathError> {
         let mut ty = if t.base == "void" {
@@ -336,6 +366,7 @@ impl<'a> Eval<'a> {
                     bytes,
                     type_name: v.name,
                     pointer,
+                    value_type: self.value_type(&ty).ok(),
                 })
             }
             Val::Num(_) => Err(PathError::Number {
@@ -805,6 +836,61 @@ fn encoding(unit: &gimli::Unit<R<'_>>, die: usize) -> Enc {
         }
     }
     Enc::Signed
+}
+
+/// The enumerators of the enumeration at `die` (through typedefs and
+/// qualifiers), sorted by value: `None` when it is no enumeration. A value
+/// given in a data form of no sign is read as the underlying type
+/// (`signed`) reads it.
+fn enumerators(
+    dwarf: &gimli::Dwarf<R<'_>>,
+    unit: &gimli::Unit<R<'_>>,
+    die: usize,
+    signed: bool,
+) -> Option<Vec<(String, i64)>> {
+    let mut cur = Some(die);
+    for _ in 0..64 {
+        let e = unit.entry(UnitOffset(cur?)).ok()?;
+        match e.tag() {
+            gimli::DW_TAG_enumeration_type => break,
+            gimli::DW_TAG_typedef
+            | gimli::DW_TAG_const_type
+            | gimli::DW_TAG_volatile_type
+            | gimli::DW_TAG_atomic_type => cur = super::dwarf::type_ref(&e),
+            _ => return None,
+        }
+    }
+    let extend = |v: u64, bits: u32| {
+        if signed {
+            ((v << (64 - bits)) as i64) >> (64 - bits)
+        } else {
+            v as i64
+        }
+    };
+    let mut list = Vec::new();
+    let mut tree = unit.entries_tree(Some(UnitOffset(cur?))).ok()?;
+    let root = tree.root().ok()?;
+    let mut children = root.children();
+    while let Ok(Some(child)) = children.next() {
+        let c = child.entry();
+        if c.tag() != gimli::DW_TAG_enumerator {
+            continue;
+        }
+        let value = match c.attr_value(gimli::DW_AT_const_value) {
+            Some(gimli::AttributeValue::Sdata(v)) => v,
+            Some(gimli::AttributeValue::Udata(v)) => v as i64,
+            Some(gimli::AttributeValue::Data1(v)) => extend(u64::from(v), 8),
+            Some(gimli::AttributeValue::Data2(v)) => extend(u64::from(v), 16),
+            Some(gimli::AttributeValue::Data4(v)) => extend(u64::from(v), 32),
+            Some(gimli::AttributeValue::Data8(v)) => v as i64,
+            _ => continue,
+        };
+        if let Some(name) = super::dwarf::name_of(dwarf, unit, c) {
+            list.push((name, value));
+        }
+    }
+    list.sort_by_key(|(_, v)| *v);
+    Some(list)
 }
 
 /// `bits` (the `size`-byte little-endian value of encoding `from`)

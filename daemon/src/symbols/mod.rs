@@ -91,6 +91,8 @@ pub struct Resolved {
     pub size: u64,
     /// Its type, when DWARF gives it.
     pub type_name: Option<String>,
+    /// How its value reads, when DWARF gives its type.
+    pub value_type: Option<crate::value::ValueType>,
     /// Where the address and size came from.
     pub source: Source,
     /// The link-time address in the module (`address` − load bias).
@@ -281,8 +283,6 @@ impl Symbols {
         })
     }
 
-    /// What `addr` is in process `pid`: its module and the symbol holding
-    /// it.
     /// What `name` names in `pid`, as a watchpoint would take it: a
     /// variable (for a write watchpoint), or else a function (its entry,
     /// for an exec watchpoint); which one it is comes with it.
@@ -303,6 +303,35 @@ impl Symbols {
             pid,
             why: e.to_string(),
         })?;
+        self.describe_in(pid, &files, addr)
+    }
+
+    /// The symbols the addresses `addrs` of `pid` point into, each as
+    /// `name` or `name+offset` (none: in no symbol, e.g. the heap): what a
+    /// pointer's value is shown with. One read of the process's maps.
+    pub fn points_into(&self, pid: Pid, addrs: &[u64]) -> Vec<Option<String>> {
+        let Ok(files) = maps::read(pid) else {
+            return vec![None; addrs.len()];
+        };
+        addrs
+            .iter()
+            .map(|&a| {
+                let (name, start, _, _) = self.describe_in(pid, &files, a).ok()?.symbol?;
+                Some(match a.wrapping_sub(start) {
+                    0 => name,
+                    off => format!("{name}+{off}"),
+                })
+            })
+            .collect()
+    }
+
+    /// [`Symbols::describe_address`] in the mapped `files` of `pid`.
+    fn describe_in(
+        &self,
+        pid: Pid,
+        files: &[MappedFile],
+        addr: u64,
+    ) -> Result<AddressInfo, SymbolError> {
         let mut info = AddressInfo {
             module: None,
             build_id: None,

@@ -204,6 +204,8 @@ struct Object {
     followed: bool,
     size: Option<u64>,
     type_name: Option<String>,
+    /// How its value reads (a DWARF type's).
+    value_type: Option<crate::value::ValueType>,
     source: Source,
     /// Set when the offset fell inside a member.
     note: Option<String>,
@@ -292,6 +294,7 @@ fn evaluate(
             bytes,
             type_name,
             pointer,
+            value_type,
         } => {
             if expr.offset != 0 {
                 return Err(SymbolError::Path {
@@ -306,6 +309,7 @@ fn evaluate(
                 followed: true,
                 size: Some(bytes.len() as u64),
                 type_name: Some(type_name),
+                value_type,
                 source: Source::Dwarf,
                 note: None,
                 value: Some(bytes),
@@ -328,6 +332,7 @@ fn evaluate(
         followed,
         size,
         type_name: Some(type_name),
+        value_type: ev.value_type(&ty).ok(),
         source: Source::Dwarf,
         note: (followed && expr.follows_pointers() && !expr.name.is_empty()).then(|| {
             format!(
@@ -352,16 +357,23 @@ fn evaluate(
                 Ok(Some((m_off, m_size, m_path, m_type))) => {
                     o.size = Some(m_off + m_size - at);
                     o.type_name = Some(m_type);
+                    // The member's type is known by name only here: its
+                    // bytes read untyped.
+                    o.value_type = None;
                     if !m_path.is_empty() {
                         o.note = Some(format!("{} is in {}{m_path}", expr.path(), expr.root));
                     }
                 }
-                _ => o.size = Some(whole - at),
+                _ => {
+                    o.size = Some(whole - at);
+                    o.value_type = None;
+                }
             }
         }
         None if len > 0 => {
             o.vaddr = o.vaddr.wrapping_add_signed(expr.offset);
             o.type_name = None;
+            o.value_type = None;
         }
         None => {
             return Err(SymbolError::Offset {
@@ -423,6 +435,7 @@ fn object(
                 followed: false,
                 size: (s.size > 0).then_some(s.size),
                 type_name: None,
+                value_type: None,
                 source: match s.table {
                     SymTable::Symtab => Source::Symtab,
                     SymTable::Dynsym => Source::Dynsym,
@@ -737,6 +750,7 @@ impl Symbols {
         if access == Access::Exec && o.value.is_none() {
             o.size = Some(1);
             o.type_name = None;
+            o.value_type = None;
         }
         let text = expr.to_string();
         let size = match (len, o.size) {
@@ -766,6 +780,7 @@ impl Symbols {
             },
             size,
             type_name: o.type_name,
+            value_type: o.value_type,
             source: o.source,
             // Past a pointer the object is in no module's image.
             module_address: if o.followed { 0 } else { o.vaddr },

@@ -379,6 +379,9 @@ impl Session {
                     Target::Address { .. } => None,
                 },
                 u64::from(known.len),
+                // By name the daemon reads the variable's type; by address
+                // it has none.
+                matches!(target, Target::Name(_)),
             )?),
         };
         let hits = match bp.hit_condition.as_deref().map(str::trim) {
@@ -446,6 +449,7 @@ impl Session {
             addr,
             len,
             type_name: known.type_name,
+            value_type: wp.value_type,
             last,
         })
     }

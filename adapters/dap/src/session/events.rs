@@ -83,10 +83,32 @@ impl Session {
         }
     }
 
-    async fn hit(&mut self, h: pb::Hit) {
+    async fn hit(&mut self, mut h: pb::Hit) {
         let Some(pos) = self.armed.iter().position(|a| a.wp_id == h.watchpoint_id) else {
             return;
         };
+        // A pointer: the symbol it points into, from the daemon (a
+        // stream's hits do not carry it).
+        if h.value_kind == pb::ValueKind::Pointer as i32
+            && h.value_name.is_empty()
+            && let Ok(bytes) = <[u8; 8]>::try_from(&h.value[..])
+            && u64::from_le_bytes(bytes) != 0
+        {
+            let request = self.daemon.request(pb::ResolveSymbolRequest {
+                pid: h.pid,
+                address: u64::from_le_bytes(bytes),
+                ..Default::default()
+            });
+            if let Ok(r) = self.client().resolve_symbol(request).await
+                && let r = r.into_inner()
+                && let Some(s) = r.symbol
+            {
+                h.value_name = match r.offset {
+                    0 => s.name,
+                    off => format!("{}+{off}", s.name),
+                };
+            }
+        }
         let location = h
             .location
             .as_ref()
@@ -108,11 +130,12 @@ impl Session {
         {
             part.copy_from_slice(&new);
         }
-        let shown = |b: &[u8]| spec::show_value(&a.type_name, b);
+        let shown =
+            |b: &[u8], name: &str| spec::show_typed(a.value_type.as_ref(), &a.type_name, b, name);
         let change = match (&old, h.value_error.is_empty()) {
             (_, false) => format!("value unreadable: {}", h.value_error),
-            (Some(o), true) => format!("{} → {}", shown(o), shown(&new)),
-            (None, true) => format!("now {}", shown(&new)),
+            (Some(o), true) => format!("{} → {}", shown(o, ""), shown(&new, &h.value_name)),
+            (None, true) => format!("now {}", shown(&new, &h.value_name)),
         };
         let description = format!("data breakpoint {} ({}): {change}", a.dap_id, a.expr);
         let info = StopInfo {
@@ -120,8 +143,10 @@ impl Session {
             dap_id: a.dap_id,
             expr: a.expr.clone(),
             type_name: a.type_name.clone(),
+            value_type: a.value_type.clone(),
             old,
             new,
+            new_name: h.value_name.clone(),
             addr: h.address,
             location: location.clone(),
         };

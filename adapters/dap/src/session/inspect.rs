@@ -154,12 +154,18 @@ impl Handler<Variables> for Session {
         match c {
             Container::Watched => {
                 for i in 0..self.armed.len() {
-                    let (addr, len, expr, ty) = {
+                    let (addr, len, expr, ty, vt) = {
                         let a = &self.armed[i];
-                        (a.addr, a.len, a.expr.clone(), a.type_name.clone())
+                        (
+                            a.addr,
+                            a.len,
+                            a.expr.clone(),
+                            a.type_name.clone(),
+                            a.value_type.clone(),
+                        )
                     };
                     let value = match self.read(pid, addr, len).await {
-                        Ok(b) => spec::show_value(&ty, &b),
+                        Ok(b) => spec::show_typed(vt.as_ref(), &ty, &b, ""),
                         Err(e) => format!("<{e}>"),
                     };
                     let named = matches!(
@@ -339,10 +345,13 @@ impl Handler<Variables> for Session {
                         "old value",
                         s.old
                             .as_ref()
-                            .map(|o| spec::show_value(&s.type_name, o))
+                            .map(|o| spec::show_typed(s.value_type.as_ref(), &s.type_name, o, ""))
                             .unwrap_or_else(|| "(not known)".into()),
                     ));
-                    out.push(v("new value", spec::show_value(&s.type_name, &s.new)));
+                    out.push(v(
+                        "new value",
+                        spec::show_typed(s.value_type.as_ref(), &s.type_name, &s.new, &s.new_name),
+                    ));
                     out.push(v("accessed at", s.location.clone()));
                 }
             }
@@ -386,8 +395,11 @@ impl Handler<Evaluate> for Session {
         if r.kind == "value" {
             // `&x`, `(T)x`: computed, in no object.
             let pointer = sym.type_name.trim_end().ends_with('*');
+            // A pointer's result is its address alone (the IDE reads it
+            // as one); an enumerator's name goes with its value.
+            let name = if pointer { "" } else { r.value_name.as_str() };
             return Ok(EvaluateBody {
-                result: spec::show_value(&sym.type_name, &r.value),
+                result: spec::show_typed(sym.value_type.as_ref(), &sym.type_name, &r.value, name),
                 type_name: sym.type_name,
                 variables_reference: 0,
                 memory_reference: if pointer { reference } else { String::new() },
@@ -402,7 +414,18 @@ impl Handler<Evaluate> for Session {
             });
         }
         let len = u32::try_from(sym.size.clamp(1, 4096)).unwrap_or(4096);
-        let value = spec::show_value(&sym.type_name, &self.read(pid, sym.address, len).await?);
+        // The daemon's reading when it read the value (up to 64 bytes); a
+        // pointer's result is its address alone.
+        let pointer = sym
+            .value_type
+            .as_ref()
+            .is_some_and(|t| t.kind == pb::ValueKind::Pointer as i32);
+        let name = if pointer { "" } else { r.value_name.as_str() };
+        let value = if r.value.len() as u64 == sym.size {
+            spec::show_typed(sym.value_type.as_ref(), &sym.type_name, &r.value, name)
+        } else {
+            spec::show_value(&sym.type_name, &self.read(pid, sym.address, len).await?)
+        };
         Ok(EvaluateBody {
             result: value,
             type_name: sym.type_name,

@@ -93,6 +93,8 @@ struct Armed {
     addr: u64,
     len: u32,
     type_name: String,
+    /// How its values read (the daemon's `Watchpoint.value_type`).
+    value_type: Option<pb::ValueType>,
     /// The bytes at arming or at the last hit shown: the "old" value of the
     /// next hit.
     last: Option<Vec<u8>>,
@@ -134,8 +136,12 @@ struct StopInfo {
     dap_id: i64,
     expr: String,
     type_name: String,
+    /// How the values read (the watchpoint's value type).
+    value_type: Option<pb::ValueType>,
     old: Option<Vec<u8>>,
     new: Vec<u8>,
+    /// The daemon's name for the new value (an enumerator).
+    new_name: String,
     addr: u64,
     location: String,
 }

@@ -398,6 +398,7 @@ impl PerfEngine {
             callchain_note,
             rate_limited_before,
             names: None,
+            value_type: None,
         }));
     }
 

@@ -167,7 +167,7 @@ impl Judge {
 /// uses r8 (the value) and r9 (the state); falls through to `report`, or
 /// counts the hit filtered and returns.
 fn judge(p: &mut Program, j: &Judge, state: i32, len: u32, report: bpf::Label) {
-    use crate::filter::{CmpOp, Condition};
+    use crate::filter::Condition;
     let (filtered, held) = (p.label(), p.label());
     // The value, as the program reads it for the record: `len` bytes into
     // a zeroed stack word (little-endian, as `filter::value_u64`).
@@ -198,21 +198,7 @@ fn judge(p: &mut Program, j: &Judge, state: i32, len: u32, report: bpf::Label) {
             p.jeq_imm(2, 0, held);
             p.jump_if(Cmp::Eq, 1, 8, filtered);
         }
-        Some(Condition::Compare { op, operand, mask }) => {
-            let cmp = match op {
-                CmpOp::Eq => Cmp::Eq,
-                CmpOp::Ne => Cmp::Ne,
-                CmpOp::Lt => Cmp::Lt,
-                CmpOp::Le => Cmp::Le,
-                CmpOp::Gt => Cmp::Gt,
-                CmpOp::Ge => Cmp::Ge,
-            };
-            p.push([asm::mov(1, 8)]);
-            p.push(asm::ld_u64(2, mask));
-            p.push([asm::and(1, 2)]);
-            p.push(asm::ld_u64(2, operand));
-            p.jump_if(cmp.negated(), 1, 2, filtered);
-        }
+        Some(c @ Condition::Compare { .. }) => compare(p, &c, len, held, filtered),
         None => {}
     }
     p.place(held);
@@ -264,6 +250,93 @@ fn judge(p: &mut Program, j: &Judge, state: i32, len: u32, report: bpf::Label) {
             asm::mov_imm(0, 0),
             asm::exit(),
         ]);
+    }
+}
+
+/// Tests comparison `c` ([`Condition::Compare`](crate::filter::Condition))
+/// on the value in r8 (`len` bytes, zero-extended, as the program reads
+/// it): jumps to `filtered` when it does not hold, to `held` or on when it
+/// does, computing what `Condition::holds` defines (`filter.rs`): masked
+/// unsigned bits; a signed value sign-extended from `len` bytes and
+/// compared signed; a float turned into [`crate::filter::float_key`]
+/// (magnitude, negated when the sign is set) and compared signed, a NaN
+/// holding `!=` only. Uses r1-r3.
+fn compare(
+    p: &mut Program,
+    c: &crate::filter::Condition,
+    len: u32,
+    held: bpf::Label,
+    filtered: bpf::Label,
+) {
+    use crate::filter::{CmpOp, Condition, View};
+    let Condition::Compare {
+        op,
+        operand,
+        mask,
+        view,
+    } = *c
+    else {
+        return;
+    };
+    let len = len.clamp(1, 8) as i32;
+    let cmp = |signed: bool| match (op, signed) {
+        (CmpOp::Eq, _) => Cmp::Eq,
+        (CmpOp::Ne, _) => Cmp::Ne,
+        (CmpOp::Lt, false) => Cmp::Lt,
+        (CmpOp::Le, false) => Cmp::Le,
+        (CmpOp::Gt, false) => Cmp::Gt,
+        (CmpOp::Ge, false) => Cmp::Ge,
+        (CmpOp::Lt, true) => Cmp::SLt,
+        (CmpOp::Le, true) => Cmp::SLe,
+        (CmpOp::Gt, true) => Cmp::SGt,
+        (CmpOp::Ge, true) => Cmp::SGe,
+    };
+    p.push([asm::mov(1, 8)]);
+    match (view, len) {
+        (View::Signed, _) => {
+            if len < 8 {
+                let shift = 64 - 8 * len;
+                p.push([asm::lsh_imm(1, shift), asm::arsh_imm(1, shift)]);
+            }
+            p.push(asm::ld_u64(2, operand));
+            p.jump_if(cmp(true).negated(), 1, 2, filtered);
+        }
+        (View::Float, 4 | 8) => {
+            // r2: all ones for a negative float, else 0 (its sign bit
+            // spread); r1: its magnitude (the bits below the sign).
+            p.push([asm::mov(2, 8)]);
+            if len == 4 {
+                p.push([asm::lsh_imm(2, 32)]);
+            }
+            let below_sign = 64 - (8 * len - 1);
+            p.push([
+                asm::arsh_imm(2, 63),
+                asm::lsh_imm(1, below_sign),
+                asm::rsh_imm(1, below_sign),
+            ]);
+            // Past infinity's magnitude: a NaN, which only `!=` holds for.
+            let infinity: u64 = if len == 4 {
+                0x7f80_0000
+            } else {
+                0x7ff0_0000_0000_0000
+            };
+            p.push(asm::ld_u64(3, infinity));
+            let nan = if op == CmpOp::Ne { held } else { filtered };
+            p.jump_if(Cmp::Gt, 1, 3, nan);
+            // The key: the magnitude, negated when the sign is set
+            // ((m ^ s) - s with s all ones or 0).
+            p.push([asm::xor(1, 2), asm::sub(1, 2)]);
+            // A NaN operand is never bound (`value::bind` refuses it).
+            let key = crate::filter::float_key(operand, len as usize).unwrap_or(i64::MAX);
+            p.push(asm::ld_u64(2, key as u64));
+            p.jump_if(cmp(true).negated(), 1, 2, filtered);
+        }
+        (View::Unsigned | View::Float, _) => {
+            p.push(asm::ld_u64(2, mask));
+            p.push([asm::and(1, 2)]);
+            p.push(asm::ld_u64(2, operand));
+            p.jump_if(cmp(false).negated(), 1, 2, filtered);
+        }
     }
 }
 
@@ -439,6 +512,31 @@ impl HitRing {
         )
         .map_err(NoRing::Asm)?;
         r.judging = bpf::load_program(bpf::PROG_TYPE_PERF_EVENT, &probe).map(|_| ());
+        // The typed comparisons' instructions (signed jumps, shifts).
+        for view in [crate::filter::View::Signed, crate::filter::View::Float] {
+            let typed = Judge {
+                condition: Some(crate::filter::Condition::Compare {
+                    op: crate::filter::CmpOp::Lt,
+                    operand: 0,
+                    mask: u64::MAX,
+                    view,
+                }),
+                ..all
+            };
+            let probe = program(
+                r.ring.raw_fd(),
+                r.drops.raw_fd(),
+                SlotKey::unpack(1),
+                4,
+                0,
+                Some((&typed, state.raw_fd())),
+                r.ns,
+            )
+            .map_err(NoRing::Asm)?;
+            if r.judging.is_ok() {
+                r.judging = bpf::load_program(bpf::PROG_TYPE_PERF_EVENT, &probe).map(|_| ());
+            }
+        }
         if let Err(e) = &r.judging {
             tracing::warn!("hits are judged by the daemon, not at the trap: {e}");
         }
@@ -576,19 +674,27 @@ mod tests {
     /// with nothing that filters used to leave the filtered block behind.
     #[test]
     fn every_judge_assembles_with_no_unreachable_code() {
-        use crate::filter::{CmpOp, Condition};
+        use crate::filter::{CmpOp, Condition, View};
         let key = SlotKey::new(crate::model::WatchId(7), 0);
-        let conditions = [
-            None,
-            Some(Condition::Changed),
+        let cmp = |op, operand, view| {
             Some(Condition::Compare {
-                op: CmpOp::Ge,
-                operand: 3,
+                op,
+                operand,
                 mask: u64::MAX,
-            }),
+                view,
+            })
+        };
+        let conditions = [
+            (None, 8),
+            (Some(Condition::Changed), 8),
+            (cmp(CmpOp::Ge, 3, View::Unsigned), 8),
+            (cmp(CmpOp::Lt, 0, View::Signed), 4),
+            (cmp(CmpOp::Le, u64::MAX, View::Signed), 8),
+            (cmp(CmpOp::Ne, 1.5f64.to_bits(), View::Float), 8),
+            (cmp(CmpOp::Gt, u64::from(1.5f32.to_bits()), View::Float), 4),
         ];
         let mut filtering = 0;
-        for condition in conditions {
+        for (condition, len) in conditions {
             for ignore in [0, 2] {
                 for every in [0, 1, 3] {
                     for signal in [None, Some(libc::SIGUSR1)] {
@@ -600,7 +706,7 @@ mod tests {
                                 signal,
                                 spacing_ns,
                             };
-                            let p = program(3, 4, key, 8, 0, Some((&j, 5)), None)
+                            let p = program(3, 4, key, len, 0, Some((&j, 5)), None)
                                 .unwrap_or_else(|e| panic!("{j:?}: {e}"));
                             // The filtered block (count, return 0) is there
                             // exactly when something filters.
@@ -615,7 +721,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(filtering, 64);
+        assert_eq!(filtering, 16 + 24 * 6);
     }
 
     #[test]
@@ -693,6 +799,138 @@ mod kernel_tests {
         };
         ring.ns = Some(PidNs::at("/proc/self/ns/pid").unwrap());
         records_the_inherited_threads_hits(ring);
+    }
+
+    /// Each comparison the hit program makes, run by the kernel, judges
+    /// as `Condition::holds` defines: the same instructions ([`compare`])
+    /// in a socket filter, which `BPF_PROG_TEST_RUN` runs on demand (a
+    /// perf event program cannot be), fed each value through an array map,
+    /// for every operator, operands at each type's edges and values of
+    /// every sign, size and class (NaNs, zeros, infinities, subnormals).
+    #[test]
+    fn comparisons_judge_in_the_kernel_as_the_daemon_does() {
+        use crate::filter::{CmpOp, Condition, View, sign_extend};
+        let input = match Counters::new(1) {
+            Ok(c) => c,
+            Err(Errno::EPERM) => {
+                eprintln!("skipped: bpf() refused (needs CAP_BPF): the comparisons are not run");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let ints: Vec<i64> = vec![
+            0,
+            1,
+            -1,
+            7,
+            -7,
+            100,
+            -273,
+            i64::from(i8::MIN),
+            i64::from(i8::MAX),
+            i64::from(i16::MIN),
+            i64::from(u16::MAX),
+            i64::from(i32::MIN),
+            i64::from(i32::MAX),
+            i64::from(u32::MAX),
+            i64::MIN,
+            i64::MAX,
+            i64::MIN + 1,
+        ];
+        let f64s = [
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            3.5,
+            -273.0,
+            -273.15,
+            -272.9,
+            5e-324,
+            -5e-324,
+            f64::MAX,
+            f64::MIN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+        ];
+        let f32s: Vec<f32> = f64s
+            .iter()
+            .map(|&f| f as f32)
+            .chain([1e-45, -1e-45])
+            .collect();
+        let nans64 = [
+            f64::NAN.to_bits(),
+            (-f64::NAN).to_bits(),
+            0x7ff0_0000_0000_0001,
+        ];
+        let nans32 = [f32::NAN.to_bits(), (-f32::NAN).to_bits(), 0x7f80_0001];
+        let trunc = |v: u64, len: usize| {
+            if len == 8 {
+                v
+            } else {
+                v & ((1 << (8 * len)) - 1)
+            }
+        };
+        // (view, len, mask, operands as bound, values as read).
+        type Case = (View, usize, u64, Vec<u64>, Vec<u64>);
+        let mut cases: Vec<Case> = Vec::new();
+        for len in [1, 2, 4, 8] {
+            let values: Vec<u64> = ints.iter().map(|&v| trunc(v as u64, len)).collect();
+            // Operands as `value::bind` makes them: the type's values.
+            let signed: Vec<u64> = values.iter().map(|&v| sign_extend(v, len) as u64).collect();
+            cases.push((View::Signed, len, u64::MAX, signed, values.clone()));
+            cases.push((View::Unsigned, len, u64::MAX, values.clone(), values));
+        }
+        let all: Vec<u64> = ints.iter().map(|&v| v as u64).collect();
+        cases.push((View::Unsigned, 8, 0xff, vec![0, 7, 0xff, 0x1ff], all));
+        let bits64: Vec<u64> = f64s.iter().map(|f| f.to_bits()).collect();
+        let mut values64 = bits64.clone();
+        values64.extend(nans64);
+        cases.push((View::Float, 8, u64::MAX, bits64, values64));
+        let bits32: Vec<u64> = f32s.iter().map(|f| u64::from(f.to_bits())).collect();
+        let mut values32 = bits32.clone();
+        values32.extend(nans32.iter().map(|&b| u64::from(b)));
+        cases.push((View::Float, 4, u64::MAX, bits32, values32));
+        let mut runs = 0;
+        for (view, len, mask, operands, values) in &cases {
+            for op in [
+                CmpOp::Eq,
+                CmpOp::Ne,
+                CmpOp::Lt,
+                CmpOp::Le,
+                CmpOp::Gt,
+                CmpOp::Ge,
+            ] {
+                for &operand in operands {
+                    let c = Condition::Compare {
+                        op,
+                        operand,
+                        mask: *mask,
+                        view: *view,
+                    };
+                    let mut p = Program::new();
+                    let (held, filtered) = (p.label(), p.label());
+                    p.push(asm::ld_map_value(9, input.raw_fd(), 0));
+                    p.push([asm::ldx_dw(8, 9, 0)]);
+                    compare(&mut p, &c, *len as u32, held, filtered);
+                    p.place(held);
+                    p.push([asm::mov_imm(0, 1), asm::exit()]);
+                    p.place(filtered);
+                    p.push([asm::mov_imm(0, 0), asm::exit()]);
+                    let insns = p.build().unwrap_or_else(|e| panic!("{c:?}: {e}"));
+                    let prog = bpf::load_program(bpf::PROG_TYPE_SOCKET_FILTER, &insns)
+                        .unwrap_or_else(|e| panic!("{c:?}: {e}"));
+                    for &v in values {
+                        input.write(&[v]).unwrap();
+                        let kernel = bpf::test_run(&prog).unwrap() == 1;
+                        let daemon = c.holds(&v.to_le_bytes()[..*len], None);
+                        assert_eq!(kernel, daemon, "{v:#x} ({len} bytes) under {c:?}");
+                        runs += 1;
+                    }
+                }
+            }
+        }
+        assert!(runs > 10_000, "{runs}");
     }
 
     fn records_the_inherited_threads_hits(ring: HitRing) {

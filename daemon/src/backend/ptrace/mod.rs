@@ -807,6 +807,7 @@ impl TraceSink for PtraceEngine {
                 callchain_note,
                 rate_limited_before,
                 names: None,
+                value_type: None,
             }));
         }
         if verdict == HitVerdict::HoldAll {
