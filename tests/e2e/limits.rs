@@ -226,11 +226,43 @@ async fn out_of_fds_the_accept_loop_backs_off_and_recovers() -> Result<()> {
     .await?;
     let sock = daemon.socket_path().display().to_string();
     let result = async {
+        // A connection made before the flood: it asks the health service
+        // and the stats while the daemon is out of fds.
+        let channel = wpd_proto::connect::channel(&daemon.target()).await?;
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+        let mut client = wpd_proto::v1::watchpoints_client::WatchpointsClient::new(channel);
+        let mut status = async || -> Result<_> {
+            Ok(health
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: wpd_proto::SERVICE_NAME.into(),
+                })
+                .await?
+                .into_inner()
+                .status())
+        };
+        use tonic_health::pb::health_check_response::ServingStatus;
+        ensure!(status().await? == ServingStatus::Serving);
         let mut flood = Probe::start(None, &["hold", &sock, "400"]).await?;
         let open = probe_number(&flood.line(T).await?, "OPEN")?;
         ensure!(
             open < 400,
             "every connection was kept ({open}) under RLIMIT_NOFILE 160"
+        );
+        // The daemon says it cannot serve, and why.
+        poll_until(Duration::from_secs(10), "health NOT_SERVING", async || {
+            let s = status().await?;
+            Ok(if s == ServingStatus::NotServing {
+                Ok(())
+            } else {
+                Err(format!("{s:?}"))
+            })
+        })
+        .await?;
+        let stats = client.get_stats(GetStatsRequest {}).await?.into_inner();
+        ensure!(
+            stats.degraded.contains("out of file descriptors"),
+            "GetStats.degraded: {:?}",
+            stats.degraded
         );
         // Out of fds with connections still queued: no busy loop.
         let cpu0 = daemon.cpu_time()?;
@@ -241,6 +273,19 @@ async fn out_of_fds_the_accept_loop_backs_off_and_recovers() -> Result<()> {
             "the daemon used {used:?} of CPU in 2 s while out of fds"
         );
         flood.finish(T).await?;
+        poll_until(
+            Duration::from_secs(10),
+            "health SERVING again",
+            async || {
+                let s = status().await?;
+                Ok(if s == ServingStatus::Serving {
+                    Ok(())
+                } else {
+                    Err(format!("{s:?}"))
+                })
+            },
+        )
+        .await?;
         poll_until(
             Duration::from_secs(10),
             "root to get in again",
