@@ -179,10 +179,15 @@ both_backends!(exec_removes_watchpoints_and_keeps_tracking);
 /// exec replaces the program image: a watchpoint on the old image's address
 /// must not fire in unrelated code (perf drops it with `remove_on_exec`, the
 /// kernel clears ptrace registers). The daemon reports each as removed with
-/// reason "exec", the process stays attached, and new watchpoints work.
+/// reason "exec", the process stays attached (listed under its new command
+/// name), and new watchpoints work.
 async fn exec_removes_watchpoints_and_keeps_tracking(backend: Backend) -> Result<()> {
     let daemon = Daemon::start().await?;
     let mut target = TargetProc::start(&["--threads", "3"]).await?;
+    // A copy of the target under another name, for the exec to change it.
+    let dir = wpd_tests::unique_temp_dir("wpd-exec-comm")?;
+    let renamed = dir.join("wpd-renamed");
+    std::fs::copy(wpd_tests::bin_path("wpd-target"), &renamed)?;
     daemon.finish(
         async {
             let mut client = daemon.client().await?;
@@ -193,7 +198,7 @@ async fn exec_removes_watchpoints_and_keeps_tracking(backend: Backend) -> Result
                 .watchpoint
                 .unwrap_or_default()
                 .id;
-            target.exec(2).await?;
+            target.exec_path(&renamed, 2).await?;
             ensure!(target.pid == pid, "exec keeps the pid");
             events
                 .wait_for(Duration::from_secs(10), "WatchpointRemoved(exec)", |ev| {
@@ -217,8 +222,10 @@ async fn exec_removes_watchpoints_and_keeps_tracking(backend: Backend) -> Result
                 list.watchpoints
             );
             ensure!(
-                list.processes.iter().any(|p| p.pid == pid),
-                "the process should stay attached: {:?}",
+                list.processes
+                    .iter()
+                    .any(|p| p.pid == pid && p.comm == "wpd-renamed"),
+                "the process should stay attached, named as its new program: {:?}",
                 list.processes
             );
             // The new image is watched again like any process.
@@ -232,6 +239,7 @@ async fn exec_removes_watchpoints_and_keeps_tracking(backend: Backend) -> Result
             );
             let pong = target.cmd("ping").await?;
             ensure!(pong.starts_with("PONG"), "target after exec: {pong}");
+            let _ = std::fs::remove_dir_all(&dir);
             Ok(())
         }
         .await,
