@@ -22,6 +22,7 @@
 //! | `ct-objects`, `ct-objects-nodebug` | `objects.c` (code events' heap objects), `-g -O0` and `-O0` |
 //! | `ct-objfloor` | `objfloor.c`, `-O2`: the floor of the objects benchmark (a bare tracer doing the kernel's part of `--on-return`) |
 //! | `ct-ips` | generated: 1,000 functions that each store into `counter` (`sweep` calls them all), `-g -O0` |
+//! | `ct-uprobeclose` | `uprobeclose.c`, `-O2`: N uprobes on a child opened and closed by T threads, as perf events or BPF links (the floor of the bench's `closes` section, kernel-facts §21) |
 //! | `ct-typed` | `typed.c`, `-g -O0` (PIE): a global of each kind a value reads as (`long`, `int`, `double`, `float`, `bool`, an enum, a pointer) |
 
 use std::path::{Path, PathBuf};
@@ -206,6 +207,16 @@ fn main() {
         &["-O0", "-o", "ct-objects-nodebug", &objects, "-lpthread"],
     );
     cc(&out, &["-O2", "-o", "ct-objfloor", &s("objfloor.c")]);
+    cc(
+        &out,
+        &[
+            "-O2",
+            "-pthread",
+            "-o",
+            "ct-uprobeclose",
+            &s("uprobeclose.c"),
+        ],
+    );
     cc(&out, &["-g", "-O0", "-o", "ct-typed", &s("typed.c")]);
     std::fs::write(out.join("ct-ips.c"), ips_source(IPS)).unwrap();
     cc(&out, &["-g", "-O0", "-o", "ct-ips", "ct-ips.c"]);

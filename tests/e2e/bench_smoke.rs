@@ -203,6 +203,16 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "| a pending FILE:LINE, in no line table |",
         ],
     ),
+    (
+        "## closes: code events closed at a detach and at a SIGTERM",
+        &[
+            "| the floor: 10 uprobe links closed at once |",
+            "| the same links closed one after another |",
+            "| uprobe perf events closed one after another (before Linux 6.6) |",
+            "| wpd: `wpctl detach` of the process |",
+            "| wpd: SIGTERM to exit |",
+        ],
+    ),
 ];
 
 #[test]

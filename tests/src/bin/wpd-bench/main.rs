@@ -55,6 +55,9 @@
 //! - `pending`: a dlopen + dlclose of a library in a process not attached,
 //!   attached with nothing pending, and with a pending code event (the
 //!   probe at its dynamic linker's debugger hook).
+//! - `closes`: a Detach of a process with 100 code breakpoints and a
+//!   SIGTERM of the daemon holding them, against 100 uprobes closed at once
+//!   with no daemon (the floor) and one after another.
 //!
 //! Timings are medians over `--reps` runs unless a table says otherwise.
 //! Nothing here asserts a time.
@@ -70,8 +73,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use procstat::*;
 use sections::{
-    arm::*, churn::*, dap::*, drain::*, farm::*, fleet::*, fuzzers::*, hitcost::*, memory::*,
-    objects::*, pending::*, rpc::*, symbols::*, throughput::*,
+    arm::*, churn::*, closes::*, dap::*, drain::*, farm::*, fleet::*, fuzzers::*, hitcost::*,
+    memory::*, objects::*, pending::*, rpc::*, symbols::*, throughput::*,
 };
 use wpd_tests::Backend;
 
@@ -81,7 +84,7 @@ const USAGE: &str = "usage: wpd-bench [--threads N[,N...]] [--spin-threads N[,N.
      [--list-calls L] [--peer-timeout-s S] [--fuzz-secs S] [--persistent-secs S] [--smoke]\n\
      sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm fleet journal export fuzzers drain objects pending";
 
-const SECTIONS: [&str; 18] = [
+const SECTIONS: [&str; 19] = [
     "arm",
     "spin",
     "hitcost",
@@ -100,6 +103,7 @@ const SECTIONS: [&str; 18] = [
     "drain",
     "objects",
     "pending",
+    "closes",
 ];
 
 /// Variable watched where no thread of the target writes (idle workers write
@@ -467,6 +471,9 @@ async fn run(args: Args) -> Result<()> {
     }
     if args.has("pending") {
         section_pending(&args).await?;
+    }
+    if args.has("closes") {
+        section_closes(&args).await?;
     }
     Ok(())
 }

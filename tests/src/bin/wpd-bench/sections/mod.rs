@@ -2,6 +2,7 @@
 
 pub mod arm;
 pub mod churn;
+pub mod closes;
 pub mod dap;
 pub mod drain;
 pub mod farm;

@@ -10,10 +10,12 @@
 //      the child's pid as its filter)
 //   3  one BPF link of all N uprobes (T is then ignored)
 //
-//   gcc -O2 -pthread docs/experiments/uprobe-close.c -o /tmp/uprobe-close
+//   gcc -O2 -pthread tests/c/uprobeclose.c -o /tmp/uprobe-close
 //   /tmp/uprobe-close N T MODE     # e.g. 100 1 1, 100 100 1, 100 1 2, 100 100 2, 100 1 3
 //
 // Prints the time to open and to close, and the mean close per probe. Root only.
+// tests/build.rs builds it as `ct-uprobeclose`: the floor of wpd-bench's
+// `closes` section.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
