@@ -100,7 +100,7 @@ async fn stat(daemon: &Daemon, uid: Option<u32>, path: &[&str]) -> Result<u64> {
         .with_context(|| format!("no number at {path:?} in {v}"))
 }
 
-/// R3-1. One user's code breakpoints (a uprobe and a BPF program each) are counted in the
+/// One user's code breakpoints (a uprobe and a BPF program each) are counted in the
 /// daemon's fd budget: with `RLIMIT_NOFILE` 400 and 150 fds kept for connections, the user is
 /// refused with FD_LIMIT (saying the last ones are kept for root) before the daemon runs out;
 /// a ptrace watchpoint it then asks for is refused the same way (not as a failed
@@ -206,7 +206,7 @@ async fn one_users_code_events_cannot_take_every_fd() -> Result<()> {
     daemon.finish(result)
 }
 
-/// R3-4. Code breakpoints, object watches and policies count with watchpoints against
+/// Code breakpoints, object watches and policies count with watchpoints against
 /// `--max-watchpoints-per-caller`: at 3, a watchpoint, a breakpoint and an object watch fill
 /// it, and a fourth of any kind (a breakpoint, a policy) is refused naming the limit; `stats`
 /// says what the caller holds; root is not held back by the user's count.
@@ -300,13 +300,13 @@ fn bpf_hash_map_bytes(daemon: &Daemon) -> Result<u64> {
     Ok(total)
 }
 
-/// R3-2 and R3-11 (objects flood the stream). A code event with a disarming function takes
+/// A code event with a disarming function takes
 /// kernel memory as it holds live objects, not 7 MiB up front: the kernel's own count of the
 /// daemon's hash maps stays under 1 MiB for one such event; a caller's code events are
 /// bounded by `--max-code-event-memory-per-caller` (a second event refused naming the limit,
 /// one bounding its live objects with `--max-live` fits); objects are armed and disarmed
 /// without a `WatchpointRemoved` each (counted instead); another user's `stats` shows none
-/// of these objects (R3-9).
+/// of these objects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn code_event_memory_is_bounded_and_objects_do_not_flood_the_stream() -> Result<()> {
     if !require_backend(Backend::Ptrace) {
@@ -380,7 +380,7 @@ async fn code_event_memory_is_bounded_and_objects_do_not_flood_the_stream() -> R
     daemon.finish(result)
 }
 
-/// R3-6. Attached processes are shared: with `--max-processes 4` (one kept for root) and
+/// Attached processes are shared: with `--max-processes 4` (one kept for root) and
 /// `--max-processes-per-caller 2`, a user's third attach is refused as over its share,
 /// another user's second as over what is not root's, and root still attaches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -436,7 +436,7 @@ fn hits_of(out: &CmdOutput) -> Result<Vec<(i64, String)>> {
         .collect())
 }
 
-/// R3-5. A forked child that makes itself non-dumpable is another user's business to none
+/// A forked child that makes itself non-dumpable is another user's business to none
 /// but root: its hits (the values it stores) reach neither the user's stream, nor its
 /// `wpctl last`, nor its aggregates, while a dumpable child's do and root sees both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

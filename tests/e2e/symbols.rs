@@ -1702,8 +1702,8 @@ fn release_fifo(path: &std::path::Path) {
 }
 
 /// A program built without `-g` and without a build id, whose debug link
-/// names a FIFO beside it, run by another user (the attack of review 3,
-/// R3-3): its hits and the requests about it answer (the FIFO refused,
+/// names a FIFO beside it, run by another user: its hits and the requests
+/// about it answer (the FIFO refused,
 /// never opened: the names come from its symbol table), more of them at
 /// once than the runtime has blocking threads; meanwhile root's process
 /// is watched by name and its hits are symbolized, and no daemon thread
