@@ -11,7 +11,45 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use crate::hosts::Endpoint;
+use std::str::FromStr;
+
+use wpd_proto::connect::Target;
+
+/// The daemon's address: the text as given (for messages) and its parse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// As given on the command line or in WPD_ENDPOINT.
+    pub text: String,
+    /// Where to connect.
+    pub target: Target,
+}
+
+impl Default for Endpoint {
+    fn default() -> Self {
+        let text = format!("unix:{}", wpd_proto::DEFAULT_SOCKET);
+        Endpoint {
+            target: Target::Unix(PathBuf::from(wpd_proto::DEFAULT_SOCKET)),
+            text,
+        }
+    }
+}
+
+impl FromStr for Endpoint {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        Ok(Endpoint {
+            target: s.parse()?,
+            text: s.to_string(),
+        })
+    }
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
 
 /// Most bytes read from an endpoints file (a line per host: thousands of
 /// hosts fit).

@@ -15,28 +15,8 @@ use crate::Command;
 use crate::cmd::events::EventsArgs;
 use crate::cmd::{self, Ctx, Report};
 use crate::error::{Error, Exit};
+use crate::hosts::Host;
 use crate::output;
-
-/// One daemon of the fleet.
-#[derive(Debug)]
-pub struct Host {
-    /// What its output is tagged with: the name from the endpoints file, or
-    /// the endpoint's `HOST:PORT` (a socket endpoint: as given).
-    pub label: String,
-    /// How to reach it.
-    pub ctx: Ctx,
-}
-
-/// The tag of a host with no name: `HOST:PORT` for TCP endpoints (with or
-/// without TLS), the endpoint as given for a socket.
-pub fn default_label(endpoint: &crate::hosts::Endpoint) -> String {
-    use wpd_proto::connect::Target;
-    match &endpoint.target {
-        Target::Tcp(uri) => uri.strip_prefix("http://").unwrap_or(uri).to_string(),
-        Target::Tls(uri) => uri.strip_prefix("https://").unwrap_or(uri).to_string(),
-        Target::Unix(_) => endpoint.text.clone(),
-    }
-}
 
 /// The name of a subcommand that acts on one daemon only, or `None` for
 /// those that run on every host (and those that talk to no daemon).
@@ -464,7 +444,8 @@ async fn events(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hosts::Endpoint;
+    use crate::endpoints::Endpoint;
+    use crate::hosts::default_label;
 
     #[test]
     fn tags_prefix_every_line_aligned() {

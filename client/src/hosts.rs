@@ -2,48 +2,29 @@
 //! the subcommand) and the lines of `--endpoints-file`, each with its own
 //! `Ctx`, token and CA, and the rule of which token goes to which daemon.
 
-use std::path::PathBuf;
-use std::str::FromStr;
-
-use wpd_proto::connect::Target;
-
 use crate::cmd::Ctx;
+use crate::endpoints::{self, Endpoint};
 use crate::error::Error;
-use crate::{Cli, credentials, endpoints, fleet};
+use crate::{Cli, credentials};
 
-/// The daemon's address: the text as given (for messages) and its parse.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
-    /// As given on the command line or in WPD_ENDPOINT.
-    pub text: String,
-    /// Where to connect.
-    pub target: Target,
+/// One daemon of the fleet.
+#[derive(Debug)]
+pub struct Host {
+    /// What its output is tagged with: the name from the endpoints file, or
+    /// the endpoint's `HOST:PORT` (a socket endpoint: as given).
+    pub label: String,
+    /// How to reach it.
+    pub ctx: Ctx,
 }
 
-impl Default for Endpoint {
-    fn default() -> Self {
-        let text = format!("unix:{}", wpd_proto::DEFAULT_SOCKET);
-        Endpoint {
-            target: Target::Unix(PathBuf::from(wpd_proto::DEFAULT_SOCKET)),
-            text,
-        }
-    }
-}
-
-impl FromStr for Endpoint {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let s = s.trim();
-        Ok(Endpoint {
-            target: s.parse()?,
-            text: s.to_string(),
-        })
-    }
-}
-
-impl std::fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.text)
+/// The tag of a host with no name: `HOST:PORT` for TCP endpoints (with or
+/// without TLS), the endpoint as given for a socket.
+pub fn default_label(endpoint: &Endpoint) -> String {
+    use wpd_proto::connect::Target;
+    match &endpoint.target {
+        Target::Tcp(uri) => uri.strip_prefix("http://").unwrap_or(uri).to_string(),
+        Target::Tls(uri) => uri.strip_prefix("https://").unwrap_or(uri).to_string(),
+        Target::Unix(_) => endpoint.text.clone(),
     }
 }
 
@@ -78,7 +59,7 @@ pub fn endpoints_in(args: &[String]) -> Vec<Endpoint> {
 /// and no `--endpoint` would go nowhere and is refused. `--tls-ca` (not a
 /// secret) serves every endpoint without its own. No token goes over
 /// plaintext TCP to an address that is not loopback.
-pub fn hosts(cli: &Cli, given: bool, token_given: bool) -> Result<Vec<fleet::Host>, Error> {
+pub fn hosts(cli: &Cli, given: bool, token_given: bool) -> Result<Vec<Host>, Error> {
     if cli.endpoints_file.is_some() && !given && token_given {
         return Err(Error::Local(
             "--token-file is sent only to the daemons named by --endpoint, and none is given: \
@@ -96,8 +77,8 @@ pub fn hosts(cli: &Cli, given: bool, token_given: bool) -> Result<Vec<fleet::Hos
                    token_file: Option<&std::path::Path>,
                    tls_ca: Option<&std::path::Path>|
      -> Result<(), Error> {
-        let label = name.unwrap_or_else(|| fleet::default_label(&endpoint));
-        if hosts.iter().any(|h: &fleet::Host| h.label == label) {
+        let label = name.unwrap_or_else(|| default_label(&endpoint));
+        if hosts.iter().any(|h: &Host| h.label == label) {
             return Err(Error::Local(format!(
                 "two endpoints would both be tagged [{label}]: give each a name in an \
                  --endpoints-file, or list each endpoint once"
@@ -122,7 +103,7 @@ pub fn hosts(cli: &Cli, given: bool, token_given: bool) -> Result<Vec<fleet::Hos
                 tls_ca_pem: tls_ca.map(|p| files.ca(p)).transpose().map_err(local)?,
             },
         };
-        hosts.push(fleet::Host { label, ctx });
+        hosts.push(Host { label, ctx });
         Ok(())
     };
     if cli.endpoints_file.is_none() || given {
@@ -147,6 +128,7 @@ pub fn hosts(cli: &Cli, given: bool, token_given: bool) -> Result<Vec<fleet::Hos
 #[cfg(test)]
 mod tests {
     use super::*;
+    use wpd_proto::connect::Target;
 
     #[test]
     fn endpoints() {

@@ -24,8 +24,8 @@ use clap::parser::ValueSource;
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::cmd::Ctx;
+use crate::endpoints::Endpoint;
 use crate::error::{EXIT_CODES_HELP, Error, Exit};
-use crate::hosts::Endpoint;
 
 /// Control the wpd hardware-watchpoint daemon.
 #[derive(Debug, Parser)]

@@ -291,6 +291,17 @@ pub enum WpdError {
     SignalUnusable(String),
 }
 
+impl From<crate::procfs::NotAProcess> for WpdError {
+    fn from(e: crate::procfs::NotAProcess) -> Self {
+        use crate::procfs::NotAProcess as N;
+        match e {
+            N::BadPid(_) => WpdError::InvalidArgument(e.to_string()),
+            N::Gone(pid) => WpdError::NoSuchProcess(pid),
+            N::Thread { tid, pid } => WpdError::NotAProcess { tid, pid },
+        }
+    }
+}
+
 /// `bytes` in MiB, for a message ("0.5 MiB").
 fn mib(bytes: u64) -> String {
     let m = bytes as f64 / f64::from(1u32 << 20);

@@ -163,7 +163,7 @@ pub enum EventKind {
         /// What the name resolved to (a data watchpoint).
         symbol: Option<crate::symbols::Resolved>,
         /// Where a pending code breakpoint's probe went.
-        place: Option<std::sync::Arc<crate::engine::objects::BreakPlace>>,
+        place: Option<std::sync::Arc<crate::model::BreakPlace>>,
         /// Why it was resolved again.
         reason: &'static str,
     },
@@ -176,7 +176,7 @@ pub enum EventKind {
         /// The thread held.
         tid: Tid,
         /// Where.
-        place: Arc<crate::engine::objects::BreakPlace>,
+        place: Arc<crate::model::BreakPlace>,
         /// Times the breakpoint was reached, this one included.
         count: u64,
     },

@@ -217,13 +217,13 @@ impl HitFilter {
 /// Whether `f` can apply to a watchpoint of `range` and `access`.
 pub fn check(
     f: &HitFilter,
-    range: &crate::model::Range,
-    access: crate::model::Access,
+    range: &crate::range::Range,
+    access: crate::range::Access,
 ) -> Result<(), String> {
     if f.condition.is_none() {
         return Ok(());
     }
-    if access == crate::model::Access::Exec {
+    if access == crate::range::Access::Exec {
         return Err(
             "a condition is on the value written or read: an exec watchpoint has none".into(),
         );

@@ -19,6 +19,7 @@ pub mod ledger;
 pub mod model;
 pub mod pidns;
 pub mod procfs;
+pub mod range;
 pub mod rpc;
 pub mod sched;
 pub mod secret;

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+pub use crate::range::{Access, Piece, Range, WatchLen};
+
 /// Process id (thread-group id).
 pub type Pid = i32;
 /// Thread id.
@@ -14,43 +16,6 @@ pub struct WatchId(pub u64);
 impl fmt::Display for WatchId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "#{}", self.0)
-    }
-}
-
-/// What kind of access fires a watchpoint. (Read-only does not exist on
-/// x86-64; the RPC layer refuses it with an explanation.)
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Access {
-    /// Stores.
-    Write,
-    /// Loads or stores.
-    ReadWrite,
-    /// Instruction fetch.
-    Exec,
-}
-
-impl fmt::Display for Access {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Access::Write => "write",
-            Access::ReadWrite => "rw",
-            Access::Exec => "exec",
-        })
-    }
-}
-
-/// A watch length the hardware supports (1, 2, 4 or 8 bytes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct WatchLen(u8);
-
-impl WatchLen {
-    /// `Some` for 1, 2, 4 and 8.
-    pub fn new(bytes: u32) -> Option<Self> {
-        matches!(bytes, 1 | 2 | 4 | 8).then_some(WatchLen(bytes as u8))
-    }
-    /// Length in bytes.
-    pub fn bytes(self) -> u32 {
-        u32::from(self.0)
     }
 }
 
@@ -128,42 +93,6 @@ pub enum HitAction {
     /// Report and send the hitting thread this signal at the hit (before
     /// its next instruction).
     Signal(i32),
-}
-
-/// One aligned part of a watched range: what one debug-register slot
-/// watches (`addr` is a multiple of `len`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Piece {
-    /// Start address.
-    pub addr: u64,
-    /// Length.
-    pub len: WatchLen,
-}
-
-/// A watched range `[addr, addr + len)` and the aligned pieces that cover it
-/// exactly, lowest first (one slot per piece on every thread; at most
-/// `arch::current::SLOTS`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Range {
-    /// Start address.
-    pub addr: u64,
-    /// Length in bytes.
-    pub len: u32,
-    /// The pieces, in address order.
-    pub pieces: Vec<Piece>,
-}
-
-impl Range {
-    /// Slots it takes on each thread.
-    pub fn slots(&self) -> usize {
-        self.pieces.len()
-    }
-
-    /// Piece `i` (panics when out of range: pieces come from the ledger,
-    /// which only holds indices of this watchpoint's pieces).
-    pub fn piece(&self, i: u8) -> Piece {
-        self.pieces[usize::from(i)]
-    }
 }
 
 /// What a ledger slot holds: piece `piece` of watchpoint `id`. Packed into
@@ -311,3 +240,20 @@ pub enum ExecPolicy {
 /// Most frames a hit's call chain may carry (the kernel's default
 /// `perf_event_max_stack`).
 pub const MAX_BACKTRACE: u32 = 127;
+
+/// Where a code breakpoint's probe is.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BreakPlace {
+    /// The function holding it.
+    pub function: String,
+    /// Its source file ("" without DWARF).
+    pub file: String,
+    /// Its line (0 without DWARF).
+    pub line: u32,
+    /// The probed instruction's runtime address.
+    pub address: u64,
+    /// The module's path.
+    pub module: String,
+    /// The instruction's offset in the module's file.
+    pub offset: u64,
+}

@@ -5,7 +5,6 @@ use std::os::fd::{FromRawFd, OwnedFd};
 
 use nix::errno::Errno;
 
-use crate::error::WpdError;
 use crate::model::{Pid, Tid};
 
 /// A `/proc/PID/status` (or `/proc/PID/task/TID/status`) file, read once:
@@ -63,27 +62,44 @@ impl Status {
     }
 }
 
+/// Why `pid` is not a live process ([`check_process`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NotAProcess {
+    /// Not a pid at all.
+    #[error("pid must be positive, got {0}")]
+    BadPid(Pid),
+    /// No such process (or no live thread of it).
+    #[error("no such process: {0}")]
+    Gone(Pid),
+    /// A thread of another process.
+    #[error("{tid} is a thread of process {pid}, not a process")]
+    Thread {
+        /// The thread asked for as a process.
+        tid: Tid,
+        /// Its process.
+        pid: Pid,
+    },
+}
+
 /// Checks that `pid` is a live process: a thread-group leader with at least
 /// one live thread. The leader itself may have exited (`pthread_exit` in
 /// `main`): the kernel keeps it as a zombie while other threads run, and the
 /// process is as alive as before.
-pub fn check_process(pid: Pid) -> Result<(), WpdError> {
+pub fn check_process(pid: Pid) -> Result<(), NotAProcess> {
     if pid <= 0 {
-        return Err(WpdError::InvalidArgument(format!(
-            "pid must be positive, got {pid}"
-        )));
+        return Err(NotAProcess::BadPid(pid));
     }
     let tgid: Pid = Status::of(pid)
         .and_then(|s| s.number("Tgid"))
-        .ok_or(WpdError::NoSuchProcess(pid))?;
+        .ok_or(NotAProcess::Gone(pid))?;
     if tgid != pid {
-        return Err(WpdError::NotAProcess {
+        return Err(NotAProcess::Thread {
             tid: pid,
             pid: tgid,
         });
     }
     if live_thread(pid).is_none() {
-        return Err(WpdError::NoSuchProcess(pid));
+        return Err(NotAProcess::Gone(pid));
     }
     Ok(())
 }
@@ -426,10 +442,7 @@ mod tests {
         assert!(tasks(me).unwrap().contains(&me));
         assert!(is_thread_of(me, me));
         assert!(!is_thread_of(me, 0));
-        assert!(matches!(
-            check_process(0),
-            Err(WpdError::InvalidArgument(_))
-        ));
+        assert_eq!(check_process(0), Err(NotAProcess::BadPid(0)));
     }
 
     /// This process runs; a child that has exited and is not reaped yet (a

@@ -11,7 +11,7 @@
 //! unsigned integers, as it always has, and says why ([`untyped_note`]).
 
 use crate::filter::{Asked, Condition, Rhs, View};
-use crate::model::Range;
+use crate::range::Range;
 
 /// How a type's bytes read as a number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

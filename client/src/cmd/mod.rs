@@ -29,8 +29,8 @@ use tonic::transport::Channel;
 use wpd_proto::v1::watchpoints_client::WatchpointsClient;
 
 use crate::credentials::Token;
+use crate::endpoints::Endpoint;
 use crate::error::Error;
-use crate::hosts::Endpoint;
 use crate::output;
 
 /// A connected client.

@@ -57,7 +57,9 @@ pub struct Features {
 }
 
 pub use ptrace::ProgramResult;
-pub use ptrace::code::{CodeProbe, CodeRecord, FREED_SWEEP, kernel_bytes as code_probe_bytes};
+pub use ptrace::code::{
+    CodeProbe, CodeRecord, FREED_SWEEP, SET_MAX as CODE_SET_MAX, kernel_bytes as code_probe_bytes,
+};
 
 /// What becomes of a thread stopped at code-event probes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -173,22 +173,7 @@ struct LoaderHook {
     r_state: Option<u64>,
 }
 
-/// Where a code breakpoint's probe is.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct BreakPlace {
-    /// The function holding it.
-    pub function: String,
-    /// Its source file ("" without DWARF).
-    pub file: String,
-    /// Its line (0 without DWARF).
-    pub line: u32,
-    /// The probed instruction's runtime address.
-    pub address: u64,
-    /// The module's path.
-    pub module: String,
-    /// The instruction's offset in the module's file.
-    pub offset: u64,
-}
+pub use crate::model::BreakPlace;
 
 /// Counts of one object watch (or of all of them).
 #[derive(Debug, Default)]
@@ -560,7 +545,7 @@ pub const DISARM_MAX_LIVE: u32 = 4096;
 pub fn live_bound(code: &CodeSpec) -> u32 {
     match (code.max_live, code.disarm_on.is_some()) {
         (0, true) => DISARM_MAX_LIVE,
-        (n, true) => n.min(crate::backend::ptrace::code::SET_MAX),
+        (n, true) => n.min(crate::backend::CODE_SET_MAX),
         (n, false) => n,
     }
 }

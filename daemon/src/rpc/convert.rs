@@ -585,7 +585,7 @@ pub fn object_counts_to_pb(c: &crate::engine::objects::ObjectCountsView) -> pb::
 }
 
 /// A code breakpoint's place → wire.
-pub fn place_to_pb(p: &crate::engine::objects::BreakPlace) -> pb::BreakpointPlace {
+pub fn place_to_pb(p: &crate::model::BreakPlace) -> pb::BreakpointPlace {
     pb::BreakpointPlace {
         function: p.function.clone(),
         file: p.file.clone(),

@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use gimli::{AttributeValue, UnitOffset};
 
+use super::dwarf::TypeRef;
 use super::dwarf::{DwarfFile, name_of, type_info, type_ref};
 use super::elf::{ElfFile, SymKind};
-use super::eval::TypeRef;
 use super::expr::{Expr, Node};
 use super::frame::LocalVar;
 use super::lines::NoCode;

@@ -10,7 +10,14 @@ use std::sync::OnceLock;
 use gimli::{AttributeValue, EndianSlice, RunTimeEndian, UnitOffset};
 use memmap2::Mmap;
 
-pub use super::eval::TypeRef;
+/// A type DIE: its unit (offset in `.debug_info`) and its offset there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TypeRef {
+    /// The unit's offset in `.debug_info`.
+    pub unit: usize,
+    /// The DIE's offset in the unit.
+    pub die: usize,
+}
 use object::{Object, ObjectSection};
 
 pub(super) type R<'a> = EndianSlice<'a, RunTimeEndian>;
@@ -307,7 +314,7 @@ impl DwarfFile {
             let file = object::File::parse(&*map).ok()?;
             file.section_by_name(".debug_info")?;
             for id in SECTIONS {
-                if let Some(Cow::Owned(v)) = super::elf::section_bytes(&file, id.name()) {
+                if let Some(Cow::Owned(v)) = section_bytes(&file, id.name()) {
                     owned.insert(id, v);
                 }
             }
@@ -937,6 +944,11 @@ fn build_type_index(
         }
     }
     Ok(index)
+}
+
+/// Section bytes: borrowed from the mapping, or decompressed.
+pub fn section_bytes<'d>(file: &object::File<'d>, name: &str) -> Option<Cow<'d, [u8]>> {
+    file.section_by_name(name)?.uncompressed_data().ok()
 }
 
 #[cfg(test)]

@@ -5,11 +5,10 @@
 //! Every file is opened through `open.rs`: regular files only, without
 //! blocking, without following a link out of the directory searched.
 
-use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
-use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 
 use super::open::{self, Links, OpenError, Opened};
 
@@ -106,7 +105,7 @@ pub struct ElfFile {
     /// Bytes of the file (mapped, not read).
     pub file_size: u64,
     /// Its call frame information (`.eh_frame`), for unwinding stacks.
-    pub cfi: Option<super::unwind::Cfi>,
+    pub cfi: Option<super::cfi::Cfi>,
     /// Its functions named like a name it does not define, by that name
     /// (`ElfFile::functions_like`).
     pub(super) like: std::sync::Mutex<std::collections::HashMap<String, Vec<(f64, String)>>>,
@@ -462,7 +461,7 @@ impl ElfFile {
         let symbolizer_dwarf = dwarf.is_some() && !names_others;
         let has_symtab = !symbols.is_empty();
         symbols.extend(symbols_of(&file, SymTable::Dynsym));
-        let cfi = super::unwind::Cfi::of(&file);
+        let cfi = super::cfi::Cfi::of(&file);
         Ok(ElfFile {
             path: open_path.to_path_buf(),
             fixed,
@@ -573,11 +572,6 @@ impl ElfFile {
             .filter(|s| s.vaddr <= vaddr && vaddr < s.vaddr + s.size.max(1))
             .min_by_key(|s| s.size)
     }
-}
-
-/// Section bytes: borrowed from the mapping, or decompressed.
-pub fn section_bytes<'d>(file: &object::File<'d>, name: &str) -> Option<Cow<'d, [u8]>> {
-    file.section_by_name(name)?.uncompressed_data().ok()
 }
 
 #[cfg(test)]

@@ -13,19 +13,10 @@ use std::collections::HashMap;
 use gimli::UnitOffset;
 
 use super::dwarf::{
-    DwarfFile, Member, PathError, R, Shape, count_of, describe_array, element_offset, find_member,
-    overflow, type_info,
+    DwarfFile, Member, PathError, R, Shape, TypeRef, count_of, describe_array, element_offset,
+    find_member, overflow, type_info,
 };
 use super::expr::{Node, TypeName};
-
-/// A type DIE: its unit (offset in `.debug_info`) and its offset there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TypeRef {
-    /// The unit's offset in `.debug_info`.
-    pub unit: usize,
-    /// The DIE's offset in the unit.
-    pub die: usize,
-}
 
 /// A type, as the evaluation knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -25,7 +25,7 @@ pub struct LocalVar {
     /// Its bytes, or why they cannot be read.
     pub value: Result<Vec<u8>, String>,
     /// Its type's DIE (for expressions that start from it).
-    pub ty: Option<super::eval::TypeRef>,
+    pub ty: Option<super::dwarf::TypeRef>,
 }
 
 /// What evaluating a frame's variables needs of the frame and the process.
@@ -193,7 +193,7 @@ fn in_unit<'d>(
             value,
             ty: ty
                 .zip(unit_off)
-                .map(|(die, unit)| super::eval::TypeRef { unit, die }),
+                .map(|(die, unit)| super::dwarf::TypeRef { unit, die }),
         });
     }
     Some(out)

@@ -21,6 +21,7 @@
 //! loaded the modules in), `error.rs` (why a name does not resolve),
 //! `locate.rs` (symbolizing instruction pointers).
 
+pub mod cfi;
 pub mod children;
 pub mod code;
 pub mod dwarf;

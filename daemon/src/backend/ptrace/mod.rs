@@ -21,6 +21,7 @@
 
 pub mod code;
 pub mod park;
+pub mod protocol;
 pub mod recovery;
 pub mod regs;
 pub mod shards;

@@ -25,7 +25,7 @@ use nix::unistd::Pid as NixPid;
 use super::signal_bp::{self, SignalMode};
 use crate::backend::fds::CountedFd;
 
-use super::shards::{ProgramResult, SlotProgram};
+use super::protocol::{ProgramResult, SlotProgram};
 use crate::arch::current as arch;
 use crate::model::{SlotKey, Tid};
 

@@ -20,8 +20,8 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid as NixPid;
 
 use super::park::{Countdowns, PARK_MAX, ParkQueue};
+use super::protocol::{Cmd, Held, ProgramResult, SlotProgram, TraceSink, TraceeState};
 use super::regs::{Regs, SharedRegs, Staged};
-use super::shards::{Cmd, Held, ProgramResult, SlotProgram, TraceSink, TraceeState};
 use super::wake::{
     Bell, CATCH_ALL, FULL_SCAN_EVERY, NAMED, OWED, STRAY_FD, bell_of, scan_all, sigchld_quiet,
     sigchld_seen,
