@@ -87,12 +87,7 @@ fn thread_cpu_ns(name: &str) -> u64 {
 }
 
 fn start(d: &std::path::Path, bus: &EventBus) -> Arc<Journal> {
-    Journal::start(
-        Config::new(d.join("journal")),
-        bus,
-        wpd::rpc::replay::encoder(),
-    )
-    .unwrap()
+    Journal::start(Config::new(d.join("journal")), bus, wpd::journal::encoder()).unwrap()
 }
 
 /// Publishes `n` events as fast as the writer takes them without loss
@@ -278,7 +273,7 @@ fn main() {
         let bus = EventBus::new(4);
         let ev = bus.publish_kept(hit(1), owner());
         let mut payload = Vec::new();
-        (wpd::rpc::replay::encoder())(&ev, &mut payload);
+        (wpd::journal::encoder())(&ev, &mut payload);
         wpd::journal::segment::encode_record(&mut record, 1, 1, &payload);
         let _ = wpd_proto::v1::StreamEventsResponse::decode(payload.as_slice()).unwrap();
     }

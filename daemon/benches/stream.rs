@@ -21,9 +21,9 @@ use bytes::{BufMut, BytesMut};
 use prost::Message;
 use wpd::events::{Event, EventKind, HitEvent, Owner, Wire};
 use wpd::model::{Access, BackendKind, WatchId};
-use wpd::rpc::{convert, wire};
 use wpd::symbols::locate::Frame;
 use wpd::symbols::{Image, Symbols};
+use wpd::wire::{self, event as convert};
 
 const N: u64 = 100_000;
 const ROUNDS: usize = 7;
@@ -109,7 +109,7 @@ enum Path {
 fn run(path: Path, located: bool, journal: bool, frames: &[Frame], image: &Arc<Image>) -> f64 {
     let mut out = BytesMut::with_capacity(64 << 10);
     let mut queue: Vec<u8> = Vec::with_capacity(64 << 10);
-    let encoder = wpd::rpc::replay::encoder();
+    let encoder = wire::encode_event;
     let t0 = cpu_ns();
     for i in 0..N {
         // The message path's journal keeps nothing, as before the bytes

@@ -29,3 +29,4 @@ pub mod state;
 pub mod statedir;
 pub mod symbols;
 pub mod value;
+pub mod wire;

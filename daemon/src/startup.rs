@@ -230,7 +230,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                     ..state.journal.clone()
                 },
                 &bus,
-                crate::rpc::replay::encoder(),
+                crate::journal::encoder(),
             )
             .with_context(|| format!("opening the journal in {}", state.journal.dir.display()))?,
         ),

@@ -56,6 +56,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     ("the ledger and shared state", &["ledger/", "state.rs"]),
     ("the backends", &["backend/"]),
+    ("an event's bytes", &["wire/"]),
     ("the journal and export", &["journal/", "export.rs"]),
     ("the engine", &["engine/"]),
     ("the service", &["service/"]),

@@ -71,6 +71,14 @@ use writer::Writer;
 /// with the bus's order lock held: it must not block).
 pub type Encoder = Arc<dyn Fn(&Event, &mut Vec<u8>) + Send + Sync>;
 
+/// The encoder the daemon's journal uses: an event as `StreamEvents` sends
+/// it, with its location when the symbolizer already knows the hit's
+/// address (one cache probe; the journal never waits for symbols), made by
+/// the one encoder of events (`wire`).
+pub fn encoder() -> Encoder {
+    std::sync::Arc::new(crate::wire::encode_event)
+}
+
 /// Journal settings.
 #[derive(Debug, Clone)]
 pub struct Config {

@@ -68,7 +68,7 @@ pub(super) struct EventFeed {
     /// The places this stream has had, when it asked for each place once
     /// (`places_once`; not for translated messages, which carry every
     /// field).
-    places: Option<super::wire::PlaceSet>,
+    places: Option<crate::wire::PlaceSet>,
 }
 
 /// A hit waiting for its frames.
@@ -155,7 +155,7 @@ impl EventFeed {
             pacer: Pacer::default(),
             symbols,
             locating: None,
-            places: (r.places_once && !translated).then(super::wire::PlaceSet::default),
+            places: (r.places_once && !translated).then(crate::wire::PlaceSet::default),
         }
     }
 
@@ -163,8 +163,8 @@ impl EventFeed {
     /// if it asked for places once, with every field otherwise.
     fn located(&mut self, ev: &Event, frames: &[Frame]) -> bytes::Bytes {
         match &mut self.places {
-            Some(sent) => super::wire::numbered(ev, frames, sent),
-            None => super::wire::located(ev, frames).clone(),
+            Some(sent) => crate::wire::numbered(ev, frames, sent),
+            None => crate::wire::located(ev, frames).clone(),
         }
     }
 
@@ -218,7 +218,7 @@ impl EventFeed {
             return if self.translated {
                 self.message(&ev).map(pb::StreamEventsItem::from)
             } else {
-                Some(Encoded(super::wire::plain(&ev).clone()))
+                Some(Encoded(crate::wire::plain(&ev).clone()))
             };
         };
         if !self.translated
@@ -233,7 +233,7 @@ impl EventFeed {
         };
         // The common case, a hit at a known address: one lookup per
         // address, nothing to wait for.
-        let cached = super::wire::cached_frames(h);
+        let cached = crate::wire::cached_frames(h);
         let waiting = if self.translated {
             let mut item = self.message(&ev)?;
             if let Some(frames) = &cached {
@@ -395,7 +395,7 @@ mod tests {
     impl crate::events::Sink for Journaling {
         fn append(&self, ev: &crate::events::Event, _: bool) {
             let mut b = Vec::new();
-            super::super::wire::encode_event(ev, &mut b);
+            crate::wire::encode_event(ev, &mut b);
             self.0.lock().unwrap().push(b);
         }
         fn burst_ended(&self) {}
@@ -404,11 +404,11 @@ mod tests {
     /// What a subscriber gets, raw or symbolized, and the bytes prost makes
     /// of its message.
     async fn stream_and_compare(journal: bool) {
-        use super::super::wire::tests::{hit, owner, places};
         use super::{EventFeed, convert};
         use crate::authz::Caller;
         use crate::events::{EventBus, EventKind, Owner};
         use crate::symbols::{Image, Symbols};
+        use crate::wire::tests::{hit, owner, places};
         use prost::Message;
         use std::sync::Arc;
         use tokio_stream::StreamExt;
@@ -501,7 +501,7 @@ mod tests {
         let published: Vec<_> = (0..n).map(|_| probe.rx.try_recv().unwrap()).collect();
         for (i, ev) in published.iter().enumerate() {
             let cached = match &ev.kind {
-                EventKind::Hit(h) => super::super::wire::cached_frames(h).is_some(),
+                EventKind::Hit(h) => crate::wire::cached_frames(h).is_some(),
                 _ => false,
             };
             let (plain, loc) = (ev.wire.plain.get(), ev.wire.located.get());

@@ -21,7 +21,6 @@ pub mod serve;
 mod stats;
 pub mod status;
 mod values;
-pub mod wire;
 
 use std::pin::Pin;
 use std::sync::Arc;

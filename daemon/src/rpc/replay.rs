@@ -30,19 +30,11 @@ use super::feed::EventFeed;
 use crate::authz::{self, Caller};
 use crate::engine::Core;
 use crate::events::Subscription;
-use crate::journal::{Encoder, Item, Journal, Start};
+use crate::journal::{Item, Journal, Start};
 use crate::model::Pid;
 
 /// Items read from the journal per blocking read.
 const BATCH: usize = 512;
-
-/// The journal's encoder: an event as `StreamEvents` sends it, with its
-/// location when the symbolizer already knows the hit's address (one cache
-/// probe; the journal never waits for symbols). Hits are encoded without a
-/// message built first (`wire.rs`).
-pub fn encoder() -> Encoder {
-    Arc::new(super::wire::encode_event)
-}
 
 /// Which replayed events a subscriber gets: the live feed's rules, on wire
 /// messages.

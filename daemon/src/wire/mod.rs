@@ -1,8 +1,11 @@
-//! A hit encoded straight from the domain event into the bytes of its
-//! `wpd.v1.StreamEventsResponse`, without building the message first: the
-//! encoding of the events that come by the hundred thousand a second, for
-//! the journal and for `StreamEvents`. The bytes are the ones prost makes
-//! of `convert::event_to_pb` (with `convert::locate_hit` when located),
+//! An event's bytes: the one encoder of events, shared by the journal, the
+//! streams and the export, and the one decoder of what they stored
+//! (`head.rs` for an event's kind and who it is about, prost for the
+//! rest). A hit is encoded straight from the domain event into the bytes
+//! of its `wpd.v1.StreamEventsResponse`, without building the message
+//! first: the encoding of the events that come by the hundred thousand a
+//! second. The bytes are the ones prost makes of `event::event_to_pb`
+//! (with `event::locate_hit` when located),
 //! field for field and in the same order (checked by the tests below). A
 //! place's location fields are encoded once and kept with the cached place
 //! (`Place::wire`). Other events go through prost.
@@ -17,9 +20,12 @@ use bytes::Bytes;
 use prost::Message;
 use prost::encoding::{WireType, encoded_len_varint};
 
-use super::convert;
+pub mod event;
+pub mod head;
+
 use crate::events::{Event, EventKind, HitEvent, Owner};
 use crate::symbols::locate::{self, Frame, Place};
+use event as convert;
 
 /// Appends `e` as `StreamEventsResponse` bytes to `buf` (the journal's
 /// encoder), its hit located where the symbolizer already knows the
@@ -464,7 +470,7 @@ pub(super) mod tests {
         assert_eq!(with_fields, made.len() + 3);
     }
 
-    pub(in crate::rpc) fn hit() -> HitEvent {
+    pub(crate) fn hit() -> HitEvent {
         HitEvent {
             id: WatchId(7),
             piece: 0,
@@ -500,7 +506,7 @@ pub(super) mod tests {
         }
     }
 
-    pub(in crate::rpc) fn owner() -> Owner {
+    pub(crate) fn owner() -> Owner {
         Owner {
             start_time: 987_654,
             uids: [1000, 0, 1000],
@@ -510,7 +516,7 @@ pub(super) mod tests {
     }
 
     /// A place with every field set, and a sparse one.
-    pub(in crate::rpc) fn places() -> Vec<Place> {
+    pub(crate) fn places() -> Vec<Place> {
         vec![
             Place {
                 function: Some("store".into()),
