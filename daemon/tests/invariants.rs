@@ -643,10 +643,7 @@ fn anchors_and_summary_checks() {
     );
     let link = "[Farm](#farm-one-policy--500-threads-per-thread)";
     check(&format!("| 1a | t | 1.0× | f | met | {link} |\n"), &[]);
-    check(
-        &format!("| 1a | t | 1.0× | f | met | [Run](#run-1) |\n"),
-        &[],
-    );
+    check("| 1a | t | 1.0× | f | met | [Run](#run-1) |\n", &[]);
     check(
         &format!("| 1a | t | {} | f | met | {link} |\n", "9".repeat(121)),
         &["a cell of 121 characters"],

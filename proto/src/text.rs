@@ -86,8 +86,7 @@ pub fn file_name(path: &str) -> &str {
 /// (ctarget.c:61)`, `bump_counter+0x12 (libfoo.so+0x1234)` without line
 /// information, or the raw address when nothing is known; then each
 /// function its code was inlined into (`write_volatile<u64> (mod.rs:2178)
-/// inlined in wpd_target::AlignedU64::store (wpd-target.rs:91)`). Every
-/// name is [`escape`]d.
+/// inlined in store (wpd-target.rs:91)`). Every name is [`escape`]d.
 pub fn location_text(l: &Location) -> String {
     let module = escape(file_name(&l.module));
     let function = escape(&l.function);

@@ -101,8 +101,8 @@ fn a_place_is_a_function_and_a_line() {
             true,
         ),
         (
-            "hit  tid   14108  value    412  at write_volatile<u64> (mod.rs:2178) inlined in \
-             wpd_target::AlignedU64::store (wpd-target.rs:91)",
+            "hit  tid   14108  value    412  at write_volatile<u64> (mod.rs:2178) inlined in store \
+             (wpd-target.rs:91)",
             true,
         ),
         ("hit  tid   14108  ip 0x558cb04f5cf3  value 412", false),
