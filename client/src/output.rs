@@ -394,10 +394,8 @@ pub fn scope(wp: &Watchpoint) -> String {
     }
 }
 
-/// A module's file name from its path.
-pub fn file_name(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
-}
+/// A module's file name from its path; a place as text.
+pub use wpd_proto::text::{file_name, location_text};
 
 /// `stats.errors (int, 4 bytes, ct-pie, DWARF)`.
 pub fn symbol_text(s: &Symbol) -> String {
@@ -436,39 +434,6 @@ pub fn symbol_json(s: &Symbol) -> Value {
         "note": if s.note.is_empty() { Value::Null } else { json!(s.note) },
         "value_type": s.value_type.as_ref().map(value_type_json),
     })
-}
-
-/// `bump_counter (ctarget.c:61)`, `bump_counter+0x12 (libfoo.so)` without
-/// line information, or the raw address when nothing is known.
-pub fn location_text(l: &Location) -> String {
-    let module = escape(file_name(&l.module));
-    let function = escape(&l.function);
-    let func = match (l.function.is_empty(), l.function_offset) {
-        (true, _) => None,
-        (false, _) if l.line > 0 => Some(function.into_owned()),
-        (false, 0) => Some(function.into_owned()),
-        (false, off) => Some(format!("{function}+{off:#x}")),
-    };
-    let place = if l.line > 0 && !l.file.is_empty() {
-        Some(format!("{}:{}", escape(file_name(&l.file)), l.line))
-    } else if !module.is_empty() {
-        Some(format!("{module}+{:#x}", l.module_address))
-    } else {
-        None
-    };
-    let mut s = match (func, place) {
-        (Some(f), Some(p)) => format!("{f} ({p})"),
-        (Some(f), None) => f,
-        (None, Some(p)) => p,
-        (None, None) => hex(l.ip),
-    };
-    for i in &l.inlined {
-        s.push_str(&format!(" inlined in {}", escape(&i.function)));
-        if i.line > 0 {
-            s.push_str(&format!(" ({}:{})", escape(file_name(&i.file)), i.line));
-        }
-    }
-    s
 }
 
 /// A location as JSON: every field.

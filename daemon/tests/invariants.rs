@@ -22,6 +22,11 @@
 //!    never be compiled nor run. And the end-to-end tests stay one binary:
 //!    no `tests/tests/` (where each file would be a binary of its own; the
 //!    crate has `autotests = false`, so it would not even run).
+//! 8. `docs/benchmarks.md` stays readable: its summary is a table of one
+//!    line per target (`| # | target | figure | floor or peer | verdict |
+//!    section |`), no cell over 120 characters, each row's section a link
+//!    to a heading of the file; and every link to a heading in the
+//!    Markdown docs resolves.
 
 use std::path::{Path, PathBuf};
 
@@ -421,5 +426,240 @@ fn every_test_module_is_declared() {
         bad.is_empty(),
         "test files that are never compiled:\n{}",
         bad.join("\n")
+    );
+}
+
+/// The anchor a Markdown heading gets (GitHub's rule for the characters
+/// the docs use): lower case; letters, digits, `-` and `_` kept; a space
+/// made `-`; anything else (`:`, `×`, `–`, backticks, …) dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .chars()
+        .flat_map(char::to_lowercase)
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors of a Markdown text's headings, in order (none from a code
+/// block); a repeated heading's gets `-1`, `-2`, … as GitHub numbers them.
+fn anchors(text: &str) -> Vec<String> {
+    let mut seen = std::collections::HashMap::<String, usize>::new();
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        let level = line.chars().take_while(|&c| c == '#').count();
+        if fenced || !(1..=6).contains(&level) || !line[level..].starts_with(' ') {
+            continue;
+        }
+        let base = anchor(&line[level..]);
+        let n = seen.entry(base.clone()).or_default();
+        out.push(match *n {
+            0 => base,
+            n => format!("{base}-{n}"),
+        });
+        *n += 1;
+    }
+    out
+}
+
+/// The links to a heading in a Markdown text: (line, file or "" for the
+/// text itself, anchor), from `[text](file.md#anchor)` and `[text](#anchor)`.
+fn heading_links(text: &str) -> Vec<(usize, String, String)> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        for (i, _) in line.match_indices("](") {
+            let target = &line[i + 2..];
+            let Some(end) = target.find(')') else {
+                continue;
+            };
+            let target = &target[..end];
+            if let Some((file, a)) = target.split_once('#')
+                && !file.contains("://")
+            {
+                out.push((n + 1, file.to_string(), a.to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// The header of `docs/benchmarks.md`'s summary table.
+const SUMMARY_HEADER: &str = "| # | target | figure | floor or peer | verdict | section |";
+
+/// The longest a summary cell may be, in characters.
+const SUMMARY_CELL_MAX: usize = 120;
+
+/// What makes the summary of a benchmarks text hard to read: a cell over
+/// [`SUMMARY_CELL_MAX`] characters, a row of other than six cells, a
+/// section cell that is not a link to one of the text's headings.
+fn summary_problems(text: &str) -> Vec<String> {
+    let Some(start) = text.find("\n## Summary against the targets\n") else {
+        return vec!["no \"## Summary against the targets\" section".into()];
+    };
+    let section = &text[start + 1..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
+    let mut rows = section.lines().filter(|l| l.starts_with('|'));
+    match rows.next() {
+        Some(SUMMARY_HEADER) => {}
+        other => {
+            return vec![format!(
+                "the table's header is {other:?}, not {SUMMARY_HEADER:?}"
+            )];
+        }
+    }
+    let headings = anchors(text);
+    let mut bad = Vec::new();
+    let mut targets = 0;
+    for row in rows.skip(1) {
+        let cells: Vec<&str> = row
+            .trim()
+            .trim_matches('|')
+            .split('|')
+            .map(str::trim)
+            .collect();
+        let id = cells[0];
+        targets += 1;
+        if cells.len() != 6 {
+            bad.push(format!("row {id}: {} cells, not 6", cells.len()));
+            continue;
+        }
+        for c in &cells {
+            let len = c.chars().count();
+            if len > SUMMARY_CELL_MAX {
+                bad.push(format!(
+                    "row {id}: a cell of {len} characters (at most {SUMMARY_CELL_MAX}; \
+                     move the detail into the section): {c}"
+                ));
+            }
+        }
+        let link = cells[5]
+            .strip_prefix('[')
+            .and_then(|l| l.split_once("](#"))
+            .and_then(|(_, a)| a.strip_suffix(')'));
+        match link {
+            Some(a) if headings.iter().any(|h| h == a) => {}
+            Some(a) => bad.push(format!("row {id}: #{a} is no heading of the file")),
+            None => bad.push(format!(
+                "row {id}: the section cell {:?} is not a link `[name](#heading)`",
+                cells[5]
+            )),
+        }
+    }
+    if targets == 0 {
+        bad.push("the summary table has no row".into());
+    }
+    bad
+}
+
+#[test]
+fn the_benchmarks_summary_is_one_short_line_per_target() {
+    let text = std::fs::read_to_string(repo().join("docs/benchmarks.md")).unwrap();
+    let bad = summary_problems(&text);
+    assert!(
+        bad.is_empty(),
+        "docs/benchmarks.md's summary:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn links_to_headings_resolve() {
+    let r = repo();
+    let mut files = vec![r.join("README.md"), r.join("ARCHITECTURE.md")];
+    for e in std::fs::read_dir(r.join("docs")).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "md") {
+            files.push(e.path());
+        }
+    }
+    let mut bad = Vec::new();
+    let mut seen = 0;
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        for (n, file, a) in heading_links(&text) {
+            seen += 1;
+            let target = if file.is_empty() {
+                f.clone()
+            } else {
+                f.parent().unwrap().join(&file)
+            };
+            let Ok(linked) = std::fs::read_to_string(&target) else {
+                bad.push(format!("{}:{n}: {file} does not exist", rel(f)));
+                continue;
+            };
+            if !anchors(&linked).contains(&a) {
+                bad.push(format!(
+                    "{}:{n}: #{a} is no heading of {}",
+                    rel(f),
+                    rel(&target)
+                ));
+            }
+        }
+    }
+    assert!(
+        seen >= 30,
+        "the summary links its sections; found only {seen} links"
+    );
+    assert!(
+        bad.is_empty(),
+        "links to headings that do not resolve:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn anchors_and_summary_checks() {
+    let text = |rows: &str| {
+        format!(
+            "# B\n\n## Summary against the targets\n\n{SUMMARY_HEADER}\n|---|---|---|---|---|---|\n\
+             {rows}\n## Farm: one policy × 500 threads (`per-thread`)\n\n### Run\n\n```sh\n\
+             # not a heading\n```\n\n### Run\n"
+        )
+    };
+    let check = |rows: &str, expected: &[&str]| {
+        let got = summary_problems(&text(rows));
+        assert_eq!(got.len(), expected.len(), "{got:?}");
+        for (g, e) in got.iter().zip(expected) {
+            assert!(g.contains(e), "{g:?} does not say {e:?}");
+        }
+    };
+    assert_eq!(
+        anchors(&text("")),
+        [
+            "b",
+            "summary-against-the-targets",
+            "farm-one-policy--500-threads-per-thread",
+            "run",
+            "run-1"
+        ]
+    );
+    let link = "[Farm](#farm-one-policy--500-threads-per-thread)";
+    check(&format!("| 1a | t | 1.0× | f | met | {link} |\n"), &[]);
+    check("| 1a | t | 1.0× | f | met | [Run](#run-1) |\n", &[]);
+    check(
+        &format!("| 1a | t | {} | f | met | {link} |\n", "9".repeat(121)),
+        &["a cell of 121 characters"],
+    );
+    check(
+        "| 1a | t | 1.0× | f | met | [Farm](#farm) |\n",
+        &["#farm is no heading"],
+    );
+    check("| 1a | t | 1.0× | f | met | Farm |\n", &["is not a link"]);
+    check("| 1a | t | 1.0× | met | Farm |\n", &["5 cells, not 6"]);
+    check("", &["has no row"]);
+    assert_eq!(
+        heading_links("see [a](#x), [b](other.md#y-z) and [c](https://h/p#q)"),
+        [
+            (1, String::new(), "x".into()),
+            (1, "other.md".into(), "y-z".into())
+        ]
     );
 }

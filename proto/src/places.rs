@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::v1::{Location, StreamEventsResponse, stream_events_response::Event};
+use crate::v1::{Hit, Location, StreamEventsResponse, stream_events_response::Event};
 
 /// Places a stream sends before it starts over: the daemon forgets the
 /// places a stream has had when they reach this many, before the next hit
@@ -62,21 +62,28 @@ impl Places {
     /// Fills in every location of `ev` (a hit's place and backtrace).
     pub fn fill_event(&mut self, ev: &mut StreamEventsResponse) {
         if let Some(Event::Hit(h)) = &mut ev.event {
-            let numbered = h
-                .location
-                .iter()
-                .chain(&h.backtrace)
-                .any(|l| l.place_id != 0);
-            if numbered && self.known.len() >= PLACES_PER_STREAM {
-                // Where the daemon started over for this stream.
-                self.known.clear();
-            }
-            if let Some(loc) = &mut h.location {
-                self.fill(loc);
-            }
-            for loc in &mut h.backtrace {
-                self.fill(loc);
-            }
+            self.fill_hit(h);
+        }
+    }
+
+    /// Fills in every location of a hit of the stream (its place and
+    /// backtrace): every hit, in the stream's order, shown or not, since
+    /// a place's fields come with its first hit only.
+    pub fn fill_hit(&mut self, h: &mut Hit) {
+        let numbered = h
+            .location
+            .iter()
+            .chain(&h.backtrace)
+            .any(|l| l.place_id != 0);
+        if numbered && self.known.len() >= PLACES_PER_STREAM {
+            // Where the daemon started over for this stream.
+            self.known.clear();
+        }
+        if let Some(loc) = &mut h.location {
+            self.fill(loc);
+        }
+        for loc in &mut h.backtrace {
+            self.fill(loc);
         }
     }
 }

@@ -8,7 +8,8 @@
 //! (which shows text other than what is there), or bytes that are not
 //! UTF-8. [`escape`] writes every such character as a visible escape, so
 //! what comes out is one printable line that names the same bytes, and
-//! plain names pass unchanged (no allocation).
+//! plain names pass unchanged (no allocation). [`location_text`] shows a
+//! place (function, file:line) built from such names, as `wpctl` prints it.
 //!
 //! Escapes: `\\` for a backslash, `\n`, `\r`, `\t`, `\xNN` for other C0
 //! controls and DEL, `\u{NNNN}` for C1 controls, bidirectional overrides
@@ -17,6 +18,8 @@
 
 use std::borrow::Cow;
 use std::fmt::Write;
+
+use crate::v1::Location;
 
 /// Whether `c` is shown as an escape.
 fn needs_escape(c: char) -> bool {
@@ -74,6 +77,47 @@ pub fn is_plain(s: &str) -> bool {
     !s.chars().any(needs_escape)
 }
 
+/// A file's name from its path (`/usr/lib/libfoo.so` → `libfoo.so`).
+pub fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// A place as `wpctl` (and `wpd-demo`) shows it: `bump_counter
+/// (ctarget.c:61)`, `bump_counter+0x12 (libfoo.so+0x1234)` without line
+/// information, or the raw address when nothing is known; then each
+/// function its code was inlined into (`write_volatile<u64> (mod.rs:2178)
+/// inlined in store (wpd-target.rs:91)`). Every name is [`escape`]d.
+pub fn location_text(l: &Location) -> String {
+    let module = escape(file_name(&l.module));
+    let function = escape(&l.function);
+    let func = match (l.function.is_empty(), l.function_offset) {
+        (true, _) => None,
+        (false, _) if l.line > 0 => Some(function.into_owned()),
+        (false, 0) => Some(function.into_owned()),
+        (false, off) => Some(format!("{function}+{off:#x}")),
+    };
+    let place = if l.line > 0 && !l.file.is_empty() {
+        Some(format!("{}:{}", escape(file_name(&l.file)), l.line))
+    } else if !module.is_empty() {
+        Some(format!("{module}+{:#x}", l.module_address))
+    } else {
+        None
+    };
+    let mut s = match (func, place) {
+        (Some(f), Some(p)) => format!("{f} ({p})"),
+        (Some(f), None) => f,
+        (None, Some(p)) => p,
+        (None, None) => format!("{:#x}", l.ip),
+    };
+    for i in &l.inlined {
+        s.push_str(&format!(" inlined in {}", escape(&i.function)));
+        if i.line > 0 {
+            s.push_str(&format!(" ({}:{})", escape(file_name(&i.file)), i.line));
+        }
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,5 +168,62 @@ mod tests {
         // A name that spells an escape is told apart from one that holds
         // the character.
         assert_ne!(escape("a\\nb"), escape("a\nb"));
+    }
+
+    #[test]
+    fn a_location_reads_as_function_and_line_or_what_is_known() {
+        use crate::v1::InlinedCall;
+        let full = Location {
+            ip: 0x5555_0000_1234,
+            function: "bump_counter".into(),
+            function_offset: 0x12,
+            file: "/src/ct/ctarget.c".into(),
+            line: 61,
+            module: "/usr/bin/ct-pie".into(),
+            module_address: 0x1234,
+            ..Default::default()
+        };
+        let no_line = Location {
+            file: String::new(),
+            line: 0,
+            ..full.clone()
+        };
+        let inlined = Location {
+            function: "write_volatile<u64>".into(),
+            file: "/rustc/x/library/core/src/ptr/mod.rs".into(),
+            line: 2178,
+            inlined: vec![InlinedCall {
+                function: "wpd_target::AlignedU64::store".into(),
+                file: "/w/tests/src/bin/wpd-target.rs".into(),
+                line: 91,
+            }],
+            ..full.clone()
+        };
+        let module_only = Location {
+            function: String::new(),
+            ..no_line.clone()
+        };
+        let nothing = Location {
+            ip: 0x5555_0000_1234,
+            ..Default::default()
+        };
+        let evil = Location {
+            function: "f\n\x1b[2J".into(),
+            ..full.clone()
+        };
+        for (l, want) in [
+            (&full, "bump_counter (ctarget.c:61)"),
+            (&no_line, "bump_counter+0x12 (ct-pie+0x1234)"),
+            (
+                &inlined,
+                "write_volatile<u64> (mod.rs:2178) inlined in wpd_target::AlignedU64::store \
+                 (wpd-target.rs:91)",
+            ),
+            (&module_only, "ct-pie+0x1234"),
+            (&nothing, "0x555500001234"),
+            (&evil, "f\\n\\x1b[2J (ctarget.c:61)"),
+        ] {
+            assert_eq!(location_text(l), want, "{l:?}");
+        }
     }
 }

@@ -2,7 +2,9 @@
 //! debug `wpd` and `wpd-target`) starts the daemon and a 1,000-thread
 //! target, sets one process-wide watchpoint, shows live hits and prints a
 //! summary. It must run to its end with every thread armed and every
-//! worker seen writing, and stop what it started.
+//! worker seen writing, name the place of each hit it shows (a function
+//! and a source line, as `wpctl events` does, not an address), and stop
+//! what it started.
 
 use std::time::Duration;
 
@@ -22,6 +24,23 @@ async fn the_readmes_first_command_runs_to_its_summary() -> Result<()> {
         "wpd-demo failed ({}):\n{stdout}\n{stderr}",
         out.status
     );
+    let live = stdout
+        .split_once("live hits\n")
+        .and_then(|(_, s)| s.split_once("\n[6/7]"))
+        .map(|(s, _)| s)
+        .with_context(|| format!("no live hits step in:\n{stdout}"))?;
+    let hit_lines: Vec<&str> = live
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("hit "))
+        .collect();
+    ensure!(!hit_lines.is_empty(), "no hit shown:\n{stdout}");
+    for line in &hit_lines {
+        ensure!(
+            names_a_place(line),
+            "a hit shown without its function and line: {line:?}\n{stdout}"
+        );
+    }
     let summary = stdout
         .split_once("summary\n")
         .map(|(_, s)| s)
@@ -49,4 +68,53 @@ async fn the_readmes_first_command_runs_to_its_summary() -> Result<()> {
         "workers unseen with nothing dropped:\n{stdout}"
     );
     Ok(())
+}
+
+/// Whether a hit line names its place as `wpctl events` does: `… at
+/// FUNCTION (FILE:LINE)`, possibly followed by the functions it was
+/// inlined into; not `ip 0x…`.
+fn names_a_place(line: &str) -> bool {
+    let Some((_, place)) = line.split_once(" at ") else {
+        return false;
+    };
+    let Some((function, rest)) = place.split_once(" (") else {
+        return false;
+    };
+    let Some((file_line, _)) = rest.split_once(')') else {
+        return false;
+    };
+    let Some((file, n)) = file_line.rsplit_once(':') else {
+        return false;
+    };
+    !function.is_empty()
+        && !function.starts_with("0x")
+        && !file.is_empty()
+        && n.parse::<u32>().is_ok_and(|n| n > 0)
+        && !line.contains(" ip 0x")
+}
+
+#[test]
+fn a_place_is_a_function_and_a_line() {
+    for (line, named) in [
+        (
+            "hit  tid   14108  value    412  at core::ptr::write_volatile (mod.rs:2178)",
+            true,
+        ),
+        (
+            "hit  tid   14108  value    412  at write_volatile<u64> (mod.rs:2178) inlined in store \
+             (wpd-target.rs:91)",
+            true,
+        ),
+        ("hit  tid   14108  ip 0x558cb04f5cf3  value 412", false),
+        (
+            "hit  tid   14108  value    412  at wpd-target+0x3ad12",
+            false,
+        ),
+        (
+            "hit  tid   14108  value    412  at store+0x12 (wpd-target+0x3ad12)",
+            false,
+        ),
+    ] {
+        assert_eq!(names_a_place(line), named, "{line}");
+    }
 }

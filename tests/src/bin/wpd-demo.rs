@@ -1,5 +1,6 @@
 //! `wpd-demo`: the README's first command — starts `wpd` and a 1000-thread `wpd-target`, watches
-//! one variable on every thread, shows live hits, and prints what it measured.
+//! one variable on every thread, shows live hits (thread, value, and the function and source
+//! line of the store, as `wpctl events` names them), and prints what it measured.
 //!
 //! ```text
 //! cargo build --release --workspace --bins && sudo target/release/wpd-demo [--threads N] [--seconds S]
@@ -15,6 +16,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use tokio::time::Instant;
+use wpd_proto::places::Places;
+use wpd_proto::text::location_text;
 use wpd_proto::v1::{
     DetachRequest, GetCapabilitiesRequest, GetStatsRequest, RemoveWatchpointRequest,
     StreamEventsRequest,
@@ -29,7 +32,8 @@ usage: wpd-demo [--threads N] [--seconds S] [--interval-ms M]
 
 Starts wpd and wpd-target (N worker threads, default 1000, each storing to one
 variable every M ms, default 50), sets one process-wide write watchpoint, shows
-live hits for S seconds (default 3) and prints a summary.
+live hits (thread, value, function and source line) for S seconds (default 3)
+and prints a summary.
 Must run as root. wpd and wpd-target must sit beside this executable
 (cargo build --release --workspace --bins).";
 
@@ -200,13 +204,21 @@ async fn demo(args: &Args, client: &mut Client) -> Result<()> {
             pid: target.pid,
             watchpoint_ids: vec![],
             hits_only: false,
+            // Hits come with their place (function, file:line), each place's fields
+            // once per stream, as `wpctl events` asks for them.
             raw: false,
+            places_once: true,
             lease: false,
             ..Default::default()
         },
     )
     .await?;
-    println!("      subscribed to events of pid {}", target.pid);
+    // The places the stream has sent: the live lines below fill each hit's in.
+    let mut places = Places::new();
+    println!(
+        "      subscribed to events of pid {} (hits named by function and line)",
+        target.pid
+    );
 
     step(
         4,
@@ -236,16 +248,20 @@ async fn demo(args: &Args, client: &mut Client) -> Result<()> {
             println!("      (no hits within 10 s)");
             break;
         };
-        if let Event::Hit(h) = ev {
+        if let Event::Hit(mut h) = ev {
             hits += 1;
             *per_thread.entry(h.tid).or_default() += 1;
+            places.fill_hit(&mut h);
             let value = hit_value_u64(&h)
                 .map(|v| v.to_string())
                 .unwrap_or_else(|| format!("<{}>", h.value_error));
-            println!(
-                "      hit  tid {:>7}  ip {:#014x}  value {value}",
-                h.tid, h.ip
-            );
+            // The store's place as `wpctl events` shows it: the function and file:line
+            // (and the functions it was inlined into), the address only if wpd knew none.
+            let place = match &h.location {
+                Some(l) => format!("at {}", location_text(l)),
+                None => format!("ip {:#x}", h.ip),
+            };
+            println!("      hit  tid {:>7}  value {value:>6}  {place}", h.tid);
         }
     }
 
