@@ -20,6 +20,7 @@ mod jobs;
 mod lifecycle;
 mod listings;
 mod modules;
+pub mod step;
 pub mod objects;
 pub mod policy;
 mod views;

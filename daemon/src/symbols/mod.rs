@@ -40,6 +40,7 @@ pub mod locate;
 pub mod maps;
 pub mod open;
 mod resolve;
+pub mod step;
 pub mod unwind;
 
 use std::sync::Arc;

@@ -99,6 +99,9 @@ pub enum Held {
     /// Parked by [`Shards::park`] until [`Shards::unpark`] (the number of
     /// its park, to tell it from earlier ones).
     Parked(u32),
+    /// Where its step ended (until Resume or its next step); true: in the
+    /// SIGTRAP stop of a single step (`step.rs`).
+    Step(bool),
 }
 
 /// A tracee's state as listed.
@@ -108,6 +111,8 @@ pub struct TraceeState {
     pub held: Option<Held>,
     /// In a job-control stop (SIGSTOP & co.).
     pub group_stopped: bool,
+    /// Running a leg of a step.
+    pub stepping: bool,
 }
 
 /// Callbacks from tracer threads into the backend. Called on the tracer
@@ -197,6 +202,22 @@ pub(super) enum Cmd {
     },
     /// Restart parked tracees.
     Unpark { tids: Vec<Tid> },
+    /// Run one leg of a step of a held tracee (`step.rs`).
+    StepLeg {
+        tid: Tid,
+        single: bool,
+        keys: Vec<u64>,
+        reply: mpsc::Sender<crate::backend::step::LegOutcome>,
+    },
+    /// Its step is over: leave it held in a stop that outlives the daemon.
+    StepDone { tid: Tid },
+    /// Move a tracee held in the uretprobe trampoline to its return
+    /// address.
+    LeaveTrampoline {
+        tid: Tid,
+        ret: u64,
+        reply: mpsc::Sender<bool>,
+    },
 }
 
 struct Shard {
@@ -289,7 +310,12 @@ impl Shards {
         }
     }
 
-    fn send(&self, shard: usize, cmd: Cmd) {
+    /// The shard of tracee `tid`.
+    pub(super) fn owner_of(&self, tid: Tid) -> Option<usize> {
+        self.owner.get(&tid).map(|s| *s)
+    }
+
+    pub(super) fn send(&self, shard: usize, cmd: Cmd) {
         let s = &self.shards[shard];
         let _ = s.tx.send(cmd);
         s.bell.ring();
