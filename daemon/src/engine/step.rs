@@ -475,8 +475,10 @@ impl Core {
         let stack = if end == StepEnd::Exited {
             None
         } else {
+            // Read where it is first: its stop is changed next.
+            let stack = self.thread_stack(pid, tid, depth.max(1), false).ok();
             backend.step_done(pid, tid);
-            self.thread_stack(pid, tid, depth.max(1), false).ok()
+            stack
         };
         Ok(StepResult {
             end,

@@ -387,7 +387,7 @@ impl Tracer {
                 // One of ours that raced a disarm (its count is gone with
                 // its event), or the kernel's own SIGURG: taken as ours if
                 // this tracee ever had a breakpoint.
-                let ours = t.regs.lock().ever_armed != 0;
+                let ours = t.regs.lock().ever_armed != 0 || t.step.is_some();
                 self.after_stop(tid, if ours { None } else { Some(sig) });
             } else {
                 self.hit_stop(tid, ids);
