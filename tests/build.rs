@@ -140,10 +140,7 @@ fn main() {
     );
     cc(&out, &["-g", "-O0", "-o", "ct-breaks", &s("breaks.c")]);
     for (name, opt) in [("ct-step", "-O0"), ("ct-step-o2", "-O2")] {
-        cc(
-            &out,
-            &["-g", opt, "-pthread", "-o", name, &s("stepping.c")],
-        );
+        cc(&out, &["-g", opt, "-pthread", "-o", name, &s("stepping.c")]);
     }
     cc(
         &out,

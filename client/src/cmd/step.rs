@@ -105,7 +105,10 @@ pub async fn run(ctx: &Ctx, args: &StepArgs) -> Result<(), Error> {
         }
     }
     if !resp.signals.is_empty() {
-        text.push_str(&format!("signals delivered meanwhile: {:?}\n", resp.signals));
+        text.push_str(&format!(
+            "signals delivered meanwhile: {:?}\n",
+            resp.signals
+        ));
     }
     if !resp.note.is_empty() {
         text.push_str(&format!("({})\n", wpd_proto::text::escape(&resp.note)));

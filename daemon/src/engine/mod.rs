@@ -20,9 +20,9 @@ mod jobs;
 mod lifecycle;
 mod listings;
 mod modules;
-pub mod step;
 pub mod objects;
 pub mod policy;
+pub mod step;
 mod views;
 mod watch;
 

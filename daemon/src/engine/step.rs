@@ -113,7 +113,9 @@ type Next<T> = Result<T, StepEnd>;
 impl Stepper<'_> {
     fn leg(&mut self, leg: Leg) -> Result<Next<u64>, WpdError> {
         self.legs += 1;
-        let out = self.backend.step_leg(self.pid, self.tid, &leg, self.cancel)?;
+        let out = self
+            .backend
+            .step_leg(self.pid, self.tid, &leg, self.cancel)?;
         self.signals.extend(out.signals);
         Ok(match out.end {
             LegEnd::Done { at } => {
@@ -155,7 +157,13 @@ impl Stepper<'_> {
     /// The thread is at the first instruction of a function entered with
     /// stack pointer `sp` (return address `ret` there): run it to its
     /// return; held at `ret`.
-    fn over_call(&mut self, code: &mut CodeView<'_>, entry: u64, sp: u64, ret: u64) -> Result<Next<()>, WpdError> {
+    fn over_call(
+        &mut self,
+        code: &mut CodeView<'_>,
+        entry: u64,
+        sp: u64,
+        ret: u64,
+    ) -> Result<Next<()>, WpdError> {
         let Some((path, off)) = code.probe_place(entry) else {
             // Code no file maps (the vDSO): stepped until it returns.
             for _ in 0..MAX_LEGS {
@@ -223,10 +231,9 @@ impl Stepper<'_> {
 
     fn line(&mut self, code: &mut CodeView<'_>, into: bool) -> Result<StepEnd, WpdError> {
         let (pc0, sp0, fp0) = self.regs()?;
-        let (Some(line0), Some(func0)) = (
-            code.line(pc0).filter(|l| l.line != 0),
-            code.function(pc0),
-        ) else {
+        let (Some(line0), Some(func0)) =
+            (code.line(pc0).filter(|l| l.line != 0), code.function(pc0))
+        else {
             self.note = Some("no line information here: stepped out of the function".into());
             return self.out(code);
         };
@@ -258,7 +265,10 @@ impl Stepper<'_> {
                 prev = (pc, sp);
                 continue;
             }
-            if in_func && let (Some(a), Some(b)) = (cfa, cfa0) && a > b {
+            if in_func
+                && let (Some(a), Some(b)) = (cfa, cfa0)
+                && a > b
+            {
                 // Back in an outer activation of the same function.
                 return Ok(StepEnd::Done);
             }
@@ -328,10 +338,7 @@ impl Stepper<'_> {
     fn out(&mut self, code: &mut CodeView<'_>) -> Result<StepEnd, WpdError> {
         let (pc, sp, fp) = self.regs()?;
         let cfa = code.cfa(pc, sp, fp);
-        let (Some(cfa), Some(ret)) = (
-            cfa,
-            cfa.and_then(|c| self.read(c.wrapping_sub(8))),
-        ) else {
+        let (Some(cfa), Some(ret)) = (cfa, cfa.and_then(|c| self.read(c.wrapping_sub(8)))) else {
             return Err(WpdError::CannotStep {
                 pid: self.pid,
                 tid: self.tid,

@@ -901,11 +901,9 @@ impl Watchpoints for Service {
         let r = req.into_inner();
         let pid = nsview::pid_in(&caller, convert::pid(r.pid)?)?;
         if r.data.is_empty() || r.data.len() > step::MAX_WRITE {
-            return Err(WpdError::InvalidArgument(format!(
-                "data: 1 to {} bytes",
-                step::MAX_WRITE
-            ))
-            .into());
+            return Err(
+                WpdError::InvalidArgument(format!("data: 1 to {} bytes", step::MAX_WRITE)).into(),
+            );
         }
         let checked = self.allow(&caller, pid)?;
         let core = self.core.clone();

@@ -160,9 +160,7 @@ mod tests {
     #[test]
     fn flows_are_told_apart() {
         // push %rbp; call +0; ret; jmp -2; je +0; nop
-        let code = [
-            0x55, 0xe8, 0, 0, 0, 0, 0xc3, 0xeb, 0xfe, 0x74, 0x00, 0x90,
-        ];
+        let code = [0x55, 0xe8, 0, 0, 0, 0, 0xc3, 0xeb, 0xfe, 0x74, 0x00, 0x90];
         let v = decode(&code, 0x1000);
         let flows: Vec<Flow> = v.iter().map(|i| i.flow).collect();
         assert_eq!(
@@ -193,12 +191,14 @@ mod tests {
     fn the_trampoline_is_left_only_for_the_expected_return() {
         let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
         r.rsp = 0x1000;
-        let stack = |a: u64| Some(match a {
-            0x1000 => 11,
-            0x1008 => 22,
-            0x1010 => 0x4444,
-            _ => return None,
-        });
+        let stack = |a: u64| {
+            Some(match a {
+                0x1000 => 11,
+                0x1008 => 22,
+                0x1010 => 0x4444,
+                _ => return None,
+            })
+        };
         assert!(!leave_return_trampoline(&mut r, stack, 0x5555));
         assert_eq!(r.rsp, 0x1000);
         assert!(leave_return_trampoline(&mut r, stack, 0x4444));

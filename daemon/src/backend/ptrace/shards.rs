@@ -210,7 +210,7 @@ pub(super) enum Cmd {
         reply: mpsc::Sender<crate::backend::step::LegOutcome>,
     },
     /// Its step is over: leave it held in a stop that outlives the daemon.
-    StepDone { tid: Tid },
+    StepDone { tid: Tid, reply: mpsc::Sender<()> },
     /// Move a tracee held in the uretprobe trampoline to its return
     /// address.
     LeaveTrampoline {

@@ -63,8 +63,7 @@ pub(super) struct Running {
 
 /// The map of armed internal breakpoints: key `tid << 32 | cookie`, value
 /// `[least stack pointer, address where it stopped (0: not yet)]`.
-static ARM: LazyLock<Result<bpf::U64Map, Errno>> =
-    LazyLock::new(|| bpf::U64Map::new(ARM_MAX, 2));
+static ARM: LazyLock<Result<bpf::U64Map, Errno>> = LazyLock::new(|| bpf::U64Map::new(ARM_MAX, 2));
 
 /// Internal breakpoints armed at once, at most (one leg per stepping
 /// thread, a few sets each).
@@ -122,11 +121,12 @@ fn prog_for(sig: i32) -> Result<Arc<OwnedFd>, Errno> {
         return Ok(p.clone());
     }
     let insns = program(sig, arm_map()?.raw_fd())?;
-    let p = bpf::load_program_for(bpf::PROG_TYPE_KPROBE, bpf::TRACE_UPROBE_MULTI, &insns)
-        .map_err(|e| {
+    let p = bpf::load_program_for(bpf::PROG_TYPE_KPROBE, bpf::TRACE_UPROBE_MULTI, &insns).map_err(
+        |e| {
             tracing::warn!(log = %e, "step program refused");
             e.errno
-        })?;
+        },
+    )?;
     let p = Arc::new(p);
     progs.insert(sig, p.clone());
     Ok(p)
@@ -174,10 +174,9 @@ fn arm(pid: Pid, tid: Tid, sets: &[ProbeSet], mode: &SignalMode) -> Result<Armed
         map.insert(key, &[set.min_sp, 0])
             .map_err(|e| kernel("map", e))?;
         armed.keys.push(key);
-        let path = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(
-            set.path.as_os_str(),
-        ))
-        .map_err(|_| WpdError::InvalidArgument("a module path with a NUL byte".into()))?;
+        let path =
+            std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(set.path.as_os_str()))
+                .map_err(|_| WpdError::InvalidArgument("a module path with a NUL byte".into()))?;
         let cookies = vec![cookie; set.offsets.len()];
         let link = bpf::uprobe_multi_link(&*prog, &path, &set.offsets, &cookies, set.ret, pid)
             .map_err(|e| kernel("link", e))?;
@@ -367,7 +366,15 @@ impl Tracer {
         t.phase = Phase::Interrupted(std::time::Instant::now());
         t.next.hold = true;
         t.next.hold_step = true;
-        let _ = ptrace::cont(npid(tid), None);
+        if ptrace::cont(npid(tid), None).is_err() {
+            return;
+        }
+        // Its event stop comes at once (no instruction runs first): taken
+        // here, so that the thread is held again before the step's answer.
+        let flags = nix::sys::wait::WaitPidFlag::__WALL | nix::sys::wait::WaitPidFlag::__WNOTHREAD;
+        if let Ok(st) = nix::sys::wait::waitpid(npid(tid), Some(flags)) {
+            self.event(st);
+        }
     }
 
     /// `Cmd::LeaveTrampoline`: see `Backend::leave_trampoline`.
@@ -514,10 +521,13 @@ impl Shards {
         Some(rx)
     }
 
-    /// The step of held tracee `tid` is over.
+    /// The step of held tracee `tid` is over; returns once it is held in
+    /// its last stop.
     pub fn step_done(&self, tid: Tid) {
         if let Some(s) = self.owner_of(tid) {
-            self.send(s, Cmd::StepDone { tid });
+            let (tx, rx) = mpsc::channel();
+            self.send(s, Cmd::StepDone { tid, reply: tx });
+            let _ = rx.recv();
         }
     }
 
@@ -527,7 +537,14 @@ impl Shards {
             return false;
         };
         let (tx, rx) = mpsc::channel();
-        self.send(s, Cmd::LeaveTrampoline { tid, ret, reply: tx });
+        self.send(
+            s,
+            Cmd::LeaveTrampoline {
+                tid,
+                ret,
+                reply: tx,
+            },
+        );
         rx.recv().unwrap_or(false)
     }
 }

@@ -526,7 +526,10 @@ impl Tracer {
                 keys,
                 reply,
             } => self.step_leg(tid, single, keys, reply),
-            Cmd::StepDone { tid } => self.step_done(tid),
+            Cmd::StepDone { tid, reply } => {
+                self.step_done(tid);
+                let _ = reply.send(());
+            }
             Cmd::LeaveTrampoline { tid, ret, reply } => {
                 let _ = reply.send(self.leave_trampoline(tid, ret));
             }
