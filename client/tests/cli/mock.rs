@@ -722,7 +722,9 @@ impl Watchpoints for Mock {
         &self,
         _: Request<wpd_proto::v1::WriteMemoryRequest>,
     ) -> Result<Response<wpd_proto::v1::WriteMemoryResponse>, Status> {
-        Err(Status::unimplemented("the mock daemon does not write memory"))
+        Err(Status::unimplemented(
+            "the mock daemon does not write memory",
+        ))
     }
 
     async fn get_thread_stack(
