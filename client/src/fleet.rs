@@ -40,6 +40,7 @@ pub fn single_daemon_only(command: &Command) -> Option<&'static str> {
         Command::Aggregates(_) => Some("aggregates"),
         Command::Pause(_) => Some("pause"),
         Command::Stack(_) => Some("stack"),
+        Command::Step(_) => Some("step"),
         Command::Dap(_) => Some("dap"),
         Command::Symbol(_) => Some("symbol"),
     }

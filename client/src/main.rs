@@ -144,6 +144,8 @@ pub enum Command {
     Pause(cmd::pause::PauseArgs),
     /// Show the call stack of a held thread, symbolized (ptrace backend)
     Stack(cmd::stack::StackArgs),
+    /// Step a held thread: a line (--over), --into a call, --out of the function, one --instruction (ptrace backend)
+    Step(cmd::step::StepArgs),
     /// Run the Debug Adapter Protocol adapter for IDEs (stdin/stdout, or --listen)
     Dap(cmd::dap::DapArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
@@ -179,6 +181,7 @@ async fn dispatch(ctx: &Ctx, command: &Command) -> Result<(), Error> {
         Command::Man(a) => cmd::man::run(a),
         Command::Pause(a) => cmd::pause::run(ctx, a).await,
         Command::Stack(a) => cmd::stack::run(ctx, a).await,
+        Command::Step(a) => cmd::step::run(ctx, a).await,
         Command::Dap(a) => cmd::dap::run(ctx, a).await,
         Command::Stats => cmd::stats::run(ctx).await,
         Command::Symbol(a) => cmd::symbol::run(ctx, a).await,

@@ -278,6 +278,8 @@ pub fn thread_state_name(v: i32) -> String {
         Ok(ThreadState::StoppedAtHit) => "stopped_at_hit".into(),
         Ok(ThreadState::StoppedByPeer) => "stopped_by_peer".into(),
         Ok(ThreadState::JobStopped) => "job_stopped".into(),
+        Ok(ThreadState::StoppedAfterStep) => "stopped_after_step".into(),
+        Ok(ThreadState::Stepping) => "stepping".into(),
         Ok(ThreadState::Unspecified) => "unspecified".into(),
         Err(_) => format!("unknown({v})"),
     }
@@ -291,6 +293,8 @@ pub fn thread_state_label(v: i32) -> String {
         Ok(ThreadState::StoppedAtHit) => "stopped (hit)".into(),
         Ok(ThreadState::StoppedByPeer) => "stopped (peer)".into(),
         Ok(ThreadState::JobStopped) => "job-stopped".into(),
+        Ok(ThreadState::StoppedAfterStep) => "stopped (step)".into(),
+        Ok(ThreadState::Stepping) => "stepping".into(),
         Ok(ThreadState::Unspecified) => "-".into(),
         Err(_) => format!("unknown({v})"),
     }

@@ -70,6 +70,7 @@ pub mod helper {
     pub const SEND_SIGNAL_THREAD: i32 = 117;
     pub const RINGBUF_RESERVE: i32 = 131;
     pub const RINGBUF_SUBMIT: i32 = 132;
+    pub const GET_ATTACH_COOKIE: i32 = 174;
 }
 
 /// The instruction set, as far as wpd's programs use it.
@@ -513,6 +514,35 @@ pub fn uprobe_link(
         path: path.as_ptr() as u64,
         offsets: offsets.as_ptr() as u64,
         cnt: 1,
+        uprobe_flags: if ret { UPROBE_MULTI_RETURN } else { 0 },
+        pid: pid as u32,
+        ..Default::default()
+    };
+    let fd = sys_bpf(BPF_LINK_CREATE, &attr)?;
+    // SAFETY: a new fd the kernel just gave us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// [`uprobe_link`] of several instructions of one file at once, each
+/// with its cookie (`bpf_get_attach_cookie`).
+pub fn uprobe_multi_link(
+    prog: &impl AsRawFd,
+    path: &std::ffi::CStr,
+    offsets: &[u64],
+    cookies: &[u64],
+    ret: bool,
+    pid: i32,
+) -> Result<OwnedFd, Errno> {
+    if offsets.is_empty() || cookies.len() != offsets.len() {
+        return Err(Errno::EINVAL);
+    }
+    let attr = UprobeLinkAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        attach_type: TRACE_UPROBE_MULTI,
+        path: path.as_ptr() as u64,
+        offsets: offsets.as_ptr() as u64,
+        cookies: cookies.as_ptr() as u64,
+        cnt: offsets.len() as u32,
         uprobe_flags: if ret { UPROBE_MULTI_RETURN } else { 0 },
         pid: pid as u32,
         ..Default::default()

@@ -61,6 +61,16 @@ pub enum WpdError {
         /// Thread.
         tid: Tid,
     },
+    /// A step the thread cannot take where it is.
+    #[error("thread {tid} of process {pid} cannot step there: {why}")]
+    CannotStep {
+        /// Process.
+        pid: Pid,
+        /// Thread.
+        tid: Tid,
+        /// Why.
+        why: String,
+    },
     /// Unknown watchpoint id.
     #[error("no watchpoint {0}")]
     NoSuchWatchpoint(WatchId),

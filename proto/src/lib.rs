@@ -105,6 +105,8 @@ pub mod reason {
     pub const NO_SUCH_THREAD: &str = "NO_SUCH_THREAD";
     /// The thread runs: what was asked needs it held stopped by wpd.
     pub const THREAD_NOT_HELD: &str = "THREAD_NOT_HELD";
+    /// A step the thread cannot take where it is (`Step`).
+    pub const CANNOT_STEP: &str = "CANNOT_STEP";
     /// Unknown watchpoint id.
     pub const NO_SUCH_WATCHPOINT: &str = "NO_SUCH_WATCHPOINT";
     /// Threads without a free debug-register slot (metadata `tids`).

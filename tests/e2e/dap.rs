@@ -889,3 +889,140 @@ async fn failures_have_their_own_error_ids() -> Result<()> {
     .await;
     daemon.finish(result)
 }
+
+/// `tests/c/stepping.c` (`variant`) with `workers` worker threads, killed
+/// on drop.
+struct Stepping(std::process::Child);
+
+impl Stepping {
+    fn start(variant: &str, workers: usize) -> Result<Stepping> {
+        let mut child = std::process::Command::new(ctarget_path(variant))
+            .arg(workers.to_string())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        // "ready N" once every thread is made.
+        let mut out = std::io::BufReader::new(child.stdout.take().context("stdout")?);
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line)?;
+        ensure!(line.starts_with("ready"), "the target said {line:?}");
+        Ok(Stepping(child))
+    }
+
+    fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+
+    /// Alive, no thread traced or stopped, none left held by the daemon.
+    async fn is_free(&mut self, daemon: &Daemon) -> Result<()> {
+        let pid = self.pid();
+        let mut client = daemon.client().await?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let held = match client
+                .list_threads(pb::ListThreadsRequest {
+                    pid,
+                    ..Default::default()
+                })
+                .await
+            {
+                Ok(r) => r
+                    .into_inner()
+                    .threads
+                    .iter()
+                    .filter(|th| th.state != pb::ThreadState::Running as i32)
+                    .count(),
+                Err(s) if s.code() == tonic::Code::NotFound => 0,
+                Err(s) => return Err(s.into()),
+            };
+            if held == 0 {
+                break;
+            }
+            ensure!(std::time::Instant::now() < deadline, "{held} threads held");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        client
+            .detach(pb::DetachRequest { pid })
+            .await
+            .map(|_| ())
+            .or_else(|s| {
+                if s.code() == tonic::Code::NotFound {
+                    Ok(())
+                } else {
+                    Err(s)
+                }
+            })?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        ensure!(self.0.try_wait()?.is_none(), "the target died");
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+            let dir = task?.path();
+            let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+            let state = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
+            ensure!(
+                !matches!(state, Some('t' | 'T')),
+                "{}: {state:?}",
+                dir.display()
+            );
+            let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+            ensure!(
+                status
+                    .lines()
+                    .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["TracerPid:", "0"]),
+                "{} still traced",
+                dir.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Stepping {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `tests/dap/step.test.mjs` on `variant` with `workers` workers.
+async fn step_session(variant: &str, workers: usize, vars: &[(&str, &str)]) -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    require_node_dap();
+    let daemon = Daemon::start().await?;
+    let mut t = Stepping::start(variant, workers)?;
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("c/stepping.c");
+    let result = async {
+        let mut env = vec![
+            ("TARGET_PID", t.pid().to_string()),
+            ("STEP_SOURCE", source.display().to_string()),
+        ];
+        env.extend(vars.iter().map(|(k, v)| (*k, v.to_string())));
+        let out = node_run(None, "step.test.mjs", &daemon, &env).await?;
+        eprintln!("{out}");
+        t.is_free(&daemon).await
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// next, stepIn, stepOut and instruction steps on a program built at -O0
+/// (lines checked), and the steps that end at a code breakpoint inside a
+/// call and at another thread's data breakpoint; the target alive and
+/// untraced after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_land_on_lines_at_o0() -> Result<()> {
+    step_session("ct-step", 4, &[]).await
+}
+
+/// The same at -O2 (functions checked; lines move).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_land_in_functions_at_o2() -> Result<()> {
+    step_session("ct-step-o2", 4, &[("OPT", "O2")]).await
+}
+
+/// Steps of one thread of a process of 1,000 more (`singleThread`: the
+/// others stay held while it steps).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_beside_a_thousand_threads() -> Result<()> {
+    step_session("ct-step", 1000, &[("SINGLE", "1")]).await
+}

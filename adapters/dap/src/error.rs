@@ -8,7 +8,7 @@
 //! | 100 | the request is not one the adapter answers |
 //! | 101 | the request's arguments do not fit it |
 //! | 102 | `launch`: the program could not be started |
-//! | 103 | stepping (`next`, `stepIn`, ...): the adapter does not step |
+//! | 103 | stepping backwards or jumping (`stepBack`, `reverseContinue`, `goto`) |
 //! | 110 | not attached yet (`attach` or `launch` first) |
 //! | 111 | attached already (one process per session) |
 //! | 112 | a frame id from an earlier stop |
@@ -58,8 +58,8 @@ pub enum DapError {
     /// `launch`: the program could not be started (nothing is left running).
     #[error("{0}")]
     Launch(String),
-    /// A stepping request.
-    #[error("wpd does not step: continue runs to the next data breakpoint hit")]
+    /// Stepping backwards, or a jump.
+    #[error("wpd does not step backwards or jump: it steps forwards (next, stepIn, stepOut)")]
     NoStepping,
     /// Not attached yet.
     #[error("not attached: send `attach` with a pid, or `launch`, first")]

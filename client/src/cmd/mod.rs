@@ -17,6 +17,7 @@ pub mod pause;
 pub mod resume;
 pub mod stack;
 pub mod stats;
+pub mod step;
 pub mod symbol;
 pub mod threads;
 pub mod unwatch;

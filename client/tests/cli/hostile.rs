@@ -293,6 +293,28 @@ impl Watchpoints for Hostile {
         Ok(Response::new(PauseResponse::default()))
     }
 
+    async fn step(
+        &self,
+        _: Request<wpd_proto::v1::StepRequest>,
+    ) -> Result<Response<wpd_proto::v1::StepResponse>, Status> {
+        Ok(Response::new(wpd_proto::v1::StepResponse {
+            end: wpd_proto::v1::StepEnd::Done as i32,
+            frames: vec![Self::location()],
+            note: EVIL.into(),
+            ..Default::default()
+        }))
+    }
+
+    async fn write_memory(
+        &self,
+        _: Request<wpd_proto::v1::WriteMemoryRequest>,
+    ) -> Result<Response<wpd_proto::v1::WriteMemoryResponse>, Status> {
+        Ok(Response::new(wpd_proto::v1::WriteMemoryResponse {
+            written: 0,
+            error: EVIL.into(),
+        }))
+    }
+
     async fn get_thread_stack(
         &self,
         _: Request<GetThreadStackRequest>,

@@ -711,6 +711,22 @@ impl Watchpoints for Mock {
 
     /// Thread 124 of pid 123 is held at a hit in `work` called by `main`;
     /// others run.
+    async fn step(
+        &self,
+        _: Request<wpd_proto::v1::StepRequest>,
+    ) -> Result<Response<wpd_proto::v1::StepResponse>, Status> {
+        Err(Status::unimplemented("the mock daemon does not step"))
+    }
+
+    async fn write_memory(
+        &self,
+        _: Request<wpd_proto::v1::WriteMemoryRequest>,
+    ) -> Result<Response<wpd_proto::v1::WriteMemoryResponse>, Status> {
+        Err(Status::unimplemented(
+            "the mock daemon does not write memory",
+        ))
+    }
+
     async fn get_thread_stack(
         &self,
         r: Request<GetThreadStackRequest>,

@@ -139,6 +139,15 @@ pub enum ErrorInput {
         /// Thread.
         tid: i32,
     },
+    /// `WpdError::CannotStep`.
+    CannotStep {
+        /// Process.
+        pid: i32,
+        /// Thread.
+        tid: i32,
+        /// Why.
+        why: String,
+    },
     /// `WpdError::NoSuchWatchpoint`.
     NoSuchWatchpoint(u64),
     /// `WpdError::OutOfSlots`.
@@ -591,6 +600,7 @@ impl ErrorInput {
             ErrorInput::NotAttached(p) => WpdError::NotAttached(p),
             ErrorInput::NoSuchThread { pid, tid } => WpdError::NoSuchThread { pid, tid },
             ErrorInput::NotHeld { pid, tid } => WpdError::NotHeld { pid, tid },
+            ErrorInput::CannotStep { pid, tid, why } => WpdError::CannotStep { pid, tid, why },
             ErrorInput::NoSuchWatchpoint(id) => WpdError::NoSuchWatchpoint(wpd::model::WatchId(id)),
             ErrorInput::OutOfSlots {
                 pid,
@@ -739,6 +749,7 @@ pub fn variant(e: &WpdError) -> &'static str {
         WpdError::NotAttached(_) => "NotAttached",
         WpdError::NoSuchThread { .. } => "NoSuchThread",
         WpdError::NotHeld { .. } => "NotHeld",
+        WpdError::CannotStep { .. } => "CannotStep",
         WpdError::NoSuchWatchpoint(_) => "NoSuchWatchpoint",
         WpdError::OutOfSlots { .. } => "OutOfSlots",
         WpdError::PermissionDenied { .. } => "PermissionDenied",

@@ -2,6 +2,8 @@
 //! address limits (Intel SDM Vol. 3B §18.2 "Debug Registers").
 
 use super::SpecError;
+
+pub mod insn;
 use crate::model::{Access, Piece, Range, WatchLen};
 
 /// Architecture name as reported to clients.

@@ -23,6 +23,7 @@ pub mod fds;
 pub mod perf;
 pub mod probe;
 pub mod ptrace;
+pub mod step;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -140,6 +141,10 @@ pub enum RunState {
     StoppedByPeer,
     /// Job-control stopped.
     JobStopped,
+    /// Held by us where a step ended.
+    StoppedAfterStep,
+    /// Stepping (running until its step ends).
+    Stepping,
 }
 
 /// One way of programming debug registers.
@@ -258,6 +263,34 @@ pub trait Backend: Send + Sync {
             needs: None,
             hint: ": this process's backend never stops threads",
         })
+    }
+
+    /// Runs one leg of a step of held thread `tid` (see `step.rs`) and
+    /// waits for its end; `cancel` set meanwhile stops the thread where it
+    /// is (the leg then ends `Interrupted`).
+    fn step_leg(
+        &self,
+        _pid: Pid,
+        _tid: Tid,
+        _leg: &step::Leg,
+        _cancel: &std::sync::atomic::AtomicBool,
+    ) -> Result<step::LegOutcome, WpdError> {
+        Err(WpdError::NeedsBackend {
+            feature: "stepping",
+            needs: None,
+            hint: ": this process's backend never stops threads",
+        })
+    }
+
+    /// The step of held thread `tid` is over: it stays held, in a stop
+    /// that outlives the daemon (kernel-facts §22).
+    fn step_done(&self, _pid: Pid, _tid: Tid) {}
+
+    /// Held thread `tid` stopped in the kernel's uretprobe trampoline:
+    /// moved on to return address `ret` without running (kernel-facts
+    /// §22). False: it could not be (single-step it out).
+    fn leave_trampoline(&self, _pid: Pid, _tid: Tid, _ret: u64) -> bool {
+        false
     }
 
     /// The registers of a thread this backend holds stopped.

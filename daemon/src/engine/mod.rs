@@ -22,6 +22,7 @@ mod listings;
 mod modules;
 pub mod objects;
 pub mod policy;
+pub mod step;
 mod views;
 mod watch;
 

@@ -733,7 +733,7 @@ impl Core {
 
     /// The backend of attached process `pid` if it stops threads, after
     /// checking that `tids` are its threads.
-    fn stopping_backend(
+    pub(super) fn stopping_backend(
         &self,
         pid: Pid,
         feature: &'static str,

@@ -666,6 +666,8 @@ impl From<&ThreadView> for pb::ThreadInfo {
                 RunState::StoppedAtHit => pb::ThreadState::StoppedAtHit,
                 RunState::StoppedByPeer => pb::ThreadState::StoppedByPeer,
                 RunState::JobStopped => pb::ThreadState::JobStopped,
+                RunState::StoppedAfterStep => pb::ThreadState::StoppedAfterStep,
+                RunState::Stepping => pb::ThreadState::Stepping,
             } as i32,
             parent_tid: t.parent,
             name: t.name.clone(),

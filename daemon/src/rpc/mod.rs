@@ -20,6 +20,7 @@ mod restore;
 pub mod serve;
 mod stats;
 pub mod status;
+mod step;
 mod values;
 
 use std::pin::Pin;
@@ -866,6 +867,54 @@ impl Watchpoints for Service {
                 })
                 .collect(),
             locals: stack.locals.iter().map(frame_locals_to_pb).collect(),
+        }))
+    }
+
+    async fn step(
+        &self,
+        req: Request<pb::StepRequest>,
+    ) -> Result<Response<pb::StepResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let asked = convert::pid(r.pid)?;
+        let pid = nsview::pid_in(&caller, asked)?;
+        let tid = convert::tids(&nsview::tids_in(&caller, asked, pid, &[r.tid])?)?[0];
+        let (kind, depth) = step::request(&r)?;
+        self.allow(&caller, pid)?;
+        let core = self.core.clone();
+        let cancel = step::Cancel(Default::default());
+        let flag = cancel.0.clone();
+        let done = blocking_as(&caller, move || {
+            core.step(pid, tid, kind, r.others_run, depth, &flag)
+        })
+        .await?;
+        drop(cancel);
+        Ok(Response::new(step::response(&self.core, done).await))
+    }
+
+    async fn write_memory(
+        &self,
+        req: Request<pb::WriteMemoryRequest>,
+    ) -> Result<Response<pb::WriteMemoryResponse>, Status> {
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let pid = nsview::pid_in(&caller, convert::pid(r.pid)?)?;
+        if r.data.is_empty() || r.data.len() > step::MAX_WRITE {
+            return Err(
+                WpdError::InvalidArgument(format!("data: 1 to {} bytes", step::MAX_WRITE)).into(),
+            );
+        }
+        let checked = self.allow(&caller, pid)?;
+        let core = self.core.clone();
+        let (written, error) = blocking_as(&caller, move || {
+            // Not into a process that became another's.
+            checked.unchanged()?;
+            core.write_memory(pid, r.address, &r.data)
+        })
+        .await?;
+        Ok(Response::new(pb::WriteMemoryResponse {
+            written: written as u32,
+            error: error.unwrap_or_default(),
         }))
     }
 

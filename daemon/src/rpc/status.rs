@@ -149,6 +149,7 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
         WpdError::NotAttached(_) => (Code::NotFound, r::NOT_ATTACHED),
         WpdError::NoSuchThread { .. } => (Code::NotFound, r::NO_SUCH_THREAD),
         WpdError::NotHeld { .. } => (Code::FailedPrecondition, r::THREAD_NOT_HELD),
+        WpdError::CannotStep { .. } => (Code::FailedPrecondition, r::CANNOT_STEP),
         WpdError::NoSuchWatchpoint(_) => (Code::NotFound, r::NO_SUCH_WATCHPOINT),
         WpdError::OutOfSlots { .. } => (Code::ResourceExhausted, r::OUT_OF_SLOTS),
         WpdError::PermissionDenied { .. } => (Code::PermissionDenied, r::PERMISSION_DENIED),
@@ -300,6 +301,16 @@ mod tests {
             Code::FailedPrecondition,
             r::THREAD_NOT_HELD,
             "thread 2 of process 1 is running",
+        );
+        check(
+            WpdError::CannotStep {
+                pid: 1,
+                tid: 2,
+                why: "this is the outermost frame".into(),
+            },
+            Code::FailedPrecondition,
+            r::CANNOT_STEP,
+            "thread 2 of process 1 cannot step there: this is the outermost frame",
         );
         check(
             WpdError::NoSuchThread { pid: 1, tid: 2 },

@@ -61,6 +61,8 @@ pub struct DwarfFile {
     /// asked for (a pending breakpoint's file is asked for again at each
     /// library loaded).
     pub(super) closest: std::sync::Mutex<HashMap<String, Vec<String>>>,
+    /// Line rows and functions by address, for stepping (`step.rs`).
+    pub(super) code: OnceLock<super::codeindex::CodeIndex>,
 }
 
 const SECTIONS: [gimli::SectionId; 12] = [
@@ -326,6 +328,7 @@ impl DwarfFile {
             types: OnceLock::new(),
             files: OnceLock::new(),
             closest: Default::default(),
+            code: OnceLock::new(),
         })
     }
 

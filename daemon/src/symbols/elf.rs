@@ -123,6 +123,9 @@ pub struct ElfFile {
     /// `.debug_sup`), which `blazesym` would open by path without these
     /// checks. Else only its symbol tables are read.
     symbolizer_dwarf: bool,
+    /// The module file mapped (its code, as the file has it: a uprobe's
+    /// breakpoint in the process's copy is not there).
+    pub(super) image: Mmap,
 }
 
 impl std::fmt::Debug for ElfFile {
@@ -477,6 +480,7 @@ impl ElfFile {
             debug_refused,
             symbolizer_file,
             symbolizer_dwarf,
+            image: m,
         })
     }
 

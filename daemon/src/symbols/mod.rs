@@ -24,6 +24,7 @@
 pub mod cfi;
 pub mod children;
 pub mod code;
+mod codeindex;
 pub mod dwarf;
 pub mod elf;
 mod error;
@@ -41,6 +42,7 @@ pub mod locate;
 pub mod maps;
 pub mod open;
 mod resolve;
+pub mod step;
 pub mod unwind;
 
 use std::sync::Arc;

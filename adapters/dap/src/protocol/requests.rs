@@ -96,16 +96,24 @@ request!(
     ReadMemory, "readMemory", ReadMemoryArguments => ReadMemoryBody
 );
 request!(
-    /// Step over: refused (the adapter does not step).
-    Next, "next", IgnoredAny => ()
+    /// Step over: to the next line (or instruction) of the thread.
+    Next, "next", StepArguments => ()
 );
 request!(
-    /// Step in: refused.
-    StepIn, "stepIn", IgnoredAny => ()
+    /// Step in: into a call with line information.
+    StepIn, "stepIn", StepArguments => ()
 );
 request!(
-    /// Step out: refused.
-    StepOut, "stepOut", IgnoredAny => ()
+    /// Step out: until the function returns.
+    StepOut, "stepOut", StepArguments => ()
+);
+request!(
+    /// Instructions around an address, as text.
+    Disassemble, "disassemble", DisassembleArguments => DisassembleBody
+);
+request!(
+    /// Write the target's memory.
+    WriteMemory, "writeMemory", WriteMemoryArguments => WriteMemoryBody
 );
 request!(
     /// Step back: refused.
@@ -212,6 +220,60 @@ pub struct ContinueArguments {
     pub thread_id: i64,
     /// Resume only it.
     pub single_thread: Option<bool>,
+}
+
+/// `next`, `stepIn`, `stepOut` arguments.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StepArguments {
+    /// The thread to step.
+    pub thread_id: i64,
+    /// The other threads stay as they are (else they run during the step
+    /// and stop with it).
+    pub single_thread: Option<bool>,
+    /// `statement` (the default), `line` or `instruction`.
+    pub granularity: Option<String>,
+}
+
+/// `disassemble` arguments.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DisassembleArguments {
+    /// An address (as `instructionPointerReference` fields carry them).
+    pub memory_reference: String,
+    /// Bytes from it.
+    pub offset: Option<i64>,
+    /// Instructions from there (negative: before it).
+    pub instruction_offset: Option<i64>,
+    /// Instructions wanted.
+    pub instruction_count: i64,
+}
+
+/// `disassemble` response body.
+#[derive(Debug, Serialize)]
+pub struct DisassembleBody {
+    /// In address order.
+    pub instructions: Vec<super::types::DisassembledInstruction>,
+}
+
+/// `writeMemory` arguments.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WriteMemoryArguments {
+    /// An address.
+    pub memory_reference: String,
+    /// Bytes from it.
+    pub offset: Option<i64>,
+    /// The bytes, base64.
+    pub data: String,
+}
+
+/// `writeMemory` response body.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WriteMemoryBody {
+    /// Bytes written.
+    pub bytes_written: u64,
 }
 
 /// `pause` arguments.

@@ -155,6 +155,36 @@ pub struct Capabilities {
     pub supports_function_breakpoints: bool,
     /// `setInstructionBreakpoints`.
     pub supports_instruction_breakpoints: bool,
+    /// `granularity` in `next`, `stepIn`, `stepOut`.
+    pub supports_stepping_granularity: bool,
+    /// `disassemble`.
+    pub supports_disassemble_request: bool,
+    /// `writeMemory`.
+    pub supports_write_memory_request: bool,
+}
+
+/// One instruction of a `disassemble` response.
+#[derive(Debug, Serialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DisassembledInstruction {
+    /// Its address, `0x…`.
+    pub address: String,
+    /// Its bytes in hex.
+    pub instruction_bytes: String,
+    /// Its text.
+    pub instruction: String,
+    /// The function holding it, at its first instruction.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub symbol: Option<String>,
+    /// Its source line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+    /// Its source file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub location: Option<Source>,
+    /// No instruction there (unreadable memory).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub presentation_hint: Option<&'static str>,
 }
 
 impl Capabilities {
@@ -176,6 +206,9 @@ impl Capabilities {
             supports_step_back: false,
             supports_function_breakpoints: true,
             supports_instruction_breakpoints: false,
+            supports_stepping_granularity: true,
+            supports_disassemble_request: true,
+            supports_write_memory_request: true,
         }
     }
 }
@@ -205,6 +238,9 @@ mod tests {
                 "supportsStepBack": false,
                 "supportsFunctionBreakpoints": true,
                 "supportsInstructionBreakpoints": false,
+                "supportsSteppingGranularity": true,
+                "supportsDisassembleRequest": true,
+                "supportsWriteMemoryRequest": true,
             })
         );
     }

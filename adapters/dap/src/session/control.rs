@@ -1,5 +1,5 @@
 //! Running and stopping: `continue`, `pause`, and what the adapter refuses
-//! (stepping).
+//! (stepping backwards, jumping).
 
 use serde::de::IgnoredAny;
 use wpd_proto::v1 as pb;
@@ -55,7 +55,7 @@ impl Handler<Pause> for Session {
     }
 }
 
-/// Stepping requests: each refused (the adapter runs to the next hit).
+/// Stepping backwards and jumping: each refused.
 macro_rules! no_stepping {
     ($($r:ty),*) => {
         $(
@@ -68,7 +68,7 @@ macro_rules! no_stepping {
     };
 }
 
-no_stepping!(Next, StepIn, StepOut, StepBack, ReverseContinue, Goto);
+no_stepping!(StepBack, ReverseContinue, Goto);
 
 impl Session {
     /// Drops what was shown of a stop (of one thread, or all).

@@ -21,6 +21,7 @@ mod control;
 mod events;
 mod inspect;
 mod launch;
+mod step;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -58,6 +59,12 @@ enum Input {
     Output(&'static str, String),
     /// The launched program exited with this code.
     Exited(i32),
+    /// A step of thread `tid` ended (`all`: the other threads ran).
+    Stepped {
+        tid: i32,
+        all: bool,
+        result: Result<pb::StepResponse, String>,
+    },
 }
 
 /// A program the session started (`launch`).
@@ -307,6 +314,7 @@ where
                 output: text,
             }),
             Input::Exited(code) => s.program_exited(code),
+            Input::Stepped { tid, all, result } => s.stepped(tid, all, result),
             Input::EventsEnded(e) => {
                 if s.pid.is_some() && !s.ended {
                     s.output("important", &format!("wpd: the event stream ended: {e}"));
@@ -423,6 +431,8 @@ impl Session {
             Continue,
             Pause,
             ReadMemory,
+            WriteMemory,
+            Disassemble,
             Next,
             StepIn,
             StepOut,

@@ -26,6 +26,7 @@ pub mod recovery;
 pub mod regs;
 pub mod shards;
 pub mod signal_bp;
+pub mod step;
 pub mod stops;
 pub mod tracer;
 pub mod wake;
@@ -553,6 +554,8 @@ impl Backend for PtraceEngine {
                 let rs = match st.held {
                     Some(Held::Hit | Held::Code) => RunState::StoppedAtHit,
                     Some(Held::Peer) => RunState::StoppedByPeer,
+                    Some(Held::Step(_)) => RunState::StoppedAfterStep,
+                    None if st.stepping => RunState::Stepping,
                     _ if st.group_stopped => RunState::JobStopped,
                     _ => RunState::Running,
                 };
@@ -626,6 +629,24 @@ impl Backend for PtraceEngine {
         let mut held = self.shards.hold(&tids);
         held.sort_unstable();
         Ok(held)
+    }
+
+    fn step_leg(
+        &self,
+        pid: Pid,
+        tid: Tid,
+        leg: &crate::backend::step::Leg,
+        cancel: &std::sync::atomic::AtomicBool,
+    ) -> Result<crate::backend::step::LegOutcome, WpdError> {
+        step::run_leg(&self.shards, pid, tid, leg, cancel)
+    }
+
+    fn step_done(&self, _pid: Pid, tid: Tid) {
+        self.shards.step_done(tid);
+    }
+
+    fn leave_trampoline(&self, _pid: Pid, tid: Tid, ret: u64) -> bool {
+        self.shards.leave_trampoline(tid, ret)
     }
 
     fn held_registers(&self, pid: Pid, tid: Tid) -> Result<HeldRegisters, WpdError> {

@@ -75,6 +75,9 @@ pub enum Held {
     /// Parked by `Shards::park` until `Shards::unpark` (the number of
     /// its park, to tell it from earlier ones).
     Parked(u32),
+    /// Where its step ended (until Resume or its next step); true: in the
+    /// SIGTRAP stop of a single step (`step.rs`).
+    Step(bool),
 }
 
 /// A tracee's state as listed.
@@ -84,6 +87,8 @@ pub struct TraceeState {
     pub held: Option<Held>,
     /// In a job-control stop (SIGSTOP & co.).
     pub group_stopped: bool,
+    /// Running a leg of a step.
+    pub stepping: bool,
 }
 
 /// Callbacks from tracer threads into the backend. Called on the tracer
@@ -173,4 +178,36 @@ pub(super) enum Cmd {
     },
     /// Restart parked tracees.
     Unpark { tids: Vec<Tid> },
+    /// Run one leg of a step of a held tracee (`step.rs`).
+    StepLeg {
+        tid: Tid,
+        single: bool,
+        keys: Vec<u64>,
+        reply: mpsc::Sender<crate::backend::step::LegOutcome>,
+    },
+    /// Its step is over: leave it held in a stop that outlives the daemon.
+    StepDone { tid: Tid, reply: mpsc::Sender<()> },
+    /// Move a tracee held in the uretprobe trampoline to its return
+    /// address.
+    LeaveTrampoline {
+        tid: Tid,
+        ret: u64,
+        reply: mpsc::Sender<bool>,
+    },
+}
+
+/// A leg in flight on a tracee.
+#[derive(Debug)]
+pub(super) struct Running {
+    /// One instruction (`PTRACE_SINGLESTEP`), else run.
+    pub(super) single: bool,
+    /// Its breakpoints' keys in the step module's map of armed breakpoints.
+    pub(super) keys: Vec<u64>,
+    pub(super) reply: mpsc::Sender<crate::backend::step::LegOutcome>,
+    /// Its single step's trap has come.
+    pub(super) trapped: bool,
+    /// Its process called exec.
+    pub(super) exec: bool,
+    /// Signals delivered meanwhile.
+    pub(super) signals: Vec<i32>,
 }

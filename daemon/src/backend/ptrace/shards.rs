@@ -129,7 +129,12 @@ impl Shards {
         }
     }
 
-    fn send(&self, shard: usize, cmd: Cmd) {
+    /// The shard of tracee `tid`.
+    pub(super) fn owner_of(&self, tid: Tid) -> Option<usize> {
+        self.owner.get(&tid).map(|s| *s)
+    }
+
+    pub(super) fn send(&self, shard: usize, cmd: Cmd) {
         let s = &self.shards[shard];
         let _ = s.tx.send(cmd);
         s.bell.ring();

@@ -237,6 +237,7 @@ impl Tracer {
         if let Some(sink) = self.sink.upgrade() {
             sink.exec(pid, tid);
         }
+        self.step_exec(tid);
         self.after_stop(tid, None);
     }
 
@@ -324,6 +325,11 @@ impl Tracer {
             let _ = ptrace::cont(npid(tid), sig);
             return;
         }
+        if sig == Signal::SIGTRAP && self.stepping_single(tid) {
+            // A single step's trap (step.rs): never delivered.
+            self.step_trap(tid);
+            return;
+        }
         if sig == Signal::SIGCONT
             && let Some(t) = self.tracees.get_mut(&tid)
         {
@@ -381,7 +387,7 @@ impl Tracer {
                 // One of ours that raced a disarm (its count is gone with
                 // its event), or the kernel's own SIGURG: taken as ours if
                 // this tracee ever had a breakpoint.
-                let ours = t.regs.lock().ever_armed != 0;
+                let ours = t.regs.lock().ever_armed != 0 || t.step.is_some();
                 self.after_stop(tid, if ours { None } else { Some(sig) });
             } else {
                 self.hit_stop(tid, ids);
@@ -403,6 +409,7 @@ impl Tracer {
         let hold = !detaching
             && sink.is_some_and(|s| s.code_event(pid, tid, records, &mut AtStop { tracer: self }));
         if hold {
+            self.end_leg(tid, crate::backend::step::LegEnd::Code);
             if let Some(t) = self.tracees.get_mut(&tid) {
                 t.phase = Phase::Held(Held::Code);
                 t.next.hold = false;
@@ -443,7 +450,7 @@ impl Tracer {
 
     /// A stop at a hit of the watchpoint pieces `ids`: report it, then
     /// continue or hold as the daemon decides.
-    fn hit_stop(&mut self, tid: Tid, ids: Vec<crate::model::SlotKey>) {
+    pub(super) fn hit_stop(&mut self, tid: Tid, ids: Vec<crate::model::SlotKey>) {
         let Some(t) = self.tracees.get(&tid) else {
             return;
         };
@@ -458,6 +465,7 @@ impl Tracer {
             HitVerdict::Continue => self.after_stop(tid, None),
             HitVerdict::Signal(n) => self.after_stop(tid, Signal::try_from(n).ok()),
             HitVerdict::Hold | HitVerdict::HoldAll => {
+                self.end_leg(tid, crate::backend::step::LegEnd::Hit);
                 if let Some(t) = self.tracees.get_mut(&tid) {
                     t.phase = Phase::Held(Held::Hit);
                 }
@@ -480,7 +488,6 @@ impl Tracer {
         if !t.pending.is_empty() || detach {
             self.apply(tid);
         }
-        let t = self.tracees.get_mut(&tid).expect("still there");
         if detach {
             // A hit's SIGTRAP can be queued behind this stop (an interrupt
             // is reported before pending signals). Detached now, the thread
@@ -494,6 +501,10 @@ impl Tracer {
             self.do_detach(tid, sig);
             return;
         }
+        if self.step_stop(tid, sig) {
+            return;
+        }
+        let t = self.tracees.get_mut(&tid).expect("still there");
         if let Phase::Newborn { .. } = t.phase {
             // Not armed yet (a group-stop before its creator's CLONE
             // event): it runs on as it was; requests of its next stop are
@@ -507,10 +518,15 @@ impl Tracer {
         }
         if t.next.hold && sig.is_none() {
             t.next.hold = false;
-            t.phase = Phase::Held(Held::Peer);
+            t.phase = Phase::Held(if std::mem::take(&mut t.next.hold_step) {
+                Held::Step(false)
+            } else {
+                Held::Peer
+            });
             if let Some(id) = t.next.park.take() {
                 self.parks.progress(id, |v| v.push(tid));
             }
+            self.end_leg(tid, crate::backend::step::LegEnd::Interrupted);
             return;
         }
         if sig.is_none()

@@ -68,6 +68,8 @@ pub(super) struct NextStop {
     pub(super) hold: bool,
     /// Detach it there (DR7 cleared first); overrides the others.
     pub(super) detach: Option<DetachFor>,
+    /// With `hold`: held where a step ended (`Held::Step`), not as a peer.
+    pub(super) hold_step: bool,
 }
 
 /// One tracee.
@@ -85,6 +87,8 @@ pub(super) struct Tracee {
     /// Counts this tracee's parks: tells its current entry in
     /// `Tracer::parked` from those of earlier parks.
     pub(super) park_gen: u32,
+    /// The leg of a step it runs (`step.rs`).
+    pub(super) step: Option<Box<super::protocol::Running>>,
 }
 
 impl Tracee {
@@ -97,6 +101,7 @@ impl Tracee {
             next: NextStop::default(),
             job_stopped: false,
             park_gen: 0,
+            step: None,
         }
     }
 
@@ -515,6 +520,19 @@ impl Tracer {
                     self.unpark_one(tid);
                 }
             }
+            Cmd::StepLeg {
+                tid,
+                single,
+                keys,
+                reply,
+            } => self.step_leg(tid, single, keys, reply),
+            Cmd::StepDone { tid, reply } => {
+                self.step_done(tid);
+                let _ = reply.send(());
+            }
+            Cmd::LeaveTrampoline { tid, ret, reply } => {
+                let _ = reply.send(self.leave_trampoline(tid, ret));
+            }
             Cmd::States { pid, reply } => {
                 let v = self
                     .tracees
@@ -526,6 +544,7 @@ impl Tracer {
                             TraceeState {
                                 held: t.held(),
                                 group_stopped: t.job_stopped,
+                                stepping: t.step.is_some(),
                             },
                         )
                     })
@@ -580,7 +599,9 @@ impl Tracer {
     pub(super) fn trap_queued(&self, tid: Tid) -> bool {
         self.tracees.get(&tid).is_some_and(|t| {
             let regs = t.regs.lock();
-            regs.ever_armed != 0 && super::signal_bp::pending(tid, regs.hit_signal())
+            (regs.ever_armed != 0 && super::signal_bp::pending(tid, regs.hit_signal()))
+                || (t.step.as_ref().is_some_and(|s| s.single)
+                    && super::signal_bp::pending(tid, Signal::SIGTRAP))
         })
     }
 
@@ -688,6 +709,9 @@ impl Tracer {
         if let Some(DetachFor::Request(id)) = t.next.detach {
             self.detaches.progress(id, |n| *n += 1);
         }
+        if let Some(s) = &t.step {
+            s.gone();
+        }
     }
 
     /// Detaches a tracee in a ptrace-stop (its registers cleared by
@@ -705,6 +729,9 @@ impl Tracer {
     /// Ends the current stop: LISTEN if the process is job-control stopped
     /// (so SIGCONT still works), else CONT with `sig` (delivered unchanged).
     pub(super) fn restart(&mut self, tid: Tid, sig: Option<Signal>) {
+        if self.step_restart(tid, sig).is_some() {
+            return;
+        }
         let group = self.tracees.get(&tid).is_some_and(|t| t.job_stopped);
         let _ = if group && sig.is_none() {
             // SAFETY: PTRACE_LISTEN takes no addr/data.
