@@ -350,10 +350,13 @@ fn after_a_failed_sync_nothing_unsynced_counts_as_durable() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let f = j.figures();
-    // Events 6..=8 (in one or more syncs, the first failing): counted as
-    // not durable, and the durable position did not pass them.
-    assert!(f.unsynced >= 1, "{f:?}");
-    assert!(f.durable_seq < 8 || f.unsynced == 3, "{f:?}");
+    // Events 6..=8 are written in one or more batches as the writer takes
+    // them (one at a time on a busy machine): those of the failing sync,
+    // 1 to 3, are counted as not durable; a later batch's successful sync
+    // then moves the durable position past them, as promised (every event
+    // up to it on stable storage or counted unsynced).
+    assert!((1..=3).contains(&f.unsynced), "{f:?}");
+    assert!(f.durable_seq <= 8, "{f:?}");
     // Writing goes on in a new segment, which syncs.
     publish_each(&bus, &j, 8..12);
     let t = Instant::now();
