@@ -852,7 +852,8 @@ async fn failures_have_their_own_error_ids() -> Result<()> {
                 serde_json::json!({"program": "/nonexistent/program"}),
                 102,
             ),
-            ("next", serde_json::json!({"threadId": 1}), 103),
+            ("stepBack", serde_json::json!({"threadId": 1}), 103),
+            ("next", serde_json::json!({"threadId": 1}), 110),
             (
                 "readMemory",
                 serde_json::json!({"memoryReference": "0x1000", "count": 8}),
