@@ -7,6 +7,7 @@ pub mod authz;
 pub mod backend;
 pub mod bpf;
 pub mod clock;
+pub mod convert;
 pub mod cpus;
 pub mod engine;
 pub mod error;

@@ -420,7 +420,7 @@ mod tests {
     /// gives (operand, view), or an error containing `expected`'s text.
     fn check(t: Option<&ValueType>, text: &str, expected: Result<(u64, View), &str>) {
         let c = wpd_proto::condition::parse(text).unwrap();
-        let asked = crate::rpc::convert::asked_from_pb(&c).unwrap().unwrap();
+        let asked = crate::convert::asked_from_pb(&c).unwrap().unwrap();
         let r = range(t.map_or(8, |t| t.size as u32));
         match (bind(&asked, t, &r, t.is_some()), expected) {
             (Ok(Condition::Compare { operand, view, .. }), Ok(want)) => {

@@ -59,6 +59,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("an event's bytes", &["wire/"]),
     ("the journal and export", &["journal/", "export.rs"]),
     ("the engine", &["engine/"]),
+    ("the API's messages", &["convert/"]),
     ("the service", &["service/"]),
     ("the transport", &["rpc/"]),
     ("startup", &["startup.rs", "lib.rs", "main.rs"]),

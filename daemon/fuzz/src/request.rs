@@ -1,5 +1,5 @@
 //! `decode_spec`: arbitrary bytes → a prost request → the daemon's wire →
-//! domain conversions (`wpd::rpc::convert`).
+//! domain conversions (`wpd::convert`).
 //!
 //! Input layout: the first byte picks the request type ([`Kind::from_byte`],
 //! modulo the number of kinds), the rest is the protobuf encoding of that request.
@@ -15,7 +15,7 @@ use std::fmt::Debug;
 
 use prost::Message;
 use wpd::model::{Access, BackendKind, HitAction, Scope, WatchSpec};
-use wpd::rpc::convert;
+use wpd::convert;
 use wpd_proto::v1 as pb;
 
 use crate::status;

@@ -17,7 +17,8 @@ use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tonic::Status;
 use wpd_proto::v1 as pb;
 
-use super::{convert, leases, nsview};
+use super::{leases, nsview};
+use crate::convert;
 use crate::authz::{self, Caller};
 use crate::events::{Event, EventKind};
 use crate::model::{Pid, WatchId};
@@ -404,7 +405,8 @@ mod tests {
     /// What a subscriber gets, raw or symbolized, and the bytes prost makes
     /// of its message.
     async fn stream_and_compare(journal: bool) {
-        use super::{EventFeed, convert};
+        use super::EventFeed;
+        use crate::convert;
         use crate::authz::Caller;
         use crate::events::{EventBus, EventKind, Owner};
         use crate::symbols::{Image, Symbols};

@@ -9,7 +9,6 @@
 pub mod auth;
 pub mod authority;
 pub mod conn;
-pub mod convert;
 mod feed;
 pub mod leases;
 pub mod metrics;
@@ -31,6 +30,7 @@ use tonic::{Request, Response, Status};
 use wpd_proto::v1 as pb;
 use wpd_proto::v1::watchpoints_server::Watchpoints;
 
+use crate::convert;
 use crate::arch;
 use crate::authz::{self, Caller};
 use crate::engine::Core;

@@ -91,7 +91,7 @@ impl Filter {
                 | E::ProcessLost(_)
                 | E::ProcessExited(_)
         );
-        let owner = item.owner.as_ref().and_then(super::convert::owner_from_pb);
+        let owner = item.owner.as_ref().and_then(crate::convert::owner_from_pb);
         if !global
             && !self
                 .visible

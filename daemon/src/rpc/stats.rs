@@ -79,7 +79,7 @@ impl Service {
             journal_write_lost: j.write_lost,
             journal_unsynced: j.unsynced,
             journal_write_errors: j.write_errors,
-            objects: Some(super::convert::object_counts_to_pb(&s.objects)),
+            objects: Some(crate::convert::object_counts_to_pb(&s.objects)),
             code_events: s.code_events,
             code_event_bytes: s.code_event_bytes,
             code_event_bytes_limit: self.core.limits.code_event_bytes_per_caller,

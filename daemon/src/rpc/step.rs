@@ -29,7 +29,7 @@ pub fn request(r: &pb::StepRequest) -> Result<(StepKind, usize), WpdError> {
     };
     let depth = match r.depth {
         0 => 1,
-        d => super::convert::stack_depth(d)?,
+        d => crate::convert::stack_depth(d)?,
     };
     Ok((kind, depth))
 }
@@ -72,7 +72,7 @@ pub async fn response(core: &Core, done: StepResult) -> pb::StepResponse {
                     .frames_at(image, &at)
                     .await
                     .iter()
-                    .map(super::convert::frame_to_pb)
+                    .map(crate::convert::frame_to_pb)
                     .collect(),
                 None => at
                     .iter()

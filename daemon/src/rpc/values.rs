@@ -86,7 +86,7 @@ pub(super) fn name_of(
 pub(super) fn reading(core: &Core, id: WatchId) -> Option<(pb::ValueType, Option<Arc<ValueType>>)> {
     let spec = core.watch_spec(id)?;
     Some((
-        super::convert::reading_to_pb(&spec),
+        crate::convert::reading_to_pb(&spec),
         spec.reading().cloned(),
     ))
 }
