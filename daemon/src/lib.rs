@@ -24,6 +24,7 @@ pub mod range;
 pub mod rpc;
 pub mod sched;
 pub mod secret;
+pub mod service;
 pub mod signals;
 pub mod startup;
 pub mod state;

@@ -10,8 +10,12 @@
 //! 3. Recovery: debug registers a killed daemon left armed are cleared.
 //! 4. The event bus, the journal reading it from its first event, the
 //!    export's counters; then the core (engine), with them passed in.
-//! 5. The export task, the saved watchpoints, and the gRPC server
-//!    (`rpc::serve`), until SIGTERM/SIGINT; then every target detached.
+//! 5. The export task, and the service (`service/`) with the saved
+//!    watchpoints, set again once serving and kept on disk.
+//! 6. The gRPC API (`rpc::Api`) and its metrics endpoint, served
+//!    (`rpc::serve`) until SIGTERM/SIGINT, with systemd told it is ready
+//!    (its watchdog pinged) and when it stops; then every target
+//!    detached.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -257,47 +261,98 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         export: export_stats.clone(),
     });
 
-    // 5. Export, saved state, serving.
-    let mut saved = None;
+    // 5. The export, and the service with the saved state: restored once
+    // serving, then kept on disk as watchpoints come and go.
+    let mut service =
+        crate::service::Service::new(core.clone()).with_fault_after_check(cfg.faults.after_check);
     if let Some(state) = &cfg.state {
-        let (p, last) = crate::rpc::persist::Persist::open(&state.dir)
+        let (p, last) = crate::service::persist::Persist::open(&state.dir)
             .with_context(|| format!("opening the saved watchpoints in {}", state.dir.display()))?;
         if let (Some(export), Some(journal), Some(stats)) = (&state.export, &journal, export_stats)
         {
-            let mut ecfg = export.clone();
-            ecfg.dir = state.dir.join("export");
-            let names = Arc::downgrade(&core);
-            let namer: crate::export::Namer = Arc::new(move |pid, tid| {
-                let Some(names) = names.upgrade() else {
-                    return (None, None);
-                };
-                (
-                    names.known_name(pid, pid),
-                    (tid > 0).then(|| names.known_name(pid, tid)).flatten(),
-                )
-            });
-            crate::export::start(ecfg, journal.clone(), namer, stats)
-                .with_context(|| format!("starting the export in {}", state.dir.display()))?;
+            start_export(export, &state.dir, journal, stats, &core)?;
         }
         // Ids of the last run are never given to anything new.
         if let Some(s) = &last {
-            core.reserve_ids(crate::rpc::persist::last_used_id(s));
+            core.reserve_ids(crate::service::persist::last_used_id(s));
         }
-        saved = Some((Arc::new(p), last));
+        service = service.with_persist(Arc::new(p));
+        tokio::spawn(keep_saved(service.clone(), last));
     }
-    let result = serve::serve(
-        bound,
-        &listen,
-        core.clone(),
-        saved,
-        &cfg.server,
-        cfg.faults.after_check,
-    )
-    .await;
+
+    // 6. The API and its metrics; serving until SIGTERM/SIGINT, systemd
+    // told it is ready (and pinged by its watchdog) and when it stops.
+    let registry = Arc::new(crate::rpc::conn::Registry::default());
+    let auth = crate::rpc::auth::AuthConfig {
+        token: cfg.server.token.as_deref().map(Into::into),
+    };
+    let api = crate::rpc::Api::new(service.clone(), auth, registry.clone());
+    let metrics = match cfg.server.metrics_listen {
+        Some(addr) => {
+            let m = Arc::new(crate::rpc::metrics::Metrics::new());
+            let bound = crate::rpc::metrics::listen(addr, m.clone(), api.clone()).await?;
+            eprintln!("wpd: metrics on http://{bound}/metrics");
+            Some(m)
+        }
+        None => None,
+    };
+    let stop = async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        }
+        serve::notify_systemd(&[sd_notify::NotifyState::Stopping]);
+        // What is saved stays as it is: the detaches that follow remove
+        // everything from the targets, not from the state directory.
+        service.sync_saved().await;
+        service.freeze_saved();
+    };
+    serve::systemd_ready();
+    let result = serve::serve(bound, &listen, api, registry, metrics, &cfg.server, stop).await;
     let c = core.clone();
     tokio::task::spawn_blocking(move || c.shutdown()).await?;
     eprintln!("wpd: stopped; every target was detached");
     result
+}
+
+/// Starts the export of the journal to NATS JetStream (`export.rs`), its
+/// position kept in `dir/export`, with the core's thread names.
+fn start_export(
+    export: &crate::export::Config,
+    dir: &Path,
+    journal: &Arc<crate::journal::Journal>,
+    stats: Arc<crate::export::Stats>,
+    core: &Arc<Core>,
+) -> anyhow::Result<()> {
+    let mut ecfg = export.clone();
+    ecfg.dir = dir.join("export");
+    let names = Arc::downgrade(core);
+    let namer: crate::export::Namer = Arc::new(move |pid, tid| {
+        let Some(names) = names.upgrade() else {
+            return (None, None);
+        };
+        (
+            names.known_name(pid, pid),
+            (tid > 0).then(|| names.known_name(pid, tid)).flatten(),
+        )
+    });
+    crate::export::start(ecfg, journal.clone(), namer, stats)
+        .with_context(|| format!("starting the export in {}", dir.display()))
+}
+
+/// Sets again what the last run saved (the API is served already), then
+/// keeps the saved state on disk as watchpoints come and go.
+async fn keep_saved(service: crate::service::Service, last: Option<wpd_proto::v1::SavedState>) {
+    if let Some(saved) = last {
+        service.restore(saved).await;
+    }
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        service.sync_saved().await;
+    }
 }
 
 #[cfg(test)]

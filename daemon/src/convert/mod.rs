@@ -506,6 +506,26 @@ pub fn code_to_pb(spec: &mut pb::WatchpointSpec, code: &crate::engine::objects::
     }
 }
 
+/// A `SetWatchpoint` spec (in the daemon's numbers) as the domain's: the
+/// watchpoint's spec and, for a code event, its code spec. A code
+/// breakpoint watches no memory: the rest of its spec (process, backend,
+/// lease) is read as an object watch's.
+pub fn watch_request(
+    asked: &pb::WatchpointSpec,
+) -> Result<(WatchSpec, Option<crate::engine::objects::CodeSpec>), WpdError> {
+    let code = code_from_pb(asked)?;
+    let spec = if code.as_ref().is_some_and(|c| c.stop) {
+        WatchSpec::try_from(pb::WatchpointSpec {
+            access: pb::Access::Exec as i32,
+            symbol: "breakpoint".into(),
+            ..asked.clone()
+        })?
+    } else {
+        WatchSpec::try_from(asked.clone())?
+    };
+    Ok((spec, code))
+}
+
 /// The code event of a wire spec, validated (`None`: an ordinary
 /// watchpoint).
 pub fn code_from_pb(

@@ -43,6 +43,7 @@ pub use views::{
     Limits, ProcessView, SUBSCRIBER_RESERVE, SlotView, Stats, ThreadView, WatchView,
     process_reserve,
 };
+pub use watch::ThreadStack;
 
 /// Which backends the core runs.
 #[derive(Debug, Clone)]

@@ -17,11 +17,12 @@ use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tonic::Status;
 use wpd_proto::v1 as pb;
 
-use super::{leases, nsview};
-use crate::convert;
+use super::nsview;
 use crate::authz::{self, Caller};
+use crate::convert;
 use crate::events::{Event, EventKind};
 use crate::model::{Pid, WatchId};
+use crate::service::leases;
 use crate::symbols::locate::Frame;
 
 /// Least time between two wake-ups of a subscriber's stream while events
@@ -406,8 +407,8 @@ mod tests {
     /// of its message.
     async fn stream_and_compare(journal: bool) {
         use super::EventFeed;
-        use crate::convert;
         use crate::authz::Caller;
+        use crate::convert;
         use crate::events::{EventBus, EventKind, Owner};
         use crate::symbols::{Image, Symbols};
         use crate::wire::tests::{hit, owner, places};

@@ -1,8 +1,10 @@
 //! Serving the API: listeners (a Unix socket by default, TCP on request —
-//! loopback, or any address with TLS — or the socket systemd passes), the
-//! watchpoint service with health and reflection, the metrics endpoint,
-//! systemd notifications (ready, watchdog, stopping), graceful shutdown on
-//! SIGTERM/SIGINT. The daemon as a whole is started by `startup.rs`.
+//! loopback, or any address with TLS — or the socket systemd passes), and
+//! the watchpoint service with health and reflection behind the connection
+//! limits, until told to stop (then a graceful shutdown with a grace
+//! period); systemd's notifications. The daemon as a whole (the service,
+//! the saved state, the metrics endpoint, the watchdog, the signals) is
+//! started and wired by `startup.rs`.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -14,9 +16,9 @@ use tonic::transport::Server;
 use wpd_proto::v1::watchpoints_server::WatchpointsServer;
 
 use crate::engine::Core;
-use crate::rpc::Service;
+use crate::rpc::Api;
 use crate::rpc::conn::{self, ActiveLayer, ConnLimits, Registry};
-use crate::rpc::metrics::{self, Metrics, RpcLayer};
+use crate::rpc::metrics::{Metrics, RpcLayer};
 
 /// Where to listen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,111 +153,29 @@ pub struct Options {
 /// state ([`Core::degraded`]).
 const HEALTH_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// What the server is handed by the startup: the saved state, if the
-/// daemon keeps one, and what the last run saved.
-pub type Saved = Option<(
-    Arc<crate::rpc::persist::Persist>,
-    Option<wpd_proto::v1::SavedState>,
-)>;
-
-/// Serves the API on `bound` until SIGTERM/SIGINT: the watchpoint service,
-/// health and reflection, metrics; the saved watchpoints set again once
-/// serving and kept on disk; systemd told when ready and when stopping.
-/// Returns once connections are closed (after a grace period); the caller
-/// then shuts the core down.
+/// Serves `api` on `bound` until `stop` completes (startup's signal
+/// handling): the watchpoint service with health (NOT_SERVING while the
+/// daemon cannot serve, `Core::degraded`) and reflection, behind the
+/// connection limits, the metrics layer (`metrics`, when kept) and the
+/// TCP token check. Returns once connections are closed, a grace period
+/// after `stop` at most; the caller then shuts the core down.
 pub async fn serve(
     bound: Bound,
     listen: &Listen,
-    core: Arc<Core>,
-    saved: Saved,
+    api: Api,
+    registry: Arc<Registry>,
+    metrics: Option<Arc<Metrics>>,
     opts: &Options,
-    fault_after_check: Option<std::time::Duration>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let (health, health_svc) = tonic_health::server::health_reporter();
-    health.set_serving::<WatchpointsServer<Service>>().await;
-    // NOT_SERVING while the daemon cannot serve every request (out of fds:
-    // `GetStats.degraded` says why), so that a probe or an operator sees it.
-    let watched = core.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(HEALTH_CHECK);
-        let mut was = None;
-        loop {
-            tick.tick().await;
-            let now = watched.degraded();
-            if now.is_some() != was.is_some() {
-                match &now {
-                    Some(why) => {
-                        tracing::warn!("health: NOT_SERVING: {why}");
-                        health.set_not_serving::<WatchpointsServer<Service>>().await;
-                    }
-                    None => {
-                        tracing::info!("health: SERVING again");
-                        health.set_serving::<WatchpointsServer<Service>>().await;
-                    }
-                }
-            }
-            was = now;
-        }
-    });
-    // Reflection in both versions: v1, and v1alpha, which many clients
-    // still speak (grpcio-reflection, older grpcurl).
-    let reflection_builder = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(wpd_proto::v1::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let reflection = reflection_builder()
-        .build_v1()
-        .context("building reflection service")?;
-    let reflection_v1alpha = reflection_builder()
-        .build_v1alpha()
-        .context("building reflection service (v1alpha)")?;
-    let auth = crate::rpc::auth::AuthConfig {
-        token: opts.token.as_deref().map(Into::into),
-    };
-    let auth_layer = conn::AuthLayer::new(auth.clone(), &opts.conns);
-    let registry = Arc::new(Registry::default());
-    let mut service = Service::new(core.clone(), auth, registry.clone())
-        .with_fault_after_check(fault_after_check);
-    if let Some((p, saved)) = saved {
-        service = service.with_persist(p);
-        // Set again while the API is served already; then kept on disk as
-        // watchpoints come and go.
-        let s = service.clone();
-        tokio::spawn(async move {
-            if let Some(saved) = saved {
-                s.restore(saved).await;
-            }
-            let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
-            loop {
-                tick.tick().await;
-                s.sync_saved().await;
-            }
-        });
-    }
-    let saver = service.clone();
-    let metrics = opts.metrics_listen.map(|_| Arc::new(Metrics::new()));
-    if let (Some(addr), Some(m)) = (opts.metrics_listen, &metrics) {
-        let bound = metrics::listen(addr, m.clone(), service.clone()).await?;
-        eprintln!("wpd: metrics on http://{bound}/metrics");
-    }
-    let svc = WatchpointsServer::new(service)
+    let core = api.service().core().clone();
+    let health_svc = health(core.clone()).await;
+    let (reflection, reflection_v1alpha) = reflection()?;
+    let auth_layer = conn::AuthLayer::new(api.auth_config(), &opts.conns);
+    let svc = WatchpointsServer::new(api)
         .max_decoding_message_size(16 << 20)
         .max_encoding_message_size(64 << 20);
-    let mut builder = Server::builder()
-        .max_concurrent_streams(opts.conns.streams)
-        .http2_max_pending_accept_reset_streams(Some(64))
-        .http2_max_header_list_size(32 << 10)
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(60)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
-        .timeout(REQUEST_TIMEOUT);
-    if let Some((cert, key)) = &opts.tls {
-        let identity = tonic::transport::Identity::from_pem(cert, key);
-        builder = builder
-            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
-            .context("TLS configuration")?;
-    }
-    let router = builder
+    let router = builder(opts)?
         .layer(ActiveLayer)
         .layer(RpcLayer::new(metrics))
         .layer(auth_layer)
@@ -265,17 +185,7 @@ pub async fn serve(
         .add_service(svc);
     let stream_core = core.clone();
     let shutdown = async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-        }
-        notify_systemd(&[sd_notify::NotifyState::Stopping]);
-        // What is saved stays as it is: the detaches that follow remove
-        // everything from the targets, not from the state directory.
-        saver.sync_saved().await;
-        saver.freeze_saved();
+        stop.await;
         // Open event streams would keep the graceful shutdown waiting.
         stream_core.close_streams();
     };
@@ -289,30 +199,103 @@ pub async fn serve(
     };
     let result = match bound {
         Bound::Unix { listener: l, guard } => {
-            let how = if guard.is_some() {
-                ""
-            } else {
-                " (socket from systemd)"
-            };
             if let Listen::Unix(path) = listen {
+                let how = if guard.is_some() {
+                    ""
+                } else {
+                    " (socket from systemd)"
+                };
                 eprintln!("wpd: listening on unix:{}{how}", path.display());
             }
-            let incoming = conn::unix_incoming(l, opts.conns, registry.clone());
+            let incoming = conn::unix_incoming(l, opts.conns, registry);
             let serve = router.serve_with_incoming_shutdown(incoming, shutdown);
-            systemd_ready();
             let r = tokio::select! { r = serve => r, _ = deadline => Ok(()) };
             drop(guard);
             r
         }
         Bound::Tcp(l) => {
             eprintln!("wpd: listening on tcp://{}", l.local_addr()?);
-            let incoming = conn::tcp_incoming(l, opts.conns, registry.clone());
+            let incoming = conn::tcp_incoming(l, opts.conns, registry);
             let serve = router.serve_with_incoming_shutdown(incoming, shutdown);
-            systemd_ready();
             tokio::select! { r = serve => r, _ = deadline => Ok(()) }
         }
     };
     result.context("serving")
+}
+
+/// The health service, NOT_SERVING while the daemon cannot serve every
+/// request (out of fds: `GetStats.degraded` says why), so that a probe or
+/// an operator sees it.
+async fn health(
+    core: Arc<Core>,
+) -> tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health> {
+    let (health, health_svc) = tonic_health::server::health_reporter();
+    health.set_serving::<WatchpointsServer<Api>>().await;
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(HEALTH_CHECK);
+        let mut was = None;
+        loop {
+            tick.tick().await;
+            let now = core.degraded();
+            if now.is_some() != was.is_some() {
+                match &now {
+                    Some(why) => {
+                        tracing::warn!("health: NOT_SERVING: {why}");
+                        health.set_not_serving::<WatchpointsServer<Api>>().await;
+                    }
+                    None => {
+                        tracing::info!("health: SERVING again");
+                        health.set_serving::<WatchpointsServer<Api>>().await;
+                    }
+                }
+            }
+            was = now;
+        }
+    });
+    health_svc
+}
+
+/// Server reflection in both versions: v1, and v1alpha, which many
+/// clients still speak (grpcio-reflection, older grpcurl).
+fn reflection() -> anyhow::Result<(
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
+    tonic_reflection::server::v1alpha::ServerReflectionServer<
+        impl tonic_reflection::server::v1alpha::ServerReflection,
+    >,
+)> {
+    let builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(wpd_proto::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    Ok((
+        builder()
+            .build_v1()
+            .context("building reflection service")?,
+        builder()
+            .build_v1alpha()
+            .context("building reflection service (v1alpha)")?,
+    ))
+}
+
+/// The HTTP/2 server with its limits, and TLS when configured.
+fn builder(opts: &Options) -> anyhow::Result<Server> {
+    let mut builder = Server::builder()
+        .max_concurrent_streams(opts.conns.streams)
+        .http2_max_pending_accept_reset_streams(Some(64))
+        .http2_max_header_list_size(32 << 10)
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(60)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
+        .timeout(REQUEST_TIMEOUT);
+    if let Some((cert, key)) = &opts.tls {
+        let identity = tonic::transport::Identity::from_pem(cert, key);
+        builder = builder
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .context("TLS configuration")?;
+    }
+    Ok(builder)
 }
 
 /// The listener, bound before anything else happens.
@@ -407,7 +390,7 @@ pub fn activated_socket() -> anyhow::Result<Option<(tokio::net::UnixListener, Pa
 
 /// Tells systemd (`NOTIFY_SOCKET`, `Type=notify`) about the daemon; nothing
 /// without it.
-fn notify_systemd(state: &[sd_notify::NotifyState]) {
+pub fn notify_systemd(state: &[sd_notify::NotifyState]) {
     if let Err(e) = sd_notify::notify(state) {
         tracing::warn!("cannot notify systemd: {e}");
     }
@@ -416,7 +399,7 @@ fn notify_systemd(state: &[sd_notify::NotifyState]) {
 /// The API is served: `READY=1`, and with `WatchdogSec=` (`WATCHDOG_USEC`)
 /// a ping every half interval from a task of the async runtime, so that a
 /// wedged runtime stops pinging and systemd restarts the daemon.
-fn systemd_ready() {
+pub fn systemd_ready() {
     notify_systemd(&[sd_notify::NotifyState::Ready]);
     if let Some(interval) = sd_notify::watchdog_enabled() {
         tokio::spawn(async move {

@@ -7,27 +7,29 @@
 use tonic::Status;
 use wpd_proto::v1 as pb;
 
-use super::{Service, blocking};
+use super::Api;
 use crate::authz::{self, Caller};
+use crate::service::run;
 
-impl Service {
+impl Api {
     /// What `GetStats` answers `caller`: daemon-wide figures for a
     /// privileged caller, else those of its own processes and streams. The
     /// metrics endpoint reads the privileged answer (`metrics/`), so a
     /// field added here is one line away from a metric.
     pub(crate) async fn stats(&self, caller: Caller) -> Result<pb::GetStatsResponse, Status> {
-        let core = self.core.clone();
+        let core = self.service.core().clone();
         let who = caller.clone();
-        let s = blocking(move || {
+        let s = run(move || {
             Ok(if who.privileged {
                 core.stats()
             } else {
                 core.stats_for(who.uid, |pid| authz::check(&who, pid).is_ok())
             })
         })
-        .await?;
+        .await
+        .map_err(Status::from)?;
         let sym = if caller.privileged {
-            self.core.symbols.stats()
+            self.service.core().symbols.stats()
         } else {
             Default::default()
         };
@@ -41,7 +43,7 @@ impl Service {
             (0, 0, 0)
         };
         let j = s.journal.unwrap_or_default();
-        let x = match (caller.privileged, self.core.export.as_ref()) {
+        let x = match (caller.privileged, self.service.core().export.as_ref()) {
             (true, Some(e)) => e.figures(),
             _ => Default::default(),
         };
@@ -82,24 +84,25 @@ impl Service {
             objects: Some(crate::convert::object_counts_to_pb(&s.objects)),
             code_events: s.code_events,
             code_event_bytes: s.code_event_bytes,
-            code_event_bytes_limit: self.core.limits.code_event_bytes_per_caller,
-            held: self.core.held_by(caller.uid) as u32,
-            held_limit: self.core.limits.watchpoints_per_caller as u32,
+            code_event_bytes_limit: self.service.core().limits.code_event_bytes_per_caller,
+            held: self.service.core().held_by(caller.uid) as u32,
+            held_limit: self.service.core().limits.watchpoints_per_caller as u32,
             caller_fds: if caller.privileged {
-                self.core.caller_fds()
+                self.service.core().caller_fds()
             } else {
                 0
             },
-            degraded: self.core.degraded().unwrap_or_default(),
+            degraded: self.service.core().degraded().unwrap_or_default(),
             sigtraps: if caller.privileged {
-                self.core
+                self.service
+                    .core()
                     .sigtraps
                     .load(std::sync::atomic::Ordering::Relaxed)
             } else {
                 0
             },
             forked_children: if caller.privileged {
-                self.core.forked_children() as u64
+                self.service.core().forked_children() as u64
             } else {
                 0
             },

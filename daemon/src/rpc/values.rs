@@ -1,6 +1,4 @@
-//! Typed values in the unary answers: a variable's value now
-//! (`ResolveSymbol`, what `wpctl symbol` prints as gdb's `print` does),
-//! and the names values carry (an enumerator, the symbol a pointer points
+//! Typed values in the unary answers: the names values carry (an enumerator, the symbol a pointer points
 //! into) in `GetRecentHits` and `GetHitAggregates`, with the type they
 //! read as. Pointers are named here, per answer, with one read of the
 //! process's maps: never on the hit path (a stream's hits carry their
@@ -11,76 +9,15 @@ use std::sync::Arc;
 
 use wpd_proto::v1 as pb;
 
+use super::nsview;
+use crate::authz::Caller;
+use crate::convert;
 use crate::engine::Core;
+use crate::events::{Event, EventKind};
 use crate::model::{Pid, WatchId};
-use crate::symbols::{Resolved, Symbols};
+use crate::service::hits::{Aggregates, Named};
+use crate::symbols::Symbols;
 use crate::value::{Kind, ValueType};
-
-/// The largest object whose bytes `ResolveSymbol` reads with its answer.
-pub(super) const VALUE_BYTES: u64 = 64;
-
-/// A variable's value now, as `ResolveSymbol` answers it: its bytes (or
-/// why none), and their name. Blocking (reads the process's memory and,
-/// for a pointer, its maps).
-pub(super) fn current(symbols: &Symbols, pid: Pid, r: &Resolved) -> (Vec<u8>, String, String) {
-    if r.size > VALUE_BYTES {
-        return (
-            Vec::new(),
-            format!(
-                "{} bytes: more than the {VALUE_BYTES} read with the name (read them with \
-                 ReadMemory)",
-                r.size
-            ),
-            String::new(),
-        );
-    }
-    let Some(via) = crate::procfs::live_thread(pid) else {
-        return (Vec::new(), "the process has exited".into(), String::new());
-    };
-    match crate::procfs::read_memory(pid, via, r.address, r.size as usize) {
-        Ok(bytes) => {
-            let name = name_of(symbols, pid, r.value_type.as_ref(), &bytes).unwrap_or_default();
-            (bytes, String::new(), name)
-        }
-        Err(why) => (Vec::new(), why, String::new()),
-    }
-}
-
-/// What `ResolveSymbol` answers of a name's value (bytes, why none, their
-/// name), by what the name is: an object's bytes now, a value's own.
-/// Blocking.
-pub(super) fn of_name(
-    symbols: &Symbols,
-    pid: Pid,
-    r: &Resolved,
-    kind: crate::symbols::NameKind,
-) -> (Vec<u8>, String, String) {
-    use crate::symbols::NameKind;
-    match (kind, &r.value) {
-        (NameKind::Value, Some(bytes)) => {
-            let name = name_of(symbols, pid, r.value_type.as_ref(), bytes).unwrap_or_default();
-            (bytes.clone(), String::new(), name)
-        }
-        (NameKind::Variable, _) => current(symbols, pid, r),
-        _ => (Vec::new(), String::new(), String::new()),
-    }
-}
-
-/// The name of a value's `bytes` read as `t`: its enumerator, or the
-/// symbol a pointer points into. Blocking for a pointer.
-pub(super) fn name_of(
-    symbols: &Symbols,
-    pid: Pid,
-    t: Option<&ValueType>,
-    bytes: &[u8],
-) -> Option<String> {
-    let t = t?;
-    if t.kind == Kind::Pointer && bytes.len() == 8 {
-        let addr = crate::filter::value_u64(bytes);
-        return symbols.points_into(pid, &[addr]).pop().flatten();
-    }
-    t.enumerator(bytes).map(str::to_string)
-}
 
 /// How watchpoint `id`'s values read (None: no such data watchpoint).
 pub(super) fn reading(core: &Core, id: WatchId) -> Option<(pb::ValueType, Option<Arc<ValueType>>)> {
@@ -175,4 +112,102 @@ async fn named(
     })
     .await
     .unwrap_or_default()
+}
+
+/// `GetRecentHits`' hits as sent to `caller`: in its numbers, located
+/// (unless `raw`), their pointers named.
+pub(super) async fn hits_out(
+    core: &Core,
+    caller: &Caller,
+    pid: Pid,
+    kept: &[Arc<Event>],
+    raw: bool,
+) -> Vec<pb::StreamEventsResponse> {
+    let mut hits = Vec::with_capacity(kept.len());
+    for ev in kept {
+        let mut item = convert::event_to_pb(ev);
+        if !nsview::event_out(caller, &mut item) {
+            continue;
+        }
+        if let (EventKind::Hit(h), false) = (&ev.kind, raw)
+            && let Some(image) = &h.image
+        {
+            let mut ips = Vec::with_capacity(1 + h.callchain.len());
+            ips.push(h.ip);
+            ips.extend_from_slice(&h.callchain);
+            let frames = core.symbols.frames(image, &ips).await;
+            convert::locate_hit(&mut item, &frames);
+        }
+        hits.push(item);
+    }
+    name_pointers(core.symbols.clone(), pid, &mut hits).await;
+    hits
+}
+
+/// `GetHitAggregates`' answer to `caller` for watchpoint `id`: its places
+/// located (unless `raw`), its values named, in the caller's numbers.
+pub(super) async fn aggregates_out(
+    core: &Core,
+    caller: &Caller,
+    id: WatchId,
+    a: &Aggregates,
+    raw: bool,
+) -> pb::GetHitAggregatesResponse {
+    let frames = match (&a.image, raw) {
+        (Some(image), false) => {
+            let ips: Vec<u64> = a.top.iter().map(|t| t.0.0).collect();
+            core.symbols.frames(image, &ips).await
+        }
+        _ => Vec::new(),
+    };
+    let (value_type, reading) = reading(core, id).unzip();
+    let values: Vec<&[Vec<u8>]> = a.top.iter().map(|(_, a)| &a.values[..]).collect();
+    let names = names_of_values(
+        core.symbols.clone(),
+        a.pid,
+        reading.flatten().as_deref(),
+        &values,
+    )
+    .await;
+    let aggregates = a
+        .top
+        .iter()
+        .enumerate()
+        .map(|(i, ((ip, tid), g))| pb::HitAggregate {
+            ip: *ip,
+            location: frames.get(i).map(convert::frame_to_pb),
+            tid: nsview::tid_out(caller, a.pid, *tid),
+            thread_name: g.thread_name.to_string(),
+            count: g.count,
+            first_ns: g.first_ns,
+            last_ns: g.last_ns,
+            values: g.values.clone(),
+            value_names: names.get(i).cloned().unwrap_or_default(),
+        })
+        .collect();
+    let (hits, exemplars, overflow) = a.totals;
+    pb::GetHitAggregatesResponse {
+        watchpoint_id: id.0,
+        pid: nsview::process_pid_out(caller, a.pid),
+        hits,
+        exemplars,
+        overflow,
+        aggregates,
+        value_type,
+    }
+}
+
+/// `ResolveSymbol`'s answer for a name.
+pub(super) fn named_out(n: Named) -> pb::ResolveSymbolResponse {
+    let (value, value_error, value_name) = n.value;
+    pb::ResolveSymbolResponse {
+        symbol: Some(convert::symbol_to_pb(&n.resolved)),
+        location: None,
+        kind: n.kind.as_str().into(),
+        offset: 0,
+        value,
+        from_frame: n.from_frame,
+        value_error,
+        value_name,
+    }
 }

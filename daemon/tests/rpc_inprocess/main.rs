@@ -16,9 +16,10 @@ use wpd::authz::Caller;
 use wpd::backend::fake::{FakeFailure, FakeKernel, fake_hit};
 use wpd::engine::{Backends, Config, Core, Limits};
 use wpd::model::WatchId;
-use wpd::rpc::Service;
+use wpd::rpc::Api;
 use wpd::rpc::auth::AuthConfig;
 use wpd::rpc::conn::{ActiveLayer, Conn, ConnLimits, Registry};
+use wpd::service::Service;
 use wpd_proto::reason as r;
 use wpd_proto::v1 as pb;
 use wpd_proto::v1::watchpoints_client::WatchpointsClient;
@@ -66,7 +67,8 @@ impl Rig {
         let auth = AuthConfig {
             token: token.map(Into::into),
         };
-        let svc = WatchpointsServer::new(Service::new(core.clone(), auth, registry.clone()));
+        let svc =
+            WatchpointsServer::new(Api::new(Service::new(core.clone()), auth, registry.clone()));
         let (tx, rx) = mpsc::unbounded_channel();
         let incoming = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
         tokio::spawn(

@@ -11,7 +11,7 @@ use anyhow::Context as _;
 
 use super::{Metrics, Snapshot};
 use crate::authz::Caller;
-use crate::rpc::Service;
+use crate::rpc::Api;
 
 /// Connections the metrics server serves at once; more are closed at
 /// accept.
@@ -24,7 +24,7 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 struct Exporter {
     metrics: Arc<Metrics>,
-    service: Service,
+    service: Api,
     /// One scrape at a time: each reads the listings once.
     scraping: tokio::sync::Mutex<()>,
 }
@@ -33,7 +33,7 @@ impl Exporter {
     async fn render(&self, openmetrics: bool) -> Result<String, String> {
         let _one = self.scraping.lock().await;
         let failed = |e: tokio::task::JoinError| format!("scrape task failed: {e}");
-        let core = self.service.core.clone();
+        let core = self.service.service().core().clone();
         // The watchpoints' counts before the daemon-wide ones: every
         // watchpoint's hits are then at most `wpd_hits_total`.
         let mut snap = tokio::task::spawn_blocking(move || Snapshot::read_core(&core))
@@ -123,7 +123,7 @@ fn wants_openmetrics(headers: &http::HeaderMap) -> bool {
 pub async fn listen(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
-    service: Service,
+    service: Api,
 ) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use wpd_proto::v1 as pb;
 
+use super::watch::{SetPolicy, SetWatch};
 use super::{Service, persist};
 use crate::events::EventKind;
 use crate::model::WatchId;
@@ -61,17 +62,9 @@ impl Service {
                 }
                 Some(pb::saved_entry::What::Policy(pol)) => {
                     let r = self
-                        .set_policy_as(
-                            caller.clone(),
-                            pb::SetPolicyRequest {
-                                selector: pol.selector.clone(),
-                                spec: pol.spec.clone(),
-                            },
-                            Some(e.id),
-                        )
+                        .restore_policy(&caller, &pol, WatchId(e.id))
                         .await
-                        .map(|r| r.policy.map_or(0, |p| p.id))
-                        .map_err(|s| s.message().to_string());
+                        .map_err(|e| e.to_string());
                     (pol.spec, pol.selector, r)
                 }
                 Some(pb::saved_entry::What::Watchpoint(w)) => {
@@ -81,16 +74,9 @@ impl Service {
                     } else if crate::procfs::start_time(pid) != Some(w.start_time) {
                         Err(format!("process {pid} is gone"))
                     } else {
-                        self.set_watchpoint_as(
-                            caller.clone(),
-                            pb::SetWatchpointRequest {
-                                spec: w.spec.clone(),
-                            },
-                            Some(e.id),
-                        )
-                        .await
-                        .map(|r| r.watchpoint.map_or(0, |w| w.id))
-                        .map_err(|s| s.message().to_string())
+                        self.restore_watchpoint(&caller, w.spec.clone(), WatchId(e.id))
+                            .await
+                            .map_err(|e| e.to_string())
                     };
                     (w.spec, None, r)
                 }
@@ -142,6 +128,45 @@ impl Service {
         self.sync_saved().await;
     }
 
+    /// Sets saved policy `pol` again under `id`, as `caller`.
+    async fn restore_policy(
+        &self,
+        caller: &crate::authz::Caller,
+        pol: &pb::SavedPolicy,
+        id: WatchId,
+    ) -> Result<u64, crate::error::WpdError> {
+        let asked_spec = pol.spec.clone().unwrap_or_default();
+        let req = SetPolicy {
+            asked_selector: pol.selector.clone().unwrap_or_default(),
+            spec: crate::convert::policy_spec_from_pb(asked_spec.clone())?,
+            code: crate::convert::code_from_pb(&asked_spec)?,
+            selector: crate::convert::selector_from_pb(pol.selector.clone())?,
+            asked_spec,
+            id: Some(id),
+        };
+        Ok(self.set_policy(caller, req).await?.id.0)
+    }
+
+    /// Sets saved watchpoint `spec` again under `id`, as `caller`.
+    async fn restore_watchpoint(
+        &self,
+        caller: &crate::authz::Caller,
+        spec: Option<pb::WatchpointSpec>,
+        id: WatchId,
+    ) -> Result<u64, crate::error::WpdError> {
+        let asked = spec.ok_or_else(|| {
+            crate::error::WpdError::InvalidArgument("saved without a spec (damage)".into())
+        })?;
+        let (spec, code) = crate::convert::watch_request(&asked)?;
+        let req = SetWatch {
+            asked,
+            spec,
+            code,
+            id: Some(id),
+        };
+        Ok(self.set_watchpoint(caller, req).await?.id().0)
+    }
+
     /// Writes the saved state if it changed (watchpoints gone, new ones).
     pub async fn sync_saved(&self) {
         let Some(p) = self.persist.clone() else {
@@ -164,7 +189,7 @@ impl Service {
     }
 
     /// Writes `change` to the saved state now (see `Persist::commit`).
-    pub(super) async fn commit_saved(&self, change: persist::Change) -> std::io::Result<()> {
+    pub(crate) async fn commit_saved(&self, change: persist::Change) -> std::io::Result<()> {
         let Some(p) = self.persist.clone() else {
             return Ok(());
         };
