@@ -11,6 +11,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use tokio_stream::Stream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
@@ -260,14 +261,77 @@ impl EventFeed {
     }
 }
 
+type Received = Result<Arc<Event>, BroadcastStreamRecvError>;
+
+impl EventFeed {
+    /// The item of the hit whose frames were being located, once they are.
+    fn poll_located(&mut self, cx: &mut Context<'_>) -> Poll<pb::StreamEventsItem> {
+        let Some((_, fut)) = &mut self.locating else {
+            return Poll::Pending;
+        };
+        let Poll::Ready(frames) = fut.as_mut().poll(cx) else {
+            return Poll::Pending;
+        };
+        Poll::Ready(match self.locating.take().expect("just polled").0 {
+            Waiting::Message(mut item) => {
+                convert::locate_hit(&mut item, &frames);
+                pb::StreamEventsItem::Message(item)
+            }
+            Waiting::Event(ev) => pb::StreamEventsItem::Encoded(self.located(&ev, &frames)),
+        })
+    }
+
+    /// The next event received: the one stashed, else the broadcast's;
+    /// after the broadcast ran dry, the pacer is waited for first.
+    fn poll_received(&mut self, cx: &mut Context<'_>) -> Poll<Option<Received>> {
+        let got = match self.stash.take() {
+            Some(got) => got,
+            // Outside tokio's cooperative budget: a Pending here must mean
+            // "nothing left", not "budget spent", or a backlog would be
+            // paced every 128 events.
+            None => match std::pin::pin!(tokio::task::unconstrained(std::future::poll_fn(|cx| {
+                Pin::new(&mut self.events).poll_next(cx)
+            })))
+            .poll(cx)
+            {
+                Poll::Pending => {
+                    self.dry = true;
+                    return Poll::Pending;
+                }
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Ready(Some(got)) => got,
+            },
+        };
+        if std::mem::take(&mut self.dry) && self.pacer.woken(cx).is_pending() {
+            self.stash = Some(got);
+            return Poll::Pending;
+        }
+        Poll::Ready(Some(got))
+    }
+
+    /// The item telling the subscriber it lost `n` events.
+    fn dropped(&mut self, n: u64) -> pb::StreamEventsItem {
+        let (first_seq, last_seq) = self.sub.state.lost(n);
+        pb::StreamEventsResponse {
+            seq: last_seq,
+            time_ns: crate::clock::realtime_ns(),
+            owner: None,
+            event: Some(pb::stream_events_response::Event::Dropped(
+                pb::EventsDropped {
+                    count: n,
+                    first_seq,
+                    last_seq,
+                },
+            )),
+        }
+        .into()
+    }
+}
+
 impl Stream for EventFeed {
     type Item = Result<pb::StreamEventsItem, Status>;
 
-    fn poll_next(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        use std::task::Poll;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
         // The first poll yields the current value; later ones, changes.
         while let Poll::Ready(closed) = Pin::new(&mut this.shutdown).poll_next(cx) {
@@ -278,46 +342,18 @@ impl Stream for EventFeed {
         if let Some(g) = this.greeting.take() {
             return Poll::Ready(Some(Ok(g.into())));
         }
-        if let Some((_, fut)) = &mut this.locating {
-            let Poll::Ready(frames) = fut.as_mut().poll(cx) else {
-                return Poll::Pending;
-            };
-            let item = match this.locating.take().expect("just polled").0 {
-                Waiting::Message(mut item) => {
-                    convert::locate_hit(&mut item, &frames);
-                    pb::StreamEventsItem::Message(item)
-                }
-                Waiting::Event(ev) => pb::StreamEventsItem::Encoded(this.located(&ev, &frames)),
-            };
-            return Poll::Ready(Some(Ok(item)));
+        if this.locating.is_some() {
+            return this.poll_located(cx).map(|item| Some(Ok(item)));
         }
         if this.pacer.poll_wait(cx).is_pending() {
             return Poll::Pending;
         }
         loop {
-            let got =
-                match this.stash.take() {
-                    Some(got) => got,
-                    // Outside tokio's cooperative budget: a Pending here must
-                    // mean "nothing left", not "budget spent", or a backlog
-                    // would be paced every 128 events.
-                    None => match std::pin::pin!(tokio::task::unconstrained(std::future::poll_fn(
-                        |cx| Pin::new(&mut this.events).poll_next(cx)
-                    )))
-                    .poll(cx)
-                    {
-                        Poll::Pending => {
-                            this.dry = true;
-                            return Poll::Pending;
-                        }
-                        Poll::Ready(None) => return Poll::Ready(None),
-                        Poll::Ready(Some(got)) => got,
-                    },
-                };
-            if std::mem::take(&mut this.dry) && this.pacer.woken(cx).is_pending() {
-                this.stash = Some(got);
-                return Poll::Pending;
-            }
+            let got = match this.poll_received(cx) {
+                Poll::Ready(Some(got)) => got,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            };
             match got {
                 Ok(ev) => {
                     this.sub.state.received(ev.seq);
@@ -332,20 +368,7 @@ impl Stream for EventFeed {
                     }
                 }
                 Err(BroadcastStreamRecvError::Lagged(n)) => {
-                    let (first_seq, last_seq) = this.sub.state.lost(n);
-                    let dropped = pb::StreamEventsResponse {
-                        seq: last_seq,
-                        time_ns: crate::clock::realtime_ns(),
-                        owner: None,
-                        event: Some(pb::stream_events_response::Event::Dropped(
-                            pb::EventsDropped {
-                                count: n,
-                                first_seq,
-                                last_seq,
-                            },
-                        )),
-                    };
-                    return Poll::Ready(Some(Ok(dropped.into())));
+                    return Poll::Ready(Some(Ok(this.dropped(n))));
                 }
             }
         }

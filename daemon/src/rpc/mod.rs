@@ -35,7 +35,7 @@ use crate::convert;
 use crate::error::WpdError;
 use crate::model::WatchId;
 use crate::service::Service;
-use crate::service::watch::{SetPolicy, SetWatch};
+use crate::service::watch::{SetPolicy, SetWatch, policy_code_allowed};
 use feed::EventFeed;
 
 /// The gRPC service: the service layer, the callers' authentication, and
@@ -195,8 +195,10 @@ impl Watchpoints for Api {
         // disk: a caller the daemon cannot number is refused.
         let mut asked_selector = r.selector.unwrap_or_default();
         nsview::selector_in(&caller, &mut asked_selector)?;
+        let code = convert::code_from_pb(&asked_spec)?;
+        policy_code_allowed(code.as_ref()).map_err(out(&caller))?;
         let req = SetPolicy {
-            code: convert::code_from_pb(&asked_spec)?,
+            code,
             spec: convert::policy_spec_from_pb(asked_spec.clone())?,
             selector: convert::selector_from_pb(Some(asked_selector.clone()))
                 .map_err(|e| nsview::error_out(&caller, e))?,

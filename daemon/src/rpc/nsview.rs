@@ -18,7 +18,7 @@ use wpd_proto::v1 as pb;
 use wpd_proto::v1::stream_events_response::Event as E;
 
 use crate::authz::Caller;
-use crate::error::{SlotConflict, WpdError};
+use crate::error::WpdError;
 use crate::model::{Pid, Tid};
 use crate::pidns::{CallerNs, Identity, Nested};
 
@@ -279,24 +279,12 @@ pub fn event_out(caller: &Caller, item: &mut pb::StreamEventsResponse) -> bool {
     match ev {
         E::Hit(h) => hit_out(ns, h, who, by),
         E::ThreadStarted(e) => {
-            let pid = e.pid;
-            let (Some(p), Some(t)) = (pid_out(ns, pid, who), ns.tid_out(pid, who, e.tid, true))
-            else {
-                return false;
-            };
-            e.parent_tid = ns.tid_out(pid, who, e.parent_tid, false).unwrap_or(0);
-            (e.pid, e.tid) = (p, t);
-            true
+            let parent = ns.tid_out(e.pid, who, e.parent_tid, false).unwrap_or(0);
+            let seen = set_both(ns, &mut e.pid, &mut e.tid, who, true);
+            e.parent_tid = parent;
+            seen
         }
-        E::ThreadExited(e) => {
-            let pid = e.pid;
-            let (Some(p), Some(t)) = (pid_out(ns, pid, who), ns.tid_out(pid, who, e.tid, false))
-            else {
-                return false;
-            };
-            (e.pid, e.tid) = (p, t);
-            true
-        }
+        E::ThreadExited(e) => set_both(ns, &mut e.pid, &mut e.tid, who, false),
         E::ProcessCrashed(e) => {
             let pid = e.pid;
             let Some(p) = pid_out(ns, pid, who) else {
@@ -307,21 +295,24 @@ pub fn event_out(caller: &Caller, item: &mut pb::StreamEventsResponse) -> bool {
             e.last_hits.retain_mut(|h| hit_out(ns, h, who, by));
             true
         }
-        E::BreakpointHit(e) => {
-            let pid = e.pid;
-            let (Some(p), Some(t)) = (pid_out(ns, pid, who), ns.tid_out(pid, who, e.tid, false))
-            else {
-                return false;
-            };
-            (e.pid, e.tid) = (p, t);
-            true
-        }
+        E::BreakpointHit(e) => set_both(ns, &mut e.pid, &mut e.tid, who, false),
         E::ProcessExited(e) => set(ns, &mut e.pid, who),
         E::WatchpointRemoved(e) => set(ns, &mut e.pid, who),
         E::ProcessLost(e) => set(ns, &mut e.pid, who),
         E::WatchpointResolved(e) => set(ns, &mut e.pid, who),
         E::RecordsLost(_) | E::Dropped(_) | E::Leased(_) => true,
     }
+}
+
+/// Puts the caller's numbers of the event's process and thread in their
+/// places (`fresh`: the thread has just started); `false`, leaving both,
+/// when the caller does not see them.
+fn set_both(ns: &Nested, pid: &mut Pid, tid: &mut Tid, who: Identity, fresh: bool) -> bool {
+    let (Some(p), Some(t)) = (pid_out(ns, *pid, who), ns.tid_out(*pid, who, *tid, fresh)) else {
+        return false;
+    };
+    (*pid, *tid) = (p, t);
+    true
 }
 
 /// Puts the caller's number of the event's process `field` in its place.
@@ -372,192 +363,80 @@ fn ticks_at(realtime_ns: u64) -> u64 {
 
 /// An error about the daemon's processes as the caller numbers them. Errors
 /// already in the caller's terms (its namespace refused) are left alone.
-pub fn error_out(caller: &Caller, e: WpdError) -> WpdError {
+pub fn error_out(caller: &Caller, mut e: WpdError) -> WpdError {
     let Some(ns) = nested(caller) else {
         return e;
     };
-    let pid = |p: Pid| ns.last_known(p);
-    let tid = |p: Pid, t: Tid| ns.tid_out(p, Identity::Live, t, false).unwrap_or(0);
-    // A process the caller cannot number: for it, there is none.
-    let gone = WpdError::NotInPidNamespace { pid: 0 };
-    match e {
-        WpdError::NoSuchProcess(p) => pid(p).map_or(gone, WpdError::NoSuchProcess),
-        WpdError::NotAttached(p) => pid(p).map_or(gone, WpdError::NotAttached),
-        WpdError::ProcessExited(p) => pid(p).map_or(gone, WpdError::ProcessExited),
-        WpdError::OwnProcess(_) => gone,
-        WpdError::NoSuchThread { pid: p, tid: t } => match pid(p) {
-            Some(n) => WpdError::NoSuchThread {
-                pid: n,
-                tid: tid(p, t),
-            },
-            None => gone,
-        },
-        WpdError::NotHeld { pid: p, tid: t } => match pid(p) {
-            Some(n) => WpdError::NotHeld {
-                pid: n,
-                tid: tid(p, t),
-            },
-            None => gone,
-        },
-        WpdError::OutOfSlots {
-            pid: p,
-            needed,
-            conflicts,
-        } => match pid(p) {
-            Some(n) => WpdError::OutOfSlots {
-                pid: n,
-                needed,
-                conflicts: conflicts
-                    .into_iter()
-                    .map(|c| SlotConflict {
-                        tid: tid(p, c.tid),
-                        holders: c.holders,
-                    })
-                    .collect(),
-            },
-            None => gone,
-        },
-        WpdError::PermissionDenied { pid: p, detail } => match pid(p) {
-            Some(n) => WpdError::PermissionDenied { pid: n, detail },
-            None => gone,
-        },
-        WpdError::BackendMismatch {
-            pid: p,
-            attached,
-            asked,
-        } => match pid(p) {
-            Some(n) => WpdError::BackendMismatch {
-                pid: n,
-                attached,
-                asked,
-            },
-            None => gone,
-        },
+    let none = std::iter::empty();
+    let seen = match &mut e {
+        // The daemon itself is a process the caller cannot number.
+        WpdError::OwnProcess(_) => false,
+        WpdError::NoSuchProcess(pid)
+        | WpdError::NotAttached(pid)
+        | WpdError::ProcessExited(pid)
+        | WpdError::PermissionDenied { pid, .. }
+        | WpdError::BackendMismatch { pid, .. }
+        | WpdError::ProcessLost { pid, .. }
+        | WpdError::NoLoaderHook { pid, .. } => renumber(ns, pid, none),
+        WpdError::NoSuchThread { pid, tid }
+        | WpdError::NotHeld { pid, tid }
+        | WpdError::NotAProcess { pid, tid } => renumber(ns, pid, std::iter::once(tid)),
+        WpdError::OutOfSlots { pid, conflicts, .. } => {
+            renumber(ns, pid, conflicts.iter_mut().map(|c| &mut c.tid))
+        }
         WpdError::AlreadyTraced {
-            pid: p,
-            tid: t,
+            pid,
+            tid,
             tracer,
             tracer_tid,
-            comm,
-        } => match pid(p) {
-            Some(n) => {
-                let tracer_n = pid(tracer).unwrap_or(0);
-                WpdError::AlreadyTraced {
-                    pid: n,
-                    tid: tid(p, t),
-                    tracer: tracer_n,
-                    tracer_tid: if tracer_n > 0 {
-                        tid(tracer, tracer_tid)
-                    } else {
-                        0
-                    },
-                    comm,
-                }
+            ..
+        } => {
+            // A tracer the caller cannot number is shown as 0, thread too.
+            if !renumber(ns, tracer, std::iter::once(&mut *tracer_tid)) {
+                (*tracer, *tracer_tid) = (0, 0);
             }
-            None => gone,
-        },
-        WpdError::NotAProcess { tid: t, pid: p } => match pid(p) {
-            Some(n) => WpdError::NotAProcess {
-                tid: tid(p, t),
-                pid: n,
-            },
-            None => gone,
-        },
-        WpdError::ProcessLost { pid: p, why } => match pid(p) {
-            Some(n) => WpdError::ProcessLost { pid: n, why },
-            None => gone,
-        },
-        WpdError::NoLoaderHook { pid: p, detail } => match pid(p) {
-            Some(n) => WpdError::NoLoaderHook { pid: n, detail },
-            None => gone,
-        },
-        WpdError::Symbol(s) => WpdError::Symbol(symbol_error_out(ns, s)),
-        other => other,
+            renumber(ns, pid, std::iter::once(tid))
+        }
+        WpdError::Symbol(s) => {
+            symbol_error_out(ns, s);
+            true
+        }
+        _ => true,
+    };
+    if seen {
+        e
+    } else {
+        // A process the caller cannot number: for it, there is none.
+        WpdError::NotInPidNamespace { pid: 0 }
     }
 }
 
-fn symbol_error_out(ns: &Nested, s: crate::symbols::SymbolError) -> crate::symbols::SymbolError {
+/// Puts the caller's numbers of a process and of its threads in their
+/// places (a thread it cannot number as 0); `false`, leaving them, when it
+/// cannot number the process.
+fn renumber<'a>(ns: &Nested, pid: &mut Pid, tids: impl Iterator<Item = &'a mut Tid>) -> bool {
+    let Some(n) = ns.last_known(*pid) else {
+        return false;
+    };
+    for t in tids {
+        *t = ns.tid_out(*pid, Identity::Live, *t, false).unwrap_or(0);
+    }
+    *pid = n;
+    true
+}
+
+/// A symbol error's process as the caller numbers it (0: one it cannot).
+fn symbol_error_out(ns: &Nested, s: &mut crate::symbols::SymbolError) {
     use crate::symbols::SymbolError as S;
-    let pid = |p: Pid| ns.last_known(p).unwrap_or(0);
     match s {
-        S::NoSuchModule {
-            pid: p,
-            module,
-            loaded,
-        } => S::NoSuchModule {
-            pid: pid(p),
-            module,
-            loaded,
-        },
-        S::ModuleNotLoaded {
-            pid: p,
-            module,
-            loaded,
-        } => S::ModuleNotLoaded {
-            pid: pid(p),
-            module,
-            loaded,
-        },
-        S::Unknown {
-            pid: p,
-            name,
-            searched,
-            closest,
-            stripped,
-        } => S::Unknown {
-            pid: pid(p),
-            name,
-            searched,
-            closest,
-            stripped,
-        },
-        S::UnknownFunction {
-            pid: p,
-            name,
-            searched,
-            closest,
-            stripped,
-        } => S::UnknownFunction {
-            pid: pid(p),
-            name,
-            searched,
-            closest,
-            stripped,
-        },
-        S::Ambiguous {
-            pid: p,
-            name,
-            modules,
-        } => S::Ambiguous {
-            pid: pid(p),
-            name,
-            modules,
-        },
-        S::NoCodeAtLine {
-            pid: p,
-            file,
-            line,
-            why,
-        } => S::NoCodeAtLine {
-            pid: pid(p),
-            file,
-            line,
-            why,
-        },
-        S::SourceNotLoaded {
-            pid: p,
-            file,
-            line,
-            searched,
-            closest,
-        } => S::SourceNotLoaded {
-            pid: pid(p),
-            file,
-            line,
-            searched,
-            closest,
-        },
-        other => other,
+        S::NoSuchModule { pid, .. }
+        | S::ModuleNotLoaded { pid, .. }
+        | S::Unknown { pid, .. }
+        | S::UnknownFunction { pid, .. }
+        | S::Ambiguous { pid, .. }
+        | S::NoCodeAtLine { pid, .. }
+        | S::SourceNotLoaded { pid, .. } => *pid = ns.last_known(*pid).unwrap_or(0),
+        _ => {}
     }
 }
 

@@ -12,89 +12,7 @@ pub const DOMAIN: &str = wpd_proto::reason::DOMAIN;
 /// with a machine-matchable reason.
 pub fn to_status(e: &WpdError) -> Status {
     let (code, reason) = code_of(e);
-    let mut meta = std::collections::HashMap::new();
-    if let WpdError::OutOfSlots {
-        pid,
-        needed,
-        conflicts,
-    } = e
-    {
-        meta.insert("pid".to_string(), pid.to_string());
-        meta.insert("slots_needed".to_string(), needed.to_string());
-        meta.insert(
-            "tids".to_string(),
-            conflicts
-                .iter()
-                .map(|c| c.tid.to_string())
-                .collect::<Vec<_>>()
-                .join(","),
-        );
-        let foreign = conflicts
-            .iter()
-            .filter(|c| c.holders.contains(&Holder::Foreign))
-            .count();
-        meta.insert(
-            "threads_with_foreign_slots".to_string(),
-            foreign.to_string(),
-        );
-    }
-    if let WpdError::KernelMemory {
-        needed,
-        held,
-        limit,
-    } = e
-    {
-        meta.insert("needed_bytes".to_string(), needed.to_string());
-        meta.insert("held_bytes".to_string(), held.to_string());
-        meta.insert("limit_bytes".to_string(), limit.to_string());
-    }
-    if let WpdError::FdLimit {
-        needed,
-        open,
-        limit,
-        headroom,
-        by_kernel,
-        ..
-    } = e
-    {
-        meta.insert("needed_fds".to_string(), needed.to_string());
-        meta.insert("open_fds".to_string(), open.to_string());
-        meta.insert("rlimit_nofile".to_string(), limit.to_string());
-        meta.insert("fd_headroom".to_string(), headroom.to_string());
-        let by = if *by_kernel { "kernel" } else { "wpd" };
-        meta.insert("refused_by".to_string(), by.to_string());
-    }
-    if let WpdError::Symbol(s) = e {
-        use crate::symbols::SymbolError as S;
-        match s {
-            S::Unknown { closest, .. }
-            | S::UnknownFunction { closest, .. }
-            | S::UnknownType { closest, .. }
-            | S::SourceNotLoaded { closest, .. } => {
-                meta.insert("closest".to_string(), closest.join(","));
-            }
-            S::Ambiguous { modules, .. } => {
-                meta.insert("modules".to_string(), modules.join(","));
-            }
-            S::NoSuchModule { loaded, .. } | S::ModuleNotLoaded { loaded, .. } => {
-                meta.insert("loaded".to_string(), loaded.join(","));
-            }
-            S::TooLarge { needed, .. } => {
-                meta.insert("slots_needed".to_string(), needed.to_string());
-            }
-            S::ModuleLoading { module, .. } => {
-                meta.insert("module".to_string(), module.clone());
-            }
-            S::TooManyLoads {
-                module, uid, max, ..
-            } => {
-                meta.insert("module".to_string(), module.clone());
-                meta.insert("uid".to_string(), uid.to_string());
-                meta.insert("max_loads".to_string(), max.to_string());
-            }
-            _ => {}
-        }
-    }
+    let mut meta = meta_of(e);
     // Bounded: the status travels in HTTP/2 trailers, and a client refuses
     // header lists over 16 KiB (tonic's default) as a broken connection,
     // whatever quotes a long input or names thousands of threads.
@@ -110,6 +28,85 @@ pub fn to_status(e: &WpdError) -> Status {
     }
     bound(&mut message, MAX_MESSAGE);
     Status::with_error_details(code, message, details)
+}
+
+type Meta = std::collections::HashMap<String, String>;
+
+/// The `ErrorInfo` metadata of an error: the figures a client acts on.
+fn meta_of(e: &WpdError) -> Meta {
+    let pairs: Vec<(&str, String)> = match e {
+        WpdError::OutOfSlots {
+            pid,
+            needed,
+            conflicts,
+        } => {
+            let tids: Vec<String> = conflicts.iter().map(|c| c.tid.to_string()).collect();
+            let foreign = conflicts
+                .iter()
+                .filter(|c| c.holders.contains(&Holder::Foreign))
+                .count();
+            vec![
+                ("pid", pid.to_string()),
+                ("slots_needed", needed.to_string()),
+                ("tids", tids.join(",")),
+                ("threads_with_foreign_slots", foreign.to_string()),
+            ]
+        }
+        WpdError::KernelMemory {
+            needed,
+            held,
+            limit,
+        } => vec![
+            ("needed_bytes", needed.to_string()),
+            ("held_bytes", held.to_string()),
+            ("limit_bytes", limit.to_string()),
+        ],
+        WpdError::FdLimit {
+            needed,
+            open,
+            limit,
+            headroom,
+            by_kernel,
+            ..
+        } => vec![
+            ("needed_fds", needed.to_string()),
+            ("open_fds", open.to_string()),
+            ("rlimit_nofile", limit.to_string()),
+            ("fd_headroom", headroom.to_string()),
+            (
+                "refused_by",
+                if *by_kernel { "kernel" } else { "wpd" }.to_string(),
+            ),
+        ],
+        WpdError::Symbol(s) => symbol_meta(s),
+        _ => Vec::new(),
+    };
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+/// The metadata of a symbol error: the names a client may offer instead.
+fn symbol_meta(s: &crate::symbols::SymbolError) -> Vec<(&'static str, String)> {
+    use crate::symbols::SymbolError as S;
+    match s {
+        S::Unknown { closest, .. }
+        | S::UnknownFunction { closest, .. }
+        | S::UnknownType { closest, .. }
+        | S::SourceNotLoaded { closest, .. } => vec![("closest", closest.join(","))],
+        S::Ambiguous { modules, .. } => vec![("modules", modules.join(","))],
+        S::NoSuchModule { loaded, .. } | S::ModuleNotLoaded { loaded, .. } => {
+            vec![("loaded", loaded.join(","))]
+        }
+        S::TooLarge { needed, .. } => vec![("slots_needed", needed.to_string())],
+        S::ModuleLoading { module, .. } => vec![("module", module.clone())],
+        S::TooManyLoads {
+            module, uid, max, ..
+        } => vec![
+            ("module", module.clone()),
+            ("uid", uid.to_string()),
+            ("max_loads", max.to_string()),
+        ],
+        _ => Vec::new(),
+    }
 }
 
 /// Most bytes of a status message (its `grpc-message` trailer may take up
@@ -176,33 +173,35 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
         WpdError::LeaseEnded { .. } => (Code::Aborted, r::LEASE_ENDED),
         WpdError::Internal(_) => (Code::Internal, r::INTERNAL),
         WpdError::SignalUnusable(_) => (Code::FailedPrecondition, r::SIGNAL_UNUSABLE),
-        WpdError::Symbol(s) => {
-            use crate::symbols::SymbolError as S;
-            match s {
-                S::Syntax(_) => (Code::InvalidArgument, r::BAD_SYMBOL),
-                S::NoSuchModule { .. } => (Code::NotFound, r::NO_SUCH_MODULE),
-                S::ModuleNotLoaded { .. } => (Code::NotFound, r::MODULE_NOT_LOADED),
-                S::Unknown { .. } | S::UnknownFunction { .. } => {
-                    (Code::NotFound, r::UNKNOWN_SYMBOL)
-                }
-                S::UnknownType { .. } => (Code::NotFound, r::UNKNOWN_TYPE),
-                S::OptimizedOut { .. } => (Code::NotFound, r::OPTIMIZED_OUT),
-                S::NotAnObject { .. } => (Code::InvalidArgument, r::NOT_AN_OBJECT),
-                S::Ambiguous { .. } => (Code::InvalidArgument, r::AMBIGUOUS_SYMBOL),
-                S::NotAVariable { .. } => (Code::InvalidArgument, r::NOT_A_VARIABLE),
-                S::ThreadLocal { .. } => (Code::InvalidArgument, r::THREAD_LOCAL),
-                S::NoDebugInfo { .. } => (Code::FailedPrecondition, r::NO_DEBUG_INFO),
-                S::Path { .. } | S::Offset { .. } | S::NoSize { .. } => {
-                    (Code::InvalidArgument, r::BAD_SYMBOL_PATH)
-                }
-                S::TooLarge { .. } => (Code::InvalidArgument, r::OBJECT_TOO_LARGE),
-                S::Unreadable { .. } => (Code::FailedPrecondition, r::SYMBOLS_UNREADABLE),
-                S::NoCodeAtLine { .. } => (Code::NotFound, r::NO_CODE_AT_LINE),
-                S::SourceNotLoaded { .. } => (Code::NotFound, r::SOURCE_NOT_LOADED),
-                S::ModuleLoading { .. } => (Code::Unavailable, r::MODULE_LOADING),
-                S::TooManyLoads { .. } => (Code::ResourceExhausted, r::TOO_MANY_LOADS),
-            }
+        WpdError::Symbol(s) => symbol_code_of(s),
+    }
+}
+
+/// Code and reason for each symbol error; exhaustive on purpose.
+fn symbol_code_of(s: &crate::symbols::SymbolError) -> (Code, &'static str) {
+    use crate::symbols::SymbolError as S;
+    use wpd_proto::reason as r;
+    match s {
+        S::Syntax(_) => (Code::InvalidArgument, r::BAD_SYMBOL),
+        S::NoSuchModule { .. } => (Code::NotFound, r::NO_SUCH_MODULE),
+        S::ModuleNotLoaded { .. } => (Code::NotFound, r::MODULE_NOT_LOADED),
+        S::Unknown { .. } | S::UnknownFunction { .. } => (Code::NotFound, r::UNKNOWN_SYMBOL),
+        S::UnknownType { .. } => (Code::NotFound, r::UNKNOWN_TYPE),
+        S::OptimizedOut { .. } => (Code::NotFound, r::OPTIMIZED_OUT),
+        S::NotAnObject { .. } => (Code::InvalidArgument, r::NOT_AN_OBJECT),
+        S::Ambiguous { .. } => (Code::InvalidArgument, r::AMBIGUOUS_SYMBOL),
+        S::NotAVariable { .. } => (Code::InvalidArgument, r::NOT_A_VARIABLE),
+        S::ThreadLocal { .. } => (Code::InvalidArgument, r::THREAD_LOCAL),
+        S::NoDebugInfo { .. } => (Code::FailedPrecondition, r::NO_DEBUG_INFO),
+        S::Path { .. } | S::Offset { .. } | S::NoSize { .. } => {
+            (Code::InvalidArgument, r::BAD_SYMBOL_PATH)
         }
+        S::TooLarge { .. } => (Code::InvalidArgument, r::OBJECT_TOO_LARGE),
+        S::Unreadable { .. } => (Code::FailedPrecondition, r::SYMBOLS_UNREADABLE),
+        S::NoCodeAtLine { .. } => (Code::NotFound, r::NO_CODE_AT_LINE),
+        S::SourceNotLoaded { .. } => (Code::NotFound, r::SOURCE_NOT_LOADED),
+        S::ModuleLoading { .. } => (Code::Unavailable, r::MODULE_LOADING),
+        S::TooManyLoads { .. } => (Code::ResourceExhausted, r::TOO_MANY_LOADS),
     }
 }
 

@@ -17,6 +17,7 @@ pub mod leases;
 pub mod persist;
 pub mod process;
 mod restore;
+pub mod stats;
 pub mod values;
 pub mod watch;
 

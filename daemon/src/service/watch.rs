@@ -164,13 +164,7 @@ impl Service {
         caller: &Caller,
         req: SetPolicy,
     ) -> Result<PolicyView, WpdError> {
-        if req.code.as_ref().is_some_and(|c| c.stop) {
-            return Err(WpdError::InvalidArgument(
-                "a code breakpoint (code_event.stop) holds a thread until a client resumes it: \
-                 set it on one process with SetWatchpoint, not in a policy"
-                    .into(),
-            ));
-        }
+        policy_code_allowed(req.code.as_ref())?;
         for &pid in &req.selector.pids {
             self.allow(caller, pid)?;
         }
@@ -279,4 +273,19 @@ impl SetOutcome {
             SetOutcome::Code(v) => v.spec.pid,
         }
     }
+}
+
+/// Whether a policy may carry code event `code`: an object watch may, a
+/// code breakpoint (which holds a thread until a client resumes it) may
+/// not. Checked before the rest of the spec, whose other fields a code
+/// breakpoint does not fill.
+pub fn policy_code_allowed(code: Option<&CodeSpec>) -> Result<(), WpdError> {
+    if code.is_some_and(|c| c.stop) {
+        return Err(WpdError::InvalidArgument(
+            "a code breakpoint (code_event.stop) holds a thread until a client resumes it: \
+             set it on one process with SetWatchpoint, not in a policy"
+                .into(),
+        ));
+    }
+    Ok(())
 }
