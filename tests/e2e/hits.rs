@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use tonic::Code;
 use wpd_proto::v1::{RemoveWatchpointRequest, SlotState, StreamEventsRequest, Watchpoint};
 use wpd_tests::{
@@ -286,15 +286,17 @@ both_backends!(attach_while_threads_are_being_created);
 /// threads non-stop (each new thread stores once to `VARS[0]`). Threads born during the scan
 /// are attached by the kernel at clone (ptrace) or tracked through their FORK record (perf):
 /// neither may make Attach fail, and the process-wide watchpoint must catch the first store of
-/// threads born after it was set.
+/// threads born after it was set: once it is set (while churning), the churn is stopped, the
+/// hits of the threads born meanwhile are let come, then a window of churn creates C threads,
+/// counted by the target once none is alive, and exactly C hits must come, one per thread.
 async fn attach_while_threads_are_being_created(backend: Backend) -> Result<()> {
     let daemon = Daemon::start().await?;
     let mut target = TargetProc::start(&["--churn", "--threads", "2"]).await?;
     daemon.finish(
         async {
-            target.cmd("churn-start").await?;
             let mut client = daemon.client().await?;
             for round in 1..=3 {
+                target.cmd("churn-start").await?;
                 let mut events = EventStream::subscribe(&mut client, hits_only(target.pid)).await?;
                 let wp =
                     set_watchpoint(&mut client, write_spec(backend, target.pid, target.vars[0]))
@@ -304,21 +306,74 @@ async fn attach_while_threads_are_being_created(backend: Backend) -> Result<()> 
                         })?
                         .watchpoint
                         .unwrap_or_default();
+                // Every thread born before the churn stops is gone when it has: their hits
+                // come within a moment (no new thread stores meanwhile).
+                let stopped = target.cmd("churn-stop").await?;
+                ensure!(
+                    stopped.starts_with("CHURN-STOPPED n="),
+                    "round {round}: {stopped}"
+                );
+                let mut before = 0u64;
+                let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
+                loop {
+                    ensure!(
+                        tokio::time::Instant::now() < give_up,
+                        "round {round}: hits still coming 10 s after the churn stopped"
+                    );
+                    let quiet = tokio::time::Instant::now() + Duration::from_millis(500);
+                    match events.next_before(quiet).await? {
+                        Some(Event::Hit(h)) if h.watchpoint_id == wp.id => before += 1,
+                        Some(_) => {}
+                        None => break,
+                    }
+                }
+                ensure!(
+                    before > 0,
+                    "round {round}: no hit of the threads born while the watchpoint was set"
+                );
+                // The window: every thread born in it, caught at its one store.
+                target.cmd("churn-start").await?;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let reply = target.cmd("churn-stop").await?;
+                let born: u64 = reply
+                    .strip_prefix("CHURN-STOPPED n=")
+                    .and_then(|r| r.split_whitespace().next())
+                    .and_then(|n| n.parse().ok())
+                    .with_context(|| format!("round {round}: churn-stop: {reply:?}"))?;
+                ensure!(born >= 20, "round {round}: only {born} threads in 300 ms");
+                let mut caught = 0u64;
                 let mut tids = HashSet::new();
                 events
                     .wait_for(
                         Duration::from_secs(10),
-                        &format!("round {round}: hits from 20 distinct new threads"),
+                        &format!("round {round}: the hits of the {born} threads born"),
                         |ev| {
                             if let Event::Hit(h) = ev
                                 && h.watchpoint_id == wp.id
                             {
+                                caught += 1;
                                 tids.insert(h.tid);
                             }
-                            Ok((tids.len() >= 20).then_some(()))
+                            Ok((caught >= born).then_some(()))
                         },
                     )
-                    .await?;
+                    .await
+                    .with_context(|| format!("{caught} of {born} caught"))?;
+                // And no more: one hit per thread.
+                for e in events.drain_for(Duration::from_millis(300)).await? {
+                    if matches!(&e, Event::Hit(h) if h.watchpoint_id == wp.id) {
+                        caught += 1;
+                    }
+                }
+                ensure!(
+                    caught == born,
+                    "round {round}: {caught} hits for {born} threads born"
+                );
+                eprintln!(
+                    "round {round}: {before} hits while setting, then {born} threads \
+                     ({} tids), each caught once",
+                    tids.len()
+                );
                 rpc_ok(
                     "Detach",
                     client.detach(wpd_proto::v1::DetachRequest { pid: target.pid }),
