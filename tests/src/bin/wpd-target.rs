@@ -30,6 +30,7 @@
 //! | `spawn-worker`   | one more worker like the initial ones                         | `SPAWNED tid=T`           |
 //! | `write I V`      | the main thread stores V (decimal or 0x-hex) into `VARS[I]`  | `WROTE`                   |
 //! | `thread-write I V` | a new thread stores V into `VARS[I]`, counts the SIGUSR1 its own handler ran, and exits; joined | `THREAD-WROTE tid=T usr1=N` |
+//! | `thread-write-blocked I V` | a new thread blocks SIGUSR1, stores V into `VARS[I]`, and reports whether SIGUSR1 is pending for it alone (`SigPnd` of `/proc/thread-self/status`, not the process's `ShdPnd`) before it exits; joined | `THREAD-WROTE-BLOCKED tid=T pending=0\|1` |
 //! | `stop-workers`   | every worker (initial and spawned) exits and is joined        | `STOPPED remaining=K`     |
 //! | `ping`           | nothing                                                       | `PONG counter=C threads=K`|
 //! | `usr1count`      | nothing                                                       | `USR1 N`                  |
@@ -501,6 +502,51 @@ impl State {
                 }
                 _ => format!("ERR usage: thread-write <0..{}> <value>", VARS.len() - 1),
             },
+            ["thread-write-blocked", index, value] => {
+                match (index.parse::<usize>(), parse_u64(value)) {
+                    (Ok(i), Some(v)) if i < VARS.len() => {
+                        let writer = thread::Builder::new()
+                            .name("writer".into())
+                            .stack_size(STACK_SIZE)
+                            .spawn(move || {
+                                // SAFETY: a sigset built by sigemptyset/sigaddset, applied to
+                                // this thread only.
+                                unsafe {
+                                    let mut set: libc::sigset_t = std::mem::zeroed();
+                                    libc::sigemptyset(&mut set);
+                                    libc::sigaddset(&mut set, libc::SIGUSR1);
+                                    libc::pthread_sigmask(
+                                        libc::SIG_BLOCK,
+                                        &set,
+                                        std::ptr::null_mut(),
+                                    );
+                                }
+                                VARS[i].store(v);
+                                let own = std::fs::read_to_string("/proc/thread-self/status")
+                                    .ok()
+                                    .and_then(|st| {
+                                        st.lines().find_map(|l| {
+                                            let m = l.strip_prefix("SigPnd:")?.trim();
+                                            u64::from_str_radix(m, 16).ok()
+                                        })
+                                    })
+                                    .unwrap_or(0);
+                                (gettid(), own >> (libc::SIGUSR1 - 1) & 1)
+                            });
+                        match writer.map(|h| h.join()) {
+                            Ok(Ok((tid, p))) => {
+                                format!("THREAD-WROTE-BLOCKED tid={tid} pending={p}")
+                            }
+                            Ok(Err(_)) => "ERR thread-write-blocked: the writer panicked".into(),
+                            Err(e) => format!("ERR thread-write-blocked: {e}"),
+                        }
+                    }
+                    _ => format!(
+                        "ERR usage: thread-write-blocked <0..{}> <value>",
+                        VARS.len() - 1
+                    ),
+                }
+            }
             ["stop-workers"] => {
                 STOP.store(true, Ordering::Relaxed);
                 for handle in self.workers.drain(..) {
