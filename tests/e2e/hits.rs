@@ -286,9 +286,11 @@ both_backends!(attach_while_threads_are_being_created);
 /// threads non-stop (each new thread stores once to `VARS[0]`). Threads born during the scan
 /// are attached by the kernel at clone (ptrace) or tracked through their FORK record (perf):
 /// neither may make Attach fail, and the process-wide watchpoint must catch the first store of
-/// threads born after it was set: once it is set (while churning), the churn is stopped, the
-/// hits of the threads born meanwhile are let come, then a window of churn creates C threads,
-/// counted by the target once none is alive, and exactly C hits must come, one per thread.
+/// threads born after it was set: once it is set (while churning), the churn is stopped, then a
+/// window of churn creates C threads (about 200), counted by the target once none is alive,
+/// and the watchpoint's count must grow by exactly C, one hit per thread's one store, every
+/// hit streamed. (`ListThreads` drains the daemon's rings: the counts read after it include
+/// every store made before it.)
 async fn attach_while_threads_are_being_created(backend: Backend) -> Result<()> {
     let daemon = Daemon::start().await?;
     let mut target = TargetProc::start(&["--churn", "--threads", "2"]).await?;
@@ -306,72 +308,64 @@ async fn attach_while_threads_are_being_created(backend: Backend) -> Result<()> 
                         })?
                         .watchpoint
                         .unwrap_or_default();
-                // Every thread born before the churn stops is gone when it has: their hits
-                // come within a moment (no new thread stores meanwhile).
-                let stopped = target.cmd("churn-stop").await?;
-                ensure!(
-                    stopped.starts_with("CHURN-STOPPED n="),
-                    "round {round}: {stopped}"
-                );
-                let mut before = 0u64;
-                let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
-                loop {
-                    ensure!(
-                        tokio::time::Instant::now() < give_up,
-                        "round {round}: hits still coming 10 s after the churn stopped"
-                    );
-                    let quiet = tokio::time::Instant::now() + Duration::from_millis(500);
-                    match events.next_before(quiet).await? {
-                        Some(Event::Hit(h)) if h.watchpoint_id == wp.id => before += 1,
-                        Some(_) => {}
-                        None => break,
-                    }
-                }
-                ensure!(
-                    before > 0,
-                    "round {round}: no hit of the threads born while the watchpoint was set"
-                );
-                // The window: every thread born in it, caught at its one store.
+                let born_in = |reply: &str, prefix: &str| -> Result<u64> {
+                    reply
+                        .strip_prefix(prefix)
+                        .and_then(|r| r.split_whitespace().next())
+                        .and_then(|n| n.parse().ok())
+                        .with_context(|| format!("round {round}: {reply:?}"))
+                };
+                born_in(&target.cmd("churn-stop").await?, "CHURN-STOPPED n=")?;
+                let before = counted(&mut client, target.pid, wp.id).await?;
+                // The window, until 200 threads were born in it (at most 10 s on a loaded
+                // machine): every one caught at its one store.
                 target.cmd("churn-start").await?;
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                let reply = target.cmd("churn-stop").await?;
-                let born: u64 = reply
-                    .strip_prefix("CHURN-STOPPED n=")
-                    .and_then(|r| r.split_whitespace().next())
-                    .and_then(|n| n.parse().ok())
-                    .with_context(|| format!("round {round}: churn-stop: {reply:?}"))?;
-                ensure!(born >= 20, "round {round}: only {born} threads in 300 ms");
-                let mut caught = 0u64;
+                let mut born = 0;
+                let until = tokio::time::Instant::now() + Duration::from_secs(10);
+                while born < 200 && tokio::time::Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    born += born_in(&target.cmd("churn-stats").await?, "CHURN n=")?;
+                }
+                born += born_in(&target.cmd("churn-stop").await?, "CHURN-STOPPED n=")?;
+                ensure!(born >= 20, "round {round}: only {born} threads in 10 s");
+                let after = counted(&mut client, target.pid, wp.id).await?;
+                ensure!(
+                    after - before == born,
+                    "round {round}: {} hits counted for {born} threads born after the \
+                     watchpoint was set",
+                    after - before
+                );
+                // Every hit counted is streamed, once.
+                let mut streamed = 0u64;
                 let mut tids = HashSet::new();
                 events
                     .wait_for(
-                        Duration::from_secs(10),
-                        &format!("round {round}: the hits of the {born} threads born"),
+                        Duration::from_secs(20),
+                        &format!("round {round}: the {after} hits counted"),
                         |ev| {
                             if let Event::Hit(h) = ev
                                 && h.watchpoint_id == wp.id
                             {
-                                caught += 1;
+                                streamed += 1;
                                 tids.insert(h.tid);
                             }
-                            Ok((caught >= born).then_some(()))
+                            Ok((streamed >= after).then_some(()))
                         },
                     )
                     .await
-                    .with_context(|| format!("{caught} of {born} caught"))?;
-                // And no more: one hit per thread.
+                    .with_context(|| format!("{streamed} of {after} streamed"))?;
                 for e in events.drain_for(Duration::from_millis(300)).await? {
                     if matches!(&e, Event::Hit(h) if h.watchpoint_id == wp.id) {
-                        caught += 1;
+                        streamed += 1;
                     }
                 }
                 ensure!(
-                    caught == born,
-                    "round {round}: {caught} hits for {born} threads born"
+                    streamed == after,
+                    "round {round}: {streamed} hits streamed, {after} counted"
                 );
                 eprintln!(
-                    "round {round}: {before} hits while setting, then {born} threads \
-                     ({} tids), each caught once",
+                    "round {round}: {before} hits while setting, then {born} threads, each \
+                     caught once ({} tids in all)",
                     tids.len()
                 );
                 rpc_ok(
@@ -384,6 +378,22 @@ async fn attach_while_threads_are_being_created(backend: Backend) -> Result<()> 
         }
         .await,
     )
+}
+
+/// The hits watchpoint `wp` counted, once the daemon has read every record written so far
+/// (`ListThreads` drains its rings first).
+async fn counted(client: &mut wpd_tests::Client, pid: i32, wp: u64) -> Result<u64> {
+    list_threads(client, pid, false).await?;
+    let l = rpc_ok(
+        "ListWatchpoints",
+        client.list_watchpoints(wpd_proto::v1::ListWatchpointsRequest { pid }),
+    )
+    .await?;
+    l.watchpoints
+        .iter()
+        .find(|w| w.id == wp)
+        .map(|w| w.hits)
+        .with_context(|| format!("watchpoint {wp} is not listed"))
 }
 
 both_backends!(churned_threads_leave_no_rows);
