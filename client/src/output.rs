@@ -234,6 +234,18 @@ pub fn backend_name(v: i32) -> String {
     }
 }
 
+/// How a policy found an instance's process: set-policy (running when the
+/// policy was set), kernel-record (its fork or exec record), scan (`/proc`).
+pub fn instance_source_name(v: i32) -> String {
+    match wpd_proto::v1::InstanceSource::try_from(v) {
+        Ok(wpd_proto::v1::InstanceSource::SetPolicy) => "set-policy".into(),
+        Ok(wpd_proto::v1::InstanceSource::KernelRecord) => "kernel-record".into(),
+        Ok(wpd_proto::v1::InstanceSource::Scan) => "scan".into(),
+        Ok(wpd_proto::v1::InstanceSource::Unspecified) => "unspecified".into(),
+        Err(_) => format!("unknown({v})"),
+    }
+}
+
 /// Hit action as used on the command line: log, stop, stop-all (unspecified
 /// means log).
 pub fn action_name(v: i32) -> String {
@@ -735,6 +747,7 @@ pub fn policy_json(p: &wpd_proto::v1::Policy) -> Value {
             "watchpoint_id": i.watchpoint_id,
             "armed_at_ns": i.armed_at_ns,
             "latency_ns": i.latency_ns,
+            "found_by": instance_source_name(i.found_by),
         })).collect::<Vec<_>>(),
         "refusals": p.refusals.iter().map(|r| json!({
             "pid": r.pid,

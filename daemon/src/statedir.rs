@@ -566,8 +566,7 @@ mod tests {
 
     #[test]
     fn another_users_directory_or_file_is_refused() {
-        if euid() != 0 {
-            eprintln!("skipped: needs root to give a file to another uid");
+        if !wpd_test_skip::require_root("giving a file to another uid") {
             return;
         }
         let t = Tmp::new("owner");
@@ -595,8 +594,7 @@ mod tests {
     /// and what it points to is checked as any directory above is.
     #[test]
     fn a_link_above_the_directory_must_be_safe_too() {
-        if euid() != 0 {
-            eprintln!("skipped: needs root to give a link to another uid");
+        if !wpd_test_skip::require_root("giving a link to another uid") {
             return;
         }
         let t = Tmp::new("linkabove");

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 use tonic::Code;
 use wpd_proto::v1::{GetHitAggregatesRequest, SetWatchpointRequest};
 use wpd_tests::{
-    Backend, Daemon, Event, EventStream, TargetProc, expect_status, require_backend, rpc_ok,
-    set_watchpoint, write_spec,
+    Backend, Daemon, Event, EventStream, TargetProc, expect_status, perf_events_of,
+    require_backend, rpc_ok, set_watchpoint, write_spec,
 };
 
 const RATE: u32 = 20;
@@ -69,17 +69,35 @@ async fn aggregate_mode_counts_every_hit_and_streams_samples() -> Result<()> {
             last = Some((a.hits, stats.kernel_lost));
             tokio::time::sleep(Duration::from_millis(1000)).await;
         };
-        // On the per-CPU path the two hammer threads' FORK and EXIT records share the ring
-        // with the hits, and may be among the records lost.
-        let per_cpu = std::env::var("WPD_PERF_EVENTS").is_ok_and(|v| v == "per-cpu");
-        let others = if per_cpu { 4 } else { 0 };
-        ensure!(
-            agg.hits + stats.kernel_lost >= stores
-                && agg.hits + stats.kernel_lost <= stores + others,
-            "{stores} stores, {} aggregated, {} lost by the kernel (and reported)",
+        // The per-thread path (one BPF ring of 16 MiB for the whole daemon) loses nothing
+        // here: every store is aggregated. On the per-CPU path a CPU's ring can fill under
+        // the hammer; the two hammer threads' FORK and EXIT records share the ring with the
+        // hits, and may be among the records lost. Losses there are bounded (the daemon keeps
+        // up with most of the hits) and every one is reported on the stream (checked below).
+        let per_thread = perf_events_of(&daemon).await?.starts_with("per-thread");
+        eprintln!(
+            "{stores} stores, {} aggregated, {} lost by the kernel ({})",
             agg.hits,
-            stats.kernel_lost
+            stats.kernel_lost,
+            if per_thread { "per-thread" } else { "per-CPU" }
         );
+        if per_thread {
+            ensure!(
+                agg.hits == stores && stats.kernel_lost == 0,
+                "{stores} stores, {} aggregated, {} lost by the kernel",
+                agg.hits,
+                stats.kernel_lost
+            );
+        } else {
+            ensure!(
+                agg.hits + stats.kernel_lost >= stores
+                    && agg.hits + stats.kernel_lost <= stores + 4
+                    && stats.kernel_lost <= stores / 2,
+                "{stores} stores, {} aggregated, {} lost by the kernel",
+                agg.hits,
+                stats.kernel_lost
+            );
+        }
         let counted: u64 = agg.aggregates.iter().map(|a| a.count).sum::<u64>() + agg.overflow;
         ensure!(
             counted == agg.hits,
@@ -115,18 +133,23 @@ async fn aggregate_mode_counts_every_hit_and_streams_samples() -> Result<()> {
             agg.exemplars
         );
         let deadline = Instant::now() + Duration::from_millis(500);
-        let mut streamed = 0;
+        let (mut streamed, mut reported_lost) = (0, 0);
         while let Some(e) = events.next_before(deadline).await? {
-            if let Event::Hit(h) = e
-                && h.watchpoint_id == wp.id
-            {
-                streamed += 1;
+            match e {
+                Event::Hit(h) if h.watchpoint_id == wp.id => streamed += 1,
+                Event::RecordsLost(r) => reported_lost += r.count,
+                _ => {}
             }
         }
         ensure!(
             streamed == agg.exemplars,
             "{streamed} hits streamed, {} samples counted",
             agg.exemplars
+        );
+        ensure!(
+            reported_lost == stats.kernel_lost,
+            "{reported_lost} records reported lost on the stream, {} counted by the daemon",
+            stats.kernel_lost
         );
         // A watchpoint not in aggregate mode has no aggregates; bad specs are refused.
         let plain = set_watchpoint(&mut client, write_spec(Backend::Perf, pid, target.vars[4]))

@@ -13,9 +13,16 @@
 //! traced or group stop, none traced), its spinners still storing, and its
 //! own job control must work (SIGSTOP stops it, SIGCONT resumes it).
 //!
+//! A round whose watchpoint was set must have seen hits before the kill,
+//! and a round killed "while held" a hit that held its thread (a tracer
+//! panic at the first hit ends the daemon at it: that daemon's death is
+//! the proof of its hit).
+//!
 //! `WPD_KILL_ROUNDS` sets the number of rounds (default 12: three of each
-//! kill point); `scripts/soak-ptrace-death` runs 100 and prints the
-//! figures for `docs/reliability.md`.
+//! kill point); `WPD_KILL_SEED` the seed of the random moments (printed at
+//! the start, and in a failure's context: the same seed replays the same
+//! choices); `scripts/soak-ptrace-death` runs 100 and prints the figures
+//! for `docs/reliability.md`.
 
 use std::time::{Duration, Instant};
 
@@ -41,8 +48,8 @@ enum Death {
     TracerPanic,
 }
 
-/// A small PRNG (xorshift), seeded per run and printed, for the random
-/// moments.
+/// A small PRNG (xorshift), seeded per run (`WPD_KILL_SEED`, else the
+/// clock) and printed, for the random moments.
 struct Rng(u64);
 
 impl Rng {
@@ -220,8 +227,13 @@ async fn one_round(round: usize, rng: &mut Rng) -> Result<(KillPoint, Death, &'s
     let mut daemon = Daemon::start_with_env(&[], env).await?;
     let mut t = CTarget::start("ct-pie").await?;
     t.cmd("spin 8").await?;
-    // Every pairing of kill point and stop semantics in 16 rounds.
-    let (wspec, action) = spec(t.pid, round + round / 4);
+    // Every pairing of kill point and stop semantics in 16 rounds; a held
+    // round's semantics hold the hitting thread (stop or stop-all).
+    let which = match point {
+        KillPoint::Held => 1 + (round / 4) % 2,
+        _ => round + round / 4,
+    };
+    let (wspec, action) = spec(t.pid, which);
     let mut rate = 0.0;
     let result = async {
         let mut c = daemon.client().await?;
@@ -257,6 +269,7 @@ async fn one_round(round: usize, rng: &mut Rng) -> Result<(KillPoint, Death, &'s
                 // Hits flow: measure their rate over a moment.
                 let t0 = Instant::now();
                 let mut n = 0u64;
+                let mut held = false;
                 let window = Duration::from_millis(100 + rng.below(300));
                 while t0.elapsed() < window {
                     match events
@@ -267,6 +280,7 @@ async fn one_round(round: usize, rng: &mut Rng) -> Result<(KillPoint, Death, &'s
                             n += 1;
                             if h.stopped {
                                 if matches!(point, KillPoint::Held) {
+                                    held = true;
                                     break; // held now: die here
                                 }
                                 let resumed = c
@@ -288,6 +302,17 @@ async fn one_round(round: usize, rng: &mut Rng) -> Result<(KillPoint, Death, &'s
                     }
                 }
                 rate = n as f64 / t0.elapsed().as_secs_f64();
+                // Hits came before the kill; a held round holds a thread when it dies. A
+                // tracer panicking at the first hit ends the daemon before that hit is sent:
+                // the daemon's death (checked by `kill`) shows the hit came.
+                match (point, death) {
+                    (KillPoint::Held, Death::TracerPanic) => {}
+                    (KillPoint::Held, _) => ensure!(
+                        held,
+                        "no hit held a thread within {window:?} ({n} hits, {action})"
+                    ),
+                    _ => ensure!(n > 0, "no hit within {window:?} of arming ({action})"),
+                }
                 if matches!(point, KillPoint::Detaching) {
                     let mut c2 = c.clone();
                     let pid = t.pid;
@@ -343,11 +368,20 @@ async fn a_daemon_that_dies_never_takes_a_target_with_it() -> Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(12);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_nanos() as u64
-        | 1;
-    eprintln!("seed {seed:#x}");
+    let seed = match std::env::var("WPD_KILL_SEED") {
+        Ok(v) => {
+            let v = v.trim();
+            match v.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16),
+                None => v.parse(),
+            }
+            .with_context(|| format!("WPD_KILL_SEED={v:?} is not a number"))?
+        }
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_nanos() as u64,
+    } | 1;
+    eprintln!("seed {seed:#x} (WPD_KILL_SEED={seed:#x} replays it)");
     let mut rng = Rng(seed);
     let mut rates = Vec::new();
     for round in 0..rounds {

@@ -57,7 +57,9 @@ wpd_tests::both_backends!(
     /// The signal reaches the thread that stored, at the hit, and only when the condition
     /// holds (judged at the trap: in the BPF program on perf, in the stop on ptrace): stores
     /// of 5 send nothing, a store of 7 runs the target's SIGUSR1 handler once, before the
-    /// store's command is answered. The target lives on (its handler caught the signal).
+    /// store's command is answered; a writer that blocks the signal keeps it pending for
+    /// itself (it is sent to the thread, not to the process). The target lives on (its
+    /// handler caught the signal).
     the_signal_action_reaches_the_writer_when_the_condition_holds
 );
 async fn the_signal_action_reaches_the_writer_when_the_condition_holds(
@@ -113,6 +115,21 @@ async fn the_signal_action_reaches_the_writer_when_the_condition_holds(
         ensure!(
             hit.tid == writer && hit.value == 7u64.to_le_bytes(),
             "the reported hit is not thread {writer}'s store of 7: {hit:?}"
+        );
+        // Sent to the thread, not to the process: a writer that blocks the signal keeps it
+        // pending for itself alone (a signal sent to the process, even from the writer's own
+        // context, would go to a thread that does not block it and run its handler there).
+        let before = usr1_count(&mut target).await?;
+        let reply = target.cmd("thread-write-blocked 2 7").await?;
+        ensure!(
+            reply.starts_with("THREAD-WROTE-BLOCKED") && reply.ends_with(" pending=1"),
+            "the signal is not pending for the writer that blocks it: {reply:?}"
+        );
+        let after = usr1_count(&mut target).await?;
+        ensure!(
+            after == before,
+            "another thread ran the handler for the blocking writer's store ({} times)",
+            after - before
         );
         target.ensure_alive()
     }

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use tonic::Code;
 use wpd_proto::v1::{RemoveWatchpointRequest, SlotState, StreamEventsRequest, Watchpoint};
 use wpd_tests::{
@@ -286,15 +286,19 @@ both_backends!(attach_while_threads_are_being_created);
 /// threads non-stop (each new thread stores once to `VARS[0]`). Threads born during the scan
 /// are attached by the kernel at clone (ptrace) or tracked through their FORK record (perf):
 /// neither may make Attach fail, and the process-wide watchpoint must catch the first store of
-/// threads born after it was set.
+/// threads born after it was set: once it is set (while churning), the churn is stopped, then a
+/// window of churn creates C threads (about 200), counted by the target once none is alive,
+/// and the watchpoint's count must grow by exactly C, one hit per thread's one store, every
+/// hit streamed. (`ListThreads` drains the daemon's rings: the counts read after it include
+/// every store made before it.)
 async fn attach_while_threads_are_being_created(backend: Backend) -> Result<()> {
     let daemon = Daemon::start().await?;
     let mut target = TargetProc::start(&["--churn", "--threads", "2"]).await?;
     daemon.finish(
         async {
-            target.cmd("churn-start").await?;
             let mut client = daemon.client().await?;
             for round in 1..=3 {
+                target.cmd("churn-start").await?;
                 let mut events = EventStream::subscribe(&mut client, hits_only(target.pid)).await?;
                 let wp =
                     set_watchpoint(&mut client, write_spec(backend, target.pid, target.vars[0]))
@@ -304,21 +308,66 @@ async fn attach_while_threads_are_being_created(backend: Backend) -> Result<()> 
                         })?
                         .watchpoint
                         .unwrap_or_default();
+                let born_in = |reply: &str, prefix: &str| -> Result<u64> {
+                    reply
+                        .strip_prefix(prefix)
+                        .and_then(|r| r.split_whitespace().next())
+                        .and_then(|n| n.parse().ok())
+                        .with_context(|| format!("round {round}: {reply:?}"))
+                };
+                born_in(&target.cmd("churn-stop").await?, "CHURN-STOPPED n=")?;
+                let before = counted(&mut client, target.pid, wp.id).await?;
+                // The window, until 200 threads were born in it (at most 10 s on a loaded
+                // machine): every one caught at its one store.
+                target.cmd("churn-start").await?;
+                let mut born = 0;
+                let until = tokio::time::Instant::now() + Duration::from_secs(10);
+                while born < 200 && tokio::time::Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    born += born_in(&target.cmd("churn-stats").await?, "CHURN n=")?;
+                }
+                born += born_in(&target.cmd("churn-stop").await?, "CHURN-STOPPED n=")?;
+                ensure!(born >= 20, "round {round}: only {born} threads in 10 s");
+                let after = counted(&mut client, target.pid, wp.id).await?;
+                ensure!(
+                    after - before == born,
+                    "round {round}: {} hits counted for {born} threads born after the \
+                     watchpoint was set",
+                    after - before
+                );
+                // Every hit counted is streamed, once.
+                let mut streamed = 0u64;
                 let mut tids = HashSet::new();
                 events
                     .wait_for(
-                        Duration::from_secs(10),
-                        &format!("round {round}: hits from 20 distinct new threads"),
+                        Duration::from_secs(20),
+                        &format!("round {round}: the {after} hits counted"),
                         |ev| {
                             if let Event::Hit(h) = ev
                                 && h.watchpoint_id == wp.id
                             {
+                                streamed += 1;
                                 tids.insert(h.tid);
                             }
-                            Ok((tids.len() >= 20).then_some(()))
+                            Ok((streamed >= after).then_some(()))
                         },
                     )
-                    .await?;
+                    .await
+                    .with_context(|| format!("{streamed} of {after} streamed"))?;
+                for e in events.drain_for(Duration::from_millis(300)).await? {
+                    if matches!(&e, Event::Hit(h) if h.watchpoint_id == wp.id) {
+                        streamed += 1;
+                    }
+                }
+                ensure!(
+                    streamed == after,
+                    "round {round}: {streamed} hits streamed, {after} counted"
+                );
+                eprintln!(
+                    "round {round}: {before} hits while setting, then {born} threads, each \
+                     caught once ({} tids in all)",
+                    tids.len()
+                );
                 rpc_ok(
                     "Detach",
                     client.detach(wpd_proto::v1::DetachRequest { pid: target.pid }),
@@ -329,6 +378,22 @@ async fn attach_while_threads_are_being_created(backend: Backend) -> Result<()> 
         }
         .await,
     )
+}
+
+/// The hits watchpoint `wp` counted, once the daemon has read every record written so far
+/// (`ListThreads` drains its rings first).
+async fn counted(client: &mut wpd_tests::Client, pid: i32, wp: u64) -> Result<u64> {
+    list_threads(client, pid, false).await?;
+    let l = rpc_ok(
+        "ListWatchpoints",
+        client.list_watchpoints(wpd_proto::v1::ListWatchpointsRequest { pid }),
+    )
+    .await?;
+    l.watchpoints
+        .iter()
+        .find(|w| w.id == wp)
+        .map(|w| w.hits)
+        .with_context(|| format!("watchpoint {wp} is not listed"))
 }
 
 both_backends!(churned_threads_leave_no_rows);

@@ -23,7 +23,9 @@ async fn prometheus_scrapes_what_getstats_reports() -> Result<()> {
     if !require_backend(Backend::Perf) {
         return Ok(());
     }
+    let started = Instant::now();
     let daemon = Daemon::start_with_args(&["--metrics-listen", "127.0.0.1:0"]).await?;
+    let ready = Instant::now();
     let target = TargetProc::start(&["--threads", "4"]).await?;
     daemon.finish(
         async {
@@ -113,14 +115,51 @@ async fn prometheus_scrapes_what_getstats_reports() -> Result<()> {
                         stats.hits
                     );
                 }
-                for query in [
-                    "wpd_uptime_seconds",
-                    "wpd_ledger_lock_hold_seconds{quantile=\"1\"}",
-                    "wpd_events_dropped_total{reason=\"subscriber_lag\"}",
-                    "wpd_connections_open",
+                // Uptime: GetStats's lies between the test's own clocks (since just before the
+                // daemon was started, and since it answered), and Prometheus's last sample at
+                // most two scrape intervals (1 s) and a rounding behind it.
+                let age = (
+                    ready.elapsed().as_secs_f64(),
+                    started.elapsed().as_secs_f64(),
+                );
+                ensure!(
+                    stats.uptime_s as f64 >= age.0.floor() - 1.0
+                        && stats.uptime_s as f64 <= age.1.ceil(),
+                    "GetStats uptime {} s, the daemon started {:.1}–{:.1} s ago",
+                    stats.uptime_s,
+                    age.0,
+                    age.1
+                );
+                let got = prom.query("wpd_uptime_seconds").await?.unwrap_or(-1.0);
+                ensure!(
+                    got >= stats.uptime_s as f64 - 3.0 && got <= stats.uptime_s as f64,
+                    "wpd_uptime_seconds = {got}, GetStats says {} after it",
+                    stats.uptime_s
+                );
+                // The test's client is connected (its event stream open) all along.
+                let got = prom.query("wpd_connections_open").await?;
+                ensure!(
+                    got.is_some_and(|v| v >= 1.0) && stats.connections >= 1,
+                    "wpd_connections_open = {got:?} and GetStats {} with the test connected",
+                    stats.connections
+                );
+                // Counters and maxima since start: Prometheus's sample is at most what
+                // GetStats says after it.
+                for (query, after) in [
+                    (
+                        "wpd_ledger_lock_hold_seconds{quantile=\"1\"}",
+                        stats.ledger_hold_max_ns as f64 / 1e9,
+                    ),
+                    (
+                        "wpd_events_dropped_total{reason=\"subscriber_lag\"}",
+                        stats.subscriber_dropped as f64,
+                    ),
                 ] {
-                    let got = prom.query(query).await?;
-                    ensure!(got.is_some_and(|v| v >= 0.0), "{query} = {got:?}");
+                    let got = prom.query(query).await?.unwrap_or(-1.0);
+                    ensure!(
+                        0.0 <= got && got <= after * (1.0 + 1e-9),
+                        "{query} = {got}, GetStats says {after} after it"
+                    );
                 }
                 anyhow::Ok(())
             }

@@ -11,12 +11,12 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use tonic::Code;
 use wpd_proto::v1::{
-    ListWatchpointsRequest, ListWatchpointsResponse, Policy, ProcessSelector,
+    InstanceSource, ListWatchpointsRequest, ListWatchpointsResponse, Policy, ProcessSelector,
     RemoveWatchpointRequest, SetPolicyRequest, WatchpointSpec,
 };
 use wpd_tests::{
     Backend, CTarget, Daemon, Event, EventStream, ctarget_path, expect_status, machine_skip,
-    poll_until, require_backend, rpc_ok, unique_temp_dir,
+    perf_events_of, poll_until, require_backend, rpc_ok, unique_temp_dir,
 };
 
 const ARM_TIMEOUT: Duration = Duration::from_secs(10);
@@ -120,9 +120,9 @@ async fn hit_of(events: &mut EventStream, target: &mut CTarget, wp: u64, value: 
 }
 
 /// By command name: the matching process running now gets an instance, one started later
-/// gets one within the scan interval (at once where the kernel reports the exec), each with
-/// its own address; a process of another name gets nothing; removing the policy removes
-/// every instance.
+/// gets one within the scan interval (at once where the kernel reports the exec: found by its
+/// record there, by the scan elsewhere), each with its own address; a process of another name
+/// gets nothing (no instance, no hit); removing the policy removes every instance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_by_name_covers_processes_now_and_later() -> Result<()> {
     if !require_backend(Backend::Perf) {
@@ -146,8 +146,10 @@ async fn a_policy_by_name_covers_processes_now_and_later() -> Result<()> {
         )
         .await?;
         ensure!(
-            p.instances.len() == 1 && p.instances[0].pid == first.pid,
-            "SetPolicy should have armed pid {} only: {p:?}",
+            p.instances.len() == 1
+                && p.instances[0].pid == first.pid
+                && p.instances[0].found_by() == InstanceSource::SetPolicy,
+            "SetPolicy should have armed pid {} only, found as it was set: {p:?}",
             first.pid
         );
         let wp1 = p.instances[0].watchpoint_id;
@@ -184,21 +186,46 @@ async fn a_policy_by_name_covers_processes_now_and_later() -> Result<()> {
             "after the rename the hits name threads {names:?}"
         );
 
-        // Started after the policy was set.
-        let mut later = CTarget::start_path(&path, &comm).await?;
-        let wp2 = instance_in(&mut client, p.id, later.pid).await?;
+        // Started after the policy was set: found from the kernel's exec record where the
+        // collectors see every task (the per-thread path), at once; by the /proc scan
+        // elsewhere. The scan can come first only in the few milliseconds between the exec and
+        // the drain reading its record, so up to three processes are started in turn: one of
+        // them at least (in practice the first) must be found by its record; where the record
+        // path is broken, none is.
+        let per_thread = perf_events_of(&daemon).await?.starts_with("per-thread");
+        let want = if per_thread {
+            InstanceSource::KernelRecord
+        } else {
+            InstanceSource::Scan
+        };
+        let mut found = Vec::new();
+        let mut armed = None;
+        for _ in 0..3 {
+            let t = CTarget::start_path(&path, &comm).await?;
+            let wp = instance_in(&mut client, p.id, t.pid).await?;
+            let l = list(&mut client).await?;
+            let inst = l.policies[0]
+                .instances
+                .iter()
+                .find(|i| i.pid == t.pid)
+                .context("the later process's instance went")?;
+            eprintln!(
+                "a later process was armed {:.1} ms after the daemon saw it, found by {:?}",
+                inst.latency_ns as f64 / 1e6,
+                inst.found_by()
+            );
+            found.push(inst.found_by());
+            if inst.found_by() == want {
+                armed = Some((t, wp));
+                break;
+            }
+        }
+        let Some((mut later, wp2)) = armed else {
+            bail!("later processes were found by {found:?}, never by {want:?}");
+        };
         ensure!(wp2 != wp1, "both processes share watchpoint {wp1}");
         hit_of(&mut events, &mut later, wp2, 22).await?;
         let l = list(&mut client).await?;
-        let inst = l.policies[0]
-            .instances
-            .iter()
-            .find(|i| i.pid == later.pid)
-            .unwrap();
-        eprintln!(
-            "the later process was armed {:.1} ms after the daemon saw it",
-            inst.latency_ns as f64 / 1e6
-        );
         let w2 = l.watchpoints.iter().find(|w| w.id == wp2).unwrap();
         ensure!(
             w2.policy_id == p.id,
@@ -214,7 +241,29 @@ async fn a_policy_by_name_covers_processes_now_and_later() -> Result<()> {
             other.pid,
             "ct-pie"
         );
+        // Its store makes no hit: the next hit of `first` comes with none of it before, nor
+        // in the 300 ms after (the per-CPU path's rings are read in any order).
         other.cmd("set counter 5").await?;
+        first.cmd("set counter 23").await?;
+        let (first_pid, other_pid) = (first.pid, other.pid);
+        let no_hit_of_other = |e: &Event| -> Result<bool> {
+            match e {
+                Event::Hit(h) if h.pid == other_pid => {
+                    bail!("pid {other_pid}, of another name, hit: {h:?}")
+                }
+                Event::Hit(h) => Ok(h.pid == first_pid && h.watchpoint_id == wp1),
+                _ => Ok(false),
+            }
+        };
+        events
+            .wait_for(HIT_TIMEOUT, "the hit in the first process", |e| {
+                Ok(no_hit_of_other(e)?.then_some(()))
+            })
+            .await?;
+        let quiet = tokio::time::Instant::now() + Duration::from_millis(300);
+        while let Some(e) = events.next_before(quiet).await? {
+            no_hit_of_other(&e)?;
+        }
 
         let removed = rpc_ok(
             "RemoveWatchpoint(policy)",

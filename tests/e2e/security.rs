@@ -19,21 +19,46 @@ async fn open_daemon() -> Result<Daemon> {
     Daemon::start_open(&[]).await
 }
 
+/// Yama's `kernel.yama.ptrace_scope` here (0 without Yama).
+fn yama_scope() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A user watches its own process; another user can neither watch it, nor list, inspect or
+/// remove its watchpoint, nor count it, nor receive its hits. Where Yama's scope is 1 or more
+/// the kernel forbids an unprivileged user to trace a process it did not start: the owner's
+/// steps are skipped there (and root sets the watchpoint), the other user's run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_watch_their_own_processes_and_nothing_else() -> Result<()> {
     if !require_root_perf() {
         return Ok(());
     }
-    let yama = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").unwrap_or_default();
-    if yama.trim().parse::<u32>().unwrap_or(0) >= 1 {
-        // With Yama scope ≥ 1 the kernel itself forbids an unprivileged user
-        // to trace a process it did not start: the owner case cannot pass.
-        machine_skip(&format!(
-            "kernel.yama.ptrace_scope={} forbids the unprivileged owner case",
-            yama.trim()
+    let yama = yama_scope();
+    let owner = yama == 0
+        || machine_skip(&format!(
+            "kernel.yama.ptrace_scope={yama} forbids the unprivileged owner's steps \
+             (the other user's steps run)"
         ));
+    users_and_owners(owner).await
+}
+
+/// The other user's steps as a machine with Yama scope ≥ 1 runs them (whatever the scope
+/// here): root sets the watchpoint on the user's process, whose hits flow; another user is
+/// refused and shown nothing all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_user_is_refused_without_the_owners_steps() -> Result<()> {
+    if !require_root_perf() {
         return Ok(());
     }
+    users_and_owners(false).await
+}
+
+/// [`users_watch_their_own_processes_and_nothing_else`]'s steps; `owner`: the owner's too
+/// (else root sets the watchpoint).
+async fn users_and_owners(owner: bool) -> Result<()> {
     let daemon = open_daemon().await?;
     let mine = TargetProc::start_as(NOBODY, &["--threads", "2"]).await?;
     let roots = TargetProc::start(&["--threads", "2"]).await?;
@@ -41,9 +66,9 @@ async fn users_watch_their_own_processes_and_nothing_else() -> Result<()> {
     let result = async {
         let addr = format!("{:#x}", mine.vars[0]);
         let pid = mine.pid.to_string();
-        // The owner may watch its own process.
+        // The owner may watch its own process (else root sets it).
         let ok = run_wpctl_as(
-            Some(NOBODY),
+            owner.then_some(NOBODY),
             &["--endpoint", &ep, "watch", "--pid", &pid, "--addr", &addr],
             T,
         )
@@ -114,16 +139,23 @@ async fn users_watch_their_own_processes_and_nothing_else() -> Result<()> {
             "watching a root process: {denied:?}"
         );
         // The owner still sees its own watchpoint, and only that.
-        let own = run_wpctl_as(Some(NOBODY), &["--endpoint", &ep, "--json", "list"], T).await?;
-        let v: serde_json::Value = serde_json::from_str(&own.stdout)?;
-        let ws = v["watchpoints"].as_array().cloned().unwrap_or_default();
-        ensure!(
-            ws.len() == 1,
-            "owner should see exactly its watchpoint: {}",
-            own.stdout
-        );
+        if owner {
+            let own = run_wpctl_as(Some(NOBODY), &["--endpoint", &ep, "--json", "list"], T).await?;
+            let v: serde_json::Value = serde_json::from_str(&own.stdout)?;
+            let ws = v["watchpoints"].as_array().cloned().unwrap_or_default();
+            ensure!(
+                ws.len() == 1,
+                "owner should see exactly its watchpoint: {}",
+                own.stdout
+            );
+        }
         // Nor count it in their stats; the owner counts only its own.
-        for (uid, want) in [(OTHER, 0), (NOBODY, 1)] {
+        let counts: &[(u32, u64)] = if owner {
+            &[(OTHER, 0), (NOBODY, 1)]
+        } else {
+            &[(OTHER, 0)]
+        };
+        for &(uid, want) in counts {
             let st = run_wpctl_as(Some(uid), &["--endpoint", &ep, "--json", "stats"], T).await?;
             let v: serde_json::Value = serde_json::from_str(&st.stdout)?;
             ensure!(
@@ -150,8 +182,9 @@ async fn users_watch_their_own_processes_and_nothing_else() -> Result<()> {
             ev.is_err(),
             "another user must not receive the hits: {ev:?}"
         );
+        // ... while hits flow: the owner (or root) receives them.
         let mine_ev = run_wpctl_as(
-            Some(NOBODY),
+            owner.then_some(NOBODY),
             &["--endpoint", &ep, "events", "--count", "3", "--hits-only"],
             T,
         )
@@ -225,12 +258,14 @@ const CASES: &[Case] = &[
 /// for each target, `wpctl watch` as uid 65534 succeeds exactly when the kernel lets uid 65534
 /// read the target's memory (`process_vm_readv`, the check `PTRACE_SEIZE` makes). Among the
 /// targets: a process of the caller's own uid that made itself non-dumpable, one that dropped
-/// from root (non-dumpable by the kernel's rule), and one that kept root's capabilities.
+/// from root (non-dumpable by the kernel's rule), and one that kept root's capabilities. Under
+/// Yama's scope 1 or more every case is one the kernel denies (none is the caller's child).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wpd_agrees_with_the_kernel() -> Result<()> {
     if !require_root_perf() {
         return Ok(());
     }
+    let yama = yama_scope();
     let daemon = open_daemon().await?;
     let ep = daemon.endpoint();
     let result = async {
@@ -247,8 +282,12 @@ async fn wpd_agrees_with_the_kernel() -> Result<()> {
             };
             let addr = target.vars[0];
             let kernel = kernel_allows_access(NOBODY, NOBODY, target.pid, addr).await?;
+            // Yama's scope 1 lets an unprivileged caller trace its descendants only (the
+            // probe is no target's ancestor), 2 only a caller with CAP_SYS_PTRACE, 3 nobody:
+            // each case is denied there, and wpd must deny it too.
+            let allowed = case.allowed && yama == 0;
             ensure!(
-                kernel == case.allowed,
+                kernel == allowed,
                 "{}: the kernel says {} (the test's premise is wrong here)",
                 case.what,
                 if kernel { "allowed" } else { "denied" }

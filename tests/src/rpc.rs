@@ -389,3 +389,20 @@ pub fn hits_only(pid: i32) -> wpd_proto::v1::StreamEventsRequest {
         ..Default::default()
     }
 }
+
+/// How the daemon's perf backend opens its events (`GetCapabilities`: "per-thread ..." where
+/// `bpf()` is allowed, "per-cpu ..." where not or with `--perf-events per-cpu`).
+pub async fn perf_events_of(daemon: &Daemon) -> Result<String> {
+    let mut client = daemon.client().await?;
+    let caps = rpc_ok(
+        "GetCapabilities",
+        client.get_capabilities(wpd_proto::v1::GetCapabilitiesRequest {}),
+    )
+    .await?;
+    Ok(caps
+        .backends
+        .iter()
+        .find(|b| b.backend == Backend::Perf as i32)
+        .map(|b| b.events.clone())
+        .unwrap_or_default())
+}

@@ -3,7 +3,6 @@
 
 use crate::*;
 use std::fs;
-use std::io::Write;
 use std::sync::OnceLock;
 use std::sync::atomic::AtomicU32;
 
@@ -76,11 +75,6 @@ pub fn require_backend(backend: Backend) -> bool {
     true
 }
 
-/// Where [`machine_skip`] also appends its line: the file named by `WPD_TESTS_SKIPS` (`scripts/test`
-/// sets it, and counts the lines in its summary: nextest shows a passing test's output only
-/// with `--no-capture`).
-const SKIPS_FILE_VAR: &str = "WPD_TESTS_SKIPS";
-
 /// Panics, naming `scripts/setup`, when a peer a test runs against (a program, a library, a
 /// package: `what`, from `package`) is missing. Peers are never a reason to skip: `scripts/setup`
 /// installs every one of them, and `scripts/test` runs it first.
@@ -143,28 +137,10 @@ pub fn require_node_dap() {
 /// For what this machine or its kernel cannot do (not root, no hardware breakpoints, a Yama
 /// scope that forbids a case, no cgroup v2, a low hard `RLIMIT_NOFILE`): prints
 /// `SKIP <test>: <reason>` to stderr, appends the line to the file named by `WPD_TESTS_SKIPS` if
-/// set, and returns false (the test must return right away); or panics under
-/// `WPD_TESTS_REQUIRE=1`.
-pub fn machine_skip(reason: &str) -> bool {
-    let name = std::thread::current()
-        .name()
-        .unwrap_or("<unnamed test>")
-        .to_string();
-    if std::env::var_os("WPD_TESTS_REQUIRE").is_some_and(|v| v == "1") {
-        panic!("{name}: cannot run ({reason}) and WPD_TESTS_REQUIRE=1");
-    }
-    let line = format!("SKIP {name}: {reason}\n");
-    let _ = std::io::stderr().write_all(line.as_bytes());
-    if let Some(path) = std::env::var_os(SKIPS_FILE_VAR) {
-        // One append of one line: lines of tests running at once do not mix.
-        let _ = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .and_then(|mut f| f.write_all(line.as_bytes()));
-    }
-    false
-}
+/// set, and returns false (the test must return right away, or leave out the part that needs
+/// it); or panics under `WPD_TESTS_REQUIRE=1`. The same rule as every unit test's
+/// (`wpd-test-skip`).
+pub use wpd_test_skip::machine_skip;
 
 /// Runs a test body against both backends, without copying it: `both_backends!(name)` (or
 /// `both_backends!(name, body)`) turns `async fn body(backend: Backend) -> anyhow::Result<()>`

@@ -110,12 +110,13 @@ fn to_text(resp: &ListWatchpointsResponse) -> String {
         for p in &resp.policies {
             for i in &p.instances {
                 text.push_str(&format!(
-                    "  policy {}: pid {} ({}) watchpoint {}, armed {} after the daemon saw it\n",
+                    "  policy {}: pid {} ({}) watchpoint {}, armed {} after the daemon saw it ({})\n",
                     p.id,
                     i.pid,
                     escape(&i.comm),
                     i.watchpoint_id,
-                    output::duration_ns(i.latency_ns)
+                    output::duration_ns(i.latency_ns),
+                    output::instance_source_name(i.found_by)
                 ));
             }
             for r in &p.refusals {

@@ -865,6 +865,7 @@ impl Watchpoints for Mock {
                     watchpoint_id: 10,
                     armed_at_ns: 0,
                     latency_ns: 1_500_000,
+                    found_by: wpd_proto::v1::InstanceSource::KernelRecord as i32,
                 }],
                 instances_made: 1,
                 ..Default::default()

@@ -580,6 +580,7 @@ async fn watch_with_a_selector_sets_a_policy() {
     .await;
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(v["policy"]["instances"][0]["watchpoint_id"], 10);
+    assert_eq!(v["policy"]["instances"][0]["found_by"], "kernel-record");
     assert_eq!(v["policy"]["selector"]["comm"], "fuzzer");
     let r = wpctl(
         &ep,

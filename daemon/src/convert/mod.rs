@@ -724,6 +724,16 @@ pub fn selector_from_pb(
     crate::engine::policy::Selector::new(s.pids, &s.comm, &s.exe, &s.cgroup)
 }
 
+/// How a policy found a process, on the wire.
+fn found_by_to_pb(f: crate::engine::policy::FoundBy) -> pb::InstanceSource {
+    use crate::engine::policy::FoundBy;
+    match f {
+        FoundBy::SetPolicy => pb::InstanceSource::SetPolicy,
+        FoundBy::KernelRecord => pb::InstanceSource::KernelRecord,
+        FoundBy::Scan => pb::InstanceSource::Scan,
+    }
+}
+
 /// A selector to the wire.
 pub fn selector_to_pb(s: &crate::engine::policy::Selector) -> pb::ProcessSelector {
     pb::ProcessSelector {
@@ -760,6 +770,7 @@ impl From<&crate::engine::policy::PolicyView> for pb::Policy {
                     watchpoint_id: i.watch.0,
                     armed_at_ns: i.armed_at_ns,
                     latency_ns: i.latency_ns,
+                    found_by: found_by_to_pb(i.found_by) as i32,
                 })
                 .collect(),
             refusals: p

@@ -15,7 +15,7 @@
 //!
 //! What may be missed: the accesses a process makes between its fork or
 //! exec and the instance's arming (`PolicyInstance.latency_ns` says how
-//! long that was, per process).
+//! long that was, per process, and `found_by` which of the two found it).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -208,6 +208,18 @@ fn cgroup_path(c: &str) -> Result<String, WpdError> {
     Ok(rel)
 }
 
+/// How a policy found a process (`PolicyInstance.found_by`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FoundBy {
+    /// Running when the policy was set.
+    SetPolicy,
+    /// The kernel's FORK or exec record, handed over by the drain thread
+    /// ([`Core::process_started`]).
+    KernelRecord,
+    /// The `/proc` scan.
+    Scan,
+}
+
 /// A policy's watchpoint in one process.
 #[derive(Debug, Clone)]
 pub struct Instance {
@@ -216,6 +228,8 @@ pub struct Instance {
     pub watch: WatchId,
     pub armed_at_ns: u64,
     pub latency_ns: u64,
+    /// How the process was found.
+    pub found_by: FoundBy,
     /// The process's start time (a later process with the same pid is
     /// another one).
     start_time: u64,
@@ -281,8 +295,9 @@ pub struct PolicyView {
 pub enum PolicyMsg {
     /// A process started or called exec (kernel monotonic ns of that).
     Check(Pid, u64),
-    /// Try `pid` again for one policy (its name did not resolve yet).
-    Retry(WatchId, Pid, u64, Instant),
+    /// Try `pid` again for one policy (its name did not resolve yet), as
+    /// found first.
+    Retry(WatchId, Pid, u64, FoundBy, Instant),
 }
 
 impl Core {
@@ -350,7 +365,7 @@ impl Core {
         self.ensure_policy_thread();
         let now = crate::clock::monotonic_ns();
         for pid in procfs::pids() {
-            self.try_policy(&policy, pid, now);
+            self.try_policy(&policy, pid, now, FoundBy::SetPolicy);
         }
         Ok(self.policy_view(&policy))
     }
@@ -495,7 +510,7 @@ impl Core {
     }
 
     /// Makes `pid` an instance of `policy` if it matches and has none.
-    fn try_policy(self: &Arc<Self>, policy: &Arc<Policy>, pid: Pid, seen: u64) {
+    fn try_policy(self: &Arc<Self>, policy: &Arc<Policy>, pid: Pid, seen: u64, found: FoundBy) {
         if pid == std::process::id() as Pid
             || self.covered_by(pid, policy.id)
             || self.forked_from_instance(policy, pid)
@@ -595,6 +610,7 @@ impl Core {
                         watch,
                         armed_at_ns: crate::clock::realtime_ns(),
                         latency_ns: now.saturating_sub(seen),
+                        found_by: found,
                         start_time: start,
                     },
                 );
@@ -615,6 +631,7 @@ impl Core {
                         policy.id,
                         pid,
                         seen,
+                        found,
                         Instant::now() + RETRY_FOR,
                     ));
                 }
@@ -654,10 +671,10 @@ impl Core {
         });
     }
 
-    fn check_all_policies(self: &Arc<Self>, pid: Pid, seen: u64) {
+    fn check_all_policies(self: &Arc<Self>, pid: Pid, seen: u64, found: FoundBy) {
         let policies: Vec<Arc<Policy>> = self.policies.iter().map(|p| p.clone()).collect();
         for p in policies {
-            self.try_policy(&p, pid, seen);
+            self.try_policy(&p, pid, seen, found);
         }
     }
 }
@@ -666,7 +683,7 @@ fn policy_loop(core: std::sync::Weak<Core>, rx: mpsc::Receiver<PolicyMsg>) {
     let mut known: HashSet<Pid> = HashSet::new();
     let mut scans = 0u32;
     let mut next_scan = Instant::now() + SCAN;
-    let mut retries: Vec<(WatchId, Pid, u64, Instant)> = Vec::new();
+    let mut retries: Vec<(WatchId, Pid, u64, FoundBy, Instant)> = Vec::new();
     loop {
         let wait = retries
             .iter()
@@ -684,11 +701,11 @@ fn policy_loop(core: std::sync::Weak<Core>, rx: mpsc::Receiver<PolicyMsg>) {
         match msg {
             Ok(PolicyMsg::Check(pid, at)) => {
                 known.insert(pid);
-                core.check_all_policies(pid, at);
+                core.check_all_policies(pid, at, FoundBy::KernelRecord);
             }
-            Ok(PolicyMsg::Retry(id, pid, seen, until)) => {
+            Ok(PolicyMsg::Retry(id, pid, seen, found, until)) => {
                 if !retries.iter().any(|r| r.0 == id && r.1 == pid) {
-                    retries.push((id, pid, seen, until));
+                    retries.push((id, pid, seen, found, until));
                 }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -697,7 +714,7 @@ fn policy_loop(core: std::sync::Weak<Core>, rx: mpsc::Receiver<PolicyMsg>) {
         if !retries.is_empty() {
             let now = Instant::now();
             let due = std::mem::take(&mut retries);
-            for (id, pid, seen, until) in due {
+            for (id, pid, seen, found, until) in due {
                 let Some(p) = core.policy(id) else { continue };
                 if now >= until {
                     // Out of time: say so.
@@ -719,7 +736,7 @@ fn policy_loop(core: std::sync::Weak<Core>, rx: mpsc::Receiver<PolicyMsg>) {
                     );
                     continue;
                 }
-                core.try_policy(&p, pid, seen);
+                core.try_policy(&p, pid, seen, found);
             }
         }
         if Instant::now() >= next_scan {
@@ -735,7 +752,7 @@ fn policy_loop(core: std::sync::Weak<Core>, rx: mpsc::Receiver<PolicyMsg>) {
             let current: HashSet<Pid> = pids.iter().copied().collect();
             for pid in pids {
                 if full || !known.contains(&pid) {
-                    core.check_all_policies(pid, now);
+                    core.check_all_policies(pid, now, FoundBy::Scan);
                 }
             }
             known = current;

@@ -117,7 +117,7 @@ async fn debugger_calls_validate_and_leases_end_with_their_stream() {
     };
     // Another user cannot use it, even on a process of their own (as root,
     // the test can start one as that user).
-    if nix::unistd::geteuid().is_root() {
+    if wpd_test_skip::require_root("starting a process as another uid") {
         use std::os::unix::process::CommandExt as _;
         let theirs = Sleeper(
             std::process::Command::new("sleep")

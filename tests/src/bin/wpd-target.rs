@@ -19,9 +19,9 @@
 
 //!
 //! `--churn`: the N workers are *creators* instead: after `churn-start`, each loops on
-//! "spawn a thread whose only action is one store to `VARS[0]`, join it" until quit or
-//! `stop-workers` (the thread churn of `perf bench breakpoint thread`). Until `churn-start`
-//! they wait (sleeping), so that their tids can be listed and watched first.
+//! "spawn a thread whose only action is one store to `VARS[0]`, join it" until quit,
+//! `stop-workers` or `churn-stop` (the thread churn of `perf bench breakpoint thread`). Until
+//! `churn-start` they wait (sleeping), so that their tids can be listed and watched first.
 //!
 //!
 //! | command          | effect                                                        | reply                     |
@@ -30,6 +30,7 @@
 //! | `spawn-worker`   | one more worker like the initial ones                         | `SPAWNED tid=T`           |
 //! | `write I V`      | the main thread stores V (decimal or 0x-hex) into `VARS[I]`  | `WROTE`                   |
 //! | `thread-write I V` | a new thread stores V into `VARS[I]`, counts the SIGUSR1 its own handler ran, and exits; joined | `THREAD-WROTE tid=T usr1=N` |
+//! | `thread-write-blocked I V` | a new thread blocks SIGUSR1, stores V into `VARS[I]`, and reports whether SIGUSR1 is pending for it alone (`SigPnd` of `/proc/thread-self/status`, not the process's `ShdPnd`) before it exits; joined | `THREAD-WROTE-BLOCKED tid=T pending=0\|1` |
 //! | `stop-workers`   | every worker (initial and spawned) exits and is joined        | `STOPPED remaining=K`     |
 //! | `ping`           | nothing                                                       | `PONG counter=C threads=K`|
 //! | `usr1count`      | nothing                                                       | `USR1 N`                  |
@@ -42,6 +43,7 @@
 //! | `hammer I T MS`  | T new threads store to `VARS[I]` in a tight loop for MS ms, then exit; joined | `HAMMER stores=S ns=T` |
 //! | `churn-start`    | (`--churn`) the creators start churning                       | `CHURNING creators=N`     |
 //! | `churn-stats`    | (`--churn`) threads created and joined since the previous `churn-stats` (or `churn-start`), and the ns elapsed; starts a new window | `CHURN n=C ns=T` |
+//! | `churn-stop`     | (`--churn`) the creators stop; answered once none has a thread alive: C threads were created and joined since the previous `churn-stats` (or `churn-start`), every one of them gone | `CHURN-STOPPED n=C ns=T` |
 //! | `exec N`         | exec itself with N workers (same pid)                         | a new `READY ...` line    |
 //! | `exec-path P N`  | exec the program at P (a copy of this one, e.g. setuid) with N workers | a new `READY ...` line |
 //! | `fork`           | fork a child process (only the main thread is copied) that stores 1..=50 into `VARS[0]` 2 ms apart, prints nothing and exits 0 | `FORKED pid=C` |
@@ -59,7 +61,7 @@ use std::cell::UnsafeCell;
 use std::hint;
 use std::io::{self, BufRead, Write};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, mpsc};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -126,6 +128,10 @@ fn wait_gate() {
 
 /// Set by `churn-start`: the creators (`--churn`) begin.
 static CHURN_GO: AtomicBool = AtomicBool::new(false);
+
+/// Creators between their look at [`CHURN_GO`] and the join of the thread it let them create
+/// (`churn-stop` waits for none).
+static CHURN_BUSY: AtomicUsize = AtomicUsize::new(0);
 
 /// Threads created and joined by the creators so far (`--churn`).
 #[repr(C, align(64))]
@@ -305,13 +311,15 @@ fn worker(cfg: Config, tid_tx: mpsc::Sender<i32>) {
 /// The body of a `--churn` creator: wait for `churn-start`, then create and join threads
 /// until `STOP`.
 fn churner() {
-    while !CHURN_GO.load(Ordering::Relaxed) {
-        if STOP.load(Ordering::Relaxed) {
-            return;
-        }
-        thread::sleep(Duration::from_millis(1));
-    }
     while !STOP.load(Ordering::Relaxed) {
+        // Busy first, then the look (both SeqCst, as `churn-stop`'s store and wait): either
+        // `churn-stop` sees this creator busy, or the creator sees the churn stopped.
+        CHURN_BUSY.fetch_add(1, Ordering::SeqCst);
+        if !CHURN_GO.load(Ordering::SeqCst) {
+            CHURN_BUSY.fetch_sub(1, Ordering::SeqCst);
+            thread::sleep(Duration::from_millis(1));
+            continue;
+        }
         let spawned = thread::Builder::new()
             .stack_size(STACK_SIZE)
             .spawn(|| VARS[0].store(1));
@@ -319,8 +327,10 @@ fn churner() {
             Ok(handle) => {
                 let _ = handle.join();
                 CHURNED.0.fetch_add(1, Ordering::Relaxed);
+                CHURN_BUSY.fetch_sub(1, Ordering::SeqCst);
             }
             Err(e) => {
+                CHURN_BUSY.fetch_sub(1, Ordering::SeqCst);
                 eprintln!("wpd-target: churn: cannot create a thread: {e}");
                 thread::sleep(Duration::from_millis(1));
             }
@@ -492,6 +502,51 @@ impl State {
                 }
                 _ => format!("ERR usage: thread-write <0..{}> <value>", VARS.len() - 1),
             },
+            ["thread-write-blocked", index, value] => {
+                match (index.parse::<usize>(), parse_u64(value)) {
+                    (Ok(i), Some(v)) if i < VARS.len() => {
+                        let writer = thread::Builder::new()
+                            .name("writer".into())
+                            .stack_size(STACK_SIZE)
+                            .spawn(move || {
+                                // SAFETY: a sigset built by sigemptyset/sigaddset, applied to
+                                // this thread only.
+                                unsafe {
+                                    let mut set: libc::sigset_t = std::mem::zeroed();
+                                    libc::sigemptyset(&mut set);
+                                    libc::sigaddset(&mut set, libc::SIGUSR1);
+                                    libc::pthread_sigmask(
+                                        libc::SIG_BLOCK,
+                                        &set,
+                                        std::ptr::null_mut(),
+                                    );
+                                }
+                                VARS[i].store(v);
+                                let own = std::fs::read_to_string("/proc/thread-self/status")
+                                    .ok()
+                                    .and_then(|st| {
+                                        st.lines().find_map(|l| {
+                                            let m = l.strip_prefix("SigPnd:")?.trim();
+                                            u64::from_str_radix(m, 16).ok()
+                                        })
+                                    })
+                                    .unwrap_or(0);
+                                (gettid(), own >> (libc::SIGUSR1 - 1) & 1)
+                            });
+                        match writer.map(|h| h.join()) {
+                            Ok(Ok((tid, p))) => {
+                                format!("THREAD-WROTE-BLOCKED tid={tid} pending={p}")
+                            }
+                            Ok(Err(_)) => "ERR thread-write-blocked: the writer panicked".into(),
+                            Err(e) => format!("ERR thread-write-blocked: {e}"),
+                        }
+                    }
+                    _ => format!(
+                        "ERR usage: thread-write-blocked <0..{}> <value>",
+                        VARS.len() - 1
+                    ),
+                }
+            }
             ["stop-workers"] => {
                 STOP.store(true, Ordering::Relaxed);
                 for handle in self.workers.drain(..) {
@@ -613,9 +668,21 @@ impl State {
             },
             ["churn-start"] if self.cfg.churn => {
                 self.churn_mark = Some((CHURNED.0.load(Ordering::Relaxed), Instant::now()));
-                CHURN_GO.store(true, Ordering::Relaxed);
+                CHURN_GO.store(true, Ordering::SeqCst);
                 format!("CHURNING creators={}", self.workers.len())
             }
+            ["churn-stop"] if self.cfg.churn => match self.churn_mark {
+                Some((n0, t0)) => {
+                    CHURN_GO.store(false, Ordering::SeqCst);
+                    while CHURN_BUSY.load(Ordering::SeqCst) != 0 {
+                        thread::sleep(Duration::from_micros(100));
+                    }
+                    let (n, now) = (CHURNED.0.load(Ordering::Relaxed), Instant::now());
+                    self.churn_mark = Some((n, now));
+                    format!("CHURN-STOPPED n={} ns={}", n - n0, (now - t0).as_nanos())
+                }
+                None => "ERR churn-stop: no churn-start".to_string(),
+            },
             ["churn-stats"] => match self.churn_mark {
                 Some((n0, t0)) => {
                     let (n, now) = (CHURNED.0.load(Ordering::Relaxed), Instant::now());
@@ -624,7 +691,7 @@ impl State {
                 }
                 None => "ERR churn-stats: no churn-start (needs --churn)".to_string(),
             },
-            ["churn-start"] => "ERR churn-start needs --churn".to_string(),
+            ["churn-start" | "churn-stop"] => format!("ERR {line} needs --churn"),
             _ => format!("ERR unknown command {line:?}"),
         };
         Some(reply)

@@ -776,13 +776,21 @@ mod kernel_tests {
 
     static WATCHED: AtomicU64 = AtomicU64::new(0);
 
+    /// The hit ring, or None (skipped) where `bpf()` is refused.
+    fn hit_ring() -> Option<HitRing> {
+        match HitRing::new() {
+            Ok(r) => Some(r),
+            Err(e @ NoRing::Map(Errno::EPERM)) => {
+                wpd_test_skip::machine_skip(&e.to_string());
+                None
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
     #[test]
     fn inherited_events_keep_the_program() {
-        let ring = match HitRing::new() {
-            Ok(r) => r,
-            Err(NoRing::Map(Errno::EPERM)) => return, // unprivileged run
-            Err(e) => panic!("{e}"),
-        };
+        let Some(ring) = hit_ring() else { return };
         records_the_inherited_threads_hits(ring);
     }
 
@@ -792,11 +800,7 @@ mod kernel_tests {
     /// the test's.
     #[test]
     fn ids_in_a_named_pid_namespace() {
-        let mut ring = match HitRing::new() {
-            Ok(r) => r,
-            Err(NoRing::Map(Errno::EPERM)) => return, // unprivileged run
-            Err(e) => panic!("{e}"),
-        };
+        let Some(mut ring) = hit_ring() else { return };
         ring.ns = Some(PidNs::at("/proc/self/ns/pid").unwrap());
         records_the_inherited_threads_hits(ring);
     }
@@ -813,7 +817,7 @@ mod kernel_tests {
         let input = match Counters::new(1) {
             Ok(c) => c,
             Err(Errno::EPERM) => {
-                eprintln!("skipped: bpf() refused (needs CAP_BPF): the comparisons are not run");
+                wpd_test_skip::machine_skip("bpf() refused (needs CAP_BPF)");
                 return;
             }
             Err(e) => panic!("{e}"),
