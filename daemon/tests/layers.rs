@@ -46,7 +46,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     (
         "the kernel's and the daemon's files",
-        &["procfs.rs", "pidns.rs", "bpf.rs", "statedir.rs"],
+        &["procfs.rs", "pidns.rs", "bpf/", "statedir.rs"],
     ),
     ("symbols", &["symbols/"]),
     ("errors", &["error.rs"]),
@@ -57,7 +57,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("the ledger and shared state", &["ledger/", "state.rs"]),
     ("the backends", &["backend/"]),
     ("an event's bytes", &["wire/"]),
-    ("the journal and export", &["journal/", "export.rs"]),
+    ("the journal and export", &["journal/", "export/"]),
     ("the engine", &["engine/"]),
     ("the API's messages", &["convert/"]),
     ("the service", &["service/"]),
@@ -509,7 +509,7 @@ fn paths_resolve_to_their_files() {
         ("engine/mod.rs", "ledger/mod.rs"),
         ("rpc/mod.rs", "service/mod.rs"),
         ("service/watch.rs", "engine/mod.rs"),
-        ("backend/ptrace/code.rs", "bpf.rs"),
+        ("backend/ptrace/code.rs", "bpf/mod.rs"),
         ("backend/ptrace/code.rs", "backend/ptrace/signal_bp.rs"),
     ] {
         assert!(

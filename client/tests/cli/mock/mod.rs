@@ -1,19 +1,24 @@
 //! The scripted daemon the tests talk to: fixed answers per pid or id,
 //! errors for particular inputs, and endless or replayed event streams
 //! (see each method for its script).
+//!
+//! The canned messages are in `fixtures.rs`, the event streams' scripts
+//! (and the hits a watchpoint kept) in `events.rs`.
+
+mod events;
+mod fixtures;
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::time::Duration;
 
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
-use wpd_proto::v1::stream_events_response::Event;
 use wpd_proto::v1::watchpoints_server::{Watchpoints, WatchpointsServer};
 use wpd_proto::v1::*;
 
 use super::TempDir;
+use fixtures::{break_place, counter_symbol, unknown_symbol, watchpoint};
 
 /// A scripted daemon: fixed answers, and errors for particular inputs.
 struct Mock;
@@ -21,216 +26,11 @@ struct Mock;
 /// The event streams the mock (and the hostile daemon) serve.
 pub(crate) type EventStream = Pin<Box<dyn Stream<Item = Result<StreamEventsItem, Status>> + Send>>;
 
-/// The messages the mock scripts, before they are served.
-type Events = Pin<Box<dyn Stream<Item = Result<StreamEventsResponse, Status>> + Send>>;
-
 /// `events` as the server trait sends them.
 pub(crate) fn served(
     events: impl Stream<Item = Result<StreamEventsResponse, Status>> + Send + 'static,
 ) -> EventStream {
     Box::pin(events.map(|r| r.map(StreamEventsItem::from)))
-}
-
-fn event(seq: u64, event: Event) -> StreamEventsResponse {
-    StreamEventsResponse {
-        seq,
-        time_ns: 1_700_000_000_000_000_000 + seq,
-        owner: None,
-        event: Some(event),
-    }
-}
-
-/// Where the mock's code breakpoints are (id 9).
-fn break_place() -> BreakpointPlace {
-    BreakpointPlace {
-        function: "conn_new".into(),
-        file: "/src/conn.c".into(),
-        line: 41,
-        address: 0x5555_0000_127d,
-        module: "/opt/server".into(),
-        offset: 0x127d,
-    }
-}
-
-/// Breakpoint 9 holds thread `tid` of pid 8.
-fn break_stop(seq: u64, tid: i32) -> StreamEventsResponse {
-    event(
-        seq,
-        Event::BreakpointHit(BreakpointHit {
-            watchpoint_id: 9,
-            pid: 8,
-            tid,
-            place: Some(break_place()),
-            count: 1,
-        }),
-    )
-}
-
-fn hit(seq: u64) -> StreamEventsResponse {
-    event(
-        seq,
-        Event::Hit(Hit {
-            value_kind: 0,
-            value_name: String::new(),
-            process_name: String::new(),
-            thread_name: String::new(),
-            watchpoint_id: 7,
-            pid: 123,
-            tid: 124,
-            ip: 0x401000,
-            address: 0x601040,
-            length: 4,
-            access: Access::Write as i32,
-            value: vec![0x2a, 0, 0, 0],
-            value_error: String::new(),
-            time_ns: 0,
-            value_read_at_ns: 0,
-            cpu: 0,
-            stopped: false,
-            old_value: vec![],
-            backend: Backend::Perf as i32,
-            piece: 0,
-            location: None,
-            backtrace: vec![],
-            backtrace_note: String::new(),
-            rate_limited_before: 0,
-        }),
-    )
-}
-
-/// Where a `--backtrace` hit came from: `set_counter` at target.c:17,
-/// called from `main`.
-fn located_hit(seq: u64) -> StreamEventsResponse {
-    let frame = |ip: u64, function: &str, line: u32| Location {
-        ip,
-        lookup_address: ip - 1,
-        function: function.into(),
-        function_offset: 0x10,
-        file: "/src/target.c".into(),
-        line,
-        column: 3,
-        inlined: vec![],
-        module: "/opt/t/target".into(),
-        build_id: vec![0xab, 0xcd, 0x01],
-        module_address: (ip - 1) & 0xffff,
-        file_offset: (ip - 1) & 0xffff,
-        has_file_offset: true,
-        place_id: 0,
-    };
-    let mut ev = hit(seq);
-    if let Some(Event::Hit(h)) = &mut ev.event {
-        h.ip = 0x5555_0000_1111;
-        h.location = Some(frame(0x5555_0000_1111, "set_counter", 17));
-        h.backtrace = vec![frame(0x5555_0000_1222, "main", 42)];
-    }
-    ev
-}
-
-/// `located_hit(seq)` as a stream with places once sends it: its place
-/// numbered 1, its caller's 2, and when the stream has had them
-/// (`first` false) nothing else of them.
-fn numbered_hit(seq: u64, first: bool) -> StreamEventsResponse {
-    let mut ev = located_hit(seq);
-    if let Some(Event::Hit(h)) = &mut ev.event {
-        for (loc, id) in h.location.iter_mut().chain(&mut h.backtrace).zip(1..) {
-            loc.place_id = id;
-            if !first {
-                *loc = Location {
-                    ip: loc.ip,
-                    lookup_address: loc.lookup_address,
-                    place_id: id,
-                    ..Default::default()
-                };
-            }
-        }
-    }
-    ev
-}
-
-/// A hit of a `--action stop --on-change` watchpoint: old value 41, new 42,
-/// thread held stopped.
-fn stopping_hit(seq: u64) -> StreamEventsResponse {
-    let mut ev = hit(seq);
-    if let Some(Event::Hit(h)) = &mut ev.event {
-        h.watchpoint_id = 8;
-        h.old_value = vec![0x29, 0, 0, 0];
-        h.stopped = true;
-        h.backend = Backend::Ptrace as i32;
-    }
-    ev
-}
-
-fn watchpoint(id: u64, spec: WatchpointSpec, hits: u64) -> Watchpoint {
-    Watchpoint {
-        value_type: None,
-        objects: None,
-        object_watchpoints: vec![],
-        breakpoint: None,
-        pending: false,
-        pending_reason: String::new(),
-        policy_id: 0,
-        forked_children: vec![],
-        id,
-        process_wide: spec.tids.is_empty(),
-        armed_threads: if spec.tids.is_empty() {
-            3
-        } else {
-            spec.tids.len() as u32
-        },
-        hits,
-        created_at_ns: 1,
-        backend: if spec.backend == Backend::Ptrace as i32 {
-            Backend::Ptrace as i32
-        } else {
-            Backend::Perf as i32
-        },
-        pieces: vec![Piece {
-            address: spec.address,
-            length: spec.length,
-        }],
-        symbol: None,
-        spec: Some(spec),
-        hits_filtered: 0,
-        hits_rate_limited: 0,
-    }
-}
-
-/// What the mock's process 123 has: `counter`, a 4-byte int in the
-/// executable `/opt/t/target`, loaded at 0x5555_0000_0000.
-fn counter_symbol(expression: &str) -> Symbol {
-    Symbol {
-        value_type: Some(wpd_proto::v1::ValueType {
-            kind: wpd_proto::v1::ValueKind::Signed as i32,
-            size: 4,
-            name: "int".into(),
-            ..Default::default()
-        }),
-        expression: expression.into(),
-        name: "counter".into(),
-        module: "/opt/t/target".into(),
-        build_id: vec![0xab, 0xcd, 0x01],
-        address: 0x5555_0000_4010,
-        size: 4,
-        type_name: "int".into(),
-        source: SymbolSource::Dwarf as i32,
-        module_address: 0x4010,
-        note: String::new(),
-    }
-}
-
-/// The error the daemon gives for a name no module defines.
-fn unknown_symbol(name: &str) -> Status {
-    let mut details = ErrorDetails::new();
-    details.set_error_info(
-        wpd_proto::reason::UNKNOWN_SYMBOL,
-        "wpd.v1",
-        HashMap::from([("closest".to_string(), "counter".to_string())]),
-    );
-    Status::with_error_details(
-        Code::NotFound,
-        format!("no variable {name:?} in process 123 (closest: counter)"),
-        details,
-    )
 }
 
 #[tonic::async_trait]
@@ -559,121 +359,12 @@ impl Watchpoints for Mock {
 
     type StreamEventsStream = EventStream;
 
-    /// pid 1: three events, then the stream ends. pid 2: a hit every 5 ms,
-    /// forever. pid 3: one stopping only-on-change hit, then the end.
-    /// pid 4: one symbolized hit with a backtrace, then the end.
-    /// pid 6: no journal (a replay is refused with reason NO_JOURNAL).
-    /// pid 7: echoes the replay fields: `after_seq` N gives the hits N+1 and
-    /// N+2, `since_time_ns` T one hit at time T (seq 1), then the end.
-    /// pid 4: two hits at the same places, sent once (`places_once`, which
-    /// the caller must ask for).
-    /// Otherwise: a hit, a drop notice, a thread start, then silence.
+    /// The script is [`events::stream_events`]'s.
     async fn stream_events(
         &self,
         r: Request<StreamEventsRequest>,
     ) -> Result<Response<EventStream>, Status> {
-        let req = r.get_ref();
-        let replaying = req.after_seq.is_some() || req.since_time_ns.is_some();
-        if req.pid == 4 && !req.places_once {
-            return Err(Status::invalid_argument(
-                "the located hits of pid 4 are for a stream with places once",
-            ));
-        }
-        if req.pid == 6 && replaying {
-            let mut details = ErrorDetails::new();
-            details.set_error_info(wpd_proto::reason::NO_JOURNAL, "wpd.v1", HashMap::new());
-            return Err(Status::with_error_details(
-                Code::FailedPrecondition,
-                "no journal",
-                details,
-            ));
-        }
-        if req.pid == 7 {
-            let events = match (req.after_seq, req.since_time_ns) {
-                (Some(n), _) => vec![Ok(hit(n + 1)), Ok(hit(n + 2))],
-                (None, Some(t)) => {
-                    let mut ev = hit(1);
-                    ev.time_ns = t;
-                    vec![Ok(ev)]
-                }
-                (None, None) => vec![],
-            };
-            return Ok(Response::new(served(tokio_stream::iter(events))));
-        }
-        let first = vec![
-            Ok(hit(1)),
-            Ok(event(
-                2,
-                Event::Dropped(EventsDropped {
-                    count: 5,
-                    first_seq: 1,
-                    last_seq: 5,
-                }),
-            )),
-            Ok(event(
-                3,
-                Event::ThreadStarted(ThreadStarted {
-                    pid: 123,
-                    tid: 125,
-                    parent_tid: 124,
-                    watchpoint_ids: vec![7],
-                }),
-            )),
-        ];
-        let stream: Events = match r.into_inner().pid {
-            // Code breakpoints (id 9): pid 8's stop is lost to a drop (the
-            // stream goes on), pid 9's comes after another breakpoint's,
-            // pid 10 exits.
-            8 => Box::pin(
-                tokio_stream::iter(vec![Ok(event(
-                    1,
-                    Event::Dropped(EventsDropped {
-                        count: 1,
-                        first_seq: 1,
-                        last_seq: 1,
-                    }),
-                ))])
-                .chain(tokio_stream::pending()),
-            ),
-            9 => {
-                let mut other = break_stop(1, 90);
-                if let Some(Event::BreakpointHit(b)) = other.event.as_mut() {
-                    b.watchpoint_id = 4;
-                }
-                Box::pin(
-                    tokio_stream::iter(vec![Ok(other), Ok(break_stop(2, 91))])
-                        .chain(tokio_stream::pending()),
-                )
-            }
-            10 => Box::pin(
-                tokio_stream::iter(vec![Ok(event(
-                    1,
-                    Event::ProcessExited(ProcessExited {
-                        pid: 10,
-                        watchpoint_ids: vec![9],
-                    }),
-                ))])
-                .chain(tokio_stream::pending()),
-            ),
-            1 => Box::pin(tokio_stream::iter(first)),
-            3 => Box::pin(tokio_stream::iter(vec![Ok(stopping_hit(1))])),
-            4 => Box::pin(tokio_stream::iter(vec![
-                Ok(numbered_hit(1, true)),
-                Ok(numbered_hit(2, false)),
-            ])),
-            2 => {
-                let ticks = tokio_stream::wrappers::IntervalStream::new(tokio::time::interval(
-                    Duration::from_millis(5),
-                ));
-                let mut seq = 0;
-                Box::pin(ticks.map(move |_| {
-                    seq += 1;
-                    Ok(hit(seq))
-                }))
-            }
-            _ => Box::pin(tokio_stream::iter(first).chain(tokio_stream::pending())),
-        };
-        Ok(Response::new(served(stream)))
+        events::stream_events(r)
     }
 
     /// pid 123 holds threads 124, 125 and 126 stopped (every call finds them
@@ -873,51 +564,12 @@ impl Watchpoints for Mock {
         }))
     }
 
-    /// Watchpoint 7 kept two hits of 42 in all; others do not exist.
+    /// The script is [`events::get_recent_hits`]'s.
     async fn get_recent_hits(
         &self,
         r: Request<GetRecentHitsRequest>,
     ) -> Result<Response<GetRecentHitsResponse>, Status> {
-        let r = r.into_inner();
-        if r.watchpoint_id == 9 {
-            return Ok(Response::new(GetRecentHitsResponse {
-                value_type: None,
-                hits: vec![break_stop(30, 81)],
-                total: 1,
-            }));
-        }
-        if r.watchpoint_id != 7 {
-            return Err(Status::not_found(format!(
-                "no watchpoint #{}",
-                r.watchpoint_id
-            )));
-        }
-        let hit = |seq: u64, tid: i32, value: u8| StreamEventsResponse {
-            seq,
-            time_ns: 1,
-            owner: None,
-            event: Some(Event::Hit(Hit {
-                process_name: String::new(),
-                thread_name: String::new(),
-                watchpoint_id: 7,
-                pid: 123,
-                tid,
-                ip: 0x401000,
-                address: 0x1040,
-                length: 4,
-                value: vec![value, 0, 0, 0],
-                ..Default::default()
-            })),
-        };
-        let mut hits = vec![hit(40, 124, 1), hit(41, 125, 2)];
-        if r.limit == 1 {
-            hits.remove(0);
-        }
-        Ok(Response::new(GetRecentHitsResponse {
-            hits,
-            total: 42,
-            value_type: None,
-        }))
+        events::get_recent_hits(r)
     }
 
     async fn get_stats(
