@@ -218,7 +218,7 @@ impl Core {
             Scope::Process
         };
         let id = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
-        let watch = super::watch::new_watch(id, spec, proc.backend, w.owner, None, true);
+        let watch = super::super::watch::new_watch(id, spec, proc.backend, w.owner, None, true);
         if watch.spec.only_on_change {
             *watch.last_value.lock().unwrap() = crate::procfs::read_memory(
                 pid,

@@ -12,7 +12,7 @@ use crate::model::{Pid, WatchId, WatchSpec};
 impl Core {
     /// Sets a code breakpoint (`code.stop`): its probe past a function's
     /// prologue or at a line's first instruction. Blocking.
-    fn set_code_breakpoint(
+    pub(super) fn set_code_breakpoint(
         self: &Arc<Self>,
         mut spec: WatchSpec,
         code: CodeSpec,

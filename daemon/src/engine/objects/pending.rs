@@ -119,7 +119,7 @@ impl Core {
     /// Registers a pending code event (its module not loaded yet) and
     /// makes sure its process has a probe at its loader's hook; then looks
     /// once more, for a module mapped meanwhile. Blocking.
-    fn set_pending(
+    pub(super) fn set_pending(
         self: &Arc<Self>,
         mut spec: WatchSpec,
         code: CodeSpec,
@@ -205,7 +205,7 @@ impl Core {
 
     /// Closes process `pid`'s loader-hook probe if no pending event is
     /// left.
-    fn close_loader_hook_if_idle(&self, pid: Pid) {
+    pub(super) fn close_loader_hook_if_idle(&self, pid: Pid) {
         if self.objects.pending.iter().any(|p| p.spec.pid == pid) {
             return;
         }
@@ -224,7 +224,7 @@ impl Core {
     /// under its id, with a `WatchpointResolved`; one that resolves but
     /// cannot be armed is removed, with a `WatchpointRemoved` saying why.
     /// Blocking.
-    fn resolve_pending(self: &Arc<Self>, pid: Pid) {
+    pub(super) fn resolve_pending(self: &Arc<Self>, pid: Pid) {
         let _one = self.objects.resolving.lock().unwrap();
         let todo: Vec<Pending> = self
             .objects

@@ -1,8 +1,8 @@
 //! Object watches removed: by their caller, when their process calls exec,
 //! and with their process.
 
-use super::{ObjectView, disarm_key, event_key};
 use super::pending::pending_view;
+use super::{ObjectView, disarm_key, event_key};
 use crate::engine::Core;
 use crate::error::WpdError;
 use crate::model::{Pid, WatchId};

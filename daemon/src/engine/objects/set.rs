@@ -7,9 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use super::pending::pending_reason;
 use super::worker::Msg;
-use super::{
-    CodeSpec, ObjectCounts, ObjectView, ObjectWatch, disarm_key, event_key, live_bound,
-};
+use super::{CodeSpec, ObjectCounts, ObjectView, ObjectWatch, disarm_key, event_key, live_bound};
 use crate::backend::CodeProbe;
 use crate::engine::Core;
 use crate::error::WpdError;
@@ -105,7 +103,7 @@ impl Core {
     /// for, else (asked for none, on a process not attached yet) the one
     /// that can hold a thread at a probe rather than a default that cannot
     /// (written into `spec`).
-    fn code_backend(&self, spec: &mut WatchSpec) -> Option<crate::model::BackendKind> {
+    pub(super) fn code_backend(&self, spec: &mut WatchSpec) -> Option<crate::model::BackendKind> {
         let kind = self
             .procs
             .get(&spec.pid)
@@ -122,7 +120,7 @@ impl Core {
     }
 
     /// Sets an object watch, under `id` if given (a pending one armed).
-    fn set_object_watch_as(
+    pub(super) fn set_object_watch_as(
         self: &Arc<Self>,
         mut spec: WatchSpec,
         code: CodeSpec,
@@ -225,7 +223,7 @@ impl Core {
     /// Attaches the process, registers the watch and opens its probes; a
     /// refusal undoes all of it.
     #[allow(clippy::too_many_arguments)]
-    fn open_object_watch(
+    pub(super) fn open_object_watch(
         self: &Arc<Self>,
         spec: WatchSpec,
         code: CodeSpec,

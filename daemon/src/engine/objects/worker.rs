@@ -36,7 +36,7 @@ impl std::fmt::Debug for Msg {
 }
 
 impl Core {
-    fn start_objects_thread(self: &Arc<Self>) {
+    pub(super) fn start_objects_thread(self: &Arc<Self>) {
         let mut tx = self.objects.tx.lock().unwrap();
         if tx.is_some() {
             return;
