@@ -324,6 +324,20 @@ fn string<'b>(b: &'b [u8], at: &mut usize) -> Option<(bool, &'b [u8])> {
     Some((huffman, s))
 }
 
+/// `value` with every byte an authority may not hold replaced by `-`.
+fn valid_authority(value: &[u8]) -> Vec<u8> {
+    value
+        .iter()
+        .map(|&c| {
+            if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
+                c
+            } else {
+                b'-'
+            }
+        })
+        .collect()
+}
+
 /// The header block with every invalid `:authority` value made valid, or
 /// `None` when nothing needs to change (or the block cannot be parsed: the
 /// server judges it as sent).
@@ -376,16 +390,7 @@ fn fix_block(b: &[u8], huffman: &mut Option<HuffmanDecoder>) -> Option<Vec<u8>> 
             out.extend_from_slice(&b[start..at]);
             continue;
         }
-        let fixed: Vec<u8> = value
-            .iter()
-            .map(|&c| {
-                if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
-                    c
-                } else {
-                    b'-'
-                }
-            })
-            .collect();
+        let fixed = valid_authority(&value);
         out.extend_from_slice(&b[start..value_at]);
         put_integer(&mut out, 0, 7, fixed.len());
         out.extend_from_slice(&fixed);

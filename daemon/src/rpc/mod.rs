@@ -549,19 +549,7 @@ impl Api {
             r.pid = nsview::pid_in(&caller, r.pid)?;
             self.service.allow(&caller, r.pid).map_err(out(&caller))?;
         }
-        let from = match (r.after_seq, r.since_time_ns) {
-            (Some(a), _) => Some(crate::journal::Start::AfterSeq(a)),
-            (None, Some(t)) => Some(crate::journal::Start::SinceTime(t)),
-            (None, None) => None,
-        };
-        let journal = match from {
-            Some(_) => Some(
-                core.journal
-                    .clone()
-                    .ok_or_else(|| status::to_status(&WpdError::NoJournal))?,
-            ),
-            None => None,
-        };
+        let replay = replay_from(&r, &core)?;
         // A replay subscribes once it has caught up; the limits apply now.
         let sub = core.subscribe(caller.uid, caller.privileged)?;
         let lease = r.lease.then(|| self.service.leases().open(caller.uid));
@@ -575,7 +563,7 @@ impl Api {
         });
         let symbols = (!r.raw).then(|| core.symbols.clone());
         let closed = core.bus.closed();
-        let (Some(from), Some(journal)) = (from, journal) else {
+        let Some((from, journal)) = replay else {
             return Ok(Box::pin(EventFeed::new(
                 caller, &r, sub, greeting, lease, closed, symbols,
             )));
@@ -595,4 +583,22 @@ impl Api {
             shutdown,
         }))
     }
+}
+
+/// Where a replay asked by `r` starts, and the journal it reads; `None`
+/// for a live stream.
+fn replay_from(
+    r: &pb::StreamEventsRequest,
+    core: &crate::engine::Core,
+) -> Result<Option<(crate::journal::Start, Arc<crate::journal::Journal>)>, Status> {
+    let from = match (r.after_seq, r.since_time_ns) {
+        (Some(a), _) => crate::journal::Start::AfterSeq(a),
+        (None, Some(t)) => crate::journal::Start::SinceTime(t),
+        (None, None) => return Ok(None),
+    };
+    let journal = core
+        .journal
+        .clone()
+        .ok_or_else(|| status::to_status(&WpdError::NoJournal))?;
+    Ok(Some((from, journal)))
 }

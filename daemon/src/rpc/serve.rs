@@ -191,12 +191,7 @@ pub async fn serve(
     };
     // A client that stops reading its stream would hold the graceful
     // shutdown forever: after the signal, connections get a grace period.
-    let mut closed = core.bus.closed();
-    let deadline = async move {
-        let _ = closed.wait_for(|c| *c).await;
-        tokio::time::sleep(SHUTDOWN_GRACE).await;
-        tracing::warn!("connections still open after {SHUTDOWN_GRACE:?}: closing them");
-    };
+    let deadline = grace_over(core.bus.closed());
     let result = match bound {
         Bound::Unix { listener: l, guard } => {
             if let Listen::Unix(path) = listen {
@@ -221,6 +216,14 @@ pub async fn serve(
         }
     };
     result.context("serving")
+}
+
+/// Completes a grace period after the daemon began to stop (`closed`
+/// turned true): connections still open then are closed.
+async fn grace_over(mut closed: tokio::sync::watch::Receiver<bool>) {
+    let _ = closed.wait_for(|c| *c).await;
+    tokio::time::sleep(SHUTDOWN_GRACE).await;
+    tracing::warn!("connections still open after {SHUTDOWN_GRACE:?}: closing them");
 }
 
 /// The health service, NOT_SERVING while the daemon cannot serve every

@@ -4,7 +4,7 @@
 //! spare fd, freed to accept and close what cannot be served; a backoff).
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -73,6 +73,41 @@ impl Backoff {
     }
 }
 
+/// After a failed accept, backs off; out of fds, first accepts one waiting
+/// connection into the spare fd's room and closes it, so its client hears
+/// the refusal and the queue moves.
+async fn accept_failed(
+    e: io::Error,
+    listener: RawFd,
+    registry: &Registry,
+    spare: &mut Spare,
+    backoff: &mut Backoff,
+) {
+    if out_of_fds(&e) {
+        registry.refused.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!("accept: {e}: closing one connection, backing off");
+        spare.with_room(|| {
+            // SAFETY: accept4 on the listening socket; the new fd, if any,
+            // is closed at once.
+            let fd = unsafe {
+                libc::accept4(
+                    listener,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_CLOEXEC,
+                )
+            };
+            if fd >= 0 {
+                // SAFETY: the fd accept4 just returned.
+                drop(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        });
+    } else {
+        tracing::warn!("accept: {e}");
+    }
+    backoff.wait().await;
+}
+
 /// Accepts on the Unix socket; yields admitted connections with their
 /// caller.
 pub fn unix_incoming(
@@ -94,31 +129,9 @@ pub fn unix_incoming(
                     backoff.reset();
                     s
                 }
-                Err(e) if out_of_fds(&e) => {
-                    registry.refused.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!("accept: {e}: closing one connection, backing off");
-                    spare.with_room(|| {
-                        // SAFETY: accept4 on the listening socket; the new
-                        // fd, if any, is closed at once.
-                        let fd = unsafe {
-                            libc::accept4(
-                                listener.as_raw_fd(),
-                                std::ptr::null_mut(),
-                                std::ptr::null_mut(),
-                                libc::SOCK_CLOEXEC,
-                            )
-                        };
-                        if fd >= 0 {
-                            // SAFETY: the fd accept4 just returned.
-                            drop(unsafe { OwnedFd::from_raw_fd(fd) });
-                        }
-                    });
-                    backoff.wait().await;
-                    continue;
-                }
                 Err(e) => {
-                    tracing::warn!("accept: {e}");
-                    backoff.wait().await;
+                    accept_failed(e, listener.as_raw_fd(), &registry, &mut spare, &mut backoff)
+                        .await;
                     continue;
                 }
             };
@@ -203,30 +216,9 @@ pub fn tcp_incoming(
                     backoff.reset();
                     s
                 }
-                Err(e) if out_of_fds(&e) => {
-                    registry.refused.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!("accept: {e}: closing one connection, backing off");
-                    spare.with_room(|| {
-                        // SAFETY: as in `unix_incoming`.
-                        let fd = unsafe {
-                            libc::accept4(
-                                listener.as_raw_fd(),
-                                std::ptr::null_mut(),
-                                std::ptr::null_mut(),
-                                libc::SOCK_CLOEXEC,
-                            )
-                        };
-                        if fd >= 0 {
-                            // SAFETY: the fd accept4 just returned.
-                            drop(unsafe { OwnedFd::from_raw_fd(fd) });
-                        }
-                    });
-                    backoff.wait().await;
-                    continue;
-                }
                 Err(e) => {
-                    tracing::warn!("accept: {e}");
-                    backoff.wait().await;
+                    accept_failed(e, listener.as_raw_fd(), &registry, &mut spare, &mut backoff)
+                        .await;
                     continue;
                 }
             };

@@ -302,6 +302,20 @@ impl Metrics {
             methods: served_methods(),
             filter_totals: Mutex::default(),
         };
+        for register in [
+            Metrics::register_process,
+            Metrics::register_hits,
+            Metrics::register_journal,
+            Metrics::register_export,
+            Metrics::register_daemon,
+        ] {
+            register(&m, &mut r);
+        }
+        Metrics { registry: r, ..m }
+    }
+
+    /// Registers the daemon's build and uptime, and what it holds: processes, threads, slots, watchpoints, policies.
+    fn register_process(&self, r: &mut Registry) {
         r.register(
             "build",
             "The daemon's version and architecture",
@@ -314,51 +328,56 @@ impl Metrics {
             "uptime",
             "Time since the daemon started",
             Unit::Seconds,
-            m.uptime.clone(),
+            self.uptime.clone(),
         );
         r.register(
             "attached_processes",
             "Processes attached",
-            m.processes.clone(),
+            self.processes.clone(),
         );
         r.register(
             "tracked_threads",
             "Threads of attached processes the daemon tracks",
-            m.threads.clone(),
+            self.threads.clone(),
         );
         r.register(
             "forked_children",
             "Forked children covered by the watchpoints they inherited, not yet seen to exit",
-            m.forked_children.clone(),
+            self.forked_children.clone(),
         );
         r.register(
             "slots_in_use",
             "Debug-register slots of tracked threads by holder: ours (our watchpoints), pending \
              (being armed, or inheritance not known yet), foreign (the kernel refused them to us: \
              another tool holds them), retained (freed by us, still reserved by the kernel)",
-            m.slots.clone(),
+            self.slots.clone(),
         );
-        r.register("watchpoints", "Watchpoints held", m.watchpoints.clone());
+        r.register("watchpoints", "Watchpoints held", self.watchpoints.clone());
+        r.register("policies", "Policies set", self.policies.clone());
+    }
+
+    /// Registers the journal's families.
+    fn register_journal(&self, r: &mut Registry) {
         r.register(
             "journal_written_seq",
             "Sequence number of the last event written to the journal (0: no journal)",
-            m.journal_written_seq.clone(),
+            self.journal_written_seq.clone(),
         );
         r.register(
             "journal_durable_seq",
             "Sequence number of the last journaled event on stable storage (fdatasync done)",
-            m.journal_durable_seq.clone(),
+            self.journal_durable_seq.clone(),
         );
         r.register_with_unit(
             "journal",
             "Bytes of the journal's segment files",
             Unit::Bytes,
-            m.journal_bytes.clone(),
+            self.journal_bytes.clone(),
         );
         r.register(
             "journal_segments",
             "Segment files of the journal",
-            m.journal_segments.clone(),
+            self.journal_segments.clone(),
         );
         r.register(
             "journal_events_lost",
@@ -366,78 +385,85 @@ impl Metrics {
              event ring behind), retention (deleted, oldest first, beyond --journal-max-bytes), \
              write_error (a write failed: a full disk, an I/O error), sync_error (written, but \
              their fdatasync failed: a machine crash may take them)",
-            m.journal_lost.clone(),
+            self.journal_lost.clone(),
         );
         r.register(
             "journal_fsyncs",
             "fdatasync calls of the journal's writer",
-            m.journal_fsyncs.clone(),
+            self.journal_fsyncs.clone(),
         );
         r.register_with_unit(
             "journal_fsync",
             "Time spent in the journal's fdatasync calls",
             Unit::Seconds,
-            m.journal_fsync_seconds.clone(),
+            self.journal_fsync_seconds.clone(),
         );
         r.register(
             "journal_torn_tails",
             "Torn or damaged tails cut off the journal at start",
-            m.journal_torn.clone(),
+            self.journal_torn.clone(),
         );
         r.register(
             "journal_write_errors",
             "Failed writes, fdatasync calls and segment creations of the journal",
-            m.journal_write_errors.clone(),
+            self.journal_write_errors.clone(),
         );
+    }
+
+    /// Registers the export's families.
+    fn register_export(&self, r: &mut Registry) {
+        r.register(
+            "export_acked_seq",
+            "Sequence number of the last event NATS JetStream acknowledged in order",
+            self.export_acked_seq.clone(),
+        );
+        r.register(
+            "export_published",
+            "Messages published to NATS JetStream (repeats after a server error included)",
+            self.export_published.clone(),
+        );
+        r.register(
+            "export_errors",
+            "Connection, publish and acknowledgement errors of the export",
+            self.export_errors.clone(),
+        );
+        r.register(
+            "export_events_lost",
+            "Events deleted from the journal before they were exported",
+            self.export_lost.clone(),
+        );
+        r.register(
+            "export_connected",
+            "1 while connected to the NATS server",
+            self.export_connected.clone(),
+        );
+    }
+
+    /// Registers hits, what was not delivered, and the kernel's side of them.
+    fn register_hits(&self, r: &mut Registry) {
         r.register(
             "sigtraps",
             "SIGTRAPs the kernel delivered to watched processes (wpd sends none; each is a \
              ProcessCrashed event saying what sent it)",
-            m.sigtraps.clone(),
+            self.sigtraps.clone(),
         );
         r.register(
             "kernel_throttled",
             "Times the kernel throttled one of the daemon's perf events (perf_event_max_sample_rate); \
              a throttled event records nothing until the next tick",
-            m.kernel_throttled.clone(),
+            self.kernel_throttled.clone(),
         );
-        r.register(
-            "export_acked_seq",
-            "Sequence number of the last event NATS JetStream acknowledged in order",
-            m.export_acked_seq.clone(),
-        );
-        r.register(
-            "export_published",
-            "Messages published to NATS JetStream (repeats after a server error included)",
-            m.export_published.clone(),
-        );
-        r.register(
-            "export_errors",
-            "Connection, publish and acknowledgement errors of the export",
-            m.export_errors.clone(),
-        );
-        r.register(
-            "export_events_lost",
-            "Events deleted from the journal before they were exported",
-            m.export_lost.clone(),
-        );
-        r.register(
-            "export_connected",
-            "1 while connected to the NATS server",
-            m.export_connected.clone(),
-        );
-        r.register("policies", "Policies set", m.policies.clone());
-        r.register("hits", "Hits since start", m.hits.clone());
+        r.register("hits", "Hits since start", self.hits.clone());
         r.register(
             "watchpoint_hits",
             "Hits of each watchpoint the daemon holds now, by id (a removed watchpoint's series \
              ends)",
-            m.watchpoint_hits.clone(),
+            self.watchpoint_hits.clone(),
         );
         r.register(
             "watchpoint_series_omitted",
             "Watchpoints left out of wpd_watchpoint_hits_total (past the first 1024 by id)",
-            m.watchpoint_series_omitted.clone(),
+            self.watchpoint_series_omitted.clone(),
         );
         r.register(
             "events_dropped",
@@ -445,72 +471,79 @@ impl Metrics {
              lost, counted per subscriber), kernel_ring_lost (records the kernel or the BPF ring \
              dropped when full), filtered (hits a watchpoint's condition, ignore or every-Nth \
              count held back), rate_limited (hits over a watchpoint's rate limit)",
-            m.dropped.clone(),
+            self.dropped.clone(),
         );
         r.register(
             "perf_fds",
             "Open perf event file descriptors",
-            m.perf_fds.clone(),
+            self.perf_fds.clone(),
         );
-        r.register("subscribers", "Event streams open", m.subscribers.clone());
+        r.register(
+            "subscribers",
+            "Event streams open",
+            self.subscribers.clone(),
+        );
+    }
+
+    /// Registers connections, the ledger's hold times, the symbol layer and the gRPC requests.
+    fn register_daemon(&self, r: &mut Registry) {
         r.register(
             "connections_open",
             "Client connections open",
-            m.connections.clone(),
+            self.connections.clone(),
         );
         r.register(
             "connections_refused",
             "Connections refused (over a per-caller or daemon-wide limit, or out of file \
              descriptors)",
-            m.connections_refused.clone(),
+            self.connections_refused.clone(),
         );
         r.register(
             "connections_idle_closed",
             "Connections closed after the idle timeout",
-            m.connections_idled.clone(),
+            self.connections_idled.clone(),
         );
         r.register_with_unit(
             "ledger_lock_hold",
             "Hold time of the slot ledger's guards since start (one in 64 timed), as quantiles: \
              0.5, 0.99 and 1 (the maximum); each a bucket's upper bound, never above the maximum",
             Unit::Seconds,
-            m.ledger_hold.clone(),
+            self.ledger_hold.clone(),
         );
         r.register(
             "symbol_files",
             "Module files the symbol layer holds loaded",
-            m.symbol_files.clone(),
+            self.symbol_files.clone(),
         );
         r.register_with_unit(
             "symbol",
             "Heap bytes of the loaded module files (symbol tables, DWARF indexes)",
             Unit::Bytes,
-            m.symbol_bytes.clone(),
+            self.symbol_bytes.clone(),
         );
         r.register(
             "symbol_locations",
             "Distinct code addresses symbolized",
-            m.symbol_locations.clone(),
+            self.symbol_locations.clone(),
         );
         r.register_with_unit(
             "symbol_location",
             "Heap bytes of the symbolized locations",
             Unit::Bytes,
-            m.symbol_location_bytes.clone(),
+            self.symbol_location_bytes.clone(),
         );
         r.register(
             "symbol_maps_reads",
             "Reads of /proc/PID/maps by the symbol layer",
-            m.symbol_maps_reads.clone(),
+            self.symbol_maps_reads.clone(),
         );
         r.register_with_unit(
             "rpc_duration",
             "gRPC requests: time from the request's headers to the end of its response (an \
              event stream's whole life), by service, method and status code",
             Unit::Seconds,
-            m.rpc.clone(),
+            self.rpc.clone(),
         );
-        Metrics { registry: r, ..m }
     }
 
     /// Sets every family from `snap`.
