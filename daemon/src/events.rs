@@ -234,7 +234,7 @@ pub struct Event {
 }
 
 /// An event's `wpd.v1.StreamEventsResponse` bytes, each form made once by
-/// the first that needs it (`rpc/wire.rs` makes them; this module only
+/// the first that needs it (`wire/` makes them; this module only
 /// carries them) and then shared: by the journal's record and every
 /// subscriber that sends the event as it is.
 #[derive(Debug, Clone, Default)]

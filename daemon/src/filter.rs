@@ -14,7 +14,7 @@
 //! judge hides nothing.
 //!
 //! This module is the definition of what a condition means; the perf
-//! backend's BPF program (`backend/perf/ring.rs`) computes the same with
+//! backend's BPF program (`backend/perf/ring/judge.rs`) computes the same with
 //! [`sign_extend`] and [`float_key`], and its tests run that program in the
 //! kernel against [`Condition::holds`].
 

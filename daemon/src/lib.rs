@@ -1,5 +1,6 @@
 //! wpd: a hardware-watchpoint daemon. All logic lives in this library;
-//! `main.rs` only parses flags and calls [`rpc::serve::run`].
+//! `main.rs` reads the flags into a [`startup::Config`] and calls
+//! [`startup::run`], which wires the daemon and serves it.
 
 pub mod aggregate;
 pub mod arch;

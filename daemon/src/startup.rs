@@ -317,7 +317,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     result
 }
 
-/// Starts the export of the journal to NATS JetStream (`export.rs`), its
+/// Starts the export of the journal to NATS JetStream (`export/`), its
 /// position kept in `dir/export`, with the core's thread names.
 fn start_export(
     export: &crate::export::Config,

@@ -201,7 +201,7 @@ pub struct Watch {
     pub forked_total: std::sync::atomic::AtomicU64,
     /// Aggregate mode's table (`spec.aggregate`).
     pub aggregates: Option<crate::aggregate::Aggregates>,
-    /// The watchpoint of one object of an object watch (`engine/objects.rs`):
+    /// The watchpoint of one object of an object watch (`engine/objects/`):
     /// a backend may program it without stopping the threads where it can
     /// (ptrace with signal stops); its refusals are counted, not reported.
     pub object: bool,

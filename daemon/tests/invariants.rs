@@ -154,6 +154,7 @@ fn debug_register_layout_stays_in_arch() {
             "rw_shift(",
             "len_shift(",
             "len_bits(",
+            "slot_mask(",
             "HIT_MASK",
             "0b1111",
             "0x90001",

@@ -526,3 +526,176 @@ fn paths_resolve_to_their_files() {
         ]
     );
 }
+
+/// The layers as the imports draw them, top first: each layer with its
+/// files, and the layers below whose files its files import.
+fn drawn_layers(g: &Graph) -> String {
+    let mut uses: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); LAYERS.len()];
+    for (a, b) in g.edges.keys() {
+        let (la, lb) = (layer_of(a).unwrap(), layer_of(b).unwrap());
+        if la != lb {
+            uses[la].insert(lb);
+        }
+    }
+    let mut out = String::new();
+    for (i, (name, files)) in LAYERS.iter().enumerate().rev() {
+        let mut line = format!("{name}:");
+        for f in files.iter() {
+            if line.len() + 1 + f.len() > 76 {
+                out += &format!("{line}\n");
+                line = String::from("   ");
+            }
+            line += &format!(" {f}");
+        }
+        out += &format!("{line}\n");
+        let below: Vec<&str> = uses[i].iter().rev().map(|&l| LAYERS[l].0).collect();
+        if !below.is_empty() {
+            let mut line = String::from("  uses");
+            for (n, b) in below.iter().enumerate() {
+                let sep = if n == 0 { " " } else { ", " };
+                if line.len() + sep.len() + b.len() > 76 {
+                    out += &format!("{},\n", line.trim_end_matches(", "));
+                    line = format!("    {b}");
+                } else {
+                    line += &format!("{sep}{b}");
+                }
+            }
+            out += &format!("{line}\n");
+        }
+    }
+    out
+}
+
+/// ARCHITECTURE.md's ground plan is the one the imports draw: the block
+/// after its `<!-- layers -->` mark is exactly [`drawn_layers`] (the
+/// failure prints it, to paste in).
+#[test]
+fn the_architecture_documents_draw_the_layers_from_the_imports() {
+    let g = graph(&repo().join("daemon/src"));
+    let drawn = drawn_layers(&g);
+    let doc = std::fs::read_to_string(repo().join("ARCHITECTURE.md")).unwrap();
+    let block = doc
+        .split_once("<!-- layers -->\n```\n")
+        .and_then(|(_, rest)| rest.split_once("```\n"))
+        .map(|(b, _)| b);
+    assert_eq!(
+        block,
+        Some(drawn.as_str()),
+        "ARCHITECTURE.md's layers block (after `<!-- layers -->`, in a fence) differs from the \
+         imports; as drawn from them:\n{drawn}"
+    );
+}
+
+/// The documents whose file names are checked: the ground plan and the
+/// documents that say which test shows what. (docs/benchmarks.md is a
+/// record: its sections name the files as they were at each run.)
+const DOCS: &[&str] = &[
+    "ARCHITECTURE.md",
+    "README.md",
+    "docs/kernel-facts.md",
+    "docs/reliability.md",
+    "docs/security.md",
+];
+
+/// Every file or directory the [`DOCS`] name in backticks (`a/b.rs`,
+/// `dir/`, `x.rs::item`) exists: with a slash, under the repository root
+/// or one of the crates' roots; a bare file name, somewhere in the tree.
+#[test]
+fn the_documents_name_only_files_that_exist() {
+    let root = repo();
+    let bases = [
+        "",
+        "daemon/",
+        "daemon/src/",
+        "client/",
+        "client/src/",
+        "adapters/dap/",
+        "adapters/dap/src/",
+        "tests/",
+        "tests/src/",
+        "tests/src/bin/",
+        "proto/",
+        "deploy/",
+        // Within a section, names relative to its directory.
+        "daemon/src/arch/",
+        "daemon/src/backend/",
+        "daemon/src/backend/perf/",
+        "daemon/src/engine/",
+        "daemon/src/rpc/",
+        "daemon/src/symbols/",
+        "client/tests/cli/",
+        "tests/e2e/",
+    ];
+    let mut names = BTreeSet::new();
+    let mut all = Vec::new();
+    for dir in [
+        "daemon", "client", "adapters", "tests", "proto", "deploy", "scripts", "docs",
+    ] {
+        walk(&root.join(dir), &mut all);
+    }
+    for e in std::fs::read_dir(&root).unwrap().flatten() {
+        all.push(e.path());
+    }
+    for p in &all {
+        if let Some(n) = p.file_name() {
+            names.insert(n.to_string_lossy().to_string());
+        }
+    }
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for doc_name in DOCS {
+        let doc = std::fs::read_to_string(root.join(doc_name)).unwrap();
+        for (n, line) in doc.lines().enumerate() {
+            for (i, tok) in line.split('`').enumerate() {
+                if i % 2 == 0 || tok.contains(|c: char| " <>*{}$|".contains(c)) {
+                    continue;
+                }
+                let tok = tok.split("::").next().unwrap();
+                let is_file = [".rs", ".proto", ".mjs", ".toml", ".md", ".yaml", ".service"]
+                    .iter()
+                    .any(|x| tok.ends_with(x));
+                let is_dir = tok.ends_with('/') && tok.len() > 1 && !tok.starts_with('/');
+                if !(is_file || is_dir) || tok.starts_with(['/', '.']) || tok.contains("://") {
+                    continue;
+                }
+                checked += 1;
+                let found = if tok.contains('/') {
+                    bases
+                        .iter()
+                        .any(|b| root.join(format!("{b}{tok}")).exists())
+                } else {
+                    names.contains(tok)
+                };
+                if !found {
+                    missing.push(format!("{doc_name}:{}: `{tok}`", n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 100,
+        "only {checked} names checked: the reading is broken"
+    );
+    assert!(
+        missing.is_empty(),
+        "names of files that do not exist:\n{}",
+        missing.join("\n")
+    );
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name();
+        if name == "target" || name == "node_modules" || name == ".git" {
+            continue;
+        }
+        if p.is_dir() {
+            walk(&p, out);
+        }
+        out.push(p);
+    }
+}

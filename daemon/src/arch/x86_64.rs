@@ -185,6 +185,19 @@ pub fn dr7_slot_bits(slot: usize, len: WatchLen, access: Access) -> u64 {
         | (dr7::len_bits(len.bytes()) << dr7::len_shift(slot))
 }
 
+/// `dr7` with slot `slot` set to watch `len` bytes for `access`, the other
+/// slots' bits as they were.
+pub fn dr7_set_slot(dr7: u64, slot: usize, len: WatchLen, access: Access) -> u64 {
+    dr7_clear_slot(dr7, slot) | dr7_slot_bits(slot, len, access)
+}
+
+/// `dr7` with every bit of slot `slot` cleared, the other slots' as they
+/// were.
+pub fn dr7_clear_slot(dr7: u64, slot: usize) -> u64 {
+    debug_assert!(slot < SLOTS);
+    dr7 & !dr7::slot_mask(slot)
+}
+
 /// Validates a request; see [`super::validate`].
 pub fn validate(addr: u64, len: u32, access: Access) -> Result<Range, SpecError> {
     if len == 0 {
@@ -330,6 +343,22 @@ mod tests {
             "xmm0 is not a general register"
         );
         assert_eq!(GENERAL_REGISTERS[usize::from(DWARF_SP)], "rsp");
+    }
+
+    #[test]
+    fn setting_a_slot_leaves_the_others_as_they_were() {
+        let w8 = WatchLen::new(8).unwrap();
+        let three = dr7_set_slot(0, 3, WatchLen::new(4).unwrap(), Access::ReadWrite);
+        let both = dr7_set_slot(three, 1, w8, Access::Write);
+        assert_eq!(both, three | dr7_slot_bits(1, w8, Access::Write));
+        // Set again with other bits: the slot's old fields are gone.
+        let again = dr7_set_slot(both, 1, WatchLen::new(1).unwrap(), Access::Exec);
+        assert_eq!(
+            again,
+            three | dr7_slot_bits(1, WatchLen::new(1).unwrap(), Access::Exec)
+        );
+        assert_eq!(dr7_clear_slot(again, 1), three);
+        assert_eq!(dr7_clear_slot(three, 3), 0);
     }
 
     #[test]

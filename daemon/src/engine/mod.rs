@@ -121,7 +121,7 @@ pub struct Core {
     /// library's name resolves once the dynamic linker loaded it), with
     /// their deadlines.
     pending_resolve: DashMap<Pid, Vec<(Arc<Watch>, Instant)>>,
-    /// Object watches (`objects.rs`), by id (ids shared with watchpoints).
+    /// Object watches (`objects/`), by id (ids shared with watchpoints).
     pub objects: objects::Objects,
     /// Policies (`policy.rs`), by id (ids shared with watchpoints).
     policies: DashMap<WatchId, Arc<policy::Policy>>,

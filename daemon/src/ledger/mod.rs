@@ -7,8 +7,10 @@
 //! 2. `procs` maps a pid to the (sharded) set of its tids, so process-wide
 //!    operations visit only that process's threads. Lock order: a `threads`
 //!    guard may be held while taking a `procs` guard (a row is indexed and
-//!    unindexed under its own guard, so readers see both or neither), never
-//!    the reverse, so there is no lock-order cycle.
+//!    unindexed under its own guard, so readers see both or neither; the
+//!    tid set's shard is taken under the `procs` guard) or a `retained`
+//!    guard (`add_thread`); a `procs` or `retained` guard is never held
+//!    while taking another, so there is no lock-order cycle.
 //! 3. No guard is held across a syscall or an `.await`: callers reserve,
 //!    do the syscall, then commit or roll back.
 //! 4. One guard in [`HOLD_SAMPLE`] has its hold time recorded in `hold` (a

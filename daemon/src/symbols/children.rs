@@ -1,7 +1,7 @@
 //! Variables views (`ListVariables`, an IDE's Globals scope): the global
 //! and static variables the executable defines, and what an expression has
 //! under it — a record's members, an array's elements, a pointer's target —
-//! each evaluated as `ResolveSymbol` evaluates a name (`eval.rs`), with its
+//! each evaluated as `ResolveSymbol` evaluates a name (`eval/`), with its
 //! bytes when small.
 
 use super::dwarf::VarLoc;

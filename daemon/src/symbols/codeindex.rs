@@ -1,6 +1,6 @@
 //! A module's line rows and functions sorted by link-time address, built
 //! the first time a step needs them (`step.rs`) and kept with the module's
-//! DWARF (`dwarf.rs`).
+//! DWARF (`dwarf/`).
 
 use std::sync::Arc;
 

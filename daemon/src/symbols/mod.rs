@@ -11,12 +11,12 @@
 //!   `blazesym` on a thread of its own, off the hit path, and cached per
 //!   process image and per module.
 //!
-//! Rooms: `expr.rs` (the expression grammar), `eval.rs` (expressions over
+//! Rooms: `expr/` (the expression grammar), `eval/` (expressions over
 //! DWARF types), `maps.rs` (`/proc/PID/maps`),
 //! `files.rs` (the module files held loaded, each loaded on a thread of
 //! its own), `open.rs` (how any file is opened: regular files only,
 //! without blocking), `elf.rs` (one module file,
-//! its debug file), `dwarf.rs` (variables and types), `resolve.rs` (a name
+//! its debug file), `dwarf/` (variables and types), `resolve.rs` (a name
 //! to an address, in steps), `linkmap.rs` (the order the dynamic linker
 //! loaded the modules in), `error.rs` (why a name does not resolve),
 //! `locate.rs` (symbolizing instruction pointers).

@@ -7,7 +7,7 @@
 //! - tracker: a dummy event per thread and CPU reporting its thread
 //!   lifecycle and that of every thread it creates (per-CPU path);
 //! - breakpoint, per-CPU path: writes a sample into its CPU's ring;
-//! - breakpoint, per-thread path: runs a BPF program (`ring.rs`);
+//! - breakpoint, per-thread path: runs a BPF program (`ring/`);
 //! - the probe's disabled breakpoint (`probe.rs`), and the signal stops'
 //!   breakpoint (`ptrace/signal_bp.rs`).
 

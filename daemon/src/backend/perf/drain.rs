@@ -55,7 +55,7 @@ impl PerfEngine {
                 // quarter of a ring is full (a wake-up per hit doubled what
                 // a hit costs the writing thread: `wakeup_events = 1` on
                 // the per-CPU path, the BPF ring's notification on the
-                // per-thread one, see `ring.rs`): while some process is
+                // per-thread one, see `ring/`): while some process is
                 // tracked they are read on a timeout. Policies waiting for
                 // processes read the collectors' FORK and exec records on
                 // the same timeout. With neither, nothing can come.

@@ -85,7 +85,7 @@ pub struct Perf {
     bpf_dropped: AtomicU64,
     /// `PERF_RECORD_THROTTLE` records read.
     throttled: AtomicU64,
-    /// The per-thread path's ring and programs (`ring.rs`), or why the
+    /// The per-thread path's ring and programs (`ring/`), or why the
     /// per-CPU path is used.
     path: Result<super::ring::HitRing, String>,
 }
@@ -299,7 +299,7 @@ impl Perf {
 
     /// Opens a breakpoint on `tid` for every CPU at once (`cpu = -1`) that
     /// runs `prog` at each hit instead of writing to a ring (the per-thread
-    /// path, `ring.rs`). `inherit` as for [`Perf::open_breakpoint`].
+    /// path, `ring/`). `inherit` as for [`Perf::open_breakpoint`].
     pub fn open_breakpoint_bpf(
         &self,
         tid: Tid,

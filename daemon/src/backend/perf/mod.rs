@@ -7,7 +7,7 @@
 //!   built from `attr.rs` (what each event asks of the kernel), opened
 //!   through `sys.rs` (the syscalls, replaceable in unit tests), counted in
 //!   `fds.rs` (the fd budget); `collector.rs` maps and reads the per-CPU
-//!   rings, `record.rs` decodes their records; `ring.rs` is the per-thread
+//!   rings, `record.rs` decodes their records; `ring/` is the per-thread
 //!   path's BPF program and ring.
 //! - `drain.rs`: the drain thread: rings → thread lifecycle and hits.
 //! - this file: [`PerfEngine`], the [`Backend`]: tracking threads, arming,

@@ -199,15 +199,14 @@ impl Regs {
                             self.addr[s] = a.addr;
                             self.ids[s] = Some(a.key);
                             self.ever_armed |= 1 << s;
-                            self.dr7 = (self.dr7 & !arch::dr7::slot_mask(s))
-                                | arch::dr7_slot_bits(s, a.len, a.access);
+                            self.dr7 = arch::dr7_set_slot(self.dr7, s, a.len, a.access);
                             outcome.push((batch, p, ProgramResult::Done));
                         }
                         Err(e) => outcome.push((batch, p, errno_result(e))),
                     }
                 }
                 None => {
-                    self.dr7 &= !arch::dr7::slot_mask(s);
+                    self.dr7 = arch::dr7_clear_slot(self.dr7, s);
                     self.ids[s] = None;
                     outcome.push((batch, p, ProgramResult::Done));
                 }
