@@ -25,12 +25,46 @@ pub struct Endpoint {
 }
 
 impl Default for Endpoint {
+    /// The daemon wpctl talks to unless told ([`default_socket`]).
     fn default() -> Self {
-        let text = format!("unix:{}", wpd_proto::DEFAULT_SOCKET);
+        let euid = nix::unistd::geteuid().as_raw();
+        let runtime = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from);
+        let path = default_socket(
+            euid,
+            runtime.as_deref(),
+            |p| nix::unistd::access(p, nix::unistd::AccessFlags::W_OK).is_ok(),
+            |p| p.exists(),
+        );
         Endpoint {
-            target: Target::Unix(PathBuf::from(wpd_proto::DEFAULT_SOCKET)),
-            text,
+            text: format!("unix:{}", path.display()),
+            target: Target::Unix(path),
         }
+    }
+}
+
+/// The socket wpctl uses when no endpoint is given, for effective uid
+/// `euid`: root's is the system daemon's; a user's is the system daemon's
+/// when it is there and the user may connect to it (`may_connect`: write
+/// permission, e.g. through the daemon's group), else the user's own
+/// daemon's (`wpd` run by the user listens there, [`wpd_proto::user_socket`])
+/// when it is there (`exists`), else the system daemon's when it is there (connecting
+/// then says what is refused), else the user's own (nothing runs: the one
+/// the user can start).
+pub fn default_socket(
+    euid: u32,
+    runtime_dir: Option<&Path>,
+    may_connect: impl Fn(&Path) -> bool,
+    exists: impl Fn(&Path) -> bool,
+) -> PathBuf {
+    let system = PathBuf::from(wpd_proto::DEFAULT_SOCKET);
+    if euid == 0 || may_connect(&system) {
+        return system;
+    }
+    let own = wpd_proto::user_socket(euid, runtime_dir);
+    if exists(&own) || !exists(&system) {
+        own
+    } else {
+        system
     }
 }
 
@@ -257,6 +291,32 @@ fn parse_line(words: &[&str], base: &Path, line: usize) -> Result<Entry, LineErr
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_default_socket_is_the_systems_or_the_users_own() {
+        use std::path::Path;
+        let rt = Some(Path::new("/run/user/1000"));
+        let own = Path::new("/run/user/1000/wpd/wpd.sock");
+        let system = Path::new(wpd_proto::DEFAULT_SOCKET);
+        let pick = |euid, connect: bool, have: &[&Path]| {
+            super::default_socket(euid, rt, |_| connect, |p| have.contains(&p))
+        };
+        // Root: the system's, always.
+        assert_eq!(pick(0, false, &[]), system);
+        // A user who may connect to the system's daemon: that one.
+        assert_eq!(pick(1000, true, &[system, own]), system);
+        // One who may not: their own daemon's when it runs.
+        assert_eq!(pick(1000, false, &[system, own]), own);
+        // Neither runs: their own (the one they can start).
+        assert_eq!(pick(1000, false, &[]), own);
+        // Only the system's, not theirs to use: that one (connecting says why).
+        assert_eq!(pick(1000, false, &[system]), system);
+        // No runtime directory: the private one in /tmp.
+        assert_eq!(
+            super::default_socket(1000, None, |_| false, |_| false),
+            Path::new("/tmp/wpd-1000/wpd.sock")
+        );
+    }
+
     use super::*;
     use wpd_proto::connect::Target;
 

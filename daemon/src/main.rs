@@ -17,9 +17,12 @@ struct Args {
     #[arg(long)]
     man: bool,
     /// Where to listen: unix:PATH, or tcp://HOST:PORT (a loopback address,
-    /// or any with --tls-cert; TCP callers need --token-file).
-    #[arg(long, env = "WPD_LISTEN", default_value_t = format!("unix:{}", wpd_proto::DEFAULT_SOCKET))]
-    listen: String,
+    /// or any with --tls-cert; TCP callers need --token-file). Default: for
+    /// root unix:/run/wpd/wpd.sock; for a user unix:$XDG_RUNTIME_DIR/wpd/wpd.sock
+    /// (unix:/tmp/wpd-UID/wpd.sock without XDG_RUNTIME_DIR), where wpctl looks
+    /// for the user's own daemon.
+    #[arg(long, env = "WPD_LISTEN")]
+    listen: Option<String>,
     /// Log filter (tracing-subscriber syntax), e.g. info or wpd=debug.
     #[arg(long, env = "WPD_LOG", default_value = "info")]
     log: String,
@@ -273,6 +276,21 @@ fn state_config(args: &Args) -> Option<wpd::startup::StateOptions> {
     })
 }
 
+/// Where to listen, and for a user's daemon the directory of its default
+/// socket (where its ptrace state file goes too, instead of /run/wpd).
+fn listen_of(args: &Args) -> Result<(Listen, Option<std::path::PathBuf>), String> {
+    if let Some(l) = &args.listen {
+        return Ok((l.parse()?, None));
+    }
+    let euid = nix::unistd::geteuid().as_raw();
+    let runtime = std::env::var_os("XDG_RUNTIME_DIR").map(std::path::PathBuf::from);
+    let socket = wpd_proto::default_socket(euid, runtime.as_deref());
+    let run_dir = (euid != 0)
+        .then(|| socket.parent().map(|d| d.to_path_buf()))
+        .flatten();
+    Ok((Listen::Unix(socket), run_dir))
+}
+
 /// /var/lib/wpd for root; an ordinary user's state directory otherwise.
 fn default_state_dir() -> std::path::PathBuf {
     if nix::unistd::geteuid().is_root() {
@@ -330,7 +348,12 @@ fn parse_ring_kib(s: &str) -> Result<u32, String> {
 /// The daemon's configuration from the flags, or the one line saying what
 /// is wrong with them.
 fn config(args: &Args) -> Result<wpd::startup::Config, String> {
-    let listen: Listen = args.listen.parse()?;
+    let (listen, run_dir) = listen_of(args)?;
+    let state_file = args.ptrace_state_file.clone().or_else(|| {
+        run_dir
+            .as_ref()
+            .map(|d| wpd::startup::state_file_in(&listen, d))
+    });
     let mut state = state_config(args);
     if args.export_nats.is_some() && state.is_none() {
         return Err(
@@ -390,7 +413,8 @@ fn config(args: &Args) -> Result<wpd::startup::Config, String> {
             subscribers_per_caller: args.max_subscribers_per_caller,
             fd_headroom,
         },
-        state_file: args.ptrace_state_file.clone(),
+        state_file,
+        private_run_dir: run_dir,
         perf_events: match args.perf_events {
             PerfEvents::Auto => wpd::backend::perf::EventsPolicy::Auto,
             PerfEvents::PerThread => wpd::backend::perf::EventsPolicy::PerThread,

@@ -42,6 +42,12 @@ pub struct Config {
     /// The ptrace state file (default: [`state_file_for`] the listen
     /// address).
     pub state_file: Option<PathBuf>,
+    /// A user's daemon listening where it does by default: the directory
+    /// of its socket, made private to the user (0700) or, when it is there
+    /// already, checked to be the user's and writable by nobody else,
+    /// before the socket is bound (`/tmp/wpd-UID` could have been made by
+    /// someone else first).
+    pub private_run_dir: Option<PathBuf>,
     /// How the perf backend opens breakpoints.
     pub perf_events: crate::backend::perf::EventsPolicy,
     /// Size of the perf backend's rings in KiB (`--perf-ring-kib`; None:
@@ -91,15 +97,19 @@ pub struct StateOptions {
 /// under /run/wpd named after the TCP address, so that two daemons never
 /// share one.
 pub fn state_file_for(listen: &Listen) -> PathBuf {
+    state_file_in(listen, std::path::Path::new("/run/wpd"))
+}
+
+/// As [`state_file_for`], a TCP daemon's file in `run_dir` (a user's
+/// daemon: the directory of its default socket).
+pub fn state_file_in(listen: &Listen, run_dir: &std::path::Path) -> PathBuf {
     match listen {
         Listen::Unix(path) => {
             let mut p = path.clone().into_os_string();
             p.push(".ptrace-armed");
             PathBuf::from(p)
         }
-        Listen::Tcp(addr) => {
-            PathBuf::from(format!("/run/wpd/ptrace-armed-tcp-{}", addr_token(addr)))
-        }
+        Listen::Tcp(addr) => run_dir.join(format!("ptrace-armed-tcp-{}", addr_token(addr))),
     }
 }
 
@@ -184,6 +194,10 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
 
     // 2. The only daemon: the state directory checked from outside (nothing
     // in it looked at), then the locks, then what the directory holds.
+    if let Some(dir) = &cfg.private_run_dir {
+        crate::statedir::StateDir::prepare(dir)
+            .with_context(|| format!("refusing the socket's directory {}", dir.display()))?;
+    }
     let bound = serve::bind(&listen, activated, &cfg.server).await?;
     let refused = "refusing the state directory (--state-dir)";
     let state_dir = match &cfg.state {

@@ -139,7 +139,16 @@ fn check_ancestors(path: &Path, euid: u32) -> Result<(), StateDirError> {
         if dir.as_os_str().is_empty() {
             break;
         }
-        let meta = std::fs::symlink_metadata(dir).map_err(io_err("reading", dir))?;
+        let meta = match std::fs::symlink_metadata(dir) {
+            Ok(m) => m,
+            // Not there yet (a new user's `~/.local/state`): made by the
+            // daemon, its own, when the directory is.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                cur = dir.parent();
+                continue;
+            }
+            Err(e) => return Err(io_err("reading", dir)(e)),
+        };
         if meta.uid() != 0 && meta.uid() != euid {
             return Err(StateDirError::UnsafeAncestor {
                 path: dir.to_path_buf(),
@@ -471,6 +480,18 @@ mod tests {
         // A tight umask does not make files unreadable to the daemon.
         with_umask(0o277, || replace(&t.0.join("c"), b"y").unwrap());
         assert_eq!(mode(&t.0.join("c")), 0o600);
+    }
+
+    #[test]
+    fn directories_missing_above_it_are_made() {
+        // A new user's `~/.local/state/wpd`: neither `.local` nor `state`
+        // exists yet.
+        let t = Tmp::new("above");
+        std::fs::create_dir(&t.0).unwrap();
+        let dir = t.0.join(".local/state/wpd");
+        StateDir::open(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        assert!(t.0.join(".local/state").is_dir());
     }
 
     #[test]

@@ -15,8 +15,32 @@ pub mod v1 {
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("wpd_v1_descriptor");
 }
 
-/// Default Unix socket path of the daemon (used by `wpd` and `wpctl`).
+/// Default Unix socket path of the system's daemon (run as root; `wpd` and
+/// `wpctl`).
 pub const DEFAULT_SOCKET: &str = "/run/wpd/wpd.sock";
+
+/// The Unix socket of a daemon run by user `uid` (not root): `wpd/wpd.sock`
+/// in the user's runtime directory (`$XDG_RUNTIME_DIR`, which the login
+/// manager makes private to the user), else in `/tmp/wpd-UID`, a directory
+/// the daemon makes private to the user (and refuses when someone else
+/// made it).
+pub fn user_socket(uid: u32, runtime_dir: Option<&std::path::Path>) -> std::path::PathBuf {
+    match runtime_dir.filter(|d| d.is_absolute()) {
+        Some(d) => d.join("wpd").join("wpd.sock"),
+        None => std::path::PathBuf::from(format!("/tmp/wpd-{uid}/wpd.sock")),
+    }
+}
+
+/// The socket a daemon of effective uid `euid` listens on unless told
+/// otherwise: the system's for root, else the user's own
+/// ([`user_socket`]).
+pub fn default_socket(euid: u32, runtime_dir: Option<&std::path::Path>) -> std::path::PathBuf {
+    if euid == 0 {
+        DEFAULT_SOCKET.into()
+    } else {
+        user_socket(euid, runtime_dir)
+    }
+}
 
 /// Name of the service as registered for health checks and reflection.
 pub const SERVICE_NAME: &str = "wpd.v1.Watchpoints";
@@ -347,5 +371,30 @@ pub mod connect {
         Ok(WatchpointsClient::new(channel_with(target, opts).await?)
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20))
+    }
+}
+
+#[cfg(test)]
+mod socket_tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn root_uses_the_systems_socket_and_users_their_own() {
+        let rt = Some(Path::new("/run/user/1000"));
+        assert_eq!(default_socket(0, rt), Path::new(DEFAULT_SOCKET));
+        assert_eq!(
+            default_socket(1000, rt),
+            Path::new("/run/user/1000/wpd/wpd.sock")
+        );
+        assert_eq!(
+            default_socket(1000, None),
+            Path::new("/tmp/wpd-1000/wpd.sock")
+        );
+        // A relative runtime directory is not one (the XDG rule).
+        assert_eq!(
+            user_socket(1000, Some(Path::new("run"))),
+            Path::new("/tmp/wpd-1000/wpd.sock")
+        );
     }
 }

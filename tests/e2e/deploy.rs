@@ -37,8 +37,22 @@ impl Drop for TempDir {
 /// what it printed). With `man`, the manual pages the units' `Documentation=` names are looked
 /// up with man(1) in that MANPATH (as the README installs them); without, not looked up.
 fn verify(analyze: &Path, units: &[PathBuf], man: Option<&Path>) -> Result<(bool, String)> {
+    verify_as(analyze, units, man, None)
+}
+
+/// [`verify`], for a user's units (`--user`, with `runtime` as the user's runtime directory)
+/// when `runtime` is given.
+fn verify_as(
+    analyze: &Path,
+    units: &[PathBuf],
+    man: Option<&Path>,
+    runtime: Option<&Path>,
+) -> Result<(bool, String)> {
     let mut cmd = Command::new(analyze);
     cmd.arg("verify");
+    if let Some(rt) = runtime {
+        cmd.arg("--user").env("XDG_RUNTIME_DIR", rt);
+    }
     match man {
         Some(dir) => {
             cmd.arg("--man=yes").env("MANPATH", dir);
@@ -57,6 +71,56 @@ fn verify(analyze: &Path, units: &[PathBuf], man: Option<&Path>) -> Result<(bool
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     Ok((out.status.success(), text))
+}
+
+/// The user's units (`deploy/user/`, for `systemctl --user`), copied with `ExecStart=`
+/// pointing at the `wpd` this build made, pass `systemd-analyze verify --user` without a word;
+/// a misspelt key does not; and they listen where a user's `wpd` and `wpctl` look.
+#[test]
+fn systemd_user_units_verify() -> Result<()> {
+    let analyze = peer_program("systemd-analyze", "Debian: systemd");
+    let dir = TempDir::new("wpd-user-units")?;
+    let runtime = dir.0.join("run");
+    std::fs::create_dir_all(&runtime)?;
+    std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700))?;
+    let user = deploy_dir().join("user");
+    let service = std::fs::read_to_string(user.join("wpd.service"))?;
+    let socket = std::fs::read_to_string(user.join("wpd.socket"))?;
+    ensure!(
+        service.contains("ExecStart=%h/.cargo/bin/wpd --listen unix:%t/wpd/wpd.sock ")
+            && socket.contains("ListenStream=%t/wpd/wpd.sock\n"),
+        "the user's units no longer listen on %t/wpd/wpd.sock: update this test"
+    );
+    // Where a user's wpd listens with no flags, and wpctl looks.
+    ensure!(
+        wpd_proto::user_socket(1000, Some(Path::new("/run/user/1000")))
+            == Path::new("/run/user/1000/wpd/wpd.sock"),
+        "the units and the daemon's default disagree"
+    );
+    let service = service.replace(
+        "ExecStart=%h/.cargo/bin/wpd ",
+        &format!("ExecStart={} ", bin_path("wpd").display()),
+    );
+    std::fs::write(dir.0.join("wpd.service"), &service)?;
+    std::fs::write(dir.0.join("wpd.socket"), &socket)?;
+    let units = [dir.0.join("wpd.socket"), dir.0.join("wpd.service")];
+    let (ok, text) = verify_as(&analyze, &units, None, Some(&runtime))?;
+    ensure!(
+        ok && text.trim().is_empty(),
+        "systemd-analyze verify --user:\n{text}"
+    );
+    let bad = service.replace("NoNewPrivileges=yes", "NoNewPrivilegs=yes");
+    ensure!(
+        bad != service,
+        "the user's wpd.service has no NoNewPrivileges=yes"
+    );
+    std::fs::write(dir.0.join("wpd.service"), bad)?;
+    let (_, text) = verify_as(&analyze, &units, None, Some(&runtime))?;
+    ensure!(
+        text.contains("Unknown key") && text.contains("NoNewPrivilegs"),
+        "a misspelt key went unnoticed:\n{text}"
+    );
+    Ok(())
 }
 
 /// The units, copied with `ExecStart=` pointing at the `wpd` this build made (verify needs an

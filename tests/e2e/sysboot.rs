@@ -1169,7 +1169,10 @@ async fn systemd_checks(boot: &Boot, install: &str) -> Result<()> {
         "/run/wpd/wpd.sock: {mode}"
     );
     let health = boot.ok(&["wpctl", "health"]).await?;
-    ensure!(health.trim() == "serving", "wpctl health: {health}");
+    ensure!(
+        health.trim() == "serving at unix:/run/wpd/wpd.sock",
+        "wpctl health: {health}"
+    );
     // Started by the socket, ready (Type=notify: active only once READY=1 came, which may
     // follow the first answer by a moment), and serving the socket it was handed.
     let deadline = Instant::now() + WAIT;
@@ -1231,7 +1234,7 @@ async fn systemd_checks(boot: &Boot, install: &str) -> Result<()> {
     };
     let alice = boot.run(&as_user("alice")).await?;
     ensure!(
-        alice.code == Some(0) && alice.stdout.trim() == "serving",
+        alice.code == Some(0) && alice.stdout.trim() == "serving at unix:/run/wpd/wpd.sock",
         "alice (group wpd) could not connect: {alice:?}"
     );
     let bob = boot.run(&as_user("bob")).await?;
@@ -1711,7 +1714,7 @@ impl Pod {
         for probe in &container.probes {
             loop {
                 let out = self.exec(container, probe).await?;
-                if out.code == Some(0) && out.stdout.trim() == "serving" {
+                if out.code == Some(0) && out.stdout.starts_with("serving at ") {
                     break;
                 }
                 ensure!(

@@ -127,6 +127,72 @@ impl Daemon {
         Self::spawn(extra, None, None, None, &[], Some(uid)).await
     }
 
+    /// `wpd` with no flags at all, run as the ordinary user `uid` with an environment of its
+    /// own (nothing else inherited): `HOME`, and `XDG_RUNTIME_DIR` and `XDG_STATE_HOME` in
+    /// a directory of the test's, the user's and private. Ready once it answers at the
+    /// user's default socket, `$XDG_RUNTIME_DIR/wpd/wpd.sock`; [`Daemon::user_env`] is the
+    /// environment a `wpctl` of that user needs to find it by itself.
+    pub async fn start_with_no_flags_as(uid: u32) -> Result<Daemon> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = unique_temp_dir("wpd-e2e")?;
+        for sub in ["", "run", "home", "state-home"] {
+            let d = dir.join(sub);
+            fs::create_dir_all(&d)?;
+            fs::set_permissions(&d, fs::Permissions::from_mode(0o700))?;
+            let c = std::ffi::CString::new(d.as_os_str().as_encoded_bytes())?;
+            // SAFETY: chown on a path we just created.
+            unsafe { libc::chown(c.as_ptr(), uid, uid) };
+        }
+        let socket = dir.join("run/wpd/wpd.sock");
+        let log_path = dir.join("wpd.log");
+        let mut state_file = socket.clone().into_os_string();
+        state_file.push(".ptrace-armed");
+        let env = user_env_in(&dir);
+        let spawned = (|| -> Result<Child> {
+            let log = File::create(&log_path)?;
+            let mut cmd = Command::new(bin_path("wpd"));
+            cmd.env_clear()
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log);
+            guard_child(&mut cmd);
+            cmd.uid(uid).gid(uid);
+            Ok(cmd.spawn()?)
+        })();
+        let child = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let mut daemon = Daemon {
+            child,
+            status: None,
+            state_dir: dir.join("state-home/wpd"),
+            dir,
+            socket,
+            log_path,
+            state_file: state_file.into(),
+            inner: None,
+        };
+        if let Err(e) = daemon.wait_ready().await {
+            return Err(e.context(format!(
+                "wpd (no flags) did not answer at {}; its log:\n{}",
+                daemon.socket.display(),
+                daemon.log_tail(16 * 1024)
+            )));
+        }
+        Ok(daemon)
+    }
+
+    /// The environment of the user of [`Daemon::start_with_no_flags_as`] (its `HOME`,
+    /// `XDG_RUNTIME_DIR`, `XDG_STATE_HOME`, `PATH`).
+    pub fn user_env(&self) -> Vec<(String, String)> {
+        user_env_in(&self.dir)
+    }
+
     /// Like [`Daemon::start_with_args`], with its state directory (journal,
     /// saved watchpoints) at `state_dir`: on a filesystem the test made, or
     /// one a previous daemon left.
@@ -431,6 +497,18 @@ impl Drop for Daemon {
         stop_child_blocking(&mut self.child, &mut self.status, true);
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The environment [`Daemon::start_with_no_flags_as`] gives its user, in `dir`.
+fn user_env_in(dir: &Path) -> Vec<(String, String)> {
+    let sub = |s: &str| dir.join(s).display().to_string();
+    vec![
+        ("HOME".into(), sub("home")),
+        ("XDG_RUNTIME_DIR".into(), sub("run")),
+        ("XDG_STATE_HOME".into(), sub("state-home")),
+        ("PATH".into(), "/usr/bin:/bin".into()),
+        ("NO_COLOR".into(), "1".into()),
+    ]
 }
 
 /// Waits until a daemon just started (`child`) answers `ask` (each try

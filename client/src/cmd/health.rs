@@ -10,7 +10,8 @@ use wpd_proto::v1::GetStatsRequest;
 use crate::cmd::{Ctx, Report};
 use crate::error::Error;
 
-/// Runs `wpctl health`: prints `serving` and succeeds, or fails with one line.
+/// Runs `wpctl health`: prints `serving at ENDPOINT` (which daemon answered: the
+/// system's or the user's own, when wpctl chose) and succeeds, or fails with one line.
 pub async fn run(ctx: &Ctx) -> Result<(), Error> {
     report(ctx).await?.emit(ctx.json)
 }
@@ -46,10 +47,11 @@ pub async fn report(ctx: &Ctx) -> Result<Report, Error> {
         });
     }
     Ok(Report::new(
-        "serving".into(),
+        format!("serving at {}", ctx.endpoint.text),
         json!({
             "service": wpd_proto::SERVICE_NAME,
             "status": status.as_str_name(),
+            "endpoint": ctx.endpoint.text,
         }),
     ))
 }

@@ -648,7 +648,7 @@ async fn health_checks_the_standard_service() {
     let r = wpctl(&up, &["health"]).await;
     assert_eq!(
         (r.code, r.stdout.as_str()),
-        (0, "serving\n"),
+        (0, format!("serving at {up}\n").as_str()),
         "{}",
         r.stderr
     );
@@ -656,6 +656,7 @@ async fn health_checks_the_standard_service() {
     let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
     assert_eq!(v["status"], "SERVING");
     assert_eq!(v["service"], "wpd.v1.Watchpoints");
+    assert_eq!(v["endpoint"], up.as_str());
 
     let r = wpctl(&down, &["health"]).await;
     assert_eq!(r.code, 3, "{}", r.stderr);
@@ -671,7 +672,7 @@ async fn health_checks_the_standard_service() {
     let r = wpctl(&up, &["--endpoints-file", &file, "health"]).await;
     assert_eq!(
         (r.code, r.stdout.as_str()),
-        (9, "[up]   serving\n"),
+        (9, format!("[up]   serving at {up}\n").as_str()),
         "{}",
         r.stderr
     );
