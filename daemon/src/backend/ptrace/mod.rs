@@ -38,10 +38,10 @@ use nix::errno::Errno;
 
 use super::fanout::fan_out;
 use super::probe::SlotProbe;
-use super::{Backend, Features, HeldRegisters, Host, RunState, Unavailable};
+use super::{ArmReport, Backend, Features, HeldRegisters, Host, RunState, Unavailable};
 use crate::error::WpdError;
 use crate::events::{EventKind, HitEvent};
-use crate::ledger::{Reservation, Retained};
+use crate::ledger::{Outcome, Reservation, Retained};
 use crate::model::{BackendKind, HitAction, Pid, Piece, SlotKey, Tid};
 use crate::procfs;
 use crate::sched::Boost;
@@ -341,14 +341,13 @@ impl Backend for PtraceEngine {
         Ok(())
     }
 
-    /// Programs the reserved slots through the tracers; all or nothing.
-    fn arm(
-        &self,
-        op: &OpGuard<'_>,
-        watch: &Arc<Watch>,
-        res: &[Reservation],
-    ) -> Result<(), WpdError> {
-        let host = self.host()?;
+    /// Programs the reserved slots through the tracers; all or nothing (a
+    /// refused arm leaves what it programmed to the core to disarm).
+    fn arm(&self, op: &OpGuard<'_>, watch: &Arc<Watch>, res: &[Reservation]) -> ArmReport {
+        let host = match self.host() {
+            Ok(h) => h,
+            Err(e) => return ArmReport::refused(res, e),
+        };
         let ledger = host.ledger();
         let pt = &self.shards;
         let _rt = Boost::enter();
@@ -379,8 +378,7 @@ impl Backend for PtraceEngine {
                 format!("a breakpoint per thread and piece, {} in all", res.len()),
             )
         {
-            ledger.rollback(res);
-            return Err(e);
+            return ArmReport::refused(res, e);
         }
         let in_place = watch.object && mode.is_some();
         let mut tids: Vec<Tid> = res.iter().map(|r| r.tid).collect();
@@ -407,7 +405,7 @@ impl Backend for PtraceEngine {
                     groups.push((chunk[0].tid, fresh, chunk));
                 }
             }
-            let refused = fan_out(&groups, cpus, |chunk| {
+            let refused: HashSet<Tid> = fan_out(&groups, cpus, |chunk| {
                 chunk
                     .iter()
                     .filter(|(tid, fresh, _)| {
@@ -415,72 +413,61 @@ impl Backend for PtraceEngine {
                             .free_slots(*tid, *fresh)
                             .is_ok_and(|free| free < *fresh)
                     })
-                    .flat_map(|(_, _, rs)| rs.iter().copied())
-                    .collect::<Vec<Reservation>>()
-            });
-            let mut full = Vec::new();
-            for r in refused.into_iter().flatten() {
-                ledger.mark_foreign(r);
-                full.push(r.tid);
-            }
-            if !full.is_empty() {
-                ledger.rollback(res);
-                return Err(WpdError::OutOfSlots {
-                    pid: op.pid(),
-                    needed: watch.spec.range.slots(),
-                    conflicts: ledger.conflicts(full),
-                });
+                    .map(|(tid, _, _)| *tid)
+                    .collect::<Vec<Tid>>()
+            })
+            .into_iter()
+            .flatten()
+            .collect();
+            if !refused.is_empty() {
+                // The probe's ENOSPC is the kernel's: every reservation of
+                // a thread without room is refused, nothing is programmed.
+                let outcomes = res
+                    .iter()
+                    .map(|r| match refused.contains(&r.tid) {
+                        true => (*r, Outcome::NoSpace),
+                        false => (*r, Outcome::NotArmed),
+                    })
+                    .collect();
+                return ArmReport {
+                    outcomes,
+                    refused: None,
+                };
             }
         }
         let items: Vec<SlotProgram> = res.iter().map(|r| Self::program_for(r, watch)).collect();
-        let results = pt.program(items, in_place);
-        let mut ok = Vec::new();
-        let mut gone = Vec::new();
-        let mut full = Vec::new();
         let mut failed = None;
-        for (p, r) in &results {
-            let Some(arm) = p.arm else { continue };
-            let res = Reservation {
-                tid: p.tid,
-                slot: p.slot,
-                key: arm.key,
-            };
-            match r {
-                ProgramResult::Done => ok.push(res),
-                ProgramResult::Gone => gone.push(res),
-                ProgramResult::NoSpace => {
-                    ledger.mark_foreign(res);
-                    full.push(p.tid);
+        let outcomes = pt
+            .program(items, in_place)
+            .into_iter()
+            .filter_map(|(p, r)| {
+                let arm = p.arm?;
+                if let ProgramResult::Failed(e) = r {
+                    failed = Some(e);
                 }
-                ProgramResult::Failed(e) => {
-                    ledger.rollback(&[res]);
-                    failed = Some(*e);
-                }
-            }
-        }
-        ledger.rollback(&gone);
-        ledger.commit(&ok, None);
-        if full.is_empty() && failed.is_none() {
-            return Ok(());
-        }
-        // The caller undoes what was armed (also on threads born meanwhile).
-        if let Some(e) = failed {
-            return Err(match mode {
-                Some(_) if crate::backend::fds::is_out_of_fds(e) => self.fds.refusal(
-                    "this watchpoint",
-                    res.len(),
-                    format!("a breakpoint per thread and piece, {} in all", res.len()),
-                    true,
-                ),
-                Some(_) => WpdError::kernel("perf_event_open(signal stop)", e),
-                None => WpdError::kernel("PTRACE_POKEUSER", e),
-            });
-        }
-        Err(WpdError::OutOfSlots {
-            pid: op.pid(),
-            needed: watch.spec.range.slots(),
-            conflicts: ledger.conflicts(full),
-        })
+                Some((
+                    Reservation {
+                        tid: p.tid,
+                        slot: p.slot,
+                        key: arm.key,
+                    },
+                    r.outcome(),
+                ))
+            })
+            .collect();
+        let refused = failed.map(|e| match mode {
+            Some(_) if crate::backend::fds::is_out_of_fds(e) => self.fds.refusal(
+                "this watchpoint",
+                res.len(),
+                format!("a breakpoint per thread and piece, {} in all", res.len()),
+                true,
+            ),
+            Some(_) => WpdError::kernel("perf_event_open(signal stop)", e),
+            None => WpdError::kernel("PTRACE_POKEUSER", e),
+        });
+        // A refused arm leaves what was armed (also on threads born
+        // meanwhile) for the core to undo.
+        ArmReport { outcomes, refused }
     }
 
     /// Clears the watchpoint's slot on every thread that has it.
@@ -675,15 +662,14 @@ impl TraceSink for PtraceEngine {
         let mut res = Vec::new();
         for w in host.wide_watches(pid) {
             res.clear();
-            let pieces = w.spec.range.slots() as u8;
-            match ledger.reserve(tid, w.id, pieces, false, Retained::Reuse, &mut res) {
+            match host.reserve_thread(tid, &w, false, Retained::Reuse, &mut res) {
                 Ok(()) => out.extend(res.iter().map(|r| Self::program_for(r, &w))),
                 Err(_) => {
                     tracing::warn!(
                         pid,
                         tid,
                         id = w.id.0,
-                        pieces,
+                        pieces = w.spec.range.slots(),
                         "new thread has too few free slots"
                     )
                 }
@@ -696,27 +682,24 @@ impl TraceSink for PtraceEngine {
         let Some(host) = self.host.upgrade() else {
             return;
         };
-        let ledger = host.ledger();
         let mut armed = Vec::new();
-        for (p, r) in results {
-            let Some(a) = p.arm else { continue };
-            let res = Reservation {
-                tid,
-                slot: p.slot,
-                key: a.key,
-            };
-            match r {
-                ProgramResult::Done => {
-                    ledger.commit(&[res], None);
-                    if !armed.contains(&a.key.id) {
-                        armed.push(a.key.id);
-                    }
+        let report: Vec<(Reservation, Outcome)> = results
+            .iter()
+            .filter_map(|(p, r)| {
+                let a = p.arm?;
+                if *r == ProgramResult::Done && !armed.contains(&a.key.id) {
+                    armed.push(a.key.id);
                 }
-                ProgramResult::NoSpace => ledger.mark_foreign(res),
-                _ => ledger.rollback(&[res]),
-            }
-        }
-        let parent = ledger.get(tid).map(|r| r.parent).unwrap_or(0);
+                let res = Reservation {
+                    tid,
+                    slot: p.slot,
+                    key: a.key,
+                };
+                Some((res, r.outcome()))
+            })
+            .collect();
+        host.settle(&report);
+        let parent = host.ledger().get(tid).map(|r| r.parent).unwrap_or(0);
         host.publish(EventKind::ThreadStarted {
             pid,
             tid,
