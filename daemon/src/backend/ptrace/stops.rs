@@ -593,7 +593,7 @@ impl crate::backend::StopArmer for AtStop<'_> {
             let staged = || {
                 chunk
                     .iter()
-                    .map(|r| (0, super::program_for(r, watch)))
+                    .map(|r| (0, super::arm::program_for(r, watch)))
                     .collect()
             };
             let gone = || chunk.iter().map(|&r| (r, Outcome::Gone));
