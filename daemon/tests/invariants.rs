@@ -27,6 +27,10 @@
 //!    section |`), no cell over 120 characters, each row's section a link
 //!    to a heading of the file; and every link to a heading in the
 //!    Markdown docs resolves.
+//! 9. The ledger's protocol is the core's: no backend (`daemon/src/backend/`)
+//!    reserves, commits, rolls back or marks a slot foreign in the ledger.
+//!    A backend reports what became of each reservation (`ArmReport`,
+//!    `StopArmer::arm`, `Host::settle`) and the core settles it.
 
 use std::path::{Path, PathBuf};
 
@@ -205,6 +209,32 @@ fn the_core_never_branches_on_the_backend() {
         "the core names a backend kind or reaches into the perf backend (call the process's \
          backend through the trait, read what it can do from its Features; the machine's CPUs \
          are crate::cpus):\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn only_the_core_settles_the_ledger() {
+    let root = repo().join("daemon/src/backend");
+    let bad = offenders(
+        &rust_files(&root),
+        &[
+            ".commit(",
+            ".rollback(",
+            ".mark_foreign(",
+            ".reserve_all(",
+            ".reserve_one(",
+            "ledger.reserve(",
+            "ledger().reserve(",
+            "ledger.settle(",
+            "ledger().settle(",
+        ],
+    );
+    assert!(
+        bad.is_empty(),
+        "a backend reserves or settles slots in the ledger itself (report each reservation's \
+         Outcome in its ArmReport, or through Host::reserve_thread and Host::settle, and let \
+         the core settle it):\n{}",
         bad.join("\n")
     );
 }

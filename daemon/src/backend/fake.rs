@@ -7,11 +7,11 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 
-use super::{Backend, Features, Host};
+use super::{ArmReport, Backend, Features, Host};
 use crate::arch::current::SLOTS;
 use crate::error::WpdError;
 use crate::events::{EventKind, HitEvent};
-use crate::ledger::{Reservation, Retained};
+use crate::ledger::{Outcome, Reservation, Retained};
 use crate::model::{BackendKind, Pid, SlotKey, Tid, WatchId};
 use crate::state::{OpGuard, Process, Watch};
 
@@ -212,34 +212,32 @@ impl Backend for FakeBackend {
         Ok(())
     }
 
-    fn arm(
-        &self,
-        op: &OpGuard<'_>,
-        watch: &Arc<Watch>,
-        res: &[Reservation],
-    ) -> Result<(), WpdError> {
-        let host = self.host()?;
-        let ledger = host.ledger();
+    fn arm(&self, op: &OpGuard<'_>, _watch: &Arc<Watch>, res: &[Reservation]) -> ArmReport {
         let mut k = self.kernel.state.lock().unwrap();
         match k.fail_next.take() {
             Some(FakeFailure::Emfile) => {
-                ledger.rollback(res);
-                return Err(WpdError::FdLimit {
-                    what: "this watchpoint",
-                    detail: format!("{} breakpoints", res.len()),
-                    needed: res.len() as u64,
-                    open: 0,
-                    limit: 0,
-                    headroom: 0,
-                    by_kernel: true,
-                });
+                return ArmReport::refused(
+                    res,
+                    WpdError::FdLimit {
+                        what: "this watchpoint",
+                        detail: format!("{} breakpoints", res.len()),
+                        needed: res.len() as u64,
+                        open: 0,
+                        limit: 0,
+                        headroom: 0,
+                        by_kernel: true,
+                    },
+                );
             }
             Some(FakeFailure::Eperm) => {
-                ledger.rollback(res);
-                return Err(WpdError::PermissionDenied {
-                    pid: op.pid(),
-                    detail: "perf_event_open(breakpoint) refused: Operation not permitted".into(),
-                });
+                return ArmReport::refused(
+                    res,
+                    WpdError::PermissionDenied {
+                        pid: op.pid(),
+                        detail: "perf_event_open(breakpoint) refused: Operation not permitted"
+                            .into(),
+                    },
+                );
             }
             Some(FakeFailure::NoSpace(tid)) => {
                 k.foreign.insert(tid, SLOTS);
@@ -247,33 +245,38 @@ impl Backend for FakeBackend {
             None => {}
         }
         // As the kernel would: one slot per piece, refused when a thread's
-        // slots (ours, this request's, someone else's) run out.
-        let mut full = Vec::new();
+        // slots (ours, this request's, someone else's) run out; then
+        // nothing is armed.
         let mut taken: HashMap<Tid, usize> = HashMap::new();
-        for r in res {
-            let ours = k.armed.iter().filter(|(_, t)| *t == r.tid).count();
-            let foreign = k.foreign.get(&r.tid).copied().unwrap_or(0);
-            let now = taken.entry(r.tid).or_default();
-            if ours + *now + foreign >= SLOTS {
-                ledger.mark_foreign(*r);
-                full.push(r.tid);
-            } else {
-                *now += 1;
+        let mut outcomes: Vec<(Reservation, Outcome)> = res
+            .iter()
+            .map(|&r| {
+                let ours = k.armed.iter().filter(|(_, t)| *t == r.tid).count();
+                let foreign = k.foreign.get(&r.tid).copied().unwrap_or(0);
+                let now = taken.entry(r.tid).or_default();
+                if ours + *now + foreign >= SLOTS {
+                    (r, Outcome::NoSpace)
+                } else {
+                    *now += 1;
+                    (r, Outcome::Armed(None))
+                }
+            })
+            .collect();
+        if outcomes.iter().any(|(_, o)| *o == Outcome::NoSpace) {
+            for (_, o) in &mut outcomes {
+                if *o != Outcome::NoSpace {
+                    *o = Outcome::NotArmed;
+                }
+            }
+        } else {
+            for r in res {
+                k.armed.insert((r.key, r.tid));
             }
         }
-        if !full.is_empty() {
-            ledger.rollback(res);
-            return Err(WpdError::OutOfSlots {
-                pid: op.pid(),
-                needed: watch.spec.range.slots(),
-                conflicts: ledger.conflicts(full),
-            });
+        ArmReport {
+            outcomes,
+            refused: None,
         }
-        for r in res {
-            k.armed.insert((r.key, r.tid));
-        }
-        ledger.commit(res, None);
-        Ok(())
     }
 
     fn disarm(&self, _op: &OpGuard<'_>, watch: &Watch) {

@@ -28,9 +28,10 @@ pub mod step;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
+use crate::error::SlotConflict;
 use crate::error::WpdError;
 use crate::events::EventKind;
-use crate::ledger::{Ledger, Reservation, Retained};
+use crate::ledger::{Ledger, Outcome, Reservation, Retained};
 use crate::model::{BackendKind, Pid, Tid, WatchId};
 use crate::state::{Job, OpGuard, Process, Watch};
 
@@ -57,7 +58,6 @@ pub struct Features {
     pub code_events: bool,
 }
 
-pub use ptrace::ProgramResult;
 pub use ptrace::code::{
     CodeProbe, CodeRecord, FREED_SWEEP, SET_MAX as CODE_SET_MAX, kernel_bytes as code_probe_bytes,
 };
@@ -178,16 +178,14 @@ pub trait Backend: Send + Sync {
     /// the ledger (before the core takes a snapshot of a process's threads).
     fn sync(&self) {}
 
-    /// Programs the reserved slots for `watch`: all or nothing. The watch is
+    /// Programs the reserved slots for `watch`, all or nothing, and reports
+    /// what became of each reservation; the core settles them in the
+    /// ledger (a backend never commits or rolls back). The watch is
     /// registered with the host already, so that threads born meanwhile get
-    /// it at birth. On failure the reservations are rolled back or marked
-    /// foreign, and the caller undoes what threads born meanwhile got.
-    fn arm(
-        &self,
-        op: &OpGuard<'_>,
-        watch: &Arc<Watch>,
-        res: &[Reservation],
-    ) -> Result<(), WpdError>;
+    /// it at birth. A refused arm reports what it left armed as armed (the
+    /// core then disarms it, with what threads born meanwhile got) and
+    /// what it closed again as not armed.
+    fn arm(&self, op: &OpGuard<'_>, watch: &Arc<Watch>, res: &[Reservation]) -> ArmReport;
 
     /// Removes `watch` from every thread that has it and frees what the
     /// backend held for it. The caller releases the ledger's slots.
@@ -199,7 +197,9 @@ pub trait Backend: Send + Sync {
     fn disarm_threads(&self, _op: &OpGuard<'_>, _watch: &Watch, _tids: &[Tid]) {}
 
     /// Arms threads that missed a process-wide watchpoint (a thread born
-    /// while it was being armed), when the backend can tell.
+    /// while it was being armed), when the backend can tell. The core calls
+    /// it once a process-wide arm is settled, and from its reconcile
+    /// thread.
     fn reconcile(&self, _op: &OpGuard<'_>) {}
 
     /// Stops tracking the process and leaves every thread as it was before
@@ -332,6 +332,28 @@ pub trait Backend: Send + Sync {
     fn shutdown(&self) {}
 }
 
+/// What [`Backend::arm`] did with the reservations it was handed.
+#[derive(Debug)]
+pub struct ArmReport {
+    /// Each reservation, with what became of it: every one of the arm's.
+    pub outcomes: Vec<(Reservation, Outcome)>,
+    /// Why the arm was refused as a whole, when not for the kernel's
+    /// ENOSPC (the fd budget, a permission, another errno); it wins over
+    /// an ENOSPC, whose refusal the core writes from the ledger.
+    pub refused: Option<WpdError>,
+}
+
+impl ArmReport {
+    /// Nothing was tried: every reservation goes back, the arm refused for
+    /// `why`.
+    pub fn refused(res: &[Reservation], why: WpdError) -> ArmReport {
+        ArmReport {
+            outcomes: res.iter().map(|&r| (r, Outcome::NotArmed)).collect(),
+            refused: Some(why),
+        }
+    }
+}
+
 /// Slots programmed at a code event's stop by the thread that holds the
 /// stopped thread (the ptrace backend's tracer): no park, no free-slot
 /// probe, no round trip to another thread. Only threads it [`reaches`]
@@ -341,9 +363,9 @@ pub trait Backend: Send + Sync {
 pub trait StopArmer {
     /// Whether `tid`'s slots can be programmed from here, now.
     fn reaches(&self, tid: Tid) -> bool;
-    /// Arms each reservation with its piece of `watch`: the outcome of
-    /// each, in order.
-    fn arm(&mut self, watch: &Watch, res: &[Reservation]) -> Vec<ProgramResult>;
+    /// Arms each reservation with its piece of `watch`: what became of
+    /// each (the core settles them).
+    fn arm(&mut self, watch: &Watch, res: &[Reservation]) -> Vec<(Reservation, Outcome)>;
     /// Clears these slots (tid, slot).
     fn clear(&mut self, slots: &[(Tid, u8)]);
 }
@@ -351,8 +373,25 @@ pub trait StopArmer {
 /// What a backend may see and change of the daemon's state. Implemented by
 /// the core; backends hold it weakly (the core owns them).
 pub trait Host: Send + Sync {
-    /// The slot ledger.
+    /// The slot ledger: threads come and go there, rows are read; slots
+    /// are reserved and settled through the two methods below.
     fn ledger(&self) -> &Ledger;
+    /// Reserves on thread `tid` a slot for each piece of `w` it lacks
+    /// (all of them or none), appended to `out`, for a backend arming a
+    /// thread outside [`Backend::arm`] (a new thread, one that did not
+    /// inherit): see `Ledger::reserve`. What became of them is then
+    /// reported with [`Host::settle`].
+    fn reserve_thread(
+        &self,
+        tid: Tid,
+        w: &Watch,
+        inheritable: bool,
+        retained: Retained,
+        out: &mut Vec<Reservation>,
+    ) -> Result<(), SlotConflict>;
+    /// What became of reservations made with [`Host::reserve_thread`]:
+    /// committed, marked foreign or given back.
+    fn settle(&self, report: &[(Reservation, Outcome)]);
     /// Publishes an event to subscribers.
     fn publish(&self, ev: EventKind);
     /// Runs `f`, whose events are published as one burst (the journal's

@@ -6,8 +6,9 @@
 //! never asks which one it is.
 //!
 //! Rooms: `views.rs` (what is handed out), `lifecycle.rs` (attach, detach,
-//! exit, exec, loss), `watch.rs` (set, remove, resume), `jobs.rs` (the
-//! reconcile thread), `listings.rs` (lists and counters).
+//! exit, exec, loss), `watch.rs` (set, remove, resume), `slots.rs` (the
+//! ledger's protocol: reserve, arm, settle what the backend reports),
+//! `jobs.rs` (the reconcile thread), `listings.rs` (lists and counters).
 //!
 //! Concurrency: state is in concurrent maps (`DashMap`); a process's `op`
 //! lock (`state::OpGuard`) serialises arm/disarm passes of one process and
@@ -22,6 +23,7 @@ mod listings;
 mod modules;
 pub mod objects;
 pub mod policy;
+mod slots;
 pub mod step;
 mod views;
 mod watch;
@@ -375,6 +377,21 @@ impl Core {
 impl Host for Core {
     fn ledger(&self) -> &Ledger {
         &self.ledger
+    }
+
+    fn reserve_thread(
+        &self,
+        tid: crate::model::Tid,
+        w: &Watch,
+        inheritable: bool,
+        retained: crate::ledger::Retained,
+        out: &mut Vec<crate::ledger::Reservation>,
+    ) -> Result<(), crate::error::SlotConflict> {
+        self.reserve_thread_slots(tid, w, inheritable, retained, out)
+    }
+
+    fn settle(&self, report: &[(crate::ledger::Reservation, crate::ledger::Outcome)]) {
+        self.settle_thread(report);
     }
 
     fn publish(&self, mut ev: EventKind) {

@@ -422,7 +422,7 @@ impl Core {
                 needed: spec.range.slots(),
                 conflicts,
             })
-            .and_then(|res| backend.arm(op, &watch, &res));
+            .and_then(|res| self.arm_reserved(op, &backend, &watch, &res));
         // The process may have exited while it was being armed.
         let armed = armed.and_then(|()| {
             if procfs::check_process(pid).is_err() && self.ledger.armed_on(&tids, id) == 0 {
@@ -527,7 +527,7 @@ impl Core {
                     );
                     continue;
                 }
-                if let Err(e) = backend.arm(op, &w, &res) {
+                if let Err(e) = self.arm_reserved(op, &backend, &w, &res) {
                     tracing::warn!(pid, tid, id = w.id.0, "arming thread {name:?}: {e}");
                 }
             } else if !want && has {

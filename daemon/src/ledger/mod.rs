@@ -11,8 +11,10 @@
 //!    tid set's shard is taken under the `procs` guard) or a `retained`
 //!    guard (`add_thread`); a `procs` or `retained` guard is never held
 //!    while taking another, so there is no lock-order cycle.
-//! 3. No guard is held across a syscall or an `.await`: callers reserve,
-//!    do the syscall, then commit or roll back.
+//! 3. No guard is held across a syscall or an `.await`: the core reserves,
+//!    a backend makes the syscalls and reports what became of each
+//!    reservation ([`Outcome`]), and the core settles the report
+//!    ([`Ledger::settle`]: committed, marked foreign, or rolled back).
 //! 4. One guard in [`HOLD_SAMPLE`] has its hold time recorded in `hold` (a
 //!    lock-free histogram), per OS thread.
 //!
@@ -27,11 +29,13 @@
 //! candidate is found with `trailing_zeros`.
 //!
 //! Rooms: `row.rs` (a thread's row, the slot classification), `inherit.rs`
-//! (inheritance windows), `hold.rs` (guard hold times).
+//! (inheritance windows), `settle.rs` (what became of a reservation, and
+//! settling it), `hold.rs` (guard hold times).
 
 mod hold;
 mod inherit;
 mod row;
+mod settle;
 
 use std::sync::atomic::Ordering;
 
@@ -43,6 +47,7 @@ use crate::model::{Pid, SlotKey, Tid, WatchId};
 pub use hold::{HOLD_SAMPLE, HoldHistogram};
 pub use inherit::{INHERIT_MARGIN_NS, Inheritance, classify};
 pub use row::{InheritWindow, Reservation, Retained, SlotState, ThreadSlots};
+pub use settle::Outcome;
 
 const ALL: u8 = (1 << SLOTS) - 1;
 
@@ -351,8 +356,7 @@ impl Ledger {
             Retained::Avoid => !(busy | row.foreign | row.retained) & ALL,
         };
         // Slots marked foreign may have been freed since: when the others do
-        // not suffice, the kernel decides (reserve → syscall → commit or
-        // roll back).
+        // not suffice, the kernel decides (reserve → syscall → settle).
         let mut tried = row.foreign & !busy & ALL;
         if retained == Retained::Avoid {
             tried &= !row.retained;
@@ -404,43 +408,18 @@ impl Ledger {
 
     /// Turns reservations into committed slots. `times[i]` is the
     /// (syscall start, syscall end) of reservation `i`, when the watchpoint is
-    /// inheritable.
+    /// inheritable. (The core settles what a backend reports with
+    /// [`Ledger::settle`].)
     pub fn commit(&self, res: &[Reservation], inheritable: Option<&[(u64, u64)]>) {
-        for (i, r) in res.iter().enumerate() {
-            let _t = self.timed();
-            if let Some(mut row) = self.threads.get_mut(&r.tid)
-                && r.holds(&row)
-            {
-                let bit = 1 << r.slot;
-                row.pending &= !bit;
-                row.foreign &= !bit;
-                row.ours |= bit;
-                if let Some(times) = inheritable {
-                    let (start, end) = times[i];
-                    row.set_window(
-                        r.slot as usize,
-                        InheritWindow {
-                            absent_before: start,
-                            certain_from: end.saturating_add(INHERIT_MARGIN_NS),
-                        },
-                    );
-                }
-            }
+        for (i, &r) in res.iter().enumerate() {
+            self.commit_one(r, inheritable.map(|times| times[i]));
         }
     }
 
     /// Drops reservations.
     pub fn rollback(&self, res: &[Reservation]) {
-        for r in res {
-            let _t = self.timed();
-            if let Some(mut row) = self.threads.get_mut(&r.tid)
-                && r.holds(&row)
-            {
-                let bit = 1 << r.slot;
-                row.pending &= !bit;
-                row.inheritable &= !bit;
-                row.holder[r.slot as usize] = 0;
-            }
+        for &r in res {
+            self.rollback_one(r);
         }
     }
 

@@ -34,10 +34,10 @@ use nix::errno::Errno;
 
 use super::fanout::fan_out;
 use super::probe::SlotProbe;
-use super::{Backend, BackendStats, Features, Host, Unavailable};
+use super::{ArmReport, Backend, BackendStats, Features, Host, Unavailable};
 use crate::arch;
 use crate::error::WpdError;
-use crate::ledger::{Inheritance, Reservation, Retained, classify};
+use crate::ledger::{Inheritance, Outcome, Reservation, Retained, classify};
 use crate::model::{Pid, SlotKey, Tid, WatchId};
 use crate::procfs;
 use crate::state::{OpGuard, Process, Watch};
@@ -114,11 +114,10 @@ fn perf_err(e: PerfError) -> WpdError {
 /// What one [`fan_out`] worker of an arm pass did with its reservations.
 struct ArmChunk {
     opened: Vec<(Tid, ThreadEvents)>,
-    times: Vec<(u64, u64)>,
-    ok: Vec<Reservation>,
-    gone: Vec<Reservation>,
-    full: Vec<Tid>,
-    untried: Vec<Reservation>,
+    /// Each of its reservations, with what became of it.
+    outcomes: Vec<(Reservation, Outcome)>,
+    /// The kernel said ENOSPC on one of them.
+    full: bool,
     fatal: Option<PerfError>,
 }
 
@@ -126,11 +125,8 @@ impl ArmChunk {
     fn with_capacity(n: usize) -> Self {
         ArmChunk {
             opened: Vec::with_capacity(n),
-            times: Vec::with_capacity(n),
-            ok: Vec::with_capacity(n),
-            gone: Vec::new(),
-            full: Vec::new(),
-            untried: Vec::new(),
+            outcomes: Vec::with_capacity(n),
+            full: false,
             fatal: None,
         }
     }
@@ -418,20 +414,19 @@ impl PerfEngine {
         }
     }
 
-    /// Arms the pieces of `w` that `tid` lacks (all of them or none).
+    /// Arms the pieces of `w` that `tid` lacks (all of them or none),
+    /// reserved and settled through the host.
     fn arm_one(&self, host: &dyn Host, proc: &Process, w: &Watch, tid: Tid) {
-        let ledger = host.ledger();
         let mut res = Vec::new();
-        let pieces = w.spec.range.slots() as u8;
-        if ledger
-            .reserve(tid, w.id, pieces, true, Retained::Avoid, &mut res)
+        if host
+            .reserve_thread(tid, w, true, Retained::Avoid, &mut res)
             .is_err()
         {
             tracing::warn!(
                 pid = proc.pid,
                 tid,
                 id = w.id.0,
-                pieces,
+                pieces = w.spec.range.slots(),
                 "new thread has too few free slots for a process-wide watchpoint"
             );
             return;
@@ -440,7 +435,7 @@ impl PerfEngine {
         let progs = match self.programs(w) {
             Ok(p) => p,
             Err(e) => {
-                ledger.rollback(&res);
+                host.settle(&not_armed(&res));
                 tracing::warn!(
                     pid = proc.pid,
                     tid,
@@ -460,18 +455,15 @@ impl PerfEngine {
             match self.open_piece(tid, r.key, &w.spec, true, &progs, &sink) {
                 Ok(ev) => {
                     let t1 = crate::clock::monotonic_ns();
-                    ledger.commit(&[*r], Some(&[(t0, t1)]));
+                    host.settle(&[(*r, Outcome::Armed(Some((t0, t1))))]);
                     self.events.entry(w.id).or_default().push((tid, ev));
                 }
                 Err(e) => {
                     // The pieces armed stay (the thread's listing shows the
                     // gap); those not tried yet are given back.
-                    if e.errno == Errno::ENOSPC {
-                        ledger.mark_foreign(*r);
-                    } else {
-                        ledger.rollback(&[*r]);
-                    }
-                    ledger.rollback(&res[i + 1..]);
+                    let mut report = not_armed(&res[i..]);
+                    report[0].1 = Outcome::of_errno(e.errno);
+                    host.settle(&report);
                     if e.errno != Errno::ESRCH {
                         // EMFILE above all: the thread stays without this
                         // watchpoint, as `ListThreads` shows.
@@ -489,6 +481,11 @@ impl PerfEngine {
             }
         }
     }
+}
+
+/// Reservations not armed, as reported.
+fn not_armed(res: &[Reservation]) -> Vec<(Reservation, Outcome)> {
+    res.iter().map(|&r| (r, Outcome::NotArmed)).collect()
 }
 
 impl Backend for PerfEngine {
@@ -609,28 +606,17 @@ impl Backend for PerfEngine {
     }
 
     /// Opens the breakpoint on every reserved thread (inheritable when
-    /// process-wide); all or nothing.
-    fn arm(
-        &self,
-        op: &OpGuard<'_>,
-        watch: &Arc<Watch>,
-        res: &[Reservation],
-    ) -> Result<(), WpdError> {
-        let host = self.host()?;
-        let ledger = host.ledger();
+    /// process-wide); all or nothing: a refused arm closes what it opened.
+    fn arm(&self, op: &OpGuard<'_>, watch: &Arc<Watch>, res: &[Reservation]) -> ArmReport {
         let perf = &self.perf;
         let spec = &watch.spec;
         let (pid, id, process_wide) = (op.pid(), watch.id, watch.process_wide);
         if !perf.fd_room(watch.owner, res.len() * perf.fds_per_thread()) {
-            ledger.rollback(res);
-            return Err(fd_limit(perf, "this watchpoint", res.len(), false));
+            return ArmReport::refused(res, fd_limit(perf, "this watchpoint", res.len(), false));
         }
         let progs = match self.programs(watch) {
             Ok(p) => p,
-            Err(e) => {
-                ledger.rollback(res);
-                return Err(perf_err(e));
-            }
+            Err(e) => return ArmReport::refused(res, perf_err(e)),
         };
         perf.reserve_fds(res.len() * perf.fds_per_thread());
         let registered = Mutex::new(Vec::new());
@@ -639,7 +625,8 @@ impl Backend for PerfEngine {
             let mut c = ArmChunk::with_capacity(chunk.len());
             for (i, r) in chunk.iter().enumerate() {
                 if stop.load(Ordering::Relaxed) {
-                    c.untried.extend_from_slice(&chunk[i..]);
+                    c.outcomes
+                        .extend(chunk[i..].iter().map(|&r| (r, Outcome::NotArmed)));
                     break;
                 }
                 let sink = |eid: u64| {
@@ -649,19 +636,21 @@ impl Backend for PerfEngine {
                 let t0 = crate::clock::monotonic_ns();
                 match self.open_piece(r.tid, r.key, spec, process_wide, &progs, &sink) {
                     Ok(ev) => {
-                        c.times.push((t0, crate::clock::monotonic_ns()));
+                        let times = (t0, crate::clock::monotonic_ns());
                         c.opened.push((r.tid, ev));
-                        c.ok.push(*r);
+                        c.outcomes
+                            .push((*r, Outcome::Armed(process_wide.then_some(times))));
                     }
-                    Err(e) if e.errno == Errno::ESRCH => c.gone.push(*r),
-                    Err(e) if e.errno == Errno::ENOSPC => {
-                        ledger.mark_foreign(*r);
-                        c.full.push(r.tid);
+                    Err(e) if matches!(e.errno, Errno::ESRCH | Errno::ENOSPC) => {
+                        c.full |= e.errno == Errno::ENOSPC;
+                        c.outcomes.push((*r, Outcome::of_errno(e.errno)));
                     }
                     Err(e) => {
                         stop.store(true, Ordering::Relaxed);
                         c.fatal = Some(e);
-                        c.untried.extend_from_slice(&chunk[i + 1..]);
+                        c.outcomes.push((*r, Outcome::Failed(e.errno)));
+                        c.outcomes
+                            .extend(chunk[i + 1..].iter().map(|&r| (r, Outcome::NotArmed)));
                         break;
                     }
                 }
@@ -671,57 +660,49 @@ impl Backend for PerfEngine {
         let mut all = ArmChunk::with_capacity(res.len());
         for c in chunks {
             all.opened.extend(c.opened);
-            all.times.extend(c.times);
-            all.ok.extend(c.ok);
-            all.gone.extend(c.gone);
-            all.full.extend(c.full);
-            all.untried.extend(c.untried);
+            all.outcomes.extend(c.outcomes);
+            all.full |= c.full;
             all.fatal = all.fatal.or(c.fatal);
         }
         let ArmChunk {
             opened,
-            times,
-            ok,
-            gone,
+            mut outcomes,
             full,
-            untried,
             fatal,
         } = all;
-        if !full.is_empty() || fatal.is_some() {
-            let n: usize = opened.iter().map(|(_, e)| e.fds.len()).sum();
-            drop(opened);
-            perf.forget_fds(n);
-            for eid in registered.lock().unwrap().iter() {
-                self.event_ids.remove(eid);
-            }
-            ledger.rollback(&ok);
-            ledger.rollback(&gone);
-            ledger.rollback(&untried);
-            if let Some(e) = fatal {
-                if matches!(e.errno, Errno::EACCES | Errno::EPERM) {
-                    return Err(WpdError::PermissionDenied {
-                        pid,
-                        detail: format!("{} refused: {}", e.op, e.errno.desc()),
-                    });
-                }
-                if e.errno == Errno::EMFILE {
-                    return Err(fd_limit(perf, "this watchpoint", res.len(), true));
-                }
-                return Err(perf_err(e));
-            }
-            return Err(WpdError::OutOfSlots {
-                pid,
-                needed: spec.range.slots(),
-                conflicts: ledger.conflicts(full),
-            });
+        if !full && fatal.is_none() {
+            self.events.entry(id).or_default().extend(opened);
+            return ArmReport {
+                outcomes,
+                refused: None,
+            };
         }
-        ledger.rollback(&gone);
-        ledger.commit(&ok, process_wide.then_some(&times[..]));
-        self.events.entry(id).or_default().extend(opened);
-        if process_wide {
-            self.reconcile_proc(&*host, op.process());
+        // Refused: what was opened is closed again, and so not armed.
+        let n: usize = opened.iter().map(|(_, e)| e.fds.len()).sum();
+        drop(opened);
+        perf.forget_fds(n);
+        for eid in registered.lock().unwrap().iter() {
+            self.event_ids.remove(eid);
         }
-        Ok(())
+        for (_, o) in &mut outcomes {
+            if matches!(o, Outcome::Armed(_)) {
+                *o = Outcome::NotArmed;
+            }
+        }
+        let refused = fatal.map(|e| {
+            if matches!(e.errno, Errno::EACCES | Errno::EPERM) {
+                WpdError::PermissionDenied {
+                    pid,
+                    detail: format!("{} refused: {}", e.op, e.errno.desc()),
+                }
+            } else if e.errno == Errno::EMFILE {
+                fd_limit(perf, "this watchpoint", res.len(), true)
+            } else {
+                perf_err(e)
+            }
+        });
+        // Without one, the kernel's ENOSPC: the core names the threads.
+        ArmReport { outcomes, refused }
     }
 
     fn disarm(&self, _op: &OpGuard<'_>, watch: &Watch) {

@@ -16,9 +16,13 @@
 //! - `park.rs`: parked tracees and the batches that wait for stops;
 //! - `recovery.rs`: the state file that lets a restarted daemon clear
 //!   registers a killed one left armed;
-//! - this file: [`PtraceEngine`], the [`Backend`], and the callbacks
-//!   tracers make into it ([`TraceSink`]).
+//! - `arm.rs`: arming and disarming passes (parked threads, the free-slot
+//!   check, each reservation's outcome reported to the core);
+//! - `sink.rs`: the callbacks tracers make into the backend
+//!   ([`TraceSink`]: new threads, exits, hits, code events);
+//! - this file: [`PtraceEngine`], its attach and the [`Backend`].
 
+mod arm;
 pub mod code;
 pub mod park;
 pub mod protocol;
@@ -26,6 +30,7 @@ pub mod recovery;
 pub mod regs;
 pub mod shards;
 pub mod signal_bp;
+mod sink;
 pub mod step;
 pub mod stops;
 pub mod tracer;
@@ -36,15 +41,12 @@ use std::sync::{Arc, Weak};
 
 use nix::errno::Errno;
 
-use super::fanout::fan_out;
 use super::probe::SlotProbe;
-use super::{Backend, Features, HeldRegisters, Host, RunState, Unavailable};
+use super::{ArmReport, Backend, Features, HeldRegisters, Host, RunState, Unavailable};
 use crate::error::WpdError;
-use crate::events::{EventKind, HitEvent};
 use crate::ledger::{Reservation, Retained};
-use crate::model::{BackendKind, HitAction, Pid, Piece, SlotKey, Tid};
+use crate::model::{BackendKind, Pid, Tid};
 use crate::procfs;
-use crate::sched::Boost;
 use crate::state::{OpGuard, Process, Watch};
 pub use shards::{Held, HitVerdict, ProgramResult, Shards, SlotProgram, TraceSink, TraceeState};
 pub use wake::block_sigchld;
@@ -78,23 +80,6 @@ impl std::fmt::Debug for PtraceEngine {
         f.debug_struct("PtraceEngine")
             .field("shards", &self.shards)
             .finish()
-    }
-}
-
-/// Restarts parked threads when dropped (every way out of an arm).
-struct Unpark<'a>(&'a Shards, &'a [Tid]);
-
-impl<'a> Unpark<'a> {
-    /// Parks `tids` until the guard drops.
-    fn park(pt: &'a Shards, tids: &'a [Tid]) -> Self {
-        pt.park(tids);
-        Unpark(pt, tids)
-    }
-}
-
-impl Drop for Unpark<'_> {
-    fn drop(&mut self) {
-        self.0.unpark(self.1);
     }
 }
 
@@ -149,16 +134,6 @@ impl PtraceEngine {
                 fds,
             }
         }))
-    }
-
-    /// Fault injection for the crash tests (`faults_ptrace_death.rs`): with
-    /// `panic_at_hit` N, the tracer thread panics at its Nth hit.
-    fn fault_panic_at_hit(&self) {
-        use std::sync::atomic::Ordering;
-        let at = self.panic_at_hit;
-        if at != 0 && self.hits_seen.fetch_add(1, Ordering::Relaxed) + 1 == at {
-            panic!("WPD_FAULT_PANIC_AT_HIT: tracer thread panics at hit {at}");
-        }
     }
 
     fn host(&self) -> Result<Arc<dyn Host>, WpdError> {
@@ -233,31 +208,6 @@ impl PtraceEngine {
             return Err(WpdError::NoSuchProcess(proc.pid));
         }
         result
-    }
-
-    /// The watched bytes of a piece, read through the stopped thread
-    /// itself: exact.
-    fn hit_value(pid: Pid, tid: Tid, piece: Piece) -> Result<Vec<u8>, String> {
-        procfs::read_memory(pid, tid, piece.addr, piece.len.bytes() as usize)
-    }
-
-    fn program_for(r: &Reservation, w: &Watch) -> SlotProgram {
-        program_for(r, w)
-    }
-}
-
-/// The program arming reservation `r` with its piece of `w`.
-pub(super) fn program_for(r: &Reservation, w: &Watch) -> SlotProgram {
-    let piece = w.spec.range.piece(r.key.piece);
-    SlotProgram {
-        tid: r.tid,
-        slot: r.slot,
-        arm: Some(shards::Arm {
-            addr: piece.addr,
-            len: piece.len,
-            access: w.spec.access,
-            key: r.key,
-        }),
     }
 }
 
@@ -341,176 +291,15 @@ impl Backend for PtraceEngine {
         Ok(())
     }
 
-    /// Programs the reserved slots through the tracers; all or nothing.
-    fn arm(
-        &self,
-        op: &OpGuard<'_>,
-        watch: &Arc<Watch>,
-        res: &[Reservation],
-    ) -> Result<(), WpdError> {
-        let host = self.host()?;
-        let ledger = host.ledger();
-        let pt = &self.shards;
-        let _rt = Boost::enter();
-        // A successful address poke makes the kernel reserve a slot until the
-        // thread exits or execs, even if the request is then refused. So
-        // that a refused request leaves nothing behind, check that every
-        // thread has a free slot first (one disabled breakpoint, opened and
-        // closed), except where the slot is one the kernel already holds for
-        // us. The threads are stopped (parked) for the check: opened on
-        // running threads, these breakpoints made the threads' next stops
-        // slow to come, and parked they are programmed at once, with no
-        // second stop. Many threads are parked even without the check: all
-        // stopped before any restarts (see `Shards::detach`).
-        //
-        // An object's watchpoint with signal stops needs none of this: a
-        // slot is a perf breakpoint, opened on each thread where it runs,
-        // and one the kernel refuses (ENOSPC) holds nothing (kernel-facts
-        // §17). (Others keep the check: a refused request then marks no
-        // slot of a thread it never reached as retained.)
-        let mode = signal_bp::mode_of(op.pid());
-        // With signal stops each slot is a perf breakpoint's fd: they must
-        // fit the daemon's budget, leaving the fds kept for connections.
-        if mode.is_some()
-            && let Err(e) = self.fds.check_for(
-                watch.owner,
-                "this watchpoint",
-                res.len(),
-                format!("a breakpoint per thread and piece, {} in all", res.len()),
-            )
-        {
-            ledger.rollback(res);
-            return Err(e);
-        }
-        let in_place = watch.object && mode.is_some();
-        let mut tids: Vec<Tid> = res.iter().map(|r| r.tid).collect();
-        tids.dedup(); // a thread's reservations are adjacent, one per piece
-        let _parked = (!in_place && (self.probe.is_some() || tids.len() > 1))
-            .then(|| Unpark::park(pt, &tids));
-        if !in_place && let Some(probe) = &self.probe {
-            // From one thread per CPU, as perf arm passes: each open and
-            // close interrupts the CPU the thread last ran on.
-            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-            // Per thread, the slots it needs that the kernel does not hold
-            // for us already (a thread's reservations are adjacent).
-            let mut groups: Vec<(Tid, usize, &[Reservation])> = Vec::new();
-            for chunk in res.chunk_by(|a, b| a.tid == b.tid) {
-                let row = ledger.get(chunk[0].tid);
-                let fresh = chunk
-                    .iter()
-                    .filter(|r| {
-                        row.as_ref()
-                            .is_none_or(|row| row.retained & (1 << r.slot) == 0)
-                    })
-                    .count();
-                if fresh > 0 {
-                    groups.push((chunk[0].tid, fresh, chunk));
-                }
-            }
-            let refused = fan_out(&groups, cpus, |chunk| {
-                chunk
-                    .iter()
-                    .filter(|(tid, fresh, _)| {
-                        probe
-                            .free_slots(*tid, *fresh)
-                            .is_ok_and(|free| free < *fresh)
-                    })
-                    .flat_map(|(_, _, rs)| rs.iter().copied())
-                    .collect::<Vec<Reservation>>()
-            });
-            let mut full = Vec::new();
-            for r in refused.into_iter().flatten() {
-                ledger.mark_foreign(r);
-                full.push(r.tid);
-            }
-            if !full.is_empty() {
-                ledger.rollback(res);
-                return Err(WpdError::OutOfSlots {
-                    pid: op.pid(),
-                    needed: watch.spec.range.slots(),
-                    conflicts: ledger.conflicts(full),
-                });
-            }
-        }
-        let items: Vec<SlotProgram> = res.iter().map(|r| Self::program_for(r, watch)).collect();
-        let results = pt.program(items, in_place);
-        let mut ok = Vec::new();
-        let mut gone = Vec::new();
-        let mut full = Vec::new();
-        let mut failed = None;
-        for (p, r) in &results {
-            let Some(arm) = p.arm else { continue };
-            let res = Reservation {
-                tid: p.tid,
-                slot: p.slot,
-                key: arm.key,
-            };
-            match r {
-                ProgramResult::Done => ok.push(res),
-                ProgramResult::Gone => gone.push(res),
-                ProgramResult::NoSpace => {
-                    ledger.mark_foreign(res);
-                    full.push(p.tid);
-                }
-                ProgramResult::Failed(e) => {
-                    ledger.rollback(&[res]);
-                    failed = Some(*e);
-                }
-            }
-        }
-        ledger.rollback(&gone);
-        ledger.commit(&ok, None);
-        if full.is_empty() && failed.is_none() {
-            return Ok(());
-        }
-        // The caller undoes what was armed (also on threads born meanwhile).
-        if let Some(e) = failed {
-            return Err(match mode {
-                Some(_) if crate::backend::fds::is_out_of_fds(e) => self.fds.refusal(
-                    "this watchpoint",
-                    res.len(),
-                    format!("a breakpoint per thread and piece, {} in all", res.len()),
-                    true,
-                ),
-                Some(_) => WpdError::kernel("perf_event_open(signal stop)", e),
-                None => WpdError::kernel("PTRACE_POKEUSER", e),
-            });
-        }
-        Err(WpdError::OutOfSlots {
-            pid: op.pid(),
-            needed: watch.spec.range.slots(),
-            conflicts: ledger.conflicts(full),
-        })
+    /// Programs the reserved slots through the tracers; all or nothing
+    /// (see `arm.rs`).
+    fn arm(&self, op: &OpGuard<'_>, watch: &Arc<Watch>, res: &[Reservation]) -> ArmReport {
+        self.arm_pass(op, watch, res)
     }
 
     /// Clears the watchpoint's slot on every thread that has it.
     fn disarm(&self, op: &OpGuard<'_>, watch: &Watch) {
-        let Ok(host) = self.host() else { return };
-        let ledger = host.ledger();
-        let tids = match &watch.spec.scope {
-            crate::model::Scope::Threads(t) => t.clone(),
-            crate::model::Scope::Process | crate::model::Scope::Named(_) => ledger.tids(op.pid()),
-        };
-        let items: Vec<SlotProgram> = ledger
-            .slots_on(&tids, watch.id)
-            .into_iter()
-            .map(|(tid, slot)| SlotProgram {
-                tid,
-                slot,
-                arm: None,
-            })
-            .collect();
-        if items.is_empty() {
-            return;
-        }
-        // Stopped all first, then cleared, then restarted: cleared at their
-        // own stops one by one, busy threads would each wait for the CPU
-        // behind those already restarted (see `Shards::detach`).
-        let in_place = watch.object && signal_bp::mode_of(op.pid()).is_some();
-        let mut tids: Vec<Tid> = items.iter().map(|p| p.tid).collect();
-        tids.dedup(); // one item per piece, a thread's together
-        let _parked = (!in_place && tids.len() > 1).then(|| Unpark::park(&self.shards, &tids));
-        self.shards.program(items, in_place);
+        self.disarm_pass(op, watch)
     }
 
     fn detach(&self, proc: &Arc<Process>) {
@@ -658,243 +447,6 @@ impl Backend for PtraceEngine {
     fn compact(&self) {
         self.shards.shrink();
     }
-}
-
-impl TraceSink for PtraceEngine {
-    fn thread_started(&self, pid: Pid, tid: Tid, parent: Tid) -> Vec<SlotProgram> {
-        let Some(host) = self.host.upgrade() else {
-            return Vec::new();
-        };
-        if host.process(pid).is_none() {
-            return Vec::new();
-        }
-        let ledger = host.ledger();
-        ledger.add_thread(pid, tid);
-        ledger.set_parent(tid, parent);
-        let mut out = Vec::new();
-        let mut res = Vec::new();
-        for w in host.wide_watches(pid) {
-            res.clear();
-            let pieces = w.spec.range.slots() as u8;
-            match ledger.reserve(tid, w.id, pieces, false, Retained::Reuse, &mut res) {
-                Ok(()) => out.extend(res.iter().map(|r| Self::program_for(r, &w))),
-                Err(_) => {
-                    tracing::warn!(
-                        pid,
-                        tid,
-                        id = w.id.0,
-                        pieces,
-                        "new thread has too few free slots"
-                    )
-                }
-            }
-        }
-        out
-    }
-
-    fn thread_armed(&self, pid: Pid, tid: Tid, results: &[(SlotProgram, ProgramResult)]) {
-        let Some(host) = self.host.upgrade() else {
-            return;
-        };
-        let ledger = host.ledger();
-        let mut armed = Vec::new();
-        for (p, r) in results {
-            let Some(a) = p.arm else { continue };
-            let res = Reservation {
-                tid,
-                slot: p.slot,
-                key: a.key,
-            };
-            match r {
-                ProgramResult::Done => {
-                    ledger.commit(&[res], None);
-                    if !armed.contains(&a.key.id) {
-                        armed.push(a.key.id);
-                    }
-                }
-                ProgramResult::NoSpace => ledger.mark_foreign(res),
-                _ => ledger.rollback(&[res]),
-            }
-        }
-        let parent = ledger.get(tid).map(|r| r.parent).unwrap_or(0);
-        host.publish(EventKind::ThreadStarted {
-            pid,
-            tid,
-            parent,
-            watchpoints: armed,
-        });
-    }
-
-    fn thread_exited(&self, pid: Pid, tid: Tid) {
-        code::forget(tid);
-        let Some(host) = self.host.upgrade() else {
-            return;
-        };
-        let ledger = host.ledger();
-        if let Some(row) = ledger.get(tid)
-            && row.pid == pid
-        {
-            ledger.remove_thread(tid);
-            host.publish(EventKind::ThreadExited { pid, tid });
-        }
-    }
-
-    fn hit(&self, pid: Pid, tid: Tid, ip: u64, keys: &[SlotKey]) -> HitVerdict {
-        self.fault_panic_at_hit();
-        let Some(host) = self.host.upgrade() else {
-            return HitVerdict::Continue;
-        };
-        let mut verdict = HitVerdict::Continue;
-        for &key in keys {
-            let Some(w) = host.watch(key.id) else {
-                continue;
-            };
-            if w.freed.load(std::sync::atomic::Ordering::Relaxed) {
-                // Its object was freed; its breakpoints are being closed.
-                continue;
-            }
-            let piece = w.spec.range.piece(key.piece);
-            let value = Self::hit_value(pid, tid, piece);
-            let mut old_value = None;
-            if w.spec.only_on_change
-                && let Ok(v) = &value
-            {
-                // The last bytes seen of the whole range; this piece's part
-                // compared and updated.
-                let mut last = w.last_value.lock().unwrap();
-                let off = (piece.addr - w.spec.range.addr) as usize;
-                let part = off..off + v.len();
-                match last.as_mut().filter(|l| l.len() >= part.end) {
-                    Some(l) if l[part.clone()] == v[..] => continue, // the same bytes
-                    Some(l) => {
-                        old_value = Some(l[part.clone()].to_vec());
-                        l[part].copy_from_slice(v);
-                    }
-                    None => {
-                        *last = procfs::read_memory(
-                            pid,
-                            tid,
-                            w.spec.range.addr,
-                            w.spec.range.len as usize,
-                        )
-                        .ok();
-                    }
-                }
-            }
-            // Not reported: it stops no one.
-            let rate_limited_before = match w.filter.judge(
-                &w.spec.filter,
-                value.as_ref().ok().map(|v| &v[..]),
-                crate::clock::monotonic_ns(),
-            ) {
-                crate::filter::Verdict::Report { limited_before } => limited_before,
-                _ => continue,
-            };
-            let stopped = matches!(w.spec.action, HitAction::Stop | HitAction::StopAll);
-            verdict = match (verdict, w.spec.action) {
-                (_, HitAction::StopAll) | (HitVerdict::HoldAll, _) => HitVerdict::HoldAll,
-                (_, HitAction::Stop) | (HitVerdict::Hold, _) => HitVerdict::Hold,
-                (_, HitAction::Signal(n)) | (HitVerdict::Signal(n), _) => HitVerdict::Signal(n),
-                _ => HitVerdict::Continue,
-            };
-            host.count_hit(&w);
-            let now = crate::clock::realtime_ns();
-            let (callchain, callchain_note) = match w.spec.backtrace {
-                0 => (Vec::new(), None),
-                depth => match call_chain(&*host, pid, tid, usize::from(depth)) {
-                    (chain, None) if chain.is_empty() => {
-                        (chain, Some(crate::events::NO_FRAME_POINTER))
-                    }
-                    found => found,
-                },
-            };
-            host.publish(EventKind::Hit(HitEvent {
-                id: w.id,
-                piece: key.piece,
-                pid,
-                tid,
-                ip,
-                addr: piece.addr,
-                len: piece.len.bytes(),
-                access: w.spec.access,
-                value,
-                time_ns: now,
-                value_read_ns: now,
-                cpu: 0,
-                stopped,
-                old_value,
-                backend: BackendKind::Ptrace,
-                image: host.image(pid),
-                callchain,
-                callchain_note,
-                rate_limited_before,
-                names: None,
-                value_type: None,
-            }));
-        }
-        if verdict == HitVerdict::HoldAll {
-            self.shards.hold_all(pid, tid);
-        }
-        verdict
-    }
-
-    fn code_event(
-        &self,
-        pid: Pid,
-        tid: Tid,
-        records: &[super::CodeRecord],
-        armer: &mut dyn super::StopArmer,
-    ) -> bool {
-        let hold = self.host.upgrade().map_or(super::CodeHold::Run, |h| {
-            h.code_event(pid, tid, records, armer)
-        });
-        if hold == super::CodeHold::HoldAll {
-            self.shards.hold_all(pid, tid);
-        }
-        hold != super::CodeHold::Run
-    }
-
-    fn objects_freed(&self, records: &[super::CodeRecord], armer: &mut dyn super::StopArmer) {
-        if let Some(h) = self.host.upgrade() {
-            h.objects_freed(records, Some(armer));
-        }
-    }
-
-    fn exec(&self, pid: Pid, _tid: Tid) {
-        if let Some(host) = self.host.upgrade() {
-            host.schedule(crate::state::Job::Exec(pid));
-        }
-    }
-}
-
-/// The return addresses of the stopped thread `tid`'s callers, innermost
-/// first, up to `depth`: unwound by the host with the modules' call frame
-/// information (code with or without frame pointers), else walked along
-/// frame pointers as the kernel's perf call chains are
-/// (`arch::current::walk_frame_pointers`), saying why it stopped early.
-fn call_chain(
-    host: &dyn Host,
-    pid: Pid,
-    tid: Tid,
-    depth: usize,
-) -> (Vec<u64>, Option<&'static str>) {
-    let Ok(regs) = nix::sys::ptrace::getregs(nix::unistd::Pid::from_raw(tid)) else {
-        return (Vec::new(), Some("the thread's registers could not be read"));
-    };
-    let regs = crate::arch::current::UserRegs::from(&regs);
-    let mut read = |at: u64| {
-        let b = procfs::read_memory(pid, tid, at, 8).ok()?;
-        Some(u64::from_le_bytes(b.try_into().ok()?))
-    };
-    if let Some(chain) = host.unwind(pid, (regs.ip, regs.sp, regs.fp), depth, &mut read) {
-        return chain;
-    }
-    crate::arch::current::walk_frame_pointers(
-        |at| procfs::read_memory(pid, tid, at, 16).ok(),
-        regs.fp,
-        regs.sp,
-        depth,
-    )
 }
 
 /// True on a tracer thread (its panics are caught: it detaches its tracees

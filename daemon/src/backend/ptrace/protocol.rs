@@ -9,6 +9,7 @@ use std::sync::mpsc;
 use nix::errno::Errno;
 
 use crate::backend::HeldRegisters;
+use crate::ledger::Outcome;
 use crate::model::{Access, Pid, SlotKey, Tid, WatchLen};
 
 /// What to arm in one slot.
@@ -46,6 +47,19 @@ pub enum ProgramResult {
     NoSpace,
     /// The kernel refused for another reason.
     Failed(Errno),
+}
+
+impl ProgramResult {
+    /// What became of the reservation an arming program was for, as the
+    /// core settles it.
+    pub fn outcome(self) -> Outcome {
+        match self {
+            ProgramResult::Done => Outcome::Armed(None),
+            ProgramResult::Gone => Outcome::Gone,
+            ProgramResult::NoSpace => Outcome::NoSpace,
+            ProgramResult::Failed(e) => Outcome::Failed(e),
+        }
+    }
 }
 
 /// What the daemon decided about a hit (returned by [`TraceSink::hit`]).

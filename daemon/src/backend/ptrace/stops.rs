@@ -584,8 +584,8 @@ impl crate::backend::StopArmer for AtStop<'_> {
         &mut self,
         watch: &crate::state::Watch,
         res: &[crate::ledger::Reservation],
-    ) -> Vec<super::shards::ProgramResult> {
-        use super::shards::ProgramResult;
+    ) -> Vec<(crate::ledger::Reservation, crate::ledger::Outcome)> {
+        use crate::ledger::Outcome;
         let mut out = Vec::with_capacity(res.len());
         // A thread's reservations are adjacent (one per piece).
         for chunk in res.chunk_by(|a, b| a.tid == b.tid) {
@@ -593,8 +593,19 @@ impl crate::backend::StopArmer for AtStop<'_> {
             let staged = || {
                 chunk
                     .iter()
-                    .map(|r| (0, super::program_for(r, watch)))
+                    .map(|r| (0, super::arm::program_for(r, watch)))
                     .collect()
+            };
+            let gone = || chunk.iter().map(|&r| (r, Outcome::Gone));
+            let applied = |o: Vec<(u64, super::shards::SlotProgram, super::ProgramResult)>| {
+                o.into_iter().filter_map(|(_, p, result)| {
+                    let r = crate::ledger::Reservation {
+                        tid: p.tid,
+                        slot: p.slot,
+                        key: p.arm?.key,
+                    };
+                    Some((r, result.outcome()))
+                })
             };
             if let Some(regs) = self.elsewhere(tid) {
                 // Another tracer's: programmed here, under the lock its
@@ -602,27 +613,21 @@ impl crate::backend::StopArmer for AtStop<'_> {
                 // of its own pending), so never on a tracee it has let go.
                 let mut regs = regs.lock();
                 if regs.others() {
-                    out.extend(regs.apply(tid, staged(), false).into_iter().map(|o| o.2));
+                    out.extend(applied(regs.apply(tid, staged(), false)));
                 } else {
-                    out.extend(chunk.iter().map(|_| ProgramResult::Gone));
+                    out.extend(gone());
                 }
                 continue;
             }
             if !self.reaches(tid) {
-                out.extend(chunk.iter().map(|_| ProgramResult::Gone));
+                out.extend(gone());
                 continue;
             }
             let Some(t) = self.tracer.tracees.get_mut(&tid) else {
-                out.extend(chunk.iter().map(|_| ProgramResult::Gone));
+                out.extend(gone());
                 continue;
             };
-            out.extend(
-                t.regs
-                    .lock()
-                    .apply(tid, staged(), false)
-                    .into_iter()
-                    .map(|o| o.2),
-            );
+            out.extend(applied(t.regs.lock().apply(tid, staged(), false)));
         }
         out
     }

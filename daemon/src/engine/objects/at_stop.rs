@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use super::pending::RT_CONSISTENT;
 use super::worker::Msg;
 use super::{ObjectWatch, bump, live_bound, live_remove_if};
-use crate::backend::{CodeRecord, ProgramResult, StopArmer};
+use crate::backend::{CodeRecord, StopArmer};
 use crate::engine::Core;
 use crate::error::WpdError;
 use crate::model::{Pid, Scope, Tid, WatchId};
@@ -258,24 +258,9 @@ impl Core {
         };
         // Its addresses may still be muted from an object freed there.
         self.unmute(&watch);
-        let outcomes = armer.arm(&watch, &res);
-        let (mut ok, mut gone, mut full, mut failed) = (Vec::new(), Vec::new(), Vec::new(), None);
-        for (res, o) in res.iter().zip(outcomes) {
-            match o {
-                ProgramResult::Done => ok.push(*res),
-                ProgramResult::Gone => gone.push(*res),
-                ProgramResult::NoSpace => {
-                    self.ledger.mark_foreign(*res);
-                    full.push(res.tid);
-                }
-                ProgramResult::Failed(e) => {
-                    self.ledger.rollback(&[*res]);
-                    failed = Some(e);
-                }
-            }
-        }
-        self.ledger.rollback(&gone);
-        self.ledger.commit(&ok, None);
+        let report = armer.arm(&watch, &res);
+        let full = self.settle_at_stop(&res, &report);
+        let failed = crate::engine::slots::failed(&report);
         if full.is_empty() && failed.is_none() {
             bump(w, totals, |c| &c.armed);
             bump(w, totals, |c| &c.armed_at_stop);
