@@ -1027,3 +1027,19 @@ async fn steps_land_in_functions_at_o2() -> Result<()> {
 async fn steps_beside_a_thousand_threads() -> Result<()> {
     step_session("ct-step", 1000, &[("SINGLE", "1")]).await
 }
+
+/// Steps of one thread while 1,000 others run (`"stopOnHit": "thread"`,
+/// `singleThread: false`), the function breakpoint kept and hit again
+/// after `continue`: every step ends with its `stopped` and removing the
+/// breakpoint at `disconnect` answers (closing a step's uprobes, whose
+/// kernel grace period the running threads can stretch to tens of
+/// seconds, is never waited for on a request's way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_while_a_thousand_threads_run() -> Result<()> {
+    step_session(
+        "ct-step",
+        1000,
+        &[("STOP_ON_HIT", "thread"), ("SINGLE", "0")],
+    )
+    .await
+}
