@@ -1043,3 +1043,26 @@ async fn steps_while_a_thousand_threads_run() -> Result<()> {
     )
     .await
 }
+
+/// `tests/dap/setvar.test.mjs`: setVariable changes a local and a struct's
+/// member in a held thread's caller frame, and the program's next call
+/// gets the values they make; a bad value, a register and a running
+/// thread's local are refused, each with its DAP error id; the target
+/// alive and untraced after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_variable_changes_what_the_program_does() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    require_node_dap();
+    let daemon = Daemon::start().await?;
+    let mut t = Stepping::start("ct-step", 4)?;
+    let result = async {
+        let env = [("TARGET_PID", t.pid().to_string())];
+        let out = node_run(None, "setvar.test.mjs", &daemon, &env).await?;
+        eprintln!("{out}");
+        t.is_free(&daemon).await
+    }
+    .await;
+    daemon.finish(result)
+}
