@@ -893,10 +893,10 @@ async fn failures_have_their_own_error_ids() -> Result<()> {
 
 /// `tests/c/stepping.c` (`variant`) with `workers` worker threads, killed
 /// on drop.
-struct Stepping(std::process::Child);
+pub(crate) struct Stepping(std::process::Child);
 
 impl Stepping {
-    fn start(variant: &str, workers: usize) -> Result<Stepping> {
+    pub(crate) fn start(variant: &str, workers: usize) -> Result<Stepping> {
         let mut child = std::process::Command::new(ctarget_path(variant))
             .arg(workers.to_string())
             .stdout(Stdio::piped())
@@ -909,12 +909,12 @@ impl Stepping {
         Ok(Stepping(child))
     }
 
-    fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         self.0.id() as i32
     }
 
     /// Alive, no thread traced or stopped, none left held by the daemon.
-    async fn is_free(&mut self, daemon: &Daemon) -> Result<()> {
+    pub(crate) async fn is_free(&mut self, daemon: &Daemon) -> Result<()> {
         let pid = self.pid();
         let mut client = daemon.client().await?;
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
