@@ -117,6 +117,130 @@ pub fn kind_name(kind: i32) -> &'static str {
     }
 }
 
+/// The bytes (little-endian, `t.size` of them) a value typed by a person
+/// stores as type `t`: what [`show`] and [`short`] print reads back (`-1`,
+/// `42 (0x2a)`, `0x2a`, `-273.15`, `true`, `DONE`, `DONE (2)`, `'A'`,
+/// `0x55d0c0a01040 <g_table+16>`, `NULL`); the error says why not (not a
+/// number, out of the type's range, a record or array, which is set
+/// member by member).
+pub fn encode(t: &crate::v1::ValueType, text: &str) -> Result<Vec<u8>, String> {
+    let size = t.size as usize;
+    let type_name = if t.name.is_empty() {
+        "this type"
+    } else {
+        t.name.as_str()
+    };
+    let kind = ValueKind::try_from(t.kind).unwrap_or(ValueKind::Unspecified);
+    if kind == ValueKind::Unspecified || size == 0 || size > 8 {
+        return Err(format!(
+            "a value of {type_name} is not one number: set its members or elements one by one"
+        ));
+    }
+    let full = text.trim();
+    // What show() adds after the value: ` (0x2a)`, ` <g_table+16>`.
+    let v = match full.find([' ', '\t']) {
+        Some(i) if full[i..].trim_start().starts_with(['(', '<']) => &full[..i],
+        _ => full,
+    };
+    if v.is_empty() {
+        return Err(format!("no value given for {type_name}"));
+    }
+    let range = |what: &str| format!("{v} is out of the range of {type_name} ({size} bytes{what})");
+    // An enumerator's name, a character literal, a number.
+    let integer = |v: &str| -> Result<i128, String> {
+        if let Some(e) = t.enumerators.iter().find(|e| e.name == v) {
+            return Ok(i128::from(e.value));
+        }
+        if let Some(c) = v.strip_prefix('\'').and_then(|c| c.strip_suffix('\'')) {
+            let mut chars = c.chars();
+            return match (chars.next(), chars.next()) {
+                (Some(ch), None) if ch.is_ascii() => Ok(ch as i128),
+                _ => Err(format!("{v} is not one ASCII character")),
+            };
+        }
+        let (neg, digits) = match v.strip_prefix('-') {
+            Some(d) => (true, d),
+            None => (false, v.strip_prefix('+').unwrap_or(v)),
+        };
+        let digits = digits.replace('_', "");
+        let n = match digits
+            .strip_prefix("0x")
+            .or_else(|| digits.strip_prefix("0X"))
+        {
+            Some(h) => i128::from_str_radix(h, 16),
+            None => digits.parse::<i128>(),
+        }
+        .map_err(|_| {
+            if t.enumeration {
+                let names: Vec<&str> = t.enumerators.iter().map(|e| e.name.as_str()).collect();
+                format!(
+                    "{v} is neither a number nor an enumerator of {type_name} ({})",
+                    names.join(", ")
+                )
+            } else {
+                format!("{v} is not a number (42, -1, 0x2a, 'A')")
+            }
+        })?;
+        Ok(if neg { -n } else { n })
+    };
+    let bits = 8 * size as u32;
+    let raw: u64 = match kind {
+        ValueKind::Signed => {
+            let n = integer(v)?;
+            let (lo, hi) = (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1);
+            // Hex spells the bits (0xffffffff for an int's -1), as show()
+            // prints them.
+            let hex = v.trim_start_matches(['-', '+']).starts_with("0x");
+            if hex && n >= 0 && n < (1i128 << bits) {
+                n as u64
+            } else if n < lo || n > hi {
+                return Err(range(&format!(", {lo} to {hi}")));
+            } else {
+                n as i64 as u64
+            }
+        }
+        ValueKind::Unsigned | ValueKind::Pointer => {
+            let n = if kind == ValueKind::Pointer && matches!(v, "NULL" | "nullptr") {
+                0
+            } else {
+                integer(v)?
+            };
+            if n < 0 || n >= (1i128 << bits) {
+                return Err(range(&format!(", 0 to {}", (1u128 << bits) - 1)));
+            }
+            n as u64
+        }
+        ValueKind::Float => {
+            let f: f64 = v
+                .replace('_', "")
+                .parse()
+                .map_err(|_| format!("{v} is not a number (-273.15, 1e-3, inf, nan)"))?;
+            match size {
+                4 => {
+                    let g = f as f32;
+                    if f.is_finite() && !g.is_finite() {
+                        return Err(range(""));
+                    }
+                    u64::from(g.to_bits())
+                }
+                8 => f.to_bits(),
+                _ => {
+                    return Err(format!(
+                        "{type_name} is a float of {size} bytes: not settable"
+                    ));
+                }
+            }
+        }
+        ValueKind::Bool => match v {
+            "true" | "1" => 1,
+            "false" | "0" => 0,
+            _ => return Err(format!("{v} is not true, false, 1 or 0")),
+        },
+        ValueKind::Unspecified => unreachable!("refused above"),
+    };
+    Ok(raw.to_le_bytes()[..size].to_vec())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,5 +341,82 @@ mod tests {
         assert_eq!(typed(ValueKind::Signed as i32, &[]), None);
         assert_eq!(kind_name(ValueKind::Float as i32), "float");
         assert_eq!(kind_name(0), "untyped");
+    }
+
+    /// `text` stored as `kind` of `size` bytes: `expected` (bytes), or an
+    /// error that contains `expected_err`.
+    fn enc(kind: ValueKind, size: u32, text: &str) -> Result<Vec<u8>, String> {
+        let t = crate::v1::ValueType {
+            kind: kind as i32,
+            size,
+            name: "long".into(),
+            enumeration: false,
+            enumerators: vec![],
+            note: String::new(),
+        };
+        encode(&t, text)
+    }
+
+    #[test]
+    fn what_a_person_types_is_stored_as_the_type_stores_it() {
+        use ValueKind::*;
+        assert_eq!(enc(Signed, 8, "-1").unwrap(), (-1i64).to_le_bytes());
+        assert_eq!(enc(Signed, 4, "42 (0x2a)").unwrap(), 42i32.to_le_bytes());
+        assert_eq!(enc(Signed, 4, "0xffffffff").unwrap(), (-1i32).to_le_bytes());
+        assert_eq!(enc(Signed, 1, "'A'").unwrap(), [65]);
+        assert_eq!(enc(Unsigned, 2, "65535").unwrap(), [0xff, 0xff]);
+        assert_eq!(
+            enc(Float, 8, "-273.15").unwrap(),
+            (-273.15f64).to_le_bytes()
+        );
+        assert_eq!(enc(Float, 4, "0.5").unwrap(), 0.5f32.to_le_bytes());
+        assert_eq!(enc(Bool, 1, "true").unwrap(), [1]);
+        assert_eq!(enc(Pointer, 8, "NULL").unwrap(), 0u64.to_le_bytes());
+        assert_eq!(
+            enc(Pointer, 8, "0x55d0c0a01040 <g_table+16>").unwrap(),
+            0x55d0c0a01040u64.to_le_bytes()
+        );
+        let e = crate::v1::ValueType {
+            kind: Unsigned as i32,
+            size: 4,
+            name: "enum state".into(),
+            enumeration: true,
+            enumerators: vec![crate::v1::Enumerator {
+                name: "DONE".into(),
+                value: 2,
+            }],
+            note: String::new(),
+        };
+        assert_eq!(encode(&e, "DONE").unwrap(), 2u32.to_le_bytes());
+        assert_eq!(encode(&e, "DONE (2)").unwrap(), 2u32.to_le_bytes());
+        assert!(encode(&e, "LATER").unwrap_err().contains("DONE"));
+    }
+
+    #[test]
+    fn values_that_do_not_fit_are_refused_saying_why() {
+        use ValueKind::*;
+        assert!(enc(Signed, 1, "200").unwrap_err().contains("-128 to 127"));
+        assert!(
+            enc(Unsigned, 4, "-1")
+                .unwrap_err()
+                .contains("out of the range")
+        );
+        assert!(
+            enc(Signed, 8, "banana")
+                .unwrap_err()
+                .contains("not a number")
+        );
+        assert!(
+            enc(Float, 4, "1e300")
+                .unwrap_err()
+                .contains("out of the range")
+        );
+        assert!(enc(Bool, 1, "yes").unwrap_err().contains("true, false"));
+        assert!(
+            enc(Unspecified, 16, "1")
+                .unwrap_err()
+                .contains("one by one")
+        );
+        assert!(enc(Signed, 8, "").unwrap_err().contains("no value"));
     }
 }

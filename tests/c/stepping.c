@@ -3,7 +3,9 @@
  * loops over a chain of calls whose lines are marked LINE:<tag> (a
  * recursion, a call into the C library, a store into `watched`), while
  * argv[1] worker threads (4 by default) run, writing `hot` while `heat` is
- * set. Built at -O0 (ct-step) and -O2 (ct-step-o2). */
+ * set. `pace` is what setVariable changes (tests/dap/setvar.test.mjs): its
+ * `add` makes `i`, hence `loops`, jump. Built at -O0 (ct-step) and -O2
+ * (ct-step-o2). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -47,17 +49,24 @@ __attribute__((noinline)) void step_here(long i)
     loops = i; /* LINE:step_here */
 }
 
+/* How the stepper's loop goes on. */
+struct pace {
+    long add; /* added to i each loop, besides 1 or 2 */
+    int sleep_us; /* the loop's sleep */
+};
+
 static void *stepper(void *arg)
 {
     (void)arg;
     long i = 0;
+    struct pace pace = { 0, 1000 };
     for (;;) {
         step_here(i); /* LINE:loop_top */
         long r = middle(i); /* LINE:loop_call */
         if (heat) /* LINE:loop_heat */
             slow(); /* LINE:loop_slow */
-        i += (r & 1) ? 1 : 2; /* LINE:loop_next */
-        usleep(1000); /* LINE:loop_sleep */
+        i += pace.add + ((r & 1) ? 1 : 2); /* LINE:loop_next */
+        usleep(pace.sleep_us); /* LINE:loop_sleep */
     }
     return NULL;
 }

@@ -52,7 +52,7 @@ async function top(dc, tid) {
 /// frames.
 async function step(dc, tid, command, args = {}) {
   const ev = nextStop(dc);
-  const single = process.env.SINGLE === '1' || STOP_ON_HIT === 'thread';
+  const single = process.env.SINGLE ? process.env.SINGLE === '1' : STOP_ON_HIT === 'thread';
   await dc.send(command, { threadId: tid, singleThread: single, ...args });
   const e = await ev;
   assert.equal(e.body.reason, 'step', JSON.stringify(e.body));

@@ -893,10 +893,10 @@ async fn failures_have_their_own_error_ids() -> Result<()> {
 
 /// `tests/c/stepping.c` (`variant`) with `workers` worker threads, killed
 /// on drop.
-struct Stepping(std::process::Child);
+pub(crate) struct Stepping(std::process::Child);
 
 impl Stepping {
-    fn start(variant: &str, workers: usize) -> Result<Stepping> {
+    pub(crate) fn start(variant: &str, workers: usize) -> Result<Stepping> {
         let mut child = std::process::Command::new(ctarget_path(variant))
             .arg(workers.to_string())
             .stdout(Stdio::piped())
@@ -909,12 +909,12 @@ impl Stepping {
         Ok(Stepping(child))
     }
 
-    fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         self.0.id() as i32
     }
 
     /// Alive, no thread traced or stopped, none left held by the daemon.
-    async fn is_free(&mut self, daemon: &Daemon) -> Result<()> {
+    pub(crate) async fn is_free(&mut self, daemon: &Daemon) -> Result<()> {
         let pid = self.pid();
         let mut client = daemon.client().await?;
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -1026,4 +1026,43 @@ async fn steps_land_in_functions_at_o2() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steps_beside_a_thousand_threads() -> Result<()> {
     step_session("ct-step", 1000, &[("SINGLE", "1")]).await
+}
+
+/// Steps of one thread while 1,000 others run (`"stopOnHit": "thread"`,
+/// `singleThread: false`), the function breakpoint kept and hit again
+/// after `continue`: every step ends with its `stopped` and removing the
+/// breakpoint at `disconnect` answers (closing a step's uprobes, whose
+/// kernel grace period the running threads can stretch to tens of
+/// seconds, is never waited for on a request's way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_while_a_thousand_threads_run() -> Result<()> {
+    step_session(
+        "ct-step",
+        1000,
+        &[("STOP_ON_HIT", "thread"), ("SINGLE", "0")],
+    )
+    .await
+}
+
+/// `tests/dap/setvar.test.mjs`: setVariable changes a local and a struct's
+/// member in a held thread's caller frame, and the program's next call
+/// gets the values they make; a bad value, a register and a running
+/// thread's local are refused, each with its DAP error id; the target
+/// alive and untraced after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_variable_changes_what_the_program_does() -> Result<()> {
+    if !require_root_perf() {
+        return Ok(());
+    }
+    require_node_dap();
+    let daemon = Daemon::start().await?;
+    let mut t = Stepping::start("ct-step", 4)?;
+    let result = async {
+        let env = [("TARGET_PID", t.pid().to_string())];
+        let out = node_run(None, "setvar.test.mjs", &daemon, &env).await?;
+        eprintln!("{out}");
+        t.is_free(&daemon).await
+    }
+    .await;
+    daemon.finish(result)
 }

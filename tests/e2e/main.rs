@@ -50,6 +50,7 @@ mod recent_hits;
 mod security;
 mod shares;
 mod slots;
+mod step;
 mod symbols;
 mod sysboot;
 mod thread_names;

@@ -26,6 +26,7 @@ const SOURCES: &[(&str, &str)] = &[
     ("plugin.c", include_str!("../c/plugin.c")),
     ("plugins.c", include_str!("../c/plugins.c")),
     ("typed.c", include_str!("../c/typed.c")),
+    ("stepping.c", include_str!("../c/stepping.c")),
 ];
 
 /// The file and 1-based line of the `LINE:<tag>` marker in the C sources.

@@ -14,6 +14,7 @@
 //! | 112 | a frame id from an earlier stop |
 //! | 113 | a `variablesReference` from an earlier stop |
 //! | 114 | no such thread |
+//! | 115 | `setVariable` of a local of a thread that is running |
 //! | 120 | `attach` without a usable pid |
 //! | 121 | `attach` with an unknown `backend` |
 //! | 122 | `attach` with an unknown `stopOnHit` |
@@ -24,6 +25,8 @@
 //! | 131 | an address plus its offset is out of range |
 //! | 132 | `evaluate`: nothing by that name |
 //! | 133 | memory that could not be read |
+//! | 134 | `setVariable`: a value its type cannot hold, or not a value |
+//! | 135 | `setVariable`: a variable that cannot be changed (in a register, optimized out, a register or a hit shown) |
 //! | 140 | the daemon refused or failed a call (its message follows) |
 //! | 141 | ending the session: some of its breakpoints or threads could not be released |
 //! | 142 | the daemon answered without what was asked |
@@ -76,6 +79,12 @@ pub enum DapError {
     /// A thread id that is no thread.
     #[error("no such thread")]
     NoSuchThread,
+    /// A local of a thread that runs.
+    #[error(
+        "thread {0} is running: its locals can be changed while it is held (pause it, or \
+         stop it at a breakpoint)"
+    )]
+    ThreadRunning(i32),
     /// `attach` without a pid.
     #[error("attach needs \"pid\": the id of a running process")]
     BadPid,
@@ -113,6 +122,24 @@ pub enum DapError {
     /// Memory that could not be read.
     #[error("{0}")]
     Unreadable(String),
+    /// A value that does not fit the variable's type.
+    #[error("{name} = {value}: {why}")]
+    BadValue {
+        /// The variable.
+        name: String,
+        /// The value asked.
+        value: String,
+        /// Why it does not fit.
+        why: String,
+    },
+    /// A variable that cannot be changed.
+    #[error("{name} cannot be changed: {why}")]
+    ReadOnly {
+        /// The variable.
+        name: String,
+        /// Why.
+        why: String,
+    },
     /// The daemon refused or failed a call.
     #[error("{0}")]
     Daemon(String),
@@ -174,6 +201,7 @@ impl DapError {
             DapError::StaleFrame => 112,
             DapError::StaleVariables => 113,
             DapError::NoSuchThread => 114,
+            DapError::ThreadRunning(_) => 115,
             DapError::BadPid => 120,
             DapError::BadBackend(_) => 121,
             DapError::BadStopOnHit(_) => 122,
@@ -184,6 +212,8 @@ impl DapError {
             DapError::AddressOutOfRange => 131,
             DapError::NothingByThatName => 132,
             DapError::Unreadable(_) => 133,
+            DapError::BadValue { .. } => 134,
+            DapError::ReadOnly { .. } => 135,
             DapError::Daemon(_) => 140,
             DapError::Cleanup(_) => 141,
             DapError::IncompleteAnswer(_) => 142,
@@ -242,6 +272,7 @@ mod tests {
             DapError::StaleFrame,
             DapError::StaleVariables,
             DapError::NoSuchThread,
+            DapError::ThreadRunning(1),
             DapError::BadPid,
             DapError::BadBackend(String::new()),
             DapError::BadStopOnHit(String::new()),
@@ -255,6 +286,15 @@ mod tests {
             DapError::AddressOutOfRange,
             DapError::NothingByThatName,
             DapError::Unreadable(String::new()),
+            DapError::BadValue {
+                name: String::new(),
+                value: String::new(),
+                why: String::new(),
+            },
+            DapError::ReadOnly {
+                name: String::new(),
+                why: String::new(),
+            },
             DapError::Daemon(String::new()),
             DapError::Cleanup(String::new()),
             DapError::IncompleteAnswer("x"),

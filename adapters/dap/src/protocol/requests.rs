@@ -116,6 +116,10 @@ request!(
     WriteMemory, "writeMemory", WriteMemoryArguments => WriteMemoryBody
 );
 request!(
+    /// Change a held thread's local, or a member or element in memory.
+    SetVariable, "setVariable", SetVariableArguments => SetVariableBody
+);
+request!(
     /// Step back: refused.
     StepBack, "stepBack", IgnoredAny => ()
 );
@@ -274,6 +278,33 @@ pub struct WriteMemoryArguments {
 pub struct WriteMemoryBody {
     /// Bytes written.
     pub bytes_written: u64,
+}
+
+/// `setVariable` arguments.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SetVariableArguments {
+    /// The container the variable is listed in (a `variables` reference).
+    pub variables_reference: i64,
+    /// Its name there.
+    pub name: String,
+    /// The new value, as a person types it (`42`, `-1`, `0x2a`, `-273.15`,
+    /// `true`, `DONE`, `'A'`).
+    pub value: String,
+}
+
+/// `setVariable` response body: the value as it now reads.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SetVariableBody {
+    /// The value, read back.
+    pub value: String,
+    /// Its type.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_name: Option<String>,
+    /// Its address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_reference: Option<String>,
 }
 
 /// `pause` arguments.

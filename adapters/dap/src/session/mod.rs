@@ -432,6 +432,7 @@ impl Session {
             Pause,
             ReadMemory,
             WriteMemory,
+            SetVariable,
             Disassemble,
             Next,
             StepIn,

@@ -2,13 +2,17 @@
 //! daemon's Step, run on a task of its own so that the session goes on
 //! answering while the thread runs: a `pause` ends a step that does not
 //! end by itself; its end comes back as an input), `disassemble` (the
-//! instructions around an address, decoded here with `iced-x86`) and
-//! `writeMemory`.
+//! instructions around an address, decoded here with `iced-x86`),
+//! `writeMemory` and `setVariable` (a held thread's local, found where its
+//! frame has it, or a member or element in memory, found by the
+//! expression the daemon listed it with; the value typed as its type
+//! stores it, `wpd_proto::value::encode`, and written with WriteMemory, so
+//! with the caller's right to write the process's memory).
 
 use base64::Engine as _;
 use wpd_proto::v1 as pb;
 
-use super::{Handler, Input, Session, StopMode};
+use super::{Container, Handler, Input, Session, StopMode};
 use crate::error::DapError;
 use crate::protocol::events::Stopped;
 use crate::protocol::requests::*;
@@ -245,5 +249,149 @@ impl Handler<WriteMemory> for Session {
         Ok(WriteMemoryBody {
             bytes_written: u64::from(r.written),
         })
+    }
+}
+
+impl Handler<SetVariable> for Session {
+    async fn handle(&mut self, a: SetVariableArguments) -> Result<SetVariableBody, DapError> {
+        let pid = self.pid()?;
+        let Some(c) = self.vars.get(&a.variables_reference).cloned() else {
+            return Err(DapError::StaleVariables);
+        };
+        let name = a.name.trim().to_string();
+        let read_only = |why: &str| DapError::ReadOnly {
+            name: name.clone(),
+            why: why.into(),
+        };
+        // The expression the daemon resolves, and the held thread's frame
+        // it starts from (locals), or none (an object in memory).
+        let (expr, tid, frame) = match c {
+            Container::Locals(tid, index) => {
+                let r = self
+                    .client()
+                    .get_thread_stack(self.daemon.request(pb::GetThreadStackRequest {
+                        pid,
+                        tid,
+                        depth: index + 1,
+                        raw: true,
+                        locals: true,
+                    }))
+                    .await
+                    .map_err(|s| held(s, tid))?
+                    .into_inner();
+                let v = r
+                    .locals
+                    .get(index as usize)
+                    .and_then(|f| f.variables.iter().find(|v| v.name == name))
+                    .ok_or(DapError::NothingByThatName)?;
+                if v.address == 0 {
+                    return Err(read_only(&if v.error.is_empty() {
+                        "it is in a register here, not in memory".to_string()
+                    } else {
+                        format!("{} (it is not in memory)", v.error)
+                    }));
+                }
+                (name.clone(), tid, index)
+            }
+            Container::Children(_) => {
+                let expr = self
+                    .named
+                    .get(&(a.variables_reference, name.clone()))
+                    .cloned()
+                    .ok_or(DapError::NothingByThatName)?;
+                (expr, 0, 0)
+            }
+            Container::Watched => (name.clone(), 0, 0),
+            Container::Registers(_) | Container::GeneralRegisters(_) | Container::Flags(_) => {
+                return Err(read_only("registers are shown here, not changed"));
+            }
+            Container::Hit(_) => {
+                return Err(read_only(
+                    "it describes the data breakpoint's hit: change the variable itself",
+                ));
+            }
+        };
+        let resolve = |expr: String| {
+            self.daemon.request(pb::ResolveSymbolRequest {
+                pid,
+                name: expr,
+                address: 0,
+                tid,
+                frame,
+            })
+        };
+        let r = self
+            .client()
+            .resolve_symbol(resolve(expr.clone()))
+            .await
+            .map_err(|s| held(s, tid))?
+            .into_inner();
+        let sym = r.symbol.ok_or(DapError::NothingByThatName)?;
+        if r.kind != "variable" || sym.address == 0 {
+            return Err(read_only(&format!(
+                "it is a {}, not an object in memory",
+                r.kind
+            )));
+        }
+        let bad = |why: String| DapError::BadValue {
+            name: name.clone(),
+            value: a.value.clone(),
+            why,
+        };
+        let mut t = sym.value_type.clone().unwrap_or_default();
+        if t.name.is_empty() {
+            t.name = sym.type_name.clone();
+        }
+        if u64::from(t.size) != sym.size {
+            t.kind = pb::ValueKind::Unspecified as i32;
+        }
+        let data = wpd_proto::value::encode(&t, &a.value).map_err(bad)?;
+        let len = data.len();
+        let w = self
+            .client()
+            .write_memory(self.daemon.request(pb::WriteMemoryRequest {
+                pid,
+                address: sym.address,
+                data,
+            }))
+            .await?
+            .into_inner();
+        if (w.written as usize) < len {
+            return Err(DapError::Unreadable(w.error));
+        }
+        // Read back as the Variables view shows it.
+        let r = self
+            .client()
+            .resolve_symbol(resolve(expr))
+            .await
+            .map_err(|s| held(s, tid))?
+            .into_inner();
+        let value = match &r.symbol {
+            Some(s) if r.value.len() as u64 == s.size => {
+                let pointer = s.type_name.trim_end().ends_with('*');
+                let n = if pointer { "" } else { r.value_name.as_str() };
+                spec::show_typed(s.value_type.as_ref(), &s.type_name, &r.value, n)
+            }
+            _ => a.value.trim().to_string(),
+        };
+        Ok(SetVariableBody {
+            value,
+            type_name: (!sym.type_name.is_empty()).then_some(sym.type_name),
+            memory_reference: Some(format!("{:#x}", sym.address)),
+        })
+    }
+}
+
+/// A daemon refusal about thread `tid` (0: none): running is said so.
+fn held(s: tonic::Status, tid: i32) -> DapError {
+    use tonic_types::StatusExt as _;
+    let not_held = s
+        .get_error_details()
+        .error_info()
+        .is_some_and(|i| i.reason == wpd_proto::reason::THREAD_NOT_HELD);
+    if tid != 0 && not_held {
+        DapError::ThreadRunning(tid)
+    } else {
+        s.into()
     }
 }

@@ -556,7 +556,12 @@ pub fn attach_kind() -> Option<&'static str> {
 
 /// Closes `pid`'s probes with keys `keys` (every one with `None`), at once:
 /// each close waits for an RCU grace period, and closes made together
-/// share it (see the module's header).
+/// share it (see the module's header). It returns once they are closed,
+/// or after [`CLOSE_WAIT`] with the rest closing in the background (a
+/// grace period can take tens of seconds when the process's threads keep
+/// every CPU busy, kernel-facts §22): a probe still open meanwhile stops
+/// no one the daemon holds (its records name a key no longer known, and
+/// the tracer restarts the thread).
 pub fn close(pid: Pid, keys: Option<&[u64]>) {
     // Taken out of the maps first: nothing is closed under their locks.
     let taken: Vec<OpenProbe> = match keys {
@@ -580,38 +585,68 @@ pub fn close(pid: Pid, keys: Option<&[u64]>) {
         .iter()
         .filter_map(|k| SETS.remove(k).map(|(_, s)| s))
         .collect();
-    close_all(taken);
+    let closed = close_all(taken, pid);
     drop(sets);
     if keys.is_empty() || !has_probes(pid) {
         forget_pid(pid);
+    }
+    if !closed {
+        tracing::info!(
+            pid,
+            "closing code probes takes longer than {CLOSE_WAIT:?} (a grace period of the \
+             kernel's): finished in the background"
+        );
     }
 }
 
 /// Most threads closing probes at once.
 const CLOSERS: usize = 64;
 
-/// Closes `probes`, their uprobes from up to [`CLOSERS`] threads at once.
-fn close_all(probes: Vec<OpenProbe>) {
-    if probes.len() <= 1 {
-        return;
+/// How long [`close`] waits for its probes' closes.
+pub const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// Closes `probes` of `pid`, their uprobes from up to [`CLOSERS`] threads
+/// at once; true if they are closed within [`CLOSE_WAIT`]. Records the
+/// probes write meanwhile are dropped once they are closed.
+fn close_all(probes: Vec<OpenProbe>, pid: Pid) -> bool {
+    if probes.is_empty() {
+        return true;
     }
     let threads = probes.len().min(CLOSERS);
     let mut groups: Vec<Vec<OpenProbe>> = (0..threads).map(|_| Vec::new()).collect();
     for (i, p) in probes.into_iter().enumerate() {
         groups[i % threads].push(p);
     }
-    std::thread::scope(|s| {
-        for g in groups {
-            let spawned = std::thread::Builder::new()
-                .name("wpd-close".into())
-                .stack_size(64 * 1024)
-                .spawn_scoped(s, move || drop(g));
-            // No thread: closed here, one after another.
-            if let Err(e) = spawned {
-                tracing::warn!("closing code probes on this thread: {e}");
-            }
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let mut waiting = 0;
+    for g in groups {
+        let done = done_tx.clone();
+        let spawned = std::thread::Builder::new()
+            .name("wpd-close".into())
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                drop(g);
+                if !has_probes(pid) {
+                    forget_pid(pid);
+                }
+                let _ = done.send(());
+            });
+        match spawned {
+            Ok(_) => waiting += 1,
+            // No thread: the group was dropped with the closure (closed
+            // here).
+            Err(e) => tracing::warn!("closing code probes on this thread: {e}"),
         }
-    });
+    }
+    let deadline = std::time::Instant::now() + CLOSE_WAIT;
+    while waiting > 0 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match done_rx.recv_timeout(left) {
+            Ok(()) => waiting -= 1,
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 /// Whether `pid` has probes open.

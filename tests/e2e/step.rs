@@ -1,0 +1,214 @@
+//! `wpctl step` against a real daemon and `tests/c/stepping.c`: a thread
+//! held at a function breakpoint (`wpctl break --wait`) steps out, over,
+//! into a call, one instruction, out of the call, each printing the new
+//! place with its source line as the file has it; `wpctl stack` agrees.
+//! Refusals (a running thread, a tid of no thread, a process not
+//! attached) exit non-zero with one line on stderr and change nothing; the
+//! target runs on, untraced, after the detach.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use wpd_tests::{Backend, CmdOutput, Daemon, line_of, require_backend, run_wpctl};
+
+use crate::dap::Stepping;
+
+const CLI_TIMEOUT: Duration = Duration::from_secs(20);
+
+async fn wpctl(daemon: &Daemon, args: &[&str]) -> Result<CmdOutput> {
+    let ep = daemon.endpoint();
+    let mut all = vec!["--endpoint", ep.as_str()];
+    all.extend_from_slice(args);
+    run_wpctl(&all, CLI_TIMEOUT).await
+}
+
+/// The text of line `n` of stepping.c, as `wpctl step` prints it.
+fn source(n: u32) -> String {
+    include_str!("../c/stepping.c")
+        .lines()
+        .nth(n as usize - 1)
+        .unwrap_or_default()
+        .trim_end()
+        .to_string()
+}
+
+/// `wpctl step --pid P --tid T KIND`: succeeded, its first frame in
+/// `function`, and (with `tag`) at that line, the line's text under it.
+async fn step(daemon: &Daemon, pid: i32, tid: i32, kind: &str) -> Result<String> {
+    let (p, t) = (pid.to_string(), tid.to_string());
+    let out = wpctl(daemon, &["step", "--pid", &p, "--tid", &t, kind]).await?;
+    ensure!(
+        out.code == Some(0) && out.stderr.trim().is_empty(),
+        "wpctl step {kind}: {:?}\nstdout: {}\nstderr: {}",
+        out.code,
+        out.stdout,
+        out.stderr
+    );
+    Ok(out.stdout)
+}
+
+/// `out` is a step's print at `function`, line `tag` of stepping.c, with
+/// that line's text.
+fn at(out: &str, function: &str, tag: &str) -> Result<()> {
+    let (_, line) = line_of(tag);
+    let mut lines = out.lines();
+    let first = lines.next().unwrap_or_default();
+    ensure!(
+        first.starts_with("#0") && first.contains(&format!(" {function} (")),
+        "expected #0 in {function}: {out:?}"
+    );
+    ensure!(
+        first.contains(&format!("stepping.c:{line}")),
+        "expected stepping.c:{line} ({tag}): {out:?}"
+    );
+    let shown = lines.next().unwrap_or_default();
+    ensure!(
+        shown.trim_start().starts_with(&line.to_string())
+            && shown.trim_end().ends_with(source(line).trim()),
+        "expected line {line}'s text under the place: {out:?}"
+    );
+    Ok(())
+}
+
+/// A refusal: a non-zero exit, nothing on stdout, one `wpctl: ` line on
+/// stderr that says `says`.
+fn refused(out: &CmdOutput, says: &str, what: &str) -> Result<()> {
+    let lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    ensure!(
+        out.code.is_some_and(|c| c != 0)
+            && out.stdout.trim().is_empty()
+            && lines.len() == 1
+            && lines[0].starts_with("wpctl: ")
+            && lines[0].contains(says),
+        "{what}: expected a non-zero exit and one line saying {says:?}: {:?}\nstdout: {}\nstderr: {}",
+        out.code,
+        out.stdout,
+        out.stderr
+    );
+    Ok(())
+}
+
+/// The number after `word` in `line`.
+fn number_after(line: &str, word: &str) -> Result<i64> {
+    let rest = line
+        .split_once(word)
+        .with_context(|| format!("no {word:?} in {line:?}"))?
+        .1;
+    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    digits
+        .parse()
+        .with_context(|| format!("no number after {word:?} in {line:?}"))
+}
+
+/// Out of `step_here`, over to the call of `middle`, into it and into
+/// `leaf`, one instruction there, out again and over the next line: each
+/// print
+/// names the function and the line, with the line's text; `wpctl stack`
+/// shows the same place. Then the refusals, and the target free after the
+/// detach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wpctl_steps_over_into_out_and_by_instruction() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = Stepping::start("ct-step", 4)?;
+    let other = Stepping::start("ct-step", 1)?;
+    let result = async {
+        let pid = t.pid();
+        let p = pid.to_string();
+        let out = wpctl(&daemon, &["break", "--pid", &p, "step_here", "--wait"]).await?;
+        ensure!(out.code == Some(0), "wpctl break --wait: {out:?}");
+        let lines: Vec<&str> = out.stdout.lines().collect();
+        ensure!(lines.len() >= 2, "set, stopped: {:?}", out.stdout);
+        let id = number_after(lines[0], "breakpoint ")?;
+        let tid = number_after(lines[1], "thread ")? as i32;
+        // Not passed again by the steps below; removed, it holds no one.
+        let out = wpctl(&daemon, &["unwatch", &id.to_string()]).await?;
+        ensure!(out.code == Some(0), "wpctl unwatch: {out:?}");
+
+        let out = step(&daemon, pid, tid, "--out").await?;
+        ensure!(
+            out.starts_with("#0") && out.lines().next().unwrap_or("").contains(" stepper ("),
+            "out of step_here, in stepper: {out:?}"
+        );
+        let (_, call) = line_of("loop_call");
+        let mut here = out;
+        for _ in 0..8 {
+            if here
+                .lines()
+                .next()
+                .unwrap_or("")
+                .contains(&format!("stepping.c:{call}"))
+            {
+                break;
+            }
+            here = step(&daemon, pid, tid, "--over").await?;
+        }
+        at(&here, "stepper", "loop_call")?;
+        at(
+            &step(&daemon, pid, tid, "--into").await?,
+            "middle",
+            "middle_call",
+        )?;
+        at(
+            &step(&daemon, pid, tid, "--into").await?,
+            "leaf",
+            "leaf_first",
+        )?;
+        // One instruction: on in leaf, on the same line.
+        at(
+            &step(&daemon, pid, tid, "--instruction").await?,
+            "leaf",
+            "leaf_first",
+        )?;
+        at(
+            &step(&daemon, pid, tid, "--out").await?,
+            "middle",
+            "middle_call",
+        )?;
+        at(
+            &step(&daemon, pid, tid, "--over").await?,
+            "middle",
+            "middle_libc",
+        )?;
+        let t_s = tid.to_string();
+        let stack = wpctl(&daemon, &["stack", "--pid", &p, "--tid", &t_s]).await?;
+        ensure!(
+            stack.code == Some(0)
+                && stack.stdout.lines().next().unwrap_or("").contains("middle")
+                && stack.stdout.contains("stepper"),
+            "wpctl stack after the steps: {stack:?}"
+        );
+
+        // Refusals, one line each.
+        let worker = std::fs::read_dir(format!("/proc/{pid}/task"))?
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .find(|&w| w != pid && w != tid)
+            .context("no worker thread")?;
+        let w = worker.to_string();
+        let out = wpctl(&daemon, &["step", "--pid", &p, "--tid", &w, "--over"]).await?;
+        refused(&out, "running", "a running thread")?;
+        let out = wpctl(&daemon, &["step", "--pid", &p, "--tid", "999999", "--over"]).await?;
+        refused(&out, "999999", "a tid of no thread")?;
+        let o = other.pid().to_string();
+        let out = wpctl(&daemon, &["step", "--pid", &o, "--tid", &o, "--into"]).await?;
+        refused(&out, "not attached", "a process not attached")?;
+        // The held thread is where it was.
+        let stack2 = wpctl(&daemon, &["stack", "--pid", &p, "--tid", &t_s]).await?;
+        ensure!(
+            stack2.stdout.lines().next() == stack.stdout.lines().next(),
+            "the refusals moved the thread: {stack2:?}"
+        );
+
+        let out = wpctl(&daemon, &["resume", "--pid", &p]).await?;
+        ensure!(out.code == Some(0), "wpctl resume: {out:?}");
+        t.is_free(&daemon).await
+    }
+    .await;
+    daemon.finish(result)
+}
