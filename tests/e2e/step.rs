@@ -105,7 +105,8 @@ fn number_after(line: &str, word: &str) -> Result<i64> {
 }
 
 /// Out of `step_here`, over to the call of `middle`, into it and into
-/// `leaf`, one instruction there, out again and over the next line: each
+/// `leaf`, one instruction there, out again and over the next line, then
+/// instruction steps into the C library's PLT stub and out of it: each
 /// print
 /// names the function and the line, with the line's text; `wpctl stack`
 /// shows the same place. Then the refusals, and the target free after the
@@ -173,6 +174,25 @@ async fn wpctl_steps_over_into_out_and_by_instruction() -> Result<()> {
         )?;
         at(
             &step(&daemon, pid, tid, "--over").await?,
+            "middle",
+            "middle_libc",
+        )?;
+        // Instruction steps into the C library's call land in its PLT stub
+        // (no symbol of its own; the linker describes its frame with an
+        // expression); out of there is back in middle, on the same line.
+        let mut inst = String::new();
+        for _ in 0..12 {
+            inst = step(&daemon, pid, tid, "--instruction").await?;
+            if !inst.lines().next().unwrap_or("").contains(" middle (") {
+                break;
+            }
+        }
+        ensure!(
+            !inst.lines().next().unwrap_or("").contains(" middle ("),
+            "12 instruction steps did not enter the call: {inst:?}"
+        );
+        at(
+            &step(&daemon, pid, tid, "--out").await?,
             "middle",
             "middle_libc",
         )?;

@@ -21,20 +21,86 @@ pub struct Cfi {
     text_addr: u64,
 }
 
-/// How to find the caller of a frame: the canonical frame address (CFA) is
-/// `register + offset`; the return address and the caller's frame pointer
-/// were saved at these offsets from it (`None` for the frame pointer: left
-/// as it is).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How to find the caller of a frame: the canonical frame address (CFA,
+/// [`Cfa`]); the return address and the caller's frame pointer were saved
+/// at these offsets from it (`None` for the frame pointer: left as it is).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Row {
-    /// The register the CFA is computed from: the stack or the frame pointer.
-    pub cfa_register: u16,
-    /// Added to it.
-    pub cfa_offset: i64,
+    /// Where the CFA is.
+    pub cfa: Cfa,
     /// Where the return address is, from the CFA.
     pub ra_offset: i64,
     /// Where the caller's frame pointer is, from the CFA, if saved.
     pub fp_offset: Option<i64>,
+}
+
+/// The canonical frame address of a row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cfa {
+    /// `register + offset`, the register the stack or the frame pointer.
+    Register {
+        /// The register (DWARF number).
+        register: u16,
+        /// Added to it.
+        offset: i64,
+    },
+    /// A DWARF expression over the registers: what the linker writes for
+    /// the lazy PLT, whose stubs push (the CFA is `rsp + 8`, or `+ 16`
+    /// past a stub's push, told by the instruction pointer's low bits).
+    Expression(Vec<u8>),
+}
+
+impl Row {
+    /// The CFA of a frame whose instruction pointer, stack pointer and
+    /// frame pointer are `ip`, `sp` and `fp` (`None`: an expression that
+    /// reads other registers or memory).
+    pub fn cfa(&self, ip: u64, sp: u64, fp: u64) -> Option<u64> {
+        match &self.cfa {
+            Cfa::Register { register, offset } => {
+                let base = if *register == DWARF_SP { sp } else { fp };
+                Some(base.wrapping_add_signed(*offset))
+            }
+            Cfa::Expression(bytes) => eval_cfa(bytes, ip, sp, fp),
+        }
+    }
+}
+
+/// Evaluates a CFA expression with the three registers a frame has; the
+/// value it leaves is the CFA.
+fn eval_cfa(bytes: &[u8], ip: u64, sp: u64, fp: u64) -> Option<u64> {
+    use gimli::{EvaluationResult, Location, Value};
+    let encoding = gimli::Encoding {
+        format: gimli::Format::Dwarf32,
+        version: 4,
+        address_size: 8,
+    };
+    let expr = gimli::Expression(gimli::EndianSlice::new(bytes, LittleEndian));
+    let mut eval = expr.evaluation(encoding);
+    let mut step = eval.evaluate().ok()?;
+    // Bounded: an expression asks for each register once or twice.
+    for _ in 0..16 {
+        match step {
+            EvaluationResult::Complete => {
+                return match eval.result().first()?.location {
+                    Location::Address { address } => Some(address),
+                    _ => None,
+                };
+            }
+            EvaluationResult::RequiresRegister { register, .. } => {
+                let v = match register.0 {
+                    r if r == DWARF_SP => sp,
+                    r if r == DWARF_FP => fp,
+                    // The return address's column is the instruction
+                    // pointer's (x86-64: 16, rip).
+                    r if r == DWARF_RA => ip,
+                    _ => return None,
+                };
+                step = eval.resume_with_register(Value::Generic(v)).ok()?;
+            }
+            _ => return None,
+        }
+    }
+    None
 }
 
 impl Cfi {
@@ -91,13 +157,18 @@ impl Cfi {
         let row = fde
             .unwind_info_for_address(&eh, &bases, &mut ctx, pc)
             .ok()?;
-        let (cfa_register, cfa_offset) = match row.cfa() {
-            CfaRule::RegisterAndOffset { register, offset } => (register.0, *offset),
-            CfaRule::Expression(_) => return None,
+        let cfa = match row.cfa() {
+            CfaRule::RegisterAndOffset { register, offset } => {
+                if register.0 != DWARF_SP && register.0 != DWARF_FP {
+                    return None;
+                }
+                Cfa::Register {
+                    register: register.0,
+                    offset: *offset,
+                }
+            }
+            CfaRule::Expression(e) => Cfa::Expression(e.get(&eh).ok()?.0.slice().to_vec()),
         };
-        if cfa_register != DWARF_SP && cfa_register != DWARF_FP {
-            return None;
-        }
         let ra_offset = match row.register(gimli::Register(DWARF_RA)) {
             Some(RegisterRule::Offset(o)) => o,
             _ => return None,
@@ -109,10 +180,50 @@ impl Cfi {
             _ => return None,
         };
         Some(Row {
-            cfa_register,
-            cfa_offset,
+            cfa,
             ra_offset,
             fp_offset,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lazy PLT's rows are an expression (binutils writes it for every
+    /// stub of `.plt`): the CFA is `rsp + 8` at a stub's jump and at its
+    /// push, `rsp + 16` once it has pushed (its last jump), whatever the
+    /// stub. Read from `/bin/ls`, which Debian links with a lazy PLT.
+    #[test]
+    fn the_lazy_plts_expression_gives_the_cfa() {
+        use object::{Object, ObjectSection};
+        let bytes = std::fs::read("/bin/ls").unwrap();
+        let file = object::File::parse(&*bytes).unwrap();
+        let cfi = Cfi::of(&file).expect("/bin/ls has .eh_frame");
+        let plt = file
+            .section_by_name(".plt")
+            .expect("/bin/ls has a .plt")
+            .address();
+        let sp = 0x7ffd_0000_1000;
+        for stub in [plt + 16, plt + 32] {
+            let row = cfi.row(stub).expect("a row for a PLT stub");
+            assert!(
+                matches!(row.cfa, Cfa::Expression(_)),
+                "the PLT's CFA is no expression here: {row:?}"
+            );
+            assert_eq!(row.ra_offset, -8);
+            // jmp *GOT (offset 0), push $n (6), jmp PLT0 (11).
+            assert_eq!(row.cfa(stub, sp, 0), Some(sp + 8));
+            assert_eq!(row.cfa(stub + 6, sp, 0), Some(sp + 8));
+            assert_eq!(row.cfa(stub + 11, sp, 0), Some(sp + 16));
+        }
+        // An expression over a register a frame does not have: no CFA.
+        let r8 = Row {
+            cfa: Cfa::Expression(vec![gimli::constants::DW_OP_breg8.0, 0]),
+            ra_offset: -8,
+            fp_offset: None,
+        };
+        assert_eq!(r8.cfa(0, sp, 0), None);
     }
 }

@@ -303,12 +303,7 @@ impl CodeView<'_> {
     pub fn cfa(&mut self, pc: u64, sp: u64, fp: u64) -> Option<u64> {
         let m = self.module(pc)?;
         let row = m.elf.cfi.as_ref()?.row(pc.wrapping_sub(m.bias))?;
-        let base = if row.cfa_register == crate::arch::current::DWARF_SP {
-            sp
-        } else {
-            fp
-        };
-        Some(base.wrapping_add_signed(row.cfa_offset))
+        row.cfa(pc, sp, fp)
     }
 
     /// The bytes of `[addr, addr + len)` as the module's file has them

@@ -103,12 +103,13 @@ impl Symbols {
             } else {
                 ip.wrapping_sub(1)
             };
-            let row =
-                module(pc).and_then(|(elf, bias)| elf.cfi.as_ref()?.row(pc.wrapping_sub(bias)));
+            // The row, with its CFA (an expression this frame's registers
+            // cannot compute is no row).
+            let row = module(pc)
+                .and_then(|(elf, bias)| elf.cfi.as_ref()?.row(pc.wrapping_sub(bias)))
+                .and_then(|r| Some((r.cfa(ip, sp, fp)?, r)));
             let step = match row {
-                Some(r) => {
-                    let base = if r.cfa_register == DWARF_SP { sp } else { fp };
-                    let cfa = base.wrapping_add_signed(r.cfa_offset);
+                Some((cfa, r)) => {
                     frame.cfa = Some(cfa);
                     let ra = read(cfa.wrapping_add_signed(r.ra_offset));
                     let next_fp = match r.fp_offset {
@@ -259,8 +260,10 @@ mod tests {
         assert_eq!(
             row,
             Row {
-                cfa_register: DWARF_SP,
-                cfa_offset: 8,
+                cfa: super::super::cfi::Cfa::Register {
+                    register: DWARF_SP,
+                    offset: 8,
+                },
                 ra_offset: -8,
                 fp_offset: None,
             }
