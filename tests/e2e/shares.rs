@@ -196,10 +196,22 @@ async fn one_users_code_events_cannot_take_every_fd() -> Result<()> {
             out.stdout.contains(&format!("removed {set} watchpoints")),
             "the detach does not count the {set} breakpoints: {out:?}"
         );
-        ensure!(
-            stat(&daemon, None, &["caller_fds"]).await? <= 4,
-            "the user's fds were not given back"
-        );
+        // Code probes close in the background past a bound (the kernel's
+        // uprobe release waits for its readers): their fds come back as
+        // they close, within seconds even on a loaded machine.
+        wpd_tests::poll_until(
+            Duration::from_secs(60),
+            "the user's fds given back after the detach",
+            async || {
+                let n = stat(&daemon, None, &["caller_fds"]).await?;
+                Ok(if n <= 4 {
+                    Ok(())
+                } else {
+                    Err(format!("{n} fds still counted"))
+                })
+            },
+        )
+        .await?;
         Ok(())
     }
     .await;
