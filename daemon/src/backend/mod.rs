@@ -617,14 +617,15 @@ impl BackendTable {
         )
     }
 
-    /// Only the in-memory fake (as perf, the default), over `kernel`; ptrace
-    /// listed as not started.
+    /// Only the in-memory fake (as perf, the default), over `kernel` (with
+    /// what it can do: [`fake::FakeKernel::features`]); ptrace listed as
+    /// not started.
     pub fn fake(host: Weak<dyn Host>, kernel: Arc<fake::FakeKernel>) -> BackendTable {
         BackendTable::new(
             vec![
                 Entry {
                     kind: BackendKind::Perf,
-                    features: fake::FakeBackend::FEATURES,
+                    features: kernel.features(),
                     backend: Ok(Arc::new(fake::FakeBackend::new(host, kernel))),
                 },
                 Entry {

@@ -32,6 +32,8 @@ mod breakpoints;
 mod pending;
 mod removal;
 mod set;
+#[cfg(test)]
+mod tests;
 mod worker;
 
 use std::collections::HashMap;
