@@ -183,18 +183,7 @@ impl Handler<Variables> for Session {
                 }
             }
             Container::Locals(tid, index) => {
-                let r = self
-                    .client()
-                    .get_thread_stack(self.daemon.request(pb::GetThreadStackRequest {
-                        pid,
-                        tid,
-                        depth: index + 1,
-                        raw: true,
-                        locals: true,
-                    }))
-                    .await?
-                    .into_inner();
-                let Some(frame) = r.locals.get(index as usize) else {
+                let Some(frame) = self.frame_locals(pid, tid, index).await? else {
                     return Ok(VariablesBody { variables: out });
                 };
                 if !frame.note.is_empty() {
@@ -468,6 +457,28 @@ impl Handler<ReadMemory> for Session {
 }
 
 impl Session {
+    /// The parameters and locals of frame `index` of held thread `tid`, as
+    /// the daemon reads them (none: no such frame).
+    pub(super) async fn frame_locals(
+        &self,
+        pid: i32,
+        tid: i32,
+        index: u32,
+    ) -> Result<Option<pb::FrameLocals>, tonic::Status> {
+        let r = self
+            .client()
+            .get_thread_stack(self.daemon.request(pb::GetThreadStackRequest {
+                pid,
+                tid,
+                depth: index + 1,
+                raw: true,
+                locals: true,
+            }))
+            .await?
+            .into_inner();
+        Ok(r.locals.into_iter().nth(index as usize))
+    }
+
     /// `length` bytes at `address` of the target, all of them or an error.
     pub(super) async fn read(
         &self,

@@ -267,21 +267,12 @@ impl Handler<SetVariable> for Session {
         // it starts from (locals), or none (an object in memory).
         let (expr, tid, frame) = match c {
             Container::Locals(tid, index) => {
-                let r = self
-                    .client()
-                    .get_thread_stack(self.daemon.request(pb::GetThreadStackRequest {
-                        pid,
-                        tid,
-                        depth: index + 1,
-                        raw: true,
-                        locals: true,
-                    }))
+                let frame = self
+                    .frame_locals(pid, tid, index)
                     .await
-                    .map_err(|s| held(s, tid))?
-                    .into_inner();
-                let v = r
-                    .locals
-                    .get(index as usize)
+                    .map_err(|s| held(s, tid))?;
+                let v = frame
+                    .as_ref()
                     .and_then(|f| f.variables.iter().find(|v| v.name == name))
                     .ok_or(DapError::NothingByThatName)?;
                 if v.address == 0 {

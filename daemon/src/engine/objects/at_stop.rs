@@ -9,7 +9,7 @@ use super::{ObjectWatch, bump, live_bound, live_remove_if};
 use crate::backend::{CodeRecord, StopArmer};
 use crate::engine::Core;
 use crate::error::WpdError;
-use crate::model::{Pid, Scope, Tid, WatchId};
+use crate::model::{Pid, Tid, WatchId};
 use crate::state::OpGuard;
 
 impl Core {
@@ -208,15 +208,7 @@ impl Core {
             return false;
         };
         let retained = backend.retained();
-        let mut spec = w.spec.clone();
-        spec.range = range;
-        spec.symbol = None;
-        spec.policy = None;
-        spec.scope = if w.code.creator_only {
-            Scope::Threads(vec![r.tid])
-        } else {
-            Scope::Process
-        };
+        let spec = super::object_spec(w, range, r.tid);
         let id = WatchId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let watch = super::super::watch::new_watch(id, spec, proc.backend, w.owner, None, true);
         if watch.spec.only_on_change {

@@ -353,6 +353,22 @@ impl Objects {
     }
 }
 
+/// The spec of one object's watchpoint: the object watch's template over
+/// `range`, by address, on the whole process or (`creator_only`) on the
+/// thread `tid` that made it.
+fn object_spec(w: &ObjectWatch, range: crate::model::Range, tid: crate::model::Tid) -> WatchSpec {
+    let mut spec = w.spec.clone();
+    spec.range = range;
+    spec.symbol = None;
+    spec.policy = None;
+    spec.scope = if w.code.creator_only {
+        crate::model::Scope::Threads(vec![tid])
+    } else {
+        crate::model::Scope::Process
+    };
+    spec
+}
+
 /// The addresses of `w`'s breakpoints (one per piece).
 fn piece_addrs(w: &Watch) -> impl Iterator<Item = u64> + '_ {
     range_addrs(&w.spec.range)

@@ -9,7 +9,7 @@ use super::{ObjectWatch, bump, live_remove_if};
 use crate::backend::CodeRecord;
 use crate::engine::Core;
 use crate::error::WpdError;
-use crate::model::{Pid, Scope, Tid, WatchId};
+use crate::model::{Pid, Tid, WatchId};
 
 /// Work for the objects thread.
 pub(super) enum Msg {
@@ -179,15 +179,7 @@ impl Core {
                 return;
             }
         };
-        let mut spec = w.spec.clone();
-        spec.range = range;
-        spec.symbol = None;
-        spec.policy = None;
-        spec.scope = if w.code.creator_only {
-            Scope::Threads(vec![r.tid])
-        } else {
-            Scope::Process
-        };
+        let spec = super::object_spec(w, range, r.tid);
         let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
             return;
         };
