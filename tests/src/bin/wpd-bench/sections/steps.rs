@@ -258,7 +258,10 @@ async fn cycles(drv: &mut Driver<'_>, mut at: At, cycles: usize, path: &mut Path
             } else {
                 Kind::Out
             };
-            at = drv.step(k, path).await?;
+            at = drv
+                .step(k, path)
+                .await
+                .with_context(|| format!("{} from {at:?}", kind_name(k)))?;
         }
         for k in [
             Kind::In,
@@ -272,7 +275,10 @@ async fn cycles(drv: &mut Driver<'_>, mut at: At, cycles: usize, path: &mut Path
             Kind::Insn,
             Kind::Insn,
         ] {
-            at = drv.step(k, path).await?;
+            at = drv
+                .step(k, path)
+                .await
+                .with_context(|| format!("{} from {at:?}", kind_name(k)))?;
         }
     }
     Ok(())
