@@ -70,6 +70,15 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "| wpctl dap, stop the thread |",
         ],
     ),
+    (
+        "## steps: request → `stopped`",
+        &[
+            "| wpctl dap (singleThread unset: the others run) |",
+            "| wpctl dap, singleThread (the others held) |",
+            "| gRPC direct Step (others run) |",
+            "| wpctl dap / gRPC direct, p50 / p90 |",
+        ],
+    ),
     ("## daemon memory:", &["| perf | 50 |", "| ptrace | 50 |"]),
     (
         "## RPC latency:",
@@ -275,6 +284,15 @@ fn bench_smoke_runs_every_measurement() {
         assert!(line.ends_with(all), "every hit must be delivered: {line}");
     }
     counted_rows_hold(&stdout);
+    // steps: every wpd session ran all its steps (lldb-dap, a peer, is not run at --smoke).
+    for r in table_rows(section(&stdout, "## steps: request")) {
+        if r[1].starts_with("wpctl dap (")
+            || r[1].starts_with("wpctl dap,")
+            || r[1].starts_with("gRPC")
+        {
+            assert_eq!(r[2], "0 / 1", "a steps session failed: {r:?}\n{stdout}");
+        }
+    }
 }
 
 /// The rows of `docs/benchmarks.md` that say "met" and are counts, not timings, hold at the

@@ -34,6 +34,11 @@
 //! - `dap`: an IDE session through `wpctl dap` on a 1,000-thread C target
 //!   (attach + arm, first stop, continue → next stop, threads + stackTrace)
 //!   against the same steps over gRPC directly.
+//! - `steps`: next, stepIn, stepOut and an instruction step in one thread
+//!   of a 1,000-thread C target (`ct-step`), request → `stopped`, through
+//!   `wpctl dap` (the others running, and held), gRPC Step directly (its
+//!   legs per step) and lldb-dap 19 (a peer: `--no-peers` leaves it out),
+//!   sessions alternating; failed sessions counted, never waited on.
 //! - `farm`: one policy over many processes, fds and kernel memory per
 //!   watched thread, a fork server's children.
 //! - `fleet`: recovery after a SIGKILL with N armed threads, the journal's
@@ -74,7 +79,7 @@ use anyhow::{Context, Result, bail, ensure};
 use procstat::*;
 use sections::{
     arm::*, churn::*, closes::*, dap::*, drain::*, farm::*, fleet::*, fuzzers::*, hitcost::*,
-    memory::*, objects::*, pending::*, rpc::*, symbols::*, throughput::*,
+    memory::*, objects::*, pending::*, rpc::*, steps::*, symbols::*, throughput::*,
 };
 use wpd_tests::Backend;
 
@@ -82,9 +87,9 @@ const USAGE: &str = "usage: wpd-bench [--threads N[,N...]] [--spin-threads N[,N.
      [--writes W] [--no-peers] \
      [--only S,..|--skip S,..] [--churn-threads K[,K...]] [--window-ms MS] [--rpc-pairs P] \
      [--list-calls L] [--peer-timeout-s S] [--fuzz-secs S] [--persistent-secs S] [--smoke]\n\
-     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap farm fleet journal export fuzzers drain objects pending";
+     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap steps farm fleet journal export fuzzers drain objects pending";
 
-const SECTIONS: [&str; 19] = [
+const SECTIONS: [&str; 20] = [
     "arm",
     "spin",
     "hitcost",
@@ -95,6 +100,7 @@ const SECTIONS: [&str; 19] = [
     "ledger",
     "symbols",
     "dap",
+    "steps",
     "farm",
     "fleet",
     "journal",
@@ -446,6 +452,9 @@ async fn run(args: Args) -> Result<()> {
     }
     if args.has("dap") {
         section_dap(&args).await?;
+    }
+    if args.has("steps") {
+        section_steps(&args).await?;
     }
     if args.has("farm") {
         section_farm(&args).await?;

@@ -36,27 +36,35 @@ use wpd_tests::{CTarget, Daemon, EventStream, attach, find_bin, rpc_ok};
 /// Continues timed per repetition.
 const STEPS: usize = 20;
 
-/// A DAP client on a `wpctl dap` child (stdio).
-struct Dap {
-    child: Child,
+/// A DAP client on an adapter's stdio (`wpctl dap` here; the `steps`
+/// section drives lldb-dap with it too). Every wait is bounded by `wait`.
+pub(crate) struct Dap {
+    pub(crate) child: Child,
     w: ChildStdin,
     r: BufReader<ChildStdout>,
     seq: i64,
-    events: VecDeque<Value>,
+    pub(crate) events: VecDeque<Value>,
+    pub(crate) wait: Duration,
 }
 
 impl Dap {
     /// `fifo`: `--priority realtime` (the default), else `normal`.
-    async fn start(daemon: &Daemon, fifo: bool) -> Result<Dap> {
+    pub(crate) async fn start(daemon: &Daemon, fifo: bool) -> Result<Dap> {
         let priority = if fifo { "realtime" } else { "normal" };
-        let mut child = tokio::process::Command::new(find_bin("wpctl")?)
-            .args([
-                "--endpoint",
-                &daemon.endpoint(),
-                "dap",
-                "--priority",
-                priority,
-            ])
+        let mut cmd = tokio::process::Command::new(find_bin("wpctl")?);
+        cmd.args([
+            "--endpoint",
+            &daemon.endpoint(),
+            "dap",
+            "--priority",
+            priority,
+        ]);
+        Dap::spawn(cmd, Duration::from_secs(60))
+    }
+
+    /// The adapter `cmd` started, spoken to over its stdin and stdout.
+    pub(crate) fn spawn(mut cmd: tokio::process::Command, wait: Duration) -> Result<Dap> {
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -69,23 +77,28 @@ impl Dap {
             r,
             seq: 0,
             events: VecDeque::new(),
+            wait,
         })
+    }
+
+    /// The next message, within `self.wait`.
+    async fn read(&mut self, what: &str) -> Result<Value> {
+        Ok(
+            tokio::time::timeout(self.wait, wpd_dap::wire::read_message(&mut self.r))
+                .await
+                .with_context(|| format!("{what}: nothing in {:?}", self.wait))??,
+        )
     }
 
     /// Sends a request; returns its response's body (events meanwhile are
     /// queued).
-    async fn call(&mut self, command: &str, arguments: Value) -> Result<Value> {
+    pub(crate) async fn call(&mut self, command: &str, arguments: Value) -> Result<Value> {
         self.seq += 1;
         let seq = self.seq;
         let m = json!({"seq": seq, "type": "request", "command": command, "arguments": arguments});
         wpd_dap::wire::write_message(&mut self.w, &m).await?;
         loop {
-            let v = tokio::time::timeout(
-                Duration::from_secs(60),
-                wpd_dap::wire::read_message(&mut self.r),
-            )
-            .await
-            .with_context(|| format!("{command}: no answer in 60 s"))??;
+            let v = self.read(command).await?;
             if v["type"] == "response" && v["request_seq"] == seq {
                 ensure!(v["success"] == true, "{command}: {v}");
                 return Ok(v["body"].clone());
@@ -97,20 +110,25 @@ impl Dap {
     }
 
     /// The next event named `name` (earlier ones of other names dropped).
-    async fn event(&mut self, name: &str) -> Result<Value> {
+    pub(crate) async fn event(&mut self, name: &str) -> Result<Value> {
+        self.event_where(name, |_| true).await
+    }
+
+    /// The next event named `name` for which `pred` holds (earlier ones
+    /// dropped).
+    pub(crate) async fn event_where(
+        &mut self,
+        name: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Result<Value> {
         while let Some(v) = self.events.pop_front() {
-            if v["event"] == name {
+            if v["event"] == name && pred(&v) {
                 return Ok(v);
             }
         }
         loop {
-            let v = tokio::time::timeout(
-                Duration::from_secs(60),
-                wpd_dap::wire::read_message(&mut self.r),
-            )
-            .await
-            .with_context(|| format!("no {name} event in 60 s"))??;
-            if v["type"] == "event" && v["event"] == name {
+            let v = self.read(&format!("a {name} event")).await?;
+            if v["type"] == "event" && v["event"] == name && pred(&v) {
                 return Ok(v);
             }
         }
@@ -291,7 +309,7 @@ async fn locals_table(args: &Args) -> Result<()> {
     daemon.finish(result)
 }
 
-fn p50_p90(mut v: Vec<f64>) -> (f64, f64) {
+pub(crate) fn p50_p90(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(|a, b| a.total_cmp(b));
     let p90 = ((v.len() as f64 * 0.9).ceil() as usize).clamp(1, v.len()) - 1;
     (v[v.len() / 2], v[p90])

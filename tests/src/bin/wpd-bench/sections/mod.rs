@@ -13,5 +13,6 @@ pub mod memory;
 pub mod objects;
 pub mod pending;
 pub mod rpc;
+pub mod steps;
 pub mod symbols;
 pub mod throughput;
