@@ -140,6 +140,9 @@ test('next, stepIn, stepOut and instruction steps land where they should', async
 
 test('a step ends at a code breakpoint in a call, and at another thread\'s data breakpoint', async (t) => {
   if (STOP_ON_HIT === 'thread') return t.skip('all-stop only');
+  // Beside 1,000 workers every one writes the watched `hot`: a stop of all
+  // of them per hit. The session beside 1,000 threads checks the steps.
+  if (process.env.STEPS_ONLY === '1') return t.skip('the steps only');
   const dc = await client();
   try {
     const tid = await stopInStepper(dc);

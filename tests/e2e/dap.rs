@@ -1022,10 +1022,12 @@ async fn steps_land_in_functions_at_o2() -> Result<()> {
 }
 
 /// Steps of one thread of a process of 1,000 more (`singleThread`: the
-/// others stay held while it steps).
+/// others stay held while it steps). The steps only: the stops at a code
+/// breakpoint and at a data breakpoint every worker writes are checked
+/// beside 4 workers (above).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steps_beside_a_thousand_threads() -> Result<()> {
-    step_session("ct-step", 1000, &[("SINGLE", "1")]).await
+    step_session("ct-step", 1000, &[("SINGLE", "1"), ("STEPS_ONLY", "1")]).await
 }
 
 /// Steps of one thread while 1,000 others run (`"stopOnHit": "thread"`,
