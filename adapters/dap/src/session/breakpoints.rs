@@ -520,20 +520,9 @@ impl Session {
                 type_name: sym.type_name,
             }));
         }
-        let r = self
-            .client()
-            .get_thread_stack(self.daemon.request(pb::GetThreadStackRequest {
-                pid,
-                tid,
-                depth: index + 1,
-                raw: true,
-                locals: true,
-            }))
-            .await?
-            .into_inner();
-        let Some(v) = r
-            .locals
-            .get(index as usize)
+        let frame = self.frame_locals(pid, tid, index).await?;
+        let Some(v) = frame
+            .as_ref()
             .and_then(|f| f.variables.iter().find(|v| v.name == name))
         else {
             return Ok(Err(format!("frame {index} has no variable {name:?} now")));
