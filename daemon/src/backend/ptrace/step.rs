@@ -395,6 +395,7 @@ impl Tracer {
         let Some(t) = self.tracees.get_mut(&tid) else {
             return;
         };
+        t.single_in_flight = false;
         if let Some(s) = t.step.as_mut() {
             s.trapped = true;
         }
@@ -472,8 +473,10 @@ impl Tracer {
 
     /// The restart of tracee `tid` in a leg: `PTRACE_SINGLESTEP` or
     /// `PTRACE_CONT` with `sig`; `None` when it has none.
-    pub(super) fn step_restart(&self, tid: Tid, sig: Option<Signal>) -> Option<()> {
-        let s = self.tracees.get(&tid)?.step.as_ref()?;
+    pub(super) fn step_restart(&mut self, tid: Tid, sig: Option<Signal>) -> Option<()> {
+        let t = self.tracees.get_mut(&tid)?;
+        let s = t.step.as_ref()?;
+        t.single_in_flight |= s.single;
         let _ = if s.single {
             ptrace::step(npid(tid), sig)
         } else {

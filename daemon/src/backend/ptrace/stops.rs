@@ -330,6 +330,18 @@ impl Tracer {
             self.step_trap(tid);
             return;
         }
+        if sig == Signal::SIGTRAP
+            && self.tracees.get(&tid).is_some_and(|t| t.single_in_flight)
+            && ptrace::getsiginfo(npid(tid)).is_ok_and(|i| i.si_code == libc::TRAP_TRACE)
+        {
+            // The trap of a single step whose leg already ended (another
+            // thread's stop-all): ours, never delivered.
+            if let Some(t) = self.tracees.get_mut(&tid) {
+                t.single_in_flight = false;
+            }
+            self.after_stop(tid, None);
+            return;
+        }
         if sig == Signal::SIGCONT
             && let Some(t) = self.tracees.get_mut(&tid)
         {

@@ -89,6 +89,10 @@ pub(super) struct Tracee {
     pub(super) park_gen: u32,
     /// The leg of a step it runs (`step.rs`).
     pub(super) step: Option<Box<super::protocol::Running>>,
+    /// A single step was issued and its trap not seen yet: the trap can
+    /// come after the leg ended (another thread's stop-all ended it), and
+    /// is then swallowed, never delivered (its default action kills).
+    pub(super) single_in_flight: bool,
 }
 
 impl Tracee {
@@ -102,6 +106,7 @@ impl Tracee {
             job_stopped: false,
             park_gen: 0,
             step: None,
+            single_in_flight: false,
         }
     }
 
@@ -600,7 +605,7 @@ impl Tracer {
         self.tracees.get(&tid).is_some_and(|t| {
             let regs = t.regs.lock();
             (regs.ever_armed != 0 && super::signal_bp::pending(tid, regs.hit_signal()))
-                || (t.step.as_ref().is_some_and(|s| s.single)
+                || ((t.single_in_flight || t.step.as_ref().is_some_and(|s| s.single))
                     && super::signal_bp::pending(tid, Signal::SIGTRAP))
         })
     }
