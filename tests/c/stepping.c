@@ -60,7 +60,7 @@ static void *stepper(void *arg)
     (void)arg;
     long i = 0;
     struct pace pace = { 0, 1000 };
-    for (;;) {
+    for (;;) { /* LINE:loop_for */
         step_here(i); /* LINE:loop_top */
         long r = middle(i); /* LINE:loop_call */
         if (heat) /* LINE:loop_heat */

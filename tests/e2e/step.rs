@@ -2,6 +2,8 @@
 //! held at a function breakpoint (`wpctl break --wait`) steps out, over,
 //! into a call, one instruction, out of the call, each printing the new
 //! place with its source line as the file has it; `wpctl stack` agrees.
+//! A breakpoint on a line that starts with a call, or with a jump, holds
+//! the thread before it, as the line says, and runs it once on.
 //! Refusals (a running thread, a tid of no thread, a process not
 //! attached) exit non-zero with one line on stderr and change nothing; the
 //! target runs on, untraced, after the detach.
@@ -227,6 +229,115 @@ async fn wpctl_steps_over_into_out_and_by_instruction() -> Result<()> {
 
         let out = wpctl(&daemon, &["resume", "--pid", &p]).await?;
         ensure!(out.code == Some(0), "wpctl resume: {out:?}");
+        t.is_free(&daemon).await
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// `wpctl break --pid P LOCATION --wait` in stepping.c: the breakpoint's
+/// id and the thread it holds.
+async fn break_at(daemon: &Daemon, pid: i32, tag: &str) -> Result<(i64, i32)> {
+    let (_, line) = line_of(tag);
+    let (p, loc) = (pid.to_string(), format!("stepping.c:{line}"));
+    let out = wpctl(daemon, &["break", "--pid", &p, &loc, "--wait"]).await?;
+    ensure!(out.code == Some(0), "wpctl break {loc} --wait: {out:?}");
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    ensure!(lines.len() >= 2, "set, stopped: {:?}", out.stdout);
+    Ok((
+        number_after(lines[0], "breakpoint ")?,
+        number_after(lines[1], "thread ")? as i32,
+    ))
+}
+
+/// The first line of `wpctl stack` of a held thread.
+async fn top_of(daemon: &Daemon, pid: i32, tid: i32) -> Result<String> {
+    let (p, t) = (pid.to_string(), tid.to_string());
+    let out = wpctl(daemon, &["stack", "--pid", &p, "--tid", &t]).await?;
+    ensure!(out.code == Some(0), "wpctl stack: {out:?}");
+    Ok(out.stdout.lines().next().unwrap_or_default().to_string())
+}
+
+/// A line whose first instruction is a call (`getpid()`, through its PLT
+/// stub) or a jump (the `for (;;)` back to the loop's top, at -O0): the
+/// kernel runs a branch under a uprobe before the stop is seen, so the
+/// thread would be held in the callee, or at the loop's top. It is held
+/// before the branch instead, where the line says (stack, `next`); one
+/// instruction from there is the branch itself, run once (in the PLT stub,
+/// not stopped a second time by the breakpoint still set), and out of the
+/// stub lands on the return address, without a note. After the resumes
+/// and the detach the program runs on, untraced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breakpoint_on_a_call_or_a_jump_holds_the_thread_before_it() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = Stepping::start("ct-step", 4)?;
+    let result = async {
+        let pid = t.pid();
+        let p = pid.to_string();
+        let (_, libc_line) = line_of("middle_libc");
+        let (id, tid) = break_at(&daemon, pid, "middle_libc").await?;
+        let top = top_of(&daemon, pid, tid).await?;
+        ensure!(
+            top.contains(" middle (") && top.contains(&format!("stepping.c:{libc_line}")),
+            "held before the call of getpid, in middle: {top:?}"
+        );
+        // The breakpoint kept: the instruction step runs the call once.
+        let inst = step(&daemon, pid, tid, "--instruction").await?;
+        ensure!(
+            !inst.lines().next().unwrap_or("").contains(" middle ("),
+            "one instruction from before the call is in its PLT stub: {inst:?}"
+        );
+        let out = step(&daemon, pid, tid, "--out").await?;
+        at(&out, "middle", "middle_libc")?;
+        ensure!(
+            !out.contains("one instruction after"),
+            "out of the stub lands on the return address: {out:?}"
+        );
+        at(
+            &step(&daemon, pid, tid, "--over").await?,
+            "middle",
+            "middle_ret",
+        )?;
+        ensure!(wpctl(&daemon, &["unwatch", &id.to_string()]).await?.code == Some(0));
+        ensure!(wpctl(&daemon, &["resume", "--pid", &p]).await?.code == Some(0));
+
+        // Held before the call again, `next` runs it through to the next line.
+        let (id, tid) = break_at(&daemon, pid, "middle_libc").await?;
+        ensure!(wpctl(&daemon, &["unwatch", &id.to_string()]).await?.code == Some(0));
+        at(
+            &step(&daemon, pid, tid, "--over").await?,
+            "middle",
+            "middle_ret",
+        )?;
+        ensure!(wpctl(&daemon, &["resume", "--pid", &p]).await?.code == Some(0));
+
+        // The loop's jump back: held at the `for`, not at the loop's top.
+        let (_, for_line) = line_of("loop_for");
+        let (id, tid) = break_at(&daemon, pid, "loop_for").await?;
+        let top = top_of(&daemon, pid, tid).await?;
+        ensure!(
+            top.contains(" stepper (") && top.contains(&format!("stepping.c:{for_line}")),
+            "held before the jump back, at the for: {top:?}"
+        );
+        ensure!(wpctl(&daemon, &["unwatch", &id.to_string()]).await?.code == Some(0));
+        at(
+            &step(&daemon, pid, tid, "--over").await?,
+            "stepper",
+            "loop_top",
+        )?;
+        // Resumed at the jump itself, with no step: it runs on.
+        ensure!(wpctl(&daemon, &["resume", "--pid", &p]).await?.code == Some(0));
+        let (id, _) = break_at(&daemon, pid, "loop_for").await?;
+        ensure!(wpctl(&daemon, &["unwatch", &id.to_string()]).await?.code == Some(0));
+        ensure!(wpctl(&daemon, &["resume", "--pid", &p]).await?.code == Some(0));
+        // Detached while held before the call: it runs on.
+        let (id, _) = break_at(&daemon, pid, "middle_libc").await?;
+        ensure!(wpctl(&daemon, &["unwatch", &id.to_string()]).await?.code == Some(0));
+        let out = wpctl(&daemon, &["detach", "--pid", &p]).await?;
+        ensure!(out.code == Some(0), "wpctl detach: {out:?}");
         t.is_free(&daemon).await
     }
     .await;

@@ -21,7 +21,8 @@
 //!    - a jump out of the function with the frame torn down (a tail call):
 //!      run to that function's return (step in: entered when it has
 //!      lines).
-//! 3. *Out*: a run until the function returns: uprobes on its `ret`
+//! 3. *Out*: a run until the function returns; at its first instruction
+//!    (an instruction step into a call), a return probe there; else uprobes on its `ret`
 //!    instructions (decoded from the module's file), counted only at the
 //!    frame's stack pointer (deeper activations pass through), on its jumps
 //!    out of the function (tail calls, then run to that callee's return),
@@ -351,6 +352,14 @@ impl Stepper<'_> {
                 pid: self.pid,
                 tid: self.tid,
                 why: "this is the outermost frame: there is no caller to return to".into(),
+            });
+        }
+        if cfa == sp.wrapping_add(8) && code.probe_place(pc).is_some() {
+            // At its first instruction (an instruction step into a call):
+            // a return probe there lands on the return address itself.
+            return Ok(match self.over_call(code, pc, sp, ret)? {
+                Ok(()) => StepEnd::Done,
+                Err(e) => e,
             });
         }
         let mut sets: Vec<ProbeSet> = Vec::new();

@@ -558,6 +558,14 @@ impl ElfFile {
             .map(|s| vaddr - s.vaddr + s.offset)
     }
 
+    /// Up to `len` bytes of the file from `offset` (fewer at its end).
+    pub fn file_bytes(&self, offset: u64, len: usize) -> &[u8] {
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(self.image.len());
+        &self.image[start..start.saturating_add(len).min(self.image.len())]
+    }
+
     /// The symbols named `name` (several tables may list one).
     pub fn lookup(&self, name: &str) -> Vec<&Sym> {
         let mut v: Vec<&Sym> = self.symbols.iter().filter(|s| s.name == name).collect();

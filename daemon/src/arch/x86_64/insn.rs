@@ -148,6 +148,105 @@ pub fn leave_return_trampoline(
     true
 }
 
+/// A branch a code breakpoint can sit on: the kernel runs (emulates) it
+/// before the probe's stop is seen, so the thread is held at its target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Branch {
+    /// A call (direct or not) of `len` bytes: its return address pushed.
+    Call {
+        /// The call's length.
+        len: u8,
+    },
+    /// A jump, taken or not.
+    Jump,
+}
+
+/// The branch the instruction at the start of `bytes` is, if it is one.
+pub fn branch_at(bytes: &[u8]) -> Option<Branch> {
+    let i = decode(bytes, 0).into_iter().next()?;
+    match i.flow {
+        Flow::Call => Some(Branch::Call { len: i.len as u8 }),
+        Flow::Jump { .. } => Some(Branch::Jump),
+        _ => None,
+    }
+}
+
+/// A branch taken back: the thread shown before it, and what running it
+/// again does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Undone {
+    /// The branch's address and the stack pointer there: where the thread
+    /// was put back.
+    pub at: (u64, u64),
+    /// Where the branch went.
+    pub target: u64,
+    /// A call's return address, pushed again.
+    pub push: Option<u64>,
+}
+
+/// Takes back `branch`, run from `ip` with stack pointer `sp` (the probe's
+/// record), when `regs` show it just ran (a call: the stack pointer 8
+/// lower and the return address on it; a jump: the stack pointer
+/// unchanged): `regs` put back at the branch. `None` (and `regs`
+/// unchanged) when they show something else (a signal handler entered).
+pub fn undo_branch(
+    regs: &mut libc::user_regs_struct,
+    branch: Branch,
+    ip: u64,
+    sp: u64,
+    read: impl Fn(u64) -> Option<u64>,
+) -> Option<Undone> {
+    let target = regs.rip;
+    let push = match branch {
+        Branch::Call { len } => {
+            let ret = ip.checked_add(u64::from(len))?;
+            if regs.rsp != sp.wrapping_sub(8) || read(regs.rsp)? != ret {
+                return None;
+            }
+            Some(ret)
+        }
+        Branch::Jump => {
+            if regs.rsp != sp {
+                return None;
+            }
+            None
+        }
+    };
+    if target == ip {
+        return None;
+    }
+    regs.rip = ip;
+    regs.rsp = sp;
+    Some(Undone {
+        at: (ip, sp),
+        target,
+        push,
+    })
+}
+
+/// Runs `undone` again on `regs` (through `write` for a call's return
+/// address) if the thread is still where it was put back: false (and
+/// `regs` unchanged) when it was moved meanwhile (a debugger set its
+/// registers), and then runs on from where it is.
+pub fn redo_branch(
+    regs: &mut libc::user_regs_struct,
+    undone: &Undone,
+    write: impl FnOnce(u64, u64) -> bool,
+) -> bool {
+    if (regs.rip, regs.rsp) != undone.at {
+        return false;
+    }
+    if let Some(ret) = undone.push {
+        let sp = regs.rsp.wrapping_sub(8);
+        if !write(sp, ret) {
+            return false;
+        }
+        regs.rsp = sp;
+    }
+    regs.rip = undone.target;
+    true
+}
+
 /// The instruction pointer and stack pointer of `regs`.
 pub fn ip_sp(regs: &libc::user_regs_struct) -> (u64, u64, u64) {
     (regs.rip, regs.rsp, regs.rbp)
@@ -156,6 +255,69 @@ pub fn ip_sp(regs: &libc::user_regs_struct) -> (u64, u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn regs(ip: u64, sp: u64) -> libc::user_regs_struct {
+        // SAFETY: a plain C struct of integers; all-zero is valid.
+        let mut r: libc::user_regs_struct = unsafe { std::mem::zeroed() };
+        r.rip = ip;
+        r.rsp = sp;
+        r
+    }
+
+    #[test]
+    fn branches_are_told_from_other_instructions() {
+        // call rel32; call *%rax; jmp rel8; je rel8; jmp *(%rip); mov %rsp,%rbp
+        assert_eq!(
+            branch_at(&[0xe8, 0, 0, 0, 0]),
+            Some(Branch::Call { len: 5 })
+        );
+        assert_eq!(branch_at(&[0xff, 0xd0]), Some(Branch::Call { len: 2 }));
+        assert_eq!(branch_at(&[0xeb, 0x05]), Some(Branch::Jump));
+        assert_eq!(branch_at(&[0x74, 0x05]), Some(Branch::Jump));
+        assert_eq!(branch_at(&[0xff, 0x25, 0, 0, 0, 0]), Some(Branch::Jump));
+        assert_eq!(branch_at(&[0x48, 0x89, 0xe5]), None);
+        assert_eq!(branch_at(&[]), None);
+    }
+
+    #[test]
+    fn a_call_is_taken_back_and_run_again_as_it_ran() {
+        // call at 0x1000 (5 bytes) from sp 0x8000: held at 0x2000, sp
+        // 0x7ff8 holding 0x1005.
+        let mut r = regs(0x2000, 0x7ff8);
+        let read = |a: u64| (a == 0x7ff8).then_some(0x1005);
+        let u = undo_branch(&mut r, Branch::Call { len: 5 }, 0x1000, 0x8000, read).unwrap();
+        assert_eq!((r.rip, r.rsp), (0x1000, 0x8000));
+        let mut wrote = None;
+        assert!(redo_branch(&mut r, &u, |a, v| {
+            wrote = Some((a, v));
+            true
+        }));
+        assert_eq!((r.rip, r.rsp), (0x2000, 0x7ff8));
+        assert_eq!(wrote, Some((0x7ff8, 0x1005)));
+        // Anything else on the stack, or another stack pointer: not a
+        // call that just ran (a signal handler entered).
+        let mut r = regs(0x2000, 0x7ff8);
+        assert!(
+            undo_branch(&mut r, Branch::Call { len: 5 }, 0x1000, 0x8000, |_| Some(7)).is_none()
+        );
+        assert_eq!((r.rip, r.rsp), (0x2000, 0x7ff8));
+        let mut r = regs(0x2000, 0x7000);
+        assert!(undo_branch(&mut r, Branch::Call { len: 5 }, 0x1000, 0x8000, read).is_none());
+    }
+
+    #[test]
+    fn a_jump_is_taken_back_unless_the_thread_was_moved_since() {
+        let mut r = regs(0x1800, 0x8000);
+        let u = undo_branch(&mut r, Branch::Jump, 0x1000, 0x8000, |_| None).unwrap();
+        assert_eq!(r.rip, 0x1000);
+        // A debugger moved it meanwhile: it runs on from there.
+        r.rip = 0x1100;
+        assert!(!redo_branch(&mut r, &u, |_, _| true));
+        assert_eq!(r.rip, 0x1100);
+        r.rip = 0x1000;
+        assert!(redo_branch(&mut r, &u, |_, _| unreachable!()));
+        assert_eq!((r.rip, r.rsp), (0x1800, 0x8000));
+    }
 
     #[test]
     fn flows_are_told_apart() {

@@ -95,6 +95,9 @@ pub struct CodeProbe {
     /// The caller (uid) it is opened for: only root's may take the fds kept
     /// for root.
     pub owner: u32,
+    /// The probed instruction is a branch (an entry probe's): a thread held
+    /// at its stop is put back before it (`rewind.rs`).
+    pub branch: Option<crate::arch::current::insn::Branch>,
 }
 
 /// What the program recorded at a probe.
@@ -193,6 +196,8 @@ static ATTACH: OnceLock<Attach> = OnceLock::new();
 struct OpenProbe {
     /// The key its records carry.
     key: u64,
+    /// Its instruction is a branch (an entry probe).
+    branch: Option<crate::arch::current::insn::Branch>,
     /// The uprobe: a BPF link or a perf event. Closed first.
     _uprobe: CountedFd,
     /// Its program.
@@ -498,6 +503,7 @@ pub fn open(pid: Pid, probe: &CodeProbe, mode: &SignalMode) -> Result<(), OpenEr
     }
     PROBES.entry(pid).or_default().push(OpenProbe {
         key: probe.key,
+        branch: probe.branch.filter(|_| !probe.ret),
         _uprobe: uprobe,
         _prog: prog,
     });
@@ -652,6 +658,15 @@ fn close_all(probes: Vec<OpenProbe>, pid: Pid) -> bool {
 /// Whether `pid` has probes open.
 pub fn has_probes(pid: Pid) -> bool {
     PROBES.get(&pid).is_some_and(|v| !v.is_empty())
+}
+
+/// The branch probe `key` of `pid` sits on, if it is an entry probe on one.
+pub fn branch_of(pid: Pid, key: u64) -> Option<crate::arch::current::insn::Branch> {
+    PROBES
+        .get(&pid)?
+        .iter()
+        .find(|p| p.key == key)
+        .and_then(|p| p.branch)
 }
 
 /// The records of `tid` written so far (its stop's), oldest first.

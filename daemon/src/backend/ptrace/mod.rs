@@ -28,6 +28,7 @@ pub mod park;
 pub mod protocol;
 pub mod recovery;
 pub mod regs;
+mod rewind;
 pub mod shards;
 pub mod signal_bp;
 mod sink;

@@ -320,6 +320,21 @@ impl Tracer {
             });
             return;
         }
+        if single && t.undone.is_some() && self.redo_branch(tid) {
+            // Held before the branch its code breakpoint sits on: running
+            // it again is the instruction.
+            if let Some(t) = self.tracees.get_mut(&tid) {
+                t.phase = Phase::Held(Held::Step(false));
+            }
+            let _ = reply.send(LegOutcome {
+                end: LegEnd::Done { at: 0 },
+                signals: Vec::new(),
+            });
+            return;
+        }
+        let Some(t) = self.tracees.get_mut(&tid) else {
+            return;
+        };
         t.step = Some(Box::new(Running {
             single,
             keys,

@@ -413,6 +413,9 @@ impl Tracer {
     /// A stop at code-event probes: held while the daemon arms what they
     /// name (it releases the thread with a resume), or restarted.
     fn code_stop(&mut self, tid: Tid, pid: crate::model::Pid, records: &[super::code::CodeRecord]) {
+        // Shown (and held) before a branch it sits on: run again at the
+        // restart.
+        self.rewind_branch(tid, pid, records);
         let detaching = self
             .tracees
             .get(&tid)

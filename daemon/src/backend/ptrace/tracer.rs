@@ -93,6 +93,9 @@ pub(super) struct Tracee {
     /// come after the leg ended (another thread's stop-all ended it), and
     /// is then swallowed, never delivered (its default action kills).
     pub(super) single_in_flight: bool,
+    /// The branch its code breakpoint's stop took back, run again when it
+    /// is restarted (`rewind.rs`).
+    pub(super) undone: Option<crate::arch::current::insn::Undone>,
 }
 
 impl Tracee {
@@ -107,6 +110,7 @@ impl Tracee {
             park_gen: 0,
             step: None,
             single_in_flight: false,
+            undone: None,
         }
     }
 
@@ -722,6 +726,7 @@ impl Tracer {
     /// Detaches a tracee in a ptrace-stop (its registers cleared by
     /// `apply` already), delivering `sig`.
     pub(super) fn do_detach(&mut self, tid: Tid, sig: Option<Signal>) {
+        self.redo_branch(tid);
         let Some(t) = self.tracees.remove(&tid) else {
             return;
         };
@@ -734,6 +739,7 @@ impl Tracer {
     /// Ends the current stop: LISTEN if the process is job-control stopped
     /// (so SIGCONT still works), else CONT with `sig` (delivered unchanged).
     pub(super) fn restart(&mut self, tid: Tid, sig: Option<Signal>) {
+        self.redo_branch(tid);
         if self.step_restart(tid, sig).is_some() {
             return;
         }

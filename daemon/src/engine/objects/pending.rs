@@ -192,6 +192,7 @@ impl Core {
                 gate: r_state.map(|at| (at, RT_CONSISTENT)),
                 set_max: 0,
                 owner: proc.attached_by,
+                branch: None,
             },
         );
         if let Err(e) = opened {

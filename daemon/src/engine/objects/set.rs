@@ -23,6 +23,9 @@ fn object_probes(
     site: &CodeSite,
     disarm: Option<&CodeSite>,
 ) -> Vec<CodeProbe> {
+    let first = site
+        .elf
+        .file_bytes(site.offset, crate::arch::current::insn::MAX_INSN as usize);
     let mut v = vec![CodeProbe {
         key: event_key(id),
         path: site.path.clone(),
@@ -33,6 +36,9 @@ fn object_probes(
         gate: None,
         set_max: 0,
         owner,
+        branch: (!code.at_return)
+            .then(|| crate::arch::current::insn::branch_at(first))
+            .flatten(),
     }];
     if let Some(d) = disarm {
         v.push(CodeProbe {
@@ -45,6 +51,7 @@ fn object_probes(
             gate: None,
             set_max: live_bound(code),
             owner,
+            branch: None,
         });
     }
     v
