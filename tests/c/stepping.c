@@ -3,13 +3,16 @@
  * loops over a chain of calls whose lines are marked LINE:<tag> (a
  * recursion, a call into the C library, a store into `watched`), while
  * argv[1] worker threads (4 by default) run, writing `hot` while `heat` is
- * set. `pace` is what setVariable changes (tests/dap/setvar.test.mjs): its
+ * set; with argv[2] "handoff", the loop also waits each time until a
+ * worker answers it (`handoff`: a step over it ends only if the others
+ * run). `pace` is what setVariable changes (tests/dap/setvar.test.mjs): its
  * `add` makes `i`, hence `loops`, jump. Built at -O0 (ct-step) and -O2
  * (ct-step-o2). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 volatile long watched;
@@ -17,6 +20,9 @@ volatile long hot;
 volatile int heat;
 volatile long spins;
 volatile long loops;
+volatile int ask;
+volatile int answered;
+volatile int handoff_on;
 
 __attribute__((noinline)) long leaf(long x)
 {
@@ -44,6 +50,14 @@ __attribute__((noinline)) void slow(void)
     usleep(300 * 1000); /* LINE:slow_sleep */
 }
 
+/* Waits until a worker has seen `ask`. */
+__attribute__((noinline)) void handoff(void)
+{
+    ask = 1; /* LINE:handoff_ask */
+    while (!answered) { /* LINE:handoff_wait */ }
+    answered = 0; /* LINE:handoff_done */
+}
+
 __attribute__((noinline)) void step_here(long i)
 {
     loops = i; /* LINE:step_here */
@@ -66,6 +80,8 @@ static void *stepper(void *arg)
         if (heat) /* LINE:loop_heat */
             slow(); /* LINE:loop_slow */
         i += pace.add + ((r & 1) ? 1 : 2); /* LINE:loop_next */
+        if (handoff_on) /* LINE:loop_handoff_if */
+            handoff(); /* LINE:loop_handoff */
         usleep(pace.sleep_us); /* LINE:loop_sleep */
     }
     return NULL;
@@ -78,6 +94,10 @@ static void *worker(void *arg)
         spins++;
         if (heat)
             hot++;
+        if (ask) {
+            ask = 0;
+            answered = 1;
+        }
         usleep(2000);
     }
     return NULL;
@@ -86,6 +106,7 @@ static void *worker(void *arg)
 int main(int argc, char **argv)
 {
     int n = argc > 1 ? atoi(argv[1]) : 4;
+    handoff_on = argc > 2 && strcmp(argv[2], "handoff") == 0;
     pthread_attr_t a;
     pthread_attr_init(&a);
     pthread_attr_setstacksize(&a, 64 * 1024);

@@ -897,8 +897,15 @@ pub(crate) struct Stepping(std::process::Child);
 
 impl Stepping {
     pub(crate) fn start(variant: &str, workers: usize) -> Result<Stepping> {
+        Self::start_with(variant, workers, &[])
+    }
+
+    /// With `args` after the workers' count (`handoff`: the stepper's loop
+    /// waits each time for a worker's answer).
+    pub(crate) fn start_with(variant: &str, workers: usize, args: &[&str]) -> Result<Stepping> {
         let mut child = std::process::Command::new(ctarget_path(variant))
             .arg(workers.to_string())
+            .args(args)
             .stdout(Stdio::piped())
             .spawn()?;
         // "ready N" once every thread is made.

@@ -4,6 +4,8 @@
 //! place with its source line as the file has it; `wpctl stack` agrees.
 //! A breakpoint on a line that starts with a call, or with a jump, holds
 //! the thread before it, as the line says, and runs it once on.
+//! With the others running (`--all-threads`), a step over a call that
+//! waits for another thread ends, and the others are held again after it.
 //! Refusals (a running thread, a tid of no thread, a process not
 //! attached) exit non-zero with one line on stderr and change nothing; the
 //! target runs on, untraced, after the detach.
@@ -338,6 +340,96 @@ async fn a_breakpoint_on_a_call_or_a_jump_holds_the_thread_before_it() -> Result
         ensure!(wpctl(&daemon, &["unwatch", &id.to_string()]).await?.code == Some(0));
         let out = wpctl(&daemon, &["detach", "--pid", &p]).await?;
         ensure!(out.code == Some(0), "wpctl detach: {out:?}");
+        t.is_free(&daemon).await
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// How many threads of `pid` the daemon lists as running.
+async fn running_threads(daemon: &Daemon, pid: i32) -> Result<usize> {
+    let mut client = daemon.client().await?;
+    let threads = client
+        .list_threads(wpd_proto::v1::ListThreadsRequest {
+            pid,
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .threads;
+    Ok(threads
+        .iter()
+        .filter(|t| t.state == wpd_proto::v1::ThreadState::Running as i32)
+        .count())
+}
+
+/// The others held at a stop-all breakpoint (`--all-threads`) run during
+/// a step that asks for it (`wpctl step --all-threads`), but the daemon
+/// resumes them only once a leg has run 5 ms or the step 50 ms: a step
+/// over `handoff()`, which waits until a worker answers (one call of 5 ms
+/// and more), and a step over the line that spins in it until then (only
+/// instructions: a loop on one line) both end, where the line after them
+/// starts; each time every thread is held again after it. A daemon that
+/// left the others held would never end either step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_waits_for_another_thread_lets_the_others_run() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = Stepping::start_with("ct-step", 4, &["handoff"])?;
+    let result = async {
+        let pid = t.pid();
+        let p = pid.to_string();
+        for (at_tag, over, then) in [
+            ("loop_handoff", "stepper", "loop_sleep"),
+            ("handoff_wait", "handoff", "handoff_done"),
+        ] {
+            let (_, line) = line_of(at_tag);
+            let loc = format!("stepping.c:{line}");
+            let out = wpctl(
+                &daemon,
+                &["break", "--pid", &p, &loc, "--all-threads", "--wait"],
+            )
+            .await?;
+            ensure!(
+                out.code == Some(0),
+                "wpctl break {loc} --all-threads --wait: {out:?}"
+            );
+            let lines: Vec<&str> = out.stdout.lines().collect();
+            ensure!(lines.len() >= 2, "set, stopped: {:?}", out.stdout);
+            let id = number_after(lines[0], "breakpoint ")?;
+            let tid = number_after(lines[1], "thread ")? as i32;
+            ensure!(wpctl(&daemon, &["unwatch", &id.to_string()]).await?.code == Some(0));
+            ensure!(
+                running_threads(&daemon, pid).await? == 0,
+                "a stop-all holds every thread"
+            );
+            let (ps, ts) = (p.clone(), tid.to_string());
+            let out = wpctl(
+                &daemon,
+                &[
+                    "step",
+                    "--pid",
+                    &ps,
+                    "--tid",
+                    &ts,
+                    "--over",
+                    "--all-threads",
+                ],
+            )
+            .await?;
+            ensure!(
+                out.code == Some(0),
+                "the step over {at_tag} (it waits for a worker): {out:?}"
+            );
+            at(&out.stdout, over, then)?;
+            ensure!(
+                running_threads(&daemon, pid).await? == 0,
+                "held again after the step"
+            );
+            ensure!(wpctl(&daemon, &["resume", "--pid", &p]).await?.code == Some(0));
+        }
         t.is_free(&daemon).await
     }
     .await;

@@ -267,13 +267,15 @@ pub trait Backend: Send + Sync {
 
     /// Runs one leg of a step of held thread `tid` (see `step.rs`) and
     /// waits for its end; `cancel` set meanwhile stops the thread where it
-    /// is (the leg then ends `Interrupted`).
+    /// is (the leg then ends `Interrupted`); `running` is called as the
+    /// thread is set running (its internal breakpoints set).
     fn step_leg(
         &self,
         _pid: Pid,
         _tid: Tid,
         _leg: &step::Leg,
         _cancel: &std::sync::atomic::AtomicBool,
+        _running: &dyn Fn(),
     ) -> Result<step::LegOutcome, WpdError> {
         Err(WpdError::NeedsBackend {
             feature: "stepping",

@@ -93,6 +93,42 @@ pub struct StepResult {
     pub legs: u32,
 }
 
+/// How long one leg of a step whose others run (`others_run`) runs before
+/// the others held are resumed. A step is a few legs of a millisecond or
+/// less each: one whose legs all end sooner is one during which a
+/// scheduler could have given the others no time at all, and it costs no
+/// resume and no stop of every thread again (at 1,000 threads on 2 CPUs,
+/// most of such a step's time: docs/benchmarks.md, target 11). Time the
+/// daemon spends between legs (setting a leg's breakpoints, reading line
+/// tables) does not count: the thread cannot wait for the others then. A
+/// leg that runs longer (a call that sleeps, or waits for another thread:
+/// a lock, a condition) has them running from then on.
+const OTHERS_AFTER: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// How long a step whose others run leaves them held in all, however
+/// short its legs (a line that spins on a flag another thread sets).
+const OTHERS_AFTER_ALL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Waits, on the step's thread of its own, until the others must run: a
+/// leg has run `OTHERS_AFTER` (told by the stepper: true as the thread
+/// is set running in a leg, false as the leg ends), or the step has lasted `OTHERS_AFTER_ALL`. False when
+/// the step ended first (its sender dropped).
+fn others_wait(legs: &std::sync::mpsc::Receiver<bool>) -> bool {
+    use std::sync::mpsc::RecvTimeoutError;
+    use std::time::Instant;
+    let all = Instant::now() + OTHERS_AFTER_ALL;
+    let mut leg: Option<Instant> = None;
+    loop {
+        let until = leg.map_or(all, |l| (l + OTHERS_AFTER).min(all));
+        match legs.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            Ok(true) => leg = Some(Instant::now()),
+            Ok(false) => leg = None,
+            Err(RecvTimeoutError::Timeout) => return true,
+            Err(RecvTimeoutError::Disconnected) => return false,
+        }
+    }
+}
+
 /// Most legs one step takes before it stops where it is (a line that
 /// loops on itself a long time).
 const MAX_LEGS: u32 = 20_000;
@@ -103,6 +139,8 @@ struct Stepper<'a> {
     pid: Pid,
     tid: Tid,
     cancel: &'a AtomicBool,
+    /// Told when each leg starts and ends (`others_run`: `others_wait`).
+    legs_told: Option<std::sync::mpsc::Sender<bool>>,
     legs: u32,
     signals: Vec<i32>,
     note: Option<String>,
@@ -114,9 +152,16 @@ type Next<T> = Result<T, StepEnd>;
 impl Stepper<'_> {
     fn leg(&mut self, leg: Leg) -> Result<Next<u64>, WpdError> {
         self.legs += 1;
+        let tell = |on: bool| {
+            if let Some(tx) = &self.legs_told {
+                let _ = tx.send(on);
+            }
+        };
         let out = self
             .backend
-            .step_leg(self.pid, self.tid, &leg, self.cancel)?;
+            .step_leg(self.pid, self.tid, &leg, self.cancel, &|| tell(true));
+        tell(false);
+        let out = out?;
         self.signals.extend(out.signals);
         Ok(match out.end {
             LegEnd::Done { at } => {
@@ -443,50 +488,72 @@ impl Core {
         depth: usize,
         cancel: &AtomicBool,
     ) -> Result<StepResult, WpdError> {
+        let began = std::time::Instant::now();
         let backend = self.stopping_backend(pid, "stepping", &[tid])?;
         backend.held_registers(pid, tid)?;
         let mut code = self
             .symbols
             .code_view(pid)
             .map_err(|_| WpdError::NoSuchProcess(pid))?;
-        if others_run {
-            let others: Vec<Tid> = backend
-                .thread_states(pid)
-                .into_iter()
-                .filter(|&(t, s)| {
-                    t != tid
-                        && matches!(
-                            s,
-                            RunState::StoppedAtHit
-                                | RunState::StoppedByPeer
-                                | RunState::StoppedAfterStep
-                        )
-                })
-                .map(|(t, _)| t)
-                .collect();
-            if !others.is_empty() {
-                backend.resume(pid, &others)?;
-            }
-        }
+        // The others held now run during the step, but only once it has
+        // lasted OTHERS_AFTER: a step that ends sooner leaves them where
+        // they were (no resume, no stop of them all again).
+        let states = if others_run {
+            backend.thread_states(pid)
+        } else {
+            Default::default()
+        };
+        let others: Vec<Tid> = states
+            .iter()
+            .filter(|&(&t, &s)| {
+                t != tid
+                    && matches!(
+                        s,
+                        RunState::StoppedAtHit
+                            | RunState::StoppedByPeer
+                            | RunState::StoppedAfterStep
+                    )
+            })
+            .map(|(&t, _)| t)
+            .collect();
+        let running_before = states
+            .iter()
+            .any(|(&t, &s)| t != tid && s == RunState::Running);
+        let (legs_tx, legs_rx) = std::sync::mpsc::channel::<bool>();
         let mut s = Stepper {
             backend,
             pid,
             tid,
             cancel,
+            legs_told: (!others.is_empty()).then_some(legs_tx),
             legs: 0,
             signals: Vec::new(),
             note: None,
         };
-        let end = match kind {
-            StepKind::Instruction => s.instruction(&mut code, false),
-            StepKind::InstructionOver => s.instruction(&mut code, true),
-            StepKind::Line => s.line(&mut code, false),
-            StepKind::Into => s.line(&mut code, true),
-            StepKind::Out => s.out(&mut code),
-        };
-        if others_run && !matches!(end, Ok(StepEnd::Exited)) {
+        let (end, others_ran) = std::thread::scope(|sc| {
+            let timer = (!others.is_empty()).then(|| {
+                let others = &others;
+                sc.spawn(move || others_wait(&legs_rx) && backend.resume(pid, others).is_ok())
+            });
+            let end = match kind {
+                StepKind::Instruction => s.instruction(&mut code, false),
+                StepKind::InstructionOver => s.instruction(&mut code, true),
+                StepKind::Line => s.line(&mut code, false),
+                StepKind::Into => s.line(&mut code, true),
+                StepKind::Out => s.out(&mut code),
+            };
+            s.legs_told = None;
+            let ran = timer.is_some_and(|t| t.join().unwrap_or(false));
+            (end, ran)
+        });
+        let stepped = began.elapsed();
+        if (others_ran || running_before) && !matches!(end, Ok(StepEnd::Exited)) {
             let _ = backend.pause(pid, &[]);
         }
+        tracing::debug!(
+            pid, tid, ?kind, legs = s.legs, others_ran, ?stepped, with_stop = ?began.elapsed(),
+            "step"
+        );
         let end = end?;
         let stack = if end == StepEnd::Exited {
             None

@@ -427,8 +427,9 @@ impl Backend for PtraceEngine {
         tid: Tid,
         leg: &crate::backend::step::Leg,
         cancel: &std::sync::atomic::AtomicBool,
+        running: &dyn Fn(),
     ) -> Result<crate::backend::step::LegOutcome, WpdError> {
-        step::run_leg(&self.shards, pid, tid, leg, cancel)
+        step::run_leg(&self.shards, pid, tid, leg, cancel, running)
     }
 
     fn step_done(&self, _pid: Pid, tid: Tid) {

@@ -233,13 +233,15 @@ fn close_together(links: Vec<CountedFd>) {
 }
 
 /// Runs `leg` on held thread `tid` of `pid` through `shards`, waiting for
-/// its end; `cancel` set meanwhile holds the thread where it is.
+/// its end; `cancel` set meanwhile holds the thread where it is; `running`
+/// is called as it is set running.
 pub(super) fn run_leg(
     shards: &Shards,
     pid: Pid,
     tid: Tid,
     leg: &Leg,
     cancel: &AtomicBool,
+    running: &dyn Fn(),
 ) -> Result<LegOutcome, WpdError> {
     let (single, armed) = match leg {
         Leg::Instruction => (true, None),
@@ -255,6 +257,7 @@ pub(super) fn run_leg(
         }
     };
     let keys = armed.as_ref().map(|a| a.keys.clone()).unwrap_or_default();
+    running();
     let Some(rx) = shards.step_leg(tid, single, keys) else {
         return Ok(LegOutcome {
             end: LegEnd::Gone,
