@@ -106,6 +106,8 @@ pub struct ElfFile {
     pub file_size: u64,
     /// Its call frame information (`.eh_frame`), for unwinding stacks.
     pub cfi: Option<super::cfi::Cfi>,
+    /// Its PLT stubs, named (`plt.rs`).
+    pub plt: Vec<super::plt::PltStub>,
     /// Its functions named like a name it does not define, by that name
     /// (`ElfFile::functions_like`).
     pub(super) like: std::sync::Mutex<std::collections::HashMap<String, Vec<(f64, String)>>>,
@@ -465,6 +467,7 @@ impl ElfFile {
         let has_symtab = !symbols.is_empty();
         symbols.extend(symbols_of(&file, SymTable::Dynsym));
         let cfi = super::cfi::Cfi::of(&file);
+        let plt = super::plt::stubs(&file);
         Ok(ElfFile {
             path: open_path.to_path_buf(),
             fixed,
@@ -476,6 +479,7 @@ impl ElfFile {
             has_symtab,
             file_size: m.len() as u64,
             cfi,
+            plt,
             like: Default::default(),
             debug_refused,
             symbolizer_file,

@@ -589,6 +589,14 @@ fn worker(symbols: std::sync::Weak<Symbols>, rx: mpsc::Receiver<Msg>, debug_dirs
                         })
                         .collect();
                 }
+                if let Some((stub, off)) =
+                    elf.as_ref().and_then(|e| super::plt::stub_at(&e.plt, *v))
+                {
+                    // Not the symbol before it (`_init`): the stub's own name.
+                    place.function = Some(stub.name.clone());
+                    place.function_offset = off;
+                    place.inlined.clear();
+                }
                 symbols.locator.places.fetch_add(1, Ordering::Relaxed);
                 symbols
                     .locator

@@ -41,6 +41,7 @@ mod linkmap;
 pub mod locate;
 pub mod maps;
 pub mod open;
+pub mod plt;
 mod resolve;
 pub mod step;
 pub mod unwind;

@@ -80,6 +80,26 @@ pub fn decode(bytes: &[u8], addr: u64) -> Vec<Insn> {
     out
 }
 
+/// The indirect jumps through a word addressed relative to the
+/// instruction pointer among the instructions of `bytes` (the first at
+/// `addr`), each as (the jump's address, the word's address): a PLT stub's
+/// jump through its GOT slot.
+pub fn rip_indirect_jumps(bytes: &[u8], addr: u64) -> Vec<(u64, u64)> {
+    let mut d = Decoder::with_ip(64, bytes, addr, DecoderOptions::NONE);
+    let mut out = Vec::new();
+    let mut i = Instruction::default();
+    while d.can_decode() {
+        d.decode_out(&mut i);
+        if !i.is_invalid()
+            && i.flow_control() == FlowControl::IndirectBranch
+            && i.is_ip_rel_memory_operand()
+        {
+            out.push((i.ip(), i.ip_rel_memory_address()));
+        }
+    }
+    out
+}
+
 /// One instruction of a disassembly view.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Line {
@@ -262,6 +282,20 @@ mod tests {
         r.rip = ip;
         r.rsp = sp;
         r
+    }
+
+    #[test]
+    fn a_plt_stubs_jump_through_its_slot_is_found() {
+        // endbr64; bnd jmp *0x2f9a(%rip); nopl 0(%rax,%rax,1) at 0x1030,
+        // then jmp *%rax and a direct jmp: not through a slot.
+        let stub = [
+            0xf3, 0x0f, 0x1e, 0xfa, 0xf2, 0xff, 0x25, 0x9a, 0x2f, 0x00, 0x00, 0x0f, 0x1f, 0x44,
+            0x00, 0x00, 0xff, 0xe0, 0xeb, 0xfe,
+        ];
+        assert_eq!(
+            rip_indirect_jumps(&stub, 0x1030),
+            vec![(0x1034, 0x1034 + 7 + 0x2f9a)]
+        );
     }
 
     #[test]
