@@ -435,3 +435,66 @@ async fn a_step_that_waits_for_another_thread_lets_the_others_run() -> Result<()
     .await;
     daemon.finish(result)
 }
+
+/// A step over `middle()` that a breakpoint in `leaf` ends leaves a
+/// return probe's mark on `middle`'s return address (the kernel's return
+/// trampoline takes that return). Stepping on from the breakpoint, by line
+/// out of `leaf`, and then out of `middle` (a probe on its `ret`), and
+/// again by line over its return, each lands in real code with its line,
+/// never in the trampoline (where no step could go on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_out_of_a_call_a_breakpoint_stopped_return_where_it_returns() -> Result<()> {
+    if !require_backend(Backend::Ptrace) {
+        return Ok(());
+    }
+    let daemon = Daemon::start().await?;
+    let mut t = Stepping::start("ct-step", 4)?;
+    let result = async {
+        let pid = t.pid();
+        let p = pid.to_string();
+        for out_kind in ["--out", "--over"] {
+            let (id, tid) = break_at(&daemon, pid, "loop_call").await?;
+            ensure!(wpctl(&daemon, &["unwatch", &id.to_string()]).await?.code == Some(0));
+            let out = wpctl(&daemon, &["break", "--pid", &p, "leaf"]).await?;
+            ensure!(out.code == Some(0), "wpctl break leaf: {out:?}");
+            let leaf_bp = number_after(out.stdout.lines().next().unwrap_or(""), "breakpoint ")?;
+            // Over middle(): ended in leaf by its breakpoint.
+            let (t_s, w) = (tid.to_string(), "--over");
+            let out = wpctl(&daemon, &["step", "--pid", &p, "--tid", &t_s, w]).await?;
+            ensure!(
+                out.code == Some(0)
+                    && out.stdout.starts_with("step ended: a code breakpoint")
+                    && out.stdout.contains("#0  leaf ("),
+                "the step over middle() ends at leaf's breakpoint: {out:?}"
+            );
+            ensure!(
+                wpctl(&daemon, &["unwatch", &leaf_bp.to_string()])
+                    .await?
+                    .code
+                    == Some(0)
+            );
+            at(
+                &step(&daemon, pid, tid, "--out").await?,
+                "middle",
+                "middle_call",
+            )?;
+            // Out of middle, or over its lines until it returns.
+            let mut here = String::new();
+            for _ in 0..8 {
+                here = step(&daemon, pid, tid, out_kind).await?;
+                if !here.lines().next().unwrap_or("").contains(" middle (") {
+                    break;
+                }
+            }
+            ensure!(
+                here.lines().next().unwrap_or("").contains(" stepper (")
+                    && here.contains(&format!("stepping.c:{}", line_of("loop_call").1)),
+                "{out_kind} out of middle lands in stepper, on the line of the call: {here:?}"
+            );
+            ensure!(wpctl(&daemon, &["resume", "--pid", &p]).await?.code == Some(0));
+        }
+        t.is_free(&daemon).await
+    }
+    .await;
+    daemon.finish(result)
+}

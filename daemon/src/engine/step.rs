@@ -189,6 +189,34 @@ impl Stepper<'_> {
         Ok(self.leg(Leg::Instruction)?.map(|_| ()))
     }
 
+    /// One instruction, and through the kernel's return trampoline if the
+    /// instruction was a return into it: a return address an earlier
+    /// leg's return probe took (a step over a call that a breakpoint in the
+    /// call ended) goes through the trampoline, which gives it back; the
+    /// thread is shown where the return went, not in the trampoline (from
+    /// which no step could go on: it has no call frame information).
+    fn single_through(&mut self, code: &mut CodeView<'_>) -> Result<Next<()>, WpdError> {
+        if let Err(e) = self.single()? {
+            return Ok(Err(e));
+        }
+        self.through_trampoline(code)
+    }
+
+    /// Out of the kernel's return trampoline, if a return took the thread
+    /// there (see `single_through`): single steps to where it returns.
+    fn through_trampoline(&mut self, code: &mut CodeView<'_>) -> Result<Next<()>, WpdError> {
+        for _ in 0..16 {
+            let (pc, _, _) = self.regs()?;
+            if code.probe_place(pc).is_some() || !CodeView::in_return_trampoline(self.pid, pc) {
+                break;
+            }
+            if let Err(e) = self.single()? {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(()))
+    }
+
     /// (ip, sp, fp) of the held thread.
     fn regs(&self) -> Result<(u64, u64, u64), WpdError> {
         let r = self.backend.held_registers(self.pid, self.tid)?;
@@ -262,7 +290,7 @@ impl Stepper<'_> {
                 .code(pc, insn::MAX_INSN as usize)
                 .and_then(|b| insn::decode(&b, pc).first().map(|i| i.flow))
                 == Some(Flow::Call);
-        if let Err(e) = self.single()? {
+        if let Err(e) = self.single_through(code)? {
             return Ok(e);
         }
         if call {
@@ -288,7 +316,7 @@ impl Stepper<'_> {
         let mut cfa0 = code.cfa(pc0, sp0, fp0);
         let mut prev = (pc0, sp0);
         while self.legs < MAX_LEGS {
-            if let Err(e) = self.single()? {
+            if let Err(e) = self.single_through(code)? {
                 return Ok(e);
             }
             let (pc, sp, fp) = self.regs()?;
@@ -469,6 +497,9 @@ impl Stepper<'_> {
             if let Err(e) = self.over_call(code, entry, sp, ret)? {
                 return Ok(e);
             }
+        } else if let Err(e) = self.through_trampoline(code)? {
+            // A `ret` whose return address a return probe had taken.
+            return Ok(e);
         }
         Ok(StepEnd::Done)
     }
@@ -552,6 +583,8 @@ impl Core {
         }
         tracing::debug!(
             pid, tid, ?kind, legs = s.legs, others_ran, ?stepped, with_stop = ?began.elapsed(),
+            end = ?end.as_ref().map_err(ToString::to_string),
+            ip = ?backend.held_registers(pid, tid).map(|r| format!("{:#x}", r.ip)).ok(),
             "step"
         );
         let end = end?;
