@@ -17,6 +17,7 @@
 //! free slots with a [`probe::SlotProbe`] (disabled perf breakpoints), which
 //! it is given at start, or runs without.
 
+pub mod exechold;
 pub mod fake;
 pub mod fanout;
 pub mod fds;
