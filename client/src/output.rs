@@ -241,6 +241,7 @@ pub fn instance_source_name(v: i32) -> String {
         Ok(wpd_proto::v1::InstanceSource::SetPolicy) => "set-policy".into(),
         Ok(wpd_proto::v1::InstanceSource::KernelRecord) => "kernel-record".into(),
         Ok(wpd_proto::v1::InstanceSource::Scan) => "scan".into(),
+        Ok(wpd_proto::v1::InstanceSource::ExecHold) => "exec-hold".into(),
         Ok(wpd_proto::v1::InstanceSource::Unspecified) => "unspecified".into(),
         Err(_) => format!("unknown({v})"),
     }

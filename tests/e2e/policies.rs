@@ -669,3 +669,66 @@ fn listed_pids(listing: &str) -> Result<Vec<i32>> {
     walk(&v, &mut out);
     Ok(out)
 }
+
+/// By executable, every process of a short program is held at its exec
+/// and armed before its first instruction: ten runs of a program that
+/// stores `counter` three times at the top of `main` and exits (found a
+/// few milliseconds after the exec, as by the kernel's records or the
+/// scan, none of these stores would be seen): 10 of 10 processes, 30 of
+/// 30 hits, each process's values 1, 2, 3 in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_by_executable_covers_a_process_from_its_first_instruction() -> Result<()> {
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let dir = unique_temp_dir("wpd-quick")?;
+    let exe = dir.join("quick");
+    std::fs::copy(ctarget_path("ct-quick"), &exe)?;
+    let daemon = Daemon::start().await?;
+    let result = async {
+        let mut client = daemon.client().await?;
+        let mut events = EventStream::subscribe(&mut client, Default::default()).await?;
+        set_policy(
+            &mut client,
+            ProcessSelector {
+                exe: exe.display().to_string(),
+                ..Default::default()
+            },
+        )
+        .await?;
+        let mut pids = Vec::new();
+        for _ in 0..10 {
+            let mut child = std::process::Command::new(&exe).spawn()?;
+            pids.push(child.id() as i32);
+            let st = child.wait()?;
+            ensure!(st.success(), "the program failed: {st:?}");
+        }
+        let mut values: std::collections::HashMap<i32, Vec<i64>> = Default::default();
+        let mut n = 0;
+        let r = events
+            .wait_for(HIT_TIMEOUT, "30 hits, 3 in each of the 10 processes", |e| {
+                if let Event::Hit(h) = e
+                    && pids.contains(&h.pid)
+                {
+                    let v = i64::from_le_bytes(h.value.clone().try_into().unwrap_or_default());
+                    values.entry(h.pid).or_default().push(v);
+                    n += 1;
+                }
+                Ok((n == 30).then_some(()))
+            })
+            .await;
+        for pid in &pids {
+            let got = values.get(pid).cloned().unwrap_or_default();
+            ensure!(
+                got == [1, 2, 3],
+                "process {pid}: stores seen {got:?}, expected [1, 2, 3] ({} of 10 processes \
+                 with a hit)",
+                values.len()
+            );
+        }
+        r
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    daemon.finish(result)
+}

@@ -44,6 +44,7 @@ fn found_by_to_pb(f: crate::engine::policy::FoundBy) -> pb::InstanceSource {
         FoundBy::SetPolicy => pb::InstanceSource::SetPolicy,
         FoundBy::KernelRecord => pb::InstanceSource::KernelRecord,
         FoundBy::Scan => pb::InstanceSource::Scan,
+        FoundBy::ExecHold => pb::InstanceSource::ExecHold,
     }
 }
 

@@ -151,6 +151,13 @@ impl Core {
         let Some(proc) = self.procs.get(&pid).map(|p| p.clone()) else {
             return;
         };
+        // The hits it made just before its exit, still in the backend's
+        // rings, are reported while its watchpoints exist (a short
+        // program's last stores; read a poll later they would name
+        // watchpoints gone).
+        if let Ok(b) = self.backends.get(Some(proc.backend)) {
+            b.sync();
+        }
         // Its exit is seen by the pidfd watch and by the reconcile thread
         // (no thread left): one of them reports it.
         let Some(ids) = self.release_process(&proc, "process exited") else {

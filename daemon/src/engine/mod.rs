@@ -23,6 +23,7 @@ mod listings;
 mod modules;
 pub mod objects;
 pub mod policy;
+mod policy_hold;
 mod slots;
 pub mod step;
 mod views;
@@ -132,6 +133,8 @@ pub struct Core {
     child_owners: DashMap<Pid, (Arc<crate::events::Owner>, Instant)>,
     /// Work for the policy thread, once a policy was set.
     policy_tx: Mutex<Option<mpsc::Sender<policy::PolicyMsg>>>,
+    /// Programs whose execs are held for policies (`policy_hold.rs`).
+    exec_hold: Mutex<policy_hold::PolicyHold>,
     /// Thread names (`comm`) by tid, for hits: read once per thread, kept
     /// while it lives, replaced when the backend reports a rename or exec.
     names: DashMap<crate::model::Tid, (Pid, Arc<str>)>,
@@ -216,6 +219,7 @@ impl Core {
                 child_owners: DashMap::new(),
                 objects: objects::Objects::default(),
                 policy_tx: Mutex::new(None),
+                exec_hold: Mutex::default(),
                 names: DashMap::new(),
                 exited_names: Mutex::new(std::collections::VecDeque::new()),
                 journal: config.journal,

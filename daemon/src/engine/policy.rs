@@ -218,6 +218,9 @@ pub enum FoundBy {
     KernelRecord,
     /// The `/proc` scan.
     Scan,
+    /// Held at its exec, before its first instruction (a policy on its
+    /// program: `policy_hold.rs`).
+    ExecHold,
 }
 
 /// A policy's watchpoint in one process.
@@ -363,6 +366,7 @@ impl Core {
         });
         self.policies.insert(id, policy.clone());
         self.ensure_policy_thread();
+        self.hold_execs_of(&policy);
         let now = crate::clock::monotonic_ns();
         for pid in procfs::pids() {
             self.try_policy(&policy, pid, now, FoundBy::SetPolicy);
@@ -381,6 +385,7 @@ impl Core {
             .policies
             .remove(&id)
             .ok_or(WpdError::NoSuchWatchpoint(id))?;
+        self.release_execs_of(&policy);
         // An instance being armed now is finished first.
         let _arming = policy.arming.lock().unwrap();
         let view = self.policy_view(&policy);
@@ -671,7 +676,7 @@ impl Core {
         });
     }
 
-    fn check_all_policies(self: &Arc<Self>, pid: Pid, seen: u64, found: FoundBy) {
+    pub(super) fn check_all_policies(self: &Arc<Self>, pid: Pid, seen: u64, found: FoundBy) {
         let policies: Vec<Arc<Policy>> = self.policies.iter().map(|p| p.clone()).collect();
         for p in policies {
             self.try_policy(&p, pid, seen, found);
