@@ -276,6 +276,7 @@ impl FakeBackend {
         thread_names: false,
         signal_at_hit: false,
         code_events: false,
+        arms_while_traced: false,
     };
 
     /// A fake backend over `kernel`.

@@ -57,6 +57,10 @@ pub struct Features {
     /// Code events: a thread held at a function's entry or return
     /// (a uprobe) until the daemon has armed what it names.
     pub code_events: bool,
+    /// Arms a process while another tracer holds it (it does not trace the
+    /// process itself): policies hold a program's new processes at their
+    /// exec for it (`engine/policy_hold.rs`).
+    pub arms_while_traced: bool,
 }
 
 pub use ptrace::code::{

@@ -5,8 +5,9 @@
 //! before its first instruction until it is armed (at most
 //! [`HOLD_BOUND`]; then it runs on, armed when the arming ends). Execs of
 //! other files pay nothing (an inode mark). Where the hold cannot be had
-//! (fanotify refused: no `CAP_SYS_ADMIN`), or for the ptrace backend (its
-//! tracer could not attach a task the hold traces), processes are found
+//! (fanotify refused: no `CAP_SYS_ADMIN`), or for a backend that cannot
+//! arm a process another tracer holds (`Features::arms_while_traced`: the
+//! ptrace backend's tracer could not attach it), processes are found
 //! as before: by the kernel's records and the `/proc` scan, a few
 //! milliseconds after their exec.
 
@@ -18,7 +19,6 @@ use std::time::Duration;
 use super::Core;
 use super::policy::{FoundBy, Policy};
 use crate::backend::exechold::ExecHold;
-use crate::model::BackendKind;
 
 /// Longest a process is held at its exec for its arming.
 pub const HOLD_BOUND: Duration = Duration::from_secs(1);
@@ -37,11 +37,10 @@ impl Core {
         let Some(exe) = policy.selector.exe.clone() else {
             return;
         };
-        if policy
-            .spec
-            .backend
-            .unwrap_or_else(|| self.backends.default_kind())
-            != BackendKind::Perf
+        if !self
+            .backends
+            .get(policy.spec.backend)
+            .is_ok_and(|b| b.features().arms_while_traced)
         {
             return;
         }

@@ -142,6 +142,7 @@ impl PerfEngine {
         thread_names: true,
         signal_at_hit: false,
         code_events: false,
+        arms_while_traced: true,
     };
 
     /// Opens the per-CPU rings; its events are counted in `fds`, the

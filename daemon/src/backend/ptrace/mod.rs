@@ -94,6 +94,7 @@ impl PtraceEngine {
         thread_names: false,
         signal_at_hit: true,
         code_events: true,
+        arms_while_traced: false,
     };
 
     /// Starts the tracer shards, or says why ptrace cannot work here. The
