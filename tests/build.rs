@@ -17,7 +17,7 @@
 //! | `ct-launch` | `launched.c`, `-g -O0` (PIE): the program the DAP tests launch |
 //! | `ct-breaks` | `breaks.c`, `-g -O0` (PIE): the program the DAP code-breakpoint tests launch |
 //! | `ct-step`, `ct-step-o2` | `stepping.c`, `-g -O0` and `-g -O2`: a thread `stepper` looping over marked lines beside N workers (the stepping tests and the bench's `steps`) |
-//! | `ct-quick` | `quick.c`: stores `counter` three times at the top of `main` and exits |
+//! | `ct-quick` | `quick.c`: stores `counter` three times at the top of `main` and exits (or lives N ms more) |
 //! | `ct-nolibc` | `nolibc.c`, `-static -nostdlib`: no dynamic linker, no C library (no loader hook) |
 //! | `ct-plugins`, `libplugin.so`, `libplugin2.so`, `libplugin3.so` | `plugins.c` and `plugin.c` (the libraries built from it, `-fPIC -shared`), `-g -O0`: a program that dlopens a plugin on command (pending code events); `libplugin3.so` has the plugin's names renamed (`-Dplugin_work=plugin3_work`...) and needs `libplugin2.so` (rpath `$ORIGIN`): one dlopen, two modules whose line tables name `plugin.c` |
 //! | `ct-locals` | generated: `fifty()` with 50 locals, which stores into `hit` in a loop (the DAP variables benchmark), `-g -O0` |

@@ -243,6 +243,12 @@ pub struct NsRelation {
 impl TargetFacts {
     /// Reads them from /proc. `None` if the process has no live thread.
     pub fn read(pid: Pid) -> Option<TargetFacts> {
+        Self::read_with(pid, true)
+    }
+
+    /// [`TargetFacts::read`], its ancestors left out unless `ancestors`
+    /// (only Yama's scope 1 asks for them: a `/proc` read per ancestor).
+    pub fn read_with(pid: Pid, ancestors: bool) -> Option<TargetFacts> {
         let tid = procfs::live_thread(pid)?;
         let s = Status::of_task(pid, tid)?;
         let uids = s.ids("Uid")?;
@@ -262,9 +268,10 @@ impl TargetFacts {
         } else {
             Dumpable::No
         };
+        let walk = ancestors;
         let mut ancestors = Vec::new();
         let mut cur = pid;
-        for _ in 0..64 {
+        for _ in 0..if walk { 64 } else { 0 } {
             let Some(pp) = Status::of(cur).and_then(|s| s.number::<Pid>("PPid")) else {
                 break;
             };
@@ -444,7 +451,7 @@ pub fn check(caller: &Caller, pid: Pid) -> Result<(), WpdError> {
     if caller.privileged && yama < 3 {
         return Ok(());
     }
-    let Some(facts) = TargetFacts::read(pid) else {
+    let Some(facts) = TargetFacts::read_with(pid, yama == 1) else {
         return Err(WpdError::NoSuchProcess(pid));
     };
     decide(caller, &facts, NsRelation::read(caller, pid), yama)

@@ -427,6 +427,17 @@ fn config(args: &Args) -> Result<wpd::startup::Config, String> {
         },
         ptrace_shards: env_number("WPD_PTRACE_SHARDS"),
         debug_dirs: args.debug_dirs.clone(),
+        exec_search_path: std::env::var_os("PATH")
+            .map(|p| {
+                std::env::split_paths(&p)
+                    .filter(|d| d.is_absolute())
+                    .collect()
+            })
+            .unwrap_or_else(|| {
+                ["/usr/local/bin", "/usr/bin", "/bin"]
+                    .map(std::path::PathBuf::from)
+                    .to_vec()
+            }),
         state,
         faults: wpd::startup::Faults {
             after_check: env_number("WPD_FAULT_AFTER_CHECK_MS")

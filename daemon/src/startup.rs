@@ -60,6 +60,9 @@ pub struct Config {
     pub ptrace_shards: Option<usize>,
     /// Directories of separate debug files (empty: the defaults).
     pub debug_dirs: Vec<PathBuf>,
+    /// Where policies by command name look for programs of that name to
+    /// hold at their exec (`PATH`'s absolute directories).
+    pub exec_search_path: Vec<PathBuf>,
     /// The state directory (`--state-dir`). None: no journal, nothing
     /// saved.
     pub state: Option<StateOptions>,
@@ -270,6 +273,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             fault_panic_at_hit: cfg.faults.panic_at_hit,
         }),
         debug_dirs: cfg.debug_dirs.clone(),
+        exec_search_path: cfg.exec_search_path.clone(),
         bus,
         journal: journal.clone(),
         export: export_stats.clone(),

@@ -32,6 +32,7 @@ mod fleet;
 mod fuzzers;
 mod grpc_clients;
 mod harness;
+mod held_at_exec;
 mod hits;
 mod ide_rpcs;
 mod journal;

@@ -23,7 +23,7 @@ const ARM_TIMEOUT: Duration = Duration::from_secs(10);
 const HIT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A name no other process has: `wpol<pid><n>` (at most 15 bytes, the kernel's comm).
-fn unique_comm() -> String {
+pub(crate) fn unique_comm() -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let s = format!(
         "wpol{}{}",
@@ -51,7 +51,10 @@ fn counter_spec() -> WatchpointSpec {
     }
 }
 
-async fn set_policy(client: &mut wpd_tests::Client, selector: ProcessSelector) -> Result<Policy> {
+pub(crate) async fn set_policy(
+    client: &mut wpd_tests::Client,
+    selector: ProcessSelector,
+) -> Result<Policy> {
     let r = rpc_ok(
         "SetPolicy",
         client.set_policy(SetPolicyRequest {
@@ -72,7 +75,7 @@ async fn list(client: &mut wpd_tests::Client) -> Result<ListWatchpointsResponse>
 }
 
 /// Waits until policy `id` has an instance in `pid`; returns its watchpoint id.
-async fn instance_in(client: &mut wpd_tests::Client, id: u64, pid: i32) -> Result<u64> {
+pub(crate) async fn instance_in(client: &mut wpd_tests::Client, id: u64, pid: i32) -> Result<u64> {
     let mut c = client.clone();
     poll_until(
         ARM_TIMEOUT,
@@ -120,8 +123,9 @@ async fn hit_of(events: &mut EventStream, target: &mut CTarget, wp: u64, value: 
 }
 
 /// By command name: the matching process running now gets an instance, one started later
-/// gets one within the scan interval (at once where the kernel reports the exec: found by its
-/// record there, by the scan elsewhere), each with its own address; a process of another name
+/// from a program not seen yet gets one within the scan interval (at once where the kernel
+/// reports the exec: found by its record there, by the scan elsewhere), and a later run of a
+/// program seen is held at its exec; each with its own address; a process of another name
 /// gets nothing (no instance, no hit); removing the policy removes every instance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_by_name_covers_processes_now_and_later() -> Result<()> {
@@ -186,12 +190,20 @@ async fn a_policy_by_name_covers_processes_now_and_later() -> Result<()> {
             "after the rename the hits name threads {names:?}"
         );
 
-        // Started after the policy was set: found from the kernel's exec record where the
-        // collectors see every task (the per-thread path), at once; by the /proc scan
-        // elsewhere. The scan can come first only in the few milliseconds between the exec and
-        // the drain reading its record, so up to three processes are started in turn: one of
-        // them at least (in practice the first) must be found by its record; where the record
-        // path is broken, none is.
+        // Started after the policy was set, from a program the policy has not seen (a copy of
+        // its own, under the same name: the first process's program is held at its execs
+        // from now on, below): found from the kernel's exec record where the collectors see
+        // every task (the per-thread path), at once; by the /proc scan elsewhere. The scan can
+        // come first only in the few milliseconds between the exec and the drain reading its
+        // record, so up to three processes are started in turn: one of them at least (in
+        // practice the first) must be found by its record; where the record path is broken,
+        // none is.
+        let copy_dir = dir.join("copy");
+        std::fs::create_dir(&copy_dir)?;
+        let copy = copy_dir.join(&comm);
+        std::fs::copy(ctarget_path("ct-pie"), &copy)?;
+        // Its library, found beside it ($ORIGIN).
+        std::fs::copy(ctarget_path("libctlib.so"), copy_dir.join("libctlib.so"))?;
         let per_thread = perf_events_of(&daemon).await?.starts_with("per-thread");
         let want = if per_thread {
             InstanceSource::KernelRecord
@@ -201,7 +213,7 @@ async fn a_policy_by_name_covers_processes_now_and_later() -> Result<()> {
         let mut found = Vec::new();
         let mut armed = None;
         for _ in 0..3 {
-            let t = CTarget::start_path(&path, &comm).await?;
+            let t = CTarget::start_path(&copy, &comm).await?;
             let wp = instance_in(&mut client, p.id, t.pid).await?;
             let l = list(&mut client).await?;
             let inst = l.policies[0]
@@ -223,6 +235,22 @@ async fn a_policy_by_name_covers_processes_now_and_later() -> Result<()> {
         let Some((mut later, wp2)) = armed else {
             bail!("later processes were found by {found:?}, never by {want:?}");
         };
+        // Both programs seen now: a later run of either is held at its exec.
+        for program in [&path, &copy] {
+            let t = CTarget::start_path(program, &comm).await?;
+            instance_in(&mut client, p.id, t.pid).await?;
+            let l = list(&mut client).await?;
+            let how = l.policies[0]
+                .instances
+                .iter()
+                .find(|i| i.pid == t.pid)
+                .map(|i| i.found_by());
+            ensure!(
+                how == Some(InstanceSource::ExecHold),
+                "a later run of {} was found by {how:?}, not held at its exec",
+                program.display()
+            );
+        }
         ensure!(wp2 != wp1, "both processes share watchpoint {wp1}");
         hit_of(&mut events, &mut later, wp2, 22).await?;
         let l = list(&mut client).await?;
@@ -365,12 +393,12 @@ async fn policies_by_executable_and_by_pids() -> Result<()> {
 }
 
 /// A cgroup v2 directory this test makes, removed on drop (its processes moved out first).
-struct TestCgroup {
-    dir: PathBuf,
+pub(crate) struct TestCgroup {
+    pub(crate) dir: PathBuf,
 }
 
 impl TestCgroup {
-    fn new(root: &Path, name: &str) -> Result<TestCgroup> {
+    pub(crate) fn new(root: &Path, name: &str) -> Result<TestCgroup> {
         let dir = root.join(name);
         std::fs::create_dir(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
         Ok(TestCgroup { dir })
@@ -380,7 +408,7 @@ impl TestCgroup {
         Self::new(&self.dir, name)
     }
 
-    fn add(&self, pid: i32) -> Result<()> {
+    pub(crate) fn add(&self, pid: i32) -> Result<()> {
         std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
             .with_context(|| format!("moving {pid} into {}", self.dir.display()))
     }
@@ -484,7 +512,7 @@ async fn a_policy_by_cgroup_covers_the_directory_and_below() -> Result<()> {
     daemon.finish(result)
 }
 
-fn cgroup2_root() -> Option<PathBuf> {
+pub(crate) fn cgroup2_root() -> Option<PathBuf> {
     let s = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     s.lines().find_map(|l| {
         let (left, right) = l.split_once(" - ")?;
@@ -704,6 +732,9 @@ async fn a_policy_by_executable_covers_a_process_from_its_first_instruction() ->
             let st = child.wait()?;
             ensure!(st.success(), "the program failed: {st:?}");
         }
+        // Values as the trap read them on the per-thread path; the per-CPU
+        // path reads them after the fact, from a process gone by then.
+        let at_trap = perf_events_of(&daemon).await?.starts_with("per-thread");
         let mut values: std::collections::HashMap<i32, Vec<Option<i64>>> = Default::default();
         let mut n = 0;
         let r = events
@@ -723,9 +754,8 @@ async fn a_policy_by_executable_covers_a_process_from_its_first_instruction() ->
             .await;
         for pid in &pids {
             let got = values.get(pid).cloned().unwrap_or_default();
-            let read: Vec<i64> = got.iter().flatten().copied().collect();
             ensure!(
-                got.len() == 3 && (read.is_empty() || read == [1, 2, 3]),
+                got.len() == 3 && (!at_trap || got[..] == [Some(1), Some(2), Some(3)]),
                 "process {pid}: stores seen {got:?}, expected [1, 2, 3] ({} of 10 processes \
                  with a hit)",
                 values.len()

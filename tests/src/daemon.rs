@@ -469,10 +469,11 @@ impl Daemon {
         .await
     }
 
-    /// Passes `result` through; when it is an error, prints the daemon log to stderr first
-    /// (libtest shows it with the failure).
+    /// Passes `result` through; when it is an error (or `WPD_TEST_PRINT_LOG` is set, to
+    /// look into a test that passes), prints the daemon log to stderr first (libtest shows it
+    /// with the failure).
     pub fn finish<T>(&self, result: Result<T>) -> Result<T> {
-        if result.is_err() {
+        if result.is_err() || std::env::var_os("WPD_TEST_PRINT_LOG").is_some() {
             self.print_log("the test failed");
         }
         result

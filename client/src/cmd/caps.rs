@@ -38,6 +38,7 @@ fn to_json(c: &GetCapabilitiesResponse) -> serde_json::Value {
             "stops": b.stops,
             "events": b.events,
             "code_events": b.code_events,
+            "new_processes": b.new_processes,
         })).collect::<Vec<_>>(),
         "cpus": c.cpus,
         "kernel": c.kernel,
@@ -100,6 +101,17 @@ fn to_text(c: &GetCapabilitiesResponse) -> String {
             escape(&b.code_events)
         ));
     }
+    for b in c
+        .backends
+        .iter()
+        .filter(|b| b.usable && !b.new_processes.is_empty())
+    {
+        text.push_str(&format!(
+            "{} policies' new processes: {}\n",
+            output::backend_name(b.backend),
+            escape(&b.new_processes)
+        ));
+    }
     text
 }
 
@@ -129,6 +141,7 @@ mod tests {
                     stops: String::new(),
                     events: "per-thread (one breakpoint event per thread and slot)".into(),
                     code_events: String::new(),
+                    new_processes: "held at exec".into(),
                 },
                 BackendInfo {
                     backend: Backend::Ptrace as i32,
@@ -138,6 +151,7 @@ mod tests {
                     stops: "signal".into(),
                     events: String::new(),
                     code_events: "uprobe + BPF signal stop".into(),
+                    new_processes: String::new(),
                 },
             ],
             version: "0.1.0".into(),
@@ -155,6 +169,11 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("ptrace events"), "{text}");
+        assert!(
+            text.contains("perf policies' new processes: held at exec\n"),
+            "{text}"
+        );
+        assert!(!text.contains("ptrace policies'"), "{text}");
         let v = to_json(&caps);
         assert_eq!(v["backends"][1]["stops"], "signal");
         assert_eq!(

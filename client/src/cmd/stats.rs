@@ -82,6 +82,9 @@ fn to_json(s: &GetStatsResponse) -> serde_json::Value {
         "held_limit": s.held_limit,
         "caller_fds": s.caller_fds,
         "degraded": s.degraded,
+        "exec_hold_files": s.exec_hold_files,
+        "exec_holds": s.exec_holds,
+        "exec_holds_past_bound": s.exec_holds_past_bound,
     });
     if let (Some(all), serde_json::Value::Object(more)) = (v.as_object_mut(), more) {
         all.extend(more);
@@ -125,6 +128,13 @@ fn to_text(s: &GetStatsResponse) -> String {
                 format!(
                     "{} forked with inherited watchpoints, not yet gone",
                     s.forked_children
+                ),
+            ),
+            (
+                "exec holds",
+                format!(
+                    "{} programs held at exec; {} execs held, {} let go past the bound",
+                    s.exec_hold_files, s.exec_holds, s.exec_holds_past_bound
                 ),
             ),
             ("watchpoints", s.watchpoints.to_string()),
@@ -301,6 +311,7 @@ mod tests {
             processes:   1
             threads:     12
             children:    0 forked with inherited watchpoints, not yet gone
+            exec holds:  0 programs held at exec; 0 execs held, 0 let go past the bound
             watchpoints: 2
             held:        0 of 0 watchpoints, code events and policies for this caller
             code events: 0, taking at most 0 B of kernel memory (a caller may take 0 B)

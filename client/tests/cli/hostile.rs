@@ -152,6 +152,8 @@ impl Watchpoints for Hostile {
                 reason: EVIL.into(),
                 stops: EVIL.into(),
                 events: EVIL.into(),
+                new_processes: EVIL.into(),
+                usable: true,
                 ..Default::default()
             }],
             ..Default::default()

@@ -567,6 +567,32 @@ pub struct Availability {
     pub events: String,
     /// How code events are held (see [`Backend::code_events`]).
     pub code_events: String,
+    /// How a policy's new processes are armed: held at their exec, or
+    /// found after it, with why.
+    pub new_processes: String,
+}
+
+/// How a backend with `features` arms a policy's new processes.
+fn new_processes(features: &Features) -> String {
+    const LATE: &str = "found after their exec (the kernel's exec records, a /proc scan) and \
+                        armed a few milliseconds later";
+    if !features.arms_while_traced {
+        return format!(
+            "{LATE}: this backend's tracer attaches each process itself, and cannot take \
+             over one held at its exec"
+        );
+    }
+    match exechold::available() {
+        Ok(()) => "held at exec, before their first instruction, until armed (fanotify \
+                   + ptrace, at most 1 s): every process of a policy by executable; a policy \
+                   by command name or cgroup holds the programs it has seen or finds on PATH, \
+                   and a program's first process found otherwise is armed after its exec"
+            .into(),
+        Err(e) => format!(
+            "{LATE}: holding them at exec needs fanotify's permission events \
+             (CAP_SYS_ADMIN): {e}"
+        ),
+    }
 }
 
 impl BackendTable {
@@ -734,6 +760,7 @@ impl BackendTable {
                     .as_ref()
                     .map(|b| b.code_events())
                     .unwrap_or_default(),
+                new_processes: new_processes(&e.features),
             })
             .collect()
     }

@@ -74,6 +74,9 @@ pub struct Config {
     pub journal: Option<Arc<crate::journal::Journal>>,
     /// The exporter's counters, when events are exported.
     pub export: Option<Arc<crate::export::Stats>>,
+    /// Where a policy by command name looks for the programs of that name
+    /// to hold at their exec (the daemon's `PATH`).
+    pub exec_search_path: Vec<std::path::PathBuf>,
 }
 
 impl Config {
@@ -84,6 +87,7 @@ impl Config {
             limits,
             backends,
             debug_dirs: Vec::new(),
+            exec_search_path: Vec::new(),
             bus: EventBus::default(),
             journal: None,
             export: None,
@@ -219,7 +223,7 @@ impl Core {
                 child_owners: DashMap::new(),
                 objects: objects::Objects::default(),
                 policy_tx: Mutex::new(None),
-                exec_hold: Mutex::default(),
+                exec_hold: Mutex::new(policy_hold::PolicyHold::searching(config.exec_search_path)),
                 names: DashMap::new(),
                 exited_names: Mutex::new(std::collections::VecDeque::new()),
                 journal: config.journal,

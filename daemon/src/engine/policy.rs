@@ -519,6 +519,7 @@ impl Core {
         if pid == std::process::id() as Pid
             || self.covered_by(pid, policy.id)
             || self.forked_from_instance(policy, pid)
+            || (found != FoundBy::ExecHold && self.exec_held(pid))
         {
             return;
         }
@@ -566,10 +567,17 @@ impl Core {
         if !policy.selector.matches(pid) {
             return;
         }
+        // Its program's later runs are held at their exec.
+        self.learn_exec(policy, pid, found);
         let comm = procfs::comm(pid, pid).unwrap_or_default();
         // As it was when checked: a setuid exec between the check and the
-        // arming backs the instance out (checked again below).
-        let creds = procfs::creds(pid);
+        // arming backs the instance out (checked again below; a privileged
+        // caller may arm any process, so not read for one).
+        let creds = if policy.caller.privileged {
+            None
+        } else {
+            procfs::creds(pid)
+        };
         if let Err(e) = crate::authz::check(&policy.caller, pid) {
             self.refuse(policy, pid, start, comm, e);
             return;
@@ -625,6 +633,7 @@ impl Core {
                     pid,
                     id = watch.0,
                     armed,
+                    latency_us = now.saturating_sub(seen) / 1000,
                     "policy instance armed"
                 );
             }

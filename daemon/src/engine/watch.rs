@@ -106,6 +106,7 @@ impl Core {
         }
         let t_start = Instant::now();
         let (spec, resolved) = self.resolve_spec(spec)?;
+        let t_resolved = t_start.elapsed();
         self.check_held(owner)?;
         // What the process's backend (attached, or to be) cannot do is
         // refused before anything is attached.
@@ -161,7 +162,14 @@ impl Core {
             }
         }
         let (proc, newly) = self.attach_for(owner, spec.pid, spec.backend, spec.allow_init)?;
+        let t_attached = t_start.elapsed();
         let set = self.set_watchpoint_on(&proc, spec, owner, resolved, id);
+        tracing::debug!(
+            ?t_resolved,
+            ?t_attached,
+            set = ?t_start.elapsed(),
+            "set_watchpoint timings"
+        );
         if set.is_err() && newly {
             // A refused request changes nothing: the attach it made goes too
             // (unless another request put a watchpoint there meanwhile).
@@ -298,8 +306,14 @@ impl Core {
         }
         let id = reuse.unwrap_or_else(|| WatchId(self.next_id.fetch_add(1, Ordering::Relaxed)));
         let mut warnings = Vec::new();
+        // A policy's instance has no caller to warn (its answer is the
+        // policy's, given at its creation), and is armed on an exec's way
+        // (`policy_hold.rs`): each `/proc` read below costs the process
+        // 20-120 µs of its hold there.
+        let warn = spec.policy.is_none();
         let r = &spec.range;
-        if !procfs::is_mapped(pid, r.addr, u64::from(r.len)) {
+        // A name resolved just now was found in a mapping.
+        if warn && resolved.is_none() && !procfs::is_mapped(pid, r.addr, u64::from(r.len)) {
             warnings.push(format!(
                 "address {:#x} is not mapped in process {pid} now: the watchpoint is armed and \
                  fires once memory is mapped there",
@@ -323,7 +337,8 @@ impl Core {
         // The first data breakpoint of a process turns its string
         // instructions slow (kernel-facts §14): say so while the person can
         // still restart it with the cure.
-        if spec.access != crate::model::Access::Exec
+        if warn
+            && spec.access != crate::model::Access::Exec
             && proc.watches.lock().unwrap().is_empty()
             && let Some(w) = crate::faststrings::memset_warning(pid)
         {

@@ -253,6 +253,7 @@ pub fn capabilities(core: &crate::engine::Core) -> pb::GetCapabilitiesResponse {
             stops: a.stops,
             events: a.events,
             code_events: a.code_events,
+            new_processes: a.new_processes,
         })
         .collect();
     let kernel = nix::sys::utsname::uname()

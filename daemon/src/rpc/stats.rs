@@ -58,6 +58,9 @@ fn stats_out(f: &Figures) -> pb::GetStatsResponse {
         degraded: f.degraded.clone(),
         sigtraps: f.sigtraps,
         forked_children: f.forked_children,
+        exec_hold_files: f.exec_holds.0,
+        exec_holds: f.exec_holds.1,
+        exec_holds_past_bound: f.exec_holds.2,
         ..Default::default()
     }
 }

@@ -31,6 +31,9 @@ pub struct Figures {
     pub sigtraps: u64,
     /// Forked children being followed (privileged callers only).
     pub forked_children: u64,
+    /// Exec holds: files marked, execs held, held past the bound
+    /// (privileged callers only).
+    pub exec_holds: (u64, u64, u64),
 }
 
 impl Service {
@@ -73,6 +76,12 @@ impl Service {
                 core.forked_children() as u64
             } else {
                 0
+            },
+            exec_holds: if all {
+                let (files, held, past) = core.exec_holds();
+                (files as u64, held, past)
+            } else {
+                (0, 0, 0)
             },
         })
     }

@@ -120,12 +120,24 @@ struct FileCache {
 }
 
 /// A loaded file, when it was last used, and the processes it was loaded
-/// for (it goes when the last of them is let go of).
+/// for. When the last of them is let go of, it is kept idle a while for
+/// the program's next process ([`IDLE_KEEP`], at most [`IDLE_MAX`] idle
+/// files): a farm's short processes, one after another, each find it
+/// loaded (a load is a few hundred µs, the whole of a policy's arming at
+/// an exec otherwise).
 struct FileEntry {
     elf: Arc<ElfFile>,
     used: u64,
     pids: HashSet<Pid>,
+    /// Since when no process uses it.
+    idle_since: Option<Instant>,
 }
+
+/// How long a file no process uses is kept.
+pub const IDLE_KEEP: Duration = Duration::from_secs(60);
+
+/// Idle files kept at most (the least recently used go first).
+pub const IDLE_MAX: usize = 16;
 
 impl Files {
     /// A cache whose files look for separate debug files in `debug_dirs`
@@ -145,6 +157,11 @@ impl Files {
     /// outside the cache's lock (a `/proc` lookup each), so that symbolizing
     /// and resolving never wait behind it.
     fn forget_with(&self, pid: Pid, alive: impl Fn(Pid) -> bool) {
+        self.forget_at(pid, alive, Instant::now());
+    }
+
+    /// [`Files::forget_with`] at time `now`.
+    fn forget_at(&self, pid: Pid, alive: impl Fn(Pid) -> bool, now: Instant) {
         let others: HashSet<Pid> = {
             let c = self.0.lock().unwrap();
             c.by_key
@@ -157,8 +174,24 @@ impl Files {
         let mut c = self.0.lock().unwrap();
         c.by_key.retain(|_, e| {
             e.pids.retain(|p| *p != pid && !gone.contains(p));
-            !e.pids.is_empty()
+            if !e.pids.is_empty() {
+                return true;
+            }
+            let since = *e.idle_since.get_or_insert(now);
+            now.saturating_duration_since(since) < IDLE_KEEP
         });
+        let mut idle: Vec<(u64, FileKey)> = c
+            .by_key
+            .iter()
+            .filter(|(_, e)| e.pids.is_empty())
+            .map(|(k, e)| (e.used, k.clone()))
+            .collect();
+        if idle.len() > IDLE_MAX {
+            idle.sort_unstable_by_key(|(used, _)| *used);
+            for (_, k) in &idle[..idle.len() - IDLE_MAX] {
+                c.by_key.remove(k);
+            }
+        }
     }
 
     /// The ELF file of a module `pid` maps, loaded once per file, waiting
@@ -204,6 +237,7 @@ impl Files {
         let e = c.by_key.get_mut(key)?;
         e.used = tick;
         e.pids.insert(pid);
+        e.idle_since = None;
         Some(e.elf.clone())
     }
 
@@ -244,9 +278,11 @@ fn insert(cache: &Mutex<FileCache>, key: FileKey, e: Arc<ElfFile>, pid: Pid) -> 
         elf: e,
         used: tick,
         pids: Default::default(),
+        idle_since: None,
     });
     entry.used = tick;
     entry.pids.insert(pid);
+    entry.idle_since = None;
     let e = entry.elf.clone();
     if c.by_key.len() > MAX_FILES
         && let Some(oldest) = c
@@ -450,8 +486,57 @@ pub(super) mod tests {
             "the forgotten and the gone let go of"
         );
         drop(c);
-        files.forget_with(me, |_| true);
-        assert_eq!(files.usage().0, 0, "the last user gone: the file too");
+        let now = Instant::now();
+        files.forget_at(me, |_| true, now);
+        assert_eq!(files.usage().0, 1, "the last user gone: the file kept idle");
+        // The next process of the program finds it loaded.
+        let mapped = super::super::maps::read(me).unwrap();
+        let f = mapped.iter().find(|f| FileKey::of(f) == key).unwrap();
+        files.file(me, f).unwrap();
+        assert!(files.0.lock().unwrap().by_key[&key].idle_since.is_none());
+        files.forget_at(me, |_| true, now);
+        files.forget_at(77, |_| true, now + IDLE_KEEP);
+        assert_eq!(files.usage().0, 0, "idle for IDLE_KEEP: dropped");
+    }
+
+    /// At most IDLE_MAX files are kept idle, the least recently used
+    /// dropped first.
+    #[test]
+    fn idle_files_are_bounded() {
+        let files = Files::default();
+        let me = std::process::id() as Pid;
+        let key = loaded_for(&files, &[me]);
+        let elf = files.0.lock().unwrap().by_key[&key].elf.clone();
+        let now = Instant::now();
+        {
+            let mut c = files.0.lock().unwrap();
+            for i in 0..IDLE_MAX as u64 + 4 {
+                c.by_key.insert(
+                    FileKey {
+                        dev: "test".into(),
+                        inode: i,
+                    },
+                    FileEntry {
+                        elf: elf.clone(),
+                        used: 1_000 + i,
+                        pids: HashSet::from([1_000_000 + i as Pid]),
+                        idle_since: None,
+                    },
+                );
+            }
+        }
+        // Every test process gone: all idle now, the newest IDLE_MAX kept
+        // (the file loaded first, least recently used, goes too).
+        files.forget_at(me, |_| false, now);
+        let c = files.0.lock().unwrap();
+        assert_eq!(c.by_key.len(), IDLE_MAX);
+        assert!(
+            (4..IDLE_MAX as u64 + 4).all(|i| c.by_key.contains_key(&FileKey {
+                dev: "test".into(),
+                inode: i
+            })),
+            "the least recently used went first"
+        );
     }
 
     /// A load held until the test lets it go: (the load, its release).

@@ -67,6 +67,29 @@ enum Input {
     },
 }
 
+impl Input {
+    /// What it is, for the log: a request's command, or the kind of input.
+    fn name(&self) -> String {
+        match self {
+            Input::Request(v) => v
+                .get("command")
+                .and_then(Value::as_str)
+                .unwrap_or("request")
+                .to_string(),
+            Input::Closed(_) => "closed".into(),
+            Input::Event(_) => "daemon event".into(),
+            Input::EventsEnded(_) => "events ended".into(),
+            Input::Output(..) => "output".into(),
+            Input::Exited(_) => "exited".into(),
+            Input::Stepped { .. } => "stepped".into(),
+        }
+    }
+}
+
+/// An input whose handling takes this long is logged (`info`): the
+/// session answers nothing else meanwhile.
+const SLOW_INPUT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A program the session started (`launch`).
 #[derive(Debug, Clone, Copy)]
 struct Launched {
@@ -300,6 +323,8 @@ where
     };
     let mut why = Ok(());
     while let Some(input) = rx.recv().await {
+        let started = std::time::Instant::now();
+        let what = input.name();
         match input {
             Input::Request(req) => s.request(req).await,
             Input::Closed(e) => {
@@ -321,6 +346,12 @@ where
                     s.send_event(&crate::protocol::events::Terminated {});
                 }
             }
+        }
+        let took = started.elapsed();
+        if took >= SLOW_INPUT {
+            tracing::info!(%what, ?took, "slow to handle");
+        } else {
+            tracing::debug!(%what, ?took, "handled");
         }
         if s.ended {
             break;

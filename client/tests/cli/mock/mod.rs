@@ -57,6 +57,7 @@ impl Watchpoints for Mock {
                 stops: String::new(),
                 events: String::new(),
                 code_events: String::new(),
+                new_processes: String::new(),
             }],
             version: "9.9.9".into(),
             cpus: 2,

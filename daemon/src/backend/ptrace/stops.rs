@@ -95,6 +95,13 @@ impl Tracer {
         let Some((tid, stop)) = decode(st) else {
             return;
         };
+        tracing::trace!(
+            tid,
+            ?stop,
+            phase = ?self.tracees.get(&tid).map(|t| t.phase),
+            step = self.tracees.get(&tid).is_some_and(|t| t.step.is_some()),
+            "stop"
+        );
         if stop == Stop::Exited {
             self.forget(tid);
             return;

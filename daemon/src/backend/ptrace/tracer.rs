@@ -501,6 +501,17 @@ impl Tracer {
                         None => {}
                     }
                 }
+                tracing::debug!(
+                    shard = self.index,
+                    id,
+                    hold,
+                    ?stopped,
+                    kick = ?kick
+                        .iter()
+                        .map(|t| (*t, self.tracees.get(t).map(|x| x.phase)))
+                        .collect::<Vec<_>>(),
+                    "park"
+                );
                 self.parks.start(id, kick.len(), stopped, reply);
                 for tid in kick {
                     self.kick(tid);

@@ -232,6 +232,9 @@ pub struct Metrics {
     journal_torn: Counter,
     journal_write_errors: Counter,
     sigtraps: Counter,
+    exec_hold_files: GaugeU,
+    exec_holds: Counter,
+    exec_holds_past_bound: Counter,
     kernel_throttled: Counter,
     export_acked_seq: GaugeU,
     export_published: Counter,
@@ -293,6 +296,9 @@ impl Metrics {
             journal_torn: Counter::default(),
             journal_write_errors: Counter::default(),
             sigtraps: Counter::default(),
+            exec_hold_files: GaugeU::default(),
+            exec_holds: Counter::default(),
+            exec_holds_past_bound: Counter::default(),
             kernel_throttled: Counter::default(),
             export_acked_seq: GaugeU::default(),
             export_published: Counter::default(),
@@ -339,6 +345,21 @@ impl Metrics {
             "tracked_threads",
             "Threads of attached processes the daemon tracks",
             self.threads.clone(),
+        );
+        r.register(
+            "exec_hold_files",
+            "Programs whose execs policies hold before their first instruction (inode marks)",
+            self.exec_hold_files.clone(),
+        );
+        r.register(
+            "exec_holds",
+            "Execs held before their first instruction until the process was armed",
+            self.exec_holds.clone(),
+        );
+        r.register(
+            "exec_holds_past_bound",
+            "Execs let go unarmed after the hold's bound (1 s)",
+            self.exec_holds_past_bound.clone(),
         );
         r.register(
             "forked_children",
@@ -629,6 +650,9 @@ impl Metrics {
         set_counter(&self.journal_torn, s.journal_torn);
         set_counter(&self.journal_write_errors, s.journal_write_errors);
         set_counter(&self.sigtraps, s.sigtraps);
+        self.exec_hold_files.set(s.exec_hold_files);
+        set_counter(&self.exec_holds, s.exec_holds);
+        set_counter(&self.exec_holds_past_bound, s.exec_holds_past_bound);
         set_counter(&self.kernel_throttled, s.kernel_throttled);
         self.export_acked_seq.set(s.export_acked_seq);
         set_counter(&self.export_published, s.export_published);

@@ -21,6 +21,9 @@ fn stats() -> pb::GetStatsResponse {
         connections_refused: 1,
         connections_idled: 2,
         sigtraps: 3,
+        exec_hold_files: 2,
+        exec_holds: 40,
+        exec_holds_past_bound: 1,
         ..Default::default()
     }
 }
@@ -71,6 +74,9 @@ fn every_family_is_encoded_with_its_conventional_name() {
             ("wpd_policies", 1.0),
             ("wpd_hits_total", 1234.0),
             ("wpd_sigtraps_total", 3.0),
+            ("wpd_exec_hold_files", 2.0),
+            ("wpd_exec_holds_total", 40.0),
+            ("wpd_exec_holds_past_bound_total", 1.0),
             ("wpd_watchpoint_hits_total{watchpoint=\"1\"}", 1000.0),
             ("wpd_watchpoint_hits_total{watchpoint=\"2\"}", 234.0),
             ("wpd_events_dropped_total{reason=\"subscriber_lag\"}", 7.0),

@@ -63,6 +63,9 @@
 //! - `closes`: a Detach of a process with 100 code breakpoints and a
 //!   SIGTERM of the daemon holding them, against 100 uprobes closed at once
 //!   with no daemon (the floor) and one after another.
+//! - `holds`: exec-to-exit of a short program with no policy, with a
+//!   policy naming it (held at its exec until armed), held and let go
+//!   unarmed, and with a policy naming another program (not held).
 //!
 //! Timings are medians over `--reps` runs unless a table says otherwise.
 //! Nothing here asserts a time.
@@ -79,7 +82,7 @@ use anyhow::{Context, Result, bail, ensure};
 use procstat::*;
 use sections::{
     arm::*, churn::*, closes::*, dap::*, drain::*, farm::*, fleet::*, fuzzers::*, hitcost::*,
-    memory::*, objects::*, pending::*, rpc::*, steps::*, symbols::*, throughput::*,
+    holds::*, memory::*, objects::*, pending::*, rpc::*, steps::*, symbols::*, throughput::*,
 };
 use wpd_tests::Backend;
 
@@ -87,9 +90,9 @@ const USAGE: &str = "usage: wpd-bench [--threads N[,N...]] [--spin-threads N[,N.
      [--writes W] [--no-peers] \
      [--only S,..|--skip S,..] [--churn-threads K[,K...]] [--window-ms MS] [--rpc-pairs P] \
      [--list-calls L] [--peer-timeout-s S] [--fuzz-secs S] [--persistent-secs S] [--smoke]\n\
-     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap steps farm fleet journal export fuzzers drain objects pending";
+     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap steps farm fleet journal export fuzzers drain objects pending closes holds";
 
-const SECTIONS: [&str; 20] = [
+const SECTIONS: [&str; 21] = [
     "arm",
     "spin",
     "hitcost",
@@ -110,6 +113,7 @@ const SECTIONS: [&str; 20] = [
     "objects",
     "pending",
     "closes",
+    "holds",
 ];
 
 /// Variable watched where no thread of the target writes (idle workers write
@@ -483,6 +487,9 @@ async fn run(args: Args) -> Result<()> {
     }
     if args.has("closes") {
         section_closes(&args).await?;
+    }
+    if args.has("holds") {
+        section_holds(&args).await?;
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ pub mod farm;
 pub mod fleet;
 pub mod fuzzers;
 pub mod hitcost;
+pub mod holds;
 pub mod memory;
 pub mod objects;
 pub mod pending;
