@@ -472,7 +472,7 @@ impl Tracer {
         let trap = s.trapped;
         t.phase = Phase::Held(Held::Step(trap));
         t.next.hold = false;
-        if let Some(id) = t.next.park.take() {
+        for id in t.next.park.take() {
             self.parks.progress(id, |v| v.push(tid));
         }
         self.end_leg(tid, end);

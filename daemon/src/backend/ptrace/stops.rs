@@ -437,7 +437,7 @@ impl Tracer {
                 t.next.hold = false;
                 // A park (another object being armed) waiting for this
                 // stop: it is stopped, and stays so past the unpark.
-                if let Some(id) = t.next.park.take() {
+                for id in t.next.park.take() {
                     self.parks.progress(id, |v| v.push(tid));
                 }
             }
@@ -531,7 +531,7 @@ impl Tracer {
             // Not armed yet (a group-stop before its creator's CLONE
             // event): it runs on as it was; requests of its next stop are
             // answered without it.
-            if let Some(id) = t.next.park.take() {
+            for id in t.next.park.take() {
                 self.parks.progress(id, |_| {});
             }
             t.next.hold = false;
@@ -545,22 +545,23 @@ impl Tracer {
             } else {
                 Held::Peer
             });
-            if let Some(id) = t.next.park.take() {
+            for id in t.next.park.take() {
                 self.parks.progress(id, |v| v.push(tid));
             }
             self.end_leg(tid, crate::backend::step::LegEnd::Interrupted);
             return;
         }
-        if sig.is_none()
-            && let Some(id) = t.next.park.take()
-        {
+        if sig.is_none() && t.next.park.is_some() {
+            let ids = t.next.park.take();
             t.park_gen = t.park_gen.wrapping_add(1);
             t.phase = Phase::Held(Held::Parked(t.park_gen));
             let generation = t.park_gen;
             self.parked
                 .0
                 .push_back((std::time::Instant::now(), tid, generation));
-            self.parks.progress(id, |v| v.push(tid));
+            for id in ids {
+                self.parks.progress(id, |v| v.push(tid));
+            }
             return;
         }
         self.restart(tid, sig);

@@ -60,16 +60,41 @@ pub(super) enum DetachFor {
 }
 
 /// What is asked of a tracee's next stop. Acted on at once when it is held.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(super) struct NextStop {
-    /// Park it there, for this park request.
-    pub(super) park: Option<u64>,
+    /// Park it there, for these park requests (every one waiting for this
+    /// stop: a second request before the stop comes must not take the
+    /// first's place, or the first waits for a stop that never comes).
+    pub(super) park: Parks,
     /// Hold it there (a peer of a stop-all hit).
     pub(super) hold: bool,
     /// Detach it there (DR7 cleared first); overrides the others.
     pub(super) detach: Option<DetachFor>,
     /// With `hold`: held where a step ended (`Held::Step`), not as a peer.
     pub(super) hold_step: bool,
+}
+
+/// The park requests waiting for a tracee's next stop.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct Parks(Vec<u64>);
+
+impl Parks {
+    /// Another request waits for the stop.
+    pub(super) fn add(&mut self, id: u64) {
+        if !self.0.contains(&id) {
+            self.0.push(id);
+        }
+    }
+
+    /// The requests waiting, taken (none wait any more).
+    pub(super) fn take(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.0)
+    }
+
+    /// Whether any request waits.
+    pub(super) fn is_some(&self) -> bool {
+        !self.0.is_empty()
+    }
 }
 
 /// One tracee.
@@ -494,7 +519,7 @@ impl Tracer {
                             stopped.push(tid)
                         }
                         Some(t) => {
-                            t.next.park = Some(id);
+                            t.next.park.add(id);
                             t.next.hold |= hold;
                             kick.push(tid);
                         }
@@ -719,7 +744,7 @@ impl Tracer {
     /// Answers what requests waited for of a tracee that is leaving (gone
     /// or detached).
     pub(super) fn finish_requests(&mut self, _tid: Tid, t: &Tracee) {
-        if let Some(id) = t.next.park {
+        for &id in &t.next.park.0 {
             self.parks.progress(id, |_| {});
         }
         for &(batch, p) in &t.pending {
