@@ -1,13 +1,23 @@
 //! A developer running `wpd` as an ordinary user, for their own processes: no CAP_PERFMON,
 //! perf_event_paranoid as the machine has it, `wpctl` as the same user. The perf backend
-//! cannot open its collectors (`pid = -1` events), so the default is the backend that works,
-//! ptrace, and `wpctl caps` says why; a plain `wpctl watch` (no backend named) works on the
-//! user's own process, and another user's process is refused with one clear line.
+//! cannot open events on every task of a CPU (`pid = -1`): its per-CPU rings are owned by
+//! events on the daemon's own thread instead, and it stays the default (no BPF: the per-CPU
+//! path), saying so in `wpctl caps`; a plain `wpctl watch` (no backend named) works on the
+//! user's own process, another user's process is refused with one clear line, and a daemon
+//! killed at any moment leaves the program running (its perf events go with their fds).
 
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use wpd_tests::{Backend, CmdOutput, Daemon, TargetProc, require_backend, run_wpctl_as};
+
+/// `kernel.perf_event_paranoid` here.
+fn paranoid() -> i32 {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(2)
+}
 
 /// `nobody` on Debian.
 const USER: u32 = 65534;
@@ -39,24 +49,18 @@ async fn an_ordinary_users_daemon_watches_their_own_processes() -> Result<()> {
                 .cloned()
                 .unwrap_or_default()
         };
-        let (perf, ptrace) = (backend("perf"), backend("ptrace"));
-        if perf["usable"] == true {
-            // perf_event_paranoid ≤ 0 lets ordinary users open CPU-wide events: perf stays
-            // the default, and nothing falls back.
-            ensure!(
-                perf["default"] == true,
-                "perf usable but not the default: {v}"
-            );
-        } else {
-            ensure!(
-                perf["reason"]
-                    .as_str()
-                    .is_some_and(|r| r.contains("CAP_PERFMON"))
-                    && ptrace["usable"] == true
-                    && ptrace["default"] == true,
-                "expected perf unusable (needing CAP_PERFMON) and ptrace the default: {v}"
-            );
-        }
+        let perf = backend("perf");
+        // The perf backend, whose events die with the daemon, is the default: on the
+        // per-CPU path (bpf() needs CAP_BPF), its rings the daemon's own where
+        // perf_event_paranoid > 0 forbids events on every task.
+        let events = perf["events"].as_str().unwrap_or_default();
+        ensure!(
+            perf["usable"] == true
+                && perf["default"] == true
+                && events.starts_with("per-cpu")
+                && (paranoid() <= 0 || events.contains("the daemon's own thread")),
+            "expected perf usable, the default, per-CPU and saying why: {v}"
+        );
         let pid = mine.pid.to_string();
         let addr = format!("{:#x}", mine.vars[0]);
         let w = wpctl(&["watch", "--pid", &pid, "--addr", &addr]).await?;
@@ -240,4 +244,106 @@ async fn a_socket_directory_made_by_someone_else_is_refused() -> Result<()> {
         meta.mode() & 0o777
     );
     Ok(())
+}
+
+/// The path a user gets with no flags and no privilege: a 16-thread program of the user's,
+/// storing the watched variable every 200 µs, each of its threads hit, threads it creates
+/// later too (they inherit the breakpoint in `clone()`); then the daemon SIGKILLed at a random
+/// moment, 20 rounds: the program runs on every time (no thread stopped, none killed: perf
+/// events go with their fds and nothing of them is left in the debug registers), and the
+/// daemon started again sets the watch again from its saved state, hits coming again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_daemon_killed_at_any_moment_never_takes_the_program_with_it() -> Result<()> {
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let mut daemon = Daemon::start_with_no_flags_as(USER).await?;
+    let mut mine = TargetProc::start_as(USER, &["--threads", "16", "--interval-us", "200"]).await?;
+    let env = daemon.user_env();
+    let result = async {
+        let wpctl = async |args: &[&str]| -> Result<CmdOutput> {
+            let mut cmd = tokio::process::Command::new(wpd_tests::bin_path("wpctl"));
+            cmd.env_clear()
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .args(args)
+                .uid(USER)
+                .gid(USER)
+                .kill_on_drop(true);
+            let out = tokio::time::timeout(WPCTL_TIMEOUT, cmd.output()).await??;
+            Ok(CmdOutput {
+                code: out.status.code(),
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            })
+        };
+        let pid = mine.pid.to_string();
+        let addr = format!("{:#x}", mine.vars[0]);
+        let w = wpctl(&["watch", "--pid", &pid, "--addr", &addr]).await?;
+        ensure!(
+            w.code == Some(0) && w.stdout.starts_with("watchpoint "),
+            "wpctl watch: {w:?}"
+        );
+        // Threads created after the watch was set.
+        for _ in 0..4 {
+            let r = mine.cmd("spawn-worker").await?;
+            ensure!(r.starts_with("SPAWNED"), "spawn-worker: {r}");
+        }
+        // Every thread that stores (all but the main one) is hit.
+        let workers: std::collections::BTreeSet<String> =
+            std::fs::read_dir(format!("/proc/{pid}/task"))?
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|t| *t != pid)
+                .collect();
+        ensure!(workers.len() == 20, "workers: {workers:?}");
+        let ev = wpctl(&["events", "--pid", &pid, "--count", "4000"]).await?;
+        let hit: std::collections::BTreeSet<String> = ev
+            .stdout
+            .lines()
+            .filter(|l| l.contains(" hit "))
+            .filter_map(|l| {
+                let t = l.split("tid=").nth(1)?;
+                Some(t.split(|c: char| !c.is_ascii_digit()).next()?.to_string())
+            })
+            .collect();
+        let missed: Vec<&String> = workers.difference(&hit).collect();
+        ensure!(
+            ev.code == Some(0) && missed.is_empty(),
+            "threads without a hit in 4,000: {missed:?} (exit {:?}, {})",
+            ev.code,
+            ev.stderr
+        );
+        for round in 0..20 {
+            // A moment from 0 to 190 ms after the daemon answers.
+            let ms = (u64::from(std::process::id()) * 31 + round * 97 + nanos()) % 200;
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            daemon.kill_and_restart_no_flags_as(USER).await?;
+            mine.ensure_alive()?;
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+            let state = state
+                .rsplit_once(')')
+                .map(|(_, r)| r.trim_start().chars().next());
+            ensure!(
+                matches!(state, Some(Some('S' | 'R'))),
+                "round {round}: the program is {state:?} after the daemon's death"
+            );
+            let ev = wpctl(&["events", "--pid", &pid, "--count", "20"]).await?;
+            ensure!(
+                ev.code == Some(0)
+                    && ev.stdout.lines().filter(|l| l.contains(" hit ")).count() == 20,
+                "round {round} (killed after {ms} ms): no hits from the restored watch: {ev:?}"
+            );
+        }
+        let r = mine.cmd("ping").await?;
+        ensure!(r.starts_with("PONG"), "the program after 20 rounds: {r}");
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}
+
+/// A few varying bits (a round's moment).
+fn nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::from(d.subsec_nanos()))
 }

@@ -147,20 +147,7 @@ impl Daemon {
         let log_path = dir.join("wpd.log");
         let mut state_file = socket.clone().into_os_string();
         state_file.push(".ptrace-armed");
-        let env = user_env_in(&dir);
-        let spawned = (|| -> Result<Child> {
-            let log = File::create(&log_path)?;
-            let mut cmd = Command::new(bin_path("wpd"));
-            cmd.env_clear()
-                .envs(env.iter().map(|(k, v)| (k, v)))
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log);
-            guard_child(&mut cmd);
-            cmd.uid(uid).gid(uid);
-            Ok(cmd.spawn()?)
-        })();
-        let child = match spawned {
+        let child = match spawn_no_flags(&dir, &log_path, uid) {
             Ok(c) => c,
             Err(e) => {
                 let _ = fs::remove_dir_all(&dir);
@@ -185,6 +172,21 @@ impl Daemon {
             )));
         }
         Ok(daemon)
+    }
+
+    /// A daemon of [`Daemon::start_with_no_flags_as`] killed (SIGKILL) and started again
+    /// with no flags, as the same user, in the same place (its socket, state and log, which
+    /// the new run appends to).
+    pub async fn kill_and_restart_no_flags_as(&mut self, uid: u32) -> Result<()> {
+        self.kill().await?;
+        self.child = spawn_no_flags(&self.dir, &self.log_path, uid)?;
+        self.status = None;
+        self.wait_ready().await.with_context(|| {
+            format!(
+                "wpd (no flags) restarted did not answer; its log:\n{}",
+                self.log_tail(16 * 1024)
+            )
+        })
     }
 
     /// The environment of the user of [`Daemon::start_with_no_flags_as`] (its `HOME`,
@@ -498,6 +500,25 @@ impl Drop for Daemon {
         stop_child_blocking(&mut self.child, &mut self.status, true);
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// `wpd` with no flags as user `uid`, in `dir` (see [`Daemon::start_with_no_flags_as`]),
+/// its output appended to `log_path`.
+fn spawn_no_flags(dir: &Path, log_path: &Path, uid: u32) -> Result<Child> {
+    let env = user_env_in(dir);
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_path)?;
+    let mut cmd = Command::new(bin_path("wpd"));
+    cmd.env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    guard_child(&mut cmd);
+    cmd.uid(uid).gid(uid);
+    Ok(cmd.spawn()?)
 }
 
 /// The environment [`Daemon::start_with_no_flags_as`] gives its user, in `dir`.

@@ -186,7 +186,15 @@ pub fn restore_caller(c: &pb::SavedCaller, ctx: RestoreContext) -> Caller {
             pidns: crate::pidns::CallerNs::Same,
         };
     }
-    Caller::unprivileged(c.uid, c.gid, None)
+    let mut caller = Caller::unprivileged(c.uid, c.gid, None);
+    // A caller of the daemon's own user namespace (the namespace is alive:
+    // the daemon runs in it, so its inode names no other) is judged in it
+    // again; another namespace, which may be gone and its number reused,
+    // is known to hold nothing.
+    if ctx.userns == Some(c.userns) {
+        caller.userns = Some(c.userns);
+    }
+    caller
 }
 
 impl Persist {
@@ -511,8 +519,12 @@ mod tests {
         };
         let c = restore_caller(&root, root_daemon);
         assert!(c.privileged && c.uid == 0 && c.cap_eff == u64::MAX, "{c:?}");
-        let plain = |c: Caller, uid: u32| {
-            c == Caller::unprivileged(uid, uid, None) && c.userns.is_none() && c.cap_eff == 0
+        // A plain caller: judged in the daemon's namespace when it was saved
+        // in it, else in none.
+        let plain = |c: Caller, uid: u32, saved: &pb::SavedCaller, ctx: RestoreContext| {
+            let mut want = Caller::unprivileged(uid, uid, None);
+            want.userns = (ctx.userns == Some(saved.userns)).then_some(saved.userns);
+            c == want && c.cap_eff == 0
         };
         // Forged privilege for another uid; root of another namespace
         // (gone, or alive: the number proves nothing); privilege not
@@ -563,7 +575,10 @@ mod tests {
             ),
         ] {
             let got = restore_caller(&caller, ctx);
-            assert!(plain(got.clone(), uid), "{caller:?} in {ctx:?} -> {got:?}");
+            assert!(
+                plain(got.clone(), uid, &caller, ctx),
+                "{caller:?} in {ctx:?} -> {got:?}"
+            );
         }
         // Ids out of range never count, nor overflow the next id.
         let saved = pb::SavedState {

@@ -16,12 +16,18 @@ use super::sys::{self, PerfError};
 /// about 37,000 hit records of 56 bytes.
 const RING_DATA_PAGES: usize = 512;
 
+/// Bytes of a ring's data area by default (4 KiB pages).
+pub const RING_BYTES: usize = RING_DATA_PAGES * 4096;
+
 /// One CPU's collector and its mapped ring.
 pub struct Ring {
     /// The CPU.
     pub cpu: u32,
     /// The collector event (owning the ring).
     pub collector: OwnedFd,
+    /// The collector is an event on the daemon's own thread (no privilege
+    /// to watch every task of the CPU).
+    pub own: bool,
     base: *mut u8,
     len: usize,
     data_off: usize,
@@ -31,6 +37,13 @@ pub struct Ring {
 // SAFETY: the mapping is owned by the Ring and only accessed under the
 // backend's ring mutex.
 unsafe impl Send for Ring {}
+
+impl Ring {
+    /// Bytes of its data area.
+    pub fn data_bytes(&self) -> usize {
+        self.data_size
+    }
+}
 
 impl Drop for Ring {
     fn drop(&mut self) {
@@ -49,7 +62,25 @@ impl Ring {
         // Wake the reader when a quarter of the ring is full; the drain
         // loop also polls on a short timeout for latency.
         let mut a = attr::collector(see_tasks, (pages * page / 4) as u32);
-        let collector = sys::open(&mut a, -1, cpu as i32, "perf_event_open(collector)")?;
+        // Every task on the CPU (CAP_PERFMON, or perf_event_paranoid < 1);
+        // else, without privilege, an event on the daemon's own main thread
+        // on that CPU: it records nothing itself, and the events of the
+        // processes watched on that CPU write into its ring all the same (a
+        // ring per CPU takes any task's events on its CPU; kernel-facts
+        // §25.3).
+        let (collector, own) = match sys::open(&mut a, -1, cpu as i32, "perf_event_open(collector)")
+        {
+            Err(e) if !see_tasks && matches!(e.errno, Errno::EACCES | Errno::EPERM) => {
+                let fd = sys::open(
+                    &mut a,
+                    std::process::id() as i32,
+                    cpu as i32,
+                    "perf_event_open(collector, the daemon's own thread)",
+                )?;
+                (fd, true)
+            }
+            r => (r?, false),
+        };
         let len = (pages + 1) * page;
         // SAFETY: mapping a perf ring of 1 + 2^n pages on our own fd.
         let base = unsafe {
@@ -82,6 +113,7 @@ impl Ring {
         Ok(Ring {
             cpu,
             collector,
+            own,
             base: base.cast(),
             len,
             data_off,
@@ -154,6 +186,11 @@ unsafe fn copy_wrapped(data: *const u8, size: u64, pos: u64, out: &mut [u8]) {
             std::ptr::copy_nonoverlapping(data, out.as_mut_ptr().add(first), out.len() - first);
         }
     }
+}
+
+/// Bytes of a page (a ring's smallest data area).
+pub fn page_bytes() -> usize {
+    page_size()
 }
 
 fn page_size() -> usize {

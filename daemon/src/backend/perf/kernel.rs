@@ -26,7 +26,7 @@ use nix::errno::Errno;
 use perf_event_open_sys::bindings as b;
 
 use super::attr::{self, Inherit};
-use super::collector::Ring;
+use super::collector::{self, Ring};
 use super::record::Record;
 use super::sys::{self, PerfError};
 use crate::backend::fds::FdBudget;
@@ -88,6 +88,10 @@ pub struct Perf {
     /// The per-thread path's ring and programs (`ring/`), or why the
     /// per-CPU path is used.
     path: Result<super::ring::HitRing, String>,
+    /// Without privilege: the rings are owned by events on the daemon's
+    /// own thread (no event sees every task of a CPU), and the size the
+    /// user's locked-memory budget left a ring when smaller than asked.
+    unprivileged: (bool, Option<usize>),
 }
 
 /// Which way the perf backend opens breakpoints (`wpd --perf-events`).
@@ -142,13 +146,40 @@ impl Perf {
         }
         let per_thread = path.is_ok();
         let cpus = crate::cpus::online();
-        let rings = cpus
-            .iter()
-            // On the per-thread path the collectors carry the machine's task
-            // records only: their size stays.
-            .map(|&cpu| Ring::open(cpu, per_thread, ring_bytes.filter(|_| !per_thread)))
-            .collect::<Result<Vec<Ring>, PerfError>>()?;
+        // On the per-thread path the collectors carry the machine's task
+        // records only: their size stays. A ring takes locked memory: a user
+        // without CAP_IPC_LOCK has `perf_event_mlock_kb` per CPU, then its
+        // RLIMIT_MEMLOCK (mmap's EPERM past both, kernel-facts §25.2): every
+        // CPU's ring is made smaller, down to one page, rather than none.
+        let mut bytes = ring_bytes.filter(|_| !per_thread);
+        let rings = loop {
+            let rings = cpus
+                .iter()
+                .map(|&cpu| Ring::open(cpu, per_thread, bytes))
+                .collect::<Result<Vec<Ring>, PerfError>>();
+            match rings {
+                Err(e) if e.errno == Errno::EPERM && e.op.starts_with("mmap") => {
+                    let now = bytes.unwrap_or(collector::RING_BYTES);
+                    if now <= collector::page_bytes() {
+                        return Err(PerfError {
+                            op: "mmap(collector ring of one page: the user's locked-memory \
+                                 budget, perf_event_mlock_kb per CPU then RLIMIT_MEMLOCK, is \
+                                 spent)",
+                            errno: e.errno,
+                        });
+                    }
+                    bytes = Some(now / 2);
+                }
+                r => break r?,
+            }
+        };
         let collectors = rings.iter().map(|r| r.collector.as_raw_fd()).collect();
+        let smallest = rings.iter().map(Ring::data_bytes).min().unwrap_or(0);
+        let wanted = ring_bytes.unwrap_or(collector::RING_BYTES);
+        let unprivileged = (
+            rings.iter().any(|r| r.own),
+            (!per_thread && smallest < wanted).then_some(smallest),
+        );
         let backend = Perf {
             cpus,
             collectors,
@@ -160,6 +191,7 @@ impl Perf {
             bpf_dropped: AtomicU64::new(0),
             throttled: AtomicU64::new(0),
             path,
+            unprivileged,
         };
         backend.fds.set_fixed(backend.collectors.len());
         // Grown once now, the table spares the first attaches their growth
@@ -176,6 +208,29 @@ impl Perf {
     /// The per-thread path's ring, when that path is in use.
     pub fn hit_ring(&self) -> Option<&super::ring::HitRing> {
         self.path.as_ref().ok()
+    }
+
+    /// What the per-CPU path runs without, for `events`: no event sees
+    /// every task (the rings are the daemon's own), and the ring size the
+    /// user's locked-memory budget allowed; empty when privileged.
+    pub fn unprivileged_note(&self) -> String {
+        let mut v = Vec::new();
+        if self.unprivileged.0 {
+            v.push(
+                "without CAP_PERFMON each CPU's ring is owned by an event on the daemon's own \
+                 thread: a process's new threads are covered by the events they inherit, new \
+                 processes are found by the /proc scan"
+                    .to_string(),
+            );
+        }
+        if let Some(bytes) = self.unprivileged.1 {
+            v.push(format!(
+                "rings of {} KiB per CPU, what the user's locked-memory budget left \
+                 (perf_event_mlock_kb per CPU, then RLIMIT_MEMLOCK)",
+                bytes / 1024
+            ));
+        }
+        v.join("; ")
     }
 
     /// Why the per-CPU path is in use (None: the per-thread one is).

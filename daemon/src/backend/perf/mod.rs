@@ -774,10 +774,18 @@ impl Backend for PerfEngine {
             None => "per-thread (one breakpoint event per thread and slot, hits through a BPF \
                      ring buffer)"
                 .into(),
-            Some(why) => format!(
-                "per-cpu (one breakpoint event per thread, slot and CPU, {} CPUs; {why})",
-                self.perf.cpus().len()
-            ),
+            Some(why) => {
+                let note = self.perf.unprivileged_note();
+                format!(
+                    "per-cpu (one breakpoint event per thread, slot and CPU, {} CPUs; {why}){}",
+                    self.perf.cpus().len(),
+                    if note.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; {note}")
+                    }
+                )
+            }
         }
     }
 
