@@ -2,7 +2,8 @@
 //! section with its rows, delivers every hit of the hit-cost runs, and the
 //! rows of `docs/benchmarks.md` that say "met" and are counts hold as
 //! written (2c and 6d: none lost; 3c: maps reads per new instruction; 6a:
-//! fds per armed thread; 6c: every child of a fork server caught). It
+//! fds per armed thread; 6c: every child of a fork server caught; 12:
+//! every store of the processes held at their exec seen). It
 //! asserts no timing (machines are noisy), nor memory (2d: page-granular
 //! RSS over the smoke's 50 threads is a measurement, not a count).
 
@@ -226,6 +227,15 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "| wpd: SIGTERM to exit |",
         ],
     ),
+    (
+        "## holds: what holding a new process at its exec adds to the exec",
+        &[
+            "| none | no |",
+            "| by executable, naming another program | no |",
+            "| by executable, naming it | yes, armed |",
+            "| by command name, the file learnt, the run not matching | yes, let go |",
+        ],
+    ),
 ];
 
 #[test]
@@ -284,6 +294,16 @@ fn bench_smoke_runs_every_measurement() {
         assert!(line.ends_with(all), "every hit must be delivered: {line}");
     }
     counted_rows_hold(&stdout);
+    // 12: every process held at its exec had its three stores seen.
+    let rows = table_rows(section(&stdout, "## holds:"));
+    let held = rows
+        .iter()
+        .find(|r| r[0] == "by executable, naming it")
+        .unwrap_or_else(|| panic!("no held row: {rows:?}"));
+    assert_eq!(
+        held[6], "120 of 120 (40 of 40 processes)",
+        "stores seen of held processes: {held:?}"
+    );
     // steps: every session of wpd's three paths (through the adapter with the others
     // running and held, and the direct Step) ran all its steps (lldb-dap, a peer, is not
     // run at --smoke).
