@@ -236,6 +236,15 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "| by command name, the file learnt, the run not matching | yes, let go |",
         ],
     ),
+    (
+        "## without root: an ordinary user's daemon beside root's",
+        &[
+            "| root (per-thread, BPF) | arm 16 threads, ms |",
+            "| user (per-CPU, own rings) | arm 16 threads, ms |",
+            "| root (per-thread, BPF) | hits per second (stores per second) |",
+            "| user (per-CPU, own rings) | hits per second (stores per second) |",
+        ],
+    ),
 ];
 
 #[test]

@@ -66,6 +66,8 @@
 //! - `holds`: exec-to-exit of a short program with no policy, with a
 //!   policy naming it (held at its exec until armed), held and let go
 //!   unarmed, and with a policy naming another program (not held).
+//! - `unpriv`: an ordinary user's daemon (no flags) beside root's: arming
+//!   64 and 512 threads, and hits per second.
 //!
 //! Timings are medians over `--reps` runs unless a table says otherwise.
 //! Nothing here asserts a time.
@@ -83,6 +85,7 @@ use procstat::*;
 use sections::{
     arm::*, churn::*, closes::*, dap::*, drain::*, farm::*, fleet::*, fuzzers::*, hitcost::*,
     holds::*, memory::*, objects::*, pending::*, rpc::*, steps::*, symbols::*, throughput::*,
+    unpriv::*,
 };
 use wpd_tests::Backend;
 
@@ -90,9 +93,9 @@ const USAGE: &str = "usage: wpd-bench [--threads N[,N...]] [--spin-threads N[,N.
      [--writes W] [--no-peers] \
      [--only S,..|--skip S,..] [--churn-threads K[,K...]] [--window-ms MS] [--rpc-pairs P] \
      [--list-calls L] [--peer-timeout-s S] [--fuzz-secs S] [--persistent-secs S] [--smoke]\n\
-     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap steps farm fleet journal export fuzzers drain objects pending closes holds";
+     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap steps farm fleet journal export fuzzers drain objects pending closes holds unpriv";
 
-const SECTIONS: [&str; 21] = [
+const SECTIONS: [&str; 22] = [
     "arm",
     "spin",
     "hitcost",
@@ -114,6 +117,7 @@ const SECTIONS: [&str; 21] = [
     "pending",
     "closes",
     "holds",
+    "unpriv",
 ];
 
 /// Variable watched where no thread of the target writes (idle workers write
@@ -490,6 +494,9 @@ async fn run(args: Args) -> Result<()> {
     }
     if args.has("holds") {
         section_holds(&args).await?;
+    }
+    if args.has("unpriv") {
+        section_unpriv(&args).await?;
     }
     Ok(())
 }

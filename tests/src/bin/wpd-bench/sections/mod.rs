@@ -17,3 +17,4 @@ pub mod rpc;
 pub mod steps;
 pub mod symbols;
 pub mod throughput;
+pub mod unpriv;
