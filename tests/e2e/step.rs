@@ -240,10 +240,18 @@ async fn wpctl_steps_over_into_out_and_by_instruction() -> Result<()> {
 /// `wpctl break --pid P LOCATION --wait` in stepping.c: the breakpoint's
 /// id and the thread it holds.
 async fn break_at(daemon: &Daemon, pid: i32, tag: &str) -> Result<(i64, i32)> {
+    break_at_with(daemon, pid, tag, &[]).await
+}
+
+/// [`break_at`] with more arguments to `wpctl break` (`--all-threads`).
+async fn break_at_with(daemon: &Daemon, pid: i32, tag: &str, extra: &[&str]) -> Result<(i64, i32)> {
     let (_, line) = line_of(tag);
     let (p, loc) = (pid.to_string(), format!("stepping.c:{line}"));
-    let out = wpctl(daemon, &["break", "--pid", &p, &loc, "--wait"]).await?;
-    ensure!(out.code == Some(0), "wpctl break {loc} --wait: {out:?}");
+    let mut args = vec!["break", "--pid", &p, &loc];
+    args.extend_from_slice(extra);
+    args.push("--wait");
+    let out = wpctl(daemon, &args).await?;
+    ensure!(out.code == Some(0), "wpctl {args:?}: {out:?}");
     let lines: Vec<&str> = out.stdout.lines().collect();
     ensure!(lines.len() >= 2, "set, stopped: {:?}", out.stdout);
     Ok((
@@ -385,21 +393,7 @@ async fn a_step_that_waits_for_another_thread_lets_the_others_run() -> Result<()
             ("loop_handoff", "stepper", "loop_sleep"),
             ("handoff_wait", "handoff", "handoff_done"),
         ] {
-            let (_, line) = line_of(at_tag);
-            let loc = format!("stepping.c:{line}");
-            let out = wpctl(
-                &daemon,
-                &["break", "--pid", &p, &loc, "--all-threads", "--wait"],
-            )
-            .await?;
-            ensure!(
-                out.code == Some(0),
-                "wpctl break {loc} --all-threads --wait: {out:?}"
-            );
-            let lines: Vec<&str> = out.stdout.lines().collect();
-            ensure!(lines.len() >= 2, "set, stopped: {:?}", out.stdout);
-            let id = number_after(lines[0], "breakpoint ")?;
-            let tid = number_after(lines[1], "thread ")? as i32;
+            let (id, tid) = break_at_with(&daemon, pid, at_tag, &["--all-threads"]).await?;
             ensure!(wpctl(&daemon, &["unwatch", &id.to_string()]).await?.code == Some(0));
             ensure!(
                 running_threads(&daemon, pid).await? == 0,

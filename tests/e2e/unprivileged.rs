@@ -347,3 +347,64 @@ fn nanos() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::from(d.subsec_nanos()))
 }
+
+/// A user whose locked-memory budget is spent (another daemon of theirs took the per-user
+/// allowance, and `ulimit -l 0` leaves nothing more): the user's daemon cannot map a ring,
+/// so perf cannot run, and the ptrace backend would poke debug registers (a killed daemon
+/// would then kill the program): a `wpctl watch` naming no backend is refused in one line
+/// naming the budget, exit 8 (precondition), and nothing is armed; the program runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_whose_locked_memory_is_spent_is_refused_whole() -> Result<()> {
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    if paranoid() <= 0 {
+        // Rings of events on every task are allowed: the budget is not the user's.
+        wpd_tests::machine_skip("perf_event_paranoid <= 0: a user's rings are not budgeted so");
+        return Ok(());
+    }
+    // Takes what the user's allowance holds (its rings shrink to fit, or none fits).
+    let first = Daemon::start_with_no_flags_memlock_as(USER, Some(0)).await?;
+    let daemon = Daemon::start_with_no_flags_memlock_as(USER, Some(0)).await?;
+    let mut mine = TargetProc::start_as(USER, &["--threads", "4", "--interval-us", "1000"]).await?;
+    let env = daemon.user_env();
+    let result = async {
+        let wpctl = async |args: &[&str]| -> Result<CmdOutput> {
+            let mut cmd = tokio::process::Command::new(wpd_tests::bin_path("wpctl"));
+            cmd.env_clear()
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .args(args)
+                .uid(USER)
+                .gid(USER)
+                .kill_on_drop(true);
+            let out = tokio::time::timeout(WPCTL_TIMEOUT, cmd.output()).await??;
+            Ok(CmdOutput {
+                code: out.status.code(),
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            })
+        };
+        let pid = mine.pid.to_string();
+        let addr = format!("{:#x}", mine.vars[0]);
+        let w = wpctl(&["watch", "--pid", &pid, "--addr", &addr]).await?;
+        ensure!(
+            w.code == Some(8)
+                && w.stderr.lines().count() == 1
+                && w.stderr.contains("locked-memory budget"),
+            "a watch with the budget spent: {w:?}"
+        );
+        let l = wpctl(&["--json", "list"]).await?;
+        ensure!(l.code == Some(0), "wpctl list: {l:?}");
+        let v: serde_json::Value = serde_json::from_str(&l.stdout)?;
+        ensure!(
+            v["watchpoints"].as_array().is_some_and(|a| a.is_empty())
+                && v["processes"].as_array().is_some_and(|a| a.is_empty()),
+            "something was armed or attached: {v}"
+        );
+        mine.ensure_alive()?;
+        Ok(())
+    }
+    .await;
+    drop(first);
+    daemon.finish(result)
+}

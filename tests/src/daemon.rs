@@ -133,6 +133,12 @@ impl Daemon {
     /// user's default socket, `$XDG_RUNTIME_DIR/wpd/wpd.sock`; [`Daemon::user_env`] is the
     /// environment a `wpctl` of that user needs to find it by itself.
     pub async fn start_with_no_flags_as(uid: u32) -> Result<Daemon> {
+        Self::start_with_no_flags_memlock_as(uid, None).await
+    }
+
+    /// [`Daemon::start_with_no_flags_as`] with `RLIMIT_MEMLOCK` lowered to `memlock` bytes
+    /// (`ulimit -l`), when given.
+    pub async fn start_with_no_flags_memlock_as(uid: u32, memlock: Option<u64>) -> Result<Daemon> {
         use std::os::unix::fs::PermissionsExt;
         let dir = unique_temp_dir("wpd-e2e")?;
         for sub in ["", "run", "home", "state-home"] {
@@ -147,7 +153,7 @@ impl Daemon {
         let log_path = dir.join("wpd.log");
         let mut state_file = socket.clone().into_os_string();
         state_file.push(".ptrace-armed");
-        let child = match spawn_no_flags(&dir, &log_path, uid) {
+        let child = match spawn_no_flags(&dir, &log_path, uid, memlock) {
             Ok(c) => c,
             Err(e) => {
                 let _ = fs::remove_dir_all(&dir);
@@ -179,7 +185,7 @@ impl Daemon {
     /// the new run appends to).
     pub async fn kill_and_restart_no_flags_as(&mut self, uid: u32) -> Result<()> {
         self.kill().await?;
-        self.child = spawn_no_flags(&self.dir, &self.log_path, uid)?;
+        self.child = spawn_no_flags(&self.dir, &self.log_path, uid, None)?;
         self.status = None;
         self.wait_ready().await.with_context(|| {
             format!(
@@ -503,8 +509,9 @@ impl Drop for Daemon {
 }
 
 /// `wpd` with no flags as user `uid`, in `dir` (see [`Daemon::start_with_no_flags_as`]),
-/// its output appended to `log_path`.
-fn spawn_no_flags(dir: &Path, log_path: &Path, uid: u32) -> Result<Child> {
+/// its output appended to `log_path`, its `RLIMIT_MEMLOCK` lowered to `memlock` bytes when
+/// given.
+fn spawn_no_flags(dir: &Path, log_path: &Path, uid: u32, memlock: Option<u64>) -> Result<Child> {
     let env = user_env_in(dir);
     let log = fs::OpenOptions::new()
         .create(true)
@@ -518,6 +525,22 @@ fn spawn_no_flags(dir: &Path, log_path: &Path, uid: u32) -> Result<Child> {
         .stderr(log);
     guard_child(&mut cmd);
     cmd.uid(uid).gid(uid);
+    if let Some(bytes) = memlock {
+        // SAFETY: setrlimit is async-signal-safe; lowering a limit needs no
+        // privilege (the closure runs after the switch to `uid`).
+        unsafe {
+            cmd.pre_exec(move || {
+                let l = libc::rlimit {
+                    rlim_cur: bytes,
+                    rlim_max: bytes,
+                };
+                if libc::setrlimit(libc::RLIMIT_MEMLOCK, &l) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
     Ok(cmd.spawn()?)
 }
 

@@ -618,13 +618,26 @@ impl BackendTable {
             tracing::warn!("ptrace backend: {e}");
         }
         // Perf where it runs (nothing of it outlives the daemon, and the
-        // target never stops); else what does run: an ordinary user
-        // (perf_event_paranoid 2, no CAP_PERFMON) cannot open the per-CPU
-        // collectors but can trace their own processes.
+        // target never stops); else ptrace where it stops threads with
+        // signals (nothing of it outlives the daemon either). A ptrace that
+        // pokes debug registers is never the default: a daemon killed with
+        // a hit in flight kills the program (kernel-facts §25.6); a request
+        // naming no backend is refused with why perf cannot run (an
+        // ordinary user's locked-memory budget spent, say), and the ptrace
+        // backend is there for one that names it.
         let default = match (&perf, &ptrace) {
-            (Err(e), Ok(_)) => {
+            (Err(e), Ok(p)) if p.stops() == "signal" => {
                 tracing::warn!("default backend: ptrace (the perf backend cannot run here: {e})");
                 BackendKind::Ptrace
+            }
+            (Err(e), Ok(p)) => {
+                tracing::warn!(
+                    "no default backend: perf cannot run here ({e}), and ptrace would stop \
+                     threads with debug registers ({}), which a killed daemon leaves armed: \
+                     requests must name --backend ptrace",
+                    p.stops()
+                );
+                BackendKind::Perf
             }
             _ => BackendKind::Perf,
         };
