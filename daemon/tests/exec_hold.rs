@@ -49,6 +49,12 @@ fn build(dir: &Path) -> (PathBuf, u64) {
 /// `exe` and waits for it as a shell does (stops and continues
 /// reported): every status that parent was told of, and how long it took.
 fn run_as_parent(exe: &Path) -> (Vec<i32>, Duration) {
+    run_as_parent_lingering(exe, 0)
+}
+
+/// [`run_as_parent`], the child living `linger_us` more when its execve
+/// fails.
+fn run_as_parent_lingering(exe: &Path, linger_us: u32) -> (Vec<i32>, Duration) {
     let path = std::ffi::CString::new(exe.as_os_str().as_bytes()).unwrap();
     let argv = [path.as_ptr(), std::ptr::null()];
     let envp = [std::ptr::null()];
@@ -66,6 +72,9 @@ fn run_as_parent(exe: &Path) -> (Vec<i32>, Duration) {
             let pid = libc::fork();
             if pid == 0 {
                 libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+                if linger_us > 0 {
+                    libc::usleep(linger_us);
+                }
                 libc::_exit(127);
             }
             loop {
@@ -179,6 +188,48 @@ fn a_program_is_held_at_exec_before_its_first_instruction_and_its_parent_sees_no
         "held past the bound: {took:?}"
     );
     assert_eq!(hold.counts().past_bound.load(Ordering::Relaxed), 1);
+
+    // An exec that fails after its open (a file marked executable that no
+    // loader takes), the process living on (2 s): no exec stop comes, the
+    // hold's timer stops the task at its bound (1 s) and lets it go, the
+    // stop signal discarded: its parent is told of the exit after the
+    // failed execve (127) and of nothing else (no stop).
+    let junk = dir.join("not-a-program");
+    std::fs::write(&junk, b"\x7fELF no program at all").unwrap();
+    std::fs::set_permissions(&junk, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    hold.mark(&junk).expect("mark");
+    slow.store(false, Ordering::Relaxed);
+    let run = {
+        let junk = junk.clone();
+        std::thread::spawn(move || run_as_parent_lingering(&junk, 2_000_000))
+    };
+    // Let go at its bound, while it still lives.
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert_eq!(
+        hold.counts().no_exec.load(Ordering::Relaxed),
+        1,
+        "the task whose exec failed was not let go at the bound"
+    );
+    let (statuses, took) = run.join().unwrap();
+    assert_eq!(
+        statuses.len(),
+        1,
+        "the parent was told of more: {statuses:?}"
+    );
+    assert!(
+        libc::WIFEXITED(statuses[0]) && libc::WEXITSTATUS(statuses[0]) == 127,
+        "{statuses:?}"
+    );
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(10),
+        "it lived {took:?}"
+    );
+    assert_eq!(hold.counts().no_exec.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        6,
+        "a failed exec was given to the callback"
+    );
 
     // Unmarked: not held any more.
     hold.unmark(&exe).expect("unmark");

@@ -292,7 +292,9 @@ fn wait_for_exec(task: NixPid, deadline: &Deadline) -> bool {
     loop {
         match waitpid(task, Some(WaitPidFlag::__WALL)) {
             Ok(WaitStatus::PtraceEvent(_, _, ev)) if ev == libc::PTRACE_EVENT_EXEC => {
-                if timer.fired() {
+                // Disarmed before it is asked whether it fired, at once: a
+                // signal sent after the question would reach the program.
+                if timer.disarm() {
                     // The timer's signal is on its way too (an exec slower
                     // than the deadline): taken here, the task held in its
                     // stop, still before its first instruction, and never
@@ -469,6 +471,14 @@ impl Deadline {
 impl Armed<'_> {
     fn fired(&self) -> bool {
         self.deadline.state.0.lock().unwrap().fired
+    }
+
+    /// Disarms it; whether its signal was sent (the timer sends it under
+    /// the same lock: none comes after this).
+    fn disarm(&self) -> bool {
+        let mut g = self.deadline.state.0.lock().unwrap();
+        g.armed = None;
+        g.fired
     }
 }
 
