@@ -77,34 +77,29 @@ impl PolicyHold {
         }
     }
 
-    /// Marks the file at `path` for `policy` (once per policy); false when
-    /// it cannot be (no such file, refused). `owner`: the file must be
-    /// this user's (an unprivileged caller's policy holds the execs of its
-    /// own programs only: a hold delays every process that runs the file).
-    fn add(&mut self, policy: WatchId, path: &Path, owner: Option<u32>) -> bool {
-        let Some(hold) = self.hold.as_ref() else {
-            return false;
-        };
-        let Ok(file) = File::open(path) else {
-            return false;
-        };
-        let Ok(meta) = file.metadata() else {
-            return false;
-        };
+    /// Marks the file at `path` for `policy` (once per policy); its
+    /// identity, or None when it cannot be (no such file, refused).
+    /// `owner`: the file must be this user's (an unprivileged caller's
+    /// policy holds the execs of its own programs only: a hold delays every
+    /// process that runs the file).
+    fn add(&mut self, policy: WatchId, path: &Path, owner: Option<u32>) -> Option<FileId> {
+        let hold = self.hold.as_ref()?;
+        let file = File::open(path).ok()?;
+        let meta = file.metadata().ok()?;
         if !meta.is_file() || owner.is_some_and(|uid| meta.uid() != uid) {
-            return false;
+            return None;
         }
         let id = (meta.dev(), meta.ino());
         let mine = self.by_policy.entry(policy).or_default();
         if mine.contains(&id) {
-            return true;
+            return Some(id);
         }
         match self.marks.get_mut(&id) {
             Some(m) => m.users += 1,
             None => {
                 if let Err(e) = hold.mark_file(file.as_fd()) {
                     tracing::info!(path = %path.display(), "its execs are not held: {e}");
-                    return false;
+                    return None;
                 }
                 self.marks.insert(
                     id,
@@ -118,12 +113,14 @@ impl PolicyHold {
         }
         mine.insert(id);
         tracing::debug!(policy = policy.0, path = %path.display(), "its execs are held");
-        true
+        Some(id)
     }
 
     /// Drops every mark `policy` asked for; the hold goes with the last
     /// mark (its group closed: nothing of it is left in the kernel).
-    fn remove(&mut self, policy: WatchId) {
+    /// Returns the files no longer marked.
+    fn remove(&mut self, policy: WatchId) -> Vec<FileId> {
+        let mut gone = Vec::new();
         for id in self.by_policy.remove(&policy).unwrap_or_default() {
             let Some(m) = self.marks.get_mut(&id) else {
                 continue;
@@ -131,15 +128,19 @@ impl PolicyHold {
             m.users -= 1;
             if m.users == 0
                 && let Some(m) = self.marks.remove(&id)
-                && let Some(hold) = self.hold.as_ref()
-                && let Err(e) = hold.unmark_file(m.file.as_fd())
             {
-                tracing::debug!(path = %m.path.display(), "unmarking: {e}");
+                gone.push(id);
+                if let Some(hold) = self.hold.as_ref()
+                    && let Err(e) = hold.unmark_file(m.file.as_fd())
+                {
+                    tracing::debug!(path = %m.path.display(), "unmarking: {e}");
+                }
             }
         }
         if self.marks.is_empty() {
             self.hold = None;
         }
+        gone
     }
 }
 
@@ -197,7 +198,9 @@ impl Core {
         };
         let owner = owner_for(policy);
         for f in files {
-            h.add(policy.id, &f, owner);
+            if let Some(id) = h.add(policy.id, &f, owner) {
+                self.pin_module(id);
+            }
         }
         if h.marks.is_empty() {
             h.hold = None;
@@ -239,7 +242,20 @@ impl Core {
     /// `policy` is removed: the files it asked for are held no more,
     /// unless another policy wants them.
     pub(super) fn release_execs_of(&self, policy: &Policy) {
-        self.exec_hold.lock().unwrap().remove(policy.id);
+        let gone = self.exec_hold.lock().unwrap().remove(policy.id);
+        for (dev, ino) in gone {
+            self.symbols
+                .files
+                .unpin(&crate::symbols::FileKey::of_stat(dev, ino));
+        }
+    }
+
+    /// The module file of a program held at its exec stays loaded between
+    /// its processes.
+    fn pin_module(&self, (dev, ino): FileId) {
+        self.symbols
+            .files
+            .pin(crate::symbols::FileKey::of_stat(dev, ino));
     }
 
     /// Whether `pid` is held at its exec now: the hold arms it, no other

@@ -88,6 +88,15 @@ pub struct FileKey {
 }
 
 impl FileKey {
+    /// The identity of a file of device `dev` (`st_dev`) and inode `ino`,
+    /// as `/proc/PID/maps` writes it (`fd:01`).
+    pub fn of_stat(dev: u64, ino: u64) -> FileKey {
+        FileKey {
+            dev: format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev)),
+            inode: ino,
+        }
+    }
+
     /// The identity of `f`.
     pub fn of(f: &MappedFile) -> FileKey {
         FileKey {
@@ -117,14 +126,18 @@ impl Default for Files {
 struct FileCache {
     by_key: HashMap<FileKey, FileEntry>,
     tick: u64,
+    /// Files kept idle when no process uses them.
+    pinned: HashSet<FileKey>,
 }
 
 /// A loaded file, when it was last used, and the processes it was loaded
-/// for. When the last of them is let go of, it is kept idle a while for
-/// the program's next process ([`IDLE_KEEP`], at most [`IDLE_MAX`] idle
-/// files): a farm's short processes, one after another, each find it
-/// loaded (a load is a few hundred µs, the whole of a policy's arming at
-/// an exec otherwise).
+/// for. When the last of them is let go of, it goes, unless it is pinned
+/// (a program a policy holds at its exec, `engine/policy_hold.rs`): then
+/// it is kept idle a while for the program's next process ([`IDLE_KEEP`],
+/// at most [`IDLE_MAX`] idle files): a farm's short processes, one after
+/// another, each find it loaded (a load is a few hundred µs, the whole of
+/// a policy's arming at an exec otherwise). Other files go with their last
+/// process: nothing of a process outlives it (an idle file holds an fd).
 struct FileEntry {
     elf: Arc<ElfFile>,
     used: u64,
@@ -172,13 +185,14 @@ impl Files {
         };
         let gone: HashSet<Pid> = others.into_iter().filter(|&p| !alive(p)).collect();
         let mut c = self.0.lock().unwrap();
-        c.by_key.retain(|_, e| {
+        let FileCache { by_key, pinned, .. } = &mut *c;
+        by_key.retain(|k, e| {
             e.pids.retain(|p| *p != pid && !gone.contains(p));
             if !e.pids.is_empty() {
                 return true;
             }
             let since = *e.idle_since.get_or_insert(now);
-            now.saturating_duration_since(since) < IDLE_KEEP
+            pinned.contains(k) && now.saturating_duration_since(since) < IDLE_KEEP
         });
         let mut idle: Vec<(u64, FileKey)> = c
             .by_key
@@ -191,6 +205,21 @@ impl Files {
             for (_, k) in &idle[..idle.len() - IDLE_MAX] {
                 c.by_key.remove(k);
             }
+        }
+    }
+
+    /// Keeps the file of `key` loaded while no process uses it (a program
+    /// held at its exec: its next process finds it loaded).
+    pub fn pin(&self, key: FileKey) {
+        self.0.lock().unwrap().pinned.insert(key);
+    }
+
+    /// [`Files::pin`] no more: the file goes now if no process uses it.
+    pub fn unpin(&self, key: &FileKey) {
+        let mut c = self.0.lock().unwrap();
+        c.pinned.remove(key);
+        if c.by_key.get(key).is_some_and(|e| e.pids.is_empty()) {
+            c.by_key.remove(key);
         }
     }
 
@@ -487,6 +516,13 @@ pub(super) mod tests {
         );
         drop(c);
         let now = Instant::now();
+        // Not pinned: the last user gone, the file too (nothing of a
+        // process outlives it).
+        files.forget_at(me, |_| true, now);
+        assert_eq!(files.usage().0, 0, "the last user gone: the file too");
+        // Pinned (a program held at its exec): kept idle.
+        let key = loaded_for(&files, &[me]);
+        files.pin(key.clone());
         files.forget_at(me, |_| true, now);
         assert_eq!(files.usage().0, 1, "the last user gone: the file kept idle");
         // The next process of the program finds it loaded.
@@ -497,6 +533,31 @@ pub(super) mod tests {
         files.forget_at(me, |_| true, now);
         files.forget_at(77, |_| true, now + IDLE_KEEP);
         assert_eq!(files.usage().0, 0, "idle for IDLE_KEEP: dropped");
+        // Unpinned while idle: dropped at once.
+        files.file(me, f).unwrap();
+        files.forget_at(me, |_| true, now);
+        assert_eq!(files.usage().0, 1);
+        files.unpin(&key);
+        assert_eq!(files.usage().0, 0, "unpinned: dropped");
+    }
+
+    /// A file's identity from `stat` is the one `/proc/PID/maps` gives.
+    #[test]
+    fn a_stat_names_a_file_as_the_maps_do() {
+        use std::os::unix::fs::MetadataExt;
+        let me = std::process::id() as Pid;
+        let mapped = super::super::maps::read(me).unwrap();
+        let f = mapped
+            .iter()
+            .find(|f| std::path::Path::new(&f.path).is_file())
+            .expect("a file this process maps");
+        let m = std::fs::metadata(&f.path).unwrap();
+        assert_eq!(
+            FileKey::of_stat(m.dev(), m.ino()),
+            FileKey::of(f),
+            "{}",
+            f.path
+        );
     }
 
     /// At most IDLE_MAX files are kept idle, the least recently used
@@ -525,6 +586,13 @@ pub(super) mod tests {
                 );
             }
         }
+        for i in 0..IDLE_MAX as u64 + 4 {
+            files.pin(FileKey {
+                dev: "test".into(),
+                inode: i,
+            });
+        }
+        files.pin(key.clone());
         // Every test process gone: all idle now, the newest IDLE_MAX kept
         // (the file loaded first, least recently used, goes too).
         files.forget_at(me, |_| false, now);
