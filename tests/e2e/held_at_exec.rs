@@ -54,6 +54,14 @@ impl Drop for Quick {
     }
 }
 
+/// A policy's selector naming the program at `exe`.
+fn by_exe(exe: &Path) -> ProcessSelector {
+    ProcessSelector {
+        exe: exe.display().to_string(),
+        ..Default::default()
+    }
+}
+
 /// Runs `sh -c "{prefix}exec EXE {arg}"` (the shell's pid becomes the
 /// program's) and waits for its end, at most [`RUN_BOUND`]: a process
 /// still there then is reported with its state (`t`: left stopped) and
@@ -288,14 +296,7 @@ async fn a_storm_of_a_thousand_short_processes_is_covered_and_none_left_stopped(
     let result = async {
         let mut client = daemon.client().await?;
         let mut events = EventStream::subscribe(&mut client, Default::default()).await?;
-        set_policy(
-            &mut client,
-            ProcessSelector {
-                exe: q.exe.display().to_string(),
-                ..Default::default()
-            },
-        )
-        .await?;
+        set_policy(&mut client, by_exe(&q.exe)).await?;
         let exe = q.exe.clone();
         let pids = tokio::task::spawn_blocking(move || {
             storm(&exe, 1000, 4, Arc::new(AtomicUsize::new(0)))
@@ -346,14 +347,7 @@ async fn a_daemon_killed_mid_storm_leaves_every_process_running() -> Result<()> 
     for round in 0..5 {
         let mut daemon = Daemon::start().await?;
         let mut client = daemon.client().await?;
-        set_policy(
-            &mut client,
-            ProcessSelector {
-                exe: q.exe.display().to_string(),
-                ..Default::default()
-            },
-        )
-        .await?;
+        set_policy(&mut client, by_exe(&q.exe)).await?;
         let ran = Arc::new(AtomicUsize::new(0));
         let exe = q.exe.clone();
         let r = ran.clone();

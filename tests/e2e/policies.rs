@@ -33,13 +33,17 @@ pub(crate) fn unique_comm() -> String {
     s.chars().take(15).collect()
 }
 
-/// `ct-pie` under the command name `comm`: a symbolic link in `dir` (the kernel names a
-/// process after the path it was started by; its libraries are found next to the real file).
-fn linked_as(dir: &Path, comm: &str) -> Result<PathBuf> {
-    let link = dir.join(comm);
-    std::os::unix::fs::symlink(ctarget_path("ct-pie"), &link)
-        .with_context(|| format!("linking {}", link.display()))?;
-    Ok(link)
+/// `ct-pie` under the command name `comm`: a copy of its own in `dir`, its library beside
+/// it (`$ORIGIN`). A file of the test's own: a policy by command name holds the programs it
+/// has seen at their exec (`policy_hold.rs`), and only one daemon can hold a process, so a
+/// program shared with other tests' daemons would be held by whichever saw it first.
+fn copied_as(dir: &Path, comm: &str) -> Result<PathBuf> {
+    let copy = dir.join(comm);
+    std::fs::copy(ctarget_path("ct-pie"), &copy)
+        .with_context(|| format!("copying ct-pie to {}", copy.display()))?;
+    std::fs::copy(ctarget_path("libctlib.so"), dir.join("libctlib.so"))
+        .context("copying libctlib.so")?;
+    Ok(copy)
 }
 
 fn counter_spec() -> WatchpointSpec {
@@ -134,7 +138,7 @@ async fn a_policy_by_name_covers_processes_now_and_later() -> Result<()> {
     }
     let dir = unique_temp_dir("wpd-policy")?;
     let comm = unique_comm();
-    let path = linked_as(&dir, &comm)?;
+    let path = copied_as(&dir, &comm)?;
     let daemon = Daemon::start().await?;
     let mut first = CTarget::start_path(&path, &comm).await?;
     let mut other = CTarget::start("ct-pie").await?;
@@ -200,10 +204,7 @@ async fn a_policy_by_name_covers_processes_now_and_later() -> Result<()> {
         // none is.
         let copy_dir = dir.join("copy");
         std::fs::create_dir(&copy_dir)?;
-        let copy = copy_dir.join(&comm);
-        std::fs::copy(ctarget_path("ct-pie"), &copy)?;
-        // Its library, found beside it ($ORIGIN).
-        std::fs::copy(ctarget_path("libctlib.so"), copy_dir.join("libctlib.so"))?;
+        let copy = copied_as(&copy_dir, &comm)?;
         let per_thread = perf_events_of(&daemon).await?.starts_with("per-thread");
         let want = if per_thread {
             InstanceSource::KernelRecord

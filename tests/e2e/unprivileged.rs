@@ -19,6 +19,24 @@ fn paranoid() -> i32 {
         .unwrap_or(2)
 }
 
+/// `wpctl ARGS` as [`USER`] with only `env` (a user's daemon's environment: it finds that
+/// daemon by itself).
+async fn user_wpctl(env: &[(String, String)], args: &[&str]) -> Result<CmdOutput> {
+    let mut cmd = tokio::process::Command::new(wpd_tests::bin_path("wpctl"));
+    cmd.env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .args(args)
+        .uid(USER)
+        .gid(USER)
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(WPCTL_TIMEOUT, cmd.output()).await??;
+    Ok(CmdOutput {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
 /// `nobody` on Debian.
 const USER: u32 = 65534;
 const WPCTL_TIMEOUT: Duration = Duration::from_secs(20);
@@ -104,21 +122,7 @@ async fn a_users_daemon_with_no_flags_is_where_wpctl_looks() -> Result<()> {
         TargetProc::start_as(USER, &["--threads", "2", "--interval-us", "20000"]).await?;
     let env = daemon.user_env();
     let result = async {
-        let wpctl = async |args: &[&str]| -> Result<CmdOutput> {
-            let mut cmd = tokio::process::Command::new(wpd_tests::bin_path("wpctl"));
-            cmd.env_clear()
-                .envs(env.iter().map(|(k, v)| (k, v)))
-                .args(args)
-                .uid(USER)
-                .gid(USER)
-                .kill_on_drop(true);
-            let out = tokio::time::timeout(WPCTL_TIMEOUT, cmd.output()).await??;
-            Ok(CmdOutput {
-                code: out.status.code(),
-                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            })
-        };
+        let wpctl = async |args: &[&str]| user_wpctl(&env, args).await;
         let socket = daemon.socket_path();
         let dir = std::fs::metadata(socket.parent().unwrap())?;
         ensure!(
@@ -261,21 +265,7 @@ async fn a_users_daemon_killed_at_any_moment_never_takes_the_program_with_it() -
     let mut mine = TargetProc::start_as(USER, &["--threads", "16", "--interval-us", "200"]).await?;
     let env = daemon.user_env();
     let result = async {
-        let wpctl = async |args: &[&str]| -> Result<CmdOutput> {
-            let mut cmd = tokio::process::Command::new(wpd_tests::bin_path("wpctl"));
-            cmd.env_clear()
-                .envs(env.iter().map(|(k, v)| (k, v)))
-                .args(args)
-                .uid(USER)
-                .gid(USER)
-                .kill_on_drop(true);
-            let out = tokio::time::timeout(WPCTL_TIMEOUT, cmd.output()).await??;
-            Ok(CmdOutput {
-                code: out.status.code(),
-                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            })
-        };
+        let wpctl = async |args: &[&str]| user_wpctl(&env, args).await;
         let pid = mine.pid.to_string();
         let addr = format!("{:#x}", mine.vars[0]);
         let w = wpctl(&["watch", "--pid", &pid, "--addr", &addr]).await?;
@@ -369,21 +359,7 @@ async fn a_user_whose_locked_memory_is_spent_is_refused_whole() -> Result<()> {
     let mut mine = TargetProc::start_as(USER, &["--threads", "4", "--interval-us", "1000"]).await?;
     let env = daemon.user_env();
     let result = async {
-        let wpctl = async |args: &[&str]| -> Result<CmdOutput> {
-            let mut cmd = tokio::process::Command::new(wpd_tests::bin_path("wpctl"));
-            cmd.env_clear()
-                .envs(env.iter().map(|(k, v)| (k, v)))
-                .args(args)
-                .uid(USER)
-                .gid(USER)
-                .kill_on_drop(true);
-            let out = tokio::time::timeout(WPCTL_TIMEOUT, cmd.output()).await??;
-            Ok(CmdOutput {
-                code: out.status.code(),
-                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            })
-        };
+        let wpctl = async |args: &[&str]| user_wpctl(&env, args).await;
         let pid = mine.pid.to_string();
         let addr = format!("{:#x}", mine.vars[0]);
         let w = wpctl(&["watch", "--pid", &pid, "--addr", &addr]).await?;
