@@ -98,7 +98,7 @@ impl PolicyHold {
             Some(m) => m.users += 1,
             None => {
                 if let Err(e) = hold.mark_file(file.as_fd()) {
-                    tracing::info!(path = %path.display(), "its execs are not held: {e}");
+                    tracing::info!(path = ?path, "its execs are not held: {e}");
                     return None;
                 }
                 self.marks.insert(
@@ -112,7 +112,7 @@ impl PolicyHold {
             }
         }
         mine.insert(id);
-        tracing::debug!(policy = policy.0, path = %path.display(), "its execs are held");
+        tracing::debug!(policy = policy.0, path = ?path, "its execs are held");
         Some(id)
     }
 
@@ -133,7 +133,7 @@ impl PolicyHold {
                 if let Some(hold) = self.hold.as_ref()
                     && let Err(e) = hold.unmark_file(m.file.as_fd())
                 {
-                    tracing::debug!(path = %m.path.display(), "unmarking: {e}");
+                    tracing::debug!(path = ?m.path, "unmarking: {e}");
                 }
             }
         }
