@@ -102,6 +102,12 @@ struct Args {
     /// CPU) or normal (only arm passes are raised while they run).
     #[arg(long, value_enum, env = "WPD_PRIORITY", default_value = "realtime")]
     priority: wpd::sched::Priority,
+    /// Act as if kernel.yama.ptrace_scope were N, on a kernel without Yama:
+    /// the daemon applies Yama's rules to its callers and to its own
+    /// memory reads and attaches, so the paths of a machine that enables it
+    /// (Ubuntu's default is 1) can be tried here. Default: the kernel's
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=3))]
+    yama_ptrace_scope: Option<u32>,
     /// How the ptrace backend stops a thread at a hit: auto (a perf
     /// breakpoint whose BPF program sends a signal the process ignores,
     /// caught by the tracer, where bpf() is allowed and the process has such
@@ -488,6 +494,13 @@ fn main() -> std::process::ExitCode {
     let args = Args::parse();
     if args.man {
         return print_manual();
+    }
+    if let Some(scope) = args.yama_ptrace_scope {
+        if std::path::Path::new("/proc/sys/kernel/yama/ptrace_scope").exists() {
+            eprintln!("wpd: --yama-ptrace-scope is for kernels without Yama; this one has it");
+            return std::process::ExitCode::from(2);
+        }
+        wpd::authz::assume_yama_scope(scope);
     }
     let config = match config(&args) {
         Ok(c) => c,

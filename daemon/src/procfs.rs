@@ -306,6 +306,10 @@ fn read_error(e: Errno, len: usize) -> String {
     match e {
         // A short read: the range crosses into unmapped memory.
         Errno::EFAULT => format!("reading target memory failed: {len} bytes not all mapped"),
+        Errno::EPERM if crate::authz::yama_refusal().is_some() => format!(
+            "reading target memory failed: {}",
+            crate::authz::yama_refusal().unwrap_or_default()
+        ),
         e => format!("reading target memory failed: {}", e.desc()),
     }
 }
@@ -321,6 +325,9 @@ pub fn read_memory_prefix(pid: Pid, addr: u64, len: usize) -> (Vec<u8>, Option<S
     let Some(via) = live_thread(pid) else {
         return (Vec::new(), Some(read_error(Errno::ESRCH, len)));
     };
+    if crate::authz::assumed_yama_refuses(via) {
+        return (Vec::new(), Some(read_error(Errno::EPERM, len)));
+    }
     let mut buf = vec![0u8; len];
     let mut remote = Vec::new();
     let (mut at, end) = (addr, addr.saturating_add(len as u64));
@@ -367,6 +374,9 @@ pub fn read_memory_prefix(pid: Pid, addr: u64, len: usize) -> (Vec<u8>, Option<S
 
 /// process_vm_readv of `len` bytes at `addr` through task `tid`.
 fn read_memory_of(tid: Tid, addr: u64, len: usize) -> Result<Vec<u8>, Errno> {
+    if crate::authz::assumed_yama_refuses(tid) {
+        return Err(Errno::EPERM);
+    }
     let mut buf = vec![0u8; len];
     let local = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),

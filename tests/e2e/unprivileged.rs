@@ -384,3 +384,143 @@ async fn a_user_whose_locked_memory_is_spent_is_refused_whole() -> Result<()> {
     drop(first);
     daemon.finish(result)
 }
+
+/// Yama's `ptrace_scope` 1 (Ubuntu's default; the kernels here have no Yama, so the daemon
+/// is told to assume it and applies it to its callers and to its own attaches and memory
+/// reads): the user's daemon did not start the user's program, so it may neither attach to
+/// it nor read its memory, yet perf events on it open (they ask read access, which Yama
+/// leaves alone). Every thread is hit, those created after the watch too; the hits carry no
+/// value and say why; a watch whose hits need the value (a condition) is refused in one
+/// line; the ptrace backend is refused, naming Yama; `wpctl caps` says what is covered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_yama_scope_1_a_users_daemon_watches_programs_it_did_not_start() -> Result<()> {
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let args: &[&str] = match std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope") {
+        Err(_) => &["--yama-ptrace-scope", "1"],
+        Ok(s) if s.trim() == "1" => &[],
+        Ok(s) => {
+            wpd_tests::machine_skip(&format!(
+                "kernel.yama.ptrace_scope={}: scope 1 cannot be had here",
+                s.trim()
+            ));
+            return Ok(());
+        }
+    };
+    let daemon = Daemon::start_users_daemon(USER, None, args).await?;
+    let mut mine = TargetProc::start_as(USER, &["--threads", "4", "--interval-us", "1000"]).await?;
+    let mut other = TargetProc::start_as(USER, &["--threads", "1"]).await?;
+    let env = daemon.user_env();
+    let result = async {
+        let wpctl = async |args: &[&str]| user_wpctl(&env, args).await;
+        let caps = wpctl(&["--json", "caps"]).await?;
+        let v: serde_json::Value = serde_json::from_str(&caps.stdout)?;
+        let backend = |name: &str| {
+            v["backends"]
+                .as_array()
+                .and_then(|b| b.iter().find(|b| b["backend"] == name))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let (perf, ptrace) = (backend("perf"), backend("ptrace"));
+        ensure!(
+            perf["usable"] == true
+                && perf["default"] == true
+                && perf["events"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("ptrace_scope=1") && e.contains("no value"))
+                && ptrace["usable"] == false
+                && ptrace["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("ptrace_scope=1")),
+            "caps under Yama scope 1: {v}"
+        );
+        let pid = mine.pid.to_string();
+        let addr = format!("{:#x}", mine.vars[0]);
+        let w = wpctl(&["watch", "--pid", &pid, "--addr", &addr]).await?;
+        ensure!(
+            w.code == Some(0) && w.stdout.starts_with("watchpoint 1:"),
+            "a watch on the user's program the daemon did not start: {w:?}"
+        );
+        for _ in 0..2 {
+            let r = mine.cmd("spawn-worker").await?;
+            ensure!(r.starts_with("SPAWNED"), "spawn-worker: {r}");
+        }
+        let workers: std::collections::BTreeSet<u64> =
+            std::fs::read_dir(format!("/proc/{pid}/task"))?
+                .filter_map(|e| e.ok()?.file_name().into_string().ok()?.parse().ok())
+                .filter(|&t| t != mine.pid as u64)
+                .collect();
+        ensure!(workers.len() == 6, "workers: {workers:?}");
+        let ev = wpctl(&["--json", "events", "--pid", &pid, "--count", "3000"]).await?;
+        ensure!(ev.code == Some(0), "wpctl events: {ev:?}");
+        let mut hit = std::collections::BTreeSet::new();
+        for line in ev.stdout.lines() {
+            let e: serde_json::Value = serde_json::from_str(line)?;
+            if e["type"] != "hit" {
+                continue;
+            }
+            ensure!(
+                e["value"].is_null()
+                    && e["value_error"]
+                        .as_str()
+                        .is_some_and(|w| w.contains("ptrace_scope=1")),
+                "a hit with a value, or without saying why it has none: {e}"
+            );
+            hit.extend(e["tid"].as_u64());
+        }
+        let missed: Vec<&u64> = workers.difference(&hit).collect();
+        ensure!(
+            missed.is_empty(),
+            "threads without a hit in 3,000: {missed:?}"
+        );
+        let c = wpctl(&[
+            "watch",
+            "--pid",
+            &pid,
+            "--addr",
+            &addr,
+            "--condition",
+            "== 5",
+        ])
+        .await?;
+        ensure!(
+            c.code != Some(0)
+                && c.stderr.lines().count() == 1
+                && c.stderr.contains("ptrace_scope=1")
+                && c.stderr.contains("condition"),
+            "a watch whose hits need the value: {c:?}"
+        );
+        let other_pid = other.pid.to_string();
+        let other_addr = format!("{:#x}", other.vars[0]);
+        let p = wpctl(&[
+            "watch",
+            "--pid",
+            &other_pid,
+            "--addr",
+            &other_addr,
+            "--backend",
+            "ptrace",
+        ])
+        .await?;
+        ensure!(
+            p.code != Some(0)
+                && p.stderr.lines().count() == 1
+                && p.stderr.contains("ptrace_scope=1"),
+            "a watch through ptrace: {p:?}"
+        );
+        let l = wpctl(&["--json", "list"]).await?;
+        let v: serde_json::Value = serde_json::from_str(&l.stdout)?;
+        ensure!(
+            v["watchpoints"].as_array().map(Vec::len) == Some(1)
+                && v["processes"].as_array().map(Vec::len) == Some(1),
+            "only the first watch and its process: {v}"
+        );
+        mine.ensure_alive()?;
+        other.ensure_alive()?;
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}

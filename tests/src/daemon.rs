@@ -139,6 +139,17 @@ impl Daemon {
     /// [`Daemon::start_with_no_flags_as`] with `RLIMIT_MEMLOCK` lowered to `memlock` bytes
     /// (`ulimit -l`), when given.
     pub async fn start_with_no_flags_memlock_as(uid: u32, memlock: Option<u64>) -> Result<Daemon> {
+        Self::start_users_daemon(uid, memlock, &[]).await
+    }
+
+    /// A user's daemon as [`Daemon::start_with_no_flags_memlock_as`] starts it, with the
+    /// flags `args` (none of them where it listens or keeps its state: it finds those as a
+    /// user's daemon does).
+    pub async fn start_users_daemon(
+        uid: u32,
+        memlock: Option<u64>,
+        args: &[&str],
+    ) -> Result<Daemon> {
         use std::os::unix::fs::PermissionsExt;
         let dir = unique_temp_dir("wpd-e2e")?;
         for sub in ["", "run", "home", "state-home"] {
@@ -153,7 +164,7 @@ impl Daemon {
         let log_path = dir.join("wpd.log");
         let mut state_file = socket.clone().into_os_string();
         state_file.push(".ptrace-armed");
-        let child = match spawn_no_flags(&dir, &log_path, uid, memlock) {
+        let child = match spawn_no_flags(&dir, &log_path, uid, memlock, args) {
             Ok(c) => c,
             Err(e) => {
                 let _ = fs::remove_dir_all(&dir);
@@ -185,7 +196,7 @@ impl Daemon {
     /// the new run appends to).
     pub async fn kill_and_restart_no_flags_as(&mut self, uid: u32) -> Result<()> {
         self.kill().await?;
-        self.child = spawn_no_flags(&self.dir, &self.log_path, uid, None)?;
+        self.child = spawn_no_flags(&self.dir, &self.log_path, uid, None, &[])?;
         self.status = None;
         self.wait_ready().await.with_context(|| {
             format!(
@@ -510,15 +521,22 @@ impl Drop for Daemon {
 
 /// `wpd` with no flags as user `uid`, in `dir` (see [`Daemon::start_with_no_flags_as`]),
 /// its output appended to `log_path`, its `RLIMIT_MEMLOCK` lowered to `memlock` bytes when
-/// given.
-fn spawn_no_flags(dir: &Path, log_path: &Path, uid: u32, memlock: Option<u64>) -> Result<Child> {
+/// given, with the flags `args`.
+fn spawn_no_flags(
+    dir: &Path,
+    log_path: &Path,
+    uid: u32,
+    memlock: Option<u64>,
+    args: &[&str],
+) -> Result<Child> {
     let env = user_env_in(dir);
     let log = fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log_path)?;
     let mut cmd = Command::new(bin_path("wpd"));
-    cmd.env_clear()
+    cmd.args(args)
+        .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)

@@ -304,6 +304,25 @@ impl Core {
                 }
             }
         }
+        // A watch whose hits are judged by their value cannot work where the
+        // daemon may not read the process's memory (Yama: it did not start
+        // the process and lacks CAP_SYS_PTRACE): refused, not armed to
+        // report nothing.
+        if (spec.condition.is_some() || spec.only_on_change)
+            && let Some(why) = crate::authz::yama_refusal()
+            && procfs::live_thread(pid).is_some_and(|via| {
+                procfs::read_memory(pid, via, spec.range.addr, spec.range.len as usize)
+                    .is_err_and(|e| e.contains(&why))
+            })
+        {
+            return Err(WpdError::PermissionDenied {
+                pid,
+                detail: format!(
+                    "{why}, and a watch with a condition or --only-on-change needs the value at \
+                     each hit: watch without them (hits are reported, without a value)"
+                ),
+            });
+        }
         let id = reuse.unwrap_or_else(|| WatchId(self.next_id.fetch_add(1, Ordering::Relaxed)));
         let mut warnings = Vec::new();
         // A policy's instance has no caller to warn (its answer is the

@@ -230,6 +230,14 @@ impl Perf {
                 bytes / 1024
             ));
         }
+        if let Some(why) = crate::authz::yama_refusal() {
+            v.push(format!(
+                "{why}: every thread of the user's other processes is still watched (perf \
+                 events ask read access, which Yama leaves alone; threads they create are \
+                 covered from their creation), but their hits carry no value and conditions \
+                 on them cannot be tested"
+            ));
+        }
         v.join("; ")
     }
 
