@@ -38,8 +38,7 @@ use crate::model::Pid;
 use crate::pidns::CallerNs;
 use crate::procfs::{self, Status};
 
-/// `CAP_SYS_PTRACE`'s bit in the capability masks.
-pub const CAP_SYS_PTRACE: u32 = 19;
+pub use crate::procfs::yama::CAP_SYS_PTRACE;
 
 /// Who is calling.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -358,41 +357,6 @@ fn owner_uid(ns: &OwnedFd) -> Option<u32> {
     (r == 0).then_some(uid)
 }
 
-/// The Yama scope the daemon was told to assume (`wpd --yama-ptrace-scope`):
-/// the kernels without Yama then show the paths a user of a distribution
-/// that enables it (Ubuntu's default is 1) gets.
-static ASSUMED_YAMA: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-
-/// Makes [`yama_scope`] answer `scope` for the daemon's life, and the
-/// daemon's own attaches refused as Yama would refuse them
-/// ([`assumed_yama_refuses`]). Once, before any request.
-pub fn assume_yama_scope(scope: u32) {
-    let _ = ASSUMED_YAMA.set(scope);
-}
-
-/// Yama's `kernel.yama.ptrace_scope` (0 when Yama is absent), or the scope
-/// assumed ([`assume_yama_scope`]).
-pub fn yama_scope() -> u32 {
-    if let Some(&s) = ASSUMED_YAMA.get() {
-        return s;
-    }
-    std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// Whether the daemon holds CAP_SYS_PTRACE in its effective set (read once:
-/// the daemon never changes its credentials).
-pub fn daemon_may_trace_any() -> bool {
-    static CAP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *CAP.get_or_init(|| {
-        Status::of(std::process::id() as Pid)
-            .and_then(|s| s.mask("CapEff"))
-            .is_some_and(|m| m & (1 << CAP_SYS_PTRACE) != 0)
-    })
-}
-
 /// The Yama scope a caller's request is judged under. Yama restricts
 /// attaches only (`PTRACE_MODE_ATTACH`: ptrace, `process_vm_readv`,
 /// `/proc/PID/mem`), not the read access a perf event on another task asks
@@ -405,55 +369,11 @@ pub fn daemon_may_trace_any() -> bool {
 /// that are not the daemon's descendants), so its callers are judged by
 /// the read rule and the kernel has the last word on each attach.
 pub fn yama_for_callers(scope: u32) -> u32 {
-    if daemon_may_trace_any() { scope } else { 0 }
-}
-
-/// With an assumed scope ([`assume_yama_scope`]; no Yama in the kernel to
-/// refuse), whether Yama would refuse the daemon's own attach to task
-/// `tid` (its memory read or written): the daemon lacks CAP_SYS_PTRACE and
-/// the scope is 2 or more, or 1 and the task's process does not descend
-/// from the daemon. `false` whenever the scope is the kernel's own: the
-/// kernel answers then.
-pub fn assumed_yama_refuses(tid: Pid) -> bool {
-    let Some(&scope) = ASSUMED_YAMA.get() else {
-        return false;
-    };
-    if scope == 0 || daemon_may_trace_any() {
-        return false;
+    if crate::procfs::yama::daemon_may_trace_any() {
+        scope
+    } else {
+        0
     }
-    if scope >= 2 {
-        return true;
-    }
-    let me = std::process::id() as Pid;
-    let mut cur = procfs::tgid_of(tid).unwrap_or(tid);
-    for _ in 0..64 {
-        let Some(pp) = Status::of(cur).and_then(|s| s.number::<Pid>("PPid")) else {
-            return true;
-        };
-        if pp == me {
-            return false;
-        }
-        if pp <= 0 {
-            return true;
-        }
-        cur = pp;
-    }
-    true
-}
-
-/// Why an attach of the daemon's own was refused, when Yama explains it
-/// (the daemon without CAP_SYS_PTRACE under a scope of 1 or more).
-pub fn yama_refusal() -> Option<String> {
-    let scope = yama_scope();
-    (scope >= 1 && !daemon_may_trace_any()).then(|| match scope {
-        1 => "kernel.yama.ptrace_scope=1 lets a daemon without CAP_SYS_PTRACE read and write \
-              the memory only of processes it started"
-            .to_string(),
-        n => format!(
-            "kernel.yama.ptrace_scope={n} lets only CAP_SYS_PTRACE read and write another \
-             process's memory"
-        ),
-    })
 }
 
 /// The rule itself, on facts (pure; unit-tested, and compared with the
@@ -537,7 +457,7 @@ pub fn check(caller: &Caller, pid: Pid) -> Result<(), WpdError> {
         }
         CallerNs::Nested(_) => {}
     }
-    let yama = yama_for_callers(yama_scope());
+    let yama = yama_for_callers(crate::procfs::yama::scope());
     if caller.privileged && yama < 3 {
         return Ok(());
     }

@@ -500,7 +500,7 @@ fn main() -> std::process::ExitCode {
             eprintln!("wpd: --yama-ptrace-scope is for kernels without Yama; this one has it");
             return std::process::ExitCode::from(2);
         }
-        wpd::authz::assume_yama_scope(scope);
+        wpd::procfs::yama::assume_scope(scope);
     }
     let config = match config(&args) {
         Ok(c) => c,

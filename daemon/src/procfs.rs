@@ -306,9 +306,9 @@ fn read_error(e: Errno, len: usize) -> String {
     match e {
         // A short read: the range crosses into unmapped memory.
         Errno::EFAULT => format!("reading target memory failed: {len} bytes not all mapped"),
-        Errno::EPERM if crate::authz::yama_refusal().is_some() => format!(
+        Errno::EPERM if yama::refusal().is_some() => format!(
             "reading target memory failed: {}",
-            crate::authz::yama_refusal().unwrap_or_default()
+            yama::refusal().unwrap_or_default()
         ),
         e => format!("reading target memory failed: {}", e.desc()),
     }
@@ -325,7 +325,7 @@ pub fn read_memory_prefix(pid: Pid, addr: u64, len: usize) -> (Vec<u8>, Option<S
     let Some(via) = live_thread(pid) else {
         return (Vec::new(), Some(read_error(Errno::ESRCH, len)));
     };
-    if crate::authz::assumed_yama_refuses(via) {
+    if yama::assumed_refuses(via) {
         return (Vec::new(), Some(read_error(Errno::EPERM, len)));
     }
     let mut buf = vec![0u8; len];
@@ -374,7 +374,7 @@ pub fn read_memory_prefix(pid: Pid, addr: u64, len: usize) -> (Vec<u8>, Option<S
 
 /// process_vm_readv of `len` bytes at `addr` through task `tid`.
 fn read_memory_of(tid: Tid, addr: u64, len: usize) -> Result<Vec<u8>, Errno> {
-    if crate::authz::assumed_yama_refuses(tid) {
+    if yama::assumed_refuses(tid) {
         return Err(Errno::EPERM);
     }
     let mut buf = vec![0u8; len];
@@ -439,6 +439,101 @@ fn has_run(pid: Pid, tid: Tid) -> bool {
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
         .is_none_or(|ns| ns > 0)
+}
+
+/// Yama (`kernel.yama.ptrace_scope`): the scope, whether the daemon itself
+/// is above it (CAP_SYS_PTRACE), and a scope assumed on kernels without
+/// Yama (`wpd --yama-ptrace-scope`), under which the daemon refuses its own
+/// attaches and memory reads as Yama would (kernel-facts §25.8).
+pub mod yama {
+    use super::Status;
+    use crate::model::Pid;
+
+    /// `CAP_SYS_PTRACE`'s bit in the capability masks.
+    pub const CAP_SYS_PTRACE: u32 = 19;
+
+    /// The Yama scope the daemon was told to assume (`wpd --yama-ptrace-scope`):
+    /// the kernels without Yama then show the paths a user of a distribution
+    /// that enables it (Ubuntu's default is 1) gets.
+    static ASSUMED_YAMA: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
+    /// Makes [`scope`] answer `scope` for the daemon's life, and the
+    /// daemon's own attaches refused as Yama would refuse them
+    /// ([`assumed_refuses`]). Once, before any request.
+    pub fn assume_scope(scope: u32) {
+        let _ = ASSUMED_YAMA.set(scope);
+    }
+
+    /// Yama's `kernel.yama.ptrace_scope` (0 when Yama is absent), or the scope
+    /// assumed ([`assume_scope`]).
+    pub fn scope() -> u32 {
+        if let Some(&s) = ASSUMED_YAMA.get() {
+            return s;
+        }
+        std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Whether the daemon holds CAP_SYS_PTRACE in its effective set (read once:
+    /// the daemon never changes its credentials).
+    pub fn daemon_may_trace_any() -> bool {
+        static CAP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *CAP.get_or_init(|| {
+            Status::of(std::process::id() as Pid)
+                .and_then(|s| s.mask("CapEff"))
+                .is_some_and(|m| m & (1 << CAP_SYS_PTRACE) != 0)
+        })
+    }
+
+    /// With an assumed scope ([`assume_scope`]; no Yama in the kernel to
+    /// refuse), whether Yama would refuse the daemon's own attach to task
+    /// `tid` (its memory read or written): the daemon lacks CAP_SYS_PTRACE and
+    /// the scope is 2 or more, or 1 and the task's process does not descend
+    /// from the daemon. `false` whenever the scope is the kernel's own: the
+    /// kernel answers then.
+    pub fn assumed_refuses(tid: Pid) -> bool {
+        let Some(&scope) = ASSUMED_YAMA.get() else {
+            return false;
+        };
+        if scope == 0 || daemon_may_trace_any() {
+            return false;
+        }
+        if scope >= 2 {
+            return true;
+        }
+        let me = std::process::id() as Pid;
+        let mut cur = super::tgid_of(tid).unwrap_or(tid);
+        for _ in 0..64 {
+            let Some(pp) = Status::of(cur).and_then(|s| s.number::<Pid>("PPid")) else {
+                return true;
+            };
+            if pp == me {
+                return false;
+            }
+            if pp <= 0 {
+                return true;
+            }
+            cur = pp;
+        }
+        true
+    }
+
+    /// Why an attach of the daemon's own was refused, when Yama explains it
+    /// (the daemon without CAP_SYS_PTRACE under a scope of 1 or more).
+    pub fn refusal() -> Option<String> {
+        let scope = scope();
+        (scope >= 1 && !daemon_may_trace_any()).then(|| match scope {
+            1 => "kernel.yama.ptrace_scope=1 lets a daemon without CAP_SYS_PTRACE read and write \
+                  the memory only of processes it started"
+                .to_string(),
+            n => format!(
+                "kernel.yama.ptrace_scope={n} lets only CAP_SYS_PTRACE read and write another \
+                 process's memory"
+            ),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -621,16 +621,18 @@ impl Core {
             return Err(WpdError::NotAttached(pid));
         }
         let refused = |why: String| WpdError::PermissionDenied { pid, detail: why };
-        if crate::authz::assumed_yama_refuses(pid) {
-            return Err(refused(crate::authz::yama_refusal().unwrap_or_default()));
+        if crate::procfs::yama::assumed_refuses(pid) {
+            return Err(refused(crate::procfs::yama::refusal().unwrap_or_default()));
         }
         let f = std::fs::OpenOptions::new()
             .write(true)
             .open(format!("/proc/{pid}/mem"))
-            .map_err(|e| match (e.raw_os_error(), crate::authz::yama_refusal()) {
-                (Some(libc::EPERM | libc::EACCES), Some(why)) => refused(why),
-                _ => WpdError::NoSuchProcess(pid),
-            })?;
+            .map_err(
+                |e| match (e.raw_os_error(), crate::procfs::yama::refusal()) {
+                    (Some(libc::EPERM | libc::EACCES), Some(why)) => refused(why),
+                    _ => WpdError::NoSuchProcess(pid),
+                },
+            )?;
         let mut done = 0;
         while done < data.len() {
             match f.write_at(&data[done..], addr + done as u64) {

@@ -309,7 +309,7 @@ impl Core {
         // the process and lacks CAP_SYS_PTRACE): refused, not armed to
         // report nothing.
         if (spec.condition.is_some() || spec.only_on_change)
-            && let Some(why) = crate::authz::yama_refusal()
+            && let Some(why) = crate::procfs::yama::refusal()
             && procfs::live_thread(pid).is_some_and(|via| {
                 procfs::read_memory(pid, via, spec.range.addr, spec.range.len as usize)
                     .is_err_and(|e| e.contains(&why))

@@ -570,6 +570,16 @@ impl ElfFile {
         &self.image[start..start.saturating_add(len).min(self.image.len())]
     }
 
+    /// The link-time address and size of the section `name` (one the
+    /// program's own code or runtime reads, such as libFuzzer's counters,
+    /// whose bounds no symbol names once linked).
+    pub fn section(&self, name: &str) -> Option<(u64, u64)> {
+        use object::{Object, ObjectSection};
+        let file = object::File::parse(&*self.image).ok()?;
+        let s = file.section_by_name(name)?;
+        Some((s.address(), s.size()))
+    }
+
     /// The symbols named `name` (several tables may list one).
     pub fn lookup(&self, name: &str) -> Vec<&Sym> {
         let mut v: Vec<&Sym> = self.symbols.iter().filter(|s| s.name == name).collect();

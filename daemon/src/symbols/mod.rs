@@ -36,6 +36,7 @@ mod files;
 /// the daemon's own fds its default `--fd-headroom` leaves room for.
 pub const FILES_HELD: usize = files::MAX_FILES + files::LOADS_IN_FLIGHT;
 pub mod frame;
+pub mod fuzzmap;
 pub mod lines;
 mod linkmap;
 pub mod locate;
@@ -285,6 +286,20 @@ impl Symbols {
                 .find(|s| s.kind == SymKind::Object && s.vaddr != 0)
                 .map(|s| s.vaddr.wrapping_add(bias))
         })
+    }
+
+    /// The runtime address and size of section `name` of `pid`'s
+    /// executable, if it has one.
+    pub fn exe_section(&self, pid: Pid, name: &str) -> Option<(u64, u64)> {
+        let files = maps::read(pid).ok()?;
+        let exe = Self::exe_file(pid)?;
+        let f = files
+            .iter()
+            .find(|f| exe.dev == f.dev && exe.inode == f.inode)?;
+        let elf = self.file(pid, f).ok()?;
+        let bias = Self::bias(&elf, f)?;
+        let (at, size) = elf.section(name)?;
+        Some((at.wrapping_add(bias), size))
     }
 
     /// What `name` names in `pid`, as a watchpoint would take it: a

@@ -230,7 +230,7 @@ impl Perf {
                 bytes / 1024
             ));
         }
-        if let Some(why) = crate::authz::yama_refusal() {
+        if let Some(why) = crate::procfs::yama::refusal() {
             v.push(format!(
                 "{why}: every thread of the user's other processes is still watched (perf \
                  events ask read access, which Yama leaves alone; threads they create are \

@@ -105,7 +105,7 @@ impl PtraceEngine {
         fds: Arc<crate::backend::fds::FdBudget>,
         opts: &crate::backend::SystemOptions,
     ) -> Result<Arc<PtraceEngine>, Unavailable> {
-        let scope = crate::authz::yama_scope();
+        let scope = crate::procfs::yama::scope();
         if scope >= 3 {
             return Err(Unavailable::Yama {
                 scope,
