@@ -34,7 +34,11 @@
 //       on BINARY's global VAR (4 or 8 bytes, by its symbol size) in it with
 //       the feedback program, and holds it SECONDS, attaching again if the
 //       fork server is replaced; prints the counters every 10 s. With
-//       `edge`, the previous hash is mixed in.
+//       `edge`, the previous hash is mixed in. With `signal`, the
+//       breakpoint also has sigtrap = 1 and sig_data, the program returns 1
+//       and only counts, and a handler preloaded into the target writes
+//       the map (state-feedback-preload.c, or state-feedback-grow.c, which
+//       also grows the map the fork server reports).
 //
 // Root only. Everything it starts ends with it (the breakpoints and the
 // program are file descriptors of this process).
