@@ -299,6 +299,9 @@ pub enum WpdError {
     /// it, or a thread blocks it.
     #[error("{0}")]
     SignalUnusable(String),
+    /// State feedback cannot reach the process's fuzzer (why).
+    #[error("{0}")]
+    NoFeedbackPath(String),
 }
 
 impl From<crate::procfs::NotAProcess> for WpdError {

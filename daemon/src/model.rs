@@ -188,6 +188,22 @@ pub struct WatchSpec {
     pub follow_forks: bool,
     /// Aggregate mode: samples streamed per second (`None`: every hit).
     pub aggregate: Option<u32>,
+    /// State feedback for a fuzzer (perf backend).
+    pub feedback: Option<Feedback>,
+}
+
+/// State feedback: the watched values counted in the fuzzer's map by the
+/// library preloaded into the program (`feedback/preload`), at each trap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Feedback {
+    /// How values count.
+    pub mode: wpd_feedback_key::Mode,
+    /// Another variable joining the key, by name.
+    pub with: Option<String>,
+    /// The breakpoint's `sig_data` in this process (`wpd_feedback_key::Trap`),
+    /// set by the daemon when it arms the watchpoint (the other variable
+    /// resolved in the process).
+    pub sig_data: Option<u64>,
 }
 
 impl WatchSpec {

@@ -199,6 +199,10 @@ pub mod reason {
     /// The signal action's signal cannot reach the process: it ignores it,
     /// or one of its threads blocks it.
     pub const SIGNAL_UNUSABLE: &str = "SIGNAL_UNUSABLE";
+    /// State feedback cannot reach the process's fuzzer: wpd's library is
+    /// not preloaded, the process is not under afl-fuzz, or the library
+    /// could not make room in the map.
+    pub const NO_FEEDBACK_PATH: &str = "NO_FEEDBACK_PATH";
     /// A symbol name that does not parse.
     pub const BAD_SYMBOL: &str = "BAD_SYMBOL";
     /// No module of that name in the process (metadata `loaded`).

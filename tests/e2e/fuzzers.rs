@@ -1012,3 +1012,232 @@ fn levels_follow_the_parsers_rules() {
     assert_eq!(levels_stored(b"WPM\x01L\xc8L"), vec![0xc8]);
     assert!(levels_stored(b"XPL\xc8").is_empty());
 }
+
+/// The maze of state feedback (`tests/c/maze.c`): 16 exact moves, every step through the
+/// same code.
+const MAZE: &str = include_str!("../c/maze.c");
+
+/// Compiles `tests/c/maze.c` with afl-cc into `dir/name`.
+fn build_maze(dir: &Path, name: &str) -> Result<PathBuf> {
+    let src = dir.join("maze.c");
+    std::fs::write(&src, MAZE)?;
+    let out = dir.join(name);
+    let o = std::process::Command::new("afl-cc")
+        .args(["-g", "-O1", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .env("AFL_QUIET", "1")
+        .output()
+        .context("running afl-cc (Debian's afl++; scripts/setup installs it)")?;
+    ensure!(
+        o.status.success(),
+        "afl-cc failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Ok(out)
+}
+
+/// `libwpd_feedback.so`, built beside the daemon.
+fn feedback_library() -> PathBuf {
+    wpd_tests::bin_path("wpd").with_file_name("libwpd_feedback.so")
+}
+
+/// Runs the maze on `input` without wpd: what each move stored ("py px", -1 once the walker
+/// is dead, from its `trace` mode) and whether it aborted (reached the exit).
+fn replay_maze(bin: &Path, input: &[u8]) -> Result<(Vec<(i64, i64)>, bool)> {
+    use std::io::Write;
+    use std::os::unix::process::ExitStatusExt;
+    let mut run = std::process::Command::new(bin)
+        .arg("trace")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    run.stdin.take().context("no stdin")?.write_all(input)?;
+    let out = run.wait_with_output()?;
+    let walked = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (y, x) = l.split_once(' ')?;
+            Some((y.parse().ok()?, x.parse().ok()?))
+        })
+        .collect();
+    Ok((walked, out.status.signal() == Some(libc::SIGABRT)))
+}
+
+/// State feedback from outside: AFL++ on the maze (every step through the same code, a
+/// wrong move kills the walker) finds no exit alone, with wpd's library preloaded and
+/// nothing watched; with a policy watching the position (`px`, with `py`) as feedback, the
+/// breakpoint's trap counts each new position in the map the fuzzer reads for that run,
+/// and AFL++ walks the maze step by step to the exit. The credit goes to the run that made
+/// the store: the maze's edges are the same for every input, so each input AFL++ saved for
+/// new coverage (`+cov`) must walk a position no earlier saved input walked, replayed
+/// without wpd. A maze process without the library, or not under afl-fuzz, is refused in
+/// one line saying which. When AFL++ ends, nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn afl_with_state_feedback_walks_the_maze_to_its_exit() -> Result<()> {
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let dir = unique_temp_dir("wpd-maze")?;
+    let comm = unique_comm("fzmaze");
+    let bin = build_maze(&dir, &comm)?;
+    let lib = feedback_library();
+    ensure!(lib.is_file(), "{} is not built", lib.display());
+    // The maze's rules: the 16 moves abort, 15 of them do not.
+    const WIN: [u8; 16] = [1, 1, 3, 3, 0, 0, 3, 3, 1, 1, 3, 3, 0, 0, 3, 3];
+    ensure!(replay_maze(&bin, &WIN)?.1 && !replay_maze(&bin, &WIN[..15])?.1);
+    let seeds = dir.join("in");
+    std::fs::create_dir(&seeds)?;
+    // Two moves (down, up): the loop's back edge, the one edge a longer walk adds, is
+    // covered from the start.
+    std::fs::write(seeds.join("seed"), [1u8, 0])?;
+    let afl = |out: &str, seconds: &str| {
+        let mut c = tokio::process::Command::new("afl-fuzz");
+        c.args(["-i", "in", "-o", out, "-V", seconds, "--"])
+            .arg(&bin)
+            .current_dir(&dir)
+            .env("AFL_PRELOAD", &lib)
+            .env("AFL_BENCH_UNTIL_CRASH", "1")
+            .env("AFL_NO_UI", "1")
+            .env("AFL_SKIP_CPUFREQ", "1")
+            .env("AFL_NO_AFFINITY", "1")
+            .env("AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES", "1");
+        c
+    };
+    let saved = |out: &str, kind: &str| -> Result<Vec<(String, Vec<u8>)>> {
+        let d = dir.join(out).join("default").join(kind);
+        let mut v = Vec::new();
+        for e in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("id:") {
+                v.push((name, std::fs::read(e.path())?));
+            }
+        }
+        v.sort();
+        Ok(v)
+    };
+
+    // Alone (the library preloaded, its room in the map empty): no exit.
+    let o = run_fuzzer(afl("alone", "20"), Duration::from_secs(60)).await?;
+    ensure!(
+        o.status.success(),
+        "afl-fuzz failed: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    ensure!(
+        saved("alone", "crashes")?.is_empty(),
+        "AFL++ alone found the exit"
+    );
+
+    let daemon = Daemon::start().await?;
+    let ep = daemon.endpoint();
+    let result = async {
+        let wpctl = async |args: &[&str]| -> Result<CmdOutput> {
+            let mut all = vec!["--endpoint", ep.as_str()];
+            all.extend_from_slice(args);
+            run_wpctl(&all, Duration::from_secs(20)).await
+        };
+        // Refused where the trap would have no one to count it.
+        for (preload, says) in [
+            (false, "AFL_PRELOAD="),
+            (true, "not running under afl-fuzz"),
+        ] {
+            let mut c = std::process::Command::new(&bin);
+            c.stdin(Stdio::piped()).stdout(Stdio::null());
+            if preload {
+                c.env("LD_PRELOAD", &lib);
+            }
+            let mut alone = c.spawn()?;
+            let pid = alone.id().to_string();
+            // It waits for its input; its library (if any) is loaded by then.
+            poll_until(Duration::from_secs(10), "the maze started", async || {
+                let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+                Ok(if !preload || maps.contains("libwpd_feedback.so") {
+                    Ok(())
+                } else {
+                    Err("library not mapped yet".to_string())
+                })
+            })
+            .await?;
+            let r = wpctl(&["watch", "--pid", &pid, "--symbol", "px", "--feedback"]).await;
+            let _ = alone.kill();
+            let _ = alone.wait();
+            let r = r?;
+            ensure!(
+                r.code != Some(0) && r.stderr.lines().count() == 1 && r.stderr.contains(says),
+                "a feedback watch on a maze with the library {preload}: {r:?}"
+            );
+        }
+        // By its program: every run held at its exec and armed before its first
+        // instruction (a policy by name arms a program's first process only after its
+        // exec, and the fork server would fork unwatched runs meanwhile).
+        let exe = bin.display().to_string();
+        let w = wpctl(&[
+            "watch",
+            "--exe",
+            &exe,
+            "--symbol",
+            "px",
+            "--feedback",
+            "--feedback-with",
+            "py",
+            "--follow-forks",
+        ])
+        .await?;
+        ensure!(
+            w.code == Some(0) && w.stdout.starts_with("policy "),
+            "{w:?}"
+        );
+        let policy_id: u64 = w.stdout["policy ".len()..]
+            .split(':')
+            .next()
+            .and_then(|n| n.trim().parse().ok())
+            .context("policy id")?;
+        let o = run_fuzzer(afl("fed", "240"), Duration::from_secs(300)).await?;
+        ensure!(
+            o.status.success(),
+            "afl-fuzz failed: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+        let found = saved("fed", "crashes")?;
+        ensure!(
+            !found.is_empty(),
+            "AFL++ with state feedback found no exit in 240 s"
+        );
+        for (name, input) in &found {
+            ensure!(
+                replay_maze(&bin, input)?.1,
+                "{name}: {input:?} does not reach the exit without wpd"
+            );
+        }
+        // The credit: each input saved for new coverage walked somewhere new.
+        let mut seen = std::collections::BTreeSet::new();
+        let mut credited = 0;
+        for (name, input) in saved("fed", "queue")? {
+            let (walked, _) = replay_maze(&bin, &input)?;
+            let new = walked.iter().filter(|p| !seen.contains(*p)).count();
+            seen.extend(walked);
+            if name.contains("+cov") && !name.contains("orig") {
+                ensure!(
+                    new > 0,
+                    "{name} was saved for new coverage but walks nowhere new: the credit went to \
+                     another run"
+                );
+                credited += 1;
+            }
+        }
+        ensure!(
+            credited >= 8,
+            "only {credited} inputs saved for new positions: the walk was not learnt step by step"
+        );
+        nothing_left(&daemon, &comm, policy_id).await?;
+        let r = wpctl(&["unwatch", &policy_id.to_string()]).await?;
+        ensure!(r.code == Some(0), "{r:?}");
+        Ok(())
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    daemon.finish(result)
+}

@@ -155,6 +155,25 @@ pub struct WatchArgs {
     #[arg(long, value_name = "N", requires = "aggregate",
           value_parser = clap::value_parser!(u32).range(1..=10000))]
     pub exemplars: Option<u32>,
+    /// State feedback for a fuzzer: each value stored counts as new coverage for the
+    /// input that stored it (`values`, the default), or each new high (`max`). AFL++ with
+    /// wpd's library preloaded: `AFL_PRELOAD=.../libwpd_feedback.so afl-fuzz ...` (perf)
+    #[arg(long, value_enum, value_name = "MODE", num_args = 0..=1,
+          default_missing_value = "values", conflicts_with = "aggregate")]
+    pub feedback: Option<FeedbackArg>,
+    /// Another variable whose value joins the feedback's key (a position is x and y:
+    /// watch x, --feedback-with y), by name
+    #[arg(long, value_name = "EXPR", requires = "feedback")]
+    pub feedback_with: Option<String>,
+}
+
+/// `--feedback` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FeedbackArg {
+    /// Each distinct value is new coverage
+    Values,
+    /// A value higher than any before is new coverage (in buckets: a counter, a depth)
+    Max,
 }
 
 /// `--condition`: see [`wpd_proto::condition::parse`].
@@ -325,6 +344,13 @@ pub async fn report(ctx: &Ctx, args: &WatchArgs) -> Result<Report, Error> {
         thread_name: args.thread_name.clone().unwrap_or_default(),
         aggregate: args.aggregate,
         exemplars_per_second: args.exemplars.unwrap_or(0),
+        feedback: args.feedback.map(|m| wpd_proto::v1::Feedback {
+            mode: match m {
+                FeedbackArg::Values => wpd_proto::v1::FeedbackMode::Values,
+                FeedbackArg::Max => wpd_proto::v1::FeedbackMode::Max,
+            } as i32,
+            with: args.feedback_with.clone().unwrap_or_default(),
+        }),
     };
     if policy {
         return set_policy(ctx, args, spec).await;

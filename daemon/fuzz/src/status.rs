@@ -303,6 +303,8 @@ pub enum ErrorInput {
     Internal(String),
     /// `WpdError::SignalUnusable`.
     SignalUnusable(String),
+    /// `WpdError::NoFeedbackPath`.
+    NoFeedbackPath(String),
     /// `WpdError::OtherPidNamespace`.
     OtherPidNamespace {
         /// The pid asked for.
@@ -729,6 +731,7 @@ impl ErrorInput {
             },
             ErrorInput::Internal(m) => WpdError::Internal(m),
             ErrorInput::SignalUnusable(m) => WpdError::SignalUnusable(m),
+            ErrorInput::NoFeedbackPath(m) => WpdError::NoFeedbackPath(m),
             ErrorInput::OtherPidNamespace { pid, why } => WpdError::OtherPidNamespace {
                 pid,
                 why: why.get(),
@@ -775,6 +778,7 @@ pub fn variant(e: &WpdError) -> &'static str {
         WpdError::LeaseEnded { .. } => "LeaseEnded",
         WpdError::Internal(_) => "Internal",
         WpdError::SignalUnusable(_) => "SignalUnusable",
+        WpdError::NoFeedbackPath(_) => "NoFeedbackPath",
         WpdError::OtherPidNamespace { .. } => "OtherPidNamespace",
         WpdError::NotInPidNamespace { .. } => "NotInPidNamespace",
     }

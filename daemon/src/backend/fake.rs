@@ -277,6 +277,7 @@ impl FakeBackend {
         signal_at_hit: false,
         code_events: false,
         arms_while_traced: false,
+        feedback: false,
     };
 
     /// A fake backend over `kernel`.

@@ -61,6 +61,9 @@ pub struct Features {
     /// process itself): policies hold a program's new processes at their
     /// exec for it (`engine/policy_hold.rs`).
     pub arms_while_traced: bool,
+    /// State feedback: a breakpoint that signals the storing thread at the
+    /// trap with what the preloaded library needs (perf's `sigtrap`).
+    pub feedback: bool,
 }
 
 pub use ptrace::code::{

@@ -176,6 +176,25 @@ impl TryFrom<pb::WatchpointSpec> for WatchSpec {
                 (true, 0) => Some(crate::aggregate::DEFAULT_EXEMPLARS),
                 (true, n) => Some(n),
             },
+            feedback: match &s.feedback {
+                None => None,
+                Some(f) => Some(crate::model::Feedback {
+                    mode: match pb::FeedbackMode::try_from(f.mode) {
+                        Ok(pb::FeedbackMode::Unspecified | pb::FeedbackMode::Values) => {
+                            wpd_feedback_key::Mode::Values
+                        }
+                        Ok(pb::FeedbackMode::Max) => wpd_feedback_key::Mode::Max,
+                        Err(_) => {
+                            return Err(WpdError::InvalidArgument(format!(
+                                "unknown feedback mode value {}",
+                                f.mode
+                            )));
+                        }
+                    },
+                    with: (!f.with.trim().is_empty()).then(|| f.with.trim().to_string()),
+                    sig_data: None,
+                }),
+            },
         })
     }
 }
@@ -184,6 +203,13 @@ impl TryFrom<pb::WatchpointSpec> for WatchSpec {
 pub fn spec_to_pb(s: &WatchSpec) -> pb::WatchpointSpec {
     pb::WatchpointSpec {
         code_event: None,
+        feedback: s.feedback.as_ref().map(|f| pb::Feedback {
+            mode: match f.mode {
+                wpd_feedback_key::Mode::Values => pb::FeedbackMode::Values,
+                wpd_feedback_key::Mode::Max => pb::FeedbackMode::Max,
+            } as i32,
+            with: f.with.clone().unwrap_or_default(),
+        }),
         follow_forks: s.follow_forks,
         aggregate: s.aggregate.is_some(),
         exemplars_per_second: s.aggregate.unwrap_or(0),

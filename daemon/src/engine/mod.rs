@@ -17,6 +17,7 @@
 //! the core and the backends.
 
 mod crashes;
+pub mod feedback;
 mod jobs;
 mod lifecycle;
 mod listings;

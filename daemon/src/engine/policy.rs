@@ -347,6 +347,19 @@ impl Core {
             // Checked once here; a name is resolved per process.
             crate::arch::validate(spec.range.addr, spec.range.len, spec.access)?;
         }
+        if spec.feedback.is_some()
+            && !self
+                .backends
+                .features(spec.backend)
+                .is_some_and(|f| f.feedback)
+        {
+            return Err(self.lacks(
+                "state feedback",
+                |f| f.feedback,
+                ", whose breakpoint signals the storing thread at the trap (perf's sigtrap) for \
+                 the library that counts the value in the fuzzer's map",
+            ));
+        }
         spec.policy = None;
         let id = id.unwrap_or_else(|| {
             WatchId(

@@ -152,6 +152,22 @@ impl Core {
                      one thread at a time",
                 ));
             }
+            if spec.feedback.is_some() && !f.feedback {
+                return Err(self.lacks(
+                    "state feedback",
+                    |f| f.feedback,
+                    ", whose breakpoint signals the storing thread at the trap (perf's sigtrap) \
+                     for the library that counts the value in the fuzzer's map",
+                ));
+            }
+            if spec.feedback.is_some() && spec.condition.is_some() && !f.signal_at_hit {
+                return Err(self.lacks(
+                    "a condition on state feedback",
+                    |f| f.signal_at_hit,
+                    ", which judges it at the trap (perf's per-thread path, BPF); here every \
+                     store would count",
+                ));
+            }
             if spec.only_on_change && !f.only_on_change {
                 return Err(self.lacks(
                     "only-on-change",
@@ -324,6 +340,15 @@ impl Core {
             });
         }
         let id = reuse.unwrap_or_else(|| WatchId(self.next_id.fetch_add(1, Ordering::Relaxed)));
+        let mut spec = spec;
+        if let Some(fb) = &spec.feedback {
+            let tag = spec.policy.unwrap_or(id).0;
+            let sig_data = self.feedback_sig_data(&spec, tag)?;
+            spec.feedback = Some(crate::model::Feedback {
+                sig_data: Some(sig_data),
+                ..fb.clone()
+            });
+        }
         let mut warnings = Vec::new();
         // A policy's instance has no caller to warn (its answer is the
         // policy's, given at its creation), and is armed on an exec's way

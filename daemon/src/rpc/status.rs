@@ -173,6 +173,7 @@ pub fn code_of(e: &WpdError) -> (Code, &'static str) {
         WpdError::LeaseEnded { .. } => (Code::Aborted, r::LEASE_ENDED),
         WpdError::Internal(_) => (Code::Internal, r::INTERNAL),
         WpdError::SignalUnusable(_) => (Code::FailedPrecondition, r::SIGNAL_UNUSABLE),
+        WpdError::NoFeedbackPath(_) => (Code::FailedPrecondition, r::NO_FEEDBACK_PATH),
         WpdError::Symbol(s) => symbol_code_of(s),
     }
 }

@@ -162,6 +162,18 @@ pub fn program_breakpoint(piece: Piece, access: Access, inherit: Inherit) -> b::
     a
 }
 
+/// Makes breakpoint `a` signal the thread that hits it (`sigtrap`:
+/// `SIGTRAP`, `si_code` `TRAP_PERF`, `si_addr` the watched address,
+/// `si_perf_data` `sig_data`) before its next instruction, when its
+/// overflow is not dropped by the program attached to it: a feedback
+/// breakpoint, for the library preloaded into the program
+/// (`engine/feedback.rs`). The kernel requires `remove_on_exec` with it.
+pub fn signal_thread(a: &mut b::perf_event_attr, sig_data: u64) {
+    a.set_sigtrap(1);
+    a.set_remove_on_exec(1);
+    a.sig_data = sig_data;
+}
+
 /// The probe's breakpoint: disabled (it only holds a slot, kernel-facts
 /// §5), anywhere.
 pub fn probe() -> b::perf_event_attr {

@@ -338,6 +338,9 @@ impl Perf {
     /// Opens a breakpoint on `tid` (one event per CPU). `inherit`: copied by
     /// the kernel into threads `tid` creates later (never into child
     /// processes), and dropped at exec.
+    /// `signal`: the `sig_data` of a breakpoint that signals the thread at
+    /// each hit ([`attr::signal_thread`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn open_breakpoint(
         &self,
         tid: Tid,
@@ -345,6 +348,7 @@ impl Perf {
         access: Access,
         inherit: Inherit,
         callers: u16,
+        signal: Option<u64>,
         id_sink: &dyn Fn(u64),
     ) -> Result<ThreadEvents, PerfError> {
         let max = max_stack();
@@ -352,7 +356,13 @@ impl Perf {
             tid,
             &self.cpus,
             &self.collectors,
-            || attr::sampled_breakpoint(piece, access, inherit, callers, max),
+            || {
+                let mut a = attr::sampled_breakpoint(piece, access, inherit, callers, max);
+                if let Some(d) = signal {
+                    attr::signal_thread(&mut a, d);
+                }
+                a
+            },
             "perf_event_open(breakpoint)",
             Some(id_sink),
         )?;
@@ -370,8 +380,9 @@ impl Perf {
         access: Access,
         inherit: Inherit,
         prog: &OwnedFd,
+        signal: Option<u64>,
     ) -> Result<OwnedFd, PerfError> {
-        let fd = open_breakpoint_bpf(tid, piece, access, inherit, prog)?;
+        let fd = open_breakpoint_bpf(tid, piece, access, inherit, prog, signal)?;
         self.fds.opened(1);
         Ok(fd)
     }
@@ -450,15 +461,21 @@ fn open_per_cpu(
     Ok((fds, ids))
 }
 
-/// See [`Perf::open_breakpoint_bpf`] (without the daemon's fd count).
+/// See [`Perf::open_breakpoint_bpf`] (without the daemon's fd count);
+/// signalling the thread at each hit the program lets through when
+/// `signal` gives a `sig_data`.
 pub(in crate::backend) fn open_breakpoint_bpf(
     tid: Tid,
     piece: Piece,
     access: Access,
     inherit: Inherit,
     prog: &OwnedFd,
+    signal: Option<u64>,
 ) -> Result<OwnedFd, PerfError> {
     let mut a = attr::program_breakpoint(piece, access, inherit);
+    if let Some(d) = signal {
+        attr::signal_thread(&mut a, d);
+    }
     let fd = sys::open(&mut a, tid, -1, "perf_event_open(breakpoint)")?;
     sys::set_bpf(&fd, prog)?;
     Ok(fd)
@@ -604,6 +621,7 @@ mod tests {
                     Access::ReadWrite,
                     Inherit::ThreadsAndForks,
                     &prog,
+                    None,
                 )
             },
         );
@@ -632,7 +650,7 @@ mod tests {
                 Made::SetBpf { .. } => Err(Errno::EINVAL),
                 _ => Ok(()),
             },
-            || open_breakpoint_bpf(1, piece(), Access::Write, Inherit::No, &prog),
+            || open_breakpoint_bpf(1, piece(), Access::Write, Inherit::No, &prog, None),
         );
         assert_eq!(r.unwrap_err().op, "PERF_EVENT_IOC_SET_BPF");
     }

@@ -143,6 +143,7 @@ impl PerfEngine {
         signal_at_hit: false,
         code_events: false,
         arms_while_traced: true,
+        feedback: true,
     };
 
     /// Opens the per-CPU rings; its events are counted in `fds`, the
@@ -240,11 +241,17 @@ impl PerfEngine {
             (true, false) => Inherit::Threads,
             (true, true) => Inherit::ThreadsAndForks,
         };
+        let signal = spec.feedback.as_ref().and_then(|f| f.sig_data);
         match progs.get(usize::from(key.piece)) {
             Some(prog) if self.perf.hit_ring().is_some() => {
-                let fd = self
-                    .perf
-                    .open_breakpoint_bpf(tid, piece, spec.access, inherit, prog)?;
+                let fd = self.perf.open_breakpoint_bpf(
+                    tid,
+                    piece,
+                    spec.access,
+                    inherit,
+                    prog,
+                    signal,
+                )?;
                 Ok(ThreadEvents {
                     fds: vec![fd],
                     ids: Vec::new(),
@@ -256,6 +263,7 @@ impl PerfEngine {
                 spec.access,
                 inherit,
                 u16::from(spec.backtrace),
+                signal,
                 sink,
             ),
         }
@@ -288,7 +296,7 @@ impl PerfEngine {
             .map(|p| {
                 let key = SlotKey::new(w.id, p);
                 let len = w.spec.range.piece(p).len.bytes();
-                ring.program_for(key, len, depth, judge.as_ref())
+                ring.program_for(key, len, depth, judge.as_ref(), w.spec.feedback.is_some())
                     .map_err(|errno| PerfError {
                         op: "bpf(BPF_PROG_LOAD)",
                         errno,

@@ -95,6 +95,7 @@ impl PtraceEngine {
         signal_at_hit: true,
         code_events: true,
         arms_while_traced: false,
+        feedback: false,
     };
 
     /// Starts the tracer shards, or says why ptrace cannot work here. The

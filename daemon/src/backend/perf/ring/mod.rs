@@ -116,6 +116,7 @@ impl HitRing {
             4,
             None,
             r.ns,
+            false,
         )
         .map_err(NoRing::Asm)?;
         bpf::load_program(bpf::PROG_TYPE_PERF_EVENT, &probe).map_err(NoRing::Program)?;
@@ -137,6 +138,7 @@ impl HitRing {
             4,
             Some((&all, state.raw_fd())),
             r.ns,
+            false,
         )
         .map_err(NoRing::Asm)?;
         r.judging = bpf::load_program(bpf::PROG_TYPE_PERF_EVENT, &probe).map(|_| ());
@@ -159,6 +161,7 @@ impl HitRing {
                 0,
                 Some((&typed, state.raw_fd())),
                 r.ns,
+                false,
             )
             .map_err(NoRing::Asm)?;
             if r.judging.is_ok() {
@@ -192,6 +195,7 @@ impl HitRing {
         len: u32,
         depth: u16,
         judge: Option<&Judge>,
+        signals: bool,
     ) -> Result<Arc<OwnedFd>, Errno> {
         let mut progs = self.progs.lock().unwrap();
         if let Some(p) = progs.get(&key.pack()) {
@@ -220,6 +224,7 @@ impl HitRing {
             depth,
             judged,
             self.ns,
+            signals,
         )
         .map_err(|e| {
             tracing::error!(id = key.id.0, piece = key.piece, "{e}");
@@ -316,7 +321,7 @@ mod kernel_tests {
 
     fn records_the_inherited_threads_hits(ring: HitRing) {
         let key = SlotKey::new(crate::model::WatchId(9), 0);
-        let prog = ring.program_for(key, 8, 8, None).unwrap();
+        let prog = ring.program_for(key, 8, 8, None, false).unwrap();
         let (tid_tx, tid_rx) = mpsc::channel();
         let (go_tx, go_rx) = mpsc::channel::<()>();
         let creator = std::thread::spawn(move || {
@@ -337,8 +342,15 @@ mod kernel_tests {
             addr: WATCHED.as_ptr() as u64,
             len: WatchLen::new(8).unwrap(),
         };
-        let ev = open_breakpoint_bpf(creator_tid, piece, Access::Write, Inherit::Threads, &prog)
-            .unwrap();
+        let ev = open_breakpoint_bpf(
+            creator_tid,
+            piece,
+            Access::Write,
+            Inherit::Threads,
+            &prog,
+            None,
+        )
+        .unwrap();
         go_tx.send(()).unwrap();
         let child_tid = creator.join().unwrap();
         let mut hits = Vec::new();

@@ -79,6 +79,9 @@ pub fn parse(body: &[u8]) -> Option<RingHit> {
 /// call chain, 8 more for ids in the daemon's pid namespace `ns` when it
 /// is not the initial one ([`bpf::current_pid_tgid`]); with a [`Judge`] (state in the array `judge.1`), the hit is
 /// judged first. Registers: r6 the context, r7 the reserved record.
+/// `signals`: the hits it lets through go on to the event's overflow (its
+/// `sigtrap`, a feedback breakpoint's signal).
+#[allow(clippy::too_many_arguments)]
 pub fn program(
     ring: i32,
     drops: i32,
@@ -87,7 +90,13 @@ pub fn program(
     depth: u16,
     judged: Option<(&Judge, i32)>,
     ns: Option<PidNs>,
+    signals: bool,
 ) -> Result<Vec<Insn>, AsmError> {
+    // What the program returns for a hit it lets through: 1 lets the
+    // kernel go on with the event's overflow, which signals the thread on
+    // a breakpoint opened with `sigtrap` (a feedback breakpoint); 0 ends
+    // it there (the record is the hit's only trace).
+    let through = i32::from(signals);
     let size = REC_FIXED + 8 * depth as usize;
     let mut p = Program::new();
     let reserved = p.label();
@@ -109,7 +118,7 @@ pub fn program(
     p.push([
         asm::mov_imm(2, 1),
         asm::atomic_add_dw(1, 0, 2),
-        asm::mov_imm(0, 0),
+        asm::mov_imm(0, through),
         asm::exit(),
     ]);
     p.place(reserved);
@@ -154,7 +163,7 @@ pub fn program(
         asm::mov(1, 7),
         asm::mov_imm(2, SUBMIT_FLAGS),
         asm::call(helper::RINGBUF_SUBMIT),
-        asm::mov_imm(0, 0),
+        asm::mov_imm(0, through),
         asm::exit(),
     ]);
     p.build()
@@ -168,13 +177,13 @@ mod tests {
     fn the_program_reserves_then_records_or_counts_a_drop() {
         let key = SlotKey::new(crate::model::WatchId(7), 2);
         for (depth, n) in [(0, 42), (8, 47)] {
-            let p = program(3, 4, key, 8, depth, None, None).unwrap();
+            let p = program(3, 4, key, 8, depth, None, None, false).unwrap();
             assert_eq!(p.len(), n, "depth {depth}");
             let ns = PidNs {
                 dev: 4,
                 ino: 4026532000,
             };
-            let in_ns = program(3, 4, key, 8, depth, None, Some(ns)).unwrap();
+            let in_ns = program(3, 4, key, 8, depth, None, Some(ns), false).unwrap();
             assert_eq!(in_ns.len(), n + 8, "depth {depth}, in a namespace");
             assert!(in_ns.contains(&asm::call(helper::GET_NS_CURRENT_PID_TGID)));
             assert!(!in_ns.contains(&asm::call(helper::GET_CURRENT_PID_TGID)));
@@ -224,7 +233,7 @@ mod tests {
                                 signal,
                                 spacing_ns,
                             };
-                            let p = program(3, 4, key, len, 0, Some((&j, 5)), None)
+                            let p = program(3, 4, key, len, 0, Some((&j, 5)), None, false)
                                 .unwrap_or_else(|e| panic!("{j:?}: {e}"));
                             // The filtered block (count, return 0) is there
                             // exactly when something filters.

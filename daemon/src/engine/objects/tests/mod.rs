@@ -221,6 +221,7 @@ fn spec(pid: Pid) -> WatchSpec {
         policy: None,
         follow_forks: false,
         aggregate: None,
+        feedback: None,
     }
 }
 

@@ -1,0 +1,181 @@
+//! State feedback for a fuzzer (kernel-facts §24): which processes can take
+//! it, and what a feedback breakpoint's `sig_data` says in one.
+//!
+//! The map afl-fuzz reads is written by `libwpd_feedback.so`
+//! (`feedback/preload`), preloaded into the program: it makes room after
+//! the edges in the map (raising `__afl_map_size` before the fork server's
+//! handshake) and counts each trap's value there. A BPF program cannot
+//! write the program's memory on a kernel locked down for integrity (this
+//! project's machines: `bpf_probe_write_user` is refused, §24.1), and the
+//! map is only read for as many bytes as the target reports, so the
+//! library is what makes it work. The daemon arms a feedback watchpoint in
+//! a process only where the library is (or will be, before the program's
+//! first instruction) and the process is under afl-fuzz: anywhere else its
+//! breakpoint's `SIGTRAP` would have no handler and end the program.
+
+use crate::error::WpdError;
+use crate::model::{Access, Pid, WatchSpec};
+use crate::procfs;
+
+use super::Core;
+
+/// The library's file name.
+pub const LIBRARY: &str = "libwpd_feedback.so";
+/// `wpd_feedback_state`'s first word (`feedback/preload`: `MAGIC`).
+const MAGIC: u64 = u64::from_le_bytes(*b"wpdfeed1");
+
+/// Where the library is installed, for the messages that tell a user to
+/// preload it: beside the daemon's binary (a build's `target/release`),
+/// else under `lib/wpd/` of its prefix.
+pub fn library_path() -> String {
+    let exe = std::fs::read_link("/proc/self/exe").ok();
+    let dir = exe.as_deref().and_then(std::path::Path::parent);
+    if let Some(d) = dir {
+        let beside = d.join(LIBRARY);
+        if beside.is_file() {
+            return beside.display().to_string();
+        }
+        if let Some(prefix) = d.parent() {
+            return prefix.join("lib/wpd").join(LIBRARY).display().to_string();
+        }
+    }
+    format!("/usr/local/lib/wpd/{LIBRARY}")
+}
+
+/// The environment a process started with (`/proc/PID/environ`): the
+/// value of `name`, if set.
+fn environ_var(pid: Pid, name: &str) -> Option<String> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    env.split(|&b| b == 0).find_map(|kv| {
+        let rest = kv.strip_prefix(name.as_bytes())?.strip_prefix(b"=")?;
+        Some(String::from_utf8_lossy(rest).into_owned())
+    })
+}
+
+impl Core {
+    /// The `sig_data` of `spec`'s feedback breakpoint in process `pid`
+    /// (`tag`: the watchpoint's, or its policy's, id), after checking that
+    /// the process can take feedback.
+    pub(super) fn feedback_sig_data(&self, spec: &WatchSpec, tag: u64) -> Result<u64, WpdError> {
+        let pid = spec.pid;
+        let Some(fb) = &spec.feedback else {
+            return Err(WpdError::Internal("no feedback asked for".into()));
+        };
+        let bad = |why: String| WpdError::InvalidArgument(why);
+        if spec.access == Access::Exec {
+            return Err(bad(
+                "feedback counts the values stored: a write or read-write watchpoint".into(),
+            ));
+        }
+        let len = spec.range.len;
+        if spec.range.slots() != 1 || !matches!(len, 1 | 2 | 4 | 8) {
+            return Err(bad(format!(
+                "feedback reads the value at each store: 1, 2, 4 or 8 aligned bytes, not {len} \
+                 at {:#x}",
+                spec.range.addr
+            )));
+        }
+        self.feedback_reaches(pid)?;
+        let with = match &fb.with {
+            None => None,
+            Some(expr) => {
+                let r = self.symbols.resolve(pid, expr, Access::Write, 0)?;
+                if !matches!(r.size, 1 | 2 | 4 | 8) || r.address & (r.size - 1) != 0 {
+                    return Err(bad(format!(
+                        "--feedback-with {expr}: {} bytes at {:#x}; the handler reads 1, 2, 4 or 8 \
+                         aligned bytes (name a member, or cast: *(int *)&{expr})",
+                        r.size, r.address
+                    )));
+                }
+                Some((r.address, r.size as u8))
+            }
+        };
+        wpd_feedback_key::Trap {
+            mode: fb.mode,
+            len: len as u8,
+            with,
+            tag: (tag & 0x7ff) as u16,
+        }
+        .encode()
+        .ok_or_else(|| bad("the other variable's address does not fit the trap's data".into()))
+    }
+
+    /// Whether the preloaded library can count feedback in `pid`'s
+    /// fuzzer's map: loaded, under afl-fuzz, the room made; or, for a
+    /// process held at its exec, named in its `LD_PRELOAD` (the loader maps
+    /// it before the program's first instruction) with afl-fuzz's segment
+    /// in its environment.
+    fn feedback_reaches(&self, pid: Pid) -> Result<(), WpdError> {
+        let no = |why: String| WpdError::NoFeedbackPath(why);
+        let preload = format!("AFL_PRELOAD={}", library_path());
+        let under_afl = environ_var(pid, "__AFL_SHM_ID").is_some();
+        let mapped = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+            .map_err(|e| no(format!("process {pid}'s mappings cannot be read: {e}")))?
+            .lines()
+            .any(|l| l.ends_with(&format!("/{LIBRARY}")));
+        if !mapped {
+            let named = environ_var(pid, "LD_PRELOAD").is_some_and(|p| p.contains(LIBRARY));
+            return match (named, under_afl) {
+                (true, true) => Ok(()),
+                (false, _) => Err(no(format!(
+                    "process {pid} does not have wpd's feedback library: run the fuzzer with \
+                     {preload} (it makes room in AFL++'s map and counts each value there; the \
+                     breakpoint's signal would end a program without it)"
+                ))),
+                (true, false) => Err(no(format!(
+                    "process {pid} is not running under afl-fuzz (no __AFL_SHM_ID): there is no \
+                     fuzzer's map to count its values in"
+                ))),
+            };
+        }
+        let state = self
+            .symbols
+            .resolve(
+                pid,
+                &format!("{LIBRARY}:wpd_feedback_state"),
+                Access::Write,
+                0,
+            )
+            .map_err(|e| {
+                no(format!(
+                    "{LIBRARY} in process {pid} has no state to read: {e}"
+                ))
+            })?;
+        let via = procfs::live_thread(pid).ok_or(WpdError::ProcessExited(pid))?;
+        let words = procfs::read_memory(pid, via, state.address, 24)
+            .map_err(|e| no(format!("{LIBRARY}'s state in process {pid}: {e}")))?;
+        let word = |i: usize| u64::from_le_bytes(words[i * 8..i * 8 + 8].try_into().unwrap());
+        let (magic, map, base_room) = (word(0), word(1), word(2));
+        let room = base_room >> 32;
+        if magic != MAGIC {
+            return Err(no(format!(
+                "process {pid} has another version of {LIBRARY}: preload the one beside this \
+                 daemon ({preload})"
+            )));
+        }
+        if !under_afl {
+            return Err(no(format!(
+                "process {pid} is not running under afl-fuzz (no __AFL_SHM_ID): there is no \
+                 fuzzer's map to count its values in"
+            )));
+        }
+        if map == 0 || room == 0 {
+            return Err(no(format!(
+                "{LIBRARY} could not make room in process {pid}'s AFL++ map: the program has no \
+                 symbol table (stripped: __afl_map_size is not found) or afl-fuzz's segment has \
+                 no bytes to spare"
+            )));
+        }
+        // The program's own map pointer agrees with the segment the
+        // library attached.
+        match crate::symbols::fuzzmap::find(&self.symbols, pid) {
+            Ok(crate::symbols::fuzzmap::FuzzerMap::Afl { base, .. }) if base == map => Ok(()),
+            Ok(m) => Err(no(format!(
+                "process {pid}'s {} map at {:#x} is not the segment {LIBRARY} attached at {map:#x}",
+                m.fuzzer(),
+                m.bytes().0
+            ))),
+            Err(e) => Err(no(e.to_string())),
+        }
+    }
+}

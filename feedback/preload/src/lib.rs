@@ -1,0 +1,301 @@
+//! `libwpd_feedback.so`: loaded into a fuzzed program (`AFL_PRELOAD`, which
+//! afl-fuzz turns into the target's `LD_PRELOAD`), it gives a watched
+//! variable's values to AFL++ as coverage (kernel-facts §24):
+//!
+//! - **Room in the map.** AFL++ reads, after each run, only as many bytes
+//!   of its map as the target reports at the fork server's handshake
+//!   (`__afl_map_size`, its edge count). The runtime sets that size, then
+//!   attaches the fuzzer's segment with `shmat`, then shakes hands: this
+//!   library's `shmat` raises `__afl_map_size` by [`ROOM`] bytes in
+//!   between, so afl-fuzz reads them too, and feedback never lands on an
+//!   edge's byte. `__afl_map_size` is not in the dynamic symbol table: it
+//!   is found in the executable's own (`.symtab`; a stripped program gets
+//!   no room, and [`wpd_feedback_state`] says so).
+//! - **Counting.** wpd's feedback breakpoints are opened with `sigtrap`:
+//!   each store sends the storing thread a `SIGTRAP` (`si_code`
+//!   `TRAP_PERF`, `si_addr` the watched address, the breakpoint's
+//!   `sig_data` in `si_perf_data`) before its next instruction. The handler
+//!   reads the value (and another variable's, if the watch names one),
+//!   and increments the map byte `wpd_feedback_key::Trap::byte` names, in
+//!   the room: the run that made the store gets the credit. Other
+//!   `SIGTRAP`s go to the handler the program had.
+//!
+//! The daemon reads [`wpd_feedback_state`] to know the library is there
+//! and the room made before it opens a breakpoint that signals.
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+
+use wpd_feedback_key::Trap;
+
+/// Bytes of the map kept for feedback, after the edges.
+pub const ROOM: u32 = 512;
+
+/// `si_code` of a perf event's `SIGTRAP`.
+const TRAP_PERF: c_int = 6;
+/// Offset of `si_perf_data` in `siginfo_t` (x86-64: after `si_addr`).
+const SI_PERF_DATA: usize = 24;
+
+/// What the library found, read by the daemon from the process
+/// (`libwpd_feedback.so:wpd_feedback_state`): `magic`, then the map's
+/// address, the room's first byte (the edge count) and size (0: no room
+/// made), and how many feedback traps were counted.
+#[repr(C)]
+pub struct State {
+    magic: u64,
+    map: AtomicU64,
+    base: AtomicU32,
+    room: AtomicU32,
+    traps: AtomicU64,
+}
+
+/// `b"wpdfeed1"`, little-endian: the layout above, version 1.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"wpdfeed1");
+
+/// The library's state (see [`State`]).
+#[allow(non_upper_case_globals)]
+#[unsafe(no_mangle)]
+#[used]
+pub static wpd_feedback_state: State = State {
+    magic: MAGIC,
+    map: AtomicU64::new(0),
+    base: AtomicU32::new(0),
+    room: AtomicU32::new(0),
+    traps: AtomicU64::new(0),
+};
+
+/// The program's `SIGTRAP` action before this library's.
+static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static INIT: extern "C" fn() = init;
+
+extern "C" fn init() {
+    // SAFETY: a zeroed sigaction is valid; the handler has the
+    // SA_SIGINFO signature; the previous action is leaked on purpose (it
+    // lives as long as the process).
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_trap as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        let old = Box::into_raw(Box::new(std::mem::zeroed::<libc::sigaction>()));
+        if libc::sigaction(libc::SIGTRAP, &sa, old) == 0 {
+            PREVIOUS.store(old, Ordering::Release);
+        }
+    }
+}
+
+extern "C" fn on_trap(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    // SAFETY: the kernel passes a valid siginfo; `si_perf_data` is at its
+    // x86-64 offset for TRAP_PERF; the watched address was just stored to
+    // by this thread, so it is mapped, and the other variable is the
+    // program's (read as the program would).
+    unsafe {
+        if (*info).si_code == TRAP_PERF {
+            let data = info
+                .cast::<u8>()
+                .add(SI_PERF_DATA)
+                .cast::<u64>()
+                .read_unaligned();
+            if let Some(t) = Trap::decode(data) {
+                count(&t, (*info).si_addr() as u64);
+                return;
+            }
+        }
+        forward(sig, info, ctx);
+    }
+}
+
+/// Counts one trap's value in the room.
+///
+/// # Safety
+/// `addr` and the trap's other variable must be readable.
+unsafe fn count(t: &Trap, addr: u64) {
+    let s = &wpd_feedback_state;
+    let room = s.room.load(Ordering::Relaxed);
+    let map = s.map.load(Ordering::Relaxed);
+    if room == 0 || map == 0 {
+        return;
+    }
+    // SAFETY: the caller's promise.
+    let (v, w) = unsafe {
+        (
+            wpd_feedback_key::read_value(addr, t.len),
+            t.with
+                .map_or(0, |(a, l)| wpd_feedback_key::read_value(a, l)),
+        )
+    };
+    bump(map + u64::from(s.base.load(Ordering::Relaxed)) + u64::from(t.byte(v, w, room)));
+    s.traps.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts `v` (with `w`) in the room as a feedback trap of `mode` (0
+/// values, 1 max) and `tag` would: the same bytes, from the program's own
+/// source (IJON's way), without a breakpoint. What a benchmark compares
+/// wpd's traps with.
+#[unsafe(no_mangle)]
+pub extern "C" fn wpd_feedback_count(v: u64, w: u64, mode: u32, tag: u32) {
+    let s = &wpd_feedback_state;
+    let (room, map) = (
+        s.room.load(Ordering::Relaxed),
+        s.map.load(Ordering::Relaxed),
+    );
+    if room == 0 || map == 0 {
+        return;
+    }
+    let t = Trap {
+        mode: if mode == 1 {
+            wpd_feedback_key::Mode::Max
+        } else {
+            wpd_feedback_key::Mode::Values
+        },
+        len: 8,
+        with: None,
+        tag: tag as u16,
+    };
+    bump(map + u64::from(s.base.load(Ordering::Relaxed)) + u64::from(t.byte(v, w, room)));
+}
+
+/// Increments the map byte at `at`.
+fn bump(at: u64) {
+    let b = at as *mut u8;
+    // SAFETY: callers pass a byte of the room, within the segment (the
+    // room was made only where base + room fits in it: `make_room`).
+    unsafe {
+        let n = b.read_volatile().wrapping_add(1);
+        // 255 + 1 is 1, as AFL++'s counters: a byte once hit never reads 0.
+        b.write_volatile(if n == 0 { 1 } else { n });
+    }
+}
+
+/// Hands a `SIGTRAP` that is not a feedback trap to the program's own
+/// action; with none (the default), the default action is restored and
+/// the trap returns to the instruction, which traps again and ends the
+/// program as it would have without this library.
+///
+/// # Safety
+/// The arguments are the handler's.
+unsafe fn forward(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    let old = PREVIOUS.load(Ordering::Acquire);
+    if old.is_null() {
+        return;
+    }
+    // SAFETY: `old` was filled by sigaction and is never freed.
+    let old = unsafe { &*old };
+    match old.sa_sigaction {
+        libc::SIG_IGN => {}
+        libc::SIG_DFL => {
+            // SAFETY: restoring the program's own action.
+            unsafe { libc::sigaction(sig, old, std::ptr::null_mut()) };
+            if unsafe { (*info).si_code } > 0 && unsafe { (*info).si_code } != TRAP_PERF {
+                // A trap of an instruction (int3, a single step): it
+                // does not repeat by itself; raise it again under the
+                // default action.
+                unsafe { libc::raise(sig) };
+            }
+        }
+        f if old.sa_flags & libc::SA_SIGINFO != 0 => {
+            // SAFETY: the program installed this handler with this
+            // signature.
+            let h: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) =
+                unsafe { std::mem::transmute(f) };
+            h(sig, info, ctx);
+        }
+        f => {
+            // SAFETY: as above, the one-argument form.
+            let h: extern "C" fn(c_int) = unsafe { std::mem::transmute(f) };
+            h(sig);
+        }
+    }
+}
+
+type ShmatFn = unsafe extern "C" fn(c_int, *const c_void, c_int) -> *mut c_void;
+
+/// The C library's `shmat`, this library's in front of it.
+///
+/// # Safety
+/// As `shmat(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
+    static REAL: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+    let mut real = REAL.load(Ordering::Acquire);
+    if real.is_null() {
+        // SAFETY: a symbol lookup by a constant name.
+        real = unsafe { libc::dlsym(libc::RTLD_NEXT, c"shmat".as_ptr()) };
+        if real.is_null() {
+            return usize::MAX as *mut c_void;
+        }
+        REAL.store(real, Ordering::Release);
+    }
+    // SAFETY: `real` is the C library's shmat.
+    let p = unsafe { std::mem::transmute::<*mut c_void, ShmatFn>(real)(id, addr, flags) };
+    let afl = std::env::var("__AFL_SHM_ID")
+        .ok()
+        .and_then(|s| s.parse::<c_int>().ok());
+    if p as usize != usize::MAX
+        && afl == Some(id)
+        && wpd_feedback_state.map.load(Ordering::Relaxed) == 0
+    {
+        make_room(id, p as u64);
+    }
+    p
+}
+
+/// AFL++'s map attached at `map` (segment `id`): raises `__afl_map_size`
+/// by [`ROOM`] if the segment has the bytes, and records where the room
+/// is.
+fn make_room(id: c_int, map: u64) {
+    let Some(size_at) = exe_symbol("__afl_map_size") else {
+        return;
+    };
+    // SAFETY: a zeroed shmid_ds is valid for IPC_STAT to fill.
+    let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
+    if unsafe { libc::shmctl(id, libc::IPC_STAT, &mut ds) } != 0 {
+        return;
+    }
+    let size = size_at as *mut u32;
+    // SAFETY: the runtime's own variable, a u32, written by it before
+    // this shmat and read by it after.
+    let edges = unsafe { size.read_volatile() };
+    if edges == 0 || u64::from(edges) + u64::from(ROOM) > ds.shm_segsz as u64 {
+        return;
+    }
+    unsafe { size.write_volatile(edges + ROOM) };
+    let s = &wpd_feedback_state;
+    s.base.store(edges, Ordering::Relaxed);
+    s.room.store(ROOM, Ordering::Relaxed);
+    s.map.store(map, Ordering::Release);
+}
+
+/// The run-time address of `name` in the executable's symbol table.
+fn exe_symbol(name: &str) -> Option<u64> {
+    use object::{Object, ObjectSymbol};
+    let bytes = std::fs::read("/proc/self/exe").ok()?;
+    let file = object::File::parse(&*bytes).ok()?;
+    let sym = file.symbols().find(|s| s.name() == Ok(name))?;
+    let bias = if file.kind() == object::ObjectKind::Executable {
+        0
+    } else {
+        main_bias()?
+    };
+    Some(sym.address() + bias)
+}
+
+/// The executable's load bias: the first object `dl_iterate_phdr` lists.
+fn main_bias() -> Option<u64> {
+    unsafe extern "C" fn first(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        out: *mut c_void,
+    ) -> c_int {
+        // SAFETY: the loader passes a valid entry; `out` is the u64 below.
+        unsafe { *out.cast::<u64>() = (*info).dlpi_addr };
+        1
+    }
+    let mut bias = u64::MAX;
+    // SAFETY: the callback writes one u64 through its argument.
+    unsafe { libc::dl_iterate_phdr(Some(first), (&mut bias as *mut u64).cast()) };
+    (bias != u64::MAX).then_some(bias)
+}

@@ -1,0 +1,79 @@
+/*
+ * maze: a state machine whose every step runs the same code, the target of
+ * the state-feedback tests and benchmarks. An input is up to 32 moves, one
+ * per byte (byte & 3: up, down, left, right) from S; a move into a wall
+ * kills the walker, who then stays where it is; a walker alive on E at the
+ * end of a move aborts (the crash the fuzzer looks for). E is 16 exact
+ * moves from S.
+ *
+ * Nothing branches on the walk: every input runs the loop once per byte
+ * through the same edges, the same number of times for the same length,
+ * so edge coverage (and its hit counts) tells a fuzzer nothing about how
+ * far a walk got (but for the loop's back edge, taken from the second
+ * move on): alone, AFL++ must guess the 16 moves at once (1 in 4^16). The
+ * position is stored at every move in the globals `py` then `px` (in that
+ * order: at a store to px, py is already the new one), -1 for both once
+ * the walker is dead: a watch on px with py is the walk's state.
+ *
+ * Built with afl-cc (a fork server, one input from stdin). With the
+ * argument `trace`, prints what each move stored, "py px" per line (the
+ * tests replay a fuzzer's saved inputs with it). With
+ * -DSTATE_IN_SOURCE the position is counted in AFL++'s map by the program
+ * itself, in the bytes and with the key wpd's library uses (IJON's way: one
+ * line in the source; the benchmark's floor): it must run with the library
+ * preloaded (its room in the map), and exports the count for the library
+ * to take.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char maze[7][12] = {
+    "###########",
+    "#S#   #  E#",
+    "# # # # ###",
+    "#   #   # #",
+    "### ##### #",
+    "#         #",
+    "###########",
+};
+
+volatile int64_t px, py;
+
+#ifdef STATE_IN_SOURCE
+/* The library's in-source entry: counts (v, w) as a feedback trap of the
+   given mode and tag would. */
+extern void wpd_feedback_count(uint64_t v, uint64_t w, uint32_t mode, uint32_t tag);
+#define COUNT_STATE(x, y) wpd_feedback_count((uint64_t)(x), (uint64_t)(y), 0, 1)
+#else
+#define COUNT_STATE(x, y) ((void)0)
+#endif
+
+int main(int argc, char **argv) {
+    unsigned char in[32];
+    int trace = argc > 1 && strcmp(argv[1], "trace") == 0;
+    if (trace)
+        setvbuf(stdout, NULL, _IONBF, 0); /* each line out before an abort */
+    ssize_t n = read(0, in, sizeof in);
+    static const int dy[4] = {-1, 1, 0, 0}, dx[4] = {0, 0, -1, 1};
+    int y = 1, x = 1, alive = 1, won = 0;
+    for (ssize_t i = 0; i < n; i++) {
+        int m = in[i] & 3;
+        int ny = y + dy[m], nx = x + dx[m];
+        int open = maze[ny][nx] != '#';
+        alive &= open;
+        y += (ny - y) * alive;
+        x += (nx - x) * alive;
+        py = y * alive - !alive;
+        px = x * alive - !alive;
+        COUNT_STATE(px, py);
+        won |= alive & (maze[y][x] == 'E');
+        if (trace)
+            printf("%lld %lld\n", (long long)py, (long long)px);
+    }
+    if (won)
+        abort();
+    return 0;
+}
