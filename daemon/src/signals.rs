@@ -2,8 +2,9 @@
 //! delivered: a BPF program on the `signal_deliver` tracepoint (a raw
 //! tracepoint program, attached by name; it runs on every CPU) writes every
 //! delivery whose action is the default one (the process dies of it, or
-//! stops) and every SIGTRAP (handled or not) into a small BPF ring; the
-//! core reads it (`core/crashes.rs`).
+//! stops) and every SIGTRAP (handled or not, but for a handled perf
+//! event's own, a feedback breakpoint's) into a small BPF ring; the core
+//! reads it (`core/crashes.rs`).
 //!
 //! Why: a process wpd watches must never die of wpd, and wpd sends no
 //! SIGTRAP (kernel-facts §10). Yet the kernel can deliver one to a task
@@ -37,6 +38,8 @@ const REC_BYTES: i32 = 32;
 
 /// `SIGTRAP`.
 pub const SIGTRAP: i32 = 5;
+/// `si_code` of a perf event's `SIGTRAP` (its `sigtrap` attribute).
+pub const TRAP_PERF: i32 = 6;
 
 /// A signal delivery as the program recorded it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,11 +120,17 @@ fn program(ring: &RingBuf) -> Result<Vec<Insn>, bpf::AsmError> {
     // An unreadable handler is not taken for the default action.
     p.jne_imm(0, 0, out);
     p.push([asm::ldx_dw(8, 10, -24)]);
-    // A handled or ignored SIGTRAP: kept. Any other handled signal: not.
+    // A handled or ignored SIGTRAP: kept, but for a perf event's own
+    // (`TRAP_PERF`) to a handler the program has: a feedback breakpoint
+    // signals every store to the library that counts it (kernel-facts
+    // §24), thousands a second, and a handled one is no fault. Any other
+    // handled signal: not kept.
     let default = p.label();
     p.jeq_imm(8, 0, default);
-    p.jeq_imm(7, SIGTRAP, keep);
-    p.goto(out);
+    p.jne_imm(7, SIGTRAP, out);
+    p.push([asm::ldx_dw(2, 10, -16)]);
+    p.jeq_imm(2, TRAP_PERF, out);
+    p.goto(keep);
     // The default action: kept if it ends the process. Stops, continues
     // and the ignored-by-default signals are dropped here, in the kernel:
     // a program that stops itself at every input (AFL++'s persistent

@@ -313,6 +313,28 @@ fn bench_smoke_runs_every_measurement() {
         held[6], "120 of 120 (40 of 40 processes)",
         "stores seen of held processes: {held:?}"
     );
+    // feedback: every feedback store trapped and was counted by the preloaded library; AFL++
+    // alone never reached the maze's exit; the three fuzzing rows ran.
+    let rows = table_rows(section(&stdout, "## feedback:"));
+    let fed = rows
+        .iter()
+        .find(|r| r[0].starts_with("feedback ("))
+        .unwrap_or_else(|| panic!("no feedback store row: {rows:?}"));
+    assert_eq!(fed[3], "4000 of 4000", "feedback traps counted: {fed:?}");
+    let alone = rows
+        .iter()
+        .find(|r| r[0] == "alone")
+        .unwrap_or_else(|| panic!("no maze row alone: {rows:?}"));
+    assert_eq!(
+        alone[1], "0 of 1",
+        "AFL++ alone reached the exit: {alone:?}"
+    );
+    for name in ["with wpd's feedback", "counting in its source (the floor)"] {
+        assert!(
+            rows.iter().any(|r| r[0] == name),
+            "no maze row {name:?}: {rows:?}"
+        );
+    }
     // steps: every session of wpd's three paths (through the adapter with the others
     // running and held, and the direct Step) ran all its steps (lldb-dap, a peer, is not
     // run at --smoke).

@@ -14,9 +14,6 @@ use crate::events::{Event, EventKind};
 use crate::model::{Pid, WatchId};
 use crate::signals::{self, Delivery, SIGTRAP, SignalWatch};
 
-/// `si_code` of a perf event's `SIGTRAP` (its `sigtrap` attribute).
-const TRAP_PERF: i32 = 6;
-
 /// How often the ring is read when nothing wakes the thread (a delivery
 /// does: see [`signal_loop`]); also how soon it ends after the daemon.
 const POLL: Duration = Duration::from_millis(1000);
@@ -81,19 +78,6 @@ impl Core {
                 None => return,
             },
         };
-        // A feedback watchpoint's breakpoint signals every store (perf's
-        // sigtrap, `TRAP_PERF`) for the library preloaded to count it: the
-        // SIGTRAPs it is for.
-        if sigtrap
-            && d.code == TRAP_PERF
-            && watchpoints.iter().any(|id| {
-                self.watches
-                    .get(id)
-                    .is_some_and(|w| w.spec.feedback.is_some())
-            })
-        {
-            return;
-        }
         let reason = if sigtrap {
             self.sigtraps.fetch_add(1, Ordering::Relaxed);
             let handled = if fatal {

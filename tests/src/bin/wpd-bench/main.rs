@@ -83,9 +83,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use procstat::*;
 use sections::{
-    arm::*, churn::*, closes::*, dap::*, drain::*, farm::*, fleet::*, fuzzers::*, hitcost::*,
-    holds::*, memory::*, objects::*, pending::*, rpc::*, steps::*, symbols::*, throughput::*,
-    unpriv::*,
+    arm::*, churn::*, closes::*, dap::*, drain::*, farm::*, feedback::*, fleet::*, fuzzers::*,
+    hitcost::*, holds::*, memory::*, objects::*, pending::*, rpc::*, steps::*, symbols::*,
+    throughput::*, unpriv::*,
 };
 use wpd_tests::Backend;
 
@@ -93,9 +93,9 @@ const USAGE: &str = "usage: wpd-bench [--threads N[,N...]] [--spin-threads N[,N.
      [--writes W] [--no-peers] \
      [--only S,..|--skip S,..] [--churn-threads K[,K...]] [--window-ms MS] [--rpc-pairs P] \
      [--list-calls L] [--peer-timeout-s S] [--fuzz-secs S] [--persistent-secs S] [--smoke]\n\
-     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap steps farm fleet journal export fuzzers drain objects pending closes holds unpriv";
+     sections: arm spin hitcost churn throughput memory rpc ledger symbols dap steps farm fleet journal export fuzzers drain objects pending closes holds unpriv feedback";
 
-const SECTIONS: [&str; 22] = [
+const SECTIONS: [&str; 23] = [
     "arm",
     "spin",
     "hitcost",
@@ -118,6 +118,7 @@ const SECTIONS: [&str; 22] = [
     "closes",
     "holds",
     "unpriv",
+    "feedback",
 ];
 
 /// Variable watched where no thread of the target writes (idle workers write
@@ -497,6 +498,9 @@ async fn run(args: Args) -> Result<()> {
     }
     if args.has("unpriv") {
         section_unpriv(&args).await?;
+    }
+    if args.has("feedback") {
+        section_feedback(&args).await?;
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ pub mod closes;
 pub mod dap;
 pub mod drain;
 pub mod farm;
+pub mod feedback;
 pub mod fleet;
 pub mod fuzzers;
 pub mod hitcost;

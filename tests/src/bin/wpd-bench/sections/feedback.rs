@@ -1,0 +1,349 @@
+//! State feedback: how soon AFL++ reaches the exit of `tests/c/maze.c` (16
+//! exact moves, every step through the same code) alone, with wpd's
+//! feedback on the position (`px` with `py`), and with the same position
+//! counted by the program's own source in the same bytes (IJON's way: the
+//! floor); then what one feedback store costs the storing thread against a
+//! store wpd only records, in the same run.
+
+use crate::*;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use wpd_proto::v1::{
+    Feedback, ProcessSelector, RemoveWatchpointRequest, SetPolicyRequest, SetWatchpointRequest,
+    WatchpointSpec,
+};
+use wpd_tests::{Backend, Daemon, rpc_ok, unique_temp_dir};
+
+const MAZE: &str = include_str!("../../../../c/maze.c");
+
+/// Stores `v` as often as each line it reads says, then prints the time
+/// taken (ns) and the feedback traps the preloaded library has counted.
+const STORER: &str = r#"
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+volatile int64_t v;
+extern struct { uint64_t magic, map; uint32_t base, room; uint64_t traps; }
+    wpd_feedback_state __attribute__((weak));
+int main(void) {
+    char line[64];
+    while (fgets(line, sizeof line, stdin)) {
+        long n = atol(line);
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        for (long i = 0; i < n; i++) v = i;
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        printf("%lld %llu\n", (long long)((b.tv_sec - a.tv_sec) * 1000000000LL + b.tv_nsec - a.tv_nsec),
+               (unsigned long long)(&wpd_feedback_state ? wpd_feedback_state.traps : 0));
+        fflush(stdout);
+    }
+    return 0;
+}
+"#;
+
+fn library() -> PathBuf {
+    wpd_tests::bin_path("wpd").with_file_name("libwpd_feedback.so")
+}
+
+fn afl_cc(dir: &Path, source: &str, name: &str, extra: &[&str]) -> Result<PathBuf> {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source)?;
+    let out = dir.join(name);
+    let o = std::process::Command::new("afl-cc")
+        .args(["-g", "-O1"])
+        .args(extra)
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .env("AFL_QUIET", "1")
+        .output()
+        .context("afl-cc (Debian's afl++)")?;
+    ensure!(
+        o.status.success(),
+        "afl-cc: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Ok(out)
+}
+
+/// One AFL++ run until the first crash or `cap` seconds: the time to the
+/// crash (s, from AFL++'s own record of it) and the executions per second.
+async fn until_crash(dir: &Path, bin: &Path, out: &str, cap: u64) -> Result<(Option<f64>, f64)> {
+    let mut c = tokio::process::Command::new("afl-fuzz");
+    c.args(["-i", "in", "-o", out, "-V", &cap.to_string(), "--"])
+        .arg(bin)
+        .current_dir(dir)
+        .env("AFL_PRELOAD", library())
+        .env("AFL_BENCH_UNTIL_CRASH", "1")
+        .env("AFL_NO_UI", "1")
+        .env("AFL_SKIP_CPUFREQ", "1")
+        .env("AFL_NO_AFFINITY", "1")
+        .env("AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    let st = tokio::time::timeout(Duration::from_secs(cap + 60), c.status())
+        .await
+        .context("afl-fuzz overran its time")??;
+    ensure!(st.success(), "afl-fuzz: {st:?}");
+    let base = dir.join(out).join("default");
+    let crash = std::fs::read_dir(base.join("crashes"))?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("id:"))
+        .filter_map(|n| {
+            let t = n.split(",time:").nth(1)?.split(',').next()?;
+            t.parse::<f64>().ok()
+        })
+        .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.min(t))));
+    let stats = std::fs::read_to_string(base.join("fuzzer_stats"))?;
+    let eps = stats
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k.trim() == "execs_per_sec").then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0.0);
+    Ok((crash.map(|ms| ms / 1000.0), eps))
+}
+
+fn row(what: &str, runs: &[(Option<f64>, f64)], cap: u64) -> Option<f64> {
+    let reached: Vec<f64> = runs.iter().filter_map(|r| r.0).collect();
+    let eps = spread(runs.iter().map(|r| r.1).collect());
+    let time = if reached.is_empty() {
+        format!("none in {cap} s")
+    } else {
+        let s = spread(reached.clone());
+        format!("{:.1} ({:.1}–{:.1})", s.med, s.min, s.max)
+    };
+    println!(
+        "| {what} | {} of {} | {time} | {:.0} ({:.0}–{:.0}) |",
+        reached.len(),
+        runs.len(),
+        eps.med,
+        eps.min,
+        eps.max
+    );
+    (reached.len() == runs.len()).then(|| spread(reached).med)
+}
+
+pub(crate) async fn section_feedback(args: &Args) -> Result<()> {
+    let t0 = Instant::now();
+    let (reps, cap) = if args.smoke {
+        (1, 20)
+    } else {
+        (args.reps.max(3), 180)
+    };
+    println!("## feedback: state feedback on the maze, and what a feedback store costs\n");
+    println!(
+        "AFL++ on `tests/c/maze.c` (16 exact moves; every step the same code) until its first \
+         crash (the exit) or {cap} s, {reps} runs each, `libwpd_feedback.so` preloaded in \
+         every run: alone (nothing counts in its room), with wpd's feedback on `px` with `py` \
+         (a policy by executable, following forks), and with the program counting the same \
+         key in the same bytes itself (`-DSTATE_IN_SOURCE`: the floor). Time to the exit as \
+         AFL++ records it, s, median (range).\n"
+    );
+    println!("| AFL++ | reached the exit | time to the exit, s | execs/s |");
+    println!("|---|---|---:|---:|");
+    let dir = unique_temp_dir("wpd-bench-feedback")?;
+    std::fs::create_dir(dir.join("in"))?;
+    std::fs::write(dir.join("in/seed"), [1u8, 0])?;
+    let lib = library();
+    let libdir = lib.parent().context("library dir")?.display().to_string();
+    let maze = afl_cc(&dir, MAZE, "maze", &[])?;
+    let floor = afl_cc(
+        &dir,
+        MAZE,
+        "maze-in-source",
+        &[
+            "-DSTATE_IN_SOURCE",
+            &format!("-L{libdir}"),
+            &format!("-Wl,-rpath,{libdir}"),
+            "-lwpd_feedback",
+        ],
+    )?;
+    let mut alone = Vec::new();
+    for i in 0..reps {
+        alone.push(until_crash(&dir, &maze, &format!("alone{i}"), cap).await?);
+    }
+    row("alone", &alone, cap);
+    let daemon = Daemon::start().await?;
+    let mut client = daemon.client().await?;
+    let policy = rpc_ok(
+        "SetPolicy",
+        client.set_policy(SetPolicyRequest {
+            selector: Some(ProcessSelector {
+                exe: maze.display().to_string(),
+                ..Default::default()
+            }),
+            spec: Some(WatchpointSpec {
+                symbol: "px".into(),
+                access: wpd_proto::v1::Access::Write as i32,
+                backend: Backend::Perf as i32,
+                follow_forks: true,
+                feedback: Some(Feedback {
+                    mode: 0,
+                    with: "py".into(),
+                }),
+                ..Default::default()
+            }),
+        }),
+    )
+    .await?
+    .policy
+    .context("no policy")?
+    .id;
+    let mut fed = Vec::new();
+    for i in 0..reps {
+        fed.push(until_crash(&dir, &maze, &format!("fed{i}"), cap).await?);
+    }
+    let fed_med = row("with wpd's feedback", &fed, cap);
+    rpc_ok(
+        "RemoveWatchpoint(policy)",
+        client.remove_watchpoint(RemoveWatchpointRequest { id: policy }),
+    )
+    .await?;
+    let mut source = Vec::new();
+    for i in 0..reps {
+        source.push(until_crash(&dir, &floor, &format!("source{i}"), cap).await?);
+    }
+    let source_med = row("counting in its source (the floor)", &source, cap);
+    match (fed_med, source_med) {
+        (Some(f), Some(s)) => println!(
+            "\nwpd's feedback / the floor: {:.2}× the time to the exit (medians).\n",
+            f / s
+        ),
+        _ => println!("\nwpd's feedback / the floor: not every run reached the exit.\n"),
+    }
+    store_cost(args, &dir, &daemon).await?;
+    flush();
+    drop(client);
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
+    section_done(t0);
+    Ok(())
+}
+
+/// A System V segment standing in for afl-fuzz's map (the AFL++ runtime
+/// attaches it from `__AFL_SHM_ID`), removed when dropped.
+struct Segment(i32);
+
+impl Segment {
+    fn new() -> Result<Segment> {
+        // SAFETY: a new private segment; no memory is touched here.
+        let id = unsafe { libc::shmget(libc::IPC_PRIVATE, 1 << 20, libc::IPC_CREAT | 0o600) };
+        ensure!(id >= 0, "shmget: {}", std::io::Error::last_os_error());
+        Ok(Segment(id))
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: removes the segment this made (it goes when detached).
+        unsafe { libc::shmctl(self.0, libc::IPC_RMID, std::ptr::null_mut()) };
+    }
+}
+
+/// What a store costs the storing thread: nothing watched, a watchpoint
+/// wpd only records (its program, the ring), and a feedback watchpoint
+/// (the program, the signal, the library's handler), round after round.
+async fn store_cost(args: &Args, dir: &Path, daemon: &Daemon) -> Result<()> {
+    let (rounds, n) = if args.smoke { (2, 2_000) } else { (7, 50_000) };
+    println!(
+        "One thread storing an 8-byte variable {n} times per round, {rounds} rounds of each \
+         case in turn, in a program built with afl-cc and run as under afl-fuzz (its map a \
+         System V segment, the library preloaded); ns per store, median (range). Traps: \
+         what the library counted.\n"
+    );
+    println!("| store | ns per store | / recorded | traps counted |");
+    println!("|---|---:|---:|---:|");
+    let bin = afl_cc(dir, STORER, "storer", &[])?;
+    let seg = Segment::new()?;
+    let mut child = tokio::process::Command::new(&bin)
+        .env("LD_PRELOAD", library())
+        .env("__AFL_SHM_ID", seg.0.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = child.id().context("storer pid")? as i32;
+    let mut stdin = child.stdin.take().context("stdin")?;
+    let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
+    let mut client = daemon.client().await?;
+    let mut round = async |n: u64| -> Result<(f64, u64)> {
+        stdin.write_all(format!("{n}\n").as_bytes()).await?;
+        let l = lines.next_line().await?.context("the storer ended")?;
+        let (ns, traps) = l.split_once(' ').context("storer output")?;
+        Ok((ns.parse::<f64>()? / n as f64, traps.parse()?))
+    };
+    round(1000).await?;
+    let mut per: [Vec<f64>; 3] = Default::default();
+    let mut traps = 0;
+    for _ in 0..rounds {
+        for (case, v) in per.iter_mut().enumerate() {
+            let id = if case == 0 {
+                None
+            } else {
+                let r = rpc_ok(
+                    "SetWatchpoint",
+                    client.set_watchpoint(SetWatchpointRequest {
+                        spec: Some(WatchpointSpec {
+                            pid,
+                            symbol: "v".into(),
+                            access: wpd_proto::v1::Access::Write as i32,
+                            backend: Backend::Perf as i32,
+                            feedback: (case == 2).then(Feedback::default),
+                            ..Default::default()
+                        }),
+                    }),
+                )
+                .await?;
+                Some(r.watchpoint.context("no watchpoint")?.id)
+            };
+            let (ns, t) = round(n).await?;
+            v.push(ns);
+            if case == 2 {
+                traps = t;
+            }
+            if let Some(id) = id {
+                rpc_ok(
+                    "RemoveWatchpoint",
+                    client.remove_watchpoint(RemoveWatchpointRequest { id }),
+                )
+                .await?;
+            }
+        }
+    }
+    let [none, recorded, fed] = per.map(spread);
+    let line = |what: &str, s: Spread, t: String| {
+        println!(
+            "| {what} | {:.0} ({:.0}–{:.0}) | {:.2} | {t} |",
+            s.med,
+            s.min,
+            s.max,
+            s.med / recorded.med
+        );
+    };
+    line("not watched", none, String::new());
+    line(
+        "recorded (wpd's program, the ring)",
+        recorded,
+        String::new(),
+    );
+    line(
+        "feedback (the program, the signal, the handler)",
+        fed,
+        format!("{traps} of {}", n * rounds as u64),
+    );
+    println!();
+    drop(stdin);
+    let _ = child.wait().await;
+    drop(seg);
+    Ok(())
+}
