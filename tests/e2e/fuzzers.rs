@@ -1241,3 +1241,112 @@ async fn afl_with_state_feedback_walks_the_maze_to_its_exit() -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     daemon.finish(result)
 }
+
+/// Two fuzzers on one host, each with its own map: AFL++ on a watched copy of the maze and
+/// AFL++ on an unwatched copy, at the same time, both with the library preloaded. Only the
+/// watched one's inputs are saved for new positions (each walking somewhere no earlier one
+/// did, replayed without wpd); the other saves none for new coverage: no feedback of the
+/// first lands in the second's map.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_fuzzers_on_one_host_each_get_only_their_own_feedback() -> Result<()> {
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let dir = unique_temp_dir("wpd-maze2")?;
+    let watched = build_maze(&dir, &unique_comm("fzmw"))?;
+    let other = build_maze(&dir, &unique_comm("fzmo"))?;
+    let lib = feedback_library();
+    std::fs::create_dir(dir.join("in"))?;
+    std::fs::write(dir.join("in/seed"), [1u8, 0])?;
+    let afl = |bin: &Path, out: &str| {
+        let mut c = tokio::process::Command::new("afl-fuzz");
+        c.args(["-i", "in", "-o", out, "-V", "25", "--"])
+            .arg(bin)
+            .current_dir(&dir)
+            .env("AFL_PRELOAD", &lib)
+            .env("AFL_NO_UI", "1")
+            .env("AFL_SKIP_CPUFREQ", "1")
+            .env("AFL_NO_AFFINITY", "1")
+            .env("AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES", "1");
+        c
+    };
+    // Every input a run saved, in order, and whether it was saved for new coverage (not
+    // the seed).
+    let queue = |out: &str| -> Result<Vec<(bool, Vec<u8>)>> {
+        let d = dir.join(out).join("default/queue");
+        let mut v: Vec<(String, Vec<u8>)> = Vec::new();
+        for e in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("id:") {
+                v.push((name, std::fs::read(e.path())?));
+            }
+        }
+        v.sort();
+        Ok(v.into_iter()
+            .map(|(n, b)| (n.contains("+cov") && !n.contains("orig"), b))
+            .collect())
+    };
+    let daemon = Daemon::start().await?;
+    let ep = daemon.endpoint();
+    let result = async {
+        let exe = watched.display().to_string();
+        let w = run_wpctl(
+            &[
+                "--endpoint",
+                &ep,
+                "watch",
+                "--exe",
+                &exe,
+                "--symbol",
+                "px",
+                "--feedback",
+                "--feedback-with",
+                "py",
+                "--follow-forks",
+            ],
+            Duration::from_secs(20),
+        )
+        .await?;
+        ensure!(
+            w.code == Some(0) && w.stdout.starts_with("policy "),
+            "{w:?}"
+        );
+        let (a, b) = tokio::join!(
+            run_fuzzer(afl(&watched, "watched"), Duration::from_secs(90)),
+            run_fuzzer(afl(&other, "other"), Duration::from_secs(90)),
+        );
+        for (what, o) in [("watched", a?), ("other", b?)] {
+            ensure!(
+                o.status.success(),
+                "afl-fuzz ({what}) failed: {}",
+                String::from_utf8_lossy(&o.stdout)
+            );
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        let mut credited = 0;
+        for (cov, input) in queue("watched")? {
+            let (walked, _) = replay_maze(&watched, &input)?;
+            let new = walked.iter().filter(|p| !seen.contains(*p)).count();
+            seen.extend(walked);
+            if cov {
+                ensure!(new > 0, "an input saved for new coverage walks nowhere new");
+                credited += 1;
+            }
+        }
+        ensure!(
+            credited >= 5,
+            "the watched fuzzer saved {credited} inputs for new positions"
+        );
+        let theirs = queue("other")?.into_iter().filter(|(cov, _)| *cov).count();
+        ensure!(
+            theirs == 0,
+            "the unwatched fuzzer saved {theirs} inputs for new coverage: feedback landed in its \
+             map"
+        );
+        Ok(())
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    daemon.finish(result)
+}
