@@ -2,9 +2,9 @@
  * maze: a state machine whose every step runs the same code, the target of
  * the state-feedback tests and benchmarks. An input is up to 32 moves, one
  * per byte (byte & 3: up, down, left, right) from S; a move into a wall
- * kills the walker, who then stays where it is; a walker alive on E at the
- * end of a move aborts (the crash the fuzzer looks for). E is 16 exact
- * moves from S.
+ * kills the walker, who then stays where it is; a walker reaching E aborts
+ * there (the crash the fuzzer looks for), the rest of its input unread. E
+ * is 16 exact moves from S.
  *
  * Nothing branches on the walk: every input runs the loop once per byte
  * through the same edges, the same number of times for the same length,
@@ -17,7 +17,10 @@
  *
  * Built with afl-cc (a fork server, one input from stdin). With the
  * argument `trace`, prints what each move stored, "py px" per line (the
- * tests replay a fuzzer's saved inputs with it). With
+ * tests replay a fuzzer's saved inputs with it). With -DFUZZ_LIBFUZZER
+ * (clang -fsanitize=fuzzer) the walk is libFuzzer's target instead. With
+ * -DEND_MID_INPUT a walker that dies ends the process at once (_exit(0),
+ * the rest of its input unread): runs that end mid-input. With
  * -DSTATE_IN_SOURCE the position is counted in AFL++'s map by the program
  * itself, in the bytes and with the key wpd's library uses (IJON's way: one
  * line in the source; the benchmark's floor): it must run with the library
@@ -51,15 +54,11 @@ extern void wpd_feedback_count(uint64_t v, uint64_t w, uint32_t mode, uint32_t t
 #define COUNT_STATE(x, y) ((void)0)
 #endif
 
-int main(int argc, char **argv) {
-    unsigned char in[32];
-    int trace = argc > 1 && strcmp(argv[1], "trace") == 0;
-    if (trace)
-        setvbuf(stdout, NULL, _IONBF, 0); /* each line out before an abort */
-    ssize_t n = read(0, in, sizeof in);
+/* Walks the moves of `in`; 1 if the walker reached the exit. */
+static int walk(const unsigned char *in, size_t n, int trace) {
     static const int dy[4] = {-1, 1, 0, 0}, dx[4] = {0, 0, -1, 1};
-    int y = 1, x = 1, alive = 1, won = 0;
-    for (ssize_t i = 0; i < n; i++) {
+    int y = 1, x = 1, alive = 1;
+    for (size_t i = 0; i < n && i < 32; i++) {
         int m = in[i] & 3;
         int ny = y + dy[m], nx = x + dx[m];
         int open = maze[ny][nx] != '#';
@@ -69,11 +68,33 @@ int main(int argc, char **argv) {
         py = y * alive - !alive;
         px = x * alive - !alive;
         COUNT_STATE(px, py);
-        won |= alive & (maze[y][x] == 'E');
         if (trace)
             printf("%lld %lld\n", (long long)py, (long long)px);
+#ifdef END_MID_INPUT
+        if (!alive)
+            _exit(0);
+#endif
+        if (alive & (maze[y][x] == 'E'))
+            return 1;
     }
-    if (won)
+    return 0;
+}
+
+#ifdef FUZZ_LIBFUZZER
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (walk(data, size, 0))
         abort();
     return 0;
 }
+#else
+int main(int argc, char **argv) {
+    unsigned char in[32];
+    int trace = argc > 1 && strcmp(argv[1], "trace") == 0;
+    if (trace)
+        setvbuf(stdout, NULL, _IONBF, 0); /* each line out before an abort */
+    ssize_t n = read(0, in, sizeof in);
+    if (walk(in, n > 0 ? (size_t)n : 0, trace))
+        abort();
+    return 0;
+}
+#endif

@@ -314,7 +314,7 @@ fn bench_smoke_runs_every_measurement() {
         "stores seen of held processes: {held:?}"
     );
     // feedback: every feedback store trapped and was counted by the preloaded library; AFL++
-    // alone never reached the maze's exit; the three fuzzing rows ran.
+    // and libFuzzer alone never reached the maze's exit; the fuzzing rows ran.
     let rows = table_rows(section(&stdout, "## feedback:"));
     let fed = rows
         .iter()
@@ -329,7 +329,20 @@ fn bench_smoke_runs_every_measurement() {
         alone[1], "0 of 1",
         "AFL++ alone reached the exit: {alone:?}"
     );
-    for name in ["with wpd's feedback", "counting in its source (the floor)"] {
+    let lf_alone = rows
+        .iter()
+        .find(|r| r[0] == "libFuzzer alone")
+        .unwrap_or_else(|| panic!("no libFuzzer maze row alone: {rows:?}"));
+    assert_eq!(
+        lf_alone[1], "0 of 1",
+        "libFuzzer alone reached the exit: {lf_alone:?}"
+    );
+    for name in [
+        "with wpd's feedback",
+        "counting in its source (the floor)",
+        "libFuzzer with wpd's feedback",
+        "libFuzzer counting in its source (the floor)",
+    ] {
         assert!(
             rows.iter().any(|r| r[0] == name),
             "no maze row {name:?}: {rows:?}"

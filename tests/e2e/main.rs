@@ -27,6 +27,7 @@ mod faults_fork;
 mod faults_ptrace_death;
 mod faults_sigtrap;
 mod faults_streams;
+mod feedback;
 mod filters;
 mod fleet;
 mod fuzzers;

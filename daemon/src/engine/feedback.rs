@@ -52,6 +52,14 @@ fn environ_var(pid: Pid, name: &str) -> Option<String> {
     })
 }
 
+/// Whether an `LD_PRELOAD` value (paths separated by colons or spaces, as
+/// the loader reads it) names the library.
+fn preloads_library(value: &str) -> bool {
+    value
+        .split([':', ' '])
+        .any(|p| std::path::Path::new(p).file_name() == Some(std::ffi::OsStr::new(LIBRARY)))
+}
+
 impl Core {
     /// The `sig_data` of `spec`'s feedback breakpoint in process `pid`
     /// (`tag`: the watchpoint's, or its policy's, id), after checking that
@@ -101,31 +109,47 @@ impl Core {
     }
 
     /// Whether the preloaded library can count feedback in `pid`'s
-    /// fuzzer's map: loaded, under afl-fuzz, the room made; or, for a
-    /// process held at its exec, named in its `LD_PRELOAD` (the loader maps
-    /// it before the program's first instruction) with afl-fuzz's segment
-    /// in its environment.
+    /// fuzzer's map: loaded, with its room made (AFL++: under afl-fuzz, in
+    /// the segment the program's own map pointer names; libFuzzer: its
+    /// counters registered), or, for a process held at its exec, named in
+    /// its `LD_PRELOAD` (the loader maps it before the program's first
+    /// instruction) with a fuzzer to read the room: afl-fuzz's segment in
+    /// its environment, or libFuzzer in the program.
     fn feedback_reaches(&self, pid: Pid) -> Result<(), WpdError> {
+        use crate::symbols::fuzzmap::{self, FuzzerMap};
         let no = |why: String| WpdError::NoFeedbackPath(why);
-        let preload = format!("AFL_PRELOAD={}", library_path());
+        let found = fuzzmap::find(&self.symbols, pid);
+        let libfuzzer = matches!(found, Ok(FuzzerMap::LibFuzzer { .. }));
+        let preload = if libfuzzer {
+            format!("LD_PRELOAD={}", library_path())
+        } else {
+            format!("AFL_PRELOAD={}", library_path())
+        };
         let under_afl = environ_var(pid, "__AFL_SHM_ID").is_some();
+        let not_under = || {
+            no(format!(
+                "process {pid} is not running under afl-fuzz (no __AFL_SHM_ID) and is not a \
+                 libFuzzer target: there is no fuzzer's map to count its values in"
+            ))
+        };
         let mapped = std::fs::read_to_string(format!("/proc/{pid}/maps"))
             .map_err(|e| no(format!("process {pid}'s mappings cannot be read: {e}")))?
             .lines()
             .any(|l| l.ends_with(&format!("/{LIBRARY}")));
         if !mapped {
-            let named = environ_var(pid, "LD_PRELOAD").is_some_and(|p| p.contains(LIBRARY));
-            return match (named, under_afl) {
+            let named = environ_var(pid, "LD_PRELOAD").is_some_and(|p| preloads_library(&p));
+            return match (named, under_afl || libfuzzer) {
                 (true, true) => Ok(()),
                 (false, _) => Err(no(format!(
                     "process {pid} does not have wpd's feedback library: run the fuzzer with \
-                     {preload} (it makes room in AFL++'s map and counts each value there; the \
-                     breakpoint's signal would end a program without it)"
+                     {preload} ({}; the breakpoint's signal would end a program without it)",
+                    if libfuzzer {
+                        "it registers counters of its own with libFuzzer and counts each value there"
+                    } else {
+                        "it makes room in AFL++'s map and counts each value there"
+                    }
                 ))),
-                (true, false) => Err(no(format!(
-                    "process {pid} is not running under afl-fuzz (no __AFL_SHM_ID): there is no \
-                     fuzzer's map to count its values in"
-                ))),
+                (true, false) => Err(not_under()),
             };
         }
         let state = self
@@ -153,11 +177,35 @@ impl Core {
                  daemon ({preload})"
             )));
         }
+        if libfuzzer {
+            // The room is the library's own counters, registered with
+            // libFuzzer by its constructor.
+            let counters = self
+                .symbols
+                .resolve(
+                    pid,
+                    &format!("{LIBRARY}:wpd_feedback_counters"),
+                    Access::Write,
+                    0,
+                )
+                .map_err(|e| no(format!("{LIBRARY} in process {pid}: {e}")))?;
+            return if map == 0 || room == 0 {
+                Err(no(format!(
+                    "{LIBRARY} did not register its counters with libFuzzer in process {pid}: the \
+                     program does not export __sanitizer_cov_8bit_counters_init and \
+                     __sanitizer_cov_pcs_init, or it runs under afl-fuzz"
+                )))
+            } else if map != counters.address {
+                Err(no(format!(
+                    "{LIBRARY}'s room in process {pid} is at {map:#x}, not its counters at {:#x}",
+                    counters.address
+                )))
+            } else {
+                Ok(())
+            };
+        }
         if !under_afl {
-            return Err(no(format!(
-                "process {pid} is not running under afl-fuzz (no __AFL_SHM_ID): there is no \
-                 fuzzer's map to count its values in"
-            )));
+            return Err(not_under());
         }
         if map == 0 || room == 0 {
             return Err(no(format!(
@@ -168,8 +216,8 @@ impl Core {
         }
         // The program's own map pointer agrees with the segment the
         // library attached.
-        match crate::symbols::fuzzmap::find(&self.symbols, pid) {
-            Ok(crate::symbols::fuzzmap::FuzzerMap::Afl { base, .. }) if base == map => Ok(()),
+        match found {
+            Ok(FuzzerMap::Afl { base, .. }) if base == map => Ok(()),
             Ok(m) => Err(no(format!(
                 "process {pid}'s {} map at {:#x} is not the segment {LIBRARY} attached at {map:#x}",
                 m.fuzzer(),
@@ -177,5 +225,20 @@ impl Core {
             ))),
             Err(e) => Err(no(e.to_string())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ld_preload_names_the_library_only_as_a_file_of_its_own() {
+        assert!(preloads_library("/opt/wpd/libwpd_feedback.so"));
+        assert!(preloads_library("/lib/a.so:libwpd_feedback.so /lib/b.so"));
+        assert!(!preloads_library("/tmp/libwpd_feedback.so.old"));
+        assert!(!preloads_library("/tmp/libwpd_feedback.so/x.so"));
+        assert!(!preloads_library("/tmp/not-libwpd_feedback.so"));
+        assert!(!preloads_library(""));
     }
 }

@@ -20,9 +20,21 @@
 //!   the room: the run that made the store gets the credit. Other
 //!   `SIGTRAP`s go to the handler the program had.
 //!
+//! - **libFuzzer** (`-fsanitize=fuzzer`) reads the 8-bit counters of every
+//!   module that registered them, in the same process, after each input.
+//!   Outside afl-fuzz, where the program exports libFuzzer's registration
+//!   calls (`__sanitizer_cov_8bit_counters_init`, `__sanitizer_cov_pcs_init`:
+//!   in its dynamic symbol table), the library registers a module of its
+//!   own, [`ROOM`] counters ([`wpd_feedback_counters`]) with a table of as
+//!   many made-up PCs (their own addresses), from its constructor, which
+//!   runs before the program's: libFuzzer clears them before each input
+//!   and counts them as features after it, like its edges
+//!   (kernel-facts §24.11). That is the room.
+//!
 //! The daemon reads [`wpd_feedback_state`] to know the library is there
 //! and the room made before it opens a breakpoint that signals.
 
+use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
@@ -38,8 +50,9 @@ const SI_PERF_DATA: usize = 24;
 
 /// What the library found, read by the daemon from the process
 /// (`libwpd_feedback.so:wpd_feedback_state`): `magic`, then the map's
-/// address, the room's first byte (the edge count) and size (0: no room
-/// made), and how many feedback traps were counted.
+/// address (AFL++'s segment, or [`wpd_feedback_counters`] for libFuzzer),
+/// the room's first byte in it (AFL++: the edge count; libFuzzer: 0) and
+/// size (0: no room made), and how many feedback traps were counted.
 #[repr(C)]
 pub struct State {
     magic: u64,
@@ -64,6 +77,29 @@ pub static wpd_feedback_state: State = State {
     traps: AtomicU64::new(0),
 };
 
+/// libFuzzer's room: counters of the library's own module, registered
+/// with libFuzzer ([`register_with_libfuzzer`]), and their PC table.
+#[repr(C, align(64))]
+pub struct Counters<T>(UnsafeCell<T>);
+
+// SAFETY: the counters are bytes that the handler increments and libFuzzer
+// clears and reads on the thread running inputs, as it does its edges'; the
+// PC table is written once, by the constructor, before anyone reads it.
+unsafe impl<T> Sync for Counters<T> {}
+
+/// The counters of libFuzzer's room (the daemon checks the state's `map`
+/// against this symbol's address).
+#[allow(non_upper_case_globals)]
+#[unsafe(no_mangle)]
+#[used]
+pub static wpd_feedback_counters: Counters<[u8; ROOM as usize]> =
+    Counters(UnsafeCell::new([0; ROOM as usize]));
+
+/// (PC, flags) per counter: libFuzzer wants a table as long as the
+/// counters; each "PC" is its counter's address, no flags.
+static PCS: Counters<[usize; 2 * ROOM as usize]> =
+    Counters(UnsafeCell::new([0; 2 * ROOM as usize]));
+
 /// The program's `SIGTRAP` action before this library's.
 static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
 
@@ -85,6 +121,51 @@ extern "C" fn init() {
             PREVIOUS.store(old, Ordering::Release);
         }
     }
+    // Under afl-fuzz the room is made at the runtime's shmat; a libFuzzer
+    // target run by afl-fuzz (a driver of AFL++'s) is AFL++'s.
+    if std::env::var_os("__AFL_SHM_ID").is_none() {
+        register_with_libfuzzer();
+    }
+}
+
+type CountersInit = unsafe extern "C" fn(*mut u8, *mut u8);
+type PcsInit = unsafe extern "C" fn(*const usize, *const usize);
+
+/// In a libFuzzer target, registers [`wpd_feedback_counters`] as a module
+/// of libFuzzer's and records it as the room.
+fn register_with_libfuzzer() {
+    // SAFETY: symbol lookups by constant names.
+    let (ci, pi) = unsafe {
+        (
+            libc::dlsym(
+                libc::RTLD_DEFAULT,
+                c"__sanitizer_cov_8bit_counters_init".as_ptr(),
+            ),
+            libc::dlsym(libc::RTLD_DEFAULT, c"__sanitizer_cov_pcs_init".as_ptr()),
+        )
+    };
+    if ci.is_null() || pi.is_null() {
+        return;
+    }
+    let counters = wpd_feedback_counters.0.get().cast::<u8>();
+    let pcs = PCS.0.get().cast::<usize>();
+    let n = ROOM as usize;
+    // SAFETY: the constructor runs once, before any thread of the program;
+    // the table has 2 * ROOM words; libFuzzer's calls take these bounds
+    // (one past the end) and keep them for the process's life, which the
+    // statics outlive.
+    unsafe {
+        for i in 0..n {
+            pcs.add(2 * i).write(counters.add(i) as usize);
+            pcs.add(2 * i + 1).write(0);
+        }
+        std::mem::transmute::<*mut c_void, CountersInit>(ci)(counters, counters.add(n));
+        std::mem::transmute::<*mut c_void, PcsInit>(pi)(pcs, pcs.add(2 * n));
+    }
+    let s = &wpd_feedback_state;
+    s.base.store(0, Ordering::Relaxed);
+    s.room.store(ROOM, Ordering::Relaxed);
+    s.map.store(counters as u64, Ordering::Release);
 }
 
 extern "C" fn on_trap(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
@@ -161,8 +242,9 @@ pub extern "C" fn wpd_feedback_count(v: u64, w: u64, mode: u32, tag: u32) {
 /// Increments the map byte at `at`.
 fn bump(at: u64) {
     let b = at as *mut u8;
-    // SAFETY: callers pass a byte of the room, within the segment (the
-    // room was made only where base + room fits in it: `make_room`).
+    // SAFETY: callers pass a byte of the room: within AFL++'s segment (the
+    // room was made only where base + room fits in it: `make_room`), or
+    // one of the library's own counters.
     unsafe {
         let n = b.read_volatile().wrapping_add(1);
         // 255 + 1 is 1, as AFL++'s counters: a byte once hit never reads 0.

@@ -1,9 +1,9 @@
-//! State feedback: how soon AFL++ reaches the exit of `tests/c/maze.c` (16
-//! exact moves, every step through the same code) alone, with wpd's
-//! feedback on the position (`px` with `py`), and with the same position
-//! counted by the program's own source in the same bytes (IJON's way: the
-//! floor); then what one feedback store costs the storing thread against a
-//! store wpd only records, in the same run.
+//! State feedback: how soon AFL++, then libFuzzer, reach the exit of
+//! `tests/c/maze.c` (16 exact moves, every step through the same code)
+//! alone, with wpd's feedback on the position (`px` with `py`), and with the
+//! same position counted by the program's own source in the same bytes
+//! (IJON's way: the floor); then what one feedback store costs the storing
+//! thread against a store wpd only records, in the same run.
 
 use crate::*;
 use std::path::{Path, PathBuf};
@@ -110,6 +110,72 @@ async fn until_crash(dir: &Path, bin: &Path, out: &str, cap: u64) -> Result<(Opt
         })
         .unwrap_or(0.0);
     Ok((crash.map(|ms| ms / 1000.0), eps))
+}
+
+/// Compiles the maze as a libFuzzer target with clang-19.
+fn libfuzzer_cc(dir: &Path, name: &str, extra: &[&str]) -> Result<PathBuf> {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, MAZE)?;
+    let out = dir.join(name);
+    let o = std::process::Command::new("clang-19")
+        .args(["-g", "-O1", "-fsanitize=fuzzer", "-DFUZZ_LIBFUZZER"])
+        .args(extra)
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .output()
+        .context("clang-19 (Debian's clang-19, libfuzzer-19-dev)")?;
+    ensure!(
+        o.status.success(),
+        "clang-19: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Ok(out)
+}
+
+/// One libFuzzer run (an empty corpus, `preload`: the library in its
+/// `LD_PRELOAD`) until its first crash or `cap` seconds: the wall time to
+/// the crash (s) and the executions per second libFuzzer reports.
+async fn libfuzzer_until_crash(
+    dir: &Path,
+    bin: &Path,
+    corpus: &str,
+    cap: u64,
+    preload: bool,
+) -> Result<(Option<f64>, f64)> {
+    std::fs::create_dir_all(dir.join(corpus))?;
+    let mut c = tokio::process::Command::new(bin);
+    c.arg(format!("-max_total_time={cap}"))
+        .arg("-print_final_stats=1")
+        .arg(format!("-artifact_prefix={corpus}-"))
+        .arg(corpus)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    if preload {
+        c.env("LD_PRELOAD", library());
+    }
+    let t = Instant::now();
+    let o = tokio::time::timeout(Duration::from_secs(cap + 60), c.output())
+        .await
+        .context("libFuzzer overran its time")??;
+    let took = t.elapsed().as_secs_f64();
+    let log = String::from_utf8_lossy(&o.stderr);
+    let crashed = log.contains("ERROR: libFuzzer: deadly signal");
+    ensure!(
+        crashed || o.status.success(),
+        "libFuzzer: {:?}: {}",
+        o.status,
+        &log[log.len().saturating_sub(1500)..]
+    );
+    let eps = log
+        .lines()
+        .find_map(|l| l.strip_prefix("stat::average_exec_per_sec:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0);
+    Ok((crashed.then_some(took), eps))
 }
 
 fn row(what: &str, runs: &[(Option<f64>, f64)], cap: u64) -> Option<f64> {
@@ -220,12 +286,98 @@ pub(crate) async fn section_feedback(args: &Args) -> Result<()> {
         ),
         _ => println!("\nwpd's feedback / the floor: not every run reached the exit.\n"),
     }
+    libfuzzer_rows(args, &dir, &daemon).await?;
     store_cost(args, &dir, &daemon).await?;
     flush();
     drop(client);
     drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
     section_done(t0);
+    Ok(())
+}
+
+/// The same three cases with libFuzzer (in-process: the library registers
+/// counters of its own, and libFuzzer counts them as features).
+async fn libfuzzer_rows(args: &Args, dir: &Path, daemon: &Daemon) -> Result<()> {
+    let (reps, cap) = if args.smoke {
+        (1, 10)
+    } else {
+        (args.reps.max(3), 120)
+    };
+    println!(
+        "libFuzzer (clang 19) on the same maze built with `-fsanitize=fuzzer`, an empty \
+         corpus, until its first crash or {cap} s, {reps} runs each: alone (the library \
+         preloaded, its counters registered, nothing counted), with wpd's feedback (a policy \
+         by executable), and counting in its source (linked with the library). Wall time to \
+         the exit, s, median (range); execs/s as libFuzzer reports them.\n"
+    );
+    println!("| libFuzzer | reached the exit | time to the exit, s | execs/s |");
+    println!("|---|---|---:|---:|");
+    let lib = library();
+    let libdir = lib.parent().context("library dir")?.display().to_string();
+    let maze = libfuzzer_cc(dir, "lfmaze", &[])?;
+    let floor = libfuzzer_cc(
+        dir,
+        "lfmaze-in-source",
+        &[
+            "-DSTATE_IN_SOURCE",
+            &format!("-L{libdir}"),
+            &format!("-Wl,-rpath,{libdir}"),
+            "-lwpd_feedback",
+        ],
+    )?;
+    let mut alone = Vec::new();
+    for i in 0..reps {
+        alone.push(libfuzzer_until_crash(dir, &maze, &format!("lf-alone{i}"), cap, true).await?);
+    }
+    row("libFuzzer alone", &alone, cap);
+    let mut client = daemon.client().await?;
+    let policy = rpc_ok(
+        "SetPolicy",
+        client.set_policy(SetPolicyRequest {
+            selector: Some(ProcessSelector {
+                exe: maze.display().to_string(),
+                ..Default::default()
+            }),
+            spec: Some(WatchpointSpec {
+                symbol: "px".into(),
+                access: wpd_proto::v1::Access::Write as i32,
+                backend: Backend::Perf as i32,
+                feedback: Some(Feedback {
+                    mode: 0,
+                    with: "py".into(),
+                }),
+                ..Default::default()
+            }),
+        }),
+    )
+    .await?
+    .policy
+    .context("no policy")?
+    .id;
+    let mut fed = Vec::new();
+    for i in 0..reps {
+        fed.push(libfuzzer_until_crash(dir, &maze, &format!("lf-fed{i}"), cap, true).await?);
+    }
+    let fed_med = row("libFuzzer with wpd's feedback", &fed, cap);
+    rpc_ok(
+        "RemoveWatchpoint(policy)",
+        client.remove_watchpoint(RemoveWatchpointRequest { id: policy }),
+    )
+    .await?;
+    let mut source = Vec::new();
+    for i in 0..reps {
+        source
+            .push(libfuzzer_until_crash(dir, &floor, &format!("lf-source{i}"), cap, false).await?);
+    }
+    let source_med = row("libFuzzer counting in its source (the floor)", &source, cap);
+    match (fed_med, source_med) {
+        (Some(f), Some(s)) => println!(
+            "\nlibFuzzer: wpd's feedback / the floor: {:.2}× the time to the exit (medians).\n",
+            f / s
+        ),
+        _ => println!("\nlibFuzzer: wpd's feedback / the floor: not every run reached the exit.\n"),
+    }
     Ok(())
 }
 
