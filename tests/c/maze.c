@@ -21,6 +21,8 @@
  * (clang -fsanitize=fuzzer) the walk is libFuzzer's target instead. With
  * -DEND_MID_INPUT a walker that dies ends the process at once (_exit(0),
  * the rest of its input unread): runs that end mid-input. With
+ * -DPERSISTENT (afl-cc) the walk runs in AFL++'s persistent mode: one
+ * process walks input after input from shared memory. With
  * -DSTATE_IN_SOURCE the position is counted in AFL++'s map by the program
  * itself, in the bytes and with the key wpd's library uses (IJON's way: one
  * line in the source; the benchmark's floor): it must run with the library
@@ -80,7 +82,20 @@ static int walk(const unsigned char *in, size_t n, int trace) {
     return 0;
 }
 
-#ifdef FUZZ_LIBFUZZER
+#if defined(PERSISTENT)
+__AFL_FUZZ_INIT();
+
+int main(void) {
+    __AFL_INIT();
+    const unsigned char *buf = __AFL_FUZZ_TESTCASE_BUF;
+    while (__AFL_LOOP(100000)) {
+        size_t n = __AFL_FUZZ_TESTCASE_LEN;
+        if (walk(buf, n, 0))
+            abort();
+    }
+    return 0;
+}
+#elif defined(FUZZ_LIBFUZZER)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (walk(data, size, 0))
         abort();

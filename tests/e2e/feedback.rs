@@ -28,6 +28,9 @@ enum Build {
     Afl,
     /// afl-cc, and a walker that dies ends the process at once (`-DEND_MID_INPUT`).
     AflEndingMidInput,
+    /// afl-cc, AFL++'s persistent mode: one process walks input after input from shared
+    /// memory (`-DPERSISTENT`).
+    AflPersistent,
     /// clang-19 `-fsanitize=fuzzer`: libFuzzer's target.
     LibFuzzer,
     /// cc: the walk alone, to replay inputs without a fuzzer's runtime.
@@ -43,6 +46,7 @@ fn build_maze(dir: &Path, name: &str, build: Build) -> Result<PathBuf> {
     let (cc, flags, package): (&str, &[&str], &str) = match build {
         Build::Afl => ("afl-cc", &[], "afl++"),
         Build::AflEndingMidInput => ("afl-cc", &["-DEND_MID_INPUT"], "afl++"),
+        Build::AflPersistent => ("afl-cc", &["-DPERSISTENT"], "afl++"),
         Build::LibFuzzer => (
             "clang-19",
             &["-fsanitize=fuzzer", "-DFUZZ_LIBFUZZER"],
@@ -141,6 +145,32 @@ fn saved(dir: &Path, out: &str, kind: &str) -> Result<Vec<(String, Vec<u8>)>> {
     }
     v.sort();
     Ok(v)
+}
+
+/// Runs AFL++ on `bin` until its first crash (240 s at most; `dir/out`): afl-fuzz's output
+/// and the crashes it saved (at least one).
+async fn afl_until_crash(
+    dir: &Path,
+    bin: &Path,
+    out: &str,
+) -> Result<(String, Vec<(String, Vec<u8>)>)> {
+    let o = run_fuzzer(afl(dir, bin, out, 240, true)?, Duration::from_secs(300)).await?;
+    let log = String::from_utf8_lossy(&o.stdout).into_owned();
+    ensure!(o.status.success(), "afl-fuzz failed: {log}");
+    let found = saved(dir, out, "crashes")?;
+    ensure!(!found.is_empty(), "AFL++ saved no crash in 240 s");
+    Ok((log, found))
+}
+
+/// Each saved crash reaches the maze's exit, replayed by `replay` without wpd.
+fn all_reach_the_exit(replay: &Path, found: &[(String, Vec<u8>)]) -> Result<()> {
+    for (name, input) in found {
+        ensure!(
+            replay_maze(replay, input)?.1,
+            "{name}: {input:?} does not reach the exit without wpd"
+        );
+    }
+    Ok(())
 }
 
 /// The credit: the maze's edges are the same for every input, so each input AFL++ saved
@@ -298,23 +328,8 @@ async fn afl_with_state_feedback_walks_the_maze_to_its_exit() -> Result<()> {
             );
         }
         let policy_id = watch_position(&ep, &bin, &["--follow-forks"]).await?;
-        let o = run_fuzzer(afl(&dir, &bin, "fed", 240, true)?, Duration::from_secs(300)).await?;
-        ensure!(
-            o.status.success(),
-            "afl-fuzz failed: {}",
-            String::from_utf8_lossy(&o.stdout)
-        );
-        let found = saved(&dir, "fed", "crashes")?;
-        ensure!(
-            !found.is_empty(),
-            "AFL++ with state feedback found no exit in 240 s"
-        );
-        for (name, input) in &found {
-            ensure!(
-                replay_maze(&bin, input)?.1,
-                "{name}: {input:?} does not reach the exit without wpd"
-            );
-        }
+        let (_, found) = afl_until_crash(&dir, &bin, "fed").await?;
+        all_reach_the_exit(&bin, &found)?;
         let n = credited(&bin, &saved(&dir, "fed", "queue")?)?;
         ensure!(
             n >= 8,
@@ -357,20 +372,8 @@ async fn runs_that_end_mid_input_keep_their_credit() -> Result<()> {
     let ep = daemon.endpoint();
     let result = async {
         let policy_id = watch_position(&ep, &bin, &["--follow-forks"]).await?;
-        let o = run_fuzzer(afl(&dir, &bin, "fed", 240, true)?, Duration::from_secs(300)).await?;
-        ensure!(
-            o.status.success(),
-            "afl-fuzz failed: {}",
-            String::from_utf8_lossy(&o.stdout)
-        );
-        let found = saved(&dir, "fed", "crashes")?;
-        ensure!(!found.is_empty(), "AFL++ found no exit in 240 s");
-        for (name, input) in &found {
-            ensure!(
-                replay_maze(&bin, input)?.1,
-                "{name} does not reach the exit"
-            );
-        }
+        let (_, found) = afl_until_crash(&dir, &bin, "fed").await?;
+        all_reach_the_exit(&bin, &found)?;
         let queue = saved(&dir, "fed", "queue")?;
         let n = credited(&bin, &queue)?;
         ensure!(n >= 8, "only {n} inputs saved for new positions");
@@ -383,6 +386,97 @@ async fn runs_that_end_mid_input_keep_their_credit() -> Result<()> {
             .filter(|&d| d)
             .count();
         ensure!(died > 0, "no saved input ends with a death");
+        nothing_left(&daemon, &comm, policy_id).await
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    daemon.finish(result)
+}
+
+/// AFL++'s persistent mode: each process the fork server forks walks input after input,
+/// read from shared memory, and afl-fuzz clears the map (the room included) before each.
+/// With the position watched as feedback AFL++ reaches the exit; each input saved for new
+/// coverage walks somewhere new (replayed by the same walk built without AFL++): the credit
+/// goes to the iteration that made the store, not to the next one in the same process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn afl_in_persistent_mode_walks_the_maze_too() -> Result<()> {
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let dir = unique_temp_dir("wpd-maze-pers")?;
+    let comm = unique_comm("fzpers");
+    let bin = build_maze(&dir, &comm, Build::AflPersistent)?;
+    let plain = build_maze(&dir, "replay", Build::Plain)?;
+    seed(&dir)?;
+    let daemon = Daemon::start().await?;
+    let ep = daemon.endpoint();
+    let result = async {
+        let policy_id = watch_position(&ep, &bin, &["--follow-forks"]).await?;
+        let (log, found) = afl_until_crash(&dir, &bin, "fed").await?;
+        ensure!(
+            log.contains("Persistent mode binary detected"),
+            "afl-fuzz did not run the maze in persistent mode: {log}"
+        );
+        all_reach_the_exit(&plain, &found)?;
+        let n = credited(&plain, &saved(&dir, "fed", "queue")?)?;
+        ensure!(n >= 8, "only {n} inputs saved for new positions");
+        nothing_left(&daemon, &comm, policy_id).await
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    daemon.finish(result)
+}
+
+/// Feedback beside an oracle: one policy gives AFL++ the position as feedback, another on
+/// the same program sends the writing thread SIGSEGV when a store puts the walker on the
+/// maze's bottom row (`py == 5`, a dead end six moves from the start). Both watch every
+/// run: AFL++'s first crash is the oracle's signal (`sig:11`, the maze's own crash being
+/// SIGABRT), its input walks the bottom row, replayed without wpd, and the inputs saved
+/// for new coverage on the way walk somewhere new each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn feedback_beside_a_signal_action_on_another_watch() -> Result<()> {
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let dir = unique_temp_dir("wpd-maze-oracle")?;
+    let comm = unique_comm("fzorc");
+    let bin = build_maze(&dir, &comm, Build::Afl)?;
+    seed(&dir)?;
+    let daemon = Daemon::start().await?;
+    let ep = daemon.endpoint();
+    let result = async {
+        let policy_id = watch_position(&ep, &bin, &["--follow-forks"]).await?;
+        let exe = bin.display().to_string();
+        let w = wpctl(
+            &ep,
+            &[
+                "watch",
+                "--exe",
+                &exe,
+                "--symbol",
+                "py",
+                "--condition",
+                "== 5",
+                "--action",
+                "signal",
+                "--signal",
+                "SIGSEGV",
+                "--follow-forks",
+            ],
+        )
+        .await?;
+        ensure!(w.code == Some(0), "{w:?}");
+        let (_, found) = afl_until_crash(&dir, &bin, "fed").await?;
+        for (name, input) in &found {
+            ensure!(name.contains("sig:11"), "{name}: not the oracle's signal");
+            let (walked, won) = replay_maze(&bin, input)?;
+            ensure!(
+                !won && walked.iter().any(|&(y, _)| y == 5),
+                "{name} does not walk the bottom row: {walked:?}"
+            );
+        }
+        let n = credited(&bin, &saved(&dir, "fed", "queue")?)?;
+        ensure!(n >= 1, "no input saved for a new position");
         nothing_left(&daemon, &comm, policy_id).await
     }
     .await;
