@@ -427,6 +427,57 @@ async fn afl_in_persistent_mode_walks_the_maze_too() -> Result<()> {
     daemon.finish(result)
 }
 
+/// A stripped program (its symbols in a separate debug file, named by its `.gnu_debuglink`,
+/// as distributions ship them): the library cannot find `__afl_map_size` in the program, so
+/// it raises the map size the fork server's handshake sends instead; wpd finds `px`, `py`
+/// and AFL++'s map pointer in the debug file. AFL++ reaches the exit and each input saved
+/// for new coverage walks somewhere new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stripped_program_gets_its_room_from_the_handshake() -> Result<()> {
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let dir = unique_temp_dir("wpd-maze-strip")?;
+    let comm = unique_comm("fzstrip");
+    let bin = build_maze(&dir, &comm, Build::Afl)?;
+    let debug = dir.join(format!("{comm}.debug"));
+    let tool = |prog: &str, args: &[&std::ffi::OsStr]| -> Result<()> {
+        let o = std::process::Command::new(prog).args(args).output()?;
+        ensure!(
+            o.status.success(),
+            "{prog}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        Ok(())
+    };
+    tool(
+        "objcopy",
+        &["--only-keep-debug".as_ref(), bin.as_ref(), debug.as_ref()],
+    )?;
+    tool("strip", &["--strip-all".as_ref(), bin.as_ref()])?;
+    let link = format!("--add-gnu-debuglink={}", debug.display());
+    tool("objcopy", &[link.as_ref(), bin.as_ref()])?;
+    let nm = std::process::Command::new("nm").arg(&bin).output()?;
+    ensure!(
+        !String::from_utf8_lossy(&nm.stdout).contains("__afl_map_size"),
+        "the program still has its symbol table"
+    );
+    seed(&dir)?;
+    let daemon = Daemon::start().await?;
+    let ep = daemon.endpoint();
+    let result = async {
+        let policy_id = watch_position(&ep, &bin, &["--follow-forks"]).await?;
+        let (_, found) = afl_until_crash(&dir, &bin, "fed").await?;
+        all_reach_the_exit(&bin, &found)?;
+        let n = credited(&bin, &saved(&dir, "fed", "queue")?)?;
+        ensure!(n >= 8, "only {n} inputs saved for new positions");
+        nothing_left(&daemon, &comm, policy_id).await
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    daemon.finish(result)
+}
+
 /// Feedback beside an oracle: one policy gives AFL++ the position as feedback, another on
 /// the same program sends the writing thread SIGSEGV when a store puts the walker on the
 /// maze's bottom row (`py == 5`, a dead end six moves from the start). Both watch every

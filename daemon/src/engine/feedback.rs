@@ -209,15 +209,24 @@ impl Core {
         }
         if map == 0 || room == 0 {
             return Err(no(format!(
-                "{LIBRARY} could not make room in process {pid}'s AFL++ map: the program has no \
-                 symbol table (stripped: __afl_map_size is not found) or afl-fuzz's segment has \
-                 no bytes to spare"
+                "{LIBRARY} has made no room in process {pid}'s AFL++ map: its fork server has not \
+                 shaken hands with afl-fuzz yet, its handshake says no map size, or afl-fuzz's \
+                 segment has no bytes to spare"
             )));
         }
         // The program's own map pointer agrees with the segment the
-        // library attached.
+        // library attached; without the runtime's symbols (a stripped
+        // program), the room lies in a shared segment (the library writes
+        // through the address its shmat returned, never the program's
+        // pointer).
         match found {
             Ok(FuzzerMap::Afl { base, .. }) if base == map => Ok(()),
+            Err(fuzzmap::NoFuzzerMap::NotInstrumented { .. }) => {
+                let end = (base_room & 0xffff_ffff) + room;
+                fuzzmap::afl_segment(pid, map, end)
+                    .map(|_| ())
+                    .map_err(|e| no(e.to_string()))
+            }
             Ok(m) => Err(no(format!(
                 "process {pid}'s {} map at {:#x} is not the segment {LIBRARY} attached at {map:#x}",
                 m.fuzzer(),

@@ -163,6 +163,23 @@ pub fn find(symbols: &Symbols, pid: Pid) -> Result<FuzzerMap, NoFuzzerMap> {
     Err(NoFuzzerMap::NotInstrumented { pid })
 }
 
+/// The shared segment (its start and end) holding `size` bytes at `base`
+/// in process `pid`, judged as an AFL++ map is: where the map of a program
+/// without the runtime's symbols is known only by the address afl-fuzz's
+/// segment was attached at.
+pub fn afl_segment(pid: Pid, base: u64, size: u64) -> Result<(u64, u64), NoFuzzerMap> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| {
+        NoFuzzerMap::Unreadable {
+            pid,
+            why: e.to_string(),
+        }
+    })?;
+    Ok(match judge_afl(pid, 0, base, size, None, &maps)? {
+        FuzzerMap::Afl { segment, .. } => segment,
+        other => other.bytes(),
+    })
+}
+
 /// The AFL++ map at `base` of `size` bytes, judged against the process's
 /// mappings (`/proc/PID/maps` text): the whole map in one writable shared
 /// memory segment (System V, or POSIX under `/dev/shm` for a runtime built

@@ -9,8 +9,9 @@
 //!   library's `shmat` raises `__afl_map_size` by [`ROOM`] bytes in
 //!   between, so afl-fuzz reads them too, and feedback never lands on an
 //!   edge's byte. `__afl_map_size` is not in the dynamic symbol table: it
-//!   is found in the executable's own (`.symtab`; a stripped program gets
-//!   no room, and [`wpd_feedback_state`] says so).
+//!   is found in the executable's own (`.symtab`); in a stripped program
+//!   this library's `write` raises the size the fork server's handshake
+//!   sends instead.
 //! - **Counting.** wpd's feedback breakpoints are opened with `sigtrap`:
 //!   each store sends the storing thread a `SIGTRAP` (`si_code`
 //!   `TRAP_PERF`, `si_addr` the watched address, the breakpoint's
@@ -327,28 +328,111 @@ pub unsafe extern "C" fn shmat(id: c_int, addr: *const c_void, flags: c_int) -> 
 
 /// AFL++'s map attached at `map` (segment `id`): raises `__afl_map_size`
 /// by [`ROOM`] if the segment has the bytes, and records where the room
-/// is.
+/// is. Without the symbol (a stripped program), the segment is kept for
+/// the fork server's handshake ([`write`]) to make the room instead.
 fn make_room(id: c_int, map: u64) {
-    let Some(size_at) = exe_symbol("__afl_map_size") else {
-        return;
-    };
     // SAFETY: a zeroed shmid_ds is valid for IPC_STAT to fill.
     let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
     if unsafe { libc::shmctl(id, libc::IPC_STAT, &mut ds) } != 0 {
         return;
     }
+    let segment = ds.shm_segsz as u64;
+    let Some(size_at) = exe_symbol("__afl_map_size") else {
+        SEGMENT.store(segment, Ordering::Relaxed);
+        SEGMENT_AT.store(map, Ordering::Release);
+        return;
+    };
     let size = size_at as *mut u32;
     // SAFETY: the runtime's own variable, a u32, written by it before
     // this shmat and read by it after.
     let edges = unsafe { size.read_volatile() };
-    if edges == 0 || u64::from(edges) + u64::from(ROOM) > ds.shm_segsz as u64 {
+    if edges == 0 || u64::from(edges) + u64::from(ROOM) > segment {
         return;
     }
     unsafe { size.write_volatile(edges + ROOM) };
+    room_made(map, edges);
+}
+
+/// Records the room: [`ROOM`] bytes from `base` in the map at `map`.
+fn room_made(map: u64, base: u32) {
     let s = &wpd_feedback_state;
-    s.base.store(edges, Ordering::Relaxed);
+    s.base.store(base, Ordering::Relaxed);
     s.room.store(ROOM, Ordering::Relaxed);
     s.map.store(map, Ordering::Release);
+}
+
+/// afl-fuzz's segment, attached where `__afl_map_size` was not found: its
+/// address (0: none) and size.
+static SEGMENT_AT: AtomicU64 = AtomicU64::new(0);
+static SEGMENT: AtomicU64 = AtomicU64::new(0);
+
+/// The fork server's status pipe (AFL++'s `FORKSRV_FD + 1`).
+const FORKSRV_STATUS: c_int = 199;
+/// The handshake's options (AFL++ 4.0x, `include/types.h`): the fork
+/// server speaks options, one of which is the map's size, sent as
+/// `(size - 1) << 1` in the bits of `MAPSIZE_BITS`, for sizes up to 2^23.
+const FS_OPT_ENABLED: u32 = 0x8000_0001;
+const FS_OPT_MAPSIZE: u32 = 0x4000_0000;
+const MAPSIZE_BITS: u32 = 0x00ff_fffe;
+const FS_OPT_MAX_MAPSIZE: u32 = (MAPSIZE_BITS >> 1) + 1;
+
+/// The handshake `status` with its map size raised by [`ROOM`], and the
+/// size it said (the room's first byte), if it says one and `segment`
+/// bytes hold the larger map.
+fn grown_handshake(status: u32, segment: u64) -> Option<(u32, u32)> {
+    if status & FS_OPT_ENABLED != FS_OPT_ENABLED || status & FS_OPT_MAPSIZE == 0 {
+        return None;
+    }
+    let edges = ((status & MAPSIZE_BITS) >> 1) + 1;
+    let grown = edges.checked_add(ROOM)?;
+    if edges <= 1 || grown > FS_OPT_MAX_MAPSIZE || u64::from(grown) > segment {
+        return None;
+    }
+    Some(((status & !MAPSIZE_BITS) | ((grown - 1) << 1), edges))
+}
+
+type WriteFn = unsafe extern "C" fn(c_int, *const c_void, libc::size_t) -> libc::ssize_t;
+
+/// The C library's `write`, this library's in front of it: in a program
+/// whose `__afl_map_size` is not in its symbol table (stripped), the fork
+/// server's handshake is sent with the map's size raised by [`ROOM`]
+/// (kernel-facts §24.9), so afl-fuzz reads the room too; the runtime, which
+/// only writes the edges' bytes, goes on with its own size.
+///
+/// # Safety
+/// As `write(2)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: libc::size_t) -> libc::ssize_t {
+    static REAL: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+    let mut real = REAL.load(Ordering::Acquire);
+    if real.is_null() {
+        // SAFETY: a symbol lookup by a constant name.
+        real = unsafe { libc::dlsym(libc::RTLD_NEXT, c"write".as_ptr()) };
+        if real.is_null() {
+            // SAFETY: setting errno, as a failed write would.
+            unsafe { *libc::__errno_location() = libc::ENOSYS };
+            return -1;
+        }
+        REAL.store(real, Ordering::Release);
+    }
+    // SAFETY: `real` is the C library's write.
+    let real = unsafe { std::mem::transmute::<*mut c_void, WriteFn>(real) };
+    let map = SEGMENT_AT.load(Ordering::Acquire);
+    if fd == FORKSRV_STATUS && n == 4 && map != 0 && !buf.is_null() {
+        // SAFETY: the caller's 4 bytes.
+        let status = unsafe { buf.cast::<u32>().read_unaligned() };
+        if let Some((grown, edges)) = grown_handshake(status, SEGMENT.load(Ordering::Relaxed)) {
+            SEGMENT_AT.store(0, Ordering::Release);
+            // SAFETY: 4 bytes of ours.
+            let sent = unsafe { real(fd, (&grown as *const u32).cast(), 4) };
+            if sent == 4 {
+                room_made(map, edges);
+            }
+            return sent;
+        }
+    }
+    // SAFETY: the caller's arguments.
+    unsafe { real(fd, buf, n) }
 }
 
 /// The run-time address of `name` in the executable's symbol table.
@@ -380,4 +464,38 @@ fn main_bias() -> Option<u64> {
     // SAFETY: the callback writes one u64 through its argument.
     unsafe { libc::dl_iterate_phdr(Some(first), (&mut bias as *mut u64).cast()) };
     (bias != u64::MAX).then_some(bias)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// AFL++ 4.04c's handshake for a map of `size` bytes.
+    fn handshake(size: u32) -> u32 {
+        FS_OPT_ENABLED | FS_OPT_MAPSIZE | ((size - 1) << 1)
+    }
+
+    #[test]
+    fn the_handshake_says_the_room_too() {
+        let (grown, edges) = grown_handshake(handshake(11), 1 << 16).unwrap();
+        assert_eq!(edges, 11);
+        assert_eq!(grown, handshake(11 + ROOM));
+        // Other options kept (AFL++'s shared-memory input, 0x01000000).
+        let (grown, _) = grown_handshake(handshake(11) | 0x0100_0000, 1 << 16).unwrap();
+        assert_eq!(grown, handshake(11 + ROOM) | 0x0100_0000);
+    }
+
+    #[test]
+    fn no_room_where_the_handshake_says_no_size_or_the_segment_is_full() {
+        assert_eq!(grown_handshake(FS_OPT_ENABLED, 1 << 16), None);
+        assert_eq!(
+            grown_handshake(0x1234_5678 & !FS_OPT_ENABLED, 1 << 16),
+            None
+        );
+        assert_eq!(grown_handshake(handshake(65_536), 65_536), None);
+        assert_eq!(
+            grown_handshake(handshake(FS_OPT_MAX_MAPSIZE), u64::MAX),
+            None
+        );
+    }
 }
