@@ -78,7 +78,8 @@ fn feedback_library() -> Result<PathBuf> {
     Ok(lib)
 }
 
-/// Runs a maze built with its `trace` mode on `input`, without wpd: what each move stored
+/// Runs a maze built with its `trace` mode on `input` (the tests replay with a copy built
+/// with cc, which no policy of theirs names): what each move stored
 /// ("py px", -1 once the walker is dead) and whether it aborted (reached the exit).
 fn replay_maze(bin: &Path, input: &[u8]) -> Result<(Vec<(i64, i64)>, bool)> {
     use std::io::Write;
@@ -277,6 +278,7 @@ async fn afl_with_state_feedback_walks_the_maze_to_its_exit() -> Result<()> {
     let dir = unique_temp_dir("wpd-maze")?;
     let comm = unique_comm("fzmaze");
     let bin = build_maze(&dir, &comm, Build::Afl)?;
+    let replay = build_maze(&dir, "replay", Build::Plain)?;
     // The maze's rules: the 16 moves abort, 15 of them do not.
     ensure!(replay_maze(&bin, &WIN)?.1 && !replay_maze(&bin, &WIN[..15])?.1);
     seed(&dir)?;
@@ -329,8 +331,8 @@ async fn afl_with_state_feedback_walks_the_maze_to_its_exit() -> Result<()> {
         }
         let policy_id = watch_position(&ep, &bin, &["--follow-forks"]).await?;
         let (_, found) = afl_until_crash(&dir, &bin, "fed").await?;
-        all_reach_the_exit(&bin, &found)?;
-        let n = credited(&bin, &saved(&dir, "fed", "queue")?)?;
+        all_reach_the_exit(&replay, &found)?;
+        let n = credited(&replay, &saved(&dir, "fed", "queue")?)?;
         ensure!(
             n >= 8,
             "only {n} inputs saved for new positions: the walk was not learnt step by step"
@@ -360,6 +362,7 @@ async fn runs_that_end_mid_input_keep_their_credit() -> Result<()> {
     let dir = unique_temp_dir("wpd-maze-mid")?;
     let comm = unique_comm("fzmid");
     let bin = build_maze(&dir, &comm, Build::AflEndingMidInput)?;
+    let replay = build_maze(&dir, "replay", Build::Plain)?;
     // A death ends the walk: the moves after it are not made.
     let (walked, won) = replay_maze(&bin, &[1, 0, 0, 1, 1])?;
     ensure!(
@@ -373,14 +376,14 @@ async fn runs_that_end_mid_input_keep_their_credit() -> Result<()> {
     let result = async {
         let policy_id = watch_position(&ep, &bin, &["--follow-forks"]).await?;
         let (_, found) = afl_until_crash(&dir, &bin, "fed").await?;
-        all_reach_the_exit(&bin, &found)?;
+        all_reach_the_exit(&replay, &found)?;
         let queue = saved(&dir, "fed", "queue")?;
-        let n = credited(&bin, &queue)?;
+        let n = credited(&replay, &queue)?;
         ensure!(n >= 8, "only {n} inputs saved for new positions");
         // Most inputs ended with a death: the walks AFL++ learnt from were cut short.
         let died = queue
             .iter()
-            .map(|(_, i)| replay_maze(&bin, i).map(|(w, _)| w.last() == Some(&(-1, -1))))
+            .map(|(_, i)| replay_maze(&replay, i).map(|(w, _)| w.last() == Some(&(-1, -1))))
             .collect::<Result<Vec<_>>>()?
             .into_iter()
             .filter(|&d| d)
@@ -440,6 +443,7 @@ async fn a_stripped_program_gets_its_room_from_the_handshake() -> Result<()> {
     let dir = unique_temp_dir("wpd-maze-strip")?;
     let comm = unique_comm("fzstrip");
     let bin = build_maze(&dir, &comm, Build::Afl)?;
+    let replay = build_maze(&dir, "replay", Build::Plain)?;
     let debug = dir.join(format!("{comm}.debug"));
     let tool = |prog: &str, args: &[&std::ffi::OsStr]| -> Result<()> {
         let o = std::process::Command::new(prog).args(args).output()?;
@@ -468,8 +472,8 @@ async fn a_stripped_program_gets_its_room_from_the_handshake() -> Result<()> {
     let result = async {
         let policy_id = watch_position(&ep, &bin, &["--follow-forks"]).await?;
         let (_, found) = afl_until_crash(&dir, &bin, "fed").await?;
-        all_reach_the_exit(&bin, &found)?;
-        let n = credited(&bin, &saved(&dir, "fed", "queue")?)?;
+        all_reach_the_exit(&replay, &found)?;
+        let n = credited(&replay, &saved(&dir, "fed", "queue")?)?;
         ensure!(n >= 8, "only {n} inputs saved for new positions");
         nothing_left(&daemon, &comm, policy_id).await
     }
@@ -492,6 +496,7 @@ async fn feedback_beside_a_signal_action_on_another_watch() -> Result<()> {
     let dir = unique_temp_dir("wpd-maze-oracle")?;
     let comm = unique_comm("fzorc");
     let bin = build_maze(&dir, &comm, Build::Afl)?;
+    let replay = build_maze(&dir, "replay", Build::Plain)?;
     seed(&dir)?;
     let daemon = Daemon::start().await?;
     let ep = daemon.endpoint();
@@ -520,13 +525,13 @@ async fn feedback_beside_a_signal_action_on_another_watch() -> Result<()> {
         let (_, found) = afl_until_crash(&dir, &bin, "fed").await?;
         for (name, input) in &found {
             ensure!(name.contains("sig:11"), "{name}: not the oracle's signal");
-            let (walked, won) = replay_maze(&bin, input)?;
+            let (walked, won) = replay_maze(&replay, input)?;
             ensure!(
                 !won && walked.iter().any(|&(y, _)| y == 5),
                 "{name} does not walk the bottom row: {walked:?}"
             );
         }
-        let n = credited(&bin, &saved(&dir, "fed", "queue")?)?;
+        let n = credited(&replay, &saved(&dir, "fed", "queue")?)?;
         ensure!(n >= 1, "no input saved for a new position");
         nothing_left(&daemon, &comm, policy_id).await
     }
@@ -547,6 +552,7 @@ async fn two_fuzzers_on_one_host_each_get_only_their_own_feedback() -> Result<()
     }
     let dir = unique_temp_dir("wpd-maze2")?;
     let watched = build_maze(&dir, &unique_comm("fzmw"), Build::Afl)?;
+    let replay = build_maze(&dir, "replay", Build::Plain)?;
     let other = build_maze(&dir, &unique_comm("fzmo"), Build::Afl)?;
     seed(&dir)?;
     let daemon = Daemon::start().await?;
@@ -570,7 +576,7 @@ async fn two_fuzzers_on_one_host_each_get_only_their_own_feedback() -> Result<()
                 String::from_utf8_lossy(&o.stdout)
             );
         }
-        let n = credited(&watched, &saved(&dir, "watched", "queue")?)?;
+        let n = credited(&replay, &saved(&dir, "watched", "queue")?)?;
         ensure!(
             n >= 5,
             "the watched fuzzer saved {n} inputs for new positions"
