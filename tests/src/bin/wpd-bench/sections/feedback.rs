@@ -135,14 +135,15 @@ fn libfuzzer_cc(dir: &Path, name: &str, extra: &[&str]) -> Result<PathBuf> {
 
 /// One libFuzzer run (an empty corpus, `preload`: the library in its
 /// `LD_PRELOAD`) until its first crash or `cap` seconds: the wall time to
-/// the crash (s) and the executions per second libFuzzer reports.
+/// the crash (s), the executions per second libFuzzer reports, and the
+/// inputs it ran.
 async fn libfuzzer_until_crash(
     dir: &Path,
     bin: &Path,
     corpus: &str,
     cap: u64,
     preload: bool,
-) -> Result<(Option<f64>, f64)> {
+) -> Result<((Option<f64>, f64), f64)> {
     std::fs::create_dir_all(dir.join(corpus))?;
     let mut c = tokio::process::Command::new(bin);
     c.arg(format!("-max_total_time={cap}"))
@@ -170,15 +171,22 @@ async fn libfuzzer_until_crash(
         o.status,
         &log[log.len().saturating_sub(1500)..]
     );
-    let eps = log
-        .lines()
-        .find_map(|l| l.strip_prefix("stat::average_exec_per_sec:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0);
-    Ok((crashed.then_some(took), eps))
+    let stat = |name: &str| -> f64 {
+        log.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    Ok((
+        (crashed.then_some(took), stat("stat::average_exec_per_sec:")),
+        stat("stat::number_of_executed_units:"),
+    ))
 }
 
-fn row(what: &str, runs: &[(Option<f64>, f64)], cap: u64) -> Option<f64> {
+/// Prints a table row: how many runs reached the exit, the time they took
+/// and the execs/s, then `extra` cells; the median time if every run got
+/// there.
+fn row(what: &str, runs: &[(Option<f64>, f64)], cap: u64, extra: &[String]) -> Option<f64> {
     let reached: Vec<f64> = runs.iter().filter_map(|r| r.0).collect();
     let eps = spread(runs.iter().map(|r| r.1).collect());
     let time = if reached.is_empty() {
@@ -188,12 +196,13 @@ fn row(what: &str, runs: &[(Option<f64>, f64)], cap: u64) -> Option<f64> {
         format!("{:.1} ({:.1}–{:.1})", s.med, s.min, s.max)
     };
     println!(
-        "| {what} | {} of {} | {time} | {:.0} ({:.0}–{:.0}) |",
+        "| {what} | {} of {} | {time} | {:.0} ({:.0}–{:.0}) |{}",
         reached.len(),
         runs.len(),
         eps.med,
         eps.min,
-        eps.max
+        eps.max,
+        extra.iter().map(|c| format!(" {c} |")).collect::<String>()
     );
     (reached.len() == runs.len()).then(|| spread(reached).med)
 }
@@ -237,7 +246,7 @@ pub(crate) async fn section_feedback(args: &Args) -> Result<()> {
     for i in 0..reps {
         alone.push(until_crash(&dir, &maze, &format!("alone{i}"), cap).await?);
     }
-    row("alone", &alone, cap);
+    row("alone", &alone, cap, &[]);
     let daemon = Daemon::start().await?;
     let mut client = daemon.client().await?;
     let policy = rpc_ok(
@@ -268,7 +277,7 @@ pub(crate) async fn section_feedback(args: &Args) -> Result<()> {
     for i in 0..reps {
         fed.push(until_crash(&dir, &maze, &format!("fed{i}"), cap).await?);
     }
-    let fed_med = row("with wpd's feedback", &fed, cap);
+    let fed_med = row("with wpd's feedback", &fed, cap, &[]);
     rpc_ok(
         "RemoveWatchpoint(policy)",
         client.remove_watchpoint(RemoveWatchpointRequest { id: policy }),
@@ -278,7 +287,7 @@ pub(crate) async fn section_feedback(args: &Args) -> Result<()> {
     for i in 0..reps {
         source.push(until_crash(&dir, &floor, &format!("source{i}"), cap).await?);
     }
-    let source_med = row("counting in its source (the floor)", &source, cap);
+    let source_med = row("counting in its source (the floor)", &source, cap, &[]);
     match (fed_med, source_med) {
         (Some(f), Some(s)) => println!(
             "\nwpd's feedback / the floor: {:.2}× the time to the exit (medians).\n",
@@ -311,8 +320,8 @@ async fn libfuzzer_rows(args: &Args, dir: &Path, daemon: &Daemon) -> Result<()> 
          by executable), and counting in its source (linked with the library). Wall time to \
          the exit, s, median (range); execs/s as libFuzzer reports them.\n"
     );
-    println!("| libFuzzer | reached the exit | time to the exit, s | execs/s |");
-    println!("|---|---|---:|---:|");
+    println!("| libFuzzer | reached the exit | time to the exit, s | execs/s | inputs run |");
+    println!("|---|---|---:|---:|---:|");
     let lib = library();
     let libdir = lib.parent().context("library dir")?.display().to_string();
     let maze = libfuzzer_cc(dir, "lfmaze", &[])?;
@@ -326,11 +335,13 @@ async fn libfuzzer_rows(args: &Args, dir: &Path, daemon: &Daemon) -> Result<()> 
             "-lwpd_feedback",
         ],
     )?;
-    let mut alone = Vec::new();
+    let mut alone = (Vec::new(), Vec::new());
     for i in 0..reps {
-        alone.push(libfuzzer_until_crash(dir, &maze, &format!("lf-alone{i}"), cap, true).await?);
+        let (r, n) = libfuzzer_until_crash(dir, &maze, &format!("lf-alone{i}"), cap, true).await?;
+        alone.0.push(r);
+        alone.1.push(n);
     }
-    row("libFuzzer alone", &alone, cap);
+    row("libFuzzer alone", &alone.0, cap, &[units(&alone.1)]);
     let mut client = daemon.client().await?;
     let policy = rpc_ok(
         "SetPolicy",
@@ -355,22 +366,36 @@ async fn libfuzzer_rows(args: &Args, dir: &Path, daemon: &Daemon) -> Result<()> 
     .policy
     .context("no policy")?
     .id;
-    let mut fed = Vec::new();
+    let mut fed = (Vec::new(), Vec::new());
     for i in 0..reps {
-        fed.push(libfuzzer_until_crash(dir, &maze, &format!("lf-fed{i}"), cap, true).await?);
+        let (r, n) = libfuzzer_until_crash(dir, &maze, &format!("lf-fed{i}"), cap, true).await?;
+        fed.0.push(r);
+        fed.1.push(n);
     }
-    let fed_med = row("libFuzzer with wpd's feedback", &fed, cap);
+    let fed_med = row(
+        "libFuzzer with wpd's feedback",
+        &fed.0,
+        cap,
+        &[units(&fed.1)],
+    );
     rpc_ok(
         "RemoveWatchpoint(policy)",
         client.remove_watchpoint(RemoveWatchpointRequest { id: policy }),
     )
     .await?;
-    let mut source = Vec::new();
+    let mut source = (Vec::new(), Vec::new());
     for i in 0..reps {
-        source
-            .push(libfuzzer_until_crash(dir, &floor, &format!("lf-source{i}"), cap, false).await?);
+        let (r, n) =
+            libfuzzer_until_crash(dir, &floor, &format!("lf-source{i}"), cap, false).await?;
+        source.0.push(r);
+        source.1.push(n);
     }
-    let source_med = row("libFuzzer counting in its source (the floor)", &source, cap);
+    let source_med = row(
+        "libFuzzer counting in its source (the floor)",
+        &source.0,
+        cap,
+        &[units(&source.1)],
+    );
     match (fed_med, source_med) {
         (Some(f), Some(s)) => println!(
             "\nlibFuzzer: wpd's feedback / the floor: {:.2}× the time to the exit (medians).\n",
@@ -379,6 +404,12 @@ async fn libfuzzer_rows(args: &Args, dir: &Path, daemon: &Daemon) -> Result<()> 
         _ => println!("\nlibFuzzer: wpd's feedback / the floor: not every run reached the exit.\n"),
     }
     Ok(())
+}
+
+/// Inputs run, median (range).
+fn units(v: &[f64]) -> String {
+    let s = spread(v.to_vec());
+    format!("{:.0} ({:.0}–{:.0})", s.med, s.min, s.max)
 }
 
 /// A System V segment standing in for afl-fuzz's map (the AFL++ runtime
