@@ -13,7 +13,9 @@
  * move on): alone, AFL++ must guess the 16 moves at once (1 in 4^16). The
  * position is stored at every move in the globals `py` then `px` (in that
  * order: at a store to px, py is already the new one), -1 for both once
- * the walker is dead: a watch on px with py is the walk's state.
+ * the walker is dead: a watch on px with py is the walk's state. `steps`
+ * is stored at every move too: the moves the walker has survived, a
+ * number that climbs (a watch with `--feedback max`).
  *
  * Built with afl-cc (a fork server, one input from stdin). With the
  * argument `trace`, prints what each move stored, "py px" per line (the
@@ -45,7 +47,7 @@ static const char maze[7][12] = {
     "###########",
 };
 
-volatile int64_t px, py;
+volatile int64_t px, py, steps;
 
 #ifdef STATE_IN_SOURCE
 /* The library's in-source entry: counts (v, w) as a feedback trap of the
@@ -59,7 +61,7 @@ extern void wpd_feedback_count(uint64_t v, uint64_t w, uint32_t mode, uint32_t t
 /* Walks the moves of `in`; 1 if the walker reached the exit. */
 static int walk(const unsigned char *in, size_t n, int trace) {
     static const int dy[4] = {-1, 1, 0, 0}, dx[4] = {0, 0, -1, 1};
-    int y = 1, x = 1, alive = 1;
+    int y = 1, x = 1, alive = 1, moves = 0;
     for (size_t i = 0; i < n && i < 32; i++) {
         int m = in[i] & 3;
         int ny = y + dy[m], nx = x + dx[m];
@@ -69,6 +71,8 @@ static int walk(const unsigned char *in, size_t n, int trace) {
         x += (nx - x) * alive;
         py = y * alive - !alive;
         px = x * alive - !alive;
+        moves += alive;
+        steps = moves;
         COUNT_STATE(px, py);
         if (trace)
             printf("%lld %lld\n", (long long)py, (long long)px);

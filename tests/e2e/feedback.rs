@@ -540,6 +540,87 @@ async fn feedback_beside_a_signal_action_on_another_watch() -> Result<()> {
     daemon.finish(result)
 }
 
+/// `--feedback max`: a value higher than any before counts, in buckets (each value below
+/// 16, then four per power of two). The maze's `steps` (the moves survived, stored at every
+/// move) climbs as a walk survives: every input AFL++ saved for new coverage survives, replayed
+/// without wpd, into a bucket no earlier saved input reached (walking into walls later is
+/// the only coverage there is to find), and within 30 s the walks climb from the seed's 2
+/// moves to 12 and more (below 16 each value is a bucket of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn feedback_max_rewards_each_new_high() -> Result<()> {
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let dir = unique_temp_dir("wpd-maze-max")?;
+    let comm = unique_comm("fzmax");
+    let bin = build_maze(&dir, &comm, Build::Afl)?;
+    let replay = build_maze(&dir, "replay", Build::Plain)?;
+    seed(&dir)?;
+    // The moves an input's walker survives, and their bucket (wpd_feedback_key's).
+    let survived = |input: &[u8]| -> Result<u64> {
+        let (walked, _) = replay_maze(&replay, input)?;
+        Ok(walked.iter().take_while(|&&p| p != (-1, -1)).count() as u64)
+    };
+    let daemon = Daemon::start().await?;
+    let ep = daemon.endpoint();
+    let result = async {
+        let exe = bin.display().to_string();
+        let w = wpctl(
+            &ep,
+            &[
+                "watch",
+                "--exe",
+                &exe,
+                "--symbol",
+                "steps",
+                "--feedback",
+                "max",
+                "--follow-forks",
+            ],
+        )
+        .await?;
+        ensure!(
+            w.code == Some(0) && w.stdout.starts_with("policy "),
+            "{w:?}"
+        );
+        let o = run_fuzzer(afl(&dir, &bin, "fed", 30, false)?, Duration::from_secs(120)).await?;
+        ensure!(
+            o.status.success(),
+            "afl-fuzz failed: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+        let mut high = None;
+        let mut credited = 0;
+        for (name, input) in saved(&dir, "fed", "queue")? {
+            let b = wpd_feedback_key::max_bucket(survived(&input)?);
+            if name.contains("+cov") && !name.contains("orig") {
+                ensure!(
+                    high.is_none_or(|h| b > h),
+                    "{name} was saved for new coverage but survives into bucket {b}, not above \
+                     {high:?}"
+                );
+                credited += 1;
+            }
+            high = high.max(Some(b));
+        }
+        let best = saved(&dir, "fed", "queue")?
+            .iter()
+            .map(|(_, i)| survived(i))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .max()
+            .unwrap_or(0);
+        ensure!(
+            credited >= 6 && best >= 12,
+            "{credited} inputs saved for new highs, the best surviving {best} moves"
+        );
+        Ok(())
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    daemon.finish(result)
+}
+
 /// Two fuzzers on one host, each with its own map: AFL++ on a watched copy of the maze and
 /// AFL++ on an unwatched copy, at the same time, both with the library preloaded. Only the
 /// watched one's inputs are saved for new positions (each walking somewhere no earlier one

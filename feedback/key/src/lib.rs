@@ -100,15 +100,68 @@ impl Trap {
         })
     }
 
+    /// The bytes, among `room` bytes kept for feedback, that a store of
+    /// `value` (with the other variable's `with_value`, 0 without one)
+    /// marks: for [`Mode::Values`] its own byte ([`Trap::byte`]); for
+    /// [`Mode::Max`] the bytes of every bucket up to `value`'s, so that a
+    /// run's bytes are those of the buckets up to its highest value, and a
+    /// run counts as new coverage exactly when its highest value is in a
+    /// bucket no run reached before (a lower value never stored is not new).
+    pub fn bytes(&self, value: u64, with_value: u64, room: u32) -> Bytes {
+        let room = room.max(1);
+        match self.mode {
+            Mode::Values => Bytes {
+                next: self.byte(value, with_value, room),
+                left: 1,
+                room,
+            },
+            Mode::Max => Bytes {
+                next: (self.salt(with_value) % u64::from(room)) as u32,
+                left: (max_bucket(value) + 1).min(room),
+                room,
+            },
+        }
+    }
+
+    /// What places a trap's bytes in the room: its tag and the other
+    /// variable's value.
+    fn salt(&self, with_value: u64) -> u64 {
+        mix(u64::from(self.tag).wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ mix(with_value))
+    }
+
     /// The byte, among `room` bytes kept for feedback, that `value`
-    /// (with the other variable's `with_value`, 0 without one) counts in.
+    /// (with the other variable's `with_value`, 0 without one) counts in:
+    /// for [`Mode::Max`], its bucket's (the highest of [`Trap::bytes`]).
     pub fn byte(&self, value: u64, with_value: u64, room: u32) -> u32 {
         let room = u64::from(room.max(1));
-        let salt = mix(u64::from(self.tag).wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ mix(with_value));
+        let salt = self.salt(with_value);
         match self.mode {
             Mode::Values => (mix(value ^ salt) % room) as u32,
             Mode::Max => ((salt % room + u64::from(max_bucket(value))) % room) as u32,
         }
+    }
+}
+
+/// The bytes a store marks ([`Trap::bytes`]): consecutive bytes of the
+/// room, wrapping at its end.
+#[derive(Debug, Clone)]
+pub struct Bytes {
+    next: u32,
+    left: u32,
+    room: u32,
+}
+
+impl Iterator for Bytes {
+    type Item = u32;
+
+    fn next(&mut self) -> Option<u32> {
+        if self.left == 0 {
+            return None;
+        }
+        let b = self.next;
+        self.left -= 1;
+        self.next = (self.next + 1) % self.room;
+        Some(b)
     }
 }
 
@@ -153,7 +206,9 @@ pub unsafe fn read_value(addr: u64, len: u8) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
+    use std::vec::Vec;
 
     #[test]
     fn sig_data_round_trips() {
@@ -238,6 +293,24 @@ mod tests {
         };
         assert_eq!(t.byte(1000, 0, 512), t.byte(1001, 0, 512));
         assert_eq!(t.byte(2048, 0, 512), (t.byte(1024, 0, 512) + 4) % 512);
+        // A store marks every bucket up to its own: a higher value marks a
+        // byte no lower one did, a lower one none that a higher one did not.
+        let marked = |v: u64| t.bytes(v, 0, 512).collect::<Vec<u32>>();
+        assert_eq!(marked(0), [t.byte(0, 0, 512)]);
+        assert_eq!(marked(5).len(), 6);
+        assert_eq!(marked(5).last(), Some(&t.byte(5, 0, 512)));
+        assert!(marked(3).iter().all(|b| marked(20).contains(b)));
+        assert!(!marked(3).contains(&t.byte(20, 0, 512)));
+        assert!(marked(u64::MAX).len() <= 512);
+        // Values mode: one byte.
+        let v = Trap {
+            mode: Mode::Values,
+            ..t
+        };
+        assert_eq!(
+            v.bytes(7, 3, 512).collect::<Vec<u32>>(),
+            [v.byte(7, 3, 512)]
+        );
     }
 
     #[test]

@@ -17,8 +17,9 @@
 //!   `TRAP_PERF`, `si_addr` the watched address, the breakpoint's
 //!   `sig_data` in `si_perf_data`) before its next instruction. The handler
 //!   reads the value (and another variable's, if the watch names one),
-//!   and increments the map byte `wpd_feedback_key::Trap::byte` names, in
-//!   the room: the run that made the store gets the credit. Other
+//!   and increments the map bytes `wpd_feedback_key::Trap::bytes` names
+//!   (the value's own; with `--feedback max`, its bucket's and every lower
+//!   one's), in the room: the run that made the store gets the credit. Other
 //!   `SIGTRAP`s go to the handler the program had.
 //!
 //! - **libFuzzer** (`-fsanitize=fuzzer`) reads the 8-bit counters of every
@@ -209,7 +210,10 @@ unsafe fn count(t: &Trap, addr: u64) {
                 .map_or(0, |(a, l)| wpd_feedback_key::read_value(a, l)),
         )
     };
-    bump(map + u64::from(s.base.load(Ordering::Relaxed)) + u64::from(t.byte(v, w, room)));
+    let base = map + u64::from(s.base.load(Ordering::Relaxed));
+    for b in t.bytes(v, w, room) {
+        bump(base + u64::from(b));
+    }
     s.traps.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -237,7 +241,10 @@ pub extern "C" fn wpd_feedback_count(v: u64, w: u64, mode: u32, tag: u32) {
         with: None,
         tag: tag as u16,
     };
-    bump(map + u64::from(s.base.load(Ordering::Relaxed)) + u64::from(t.byte(v, w, room)));
+    let base = map + u64::from(s.base.load(Ordering::Relaxed));
+    for b in t.bytes(v, w, room) {
+        bump(base + u64::from(b));
+    }
 }
 
 /// Increments the map byte at `at`.
