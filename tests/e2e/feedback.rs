@@ -31,6 +31,12 @@ enum Build {
     /// afl-cc, AFL++'s persistent mode: one process walks input after input from shared
     /// memory (`-DPERSISTENT`).
     AflPersistent,
+    /// afl-cc with LTO instrumentation (`AFL_CC_COMPILER=LTO`: collision-free edge ids given
+    /// at link time, with LLVM 14's lld).
+    AflLto,
+    /// afl-cc with the classic instrumentation (`AFL_LLVM_INSTRUMENT=CLASSIC`: a map of
+    /// 65,536 bytes, hashed edges).
+    AflClassic,
     /// clang-19 `-fsanitize=fuzzer`: libFuzzer's target.
     LibFuzzer,
     /// cc: the walk alone, to replay inputs without a fuzzer's runtime.
@@ -43,10 +49,19 @@ fn build_maze(dir: &Path, name: &str, build: Build) -> Result<PathBuf> {
     let src = dir.join("maze.c");
     std::fs::write(&src, MAZE)?;
     let out = dir.join(name);
+    let mut env = ("AFL_QUIET", "1");
     let (cc, flags, package): (&str, &[&str], &str) = match build {
         Build::Afl => ("afl-cc", &[], "afl++"),
         Build::AflEndingMidInput => ("afl-cc", &["-DEND_MID_INPUT"], "afl++"),
         Build::AflPersistent => ("afl-cc", &["-DPERSISTENT"], "afl++"),
+        Build::AflLto => {
+            env = ("AFL_CC_COMPILER", "LTO");
+            ("afl-cc", &[], "afl++ and lld-14")
+        }
+        Build::AflClassic => {
+            env = ("AFL_LLVM_INSTRUMENT", "CLASSIC");
+            ("afl-cc", &[], "afl++")
+        }
         Build::LibFuzzer => (
             "clang-19",
             &["-fsanitize=fuzzer", "-DFUZZ_LIBFUZZER"],
@@ -61,6 +76,7 @@ fn build_maze(dir: &Path, name: &str, build: Build) -> Result<PathBuf> {
         .arg(&out)
         .arg(&src)
         .env("AFL_QUIET", "1")
+        .env(env.0, env.1)
         .output()
         .with_context(|| format!("running {cc} (Debian's {package}; scripts/setup installs it)"))?;
     ensure!(
@@ -340,6 +356,38 @@ async fn afl_with_state_feedback_walks_the_maze_to_its_exit() -> Result<()> {
         nothing_left(&daemon, &comm, policy_id).await?;
         let r = wpctl(&ep, &["unwatch", &policy_id.to_string()]).await?;
         ensure!(r.code == Some(0), "{r:?}");
+        Ok(())
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    daemon.finish(result)
+}
+
+/// AFL++'s other instrumentations: LTO (edge ids given at link time, the map as small as
+/// the edges) and classic (65,536 bytes of hashed edges). The library makes its room after
+/// the map's size either way, and AFL++ walks each build to the exit with the position as
+/// feedback, the credit exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lto_and_classic_builds_walk_the_maze_too() -> Result<()> {
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let dir = unique_temp_dir("wpd-maze-lto")?;
+    let replay = build_maze(&dir, "replay", Build::Plain)?;
+    seed(&dir)?;
+    let daemon = Daemon::start().await?;
+    let ep = daemon.endpoint();
+    let result = async {
+        for (build, prefix) in [(Build::AflLto, "fzlto"), (Build::AflClassic, "fzcls")] {
+            let comm = unique_comm(prefix);
+            let bin = build_maze(&dir, &comm, build)?;
+            let policy_id = watch_position(&ep, &bin, &["--follow-forks"]).await?;
+            let (_, found) = afl_until_crash(&dir, &bin, prefix).await?;
+            all_reach_the_exit(&replay, &found)?;
+            let n = credited(&replay, &saved(&dir, prefix, "queue")?)?;
+            ensure!(n >= 8, "{prefix}: only {n} inputs saved for new positions");
+            nothing_left(&daemon, &comm, policy_id).await?;
+        }
         Ok(())
     }
     .await;

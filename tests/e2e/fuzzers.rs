@@ -610,7 +610,11 @@ pub(crate) async fn run_fuzzer(
         .stderr(Stdio::piped())
         .kill_on_drop(true);
     let child = cmd.spawn().context("starting the fuzzer")?;
-    match tokio::time::timeout(limit, child.wait_with_output()).await {
+    let pid = child.id().context("the fuzzer's pid")?;
+    let out = tokio::time::timeout(limit, child.wait_with_output()).await;
+    // The child is waited for (or killed, on drop, when it overran): its segments go too.
+    wpd_tests::remove_segments_left_by(pid);
+    match out {
         Ok(out) => Ok(out?),
         Err(_) => bail!("the fuzzer did not finish within {limit:?}"),
     }

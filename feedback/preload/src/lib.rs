@@ -424,12 +424,17 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: libc::size_t) -
     }
     // SAFETY: `real` is the C library's write.
     let real = unsafe { std::mem::transmute::<*mut c_void, WriteFn>(real) };
-    let map = SEGMENT_AT.load(Ordering::Acquire);
-    if fd == FORKSRV_STATUS && n == 4 && map != 0 && !buf.is_null() {
+    // Only the first write to the status pipe is the handshake; the ones
+    // after it are children's pids and statuses.
+    let map = if fd == FORKSRV_STATUS && n == 4 && !buf.is_null() {
+        SEGMENT_AT.swap(0, Ordering::AcqRel)
+    } else {
+        0
+    };
+    if map != 0 {
         // SAFETY: the caller's 4 bytes.
         let status = unsafe { buf.cast::<u32>().read_unaligned() };
         if let Some((grown, edges)) = grown_handshake(status, SEGMENT.load(Ordering::Relaxed)) {
-            SEGMENT_AT.store(0, Ordering::Release);
             // SAFETY: 4 bytes of ours.
             let sent = unsafe { real(fd, (&grown as *const u32).cast(), 4) };
             if sent == 4 {

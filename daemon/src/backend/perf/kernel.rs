@@ -475,9 +475,16 @@ pub(in crate::backend) fn open_breakpoint_bpf(
     let mut a = attr::program_breakpoint(piece, access, inherit);
     if let Some(d) = signal {
         attr::signal_thread(&mut a, d);
+        // Disabled until the program is on it: a store in between would
+        // signal the thread with nothing judging it (a condition the
+        // program holds would be bypassed).
+        a.set_disabled(1);
     }
     let fd = sys::open(&mut a, tid, -1, "perf_event_open(breakpoint)")?;
     sys::set_bpf(&fd, prog)?;
+    if signal.is_some() {
+        sys::enable(&fd)?;
+    }
     Ok(fd)
 }
 
@@ -653,5 +660,43 @@ mod tests {
             || open_breakpoint_bpf(1, piece(), Access::Write, Inherit::No, &prog, None),
         );
         assert_eq!(r.unwrap_err().op, "PERF_EVENT_IOC_SET_BPF");
+    }
+
+    #[test]
+    fn a_breakpoint_that_signals_is_enabled_only_once_its_program_is_on() {
+        let prog = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let (r, made) = intercept(
+            |_| Ok(()),
+            || {
+                open_breakpoint_bpf(
+                    7,
+                    piece(),
+                    Access::Write,
+                    Inherit::ThreadsAndForks,
+                    &prog,
+                    Some(0x8000_0000_0000_0001),
+                )
+            },
+        );
+        let fd = r.unwrap();
+        let [
+            Made::Open { attr, .. },
+            Made::SetBpf { fd: with, .. },
+            Made::Enable { fd: enabled },
+        ] = made.as_slice()
+        else {
+            panic!("{made:?}");
+        };
+        assert_eq!((attr.sigtrap(), attr.disabled()), (1, 1));
+        assert_eq!(attr.sig_data, 0x8000_0000_0000_0001);
+        assert_eq!((*with, *enabled), (fd.as_raw_fd(), fd.as_raw_fd()));
+        // Without a signal the event counts from its open, as before.
+        let (_, made) = intercept(
+            |_| Ok(()),
+            || open_breakpoint_bpf(7, piece(), Access::Write, Inherit::No, &prog, None),
+        );
+        assert!(
+            matches!(made.as_slice(), [Made::Open { attr, .. }, Made::SetBpf { .. }] if attr.disabled() == 0)
+        );
     }
 }

@@ -1,4 +1,4 @@
-//! The perf syscalls wpd makes — `perf_event_open` and the three ioctls it
+//! The perf syscalls wpd makes — `perf_event_open` and the four ioctls it
 //! uses — all through one function, [`call`], which a unit test can replace
 //! on its own thread ([`test::intercept`]): the events each path opens are
 //! then checked, attribute by attribute, without root and without a kernel
@@ -36,6 +36,8 @@ pub(in crate::backend) enum Call<'a> {
     /// `PERF_EVENT_IOC_SET_BPF`: the event runs program `prog` at each
     /// overflow.
     SetBpf { fd: RawFd, prog: RawFd },
+    /// `PERF_EVENT_IOC_ENABLE`: an event opened disabled starts counting.
+    Enable { fd: RawFd },
 }
 
 /// Makes `c`: a new fd for [`Call::Open`], 0 for an ioctl, or the errno.
@@ -61,6 +63,7 @@ pub(in crate::backend) fn call(c: Call<'_>) -> Result<i32, Errno> {
             Call::Id { fd, id } => sys::ioctls::ID(fd, id),
             Call::SetOutput { fd, to } => sys::ioctls::SET_OUTPUT(fd, to),
             Call::SetBpf { fd, prog } => sys::ioctls::SET_BPF(fd, prog as u32),
+            Call::Enable { fd } => sys::ioctls::ENABLE(fd, 0),
         }
     };
     if r < 0 { Err(Errno::last()) } else { Ok(r) }
@@ -151,6 +154,16 @@ pub(in crate::backend) fn set_bpf(fd: &impl AsRawFd, prog: &impl AsRawFd) -> Res
     })
 }
 
+/// Enables `fd`'s event (opened disabled).
+pub(in crate::backend) fn enable(fd: &impl AsRawFd) -> Result<(), PerfError> {
+    call(Call::Enable { fd: fd.as_raw_fd() })
+        .map(drop)
+        .map_err(|errno| PerfError {
+            op: "PERF_EVENT_IOC_ENABLE",
+            errno,
+        })
+}
+
 /// Replacing [`call`] in unit tests.
 #[cfg(test)]
 pub(in crate::backend) mod test {
@@ -181,6 +194,9 @@ pub(in crate::backend) mod test {
         SetBpf {
             fd: RawFd,
             prog: RawFd,
+        },
+        Enable {
+            fd: RawFd,
         },
     }
 
@@ -224,6 +240,7 @@ pub(in crate::backend) mod test {
                     fd: *fd,
                     prog: *prog,
                 },
+                Call::Enable { fd } => Made::Enable { fd: *fd },
             };
             let r = answer(&m).and_then(|()| match (&mut m, c) {
                 (Made::Open { fd, .. }, _) => {

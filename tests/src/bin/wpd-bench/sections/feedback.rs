@@ -88,9 +88,12 @@ async fn until_crash(dir: &Path, bin: &Path, out: &str, cap: u64) -> Result<(Opt
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true);
-    let st = tokio::time::timeout(Duration::from_secs(cap + 60), c.status())
-        .await
-        .context("afl-fuzz overran its time")??;
+    let mut child = c.spawn().context("starting afl-fuzz")?;
+    let pid = child.id().context("afl-fuzz's pid")?;
+    let st = tokio::time::timeout(Duration::from_secs(cap + 60), child.wait()).await;
+    drop(child);
+    wpd_tests::remove_segments_left_by(pid);
+    let st = st.context("afl-fuzz overran its time")??;
     ensure!(st.success(), "afl-fuzz: {st:?}");
     let base = dir.join(out).join("default");
     let crash = std::fs::read_dir(base.join("crashes"))?

@@ -260,7 +260,10 @@ async fn run_timed(
         .kill_on_drop(true);
     let t = Instant::now();
     let child = cmd.spawn().context("starting the fuzzer")?;
-    match tokio::time::timeout(limit, child.wait_with_output()).await {
+    let pid = child.id().context("the fuzzer's pid")?;
+    let out = tokio::time::timeout(limit, child.wait_with_output()).await;
+    wpd_tests::remove_segments_left_by(pid);
+    match out {
         Ok(out) => Ok((out?, t.elapsed())),
         Err(_) => bail!("the fuzzer did not finish within {limit:?}"),
     }
