@@ -52,14 +52,38 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
 }
 "#;
 
-/// A child killed and reaped when dropped.
+/// A child stopped and reaped when dropped: asked with SIGTERM first (afl-fuzz
+/// then stops its fork server and removes its shared memory segments; killed,
+/// it leaves them to the kernel until reboot), killed if it has not ended
+/// within 10 s.
 struct Guard(Child);
 
 impl Drop for Guard {
     fn drop(&mut self) {
+        // SAFETY: a signal to the child this guard owns, not yet reaped.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// The System V shared memory segments process `pid` created that are
+/// still there.
+fn segments_created_by(pid: u32) -> Vec<String> {
+    std::fs::read_to_string("/proc/sysvipc/shm")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter(|l| l.split_whitespace().nth(4) == Some(pid.to_string().as_str()))
+        .map(str::to_string)
+        .collect()
 }
 
 /// A directory of its own under the temporary directory, removed when
@@ -224,6 +248,11 @@ fn afl_fork_servers_map_is_afl_fuzzs_segment() {
     // As big as the map afl-fuzz reads: the target's edges (a handful
     // here), never the placeholder's 2 MiB.
     assert!((2..4096).contains(&size), "map size {size}");
+    // Stopped, afl-fuzz takes its segments with it.
+    let pid = afl.0.id();
+    drop(afl);
+    let left = segments_created_by(pid);
+    assert!(left.is_empty(), "afl-fuzz left segments: {left:?}");
 }
 
 #[test]

@@ -612,7 +612,7 @@ pub(crate) async fn run_fuzzer(
     let child = cmd.spawn().context("starting the fuzzer")?;
     let pid = child.id().context("the fuzzer's pid")?;
     let out = tokio::time::timeout(limit, child.wait_with_output()).await;
-    // The child is waited for (or killed, on drop, when it overran): its segments go too.
+    // Waited for, or killed on drop when it overran (a killed afl-fuzz leaves its segments).
     wpd_tests::remove_segments_left_by(pid);
     match out {
         Ok(out) => Ok(out?),

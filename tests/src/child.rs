@@ -213,10 +213,10 @@ pub(crate) fn read_lines(
 }
 
 /// Removes the System V shared memory segments that process `pid` (a fuzzer the test
-/// started, now ended) created and nobody has attached any more; returns how many. AFL++
-/// 4.04c removes its segments when it ends, but not always: a pair of them (its 8 MiB map
-/// and its 1 MiB test-case buffer) was found left behind about once per run of the suite,
-/// kept by the kernel until reboot. Only segments whose creator is `pid` are touched.
+/// started, now ended) created and nobody has attached any more; returns how many. afl-fuzz
+/// removes its two (its 8 MiB map and its 1 MiB test-case buffer) when it ends, but not when
+/// it is killed (a run over its time, a child dropped): the kernel keeps them until reboot.
+/// Only segments whose creator is `pid` are touched.
 pub fn remove_segments_left_by(pid: u32) -> usize {
     let Ok(table) = std::fs::read_to_string("/proc/sysvipc/shm") else {
         return 0;
