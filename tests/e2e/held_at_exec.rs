@@ -104,17 +104,21 @@ async fn three_hits_each(daemon: &Daemon, events: &mut EventStream, pids: &[i32]
     let mut values: HashMap<i32, Vec<Option<i64>>> = HashMap::new();
     let want = pids.len() * 3;
     let mut n = 0;
+    // The other events, for a failure's message: what became of a process short of hits.
+    let mut others = Vec::new();
     let r = events
         .wait_for(
             HIT_TIMEOUT,
             &format!("{want} hits, 3 in each process"),
             |e| {
-                if let Event::Hit(h) = e
-                    && pids.contains(&h.pid)
-                {
-                    let v = <[u8; 8]>::try_from(h.value.as_slice()).map(i64::from_le_bytes);
-                    values.entry(h.pid).or_default().push(v.ok());
-                    n += 1;
+                if let Event::Hit(h) = e {
+                    if pids.contains(&h.pid) {
+                        let v = <[u8; 8]>::try_from(h.value.as_slice()).map(i64::from_le_bytes);
+                        values.entry(h.pid).or_default().push(v.ok());
+                        n += 1;
+                    }
+                } else {
+                    others.push(format!("{e:?}"));
                 }
                 Ok((n == want).then_some(()))
             },
@@ -125,13 +129,30 @@ async fn three_hits_each(daemon: &Daemon, events: &mut EventStream, pids: &[i32]
         .map(|p| (*p, values.get(p).map_or(0, Vec::len)))
         .filter(|(_, n)| *n != 3)
         .collect();
-    ensure!(
-        short.is_empty(),
-        "{} of {} processes without their 3 stores seen (pid, stores): {:?}",
-        short.len(),
-        pids.len(),
-        &short[..short.len().min(20)]
-    );
+    if !short.is_empty() {
+        let s = daemon
+            .client()
+            .await?
+            .get_stats(GetStatsRequest {})
+            .await?
+            .into_inner();
+        let (p, _) = short[0];
+        let of_first: Vec<&String> = others
+            .iter()
+            .filter(|e| e.contains(&format!("pid: {p},")) || e.contains(&format!("pid: {p} ")))
+            .collect();
+        bail!(
+            "{} of {} processes without their 3 stores seen (pid, stores): {:?}; exec holds: {} \
+             held, {} past the bound; the events of {p}: {of_first:?}; the wait: {}",
+            short.len(),
+            pids.len(),
+            &short[..short.len().min(20)],
+            s.exec_holds,
+            s.exec_holds_past_bound,
+            r.as_ref()
+                .map_or_else(|e| format!("{e:#}"), |()| "ended".into())
+        );
+    }
     for (pid, got) in values.iter().filter(|_| at_trap) {
         ensure!(
             got[..] == [Some(1), Some(2), Some(3)],

@@ -492,14 +492,32 @@ impl Daemon {
     /// look into a test that passes), prints the daemon log to stderr first (libtest shows it
     /// with the failure).
     pub fn finish<T>(&self, result: Result<T>) -> Result<T> {
-        if result.is_err() || std::env::var_os("WPD_TEST_PRINT_LOG").is_some() {
+        if let Err(e) = &result {
+            // Ahead of the log: a reader of a long output (a CI's excerpt) sees it first.
+            eprintln!("----- the test's error -----\n{e:#}");
             self.print_log("the test failed");
+        } else if std::env::var_os("WPD_TEST_PRINT_LOG").is_some() {
+            self.print_log("asked for");
         }
         result
     }
 
-    /// Prints the daemon's log (its last 64 KiB) to stderr, headed by `why`.
+    /// Prints the daemon's warnings and errors (the first 40), then its log's last 64 KiB, to
+    /// stderr, headed by `why`: an anomaly early in a long run is not lost to the tail.
     pub fn print_log(&self, why: &str) {
+        let log = self.log();
+        let worries: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .collect();
+        let shown = worries.len().min(40);
+        eprintln!(
+            "----- wpd's warnings and errors ({} of {}; wpd pid {}) -----\n{}",
+            shown,
+            worries.len(),
+            self.pid(),
+            worries[..shown].join("\n")
+        );
         eprintln!(
             "----- wpd log ({why}; wpd pid {}) -----\n{}\n----- end of wpd log -----",
             self.pid(),

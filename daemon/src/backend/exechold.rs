@@ -260,17 +260,32 @@ fn hold_one(
     }
     if !seized {
         counts.not_seized.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            pid,
+            "exec hold: not seized (traced already, or gone): runs unheld"
+        );
         return;
     }
     if !wait_for_exec(task, &helpers.deadline) {
         held.lock().unwrap().remove(&pid);
         counts.no_exec.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            pid,
+            waited = ?t0.elapsed(),
+            "exec hold: no exec stop within {EXEC_WAIT:?} of the open (the exec failed, the \
+             task was killed, or its exec is that slow): let go"
+        );
         return;
     }
     counts.held.fetch_add(1, Ordering::Relaxed);
     let stopped = t0.elapsed();
     if !helpers.arm(pid, bound) {
         counts.past_bound.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            pid,
+            ?stopped,
+            "exec hold: its arming took longer than {bound:?}: let go before it ended"
+        );
     }
     let _ = ptrace::detach(task, None);
     held.lock().unwrap().remove(&pid);
