@@ -284,6 +284,37 @@ fn outside_afl_fuzz_there_is_no_fuzzers_map_and_a_corrupted_pointer_is_caught() 
     }
 }
 
+/// The runtime's variables are looked up in the program's own symbol tables: finding the
+/// map of a program that maps the C library and the loader (a fork server found after its
+/// exec, as a policy by name finds one) loads no module but the program (a lookup in the
+/// whole process indexed every library's DWARF first: a second, a C library's debug
+/// information installed).
+#[test]
+fn the_runtime_is_looked_up_in_the_program_alone() {
+    let dir = Dir::new("exeonly");
+    let exe = build(&dir.0, "afl-cc", &["-O1", "-g"], AFL_TARGET, "fmexe");
+    let alone = waiting(&exe, &["wait"]);
+    let pid = alone.0.id() as i32;
+    let maps = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let start = Instant::now();
+    while !maps().contains("libc.so") && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(maps().contains("libc.so"), "the program never mapped libc");
+    let symbols = Symbols::new();
+    let r = fuzzmap::find(&symbols, pid);
+    assert!(
+        matches!(r, Err(NoFuzzerMap::NotUnderFuzzer { .. })),
+        "outside afl-fuzz: {r:?}"
+    );
+    assert_eq!(
+        symbols.stats().files,
+        1,
+        "modules loaded to find the map of a program mapping {} files",
+        maps().lines().filter(|l| l.contains(".so")).count()
+    );
+}
+
 #[test]
 fn libfuzzers_counters_are_as_many_as_it_loaded() {
     let dir = Dir::new("libfuzzer");

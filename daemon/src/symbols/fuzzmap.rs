@@ -122,11 +122,16 @@ const MAX_MAP: u64 = 1 << 30;
 /// Finds the map of the fuzzer running `pid`, checking that it lies where
 /// a fuzzer's map does.
 pub fn find(symbols: &Symbols, pid: Pid) -> Result<FuzzerMap, NoFuzzerMap> {
+    // The runtime is linked into the program: its symbols are looked up
+    // there first (a fork server found after its exec has every library
+    // mapped, and a lookup in the whole process would index their DWARF).
     let address = |name: &str| {
-        symbols
-            .resolve(pid, name, crate::model::Access::Write, 0)
-            .ok()
-            .map(|r| r.address)
+        symbols.exe_symbol(pid, name).or_else(|| {
+            symbols
+                .resolve(pid, name, crate::model::Access::Write, 0)
+                .ok()
+                .map(|r| r.address)
+        })
     };
     if let Some(pointer_at) = address("__afl_area_ptr") {
         let size_at = address("__afl_map_size").ok_or_else(|| NoFuzzerMap::Implausible {

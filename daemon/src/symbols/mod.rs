@@ -291,6 +291,26 @@ impl Symbols {
     /// The runtime address and size of section `name` of `pid`'s
     /// executable, if it has one.
     pub fn exe_section(&self, pid: Pid, name: &str) -> Option<(u64, u64)> {
+        let (elf, bias) = self.exe_elf(pid)?;
+        let (at, size) = elf.section(name)?;
+        Some((at.wrapping_add(bias), size))
+    }
+
+    /// The runtime address of data symbol `name` in the symbol tables of
+    /// `pid`'s executable (or of its separate debug file, for a stripped
+    /// one), if they list it: one module's tables, where a name looked up
+    /// in the whole process (`resolve`) may index every library's DWARF
+    /// first (a second with a C library's debug information installed).
+    pub fn exe_symbol(&self, pid: Pid, name: &str) -> Option<u64> {
+        let (elf, bias) = self.exe_elf(pid)?;
+        elf.lookup(name)
+            .into_iter()
+            .find(|s| s.kind == SymKind::Object && s.vaddr != 0)
+            .map(|s| s.vaddr.wrapping_add(bias))
+    }
+
+    /// `pid`'s executable's file and load bias.
+    fn exe_elf(&self, pid: Pid) -> Option<(Arc<ElfFile>, u64)> {
         let files = maps::read(pid).ok()?;
         let exe = Self::exe_file(pid)?;
         let f = files
@@ -298,8 +318,7 @@ impl Symbols {
             .find(|f| exe.dev == f.dev && exe.inode == f.inode)?;
         let elf = self.file(pid, f).ok()?;
         let bias = Self::bias(&elf, f)?;
-        let (at, size) = elf.section(name)?;
-        Some((at.wrapping_add(bias), size))
+        Some((elf, bias))
     }
 
     /// What `name` names in `pid`, as a watchpoint would take it: a

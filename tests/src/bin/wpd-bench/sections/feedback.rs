@@ -210,6 +210,39 @@ fn row(what: &str, runs: &[(Option<f64>, f64)], cap: u64, extra: &[String]) -> O
     (reached.len() == runs.len()).then(|| spread(reached).med)
 }
 
+/// A policy on every run of `maze` watching the position (`px`, with `py`) as feedback, its
+/// forked children too if `follow_forks` (AFL++'s fork server): its id.
+async fn watch_position(
+    client: &mut wpd_tests::Client,
+    maze: &Path,
+    follow_forks: bool,
+) -> Result<u64> {
+    Ok(rpc_ok(
+        "SetPolicy",
+        client.set_policy(SetPolicyRequest {
+            selector: Some(ProcessSelector {
+                exe: maze.display().to_string(),
+                ..Default::default()
+            }),
+            spec: Some(WatchpointSpec {
+                symbol: "px".into(),
+                access: wpd_proto::v1::Access::Write as i32,
+                backend: Backend::Perf as i32,
+                follow_forks,
+                feedback: Some(Feedback {
+                    mode: 0,
+                    with: "py".into(),
+                }),
+                ..Default::default()
+            }),
+        }),
+    )
+    .await?
+    .policy
+    .context("no policy")?
+    .id)
+}
+
 pub(crate) async fn section_feedback(args: &Args) -> Result<()> {
     let t0 = Instant::now();
     let (reps, cap) = if args.smoke {
@@ -252,30 +285,7 @@ pub(crate) async fn section_feedback(args: &Args) -> Result<()> {
     row("alone", &alone, cap, &[]);
     let daemon = Daemon::start().await?;
     let mut client = daemon.client().await?;
-    let policy = rpc_ok(
-        "SetPolicy",
-        client.set_policy(SetPolicyRequest {
-            selector: Some(ProcessSelector {
-                exe: maze.display().to_string(),
-                ..Default::default()
-            }),
-            spec: Some(WatchpointSpec {
-                symbol: "px".into(),
-                access: wpd_proto::v1::Access::Write as i32,
-                backend: Backend::Perf as i32,
-                follow_forks: true,
-                feedback: Some(Feedback {
-                    mode: 0,
-                    with: "py".into(),
-                }),
-                ..Default::default()
-            }),
-        }),
-    )
-    .await?
-    .policy
-    .context("no policy")?
-    .id;
+    let policy = watch_position(&mut client, &maze, true).await?;
     let mut fed = Vec::new();
     for i in 0..reps {
         fed.push(until_crash(&dir, &maze, &format!("fed{i}"), cap).await?);
@@ -346,29 +356,7 @@ async fn libfuzzer_rows(args: &Args, dir: &Path, daemon: &Daemon) -> Result<()> 
     }
     row("libFuzzer alone", &alone.0, cap, &[units(&alone.1)]);
     let mut client = daemon.client().await?;
-    let policy = rpc_ok(
-        "SetPolicy",
-        client.set_policy(SetPolicyRequest {
-            selector: Some(ProcessSelector {
-                exe: maze.display().to_string(),
-                ..Default::default()
-            }),
-            spec: Some(WatchpointSpec {
-                symbol: "px".into(),
-                access: wpd_proto::v1::Access::Write as i32,
-                backend: Backend::Perf as i32,
-                feedback: Some(Feedback {
-                    mode: 0,
-                    with: "py".into(),
-                }),
-                ..Default::default()
-            }),
-        }),
-    )
-    .await?
-    .policy
-    .context("no policy")?
-    .id;
+    let policy = watch_position(&mut client, &maze, false).await?;
     let mut fed = (Vec::new(), Vec::new());
     for i in 0..reps {
         let (r, n) = libfuzzer_until_crash(dir, &maze, &format!("lf-fed{i}"), cap, true).await?;

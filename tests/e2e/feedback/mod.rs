@@ -10,13 +10,17 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use wpd_tests::{
-    Backend, CmdOutput, Daemon, poll_until, require_backend, run_wpctl, unique_temp_dir,
+    Backend, CmdOutput, Daemon, machine_skip, poll_until, require_backend, run_wpctl,
+    unique_temp_dir,
 };
 
 use crate::fuzzers::{nothing_left, run_fuzzer, unique_comm};
+use crate::policies::{TestCgroup, cgroup2_root};
+
+mod libfuzzer;
 
 /// The maze (`tests/c/maze.c`): 16 exact moves, every step through the same code.
-const MAZE: &str = include_str!("../c/maze.c");
+const MAZE: &str = include_str!("../../c/maze.c");
 
 /// The 16 moves from the maze's start to its exit.
 const WIN: [u8; 16] = [1, 1, 3, 3, 0, 0, 3, 3, 1, 1, 3, 3, 0, 0, 3, 3];
@@ -127,7 +131,28 @@ fn afl(
     seconds: u32,
     until_crash: bool,
 ) -> Result<tokio::process::Command> {
-    let mut c = tokio::process::Command::new("afl-fuzz");
+    afl_in(None, dir, bin, out, seconds, until_crash)
+}
+
+/// [`afl`], started in the cgroup at directory `cgroup` if one is given (it moves itself in
+/// before its exec of afl-fuzz).
+fn afl_in(
+    cgroup: Option<&Path>,
+    dir: &Path,
+    bin: &Path,
+    out: &str,
+    seconds: u32,
+    until_crash: bool,
+) -> Result<tokio::process::Command> {
+    let mut c = match cgroup {
+        None => tokio::process::Command::new("afl-fuzz"),
+        Some(cg) => {
+            let mut c = tokio::process::Command::new("sh");
+            c.args(["-c", r#"echo $$ > "$0/cgroup.procs" && exec afl-fuzz "$@""#])
+                .arg(cg);
+            c
+        }
+    };
     c.args(["-i", "in", "-o", out, "-V", &seconds.to_string(), "--"])
         .arg(bin)
         .current_dir(dir)
@@ -164,14 +189,16 @@ fn saved(dir: &Path, out: &str, kind: &str) -> Result<Vec<(String, Vec<u8>)>> {
     Ok(v)
 }
 
-/// Runs AFL++ on `bin` until its first crash (240 s at most; `dir/out`): afl-fuzz's output
-/// and the crashes it saved (at least one).
+/// Runs AFL++ on `bin` until its first crash (240 s at most; `dir/out`), in the cgroup at
+/// `cgroup` if one is given: afl-fuzz's output and the crashes it saved (at least one).
 async fn afl_until_crash(
+    cgroup: Option<&Path>,
     dir: &Path,
     bin: &Path,
     out: &str,
-) -> Result<(String, Vec<(String, Vec<u8>)>)> {
-    let o = run_fuzzer(afl(dir, bin, out, 240, true)?, Duration::from_secs(300)).await?;
+) -> Result<(String, Saved)> {
+    let afl = afl_in(cgroup, dir, bin, out, 240, true)?;
+    let o = run_fuzzer(afl, Duration::from_secs(300)).await?;
     let log = String::from_utf8_lossy(&o.stdout).into_owned();
     ensure!(o.status.success(), "afl-fuzz failed: {log}");
     let found = saved(dir, out, "crashes")?;
@@ -190,23 +217,32 @@ fn all_reach_the_exit(replay: &Path, found: &[(String, Vec<u8>)]) -> Result<()> 
     Ok(())
 }
 
-/// The credit: the maze's edges are the same for every input, so each input AFL++ saved
-/// for new coverage (`+cov`, not the seed) must walk, replayed without wpd by `replay`, a
-/// position no earlier saved input walked. Returns how many were saved for new coverage.
-fn credited(replay: &Path, queue: &[(String, Vec<u8>)]) -> Result<usize> {
+/// The credit: the maze's edges are the same for every input (the seed covers them), so each
+/// input AFL++ saved for new coverage (`+cov`: a map byte never set before, not the seed)
+/// must walk, replayed without wpd by `replay`, a position that no run credited before
+/// walked. Those runs are the saved inputs' where every run was watched, the seed's first
+/// run included (`all_watched`: a policy by `--exe` holds each run at its exec); else (a
+/// fork server found after its exec, whose first runs went unwatched) only the inputs saved
+/// for new coverage, the ones whose stores were counted. Returns how many were saved for
+/// new coverage.
+fn credited(replay: &Path, queue: &[(String, Vec<u8>)], all_watched: bool) -> Result<usize> {
     let mut seen = std::collections::BTreeSet::new();
     let mut credited = 0;
     for (name, input) in queue {
         let (walked, _) = replay_maze(replay, input)?;
         let new = walked.iter().filter(|p| !seen.contains(*p)).count();
-        seen.extend(walked);
-        if name.contains("+cov") && !name.contains("orig") {
+        let for_coverage = name.contains("+cov") && !name.contains("orig");
+        if for_coverage {
             ensure!(
                 new > 0,
                 "{name} was saved for new coverage but walks nowhere new: the credit went to \
-                 another run"
+                 another run (its {} moves {input:?} walk {walked:?}; walked before: {seen:?})",
+                input.len()
             );
             credited += 1;
+        }
+        if for_coverage || all_watched {
+            seen.extend(walked);
         }
     }
     Ok(credited)
@@ -217,19 +253,14 @@ fn credited(replay: &Path, queue: &[(String, Vec<u8>)]) -> Result<usize> {
 /// arms a program's first process only after its exec, and a fork server would fork
 /// unwatched runs meanwhile). Returns the policy's id.
 async fn watch_position(ep: &str, exe: &Path, more: &[&str]) -> Result<u64> {
-    let exe = exe.display().to_string();
-    let mut args = vec![
-        "--endpoint",
-        ep,
-        "watch",
-        "--exe",
-        &exe,
-        "--symbol",
-        "px",
-        "--feedback",
-        "--feedback-with",
-        "py",
-    ];
+    watch_position_by(ep, &["--exe", &exe.display().to_string()], more).await
+}
+
+/// [`watch_position`] with the processes selected by `select` (`--comm NAME`, say).
+async fn watch_position_by(ep: &str, select: &[&str], more: &[&str]) -> Result<u64> {
+    let mut args = vec!["--endpoint", ep, "watch"];
+    args.extend_from_slice(select);
+    args.extend_from_slice(&["--symbol", "px", "--feedback", "--feedback-with", "py"]);
     args.extend_from_slice(more);
     let w = run_wpctl(&args, Duration::from_secs(20)).await?;
     ensure!(
@@ -278,6 +309,106 @@ async fn loaded(pid: u32, preload: bool) -> Result<()> {
     .await
 }
 
+/// Inputs AFL++ saved, by name.
+type Saved = Vec<(String, Vec<u8>)>;
+
+/// A maze built for one test, in a directory of its own (removed on drop): the program under
+/// a unique command name, a copy built with cc that replays inputs, and AFL++'s seeds.
+struct Maze {
+    dir: PathBuf,
+    comm: String,
+    bin: PathBuf,
+    replay: PathBuf,
+}
+
+impl Maze {
+    /// Builds the maze as `build` says, named `fz<tag>…`, in `wpd-maze-<tag>…`.
+    fn new(tag: &str, build: Build) -> Result<Maze> {
+        let dir = unique_temp_dir(&format!("wpd-maze-{tag}"))?;
+        let comm = unique_comm(&format!("fz{tag}"));
+        let m = Maze {
+            bin: dir.join(&comm),
+            replay: dir.join("replay"),
+            dir,
+            comm,
+        };
+        build_maze(&m.dir, &m.comm, build)?;
+        build_maze(&m.dir, "replay", Build::Plain)?;
+        seed(&m.dir)?;
+        Ok(m)
+    }
+
+    /// AFL++ on the maze until its first crash (saving into `out`), under a policy watching
+    /// the position as feedback in every run (`--follow-forks`): each crash reaches the exit
+    /// and at least 8 inputs saved for new coverage walk somewhere new each, replayed without
+    /// wpd; once afl-fuzz ends nothing of the policy's arming is left. Returns the policy's
+    /// id, afl-fuzz's output and its queue.
+    async fn walk_with_feedback(&self, daemon: &Daemon, out: &str) -> Result<(u64, String, Saved)> {
+        self.walk_with_feedback_by(daemon, out, By::Exe, None).await
+    }
+
+    /// [`Maze::walk_with_feedback`] under a policy selecting the maze's runs `by`; with
+    /// `seconds`, AFL++ runs that long and need not reach the exit (the inputs saved for new
+    /// coverage show the feedback).
+    async fn walk_with_feedback_by(
+        &self,
+        daemon: &Daemon,
+        out: &str,
+        by: By<'_>,
+        seconds: Option<u32>,
+    ) -> Result<(u64, String, Saved)> {
+        let exe = self.bin.display().to_string();
+        let all_watched = matches!(by, By::Exe);
+        let (select, cgroup) = match by {
+            By::Exe => (["--exe", &exe], None),
+            By::Comm => (["--comm", &self.comm], None),
+            By::Cgroup { dir, name } => (["--cgroup", name], Some(dir)),
+        };
+        let policy = watch_position_by(&daemon.endpoint(), &select, &["--follow-forks"]).await?;
+        let log = match seconds {
+            None => {
+                let (log, found) = afl_until_crash(cgroup, &self.dir, &self.bin, out).await?;
+                all_reach_the_exit(&self.replay, &found)?;
+                log
+            }
+            Some(s) => {
+                let afl = afl_in(cgroup, &self.dir, &self.bin, out, s, false)?;
+                let o = run_fuzzer(afl, Duration::from_secs(u64::from(s) + 60)).await?;
+                let log = String::from_utf8_lossy(&o.stdout).into_owned();
+                ensure!(o.status.success(), "afl-fuzz failed: {log}");
+                log
+            }
+        };
+        let queue = saved(&self.dir, out, "queue")?;
+        let n = credited(&self.replay, &queue, all_watched)?;
+        // AFL++ alone saves none for new coverage (the maze's edges are the seed's): each is
+        // the feedback's. On the way to the exit there are many; in a short run, a few.
+        let least = if seconds.is_some() { 3 } else { 8 };
+        ensure!(
+            n >= least,
+            "only {n} inputs saved for new positions: the walk was not learnt step by step"
+        );
+        nothing_left(daemon, &self.comm, policy).await?;
+        Ok((policy, log, queue))
+    }
+}
+
+/// How a policy selects the maze's runs.
+enum By<'a> {
+    /// Its executable (`--exe`): every run held at its exec.
+    Exe,
+    /// Its command name (`--comm`): the fork server found after its exec.
+    Comm,
+    /// The cgroup AFL++ runs in (`--cgroup NAME`; `dir` is its directory).
+    Cgroup { dir: &'a Path, name: &'a str },
+}
+
+impl Drop for Maze {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// State feedback from outside: AFL++ on the maze (every step through the same code, a
 /// wrong move kills the walker) finds no exit alone, with wpd's library preloaded and
 /// nothing watched; with a policy watching the position (`px`, with `py`) as feedback, the
@@ -291,23 +422,20 @@ async fn afl_with_state_feedback_walks_the_maze_to_its_exit() -> Result<()> {
     if !require_backend(Backend::Perf) {
         return Ok(());
     }
-    let dir = unique_temp_dir("wpd-maze")?;
-    let comm = unique_comm("fzmaze");
-    let bin = build_maze(&dir, &comm, Build::Afl)?;
-    let replay = build_maze(&dir, "replay", Build::Plain)?;
+    let m = Maze::new("maze", Build::Afl)?;
+    let (dir, bin) = (&m.dir, &m.bin);
     // The maze's rules: the 16 moves abort, 15 of them do not.
-    ensure!(replay_maze(&bin, &WIN)?.1 && !replay_maze(&bin, &WIN[..15])?.1);
-    seed(&dir)?;
+    ensure!(replay_maze(bin, &WIN)?.1 && !replay_maze(bin, &WIN[..15])?.1);
 
     // Alone (the library preloaded, its room in the map empty): no exit.
-    let o = run_fuzzer(afl(&dir, &bin, "alone", 20, true)?, Duration::from_secs(60)).await?;
+    let o = run_fuzzer(afl(dir, bin, "alone", 20, true)?, Duration::from_secs(60)).await?;
     ensure!(
         o.status.success(),
         "afl-fuzz failed: {}",
         String::from_utf8_lossy(&o.stdout)
     );
     ensure!(
-        saved(&dir, "alone", "crashes")?.is_empty(),
+        saved(dir, "alone", "crashes")?.is_empty(),
         "AFL++ alone found the exit"
     );
 
@@ -319,7 +447,7 @@ async fn afl_with_state_feedback_walks_the_maze_to_its_exit() -> Result<()> {
             (false, "AFL_PRELOAD="),
             (true, "not running under afl-fuzz"),
         ] {
-            let mut alone = start_waiting(&bin, &[], preload)?;
+            let mut alone = start_waiting(bin, &[], preload)?;
             let pid = alone.id();
             let r = async {
                 loaded(pid, preload).await?;
@@ -345,21 +473,12 @@ async fn afl_with_state_feedback_walks_the_maze_to_its_exit() -> Result<()> {
                 "a feedback watch on a maze with the library {preload}: {r:?}"
             );
         }
-        let policy_id = watch_position(&ep, &bin, &["--follow-forks"]).await?;
-        let (_, found) = afl_until_crash(&dir, &bin, "fed").await?;
-        all_reach_the_exit(&replay, &found)?;
-        let n = credited(&replay, &saved(&dir, "fed", "queue")?)?;
-        ensure!(
-            n >= 8,
-            "only {n} inputs saved for new positions: the walk was not learnt step by step"
-        );
-        nothing_left(&daemon, &comm, policy_id).await?;
+        let (policy_id, _, _) = m.walk_with_feedback(&daemon, "fed").await?;
         let r = wpctl(&ep, &["unwatch", &policy_id.to_string()]).await?;
         ensure!(r.code == Some(0), "{r:?}");
         Ok(())
     }
     .await;
-    let _ = std::fs::remove_dir_all(&dir);
     daemon.finish(result)
 }
 
@@ -372,26 +491,20 @@ async fn lto_and_classic_builds_walk_the_maze_too() -> Result<()> {
     if !require_backend(Backend::Perf) {
         return Ok(());
     }
-    let dir = unique_temp_dir("wpd-maze-lto")?;
-    let replay = build_maze(&dir, "replay", Build::Plain)?;
-    seed(&dir)?;
+    let mazes = [
+        Maze::new("lto", Build::AflLto)?,
+        Maze::new("cls", Build::AflClassic)?,
+    ];
     let daemon = Daemon::start().await?;
-    let ep = daemon.endpoint();
     let result = async {
-        for (build, prefix) in [(Build::AflLto, "fzlto"), (Build::AflClassic, "fzcls")] {
-            let comm = unique_comm(prefix);
-            let bin = build_maze(&dir, &comm, build)?;
-            let policy_id = watch_position(&ep, &bin, &["--follow-forks"]).await?;
-            let (_, found) = afl_until_crash(&dir, &bin, prefix).await?;
-            all_reach_the_exit(&replay, &found)?;
-            let n = credited(&replay, &saved(&dir, prefix, "queue")?)?;
-            ensure!(n >= 8, "{prefix}: only {n} inputs saved for new positions");
-            nothing_left(&daemon, &comm, policy_id).await?;
+        for m in &mazes {
+            m.walk_with_feedback(&daemon, "fed")
+                .await
+                .with_context(|| m.comm.clone())?;
         }
         Ok(())
     }
     .await;
-    let _ = std::fs::remove_dir_all(&dir);
     daemon.finish(result)
 }
 
@@ -407,40 +520,29 @@ async fn runs_that_end_mid_input_keep_their_credit() -> Result<()> {
     if !require_backend(Backend::Perf) {
         return Ok(());
     }
-    let dir = unique_temp_dir("wpd-maze-mid")?;
-    let comm = unique_comm("fzmid");
-    let bin = build_maze(&dir, &comm, Build::AflEndingMidInput)?;
-    let replay = build_maze(&dir, "replay", Build::Plain)?;
+    let m = Maze::new("mid", Build::AflEndingMidInput)?;
     // A death ends the walk: the moves after it are not made.
-    let (walked, won) = replay_maze(&bin, &[1, 0, 0, 1, 1])?;
+    let (walked, won) = replay_maze(&m.bin, &[1, 0, 0, 1, 1])?;
     ensure!(
         !won && walked == [(2, 1), (1, 1), (-1, -1)],
         "the maze went on after a death: {walked:?}"
     );
-    ensure!(replay_maze(&bin, &WIN)?.1);
-    seed(&dir)?;
+    ensure!(replay_maze(&m.bin, &WIN)?.1);
     let daemon = Daemon::start().await?;
-    let ep = daemon.endpoint();
     let result = async {
-        let policy_id = watch_position(&ep, &bin, &["--follow-forks"]).await?;
-        let (_, found) = afl_until_crash(&dir, &bin, "fed").await?;
-        all_reach_the_exit(&replay, &found)?;
-        let queue = saved(&dir, "fed", "queue")?;
-        let n = credited(&replay, &queue)?;
-        ensure!(n >= 8, "only {n} inputs saved for new positions");
+        let (_, _, queue) = m.walk_with_feedback(&daemon, "fed").await?;
         // Most inputs ended with a death: the walks AFL++ learnt from were cut short.
         let died = queue
             .iter()
-            .map(|(_, i)| replay_maze(&replay, i).map(|(w, _)| w.last() == Some(&(-1, -1))))
+            .map(|(_, i)| replay_maze(&m.replay, i).map(|(w, _)| w.last() == Some(&(-1, -1))))
             .collect::<Result<Vec<_>>>()?
             .into_iter()
             .filter(|&d| d)
             .count();
         ensure!(died > 0, "no saved input ends with a death");
-        nothing_left(&daemon, &comm, policy_id).await
+        Ok(())
     }
     .await;
-    let _ = std::fs::remove_dir_all(&dir);
     daemon.finish(result)
 }
 
@@ -454,27 +556,17 @@ async fn afl_in_persistent_mode_walks_the_maze_too() -> Result<()> {
     if !require_backend(Backend::Perf) {
         return Ok(());
     }
-    let dir = unique_temp_dir("wpd-maze-pers")?;
-    let comm = unique_comm("fzpers");
-    let bin = build_maze(&dir, &comm, Build::AflPersistent)?;
-    let plain = build_maze(&dir, "replay", Build::Plain)?;
-    seed(&dir)?;
+    let m = Maze::new("pers", Build::AflPersistent)?;
     let daemon = Daemon::start().await?;
-    let ep = daemon.endpoint();
     let result = async {
-        let policy_id = watch_position(&ep, &bin, &["--follow-forks"]).await?;
-        let (log, found) = afl_until_crash(&dir, &bin, "fed").await?;
+        let (_, log, _) = m.walk_with_feedback(&daemon, "fed").await?;
         ensure!(
             log.contains("Persistent mode binary detected"),
             "afl-fuzz did not run the maze in persistent mode: {log}"
         );
-        all_reach_the_exit(&plain, &found)?;
-        let n = credited(&plain, &saved(&dir, "fed", "queue")?)?;
-        ensure!(n >= 8, "only {n} inputs saved for new positions");
-        nothing_left(&daemon, &comm, policy_id).await
+        Ok(())
     }
     .await;
-    let _ = std::fs::remove_dir_all(&dir);
     daemon.finish(result)
 }
 
@@ -488,11 +580,9 @@ async fn a_stripped_program_gets_its_room_from_the_handshake() -> Result<()> {
     if !require_backend(Backend::Perf) {
         return Ok(());
     }
-    let dir = unique_temp_dir("wpd-maze-strip")?;
-    let comm = unique_comm("fzstrip");
-    let bin = build_maze(&dir, &comm, Build::Afl)?;
-    let replay = build_maze(&dir, "replay", Build::Plain)?;
-    let debug = dir.join(format!("{comm}.debug"));
+    let m = Maze::new("strip", Build::Afl)?;
+    let bin = &m.bin;
+    let debug = m.dir.join(format!("{}.debug", m.comm));
     let tool = |prog: &str, args: &[&std::ffi::OsStr]| -> Result<()> {
         let o = std::process::Command::new(prog).args(args).output()?;
         ensure!(
@@ -509,24 +599,58 @@ async fn a_stripped_program_gets_its_room_from_the_handshake() -> Result<()> {
     tool("strip", &["--strip-all".as_ref(), bin.as_ref()])?;
     let link = format!("--add-gnu-debuglink={}", debug.display());
     tool("objcopy", &[link.as_ref(), bin.as_ref()])?;
-    let nm = std::process::Command::new("nm").arg(&bin).output()?;
+    let nm = std::process::Command::new("nm").arg(bin).output()?;
     ensure!(
         !String::from_utf8_lossy(&nm.stdout).contains("__afl_map_size"),
         "the program still has its symbol table"
     );
-    seed(&dir)?;
     let daemon = Daemon::start().await?;
-    let ep = daemon.endpoint();
+    let result = m.walk_with_feedback(&daemon, "fed").await.map(drop);
+    daemon.finish(result)
+}
+
+/// Feedback under policies by command name and by cgroup, as a farm selects its fuzzers'
+/// targets. By `--comm` the fork server is found after its exec and armed, and the runs it
+/// forks from then on carry the feedback watch; by `--cgroup` AFL++ runs in a cgroup of its
+/// own and the policy covers the maze there. Either way, in 20 s AFL++ saves inputs for new
+/// positions (alone it saves none), each walking somewhere no earlier one credited did (the
+/// runs before the arming went unwatched: their walks are not counted), and nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_by_command_name_and_by_cgroup_give_feedback_too() -> Result<()> {
+    if !require_backend(Backend::Perf) {
+        return Ok(());
+    }
+    let Some(root) = cgroup2_root() else {
+        machine_skip("no cgroup v2 here");
+        return Ok(());
+    };
+    let m = Maze::new("sel", Build::Afl)?;
+    let name = format!("wpd-{}", m.comm);
+    let cg = TestCgroup::new(&root, &name)?;
+    let daemon = Daemon::start().await?;
     let result = async {
-        let policy_id = watch_position(&ep, &bin, &["--follow-forks"]).await?;
-        let (_, found) = afl_until_crash(&dir, &bin, "fed").await?;
-        all_reach_the_exit(&replay, &found)?;
-        let n = credited(&replay, &saved(&dir, "fed", "queue")?)?;
-        ensure!(n >= 8, "only {n} inputs saved for new positions");
-        nothing_left(&daemon, &comm, policy_id).await
+        let cgroup = format!("/{name}");
+        let rounds = [
+            (By::Comm, "comm"),
+            (
+                By::Cgroup {
+                    dir: &cg.dir,
+                    name: &cgroup,
+                },
+                "cgroup",
+            ),
+        ];
+        for (by, out) in rounds {
+            let (policy, _, _) = m
+                .walk_with_feedback_by(&daemon, out, by, Some(20))
+                .await
+                .with_context(|| format!("by {out}"))?;
+            let r = wpctl(&daemon.endpoint(), &["unwatch", &policy.to_string()]).await?;
+            ensure!(r.code == Some(0), "{r:?}");
+        }
+        Ok(())
     }
     .await;
-    let _ = std::fs::remove_dir_all(&dir);
     daemon.finish(result)
 }
 
@@ -541,15 +665,12 @@ async fn feedback_beside_a_signal_action_on_another_watch() -> Result<()> {
     if !require_backend(Backend::Perf) {
         return Ok(());
     }
-    let dir = unique_temp_dir("wpd-maze-oracle")?;
-    let comm = unique_comm("fzorc");
-    let bin = build_maze(&dir, &comm, Build::Afl)?;
-    let replay = build_maze(&dir, "replay", Build::Plain)?;
-    seed(&dir)?;
+    let m = Maze::new("orc", Build::Afl)?;
+    let (dir, bin, replay) = (&m.dir, &m.bin, &m.replay);
     let daemon = Daemon::start().await?;
     let ep = daemon.endpoint();
     let result = async {
-        let policy_id = watch_position(&ep, &bin, &["--follow-forks"]).await?;
+        let policy_id = watch_position(&ep, bin, &["--follow-forks"]).await?;
         let exe = bin.display().to_string();
         let w = wpctl(
             &ep,
@@ -570,21 +691,20 @@ async fn feedback_beside_a_signal_action_on_another_watch() -> Result<()> {
         )
         .await?;
         ensure!(w.code == Some(0), "{w:?}");
-        let (_, found) = afl_until_crash(&dir, &bin, "fed").await?;
+        let (_, found) = afl_until_crash(None, dir, bin, "fed").await?;
         for (name, input) in &found {
             ensure!(name.contains("sig:11"), "{name}: not the oracle's signal");
-            let (walked, won) = replay_maze(&replay, input)?;
+            let (walked, won) = replay_maze(replay, input)?;
             ensure!(
                 !won && walked.iter().any(|&(y, _)| y == 5),
                 "{name} does not walk the bottom row: {walked:?}"
             );
         }
-        let n = credited(&replay, &saved(&dir, "fed", "queue")?)?;
+        let n = credited(replay, &saved(dir, "fed", "queue")?, true)?;
         ensure!(n >= 1, "no input saved for a new position");
-        nothing_left(&daemon, &comm, policy_id).await
+        nothing_left(&daemon, &m.comm, policy_id).await
     }
     .await;
-    let _ = std::fs::remove_dir_all(&dir);
     daemon.finish(result)
 }
 
@@ -599,14 +719,11 @@ async fn feedback_max_rewards_each_new_high() -> Result<()> {
     if !require_backend(Backend::Perf) {
         return Ok(());
     }
-    let dir = unique_temp_dir("wpd-maze-max")?;
-    let comm = unique_comm("fzmax");
-    let bin = build_maze(&dir, &comm, Build::Afl)?;
-    let replay = build_maze(&dir, "replay", Build::Plain)?;
-    seed(&dir)?;
+    let m = Maze::new("max", Build::Afl)?;
+    let (dir, bin) = (&m.dir, &m.bin);
     // The moves an input's walker survives, and their bucket (wpd_feedback_key's).
     let survived = |input: &[u8]| -> Result<u64> {
-        let (walked, _) = replay_maze(&replay, input)?;
+        let (walked, _) = replay_maze(&m.replay, input)?;
         Ok(walked.iter().take_while(|&&p| p != (-1, -1)).count() as u64)
     };
     let daemon = Daemon::start().await?;
@@ -631,7 +748,7 @@ async fn feedback_max_rewards_each_new_high() -> Result<()> {
             w.code == Some(0) && w.stdout.starts_with("policy "),
             "{w:?}"
         );
-        let o = run_fuzzer(afl(&dir, &bin, "fed", 30, false)?, Duration::from_secs(120)).await?;
+        let o = run_fuzzer(afl(dir, bin, "fed", 30, false)?, Duration::from_secs(120)).await?;
         ensure!(
             o.status.success(),
             "afl-fuzz failed: {}",
@@ -639,7 +756,7 @@ async fn feedback_max_rewards_each_new_high() -> Result<()> {
         );
         let mut high = None;
         let mut credited = 0;
-        for (name, input) in saved(&dir, "fed", "queue")? {
+        for (name, input) in saved(dir, "fed", "queue")? {
             let b = wpd_feedback_key::max_bucket(survived(&input)?);
             if name.contains("+cov") && !name.contains("orig") {
                 ensure!(
@@ -651,7 +768,7 @@ async fn feedback_max_rewards_each_new_high() -> Result<()> {
             }
             high = high.max(Some(b));
         }
-        let best = saved(&dir, "fed", "queue")?
+        let best = saved(dir, "fed", "queue")?
             .iter()
             .map(|(_, i)| survived(i))
             .collect::<Result<Vec<_>>>()?
@@ -665,7 +782,6 @@ async fn feedback_max_rewards_each_new_high() -> Result<()> {
         Ok(())
     }
     .await;
-    let _ = std::fs::remove_dir_all(&dir);
     daemon.finish(result)
 }
 
@@ -705,7 +821,7 @@ async fn two_fuzzers_on_one_host_each_get_only_their_own_feedback() -> Result<()
                 String::from_utf8_lossy(&o.stdout)
             );
         }
-        let n = credited(&replay, &saved(&dir, "watched", "queue")?)?;
+        let n = credited(&replay, &saved(&dir, "watched", "queue")?, true)?;
         ensure!(
             n >= 5,
             "the watched fuzzer saved {n} inputs for new positions"
@@ -720,206 +836,6 @@ async fn two_fuzzers_on_one_host_each_get_only_their_own_feedback() -> Result<()
              map"
         );
         Ok(())
-    }
-    .await;
-    let _ = std::fs::remove_dir_all(&dir);
-    daemon.finish(result)
-}
-
-/// The feedback traps the library in process `pid` has counted: `wpd_feedback_state`'s
-/// fourth word, as `wpctl symbol` reads it.
-async fn traps_counted(ep: &str, pid: u32) -> Result<u64> {
-    let r = wpctl(
-        ep,
-        &[
-            "--json",
-            "symbol",
-            "--pid",
-            &pid.to_string(),
-            "libwpd_feedback.so:wpd_feedback_state",
-        ],
-    )
-    .await?;
-    ensure!(r.code == Some(0), "{r:?}");
-    let v: serde_json::Value = serde_json::from_str(&r.stdout)?;
-    let hex = v["value"]
-        .as_str()
-        .with_context(|| format!("no value in {v}"))?;
-    let word = hex
-        .get(48..64)
-        .with_context(|| format!("a state of {} hex digits", hex.len()))?;
-    let mut bytes = [0u8; 8];
-    for (i, b) in bytes.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&word[2 * i..2 * i + 2], 16)?;
-    }
-    Ok(u64::from_le_bytes(bytes))
-}
-
-/// libFuzzer: the library registers counters of its own with libFuzzer (the program
-/// exports its registration calls) and counts the traps there, in the same process,
-/// between libFuzzer's clearing of the counters and its reading of them. Alone, libFuzzer
-/// runs millions of walks without an exit; with a policy on the program (`--exe`, armed
-/// before its first instruction) it reaches the exit, and the input it saves reaches it
-/// replayed without wpd. A libFuzzer process without the library is refused, naming
-/// `LD_PRELOAD`; a condition on a feedback watch is judged at the trap (a store it rejects
-/// sends no signal and counts nothing).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn libfuzzer_with_state_feedback_walks_the_maze_to_its_exit() -> Result<()> {
-    if !require_backend(Backend::Perf) {
-        return Ok(());
-    }
-    let dir = unique_temp_dir("wpd-maze-lf")?;
-    let comm = unique_comm("fzlfm");
-    let bin = build_maze(&dir, &comm, Build::LibFuzzer)?;
-    let plain = build_maze(&dir, "replay", Build::Plain)?;
-    let lib = feedback_library()?;
-    ensure!(replay_maze(&plain, &WIN)?.1);
-    let artifacts = dir.join("artifacts");
-    std::fs::create_dir(&artifacts)?;
-    let libfuzzer = |corpus: &str, seconds: u32| -> Result<tokio::process::Command> {
-        std::fs::create_dir_all(dir.join(corpus))?;
-        let mut c = tokio::process::Command::new(&bin);
-        c.arg(format!("-max_total_time={seconds}"))
-            .arg(format!("-artifact_prefix={}/", artifacts.display()))
-            .arg(corpus)
-            .current_dir(&dir)
-            .env("LD_PRELOAD", &lib);
-        Ok(c)
-    };
-    let crashes = || -> Result<Vec<Vec<u8>>> {
-        let mut v = Vec::new();
-        for e in std::fs::read_dir(&artifacts)? {
-            let e = e?;
-            if e.file_name().to_string_lossy().starts_with("crash-") {
-                v.push(std::fs::read(e.path())?);
-            }
-        }
-        Ok(v)
-    };
-
-    // Alone (the library preloaded, its counters registered and never counted): no exit.
-    let o = run_fuzzer(libfuzzer("alone", 15)?, Duration::from_secs(60)).await?;
-    let log = String::from_utf8_lossy(&o.stderr);
-    ensure!(
-        o.status.success() && crashes()?.is_empty(),
-        "libFuzzer alone ended with {:?} or found the exit: {}",
-        o.status,
-        &log[log.len().saturating_sub(2000)..]
-    );
-    ensure!(
-        log.contains("Loaded 2 modules") && log.contains("512 ["),
-        "libFuzzer did not take the library's 512 counters: {}",
-        &log[..log.len().min(2000)]
-    );
-
-    let daemon = Daemon::start().await?;
-    let ep = daemon.endpoint();
-    let result = async {
-        // Without the library: refused, naming LD_PRELOAD.
-        std::fs::create_dir_all(dir.join("bare"))?;
-        let mut bare = start_waiting(&bin, &["-max_total_time=60", "bare"], false)?;
-        let r = async {
-            loaded(bare.id(), false).await?;
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            wpctl(
-                &ep,
-                &[
-                    "watch",
-                    "--pid",
-                    &bare.id().to_string(),
-                    "--symbol",
-                    "px",
-                    "--feedback",
-                ],
-            )
-            .await
-        }
-        .await;
-        let _ = bare.kill();
-        let _ = bare.wait();
-        let r = r?;
-        ensure!(
-            r.code != Some(0)
-                && r.stderr.lines().count() == 1
-                && r.stderr.contains(&format!("LD_PRELOAD={}", lib.display())),
-            "a feedback watch on libFuzzer without the library: {r:?}"
-        );
-
-        // A condition no store meets: the traps are judged in the kernel, none signalled.
-        std::fs::create_dir_all(dir.join("probe"))?;
-        let mut probe = start_waiting(&bin, &["-max_total_time=60", "probe"], true)?;
-        let pid = probe.id();
-        let r = async {
-            loaded(pid, true).await?;
-            let w = wpctl(
-                &ep,
-                &[
-                    "--json",
-                    "watch",
-                    "--pid",
-                    &pid.to_string(),
-                    "--symbol",
-                    "px",
-                    "--feedback",
-                    "--condition",
-                    "== 100",
-                ],
-            )
-            .await?;
-            ensure!(w.code == Some(0), "{w:?}");
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            let none = traps_counted(&ep, pid).await?;
-            ensure!(
-                none == 0,
-                "{none} traps counted under a condition no store meets"
-            );
-            let w = wpctl(
-                &ep,
-                &[
-                    "watch",
-                    "--pid",
-                    &pid.to_string(),
-                    "--symbol",
-                    "py",
-                    "--feedback",
-                    "--condition",
-                    ">= 1",
-                ],
-            )
-            .await?;
-            ensure!(w.code == Some(0), "{w:?}");
-            poll_until(Duration::from_secs(10), "traps counted", async || {
-                let n = traps_counted(&ep, pid).await?;
-                Ok(if n > 0 {
-                    Ok(())
-                } else {
-                    Err("none".to_string())
-                })
-            })
-            .await
-        }
-        .await;
-        let _ = probe.kill();
-        let _ = probe.wait();
-        r?;
-
-        let policy_id = watch_position(&ep, &bin, &[]).await?;
-        let o = run_fuzzer(libfuzzer("fed", 180)?, Duration::from_secs(240)).await?;
-        let log = String::from_utf8_lossy(&o.stderr);
-        let found = crashes()?;
-        ensure!(
-            !found.is_empty(),
-            "libFuzzer with state feedback found no exit in 180 s ({:?}): {}",
-            o.status,
-            &log[log.len().saturating_sub(2000)..]
-        );
-        for input in &found {
-            ensure!(
-                replay_maze(&plain, input)?.1,
-                "{input:?} does not reach the exit without wpd"
-            );
-        }
-        nothing_left(&daemon, &comm, policy_id).await
     }
     .await;
     let _ = std::fs::remove_dir_all(&dir);
