@@ -7,7 +7,8 @@ use anyhow::{Context, Result, ensure};
 use wpd_tests::{Backend, Daemon, poll_until, require_backend};
 
 use super::{
-    Build, Maze, WIN, feedback_library, loaded, replay_maze, start_waiting, watch_position, wpctl,
+    Build, Maze, WIN, feedback_library, feedback_refused, loaded, replay_maze, start_waiting,
+    watch_position, wpctl,
 };
 use crate::fuzzers::{nothing_left, run_fuzzer};
 
@@ -100,33 +101,10 @@ async fn with_state_feedback_walks_the_maze_to_its_exit() -> Result<()> {
     let result = async {
         // Without the library: refused, naming LD_PRELOAD.
         std::fs::create_dir_all(dir.join("bare"))?;
-        let mut bare = start_waiting(bin, &["-max_total_time=60", "bare"], false)?;
-        let r = async {
-            loaded(bare.id(), false).await?;
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            wpctl(
-                &ep,
-                &[
-                    "watch",
-                    "--pid",
-                    &bare.id().to_string(),
-                    "--symbol",
-                    "px",
-                    "--feedback",
-                ],
-            )
-            .await
-        }
-        .await;
-        let _ = bare.kill();
-        let _ = bare.wait();
-        let r = r?;
-        ensure!(
-            r.code != Some(0)
-                && r.stderr.lines().count() == 1
-                && r.stderr.contains(&format!("LD_PRELOAD={}", lib.display())),
-            "a feedback watch on libFuzzer without the library: {r:?}"
-        );
+        let preload = format!("LD_PRELOAD={}", lib.display());
+        let args = ["-max_total_time=60", "bare"];
+        let settle = Duration::from_millis(300);
+        feedback_refused(&ep, bin, &args, false, settle, &preload).await?;
 
         // A condition no store meets: the traps are judged in the kernel, none signalled.
         std::fs::create_dir_all(dir.join("probe"))?;

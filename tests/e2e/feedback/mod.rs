@@ -309,6 +309,40 @@ async fn loaded(pid: u32, preload: bool) -> Result<()> {
     .await
 }
 
+/// `wpctl watch --pid P --symbol px --feedback` on `bin` started in its directory with
+/// `args` (the library preloaded or not), `settle` after it has mapped the library (or
+/// started): refused in one line that says `says`.
+async fn feedback_refused(
+    ep: &str,
+    bin: &Path,
+    args: &[&str],
+    preload: bool,
+    settle: Duration,
+    says: &str,
+) -> Result<()> {
+    let mut p = start_waiting(bin, args, preload)?;
+    let pid = p.id().to_string();
+    let r = async {
+        loaded(p.id(), preload).await?;
+        tokio::time::sleep(settle).await;
+        wpctl(
+            ep,
+            &["watch", "--pid", &pid, "--symbol", "px", "--feedback"],
+        )
+        .await
+    }
+    .await;
+    let _ = p.kill();
+    let _ = p.wait();
+    let r = r?;
+    ensure!(
+        r.code != Some(0) && r.stderr.lines().count() == 1 && r.stderr.contains(says),
+        "a feedback watch on {} (the library preloaded: {preload}): {r:?}",
+        bin.display()
+    );
+    Ok(())
+}
+
 /// Inputs AFL++ saved, by name.
 type Saved = Vec<(String, Vec<u8>)>;
 
@@ -447,31 +481,7 @@ async fn afl_with_state_feedback_walks_the_maze_to_its_exit() -> Result<()> {
             (false, "AFL_PRELOAD="),
             (true, "not running under afl-fuzz"),
         ] {
-            let mut alone = start_waiting(bin, &[], preload)?;
-            let pid = alone.id();
-            let r = async {
-                loaded(pid, preload).await?;
-                wpctl(
-                    &ep,
-                    &[
-                        "watch",
-                        "--pid",
-                        &pid.to_string(),
-                        "--symbol",
-                        "px",
-                        "--feedback",
-                    ],
-                )
-                .await
-            }
-            .await;
-            let _ = alone.kill();
-            let _ = alone.wait();
-            let r = r?;
-            ensure!(
-                r.code != Some(0) && r.stderr.lines().count() == 1 && r.stderr.contains(says),
-                "a feedback watch on a maze with the library {preload}: {r:?}"
-            );
+            feedback_refused(&ep, bin, &[], preload, Duration::ZERO, says).await?;
         }
         let (policy_id, _, _) = m.walk_with_feedback(&daemon, "fed").await?;
         let r = wpctl(&ep, &["unwatch", &policy_id.to_string()]).await?;
