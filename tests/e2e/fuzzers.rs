@@ -648,18 +648,7 @@ async fn afl_saves_the_inputs_that_break_the_invariant() -> Result<()> {
             .env("AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES", "1");
         c
     };
-    let crashes = |out: &str| -> Result<Vec<(String, Vec<u8>)>> {
-        let d = dir.join(out).join("default/crashes");
-        let mut v = Vec::new();
-        for e in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
-            let e = e?;
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with("id:") {
-                v.push((name, std::fs::read(e.path())?));
-            }
-        }
-        Ok(v)
-    };
+    let crashes = |out: &str| crate::feedback::saved(&dir, out, "crashes");
     let stat = |out: &str, key: &str| -> Result<u64> {
         let s = std::fs::read_to_string(dir.join(out).join("default/fuzzer_stats"))?;
         s.lines()

@@ -175,7 +175,7 @@ fn seed(dir: &Path) -> Result<()> {
 }
 
 /// The inputs an afl-fuzz run saved (`kind`: queue or crashes), by name, in order.
-fn saved(dir: &Path, out: &str, kind: &str) -> Result<Vec<(String, Vec<u8>)>> {
+pub(crate) fn saved(dir: &Path, out: &str, kind: &str) -> Result<Saved> {
     let d = dir.join(out).join("default").join(kind);
     let mut v = Vec::new();
     for e in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
