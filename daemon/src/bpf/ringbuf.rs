@@ -100,8 +100,24 @@ impl RingBuf {
         self.size
     }
 
+    /// The producer position: bytes reserved in the ring so far, committed
+    /// or not.
+    pub fn produced(&self) -> u64 {
+        // SAFETY: the producer position is a u64 at the start of its mapped
+        // page, written by the kernel.
+        let prod = unsafe { &*(self.producer as *const AtomicU64) };
+        prod.load(Ordering::Acquire)
+    }
+
+    /// Bytes read so far: every record before this position was handed
+    /// over (or discarded).
+    pub fn consumed(&self) -> u64 {
+        self.read.load(Ordering::Relaxed)
+    }
+
     /// Hands every committed record to `sink` in order, then frees their
-    /// space; stops at the first record still being written. Returns how
+    /// space; stops at the first record still being written (the ones
+    /// after it, committed or not, wait for a later call). Returns how
     /// many. Callers serialise calls.
     pub fn consume(&self, sink: &mut dyn FnMut(&[u8])) -> usize {
         // SAFETY: the positions are u64s at the start of their mapped pages,

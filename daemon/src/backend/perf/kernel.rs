@@ -418,6 +418,42 @@ impl Perf {
         d
     }
 
+    /// [`Perf::drain`], then again until every hit whose record was
+    /// reserved in the BPF ring before this call is read (waiting at most
+    /// `bound`). A pass stops at a record another CPU's program has
+    /// reserved and not yet submitted, and the hits after it wait for the
+    /// next pass: a process's last hits among them, read after its exit
+    /// had ended its watchpoints, would name none and be lost.
+    pub fn drain_through(
+        &self,
+        sink: &mut dyn FnMut(Record),
+        bound: std::time::Duration,
+    ) -> Drained {
+        let target = self.path.as_ref().ok().map(|h| h.produced());
+        let mut d = self.drain(sink);
+        let (Some(target), Ok(hits)) = (target, &self.path) else {
+            return d;
+        };
+        let start = std::time::Instant::now();
+        let mut passes = 0;
+        while hits.consumed() < target && start.elapsed() < bound {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+            let more = self.drain(sink);
+            d.ring_records += more.ring_records;
+            d.ring_hits += more.ring_hits;
+            passes += 1;
+        }
+        if passes > 0 {
+            tracing::debug!(
+                passes,
+                waited = ?start.elapsed(),
+                behind = target.saturating_sub(hits.consumed()),
+                "sync: read past a hit record another CPU was still writing"
+            );
+        }
+        d
+    }
+
     /// Returns once a drain pass in progress (on any thread) has finished:
     /// records it resolved through tables changed before this call are
     /// handled, events included.

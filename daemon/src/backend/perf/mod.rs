@@ -41,6 +41,11 @@ use crate::ledger::{Inheritance, Outcome, Reservation, Retained, classify};
 use crate::model::{Pid, SlotKey, Tid, WatchId};
 use crate::procfs;
 use crate::state::{OpGuard, Process, Watch};
+
+/// Longest a `sync` waits for a hit record another CPU's program has
+/// reserved and not submitted (microseconds, unless that CPU stalls: a
+/// virtual CPU the host has descheduled).
+const SYNC_BOUND: std::time::Duration = std::time::Duration::from_millis(100);
 pub use attr::Inherit;
 pub use kernel::{EventsPolicy, Lost, Perf, ThreadEvents};
 pub use record::Record;
@@ -611,7 +616,14 @@ impl Backend for PerfEngine {
     }
 
     fn sync(&self) {
-        self.drain_now();
+        // Through every hit reserved before now: a program still writing
+        // one on another CPU holds back the records after it (see
+        // `drain_through`; it takes microseconds, unless that CPU stalls).
+        if let Some(host) = self.host.upgrade() {
+            let mut values = drain::ValueCache::default();
+            self.perf
+                .drain_through(&mut |r| self.on_record(&*host, r, &mut values), SYNC_BOUND);
+        }
     }
 
     /// Opens the breakpoint on every reserved thread (inheritable when

@@ -258,6 +258,16 @@ impl HitRing {
         self.ring.raw_fd()
     }
 
+    /// Bytes reserved in the ring so far, by every CPU's programs.
+    pub fn produced(&self) -> u64 {
+        self.ring.produced()
+    }
+
+    /// Bytes read so far.
+    pub fn consumed(&self) -> u64 {
+        self.ring.consumed()
+    }
+
     /// Hands every hit recorded so far to `sink`; returns how many records
     /// were read and how many hits were dropped since the last call.
     /// Callers serialise calls.
@@ -354,9 +364,13 @@ mod kernel_tests {
         go_tx.send(()).unwrap();
         let child_tid = creator.join().unwrap();
         let mut hits = Vec::new();
+        assert!(ring.produced() > ring.consumed(), "three hits reserved");
         let (_, dropped) = ring.drain(&mut |h| hits.push(h));
         drop(ev);
         assert_eq!(dropped, 0);
+        // Read through what was reserved: nothing left behind a record
+        // still being written.
+        assert_eq!(ring.consumed(), ring.produced());
         assert_eq!(hits.len(), 3, "{hits:?}");
         for (i, h) in hits.iter().enumerate() {
             assert_eq!(h.key, key);
