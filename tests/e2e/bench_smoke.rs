@@ -313,8 +313,12 @@ fn bench_smoke_runs_every_measurement() {
         held[6], "120 of 120 (40 of 40 processes)",
         "stores seen of held processes: {held:?}"
     );
-    // feedback: every feedback store trapped and was counted by the preloaded library; AFL++
-    // and libFuzzer alone never reached the maze's exit; the fuzzing rows ran.
+    // feedback: every feedback store trapped and was counted by the preloaded library; the
+    // fuzzing rows ran, AFL++ and libFuzzer alone among them. Whether a fuzzer alone reaches
+    // the exit in the smoke's 20 s is luck, not the benchmark's working (the maze's path
+    // repeats itself every 8 moves, and a mutation that copies a part of an input can
+    // complete it: libFuzzer alone did once, after 4.8 million inputs); the e2e feedback
+    // tests hold that claim.
     let rows = table_rows(section(&stdout, "## feedback:"));
     let fed = rows
         .iter()
@@ -325,17 +329,17 @@ fn bench_smoke_runs_every_measurement() {
         .iter()
         .find(|r| r[0] == "alone")
         .unwrap_or_else(|| panic!("no maze row alone: {rows:?}"));
-    assert_eq!(
-        alone[1], "0 of 1",
-        "AFL++ alone reached the exit: {alone:?}"
+    assert!(
+        ["0 of 1", "1 of 1"].contains(&alone[1].as_str()),
+        "AFL++ alone: {alone:?}"
     );
     let lf_alone = rows
         .iter()
         .find(|r| r[0] == "libFuzzer alone")
         .unwrap_or_else(|| panic!("no libFuzzer maze row alone: {rows:?}"));
-    assert_eq!(
-        lf_alone[1], "0 of 1",
-        "libFuzzer alone reached the exit: {lf_alone:?}"
+    assert!(
+        ["0 of 1", "1 of 1"].contains(&lf_alone[1].as_str()),
+        "libFuzzer alone: {lf_alone:?}"
     );
     for name in [
         "with wpd's feedback",
