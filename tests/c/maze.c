@@ -4,13 +4,13 @@
  * per byte (byte & 3: up, down, left, right) from S; a move into a wall
  * kills the walker, who then stays where it is; a walker reaching E aborts
  * there (the crash the fuzzer looks for), the rest of its input unread. E
- * is 16 exact moves from S.
+ * is 22 exact moves from S.
  *
  * Nothing branches on the walk: every input runs the loop once per byte
  * through the same edges, the same number of times for the same length,
  * so edge coverage (and its hit counts) tells a fuzzer nothing about how
  * far a walk got (but for the loop's back edge, taken from the second
- * move on): alone, AFL++ must guess the 16 moves at once (1 in 4^16). The
+ * move on): alone, AFL++ must guess the 22 moves at once (1 in 4^22). The
  * position is stored at every move in the globals `py` then `px` (in that
  * order: at a store to px, py is already the new one), -1 for both once
  * the walker is dead: a watch on px with py is the walk's state. `steps`
@@ -37,14 +37,22 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char maze[7][12] = {
-    "###########",
-    "#S#   #  E#",
-    "# # # # ###",
-    "#   #   # #",
-    "### ##### #",
-    "#         #",
-    "###########",
+/* One corridor, no loop and no branch: its 22 moves (down, right, down,
+   down, left, down, down, right, right, down, right, right, up, up, right,
+   up, up, left, up, up, left, left) do not repeat themselves, so no part of
+   a walk completes another by being copied (a fuzzer's block copies and
+   splices do that to a periodic path), and a walk reaches
+   the exit once in 4 * 10^12 (32 random moves). */
+static const char maze[9][9] = {
+    "########",
+    "#S#E  ##",
+    "#  ## ##",
+    "## ##  #",
+    "#  ### #",
+    "# ###  #",
+    "#   # ##",
+    "###   ##",
+    "########",
 };
 
 volatile int64_t px, py, steps;

@@ -19,11 +19,19 @@ use crate::policies::{TestCgroup, cgroup2_root};
 
 mod libfuzzer;
 
-/// The maze (`tests/c/maze.c`): 16 exact moves, every step through the same code.
+/// The maze (`tests/c/maze.c`): 22 exact moves, every step through the same code.
 const MAZE: &str = include_str!("../../c/maze.c");
 
-/// The 16 moves from the maze's start to its exit.
-const WIN: [u8; 16] = [1, 1, 3, 3, 0, 0, 3, 3, 1, 1, 3, 3, 0, 0, 3, 3];
+/// The 22 moves from the maze's start to its exit.
+const WIN: [u8; 22] = [
+    1, 3, 1, 1, 2, 1, 1, 3, 3, 1, 3, 3, 0, 0, 3, 0, 0, 2, 0, 0, 2, 2,
+];
+
+/// How long AFL++ runs with the feedback where a test shows that a build or a selector gets
+/// it (inputs saved for new positions, each credited to its run) rather than the whole way:
+/// the exit takes one to three minutes on 2 CPUs and several times that in a slow run, and
+/// `afl_with_state_feedback_walks_the_maze_to_its_exit` walks it.
+const LEARN: Option<u32> = Some(30);
 
 /// How a maze is built.
 #[derive(Clone, Copy)]
@@ -189,7 +197,7 @@ pub(crate) fn saved(dir: &Path, out: &str, kind: &str) -> Result<Saved> {
     Ok(v)
 }
 
-/// Runs AFL++ on `bin` until its first crash (240 s at most; `dir/out`), in the cgroup at
+/// Runs AFL++ on `bin` until its first crash (480 s at most; `dir/out`), in the cgroup at
 /// `cgroup` if one is given: afl-fuzz's output and the crashes it saved (at least one).
 async fn afl_until_crash(
     cgroup: Option<&Path>,
@@ -197,12 +205,12 @@ async fn afl_until_crash(
     bin: &Path,
     out: &str,
 ) -> Result<(String, Saved)> {
-    let afl = afl_in(cgroup, dir, bin, out, 240, true)?;
-    let o = run_fuzzer(afl, Duration::from_secs(300)).await?;
+    let afl = afl_in(cgroup, dir, bin, out, 480, true)?;
+    let o = run_fuzzer(afl, Duration::from_secs(540)).await?;
     let log = String::from_utf8_lossy(&o.stdout).into_owned();
     ensure!(o.status.success(), "afl-fuzz failed: {log}");
     let found = saved(dir, out, "crashes")?;
-    ensure!(!found.is_empty(), "AFL++ saved no crash in 240 s");
+    ensure!(!found.is_empty(), "AFL++ saved no crash in 480 s");
     Ok((log, found))
 }
 
@@ -458,8 +466,8 @@ async fn afl_with_state_feedback_walks_the_maze_to_its_exit() -> Result<()> {
     }
     let m = Maze::new("maze", Build::Afl)?;
     let (dir, bin) = (&m.dir, &m.bin);
-    // The maze's rules: the 16 moves abort, 15 of them do not.
-    ensure!(replay_maze(bin, &WIN)?.1 && !replay_maze(bin, &WIN[..15])?.1);
+    // The maze's rules: the 22 moves abort, 21 of them do not.
+    ensure!(replay_maze(bin, &WIN)?.1 && !replay_maze(bin, &WIN[..21])?.1);
 
     // Alone (the library preloaded, its room in the map empty): no exit.
     let o = run_fuzzer(afl(dir, bin, "alone", 20, true)?, Duration::from_secs(60)).await?;
@@ -494,8 +502,9 @@ async fn afl_with_state_feedback_walks_the_maze_to_its_exit() -> Result<()> {
 
 /// AFL++'s other instrumentations: LTO (edge ids given at link time, the map as small as
 /// the edges) and classic (65,536 bytes of hashed edges). The library makes its room after
-/// the map's size either way, and AFL++ walks each build to the exit with the position as
-/// feedback, the credit exact.
+/// the map's size either way, and in [`LEARN`] AFL++ walks each build step by step with the
+/// position as feedback (inputs saved for new positions; alone it saves none), the credit
+/// exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lto_and_classic_builds_walk_the_maze_too() -> Result<()> {
     if !require_backend(Backend::Perf) {
@@ -508,7 +517,7 @@ async fn lto_and_classic_builds_walk_the_maze_too() -> Result<()> {
     let daemon = Daemon::start().await?;
     let result = async {
         for m in &mazes {
-            m.walk_with_feedback(&daemon, "fed")
+            m.walk_with_feedback_by(&daemon, "fed", By::Exe, LEARN)
                 .await
                 .with_context(|| m.comm.clone())?;
         }
@@ -522,9 +531,9 @@ async fn lto_and_classic_builds_walk_the_maze_too() -> Result<()> {
 /// once (`_exit(0)` right after the store of its death, the rest of the input unread), and
 /// the one that reaches the exit aborts there. The trap of the last store is counted
 /// before the process ends (the signal comes before the next instruction), so AFL++ still
-/// learns the walk and reaches the exit; every input saved for new coverage walks somewhere
-/// new, replayed without wpd; and the thousands of runs that ended mid-input leave nothing
-/// behind.
+/// learns the walk step by step (in [`LEARN`]); every input saved for new coverage walks
+/// somewhere new, replayed without wpd; and the thousands of runs that ended mid-input
+/// leave nothing behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_that_end_mid_input_keep_their_credit() -> Result<()> {
     if !require_backend(Backend::Perf) {
@@ -540,7 +549,9 @@ async fn runs_that_end_mid_input_keep_their_credit() -> Result<()> {
     ensure!(replay_maze(&m.bin, &WIN)?.1);
     let daemon = Daemon::start().await?;
     let result = async {
-        let (_, _, queue) = m.walk_with_feedback(&daemon, "fed").await?;
+        let (_, _, queue) = m
+            .walk_with_feedback_by(&daemon, "fed", By::Exe, LEARN)
+            .await?;
         // Most inputs ended with a death: the walks AFL++ learnt from were cut short.
         let died = queue
             .iter()
@@ -558,9 +569,10 @@ async fn runs_that_end_mid_input_keep_their_credit() -> Result<()> {
 
 /// AFL++'s persistent mode: each process the fork server forks walks input after input,
 /// read from shared memory, and afl-fuzz clears the map (the room included) before each.
-/// With the position watched as feedback AFL++ reaches the exit; each input saved for new
-/// coverage walks somewhere new (replayed by the same walk built without AFL++): the credit
-/// goes to the iteration that made the store, not to the next one in the same process.
+/// With the position watched as feedback AFL++ learns the walk step by step (in [`LEARN`]);
+/// each input saved for new coverage walks somewhere new (replayed by the same walk built
+/// without AFL++): the credit goes to the iteration that made the store, not to the next
+/// one in the same process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn afl_in_persistent_mode_walks_the_maze_too() -> Result<()> {
     if !require_backend(Backend::Perf) {
@@ -569,7 +581,9 @@ async fn afl_in_persistent_mode_walks_the_maze_too() -> Result<()> {
     let m = Maze::new("pers", Build::AflPersistent)?;
     let daemon = Daemon::start().await?;
     let result = async {
-        let (_, log, _) = m.walk_with_feedback(&daemon, "fed").await?;
+        let (_, log, _) = m
+            .walk_with_feedback_by(&daemon, "fed", By::Exe, LEARN)
+            .await?;
         ensure!(
             log.contains("Persistent mode binary detected"),
             "afl-fuzz did not run the maze in persistent mode: {log}"
@@ -583,8 +597,8 @@ async fn afl_in_persistent_mode_walks_the_maze_too() -> Result<()> {
 /// A stripped program (its symbols in a separate debug file, named by its `.gnu_debuglink`,
 /// as distributions ship them): the library cannot find `__afl_map_size` in the program, so
 /// it raises the map size the fork server's handshake sends instead; wpd finds `px`, `py`
-/// and AFL++'s map pointer in the debug file. AFL++ reaches the exit and each input saved
-/// for new coverage walks somewhere new.
+/// and AFL++'s map pointer in the debug file. AFL++ learns the walk step by step (in
+/// [`LEARN`]) and each input saved for new coverage walks somewhere new.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stripped_program_gets_its_room_from_the_handshake() -> Result<()> {
     if !require_backend(Backend::Perf) {
@@ -615,7 +629,10 @@ async fn a_stripped_program_gets_its_room_from_the_handshake() -> Result<()> {
         "the program still has its symbol table"
     );
     let daemon = Daemon::start().await?;
-    let result = m.walk_with_feedback(&daemon, "fed").await.map(drop);
+    let result = m
+        .walk_with_feedback_by(&daemon, "fed", By::Exe, LEARN)
+        .await
+        .map(drop);
     daemon.finish(result)
 }
 
@@ -666,9 +683,9 @@ async fn policies_by_command_name_and_by_cgroup_give_feedback_too() -> Result<()
 
 /// Feedback beside an oracle: one policy gives AFL++ the position as feedback, another on
 /// the same program sends the writing thread SIGSEGV when a store puts the walker on the
-/// maze's bottom row (`py == 5`, a dead end six moves from the start). Both watch every
+/// maze's sixth row (`py == 5`, five moves from the start). Both watch every
 /// run: AFL++'s first crash is the oracle's signal (`sig:11`, the maze's own crash being
-/// SIGABRT), its input walks the bottom row, replayed without wpd, and the inputs saved
+/// SIGABRT), its input walks the sixth row, replayed without wpd, and the inputs saved
 /// for new coverage on the way walk somewhere new each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn feedback_beside_a_signal_action_on_another_watch() -> Result<()> {
@@ -707,7 +724,7 @@ async fn feedback_beside_a_signal_action_on_another_watch() -> Result<()> {
             let (walked, won) = replay_maze(replay, input)?;
             ensure!(
                 !won && walked.iter().any(|&(y, _)| y == 5),
-                "{name} does not walk the bottom row: {walked:?}"
+                "{name} does not walk the sixth row: {walked:?}"
             );
         }
         let n = credited(replay, &saved(dir, "fed", "queue")?, true)?;

@@ -1,5 +1,5 @@
 //! State feedback: how soon AFL++, then libFuzzer, reach the exit of
-//! `tests/c/maze.c` (16 exact moves, every step through the same code)
+//! `tests/c/maze.c` (22 exact moves, every step through the same code)
 //! alone, with wpd's feedback on the position (`px` with `py`), and with the
 //! same position counted by the program's own source in the same bytes
 //! (IJON's way: the floor); then what one feedback store costs the storing
@@ -245,18 +245,20 @@ async fn watch_position(
 
 pub(crate) async fn section_feedback(args: &Args) -> Result<()> {
     let t0 = Instant::now();
-    let (reps, cap) = if args.smoke {
-        (1, 20)
+    // A fuzzer alone is given `cap`; the walks with feedback `walk_cap`, long enough for
+    // their slow runs (a median of about two minutes here, the slowest several times that).
+    let (reps, cap, walk_cap) = if args.smoke {
+        (1, 20, 20)
     } else {
-        (args.reps.max(3), 180)
+        (args.reps.max(3), 180, 600)
     };
     println!("## feedback: state feedback on the maze, and what a feedback store costs\n");
     println!(
-        "AFL++ on `tests/c/maze.c` (16 exact moves; every step the same code) until its first \
-         crash (the exit) or {cap} s, {reps} runs each, `libwpd_feedback.so` preloaded in \
-         every run: alone (nothing counts in its room), with wpd's feedback on `px` with `py` \
-         (a policy by executable, following forks), and with the program counting the same \
-         key in the same bytes itself (`-DSTATE_IN_SOURCE`: the floor). Time to the exit as \
+        "AFL++ on `tests/c/maze.c` (22 exact moves; every step the same code) until its first \
+         crash (the exit) or {walk_cap} s ({cap} s alone), {reps} runs each, \
+         `libwpd_feedback.so` preloaded in every run: alone (nothing counts in its room), \
+         with wpd's feedback on `px` with `py` (a policy by executable, following forks), \
+         and with the program counting the same key in the same bytes itself (`-DSTATE_IN_SOURCE`: the floor). Time to the exit as \
          AFL++ records it, s, median (range).\n"
     );
     println!("| AFL++ | reached the exit | time to the exit, s | execs/s |");
@@ -288,9 +290,9 @@ pub(crate) async fn section_feedback(args: &Args) -> Result<()> {
     let policy = watch_position(&mut client, &maze, true).await?;
     let mut fed = Vec::new();
     for i in 0..reps {
-        fed.push(until_crash(&dir, &maze, &format!("fed{i}"), cap).await?);
+        fed.push(until_crash(&dir, &maze, &format!("fed{i}"), walk_cap).await?);
     }
-    let fed_med = row("with wpd's feedback", &fed, cap, &[]);
+    let fed_med = row("with wpd's feedback", &fed, walk_cap, &[]);
     rpc_ok(
         "RemoveWatchpoint(policy)",
         client.remove_watchpoint(RemoveWatchpointRequest { id: policy }),
@@ -298,9 +300,9 @@ pub(crate) async fn section_feedback(args: &Args) -> Result<()> {
     .await?;
     let mut source = Vec::new();
     for i in 0..reps {
-        source.push(until_crash(&dir, &floor, &format!("source{i}"), cap).await?);
+        source.push(until_crash(&dir, &floor, &format!("source{i}"), walk_cap).await?);
     }
-    let source_med = row("counting in its source (the floor)", &source, cap, &[]);
+    let source_med = row("counting in its source (the floor)", &source, walk_cap, &[]);
     match (fed_med, source_med) {
         (Some(f), Some(s)) => println!(
             "\nwpd's feedback / the floor: {:.2}× the time to the exit (medians).\n",
