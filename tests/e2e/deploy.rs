@@ -11,26 +11,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use tokio::time::Instant;
-use wpd_tests::{Target, bin_path, peer_program, require_peer, unique_temp_dir};
+use wpd_tests::{Target, TempDir, bin_path, peer_program, require_peer};
 
 /// The repository's `deploy/` directory.
 pub(crate) fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
-}
-
-/// A directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(prefix: &str) -> Result<TempDir> {
-        Ok(TempDir(unique_temp_dir(prefix)?))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// `systemd-analyze verify` on `units` (paths), its messages forced to stderr: (exit success,
@@ -80,7 +65,7 @@ fn verify_as(
 fn systemd_user_units_verify() -> Result<()> {
     let analyze = peer_program("systemd-analyze", "Debian: systemd");
     let dir = TempDir::new("wpd-user-units")?;
-    let runtime = dir.0.join("run");
+    let runtime = dir.join("run");
     std::fs::create_dir_all(&runtime)?;
     std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700))?;
     let user = deploy_dir().join("user");
@@ -101,9 +86,9 @@ fn systemd_user_units_verify() -> Result<()> {
         "ExecStart=%h/.cargo/bin/wpd ",
         &format!("ExecStart={} ", bin_path("wpd").display()),
     );
-    std::fs::write(dir.0.join("wpd.service"), &service)?;
-    std::fs::write(dir.0.join("wpd.socket"), &socket)?;
-    let units = [dir.0.join("wpd.socket"), dir.0.join("wpd.service")];
+    std::fs::write(dir.join("wpd.service"), &service)?;
+    std::fs::write(dir.join("wpd.socket"), &socket)?;
+    let units = [dir.join("wpd.socket"), dir.join("wpd.service")];
     let (ok, text) = verify_as(&analyze, &units, None, Some(&runtime))?;
     ensure!(
         ok && text.trim().is_empty(),
@@ -114,7 +99,7 @@ fn systemd_user_units_verify() -> Result<()> {
         bad != service,
         "the user's wpd.service has no NoNewPrivileges=yes"
     );
-    std::fs::write(dir.0.join("wpd.service"), bad)?;
+    std::fs::write(dir.join("wpd.service"), bad)?;
     let (_, text) = verify_as(&analyze, &units, None, Some(&runtime))?;
     ensure!(
         text.contains("Unknown key") && text.contains("NoNewPrivilegs"),
@@ -139,11 +124,11 @@ fn systemd_units_verify() -> Result<()> {
         "ExecStart=/usr/local/bin/wpd ",
         &format!("ExecStart={} ", wpd.display()),
     );
-    std::fs::write(dir.0.join("wpd.service"), &service)?;
-    std::fs::copy(deploy_dir().join("wpd.socket"), dir.0.join("wpd.socket"))?;
-    let units = [dir.0.join("wpd.socket"), dir.0.join("wpd.service")];
+    std::fs::write(dir.join("wpd.service"), &service)?;
+    std::fs::copy(deploy_dir().join("wpd.socket"), dir.join("wpd.socket"))?;
+    let units = [dir.join("wpd.socket"), dir.join("wpd.service")];
     // The manual pages the units name, installed as the README says: wpd(8), wpctl(1).
-    let man = dir.0.join("man");
+    let man = dir.join("man");
     for (section, page, bin, args) in [
         ("man8", "wpd.8", "wpd", ["--man"]),
         ("man1", "wpctl.1", "wpctl", ["man"]),
@@ -162,7 +147,7 @@ fn systemd_units_verify() -> Result<()> {
         "systemd-analyze verify:\n{text}"
     );
     // And the lookup is real: without the pages, verify says what is missing.
-    let empty = dir.0.join("no-man");
+    let empty = dir.join("no-man");
     std::fs::create_dir_all(&empty)?;
     let (_, text) = verify(&analyze, &units, Some(&empty))?;
     ensure!(
@@ -173,7 +158,7 @@ fn systemd_units_verify() -> Result<()> {
     // The check really reads the keys: a misspelt one is reported.
     let bad = service.replace("NoNewPrivileges=yes", "NoNewPrivilegs=yes");
     ensure!(bad != service, "wpd.service has no NoNewPrivileges=yes");
-    std::fs::write(dir.0.join("wpd.service"), bad)?;
+    std::fs::write(dir.join("wpd.service"), bad)?;
     let (_, text) = verify(&analyze, &units, None)?;
     ensure!(
         text.contains("Unknown key") && text.contains("NoNewPrivilegs"),
@@ -276,7 +261,7 @@ fn kubernetes_daemonset_validates() -> Result<()> {
         ),
     ] {
         ensure!(yaml.contains(right), "daemonset.yaml has no {right:?}");
-        let bad = dir.0.join("bad.yaml");
+        let bad = dir.join("bad.yaml");
         std::fs::write(&bad, yaml.replace(right, wrong))?;
         let (ok, text) = validate(&bad)?;
         let field = wrong.split(':').next().unwrap_or(wrong);
@@ -359,16 +344,16 @@ impl Drop for Activated {
 async fn socket_activation_end_to_end() -> Result<()> {
     let activate = peer_program("systemd-socket-activate", "Debian: systemd");
     let dir = TempDir::new("wpd-activate")?;
-    let socket = dir.0.join("wpd.sock");
-    let not_ours = dir.0.join("not-used.sock");
-    let mut notify = NotifySocket::bind(&dir.0.join("notify.sock"))?;
-    let log = dir.0.join("wpd.log");
+    let socket = dir.join("wpd.sock");
+    let not_ours = dir.join("not-used.sock");
+    let mut notify = NotifySocket::bind(&dir.join("notify.sock"))?;
+    let log = dir.join("wpd.log");
     let log_file = std::fs::File::create(&log)?;
     let env = [
-        format!("NOTIFY_SOCKET={}", dir.0.join("notify.sock").display()),
+        format!("NOTIFY_SOCKET={}", dir.join("notify.sock").display()),
         "WATCHDOG_USEC=400000".to_string(),
-        format!("WPD_STATE_FILE={}", dir.0.join("ptrace-armed").display()),
-        format!("WPD_STATE_DIR={}", dir.0.join("state").display()),
+        format!("WPD_STATE_FILE={}", dir.join("ptrace-armed").display()),
+        format!("WPD_STATE_DIR={}", dir.join("state").display()),
         "NO_COLOR=1".to_string(),
     ];
     let mut cmd = Command::new(&activate);

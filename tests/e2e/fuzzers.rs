@@ -14,8 +14,8 @@ use wpd_proto::v1::{
     hit_condition::Op,
 };
 use wpd_tests::{
-    Backend, CmdOutput, Daemon, Event, EventStream, TargetProc, expect_status, poll_until,
-    require_backend, rpc_ok, run_wpctl, set_watchpoint, unique_temp_dir, write_spec,
+    Backend, CmdOutput, Daemon, Event, EventStream, TargetProc, TempDir, expect_status, poll_until,
+    require_backend, rpc_ok, run_wpctl, set_watchpoint, write_spec,
 };
 
 const HIT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -602,8 +602,19 @@ pub(crate) async fn nothing_left(daemon: &Daemon, comm: &str, policy_id: u64) ->
 
 /// Runs `cmd` to its end within `limit` (killed if it overruns); returns its output.
 pub(crate) async fn run_fuzzer(
+    cmd: tokio::process::Command,
+    limit: Duration,
+) -> Result<std::process::Output> {
+    run_fuzzer_until(cmd, limit, || false).await
+}
+
+/// [`run_fuzzer`], ended early once `enough` (asked every half second) says so: the fuzzer
+/// gets SIGINT and stops as at its own time limit (afl-fuzz saves its state and exits with
+/// status 0).
+pub(crate) async fn run_fuzzer_until(
     mut cmd: tokio::process::Command,
     limit: Duration,
+    mut enough: impl FnMut() -> bool,
 ) -> Result<std::process::Output> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -611,7 +622,25 @@ pub(crate) async fn run_fuzzer(
         .kill_on_drop(true);
     let child = cmd.spawn().context("starting the fuzzer")?;
     let pid = child.id().context("the fuzzer's pid")?;
-    let out = tokio::time::timeout(limit, child.wait_with_output()).await;
+    let out = tokio::time::timeout(limit, async {
+        let wait = child.wait_with_output();
+        tokio::pin!(wait);
+        let mut told = false;
+        loop {
+            tokio::select! {
+                out = &mut wait => return out,
+                _ = tokio::time::sleep(Duration::from_millis(500)), if !told => {
+                    if enough() {
+                        // SAFETY: kill(2) of our own child, not reaped yet (its wait has
+                        // not returned), so the pid is still its.
+                        unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+                        told = true;
+                    }
+                }
+            }
+        }
+    })
+    .await;
     // Waited for, or killed on drop when it overran (a killed afl-fuzz leaves its segments).
     wpd_tests::remove_segments_left_by(pid);
     match out {
@@ -631,15 +660,18 @@ async fn afl_saves_the_inputs_that_break_the_invariant() -> Result<()> {
     if !require_backend(Backend::Perf) {
         return Ok(());
     }
-    let dir = unique_temp_dir("wpd-afl")?;
+    let dir = TempDir::new("wpd-afl")?;
     let comm = unique_comm("fzafl");
     let bin = build_target(&dir, &comm, "afl-cc", &["-g", "-O1"], "afl++")?;
     let seeds = dir.join("in");
     std::fs::create_dir(&seeds)?;
     std::fs::write(seeds.join("seed"), SEED)?;
-    let afl = |out: &str, seconds: &str| {
+    // `limits`: how long afl-fuzz runs (`-V` seconds, `-E` executions).
+    let afl = |out: &str, limits: &[&str]| {
         let mut c = tokio::process::Command::new("afl-fuzz");
-        c.args(["-i", "in", "-o", out, "-V", seconds, "--"])
+        c.args(["-i", "in", "-o", out])
+            .args(limits)
+            .arg("--")
             .arg(&bin)
             .current_dir(&dir)
             .env("AFL_NO_UI", "1")
@@ -660,7 +692,7 @@ async fn afl_saves_the_inputs_that_break_the_invariant() -> Result<()> {
     };
 
     // Alone: the bug is silent.
-    let o = run_fuzzer(afl("alone", "3"), Duration::from_secs(60)).await?;
+    let o = run_fuzzer(afl("alone", &["-V", "3"]), Duration::from_secs(60)).await?;
     ensure!(
         o.status.success(),
         "afl-fuzz failed: {}",
@@ -684,7 +716,13 @@ async fn afl_saves_the_inputs_that_break_the_invariant() -> Result<()> {
         };
         let p = watch_level(&daemon, &comm, true).await?;
         let reads_before = maps_reads().await?;
-        let o = run_fuzzer(afl("watched", "8"), Duration::from_secs(90)).await?;
+        // 5,000 executions (seconds on an idle machine; a loaded one takes longer, 300 s at
+        // most): the first crashes come within the first thousand.
+        let o = run_fuzzer(
+            afl("watched", &["-E", "5000", "-V", "300"]),
+            Duration::from_secs(360),
+        )
+        .await?;
         ensure!(
             o.status.success(),
             "afl-fuzz failed: {}",
@@ -759,7 +797,7 @@ async fn a_fork_storm_leaves_nothing_behind() -> Result<()> {
     if !require_backend(Backend::Perf) {
         return Ok(());
     }
-    let dir = unique_temp_dir("wpd-forkstorm")?;
+    let dir = TempDir::new("wpd-forkstorm")?;
     let comm = unique_comm("fzstorm");
     let bin = build_target(
         &dir,
@@ -902,7 +940,6 @@ async fn a_fork_storm_leaves_nothing_behind() -> Result<()> {
     }
     .await;
     let _ = server.start_kill();
-    let _ = std::fs::remove_dir_all(&dir);
     daemon.finish(result)
 }
 
@@ -927,7 +964,7 @@ async fn libfuzzer_saves_the_input_that_breaks_the_invariant() -> Result<()> {
     if !require_backend(Backend::Perf) {
         return Ok(());
     }
-    let dir = unique_temp_dir("wpd-libfuzzer")?;
+    let dir = TempDir::new("wpd-libfuzzer")?;
     let comm = unique_comm("fzlf");
     let bin = build_target(
         &dir,
@@ -960,11 +997,11 @@ async fn libfuzzer_saves_the_input_that_breaks_the_invariant() -> Result<()> {
         let p = watch_level(&daemon, &comm, false).await?;
         let mut cmd = tokio::process::Command::new(&bin);
         cmd.arg("-fork=1")
-            .arg("-max_total_time=60")
+            .arg("-max_total_time=300") // it stops at the crash: seconds, unless loaded
             .arg(format!("-artifact_prefix={}/", artifacts.display()))
             .arg(&corpus)
             .current_dir(&dir);
-        let o = run_fuzzer(cmd, Duration::from_secs(120)).await?;
+        let o = run_fuzzer(cmd, Duration::from_secs(360)).await?;
         let log = String::from_utf8_lossy(&o.stderr);
         ensure!(
             log.contains("deadly signal"),

@@ -150,9 +150,14 @@ async fn target_stores_trip_a_real_breakpoint_and_slots_run_out_at_four() -> Res
 
     // The worker's stores to VARS[0] count on a breakpoint in its thread.
     let bp = ForeignBreakpoint::open(worker, target.vars[0], 8)?;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let count = read_count(&bp)?;
-    ensure!(count > 0, "no store of the worker was counted");
+    let counted = tokio::time::Instant::now() + Duration::from_secs(10);
+    while read_count(&bp)? == 0 {
+        ensure!(
+            tokio::time::Instant::now() < counted,
+            "no store of the worker was counted in 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     // A breakpoint is per thread: one on the main thread counts exactly its one `write`.
     let main_bp = ForeignBreakpoint::open(target.pid, target.vars[1], 8)?;

@@ -126,13 +126,23 @@ async fn replay_after_a_sigkill_loses_nothing_and_skips_a_torn_tail() -> Result<
             let mut live = stream(&mut c, None, None).await?;
             let wp = watch_counter(&mut c, t.pid).await?;
             t.cmd("spin 2").await?;
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            // A few hundred ms of spinning on an idle machine; as long as it takes on a
+            // loaded one.
+            poll_until(
+                Duration::from_secs(30),
+                "100 events journaled",
+                async || {
+                    let n = stats(&mut c).await?.journal_written_seq;
+                    Ok(if n > 100 { Ok(()) } else { Err(format!("{n}")) })
+                },
+            )
+            .await?;
             t.cmd("stop").await?;
             let written = journal_settled(&mut c).await?;
             ensure!(written > 100, "only {written} events journaled");
             let seen = read(
                 &mut live,
-                Duration::from_millis(300),
+                Duration::from_secs(5),
                 Duration::from_secs(30),
                 |m| m.seq >= written,
             )
@@ -171,10 +181,16 @@ async fn replay_after_a_sigkill_loses_nothing_and_skips_a_torn_tail() -> Result<
             );
             let last_on_disk = s.journal_written_seq;
             let mut r = stream(&mut c, Some(0), None).await?;
-            let replayed = read(&mut r, Duration::from_millis(500), Duration::from_secs(60), |_| {
-                false
+            // Through the last on disk (a pause of seconds would be a stall), then whatever
+            // comes after it within half a second: nothing should.
+            let mut replayed = read(&mut r, Duration::from_secs(10), Duration::from_secs(60), |m| {
+                m.seq >= last_on_disk
             })
             .await?;
+            replayed.extend(
+                read(&mut r, Duration::from_millis(500), Duration::from_secs(10), |_| false)
+                    .await?,
+            );
             // 1..=last_on_disk, in order, each once, no gap, nothing after.
             let seqs: Vec<u64> = replayed.iter().map(|m| m.seq).collect();
             let want: Vec<u64> = (1..=last_on_disk).collect();

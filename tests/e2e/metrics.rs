@@ -2,7 +2,7 @@
 //! a watchpoint takes hits, and what it stored agrees with `GetStats` and with the hits the
 //! test received.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -10,8 +10,8 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 use tokio::time::Instant;
 use wpd_proto::v1::GetStatsRequest;
 use wpd_tests::{
-    Backend, Daemon, Event, EventStream, TargetProc, hits_only, http_get, metrics_address,
-    peer_program, require_backend, rpc_ok, set_watchpoint, unique_temp_dir, write_spec,
+    Backend, Daemon, Event, EventStream, TargetProc, TempDir, hits_only, http_get, metrics_address,
+    peer_program, require_backend, rpc_ok, set_watchpoint, write_spec,
 };
 
 /// How long Prometheus may take to start and scrape what the test waits for.
@@ -185,21 +185,6 @@ fn url_encode(s: &str) -> String {
         .collect()
 }
 
-/// A directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(prefix: &str) -> Result<TempDir> {
-        Ok(TempDir(unique_temp_dir(prefix)?))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A Prometheus server scraping one target every second, on a free loopback port, with its
 /// data in a temp dir. Dropping it kills it and removes the dir, on every path.
 struct Prometheus {
@@ -228,7 +213,7 @@ impl Prometheus {
 
     fn spawn(bin: &Path, target: std::net::SocketAddr) -> Result<Prometheus> {
         let dir = TempDir::new("wpd-prometheus")?;
-        let config = dir.0.join("prometheus.yml");
+        let config = dir.join("prometheus.yml");
         std::fs::write(
             &config,
             format!(
@@ -241,12 +226,12 @@ impl Prometheus {
             .local_addr()?
             .port();
         let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
-        let log = std::fs::File::create(dir.0.join("prometheus.log"))?;
+        let log = std::fs::File::create(dir.join("prometheus.log"))?;
         let mut cmd = Command::new(bin);
         cmd.arg(format!("--config.file={}", config.display()))
             .arg(format!(
                 "--storage.tsdb.path={}",
-                dir.0.join("data").display()
+                dir.join("data").display()
             ))
             .arg(format!("--web.listen-address={addr}"))
             .arg("--log.level=warn")
@@ -292,7 +277,7 @@ impl Prometheus {
     }
 
     fn print_log(&self) {
-        let log = std::fs::read_to_string(self.dir.0.join("prometheus.log")).unwrap_or_default();
+        let log = std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default();
         eprintln!("----- prometheus log -----\n{log}\n----- end of prometheus log -----");
     }
 }

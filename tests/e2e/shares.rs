@@ -9,10 +9,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use wpd_proto::v1::ListWatchpointsRequest;
+use tokio::io::AsyncBufReadExt;
+use wpd_proto::v1::{GetStatsRequest, ListWatchpointsRequest};
 use wpd_tests::{
     Backend, CTarget, CmdOutput, Daemon, TargetProc, ctarget_path, require_backend, rpc_ok,
-    run_wpctl_as, unique_temp_dir,
+    run_wpctl_as, unique_temp_dir, wait_for_subscribers,
 };
 
 const NOBODY: u32 = 65534;
@@ -508,7 +509,11 @@ async fn an_undumpable_childs_hits_reach_no_read_of_its_parents_user() -> Result
             .stderr(std::process::Stdio::null())
             .kill_on_drop(true)
             .spawn()?;
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut root = daemon.client().await?;
+        let listening = rpc_ok("GetStats", root.get_stats(GetStatsRequest {}))
+            .await?
+            .subscribers;
+        wait_for_subscribers(&mut root, listening + 1).await?;
         let mut children = Vec::new();
         for cmd in ["fork-undumpable", "fork"] {
             let reply = t.cmd(cmd).await?;
@@ -521,16 +526,29 @@ async fn an_undumpable_childs_hits_reach_no_read_of_its_parents_user() -> Result
             children.push(child);
         }
         let (hidden, shown) = (children[0], children[1]);
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        stream.start_kill()?;
-        let out = stream.wait_with_output().await?;
-        let streamed = String::from_utf8_lossy(&out.stdout);
         let pids_in = |text: &str, pid: i64| {
             text.lines()
                 .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
                 .filter(|v| v["type"] == "hit" && v["pid"].as_i64() == Some(pid))
                 .count()
         };
+        // What the stream printed until the shown child's hits came (20 s at most), and for
+        // 300 ms more: the hidden child stored first.
+        let mut lines =
+            tokio::io::BufReader::new(stream.stdout.take().context("stdout is piped")?).lines();
+        let mut streamed = String::new();
+        let mut end = tokio::time::Instant::now() + Duration::from_secs(20);
+        let mut seen_shown = false;
+        while let Ok(Ok(Some(line))) = tokio::time::timeout_at(end, lines.next_line()).await {
+            if !seen_shown && pids_in(&line, shown) > 0 {
+                seen_shown = true;
+                end = tokio::time::Instant::now() + Duration::from_millis(300);
+            }
+            streamed.push_str(&line);
+            streamed.push('\n');
+        }
+        stream.start_kill()?;
+        let _ = stream.wait().await;
         ensure!(
             pids_in(&streamed, hidden) == 0 && pids_in(&streamed, shown) > 0,
             "the user's stream: {} hits of the undumpable child, {} of the other",

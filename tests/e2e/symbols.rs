@@ -14,13 +14,13 @@ use anyhow::{Context, Result, ensure};
 use tonic::Code;
 use tonic_types::StatusExt;
 use wpd_proto::v1::{
-    ExecPolicy, Hit, ListWatchpointsRequest, Location, ResolveSymbolRequest, ResolveSymbolResponse,
-    SlotState, StreamEventsRequest, SymbolSource, WatchpointSpec,
+    ExecPolicy, GetStatsRequest, Hit, ListWatchpointsRequest, Location, ResolveSymbolRequest,
+    ResolveSymbolResponse, SlotState, StreamEventsRequest, SymbolSource, WatchpointSpec,
 };
 use wpd_tests::{
     Backend, CTarget, Client, Daemon, Event, EventStream, both_backends, expect_status, line_of,
     list_threads, require_backend, require_root_perf, resume, rpc, rpc_ok, run_wpctl,
-    set_watchpoint, set_watchpoint_within,
+    set_watchpoint, set_watchpoint_within, wait_for_subscribers,
 };
 
 const HIT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -575,6 +575,9 @@ async fn hits_name_function_and_line(backend: Backend) -> Result<()> {
 
             let ep = daemon.endpoint();
             let pid = t.pid.to_string();
+            let listening = rpc_ok("GetStats", client.get_stats(GetStatsRequest {}))
+                .await?
+                .subscribers;
             let cli = tokio::spawn(async move {
                 run_wpctl(
                     &[
@@ -591,7 +594,7 @@ async fn hits_name_function_and_line(backend: Backend) -> Result<()> {
                 )
                 .await
             });
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            wait_for_subscribers(&mut client, listening + 1).await?;
 
             t.cmd("set errors 5").await?;
             let hit = one_hit(&mut events, "set errors").await?;

@@ -190,6 +190,43 @@ pub fn unique_temp_dir(prefix: &str) -> Result<PathBuf> {
     bail!("cannot create a unique directory in {}", base.display())
 }
 
+/// A fresh, empty directory under the system temp dir ([`unique_temp_dir`]), removed with
+/// everything in it when dropped: on every path out of a test, failures and panics included.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates `<temp>/<prefix>-<pid>-<seq>-<nanos>`.
+    pub fn new(prefix: &str) -> Result<TempDir> {
+        Ok(TempDir(unique_temp_dir(prefix)?))
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TempDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A thread that reads `stdout` line by line into a channel (ends with the
 /// stream or when the receiver is dropped).
 pub(crate) fn read_lines(

@@ -164,6 +164,23 @@ impl CTarget {
         Ok(i64::from_le_bytes(b))
     }
 
+    /// Waits until the variable `name` changes from the value it has now (the target's
+    /// spinners store to `counter` without pause), 10 s at most: a thread that is stopped,
+    /// stuck or dead never changes it, while a loaded machine may keep a running one off the
+    /// CPUs for longer than any short sleep.
+    pub async fn changes(&self, name: &str) -> Result<()> {
+        let from = self.read_i64(name)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.read_i64(name)? == from {
+            ensure!(
+                Instant::now() < deadline,
+                "`{name}` stayed at {from} for 10 s: its writers do not run"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
     /// The address READY printed for `name`.
     pub fn addr(&self, name: &str) -> u64 {
         *self

@@ -378,6 +378,29 @@ pub async fn poll_until<T>(
     }
 }
 
+/// Waits (10 s at most) until the daemon counts `n` event subscribers (`GetStats`): a
+/// subscriber started in another process (`wpctl events`) is listening once counted, and
+/// not surely before, however long it was given.
+pub async fn wait_for_subscribers(client: &mut Client, n: u32) -> Result<()> {
+    poll_until(
+        Duration::from_secs(10),
+        &format!("{n} event subscribers"),
+        async || {
+            let s = rpc_ok(
+                "GetStats",
+                client.get_stats(wpd_proto::v1::GetStatsRequest {}),
+            )
+            .await?;
+            Ok(if s.subscribers == n {
+                Ok(())
+            } else {
+                Err(format!("{} subscribers", s.subscribers))
+            })
+        },
+    )
+    .await
+}
+
 /// A subscription to the hits of `pid` only.
 pub fn hits_only(pid: i32) -> wpd_proto::v1::StreamEventsRequest {
     wpd_proto::v1::StreamEventsRequest {

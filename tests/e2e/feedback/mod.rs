@@ -10,11 +10,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use wpd_tests::{
-    Backend, CmdOutput, Daemon, machine_skip, poll_until, require_backend, run_wpctl,
-    unique_temp_dir,
+    Backend, CmdOutput, Daemon, TempDir, machine_skip, poll_until, require_backend, run_wpctl,
 };
 
-use crate::fuzzers::{nothing_left, run_fuzzer, unique_comm};
+use crate::fuzzers::{nothing_left, run_fuzzer, run_fuzzer_until, unique_comm};
 use crate::policies::{TestCgroup, cgroup2_root};
 
 mod libfuzzer;
@@ -27,11 +26,30 @@ const WIN: [u8; 22] = [
     1, 3, 1, 1, 2, 1, 1, 3, 3, 1, 3, 3, 0, 0, 3, 0, 0, 2, 0, 0, 2, 2,
 ];
 
-/// How long AFL++ runs with the feedback where a test shows that a build or a selector gets
-/// it (inputs saved for new positions, each credited to its run) rather than the whole way:
-/// the exit takes one to three minutes on 2 CPUs and several times that in a slow run, and
-/// `afl_with_state_feedback_walks_the_maze_to_its_exit` walks it.
-const LEARN: Option<u32> = Some(30);
+/// Where a test shows that a build or a selector gets the feedback rather than that it walks
+/// the whole way (the exit takes one to three minutes on 2 CPUs and several times that in a
+/// slow run; `afl_with_state_feedback_walks_the_maze_to_its_exit` walks it), AFL++ runs for
+/// [`LEARN_LEAST`] and until it has saved this many inputs for new coverage (alone it saves
+/// none), each then replayed to check its credit. The first come within seconds (bit flips
+/// of the seed's moves); 25 to 30 s gave 4 to 8 on an idle machine, 4 beside another AFL++.
+const LEARNT: usize = 3;
+
+/// How long AFL++ runs with the feedback at least, where it stops at [`LEARNT`]: thousands of
+/// runs, most of them walking beyond the seed's two moves and dying there.
+const LEARN_LEAST: Duration = Duration::from_secs(20);
+
+/// The longest AFL++ may take to save [`LEARNT`] inputs for new positions (seconds): a run
+/// that takes that long has not been learning from the feedback.
+const LEARN_CAP: u32 = 180;
+
+/// How far AFL++ goes in a test.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Until {
+    /// To the maze's exit (its first crash).
+    Exit,
+    /// Until it has saved [`LEARNT`] inputs for new coverage.
+    Learnt,
+}
 
 /// How a maze is built.
 #[derive(Clone, Copy)]
@@ -180,6 +198,36 @@ fn afl_in(
 fn seed(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir.join("in"))?;
     Ok(std::fs::write(dir.join("in/seed"), [1u8, 0])?)
+}
+
+/// How many inputs an afl-fuzz run saved in its queue for new coverage so far (`+cov`, the
+/// seeds left out): names only, read while it runs.
+fn saved_for_coverage(dir: &Path, out: &str) -> usize {
+    std::fs::read_dir(dir.join(out).join("default").join("queue"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    let name = e.file_name();
+                    let name = name.to_string_lossy();
+                    name.starts_with("id:") && name.contains("+cov") && !name.contains("orig")
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Runs AFL++ (`afl`, started with `-V LEARN_CAP`) for [`LEARN_LEAST`] and until it has saved
+/// [`LEARNT`] inputs for new coverage into `dir/out`: afl-fuzz's output.
+async fn afl_until_learnt(afl: tokio::process::Command, dir: &Path, out: &str) -> Result<String> {
+    let cap = Duration::from_secs(u64::from(LEARN_CAP) + 60);
+    let start = std::time::Instant::now();
+    let o = run_fuzzer_until(afl, cap, || {
+        start.elapsed() >= LEARN_LEAST && saved_for_coverage(dir, out) >= LEARNT
+    })
+    .await?;
+    let log = String::from_utf8_lossy(&o.stdout).into_owned();
+    ensure!(o.status.success(), "afl-fuzz failed: {log}");
+    Ok(log)
 }
 
 /// The inputs an afl-fuzz run saved (`kind`: queue or crashes), by name, in order.
@@ -357,7 +405,7 @@ type Saved = Vec<(String, Vec<u8>)>;
 /// A maze built for one test, in a directory of its own (removed on drop): the program under
 /// a unique command name, a copy built with cc that replays inputs, and AFL++'s seeds.
 struct Maze {
-    dir: PathBuf,
+    dir: TempDir,
     comm: String,
     bin: PathBuf,
     replay: PathBuf,
@@ -366,7 +414,7 @@ struct Maze {
 impl Maze {
     /// Builds the maze as `build` says, named `fz<tag>…`, in `wpd-maze-<tag>…`.
     fn new(tag: &str, build: Build) -> Result<Maze> {
-        let dir = unique_temp_dir(&format!("wpd-maze-{tag}"))?;
+        let dir = TempDir::new(&format!("wpd-maze-{tag}"))?;
         let comm = unique_comm(&format!("fz{tag}"));
         let m = Maze {
             bin: dir.join(&comm),
@@ -386,18 +434,19 @@ impl Maze {
     /// wpd; once afl-fuzz ends nothing of the policy's arming is left. Returns the policy's
     /// id, afl-fuzz's output and its queue.
     async fn walk_with_feedback(&self, daemon: &Daemon, out: &str) -> Result<(u64, String, Saved)> {
-        self.walk_with_feedback_by(daemon, out, By::Exe, None).await
+        self.walk_with_feedback_by(daemon, out, By::Exe, Until::Exit)
+            .await
     }
 
-    /// [`Maze::walk_with_feedback`] under a policy selecting the maze's runs `by`; with
-    /// `seconds`, AFL++ runs that long and need not reach the exit (the inputs saved for new
+    /// [`Maze::walk_with_feedback`] under a policy selecting the maze's runs `by`, AFL++
+    /// going as far as `until` says (with [`Until::Learnt`], the inputs saved for new
     /// coverage show the feedback).
     async fn walk_with_feedback_by(
         &self,
         daemon: &Daemon,
         out: &str,
         by: By<'_>,
-        seconds: Option<u32>,
+        until: Until,
     ) -> Result<(u64, String, Saved)> {
         let exe = self.bin.display().to_string();
         let all_watched = matches!(by, By::Exe);
@@ -407,25 +456,22 @@ impl Maze {
             By::Cgroup { dir, name } => (["--cgroup", name], Some(dir)),
         };
         let policy = watch_position_by(&daemon.endpoint(), &select, &["--follow-forks"]).await?;
-        let log = match seconds {
-            None => {
+        let log = match until {
+            Until::Exit => {
                 let (log, found) = afl_until_crash(cgroup, &self.dir, &self.bin, out).await?;
                 all_reach_the_exit(&self.replay, &found)?;
                 log
             }
-            Some(s) => {
-                let afl = afl_in(cgroup, &self.dir, &self.bin, out, s, false)?;
-                let o = run_fuzzer(afl, Duration::from_secs(u64::from(s) + 60)).await?;
-                let log = String::from_utf8_lossy(&o.stdout).into_owned();
-                ensure!(o.status.success(), "afl-fuzz failed: {log}");
-                log
+            Until::Learnt => {
+                let afl = afl_in(cgroup, &self.dir, &self.bin, out, LEARN_CAP, false)?;
+                afl_until_learnt(afl, &self.dir, out).await?
             }
         };
         let queue = saved(&self.dir, out, "queue")?;
         let n = credited(&self.replay, &queue, all_watched)?;
         // AFL++ alone saves none for new coverage (the maze's edges are the seed's): each is
         // the feedback's. On the way to the exit there are many; in a short run, a few.
-        let least = if seconds.is_some() { 3 } else { 8 };
+        let least = if until == Until::Learnt { LEARNT } else { 8 };
         ensure!(
             n >= least,
             "only {n} inputs saved for new positions: the walk was not learnt step by step"
@@ -443,12 +489,6 @@ enum By<'a> {
     Comm,
     /// The cgroup AFL++ runs in (`--cgroup NAME`; `dir` is its directory).
     Cgroup { dir: &'a Path, name: &'a str },
-}
-
-impl Drop for Maze {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 /// State feedback from outside: AFL++ on the maze (every step through the same code, a
@@ -502,9 +542,9 @@ async fn afl_with_state_feedback_walks_the_maze_to_its_exit() -> Result<()> {
 
 /// AFL++'s other instrumentations: LTO (edge ids given at link time, the map as small as
 /// the edges) and classic (65,536 bytes of hashed edges). The library makes its room after
-/// the map's size either way, and in [`LEARN`] AFL++ walks each build step by step with the
-/// position as feedback (inputs saved for new positions; alone it saves none), the credit
-/// exact.
+/// the map's size either way, and AFL++ learns the walk of each build step by step with the
+/// position as feedback ([`LEARNT`] inputs saved for new positions; alone it saves none),
+/// the credit exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lto_and_classic_builds_walk_the_maze_too() -> Result<()> {
     if !require_backend(Backend::Perf) {
@@ -517,7 +557,7 @@ async fn lto_and_classic_builds_walk_the_maze_too() -> Result<()> {
     let daemon = Daemon::start().await?;
     let result = async {
         for m in &mazes {
-            m.walk_with_feedback_by(&daemon, "fed", By::Exe, LEARN)
+            m.walk_with_feedback_by(&daemon, "fed", By::Exe, Until::Learnt)
                 .await
                 .with_context(|| m.comm.clone())?;
         }
@@ -531,7 +571,7 @@ async fn lto_and_classic_builds_walk_the_maze_too() -> Result<()> {
 /// once (`_exit(0)` right after the store of its death, the rest of the input unread), and
 /// the one that reaches the exit aborts there. The trap of the last store is counted
 /// before the process ends (the signal comes before the next instruction), so AFL++ still
-/// learns the walk step by step (in [`LEARN`]); every input saved for new coverage walks
+/// learns the walk step by step ([`LEARNT`] inputs saved for new positions); every input saved for new coverage walks
 /// somewhere new, replayed without wpd; and the thousands of runs that ended mid-input
 /// leave nothing behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -550,7 +590,7 @@ async fn runs_that_end_mid_input_keep_their_credit() -> Result<()> {
     let daemon = Daemon::start().await?;
     let result = async {
         let (_, _, queue) = m
-            .walk_with_feedback_by(&daemon, "fed", By::Exe, LEARN)
+            .walk_with_feedback_by(&daemon, "fed", By::Exe, Until::Learnt)
             .await?;
         // Most inputs ended with a death: the walks AFL++ learnt from were cut short.
         let died = queue
@@ -569,7 +609,7 @@ async fn runs_that_end_mid_input_keep_their_credit() -> Result<()> {
 
 /// AFL++'s persistent mode: each process the fork server forks walks input after input,
 /// read from shared memory, and afl-fuzz clears the map (the room included) before each.
-/// With the position watched as feedback AFL++ learns the walk step by step (in [`LEARN`]);
+/// With the position watched as feedback AFL++ learns the walk step by step ([`LEARNT`] inputs);
 /// each input saved for new coverage walks somewhere new (replayed by the same walk built
 /// without AFL++): the credit goes to the iteration that made the store, not to the next
 /// one in the same process.
@@ -582,7 +622,7 @@ async fn afl_in_persistent_mode_walks_the_maze_too() -> Result<()> {
     let daemon = Daemon::start().await?;
     let result = async {
         let (_, log, _) = m
-            .walk_with_feedback_by(&daemon, "fed", By::Exe, LEARN)
+            .walk_with_feedback_by(&daemon, "fed", By::Exe, Until::Learnt)
             .await?;
         ensure!(
             log.contains("Persistent mode binary detected"),
@@ -597,8 +637,8 @@ async fn afl_in_persistent_mode_walks_the_maze_too() -> Result<()> {
 /// A stripped program (its symbols in a separate debug file, named by its `.gnu_debuglink`,
 /// as distributions ship them): the library cannot find `__afl_map_size` in the program, so
 /// it raises the map size the fork server's handshake sends instead; wpd finds `px`, `py`
-/// and AFL++'s map pointer in the debug file. AFL++ learns the walk step by step (in
-/// [`LEARN`]) and each input saved for new coverage walks somewhere new.
+/// and AFL++'s map pointer in the debug file. AFL++ learns the walk step by step
+/// ([`LEARNT`] inputs saved for new positions), each walking somewhere new.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stripped_program_gets_its_room_from_the_handshake() -> Result<()> {
     if !require_backend(Backend::Perf) {
@@ -630,7 +670,7 @@ async fn a_stripped_program_gets_its_room_from_the_handshake() -> Result<()> {
     );
     let daemon = Daemon::start().await?;
     let result = m
-        .walk_with_feedback_by(&daemon, "fed", By::Exe, LEARN)
+        .walk_with_feedback_by(&daemon, "fed", By::Exe, Until::Learnt)
         .await
         .map(drop);
     daemon.finish(result)
@@ -639,7 +679,7 @@ async fn a_stripped_program_gets_its_room_from_the_handshake() -> Result<()> {
 /// Feedback under policies by command name and by cgroup, as a farm selects its fuzzers'
 /// targets. By `--comm` the fork server is found after its exec and armed, and the runs it
 /// forks from then on carry the feedback watch; by `--cgroup` AFL++ runs in a cgroup of its
-/// own and the policy covers the maze there. Either way, in 20 s AFL++ saves inputs for new
+/// own and the policy covers the maze there. Either way AFL++ saves [`LEARNT`] inputs for new
 /// positions (alone it saves none), each walking somewhere no earlier one credited did (the
 /// runs before the arming went unwatched: their walks are not counted), and nothing is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -669,7 +709,7 @@ async fn policies_by_command_name_and_by_cgroup_give_feedback_too() -> Result<()
         ];
         for (by, out) in rounds {
             let (policy, _, _) = m
-                .walk_with_feedback_by(&daemon, out, by, Some(20))
+                .walk_with_feedback_by(&daemon, out, by, Until::Learnt)
                 .await
                 .with_context(|| format!("by {out}"))?;
             let r = wpctl(&daemon.endpoint(), &["unwatch", &policy.to_string()]).await?;
@@ -739,9 +779,9 @@ async fn feedback_beside_a_signal_action_on_another_watch() -> Result<()> {
 /// 16, then four per power of two). The maze's `steps` (the moves survived, stored at every
 /// move) climbs as a walk survives: every input AFL++ saved for new coverage survives, replayed
 /// without wpd, into a bucket no earlier saved input reached (walking into walls later is
-/// the only coverage there is to find), and within 30 s the walks climb from the seed's 2
-/// moves, saving one input per new high (3 at least; below 16 each value is a bucket of its
-/// own; alone AFL++ saves none for new coverage).
+/// the only coverage there is to find), and the walks climb from the seed's 2 moves, saving
+/// one input per new high (AFL++ runs until it has saved [`LEARNT`]; below 16 each value is a
+/// bucket of its own; alone AFL++ saves none for new coverage).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn feedback_max_rewards_each_new_high() -> Result<()> {
     if !require_backend(Backend::Perf) {
@@ -776,12 +816,7 @@ async fn feedback_max_rewards_each_new_high() -> Result<()> {
             w.code == Some(0) && w.stdout.starts_with("policy "),
             "{w:?}"
         );
-        let o = run_fuzzer(afl(dir, bin, "fed", 30, false)?, Duration::from_secs(120)).await?;
-        ensure!(
-            o.status.success(),
-            "afl-fuzz failed: {}",
-            String::from_utf8_lossy(&o.stdout)
-        );
+        afl_until_learnt(afl(dir, bin, "fed", LEARN_CAP, false)?, dir, "fed").await?;
         let mut high = None;
         let mut credited = 0;
         for (name, input) in saved(dir, "fed", "queue")? {
@@ -803,12 +838,12 @@ async fn feedback_max_rewards_each_new_high() -> Result<()> {
             .into_iter()
             .max()
             .unwrap_or(0);
-        // How far the walks climb in 30 s varies (9 to 30 moves in four runs, from 5 to 8
-        // highs saved): a walker stepping back and forth in the corridor survives, so one
-        // input may jump several buckets. Each saved high is above all earlier ones (checked
-        // above), so 3 of them climb from the seed's 2 moves to 5 at least.
+        // A walker stepping back and forth in the corridor survives, so one input may jump
+        // several buckets (in 30 s four runs climbed 9 to 30 moves, saving 5 to 8 highs).
+        // Each saved high is above all earlier ones (checked above), so LEARNT of them climb
+        // from the seed's 2 moves to 5 at least.
         ensure!(
-            credited >= 3,
+            credited >= LEARNT,
             "{credited} inputs saved for new highs, the best surviving {best} moves"
         );
         Ok(())
@@ -827,7 +862,7 @@ async fn two_fuzzers_on_one_host_each_get_only_their_own_feedback() -> Result<()
     if !require_backend(Backend::Perf) {
         return Ok(());
     }
-    let dir = unique_temp_dir("wpd-maze2")?;
+    let dir = TempDir::new("wpd-maze2")?;
     let watched = build_maze(&dir, &unique_comm("fzmw"), Build::Afl)?;
     let replay = build_maze(&dir, "replay", Build::Plain)?;
     let other = build_maze(&dir, &unique_comm("fzmo"), Build::Afl)?;
@@ -836,27 +871,31 @@ async fn two_fuzzers_on_one_host_each_get_only_their_own_feedback() -> Result<()
     let ep = daemon.endpoint();
     let result = async {
         watch_position(&ep, &watched, &["--follow-forks"]).await?;
+        // The watched one runs until it has learnt, the other as long (beside it all along).
+        let learnt = std::sync::atomic::AtomicBool::new(false);
+        let cap = Duration::from_secs(u64::from(LEARN_CAP) + 60);
+        let watched_run = afl(&dir, &watched, "watched", LEARN_CAP, false)?;
+        let other_run = afl(&dir, &other, "other", LEARN_CAP, false)?;
         let (a, b) = tokio::join!(
-            run_fuzzer(
-                afl(&dir, &watched, "watched", 25, false)?,
-                Duration::from_secs(90)
-            ),
-            run_fuzzer(
-                afl(&dir, &other, "other", 25, false)?,
-                Duration::from_secs(90)
-            ),
+            async {
+                let r = afl_until_learnt(watched_run, &dir, "watched").await;
+                learnt.store(true, std::sync::atomic::Ordering::SeqCst);
+                r
+            },
+            run_fuzzer_until(other_run, cap, || learnt
+                .load(std::sync::atomic::Ordering::SeqCst)),
         );
-        for (what, o) in [("watched", a?), ("other", b?)] {
-            ensure!(
-                o.status.success(),
-                "afl-fuzz ({what}) failed: {}",
-                String::from_utf8_lossy(&o.stdout)
-            );
-        }
+        a.context("the watched fuzzer")?;
+        let o = b?;
+        ensure!(
+            o.status.success(),
+            "afl-fuzz (other) failed: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
         let n = credited(&replay, &saved(&dir, "watched", "queue")?, true)?;
         ensure!(
-            n >= 5,
-            "the watched fuzzer saved {n} inputs for new positions"
+            n >= LEARNT,
+            "the watched fuzzer saved {n} inputs for new positions, fewer than {LEARNT}"
         );
         let theirs = saved(&dir, "other", "queue")?
             .into_iter()
@@ -870,6 +909,5 @@ async fn two_fuzzers_on_one_host_each_get_only_their_own_feedback() -> Result<()
         Ok(())
     }
     .await;
-    let _ = std::fs::remove_dir_all(&dir);
     daemon.finish(result)
 }

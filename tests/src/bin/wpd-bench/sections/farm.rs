@@ -10,8 +10,8 @@ use wpd_proto::v1::{
     GetStatsRequest, ListWatchpointsRequest, ProcessSelector, SetPolicyRequest, WatchpointSpec,
 };
 use wpd_tests::{
-    Backend, CTarget, Daemon, Event, EventStream, TargetProc, ctarget_path, floor_bpf_program,
-    floor_perf_arm_bpf, set_watchpoint, unique_temp_dir, write_spec,
+    Backend, CTarget, Daemon, Event, EventStream, TargetProc, TempDir, ctarget_path,
+    floor_bpf_program, floor_perf_arm_bpf, set_watchpoint, write_spec,
 };
 
 pub(crate) async fn section_farm(args: &Args) -> Result<()> {
@@ -26,7 +26,9 @@ pub(crate) async fn section_farm(args: &Args) -> Result<()> {
 
 /// `procs` C targets of `threads` threads each, under a command name of the bench's own.
 async fn farm_targets(procs: usize, threads: usize, comm: &str) -> Result<Vec<CTarget>> {
-    let dir = unique_temp_dir("wpd-bench-farm")?;
+    // The link names the processes (their command name is the name they were started by);
+    // once they run, it is not needed (their executable is the file it points to).
+    let dir = TempDir::new("wpd-bench-farm")?;
     let link = dir.join(comm);
     std::os::unix::fs::symlink(ctarget_path("ct-pie"), &link)?;
     let mut v = Vec::with_capacity(procs);
@@ -276,11 +278,15 @@ async fn fork_server(args: &Args) -> Result<()> {
         for &c in &children {
             target.cmd(&format!("wait-child {c}")).await?;
         }
-        // Hits still in flight after the last child exited.
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+        // The hits streamed so far and those still in flight after the last child exited:
+        // until every child's first store came, or 20 s (a loaded machine's daemon may be
+        // behind; a missed store never comes).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         let mut first = std::collections::HashSet::new();
         let mut any = std::collections::HashSet::new();
-        while let Some(e) = events.next_before(deadline).await? {
+        while first.len() < children.len()
+            && let Some(e) = events.next_before(deadline).await?
+        {
             if let Event::Hit(h) = e
                 && h.watchpoint_id == wp.id
                 && children.contains(&h.pid)

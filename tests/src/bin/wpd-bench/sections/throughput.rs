@@ -132,7 +132,8 @@ pub(crate) async fn throughput_once(
     let roles1 = thread_cpu_us_by_role(dpid)?;
     let (stores, secs) = hammer(&mut target).await?;
     let hammer_end = sub_start.elapsed();
-    // Wait until everything arrived, or nothing moved for 2 s.
+    // Wait until everything arrived, or nothing moved for 5 s (lost records never come; a
+    // loaded machine's stream may pause for a second or two).
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut last = (u64::MAX, u64::MAX);
     let mut still_since = Instant::now();
@@ -147,7 +148,7 @@ pub(crate) async fn throughput_once(
         if now != last {
             last = now;
             still_since = Instant::now();
-        } else if still_since.elapsed() > Duration::from_secs(2) || Instant::now() > deadline {
+        } else if still_since.elapsed() > Duration::from_secs(5) || Instant::now() > deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
