@@ -515,8 +515,22 @@ async fn a_setuid_exec_between_check_and_attach_is_backed_out() -> Result<()> {
                 )
                 .await
             });
-            // While the daemon sits between its check and the attach.
-            tokio::time::sleep(Duration::from_millis(1000)).await;
+            // While the daemon sits between its check and the attach (it says when it got
+            // there: a loaded machine may take a while to start wpctl).
+            poll_until(
+                Duration::from_secs(20),
+                "the daemon to pause after its check",
+                async || {
+                    Ok(
+                        if daemon.log().contains("pausing after the permission check") {
+                            Ok(())
+                        } else {
+                            Err(String::from("not yet"))
+                        },
+                    )
+                },
+            )
+            .await?;
             target.exec_path(&setuid.path, 2).await?;
             let out = watch.await??;
             ensure!(

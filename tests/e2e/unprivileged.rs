@@ -285,22 +285,29 @@ async fn a_users_daemon_killed_at_any_moment_never_takes_the_program_with_it() -
                 .filter(|t| *t != pid)
                 .collect();
         ensure!(workers.len() == 20, "workers: {workers:?}");
-        let ev = wpctl(&["events", "--pid", &pid, "--count", "4000"]).await?;
-        let hit: std::collections::BTreeSet<String> = ev
-            .stdout
-            .lines()
-            .filter(|l| l.contains(" hit "))
-            .filter_map(|l| {
-                let t = l.split("tid=").nth(1)?;
-                Some(t.split(|c: char| !c.is_ascii_digit()).next()?.to_string())
-            })
-            .collect();
+        // Batches of 4,000 hits (one is enough on an idle machine; on a loaded one a thread
+        // may sit out a batch waiting for a CPU), 10 at most.
+        let mut hit = std::collections::BTreeSet::new();
+        for _ in 0..10 {
+            let ev = wpctl(&["events", "--pid", &pid, "--count", "4000"]).await?;
+            ensure!(ev.code == Some(0), "wpctl events: {ev:?}");
+            hit.extend(
+                ev.stdout
+                    .lines()
+                    .filter(|l| l.contains(" hit "))
+                    .filter_map(|l| {
+                        let t = l.split("tid=").nth(1)?;
+                        Some(t.split(|c: char| !c.is_ascii_digit()).next()?.to_string())
+                    }),
+            );
+            if workers.is_subset(&hit) {
+                break;
+            }
+        }
         let missed: Vec<&String> = workers.difference(&hit).collect();
         ensure!(
-            ev.code == Some(0) && missed.is_empty(),
-            "threads without a hit in 4,000: {missed:?} (exit {:?}, {})",
-            ev.code,
-            ev.stderr
+            missed.is_empty(),
+            "threads without a hit in 40,000: {missed:?}"
         );
         for round in 0..20 {
             // A moment from 0 to 190 ms after the daemon answers.

@@ -94,6 +94,7 @@ impl Service {
         };
         authz::check(caller, pid)?;
         if let Some(d) = self.fault_after_check {
+            tracing::info!(pid, pause = ?d, "fault injection: pausing after the permission check");
             std::thread::sleep(d);
         }
         Ok(checked)
