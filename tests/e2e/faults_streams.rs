@@ -6,17 +6,14 @@
 
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use wpd_proto::v1::ListWatchpointsRequest;
 use wpd_tests::leaks::*;
 use wpd_tests::{
-    Backend, Client, Daemon, EventStream, TargetProc, both_backends, poll_until, require_backend,
-    rpc_ok, set_watchpoint, write_spec,
+    Backend, Daemon, EventStream, TargetProc, both_backends, require_backend, rpc_ok,
+    set_watchpoint, wait_for_subscribers, write_spec,
 };
 
-/// How long a dropped subscriber may stay counted (moments on an idle machine; a loaded one
-/// may take a second or more to run the daemon's stream task).
-const UNSUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Timeout of every wait for hits.
 const HIT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -30,22 +27,6 @@ both_backends!(
     /// (moments later), and the daemon keeps serving (a new stream gets hits).
     client_disconnects_mid_stream
 );
-
-async fn wait_subscribers(client: &mut Client, want: u32, why: &str) -> Result<()> {
-    poll_until(
-        UNSUBSCRIBE_TIMEOUT,
-        &format!("GetStats.subscribers == {want} ({why})"),
-        async || {
-            let n = get_stats(client).await?.subscribers;
-            Ok(if n == want {
-                Ok(())
-            } else {
-                Err(format!("{n}"))
-            })
-        },
-    )
-    .await
-}
 
 async fn client_disconnects_mid_stream(backend: Backend) -> Result<()> {
     let daemon = Daemon::start().await?;
@@ -65,18 +46,26 @@ async fn client_disconnects_mid_stream(backend: Backend) -> Result<()> {
             let mut sub = daemon.client().await?;
             let mut stream = EventStream::for_pid(&mut sub, pid).await?;
             stream.collect_hits(5, HIT_TIMEOUT).await?;
-            wait_subscribers(&mut client, before + 1, "subscribed").await?;
+            wait_for_subscribers(&mut client, before + 1)
+                .await
+                .context("subscribed")?;
             drop(stream);
-            wait_subscribers(&mut client, before, "stream dropped, connection open").await?;
+            wait_for_subscribers(&mut client, before)
+                .await
+                .context("stream dropped, connection open")?;
 
             // The whole connection goes.
             let mut sub2 = daemon.client().await?;
             let mut stream = EventStream::for_pid(&mut sub2, pid).await?;
             stream.collect_hits(5, HIT_TIMEOUT).await?;
-            wait_subscribers(&mut client, before + 1, "subscribed again").await?;
+            wait_for_subscribers(&mut client, before + 1)
+                .await
+                .context("subscribed again")?;
             drop(stream);
             drop(sub2);
-            wait_subscribers(&mut client, before, "connection closed").await?;
+            wait_for_subscribers(&mut client, before)
+                .await
+                .context("connection closed")?;
 
             // The daemon keeps serving, on the old connection and on a new one.
             let mut stream = EventStream::for_pid(&mut sub, pid).await?;
@@ -103,7 +92,9 @@ async fn client_disconnects_mid_stream(backend: Backend) -> Result<()> {
                 listed.watchpoints
             );
             drop(other);
-            wait_subscribers(&mut client, before, "every subscriber gone").await?;
+            wait_for_subscribers(&mut client, before)
+                .await
+                .context("every subscriber gone")?;
 
             ensure_survived(&mut target).await?;
             remove(&mut client, wp.id).await?;
@@ -133,10 +124,14 @@ async fn idle_stream_disconnect_is_noticed() -> Result<()> {
             let before = get_stats(&mut client).await?.subscribers;
             let mut sub = daemon.client().await?;
             let stream = EventStream::for_pid(&mut sub, 0).await?;
-            wait_subscribers(&mut client, before + 1, "subscribed").await?;
+            wait_for_subscribers(&mut client, before + 1)
+                .await
+                .context("subscribed")?;
             drop(stream);
             drop(sub);
-            wait_subscribers(&mut client, before, "idle stream and its connection closed").await?;
+            wait_for_subscribers(&mut client, before)
+                .await
+                .context("idle stream and its connection closed")?;
             ensure_clean(&daemon, &mut client, base, &[]).await
         }
         .await,

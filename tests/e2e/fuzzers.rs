@@ -15,7 +15,7 @@ use wpd_proto::v1::{
 };
 use wpd_tests::{
     Backend, CmdOutput, Daemon, Event, EventStream, TargetProc, TempDir, expect_status, poll_until,
-    require_backend, rpc_ok, run_wpctl, set_watchpoint, write_spec,
+    require_backend, rpc_ok, run_fuzzer, run_wpctl, set_watchpoint, write_spec,
 };
 
 const HIT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -598,55 +598,6 @@ pub(crate) async fn nothing_left(daemon: &Daemon, comm: &str, policy_id: u64) ->
         },
     )
     .await
-}
-
-/// Runs `cmd` to its end within `limit` (killed if it overruns); returns its output.
-pub(crate) async fn run_fuzzer(
-    cmd: tokio::process::Command,
-    limit: Duration,
-) -> Result<std::process::Output> {
-    run_fuzzer_until(cmd, limit, || false).await
-}
-
-/// [`run_fuzzer`], ended early once `enough` (asked every half second) says so: the fuzzer
-/// gets SIGINT and stops as at its own time limit (afl-fuzz saves its state and exits with
-/// status 0).
-pub(crate) async fn run_fuzzer_until(
-    mut cmd: tokio::process::Command,
-    limit: Duration,
-    mut enough: impl FnMut() -> bool,
-) -> Result<std::process::Output> {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    let child = cmd.spawn().context("starting the fuzzer")?;
-    let pid = child.id().context("the fuzzer's pid")?;
-    let out = tokio::time::timeout(limit, async {
-        let wait = child.wait_with_output();
-        tokio::pin!(wait);
-        let mut told = false;
-        loop {
-            tokio::select! {
-                out = &mut wait => return out,
-                _ = tokio::time::sleep(Duration::from_millis(500)), if !told => {
-                    if enough() {
-                        // SAFETY: kill(2) of our own child, not reaped yet (its wait has
-                        // not returned), so the pid is still its.
-                        unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
-                        told = true;
-                    }
-                }
-            }
-        }
-    })
-    .await;
-    // Waited for, or killed on drop when it overran (a killed afl-fuzz leaves its segments).
-    wpd_tests::remove_segments_left_by(pid);
-    match out {
-        Ok(out) => Ok(out?),
-        Err(_) => bail!("the fuzzer did not finish within {limit:?}"),
-    }
 }
 
 /// AFL++ on a fork-server target whose parser silently stores an out-of-range level: alone

@@ -248,34 +248,3 @@ pub(crate) fn read_lines(
         .context("cannot start the stdout reader thread")?;
     Ok(lines)
 }
-
-/// Removes the System V shared memory segments that process `pid` (a fuzzer the test
-/// started, now ended) created and nobody has attached any more; returns how many. afl-fuzz
-/// removes its two (its 8 MiB map and its 1 MiB test-case buffer) when it ends, but not when
-/// it is killed (a run over its time, a child dropped): the kernel keeps them until reboot.
-/// Only segments whose creator is `pid` are touched.
-pub fn remove_segments_left_by(pid: u32) -> usize {
-    let Ok(table) = std::fs::read_to_string("/proc/sysvipc/shm") else {
-        return 0;
-    };
-    let mut removed = 0;
-    for line in table.lines().skip(1) {
-        // key shmid perms size cpid lpid nattch ...
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let (Some(id), Some(cpid), Some(nattch)) = (
-            f.get(1).and_then(|s| s.parse::<i32>().ok()),
-            f.get(4).and_then(|s| s.parse::<u32>().ok()),
-            f.get(6).and_then(|s| s.parse::<u64>().ok()),
-        ) else {
-            continue;
-        };
-        // SAFETY: IPC_RMID on a segment id read from the kernel's table; no memory passed.
-        if cpid == pid
-            && nattch == 0
-            && unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) } == 0
-        {
-            removed += 1;
-        }
-    }
-    removed
-}

@@ -4,13 +4,13 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use wpd_tests::{Backend, Daemon, poll_until, require_backend};
+use wpd_tests::{Backend, Daemon, poll_until, require_backend, run_fuzzer};
 
 use super::{
     Build, Maze, WIN, feedback_library, feedback_refused, loaded, replay_maze, start_waiting,
     watch_position, wpctl,
 };
-use crate::fuzzers::{nothing_left, run_fuzzer};
+use crate::fuzzers::nothing_left;
 
 /// The feedback traps the library in process `pid` has counted: `wpd_feedback_state`'s
 /// fourth word, as `wpctl symbol` reads it.
