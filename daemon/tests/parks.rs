@@ -21,7 +21,7 @@ impl TraceSink for Quiet {
     }
     fn thread_armed(&self, _: Pid, _: Tid, _: &[(SlotProgram, ProgramResult)]) {}
     fn thread_exited(&self, _: Pid, _: Tid) {}
-    fn hit(&self, _: Pid, _: Tid, _: u64, _: &[SlotKey]) -> HitVerdict {
+    fn hit(&self, _: Pid, _: Tid, _: Option<&libc::user_regs_struct>, _: &[SlotKey]) -> HitVerdict {
         HitVerdict::Continue
     }
     fn exec(&self, _: Pid, _: Tid) {}

@@ -34,6 +34,7 @@ mod fuzzers;
 mod grpc_clients;
 mod harness;
 mod held_at_exec;
+mod hit_values;
 mod hits;
 mod ide_rpcs;
 mod journal;

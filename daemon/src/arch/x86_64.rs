@@ -4,6 +4,7 @@
 use super::SpecError;
 
 pub mod insn;
+pub mod store;
 use crate::model::{Access, Piece, Range, WatchLen};
 
 /// Architecture name as reported to clients.

@@ -43,8 +43,9 @@ pub struct Features {
     pub stops: bool,
     /// Report only hits that changed the value (compared while stopped).
     pub only_on_change: bool,
-    /// A hit's value is read while the thread is stopped at it (exact),
-    /// rather than after the fact.
+    /// A hit's value is read while the thread is stopped at it, with the
+    /// bytes its store wrote put back (`arch::current::store`), rather
+    /// than after the fact.
     pub exact_values: bool,
     /// Forked children inherit a process-wide watchpoint inside fork().
     pub follow_forks: bool,
@@ -436,6 +437,12 @@ pub trait Host: Send + Sync {
         _depth: usize,
         _read: &mut dyn FnMut(u64) -> Option<u64>,
     ) -> Option<(Vec<u64>, Option<&'static str>)> {
+        None
+    }
+    /// Where the function holding the code address `pc` of `pid` starts
+    /// (its symbol, else its call frame information entry), to read its
+    /// instructions from. `None`: not known.
+    fn function_start(&self, _pid: Pid, _pc: u64) -> Option<u64> {
         None
     }
     /// A process started (fork) or called exec, at kernel monotonic ns

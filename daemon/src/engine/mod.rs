@@ -513,6 +513,10 @@ impl Host for Core {
         Some(self.symbols.unwind(pid, regs, depth, read))
     }
 
+    fn function_start(&self, pid: Pid, pc: u64) -> Option<u64> {
+        self.symbols.function_start(pid, pc)
+    }
+
     fn code_event(
         &self,
         pid: Pid,

@@ -6,8 +6,8 @@
 //! Held by each loaded module (`elf.rs`); `unwind.rs` walks stacks with it.
 
 use gimli::{
-    BaseAddresses, CfaRule, EhFrame, EhFrameHdr, LittleEndian, RegisterRule, UnwindContext,
-    UnwindSection,
+    BaseAddresses, CfaRule, EhFrame, EhFrameHdr, EndianSlice, FrameDescriptionEntry, LittleEndian,
+    RegisterRule, UnwindContext, UnwindSection,
 };
 
 use crate::arch::current::{DWARF_FP, DWARF_RA, DWARF_SP};
@@ -128,15 +128,21 @@ impl Cfi {
         self.eh_frame.len() + self.hdr.as_ref().map_or(0, |h| h.0.len())
     }
 
-    /// The row for link-time address `pc`, if the table covers it with
-    /// rules this unwinder follows (a CFA from the stack or frame pointer,
-    /// registers saved at offsets from it).
-    pub fn row(&self, pc: u64) -> Option<Row> {
+    /// The entry that covers link-time address `pc`, with the section and
+    /// the bases it reads with.
+    #[allow(clippy::type_complexity)]
+    fn fde(
+        &self,
+        pc: u64,
+    ) -> Option<(
+        EhFrame<EndianSlice<'_, LittleEndian>>,
+        BaseAddresses,
+        FrameDescriptionEntry<EndianSlice<'_, LittleEndian>>,
+    )> {
         let eh = EhFrame::new(&self.eh_frame, LittleEndian);
         let mut bases = BaseAddresses::default()
             .set_eh_frame(self.eh_frame_addr)
             .set_text(self.text_addr);
-        let mut ctx = UnwindContext::new();
         let fde = match &self.hdr {
             Some((hdr, addr)) => {
                 bases = bases.set_eh_frame_hdr(*addr);
@@ -154,6 +160,23 @@ impl Cfi {
                 .fde_for_address(&bases, pc, EhFrame::cie_from_offset)
                 .ok()?,
         };
+        Some((eh, bases, fde))
+    }
+
+    /// Where the code that the entry covering link-time address `pc`
+    /// describes starts: a function's entry (or the start of a part of
+    /// it the compiler moved away, `foo.cold`), where instructions can be
+    /// read from in a program without symbols.
+    pub fn function_start(&self, pc: u64) -> Option<u64> {
+        Some(self.fde(pc)?.2.initial_address())
+    }
+
+    /// The row for link-time address `pc`, if the table covers it with
+    /// rules this unwinder follows (a CFA from the stack or frame pointer,
+    /// registers saved at offsets from it).
+    pub fn row(&self, pc: u64) -> Option<Row> {
+        let (eh, bases, fde) = self.fde(pc)?;
+        let mut ctx = UnwindContext::new();
         let row = fde
             .unwind_info_for_address(&eh, &bases, &mut ctx, pc)
             .ok()?;

@@ -53,6 +53,31 @@ impl Symbols {
         (frames.iter().skip(1).map(|f| f.ip).collect(), note)
     }
 
+    /// Where the function holding code address `pc` of `pid` starts: its
+    /// symbol's address, else where its call frame information entry
+    /// starts (a program without symbols). Loads the module within the
+    /// hit path's wait, as [`Symbols::unwind`] does.
+    pub fn function_start(&self, pid: Pid, pc: u64) -> Option<u64> {
+        let files = maps::read(pid).ok()?;
+        let f = files.iter().find(|f| {
+            f.mappings
+                .iter()
+                .any(|m| m.exec && m.start <= pc && pc < m.end)
+        })?;
+        let elf = self
+            .files
+            .file_within(pid, f, super::files::EVENT_WAIT)
+            .ok()?;
+        let bias = Self::bias(&elf, f)?;
+        let vaddr = pc.wrapping_sub(bias);
+        let start = elf
+            .containing(vaddr)
+            .filter(|s| s.kind == super::elf::SymKind::Func && s.size > 0)
+            .map(|s| s.vaddr)
+            .or_else(|| elf.cfi.as_ref()?.function_start(vaddr))?;
+        Some(start.wrapping_add(bias))
+    }
+
     /// [`Symbols::unwind`], every frame (the innermost first, then up to
     /// `depth` callers) with its registers as recovered.
     pub fn unwind_frames(

@@ -34,6 +34,7 @@ pub mod signal_bp;
 mod sink;
 pub mod step;
 pub mod stops;
+mod stored;
 pub mod tracer;
 pub mod wake;
 
@@ -74,6 +75,9 @@ pub struct PtraceEngine {
     /// The daemon's fd budget (shared with the perf backend): signal
     /// stops' breakpoints and code events' probes, programs and maps.
     fds: Arc<crate::backend::fds::FdBudget>,
+    /// The store instruction at each hit address (a hit's value is what
+    /// its store wrote).
+    stores: stored::Stores,
 }
 
 impl std::fmt::Debug for PtraceEngine {
@@ -135,6 +139,7 @@ impl PtraceEngine {
                 panic_at_hit: opts.fault_panic_at_hit.unwrap_or(0),
                 hits_seen: std::sync::atomic::AtomicU64::new(0),
                 fds,
+                stores: stored::Stores::default(),
             }
         }))
     }

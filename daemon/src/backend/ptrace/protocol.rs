@@ -116,8 +116,15 @@ pub trait TraceSink: Send + Sync {
     /// A tracee exited.
     fn thread_exited(&self, pid: Pid, tid: Tid);
     /// A hardware-breakpoint trap: `keys` are the watchpoint pieces of the
-    /// slots DR6 names. The tracee is stopped while this runs.
-    fn hit(&self, pid: Pid, tid: Tid, ip: u64, keys: &[SlotKey]) -> HitVerdict;
+    /// slots DR6 names; `regs` the tracee's registers at the stop (`None`:
+    /// unreadable). The tracee is stopped while this runs.
+    fn hit(
+        &self,
+        pid: Pid,
+        tid: Tid,
+        regs: Option<&libc::user_regs_struct>,
+        keys: &[SlotKey],
+    ) -> HitVerdict;
     /// The process called exec: the kernel cleared the registers.
     fn exec(&self, pid: Pid, tid: Tid);
     /// The thread stopped at code-event probes, with what they recorded.

@@ -10,7 +10,7 @@ use super::{HitVerdict, ProgramResult, PtraceEngine, SlotProgram, TraceSink};
 use crate::backend::{CodeHold, CodeRecord, Host, StopArmer};
 use crate::events::{EventKind, HitEvent};
 use crate::ledger::{Outcome, Reservation, Retained};
-use crate::model::{BackendKind, HitAction, Pid, Piece, SlotKey, Tid};
+use crate::model::{BackendKind, HitAction, Pid, SlotKey, Tid};
 use crate::procfs;
 
 impl PtraceEngine {
@@ -100,8 +100,15 @@ impl TraceSink for PtraceEngine {
         }
     }
 
-    fn hit(&self, pid: Pid, tid: Tid, ip: u64, keys: &[SlotKey]) -> HitVerdict {
+    fn hit(
+        &self,
+        pid: Pid,
+        tid: Tid,
+        regs: Option<&libc::user_regs_struct>,
+        keys: &[SlotKey],
+    ) -> HitVerdict {
         self.fault_panic_at_hit();
+        let ip = regs.map_or(0, |r| crate::arch::current::UserRegs::from(r).ip);
         let Some(host) = self.host.upgrade() else {
             return HitVerdict::Continue;
         };
@@ -115,7 +122,7 @@ impl TraceSink for PtraceEngine {
                 continue;
             }
             let piece = w.spec.range.piece(key.piece);
-            let value = hit_value(pid, tid, piece);
+            let value = self.stores.hit_value(&*host, pid, tid, regs, piece);
             let mut old_value = None;
             if w.spec.only_on_change
                 && let Ok(v) = &value
@@ -162,7 +169,7 @@ impl TraceSink for PtraceEngine {
             let now = crate::clock::realtime_ns();
             let (callchain, callchain_note) = match w.spec.backtrace {
                 0 => (Vec::new(), None),
-                depth => match call_chain(&*host, pid, tid, usize::from(depth)) {
+                depth => match call_chain(&*host, pid, tid, regs, usize::from(depth)) {
                     (chain, None) if chain.is_empty() => {
                         (chain, Some(crate::events::NO_FRAME_POINTER))
                     }
@@ -223,6 +230,7 @@ impl TraceSink for PtraceEngine {
     }
 
     fn exec(&self, pid: Pid, _tid: Tid) {
+        self.stores.forget(pid);
         if let Some(host) = self.host.upgrade() {
             host.schedule(crate::state::Job::Exec(pid));
         }
@@ -238,12 +246,13 @@ fn call_chain(
     host: &dyn Host,
     pid: Pid,
     tid: Tid,
+    regs: Option<&libc::user_regs_struct>,
     depth: usize,
 ) -> (Vec<u64>, Option<&'static str>) {
-    let Ok(regs) = nix::sys::ptrace::getregs(nix::unistd::Pid::from_raw(tid)) else {
+    let Some(regs) = regs else {
         return (Vec::new(), Some("the thread's registers could not be read"));
     };
-    let regs = crate::arch::current::UserRegs::from(&regs);
+    let regs = crate::arch::current::UserRegs::from(regs);
     let mut read = |at: u64| {
         let b = procfs::read_memory(pid, tid, at, 8).ok()?;
         Some(u64::from_le_bytes(b.try_into().ok()?))
@@ -257,10 +266,4 @@ fn call_chain(
         regs.sp,
         depth,
     )
-}
-
-/// The watched bytes of a piece, read through the stopped thread
-/// itself: exact.
-fn hit_value(pid: Pid, tid: Tid, piece: Piece) -> Result<Vec<u8>, String> {
-    procfs::read_memory(pid, tid, piece.addr, piece.len.bytes() as usize)
 }

@@ -391,9 +391,8 @@ impl Tracer {
                     // merged): the hit is reported, the thread is not held
                     // for it.
                     if let Some(s) = self.sink.upgrade() {
-                        let ip =
-                            ptrace::getregs(npid(tid)).map_or(0, |r| arch::UserRegs::from(&r).ip);
-                        let _ = s.hit(pid, tid, ip, &ids);
+                        let regs = ptrace::getregs(npid(tid)).ok();
+                        let _ = s.hit(pid, tid, regs.as_ref(), &ids);
                     }
                 }
                 self.code_stop(tid, pid, &records);
@@ -476,12 +475,12 @@ impl Tracer {
         let Some(t) = self.tracees.get(&tid) else {
             return;
         };
-        let ip = ptrace::getregs(npid(tid)).map_or(0, |r| arch::UserRegs::from(&r).ip);
+        let regs = ptrace::getregs(npid(tid)).ok();
         let pid = t.pid;
         let verdict = self
             .sink
             .upgrade()
-            .map(|s| s.hit(pid, tid, ip, &ids))
+            .map(|s| s.hit(pid, tid, regs.as_ref(), &ids))
             .unwrap_or(HitVerdict::Continue);
         match verdict {
             HitVerdict::Continue => self.after_stop(tid, None),
