@@ -538,15 +538,13 @@ mod measured {
     fn effect(i: &Instruction) -> Option<Stored> {
         // SAFETY: a plain C struct of integers; all-zero is valid.
         let mut g: libc::user_regs_struct = unsafe { std::mem::zeroed() };
-        let mut v = 0x0102_0304_0506_0708u64;
-        for r in [
-            &mut g.rax, &mut g.rbx, &mut g.rcx, &mut g.rdx, &mut g.rsi, &mut g.rdi, &mut g.rbp,
-            &mut g.rsp, &mut g.r8, &mut g.r9, &mut g.r10, &mut g.r11, &mut g.r12, &mut g.r13,
-            &mut g.r14, &mut g.r15, &mut g.fs_base, &mut g.gs_base,
-        ] {
-            v = v.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1);
-            *r = v;
-        }
+        let v: [u64; 18] =
+            std::array::from_fn(|k| (k as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let r = &mut g;
+        [r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, r.rsp, r.r8] = v[..9].try_into().unwrap();
+        [
+            r.r9, r.r10, r.r11, r.r12, r.r13, r.r14, r.r15, r.fs_base, r.gs_base,
+        ] = v[9..].try_into().unwrap();
         let xmm = || Some(std::array::from_fn(|k| [k as u8 + 1; 16]));
         stored_by(i, &mut Registers { general: &g, xmm })
     }

@@ -321,6 +321,8 @@ impl Backend for PtraceEngine {
         code::close(proc.pid, None);
         self.state.remove(proc.pid);
         signal_bp::disable(proc.pid);
+        // Its pid may come back as another program.
+        self.stores.forget(proc.pid);
     }
 
     fn stops(&self) -> String {

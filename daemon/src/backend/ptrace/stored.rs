@@ -45,7 +45,8 @@ pub struct Stores {
 }
 
 impl Stores {
-    /// Forgets what was found in `pid` (its code changed: an exec).
+    /// Forgets what was found in `pid` (its code changed, an exec; or it
+    /// was detached or exited).
     pub fn forget(&self, pid: Pid) {
         self.at.retain(|&(p, _), _| p != pid);
     }
