@@ -274,13 +274,15 @@ async fn stop_all_holds_every_thread_until_resume() -> Result<()> {
             // it still has that hit to report (its trap is queued behind the interrupt stop):
             // right after Resume it reports it and holds everything again before anyone stores.
             // Such a re-hold leaves VARS[0] where it was; resume past it (once per worker at
-            // most).
+            // most). A store after Resume may be smaller than the held value: the workers take
+            // their numbers from one counter before storing them, and one that took its number
+            // before the hold stores it after.
             let mut resumes = 1;
             poll_until(
                 HIT_TIMEOUT,
-                "VARS[0] to move past its held value after Resume",
+                "VARS[0] to change from its held value after Resume",
                 async || {
-                    if target.read_var(0)? > stopped_at {
+                    if target.read_var(0)? != stopped_at {
                         return Ok(Ok(()));
                     }
                     let states = thread_states(&mut client, pid).await?;

@@ -158,7 +158,9 @@ where
         }
         m if xmm_store(m) && i.op0_kind() == OpKind::Memory => {
             let r = i.op1_register();
-            if !r.is_xmm() {
+            // XMM16–XMM31 (AVX-512) are not in PTRACE_GETFPREGS's area,
+            // and a masked store writes only some of the elements.
+            if !r.is_xmm() || r.number() >= 16 || i.op_mask() != Register::None {
                 return None;
             }
             let xmm = (regs.xmm)()?;
@@ -461,6 +463,24 @@ mod tests {
         // A general store does not read the XMM registers.
         store_with(&[0x89, 0x03], 0x40_0002, 0x1000, 4, &mut r).unwrap();
         assert_eq!(asked, 2);
+    }
+
+    #[test]
+    fn avx512_registers_and_masked_stores_are_not_decoded() {
+        let mut g = regs();
+        g.rbx = 0x1000;
+        let mut r = Registers {
+            general: &g,
+            xmm: || Some([[7u8; 16]; 16]),
+        };
+        // vmovdqu64 %xmm16,(%rbx) and vmovdqu32 %xmm1,(%rbx){%k1}
+        for code in [
+            &[0x62, 0xe1, 0xfe, 0x08, 0x7f, 0x03][..],
+            &[0x62, 0xf1, 0x7e, 0x09, 0x7f, 0x0b],
+        ] {
+            let ip = 0x40_0000 + code.len() as u64;
+            assert_eq!(store_with(code, ip, 0x1000, 16, &mut r), None, "{code:x?}");
+        }
     }
 
     #[test]
