@@ -29,6 +29,9 @@
  *   rename NAME     the main thread (the leader) renames itself        -> RENAMED
  *   rename-hex HEX  the same with any bytes (hex): a name holding a line
  *                   break or an escape sequence, as a hostile program's  -> RENAMED
+ *   leader-exit     the main thread ends alone (pthread_exit): the process lives on
+ *                   with a zombie leader, a new thread taking the commands
+ *                                     -> LEADER-EXITED (once /proc shows the leader a zombie)
  *   quit            exits 0                                           -> BYE
  *
  * Every store the tests expect a hit from is on a line marked with a
@@ -290,6 +293,31 @@ static int set(const char *name, long v)
     return 0;
 }
 
+static int commands(char **argv);
+
+/* The leader's pid, for the thread taking over the commands. */
+static pid_t leader;
+
+/* The commands after `leader-exit`: once the leader shows as a zombie. */
+static void *commander(void *argv)
+{
+    char path[64], stat[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", leader);
+    for (;;) {
+        FILE *f = fopen(path, "r");
+        size_t k = f ? fread(stat, 1, sizeof stat - 1, f) : 0;
+        if (f)
+            fclose(f);
+        stat[k] = 0;
+        char *end = strrchr(stat, ')');
+        if (end && end[1] == ' ' && end[2] == 'Z')
+            break;
+        usleep(1000);
+    }
+    puts("LEADER-EXITED");
+    exit(commands(argv));
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -305,7 +333,14 @@ int main(int argc, char **argv)
     g_item->key = 42;
     g_item->refs = 2;
     g_item->tag = 9;
+    leader = getpid();
     ready();
+    return commands(argv);
+}
+
+/* Obeys the commands on stdin until `quit` or its end; the exit code. */
+static int commands(char **argv)
+{
     char line[512];
     while (fgets(line, sizeof line, stdin)) {
         char cmd[64] = {0}, arg[128] = {0};
@@ -412,6 +447,13 @@ int main(int argc, char **argv)
                 puts("RENAMED");
             else
                 printf("ERR prctl %s\n", arg);
+        } else if (!strcmp(cmd, "leader-exit")) {
+            pthread_t t;
+            if (pthread_create(&t, NULL, commander, argv) != 0) {
+                puts("ERR pthread_create");
+                continue;
+            }
+            pthread_exit(NULL);
         } else if (!strcmp(cmd, "quit")) {
             puts("BYE");
             return 0;

@@ -280,6 +280,55 @@ async fn removed_watchpoint_stops_hitting(backend: Backend) -> Result<()> {
     )
 }
 
+both_backends!(a_store_just_before_a_removal_is_reported_before_it);
+
+/// A store made just before RemoveWatchpoint (the target's reply to `write` comes after it) is
+/// reported, before the WatchpointRemoved event: the perf backend reads its ring a poll later
+/// (10 ms), and a removal in between must not lose what was stored while the watchpoint was
+/// armed. Five rounds, each a new watchpoint.
+async fn a_store_just_before_a_removal_is_reported_before_it(backend: Backend) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let mut target = TargetProc::start(&["--threads", "1"]).await?;
+    daemon.finish(
+        async {
+            let mut client = daemon.client().await?;
+            let mut events = EventStream::for_pid(&mut client, target.pid).await?;
+            for round in 1..=5u64 {
+                let wp: Watchpoint =
+                    set_watchpoint(&mut client, write_spec(backend, target.pid, target.vars[2]))
+                        .await?
+                        .watchpoint
+                        .unwrap_or_default();
+                target.write(2, round).await?;
+                rpc_ok(
+                    "RemoveWatchpoint",
+                    client.remove_watchpoint(RemoveWatchpointRequest { id: wp.id }),
+                )
+                .await?;
+                let mut seen = Vec::new();
+                events
+                    .wait_for(Duration::from_secs(10), "WatchpointRemoved", |ev| {
+                        Ok(match ev {
+                            Event::Hit(h) if h.watchpoint_id == wp.id => {
+                                seen.push(hit_value_u64(h));
+                                None
+                            }
+                            Event::WatchpointRemoved(r) if r.watchpoint_id == wp.id => Some(()),
+                            _ => None,
+                        })
+                    })
+                    .await?;
+                ensure!(
+                    seen == [Some(round)],
+                    "round {round}: hits before the removal {seen:?}, expected one of {round}"
+                );
+            }
+            target.ensure_alive()
+        }
+        .await,
+    )
+}
+
 both_backends!(attach_while_threads_are_being_created);
 
 /// Attach, arm and detach three times while two threads of the target create and join

@@ -7,10 +7,12 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use wpd_proto::v1::{DetachRequest, GetStatsRequest, Hit, ListWatchpointsRequest};
+use wpd_proto::v1::{
+    Access, DetachRequest, GetStatsRequest, Hit, ListWatchpointsRequest, WatchpointSpec,
+};
 use wpd_tests::{
-    Backend, Client, Daemon, EventStream, TargetProc, both_backends, describe_status,
-    hit_value_u64, list_threads, poll_until, rpc_ok, set_watchpoint, write_spec,
+    Backend, CTarget, Client, Daemon, Event, EventStream, TargetProc, both_backends,
+    describe_status, hit_value_u64, list_threads, poll_until, rpc_ok, set_watchpoint, write_spec,
 };
 
 /// Longest a Detach or a daemon's SIGTERM may take on this small target.
@@ -195,6 +197,111 @@ async fn attached_after_the_leader_exited(backend: Backend) -> Result<()> {
             );
         }
         ensure_running_untraced(&mut target).await
+    }
+    .await;
+    daemon.finish(result)
+}
+
+both_backends!(library_watchpoints_stay_when_the_leader_exits);
+
+/// A watchpoint in a `dlopen`ed library stays when the main thread exits: the zombie leader's
+/// `/proc/PID/maps` reads empty and its `exe` link names nothing, which must not pass for the
+/// library being unmapped. The daemon reads them through a live thread: the watchpoint still
+/// hits after several rounds of its module check, and still goes when the library is unloaded.
+async fn library_watchpoints_stay_when_the_leader_exits(backend: Backend) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    let result = async {
+        let mut client = daemon.client().await?;
+        let plug = CTarget::reply_addr(&t.cmd("dlopen").await?, "plug")?;
+        let mut events = EventStream::for_pid(&mut client, t.pid).await?;
+        let wp = set_watchpoint(
+            &mut client,
+            WatchpointSpec {
+                pid: t.pid,
+                symbol: "libctplug.so:plug_counter".into(),
+                access: Access::Write as i32,
+                backend: backend as i32,
+                ..Default::default()
+            },
+        )
+        .await?
+        .watchpoint
+        .unwrap_or_default();
+        ensure!(
+            wp.pieces.first().map(|p| p.address) == Some(plug),
+            "{wp:?} vs {plug:#x}"
+        );
+        let reply = t.cmd("leader-exit").await?;
+        ensure!(reply == "LEADER-EXITED", "leader-exit: {reply:?}");
+        // Three more reads of the maps: three rounds of the module check at least (two rounds
+        // without the library remove its watchpoints).
+        let maps_reads = async || -> Result<u64> {
+            let mut c = daemon.client().await?;
+            Ok(rpc_ok("GetStats", c.get_stats(GetStatsRequest {}))
+                .await?
+                .symbol_maps_reads)
+        };
+        let from = maps_reads().await?;
+        let rounds = poll_until(
+            HIT_TIMEOUT,
+            "three rounds of the module check",
+            async || {
+                let n = maps_reads().await?;
+                Ok(if n >= from + 3 {
+                    Ok(())
+                } else {
+                    Err(format!("{} reads of the maps", n - from))
+                })
+            },
+        )
+        .await;
+        if let Err(e) = rounds {
+            // A watchpoint removed takes its process out of the check: say so if it did.
+            let removed: Vec<Event> = events
+                .drain_for(Duration::from_millis(100))
+                .await?
+                .into_iter()
+                .filter(|ev| matches!(ev, Event::WatchpointRemoved(_)))
+                .collect();
+            bail!("{e:#}; removed meanwhile: {removed:?}");
+        }
+        t.cmd("set plug 7").await?;
+        let seen = events
+            .wait_for(
+                HIT_TIMEOUT,
+                "the plug's hit after the leader's exit",
+                |ev| {
+                    Ok(match ev {
+                        Event::WatchpointRemoved(r) if r.watchpoint_id == wp.id => {
+                            Some(Err(r.reason.clone()))
+                        }
+                        Event::Hit(h) if h.watchpoint_id == wp.id => Some(Ok(hit_value_u64(h))),
+                        _ => None,
+                    })
+                },
+            )
+            .await?;
+        ensure!(
+            seen == Ok(Some(7)),
+            "after the leader's exit: {seen:?} (expected a hit of 7)"
+        );
+        t.cmd("dlclose").await?;
+        let why = events
+            .wait_for(HIT_TIMEOUT, "the plug watchpoint to go", |ev| {
+                Ok(match ev {
+                    Event::WatchpointRemoved(r) if r.watchpoint_id == wp.id => {
+                        Some(r.reason.clone())
+                    }
+                    _ => None,
+                })
+            })
+            .await?;
+        ensure!(
+            why.contains("libctplug.so") && why.contains("unmapped"),
+            "reason {why:?}"
+        );
+        Ok(())
     }
     .await;
     daemon.finish(result)

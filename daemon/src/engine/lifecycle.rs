@@ -223,6 +223,7 @@ impl Core {
     /// `reason`.
     fn remove_all_locked(&self, op: &OpGuard<'_>, reason: &'static str) -> Vec<WatchId> {
         let mut removed = Vec::new();
+        self.report_pending_hits(op);
         for id in op.process().watch_ids() {
             if let Some(w) = self.take_watch(op, id) {
                 // An object's watchpoint goes with its object watch, which
@@ -302,6 +303,9 @@ impl Core {
             );
             return;
         }
+        // Hits of the old program still unread are reported under it, while
+        // their watchpoints exist.
+        self.report_pending_hits(op);
         proc.new_image();
         self.symbols.sweep();
         // Code events name functions of the old program: they go.

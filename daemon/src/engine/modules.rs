@@ -68,13 +68,22 @@ impl Core {
         for (pid, mut watches) in by_pid {
             // The executable is not unmapped short of an exec, which is the
             // exec handling's: no maps read for a process watched only there.
-            let exe = Symbols::exe_file(pid);
-            watches.retain(|(_, key, _)| exe.as_ref() != Some(key));
+            // A process without an executable (read through a live thread)
+            // has no memory left: it is exiting or a zombie, and its maps
+            // read empty. Its watchpoints are the exit handling's, which
+            // reports the hits still in the backend's rings before it
+            // removes them (on a loaded machine it may come later than two
+            // of these rounds).
+            let Some(exe) = Symbols::exe_file(pid) else {
+                continue;
+            };
+            watches.retain(|(_, key, _)| exe != *key);
             if watches.is_empty() {
                 continue;
             }
-            // A process that is gone is the exit handling's.
-            let Some(mapped) = Symbols::mapped_files(pid) else {
+            // A process that is gone is the exit handling's, and so is one
+            // whose memory went between the two reads (no mapping at all).
+            let Some(mapped) = Symbols::mapped_files(pid).filter(|m| !m.is_empty()) else {
                 continue;
             };
             for (id, key, module) in watches {
@@ -115,6 +124,7 @@ impl Core {
             if proc.is_gone() {
                 continue;
             }
+            self.report_pending_hits(&op);
             if let Some(w) = self.take_watch(&op, id) {
                 tracing::warn!(pid, id = w.id.0, why = ?why, "signal action removed");
                 self.bus.publish_as(
@@ -138,6 +148,7 @@ impl Core {
             return;
         }
         // Taken meanwhile (removed, or by an exec) is fine: nothing to do.
+        self.report_pending_hits(&op);
         if let Some(w) = self.take_watch(&op, id) {
             tracing::info!(
                 pid,

@@ -519,6 +519,16 @@ impl Core {
 
     /// Takes watchpoint `id` off its locked process: disarmed by the
     /// backend, slots released, forgotten.
+    /// Reports the hits the locked process's backend holds unread (a perf
+    /// ring is read a poll later, or later still on a loaded machine)
+    /// while their watchpoints still exist: called before watchpoints are
+    /// taken, whose hits would otherwise name none and be lost.
+    pub(super) fn report_pending_hits(&self, op: &OpGuard<'_>) {
+        if let Ok(b) = self.backends.get(Some(op.process().backend)) {
+            b.sync();
+        }
+    }
+
     pub(super) fn take_watch(&self, op: &OpGuard<'_>, id: WatchId) -> Option<Arc<Watch>> {
         let (_, w) = self.watches.remove(&id)?;
         op.process().watches.lock().unwrap().remove(&id);
@@ -626,6 +636,8 @@ impl Core {
             .get(&id)
             .map(|w| self.view(&w))
             .ok_or(WpdError::NoSuchWatchpoint(id))?;
+        // Its hits made before the removal are reported before it.
+        self.report_pending_hits(&op);
         let w = self
             .take_watch(&op, id)
             .ok_or(WpdError::NoSuchWatchpoint(id))?;

@@ -191,12 +191,23 @@ pub fn parse(text: &str) -> Vec<MappedFile> {
 /// none for addresses in modules it knows.
 pub static READS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// The files `pid` maps now.
+/// The files `pid` maps now. `/proc/PID/maps` is the leader's view: a
+/// process whose leader has exited while its other threads run on reads
+/// empty there (the zombie leader has no memory left), so an empty read is
+/// made again through a live thread; a process with no live thread maps
+/// nothing.
 pub fn read(pid: Pid) -> std::io::Result<Vec<MappedFile>> {
     READS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    Ok(parse(&std::fs::read_to_string(format!(
-        "/proc/{pid}/maps"
-    ))?))
+    let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    if !text.is_empty() {
+        return Ok(parse(&text));
+    }
+    match crate::procfs::live_thread(pid) {
+        Some(tid) if tid != pid => Ok(parse(&std::fs::read_to_string(format!(
+            "/proc/{pid}/task/{tid}/maps"
+        ))?)),
+        _ => Ok(Vec::new()),
+    }
 }
 
 #[cfg(test)]

@@ -791,10 +791,16 @@ impl Symbols {
     }
 }
 
-/// Device and inode of the process's executable.
+/// Device and inode of the process's executable (through a live thread
+/// when the leader has exited: its own link has no memory to name it by).
 pub(super) fn exe_key(pid: Pid) -> Option<FileKey> {
     use std::os::unix::fs::MetadataExt;
-    let md = std::fs::metadata(format!("/proc/{pid}/exe")).ok()?;
+    let md = std::fs::metadata(format!("/proc/{pid}/exe"))
+        .ok()
+        .or_else(|| {
+            let tid = crate::procfs::live_thread(pid).filter(|&t| t != pid)?;
+            std::fs::metadata(format!("/proc/{pid}/task/{tid}/exe")).ok()
+        })?;
     let d = md.dev();
     let (maj, min) = (
         ((d >> 8) & 0xfff) | ((d >> 32) & !0xfff),
