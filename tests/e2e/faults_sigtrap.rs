@@ -18,7 +18,10 @@
 //! `scripts/soak-sigtrap` runs more and prints the figures for
 //! `docs/reliability.md`.
 
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -28,14 +31,21 @@ use wpd_tests::{
     Backend, Daemon, EventStream, Sysctl, TargetProc, require_root_perf, rpc_ok, write_spec,
 };
 
-/// Load processes killed when dropped.
-struct Load(Vec<Child>);
+/// Load: two CPU spinners, and a disk writer (`dd` run again and again by a thread of the
+/// test, so that no process of it outlives the test: a `dd` under a shell loop would be left
+/// orphaned when the shell is killed, and go on writing its file). All stopped when dropped.
+struct Load {
+    spinners: Vec<Child>,
+    stop: Arc<AtomicBool>,
+    writer: Option<std::thread::JoinHandle<()>>,
+    file: PathBuf,
+}
 
 impl Load {
     fn start() -> Result<Load> {
-        let mut v = Vec::new();
+        let mut spinners = Vec::new();
         for _ in 0..2 {
-            v.push(
+            spinners.push(
                 Command::new("sh")
                     .args(["-c", "while :; do :; done"])
                     .stdin(Stdio::null())
@@ -44,30 +54,54 @@ impl Load {
             );
         }
         let file = std::env::temp_dir().join(format!("wpd-sigtrap-io-{}", std::process::id()));
-        v.push(
-            Command::new("sh")
-                .arg("-c")
-                .arg(format!(
-                    "while :; do dd if=/dev/zero of={} bs=1M count=32 conv=fsync status=none; done",
-                    file.display()
-                ))
-                .stdin(Stdio::null())
-                .spawn()
-                .context("a disk writer")?,
-        );
-        Ok(Load(v))
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (stop, of) = (stop.clone(), format!("of={}", file.display()));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    let Ok(mut c) = Command::new("dd")
+                        .args(["if=/dev/zero", &of, "bs=1M", "count=32", "conv=fsync"])
+                        .arg("status=none")
+                        .stdin(Stdio::null())
+                        .spawn()
+                    else {
+                        return;
+                    };
+                    // Its own child, killed by this thread when the load stops.
+                    loop {
+                        if !matches!(c.try_wait(), Ok(None)) {
+                            break;
+                        }
+                        if stop.load(Ordering::SeqCst) {
+                            let _ = c.kill();
+                            let _ = c.wait();
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+            })
+        };
+        Ok(Load {
+            spinners,
+            stop,
+            writer: Some(writer),
+            file,
+        })
     }
 }
 
 impl Drop for Load {
     fn drop(&mut self) {
-        for c in &mut self.0 {
+        for c in &mut self.spinners {
             let _ = c.kill();
             let _ = c.wait();
         }
-        let _ = std::fs::remove_file(
-            std::env::temp_dir().join(format!("wpd-sigtrap-io-{}", std::process::id())),
-        );
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+        let _ = std::fs::remove_file(&self.file);
     }
 }
 

@@ -449,6 +449,9 @@ fn hits_of(out: &CmdOutput) -> Result<Vec<(i64, String)>> {
         .collect())
 }
 
+/// How long each forked child lives after its stores.
+const CHILD_LINGER_MS: u32 = 1000;
+
 /// A forked child that makes itself non-dumpable is another user's business to none
 /// but root: its hits (the values it stores) reach neither the user's stream, nor its
 /// `wpctl last`, nor its aggregates, while a dumpable child's do and root sees both.
@@ -514,9 +517,12 @@ async fn an_undumpable_childs_hits_reach_no_read_of_its_parents_user() -> Result
             .await?
             .subscribers;
         wait_for_subscribers(&mut root, listening + 1).await?;
+        // Each child lives a second after its stores: who it is (dumpable or not) is read from
+        // /proc for its hits, and a child gone before its hits are read (a loaded machine can
+        // delay that) is judged unknown, its hits then root's only.
         let mut children = Vec::new();
         for cmd in ["fork-undumpable", "fork"] {
-            let reply = t.cmd(cmd).await?;
+            let reply = t.cmd(&format!("{cmd} {CHILD_LINGER_MS}")).await?;
             let child: i64 = reply
                 .strip_prefix("FORKED pid=")
                 .and_then(|s| s.trim().parse().ok())

@@ -46,8 +46,8 @@
 //! | `churn-stop`     | (`--churn`) the creators stop; answered once none has a thread alive: C threads were created and joined since the previous `churn-stats` (or `churn-start`), every one of them gone | `CHURN-STOPPED n=C ns=T` |
 //! | `exec N`         | exec itself with N workers (same pid)                         | a new `READY ...` line    |
 //! | `exec-path P N`  | exec the program at P (a copy of this one, e.g. setuid) with N workers | a new `READY ...` line |
-//! | `fork`           | fork a child process (only the main thread is copied) that stores 1..=50 into `VARS[0]` 2 ms apart, prints nothing and exits 0 | `FORKED pid=C` |
-//! | `fork-undumpable` | as `fork`, the child first making itself non-dumpable (`prctl(PR_SET_DUMPABLE, 0)`): only root may trace it | `FORKED pid=C` |
+//! | `fork [MS]`      | fork a child process (only the main thread is copied) that stores 1..=50 into `VARS[0]` 2 ms apart, lives MS ms more (0 if not given), prints nothing and exits 0 | `FORKED pid=C` |
+//! | `fork-undumpable [MS]` | as `fork`, the child first making itself non-dumpable (`prctl(PR_SET_DUMPABLE, 0)`): only root may trace it | `FORKED pid=C` |
 //! | `wait-child C`   | waitpid for that child                                        | `CHILD pid=C code=N` or `CHILD pid=C signal=S` |
 //! | `leader-exit`    | the main thread ends alone (the `exit` syscall, as `pthread_exit` does): the process lives on with a zombie leader; a new thread takes over the commands | `LEADER-EXITED commander=T` once `/proc` shows the leader a zombie |
 //! | `quit` / EOF     | exit 0                                                        | `BYE` (quit only)         |
@@ -402,10 +402,10 @@ const FORK_STORES: u64 = 50;
 const FORK_STORE_PAUSE_NS: libc::c_long = 2_000_000;
 
 /// Forks a child process whose only thread (a copy of the calling one) stores
-/// `1..=FORK_STORES` into `VARS[0]`, pausing between stores, then exits 0. The child runs
-/// only async-signal-safe code (volatile stores, `nanosleep`, `_exit`): the parent has other
-/// threads, whose locks may be held at the fork.
-fn fork_storer(undumpable: bool) -> io::Result<libc::pid_t> {
+/// `1..=FORK_STORES` into `VARS[0]`, pausing between stores, lives `linger_ms` more, then exits
+/// 0. The child runs only async-signal-safe code (volatile stores, `nanosleep`, `_exit`): the
+/// parent has other threads, whose locks may be held at the fork.
+fn fork_storer(undumpable: bool, linger_ms: u32) -> io::Result<libc::pid_t> {
     // SAFETY: fork has no preconditions; the child below calls only async-signal-safe code.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
@@ -425,6 +425,12 @@ fn fork_storer(undumpable: bool) -> io::Result<libc::pid_t> {
             // SAFETY: valid timespec; a null remainder is allowed.
             unsafe { libc::nanosleep(&pause, std::ptr::null_mut()) };
         }
+        let linger = libc::timespec {
+            tv_sec: (linger_ms / 1000) as libc::time_t,
+            tv_nsec: (linger_ms % 1000) as libc::c_long * 1_000_000,
+        };
+        // SAFETY: valid timespec; a null remainder is allowed.
+        unsafe { libc::nanosleep(&linger, std::ptr::null_mut()) };
         // SAFETY: _exit ends the child without running the parent's atexit handlers.
         unsafe { libc::_exit(0) }
     }
@@ -561,14 +567,16 @@ impl State {
                 }
                 format!("STOPPED remaining={}", task_count())
             }
-            ["fork"] => match fork_storer(false) {
-                Ok(child) => format!("FORKED pid={child}"),
-                Err(e) => format!("ERR fork: {e}"),
-            },
-            ["fork-undumpable"] => match fork_storer(true) {
-                Ok(child) => format!("FORKED pid={child}"),
-                Err(e) => format!("ERR fork: {e}"),
-            },
+            ["fork", rest @ ..] | ["fork-undumpable", rest @ ..] if rest.len() <= 1 => {
+                let undumpable = words[0] == "fork-undumpable";
+                match rest.first().map_or(Ok(0), |ms| ms.parse::<u32>()) {
+                    Ok(linger_ms) => match fork_storer(undumpable, linger_ms) {
+                        Ok(child) => format!("FORKED pid={child}"),
+                        Err(e) => format!("ERR fork: {e}"),
+                    },
+                    Err(_) => format!("ERR usage: {} [linger ms]", words[0]),
+                }
+            }
             ["wait-child", pid] => match pid.parse::<libc::pid_t>() {
                 Ok(pid) => wait_child(pid),
                 Err(_) => "ERR usage: wait-child <pid>".to_string(),
