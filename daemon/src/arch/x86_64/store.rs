@@ -31,12 +31,7 @@ impl Stored {
     /// this store wrote put back where they overlap it; `None` when the
     /// store wrote none of them.
     pub fn over(&self, at: u64, memory: &[u8]) -> Option<Vec<u8>> {
-        let end = at.checked_add(memory.len() as u64)?;
-        let store_end = self.addr.checked_add(self.bytes.len() as u64)?;
-        let (from, to) = (at.max(self.addr), end.min(store_end));
-        if from >= to {
-            return None;
-        }
+        let (from, to) = self.overlap(at, memory.len())?;
         let mut out = memory.to_vec();
         let (m, s, n) = (
             (from - at) as usize,
@@ -45,6 +40,15 @@ impl Stored {
         );
         out[m..m + n].copy_from_slice(&self.bytes[s..s + n]);
         Some(out)
+    }
+
+    /// The addresses `[from, to)` this store wrote among the `len` bytes at
+    /// `at`; `None` when it wrote none of them.
+    fn overlap(&self, at: u64, len: usize) -> Option<(u64, u64)> {
+        let end = at.checked_add(len as u64)?;
+        let store_end = self.addr.checked_add(self.bytes.len() as u64)?;
+        let (from, to) = (at.max(self.addr), end.min(store_end));
+        (from < to).then_some((from, to))
     }
 }
 
@@ -97,7 +101,7 @@ pub fn stored<F>(
 where
     F: FnMut() -> Option<[[u8; 16]; 16]>,
 {
-    stored_by(i, regs).filter(|s| s.over(at, &vec![0; len]).is_some())
+    stored_by(i, regs).filter(|s| s.overlap(at, len).is_some())
 }
 
 /// What `i` stored, from the registers after it.
