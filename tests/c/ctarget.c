@@ -245,7 +245,7 @@ static void ready(void)
 static void plug_path(char *out, size_t n)
 {
     char self[PATH_MAX];
-    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+    ssize_t k = readlink("/proc/thread-self/exe", self, sizeof self - 1);
     if (k < 0)
         k = 0;
     self[k] = 0;

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use wpd_proto::v1::{
-    Access, DetachRequest, GetStatsRequest, Hit, ListWatchpointsRequest, WatchpointSpec,
+    Access, DetachRequest, GetStatsRequest, Hit, ListWatchpointsRequest, ResolveSymbolRequest,
+    WatchpointSpec,
 };
 use wpd_tests::{
     Backend, CTarget, Client, Daemon, Event, EventStream, TargetProc, both_backends,
@@ -300,6 +301,75 @@ async fn library_watchpoints_stay_when_the_leader_exits(backend: Backend) -> Res
         ensure!(
             why.contains("libctplug.so") && why.contains("unmapped"),
             "reason {why:?}"
+        );
+        Ok(())
+    }
+    .await;
+    daemon.finish(result)
+}
+
+both_backends!(names_resolve_after_the_leader_exited);
+
+/// Names resolve in a process whose leader exited before the daemon ever saw it, in a library
+/// loaded before the exit and in one loaded after: the process's root (through which the daemon
+/// opens its modules) and its auxiliary vector are the leader's and gone with it, so the
+/// daemon takes a live thread's. A hit in the library loaded later names its function.
+async fn names_resolve_after_the_leader_exited(backend: Backend) -> Result<()> {
+    let daemon = Daemon::start().await?;
+    let mut t = CTarget::start("ct-pie").await?;
+    let result = async {
+        let reply = t.cmd("leader-exit").await?;
+        ensure!(reply == "LEADER-EXITED", "leader-exit: {reply:?}");
+        let plug = CTarget::reply_addr(&t.cmd("dlopen").await?, "plug")?;
+        let mut client = daemon.client().await?;
+        let lib = rpc_ok(
+            "ResolveSymbol(libctlib.so:lib_counter)",
+            client.resolve_symbol(ResolveSymbolRequest {
+                pid: t.pid,
+                name: "libctlib.so:lib_counter".into(),
+                ..Default::default()
+            }),
+        )
+        .await?
+        .symbol
+        .unwrap_or_default();
+        ensure!(
+            lib.address == t.addr("lib"),
+            "lib_counter resolved at {:#x}, the program prints {:#x}",
+            lib.address,
+            t.addr("lib")
+        );
+        let mut events = EventStream::for_pid(&mut client, t.pid).await?;
+        let wp = set_watchpoint(
+            &mut client,
+            WatchpointSpec {
+                pid: t.pid,
+                symbol: "libctplug.so:plug_counter".into(),
+                access: Access::Write as i32,
+                backend: backend as i32,
+                ..Default::default()
+            },
+        )
+        .await?
+        .watchpoint
+        .unwrap_or_default();
+        ensure!(
+            wp.pieces.first().map(|p| p.address) == Some(plug),
+            "{wp:?} vs {plug:#x}"
+        );
+        t.cmd("set plug 9").await?;
+        let hit = events
+            .wait_for(HIT_TIMEOUT, "the plug's hit", |ev| {
+                Ok(match ev {
+                    Event::Hit(h) if h.watchpoint_id == wp.id => Some(h.clone()),
+                    _ => None,
+                })
+            })
+            .await?;
+        let function = hit.location.as_ref().map(|l| l.function.as_str());
+        ensure!(
+            hit_value_u64(&hit) == Some(9) && function == Some("plug_set"),
+            "expected 9 stored in plug_set: {hit:?}"
         );
         Ok(())
     }

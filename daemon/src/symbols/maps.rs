@@ -63,7 +63,7 @@ impl MappedFile {
     /// Where the daemon opens it: through the process's root, or, when the
     /// file was deleted or replaced since, its mapping in `map_files`.
     pub fn open_path(&self, pid: Pid) -> PathBuf {
-        let root = PathBuf::from(format!("/proc/{pid}/root{}", self.path));
+        let root = PathBuf::from(format!("{}{}", root_dir(pid), self.path));
         if !self.path.ends_with(" (deleted)") && same_file(&root, &self.dev, self.inode) {
             return root;
         }
@@ -71,6 +71,22 @@ impl MappedFile {
             Some(m) => PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end)),
             None => root,
         }
+    }
+}
+
+/// The process's root directory in `/proc`: `/proc/PID/root` is its
+/// leader's, gone with a leader that exited while its other threads run on
+/// (kernel-facts §3b), and then a live thread's is taken. (`map_files`,
+/// through which a deleted or replaced file is reached, has no per-thread
+/// copy: such a file cannot be opened in such a process.)
+fn root_dir(pid: Pid) -> String {
+    let own = format!("/proc/{pid}/root");
+    if std::fs::read_link(&own).is_ok() {
+        return own;
+    }
+    match crate::procfs::live_thread(pid) {
+        Some(tid) if tid != pid => format!("/proc/{pid}/task/{tid}/root"),
+        _ => own,
     }
 }
 
@@ -103,7 +119,7 @@ impl MappedFile {
     /// path.
     pub fn open(&self, pid: Pid) -> Result<(Opened, PathBuf), OpenError> {
         let mapped = |o: &Opened| o.ino == self.inode && dev_text(o.dev) == self.dev;
-        let root = PathBuf::from(format!("/proc/{pid}/root{}", self.path));
+        let root = PathBuf::from(format!("{}{}", root_dir(pid), self.path));
         let mut refused = None;
         if !self.path.ends_with(" (deleted)") {
             match super::open::open_file(&root) {
@@ -135,7 +151,7 @@ impl MappedFile {
             .unwrap_or(Path::new("/"))
             .to_path_buf();
         (
-            PathBuf::from(format!("/proc/{pid}/root{}", ns_dir.display())),
+            PathBuf::from(format!("{}{}", root_dir(pid), ns_dir.display())),
             ns_dir,
         )
     }

@@ -273,8 +273,15 @@ impl Symbols {
     /// the linker then uses, or a static program's own), else that of the
     /// dynamic linker (the file loaded at `AT_BASE`).
     fn r_debug(&self, pid: Pid, files: &[MappedFile], exe: Option<&FileKey>) -> Option<u64> {
+        // The leader's auxiliary vector reads empty once it has exited
+        // alone (kernel-facts §3b): then a live thread's.
         let base = std::fs::read(format!("/proc/{pid}/auxv"))
             .ok()
+            .filter(|a| !a.is_empty())
+            .or_else(|| {
+                let tid = crate::procfs::live_thread(pid).filter(|&t| t != pid)?;
+                std::fs::read(format!("/proc/{pid}/task/{tid}/auxv")).ok()
+            })
             .and_then(|auxv| linkmap::at_base(&auxv));
         let is_exe = |f: &&MappedFile| exe.is_some_and(|k| k.dev == f.dev && k.inode == f.inode);
         let loader = base.and_then(|b| files.iter().find(|f| f.contains(b)));
