@@ -283,9 +283,9 @@ async fn removed_watchpoint_stops_hitting(backend: Backend) -> Result<()> {
 both_backends!(a_store_just_before_a_removal_is_reported_before_it);
 
 /// A store made just before RemoveWatchpoint (the target's reply to `write` comes after it) is
-/// reported, before the WatchpointRemoved event: the perf backend reads its ring a poll later
-/// (10 ms), and a removal in between must not lose what was stored while the watchpoint was
-/// armed. Five rounds, each a new watchpoint.
+/// reported, before the WatchpointRemoved event, and counted in the removal's answer: the
+/// perf backend reads its ring a poll later (10 ms), and a removal in between must not lose
+/// what was stored while the watchpoint was armed. Five rounds, each a new watchpoint.
 async fn a_store_just_before_a_removal_is_reported_before_it(backend: Backend) -> Result<()> {
     let daemon = Daemon::start().await?;
     let mut target = TargetProc::start(&["--threads", "1"]).await?;
@@ -300,11 +300,18 @@ async fn a_store_just_before_a_removal_is_reported_before_it(backend: Backend) -
                         .watchpoint
                         .unwrap_or_default();
                 target.write(2, round).await?;
-                rpc_ok(
+                let removed = rpc_ok(
                     "RemoveWatchpoint",
                     client.remove_watchpoint(RemoveWatchpointRequest { id: wp.id }),
                 )
-                .await?;
+                .await?
+                .watchpoint
+                .unwrap_or_default();
+                ensure!(
+                    removed.hits == 1,
+                    "round {round}: RemoveWatchpoint counts {} hits, expected the one store",
+                    removed.hits
+                );
                 let mut seen = Vec::new();
                 events
                     .wait_for(Duration::from_secs(10), "WatchpointRemoved", |ev| {

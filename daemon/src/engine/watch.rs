@@ -517,8 +517,6 @@ impl Core {
         }
     }
 
-    /// Takes watchpoint `id` off its locked process: disarmed by the
-    /// backend, slots released, forgotten.
     /// Reports the hits the locked process's backend holds unread (a perf
     /// ring is read a poll later, or later still on a loaded machine)
     /// while their watchpoints still exist: called before watchpoints are
@@ -529,6 +527,8 @@ impl Core {
         }
     }
 
+    /// Takes watchpoint `id` off its locked process: disarmed by the
+    /// backend, slots released, forgotten.
     pub(super) fn take_watch(&self, op: &OpGuard<'_>, id: WatchId) -> Option<Arc<Watch>> {
         let (_, w) = self.watches.remove(&id)?;
         op.process().watches.lock().unwrap().remove(&id);
@@ -631,13 +631,14 @@ impl Core {
             .map(|p| p.clone())
             .ok_or(WpdError::NoSuchWatchpoint(id))?;
         let op = proc.lock_op();
+        // Its hits made before the removal are reported before it, and
+        // counted in the view it answers with.
+        self.report_pending_hits(&op);
         let view = self
             .watches
             .get(&id)
             .map(|w| self.view(&w))
             .ok_or(WpdError::NoSuchWatchpoint(id))?;
-        // Its hits made before the removal are reported before it.
-        self.report_pending_hits(&op);
         let w = self
             .take_watch(&op, id)
             .ok_or(WpdError::NoSuchWatchpoint(id))?;
