@@ -171,6 +171,16 @@ pub fn live_thread(pid: Pid) -> Option<Tid> {
         .find(|&t| t != pid && !thread_exited(pid, t))
 }
 
+/// `/proc/PID/task/TID/FILE` of a live thread other than the leader: where
+/// a process's `maps`, `exe`, `root` or `auxv` are read once its leader has
+/// exited alone (the leader's own, which `/proc/PID/FILE` shows, went with
+/// its memory; kernel-facts §3b). `None` while the leader lives or when no
+/// thread does.
+pub fn live_task_file(pid: Pid, file: &str) -> Option<String> {
+    let tid = live_thread(pid).filter(|&t| t != pid)?;
+    Some(format!("/proc/{pid}/task/{tid}/{file}"))
+}
+
 /// Credentials of a live thread of `pid`: (uids, gids, permitted
 /// capabilities).
 pub fn creds(pid: Pid) -> Option<([u32; 3], [u32; 3], u64)> {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use wpd_proto::v1::{
     Access, DetachRequest, GetStatsRequest, Hit, ListWatchpointsRequest, ResolveSymbolRequest,
-    WatchpointSpec,
+    Watchpoint, WatchpointSpec,
 };
 use wpd_tests::{
     Backend, CTarget, Client, Daemon, Event, EventStream, TargetProc, both_backends,
@@ -203,6 +203,34 @@ async fn attached_after_the_leader_exited(backend: Backend) -> Result<()> {
     daemon.finish(result)
 }
 
+/// A write watchpoint on `libctplug.so:plug_counter` by name, which must land at `plug` (the
+/// address the program printed).
+async fn watch_plug(
+    client: &mut Client,
+    backend: Backend,
+    pid: i32,
+    plug: u64,
+) -> Result<Watchpoint> {
+    let wp = set_watchpoint(
+        client,
+        WatchpointSpec {
+            pid,
+            symbol: "libctplug.so:plug_counter".into(),
+            access: Access::Write as i32,
+            backend: backend as i32,
+            ..Default::default()
+        },
+    )
+    .await?
+    .watchpoint
+    .unwrap_or_default();
+    ensure!(
+        wp.pieces.first().map(|p| p.address) == Some(plug),
+        "{wp:?} vs {plug:#x}"
+    );
+    Ok(wp)
+}
+
 both_backends!(library_watchpoints_stay_when_the_leader_exits);
 
 /// A watchpoint in a `dlopen`ed library stays when the main thread exits: the zombie leader's
@@ -216,23 +244,7 @@ async fn library_watchpoints_stay_when_the_leader_exits(backend: Backend) -> Res
         let mut client = daemon.client().await?;
         let plug = CTarget::reply_addr(&t.cmd("dlopen").await?, "plug")?;
         let mut events = EventStream::for_pid(&mut client, t.pid).await?;
-        let wp = set_watchpoint(
-            &mut client,
-            WatchpointSpec {
-                pid: t.pid,
-                symbol: "libctplug.so:plug_counter".into(),
-                access: Access::Write as i32,
-                backend: backend as i32,
-                ..Default::default()
-            },
-        )
-        .await?
-        .watchpoint
-        .unwrap_or_default();
-        ensure!(
-            wp.pieces.first().map(|p| p.address) == Some(plug),
-            "{wp:?} vs {plug:#x}"
-        );
+        let wp = watch_plug(&mut client, backend, t.pid, plug).await?;
         let reply = t.cmd("leader-exit").await?;
         ensure!(reply == "LEADER-EXITED", "leader-exit: {reply:?}");
         // Three more reads of the maps: three rounds of the module check at least (two rounds
@@ -340,23 +352,7 @@ async fn names_resolve_after_the_leader_exited(backend: Backend) -> Result<()> {
             t.addr("lib")
         );
         let mut events = EventStream::for_pid(&mut client, t.pid).await?;
-        let wp = set_watchpoint(
-            &mut client,
-            WatchpointSpec {
-                pid: t.pid,
-                symbol: "libctplug.so:plug_counter".into(),
-                access: Access::Write as i32,
-                backend: backend as i32,
-                ..Default::default()
-            },
-        )
-        .await?
-        .watchpoint
-        .unwrap_or_default();
-        ensure!(
-            wp.pieces.first().map(|p| p.address) == Some(plug),
-            "{wp:?} vs {plug:#x}"
-        );
+        let wp = watch_plug(&mut client, backend, t.pid, plug).await?;
         t.cmd("set plug 9").await?;
         let hit = events
             .wait_for(HIT_TIMEOUT, "the plug's hit", |ev| {

@@ -84,10 +84,7 @@ fn root_dir(pid: Pid) -> String {
     if std::fs::read_link(&own).is_ok() {
         return own;
     }
-    match crate::procfs::live_thread(pid) {
-        Some(tid) if tid != pid => format!("/proc/{pid}/task/{tid}/root"),
-        _ => own,
-    }
+    crate::procfs::live_task_file(pid, "root").unwrap_or(own)
 }
 
 /// A device number as `/proc/PID/maps` prints it (`fd:01`).
@@ -218,11 +215,9 @@ pub fn read(pid: Pid) -> std::io::Result<Vec<MappedFile>> {
     if !text.is_empty() {
         return Ok(parse(&text));
     }
-    match crate::procfs::live_thread(pid) {
-        Some(tid) if tid != pid => Ok(parse(&std::fs::read_to_string(format!(
-            "/proc/{pid}/task/{tid}/maps"
-        ))?)),
-        _ => Ok(Vec::new()),
+    match crate::procfs::live_task_file(pid, "maps") {
+        Some(path) => Ok(parse(&std::fs::read_to_string(path)?)),
+        None => Ok(Vec::new()),
     }
 }
 

@@ -278,10 +278,7 @@ impl Symbols {
         let base = std::fs::read(format!("/proc/{pid}/auxv"))
             .ok()
             .filter(|a| !a.is_empty())
-            .or_else(|| {
-                let tid = crate::procfs::live_thread(pid).filter(|&t| t != pid)?;
-                std::fs::read(format!("/proc/{pid}/task/{tid}/auxv")).ok()
-            })
+            .or_else(|| std::fs::read(crate::procfs::live_task_file(pid, "auxv")?).ok())
             .and_then(|auxv| linkmap::at_base(&auxv));
         let is_exe = |f: &&MappedFile| exe.is_some_and(|k| k.dev == f.dev && k.inode == f.inode);
         let loader = base.and_then(|b| files.iter().find(|f| f.contains(b)));

@@ -797,10 +797,7 @@ pub(super) fn exe_key(pid: Pid) -> Option<FileKey> {
     use std::os::unix::fs::MetadataExt;
     let md = std::fs::metadata(format!("/proc/{pid}/exe"))
         .ok()
-        .or_else(|| {
-            let tid = crate::procfs::live_thread(pid).filter(|&t| t != pid)?;
-            std::fs::metadata(format!("/proc/{pid}/task/{tid}/exe")).ok()
-        })?;
+        .or_else(|| std::fs::metadata(crate::procfs::live_task_file(pid, "exe")?).ok())?;
     let d = md.dev();
     let (maj, min) = (
         ((d >> 8) & 0xfff) | ((d >> 32) & !0xfff),
