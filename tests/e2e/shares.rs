@@ -502,7 +502,12 @@ async fn an_undumpable_childs_hits_reach_no_read_of_its_parents_user() -> Result
                     .to_string(),
             );
         }
-        // The user's stream, open before the children store.
+        // The user's stream, open before the children store. The count of subscribers is
+        // read before it starts: read after, it may already include the stream.
+        let mut root = daemon.client().await?;
+        let listening = rpc_ok("GetStats", root.get_stats(GetStatsRequest {}))
+            .await?
+            .subscribers;
         let ep = daemon.endpoint();
         let mut stream = tokio::process::Command::new(wpd_tests::bin_path("wpctl"))
             .args(["--endpoint", &ep, "--json", "events"])
@@ -512,10 +517,6 @@ async fn an_undumpable_childs_hits_reach_no_read_of_its_parents_user() -> Result
             .stderr(std::process::Stdio::null())
             .kill_on_drop(true)
             .spawn()?;
-        let mut root = daemon.client().await?;
-        let listening = rpc_ok("GetStats", root.get_stats(GetStatsRequest {}))
-            .await?
-            .subscribers;
         wait_for_subscribers(&mut root, listening + 1).await?;
         // Each child lives a second after its stores: who it is (dumpable or not) is read from
         // /proc for its hits, and a child gone before its hits are read (a loaded machine can
