@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Result, anyhow, bail, ensure};
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
-use wpd_proto::v1::{ListWatchpointsRequest, SetWatchpointRequest};
+use wpd_proto::v1::{ListWatchpointsRequest, ResolveSymbolRequest, SetWatchpointRequest};
 use wpd_tests::leaks::*;
 use wpd_tests::{
     Backend, Daemon, EventStream, TargetProc, attach, ensure_unchanged, hits_only, machine_skip,
@@ -178,6 +178,19 @@ async fn perf_out_of_fds(how: FdRefusal) -> Result<()> {
         )
         .await?;
         attach(&mut client, pid, Backend::Perf).await?;
+        // The program's file loaded before the counts are taken: a hit's store is read in its
+        // code (`backend::stored`), and the daemon keeps the file open while it watches a
+        // process mapping it, an fd of no watchpoint's (the hits of a refused arm's events
+        // would load it).
+        rpc_ok(
+            "ResolveSymbol(a variable's address)",
+            client.resolve_symbol(ResolveSymbolRequest {
+                pid,
+                address: target.vars[0],
+                ..Default::default()
+            }),
+        )
+        .await?;
         let attached = Baseline::take(&daemon, &mut client).await?;
         let before = snapshot(&mut client, pid).await?;
 

@@ -119,6 +119,51 @@ pub mod perf_ctx {
     pub const ADDR: i16 = 22 * 8;
 }
 
+/// The user registers a breakpoint records at its trap, for the hit's
+/// store to be read from them (`backend::stored`): a sample's
+/// `PERF_SAMPLE_REGS_USER` (`arch/x86/include/uapi/asm/perf_regs.h`), and
+/// the hit program's copy of its context's `struct pt_regs`.
+pub mod perf_regs {
+    /// `sample_regs_user`: ax, bx, cx, dx, si, di, bp, sp, ip, flags (bits
+    /// 0–9) and r8–r15 (bits 16–23); the kernel refuses the segment
+    /// registers' bits on x86-64, and has no `fs_base` or `gs_base`.
+    pub const SAMPLE_MASK: u64 = 0x3ff | (0xff << 16);
+    /// Registers a sample with [`SAMPLE_MASK`] carries, in the order of
+    /// their bits.
+    pub const SAMPLED: usize = SAMPLE_MASK.count_ones() as usize;
+    /// Words of `struct pt_regs` (r15 first, ss last): the first 21 of
+    /// `struct user_regs_struct`, in the same order.
+    pub const PT_REGS: usize = 21;
+
+    fn zeroed() -> libc::user_regs_struct {
+        // SAFETY: a plain C struct of integers; all-zero is valid.
+        unsafe { std::mem::zeroed() }
+    }
+
+    /// The registers of a sample (`SAMPLED` words, in bit order); the
+    /// segment registers and their bases read 0.
+    pub fn from_sample(w: &[u64; SAMPLED]) -> libc::user_regs_struct {
+        let mut r = zeroed();
+        [
+            r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, r.rsp, r.rip, r.eflags,
+        ] = w[..10].try_into().expect("ten words");
+        [r.r8, r.r9, r.r10, r.r11, r.r12, r.r13, r.r14, r.r15] =
+            w[10..].try_into().expect("eight words");
+        r
+    }
+
+    /// The registers of a `struct pt_regs`; `fs_base` and `gs_base` (not
+    /// in it) read 0.
+    pub fn from_pt_regs(w: &[u64; PT_REGS]) -> libc::user_regs_struct {
+        let mut r = zeroed();
+        [
+            r.r15, r.r14, r.r13, r.r12, r.rbp, r.rbx, r.r11, r.r10, r.r9, r.r8, r.rax, r.rcx,
+            r.rdx, r.rsi, r.rdi, r.orig_rax, r.rip, r.cs, r.eflags, r.rsp, r.ss,
+        ] = *w;
+        r
+    }
+}
+
 /// Offsets in `struct pt_regs`, the context of a BPF program attached to a
 /// uprobe (`BPF_PROG_TYPE_KPROBE`; `arch/x86/include/asm/ptrace.h`), of the
 /// registers a code event reads: the System V AMD64 ABI passes the first

@@ -25,6 +25,7 @@ pub mod perf;
 pub mod probe;
 pub mod ptrace;
 pub mod step;
+pub mod stored;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -43,9 +44,9 @@ pub struct Features {
     pub stops: bool,
     /// Report only hits that changed the value (compared while stopped).
     pub only_on_change: bool,
-    /// A hit's value is read while the thread is stopped at it, with the
-    /// bytes its store wrote put back (`arch::current::store`), rather
-    /// than after the fact.
+    /// A hit's value carries the bytes its store wrote (`backend::stored`,
+    /// from the registers at the trap), whatever another thread stored
+    /// there before it was read.
     pub exact_values: bool,
     /// Forked children inherit a process-wide watchpoint inside fork().
     pub follow_forks: bool,
@@ -442,7 +443,8 @@ pub trait Host: Send + Sync {
     /// Where the function holding the code address `pc` of `pid` starts
     /// (its symbol, else its call frame information entry), to read its
     /// instructions from. `None`: not known.
-    fn function_start(&self, _pid: Pid, _pc: u64) -> Option<u64> {
+    /// Waits at most `wait` for its module's file to load.
+    fn function_start(&self, _pid: Pid, _pc: u64, _wait: std::time::Duration) -> Option<u64> {
         None
     }
     /// A process started (fork) or called exec, at kernel monotonic ns

@@ -115,9 +115,13 @@ impl RingBuf {
         self.read.load(Ordering::Relaxed)
     }
 
-    /// Hands every committed record to `sink` in order, then frees their
-    /// space; stops at the first record still being written (the ones
-    /// after it, committed or not, wait for a later call). Returns how
+    /// Hands every committed record reserved before the call to `sink` in
+    /// order, then frees their space; stops at the first record still being
+    /// written (the ones after it, committed or not, wait for a later
+    /// call). Records reserved during the call wait for the next: a call
+    /// ends even while producers write faster than `sink` reads (a chase
+    /// of the producer position would not, holding its caller, and whoever
+    /// waits for the caller, for as long as the stores go on). Returns how
     /// many. Callers serialise calls.
     pub fn consume(&self, sink: &mut dyn FnMut(&[u8])) -> usize {
         // SAFETY: the positions are u64s at the start of their mapped pages,
@@ -130,11 +134,8 @@ impl RingBuf {
         let mask = (self.size - 1) as u64;
         // SAFETY: the data starts one page after the producer position.
         let data = unsafe { self.producer.add(self.page) };
-        loop {
-            let end = prod.load(Ordering::Acquire);
-            if pos >= end {
-                break;
-            }
+        let end = prod.load(Ordering::Acquire);
+        while pos < end {
             // SAFETY: the header is inside the (double-)mapped data.
             let hdr = unsafe { &*(data.add((pos & mask) as usize) as *const AtomicU64) };
             let len_word = hdr.load(Ordering::Acquire) as u32;

@@ -513,8 +513,9 @@ impl Host for Core {
         Some(self.symbols.unwind(pid, regs, depth, read))
     }
 
-    fn function_start(&self, pid: Pid, pc: u64) -> Option<u64> {
-        self.symbols.function_start(pid, pc)
+    fn function_start(&self, pid: Pid, pc: u64, wait: std::time::Duration) -> Option<u64> {
+        let image = self.procs.get(&pid).map(|p| p.image());
+        self.symbols.function_start(pid, image.as_deref(), pc, wait)
     }
 
     fn code_event(

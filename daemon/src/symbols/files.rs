@@ -462,21 +462,26 @@ impl<T: Clone + Send + 'static> Loads<T> {
         Ok(l)
     }
 
-    /// A load ended: its result to its waiters, and its place freed.
+    /// A load ended: its place in flight freed first, then its result
+    /// given to its waiters, so that one that has it finds the bounds free
+    /// already (a load ended counts no more); a new request finds the file
+    /// in the cache, where `load` put it.
     fn finish(&self, key: &FileKey, uid: u32, l: &Arc<Load<T>>, r: Result<T, elf::ElfError>) {
+        {
+            let mut f = self.0.lock().unwrap();
+            if f.by_key.get(key).is_some_and(|x| Arc::ptr_eq(x, l)) {
+                f.by_key.remove(key);
+            }
+            if let Some(n) = f.per_owner.get_mut(&uid) {
+                *n -= 1;
+                if *n == 0 {
+                    f.per_owner.remove(&uid);
+                }
+            }
+            f.total -= 1;
+        }
         *l.done.lock().unwrap() = Some(r);
         l.cv.notify_all();
-        let mut f = self.0.lock().unwrap();
-        if f.by_key.get(key).is_some_and(|x| Arc::ptr_eq(x, l)) {
-            f.by_key.remove(key);
-        }
-        if let Some(n) = f.per_owner.get_mut(&uid) {
-            *n -= 1;
-            if *n == 0 {
-                f.per_owner.remove(&uid);
-            }
-        }
-        f.total -= 1;
     }
 }
 

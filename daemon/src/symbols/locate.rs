@@ -203,7 +203,7 @@ impl Image {
     /// The mapped file holding `addr`: from the last read of the maps, or
     /// a new read when none holds it (a library loaded since) and the image
     /// is current.
-    fn file_at(&self, addr: u64) -> Option<MappedFile> {
+    pub fn file_at(&self, addr: u64) -> Option<MappedFile> {
         let mut files = self.files.lock().unwrap();
         let find = |fs: &Arc<Vec<MappedFile>>| fs.iter().find(|f| f.contains(addr)).cloned();
         if let Some(fs) = files.as_ref()

@@ -52,7 +52,7 @@ use std::sync::Arc;
 use crate::model::Pid;
 use elf::{ElfFile, SymKind};
 pub use error::SymbolError;
-pub use files::{FileKey, Files, LoadError};
+pub use files::{EVENT_WAIT, FileKey, Files, LoadError};
 pub use locate::{Frame, Image, Locator};
 use maps::MappedFile;
 

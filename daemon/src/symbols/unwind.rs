@@ -55,19 +55,28 @@ impl Symbols {
 
     /// Where the function holding code address `pc` of `pid` starts: its
     /// symbol's address, else where its call frame information entry
-    /// starts (a program without symbols). Loads the module within the
-    /// hit path's wait, as [`Symbols::unwind`] does.
-    pub fn function_start(&self, pid: Pid, pc: u64) -> Option<u64> {
-        let files = maps::read(pid).ok()?;
-        let f = files.iter().find(|f| {
-            f.mappings
-                .iter()
-                .any(|m| m.exec && m.start <= pc && pc < m.end)
-        })?;
-        let elf = self
-            .files
-            .file_within(pid, f, super::files::EVENT_WAIT)
-            .ok()?;
+    /// starts (a program without symbols). The module is found in `image`'s
+    /// maps as last read (read again only for an address none holds), or in
+    /// a read of its own without one. Waits at most `wait` (from the start
+    /// of its load) for the module's file to load: the hit path's wait on
+    /// ptrace, none in perf's drain, which looks again later.
+    pub fn function_start(
+        &self,
+        pid: Pid,
+        image: Option<&super::Image>,
+        pc: u64,
+        wait: std::time::Duration,
+    ) -> Option<u64> {
+        let found = match image {
+            Some(i) => i.file_at(pc),
+            None => maps::read(pid).ok()?.into_iter().find(|f| {
+                f.mappings
+                    .iter()
+                    .any(|m| m.exec && m.start <= pc && pc < m.end)
+            }),
+        };
+        let f = &found?;
+        let elf = self.files.file_within(pid, f, wait).ok()?;
         let bias = Self::bias(&elf, f)?;
         let vaddr = pc.wrapping_sub(bias);
         let start = elf

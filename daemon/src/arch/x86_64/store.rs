@@ -42,6 +42,13 @@ impl Stored {
         Some(out)
     }
 
+    /// The `len` bytes at `at`, when this store wrote every one of them.
+    pub fn covering(&self, at: u64, len: usize) -> Option<Vec<u8>> {
+        let (from, to) = self.overlap(at, len)?;
+        let s = (from - self.addr) as usize;
+        (from == at && to - from == len as u64).then(|| self.bytes[s..s + len].to_vec())
+    }
+
     /// The addresses `[from, to)` this store wrote among the `len` bytes at
     /// `at`; `None` when it wrote none of them.
     fn overlap(&self, at: u64, len: usize) -> Option<(u64, u64)> {
@@ -205,6 +212,12 @@ pub fn xmm_of(tid: i32) -> Option<[[u8; 16]; 16]> {
         out[k / 4][(k % 4) * 4..(k % 4) * 4 + 4].copy_from_slice(&w.to_le_bytes());
     }
     Some(out)
+}
+
+/// Whether `i` addresses memory through `%fs` or `%gs` (thread-local
+/// storage), whose base registers only ptrace reads.
+pub fn needs_segment_bases(i: &Instruction) -> bool {
+    matches!(i.memory_segment(), Register::FS | Register::GS)
 }
 
 /// Whether `i` is one of the stores [`stored`] reads the value of.

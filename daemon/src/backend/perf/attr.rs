@@ -18,8 +18,10 @@ use crate::model::{Access, Piece, WatchLen};
 /// Sample fields of every event. They share rings, so the fields every
 /// record carries must agree (`sample_id_all` appends the same trailer to
 /// FORK, EXIT and COMM records); a breakpoint of a watchpoint asking for a
-/// backtrace adds `PERF_SAMPLE_CALLCHAIN`, which only samples carry, last,
-/// so a sample's length tells whether it has one.
+/// backtrace adds `PERF_SAMPLE_CALLCHAIN`, and a breakpoint on stores
+/// `PERF_SAMPLE_REGS_USER` (with a chain: [`sampled_breakpoint`]), which
+/// only samples carry, last, so a sample's length tells whether it has
+/// them.
 pub const SAMPLE_TYPE: u64 = (b::PERF_SAMPLE_IDENTIFIER
     | b::PERF_SAMPLE_IP
     | b::PERF_SAMPLE_TID
@@ -130,7 +132,13 @@ fn bp_type(access: Access) -> u32 {
 
 /// A breakpoint of the per-CPU path: a sample per hit, removed at exec,
 /// with the user call chain (up to `callers` callers, within the kernel's
-/// `max_stack`) when asked for.
+/// `max_stack`) when asked for. A breakpoint on stores also samples the
+/// user registers at the trap (`PERF_SAMPLE_REGS_USER`), which tell what
+/// the store wrote (`backend::stored`): the sample's memory is read later,
+/// by when another thread may have stored there. Its samples then always
+/// carry a call chain (of the trap's ip alone when no caller is asked
+/// for), so a sample's fields after `CPU` read one way: a chain when bytes
+/// remain, then registers when bytes still remain.
 pub fn sampled_breakpoint(
     piece: Piece,
     access: Access,
@@ -140,12 +148,17 @@ pub fn sampled_breakpoint(
 ) -> b::perf_event_attr {
     let mut a = breakpoint(piece.addr, piece.len, access);
     a.__bindgen_anon_1.sample_period = 1;
-    if callers > 0 {
+    let regs = access != Access::Exec;
+    if callers > 0 || regs {
         // The kernel walks the user stack's frame pointers at the trap;
         // its chain starts with the sample's ip.
         a.sample_type |= u64::from(b::PERF_SAMPLE_CALLCHAIN);
         a.set_exclude_callchain_kernel(1);
         a.sample_max_stack = (callers + 1).min(max_stack);
+    }
+    if regs {
+        a.sample_type |= u64::from(b::PERF_SAMPLE_REGS_USER);
+        a.sample_regs_user = crate::arch::current::perf_regs::SAMPLE_MASK;
     }
     a.set_remove_on_exec(1);
     inherit.set(&mut a);
@@ -245,10 +258,10 @@ mod tests {
     /// user space only, CLOCK_MONOTONIC.
     fn shares_rings(a: &b::perf_event_attr) {
         assert_eq!(a.size as usize, std::mem::size_of::<b::perf_event_attr>());
-        assert_eq!(
-            a.sample_type & !u64::from(b::PERF_SAMPLE_CALLCHAIN),
-            SAMPLE_TYPE
-        );
+        // The fields a sample may add come after those every record
+        // carries (`sample_id_all`'s trailer has neither).
+        let added = u64::from(b::PERF_SAMPLE_CALLCHAIN | b::PERF_SAMPLE_REGS_USER);
+        assert_eq!(a.sample_type & !added, SAMPLE_TYPE);
         assert_eq!(a.sample_id_all(), 1);
         assert_eq!((a.exclude_kernel(), a.exclude_hv()), (1, 1));
         assert_eq!((a.use_clockid(), a.clockid), (1, libc::CLOCK_MONOTONIC));
@@ -302,13 +315,15 @@ mod tests {
 
     #[test]
     fn per_cpu_breakpoints_sample_each_hit_with_a_chain_when_asked() {
+        let chain = u64::from(b::PERF_SAMPLE_CALLCHAIN);
+        let regs = u64::from(b::PERF_SAMPLE_REGS_USER);
         for inherit in [Inherit::No, Inherit::Threads, Inherit::ThreadsAndForks] {
-            let a = sampled_breakpoint(piece(0x7008, 8), Access::Write, inherit, 0, 127);
+            let a = sampled_breakpoint(piece(0x7008, 8), Access::Exec, inherit, 0, 127);
             shares_rings(&a);
             // SAFETY: a plain integer in a union written above.
             assert_eq!(unsafe { a.__bindgen_anon_1.sample_period }, 1);
             assert_eq!(a.remove_on_exec(), 1);
-            assert_eq!(a.sample_type, SAMPLE_TYPE, "no call chain");
+            assert_eq!(a.sample_type, SAMPLE_TYPE, "no call chain, no registers");
             let want = match inherit {
                 Inherit::No => (0, 0),
                 Inherit::Threads => (1, 1),
@@ -316,15 +331,24 @@ mod tests {
             };
             assert_eq!((a.inherit(), a.inherit_thread()), want, "{inherit:?}");
         }
-        let a = sampled_breakpoint(piece(0x7008, 8), Access::Write, Inherit::No, 16, 127);
-        assert_eq!(
-            a.sample_type,
-            SAMPLE_TYPE | u64::from(b::PERF_SAMPLE_CALLCHAIN)
-        );
+        let a = sampled_breakpoint(piece(0x7008, 8), Access::Exec, Inherit::No, 16, 127);
+        assert_eq!(a.sample_type, SAMPLE_TYPE | chain);
         assert_eq!(a.exclude_callchain_kernel(), 1);
         assert_eq!(a.sample_max_stack, 17, "the callers and the hit's own ip");
         let a = sampled_breakpoint(piece(0x7008, 8), Access::Write, Inherit::No, 500, 127);
         assert_eq!(a.sample_max_stack, 127, "within the kernel's limit");
+        // A store's registers, with a chain of the ip alone when no caller
+        // is asked for: the chain is there whenever the registers are.
+        for access in [Access::Write, Access::ReadWrite] {
+            let a = sampled_breakpoint(piece(0x7008, 8), access, Inherit::Threads, 0, 127);
+            shares_rings(&a);
+            assert_eq!(a.sample_type, SAMPLE_TYPE | chain | regs, "{access:?}");
+            assert_eq!(a.sample_max_stack, 1, "{access:?}");
+            assert_eq!(
+                a.sample_regs_user,
+                crate::arch::current::perf_regs::SAMPLE_MASK
+            );
+        }
     }
 
     #[test]

@@ -107,6 +107,37 @@ impl PerfEngine {
         }
     }
 
+    /// The `len` bytes at `addr` at a hit of `(pid, tid)` on `w` whose
+    /// registers after the access are `general`: `value` as read, with
+    /// what the thread's store wrote put back over it
+    /// ([`Stores`](crate::backend::stored::Stores)). The drain does not wait
+    /// for a module to load: until it has, the value stays as read.
+    fn stored_value(
+        &self,
+        host: &dyn Host,
+        w: &crate::state::Watch,
+        (pid, tid): (Pid, Tid),
+        general: &libc::user_regs_struct,
+        (addr, len): (u64, u32),
+        value: Result<Vec<u8>, String>,
+    ) -> Result<Vec<u8>, String> {
+        let trap = crate::backend::stored::Trap {
+            code_of: w.spec.pid,
+            pid,
+            tid,
+            general,
+            segment_bases: false,
+        };
+        self.stores.value(
+            host,
+            &trap,
+            || None,
+            (addr, len as usize),
+            value,
+            std::time::Duration::ZERO,
+        )
+    }
+
     /// Forgets the forked children no longer in `/proc`.
     fn prune_forked(&self, host: &dyn Host) {
         let gone: Vec<Pid> = self
@@ -132,6 +163,7 @@ impl PerfEngine {
                 addr,
                 cpu,
                 callchain,
+                regs,
             } => {
                 let Some(key) = self.event_ids.get(&id).map(|v| *v) else {
                     return;
@@ -140,7 +172,15 @@ impl PerfEngine {
                     return;
                 };
                 let len = w.spec.range.piece(key.piece).len.bytes();
+                // Read now, then what the store wrote put back over it.
                 let (value, value_read_ns) = values.read(pid, tid, addr, len);
+                let value = match regs {
+                    Some(r) => {
+                        let general = crate::arch::current::perf_regs::from_sample(&r);
+                        self.stored_value(host, &w, (pid, tid), &general, (addr, len), value)
+                    }
+                    None => value,
+                };
                 self.report(
                     host,
                     &w,
@@ -182,6 +222,11 @@ impl PerfEngine {
                     ),
                     Err(_) => values.read(pid, tid, h.addr, len),
                 };
+                // Another thread may have stored between the access and the
+                // program's read: what this one's store wrote goes back
+                // over it.
+                let general = crate::arch::current::perf_regs::from_pt_regs(&h.regs);
+                let value = self.stored_value(host, &w, (pid, tid), &general, (h.addr, len), value);
                 // The program's chain starts with the trap's ip.
                 let mut callchain = h.callchain;
                 if callchain.first() == Some(&h.ip) {
@@ -308,6 +353,11 @@ impl PerfEngine {
                 name,
             } => {
                 host.renamed(pid, tid, &name);
+                // The stores found in a watched process's old program (the
+                // collectors see every exec of the machine: only those).
+                if self.trackers.contains_key(&pid) {
+                    self.stores.forget(pid);
+                }
                 // A forked child's inherited breakpoints go at its exec
                 // (remove_on_exec): it is a process of its own from now.
                 self.forget_forked(host, pid);

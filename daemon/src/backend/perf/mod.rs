@@ -88,6 +88,9 @@ pub struct PerfEngine {
     early_child_exits: Mutex<drain::EarlyExits>,
     /// CLOCK_REALTIME − CLOCK_MONOTONIC at start, to date records.
     clock_offset: u64,
+    /// The store instruction at each hit address, by watched process: what
+    /// a hit's store wrote, from the registers its breakpoint recorded.
+    stores: crate::backend::stored::Stores,
     stop: AtomicBool,
 }
 
@@ -142,7 +145,7 @@ impl PerfEngine {
     pub const FEATURES: Features = Features {
         stops: false,
         only_on_change: false,
-        exact_values: false,
+        exact_values: true,
         follow_forks: true,
         thread_names: true,
         signal_at_hit: false,
@@ -197,6 +200,7 @@ impl PerfEngine {
             early_exits: Mutex::new(drain::EarlyExits::default()),
             early_child_exits: Mutex::new(drain::EarlyExits::default()),
             clock_offset: crate::clock::realtime_ns().saturating_sub(crate::clock::monotonic_ns()),
+            stores: Default::default(),
             stop: AtomicBool::new(false),
         })
     }
@@ -516,9 +520,8 @@ impl Backend for PerfEngine {
 
     fn features(&self) -> Features {
         Features {
-            // The per-thread path's program reads the bytes at the trap,
-            // judges the filter and sends the signal there.
-            exact_values: self.perf.hit_ring().is_some(),
+            // The per-thread path's program judges the filter and sends
+            // the signal at the trap.
             signal_at_hit: self.perf.hit_ring().is_some_and(|r| r.judges()),
             code_events: false,
             ..Self::FEATURES
@@ -782,6 +785,7 @@ impl Backend for PerfEngine {
 
     fn detach(&self, proc: &Arc<Process>) {
         self.attached_at.remove(&proc.pid);
+        self.stores.forget(proc.pid);
         if let Some((_, fds)) = self.trackers.remove(&proc.pid) {
             self.perf.forget_fds(fds.len());
             self.perf.closing(&fds);

@@ -27,6 +27,11 @@ pub enum Record {
         /// callers, innermost first (the sample's own ip and the kernel's
         /// context markers left out).
         callchain: Vec<u64>,
+        /// The user registers after the access (`PERF_SAMPLE_REGS_USER`,
+        /// breakpoints on stores), in the order of
+        /// [`SAMPLE_MASK`](crate::arch::current::perf_regs::SAMPLE_MASK)'s
+        /// bits; `None` when not asked for, or the kernel had none.
+        regs: Option<Box<SampledRegs>>,
     },
     /// A breakpoint of the per-thread path fired (its program's record).
     Hit(super::ring::RingHit),
@@ -86,6 +91,12 @@ pub enum Record {
     },
 }
 
+/// The registers of a sample.
+pub type SampledRegs = [u64; crate::arch::current::perf_regs::SAMPLED];
+
+/// `PERF_SAMPLE_REGS_ABI_NONE`: the sample has no user registers.
+const REGS_ABI_NONE: u64 = 0;
+
 struct Cursor<'a>(&'a [u8]);
 
 impl Cursor<'_> {
@@ -120,25 +131,42 @@ pub fn parse_record(ty: u32, misc: u16, body: &[u8]) -> Option<Record> {
             let addr = c.u64()?;
             let cpu = c.u32()?;
             let _res = c.u32();
-            // PERF_SAMPLE_CALLCHAIN, when the event asked for it: the only
-            // field after CPU, so present exactly when bytes remain.
+            // PERF_SAMPLE_CALLCHAIN, when the event asked for it: the first
+            // field after CPU, so present exactly when bytes remain; an
+            // event asking for registers asks for a chain too.
             let mut callchain = Vec::new();
             if let Some(nr) = c.u64() {
-                let mut first_user = true;
-                for _ in 0..nr.min(512) {
+                let (mut first_user, mut ended) = (true, false);
+                // Every entry is read, those kept or not, for the
+                // registers after them.
+                for _ in 0..nr {
                     let Some(v) = c.u64() else { break };
-                    if v >= PERF_CONTEXT_MAX {
+                    if ended || v >= PERF_CONTEXT_MAX {
                         continue; // PERF_CONTEXT_USER and the like
                     }
                     if std::mem::take(&mut first_user) && v == ip {
                         continue;
                     }
-                    if v == 0 {
-                        break; // a frame pointer that was not one
+                    // A frame pointer that was not one ends the chain, as
+                    // does the cap.
+                    ended = v == 0 || callchain.len() == 512;
+                    if !ended {
+                        callchain.push(v);
                     }
-                    callchain.push(v);
                 }
             }
+            // PERF_SAMPLE_REGS_USER: the ABI, then the registers unless it
+            // is NONE.
+            let regs = match c.u64() {
+                Some(abi) if abi != REGS_ABI_NONE => {
+                    let mut r: SampledRegs = [0; crate::arch::current::perf_regs::SAMPLED];
+                    for w in r.iter_mut() {
+                        *w = c.u64()?;
+                    }
+                    Some(Box::new(r))
+                }
+                _ => None,
+            };
             Some(Record::Sample {
                 id,
                 ip,
@@ -148,6 +176,7 @@ pub fn parse_record(ty: u32, misc: u16, body: &[u8]) -> Option<Record> {
                 addr,
                 cpu,
                 callchain,
+                regs,
             })
         }
         b::PERF_RECORD_FORK | b::PERF_RECORD_EXIT => {
@@ -238,8 +267,42 @@ mod tests {
                 addr: 0x5000,
                 cpu: 1,
                 callchain: vec![],
+                regs: None,
             })
         );
+    }
+
+    #[test]
+    fn parses_a_stores_sample_its_chain_then_its_registers() {
+        use crate::arch::current::perf_regs::SAMPLED;
+        let pidtid = (7u64 << 32) | 5;
+        let user = (-512i64) as u64; // PERF_CONTEXT_USER
+        let regs: Vec<u64> = (100..100 + SAMPLED as u64).collect();
+        // The sample's chain and registers, `tail` after its fixed fields.
+        let read = |tail: &[u64]| {
+            let mut words = vec![42, 0x401000, pidtid, 1234, 0x5000, 1];
+            words.extend(tail);
+            match parse_record(b::PERF_RECORD_SAMPLE, 0, &bytes(&words)) {
+                Some(Record::Sample {
+                    callchain, regs, ..
+                }) => (callchain, regs.map(|r| r.to_vec())),
+                other => panic!("not a sample: {other:?}"),
+            }
+        };
+        // The chain of the ip alone (no caller asked for); ABI 64-bit (2).
+        let tail: Vec<u64> = [2, user, 0x401000, 2]
+            .into_iter()
+            .chain(regs.clone())
+            .collect();
+        assert_eq!(read(&tail), (vec![], Some(regs.clone())));
+        // A chain ended early by a zero frame: its entries are all read.
+        let tail: Vec<u64> = [4, user, 0x401000, 0, 7, 2]
+            .into_iter()
+            .chain(regs.clone())
+            .collect();
+        assert_eq!(read(&tail), (vec![], Some(regs)));
+        // ABI NONE: no registers follow.
+        assert_eq!(read(&[0, 0]), (vec![], None));
     }
 
     #[test]

@@ -34,7 +34,6 @@ pub mod signal_bp;
 mod sink;
 pub mod step;
 pub mod stops;
-mod stored;
 pub mod tracer;
 pub mod wake;
 
@@ -77,7 +76,7 @@ pub struct PtraceEngine {
     fds: Arc<crate::backend::fds::FdBudget>,
     /// The store instruction at each hit address (a hit's value is what
     /// its store wrote).
-    stores: stored::Stores,
+    stores: crate::backend::stored::Stores,
 }
 
 impl std::fmt::Debug for PtraceEngine {
@@ -139,7 +138,7 @@ impl PtraceEngine {
                 panic_at_hit: opts.fault_panic_at_hit.unwrap_or(0),
                 hits_seen: std::sync::atomic::AtomicU64::new(0),
                 fds,
-                stores: stored::Stores::default(),
+                stores: crate::backend::stored::Stores::default(),
             }
         }))
     }

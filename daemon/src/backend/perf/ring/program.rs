@@ -12,8 +12,14 @@ use crate::pidns::PidNs;
 /// Where the program reads the hit's instruction pointer and breakpoint
 /// address in its context (the architecture's layout).
 use crate::arch::current::perf_ctx::{ADDR as CTX_ADDR, IP as CTX_IP};
+/// The context starts with the user registers (`struct pt_regs`), copied
+/// into the record.
+use crate::arch::current::perf_regs::PT_REGS;
 
-const REC_FIXED: usize = 72;
+/// Where the copy of the context's registers starts in a record.
+const REC_REGS: usize = 72;
+/// The fixed part of a record: the registers end it.
+const REC_FIXED: usize = REC_REGS + 8 * PT_REGS;
 /// `BPF_F_USER_STACK`.
 const USER_STACK: i32 = 1 << 8;
 /// `bpf_ringbuf_submit`'s flags: `BPF_RB_NO_WAKEUP`. The drain reads the
@@ -38,6 +44,9 @@ pub struct RingHit {
     pub cpu: u32,
     /// The watched bytes at the trap, or why they could not be read.
     pub value: Result<[u8; 8], Errno>,
+    /// The user registers after the access (`struct pt_regs`), for the
+    /// value its store wrote.
+    pub regs: [u64; PT_REGS],
     /// Frames (the first is `ip`), when asked for.
     pub callchain: Vec<u64>,
 }
@@ -69,14 +78,15 @@ pub fn parse(body: &[u8]) -> Option<RingHit> {
         } else {
             Err(Errno::from_raw((-read_rc) as i32))
         },
-        callchain: (0..frames).map(|i| w(9 + i)).collect(),
+        regs: std::array::from_fn(|i| w(REC_REGS / 8 + i)),
+        callchain: (0..frames).map(|i| w(REC_FIXED / 8 + i)).collect(),
     })
 }
 
 /// The program recording a hit of `key` (`len` watched bytes, up to
 /// `depth` frames of call chain) into the ring buffer `ring` (its fd), or
-/// counting it in the counter array `drops`: 42 instructions, 47 with a
-/// call chain, 8 more for ids in the daemon's pid namespace `ns` when it
+/// counting it in the counter array `drops`: 84 instructions (42 of them
+/// copy the registers), 89 with a call chain, 8 more for ids in the daemon's pid namespace `ns` when it
 /// is not the initial one ([`bpf::current_pid_tgid`]); with a [`Judge`] (state in the array `judge.1`), the hit is
 /// judged first. Registers: r6 the context, r7 the reserved record.
 /// `signals`: the hits it lets through go on to the event's overflow (its
@@ -146,6 +156,13 @@ pub fn program(
         asm::call(helper::PROBE_READ_USER),
         asm::stx_dw(7, 56, 0),
     ]);
+    for i in 0..PT_REGS {
+        let at = (8 * i) as i16;
+        p.push([
+            asm::ldx_dw(1, 6, at),
+            asm::stx_dw(7, REC_REGS as i16 + at, 1),
+        ]);
+    }
     if depth > 0 {
         p.push([
             asm::mov(1, 6),
@@ -176,7 +193,7 @@ mod tests {
     #[test]
     fn the_program_reserves_then_records_or_counts_a_drop() {
         let key = SlotKey::new(crate::model::WatchId(7), 2);
-        for (depth, n) in [(0, 42), (8, 47)] {
+        for (depth, n) in [(0, 84), (8, 89)] {
             let p = program(3, 4, key, 8, depth, None, None, false).unwrap();
             assert_eq!(p.len(), n, "depth {depth}");
             let ns = PidNs {
@@ -265,12 +282,16 @@ mod tests {
             0x2a,
             0,
             16,
-            0x401000,
-            0x402000,
         ] {
             b.extend_from_slice(&w.to_ne_bytes());
         }
+        // The registers (r15 first), then the chain.
+        for w in (1000..1000 + PT_REGS as u64).chain([0x401000, 0x402000]) {
+            b.extend_from_slice(&w.to_ne_bytes());
+        }
         let h = parse(&b).unwrap();
+        assert_eq!(h.regs[0], 1000);
+        assert_eq!(h.regs[PT_REGS - 1], 1000 + PT_REGS as u64 - 1);
         assert_eq!(
             (h.key, h.pid, h.tid, h.time, h.ip),
             (key, 41, 43, 1_000, 0x401000)
@@ -285,5 +306,9 @@ mod tests {
         assert_eq!(h.value, Err(Errno::EFAULT));
         assert!(h.callchain.is_empty());
         assert!(parse(&b[..64]).is_none());
+        assert!(
+            parse(&b[..REC_FIXED - 8]).is_none(),
+            "the registers cut short"
+        );
     }
 }
