@@ -50,7 +50,9 @@ enum Ending {
 /// The instruction that ends at each hit address seen, per process.
 #[derive(Debug, Default)]
 pub struct Stores {
-    at: DashMap<(Pid, u64), Ending>,
+    /// Keyed with `foldhash` (looked up at every hit; addresses are not
+    /// attacker-chosen in any way that matters here).
+    at: DashMap<(Pid, u64), Ending, foldhash::fast::RandomState>,
 }
 
 impl Stores {
@@ -70,13 +72,19 @@ impl Stores {
         ip: u64,
         wait: Duration,
     ) -> Option<Instruction> {
-        let now = crate::clock::monotonic_ns();
-        match self.at.get(&(code_of, ip)).map(|e| *e) {
+        let known = self.at.get(&(code_of, ip)).map(|e| *e);
+        let now = match known {
             Some(Ending::Store(i)) => return Some(i),
             Some(Ending::Other) => return None,
-            Some(Ending::Unknown(after)) if now < after => return None,
-            _ => {}
-        }
+            Some(Ending::Unknown(after)) => {
+                let now = crate::clock::monotonic_ns();
+                if now < after {
+                    return None;
+                }
+                now
+            }
+            None => crate::clock::monotonic_ns(),
+        };
         let retry = now
             + if wait.is_zero() {
                 LOADING_RETRY_NS
@@ -148,7 +156,10 @@ impl Stores {
             return memory;
         };
         match memory {
-            Ok(m) => Ok(s.over(addr, &m).unwrap_or(m)),
+            Ok(mut m) => {
+                s.write_over(addr, &mut m);
+                Ok(m)
+            }
             Err(e) => s.covering(addr, len).ok_or(e),
         }
     }

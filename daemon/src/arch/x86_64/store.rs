@@ -31,15 +31,23 @@ impl Stored {
     /// this store wrote put back where they overlap it; `None` when the
     /// store wrote none of them.
     pub fn over(&self, at: u64, memory: &[u8]) -> Option<Vec<u8>> {
-        let (from, to) = self.overlap(at, memory.len())?;
         let mut out = memory.to_vec();
+        self.write_over(at, &mut out).then_some(out)
+    }
+
+    /// [`Stored::over`] in place: whether the store wrote any of
+    /// `memory`'s bytes (then put back).
+    pub fn write_over(&self, at: u64, memory: &mut [u8]) -> bool {
+        let Some((from, to)) = self.overlap(at, memory.len()) else {
+            return false;
+        };
         let (m, s, n) = (
             (from - at) as usize,
             (from - self.addr) as usize,
             (to - from) as usize,
         );
-        out[m..m + n].copy_from_slice(&self.bytes[s..s + n]);
-        Some(out)
+        memory[m..m + n].copy_from_slice(&self.bytes[s..s + n]);
+        true
     }
 
     /// The `len` bytes at `at`, when this store wrote every one of them.
