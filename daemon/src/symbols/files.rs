@@ -128,7 +128,15 @@ struct FileCache {
     tick: u64,
     /// Files kept idle when no process uses them.
     pinned: HashSet<FileKey>,
+    /// When (`tick`) each process was last let go of: a load that started
+    /// before for it (a hit's, which waits for nothing) keeps no file for it
+    /// when it ends, or the fd would stay while the process lives on
+    /// unwatched. At most [`FORGOTTEN_MAX`], the oldest dropped first.
+    forgotten: HashMap<Pid, u64>,
 }
+
+/// Processes let go of remembered at most (for the loads in flight).
+const FORGOTTEN_MAX: usize = 4096;
 
 /// A loaded file, when it was last used, and the processes it was loaded
 /// for. When the last of them is let go of, it goes, unless it is pinned
@@ -185,6 +193,14 @@ impl Files {
         };
         let gone: HashSet<Pid> = others.into_iter().filter(|&p| !alive(p)).collect();
         let mut c = self.0.lock().unwrap();
+        c.tick += 1;
+        let tick = c.tick;
+        if c.forgotten.len() >= FORGOTTEN_MAX {
+            let mut ticks: Vec<u64> = c.forgotten.values().copied().collect();
+            let (_, &mut median, _) = ticks.select_nth_unstable(FORGOTTEN_MAX / 2);
+            c.forgotten.retain(|_, t| *t > median);
+        }
+        c.forgotten.insert(pid, tick);
         let FileCache { by_key, pinned, .. } = &mut *c;
         by_key.retain(|k, e| {
             e.pids.retain(|p| *p != pid && !gone.contains(p));
@@ -240,6 +256,8 @@ impl Files {
         if let Some(e) = self.cached(&key, pid) {
             return Ok(e);
         }
+        // A process let go of after this is kept no file by this request.
+        let start = self.0.lock().unwrap().tick;
         let (debug_dirs, cache, k) = (self.1.clone(), self.0.clone(), key.clone());
         let g = f.clone();
         // Kept by the loader thread itself: a load that outlives every
@@ -252,10 +270,10 @@ impl Files {
                 ns_dir: &ns_dir,
             };
             let e = ElfFile::from_opened(opened, &open_path, Path::new(&g.path), &at, &debug_dirs)?;
-            Ok(insert(&cache, k, Arc::new(e), pid))
+            Ok(insert(&cache, k, Arc::new(e), pid, start))
         };
         let loaded = self.2.get(&key, &f.path, || owner_of(pid), wait, load)?;
-        Ok(insert(&self.0, key, loaded, pid))
+        Ok(insert(&self.0, key, loaded, pid, start))
     }
 
     /// The file of `key`, if loaded, now used by `pid`.
@@ -297,10 +315,37 @@ impl Files {
     }
 }
 
-/// Keeps `e`, loaded for `pid` (the one kept first if another load
-/// raced it), dropping the least recently used beyond [`MAX_FILES`].
-fn insert(cache: &Mutex<FileCache>, key: FileKey, e: Arc<ElfFile>, pid: Pid) -> Arc<ElfFile> {
+/// Keeps `e`, loaded for `pid` by a request that started at `start` (the
+/// one kept first if another load raced it), dropping the least recently
+/// used beyond [`MAX_FILES`]; for no process let go of since `start`.
+fn insert(
+    cache: &Mutex<FileCache>,
+    key: FileKey,
+    e: Arc<ElfFile>,
+    pid: Pid,
+    start: u64,
+) -> Arc<ElfFile> {
     let mut c = cache.lock().unwrap();
+    if c.forgotten.get(&pid).is_some_and(|&t| t > start) {
+        // Let go of while its file loaded: the file is kept for the
+        // processes that use it, or idle if pinned, not for this one.
+        if let Some(entry) = c.by_key.get(&key) {
+            return entry.elf.clone();
+        }
+        if c.pinned.contains(&key) {
+            let used = c.tick;
+            c.by_key.insert(
+                key,
+                FileEntry {
+                    elf: e.clone(),
+                    used,
+                    pids: Default::default(),
+                    idle_since: Some(Instant::now()),
+                },
+            );
+        }
+        return e;
+    }
     c.tick += 1;
     let tick = c.tick;
     let entry = c.by_key.entry(key).or_insert_with(|| FileEntry {
@@ -501,6 +546,42 @@ pub(super) mod tests {
             files.file(p, f).unwrap();
         }
         FileKey::of(f)
+    }
+
+    /// A hit's request does not wait for the load it starts: a process let
+    /// go of before that load ends (a refused arm's attach undone) must
+    /// not have the file kept for it, or its fd stays while the process
+    /// lives on unwatched.
+    #[test]
+    fn a_load_ending_after_its_process_was_let_go_of_keeps_no_file() {
+        let files = Files::default();
+        let me = std::process::id() as Pid;
+        let key = loaded_for(&files, &[]);
+        let elf = files.0.lock().unwrap().by_key[&key].elf.clone();
+        let started = files.0.lock().unwrap().tick;
+        files.forget_at(me, |_| true, Instant::now());
+        assert_eq!(files.usage().0, 0);
+        insert(&files.0, key.clone(), elf.clone(), me, started);
+        assert_eq!(
+            files.usage().0,
+            0,
+            "a load started before the process was let go of"
+        );
+        // Pinned: kept idle, for no process.
+        files.pin(key.clone());
+        insert(&files.0, key.clone(), elf.clone(), me, started);
+        let c = files.0.lock().unwrap();
+        assert!(c.by_key[&key].pids.is_empty() && c.by_key[&key].idle_since.is_some());
+        drop(c);
+        files.unpin(&key);
+        // A request of after the process was let go of (it is watched
+        // again): kept for it.
+        let after = files.0.lock().unwrap().tick;
+        insert(&files.0, key.clone(), elf, me, after);
+        assert_eq!(
+            files.0.lock().unwrap().by_key[&key].pids,
+            HashSet::from([me])
+        );
     }
 
     #[test]
