@@ -133,22 +133,26 @@ fn bp_type(access: Access) -> u32 {
 /// A breakpoint of the per-CPU path: a sample per hit, removed at exec,
 /// with the user call chain (up to `callers` callers, within the kernel's
 /// `max_stack`) when asked for. A breakpoint on stores also samples the
-/// user registers at the trap (`PERF_SAMPLE_REGS_USER`), which tell what
-/// the store wrote (`backend::stored`): the sample's memory is read later,
-/// by when another thread may have stored there. Its samples then always
-/// carry a call chain (of the trap's ip alone when no caller is asked
-/// for), so a sample's fields after `CPU` read one way: a chain when bytes
-/// remain, then registers when bytes still remain.
+/// user registers at the trap (`PERF_SAMPLE_REGS_USER`) when `regs`,
+/// which tell what the store wrote (`backend::stored`): the sample's memory
+/// is read later, by when another thread may have stored there. Its samples
+/// then always carry a call chain (of the trap's ip alone when no caller
+/// is asked for), so a sample's fields after `CPU` read one way: a chain
+/// when bytes remain, then registers when bytes still remain. The
+/// registers make a sample four times as large (224 bytes against 56), so
+/// a CPU's ring holds a quarter as many: an aggregate watchpoint, for a
+/// variable too hot to stream, goes without (its counts over its samples'
+/// values).
 pub fn sampled_breakpoint(
     piece: Piece,
     access: Access,
     inherit: Inherit,
-    callers: u16,
-    max_stack: u16,
+    (callers, max_stack): (u16, u16),
+    regs: bool,
 ) -> b::perf_event_attr {
     let mut a = breakpoint(piece.addr, piece.len, access);
     a.__bindgen_anon_1.sample_period = 1;
-    let regs = access != Access::Exec;
+    let regs = regs && access != Access::Exec;
     if callers > 0 || regs {
         // The kernel walks the user stack's frame pointers at the trap;
         // its chain starts with the sample's ip.
@@ -318,7 +322,7 @@ mod tests {
         let chain = u64::from(b::PERF_SAMPLE_CALLCHAIN);
         let regs = u64::from(b::PERF_SAMPLE_REGS_USER);
         for inherit in [Inherit::No, Inherit::Threads, Inherit::ThreadsAndForks] {
-            let a = sampled_breakpoint(piece(0x7008, 8), Access::Exec, inherit, 0, 127);
+            let a = sampled_breakpoint(piece(0x7008, 8), Access::Exec, inherit, (0, 127), true);
             shares_rings(&a);
             // SAFETY: a plain integer in a union written above.
             assert_eq!(unsafe { a.__bindgen_anon_1.sample_period }, 1);
@@ -331,16 +335,22 @@ mod tests {
             };
             assert_eq!((a.inherit(), a.inherit_thread()), want, "{inherit:?}");
         }
-        let a = sampled_breakpoint(piece(0x7008, 8), Access::Exec, Inherit::No, 16, 127);
+        let a = sampled_breakpoint(piece(0x7008, 8), Access::Exec, Inherit::No, (16, 127), true);
         assert_eq!(a.sample_type, SAMPLE_TYPE | chain);
         assert_eq!(a.exclude_callchain_kernel(), 1);
         assert_eq!(a.sample_max_stack, 17, "the callers and the hit's own ip");
-        let a = sampled_breakpoint(piece(0x7008, 8), Access::Write, Inherit::No, 500, 127);
+        let a = sampled_breakpoint(
+            piece(0x7008, 8),
+            Access::Write,
+            Inherit::No,
+            (500, 127),
+            true,
+        );
         assert_eq!(a.sample_max_stack, 127, "within the kernel's limit");
         // A store's registers, with a chain of the ip alone when no caller
         // is asked for: the chain is there whenever the registers are.
         for access in [Access::Write, Access::ReadWrite] {
-            let a = sampled_breakpoint(piece(0x7008, 8), access, Inherit::Threads, 0, 127);
+            let a = sampled_breakpoint(piece(0x7008, 8), access, Inherit::Threads, (0, 127), true);
             shares_rings(&a);
             assert_eq!(a.sample_type, SAMPLE_TYPE | chain | regs, "{access:?}");
             assert_eq!(a.sample_max_stack, 1, "{access:?}");
@@ -348,6 +358,9 @@ mod tests {
                 a.sample_regs_user,
                 crate::arch::current::perf_regs::SAMPLE_MASK
             );
+            // Not asked for (an aggregate watchpoint): neither.
+            let a = sampled_breakpoint(piece(0x7008, 8), access, Inherit::Threads, (0, 127), false);
+            assert_eq!(a.sample_type, SAMPLE_TYPE, "{access:?}");
         }
     }
 

@@ -78,6 +78,11 @@ pub struct Perf {
     /// Records dropped by a full perf ring, as its `PERF_RECORD_LOST`
     /// records said.
     records_lost: AtomicU64,
+    /// Losses reported on the event stream ahead of their
+    /// `PERF_RECORD_LOST` records (the events' own counts knew of them
+    /// first, [`Perf::unreported_lost`]): those records, when they come,
+    /// are not reported again. Behind its lock, `records_lost` moves too.
+    lost_ahead: Mutex<u64>,
     /// Samples lost by events already closed, as they counted them
     /// (`attr::READ_FORMAT`), read at close.
     closed_lost: AtomicU64,
@@ -187,6 +192,7 @@ impl Perf {
             scratch: Mutex::new(Vec::with_capacity(4096)),
             fds,
             records_lost: AtomicU64::new(0),
+            lost_ahead: Mutex::new(0),
             closed_lost: AtomicU64::new(0),
             bpf_dropped: AtomicU64::new(0),
             throttled: AtomicU64::new(0),
@@ -288,6 +294,20 @@ impl Perf {
         }
     }
 
+    /// Of `counted` (what [`Perf::lost`] found the rings lost), what no
+    /// `PERF_RECORD_LOST` record has reported yet and was not reported
+    /// ahead before: to report now. A full ring writes its record only in
+    /// front of the next record that fits (kernel-facts §16), so the losses
+    /// of a ring that fills and then goes quiet would otherwise never reach
+    /// the event stream, which would count fewer than `GetStats`.
+    pub fn unreported_lost(&self, counted: u64) -> u64 {
+        let mut ahead = self.lost_ahead.lock().unwrap();
+        let shown = self.records_lost.load(Ordering::Relaxed) + *ahead;
+        let more = counted.saturating_sub(shown);
+        *ahead += more;
+        more
+    }
+
     /// Events writing into the perf rings are being closed: keeps what
     /// they lost.
     pub fn closing<'a>(&self, fds: impl IntoIterator<Item = &'a OwnedFd>) {
@@ -339,7 +359,8 @@ impl Perf {
     /// the kernel into threads `tid` creates later (never into child
     /// processes), and dropped at exec.
     /// `signal`: the `sig_data` of a breakpoint that signals the thread at
-    /// each hit ([`attr::signal_thread`]).
+    /// each hit ([`attr::signal_thread`]). `callers` and `regs` as for
+    /// [`attr::sampled_breakpoint`].
     #[allow(clippy::too_many_arguments)]
     pub fn open_breakpoint(
         &self,
@@ -347,7 +368,7 @@ impl Perf {
         piece: Piece,
         access: Access,
         inherit: Inherit,
-        callers: u16,
+        (callers, regs): (u16, bool),
         signal: Option<u64>,
         id_sink: &dyn Fn(u64),
     ) -> Result<ThreadEvents, PerfError> {
@@ -357,7 +378,7 @@ impl Perf {
             &self.cpus,
             &self.collectors,
             || {
-                let mut a = attr::sampled_breakpoint(piece, access, inherit, callers, max);
+                let mut a = attr::sampled_breakpoint(piece, access, inherit, (callers, max), regs);
                 if let Some(d) = signal {
                     attr::signal_thread(&mut a, d);
                 }
@@ -397,14 +418,23 @@ impl Perf {
             d.ring_records += ring.drain(&mut scratch, &mut |r| {
                 match r {
                     Record::Lost { count } => {
+                        // Reported already, in part or whole: the rest.
+                        let mut ahead = self.lost_ahead.lock().unwrap();
                         self.records_lost.fetch_add(count, Ordering::Relaxed);
+                        let known = count.min(*ahead);
+                        *ahead -= known;
+                        if count > known {
+                            sink(Record::Lost {
+                                count: count - known,
+                            })
+                        }
                     }
                     Record::Throttle { .. } => {
                         self.throttled.fetch_add(1, Ordering::Relaxed);
+                        sink(r)
                     }
-                    _ => {}
+                    _ => sink(r),
                 }
-                sink(r)
             });
         }
         if let Ok(hits) = &self.path {
@@ -549,7 +579,15 @@ mod tests {
                     4242,
                     &[0, 1, 3],
                     &[100, 101, 103],
-                    || attr::sampled_breakpoint(piece(), Access::Write, Inherit::Threads, 0, 127),
+                    || {
+                        attr::sampled_breakpoint(
+                            piece(),
+                            Access::Write,
+                            Inherit::Threads,
+                            (0, 127),
+                            true,
+                        )
+                    },
                     "perf_event_open(breakpoint)",
                     Some(&|id| seen.borrow_mut().push(id)),
                 )

@@ -271,7 +271,9 @@ impl PerfEngine {
                 piece,
                 spec.access,
                 inherit,
-                u16::from(spec.backtrace),
+                // An aggregate watchpoint samples no registers: its ring
+                // holds four times as many of its hits.
+                (u16::from(spec.backtrace), spec.aggregate.is_none()),
                 signal,
                 sink,
             ),
@@ -829,7 +831,16 @@ impl Backend for PerfEngine {
                 .trackers
                 .iter()
                 .flat_map(|e| e.value().iter().map(|f| f.as_raw_fd()).collect::<Vec<_>>());
-            self.perf.lost(&mut events.chain(trackers))
+            let lost = self.perf.lost(&mut events.chain(trackers));
+            // What the events counted and no record said yet goes on the
+            // event stream now: it then reports what this answer counts.
+            let more = self.perf.unreported_lost(lost.perf_ring);
+            if more > 0
+                && let Some(host) = self.host.upgrade()
+            {
+                host.publish(crate::events::EventKind::RecordsLost { count: more });
+            }
+            lost
         };
         BackendStats {
             lost: lost.perf_ring + lost.bpf_ring,
